@@ -1,0 +1,53 @@
+# ggml-lens: `make run` serves the demo, `make test` sets up and runs every test tier.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+APT_RUN  := graphviz
+APT_TEST := graphviz chromium
+
+.PHONY: run test bench size setup setup-test clean
+
+$(VENV)/bin/activate:
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Debian packages: installed only when missing (needs root or sudo on a fresh machine).
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+endef
+
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+	$(call apt_install,$(APT_RUN))
+
+setup-test: $(VENV)/.installed-test
+	$(call apt_install,$(APT_TEST))
+
+run: setup
+	$(VENV)/bin/ggml-lens serve --host $(HOST) --port $(PORT)
+
+test: setup-test
+	$(PY) -m pytest -q tests
+
+bench: setup-test
+	$(PY) -m bench
+
+size:
+	@$(PY) -m bench.size 2>/dev/null || python3 bench/size.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

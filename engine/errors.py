@@ -1,0 +1,36 @@
+"""The engine's errors: ggml's GGML_ASSERT and pool exhaustion, as Python exceptions.
+
+ggml aborts the process when an assertion fails; the engine raises instead, naming the condition
+exactly as ggml writes it and the function that checked it, so a learner can find the line in ggml.c.
+"""
+
+from __future__ import annotations
+
+
+class GGMLAssertionError(AssertionError):
+    """GGML_ASSERT(condition) failed inside `function`."""
+
+    def __init__(self, condition: str, function: str, detail: str = "") -> None:
+        self.condition = condition
+        self.function = function
+        self.detail = detail
+        msg = f"{function}: GGML_ASSERT({condition}) failed"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class GGMLPoolError(MemoryError):
+    """ggml_new_object: the context's pool has no room for an object."""
+
+    def __init__(self, needed: int, available: int) -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(
+            "ggml_new_object: not enough space in the context's memory pool "
+            f"(needed {needed}, available {available})"
+        )
+
+
+def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> None:
+    """GGML_ASSERT: raise GGMLAssertionError naming `condition` when `ok` is false."""
+    if not ok:
+        raise GGMLAssertionError(condition, function, detail)

@@ -1,0 +1,156 @@
+"""Shared pieces of the quantizers: C float semantics in numpy, and the per-type record.
+
+Mirrors the small helpers at the top of ggml-quants.c (`nearest_int`, `best_index_int8`, the
+absolute-max scans) and the lookup tables of ggml-common.h that more than one family uses.
+Everything here works on whole arrays of blocks at once; float32 arithmetic is done in float32,
+in C's order of operations, so results are bit-identical to ggml's scalar C code.
+Leaves out: the grid tables of the IQ1/IQ2/IQ3 types (see `iq_tables.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from engine.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits, traits
+
+F32 = np.float32
+QK_K = 256
+
+# kvalues_iq4nl: the 16 non-linear levels of IQ4_NL and IQ4_XS.
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10,
+                          1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+# kvalues_mxfp4: the e2m1 values, doubled (so the scale is half the E8M0/UE4M3 value).
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantKind:
+    """What the engine knows about one quantized type: its block struct and its functions."""
+
+    type: GGMLType
+    dtype: np.dtype  # numpy mirror of the C block struct
+    dequantize: Callable[[np.ndarray], np.ndarray] | None  # blocks (nb,) -> float32 (nb, blck)
+    quantize: Callable[[np.ndarray], np.ndarray] | None  # float32 (nb, blck) -> blocks (nb,)
+    quantize_ref: Callable[[np.ndarray], np.ndarray] | None = None  # from_float_ref, if different
+    from_float_cpu: Callable[[np.ndarray], np.ndarray] | None = None  # CPU from_float, if different
+    fields: tuple[tuple[str, str], ...] = ()  # (field, meaning) for the block explainer
+
+    def __post_init__(self) -> None:
+        assert self.dtype.itemsize == traits(self.type).type_size, self.type
+
+
+def block_dtype(*fields: tuple) -> np.dtype:
+    """A packed little-endian numpy struct, field for field like ggml-common.h."""
+    return np.dtype(list(fields))
+
+
+# --- C float semantics ------------------------------------------------------------------------
+
+def f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=F32)
+
+
+def h2f(bits: np.ndarray) -> np.ndarray:
+    """GGML_FP16_TO_FP32 over an array of fp16 bit patterns."""
+    return fp16_bits_to_fp32(bits)
+
+
+def f2h(x: np.ndarray) -> np.ndarray:
+    """GGML_FP32_TO_FP16 (round to nearest even) over a float32 array."""
+    return fp32_to_fp16_bits(f32(x))
+
+
+def nearest_int(f: np.ndarray) -> np.ndarray:
+    """nearest_int: add 1.5*2^23 in float32 and read the mantissa (ties to even) -> int32."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = f32(f) + F32(12582912.0)
+    return (v.view(np.int32) & 0x007FFFFF) - 0x00400000
+
+
+def c_int(f: np.ndarray) -> np.ndarray:
+    """A C cast float -> int (truncation toward zero; x86 gives INT_MIN when out of range)."""
+    f = np.asarray(f, dtype=np.float64)
+    bad = ~(np.abs(f) < 2147483648.0)
+    with np.errstate(invalid="ignore"):
+        out = np.trunc(np.where(bad, 0.0, f)).astype(np.int64)
+    return np.where(bad, -2147483648, out)
+
+
+def c_int8(f: np.ndarray) -> np.ndarray:
+    """(int8_t)(float): truncate to int, keep the low byte as a signed value (int64 result)."""
+    return ((c_int(f) + 128) & 0xFF) - 128
+
+
+def round_away(f: np.ndarray) -> np.ndarray:
+    """roundf / lroundf: round half away from zero -> int64 (exact through float64)."""
+    f = np.asarray(f, dtype=np.float64)
+    return (np.sign(f) * np.floor(np.abs(f) + 0.5)).astype(np.int64)
+
+
+def safe_inv(d: np.ndarray) -> np.ndarray:
+    """`d ? 1.0f/d : 0.0f` in float32."""
+    d = f32(d)
+    out = np.zeros_like(d)
+    np.divide(F32(1.0), d, out=out, where=d != 0)
+    return out
+
+
+def seq_sum(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """`float s = 0; for (...) s += a[i];` -- a strictly left-to-right float32 sum.
+
+    np.add.accumulate never reorders, unlike np.sum's pairwise summation. Adding +0.0 at the end
+    gives C's result for an all-(-0.0) input, where C's running sum starts at +0.0.
+    """
+    a = f32(a)
+    return np.add.accumulate(a, axis=axis, dtype=F32).take(-1, axis=axis) + F32(0.0)
+
+
+def absmax_signed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` over the last axis.
+
+    Returns (amax, max): the largest |x| and the signed x where it first occurs (0 if all zero).
+    """
+    ax = np.abs(x)
+    i = np.argmax(ax, axis=-1)
+    amax = np.take_along_axis(ax, i[..., None], -1)[..., 0]
+    vmax = np.take_along_axis(x, i[..., None], -1)[..., 0]
+    return amax, np.where(amax > 0, vmax, F32(0.0)).astype(F32)
+
+
+def first_min(x: np.ndarray) -> np.ndarray:
+    """`if (v < min) min = v;` over the last axis: the first element equal to the minimum."""
+    m = x.min(axis=-1)
+    i = np.argmax(x == m[..., None], axis=-1)
+    return np.take_along_axis(x, i[..., None], -1)[..., 0]
+
+
+def first_max(x: np.ndarray) -> np.ndarray:
+    """`if (v > max) max = v;` over the last axis: the first element equal to the maximum."""
+    m = x.max(axis=-1)
+    i = np.argmax(x == m[..., None], axis=-1)
+    return np.take_along_axis(x, i[..., None], -1)[..., 0]
+
+
+def best_index_int8(values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """best_index_int8: index of the sorted level nearest to x; the lower one only if closer."""
+    v = values.astype(F32)
+    x = f32(x)
+    mu = np.clip(np.searchsorted(v, x, side="right"), 1, len(v) - 1)
+    lo, hi = v[mu - 1], v[mu]
+    idx = np.where(x - lo < hi - x, mu - 1, mu)
+    idx = np.where(x <= v[0], 0, idx)
+    return np.where(x >= v[-1], len(v) - 1, idx).astype(np.int64)
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """`qs[j] = q[j] | q[j + n/2] << 4` over the last axis (n -> n/2 bytes)."""
+    h = q.shape[-1] // 2
+    return ((q[..., :h] & 0xFF) | (q[..., h:] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
+    """Inverse of pack_nibbles: (..., n/2) bytes -> (..., n) values 0..15 (low nibbles first)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)

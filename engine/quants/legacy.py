@@ -1,0 +1,215 @@
+"""The legacy block types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 (32 elements) and Q1_0 (128).
+
+Mirrors `quantize_row_<t>_ref` and `dequantize_row_<t>` in ggml-quants.c, plus the CPU's AVX2
+`quantize_row_q8_0` / `quantize_row_q8_1` (ggml-cpu/arch/x86/quants.c), which round half to even
+with `id = 127/amax` and are what mul_mat really feeds its dot products.
+Leaves out: the imatrix-weighted `quantize_row_<t>_impl` paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, c_int, c_int8, f2h,
+                                  f32, first_max, first_min, h2f, pack_nibbles, round_away,
+                                  safe_inv, seq_sum, unpack_nibbles)
+from engine.types import GGMLType as T
+
+BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
+BLOCK_Q4_1 = block_dtype(("d", "<u2"), ("m", "<u2"), ("qs", "u1", 16))
+BLOCK_Q5_0 = block_dtype(("d", "<u2"), ("qh", "u1", 4), ("qs", "u1", 16))
+BLOCK_Q5_1 = block_dtype(("d", "<u2"), ("m", "<u2"), ("qh", "u1", 4), ("qs", "u1", 16))
+BLOCK_Q8_0 = block_dtype(("d", "<u2"), ("qs", "i1", 32))
+BLOCK_Q8_1 = block_dtype(("d", "<u2"), ("s", "<u2"), ("qs", "i1", 32))
+BLOCK_Q1_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
+
+_BITS32 = np.arange(32, dtype=np.uint32)
+
+
+def _qh_bits(q: np.ndarray) -> np.ndarray:
+    """Bit 4 of each of 32 quants -> qh[4] (one little-endian uint32, bit j for element j)."""
+    word = ((((q >> 4) & 1).astype(np.uint32)) << _BITS32).sum(axis=-1, dtype=np.uint32)
+    return word.astype("<u4").view(np.uint8).reshape(-1, 4)
+
+
+def _qh_unpack(qh: np.ndarray) -> np.ndarray:
+    """qh[4] -> (nb, 32) high bits 0/1."""
+    word = qh.copy().view("<u4")  # (nb, 1)
+    return ((word >> _BITS32) & 1).astype(np.uint8)
+
+
+# --- Q4_0 / Q5_0: symmetric, d = max / -8 (or -16) ----------------------------------------------
+
+def _quantize_sym(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shared part of quantize_row_q4_0_ref / q5_0_ref: fp16 d and int quants 0..2*levels-1."""
+    _, vmax = absmax_signed(x)
+    d = vmax / F32(-levels)
+    iv = safe_inv(d)
+    q = np.minimum(2 * levels - 1, c_int8(x * iv[:, None] + F32(levels + 0.5)))
+    return f2h(d), q & 0xFF
+
+
+def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q4_0_ref."""
+    y = np.zeros(len(x), BLOCK_Q4_0)
+    y["d"], q = _quantize_sym(x, 8)
+    y["qs"] = pack_nibbles(q)
+    return y
+
+
+def dequantize_q4_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q4_0: (q - 8) * d."""
+    q = unpack_nibbles(b["qs"]).astype(np.int8) - np.int8(8)
+    return q.astype(F32) * h2f(b["d"])[:, None]
+
+
+def quantize_q5_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q5_0_ref."""
+    y = np.zeros(len(x), BLOCK_Q5_0)
+    y["d"], q = _quantize_sym(x, 16)
+    y["qs"] = pack_nibbles(q & 0x0F)
+    y["qh"] = _qh_bits(q)
+    return y
+
+
+def dequantize_q5_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q5_0: ((nibble | hbit << 4) - 16) * d."""
+    q = (unpack_nibbles(b["qs"]) | (_qh_unpack(b["qh"]) << 4)).astype(np.int8) - np.int8(16)
+    return q.astype(F32) * h2f(b["d"])[:, None]
+
+
+# --- Q4_1 / Q5_1: asymmetric, x = d * q + m -----------------------------------------------------
+
+def _quantize_asym(x: np.ndarray, nmax: int):
+    vmin, vmax = first_min(x), first_max(x)
+    d = (vmax - vmin) / F32(nmax)
+    iv = safe_inv(d)
+    return f2h(d), f2h(vmin), c_int((x - vmin[:, None]) * iv[:, None] + F32(0.5))
+
+
+def quantize_q4_1(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q4_1_ref."""
+    y = np.zeros(len(x), BLOCK_Q4_1)
+    y["d"], y["m"], q = _quantize_asym(x, 15)
+    y["qs"] = pack_nibbles(np.minimum(15, ((q + 128) & 0xFF) - 128) & 0xFF)
+    return y
+
+
+def dequantize_q4_1(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q4_1: q * d + m."""
+    q = unpack_nibbles(b["qs"])
+    return q.astype(F32) * h2f(b["d"])[:, None] + h2f(b["m"])[:, None]
+
+
+def quantize_q5_1(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q5_1_ref (no clamp: the cast to uint8 keeps the low byte)."""
+    y = np.zeros(len(x), BLOCK_Q5_1)
+    y["d"], y["m"], q = _quantize_asym(x, 31)
+    q &= 0xFF
+    y["qs"] = pack_nibbles(q & 0x0F)
+    y["qh"] = _qh_bits(q)
+    return y
+
+
+def dequantize_q5_1(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q5_1: (nibble | hbit << 4) * d + m."""
+    q = unpack_nibbles(b["qs"]) | (_qh_unpack(b["qh"]) << 4)
+    return q.astype(F32) * h2f(b["d"])[:, None] + h2f(b["m"])[:, None]
+
+
+# --- Q8_0 / Q8_1 -------------------------------------------------------------------------------
+
+def _q8_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    d = np.abs(x).max(axis=-1) / F32(127)
+    q = c_int8(round_away(x * safe_inv(d)[:, None]))
+    return d, q
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0_ref: d = amax/127, q = roundf(x/d) (half away from zero)."""
+    y = np.zeros(len(x), BLOCK_Q8_0)
+    d, y["qs"] = _q8_ref(x)
+    y["d"] = f2h(d)
+    return y
+
+
+def dequantize_q8_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q8_0: q * d."""
+    return b["qs"].astype(F32) * h2f(b["d"])[:, None]
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_1_ref: as Q8_0, plus s = fp16(d * sum(q))."""
+    y = np.zeros(len(x), BLOCK_Q8_1)
+    d, q = _q8_ref(x)
+    y["qs"], y["d"] = q, f2h(d)
+    y["s"] = f2h(q.sum(axis=-1).astype(F32) * d)
+    return y
+
+
+def _q8_avx2(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The AVX2 path: id = 127/amax, round half to even, saturate to int8."""
+    amax = np.abs(x).max(axis=-1)
+    d = amax / F32(127)
+    iv = np.zeros_like(amax)
+    np.divide(F32(127), amax, out=iv, where=amax != 0)
+    r = np.rint(x * iv[:, None])  # _mm256_round_ps(_MM_ROUND_NEAREST)
+    qi = c_int(r)  # _mm256_cvtps_epi32; the int32 sum for Q8_1's s is taken before saturation
+    return d, qi, np.clip(qi, -128, 127)
+
+
+def from_float_q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (ggml-cpu, x86 AVX2): mul_mat's src1 conversion for Q8_0 weights."""
+    y = np.zeros(len(x), BLOCK_Q8_0)
+    d, _, y["qs"] = _q8_avx2(x)
+    y["d"] = f2h(d)
+    return y
+
+
+def from_float_q8_1(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_1 (ggml-cpu, x86 AVX2)."""
+    y = np.zeros(len(x), BLOCK_Q8_1)
+    d, qi, y["qs"] = _q8_avx2(x)
+    y["d"] = f2h(d)
+    y["s"] = f2h(d * qi.sum(axis=-1).astype(np.int32).astype(F32))
+    return y
+
+
+# --- Q1_0: sign bits and one scale --------------------------------------------------------------
+
+def quantize_q1_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q1_0_ref: d = mean |x| (summed left to right); bit j set when x[j] >= 0."""
+    y = np.zeros(len(x), BLOCK_Q1_0)
+    y["d"] = f2h(seq_sum(np.abs(x)) / F32(128))
+    y["qs"] = np.packbits(x >= 0, axis=-1, bitorder="little")
+    return y
+
+
+def dequantize_q1_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_q1_0: bit ? d : -d."""
+    d = h2f(b["d"])[:, None]
+    bits = np.unpackbits(b["qs"], axis=-1, bitorder="little").astype(bool)
+    return np.where(bits, d, -d)
+
+
+_F = (("d", "scale, fp16"),)
+KINDS = [
+    QuantKind(T.Q4_0, BLOCK_Q4_0, dequantize_q4_0, quantize_q4_0,
+              fields=_F + (("qs", "4-bit quants: low nibble = element j, high = j+16; value (q-8)*d"),)),
+    QuantKind(T.Q4_1, BLOCK_Q4_1, dequantize_q4_1, quantize_q4_1,
+              fields=_F + (("m", "minimum, fp16"),
+                           ("qs", "4-bit quants: low nibble = element j, high = j+16; q*d+m"))),
+    QuantKind(T.Q5_0, BLOCK_Q5_0, dequantize_q5_0, quantize_q5_0,
+              fields=_F + (("qh", "5th bit of each quant, one uint32: bit j = element j"),
+                           ("qs", "low 4 bits: low nibble = element j, high = j+16; (q-16)*d"))),
+    QuantKind(T.Q5_1, BLOCK_Q5_1, dequantize_q5_1, quantize_q5_1,
+              fields=_F + (("m", "minimum, fp16"),
+                           ("qh", "5th bit of each quant, one uint32: bit j = element j"),
+                           ("qs", "low 4 bits: low nibble = element j, high = j+16; q*d+m"))),
+    QuantKind(T.Q8_0, BLOCK_Q8_0, dequantize_q8_0, quantize_q8_0, from_float_cpu=from_float_q8_0,
+              fields=_F + (("qs", "int8 quants; value q*d"),)),
+    QuantKind(T.Q8_1, BLOCK_Q8_1, None, quantize_q8_1, from_float_cpu=from_float_q8_1,
+              fields=_F + (("s", "d * sum(qs), fp16"), ("qs", "int8 quants; value q*d"))),
+    QuantKind(T.Q1_0, BLOCK_Q1_0, dequantize_q1_0, quantize_q1_0,
+              fields=_F + (("qs", "sign bits, element j = bit j%8 of byte j/8; value bit ? d : -d"),)),
+]

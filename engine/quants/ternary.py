@@ -1,0 +1,96 @@
+"""Ternary types for BitNet b1.58 / TriLM weights: TQ1_0 (1.6875 bpw) and TQ2_0 (2.0625 bpw).
+
+Mirrors `quantize_row_tq1_0_ref`, `quantize_row_tq2_0_ref` and their dequantizers in
+ggml-quants.c. Each element is -1, 0 or +1 times one fp16 scale d = amax per 256 elements.
+TQ2_0 stores 2 bits per element; TQ1_0 packs 5 trits per byte as a base-3 fraction of 256
+(`ceil(q * 256 / 243)`), read back by multiplying by 3^n and taking the top of `q * 3`.
+Leaves out: nothing; neither type takes an imatrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.quants.common import F32, QuantKind, block_dtype, f2h, h2f, round_away, safe_inv
+from engine.types import GGMLType as T
+
+BLOCK_TQ1_0 = block_dtype(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<u2"))
+BLOCK_TQ2_0 = block_dtype(("qs", "u1", 64), ("d", "<u2"))
+
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.int64)
+
+
+def _trits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """d = amax and the trits lroundf(x/d) + 1 in {0, 1, 2}."""
+    d = np.abs(x).max(axis=-1)
+    return d, round_away(x * safe_inv(d)[:, None]) + 1
+
+
+def _pack_trits(t: np.ndarray) -> np.ndarray:
+    """(..., 5) trits, first most significant -> ceil(q * 256 / 243) as uint8."""
+    q = (t * _POW3[::-1]).sum(axis=-1) & 0xFF
+    return ((q * 256 + 242) // 243).astype(np.uint8)
+
+
+def _unpack_trits(q: np.ndarray, n: int) -> np.ndarray:
+    """(...,) bytes -> (n, ...) trits 0..2: ((uint8)(q * 3^k) * 3) >> 8 for k < n."""
+    q = q.astype(np.uint16)
+    return np.stack([(((q * int(_POW3[k])) & 0xFF) * 3) >> 8 for k in range(n)])
+
+
+def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_tq1_0_ref."""
+    nb = len(x)
+    y = np.zeros(nb, BLOCK_TQ1_0)
+    d, t = _trits(x)
+    y["d"] = f2h(d)
+    # elements 0..159: byte m of 32 holds elements m + 32n; 160..239: byte m of 16, m + 16n
+    a = t[:, :160].reshape(nb, 5, 32).transpose(0, 2, 1)
+    b = t[:, 160:240].reshape(nb, 5, 16).transpose(0, 2, 1)
+    y["qs"] = np.concatenate([_pack_trits(a), _pack_trits(b)], axis=1)
+    # elements 240..255: byte j holds elements j + 4m (4 trits, shifted up one place)
+    c = t[:, 240:].reshape(nb, 4, 4).transpose(0, 2, 1)
+    c = np.concatenate([c, np.zeros((nb, 4, 1), np.int64)], axis=-1)
+    y["qh"] = _pack_trits(c)
+    return y
+
+
+def dequantize_tq1_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_tq1_0: (trit - 1) * d."""
+    nb = len(b)
+    qs = b["qs"]
+    t = np.concatenate([
+        _unpack_trits(qs[:, :32], 5).transpose(1, 0, 2).reshape(nb, 160),
+        _unpack_trits(qs[:, 32:], 5).transpose(1, 0, 2).reshape(nb, 80),
+        _unpack_trits(b["qh"], 4).transpose(1, 0, 2).reshape(nb, 16),
+    ], axis=1)
+    return (t.astype(np.int16) - 1).astype(F32) * h2f(b["d"])[:, None]
+
+
+def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_tq2_0_ref: byte m of each 32-byte group holds elements m + 32n at bits 2n."""
+    nb = len(x)
+    y = np.zeros(nb, BLOCK_TQ2_0)
+    d, t = _trits(x)
+    y["d"] = f2h(d)
+    t = (t & 3).reshape(nb, 2, 4, 32)
+    y["qs"] = (t << (2 * np.arange(4))[None, None, :, None]).sum(axis=2).reshape(nb, 64)
+    return y
+
+
+def dequantize_tq2_0(b: np.ndarray) -> np.ndarray:
+    """dequantize_row_tq2_0: (q - 1) * d."""
+    qs = b["qs"].reshape(-1, 2, 1, 32)
+    q = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
+    return (q.reshape(-1, 256).astype(np.int8) - np.int8(1)).astype(F32) * h2f(b["d"])[:, None]
+
+
+KINDS = [
+    QuantKind(T.TQ1_0, BLOCK_TQ1_0, dequantize_tq1_0, quantize_tq1_0,
+              fields=(("qs", "5 trits per byte, base 3 scaled to 256 (elements m+32n, m+16n)"),
+                      ("qh", "4 trits per byte for the last 16 elements (j + 4m)"),
+                      ("d", "scale = amax, fp16"))),
+    QuantKind(T.TQ2_0, BLOCK_TQ2_0, dequantize_tq2_0, quantize_tq2_0,
+              fields=(("qs", "2 bits per element: byte m holds elements m+32n at bits 2n"),
+                      ("d", "scale = amax, fp16"))),
+]
