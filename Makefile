@@ -47,7 +47,7 @@ bench: setup-test
 	$(PY) -m bench
 
 size:
-	@$(PY) -m bench.size 2>/dev/null || python3 bench/size.py
+	@python3 -m bench.size
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks against real ggml and gguf-py, printed as ratios (`make bench`)."""

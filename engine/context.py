@@ -1,0 +1,266 @@
+"""ggml_context: the memory arena. A real byte pool, a linked list of objects inside it.
+
+Mirrors ggml_init, ggml_new_object and the context accessors of ggml.c. The pool is a numpy uint8
+buffer of `mem_size` bytes at a simulated address; every object header, tensor struct, graph and
+tensor's data lives in it at the offset real ggml uses. Pointers written into the pool are simulated
+addresses, resolved through the AddressSpace the pool was placed in.
+
+Leaves out: the context struct itself (malloc'd outside the pool in C; here a Python object holding
+the same fields), and the one-time `ggml_time_init`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+from bisect import bisect_right
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from engine.errors import GGMLPoolError, ggml_assert
+from engine.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, ggml_pad, record
+
+GGML_OBJECT_TYPE_TENSOR = 0
+GGML_OBJECT_TYPE_GRAPH = 1
+GGML_OBJECT_TYPE_WORK_BUFFER = 2
+OBJECT_TYPE_NAMES = {0: "TENSOR", 1: "GRAPH", 2: "WORK_BUFFER"}
+
+
+class AddressSpace:
+    """Simulated virtual memory: hands out aligned base addresses and maps addresses to pools.
+
+    Bases are deterministic (the n-th pool of a space always gets the same address), so a program
+    traced twice writes the same pointer values. Pools are 64-byte aligned like ggml_aligned_malloc.
+    """
+
+    FIRST_BASE = 0x7F0000000000  # where the first pool of a space is placed
+    GAP = 1 << 20  # unmapped bytes between pools
+
+    def __init__(self) -> None:
+        self._next = self.FIRST_BASE
+        self._bases: list[int] = []  # sorted
+        self._owners: list[Context] = []
+
+    def place(self, owner: "Context", size: int) -> int:
+        base = self._next
+        self._next = ggml_pad(base + max(size, 1) + self.GAP, 1 << 20)
+        self._bases.append(base)
+        self._owners.append(owner)
+        return base
+
+    def remove(self, owner: "Context") -> None:
+        i = self._owners.index(owner)
+        del self._bases[i], self._owners[i]
+
+    def resolve(self, address: int) -> tuple["Context", int]:
+        """The context whose pool holds `address`, and the offset in that pool."""
+        i = bisect_right(self._bases, address) - 1
+        if i >= 0:
+            ctx = self._owners[i]
+            offset = address - self._bases[i]
+            if offset < ctx.mem_size:
+                return ctx, offset
+        raise ValueError(f"address {address:#x} is in no live ggml_context pool")
+
+
+_SPACE: contextvars.ContextVar[AddressSpace] = contextvars.ContextVar("ggml_address_space",
+                                                                       default=AddressSpace())
+
+
+def current_address_space() -> AddressSpace:
+    return _SPACE.get()
+
+
+@contextmanager
+def fresh_address_space() -> Iterator[AddressSpace]:
+    """Run a program in its own address space, so its pointers do not depend on what ran before."""
+    token = _SPACE.set(AddressSpace())
+    try:
+        yield _SPACE.get()
+    finally:
+        _SPACE.reset(token)
+
+
+@dataclass(slots=True)
+class ggml_init_params:  # noqa: N801 - ggml's name
+    """struct ggml_init_params."""
+
+    mem_size: int  # bytes
+    mem_buffer: np.ndarray | bytearray | None = None  # None: the context allocates its own pool
+    no_alloc: bool = False  # don't allocate memory for tensor data
+
+
+class Context:
+    """struct ggml_context: the pool plus the object list's ends (as header offsets)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, params: ggml_init_params) -> None:
+        mem_size = params.mem_size or GGML_MEM_ALIGN
+        if params.mem_buffer is None:
+            mem_size = ggml_pad(mem_size, GGML_MEM_ALIGN)
+            self.pool = np.zeros(mem_size, dtype=np.uint8)
+            self.mem_buffer_owned = True
+        else:
+            pool = np.frombuffer(params.mem_buffer, dtype=np.uint8)
+            ggml_assert(pool.size >= mem_size, "mem_size <= sizeof(mem_buffer)", "ggml_init",
+                        f"buffer of {pool.size} bytes for mem_size {mem_size}")
+            self.pool = pool[:mem_size]
+            self.mem_buffer_owned = False
+        self.mem_size = mem_size
+        self.no_alloc = bool(params.no_alloc)
+        self.n_objects = 0
+        self.objects_begin: int | None = None  # header offset of the first object
+        self.objects_end: int | None = None  # header offset of the last object
+        self.space = current_address_space()
+        self.base = self.space.place(self, mem_size)  # simulated address of pool byte 0
+        self.id = next(Context._ids)  # a small stable id for displays
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"<ggml_context {self.id} mem_size={self.mem_size} used={ggml_used_mem(self)}>"
+
+    # --- pointers ---------------------------------------------------------------------------
+    def address(self, offset: int) -> int:
+        return self.base + offset
+
+    def offset(self, address: int) -> int:
+        """Pool offset of an address that must lie in this pool."""
+        off = address - self.base
+        if not 0 <= off <= self.mem_size:
+            raise ValueError(f"address {address:#x} is outside context {self.id}'s pool")
+        return off
+
+    def object_header(self, header_offset: int) -> np.ndarray:
+        return record(self.pool, header_offset, OBJECT)
+
+    def objects(self) -> Iterator["ObjectInfo"]:
+        """Walk the object list through the `next` pointers stored in the pool."""
+        self._check_live()
+        hdr = self.objects_begin
+        while hdr is not None:
+            obj = self.object_header(hdr)[0]
+            nxt = int(obj["next"])
+            yield ObjectInfo(hdr, int(obj["offs"]), int(obj["size"]), int(obj["type"]), nxt)
+            hdr = self.offset(nxt) if nxt else None
+
+    def _check_live(self) -> None:
+        ggml_assert(not self.freed, "ctx != NULL (context was freed)", "ggml_context")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One ggml_object as read from the pool."""
+
+    header: int  # offset of the 32-byte header
+    offs: int  # payload offset
+    size: int  # payload size (padded)
+    type: int  # GGML_OBJECT_TYPE_*
+    next: int  # address of the next header, 0 for the last
+
+    @property
+    def type_name(self) -> str:
+        return OBJECT_TYPE_NAMES.get(self.type, str(self.type))
+
+
+def ggml_init(params: ggml_init_params) -> Context:
+    """ggml_init: create a context with a pool of params.mem_size bytes (padded to 16 if owned)."""
+    return Context(params)
+
+
+def ggml_new_object(ctx: Context, type_: int, size: int) -> int:
+    """ggml_new_object: append an object to the pool; returns its payload offset.
+
+    The 32-byte header is written right before the payload, at the end of the last object.
+    Raises GGMLPoolError (with ggml's needed/available numbers) when the pool is full.
+    """
+    ctx._check_live()
+    cur_end = 0
+    if ctx.objects_end is not None:
+        last = ctx.object_header(ctx.objects_end)[0]
+        cur_end = int(last["offs"]) + int(last["size"])
+    size_needed = ggml_pad(size, GGML_MEM_ALIGN)
+    needed = cur_end + size_needed + GGML_OBJECT_SIZE
+    if needed > ctx.mem_size:
+        raise GGMLPoolError(needed, ctx.mem_size)
+
+    obj = ctx.object_header(cur_end)
+    obj["offs"] = cur_end + GGML_OBJECT_SIZE
+    obj["size"] = size_needed
+    obj["next"] = 0
+    obj["type"] = type_
+    if ctx.objects_end is not None:
+        ctx.object_header(ctx.objects_end)["next"] = ctx.address(cur_end)
+    else:
+        ctx.objects_begin = cur_end
+    ctx.objects_end = cur_end
+    return cur_end + GGML_OBJECT_SIZE
+
+
+def ggml_used_mem(ctx: Context) -> int:
+    """ggml_used_mem: end of the last object's payload (headers included), 0 if empty."""
+    if ctx.objects_end is None:
+        return 0
+    last = ctx.object_header(ctx.objects_end)[0]
+    return int(last["offs"]) + int(last["size"])
+
+
+def ggml_get_mem_buffer(ctx: Context) -> int:
+    """ggml_get_mem_buffer: the pool's (simulated) address. The bytes are `ctx.pool`."""
+    return ctx.base
+
+
+def ggml_get_mem_size(ctx: Context) -> int:
+    """ggml_get_mem_size."""
+    return ctx.mem_size
+
+
+def ggml_set_no_alloc(ctx: Context, no_alloc: bool) -> None:
+    """ggml_set_no_alloc."""
+    ctx.no_alloc = bool(no_alloc)
+
+
+def ggml_get_no_alloc(ctx: Context) -> bool:
+    """ggml_get_no_alloc."""
+    return ctx.no_alloc
+
+
+def ggml_tensor_overhead() -> int:
+    """ggml_tensor_overhead: one object header plus one tensor struct (368 bytes)."""
+    return GGML_OBJECT_SIZE + GGML_TENSOR_SIZE
+
+
+def ggml_new_buffer(ctx: Context, nbytes: int) -> int:
+    """ggml_new_buffer: a WORK_BUFFER object of nbytes; returns its (simulated) address."""
+    return ctx.address(ggml_new_object(ctx, GGML_OBJECT_TYPE_WORK_BUFFER, nbytes))
+
+
+def ggml_reset(ctx: Context | None) -> None:
+    """ggml_reset: forget every object; the bytes stay, the next object starts at offset 0."""
+    if ctx is None:
+        return
+    ctx.n_objects = 0
+    ctx.objects_begin = ctx.objects_end = None
+
+
+def ggml_free(ctx: Context | None) -> None:
+    """ggml_free: release the pool; the context may not be used afterwards."""
+    if ctx is None or ctx.freed:
+        return
+    ctx.space.remove(ctx)
+    ctx.freed = True
+
+
+def ggml_print_objects(ctx: Context) -> str:
+    """ggml_print_objects: the object list, one line per object (returned, and printed)."""
+    lines = [f"ggml_print_objects: objects in context {ctx.id}:"]
+    for obj in ctx.objects():
+        lines.append(f" - ggml_object: type = {obj.type}, offset = {obj.offs}, size = {obj.size}, "
+                     f"next = {obj.next:#x}")
+    lines.append("ggml_print_objects: --- end ---")
+    text = "\n".join(lines)
+    print(text)
+    return text

@@ -1,0 +1,1 @@
+"""Helpers shared by test tiers (fetching oracle inputs, building small files)."""
