@@ -102,7 +102,11 @@ def quantize(type_: int, x2d: np.ndarray, *, ref: bool = False, cpu: bool = Fals
     if t == GGMLType.F32:
         return x2d.copy().view(np.uint8)
     kind = _kind(t)
-    fn = (cpu and kind.from_float_cpu) or (ref and kind.quantize_ref) or kind.quantize
+    fn = kind.quantize
+    if ref or cpu:
+        fn = kind.quantize_ref or fn
+    if cpu:
+        fn = kind.from_float_cpu or fn
     if fn is None or (ggml_quantize_requires_imatrix(t) and not (ref or cpu)):
         raise ValueError(f"{tr.type_name}: quantizing needs an importance matrix "
                          "(ggml_quantize_requires_imatrix), which the engine does not implement")
