@@ -107,9 +107,12 @@ def quantize(type_: int, x2d: np.ndarray, *, ref: bool = False, cpu: bool = Fals
         fn = kind.quantize_ref or fn
     if cpu:
         fn = kind.from_float_cpu or fn
-    if fn is None or (ggml_quantize_requires_imatrix(t) and not (ref or cpu)):
+    if fn is None and ggml_quantize_requires_imatrix(t):
         raise ValueError(f"{tr.type_name}: quantizing needs an importance matrix "
                          "(ggml_quantize_requires_imatrix), which the engine does not implement")
+    if fn is None:
+        raise ValueError(f"{tr.type_name}: the engine has no port of ggml's quantize_{tr.type_name} "
+                         "(a lattice search); it can only dequantize this type")
     blocks = _check_rows(t, x2d, f"quantize_{tr.type_name}")
     with np.errstate(all="ignore"):  # overflow to inf and 0/0 behave as in C, silently
         return fn(blocks).view(np.uint8).reshape(len(x2d), -1)
@@ -159,10 +162,12 @@ def ggml_get_type_traits(type_: int) -> TypeTraits:
     tr = traits(t)
     kind = QUANT_KINDS.get(t)
     plain = t in (GGMLType.F16, GGMLType.BF16)
-    has_to = plain or (kind is not None and kind.dequantize is not None)
+    # ggml's base traits have no to_float for Q8_1/Q8_K (intermediate types) and no
+    # from_float_ref for Q8_K, IQ1_M and the types that need an imatrix
+    has_to = plain or (kind is not None and kind.dequantize is not None
+                       and t != GGMLType.Q8_K)
     has_from = plain or (kind is not None and (kind.quantize_ref or kind.quantize) is not None
-                         and t not in _REQUIRES_IMATRIX and t != GGMLType.Q8_K
-                         and t != GGMLType.IQ1_M)
+                         and t not in (*_REQUIRES_IMATRIX, GGMLType.Q8_K, GGMLType.IQ1_M))
     to_float = (lambda raw, k, _t=t: dequantize(_t, raw, k)) if has_to else None
     from_ref = (lambda x, _t=t: quantize(_t, np.asarray(x).reshape(1, -1), ref=True).reshape(-1)) \
         if has_from else None
