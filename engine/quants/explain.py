@@ -49,6 +49,8 @@ def _quants(t: T, b: np.ndarray) -> list[int] | None:
         q = (lo | (hi << 4)).astype(int) - 32
     elif t == T.IQ4_XS:
         q = unpack_nibbles(b1["qs"].reshape(-1, 8, 16))
+    elif t == T.NVFP4:
+        q = unpack_nibbles(b1["qs"].reshape(-1, 4, 8))
     elif t in (T.TQ1_0, T.TQ2_0):
         one = b1.copy()
         one["d"] = 0x3C00  # with d = 1.0 the dequantized values are the trits - 1
