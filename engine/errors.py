@@ -34,3 +34,7 @@ def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> No
     """GGML_ASSERT: raise GGMLAssertionError naming `condition` when `ok` is false."""
     if not ok:
         raise GGMLAssertionError(condition, function, detail)
+
+
+class GGMLNotSupportedError(NotImplementedError):
+    """An op (or an op with these types) that this backend does not compute."""

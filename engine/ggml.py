@@ -18,21 +18,25 @@ the bytes a `void *` would point at (pointers themselves are simulated addresses
 
 from __future__ import annotations
 
+from engine import compute as _compute
 from engine import context as _context
+from engine import graph as _graph
 from engine import ops as _ops
 from engine import optable as _optable
 from engine import tensor as _tensor
 from engine import types as _types
+from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, CPlan  # noqa: F401
 from engine.context import Context, ggml_init_params  # noqa: F401
 from engine.errors import GGMLAssertionError, GGMLPoolError  # noqa: F401
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, \
     GGML_MEM_ALIGN, ggml_pad  # noqa: F401
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.graph import GGML_DEFAULT_GRAPH_SIZE, Graph  # noqa: F401
 from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
 from engine.types import GGMLType
 
 # every ggml_* function of the engine modules, under its ggml name
-for _module in (_types, _context, _tensor, _ops, _optable):
+for _module in (_types, _context, _tensor, _ops, _optable, _graph, _compute):
     for _name in dir(_module):
         if _name.startswith(("ggml_", "GGML_")):
             globals()[_name] = getattr(_module, _name)

@@ -14,8 +14,10 @@ from engine.context import Context
 from engine.errors import ggml_assert
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_OP_PARAMS
 from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_dup_tensor, ggml_format_name, ggml_is_contiguous, \
-    ggml_nelements, ggml_new_tensor, ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_view_tensor
+from engine.tensor import Tensor, ggml_can_repeat, ggml_dup_tensor, ggml_format_name, \
+    ggml_is_contiguous, ggml_is_transposed, ggml_nelements, ggml_new_tensor, ggml_new_tensor_4d, \
+    ggml_new_tensor_impl, ggml_view_tensor
+from engine.types import GGMLType
 
 # --- op_params -------------------------------------------------------------------------------
 
@@ -224,3 +226,75 @@ def ggml_transpose(ctx: Context, a: Tensor) -> Tensor:
     result.ne[0], result.ne[1] = int(a.ne[1]), int(a.ne[0])
     result.nb[0], result.nb[1] = int(a.nb[1]), int(a.nb[0])
     return _record(result, GGMLOp.TRANSPOSE, a)
+
+
+# --- binary arithmetic and mul_mat -----------------------------------------------------------
+
+def _binary(ctx: Context, a: Tensor, b: Tensor, op: GGMLOp, inplace: bool, fn: str) -> Tensor:
+    """ggml_add_impl and friends: b is broadcast onto a (by modulo) at compute time."""
+    ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", fn,
+                f"b {[int(x) for x in b.ne]} does not tile a {[int(x) for x in a.ne]}")
+    result = ggml_view_tensor(ctx, a) if inplace else ggml_dup_tensor(ctx, a)
+    return _record(result, op, a, b)
+
+
+def ggml_add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_add: a + b."""
+    return _binary(ctx, a, b, GGMLOp.ADD, False, "ggml_add")
+
+
+def ggml_add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_add_inplace: a += b (the result is a view of a)."""
+    return _binary(ctx, a, b, GGMLOp.ADD, True, "ggml_add_inplace")
+
+
+def ggml_sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_sub: a - b."""
+    return _binary(ctx, a, b, GGMLOp.SUB, False, "ggml_sub")
+
+
+def ggml_sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_sub_inplace."""
+    return _binary(ctx, a, b, GGMLOp.SUB, True, "ggml_sub_inplace")
+
+
+def ggml_mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul: a * b, element-wise."""
+    return _binary(ctx, a, b, GGMLOp.MUL, False, "ggml_mul")
+
+
+def ggml_mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul_inplace."""
+    return _binary(ctx, a, b, GGMLOp.MUL, True, "ggml_mul_inplace")
+
+
+def ggml_div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_div: a / b, element-wise."""
+    return _binary(ctx, a, b, GGMLOp.DIV, False, "ggml_div")
+
+
+def ggml_div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_div_inplace."""
+    return _binary(ctx, a, b, GGMLOp.DIV, True, "ggml_div_inplace")
+
+
+def ggml_can_mul_mat(a: Tensor, b: Tensor) -> bool:
+    """ggml_can_mul_mat: same row length; b's matrices are a whole multiple of a's."""
+    return (int(a.ne[0]) == int(b.ne[0]) and int(b.ne[2]) % int(a.ne[2]) == 0
+            and int(b.ne[3]) % int(a.ne[3]) == 0)
+
+
+def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul_mat: F32 [a.ne1, b.ne1, b.ne2, b.ne3] = a · bᵀ for each matrix (a broadcast)."""
+    ggml_assert(ggml_can_mul_mat(a, b), "ggml_can_mul_mat(a, b)", "ggml_mul_mat",
+                f"a {[int(x) for x in a.ne]}, b {[int(x) for x in b.ne]}")
+    ggml_assert(not ggml_is_transposed(a), "!ggml_is_transposed(a)", "ggml_mul_mat")
+    ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
+    return _record(result, GGMLOp.MUL_MAT, a, b)
+
+
+def ggml_mul_mat_set_prec(a: Tensor, prec: int) -> None:
+    """ggml_mul_mat_set_prec: op_params[0] = prec (GGML_PREC_DEFAULT 0 or GGML_PREC_F32 10)."""
+    ggml_assert(a.op == GGMLOp.MUL_MAT, "a->op == GGML_OP_MUL_MAT", "ggml_mul_mat_set_prec")
+    ggml_set_op_params_i32(a, 0, prec)

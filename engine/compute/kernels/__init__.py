@@ -1,0 +1,53 @@
+"""The kernel dispatch table: one `compute_forward_<op>(params, dst)` per op, found by op.
+
+Mirrors the switch in ggml_compute_forward (ggml-cpu.c). Kernel modules register themselves with
+`@kernel(GGMLOp.X)`; every op of the table has a kernel or an entry in NOT_SUPPORTED saying why, and a
+kernel that meets a type combination it does not handle raises GGMLNotSupportedError: never a silent
+wrong result.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable
+
+from engine.errors import GGMLNotSupportedError
+from engine.optable import GGMLOp
+from engine.types import TYPE_TRAITS
+
+Kernel = Callable[..., None]
+KERNELS: dict[int, Kernel] = {}
+
+# ops this engine does not compute, with the reason shown to the user
+NOT_SUPPORTED: dict[int, str] = {}
+
+
+def kernel(*ops: GGMLOp) -> Callable[[Kernel], Kernel]:
+    """Register a compute_forward_<op> function for these ops."""
+    def register(fn: Kernel) -> Kernel:
+        for op in ops:
+            assert op not in KERNELS, f"two kernels for {op.name}"
+            KERNELS[op] = fn
+        return fn
+    return register
+
+
+def not_supported(dst, why: str = "") -> GGMLNotSupportedError:
+    """The error for a node this backend cannot compute: names the op and the types."""
+    types = ", ".join(TYPE_TRAITS[s.type].type_name for s in dst.src if s is not None)
+    msg = (f"{GGMLOp(dst.op).name} is not supported on this backend "
+           f"(dst {TYPE_TRAITS[dst.type].type_name}; src {types or 'none'})")
+    return GGMLNotSupportedError(msg + (f": {why}" if why else ""))
+
+
+def compute_forward(params, dst) -> None:
+    """ggml_compute_forward: dispatch a node to its kernel."""
+    fn = KERNELS.get(dst.op)
+    if fn is None:
+        raise not_supported(dst, NOT_SUPPORTED.get(dst.op, "no kernel"))
+    fn(params, dst)
+
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")

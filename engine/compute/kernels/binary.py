@@ -1,0 +1,61 @@
+"""ADD, SUB, MUL, DIV: element-wise with src1 broadcast by modulo (ggml-cpu/binary-ops.cpp).
+
+Each thread takes the generic row range of dst; src1's row is (i1 % ne11, i2 % ne12, i3 % ne13) and
+repeats along dimension 0 when ne10 divides ne00. Values are computed in f32 and rounded to dst's
+type, so f32 results are bit-exact with ggml.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_nrows
+from engine.types import GGMLType
+
+F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
+SUPPORTED = {(F32, F32, F32), (F16, F16, F16), (BF16, BF16, BF16), (BF16, F32, BF16),
+             (BF16, F32, F32), (F16, F32, F16), (F16, F32, F32)}
+
+OPS = {GGMLOp.ADD: np.add, GGMLOp.SUB: np.subtract, GGMLOp.MUL: np.multiply,
+       GGMLOp.DIV: np.divide}
+
+
+def src1_rows(s1: np.ndarray, i3: int, i2: int, a: int, b: int, ne0: int) -> np.ndarray:
+    """src1's rows broadcast onto dst rows [a, b) of (i3, i2), repeated along dim 0 to ne0."""
+    ne13, ne12, ne11, ne10 = s1.shape
+    m = s1[i3 % ne13, i2 % ne12]
+    if ne11 == 1:
+        rows = m[0:1]  # numpy broadcasts the one row
+    elif b <= ne11:
+        rows = m[a:b]
+    else:
+        rows = m[np.arange(a, b) % ne11]
+    if ne10 != ne0:
+        rows = np.tile(rows, (1, ne0 // ne10))
+    return rows
+
+
+@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV)
+def compute_forward_binary(params, dst: Tensor) -> None:
+    """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
+    src0, src1 = dst.src[0], dst.src[1]
+    types = (src0.type, src1.type, dst.type)
+    if types not in SUPPORTED:
+        if dst.op == GGMLOp.ADD:
+            from engine.compute.kernels.quant_copy import add_quantized  # dequantize, add, requantize
+
+            return add_quantized(params, dst)
+        raise not_supported(dst, "unsupported types")
+    fn = OPS[GGMLOp(dst.op)]
+    d4, s0, s1 = view4(dst), view4(src0), view4(src1)
+    ne1, ne2, ne0 = int(dst.ne[1]), int(dst.ne[2]), int(dst.ne[0])
+    ir0, ir1 = thread_range(ggml_nrows(dst), params.ith, params.nth)
+    with np.errstate(all="ignore"):
+        for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
+            x = to_f32(s0[i3, i2, a:b], src0.type)
+            y = to_f32(src1_rows(s1, i3, i2, a, b, ne0), src1.type)
+            d4[i3, i2, a:b] = from_f32(fn(x, y, dtype=np.float32), dst.type)
+    params.took("rows", (ir0, ir1))

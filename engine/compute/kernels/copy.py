@@ -1,0 +1,84 @@
+"""DUP, CPY and CONT: copy src0's elements, in ggml's element order, into dst (converting types).
+
+Mirrors ggml_compute_forward_dup in ggml-cpu/ops.cpp: elements are read row-major over src0 (i0
+fastest) and written in dst's own row-major order, so shapes may differ as long as the counts agree.
+Same-type contiguous copies split blocks between threads; the others split src0's dimension 1.
+Quantized destinations and sources go through engine.quants when that package provides them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_is_contiguous, ggml_nelements
+from engine.types import GGMLType, TYPE_TRAITS
+
+_FLOAT_PAIRS = {(a, b) for a in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+                for b in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)}
+_FLOAT_PAIRS |= {(GGMLType.F32, GGMLType.I32), (GGMLType.I32, GGMLType.F32)}
+
+
+def _write_flat(dst: Tensor, d4: np.ndarray, k0: int, values: np.ndarray) -> None:
+    """Write values to dst's elements k0, k0+1, ... in ggml order (i0 fastest)."""
+    if ggml_is_contiguous(dst):
+        d4.reshape(-1)[k0:k0 + values.size] = values
+    else:
+        idx = np.unravel_index(np.arange(k0, k0 + values.size), d4.shape)
+        d4[idx] = values
+
+
+@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT)
+def compute_forward_dup(params, dst: Tensor) -> None:
+    """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
+    src0 = dst.src[0]
+    ggml_nel = ggml_nelements(dst)
+    assert ggml_nel == ggml_nelements(src0)
+    st, dt = GGMLType(src0.type), GGMLType(dst.type)
+    s_tr, d_tr = TYPE_TRAITS[st], TYPE_TRAITS[dt]
+    if s_tr.is_quantized or d_tr.is_quantized:
+        if st != dt:
+            return _compute_quant_dup(params, dst, src0)
+    elif st != dt and (st, dt) not in _FLOAT_PAIRS:
+        raise not_supported(dst, f"no conversion from {s_tr.type_name} to {d_tr.type_name}")
+
+    ith, nth = params.ith, params.nth
+    if st == dt and ggml_is_contiguous(src0) and ggml_is_contiguous(dst):
+        # dup_same_cont: a memcpy of this thread's range of blocks
+        nk = ggml_nel // s_tr.blck_size
+        k0, k1 = thread_range(nk, ith, nth)
+        if k0 < k1:
+            src = _bytes(src0, s_tr.type_size * k0, s_tr.type_size * k1)
+            _bytes(dst, s_tr.type_size * k0, s_tr.type_size * k1)[:] = src
+        params.took("blocks", (k0, k1))
+        return
+    if s_tr.is_quantized:  # same quantized type, not contiguous: copy whole rows of blocks
+        raise not_supported(dst, "non-contiguous copy of quantized rows")
+
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    ir0, ir1 = thread_range(ne01, ith, nth)  # each thread takes rows [ir0, ir1) of every i02, i03
+    s4, d4 = view4(src0), view4(dst)
+    if ir0 < ir1:
+        for i03 in range(ne03):
+            for i02 in range(ne02):
+                rows = s4[i03, i02, ir0:ir1]
+                vals = rows if st == dt else from_f32(to_f32(rows, st), dt)
+                k0 = ((i03 * ne02 + i02) * ne01 + ir0) * ne00
+                _write_flat(dst, d4, k0, np.ascontiguousarray(vals).reshape(-1))
+    params.took("rows", (ir0, ir1), note="rows of src0 dim 1, for every i2, i3")
+
+
+def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:
+    ctx, off = t.ctx.space.resolve(t.data)
+    return ctx.pool[off + start:off + end]
+
+
+def _compute_quant_dup(params, dst: Tensor, src0: Tensor) -> None:
+    """Copies to or from a quantized type: whole rows are (de)quantized."""
+    try:
+        from engine.compute.kernels.quant_copy import dup_quantized
+    except ImportError:  # pragma: no cover - present once engine.quants is wired in
+        raise not_supported(dst, "quantized copies need engine.quants") from None
+    dup_quantized(params, dst, src0)

@@ -1,0 +1,130 @@
+"""MUL_MAT: dst = src0 · src1ᵀ per matrix, split into chunks taken from a shared counter.
+
+Mirrors ggml_compute_forward_mul_mat (ggml-cpu.c): src1 is first converted to src0's vec_dot_type
+into the work buffer (each thread converts its block range of every row), thread 0 sets the chunk
+counter to nth, barrier; then each thread starts with chunk `ith` and takes the next free chunk until
+none is left. Within a chunk the products are computed with numpy (BLAS) for float weights, and with
+engine.quants' block dot products for quantized weights.
+
+    dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
+from engine.compute.plan import vec_dot_type
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_is_contiguous
+from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
+
+_FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
+    """ggml's chunk grid for mul_mat: (nchunk0, nchunk1, dr0, dr1)."""
+    chunk_size = 64 if nr0 == 1 or nr1 == 1 else 16
+    nchunk0 = (nr0 + chunk_size - 1) // chunk_size
+    nchunk1 = (nr1 + chunk_size - 1) // chunk_size
+    if nchunk0 * nchunk1 < nth * 4:  # too few chunks: one chunk per thread along the longer side
+        nchunk0 = nth if nr0 > nr1 else 1
+        nchunk1 = 1 if nr0 > nr1 else nth
+    return nchunk0, nchunk1, (nr0 + nchunk0 - 1) // nchunk0, (nr1 + nchunk1 - 1) // nchunk1
+
+
+def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
+    """Convert this thread's block range of every src1 row to vdt in the work buffer; returns
+    the whole converted buffer as rows (after the barrier everyone's part is there)."""
+    ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
+    row_bytes = ggml_row_size(vdt, ne10)
+    nrows = ne11 * ne12 * ne13
+    rows = params.wdata[:row_bytes * nrows].reshape(nrows, row_bytes)
+    blck = TYPE_TRAITS[vdt].blck_size
+    nblk = ne10 // blck
+    b0, b1 = params.ith * nblk // params.nth, (params.ith + 1) * nblk // params.nth
+    if b0 < b1:
+        x = view4(src1).reshape(nrows, ne10) if ggml_is_contiguous(src1) else \
+            np.ascontiguousarray(view4(src1)).reshape(nrows, ne10)
+        part = x[:, b0 * blck:b1 * blck].astype(np.float32)
+        if vdt in _FLOAT:
+            conv = from_f32(part, vdt).view(np.uint8)
+        else:
+            from engine.quants import from_float_cpu
+
+            conv = from_float_cpu(vdt, part)
+        bs = TYPE_TRAITS[vdt].type_size
+        rows[:, b0 * bs:b1 * bs] = conv.reshape(nrows, (b1 - b0) * bs)
+    return rows
+
+
+@kernel(GGMLOp.MUL_MAT)
+def compute_forward_mul_mat(params, dst: Tensor) -> None:
+    """ggml_compute_forward_mul_mat."""
+    src0, src1 = dst.src[0], dst.src[1]
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
+    ne0, ne1, ne2, ne3 = (int(x) for x in dst.ne)
+    t0, t1 = TYPE_TRAITS[src0.type], TYPE_TRAITS[src1.type]
+    assert int(src0.nb[0]) == t0.type_size and int(src1.nb[0]) == t1.type_size
+    assert dst.type == GGMLType.F32 and int(dst.nb[0]) == 4
+    vdt = vec_dot_type(src0.type)
+    if src0.type not in _FLOAT and not t0.is_quantized:
+        raise not_supported(dst)
+    if src1.type != vdt and src1.type != GGMLType.F32:
+        raise not_supported(dst, f"src1 must be f32 or {TYPE_TRAITS[vdt].type_name}")
+
+    converted = None
+    if src1.type != vdt:
+        converted = _convert_src1(params, src1, vdt)
+    if params.ith == 0:
+        params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
+    params.barrier()
+
+    nr0, nr1 = ne0, ne1 * ne2 * ne3
+    nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    d4 = view4(dst)
+    w4 = None if t0.is_quantized else view4(src0)
+    if converted is None:
+        x4 = view4(src1)
+    else:  # converted rows: float elements, or raw blocks for quantized weights
+        x4 = converted.reshape(ne13, ne12, ne11, -1)
+        if vdt in _FLOAT:
+            x4 = x4.view(NUMPY_DTYPE[vdt])
+    done = []
+    chunk = params.ith
+    while chunk < nchunk0 * nchunk1:
+        ith0, ith1 = chunk % nchunk0, chunk // nchunk0
+        ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
+        ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
+        for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
+            i02, i03 = i12 // r2, i13 // r3
+            x = x4[i13, i12, a:b]
+            if t0.is_quantized:
+                from engine.quants import mul_mat_quant
+
+                w = _quant_rows(src0, i03, i02, ir0a, ir0b)
+                d4[i13, i12, a:b, ir0a:ir0b] = mul_mat_quant(src0.type, w, x, ne00)
+            else:
+                w = to_f32(w4[i03, i02, ir0a:ir0b], src0.type)
+                xf = to_f32(x, vdt if converted is not None else src1.type)
+                d4[i13, i12, a:b, ir0a:ir0b] = xf @ w.T
+        done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
+        if params.nth >= nchunk0 * nchunk1:
+            break
+        chunk = next(params.shared["chunk"])
+    params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}")
+
+
+def _quant_rows(src0: Tensor, i03: int, i02: int, r0: int, r1: int) -> np.ndarray:
+    """Raw block bytes of src0 rows [r0, r1) of matrix (i02, i03): (rows, row_bytes) uint8."""
+    ctx, off = src0.ctx.space.resolve(src0.data)
+    nb1, nb2, nb3 = int(src0.nb[1]), int(src0.nb[2]), int(src0.nb[3])
+    row_bytes = ggml_row_size(src0.type, int(src0.ne[0]))
+    start = off + i03 * nb3 + i02 * nb2 + r0 * nb1
+    return np.ndarray((r1 - r0, row_bytes), dtype=np.uint8, buffer=ctx.pool.data, offset=start,
+                      strides=(nb1, 1))

@@ -1,0 +1,190 @@
+"""ggml_graph_compute: real OS threads walk the node list together, meeting at a barrier per node.
+
+Mirrors ggml_graph_compute / ggml_graph_compute_thread in ggml-cpu.c: thread `ith` of `nth` runs its
+share of every node (how it splits a node is the kernel's business), view ops are skipped without a
+barrier, thread 0 polls the abort callback after each node, and everyone meets at a barrier before
+the next. The pool persists across graphs (the calling thread is worker 0), like a ggml threadpool.
+
+An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
+ask=True, told after with ask=False; returning False after a node stops the run) also receives every
+thread's share of the node: which rows or chunks it computed, and how long it took.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from engine.compute.plan import CPlan, ggml_graph_plan
+from engine.context import Context, ggml_new_buffer
+from engine.errors import ggml_assert
+from engine.graph import Graph
+from engine.optable import VIEW_OPS
+from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty
+
+GGML_STATUS_SUCCESS = 0
+GGML_STATUS_ABORTED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What one thread did for one node."""
+
+    ith: int
+    nth: int
+    kind: str  # "rows", "chunks", "blocks", "all", "idle", ...
+    ranges: tuple  # e.g. ((ir0, ir1),) for rows, or chunk tuples for mul_mat
+    seconds: float
+    note: str = ""
+
+
+@dataclass(slots=True)
+class ComputeParams:
+    """struct ggml_compute_params: who this thread is, and the shared work buffer."""
+
+    ith: int
+    nth: int
+    wsize: int
+    wdata: np.ndarray | None  # the whole work buffer (uint8), shared by all threads
+    barrier: Callable[[], None]
+    shared: dict  # per-node state shared by the threads (e.g. mul_mat's chunk counter)
+    use_ref: bool = False
+    _kind: str = "idle"
+    _ranges: list = field(default_factory=list)
+    _note: str = ""
+
+    def took(self, kind: str, *ranges: Any, note: str = "") -> None:
+        """Record this thread's share of the current node (for the observer)."""
+        self._kind = kind
+        self._ranges.extend(ranges)
+        if note:
+            self._note = note
+
+
+Observer = Callable[..., bool]
+
+
+class _Pool:
+    """Persistent workers: run(fn, n) calls fn(ith) for ith in 1..n-1 on workers, 0 here."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[int], None], n: int) -> None:
+        with self._lock:  # one graph at a time per pool, as with a ggml threadpool
+            if n - 1 > self._size:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                self._executor = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="ggml")
+                self._size = n - 1
+            futures = [self._executor.submit(fn, ith) for ith in range(1, n)] if n > 1 else []
+            error = None
+            try:
+                fn(0)
+            except BaseException as e:  # noqa: BLE001 - re-raised below after the others stop
+                error = e
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException as e:  # noqa: BLE001
+                    error = error or e
+            if error is not None:
+                raise error
+
+
+_POOL = _Pool()
+
+
+class _Run:
+    """The state all threads share while computing one graph."""
+
+    def __init__(self, cgraph: Graph, cplan: CPlan, observer: Observer | None) -> None:
+        from engine.compute.kernels import compute_forward
+
+        self.compute_forward = compute_forward
+        self.nodes = cgraph.nodes
+        self.cplan = cplan
+        self.nth = cplan.n_threads
+        self.observer = observer
+        self.barrier = threading.Barrier(self.nth)
+        self.abort = -1  # node index at which to stop
+        self.status = GGML_STATUS_SUCCESS
+        self.failed = False
+        self.wdata = None
+        if cplan.work_size > 0:
+            ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
+            self.wdata = ctx.pool[off:off + cplan.work_size]
+        self.shared: list[dict] = [{} for _ in self.nodes]
+        self.shares: list[list[Share | None]] = [[None] * self.nth for _ in self.nodes]
+
+    def wait(self) -> None:
+        if self.nth > 1:
+            try:
+                self.barrier.wait()
+            except threading.BrokenBarrierError:
+                raise RuntimeError("another compute thread failed") from None
+
+    def thread(self, ith: int) -> None:
+        try:
+            self._loop(ith)
+        except BaseException:
+            self.failed = True
+            self.barrier.abort()
+            raise
+
+    def _loop(self, ith: int) -> None:
+        n = len(self.nodes)
+        for node_n, node in enumerate(self.nodes):
+            if self.abort == node_n:
+                break
+            if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
+                continue  # nothing to compute, and no barrier
+            watched = self.observer is not None
+            if watched and ith == 0:
+                self.observer(node, True, None)
+            params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, self.wait,
+                                   self.shared[node_n], self.cplan.use_ref)
+            t0 = time.perf_counter()
+            if not ggml_is_empty(node):
+                self.compute_forward(params, node)
+            self.shares[node_n][ith] = Share(ith, self.nth, params._kind, tuple(params._ranges),
+                                             time.perf_counter() - t0, params._note)
+            if watched:  # everyone's share is known once all have arrived
+                self.wait()
+            if ith == 0:
+                stop = False
+                if watched:
+                    stop = self.observer(node, False, self.shares[node_n]) is False
+                cb = self.cplan.abort_callback
+                if stop or (cb is not None and cb(self.cplan.abort_callback_data)):
+                    self.abort = node_n + 1
+                    self.status = GGML_STATUS_ABORTED
+            if node_n + 1 < n:
+                self.wait()
+        self.wait()
+
+
+def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = None) -> int:
+    """ggml_graph_compute: run the graph on cplan.n_threads threads; returns a ggml_status."""
+    ggml_assert(cplan.n_threads > 0, "cplan->n_threads > 0", "ggml_graph_compute")
+    ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
+                "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
+    run = _Run(cgraph, cplan, observer)
+    _POOL.run(run.thread, run.nth)
+    return run.status
+
+
+def ggml_graph_compute_with_ctx(ctx: Context, cgraph: Graph, n_threads: int,
+                                observer: Observer | None = None) -> int:
+    """ggml_graph_compute_with_ctx: plan, put the work buffer in ctx (always, even if empty),
+    compute."""
+    cplan = ggml_graph_plan(cgraph, n_threads)
+    cplan.work_data = ggml_new_buffer(ctx, cplan.work_size)
+    return ggml_graph_compute(cgraph, cplan, observer)

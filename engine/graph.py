@@ -1,0 +1,401 @@
+"""ggml_cgraph: the computation graph, laid out in the pool as ggml lays it out.
+
+Mirrors ggml_new_graph_custom / ggml_graph_nbytes (one GRAPH object: the 96-byte struct, then the
+nodes, leafs, use_counts, hash keys, optional grads and grad_accs, and the `used` bitset), the visited
+hash set (keyed by tensor address >> 4, linear probing), ggml_visit_parents (post-order DFS, leaf vs
+node, default names, use counts), ggml_graph_print and ggml_graph_dump_dot.
+
+Leaves out: the backward pass (grads are allocated and zeroed when asked for, never filled).
+An observer may watch ggml_build_forward_expand visit tensors through `visit_hook`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Callable
+
+import numpy as np
+
+from engine.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
+from engine.errors import ggml_assert
+from engine.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, ggml_pad, record
+from engine.optable import ggml_op_name, ggml_op_symbol
+from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
+    ggml_is_matrix, ggml_nelements
+from engine.types import TYPE_TRAITS
+
+GGML_DEFAULT_GRAPH_SIZE = 2048
+GGML_HASHSET_FULL = (1 << 64) - 1
+GGML_HASHSET_ALREADY_EXISTS = (1 << 64) - 2
+
+# next primes after powers of two: ggml_hash_size picks the smallest one that fits
+_PRIMES = (2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411, 32771, 65537,
+           131101, 262147, 524309, 1048583, 2097169, 4194319, 8388617, 16777259, 33554467,
+           67108879, 134217757, 268435459, 536870923, 1073741827, 2147483659)
+
+
+def ggml_hash_size(min_sz: int) -> int:
+    """ggml_hash_size: the smallest prime of ggml's table >= min_sz (or min_sz | 1 beyond it)."""
+    i = bisect_left(_PRIMES, min_sz)
+    return _PRIMES[i] if i < len(_PRIMES) else min_sz | 1
+
+
+def _bitset_words(n: int) -> int:
+    return (n + 31) // 32
+
+
+def _graph_layout(size: int, grads: bool) -> tuple[dict[str, int], int]:
+    """Offsets of the arrays after the struct, and ggml_graph_nbytes (each piece self-aligned)."""
+    hash_size = ggml_hash_size(size * 2)
+    pieces = [("nodes", size * 8, 8), ("leafs", size * 8, 8), ("use_counts", hash_size * 4, 4),
+              ("hash_keys", hash_size * 8, 8)]
+    if grads:
+        pieces += [("grads", hash_size * 8, 8), ("grad_accs", hash_size * 8, 8)]
+    pieces.append(("hash_used", _bitset_words(hash_size) * 4, 4))
+    p, offsets = CGRAPH.itemsize, {}
+    for name, nbytes, align in pieces:
+        p = ggml_pad(p, align)
+        offsets[name] = p
+        p += nbytes
+    return offsets, p
+
+
+def ggml_graph_nbytes(size: int, grads: bool) -> int:
+    """ggml_graph_nbytes: bytes of a graph of `size` nodes (struct and arrays)."""
+    return _graph_layout(size, grads)[1]
+
+
+def ggml_graph_overhead_custom(size: int, grads: bool) -> int:
+    """ggml_graph_overhead_custom: object header plus the padded graph."""
+    return GGML_OBJECT_SIZE + ggml_pad(ggml_graph_nbytes(size, grads), GGML_MEM_ALIGN)
+
+
+def ggml_graph_overhead() -> int:
+    """ggml_graph_overhead: a default-sized graph (2048 nodes, no grads)."""
+    return ggml_graph_overhead_custom(GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+class Graph:
+    """struct ggml_cgraph *: a handle onto a cgraph struct (in a pool, or detached for views)."""
+
+    __slots__ = ("ctx", "offs", "_r", "visit_hook")
+
+    def __init__(self, ctx: Context, r: np.ndarray, offs: int | None) -> None:
+        self.ctx = ctx  # resolves the struct's pointers
+        self.offs = offs  # payload offset in ctx.pool, None for a graph view (a struct by value)
+        self._r = r
+        # called as visit_hook(tensor, slot, is_leaf) for each newly visited tensor
+        self.visit_hook: Callable[[Tensor, int, bool], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
+
+    def _field(self, name: str) -> int:
+        return int(self._r[name][0])
+
+    def _array(self, field: str, dtype: str, count: int) -> np.ndarray:
+        address = self._field(field)
+        ctx, off = self.ctx.space.resolve(address)
+        return ctx.pool[off:off + count * np.dtype(dtype).itemsize].view(dtype)
+
+    @property
+    def address(self) -> int | None:
+        return None if self.offs is None else self.ctx.base + self.offs
+
+    size = property(lambda self: self._field("size"))
+    n_nodes = property(lambda self: self._field("n_nodes"))
+    n_leafs = property(lambda self: self._field("n_leafs"))
+    hash_size = property(lambda self: self._field("hash_size"))
+    order = property(lambda self: self._field("order"))
+
+    @property
+    def node_addresses(self) -> np.ndarray:
+        return self._array("nodes", "<u8", max(self.size, self.n_nodes))
+
+    @property
+    def leaf_addresses(self) -> np.ndarray:
+        return self._array("leafs", "<u8", self.size)
+
+    @property
+    def use_counts(self) -> np.ndarray:
+        return self._array("use_counts", "<i4", self.hash_size)
+
+    @property
+    def hash_keys(self) -> np.ndarray:
+        return self._array("hash_keys", "<u8", self.hash_size)
+
+    @property
+    def hash_used(self) -> np.ndarray:
+        return self._array("hash_used", "<u4", _bitset_words(self.hash_size))
+
+    def tensor(self, address: int) -> Tensor:
+        ctx, off = self.ctx.space.resolve(address)
+        return Tensor(ctx, off)
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        return [self.tensor(int(a)) for a in self.node_addresses[:self.n_nodes]]
+
+    @property
+    def leafs(self) -> list[Tensor]:
+        return [self.tensor(int(a)) for a in self.leaf_addresses[:self.n_leafs]]
+
+    # --- the visited hash set ---------------------------------------------------------------
+    def is_used(self, slot: int) -> bool:
+        return bool(self.hash_used[slot >> 5] & (1 << (slot & 31)))
+
+    def hash_find(self, t: Tensor) -> int:
+        """ggml_hash_find: t's slot, or the first free slot on its probe path, or FULL."""
+        size = self.hash_size
+        used, keys = self.hash_used, self.hash_keys
+        key = t.address
+        h = (key >> 4) % size
+        i = h
+        while used[i >> 5] & (1 << (i & 31)) and int(keys[i]) != key:
+            i = (i + 1) % size
+            if i == h:
+                return GGML_HASHSET_FULL
+        return i
+
+    def hash_insert(self, t: Tensor) -> int:
+        """ggml_hash_insert: ALREADY_EXISTS if present, else the new slot (asserting not full)."""
+        i = self.hash_find(t)
+        ggml_assert(i != GGML_HASHSET_FULL, "i != GGML_HASHSET_FULL", "ggml_hash_insert")
+        if self.is_used(i):
+            return GGML_HASHSET_ALREADY_EXISTS
+        self.hash_keys[i] = t.address
+        self.hash_used[i >> 5] |= np.uint32(1 << (i & 31))
+        return i
+
+    def slot_of(self, t: Tensor) -> int | None:
+        i = self.hash_find(t)
+        return i if i != GGML_HASHSET_FULL and self.is_used(i) else None
+
+    def use_count(self, t: Tensor) -> int:
+        slot = self.slot_of(t)
+        return 0 if slot is None else int(self.use_counts[slot])
+
+
+def ggml_new_graph_custom(ctx: Context, size: int, grads: bool) -> Graph:
+    """ggml_new_graph_custom: one GRAPH object holding the struct and all its arrays."""
+    offsets, nbytes = _graph_layout(size, grads)
+    offs = ggml_new_object(ctx, GGML_OBJECT_TYPE_GRAPH, nbytes)
+    r = record(ctx.pool, offs, CGRAPH)
+    hash_size = ggml_hash_size(size * 2)
+    ctx.pool[offs:offs + CGRAPH.itemsize] = 0
+    r["size"] = size
+    for name in ("nodes", "leafs", "use_counts", "hash_keys", "hash_used"):
+        r[name] = ctx.address(offs + offsets[name])
+    if grads:
+        for name in ("grads", "grad_accs"):
+            r[name] = ctx.address(offs + offsets[name])
+            ctx.pool[offs + offsets[name]:offs + offsets[name] + hash_size * 8] = 0
+    r["hash_size"] = hash_size
+    used = offs + offsets["hash_used"]
+    ctx.pool[used:used + _bitset_words(hash_size) * 4] = 0
+    return Graph(ctx, r, offs)
+
+
+def ggml_new_graph(ctx: Context) -> Graph:
+    """ggml_new_graph: a graph of GGML_DEFAULT_GRAPH_SIZE (2048) nodes without gradients."""
+    return ggml_new_graph_custom(ctx, GGML_DEFAULT_GRAPH_SIZE, False)
+
+
+def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
+    """ggml_visit_parents_graph: post-order DFS; returns node's hash slot."""
+    if node.op != 0 and compute:
+        node.flags |= GGML_TENSOR_FLAG_COMPUTE
+    slot = g.hash_find(node)
+    ggml_assert(slot != GGML_HASHSET_FULL, "node_hash_pos != GGML_HASHSET_FULL", "ggml_visit_parents")
+
+    if g.is_used(slot):  # already visited: only propagate the compute flag
+        if compute:
+            for src in node.src:
+                if src is not None and not src.flags & GGML_TENSOR_FLAG_COMPUTE:
+                    _visit_parents(g, src, True)
+        return slot
+
+    g.hash_keys[slot] = node.address
+    g.hash_used[slot >> 5] |= np.uint32(1 << (slot & 31))
+    g.use_counts[slot] = 0
+
+    order = range(GGML_MAX_SRC) if g.order != 1 else range(GGML_MAX_SRC - 1, -1, -1)
+    for k in order:
+        src = node.src[k]
+        if src is not None:
+            src_slot = _visit_parents(g, src, compute)
+            g.use_counts[src_slot] += 1
+
+    is_leaf = node.op == 0 and not node.flags & GGML_TENSOR_FLAG_PARAM
+    r = g._r
+    if is_leaf:
+        n = g.n_leafs
+        ggml_assert(n < g.size, "cgraph->n_leafs < cgraph->size", "ggml_visit_parents",
+                    f"the graph holds {g.size} leafs; use ggml_new_graph_custom with a larger size")
+        if not node.name_bytes:
+            ggml_format_name(node, "leaf_%d", n)
+        g.leaf_addresses[n] = node.address
+        r["n_leafs"] = n + 1
+    else:
+        n = g.n_nodes
+        ggml_assert(n < g.size, "cgraph->n_nodes < cgraph->size", "ggml_visit_parents",
+                    f"the graph holds {g.size} nodes; use ggml_new_graph_custom with a larger size")
+        if not node.name_bytes:
+            ggml_format_name(node, "node_%d", n)
+        g.node_addresses[n] = node.address
+        r["n_nodes"] = n + 1
+    if g.visit_hook is not None:
+        g.visit_hook(node, slot, is_leaf)
+    return slot
+
+
+def _build_forward(g: Graph, t: Tensor, compute: bool) -> None:
+    n_old = g.n_nodes
+    _visit_parents(g, t, compute)
+    if g.n_nodes - n_old > 0:
+        ggml_assert(int(g.node_addresses[g.n_nodes - 1]) == t.address,
+                    "cgraph->nodes[cgraph->n_nodes - 1] == tensor", "ggml_build_forward_expand")
+
+
+def ggml_build_forward_expand(g: Graph, t: Tensor) -> None:
+    """ggml_build_forward_expand: add t and everything it depends on, in dependency order."""
+    _build_forward(g, t, True)
+
+
+def ggml_build_forward_select(g: Graph, tensors: list[Tensor], idx: int) -> Tensor:
+    """ggml_build_forward_select: build all tensors, marking only tensors[idx] for compute."""
+    ggml_assert(0 <= idx < len(tensors), "idx >= 0 && idx < n_tensors", "ggml_build_forward_select")
+    for i, t in enumerate(tensors):
+        _build_forward(g, t, i == idx)
+    return tensors[idx]
+
+
+def ggml_graph_size(g: Graph) -> int:
+    """ggml_graph_size."""
+    return g.size
+
+
+def ggml_graph_n_nodes(g: Graph) -> int:
+    """ggml_graph_n_nodes."""
+    return g.n_nodes
+
+
+def ggml_graph_node(g: Graph, i: int) -> Tensor:
+    """ggml_graph_node: the i-th node; negative i counts from the end (-1 is the last)."""
+    if i < 0:
+        ggml_assert(g.n_nodes + i >= 0, "cgraph->n_nodes + i >= 0", "ggml_graph_node")
+        return g.tensor(int(g.node_addresses[g.n_nodes + i]))
+    ggml_assert(i < g.n_nodes, "i < cgraph->n_nodes", "ggml_graph_node")
+    return g.tensor(int(g.node_addresses[i]))
+
+
+def ggml_graph_add_node(g: Graph, t: Tensor) -> None:
+    """ggml_graph_add_node: append a node without hashing it."""
+    ggml_assert(g.size > g.n_nodes, "cgraph->size > cgraph->n_nodes", "ggml_graph_add_node")
+    g.node_addresses[g.n_nodes] = t.address
+    g._r["n_nodes"] = g.n_nodes + 1
+
+
+def ggml_graph_get_tensor(g: Graph, name: str) -> Tensor | None:
+    """ggml_graph_get_tensor: search the leafs, then the nodes, by name."""
+    return next((t for t in g.leafs + g.nodes if t.name == name), None)
+
+
+def ggml_graph_clear(g: Graph) -> None:
+    """ggml_graph_clear: forget all nodes and leafs and empty the hash set."""
+    g._r["n_nodes"] = 0
+    g._r["n_leafs"] = 0
+    g.hash_used[:] = 0
+
+
+def ggml_graph_view(g: Graph, i0: int, i1: int) -> Graph:
+    """ggml_graph_view: nodes [i0, i1) of g, as a struct by value (not in any pool)."""
+    r = np.zeros(1, dtype=CGRAPH)
+    r["n_nodes"] = i1 - i0
+    r["nodes"] = g._field("nodes") + 8 * i0
+    for name in ("use_counts", "hash_size", "hash_used", "hash_keys", "order"):
+        r[name] = g._field(name)
+    view = Graph(g.ctx, r, None)
+    return view
+
+
+def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
+    """ggml_graph_cpy: copy nodes, leafs and the hash set (re-hashed for dst's size)."""
+    ggml_assert(dst.size >= src.n_leafs, "dst->size >= src->n_leafs", "ggml_graph_cpy")
+    ggml_assert(dst.size >= src.n_nodes, "dst->size >= src->n_nodes", "ggml_graph_cpy")
+    ggml_assert(dst.hash_size >= src.hash_size,
+                "dst->visited_hash_set.size >= src->visited_hash_set.size", "ggml_graph_cpy")
+    for name in ("n_leafs", "n_nodes", "order"):
+        dst._r[name] = src._field(name)
+    dst.leaf_addresses[:src.n_leafs] = src.leaf_addresses[:src.n_leafs]
+    dst.node_addresses[:src.n_nodes] = src.node_addresses[:src.n_nodes]
+    keys, counts = src.hash_keys, src.use_counts
+    for i in range(src.hash_size):
+        if src.is_used(i):
+            slot = dst.hash_insert(src.tensor(int(keys[i])))
+            if slot != GGML_HASHSET_ALREADY_EXISTS:
+                dst.use_counts[slot] = counts[i]
+    if dst._field("grads"):
+        dst._array("grads", "<u8", dst.hash_size)[:] = 0
+        dst._array("grad_accs", "<u8", dst.hash_size)[:] = 0
+
+
+def ggml_graph_print(g: Graph) -> str:
+    """ggml_graph_print: the node and leaf lists (returned, and printed)."""
+    lines = ["=== GRAPH ===", f"n_nodes = {g.n_nodes}"]
+    for i, n in enumerate(g.nodes):
+        ne = [int(x) for x in n.ne]
+        mark = "x" if n.flags & GGML_TENSOR_FLAG_PARAM else " "
+        lines.append(f" - {i:3d}: [ {ne[0]:5d}, {ne[1]:5d}, {ne[2]:5d}] {ggml_op_name(n.op):>16s} {mark}")
+    lines.append(f"n_leafs = {g.n_leafs}")
+    for i, n in enumerate(g.leafs):
+        ne = [int(x) for x in n.ne]
+        lines.append(f" - {i:3d}: [ {ne[0]:5d}, {ne[1]:5d}] {ggml_op_name(n.op):>8s} {n.name:>16s}")
+    lines.append("=" * 40)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None) -> str:
+    """ggml_graph_dump_dot: the graph in graphviz DOT, as ggml writes it; also to `filename`.
+
+    `cgraph` only changes the colour of nodes with gradients, which this engine never builds.
+    """
+    p = lambda t: f"{t.address:#x}"  # noqa: E731 - C's %p
+    out = ["digraph G {", "  newrank = true;", "  rankdir = TB;"]
+    for i, node in enumerate(gb.nodes):
+        # without gradients ggml draws a node yellow (a parameter) or white
+        color = "yellow" if node.flags & GGML_TENSOR_FLAG_PARAM else "white"
+        label = f"{node.name} ({TYPE_TRAITS[node.type].type_name})|" if node.name_bytes else \
+            f"({TYPE_TRAITS[node.type].type_name})|"
+        ne = [int(x) for x in node.ne]
+        shape = f"[{ne[0]}, {ne[1]}]" if ggml_is_matrix(node) else f"[{ne[0]}, {ne[1]}, {ne[2]}]"
+        label += f"{i} {shape} | <x>{ggml_op_symbol(node.op)}"
+        out.append(f'  "{p(node)}" [ style = filled; fillcolor = {color}; shape = record; '
+                   f'label="{label}"; ]')
+    for i, leaf in enumerate(gb.leafs):
+        label = f"{leaf.name} ({TYPE_TRAITS[leaf.type].type_name})|" if leaf.name_bytes else \
+            f"({TYPE_TRAITS[leaf.type].type_name})|"
+        ne = [int(x) for x in leaf.ne]
+        label += f"CONST {i} [{ne[0]}, {ne[1]}]"
+        n = ggml_nelements(leaf)
+        if n < 5 and leaf.data is not None:
+            label += " | (" + ", ".join("#" for _ in range(n)) + ")"
+        out.append(f'  "{p(leaf)}" [ style = filled; fillcolor = pink; shape = record; '
+                   f'label="<x>{label}"; ]')
+    for node in gb.nodes:
+        for j, src in enumerate(node.src):
+            if src is not None:
+                out.append(f'  "{p(src)}" -> "{p(node)}" [ arrowhead = vee; style = solid; '
+                           f'label = "src {j}"; ]')
+    for leaf in gb.leafs:
+        for j, src in enumerate(leaf.src):
+            if src is not None:
+                out.append(f'  "{p(src)}" -> "{p(leaf)}" [ label = "src {j}"; ]')
+    out.append("}")
+    text = "\n".join(out) + "\n"
+    if filename:
+        with open(filename, "w") as f:
+            f.write(text)
+    return text
