@@ -13,7 +13,8 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_nrows
-from engine.types import GGMLType
+from engine.errors import ggml_assert
+from engine.types import GGMLType, TYPE_TRAITS
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 SUPPORTED = {(F32, F32, F32), (F16, F16, F16), (BF16, BF16, BF16), (BF16, F32, BF16),
@@ -49,6 +50,9 @@ def compute_forward_binary(params, dst: Tensor) -> None:
 
             return add_quantized(params, dst)
         raise not_supported(dst, "unsupported types")
+    ggml_assert(int(src0.nb[0]) == TYPE_TRAITS[src0.type].type_size, "nb00 == sizeof(src0_t)",
+                "binary_op", f"'{src0.name}' rows are not contiguous")
+    ggml_assert(int(dst.nb[0]) == TYPE_TRAITS[dst.type].type_size, "nb0 == sizeof(dst_t)", "binary_op")
     fn = OPS[GGMLOp(dst.op)]
     d4, s0, s1 = view4(dst), view4(src0), view4(src1)
     ne1, ne2, ne0 = int(dst.ne[1]), int(dst.ne[2]), int(dst.ne[0])

@@ -1,0 +1,62 @@
+"""The core kernels (copies, binary ops, mul_mat) against real ggml, for several thread counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.types import GGMLType
+from tests.support.graphs import Leaf, check_op
+
+F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
+THREADS = [1, 2, 3, 4, 8]
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("op", ["ggml_add", "ggml_sub", "ggml_mul", "ggml_div"])
+def test_binary_broadcast(op, n_threads):
+    def build(g, ctx, a, b):
+        return getattr(g, op)(ctx, a, b)
+    check_op(build, [Leaf(F32, (8, 5, 3, 2)), Leaf(F32, (4, 1, 3, 1), low=0.5, high=2)],
+             n_threads, exact=True)
+    check_op(build, [Leaf(F32, (6, 4, 2), permute=(0, 2, 1, 3)), Leaf(F32, (6, 1, 4))],
+             n_threads, exact=True)
+
+
+@pytest.mark.parametrize("types", [(F16, F16), (F16, F32), (BF16, F32), (BF16, BF16)])
+def test_binary_half_types(types):
+    check_op(lambda g, ctx, a, b: g.ggml_add(ctx, a, b),
+             [Leaf(types[0], (16, 3)), Leaf(types[1], (16, 3))], 2, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3, 4])
+@pytest.mark.parametrize("src,dst", [(F32, F32), (F32, F16), (F16, F32), (F32, BF16), (BF16, F16),
+                                     (F16, BF16)])
+def test_cpy_and_cont(src, dst, n_threads):
+    check_op(lambda g, ctx, a, b: g.ggml_cpy(ctx, a, b),
+             [Leaf(src, (6, 5, 2)), Leaf(dst, (10, 6))], n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_cont(ctx, g.ggml_transpose(ctx, a)),
+             [Leaf(src, (7, 3, 2))], n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_dup(ctx, g.ggml_permute(ctx, a, 2, 0, 1, 3)),
+             [Leaf(src, (4, 3, 5))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("wtype", [F32, F16, BF16])
+def test_mul_mat_float(wtype, n_threads):
+    def build(g, ctx, a, b):
+        return g.ggml_mul_mat(ctx, a, b)
+    for ne_a, ne_b in [((64, 33), (64, 7)), ((32, 16, 2, 1), (32, 20, 6, 3)), ((16, 5), (16, 1))]:
+        check_op(build, [Leaf(wtype, ne_a), Leaf(F32, ne_b)], n_threads, max_nmse=1e-7)
+
+
+def test_mul_mat_non_contiguous_src1():
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(F32, (16, 9, 3)), Leaf(F32, (16, 3, 4), permute=(0, 2, 1, 3))], 2)
+
+
+def test_simple_ctx():
+    a = Leaf(F32, (2, 4), values=[[2, 8], [5, 1], [4, 2], [8, 6]])
+    b = Leaf(F32, (2, 3), values=[[10, 5], [9, 9], [5, 4]])
+    ours, _ = check_op(lambda g, ctx, x, y: g.ggml_mul_mat(ctx, x, y), [a, b], exact=True)
+    from tests.support.graphs import values
+    assert values(ours)[0, 0].tolist() == [[60, 55, 50, 110], [90, 54, 54, 126], [42, 29, 28, 64]]
