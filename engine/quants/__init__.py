@@ -14,21 +14,14 @@ from typing import Callable
 import numpy as np
 
 from engine.errors import GGMLAssertionError, ggml_assert
-from engine.quants import fp4, iq4, kquants, legacy, ternary
+from engine.quants import fp4, iq4, iqgrid, kquants, legacy, ternary
 from engine.quants.common import QuantKind
 from engine.types import (GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits,
                           fp32_to_fp16_bits, traits)
 
 QUANT_KINDS: dict[GGMLType, QuantKind] = {
-    k.type: k for mod in (legacy, kquants, iq4, ternary, fp4) for k in mod.KINDS
+    k.type: k for mod in (legacy, kquants, iq4, ternary, fp4, iqgrid) for k in mod.KINDS
 }
-
-try:  # the grid types come last: their tables are the biggest module
-    from engine.quants import iqgrid
-
-    QUANT_KINDS.update({k.type: k for k in iqgrid.KINDS})
-except ImportError:  # pragma: no cover - only while the module is being written
-    pass
 
 _REQUIRES_IMATRIX = (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S)
 
