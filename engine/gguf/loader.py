@@ -46,13 +46,14 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
                             f"blob: it needs {r.data_size} bytes (every tensor padded to "
                             f"{r.alignment}) but the file ends after "
                             f"{r.size - r.data_offset}")
-        data_bytes(blob)[:] = np.frombuffer(r._buf, dtype=np.uint8, count=r.data_size,
-                                            offset=r.data_offset)
+        if r.data_size:  # an empty blob gets no data pointer (NULL), as in C
+            data_bytes(blob)[:] = np.frombuffer(r._buf, dtype=np.uint8, count=r.data_size,
+                                                offset=r.data_offset)
     ggml_set_no_alloc(ctx, True)
     for info in r.tensors:
         cur = ggml_new_tensor(ctx, info.type, 4, info.ne)
         ggml_set_name(cur, info.name)
         if blob is not None:
-            cur.data = blob.data + info.offset
+            cur.data = (blob.data or 0) + info.offset
     ggml_set_no_alloc(ctx, no_alloc)
     return ctx
