@@ -93,6 +93,8 @@ def _result(api: Any, t: Any) -> dict:
 def values(res: dict) -> np.ndarray:
     """A result's elements as float64, in ggml order (strided results are gathered)."""
     t = GGMLType(res["type"])
+    if TYPE_TRAITS[t].is_quantized:  # compare the blocks byte for byte
+        return np.frombuffer(res["raw"], dtype=np.uint8).astype(np.float64)
     dt = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32,
           GGMLType.I64: np.int64, GGMLType.BF16: np.uint16}[t]
     buf = np.frombuffer(res["raw"], dtype=np.uint8)

@@ -73,16 +73,40 @@ def _normalise(raw: np.ndarray, used: int, api: _Api) -> list[dict]:
                          view_offs=int(r["view_offs"]), data=int(r["data"]),
                          name=bytes(r["name"]).decode("utf-8", "replace"))
         elif typ == OBJ_GRAPH:
-            g = raw[offs:offs + CGRAPH.itemsize].view(CGRAPH)
-            for f in POINTER_FIELDS[CGRAPH]:
-                g[f] = api.rel(int(g[f][0]))
-            entry["cgraph"] = {k: int(g[k][0]) for k in CGRAPH.names}
+            entry.update(_graph(raw, offs, api))
+            out.append(entry)  # hash slots depend on addresses: compare the set, not the bytes
+            if nxt == 0:
+                break
+            hdr = api.rel(nxt) & ((1 << 40) - 1)
+            continue
         entry["bytes"] = raw[hdr:offs + size].tobytes()
         out.append(entry)
         if nxt == 0:
             break
         hdr = api.rel(nxt) & ((1 << 40) - 1)  # objects of a context all lie in its own pool
     return out
+
+
+def _graph(raw: np.ndarray, offs: int, api: _Api) -> dict:
+    """A cgraph read from pool bytes: struct fields, node and leaf lists, and the hash set as
+    {tensor: use count}, every pointer relative to its pool."""
+    g = raw[offs:offs + CGRAPH.itemsize].view(CGRAPH)[0]
+    fields = {k: int(g[k]) for k in CGRAPH.names}
+    local = lambda address: api.rel(address) & ((1 << 40) - 1)  # noqa: E731 - same pool
+
+    def array(field: str, dtype: str, n: int) -> np.ndarray:
+        start = local(fields[field])
+        return raw[start:start + n * np.dtype(dtype).itemsize].view(dtype)
+
+    hash_size = fields["hash_size"]
+    used = array("hash_used", "<u4", (hash_size + 31) // 32)
+    keys, counts = array("hash_keys", "<u8", hash_size), array("use_counts", "<i4", hash_size)
+    uses = {api.rel(int(keys[i])): int(counts[i]) for i in range(hash_size)
+            if used[i >> 5] & (1 << (i & 31))}
+    struct = {k: (api.rel(v) if k in POINTER_FIELDS[CGRAPH] else v) for k, v in fields.items()}
+    return {"cgraph": struct, "uses": uses,
+            "nodes": [api.rel(int(a)) for a in array("nodes", "<u8", fields["n_nodes"])],
+            "leafs": [api.rel(int(a)) for a in array("leafs", "<u8", fields["n_leafs"])]}
 
 
 class Engine(_Api):

@@ -3,7 +3,7 @@
 Mirrors ggml_compute_forward_dup in ggml-cpu/ops.cpp: elements are read row-major over src0 (i0
 fastest) and written in dst's own row-major order, so shapes may differ as long as the counts agree.
 Same-type contiguous copies split blocks between threads; the others split src0's dimension 1.
-Quantized destinations and sources go through engine.quants when that package provides them.
+Copies to and from quantized types (de)quantize whole rows through engine.quants.
 """
 
 from __future__ import annotations
@@ -77,8 +77,6 @@ def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:
 
 def _compute_quant_dup(params, dst: Tensor, src0: Tensor) -> None:
     """Copies to or from a quantized type: whole rows are (de)quantized."""
-    try:
-        from engine.compute.kernels.quant_copy import dup_quantized
-    except ImportError:  # pragma: no cover - present once engine.quants is wired in
-        raise not_supported(dst, "quantized copies need engine.quants") from None
+    from engine.compute.kernels.quant_copy import dup_quantized
+
     dup_quantized(params, dst, src0)

@@ -19,6 +19,8 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
+from engine.quants import from_float
+from engine.quants.matmul import mul_mat_quant
 from engine.tensor import Tensor, ggml_is_contiguous
 from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
@@ -53,9 +55,7 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
         if vdt in _FLOAT:
             conv = from_f32(part, vdt).view(np.uint8)
         else:
-            from engine.quants import from_float_cpu
-
-            conv = from_float_cpu(vdt, part)
+            conv = from_float(vdt, part)  # the CPU's activation quantizer (Q8_0, Q8_1, Q8_K)
         bs = TYPE_TRAITS[vdt].type_size
         rows[:, b0 * bs:b1 * bs] = conv.reshape(nrows, (b1 - b0) * bs)
     return rows
@@ -105,8 +105,6 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
             i02, i03 = i12 // r2, i13 // r3
             x = x4[i13, i12, a:b]
             if t0.is_quantized:
-                from engine.quants import mul_mat_quant
-
                 w = _quant_rows(src0, i03, i02, ir0a, ir0b)
                 d4[i13, i12, a:b, ir0a:ir0b] = mul_mat_quant(src0.type, w, x, ne00)
             else:
