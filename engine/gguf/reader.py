@@ -39,7 +39,7 @@ from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
                      GGUFError, GGUFValueType, dtype_for, gguf_type_size, pad, struct_for)
 
 T = GGUFValueType
-MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, a one-byte key, the type, a one-byte value
+MIN_KV_BYTES = 8 + 4 + 1  # key length (the key may be empty: refused later), type, u8
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length (empty name), n_dims = 0, type, offset
 
 

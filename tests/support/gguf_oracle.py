@@ -3,7 +3,7 @@
 `oracle_summary(path)` reads a file with C `gguf_init_from_file` and returns what every gguf.h
 getter says (for arrays of many strings, a sample: one ctypes call per string is slow, and the
 metadata bytes C writes back from what it parsed are compared whole elsewhere); `ours_summary(path)` gets the same from engine.gguf's facade, so a test compares two
-dicts. `oracle_check(data)` runs C `gguf_init_from_buffer` on bytes and returns (accepted, the
+dicts. `oracle_check(data)` runs C `gguf_init_from_file` on bytes and returns (accepted, the
 messages ggml logged). `oracle_context(path, no_alloc)` loads the file into a ggml context through
 the `params.ctx` out-pointer and returns ggml_used_mem and each tensor's data offset in the pool.
 """
@@ -11,6 +11,7 @@ the `params.ctx` out-pointer and returns ggml_used_mem and each tensor's data of
 from __future__ import annotations
 
 import ctypes
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -48,13 +49,14 @@ def ggml_log() -> Iterator[list[str]]:
 
 
 def oracle_check(data: bytes, load: bool = False) -> tuple[bool, str]:
-    """C gguf_init_from_buffer on `data`: (accepted, everything ggml logged). With `load`, ggml
-    also creates a context and reads the tensor data blob (no_alloc false)."""
-    buf = ctypes.create_string_buffer(data, len(data))
+    """C gguf_init_from_file on `data` (in a temporary file): (accepted, everything ggml
+    logged). With `load`, ggml also creates a context and reads the tensor data blob."""
     out = ctypes.c_void_p()
     params = ggml.gguf_init_params(no_alloc=not load, ctx=ctypes.pointer(out) if load else None)
-    with ggml_log() as lines:
-        ctx = ggml.gguf_init_from_buffer(ctypes.cast(buf, ctypes.c_void_p), len(data), params)
+    with tempfile.NamedTemporaryFile(suffix=".gguf") as f, ggml_log() as lines:
+        f.write(data)
+        f.flush()
+        ctx = ggml.gguf_init_from_file(f.name.encode(), params)
     if out.value:
         ggml.ggml_free(out.value)
     if ctx:
