@@ -28,7 +28,7 @@ from engine import tensor as _tensor
 from engine import types as _types
 from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, CPlan  # noqa: F401
 from engine.context import Context, ggml_init_params  # noqa: F401
-from engine.errors import GGMLAssertionError, GGMLPoolError  # noqa: F401
+from engine.errors import GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError  # noqa: F401
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, \
     GGML_MEM_ALIGN, ggml_pad  # noqa: F401
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp

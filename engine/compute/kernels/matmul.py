@@ -4,7 +4,8 @@ Mirrors ggml_compute_forward_mul_mat (ggml-cpu.c): src1 is first converted to sr
 into the work buffer (each thread converts its block range of every row), thread 0 sets the chunk
 counter to nth, barrier; then each thread starts with chunk `ith` and takes the next free chunk until
 none is left. Within a chunk the products are computed with numpy (BLAS) for float weights, and with
-engine.quants' block dot products for quantized weights.
+engine.quants' block dot products for quantized weights, in 16x16 tiles at fixed positions: like
+ggml's one vec_dot per output, an output's value then never depends on how many threads ran.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 """
@@ -101,21 +102,38 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         ith0, ith1 = chunk % nchunk0, chunk // nchunk0
         ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
         ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
-        for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
-            i02, i03 = i12 // r2, i13 // r3
-            x = x4[i13, i12, a:b]
-            if t0.is_quantized:
-                w = _quant_rows(src0, i03, i02, ir0a, ir0b)
-                d4[i13, i12, a:b, ir0a:ir0b] = mul_mat_quant(src0.type, w, x, ne00)
-            else:
-                w = to_f32(w4[i03, i02, ir0a:ir0b], src0.type)
-                xf = to_f32(x, vdt if converted is not None else src1.type)
-                d4[i13, i12, a:b, ir0a:ir0b] = xf @ w.T
+        for c0, c1 in _tiles(ir0a, ir0b, nr0):
+            lo0, hi0 = max(c0, ir0a), min(c1, ir0b)  # the part of this tile inside the chunk
+            for e0, e1 in _tiles(ir1a, ir1b, nr1):
+                for i13, i12, a, b in row_blocks(ne1, ne2, e0, e1):
+                    base = (i13 * ne2 + i12) * ne1
+                    sa, sb = max(a, ir1a - base), min(b, ir1b - base)
+                    if sa >= sb:
+                        continue
+                    i02, i03 = i12 // r2, i13 // r3
+                    x = x4[i13, i12, a:b]
+                    if t0.is_quantized:
+                        prod = mul_mat_quant(src0.type, _quant_rows(src0, i03, i02, c0, c1), x, ne00)
+                    else:
+                        w = to_f32(w4[i03, i02, c0:c1], src0.type)
+                        prod = to_f32(x, vdt if converted is not None else src1.type) @ w.T
+                    d4[i13, i12, sa:sb, lo0:hi0] = prod[sa - a:sb - a, lo0 - c0:hi0 - c0]
         done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
         if params.nth >= nchunk0 * nchunk1:
             break
         chunk = next(params.shared["chunk"])
     params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}")
+
+
+TILE = 16  # products are computed in tiles at fixed positions: a result never depends on nth
+
+
+def _tiles(lo: int, hi: int, n: int):
+    """The TILE-aligned tiles [t, min(t + TILE, n)) that overlap [lo, hi)."""
+    t = lo - lo % TILE
+    while t < hi:
+        yield t, min(t + TILE, n)
+        t += TILE
 
 
 def _quant_rows(src0: Tensor, i03: int, i02: int, r0: int, r1: int) -> np.ndarray:
