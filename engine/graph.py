@@ -202,7 +202,27 @@ def ggml_new_graph(ctx: Context) -> Graph:
 
 
 def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
-    """ggml_visit_parents_graph: post-order DFS; returns node's hash slot."""
+    """ggml_visit_parents_graph: post-order DFS; returns node's hash slot.
+
+    Written as generators driven by an explicit stack: ggml recurses in C, but a graph thousands of
+    nodes deep would exhaust Python's recursion limit. Each `yield (src, compute)` is a recursive
+    call, and the value sent back is that call's result.
+    """
+    stack = [_visit(g, node, compute)]
+    result = None
+    while stack:
+        try:
+            child = stack[-1].send(result)
+        except StopIteration as done:
+            stack.pop()
+            result = done.value
+        else:
+            stack.append(_visit(g, *child))
+            result = None
+    return result
+
+
+def _visit(g: Graph, node: Tensor, compute: bool):
     if node.op != 0 and compute:
         node.flags |= GGML_TENSOR_FLAG_COMPUTE
     slot = g.hash_find(node)
@@ -212,7 +232,7 @@ def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
         if compute:
             for src in node.src:
                 if src is not None and not src.flags & GGML_TENSOR_FLAG_COMPUTE:
-                    _visit_parents(g, src, True)
+                    yield src, True
         return slot
 
     g.hash_keys[slot] = node.address
@@ -223,7 +243,7 @@ def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
     for k in order:
         src = node.src[k]
         if src is not None:
-            src_slot = _visit_parents(g, src, compute)
+            src_slot = yield src, compute
             g.use_counts[src_slot] += 1
 
     is_leaf = node.op == 0 and not node.flags & GGML_TENSOR_FLAG_PARAM
