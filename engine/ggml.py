@@ -22,6 +22,8 @@ from engine import compute as _compute
 from engine import context as _context
 from engine import graph as _graph
 from engine import ops as _ops
+from engine import ops_math as _ops_math
+from engine import ops_nn as _ops_nn
 from engine import optable as _optable
 from engine import quants as _quants
 from engine import tensor as _tensor
@@ -37,7 +39,7 @@ from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
 from engine.types import GGMLType
 
 # every ggml_* function of the engine modules, under its ggml name
-for _module in (_types, _context, _tensor, _ops, _optable, _graph, _compute, _quants):
+for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _optable, _graph, _compute, _quants):
     for _name in dir(_module):
         if _name.startswith(("ggml_", "GGML_")):
             globals()[_name] = getattr(_module, _name)
