@@ -16,6 +16,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.programs import PROGRAMS, trace_program
+
+    if args.program not in PROGRAMS:
+        print(f"ggml-lens: no walkthrough named '{args.program}'; there are: "
+              + ", ".join(PROGRAMS), file=sys.stderr)
+        return 2
+    trace = trace_program(args.program, args.threads)
+    if args.json:
+        print(json.dumps(trace.to_json()))
+        return 0 if trace.error is None else 1
+    print(f"{args.program}: {len(trace.steps)} steps, {trace.n_threads} thread(s), hash {trace.hash}")
+    for s in trace.steps:
+        indent = "    " if s.parent is not None else ""
+        print(f"{indent}[{s.index:3d}] line {s.line:3d} {s.kind:5s} {s.call}")
+        print(f"{indent}      {s.note}")
+        for t in s.threads:
+            print(f"{indent}      thread {t.ith}: {t.kind} {list(t.ranges)} {t.seconds * 1e6:.0f} us")
+    for name, value in trace.outputs.items():
+        text = str(value)
+        print(f"{name} = {text if len(text) < 300 else text[:300] + ' ...'}")
+    return 0 if trace.error is None else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggml-lens", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -24,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)
+
+    trace = sub.add_parser("trace", help="record a built-in walkthrough and print its steps")
+    trace.add_argument("program", help="a walkthrough name, e.g. simple-ctx")
+    trace.add_argument("--threads", type=int, default=None, help="threads for compute")
+    trace.add_argument("--json", action="store_true", help="steps, hash and outputs as JSON")
+    trace.set_defaults(func=_trace)
     return parser
 
 

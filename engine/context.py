@@ -12,7 +12,6 @@ the same fields), and the one-time `ggml_time_init`.
 from __future__ import annotations
 
 import contextvars
-import itertools
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,13 +42,21 @@ class AddressSpace:
         self._next = self.FIRST_BASE
         self._bases: list[int] = []  # sorted
         self._owners: list[Context] = []
+        self.placed = 0  # pools placed so far: the next context's small id
 
     def place(self, owner: "Context", size: int) -> int:
         base = self._next
         self._next = ggml_pad(base + max(size, 1) + self.GAP, 1 << 20)
+        self.placed += 1
         self._bases.append(base)
         self._owners.append(owner)
         return base
+
+    def place_at(self, owner: "Context", base: int) -> None:
+        """Map a pool at a given base (rebuilding a traced state at its original addresses)."""
+        i = bisect_right(self._bases, base)
+        self._bases.insert(i, base)
+        self._owners.insert(i, owner)
 
     def remove(self, owner: "Context") -> None:
         i = self._owners.index(owner)
@@ -96,8 +103,6 @@ class ggml_init_params:  # noqa: N801 - ggml's name
 class Context:
     """struct ggml_context: the pool plus the object list's ends (as header offsets)."""
 
-    _ids = itertools.count()
-
     def __init__(self, params: ggml_init_params) -> None:
         mem_size = params.mem_size or GGML_MEM_ALIGN
         if params.mem_buffer is None:
@@ -116,9 +121,22 @@ class Context:
         self.objects_begin: int | None = None  # header offset of the first object
         self.objects_end: int | None = None  # header offset of the last object
         self.space = current_address_space()
+        self.id = self.space.placed  # a small stable id for displays: 0 for the first context
         self.base = self.space.place(self, mem_size)  # simulated address of pool byte 0
-        self.id = next(Context._ids)  # a small stable id for displays
         self.freed = False
+
+    @classmethod
+    def restored(cls, space: AddressSpace, ctx_id: int, base: int, pool: np.ndarray,
+                 objects_end: int | None, no_alloc: bool) -> "Context":
+        """A context over pool bytes rebuilt from a trace, mapped at its original address."""
+        ctx = cls.__new__(cls)
+        ctx.pool, ctx.mem_size, ctx.mem_buffer_owned = pool, pool.size, True
+        ctx.no_alloc, ctx.n_objects = no_alloc, 0
+        ctx.objects_begin = None if objects_end is None else 0
+        ctx.objects_end = objects_end
+        ctx.space, ctx.base, ctx.id, ctx.freed = space, base, ctx_id, False
+        space.place_at(ctx, base)
+        return ctx
 
     def __repr__(self) -> str:
         return f"<ggml_context {self.id} mem_size={self.mem_size} used={ggml_used_mem(self)}>"

@@ -12,6 +12,7 @@ thread's share of the node: which rows or chunks it computed, and how long it to
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -67,6 +68,10 @@ class ComputeParams:
 
 
 Observer = Callable[..., bool]
+
+# an observer for every graph computed in this context (the tracer sets it), unless one is passed
+COMPUTE_OBSERVER: contextvars.ContextVar[Observer | None] = contextvars.ContextVar(
+    "compute_observer", default=None)
 
 
 class _Pool:
@@ -176,7 +181,7 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     ggml_assert(cplan.n_threads > 0, "cplan->n_threads > 0", "ggml_graph_compute")
     ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
-    run = _Run(cgraph, cplan, observer)
+    run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
     _POOL.run(run.thread, run.nth)
     return run.status
 

@@ -1,0 +1,48 @@
+"""The built-in walkthroughs: short ggml programs written against engine.ggml.
+
+Each module has a docstring (its first line says what it teaches) and `run(n_threads) -> outputs`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    name: str  # the URL name, e.g. "simple-ctx"
+    module: str  # module under engine.programs
+    threads: int  # the thread count it is shown with by default
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"engine.programs.{self.module}")
+
+    @property
+    def teaches(self) -> str:
+        doc = (self.load().__doc__ or "").strip().splitlines()[0]
+        return doc.split(":", 1)[1].strip() if ":" in doc else doc
+
+    @property
+    def source_file(self) -> str:
+        return self.load().__file__
+
+
+PROGRAMS: dict[str, Program] = {p.name: p for p in [
+    Program("simple-ctx", "simple_ctx", 1),
+    Program("simple-add", "simple_add", 1),
+    Program("views-and-permute", "views_and_permute", 1),
+    Program("quantized-tensor", "quantized_tensor", 1),
+    Program("graph-build", "graph_build", 1),
+    Program("threads", "threads", 4),
+]}
+
+
+def trace_program(name: str, n_threads: int | None = None):
+    """Record the named walkthrough (KeyError if there is none)."""
+    from engine.trace import record
+
+    prog = PROGRAMS[name]
+    mod = prog.load()
+    return record(mod.run, mod.__file__, name, n_threads or prog.threads)

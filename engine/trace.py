@@ -1,0 +1,532 @@
+"""The recorder: run a ggml program once and keep every step as an immutable record.
+
+A step is one facade call made by the program (ggml_init, each tensor, each op, each name, data
+writes, graph building, planning, compute), a tensor visited while a graph is built, or a node
+computed — with each thread's share of it. Each step keeps what it changed: objects added to a pool,
+struct fields written (old -> new), byte ranges written and their new bytes. From those patches the
+pools at any step are rebuilt without running anything (`Trace.state_at`), forwards or backwards.
+
+How it watches: `sys.setprofile` sees every call of a facade function made from the program's own
+file (calls inside the engine are not steps); graph visits come through the graph's visit hook and
+nodes through the compute observer. The program runs in a fresh address space, so the same program
+and inputs give the same steps, addresses and hash.
+
+Leaves out: writes the program makes with raw numpy on a data view (use `set_data`, ggml's memcpy).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from engine import ggml as G
+from engine.compute.threadpool import COMPUTE_OBSERVER, Share
+from engine.context import AddressSpace, Context, fresh_address_space, ggml_used_mem
+from engine.graph import Graph
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_nbytes
+from engine.types import TYPE_TRAITS
+
+STEP_CAP = 20_000
+DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d")  # a runaway program ends with a clear final step instead of a hang
+
+# facade functions that are not steps (pure queries change nothing)
+QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_dims", "ggml_is_",
+           "ggml_are_", "ggml_can_", "ggml_type_", "ggml_blck_size", "ggml_row_size",
+           "ggml_element_size", "ggml_op_", "ggml_tensor_overhead", "ggml_graph_overhead",
+           "ggml_graph_n_nodes", "ggml_graph_size", "ggml_graph_node", "ggml_used_mem",
+           "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
+           "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
+           "gguf_get_", "gguf_find_")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectAdded:
+    ctx: int  # context id
+    header: int  # offset of the object header
+    offs: int
+    size: int
+    type: str  # TENSOR, GRAPH, WORK_BUFFER
+    name: str  # the tensor's name when the step ended
+
+
+@dataclass(frozen=True, slots=True)
+class FieldWrite:
+    ctx: int
+    struct: int  # offset of the tensor struct
+    tensor: str
+    field: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    ctx: int
+    offset: int
+    data: bytes  # the bytes after the step
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadShare:
+    ith: int
+    kind: str
+    ranges: tuple
+    seconds: float
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    kind: str  # init, call, visit, node, end, error, cap
+    call: str  # the call as the program wrote it (or the node's description)
+    line: int  # the program's line
+    note: str  # what happened, in plain words
+    parent: int | None = None  # the call step a visit or node belongs to
+    objects: tuple[ObjectAdded, ...] = ()
+    fields: tuple[FieldWrite, ...] = ()
+    patches: tuple[Patch, ...] = ()
+    contexts: tuple[tuple, ...] = ()  # (id, base, mem_size, objects_end, no_alloc) after the step
+    tensor: tuple[int, int] | None = None  # (ctx, struct offset) of the tensor the step is about
+    threads: tuple[ThreadShare, ...] = ()
+    plan: tuple = ()  # (n_threads, work_size, n_tasks per node) for compute steps
+
+    def changes(self) -> dict:
+        """The step's changes as plain data (for JSON)."""
+        return {"objects": [asdict(o) for o in self.objects],
+                "fields": [asdict(f) for f in self.fields],
+                "data": [{"ctx": p.ctx, "start": p.offset, "end": p.end} for p in self.patches]}
+
+
+@dataclass
+class Trace:
+    program: str
+    source: str
+    n_threads: int
+    steps: list[Step] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def hash(self) -> str:
+        """Content hash over everything but timings and which thread took which chunk."""
+        h = hashlib.sha256()
+        h.update(self.program.encode())
+        h.update(str(self.n_threads).encode())
+        for s in self.steps:
+            shares = sorted((t.kind, repr(sorted(t.ranges))) for t in s.threads)
+            h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
+                           [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches],
+                           s.contexts, s.tensor, shares, s.plan)).encode())
+        return h.hexdigest()[:16]
+
+    # --- rebuilding a state -----------------------------------------------------------------
+    def state_at(self, k: int) -> "State":
+        """The pools after step k, rebuilt from the patches of steps 0..k."""
+        k = max(0, min(k, len(self.steps) - 1))
+        metas: dict[int, tuple] = {}
+        for s in self.steps[:k + 1]:
+            for c in s.contexts:
+                metas[c[0]] = c
+        pools = {cid: np.zeros(m[2], dtype=np.uint8) for cid, m in metas.items()}
+        for s in self.steps[:k + 1]:
+            for p in s.patches:
+                if p.ctx in pools:
+                    pools[p.ctx][p.offset:p.end] = np.frombuffer(p.data, dtype=np.uint8)
+        return State(self, k, metas, pools)
+
+    def to_json(self) -> dict:
+        return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
+                "error": self.error,
+                "steps": [{"index": s.index, "kind": s.kind, "call": s.call, "line": s.line,
+                           "note": s.note, "parent": s.parent, "changes": s.changes(),
+                           "threads": [asdict(t) for t in s.threads]} for s in self.steps],
+                "outputs": self.outputs}
+
+
+class State:
+    """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
+
+    def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict) -> None:
+        self.trace, self.k = trace, k
+        self.space = AddressSpace()
+        self.contexts = {cid: Context.restored(self.space, cid, m[1], pools[cid], m[3], m[4])
+                         for cid, m in sorted(metas.items())}
+
+    def tensor(self, ref: tuple[int, int]) -> Tensor:
+        return Tensor(self.contexts[ref[0]], ref[1])
+
+    def tensors(self) -> list[Tensor]:
+        out = []
+        for ctx in self.contexts.values():
+            out += [Tensor(ctx, o.offs) for o in ctx.objects() if o.type == 0]
+        return out
+
+    def graphs(self) -> list[Graph]:
+        from engine.layout import CGRAPH, record
+
+        out = []
+        for ctx in self.contexts.values():
+            out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
+                    for o in ctx.objects() if o.type == 1]
+        return out
+
+
+# --- recording -------------------------------------------------------------------------------
+
+def _facade_codes() -> dict[Any, str]:
+    """The code objects of the facade's functions that make steps."""
+    codes = {}
+    for name in dir(G):
+        fn = getattr(G, name)
+        if callable(fn) and hasattr(fn, "__code__") and (
+                name.startswith(("ggml_", "gguf_")) or name == "set_data"):
+            if not name.startswith(QUERIES):
+                codes[fn.__code__] = name
+    return codes
+
+
+class Recorder:
+    """Watches one program run and turns what it does into steps."""
+
+    def __init__(self, source_file: str, n_threads: int,
+                 on_step: Callable[[Step, list[Context]], None] | None = None) -> None:
+        self.on_step = on_step  # sees the live contexts after each step (tests compare with them)
+        self.file = source_file
+        self.n_threads = n_threads
+        self.codes = _facade_codes()
+        self.steps: list[Step] = []
+        self.contexts: list[Context] = []
+        self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
+        self.meta: dict[int, tuple] = {}
+        self.active: Any = None  # the frame of the facade call in progress
+        self.args: tuple = ()
+        self.lines = Path(source_file).read_text().splitlines()
+        self.statements = _statement_spans(Path(source_file).read_text())
+        self.call_step: int | None = None  # index of the call step that visits/nodes belong to
+        self.line = 0
+        self.t_start = time.perf_counter()
+
+    # the profile hook: only calls from the program's own file into the facade are steps
+    def profile(self, frame, event: str, arg) -> None:
+        if event == "call":
+            if self.active is None and frame.f_code in self.codes:
+                caller = frame.f_back
+                if caller is not None and caller.f_code.co_filename == self.file:
+                    self.active = frame
+                    self.line = caller.f_lineno
+                    self.args = tuple(frame.f_locals.values())
+                    self.call_step = None
+        elif event == "return" and frame is self.active:
+            self.active = None
+            self.finish_call(self.codes[frame.f_code], arg)
+
+    def source(self, line: int) -> str:
+        a, b = self.statements.get(line, (line, line))
+        return " ".join(x.strip() for x in self.lines[a - 1:b])
+
+    # --- diffs ------------------------------------------------------------------------------
+    def track(self, ctx: Context) -> None:
+        if ctx.id not in self.shadow:
+            self.contexts.append(ctx)
+            self.shadow[ctx.id] = np.zeros(ctx.mem_size, dtype=np.uint8)
+
+    def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
+        """Byte ranges a step may have written: new objects, and the structs, data and graphs
+        of the tensors and graphs it touched."""
+        out = []
+        for ctx in self.contexts:
+            old_used = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_end = 0 if old_used is None else _end_of(ctx, old_used)
+            new_end = ggml_used_mem(ctx) if not ctx.freed else old_end
+            if new_end > old_end:
+                out.append((ctx, old_end, new_end))
+                if old_used is not None:  # the old last object's `next` now points at the new one
+                    out.append((ctx, old_used, old_used + GGML_OBJECT_SIZE))
+            elif new_end < old_end:  # ggml_reset: the list restarts at 0
+                out.append((ctx, 0, min(old_end, ctx.mem_size)))
+        for t in things:
+            if isinstance(t, Tensor):
+                chain = [t] + ([t.view_src] if t.view_src is not None else [])
+                for x in chain:
+                    out.append((x.ctx, x.offs, x.offs + GGML_TENSOR_SIZE))
+                    if x.data is not None:
+                        ctx, off = x.ctx.space.resolve(x.data)
+                        out.append((ctx, off, off + ggml_nbytes(x)))
+            elif isinstance(t, Graph) and t.offs is not None:
+                obj = t.ctx.object_header(t.offs - GGML_OBJECT_SIZE)[0]
+                out.append((t.ctx, t.offs, t.offs + int(obj["size"])))
+        return out
+
+    def diff(self, things: list[Any]) -> tuple[list[Patch], list[FieldWrite], list[ObjectAdded]]:
+        patches, fields, objects = [], [], []
+        for ctx, a, b in self.regions(things):
+            if ctx.id not in self.shadow or ctx.freed:
+                continue
+            cur, old = ctx.pool[a:b], self.shadow[ctx.id][a:b]
+            changed = np.flatnonzero(cur != old)
+            if changed.size == 0:
+                continue
+            # one patch per run of changed bytes (runs closer than 64 bytes are merged)
+            breaks = np.flatnonzero(np.diff(changed) > 64)
+            starts = np.concatenate([[changed[0]], changed[breaks + 1]])
+            ends = np.concatenate([changed[breaks], [changed[-1]]]) + 1
+            for s, e in zip(starts, ends):
+                fields += self.field_writes(ctx, a + int(s), a + int(e))
+                patches.append(Patch(ctx.id, a + int(s), cur[s:e].tobytes()))
+                self.shadow[ctx.id][a + s:a + e] = cur[s:e]
+        seen = set()
+        for ctx in self.contexts:
+            if ctx.freed:
+                continue
+            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            for o in ctx.objects():
+                if old_end is not None and o.header <= old_end:
+                    continue
+                name = Tensor(ctx, o.offs).name if o.type == 0 else ""
+                key = (ctx.id, o.header)
+                if key not in seen:
+                    seen.add(key)
+                    objects.append(ObjectAdded(ctx.id, o.header, o.offs, o.size, o.type_name, name))
+        patches = _dedupe(patches)
+        return patches, _dedupe(fields), objects
+
+    def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
+        """Changed bytes that fall in an existing tensor struct, as field changes."""
+        out = []
+        for o in ctx.objects():
+            if o.type != 0 or o.offs >= b or o.offs + GGML_TENSOR_SIZE <= a:
+                continue
+            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            if old_end is None or o.header > old_end:
+                continue  # a new tensor: reported as an object, not as field writes
+            old = self.shadow[ctx.id][o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
+            new = ctx.pool[o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
+            name = Tensor(ctx, o.offs).name
+            for span in field_spans(TENSOR):
+                lo, hi = o.offs + span.offset, o.offs + span.offset + span.size
+                if hi <= a or lo >= b:
+                    continue
+                ov, nv = _show(old[span.name]), _show(new[span.name])
+                if ov != nv:
+                    out.append(FieldWrite(ctx.id, o.offs, name, span.name, ov, nv))
+        return out
+
+    def snapshot_meta(self) -> tuple[tuple, ...]:
+        changed = []
+        for ctx in self.contexts:
+            m = (ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
+            if self.meta.get(ctx.id) != m:
+                self.meta[ctx.id] = m
+                changed.append(m)
+        return tuple(changed)
+
+    # --- steps ------------------------------------------------------------------------------
+    def emit(self, kind: str, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
+             **kw) -> Step | None:
+        if len(self.steps) >= STEP_CAP:
+            raise StepCapReached()
+        patches, fields, objects = self.diff(things)
+        if skip_if_empty and not (patches or fields or objects):
+            self.snapshot_meta()
+            return None
+        step = Step(len(self.steps), kind, call, self.line, note or _note(call, objects, fields,
+                                                                          patches),
+                    objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
+                    contexts=self.snapshot_meta(), **kw)
+        self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step, self.contexts)
+        return step
+
+    def finish_call(self, name: str, result: Any) -> None:
+        if isinstance(result, Context):
+            self.track(result)
+        if isinstance(result, tuple):  # gguf_init_from_file returns (gguf ctx, ggml ctx)
+            for r in result:
+                if isinstance(r, Context):
+                    self.track(r)
+        if isinstance(result, Graph):
+            result.visit_hook = self.on_visit
+        for a in self.args:
+            if isinstance(a, Graph):
+                a.visit_hook = self.on_visit
+        things = list(self.args) + ([result] if result is not None else [])
+        things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
+        tensor = _ref(result) if isinstance(result, Tensor) else None
+        note = ""
+        if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
+            t = self.args[0]
+            note = f"{name} wrote the data of '{t.name}' ({ggml_nbytes(t)} bytes at {t.data:#x})"
+        elif name == "ggml_init":
+            note = (f"ggml_init allocated a pool of {result.mem_size} bytes at {result.base:#x} "
+                    f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
+        # after visits or nodes, the call's own step is only needed for changes not yet shown
+        self.emit("call", self.source(self.line), note, things, tensor=tensor,
+                  parent=self.call_step, skip_if_empty=self.call_step is not None)
+
+    def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
+        if self.call_step is None:
+            self.call_step = self.emit("call", self.source(self.line),
+                                       "ggml_build_forward_expand walks the sources of the tensor "
+                                       "depth first, then records it", []).index
+        kind = "leaf" if is_leaf else "node"
+        self.emit("visit", f"visit '{node.name}'",
+                  f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
+                  f"{slot}, appended as a {kind}", [node] + self.graphs_of(node),
+                  parent=self.call_step, tensor=_ref(node))
+
+    def graphs_of(self, node: Tensor) -> list[Graph]:
+        return [a for a in self.args if isinstance(a, Graph)]
+
+    def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:
+        if ask:
+            if self.call_step is None:
+                plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
+                                         self.n_threads_arg())
+                self.call_step = self.emit(
+                    "call", self.source(self.line),
+                    f"planned {plan.n_threads} thread(s), a work buffer of {plan.work_size} bytes; "
+                    "all threads now walk the nodes together", [],
+                    plan=(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
+            return True
+        threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
+                        for s in shares if s is not None)
+        desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
+        self.emit("node", desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
+                  [node], parent=self.call_step, tensor=_ref(node), threads=threads)
+        return True
+
+    def n_threads_arg(self) -> int:
+        ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
+        return ints[-1] if ints else self.n_threads
+
+
+class StepCapReached(Exception):
+    pass
+
+
+def _end_of(ctx: Context, header: int) -> int:
+    obj = ctx.object_header(header)[0]
+    return int(obj["offs"]) + int(obj["size"])
+
+
+def _ref(t: Tensor) -> tuple[int, int]:
+    return (t.ctx.id, t.offs)
+
+
+def _show(v) -> str:
+    if isinstance(v, bytes):
+        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
+    if isinstance(v, np.ndarray):
+        return "[" + ", ".join(f"{int(x):#x}" if v.dtype == np.uint64 and int(x) > 1 << 32
+                               else str(int(x)) for x in v) + "]"
+    if isinstance(v, (np.integer, int)):
+        x = int(v)
+        return f"{x:#x}" if x > 1 << 32 else str(x)
+    return str(v)
+
+
+def _dedupe(items: list) -> list:
+    seen, out = set(), []
+    for x in items:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+def _note(call: str, objects, fields, patches) -> str:
+    """A plain-words summary of a step's changes."""
+    fn = call.split("(")[0].split("=")[-1].strip()
+    parts = []
+    for o in objects:
+        if o.type == "TENSOR":
+            data = o.size - GGML_TENSOR_SIZE
+            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
+            what += f" and {data} of data" if data > 0 else " and no data"
+            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
+        elif o.type == "GRAPH":
+            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
+        else:
+            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
+    for f in fields[:6]:
+        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
+    if len(fields) > 6:
+        parts.append(f"and {len(fields) - 6} more fields")
+    if not objects and not fields and patches:
+        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
+    return "; ".join(parts) or f"{fn} changed nothing in the pools"
+
+
+def _statement_spans(source: str) -> dict[int, tuple[int, int]]:
+    """For each line, the (first, last) line of the simple statement containing it."""
+    spans: dict[int, tuple[int, int]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.If, ast.For,
+                                                                ast.While, ast.With, ast.Try,
+                                                                ast.ClassDef)):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                spans[line] = (node.lineno, node.end_lineno or node.lineno)
+    return spans
+
+
+def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
+           on_step: Callable[[Step, list[Context]], None] | None = None, **kwargs) -> Trace:
+    """Run `program(n_threads=..., **kwargs)` once and return its trace.
+
+    The program returns its outputs as {name: tensor or value}; they are kept as nested lists.
+    """
+    rec = Recorder(source_file, n_threads, on_step)
+    trace = Trace(name, Path(source_file).read_text(), n_threads)
+    outputs: dict = {}
+    token = COMPUTE_OBSERVER.set(rec.on_node)
+    with fresh_address_space():
+        prev = sys.getprofile()
+        sys.setprofile(rec.profile)
+        try:
+            outputs = program(n_threads=n_threads, **kwargs) or {}
+        except StepCapReached:
+            trace.error = f"stopped after {STEP_CAP} steps"
+            rec.steps.append(Step(len(rec.steps), "cap", "", rec.line, trace.error))
+        except Exception as e:  # the program's error is the final step, shown to the learner
+            sys.setprofile(prev)
+            trace.error = f"{type(e).__name__}: {e}"
+            rec.active = None
+            rec.steps.append(Step(len(rec.steps), "error", rec.source(rec.line), rec.line,
+                                  trace.error))
+        finally:
+            sys.setprofile(prev)
+            COMPUTE_OBSERVER.reset(token)
+        trace.outputs = {k: _plain(v) for k, v in outputs.items()}
+    if trace.error is None:
+        rec.emit("end", "", "the program returned", [])
+    trace.steps = rec.steps
+    return trace
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Tensor):
+        return G.to_numpy(v).tolist() if not TYPE_TRAITS[v.type].is_quantized else \
+            G.to_numpy(v).tobytes().hex()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v
+
+
+def dumps(trace: Trace) -> str:
+    return json.dumps(trace.to_json())
