@@ -1,0 +1,67 @@
+"""Helpers the neural-network kernels share: float math, raw strided views, ALiBi slopes.
+
+The libm-style functions (expf, cosf, fmaf, ...) come from floatmath, re-exported here. Views onto
+the pool follow a tensor's own byte strides, so a kernel reads memory exactly where ggml's pointer
+arithmetic would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf, \
+    v_expf  # noqa: F401 (re-exported)
+from engine.tensor import Tensor
+from engine.types import GGMLType, TYPE_TRAITS
+
+F32, F64 = np.float32, np.float64
+
+
+def powf(x: float, y: float) -> np.float32:
+    """powf, as the float64 power rounded once."""
+    return F32(math.pow(float(F32(x)), float(F32(y))))
+
+
+def fp16_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest fp16 (ties to even, as F16C does), back as float32."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, F32).astype(np.float16).astype(F32)
+
+
+def strided(t: Tensor, shape: tuple, strides: tuple, dtype, offset: int = 0) -> np.ndarray:
+    """A numpy view of t's data with explicit byte strides, starting `offset` bytes in."""
+    ctx, off = t.ctx.space.resolve(t.data)
+    return np.ndarray(tuple(int(s) for s in shape), dtype=dtype, buffer=ctx.pool.data,
+                      offset=off + offset, strides=tuple(int(s) for s in strides))
+
+
+def raw_rows4(t: Tensor) -> np.ndarray:
+    """t's rows as raw bytes: uint8 (ne3, ne2, ne1, row_bytes) following nb1..nb3 (any type)."""
+    tr = TYPE_TRAITS[t.type]
+    row_bytes = tr.type_size * int(t.ne[0]) // tr.blck_size
+    nb = [int(x) for x in t.nb]
+    return strided(t, (int(t.ne[3]), int(t.ne[2]), int(t.ne[1]), row_bytes),
+                   (nb[3], nb[2], nb[1], 1), np.uint8)
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """The ALiBi slope of each head h (1 for all when max_bias <= 0), in float as ggml has it.
+
+    n_head_log2 = 2^floor(log2(n_head)); m0 = 2^(-max_bias/n_head_log2),
+    m1 = 2^(-(max_bias/2)/n_head_log2); slope = m0^(h+1) if h < n_head_log2 else
+    m1^(2(h - n_head_log2) + 1).
+    """
+    max_bias = F32(max_bias)
+    if not max_bias > 0:
+        return np.ones(n_head, F32)
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    m0 = powf(2.0, -max_bias / F32(n_head_log2))
+    m1 = powf(2.0, -(max_bias / F32(2)) / F32(n_head_log2))
+    return np.array([powf(m0, h + 1) if h < n_head_log2 else
+                     powf(m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], F32)
+
+
+def is_float_type(type_: int) -> bool:
+    return type_ in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)

@@ -1,0 +1,184 @@
+"""ROPE and ROPE_BACK: rotary position embedding, F32 and F16 rows (ggml-cpu/ops.cpp).
+
+Rows (i1, i2, i3) of dst are split between threads with the dr formula over the flat row index.
+For each token i2 a cache of (cos, sin) pairs is built over i0 = 0, 2, ..., ne0-2 with θ starting
+at the position p and multiplied by theta_scale = base^(-2/n_dims) after each pair, in float, so
+the rounding of the repeated product is ggml's own:
+
+    θ_0 = p,  θ_{k+1} = θ_k · theta_scale        (float32 at every step)
+    rope_yarn(θ_k / freq_factor[k]) -> cos·mscale, sin·mscale (·-1 for ROPE_BACK)
+
+The pair k is (x[2k], x[2k+1]) in NORMAL mode and (x[k], x[k + n_dims/2]) in NEOX and the
+multi-rope modes (VISION: (x[k], x[k + n_dims]) over the whole row); each becomes
+(x0·cos - x1·sin, x0·sin + x1·cos). Dims from n_dims on are copied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
+from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
+from engine.errors import ggml_assert
+from engine.ops_nn import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
+    GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_nrows
+from engine.types import GGMLType, TYPE_TRAITS
+
+F32 = np.float32
+FN = "ggml_compute_forward_rope_flt"
+
+
+def _yarn(theta_extrap: np.ndarray, i0: int, freq_scale, corr_dims, ext_factor, mscale):
+    """rope_yarn for one pair index i0 over a vector of θ: (cos·mscale, sin·mscale)."""
+    theta_interp = freq_scale * theta_extrap
+    theta = theta_interp
+    if ext_factor != 0:
+        y = (F32(i0 // 2) - F32(corr_dims[0])) / max(F32(0.001), F32(corr_dims[1] - corr_dims[0]))
+        ramp_mix = (F32(1) - min(F32(1), max(F32(0), F32(y)))) * ext_factor
+        theta = fmaf(theta_interp, F32(1) - ramp_mix, theta_extrap * ramp_mix)
+        mscale = F32(mscale * fmaf(F32(0.1), logf(F32(1) / freq_scale), F32(1)))
+    return cosf(theta) * mscale, sinf(theta) * mscale
+
+
+def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
+    """(x0·cos - x1·sin, x0·sin + x1·cos), each contracted to one FMA as the -mfma build does."""
+    return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
+
+
+def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
+    """ggml_rope_cache_init for positions p (vector): cos, sin arrays (len(p), ceil(ne0/2))."""
+    theta = p.astype(F32)
+    n = (ne0 + 1) // 2
+    cos, sin = np.empty((len(p), n), F32), np.empty((len(p), n), F32)
+    for k in range(n):
+        ff = F32(1) if freq_factors is None else F32(freq_factors[k])
+        cos[:, k], sin[:, k] = _yarn(theta / ff, 2 * k, *yarn)
+        theta = theta * theta_scale
+    return cos, sin
+
+
+def mrope_cache(pos4: np.ndarray, ne0: int, sections, is_imrope: bool, indep_sects: bool,
+                theta_scale, freq_factors, yarn) -> tuple:
+    """ggml_mrope_cache_init: one θ per position kind (t, h, w, e), chosen per sector."""
+    base = [pos4[k].astype(F32) for k in range(4)]
+    theta = [b.copy() for b in base]
+    sect_dims = sum(sections)
+    ggml_assert(sect_dims <= ne0, "sect_dims <= ne0", "ggml_mrope_cache_init")
+    sec_w = sections[1] + sections[0]
+    sec_e = sections[2] + sec_w
+    n = (ne0 + 1) // 2
+    cos, sin = np.empty((len(base[0]), n), F32), np.empty((len(base[0]), n), F32)
+    for k in range(n):
+        ff = F32(1) if freq_factors is None else F32(freq_factors[k])
+        sector = k % sect_dims
+        if indep_sects:  # vision: each section restarts its θ
+            for kind, start in enumerate((0, sections[0], sec_w, sec_e)):
+                if sector == start:
+                    theta[kind] = base[kind].copy()
+                    break
+        if is_imrope:
+            if sector % 3 == 1 and sector < 3 * sections[1]:
+                th = theta[1]
+            elif sector % 3 == 2 and sector < 3 * sections[2]:
+                th = theta[2]
+            elif sector % 3 == 0 and sector < 3 * sections[0]:
+                th = theta[0]
+            else:
+                th = theta[3]
+        elif sections[0] <= sector < sec_w:
+            th = theta[1]
+        elif sec_w <= sector < sec_w + sections[2]:
+            th = theta[2]
+        elif sector >= sec_w + sections[2]:
+            th = theta[3]
+        else:
+            th = theta[0]
+        cos[:, k], sin[:, k] = _yarn(th / ff, 2 * k, *yarn)
+        theta = [t * theta_scale for t in theta]
+    return cos, sin
+
+
+def _rope(params, dst: Tensor, forward: bool) -> None:
+    src0, src1, src2 = dst.src[0], dst.src[1], dst.src[2]
+    ggml_assert(src0.type in (GGMLType.F32, GGMLType.F16),
+                "src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16", FN)
+    ggml_assert(src1.type == GGMLType.I32, "src1->type == GGML_TYPE_I32", FN)
+    op = dst.op_params
+    n_dims, mode, n_ctx_orig = int(op[1]), int(op[2]), int(op[4])
+    fp = op.view(np.float32)
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (F32(v) for v in fp[5:11])
+    sections = [int(v) for v in op[11:15]]
+    ne0, ne1, ne2, ne3 = (int(x) for x in dst.ne)
+    ggml_assert(int(dst.nb[0]) == int(src0.nb[0]), "nb0 == nb00", FN)
+    ggml_assert(int(dst.nb[0]) == TYPE_TRAITS[src0.type].type_size, "nb0 == sizeof(T)", FN)
+    ggml_assert(n_dims <= ne0, "n_dims <= ne0", FN, f"n_dims {n_dims}, ne0 {ne0}")
+    ggml_assert(n_dims % 2 == 0, "n_dims % 2 == 0", FN, f"n_dims {n_dims}")
+    ir0, ir1 = thread_range(ggml_nrows(dst), params.ith, params.nth)
+
+    theta_scale = powf(freq_base, F32(-2.0) / F32(n_dims))
+    corr_dims = ggml_rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    is_imrope = mode == GGML_ROPE_TYPE_IMROPE
+    mrope_used = bool(mode & GGML_ROPE_TYPE_MROPE)
+    is_vision = mode == GGML_ROPE_TYPE_VISION
+    if mrope_used:
+        ggml_assert(sections[0] > 0 or sections[1] > 0 or sections[2] > 0,
+                    "sections[0] > 0 || sections[1] > 0 || sections[2] > 0", FN)
+    if is_vision:
+        ggml_assert(n_dims == ne0 // 2, "n_dims == ne0/2", FN)
+    freq_factors = None
+    if src2 is not None:
+        ggml_assert(src2.type == GGMLType.F32, "src2->type == GGML_TYPE_F32", FN)
+        ggml_assert(int(src2.ne[0]) >= n_dims // 2, "src2->ne[0] >= n_dims / 2", FN)
+        freq_factors = view4(src2)[0, 0, 0]
+        # the cache reads freq_factors[i0/2] for every pair of the row, as ggml does
+        if len(freq_factors) < (ne0 + 1) // 2:
+            freq_factors = np.concatenate(
+                [freq_factors, np.ones((ne0 + 1) // 2 - len(freq_factors), F32)])
+    if mode not in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE,
+                    GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_VISION):
+        raise not_supported(dst, f"rope type {mode} not supported (ggml aborts)")
+
+    if ir0 < ir1:
+        sin_sign = F32(1) if forward else F32(-1)
+        yarn = (freq_scale, corr_dims, ext_factor, attn_factor)
+        pos = view4(src1)[0, 0, 0]
+        blocks = list(row_blocks(ne1, ne2, ir0, ir1))
+        i2s = np.array(sorted({b[1] for b in blocks}))
+        if mrope_used:
+            cos, sin = mrope_cache(np.stack([pos[i2s + ne2 * k] for k in range(4)]), ne0,
+                                   sections, is_imrope, is_vision, theta_scale, freq_factors, yarn)
+        else:
+            cos, sin = rope_cache(pos[i2s], ne0, theta_scale, freq_factors, yarn)
+        sin = sin * sin_sign
+        slot = {int(i2): j for j, i2 in enumerate(i2s)}
+        s4, d4 = view4(src0), view4(dst)
+        for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
+            c, s = cos[slot[i2]], sin[slot[i2]]
+            x = to_f32(s4[i3, i2, a:b], src0.type)  # (rows, ne0)
+            y = x.copy()
+            if mode == GGML_ROPE_TYPE_NORMAL:
+                h = n_dims // 2
+                x0, x1 = x[:, 0:n_dims:2], x[:, 1:n_dims:2]
+                y[:, 0:n_dims:2], y[:, 1:n_dims:2] = _rotate(x0, x1, c[:h], s[:h])
+            else:
+                h = ne0 // 2 if is_vision else n_dims // 2  # pairs rotated
+                off = n_dims if is_vision else n_dims // 2
+                x0, x1 = x[:, :h], x[:, off:off + h]
+                y[:, :h], y[:, off:off + h] = _rotate(x0, x1, c[:h], s[:h])
+            d4[i3, i2, a:b] = y if src0.type == GGMLType.F32 else from_f32(y, src0.type)
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.ROPE)
+def compute_forward_rope(params, dst: Tensor) -> None:
+    """ggml_compute_forward_rope."""
+    _rope(params, dst, True)
+
+
+@kernel(GGMLOp.ROPE_BACK)
+def compute_forward_rope_back(params, dst: Tensor) -> None:
+    """ggml_compute_forward_rope_back: the same rotation with sin negated."""
+    _rope(params, dst, False)

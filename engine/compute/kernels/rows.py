@@ -1,0 +1,97 @@
+"""GET_ROWS and SET_ROWS: gather rows by index, scatter rows by index (ggml-cpu/ops.cpp).
+
+get_rows: thread ith takes the generic dr range of the *indices* (the flat elements of src1);
+each index i01 = src1[i10, i11, i12] copies row (i01, i11, i12) of src0 into dst row (i10, i11,
+i12), dequantizing quantized rows and widening f16/bf16 to f32 (f32 and i32 are copied).
+set_rows: thread ith takes the dr range of src0's rows (dim 1) in every (i02, i03); the row goes to
+dst row src1[i, i02 % ne11, i03 % ne12], converted with the CPU from_float of dst's type.
+Leaves out: nothing of these two ops' CPU paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.nn_util import raw_rows4
+from engine.errors import ggml_assert
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_nelements
+from engine.types import GGMLType, TYPE_TRAITS
+
+
+@kernel(GGMLOp.GET_ROWS)
+def compute_forward_get_rows(params, dst: Tensor) -> None:
+    """ggml_compute_forward_get_rows: dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
+    src0, src1 = dst.src[0], dst.src[1]
+    t0 = TYPE_TRAITS[src0.type]
+    if not (t0.is_quantized or src0.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16,
+                                             GGMLType.I32)):
+        raise not_supported(dst, "ggml's get_rows aborts for this source type")
+    if int(src0.nb[0]) != t0.type_size:
+        # ggml copies ne00 packed elements from each row start (its nb00 check is a debug assert)
+        raise not_supported(dst, f"src0 rows are not packed (nb00 = {int(src0.nb[0])})")
+    ne10, ne11 = int(src1.ne[0]), int(src1.ne[1])
+    ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+    ir0, ir1 = thread_range(ggml_nelements(src1), params.ith, params.nth)
+    if ir0 < ir1:
+        # flat index i -> (i12, i11, i10), as ggml derives them
+        i = np.arange(ir0, ir1)
+        i12, rest = np.divmod(i, ne11 * ne10)
+        i11, i10 = np.divmod(rest, ne10)
+        idx = view4(src1)[0, i12, i11, i10].astype(np.int64)
+        bad = (idx < 0) | (idx >= ne01)
+        ggml_assert(not bad.any(), "i01 >= 0 && i01 < ne01", "ggml_compute_forward_get_rows",
+                    f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne01})")
+        d4 = view4(dst)
+        if t0.is_quantized:
+            from engine.quants import dequantize
+
+            raw = raw_rows4(src0)[i12, i11, idx]  # (n, row_bytes)
+            rows = dequantize(src0.type, np.ascontiguousarray(raw).reshape(-1),
+                              len(i) * ne00).reshape(len(i), ne00)
+        else:
+            rows = view4(src0)[i12, i11, idx]
+            if src0.type in (GGMLType.F16, GGMLType.BF16):
+                rows = to_f32(rows, src0.type)
+        d4[i12, i11, i10] = rows
+    params.took("rows", (ir0, ir1), note="flat elements of src1 (one index, one row each)")
+
+
+@kernel(GGMLOp.SET_ROWS)
+def compute_forward_set_rows(params, dst: Tensor) -> None:
+    """ggml_compute_forward_set_rows: dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
+    src0, src1 = dst.src[0], dst.src[1]
+    if src0.type != GGMLType.F32:
+        raise not_supported(dst, "ggml's set_rows takes F32 rows only")
+    if src1.type not in (GGMLType.I32, GGMLType.I64):
+        raise not_supported(dst, "indices must be I32 or I64")
+    td = TYPE_TRAITS[dst.type]
+    if not (td.is_quantized or dst.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)):
+        raise not_supported(dst, "no from_float for this destination type")
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    ne11, ne12 = int(src1.ne[1]), int(src1.ne[2])
+    ne1 = int(dst.ne[1])
+    ir0, ir1 = thread_range(ne01, params.ith, params.nth)
+    if ir0 < ir1:
+        s4, c4 = view4(src0), view4(src1)
+        out = raw_rows4(dst) if td.is_quantized else view4(dst)
+        for i03 in range(ne03):
+            for i02 in range(ne02):
+                idx = c4[0, i03 % ne12, i02 % ne11, ir0:ir1].astype(np.int64)
+                bad = (idx < 0) | (idx >= ne1)
+                ggml_assert(not bad.any(), "i1 >= 0 && i1 < ne1",
+                            "ggml_compute_forward_set_rows",
+                            f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne1})")
+                rows = s4[i03, i02, ir0:ir1]
+                # rows are written in order: for a repeated index the last one stays
+                last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
+                idx, rows = idx[last], rows[last]
+                if td.is_quantized:
+                    from engine.quants import from_float
+
+                    out[i03, i02, idx] = from_float(dst.type, rows).reshape(len(idx), -1)
+                else:
+                    out[i03, i02, idx] = from_f32(rows, dst.type)
+    params.took("rows", (ir0, ir1), note="rows of src0 dim 1, for every i2, i3")

@@ -1,0 +1,121 @@
+"""SOFT_MAX, DIAG_MASK_INF and DIAG_MASK_ZERO (ggml-cpu/ops.cpp), F32 rows.
+
+Both ops interleave rows: thread ith takes rows i1 = ith, ith + nth, ... of every matrix (i2, i3).
+
+soft_max, per row: w = x·scale (+ slope·mask[i1, i2 % ne12, i3 % ne13]); max over w (and the
+head's sink); y = exp(w - max); sum in double (plus exp(sink - max)); y *= (float)(1/sum).
+As in the AVX2 build, exp is the ggml_v_expf polynomial for whole 8-lane vectors (each vector's
+lanes summed in float, in the order of the SSE shuffles, before joining the double sum) and expf
+for the tail of the row.
+
+diag_mask: unless in place, thread 0 copies src0 to dst and everyone meets at a barrier; then
+dst[i, j] = value wherever i > n_past + j.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import to_f32, view4
+from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, strided, v_expf
+from engine.errors import ggml_assert
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
+from engine.types import GGMLType
+
+F32, F64 = np.float32, np.float64
+
+
+LANES = 8  # AVX2
+
+
+def soft_max_rows(w: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_vec_soft_max_f32 on every row (last axis): y = exp(w - max) and the double sum of y."""
+    n = w.shape[-1]
+    n8 = n - n % LANES
+    with np.errstate(invalid="ignore"):
+        d = w - mx
+        y = np.concatenate([v_expf(d[..., :n8]), expf(d[..., n8:])], axis=-1)
+    v = y[..., :n8].reshape(*y.shape[:-1], n8 // LANES, LANES)
+    # hi + lo halves, then movehl, then movehdup: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
+    h = v[..., :4] + v[..., 4:]
+    lane_sums = (h[..., 0] + h[..., 2]) + (h[..., 1] + h[..., 3])
+    parts = np.concatenate([lane_sums, y[..., n8:]], axis=-1).astype(F64)
+    total = np.cumsum(parts, axis=-1)[..., -1:] if parts.shape[-1] else \
+        np.zeros((*y.shape[:-1], 1), F64)
+    return y, total
+
+
+@kernel(GGMLOp.SOFT_MAX)
+def compute_forward_soft_max(params, dst: Tensor) -> None:
+    """ggml_compute_forward_soft_max (f32)."""
+    src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    if src0.type != GGMLType.F32:
+        raise not_supported(dst, "ggml's soft_max computes F32 only")
+    scale, max_bias = (F32(x) for x in dst.op_params.view(np.float32)[:2])
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    rows = np.arange(params.ith, ne01, params.nth)
+    if len(rows):
+        x = view4(src0)[:, :, params.ith::params.nth, :]  # (ne03, ne02, r, ne00)
+        w = x * scale
+        if mask is not None:
+            ne12, ne13 = int(mask.ne[2]), int(mask.ne[3])
+            m4 = view4(mask)
+            m = m4[np.ix_(np.arange(ne03) % ne13, np.arange(ne02) % ne12, rows)]
+            slope = alibi_slopes(ne02, max_bias)[None, :, None, None]
+            w = fmaf(slope, to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
+        mx = w.max(axis=-1, keepdims=True)
+        sink = None
+        if sinks is not None:
+            sink = view4(sinks)[0, 0, 0, :ne02].astype(F32)[None, :, None, None]
+            mx = np.maximum(mx, sink)
+        y, total = soft_max_rows(w, mx)
+        if sink is not None:
+            total = total + expf(sink - mx).astype(F64)
+        with np.errstate(divide="ignore"):
+            inv = (1.0 / total).astype(F32)
+        view4(dst)[:, :, params.ith::params.nth, :] = y * inv
+    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+
+
+def _diag_mask(params, dst: Tensor, value: float) -> None:
+    """ggml_compute_forward_diag_mask_f32."""
+    src0 = dst.src[0]
+    if src0.type != GGMLType.F32:
+        raise not_supported(dst, "ggml's diag_mask computes F32 only")
+    fn = "ggml_compute_forward_diag_mask_f32"
+    n_past = int(dst.op_params[0])
+    ggml_assert(n_past >= 0, "n_past >= 0", fn, f"n_past = {n_past}")
+    if src0.data != dst.data:
+        if params.ith == 0:
+            ggml_assert(ggml_nelements(dst) == ggml_nelements(src0),
+                        "ggml_nelements(dst) == ggml_nelements(src0)", fn)
+            ggml_assert(ggml_is_contiguous(dst) and ggml_is_contiguous(src0),
+                        "ggml_is_contiguous(dst) && ggml_is_contiguous(src0)", fn)
+            n = ggml_nbytes(dst)
+            strided(dst, (n,), (1,), np.uint8)[:] = strided(src0, (n,), (1,), np.uint8)
+        params.barrier()
+    ggml_assert(int(dst.nb[0]) == 4, "dst->nb[0] == sizeof(float)", fn)
+    ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
+    nc, nr = int(src0.ne[0]), int(src0.ne[1])
+    nz = ggml_nrows(src0) // nr
+    rows = np.arange(params.ith, nr, params.nth)
+    if len(rows):
+        # matrices are reached through nb[2] only, as in ggml
+        d = strided(dst, (nz, nr, nc), (int(dst.nb[2]), int(dst.nb[1]), 4), F32)
+        sub = d[:, params.ith::params.nth, :]
+        sub[:, np.arange(nc)[None, :] > (n_past + rows)[:, None]] = value
+    params.took("interleaved", *rows.tolist(), note="rows j of every matrix")
+
+
+@kernel(GGMLOp.DIAG_MASK_INF)
+def compute_forward_diag_mask_inf(params, dst: Tensor) -> None:
+    """ggml_compute_forward_diag_mask_inf."""
+    _diag_mask(params, dst, -np.inf)
+
+
+@kernel(GGMLOp.DIAG_MASK_ZERO)
+def compute_forward_diag_mask_zero(params, dst: Tensor) -> None:
+    """ggml_compute_forward_diag_mask_zero."""
+    _diag_mask(params, dst, 0.0)

@@ -1,0 +1,246 @@
+"""The neural-network ops (engine/ops_nn.py and their kernels) against real ggml.
+
+Each op is built on both engines from the same seeded leaves; the result's type, ne, nb, op,
+op_params, name and the context's used memory must be identical, and the values within the NMSE
+bound test-backend-ops uses for the op (1e-7 unless noted). Thread shares are read back through the
+compute observer and compared with ggml's split for the op, written out here independently.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from engine import ggml as eng
+from engine.errors import GGMLAssertionError, GGMLNotSupportedError
+from engine.optable import GGMLOp
+from engine.types import GGMLType
+from tests.support.graphs import Leaf, check_op, leaf_bytes
+
+F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
+Q4_0, Q8_0, Q4_K, Q6_K = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K
+THREADS = [1, 2, 3, 4]
+
+
+def idx_leaf(type_, ne, high, seed=1, values=None):
+    """Integer indices in [0, high)."""
+    if values is None:
+        values = np.random.default_rng(seed).integers(0, high, size=tuple(reversed(ne)))
+    return Leaf(type_, ne, values=np.asarray(values))
+
+
+def engine_shares(build, leaves, n_threads, op, seed=0):
+    """Run `build` on the engine only; the per-thread shares of every node with this op."""
+    rng = np.random.default_rng(seed)
+    datas = [leaf_bytes(leaf, rng) for leaf in leaves]
+    ctx = eng.ggml_init(eng.ggml_init_params(64 * 1024 * 1024))
+    ts = []
+    for leaf, data in zip(leaves, datas):
+        t = getattr(eng, f"ggml_new_tensor_{len(leaf.ne)}d")(ctx, int(leaf.type), *leaf.ne)
+        eng.data_bytes(t)[:] = np.frombuffer(data, np.uint8)
+        ts.append(eng.ggml_permute(ctx, t, *leaf.permute) if leaf.permute else t)
+    out = build(eng, ctx, *ts)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, out)
+    found = []
+
+    def observer(node, ask, shares):
+        if not ask and node.op == op:
+            found.append(list(shares))
+        return True
+
+    assert eng.ggml_graph_compute_with_ctx(ctx, gf, n_threads, observer) == 0
+    assert found, f"no {GGMLOp(op).name} node ran"
+    return found
+
+
+def dr_split(nr, nth):
+    """get_thread_range: [dr*ith, min(dr*ith + dr, nr)) with dr = ceil(nr/nth)."""
+    dr = (nr + nth - 1) // nth
+    return [(min(dr * i, nr), min(dr * i + dr, nr)) for i in range(nth)]
+
+
+def with_add(op_build):
+    """Follow a single-task op by an ADD, so the graph runs on all n threads (n_tasks of ADD)."""
+    def build(g, ctx, *ts):
+        r = op_build(g, ctx, *ts)
+        return g.ggml_add(ctx, r, r)
+    return build
+
+
+# --- get_rows --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("src_type", [F32, F16, BF16, I32, Q4_0, Q8_0, Q4_K, Q6_K])
+def test_get_rows_types(src_type):
+    ne0 = 256 if src_type in (Q4_K, Q6_K) else 64
+    leaves = [Leaf(src_type, (ne0, 10), low=-100 if src_type == I32 else -1,
+                   high=100 if src_type == I32 else 1), idx_leaf(I32, (7,), 10)]
+    check_op(lambda g, ctx, a, b: g.ggml_get_rows(ctx, a, b), leaves, 1, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_get_rows_batched_threads(n_threads):
+    # a [8, 6, 3, 2], b [5, 3, 2]: per (i11, i12) matrix its own indices
+    leaves = [Leaf(F32, (8, 6, 3, 2)), idx_leaf(I32, (5, 3, 2), 6)]
+    build = with_add(lambda g, ctx, a, b: g.ggml_get_rows(ctx, a, b))
+    check_op(build, leaves, n_threads, exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_get_rows(ctx, a, b), leaves, n_threads, exact=True)
+    (shares,) = engine_shares(build, leaves, n_threads, GGMLOp.GET_ROWS)
+    assert [s.ranges for s in shares] == [(r,) for r in dr_split(5 * 3 * 2, n_threads)]
+    assert {s.kind for s in shares} == {"rows"}
+
+
+def test_get_rows_non_contiguous_source():
+    # a [8, 3 matrices, 5 rows] seen as [8, 5, 3]: rows are 96 bytes apart, matrices 32
+    leaves = [Leaf(F32, (8, 3, 5), permute=(0, 2, 1, 3)), idx_leaf(I32, (4, 3), 5)]
+    check_op(lambda g, ctx, a, b: g.ggml_get_rows(ctx, a, b), leaves, 2, exact=True)
+
+
+# --- set_rows --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("idx_type", [I32, I64])
+@pytest.mark.parametrize("dst_type", [F32, F16, BF16])
+def test_set_rows(dst_type, idx_type, n_threads):
+    # dst a [16, 10, 4, 2], rows b [16, 5, 4, 2], indices c [5, 2, 1] broadcast over dims 2, 3
+    c = np.stack([np.random.default_rng(s).permutation(10)[:5] for s in range(2)])
+    leaves = [Leaf(dst_type, (16, 10, 4, 2)), Leaf(F32, (16, 5, 4, 2)),
+              idx_leaf(idx_type, (5, 2, 1), 10, values=c.reshape(1, 2, 5))]
+    build = with_add(lambda g, ctx, a, b, c: g.ggml_set_rows(ctx, a, b, c))
+    check_op(lambda g, ctx, a, b, c: g.ggml_set_rows(ctx, a, b, c), leaves, n_threads, exact=True)
+    check_op(build, leaves, n_threads, exact=True)
+    (shares,) = engine_shares(build, leaves, n_threads, GGMLOp.SET_ROWS)
+    assert [s.ranges for s in shares] == [(r,) for r in dr_split(5, n_threads)]
+
+
+@pytest.mark.parametrize("dst_type", [Q8_0, Q4_0])
+def test_set_rows_quantized(dst_type):
+    leaves = [Leaf(dst_type, (64, 6)), Leaf(F32, (64, 3)), idx_leaf(I64, (3,), 6, values=[4, 0, 2])]
+    check_op(lambda g, ctx, a, b, c: g.ggml_set_rows(ctx, a, b, c), leaves, 2, exact=True)
+
+
+def test_set_rows_non_contiguous_rows():
+    # b with permuted dims 1, 2 (rows still contiguous): accepted by ggml
+    leaves = [Leaf(F32, (8, 6, 3)), Leaf(F32, (8, 3, 4), permute=(0, 2, 1, 3)),
+              idx_leaf(I32, (4, 3), 6, values=np.array([[0, 1, 2, 3], [5, 4, 3, 2],
+                                                        [1, 3, 5, 0]]))]
+    check_op(lambda g, ctx, a, b, c: g.ggml_set_rows(ctx, a, b, c), leaves, 3, exact=True)
+
+
+# --- diag_mask -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("fn", ["ggml_diag_mask_inf", "ggml_diag_mask_zero",
+                                "ggml_diag_mask_inf_inplace"])
+def test_diag_mask(fn, n_threads):
+    for n_past in (0, 2):
+        def build(g, ctx, a):
+            return getattr(g, fn)(ctx, a, n_past)
+        check_op(build, [Leaf(F32, (9, 7, 3, 2))], n_threads, exact=True)
+    shares = engine_shares(lambda g, ctx, a: g.ggml_diag_mask_inf(ctx, a, 1), [Leaf(F32, (9, 7, 3))],
+                           n_threads, GGMLOp.DIAG_MASK_INF)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 7, n_threads)) for i in range(n_threads)]
+    assert {s.kind for s in shares} == {"interleaved"}
+
+
+# --- soft_max --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_soft_max_plain(n_threads):
+    check_op(lambda g, ctx, a: g.ggml_soft_max(ctx, a), [Leaf(F32, (37, 5, 3), low=-5, high=5)],
+             n_threads)
+    check_op(lambda g, ctx, a: g.ggml_soft_max_inplace(ctx, a), [Leaf(F32, (16, 4))], n_threads)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("mask_type", [F16, F32])
+def test_soft_max_ext_mask_broadcast(mask_type, n_threads):
+    # a [32, 6, 4, 2]; mask [32, 8, 2, 1]: rows by query row, dims 2 and 3 by modulo
+    leaves = [Leaf(F32, (32, 6, 4, 2), low=-3, high=3), Leaf(mask_type, (32, 8, 2, 1), low=-2, high=2)]
+    for scale, max_bias in ((0.125, 0.0), (0.5, 8.0)):
+        check_op(lambda g, ctx, a, m: g.ggml_soft_max_ext(ctx, a, m, scale, max_bias), leaves,
+                 n_threads)
+    shares = engine_shares(lambda g, ctx, a, m: g.ggml_soft_max_ext(ctx, a, m, 0.125, 0.0), leaves,
+                           n_threads, GGMLOp.SOFT_MAX)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 6, n_threads)) for i in range(n_threads)]
+
+
+def test_soft_max_causal_mask_and_sinks():
+    n_kv, n_q, n_head = 12, 5, 6
+    mask = np.triu(np.full((n_q, n_kv), -np.inf), k=n_kv - n_q + 1)
+    leaves = [Leaf(F32, (n_kv, n_q, n_head), low=-4, high=4),
+              Leaf(F16, (n_kv, n_q), values=mask), Leaf(F32, (n_head,), low=-2, high=2)]
+
+    def build(g, ctx, a, m, s):
+        r = g.ggml_soft_max_ext(ctx, a, m, 0.3, 2.0)
+        g.ggml_soft_max_add_sinks(r, s)
+        return r
+    for n in (1, 3):
+        check_op(build, leaves, n)
+
+
+# --- rope ------------------------------------------------------------------------------------
+
+NEOX = 2
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("mode", [0, NEOX])
+def test_rope_basic(mode, n_threads):
+    # x [64, 4 heads, 7 tokens, 2]; positions not in order, some large
+    pos = [3, 0, 17, 1024, 5, 5, 99]
+    leaves = [Leaf(F32, (64, 4, 7, 2)), idx_leaf(I32, (7,), 0, values=pos)]
+    for n_dims in (64, 32):
+        check_op(lambda g, ctx, a, b: g.ggml_rope(ctx, a, b, n_dims, mode), leaves, n_threads)
+    shares = engine_shares(lambda g, ctx, a, b: g.ggml_rope(ctx, a, b, 64, mode), leaves,
+                           n_threads, GGMLOp.ROPE)[0]
+    assert [s.ranges for s in shares] == [(r,) for r in dr_split(4 * 7 * 2, n_threads)]
+
+
+@pytest.mark.parametrize("mode", [0, NEOX])
+def test_rope_ext_yarn_freq_factors(mode):
+    pos = list(range(40, 49))
+    leaves = [Leaf(F32, (48, 3, 9)), idx_leaf(I32, (9,), 0, values=pos),
+              Leaf(F32, (16,), low=0.5, high=4.0)]
+
+    def build(g, ctx, a, b, c):
+        return g.ggml_rope_ext(ctx, a, b, c, 32, mode, 4096, 500000.0, 0.25, 1.0, 1.2, 32.0, 1.0)
+    check_op(build, leaves, 3)
+
+    def build_nc(g, ctx, a, b, c):  # no freq factors, ext_factor 0, attn_factor != 1
+        return g.ggml_rope_ext(ctx, a, b, None, 48, mode, 0, 10000.0, 1.0, 0.0, 0.7, 0.0, 0.0)
+    check_op(build_nc, leaves, 2)
+
+
+def test_rope_f16_and_non_contiguous():
+    pos = [0, 1, 2, 3, 4]
+    check_op(lambda g, ctx, a, b: g.ggml_rope(ctx, a, b, 16, NEOX),
+             [Leaf(F16, (16, 3, 5)), idx_leaf(I32, (5,), 0, values=pos)], 2, max_nmse=1e-6)
+    # a view with padded rows: x [32, 5, 3] seen as [16, 5, 3] with nb1 = 128
+    def build(g, ctx, a, b):
+        v = g.ggml_view_3d(ctx, a, 16, 5, 3, 128, 640, 0)
+        return g.ggml_rope_inplace(ctx, v, b, 16, 0) if False else g.ggml_rope(ctx, v, b, 16, 0)
+    check_op(build, [Leaf(F32, (32, 5, 3)), idx_leaf(I32, (3,), 0, values=[7, 8, 9])], 2)
+
+
+def test_rope_multi_and_vision():
+    n_tok = 4
+    pos = np.arange(4 * n_tok) * 3 % 11
+    leaves = [Leaf(F32, (32, 2, n_tok)), idx_leaf(I32, (4 * n_tok,), 0, values=pos)]
+    sections = (ctypes.c_int * 4)(4, 6, 6, 0)
+    for mode, n_dims in ((8, 32), (40, 32), (24, 16)):
+        def build(g, ctx, a, b):
+            s = list(sections) if g is eng else sections
+            return g.ggml_rope_multi(ctx, a, b, None, n_dims, s, mode, 0, 10000.0, 1.0, 0.0, 1.0,
+                                     0.0, 0.0)
+        check_op(build, leaves, 2)
+
+
+def test_rope_back():
+    leaves = [Leaf(F32, (16, 2, 3)), idx_leaf(I32, (3,), 0, values=[1, 2, 3])]
+
+    def build(g, ctx, a, b):
+        return g.ggml_rope_ext_back(ctx, a, b, None, 16, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+    check_op(build, leaves, 2)
