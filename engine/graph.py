@@ -78,14 +78,16 @@ def ggml_graph_overhead() -> int:
 class Graph:
     """struct ggml_cgraph *: a handle onto a cgraph struct (in a pool, or detached for views)."""
 
-    __slots__ = ("ctx", "offs", "_r", "visit_hook")
+    __slots__ = ("ctx", "offs", "_r", "visit_hook", "enter_hook")
 
     def __init__(self, ctx: Context, r: np.ndarray, offs: int | None) -> None:
         self.ctx = ctx  # resolves the struct's pointers
         self.offs = offs  # payload offset in ctx.pool, None for a graph view (a struct by value)
         self._r = r
-        # called as visit_hook(tensor, slot, is_leaf) for each newly visited tensor
+        # called as visit_hook(tensor, slot, is_leaf) for each newly visited tensor, and as
+        # enter_hook(tensor) whenever the walk reaches a tensor (observers of the build)
         self.visit_hook: Callable[[Tensor, int, bool], None] | None = None
+        self.enter_hook: Callable[[Tensor], None] | None = None
 
     def __repr__(self) -> str:
         return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
@@ -223,6 +225,8 @@ def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
 
 
 def _visit(g: Graph, node: Tensor, compute: bool):
+    if g.enter_hook is not None:
+        g.enter_hook(node)
     if node.op != 0 and compute:
         node.flags |= GGML_TENSOR_FLAG_COMPUTE
     slot = g.hash_find(node)

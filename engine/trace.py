@@ -128,7 +128,9 @@ class Trace:
         h.update(self.program.encode())
         h.update(str(self.n_threads).encode())
         for s in self.steps:
-            shares = sorted((t.kind, repr(sorted(t.ranges))) for t in s.threads)
+            # which thread took which mul_mat chunk varies from run to run: hash the union
+            shares = (sorted({t.kind for t in s.threads}),
+                      sorted(repr(r) for t in s.threads for r in t.ranges))
             h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
                            [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches],
                            s.contexts, s.tensor, shares, s.plan)).encode())
@@ -218,6 +220,7 @@ class Recorder:
         self.lines = Path(source_file).read_text().splitlines()
         self.statements = _statement_spans(Path(source_file).read_text())
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
+        self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
         self.t_start = time.perf_counter()
 
@@ -231,6 +234,12 @@ class Recorder:
                     self.line = caller.f_lineno
                     self.args = tuple(frame.f_locals.values())
                     self.call_step = None
+                    if self.codes[frame.f_code].startswith("ggml_build_forward"):
+                        # the call comes first; each tensor it visits is a step inside it
+                        self.call_step = self.emit(
+                            "call", self.source(self.line),
+                            "ggml_build_forward_expand walks the sources of the tensor depth "
+                            "first, then records it", []).index
         elif event == "return" and frame is self.active:
             self.active = None
             self.finish_call(self.codes[frame.f_code], arg)
@@ -360,12 +369,14 @@ class Recorder:
             for r in result:
                 if isinstance(r, Context):
                     self.track(r)
-        if isinstance(result, Graph):
-            result.visit_hook = self.on_visit
-        for a in self.args:
-            if isinstance(a, Graph):
-                a.visit_hook = self.on_visit
+        for g in [result, *self.args]:
+            if isinstance(g, Graph):
+                g.visit_hook, g.enter_hook = self.on_visit, self.on_enter
         things = list(self.args) + ([result] if result is not None else [])
+        if name.startswith("ggml_build_forward"):  # flags may have changed on any tensor reached
+            things += [t for g in self.args if isinstance(g, Graph) for t in g.nodes + g.leafs]
+            things += self.visiting
+            self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         tensor = _ref(result) if isinstance(result, Tensor) else None
         note = ""
@@ -379,16 +390,17 @@ class Recorder:
         self.emit("call", self.source(self.line), note, things, tensor=tensor,
                   parent=self.call_step, skip_if_empty=self.call_step is not None)
 
+    def on_enter(self, node: Tensor) -> None:
+        if node not in self.visiting:  # the walk may set its COMPUTE flag before its own step
+            self.visiting.append(node)
+
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
-        if self.call_step is None:
-            self.call_step = self.emit("call", self.source(self.line),
-                                       "ggml_build_forward_expand walks the sources of the tensor "
-                                       "depth first, then records it", []).index
         kind = "leaf" if is_leaf else "node"
         self.emit("visit", f"visit '{node.name}'",
                   f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
-                  f"{slot}, appended as a {kind}", [node] + self.graphs_of(node),
+                  f"{slot}, appended as a {kind}", [node, *self.visiting] + self.graphs_of(node),
                   parent=self.call_step, tensor=_ref(node))
+        self.visiting.remove(node)
 
     def graphs_of(self, node: Tensor) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]

@@ -152,8 +152,10 @@ class _Run:
             if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
                 continue  # nothing to compute, and no barrier
             watched = self.observer is not None
-            if watched and ith == 0:
-                self.observer(node, True, None)
+            if watched:  # nobody starts the node before the observer has been asked
+                if ith == 0:
+                    self.observer(node, True, None)
+                self.wait()
             params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, self.wait,
                                    self.shared[node_n], self.cplan.use_ref)
             t0 = time.perf_counter()

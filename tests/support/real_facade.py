@@ -1,0 +1,95 @@
+"""Run a walkthrough's own code on real ggml: the same function, with ggml-python behind its names.
+
+`run_on_real_ggml(fn, **kwargs)` executes `fn`'s code object with globals that map every facade
+name the program uses onto ggml-python (str arguments become bytes, tensors are wrapped so that
+`t.nb[1]` reads the C struct, `set_data` is a memcpy), and returns its outputs as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+from typing import Any
+
+import ggml as real
+import numpy as np
+from ggml.utils import to_numpy as real_to_numpy
+
+from engine.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
+
+
+class RealTensor:
+    """A ggml_tensor * from ggml-python, with the C fields readable as attributes."""
+
+    def __init__(self, ptr) -> None:
+        self.ptr = ptr
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.ptr.contents, name)
+        return list(value) if name in ("ne", "nb", "op_params") else value
+
+
+def _unwrap(a: Any) -> Any:
+    if isinstance(a, RealTensor):
+        return a.ptr
+    if isinstance(a, str):
+        return a.encode()
+    if isinstance(a, (list, tuple)) and a and isinstance(a[0], RealTensor):
+        return type(a)(x.ptr for x in a)
+    return a
+
+
+def _wrap(fn):
+    def call(*args, **kwargs):
+        result = fn(*(_unwrap(a) for a in args), **{k: _unwrap(v) for k, v in kwargs.items()})
+        if isinstance(result, ctypes._Pointer) and result and \
+                isinstance(result.contents, real.ggml_tensor):
+            return RealTensor(result)
+        return result
+    return call
+
+
+def _set_data(t: RealTensor, values) -> None:
+    c = t.ptr.contents
+    x = np.asarray(values)
+    if c.type == GGMLType.F16 and x.dtype != np.float16:
+        x = fp32_to_fp16_bits(x.astype(np.float32))
+    elif c.type == GGMLType.BF16:
+        x = fp32_to_bf16_bits(x.astype(np.float32))
+    x = np.ascontiguousarray(x)
+    ctypes.memmove(c.data, x.ctypes.data, real.ggml_nbytes(t.ptr))
+
+
+def _init_params(mem_size: int, mem_buffer=None, no_alloc: bool = False):
+    return real.ggml_init_params(mem_size=mem_size, mem_buffer=mem_buffer, no_alloc=no_alloc)
+
+
+def real_namespace() -> dict:
+    ns: dict[str, Any] = {"np": np}
+    for name in dir(real):
+        obj = getattr(real, name)
+        if name.startswith(("ggml_", "gguf_")) and callable(obj):
+            ns[name] = _wrap(obj)
+        elif name.startswith("GGML_"):
+            ns[name] = obj
+    ns["ggml_init_params"] = _init_params
+    ns["set_data"] = _set_data
+    return ns
+
+
+def run_on_real_ggml(fn: types.FunctionType, **kwargs) -> dict[str, np.ndarray]:
+    real.ggml_cpu_init()
+    globs = dict(fn.__globals__)
+    globs.update(real_namespace())
+    outputs = types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__)(**kwargs)
+    result = {}
+    for name, t in outputs.items():
+        if isinstance(t, RealTensor):
+            if TYPE_TRAITS[t.type].is_quantized:
+                result[name] = ctypes.string_at(t.data, real.ggml_nbytes(t.ptr)).hex()
+            else:
+                a = real_to_numpy(t.ptr)
+                result[name] = (a.view(np.float16) if t.type == GGMLType.F16 else a).tolist()
+        else:
+            result[name] = t
+    return result

@@ -1,0 +1,138 @@
+"""The recorder: determinism, state rebuilt from patches equals the live pools, golden traces."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from engine.programs import PROGRAMS, trace_program
+from engine.trace import record
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("GGML_LENS_UPDATE_GOLDEN") == "1"
+
+
+def normalised(trace) -> list[dict]:
+    """Steps without timings and with thread interleaving folded (chunks as one sorted set)."""
+    out = []
+    for step in trace.to_json()["steps"]:
+        threads = step.pop("threads")
+        step["shares"] = sorted(json.dumps(r) for t in threads for r in t["ranges"])
+        step["thread_kinds"] = sorted({t["kind"] for t in threads})
+        out.append(step)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_same_program_same_hash(name):
+    a, b = trace_program(name), trace_program(name)
+    assert a.hash == b.hash
+    assert normalised(a) == normalised(b)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_golden_trace(name):
+    """Golden traces change only on purpose: GGML_LENS_UPDATE_GOLDEN=1 rewrites them."""
+    path = GOLDEN / f"{name}.json"
+    current = {"hash": trace_program(name).hash, "steps": normalised(trace_program(name))}
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(json.dumps(current, indent=1) + "\n")
+    assert path.exists(), f"no golden trace for {name}: run with GGML_LENS_UPDATE_GOLDEN=1"
+    golden = json.loads(path.read_text())
+    assert current["steps"] == golden["steps"]
+    assert current["hash"] == golden["hash"]
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_rebuilt_state_equals_live_pools(name):
+    """Pools rebuilt from the trace at step k, in any order, equal the pools when step k ran."""
+    live: list[dict[int, bytes]] = []
+
+    def on_step(step, contexts):
+        live.append({c.id: c.pool.tobytes() for c in contexts if not c.freed})
+
+    prog = PROGRAMS[name]
+    mod = prog.load()
+    trace = record(mod.run, mod.__file__, name, prog.threads, on_step=on_step)
+    assert len(live) == len(trace.steps) - (1 if trace.steps[-1].kind in ("error", "cap") else 0)
+    order = list(range(len(live)))
+    random.Random(0).shuffle(order)  # backwards and forwards: each state stands alone
+    for k in order:
+        state = trace.state_at(k)
+        for cid, pool in live[k].items():
+            assert state.contexts[cid].pool.tobytes() == pool, f"step {k}, context {cid}"
+
+
+def test_rebuilt_state_has_the_tensors_and_graph():
+    trace = trace_program("simple-ctx")
+    final = trace.state_at(len(trace.steps) - 1)
+    assert [t.name for t in final.tensors()] == ["leaf_0", "leaf_1", "node_0"]
+    (gf,) = final.graphs()
+    assert gf.n_nodes == 1 and gf.n_leafs == 2
+    mid = trace.state_at(2)  # after the second tensor: no graph yet, names still empty
+    assert [t.name for t in mid.tensors()] == ["", ""] and mid.graphs() == []
+
+
+def test_steps_say_what_changed():
+    trace = trace_program("simple-ctx")
+    kinds = [s.kind for s in trace.steps]
+    assert kinds[0] == "call" and kinds[-1] == "end"
+    new_a = trace.steps[1]
+    assert new_a.call.startswith("a = ggml_new_tensor_2d(")
+    assert new_a.note == ("ggml_new_tensor_2d reserved 32 bytes of header, 336 of tensor struct "
+                          "and 32 of data at offset 0x0")
+    assert [(o.header, o.offs, o.size) for o in new_a.objects] == [(0, 32, 368)]
+    visits = [s for s in trace.steps if s.kind == "visit"]
+    assert [s.call for s in visits] == ["visit 'leaf_0'", "visit 'leaf_1'", "visit 'node_0'"]
+    assert all(s.parent == visits[0].parent for s in visits)
+    named = {(f.field, f.new) for s in visits for f in s.fields}
+    assert ("name", "'leaf_0'") in named
+    nodes = [s for s in trace.steps if s.kind == "node"]
+    assert len(nodes) == 1 and nodes[0].threads[0].kind == "chunks"
+
+
+def test_thread_shares_recorded_per_node():
+    trace = trace_program("threads", 4)
+    mm = next(s for s in trace.steps if s.kind == "node" and "MUL_MAT" in s.call)
+    assert sorted(t.ith for t in mm.threads) == [0, 1, 2, 3]
+    chunks = sorted(c[0] for t in mm.threads for c in t.ranges)
+    assert chunks == list(range(18))  # 96 x 40 output in 16 x 16 chunks: 6 x 3
+
+
+def test_program_error_is_the_last_step(tmp_path):
+    src = tmp_path / "bad.py"
+    src.write_text(
+        "from engine.ggml import *\n"
+        "def run(n_threads=1):\n"
+        "    ctx = ggml_init(ggml_init_params(mem_size=1024))\n"
+        "    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)\n"
+        "    ggml_reshape_2d(ctx, a, 5, 2)\n")
+    ns: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), ns)
+    trace = record(ns["run"], str(src), "bad")
+    assert trace.steps[-1].kind == "error" and trace.steps[-1].line == 5
+    assert "GGML_ASSERT(ggml_nelements(a) == ne0*ne1)" in trace.error
+
+
+def test_step_cap_ends_a_runaway_program(tmp_path, monkeypatch):
+    import engine.trace as T
+
+    monkeypatch.setattr(T, "STEP_CAP", 50)
+    src = tmp_path / "loop.py"
+    src.write_text(
+        "from engine.ggml import *\n"
+        "def run(n_threads=1):\n"
+        "    ctx = ggml_init(ggml_init_params(mem_size=1 << 20))\n"
+        "    while True:\n"
+        "        ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1)\n")
+    ns: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), ns)
+    trace = record(ns["run"], str(src), "loop")
+    assert len(trace.steps) == 51 and trace.steps[-1].kind == "cap"
+    assert trace.error == "stopped after 50 steps"
+
