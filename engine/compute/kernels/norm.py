@@ -1,0 +1,155 @@
+"""NORM, RMS_NORM, L2_NORM (per row) and GROUP_NORM (per group of channels), F32 only.
+
+Mirrors ggml-cpu/ops.cpp. Row norms take rows interleaved (i01 = ith; i01 += nth inside every
+(i02, i03)); group_norm interleaves groups. Sums are accumulated in double where ggml uses
+ggml_float. ggml adds left to right; numpy's float64 sums are pairwise. Both are far more precise
+than the float they are rounded to, so the results agree except in the rare case where the two
+double sums straddle a float rounding boundary.
+
+NORM's variance follows ggml_vec_cvar_f32 on AVX2: each 8-float group of squares is added in float
+in the order ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), then accumulated in double.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import floatmath as fm
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import view4
+from engine.errors import ggml_assert
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_are_same_shape
+from engine.types import GGMLType
+
+F32, F64 = np.float32, np.float64
+
+
+def _eps(dst: Tensor, slot: int = 0) -> np.float32:
+    return F32(dst.op_params.view(np.float32)[slot])
+
+
+def _interleaved(params, ne01: int) -> np.ndarray:
+    return np.arange(params.ith, ne01, params.nth)
+
+
+def _f32_only(dst: Tensor) -> None:
+    if dst.src[0].type != GGMLType.F32 or dst.type != GGMLType.F32:
+        raise not_supported(dst, "F32 only")
+
+
+def cvar_avx2(v: np.ndarray) -> np.ndarray:
+    """ggml_vec_cvar_f32's sum of squares of the centred rows v (last axis), as float64."""
+    n = v.shape[-1]
+    nv = n - n % 8
+    sq = v * v
+    g = sq[..., :nv].reshape(*v.shape[:-1], nv // 8, 8)
+    t = g[..., 4:] + g[..., :4]  # hi + lo
+    blocks = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    return blocks.sum(axis=-1, dtype=F64) + sq[..., nv:].sum(axis=-1, dtype=F64)
+
+
+@kernel(GGMLOp.NORM)
+def compute_forward_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
+    _f32_only(dst)
+    src0 = dst.src[0]
+    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", "norm")
+    eps = _eps(dst)
+    ggml_assert(eps >= 0, "eps >= 0.0f", "ggml_compute_forward_norm_f32", f"eps = {eps}")
+    ne00 = int(src0.ne[0])
+    rows = _interleaved(params, int(src0.ne[1]))
+    x = view4(src0)[:, :, rows]  # (ne03, ne02, my rows, ne00)
+    with np.errstate(all="ignore"):
+        if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
+            mean = x.sum(axis=-1, dtype=F64).astype(F32) / F32(ne00)
+            v = x - mean[..., None]
+            variance = (cvar_avx2(v) / ne00).astype(F32)
+        else:  # strided rows: float sums, left to right (measured: no fused multiply-add here)
+            s = np.zeros(x.shape[:-1], F32)
+            for i in range(ne00):
+                s = s + x[..., i]
+            mean = s / F32(ne00)
+            v = x - mean[..., None]
+            variance = np.zeros(x.shape[:-1], F32)
+            for i in range(ne00):
+                variance = variance + v[..., i] * v[..., i]
+            variance = variance / F32(ne00)
+        scale = F32(1) / np.sqrt(variance + eps)
+        view4(dst)[:, :, rows] = v * scale[..., None]
+    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+
+
+@kernel(GGMLOp.RMS_NORM)
+def compute_forward_rms_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
+    _f32_only(dst)
+    src0 = dst.src[0]
+    fn = "ggml_compute_forward_rms_norm_f32"
+    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
+    ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
+    eps = _eps(dst)
+    ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
+    ne00 = int(src0.ne[0])
+    rows = _interleaved(params, int(src0.ne[1]))
+    s4, d4 = view4(src0), view4(dst)
+    with np.errstate(all="ignore"):
+        for i3 in range(s4.shape[0]):  # one (i2, i3) block at a time keeps the temporaries small
+            x = s4[i3][:, rows]
+            ss = (x * x).sum(axis=-1, dtype=F64)
+            mean = (ss / ne00).astype(F32)
+            scale = F32(1) / np.sqrt(mean + eps)
+            d4[i3][:, rows] = x * scale[..., None]
+    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+
+
+@kernel(GGMLOp.L2_NORM)
+def compute_forward_l2_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_l2_norm_f32: y = x / max(sqrtf(Σx²), eps), the sum in double."""
+    _f32_only(dst)
+    src0 = dst.src[0]
+    fn = "ggml_compute_forward_l2_norm_f32"
+    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
+    eps = _eps(dst)
+    ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
+    rows = _interleaved(params, int(src0.ne[1]))
+    x = view4(src0)[:, :, rows]
+    with np.errstate(all="ignore"):
+        ss = (x * x).sum(axis=-1, dtype=F64).astype(F32)
+        scale = F32(1) / np.fmax(np.sqrt(ss), eps)
+        view4(dst)[:, :, rows] = x * scale[..., None]
+    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+
+
+@kernel(GGMLOp.GROUP_NORM)
+def compute_forward_group_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_group_norm_f32: each group of channels (dim 2) of each i3 is
+    normalised over all its ne0·ne1·step elements; threads take groups interleaved."""
+    _f32_only(dst)
+    src0 = dst.src[0]
+    fn = "ggml_compute_forward_group_norm_f32"
+    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
+    ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
+    eps = _eps(dst, 1)
+    n_channels = int(src0.ne[2])
+    n_groups = int(dst.op_params[0])
+    per_group = (n_channels + n_groups - 1) // n_groups
+    s4, d4 = view4(src0), view4(dst)
+    ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+    groups = list(range(params.ith, n_groups, params.nth))
+    with np.errstate(all="ignore"):
+        for i in groups:
+            start = i * per_group
+            end = min(start + per_group, n_channels)
+            step = end - start
+            if step <= 0:
+                continue
+            n = ne00 * ne01 * step
+            for i3 in range(s4.shape[0]):
+                x = s4[i3, start:end]  # (step, ne01, ne00)
+                mean = F32(x.sum(axis=-1, dtype=F64).sum() / n)
+                v = x - mean
+                variance = F32((v * v).sum(axis=-1, dtype=F64).sum() / n)
+                scale = F32(1) / np.sqrt(variance + eps)
+                d4[i3, start:end] = v * scale
+    params.took("interleaved", *groups, note="groups of channels")
