@@ -42,6 +42,30 @@ def _trace(args: argparse.Namespace) -> int:
     return 0 if trace.error is None else 1
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.gguf import GGUFError
+    from engine.gguf.inspect import inspect_json, inspect_text
+    from engine.gguf.reader import GGUFReader
+
+    try:
+        reader = GGUFReader(args.file)
+    except GGUFError as e:
+        print(f"ggml-lens: {args.file}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"ggml-lens: cannot read {args.file}: {e.strerror}", file=sys.stderr)
+        return 1
+    with_all = not (args.kv or args.tensors)
+    if args.json:
+        print(json.dumps(inspect_json(reader)))
+    else:
+        print(inspect_text(reader, show_kv=with_all or args.kv,
+                           show_tensors=with_all or args.tensors))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggml-lens", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)
+
+    inspect = sub.add_parser("inspect", help="show a GGUF file: header, keys, tensors, byte map")
+    inspect.add_argument("file")
+    inspect.add_argument("--json", action="store_true", help="everything as JSON")
+    inspect.add_argument("--kv", action="store_true", help="the keys (with the header)")
+    inspect.add_argument("--tensors", action="store_true", help="the tensors (with the header)")
+    inspect.set_defaults(func=_inspect)
 
     trace = sub.add_parser("trace", help="record a built-in walkthrough and print its steps")
     trace.add_argument("program", help="a walkthrough name, e.g. simple-ctx")
