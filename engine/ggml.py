@@ -39,7 +39,10 @@ from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
 from engine.types import GGMLType
 
 # every ggml_* function of the engine modules, under its ggml name
-for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _optable, _graph, _compute, _quants):
+# _ops_nn last: its ggml_pad (the op) must win over layout's ggml_pad (the GGML_PAD macro),
+# which other modules import
+for _module in (_types, _context, _tensor, _ops, _ops_math, _optable, _graph, _compute, _quants,
+                _ops_nn):
     for _name in dir(_module):
         if _name.startswith(("ggml_", "GGML_")):
             globals()[_name] = getattr(_module, _name)

@@ -346,3 +346,255 @@ def test_flash_attn_permuted_views_no_mask():
         v = g.ggml_view_3d(ctx, vc, 24, 9, 2, 24 * 4, 24 * 4 * 12, 0)
         return g.ggml_flash_attn_ext(ctx, qp, k, v, None, 0.25, 0.0, 0.0)
     check_op(build, [Leaf(F32, (16, 4, 3)), Leaf(F32, (16, 12, 2)), Leaf(F32, (24, 12, 2))], 2)
+
+
+# --- im2col, conv, pool ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("dst_type", [F32, F16])
+def test_im2col_2d(dst_type, n_threads):
+    # kernel [3, 3, IC=5, OC=2], image [9, 8, 5, 2]; stride, padding and dilation all != 1
+    kernel_type = F16 if dst_type == F16 else F32
+    leaves = [Leaf(kernel_type, (3, 3, 5, 2)), Leaf(F32, (9, 8, 5, 2))]
+    for s0, s1, p0, p1, d0, d1 in ((1, 1, 1, 1, 1, 1), (2, 1, 0, 2, 1, 2)):
+        def build(g, ctx, a, b):
+            return g.ggml_im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True, int(dst_type))
+        check_op(build, leaves, n_threads, exact=True)
+    shares = engine_shares(lambda g, ctx, a, b: g.ggml_im2col(ctx, a, b, 1, 1, 1, 1, 1, 1, True,
+                                                              int(dst_type)),
+                           leaves, n_threads, GGMLOp.IM2COL)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 5, n_threads)) for i in range(n_threads)]
+
+
+def test_im2col_1d_and_f16_source():
+    def build1(g, ctx, a, b):
+        return g.ggml_im2col(ctx, a, b, 2, 0, 1, 0, 1, 0, False, int(F32))
+    check_op(build1, [Leaf(F32, (3, 4, 2)), Leaf(F32, (11, 4, 3))], 2, exact=True)
+
+    def build2(g, ctx, a, b):
+        return g.ggml_im2col(ctx, a, b, 1, 1, 1, 0, 1, 1, True, int(F16))
+    check_op(build2, [Leaf(F16, (2, 2, 3, 1)), Leaf(F16, (5, 4, 3, 1))], 3, exact=True)
+    # a non-contiguous image: batches swapped with channels (planes stay packed)
+    check_op(build2, [Leaf(F16, (2, 2, 3, 1)), Leaf(F32, (5, 4, 2, 3), permute=(0, 1, 3, 2))], 2,
+             exact=True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("kernel_type", [F32, F16])
+def test_conv_2d_composite(kernel_type, n_threads):
+    # ggml_conv_2d: im2col (kernel's type) -> mul_mat -> reshape -> permute -> cont
+    leaves = [Leaf(kernel_type, (3, 3, 4, 6)), Leaf(F32, (10, 9, 4, 2))]
+    bound = 1e-7 if kernel_type == F32 else 5e-4  # test-backend-ops' bound for conv_2d
+    check_op(lambda g, ctx, a, b: g.ggml_conv_2d(ctx, a, b, 1, 2, 1, 0, 1, 1), leaves, n_threads,
+             max_nmse=bound)
+    check_op(lambda g, ctx, a, b: g.ggml_conv_2d_s1_ph(ctx, a, b), leaves, n_threads,
+             max_nmse=bound)
+
+
+def test_conv_1d_composite():
+    check_op(lambda g, ctx, a, b: g.ggml_conv_1d(ctx, a, b, 2, 1, 1),
+             [Leaf(F16, (3, 4, 5)), Leaf(F32, (12, 4, 2))], 2, max_nmse=5e-4)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+@pytest.mark.parametrize("kernel_type", [F32, F16])
+def test_conv_2d_direct(kernel_type, n_threads):
+    leaves = [Leaf(kernel_type, (3, 2, 4, 5)), Leaf(F32, (9, 7, 4, 2))]
+    bound = 1e-7 if kernel_type == F32 else 5e-4
+    build = lambda g, ctx, a, b: g.ggml_conv_2d_direct(ctx, a, b, 2, 1, 1, 1, 1, 2)  # noqa: E731
+    check_op(build, leaves, n_threads, max_nmse=bound)
+    shares = engine_shares(build, leaves, n_threads, GGMLOp.CONV_2D)[0]
+    # one batch of patches (the 16 MiB work buffer holds them all): dr split of OW*OH*N patches
+    n_patches = 5 * 7 * 2  # OW 5, OH 7, N 2
+    assert [s.ranges for s in shares] == [(r,) for r in dr_split(n_patches, n_threads)]
+
+
+@pytest.mark.parametrize("op", [0, 1])  # GGML_OP_POOL_MAX, GGML_OP_POOL_AVG
+def test_pool_1d(op):
+    for k, s, p in ((3, 2, 1), (2, 2, 0), (4, 1, 2)):
+        check_op(lambda g, ctx, a: g.ggml_pool_1d(ctx, a, op, k, s, p),
+                 [Leaf(F32, (13, 3, 2))], 1, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_pool_1d(ctx, a, op, 3, 1, 1), [Leaf(F16, (10, 4))], 1,
+             exact=True)
+
+
+@pytest.mark.parametrize("op", [0, 1])
+def test_pool_2d(op):
+    for k0, k1, s0, s1, p0, p1 in ((2, 2, 2, 2, 0.0, 0.0), (3, 2, 1, 2, 1.0, 0.5),
+                                   (3, 3, 2, 2, 1.7, 1.0)):
+        check_op(lambda g, ctx, a: g.ggml_pool_2d(ctx, a, op, k0, k1, s0, s1, p0, p1),
+                 [Leaf(F32, (9, 8, 3, 2))], 1, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_pool_2d(ctx, a, op, 2, 2, 1, 1, 0.0, 0.0),
+             [Leaf(F16, (5, 6, 2))], 1, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+def test_pool_runs_on_thread_zero(n_threads):
+    leaves = [Leaf(F32, (8, 6, 2))]
+    build = with_add(lambda g, ctx, a: g.ggml_pool_2d(ctx, a, 1, 2, 2, 2, 2, 0.0, 0.0))
+    check_op(build, leaves, n_threads, exact=True)
+    shares = engine_shares(build, leaves, n_threads, GGMLOp.POOL_2D)[0]
+    assert [s.kind for s in shares] == ["all"] + ["idle"] * (n_threads - 1)
+
+
+# --- upscale, pad, timestep_embedding --------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("mode", [0, 1, 2, 1 | 256, 2 | 256])  # nearest, bilinear, bicubic (+align)
+def test_interpolate(mode, n_threads):
+    leaves = [Leaf(F32, (5, 4, 6, 2))]
+    for ne in ((10, 8, 6, 2), (7, 3, 3, 4)):
+        check_op(lambda g, ctx, a: g.ggml_interpolate(ctx, a, *ne, mode), leaves, n_threads,
+                 max_nmse=1e-12)
+    shares = engine_shares(lambda g, ctx, a: g.ggml_interpolate(ctx, a, 10, 8, 6, 2, mode), leaves,
+                           n_threads, GGMLOp.UPSCALE)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 6, n_threads)) for i in range(n_threads)]
+
+
+def test_upscale_non_contiguous():
+    check_op(lambda g, ctx, a: g.ggml_upscale(ctx, a, 2, 0), [Leaf(F32, (4, 3, 2), permute=(1, 0, 2, 3))],
+             2, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_pad(n_threads):
+    leaves = [Leaf(F32, (5, 4, 3, 2))]
+    check_op(lambda g, ctx, a: g.ggml_pad(ctx, a, 3, 2, 1, 1), leaves, n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_pad_ext(ctx, a, 1, 2, 3, 0, 0, 1, 2, 0), leaves, n_threads,
+             exact=True)
+    check_op(lambda g, ctx, a: g.ggml_pad_ext_circular(ctx, a, 2, 1, 1, 3, 0, 0, 0, 0), leaves,
+             n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_pad(ctx, a, 1, 1, 0, 0),
+             [Leaf(F32, (4, 3, 2), permute=(0, 2, 1, 3))], n_threads, exact=True)
+    shares = engine_shares(lambda g, ctx, a: g.ggml_pad(ctx, a, 3, 2, 1, 1), leaves, n_threads,
+                           GGMLOp.PAD)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 6, n_threads)) for i in range(n_threads)]
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_timestep_embedding(n_threads):
+    leaves = [Leaf(F32, (5,), values=[0.0, 1.0, 17.5, 250.0, 999.0])]
+    for dim in (32, 15):
+        check_op(lambda g, ctx, t: g.ggml_timestep_embedding(ctx, t, dim, 10000), leaves,
+                 n_threads, max_nmse=1e-12)
+    shares = engine_shares(lambda g, ctx, t: g.ggml_timestep_embedding(ctx, t, 32, 10000), leaves,
+                           n_threads, GGMLOp.TIMESTEP_EMBEDDING)[0]
+    assert [s.ranges for s in shares] == [tuple(range(i, 16, n_threads)) for i in range(n_threads)]
+
+
+# --- misuse, on the engine only (real ggml would abort the process) --------------------------
+
+def new_ctx():
+    return eng.ggml_init(eng.ggml_init_params(16 * 1024 * 1024))
+
+
+def compute(ctx, t, n_threads=2):
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, t)
+    return eng.ggml_graph_compute_with_ctx(ctx, gf, n_threads)
+
+
+def raises_assert(condition, fn, *args):
+    with pytest.raises(GGMLAssertionError) as e:
+        fn(*args)
+    assert e.value.condition == condition
+    return e.value
+
+
+def test_constructor_asserts():
+    ctx = new_ctx()
+    t = lambda type_, *ne: getattr(eng, f"ggml_new_tensor_{len(ne)}d")(ctx, type_, *ne)  # noqa
+    a = t(F32, 8, 6, 3)
+    raises_assert("b->type == GGML_TYPE_I32", eng.ggml_get_rows, ctx, a, t(F32, 4, 3))
+    raises_assert("a->ne[2] == b->ne[1]", eng.ggml_get_rows, ctx, a, t(I32, 4, 2))
+    raises_assert("b->type == GGML_TYPE_F32", eng.ggml_set_rows, ctx, a, t(F16, 8, 2, 3),
+                  t(I64, 2, 3))
+    raises_assert("b->ne[1] == c->ne[0]", eng.ggml_set_rows, ctx, a, t(F32, 8, 2, 3), t(I64, 3))
+    raises_assert("ggml_is_contiguous(a)", eng.ggml_soft_max, ctx, eng.ggml_transpose(ctx, a))
+    raises_assert("mask->ne[0] == a->ne[0]", eng.ggml_soft_max_ext, ctx, a, t(F16, 7, 6), 1.0,
+                  0.0)
+    raises_assert("mask", eng.ggml_soft_max_ext, ctx, a, None, 1.0, 8.0)
+    raises_assert("a->op == GGML_OP_SOFT_MAX", eng.ggml_soft_max_add_sinks, a, t(F32, 3))
+    pos = t(I32, 3)
+    raises_assert('(mode & 1) == 0 && "mode & 1 == 1 is no longer supported"', eng.ggml_rope,
+                  ctx, a, pos, 8, 1)
+    raises_assert("a->ne[2] == b->ne[0]", eng.ggml_rope, ctx, a, t(I32, 4), 8, 0)
+    raises_assert("a->ne[2] * 4 == b->ne[0]", eng.ggml_rope_multi, ctx, a, pos, None, 8,
+                  [2, 2, 0, 0], 8, 0, 1e4, 1.0, 0.0, 1.0, 0.0, 0.0)
+    raises_assert('(OW > 0) && "b too small compared to a"', eng.ggml_im2col, ctx,
+                  t(F32, 5, 5, 2, 1), t(F32, 3, 6, 2, 1), 1, 1, 0, 0, 1, 1, True, F32)
+    raises_assert("a->ne[2] == b->ne[2]", eng.ggml_im2col, ctx, t(F32, 3, 3, 2, 1),
+                  t(F32, 6, 6, 3, 1), 1, 1, 0, 0, 1, 1, True, F32)
+    raises_assert("ne[1] > 0", eng.ggml_pool_2d, ctx, t(F32, 6, 2), 0, 2, 3, 1, 1, 0.0, 0.0)
+    raises_assert("scale_factor > 1", eng.ggml_upscale, ctx, a, 1, 0)
+    raises_assert("!(mode & GGML_SCALE_FLAG_ANTIALIAS) || (mode & 0xFF) == GGML_SCALE_MODE_BILINEAR",
+                  eng.ggml_interpolate, ctx, a, 16, 12, 3, 1, 0 | 512)
+    raises_assert("a->type == GGML_TYPE_F32", eng.ggml_upscale, ctx, t(F16, 4, 4), 2, 0)
+    q, k, v = t(F32, 16, 5, 4), t(F16, 16, 9, 2), t(F16, 16, 9, 2)
+    raises_assert("ggml_can_mul_mat(k, q)", eng.ggml_flash_attn_ext, ctx, q, t(F16, 8, 9, 2), v,
+                  None, 1.0, 0.0, 0.0)
+    raises_assert("mask->type == GGML_TYPE_F16", eng.ggml_flash_attn_ext, ctx, q, k, v,
+                  t(F32, 9, 5), 1.0, 0.0, 0.0)
+    raises_assert("q->ne[2] % mask->ne[2] == 0", eng.ggml_flash_attn_ext, ctx, q, k, v,
+                  t(F16, 9, 5, 3), 1.0, 0.0, 0.0)
+    raises_assert("a->op == GGML_OP_FLASH_ATTN_EXT", eng.ggml_flash_attn_ext_set_prec, a, 10)
+    fa_node = eng.ggml_flash_attn_ext(ctx, q, k, v, None, 1.0, 0.0, 0.0)
+    raises_assert("a->src[0]->ne[2] == sinks->ne[0]", eng.ggml_flash_attn_ext_add_sinks, fa_node,
+                  t(F32, 5))
+
+
+def test_constructor_records():
+    ctx = new_ctx()
+    a = eng.ggml_new_tensor_3d(ctx, F32, 8, 6, 3)
+    eng.ggml_set_name(a, "x")
+    r = eng.ggml_diag_mask_inf_inplace(ctx, a, 2)
+    assert (r.op, r.name, r.view_src, int(r.op_params[0])) == (GGMLOp.DIAG_MASK_INF, "x (view)",
+                                                              a, 2)
+    c = eng.ggml_new_tensor_1d(ctx, I64, 2)
+    b = eng.ggml_new_tensor_3d(ctx, F32, 8, 2, 3)
+    s = eng.ggml_set_rows(ctx, a, b, c)
+    assert [s.src[i] for i in range(3)] == [b, c, a]  # ggml's legacy order
+    p = eng.ggml_pool_2d(ctx, a, 1, 3, 3, 2, 2, 1.7, 0.5)
+    assert [int(x) for x in p.op_params[:7]] == [1, 3, 3, 2, 2, 1, 0]  # paddings truncated
+
+
+def test_compute_time_asserts():
+    ctx = new_ctx()
+    a = eng.ggml_new_tensor_2d(ctx, F32, 4, 5)
+    idx = eng.ggml_new_tensor_1d(ctx, I32, 3)
+    eng.set_data(idx, [0, 5, 1])
+    with pytest.raises(GGMLAssertionError, match=r"i01 >= 0 && i01 < ne01"):
+        compute(ctx, eng.ggml_get_rows(ctx, a, idx))
+
+    ctx = new_ctx()
+    a, b = eng.ggml_new_tensor_2d(ctx, F32, 4, 5), eng.ggml_new_tensor_2d(ctx, F32, 4, 2)
+    idx = eng.ggml_new_tensor_1d(ctx, I64, 2)
+    eng.set_data(idx, [1, -1])
+    with pytest.raises(GGMLAssertionError, match=r"i1 >= 0 && i1 < ne1"):
+        compute(ctx, eng.ggml_set_rows(ctx, a, b, idx))
+
+    ctx = new_ctx()
+    with pytest.raises(GGMLAssertionError, match=r"n_past >= 0"):
+        compute(ctx, eng.ggml_diag_mask_inf(ctx, eng.ggml_new_tensor_2d(ctx, F32, 4, 4), -1))
+
+    ctx = new_ctx()
+    x, pos = eng.ggml_new_tensor_3d(ctx, F32, 8, 2, 3), eng.ggml_new_tensor_1d(ctx, I32, 3)
+    eng.set_data(pos, [0, 1, 2])
+    with pytest.raises(GGMLAssertionError, match=r"n_dims % 2 == 0"):
+        compute(ctx, eng.ggml_rope(ctx, x, pos, 5, 0))
+    with pytest.raises(GGMLAssertionError, match=r"n_dims <= ne0"):
+        compute(ctx, eng.ggml_rope(ctx, x, pos, 10, 0))
+
+
+def test_not_supported_types():
+    ctx = new_ctx()
+    q = eng.ggml_new_tensor_3d(ctx, F32, 32, 2, 2)
+    k = eng.ggml_new_tensor_3d(ctx, Q8_0, 32, 4, 2)
+    with pytest.raises(GGMLNotSupportedError, match="FLASH_ATTN_EXT"):
+        compute(ctx, eng.ggml_flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0))
+    ctx = new_ctx()
+    with pytest.raises(GGMLNotSupportedError, match="PAD"):
+        compute(ctx, eng.ggml_pad(ctx, eng.ggml_new_tensor_2d(ctx, F16, 4, 4), 1, 1, 0, 0))
+    ctx = new_ctx()
+    with pytest.raises(GGMLNotSupportedError, match="SOFT_MAX"):
+        compute(ctx, eng.ggml_soft_max(ctx, eng.ggml_new_tensor_2d(ctx, F16, 4, 4)))
