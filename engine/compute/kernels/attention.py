@@ -2,7 +2,8 @@
 
 For every query row (iq1, head iq2, batch iq3), with K/V head iq2 / (n_head / n_head_kv) (GQA):
 
-    s_ic = scale·(K[ic]·q)   (softcap: s = softcap·tanh(s·scale/softcap))  + slope·mask[iq1, ic]
+    s_ic = scale·(K[ic]·q) + slope·mask[iq1, ic]
+           (softcap != 0: softcap·tanh(scale·(K[ic]·q)/softcap) + slope·mask[iq1, ic])
     out  = Σ_ic exp(s_ic - M)·V[ic] / (Σ_ic exp(s_ic - M) (+ exp(sink - M)))
 
 written to dst[:, iq2, iq1, iq3] (heads and tokens swapped). Masked (-inf) positions are skipped.

@@ -1,8 +1,10 @@
 """IM2COL, CONV_2D (direct), POOL_1D and POOL_2D (ggml-cpu/ops.cpp).
 
-im2col: dst[n, oh, ow, ic·KH·KW + kh·KW + kw] = src[n, ic, oh·s1 + kh·d1 - p1, ow·s0 + kw·d0 - p0]
-(0 outside). Threads take input channels in turn (ic = ith, ith + nth, ...). Within a channel the
-source plane is read as packed rows of IW elements, from the batch and channel strides only.
+im2col:
+    dst[n, oh, ow, ic·KH·KW + kh·KW + kw] = src[n, ic, oh·s1 + kh·d1 - p1, ow·s0 + kw·d0 - p0]
+(0 outside the image). Threads take input channels in turn (ic = ith, ith + nth, ...). Within a
+channel the source plane is read as packed rows of IW elements, from the batch and channel strides
+only.
 
 conv_2d (direct): output pixels ("patches") are processed in batches sized by the work buffer;
 in each batch thread ith im2cols its dr range of patches (converted to the kernel's type), a GEMM

@@ -44,7 +44,7 @@ def _yarn(theta_extrap: np.ndarray, i0: int, freq_scale, corr_dims, ext_factor, 
 
 
 def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
-    """(x0·cos - x1·sin, x0·sin + x1·cos), each contracted to one FMA as the -mfma build does."""
+    """(x0·cos - x1·sin, x0·sin + x1·cos), each one FMA as ggml's -mfma build contracts them."""
     return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
 
 
@@ -109,7 +109,8 @@ def _rope(params, dst: Tensor, forward: bool) -> None:
     op = dst.op_params
     n_dims, mode, n_ctx_orig = int(op[1]), int(op[2]), int(op[4])
     fp = op.view(np.float32)
-    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (F32(v) for v in fp[5:11])
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = \
+        (F32(v) for v in fp[5:11])
     sections = [int(v) for v in op[11:15]]
     ne0, ne1, ne2, ne3 = (int(x) for x in dst.ne)
     ggml_assert(int(dst.nb[0]) == int(src0.nb[0]), "nb0 == nb00", FN)

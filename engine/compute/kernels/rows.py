@@ -23,7 +23,8 @@ from engine.types import GGMLType, TYPE_TRAITS
 
 @kernel(GGMLOp.GET_ROWS)
 def compute_forward_get_rows(params, dst: Tensor) -> None:
-    """ggml_compute_forward_get_rows: dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
+    """ggml_compute_forward_get_rows:
+    dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
     src0, src1 = dst.src[0], dst.src[1]
     t0 = TYPE_TRAITS[src0.type]
     if not (t0.is_quantized or src0.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16,
@@ -61,7 +62,8 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
 
 @kernel(GGMLOp.SET_ROWS)
 def compute_forward_set_rows(params, dst: Tensor) -> None:
-    """ggml_compute_forward_set_rows: dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
+    """ggml_compute_forward_set_rows (f32 rows):
+    dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
     src0, src1 = dst.src[0], dst.src[1]
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's set_rows takes F32 rows only")
