@@ -22,6 +22,7 @@ Leaves out: the ggml_context (see loader.py) and GGUF v1, which is recognised an
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import struct
@@ -539,33 +540,47 @@ def scan_strings(buf: Any, pos: int, n: int, end: int, endian: str,
     fields, position after the last), each length checked as gguf_reader::read(std::string).
 
     One step per string, by necessity: where string i+1 starts depends on string i's length.
-    Only the offsets are kept (no bytes objects, no decoding), which keeps a step near 150 ns;
-    numpy "candidate chain" scans were tried and lost to this loop on short strings.
+    The loop only records offsets (no bytes objects, no decoding) and checks nothing: a length
+    that runs past the buffer makes the next read fail, and the rules are checked after the
+    loop, so a step costs about 130 ns. (Vectorised numpy scans were tried: on short strings
+    they lost to this loop.)
     """
     length = struct.Struct(endian + "Q").unpack_from
-    offsets: list[int] = []
+    offsets = array.array("q")
     keep = offsets.append
-    for _ in range(n):
-        if pos > end - 8:
-            raise GGUFError(f"{field}[{len(offsets)}] length", pos, f"needs 8 bytes but only "
-                            f"{end - pos} remain: the file is truncated")
-        keep(pos)
-        pos += 8 + length(buf, pos)[0]
-        if pos > end:
-            _string_error(offsets, end, endian, buf, field)
-    found = np.array(offsets, dtype=np.int64)
-    if n and int(np.diff(found, append=pos).max()) - 8 > GGUF_MAX_STRING_LENGTH:
-        _string_error(offsets, end, endian, buf, field)
+    try:
+        for _ in range(n >> 2):  # unrolled by four: the loop's own overhead is a fifth
+            keep(pos)
+            pos += 8 + length(buf, pos)[0]
+            keep(pos)
+            pos += 8 + length(buf, pos)[0]
+            keep(pos)
+            pos += 8 + length(buf, pos)[0]
+            keep(pos)
+            pos += 8 + length(buf, pos)[0]
+        for _ in range(n & 3):
+            keep(pos)
+            pos += 8 + length(buf, pos)[0]
+    except (struct.error, OverflowError):
+        _string_error(buf, offsets, end, endian, field)
+    found = np.frombuffer(offsets, dtype=np.int64) if n else np.zeros(0, np.int64)
+    if pos > end or (n and int(np.diff(found, append=pos).max()) - 8 > GGUF_MAX_STRING_LENGTH):
+        _string_error(buf, offsets, end, endian, field)
     return found, pos
 
 
-def _string_error(offsets: list[int], end: int, endian: str, buf: Any, field: str) -> None:
-    """Raise for the first string whose length breaks a rule."""
+def _string_error(buf: Any, offsets: Sequence[int], end: int, endian: str, field: str) -> None:
+    """Raise GGUFError for the first string that breaks a rule."""
     for i, pos in enumerate(offsets):
+        what = f"{field}[{i}] length"
+        if pos > end - 8:
+            raise GGUFError(what, pos, f"needs 8 bytes but only {max(end - pos, 0)} remain: "
+                                       "the file is truncated")
         (size,) = struct.unpack_from(endian + "Q", buf, pos)
         if size > GGUF_MAX_STRING_LENGTH:
-            raise GGUFError(f"{field}[{i}] length", pos, f"string length {size} exceeds "
-                                                         f"ggml's maximum {GGUF_MAX_STRING_LENGTH}")
+            raise GGUFError(what, pos, f"string length {size} exceeds ggml's maximum "
+                                       f"{GGUF_MAX_STRING_LENGTH}")
         if size > end - pos - 8:
-            raise GGUFError(f"{field}[{i}] length", pos, f"string length {size} exceeds the "
-                                                         f"{end - pos - 8} bytes left in the file")
+            raise GGUFError(what, pos, f"string length {size} exceeds the {end - pos - 8} "
+                                       "bytes left in the file")
+    raise AssertionError("no string breaks a rule")  # unreachable: the caller found one
