@@ -595,6 +595,11 @@ def test_not_supported_types():
     with pytest.raises(GGMLNotSupportedError, match="FLASH_ATTN_EXT"):
         compute(ctx, eng.ggml_flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0))
     ctx = new_ctx()
+    q, k = eng.ggml_new_tensor_3d(ctx, F32, 16, 4, 2), eng.ggml_new_tensor_3d(ctx, F16, 16, 9, 2)
+    mask = eng.ggml_new_tensor_2d(ctx, F16, 9, 3)  # fewer rows than queries: ggml would overread
+    with pytest.raises(GGMLNotSupportedError, match="smaller than"):
+        compute(ctx, eng.ggml_flash_attn_ext(ctx, q, k, k, mask, 1.0, 0.0, 0.0))
+    ctx = new_ctx()
     with pytest.raises(GGMLNotSupportedError, match="PAD"):
         compute(ctx, eng.ggml_pad(ctx, eng.ggml_new_tensor_2d(ctx, F16, 4, 4), 1, 1, 0, 0))
     ctx = new_ctx()

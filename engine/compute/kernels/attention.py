@@ -161,7 +161,7 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         raise not_supported(dst, "K and V must be F32 or F16 here (quantized K/V not implemented)")
     neq0, neq1, neq2, neq3 = (int(x) for x in q.ne)
     dk, nek1, dv = int(k.ne[0]), int(k.ne[1]), int(v.ne[0])
-    ne0, ne1, ne2 = (int(x) for x in dst.ne[:3])
+    ne0, _, ne2 = (int(x) for x in dst.ne[:3])
     nb0, nb1, nb2, nb3 = (int(x) for x in dst.nb)
     for ok, cond in ((ne0 == dv, "ne0 == DV"), (ne2 == neq1, "ne2 == N"),
                      (int(q.nb[0]) == TYPE_TRAITS[q.type].type_size,
@@ -175,6 +175,11 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
                      (nb1 <= nb2, "nb1 <= nb2"), (nb2 <= nb3, "nb2 <= nb3")):
         ggml_assert(ok, cond, FN)
 
+    mask = dst.src[3]
+    if mask is not None and (int(mask.ne[0]) < nek1 or int(mask.ne[1]) < neq1):
+        # ggml reads mask[iq1, ic] without checking: it would read past the mask's data
+        raise not_supported(dst, f"mask {[int(x) for x in mask.ne]} is smaller than "
+                            f"[n_kv {nek1}, n_q {neq1}]")
     st = _Setup(dst)
     ith, nth = params.ith, params.nth
     kv_ok = k.type == v.type

@@ -14,7 +14,7 @@ import numpy as np
 from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf, \
     v_expf  # noqa: F401 (re-exported)
 from engine.tensor import Tensor
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.types import TYPE_TRAITS
 
 F32, F64 = np.float32, np.float64
 
@@ -61,7 +61,3 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     m1 = powf(2.0, -(max_bias / F32(2)) / F32(n_head_log2))
     return np.array([powf(m0, h + 1) if h < n_head_log2 else
                      powf(m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], F32)
-
-
-def is_float_type(type_: int) -> bool:
-    return type_ in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
