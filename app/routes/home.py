@@ -6,10 +6,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
 from app.main import templates
+from engine.programs import PROGRAMS
 
 router = APIRouter()
 
 
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "pages/home.html", {})
+    return templates.TemplateResponse(request, "pages/home.html",
+                                      {"programs": list(PROGRAMS.values())})

@@ -1,0 +1,204 @@
+"""Uploaded GGUF files kept by content hash, in a directory every uvicorn worker shares.
+
+Not part of ggml: this is the web app's storage. An upload streams to a temporary file while it
+is hashed (sha256) and counted; past `upload_limit` bytes it is refused on the spot and the
+partial file deleted. A file the reader accepts becomes `<sha256>.gguf`; when the directory holds
+more than `store_limit` bytes the oldest files go first. The shared fixtures are served under
+their hash too (hashed once per process, on first use). A hash from a URL must match `HASH_RE`
+before it comes near the file system. Parsed files are kept in a small per-process LRU cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.settings import ROOT, Settings
+from engine.gguf import GGUFReader
+
+HASH_RE = re.compile(r"[0-9a-f]{64}")  # a lowercase sha256 digest, nothing else
+FIXTURES_DIR = ROOT.parent / "shared" / "fixtures"
+SUFFIX = ".gguf"
+PART_SUFFIX = ".part"
+STALE_PART_SECONDS = 3600  # a temporary file this old belongs to an upload that died
+READER_CACHE = 8  # parsed files kept per process
+
+
+class UploadTooLarge(Exception):
+    """The upload passed the size limit while it was streaming in."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"the upload is larger than the limit of {limit:,} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Fixture:
+    """A GGUF file shipped with the project, served like an upload."""
+
+    name: str  # file name, e.g. "minilm-q8_0.gguf"
+    path: Path
+    size: int  # bytes
+    digest: str  # sha256, hex
+
+
+class PendingUpload:
+    """An upload being written: a temporary file in the store, hashed as the bytes arrive."""
+
+    def __init__(self, store: UploadStore) -> None:
+        self.store = store
+        fd, name = tempfile.mkstemp(dir=store.root, prefix="upload-", suffix=PART_SUFFIX)
+        self.path = Path(name)
+        self._file = os.fdopen(fd, "wb")
+        self._hash = hashlib.sha256()
+        self.size = 0  # bytes received so far
+        self.digest: str | None = None
+
+    def write(self, chunk: bytes) -> None:
+        """Append a chunk; past the upload limit, delete the partial file and refuse."""
+        self.size += len(chunk)
+        if self.size > self.store.upload_limit:
+            self.abort()
+            raise UploadTooLarge(self.store.upload_limit)
+        self._hash.update(chunk)
+        self._file.write(chunk)
+
+    def finish(self) -> str:
+        """Close the file; its sha256 digest."""
+        self._file.close()
+        self.digest = self._hash.hexdigest()
+        return self.digest
+
+    def commit(self) -> Path:
+        """Keep the file under its hash (atomically: readers never see half a file)."""
+        assert self.digest is not None, "finish() first"
+        final = self.store.root / f"{self.digest}{SUFFIX}"
+        os.replace(self.path, final)
+        os.utime(final)  # a re-upload counts as new for eviction
+        self.store.evict(keep=final)
+        return final
+
+    def abort(self) -> None:
+        """Drop the temporary file."""
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class UploadStore:
+    """Content-addressed GGUF files: uploads under `root`, plus the project's fixtures."""
+
+    def __init__(self, root: Path, upload_limit: int, store_limit: int,
+                 fixtures_dir: Path | None = FIXTURES_DIR) -> None:
+        self.root = root
+        self.upload_limit = upload_limit
+        self.store_limit = store_limit
+        self.fixtures_dir = fixtures_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._readers: OrderedDict[tuple[str, int], GGUFReader] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> UploadStore:
+        return cls(settings.uploads, settings.upload_limit, settings.store_limit)
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def begin(self) -> PendingUpload:
+        return PendingUpload(self)
+
+    def evict(self, keep: Path | None = None) -> list[Path]:
+        """Delete the oldest files until the store fits `store_limit`; also stale temp files."""
+        files, now = [], time.time()
+        for p in self.root.iterdir():
+            try:
+                st = p.stat()
+            except FileNotFoundError:  # another worker deleted it meanwhile
+                continue
+            if p.name.endswith(PART_SUFFIX):
+                if now - st.st_mtime > STALE_PART_SECONDS:
+                    p.unlink(missing_ok=True)
+            elif p.suffix == SUFFIX and HASH_RE.fullmatch(p.stem):
+                files.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in files)
+        gone = []
+        for _, size, p in sorted(files):
+            if total <= self.store_limit:
+                break
+            if p == keep:
+                continue
+            p.unlink(missing_ok=True)
+            total -= size
+            gone.append(p)
+        return gone
+
+    # --- finding ----------------------------------------------------------------------------
+
+    def fixtures(self) -> list[Fixture]:
+        """The shipped GGUF files that are present, by name (hashed lazily, once)."""
+        if self.fixtures_dir is None or not self.fixtures_dir.is_dir():
+            return []
+        return [_fixture(p) for p in sorted(self.fixtures_dir.glob(f"*{SUFFIX}")) if p.is_file()]
+
+    def path(self, digest: str) -> Path | None:
+        """The file stored under `digest`, or None (also for anything that is not a hash)."""
+        if not HASH_RE.fullmatch(digest):
+            return None
+        for f in self.fixtures():
+            if f.digest == digest:
+                return f.path
+        p = self.root / f"{digest}{SUFFIX}"
+        return p if p.is_file() else None
+
+    def fixture_name(self, digest: str) -> str | None:
+        return next((f.name for f in self.fixtures() if f.digest == digest), None)
+
+    def open(self, digest: str) -> GGUFReader | None:
+        """The parsed file for `digest` (cached), or None if there is no such file.
+
+        Raises GGUFError only if a stored file no longer parses (it was valid when stored).
+        """
+        path = self.path(digest)
+        if path is None:
+            return None
+        key = (str(path), path.stat().st_mtime_ns)
+        with self._lock:
+            reader = self._readers.get(key)
+            if reader is not None:
+                self._readers.move_to_end(key)
+                return reader
+        reader = GGUFReader(path)
+        self.remember(key, reader)
+        return reader
+
+    def remember(self, key: tuple[str, int], reader: GGUFReader) -> None:
+        with self._lock:
+            self._readers[key] = reader
+            self._readers.move_to_end(key)
+            while len(self._readers) > READER_CACHE:
+                self._readers.popitem(last=False)  # its mapping closes when unused
+
+
+_fixture_hashes: dict[tuple[str, int, int], str] = {}
+_fixture_lock = threading.Lock()
+
+
+def _fixture(path: Path) -> Fixture:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _fixture_lock:
+        digest = _fixture_hashes.get(key)
+        if digest is None:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            digest = _fixture_hashes[key] = h.hexdigest()
+    return Fixture(path.name, path, st.st_size, digest)

@@ -1,0 +1,60 @@
+"""Walkthrough routes as a table: (url, htmx?, status, text expected)."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+
+CASES = [
+    ("/", False, 200, ["simple-ctx", "GGUF inspector", "Two matrices in one context"]),
+    ("/walkthroughs/simple-ctx", False, 200, ["Previous step", "Next step", "ggml_init"]),
+    ("/walkthroughs/simple-ctx/steps/0", False, 200, ['aria-disabled="true" data-key="ArrowLeft"',
+                                                       "allocated a pool of 84432 bytes"]),
+    ("/walkthroughs/simple-ctx/steps/1", False, 200, ["reserved 32 bytes of header, 336 of tensor struct",
+                                                       "type = GGML_TYPE_F32", "ne = {2, 4, 1, 1}"]),
+    ("/walkthroughs/simple-ctx/steps/1", True, 200, ['<div id="debugger"']),
+    ("/walkthroughs/simple-ctx/steps/12", False, 200, ["MUL_MAT -&gt; &#39;node_0&#39;", "thread 0",
+                                                        "<svg", "110"]),
+    ("/walkthroughs/simple-ctx/steps/13", False, 200, ['aria-disabled="true" data-key="ArrowRight"']),
+    ("/walkthroughs/threads/steps/18?threads=3", False, 200, ["thread 2", "chunks"]),
+    ("/walkthroughs/quantized-tensor/steps/20?t=0.1168&row=2&block=0", False, 200,
+     ["Dequantized", "scale, fp16"]),
+    ("/walkthroughs/views-and-permute/steps/12", False, 200, ["permuted", "not contiguous"]),
+    ("/walkthroughs/nope", False, 404, ["There is no walkthrough named"]),
+    ("/walkthroughs/simple-ctx/steps/999", False, 404, ["there is no step 999"]),
+    ("/walkthroughs/simple-ctx/steps/-1", False, 404, ["there is no step -1"]),
+    ("/walkthroughs/simple-ctx/steps/1?threads=99", False, 422, ["threads"]),
+    ("/walkthroughs/simple-ctx/steps/1?t=../../etc", False, 422, ["not valid"]),
+    ("/walkthroughs/simple-ctx/goto?step=5", False, 200, ["step 5"]),
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    return TestClient(create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))))
+
+
+@pytest.mark.parametrize("url,htmx,status,texts", CASES, ids=[c[0] for c in CASES])
+def test_routes(client, url, htmx, status, texts):
+    r = client.get(url, headers={"HX-Request": "true"} if htmx else {})
+    assert r.status_code == status, r.text[:500]
+    for text in texts:
+        assert text in r.text, text
+    assert "Traceback" not in r.text
+    if htmx:
+        assert "<html" not in r.text  # only the partial
+
+
+def test_every_step_of_every_walkthrough_renders(client):
+    from engine.programs import PROGRAMS
+
+    for name in PROGRAMS:
+        first = client.get(f"/walkthroughs/{name}/steps/0")
+        assert first.status_code == 200
+        n = int(first.text.split('max="')[1].split('"')[0])
+        for k in range(n + 1):
+            r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
+            assert r.status_code == 200, (name, k, r.text[:300])
