@@ -17,7 +17,7 @@ from bench.common import best_time
 from engine.gguf import GGUFReader
 from tests.support.vocab import vocab_files
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 
 def _files() -> list[Path]:

@@ -23,9 +23,7 @@ from tests.support.gguf_oracle import (oracle_context, oracle_meta, oracle_summa
                                        ours_summary)
 from tests.support.vocab import vocab_files
 
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.exists():
-    FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 SPM = FIXTURES / "ggml-vocab-llama-spm.gguf"
 VT = gguf.GGUFValueType

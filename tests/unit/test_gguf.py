@@ -14,7 +14,7 @@ from engine.gguf import GGUFError, GGUFReader, StringArray, api
 from engine.gguf.inspect import inspect_json, inspect_text, layer_totals
 from engine.gguf.writer import GGUFContext
 
-FIXTURES = Path("/work/shared/fixtures")
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 SPM = FIXTURES / "ggml-vocab-llama-spm.gguf"
 
