@@ -16,7 +16,7 @@ Differences, all on purpose:
   * A zero-sized dimension is accepted as an empty tensor (ggml divides by it and crashes).
   * n_dims == 0 is accepted as ggml does: ne stays (1, 1, 1, 1), a one-element tensor.
 Nothing is read from the tensor data until asked; tensor data and numeric arrays are zero-copy
-numpy views of the mapping; arrays of strings are scanned with numpy and decoded on access.
+numpy views of the mapping; arrays of strings keep only their offsets and decode on access.
 Leaves out: the ggml_context (see loader.py) and GGUF v1, which is recognised and refused.
 """
 
@@ -103,7 +103,7 @@ class TensorInfo:
 
 
 class StringArray(Sequence[str]):
-    """An array of GGUF strings, located by a numpy scan and decoded only when read.
+    """An array of GGUF strings, located by one scan and decoded only when read.
 
     `offsets[i]` is the file offset of string i's 8-byte length field; `lengths[i]` its length.
     """
