@@ -20,7 +20,7 @@ from typing import Iterator
 import numpy as np
 
 from engine.errors import GGMLPoolError, ggml_assert
-from engine.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, ggml_pad, record
+from engine.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
 
 GGML_OBJECT_TYPE_TENSOR = 0
 GGML_OBJECT_TYPE_GRAPH = 1
@@ -46,7 +46,7 @@ class AddressSpace:
 
     def place(self, owner: "Context", size: int) -> int:
         base = self._next
-        self._next = ggml_pad(base + max(size, 1) + self.GAP, 1 << 20)
+        self._next = GGML_PAD(base + max(size, 1) + self.GAP, 1 << 20)
         self.placed += 1
         self._bases.append(base)
         self._owners.append(owner)
@@ -106,7 +106,7 @@ class Context:
     def __init__(self, params: ggml_init_params) -> None:
         mem_size = params.mem_size or GGML_MEM_ALIGN
         if params.mem_buffer is None:
-            mem_size = ggml_pad(mem_size, GGML_MEM_ALIGN)
+            mem_size = GGML_PAD(mem_size, GGML_MEM_ALIGN)
             self.pool = np.zeros(mem_size, dtype=np.uint8)
             self.mem_buffer_owned = True
         else:
@@ -200,7 +200,7 @@ def ggml_new_object(ctx: Context, type_: int, size: int) -> int:
     if ctx.objects_end is not None:
         last = ctx.object_header(ctx.objects_end)[0]
         cur_end = int(last["offs"]) + int(last["size"])
-    size_needed = ggml_pad(size, GGML_MEM_ALIGN)
+    size_needed = GGML_PAD(size, GGML_MEM_ALIGN)
     needed = cur_end + size_needed + GGML_OBJECT_SIZE
     if needed > ctx.mem_size:
         raise GGMLPoolError(needed, ctx.mem_size)

@@ -28,23 +28,22 @@ from engine import optable as _optable
 from engine import quants as _quants
 from engine import tensor as _tensor
 from engine import types as _types
+from engine.gguf import api as _gguf
 from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, CPlan  # noqa: F401
 from engine.context import Context, ggml_init_params  # noqa: F401
 from engine.errors import GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError  # noqa: F401
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, \
-    GGML_MEM_ALIGN, ggml_pad  # noqa: F401
+    GGML_MEM_ALIGN, GGML_PAD  # noqa: F401
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.graph import GGML_DEFAULT_GRAPH_SIZE, Graph  # noqa: F401
 from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
 from engine.types import GGMLType
 
-# every ggml_* function of the engine modules, under its ggml name
-# _ops_nn last: its ggml_pad (the op) must win over layout's ggml_pad (the GGML_PAD macro),
-# which other modules import
-for _module in (_types, _context, _tensor, _ops, _ops_math, _optable, _graph, _compute, _quants,
-                _ops_nn):
+# every ggml_* and gguf_* function of the engine modules, under its ggml name
+for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _optable, _graph, _compute,
+                _quants, _gguf):
     for _name in dir(_module):
-        if _name.startswith(("ggml_", "GGML_")):
+        if _name.startswith(("ggml_", "GGML_", "gguf_", "GGUF_")):
             globals()[_name] = getattr(_module, _name)
 
 # enum constants with ggml's spelling: GGML_TYPE_F32, GGML_OP_MUL_MAT, GGML_UNARY_OP_GELU, ...

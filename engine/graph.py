@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
 from engine.errors import ggml_assert
-from engine.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, ggml_pad, record
+from engine.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
 from engine.optable import ggml_op_name, ggml_op_symbol
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
     ggml_is_matrix, ggml_nelements
@@ -54,7 +54,7 @@ def _graph_layout(size: int, grads: bool) -> tuple[dict[str, int], int]:
     pieces.append(("hash_used", _bitset_words(hash_size) * 4, 4))
     p, offsets = CGRAPH.itemsize, {}
     for name, nbytes, align in pieces:
-        p = ggml_pad(p, align)
+        p = GGML_PAD(p, align)
         offsets[name] = p
         p += nbytes
     return offsets, p
@@ -67,7 +67,7 @@ def ggml_graph_nbytes(size: int, grads: bool) -> int:
 
 def ggml_graph_overhead_custom(size: int, grads: bool) -> int:
     """ggml_graph_overhead_custom: object header plus the padded graph."""
-    return GGML_OBJECT_SIZE + ggml_pad(ggml_graph_nbytes(size, grads), GGML_MEM_ALIGN)
+    return GGML_OBJECT_SIZE + GGML_PAD(ggml_graph_nbytes(size, grads), GGML_MEM_ALIGN)
 
 
 def ggml_graph_overhead() -> int:

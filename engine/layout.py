@@ -18,8 +18,8 @@ GGML_MAX_NAME = 64
 GGML_MAX_OP_PARAMS = 64  # bytes: int32 op_params[16]
 
 
-def ggml_pad(x: int, n: int) -> int:
-    """GGML_PAD: round x up to a multiple of n (a power of two)."""
+def GGML_PAD(x: int, n: int) -> int:
+    """GGML_PAD (a macro in ggml.h): round x up to a multiple of n (a power of two)."""
     return (x + n - 1) & ~(n - 1)
 
 

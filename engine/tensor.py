@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.errors import GGMLAssertionError, ggml_assert
-from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, ggml_pad, record
+from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
 from engine.types import NUMPY_DTYPE, GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, \
     fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
@@ -398,7 +398,7 @@ def ggml_nbytes(t: Tensor) -> int:
 
 def ggml_nbytes_pad(t: Tensor) -> int:
     """ggml_nbytes_pad."""
-    return ggml_pad(ggml_nbytes(t), GGML_MEM_ALIGN)
+    return GGML_PAD(ggml_nbytes(t), GGML_MEM_ALIGN)
 
 
 def ggml_element_size(t: Tensor) -> int:
