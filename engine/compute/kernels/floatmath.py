@@ -34,7 +34,24 @@ SQRT_2_INV = F32(0.70710678118654752440084436210484)
 
 def fmaf(a, b, c) -> np.ndarray:
     """fmaf(a, b, c): a*b + c with a single rounding to float32."""
-    return (np.asarray(a, F64) * np.asarray(b, F64) + np.asarray(c, F64)).astype(F32)
+    r = np.multiply(a, b, dtype=F64)
+    r += c
+    return r.astype(F32)
+
+
+CHUNK = 1 << 14  # elements per block: numpy temporaries of a block stay in the CPU cache
+
+
+def by_rows(fn, *arrays: np.ndarray) -> np.ndarray:
+    """fn(*arrays) computed a block of rows (first axis of 2-d arrays) at a time."""
+    n = arrays[0].shape[0]
+    step = max(1, CHUNK // max(1, arrays[0].shape[-1]))
+    if n <= step:
+        return fn(*arrays)
+    out = np.empty(arrays[0].shape, F32)
+    for i in range(0, n, step):
+        out[i:i + step] = fn(*(a[i:i + step] for a in arrays))
+    return out
 
 
 def expf(x: np.ndarray) -> np.ndarray:
@@ -175,14 +192,18 @@ def silu_scalar(x: np.ndarray) -> np.ndarray:
         return x / (F32(1) + expf(-x))
 
 
-def silu_rows(x: np.ndarray) -> np.ndarray:
-    """ggml_vec_silu_f32 on every row of x (last axis): whole 8-lane groups by v_silu, the rest by
-    the scalar formula, as the AVX2 build splits each row."""
+def _silu_rows(x: np.ndarray) -> np.ndarray:
     n = x.shape[-1]
     np_ = n - n % SIMD_LANES
     if np_ == n:
         return v_silu(x)
     return np.concatenate([v_silu(x[..., :np_]), silu_scalar(x[..., np_:])], axis=-1)
+
+
+def silu_rows(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_silu_f32 on every row of x (last axis): whole 8-lane groups by v_silu, the rest by
+    the scalar formula, as the AVX2 build splits each row."""
+    return by_rows(_silu_rows, x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
 # --- the fp16 tables of ggml_cpu_init -------------------------------------------------------
@@ -217,13 +238,38 @@ def gelu_quick_table() -> np.ndarray:
     return fp32_to_fp16_bits(gelu_quick_f32(v))
 
 
+def fp16_bits(x: np.ndarray) -> np.ndarray:
+    """fp32_to_fp16_bits (round to nearest even), fast for fp16's normal range: the rounding is
+    done on the float's bits; zeros, subnormals, overflow, inf and NaN take the exact converter."""
+    a = x.view(np.uint32) & np.uint32(0x7FFFFFFF)
+    h = (a - np.uint32(0x38000000) + np.uint32(0x0FFF) + ((a >> 13) & np.uint32(1))) >> 13
+    h |= (x.view(np.uint32) >> 16) & np.uint32(0x8000)
+    h = h.astype(np.uint16)
+    odd = (a < np.uint32(0x38800000)) | (a >= np.uint32(0x477FF000))
+    if odd.any():
+        h[odd] = fp32_to_fp16_bits(x[odd])
+    return h
+
+
+@cache
+def _widened(table: str) -> np.ndarray:
+    """A table's entries as float32 (GGML_CPU_FP16_TO_FP32 of each), so a lookup is one gather."""
+    return fp16_bits_to_fp32({"gelu": gelu_table, "gelu_quick": gelu_quick_table}[table]())
+
+
+def _gelu_via_table(x: np.ndarray) -> np.ndarray:
+    y = _widened("gelu")[fp16_bits(x)]
+    np.copyto(y, x, where=x >= F32(10))
+    np.copyto(y, F32(0), where=x <= F32(-10))
+    return y
+
+
 def gelu_via_table(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_f32 with GGML_GELU_FP16: 0 below -10, x above 10, else the table entry of
     fp16(x) widened back to float."""
-    looked = fp16_bits_to_fp32(gelu_table()[fp32_to_fp16_bits(x)])
-    return np.where(x <= F32(-10), F32(0), np.where(x >= F32(10), x, looked)).astype(F32)
+    return by_rows(_gelu_via_table, x.reshape(-1, x.shape[-1])).reshape(x.shape)
 
 
 def gelu_quick_via_table(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_quick_f32 with GGML_GELU_QUICK_FP16: the table entry of fp16(x), no clamp."""
-    return fp16_bits_to_fp32(gelu_quick_table()[fp32_to_fp16_bits(x)])
+    return _widened("gelu_quick")[fp16_bits(x)]

@@ -151,7 +151,7 @@ def compute_forward_scale(params, dst: Tensor) -> None:
         x, y = flat_rows(src0)[ir0:ir1], flat_rows(dst)[ir0:ir1]
         with np.errstate(all="ignore"):
             if b == 0:
-                y[:] = x * s
+                np.multiply(x, s, out=y)
             else:
                 y[:] = fm.fmaf(x, s, b)
     params.took("rows", (ir0, ir1))
@@ -205,9 +205,9 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
     if params.ith != 0:
         params.took("idle")
         return
-    fn = "ggml_compute_forward_repeat_" + ("f32" if TYPE_TRAITS[src0.type].type_size == 4 else "f16")
-    ggml_assert(ggml_can_repeat(src0, dst), "ggml_can_repeat(src0, dst)", fn)
     size = TYPE_TRAITS[src0.type].type_size
+    fn = "ggml_compute_forward_repeat_" + ("f32" if size == 4 else "f16")
+    ggml_assert(ggml_can_repeat(src0, dst), "ggml_can_repeat(src0, dst)", fn)
     name = "float" if size == 4 else "ggml_fp16_t"
     ggml_assert(int(dst.nb[0]) == size, f"nb0  == sizeof({name})", fn)
     ggml_assert(int(src0.nb[0]) == size, f"nb00 == sizeof({name})", fn)

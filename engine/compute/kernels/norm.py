@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import view4
 from engine.errors import ggml_assert
@@ -23,6 +22,7 @@ from engine.tensor import Tensor, ggml_are_same_shape
 from engine.types import GGMLType
 
 F32, F64 = np.float32, np.float64
+ROW_CHUNK = 1 << 18  # elements per block of rows (norms do few numpy calls per row)
 
 
 def _eps(dst: Tensor, slot: int = 0) -> np.float32:
@@ -31,6 +31,19 @@ def _eps(dst: Tensor, slot: int = 0) -> np.float32:
 
 def _interleaved(params, ne01: int) -> np.ndarray:
     return np.arange(params.ith, ne01, params.nth)
+
+
+def _my_rows(params, src0: Tensor, dst: Tensor):
+    """This thread's rows (i1 = ith, ith + nth, ...) of every (i2, i3), as (src, dst) views of a
+    few rows at a time, so numpy's temporaries stay in the CPU cache."""
+    s4, d4 = view4(src0), view4(dst)
+    ne01, ne00 = s4.shape[2], s4.shape[3]
+    step = params.nth * max(1, ROW_CHUNK // max(1, ne00))
+    for i3 in range(s4.shape[0]):
+        for i2 in range(s4.shape[1]):
+            for r in range(params.ith, ne01, step):
+                sl = slice(r, min(r + step, ne01), params.nth)
+                yield s4[i3, i2, sl], d4[i3, i2, sl]
 
 
 def _f32_only(dst: Tensor) -> None:
@@ -59,13 +72,15 @@ def compute_forward_norm(params, dst: Tensor) -> None:
     ggml_assert(eps >= 0, "eps >= 0.0f", "ggml_compute_forward_norm_f32", f"eps = {eps}")
     ne00 = int(src0.ne[0])
     rows = _interleaved(params, int(src0.ne[1]))
-    x = view4(src0)[:, :, rows]  # (ne03, ne02, my rows, ne00)
     with np.errstate(all="ignore"):
         if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
-            mean = x.sum(axis=-1, dtype=F64).astype(F32) / F32(ne00)
-            v = x - mean[..., None]
-            variance = (cvar_avx2(v) / ne00).astype(F32)
+            for x, y in _my_rows(params, src0, dst):
+                mean = x.sum(axis=-1, dtype=F64).astype(F32) / F32(ne00)
+                v = x - mean[:, None]
+                variance = (cvar_avx2(v) / ne00).astype(F32)
+                y[:] = v * (F32(1) / np.sqrt(variance + eps))[:, None]
         else:  # strided rows: float sums, left to right (measured: no fused multiply-add here)
+            x = view4(src0)[:, :, rows]  # (ne03, ne02, my rows, ne00)
             s = np.zeros(x.shape[:-1], F32)
             for i in range(ne00):
                 s = s + x[..., i]
@@ -75,8 +90,8 @@ def compute_forward_norm(params, dst: Tensor) -> None:
             for i in range(ne00):
                 variance = variance + v[..., i] * v[..., i]
             variance = variance / F32(ne00)
-        scale = F32(1) / np.sqrt(variance + eps)
-        view4(dst)[:, :, rows] = v * scale[..., None]
+            scale = F32(1) / np.sqrt(variance + eps)
+            view4(dst)[:, :, rows] = v * scale[..., None]
     params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
 
 
@@ -92,14 +107,10 @@ def compute_forward_rms_norm(params, dst: Tensor) -> None:
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
     rows = _interleaved(params, int(src0.ne[1]))
-    s4, d4 = view4(src0), view4(dst)
     with np.errstate(all="ignore"):
-        for i3 in range(s4.shape[0]):  # one (i2, i3) block at a time keeps the temporaries small
-            x = s4[i3][:, rows]
-            ss = (x * x).sum(axis=-1, dtype=F64)
-            mean = (ss / ne00).astype(F32)
-            scale = F32(1) / np.sqrt(mean + eps)
-            d4[i3][:, rows] = x * scale[..., None]
+        for x, y in _my_rows(params, src0, dst):
+            mean = ((x * x).sum(axis=-1, dtype=F64) / ne00).astype(F32)
+            np.multiply(x, (F32(1) / np.sqrt(mean + eps))[:, None], out=y)
     params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
 
 
@@ -113,11 +124,10 @@ def compute_forward_l2_norm(params, dst: Tensor) -> None:
     eps = _eps(dst)
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     rows = _interleaved(params, int(src0.ne[1]))
-    x = view4(src0)[:, :, rows]
     with np.errstate(all="ignore"):
-        ss = (x * x).sum(axis=-1, dtype=F64).astype(F32)
-        scale = F32(1) / np.fmax(np.sqrt(ss), eps)
-        view4(dst)[:, :, rows] = x * scale[..., None]
+        for x, y in _my_rows(params, src0, dst):
+            ss = (x * x).sum(axis=-1, dtype=F64).astype(F32)
+            y[:] = x * (F32(1) / np.fmax(np.sqrt(ss), eps))[:, None]
     params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
 
 

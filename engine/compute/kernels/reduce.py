@@ -24,7 +24,7 @@ from engine.compute.kernels.views import flat_rows, strided
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_scalar, ggml_nbytes, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.types import GGMLType
 
 F32, F64 = np.float32, np.float64
 T = GGMLType
@@ -63,7 +63,7 @@ def compute_forward_sum(params, dst: Tensor) -> None:
     params.took("all")
 
 
-def _row_sums(params, dst: Tensor, fn: str) -> np.ndarray | None:
+def _row_sums(params, dst: Tensor) -> np.ndarray | None:
     src0 = dst.src[0]
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
@@ -83,7 +83,7 @@ def compute_forward_sum_rows(params, dst: Tensor) -> None:
         ggml_assert(int(dst.ne[0]) == 1, "ne0 == 1", fn)
         for i in (1, 2, 3):
             ggml_assert(int(dst.ne[i]) == int(src0.ne[i]), f"ne{i} == ne0{i}", fn)
-    sums = _row_sums(params, dst, fn)
+    sums = _row_sums(params, dst)
     if sums is not None:
         view4(dst)[..., 0] = sums
         params.took("all")
@@ -92,7 +92,7 @@ def compute_forward_sum_rows(params, dst: Tensor) -> None:
 @kernel(GGMLOp.MEAN)
 def compute_forward_mean(params, dst: Tensor) -> None:
     """ggml_compute_forward_mean_f32: row sum (double, to float) / (float)ne00 (thread 0)."""
-    sums = _row_sums(params, dst, "ggml_compute_forward_mean_f32")
+    sums = _row_sums(params, dst)
     if sums is not None:
         view4(dst)[..., 0] = sums / F32(int(dst.src[0].ne[0]))
         params.took("all")
@@ -165,7 +165,8 @@ def _sorted_rows(params, dst: Tensor) -> tuple[np.ndarray, np.ndarray]:
     src0 = dst.src[0]
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
-    ggml_assert(int(dst.nb[0]) == 4, "nb0 == sizeof(float)", f"ggml_compute_forward_{GGMLOp(dst.op).name.lower()}_f32")
+    fn = f"ggml_compute_forward_{GGMLOp(dst.op).name.lower()}_f32"
+    ggml_assert(int(dst.nb[0]) == 4, "nb0 == sizeof(float)", fn)
     rows = np.arange(params.ith, ggml_nrows(src0), params.nth)
     return rows, flat_rows(src0)[rows]
 
@@ -216,7 +217,8 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     ggml_assert(ggml_is_scalar(dst), "ggml_is_scalar(dst)", fn)
     ggml_assert(dst.type == T.F32, "dst->type == GGML_TYPE_F32", fn)
     nc, nr, nth = int(src0.ne[0]), ggml_nrows(src0), params.nth
-    ggml_assert(params.wsize >= 4 * (nth + nth * nc), "params->wsize >= sizeof(float) * (nth + nth * nc)", fn)
+    ggml_assert(params.wsize >= 4 * (nth + nth * nc),
+                "params->wsize >= sizeof(float) * (nth + nth * nc)", fn)
     ir0, ir1 = thread_range(nr, params.ith, nth)
     sum_thread = F32(0)
     if ir0 < ir1:
