@@ -269,7 +269,12 @@ class Recorder:
             elif new_end < old_end:  # ggml_reset: the list restarts at 0
                 out.append((ctx, 0, min(old_end, ctx.mem_size)))
         for t in things:
-            if isinstance(t, Tensor):
+            if isinstance(t, str) and t == "work buffers":  # kernels write scratch data (converted rows) there
+                for ctx in self.contexts:
+                    if not ctx.freed:
+                        out += [(ctx, o.offs, o.offs + o.size) for o in ctx.objects()
+                                if o.type == 2 and o.size]
+            elif isinstance(t, Tensor):
                 chain = [t] + ([t.view_src] if t.view_src is not None else [])
                 for x in chain:
                     out.append((x.ctx, x.offs, x.offs + GGML_TENSOR_SIZE))
@@ -420,7 +425,8 @@ class Recorder:
                         for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
         self.emit("node", desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
-                  [node], parent=self.call_step, tensor=_ref(node), threads=threads)
+                  [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
+                  threads=threads)
         return True
 
     def n_threads_arg(self) -> int:

@@ -386,10 +386,26 @@ def gguf_set_kv(ctx: GGUFContext, src: GGUFContext) -> None:
             ctx.set_val(kv.key, kv.type, kv.value)
 
 
-def gguf_add_tensor(ctx: GGUFContext, name: str, type_: int, ne: tuple[int, ...] | list[int],
-                    data: Any = None) -> None:
-    """gguf_add_tensor, taking what C reads from the ggml_tensor: name, type, ne, data bytes."""
-    ctx.add_tensor(name, type_, ne, data)
+def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
+                    ne: tuple[int, ...] | list[int] | None = None, data: Any = None) -> None:
+    """gguf_add_tensor(ctx, tensor): add a ggml tensor (its name, type, ne and data), as in C.
+
+    Also takes what C reads from the tensor directly: gguf_add_tensor(ctx, name, type, ne, data).
+    """
+    if type_ is None:  # a ggml_tensor, as gguf.h has it
+        from engine.tensor import data_bytes
+
+        t = tensor
+        raw = data_bytes(t).tobytes() if t.data is not None else None
+        ctx.add_tensor(t.name, t.type, [int(x) for x in t.ne], raw)
+    else:
+        ctx.add_tensor(tensor, type_, ne, data)
+
+
+def gguf_get_tensor_ne(ctx: GGUFContext, tensor_id: int) -> tuple[int, int, int, int]:
+    """Not in gguf.h: a tensor's ne, which gguf.cpp reads from its info (info.t.ne) when it
+    creates the context's tensors."""
+    return tuple(_info(ctx, tensor_id, "gguf_get_tensor_ne").ne)
 
 
 def gguf_write_to_file(ctx: GGUFContext, fname: str | os.PathLike, only_meta: bool = False

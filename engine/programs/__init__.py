@@ -36,6 +36,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("quantized-tensor", "quantized_tensor", 1),
     Program("graph-build", "graph_build", 1),
     Program("threads", "threads", 4),
+    Program("gguf-load", "gguf_load", 1),
+    Program("mnist-style", "mnist_style", 1),
+    Program("attention-block", "attention_block", 1),
 ]}
 
 

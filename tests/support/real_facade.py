@@ -36,6 +36,8 @@ def _unwrap(a: Any) -> Any:
         return a.encode()
     if isinstance(a, (list, tuple)) and a and isinstance(a[0], RealTensor):
         return type(a)(x.ptr for x in a)
+    if isinstance(a, list) and a and all(isinstance(x, int) for x in a):  # an int64_t ne[] array
+        return (ctypes.c_int64 * len(a))(*a)
     return a
 
 
@@ -64,6 +66,21 @@ def _init_params(mem_size: int, mem_buffer=None, no_alloc: bool = False):
     return real.ggml_init_params(mem_size=mem_size, mem_buffer=mem_buffer, no_alloc=no_alloc)
 
 
+class _GGUFParams:
+    def __init__(self, no_alloc: bool = False, ctx: bool = False) -> None:
+        self.no_alloc, self.ctx = no_alloc, ctx
+
+
+def _gguf_init_from_file(path: str, params: _GGUFParams):
+    """gguf_init_from_file with the ggml context out-pointer, returned as the engine returns it."""
+    out = ctypes.c_void_p()
+    p = real.gguf_init_params(no_alloc=params.no_alloc,
+                              ctx=ctypes.pointer(out) if params.ctx else None)
+    g = real.gguf_init_from_file(path.encode(), p)
+    assert g, f"real ggml could not read {path}"
+    return (g, out) if params.ctx else g
+
+
 def real_namespace() -> dict:
     ns: dict[str, Any] = {"np": np}
     for name in dir(real):
@@ -74,6 +91,8 @@ def real_namespace() -> dict:
             ns[name] = obj
     ns["ggml_init_params"] = _init_params
     ns["set_data"] = _set_data
+    ns["gguf_init_params"] = _GGUFParams
+    ns["gguf_init_from_file"] = _gguf_init_from_file
     return ns
 
 
