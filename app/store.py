@@ -157,6 +157,14 @@ class UploadStore:
         p = self.root / f"{digest}{SUFFIX}"
         return p if p.is_file() else None
 
+    def touch(self, digest: str) -> None:
+        """Count an upload as new again (it was uploaded again), so eviction keeps it longer."""
+        if HASH_RE.fullmatch(digest):
+            try:
+                os.utime(self.root / f"{digest}{SUFFIX}")
+            except FileNotFoundError:  # a fixture, or evicted meanwhile
+                pass
+
     def fixture_name(self, digest: str) -> str | None:
         return next((f.name for f in self.fixtures() if f.digest == digest), None)
 

@@ -1,15 +1,282 @@
-"""The GGUF inspector: upload or pick a file, then browse its header, keys, tensors and blocks."""
+"""The GGUF inspector: upload or pick a file, then browse its header, keys, tensors and blocks.
+
+Every view has its own URL and renders in full for a plain request; for an htmx request
+(`HX-Request`) the route renders only the partial named by `HX-Target` and tells htmx which URL
+to push, so back/forward and sharing work. Uploads stream into the UploadStore.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+import threading
+import time
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlsplit
 
-from app.main import templates
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect
+
+from app.main import log, templates
+from app.store import PendingUpload, UploadStore, UploadTooLarge
+from app.views import gguf as views
+from engine.gguf import GGUFError, GGUFReader
 
 router = APIRouter()
+_store_lock = threading.Lock()
 
+PARTIALS = {"gguf-bytemap": "partials/gguf_bytemap.html",
+            "gguf-kv-table": "partials/gguf_kv_table.html",
+            "gguf-tensors-table": "partials/gguf_tensors_table.html",
+            "gguf-array": "partials/gguf_array.html",
+            "gguf-block": "partials/gguf_block.html"}
+NOT_A_FILE = "No GGUF file with this hash: it was never uploaded here or was evicted since."
+
+
+def get_store(request: Request) -> UploadStore:
+    """One UploadStore per app, made on first use from the app's settings."""
+    state = request.app.state
+    with _store_lock:
+        if getattr(state, "gguf_store", None) is None:
+            state.gguf_store = UploadStore.from_settings(state.settings)
+        return state.gguf_store
+
+
+Store = Annotated[UploadStore, Depends(get_store)]
+
+
+def _target(request: Request) -> str | None:
+    """The partial an htmx request asks for; None for a page (or htmx restoring history)."""
+    if request.headers.get("HX-Request") != "true" or \
+            request.headers.get("HX-History-Restore-Request") == "true":
+        return None
+    target = request.headers.get("HX-Target")
+    return target if target in PARTIALS else None
+
+
+def _render(request: Request, page: str, target: str | None, ctx: dict[str, Any],
+            started: float, push: str | None = None, status: int = 200) -> HTMLResponse:
+    name = PARTIALS[target] if target else page
+    response = templates.TemplateResponse(request, name, ctx, status_code=status)
+    response.headers["Vary"] = "HX-Request, HX-Target"
+    if target and push:
+        response.headers["HX-Push-Url"] = push
+    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
+    return response
+
+
+def _open(store: UploadStore, digest: str) -> GGUFReader:
+    try:
+        reader = store.open(digest)
+    except GGUFError as e:  # a stored file changed under us
+        raise HTTPException(422, f"The stored file no longer reads as GGUF: {e}") from None
+    if reader is None:
+        raise HTTPException(404, NOT_A_FILE)
+    return reader
+
+
+# --- the start page and uploads -----------------------------------------------------------------
 
 @router.get("/gguf", response_class=HTMLResponse)
-def gguf_home(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "pages/gguf_home.html", {})
+def gguf_home(request: Request, store: Store) -> HTMLResponse:
+    started = time.perf_counter()
+    return _render(request, "pages/gguf_home.html", None,
+                   {"view": views.home_view(store)}, started)
+
+
+def _refuse(request: Request, store: UploadStore, status: int, error: views.UploadError,
+            started: float) -> HTMLResponse:
+    return _render(request, "pages/gguf_home.html", None,
+                   {"view": views.home_view(store, error)}, started, status=status)
+
+
+@router.post("/gguf", response_class=HTMLResponse)
+async def gguf_upload(request: Request, store: Store) -> Response:
+    """Stream the body (a multipart form's `file` field, or the raw bytes) into the store."""
+    started = time.perf_counter()
+    limit = store.upload_limit
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit + 64 * 1024:  # more than the form's overhead
+        return _refuse(request, store, 413, _too_large(limit, int(length)), started)
+    pending = store.begin()
+    committed = False
+    try:
+        try:
+            chose = await _receive(request, pending)
+        except UploadTooLarge:
+            return _refuse(request, store, 413, _too_large(limit, None), started)
+        except _BadForm as e:
+            return _refuse(request, store, 422, views.UploadError(
+                "The upload could not be read", str(e)), started)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        digest = pending.finish()
+        if not chose and pending.size == 0:
+            return _refuse(request, store, 422, views.UploadError(
+                "No file was chosen", "Choose a .gguf file, then press Inspect."), started)
+        if store.path(digest) is not None:  # already here: keep the old copy, refresh its age
+            store.touch(digest)
+            return RedirectResponse(views.file_url(digest), status_code=303)
+        try:
+            await run_in_threadpool(_check, pending.path)
+        except GGUFError as e:
+            return _refuse(request, store, 422, views.UploadError(
+                "This is not a valid GGUF file", str(e), e.field, e.offset, e.rule), started)
+        except Exception as e:  # the reader should only raise GGUFError; say so plainly
+            log.exception("GGUF reader failed on an upload")
+            return _refuse(request, store, 422, views.UploadError(
+                "This file could not be read", f"{type(e).__name__}: {e}"), started)
+        await run_in_threadpool(pending.commit)
+        committed = True
+        return RedirectResponse(views.file_url(digest), status_code=303)
+    finally:
+        if not committed:
+            pending.abort()
+
+
+def _check(path) -> None:
+    """Parse the file as ggml would load it (GGUFError if it breaks a rule), then let it go."""
+    GGUFReader(path).close()
+
+
+def _too_large(limit: int, length: int | None) -> views.UploadError:
+    got = f" (this request is {length:,} bytes)" if length else ""
+    return views.UploadError("The file is too large",
+                             f"Uploads are limited to {limit:,} bytes "
+                             f"({views.human_bytes(limit)}){got}; it was refused while "
+                             "arriving and nothing was kept.")
+
+
+class _BadForm(Exception):
+    pass
+
+
+async def _receive(request: Request, pending: PendingUpload) -> bool:
+    """Write the upload's bytes into `pending` as they arrive; whether a file was named."""
+    ctype, params = parse_options_header(request.headers.get("content-type", ""))
+    if ctype != b"multipart/form-data":
+        async for chunk in request.stream():
+            pending.write(chunk)
+        return pending.size > 0
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise _BadForm("The form has no multipart boundary.")
+    part: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "file": False}
+    found = {"file": False, "named": False, "done": False}
+
+    def on_part_begin() -> None:
+        part.update(headers={}, field=b"", value=b"", file=False)
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        part["field"] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        part["value"] += data[start:end]
+
+    def on_header_end() -> None:
+        part["headers"][part["field"].lower()] = part["value"]
+        part["field"], part["value"] = b"", b""
+
+    def on_headers_finished() -> None:
+        _, disp = parse_options_header(part["headers"].get(b"content-disposition", b""))
+        part["file"] = disp.get(b"name") == b"file" and not found["done"]
+        if part["file"]:
+            found["file"] = True
+            found["named"] = bool(disp.get(b"filename"))
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if part["file"]:
+            pending.write(data[start:end])
+
+    def on_part_end() -> None:
+        if part["file"]:
+            found["done"] = True
+
+    parser = MultipartParser(boundary, {
+        "on_part_begin": on_part_begin, "on_header_field": on_header_field,
+        "on_header_value": on_header_value, "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished, "on_part_data": on_part_data,
+        "on_part_end": on_part_end})
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+        parser.finalize()
+    except (UploadTooLarge, ClientDisconnect):
+        raise
+    except Exception as e:  # python-multipart's parse errors
+        raise _BadForm(f"The form data is malformed: {e}") from None
+    if not found["file"]:
+        raise _BadForm("The form has no field named 'file'.")
+    return found["named"]
+
+
+# --- one file -----------------------------------------------------------------------------------
+
+def _current_params(request: Request) -> dict[str, str]:
+    """The query of the page the browser shows (htmx's HX-Current-URL), if it is this page."""
+    current = urlsplit(request.headers.get("HX-Current-URL", ""))
+    if current.path != request.url.path:
+        return {}
+    return dict(parse_qsl(current.query))
+
+
+@router.get("/gguf/{digest}", response_class=HTMLResponse)
+def gguf_file(request: Request, digest: str, store: Store) -> HTMLResponse:
+    started = time.perf_counter()
+    reader = _open(store, digest)
+    target = _target(request)
+    params = dict(request.query_params)
+    if target in views.PANEL_PARAMS:
+        params = views.merge_params(_current_params(request), params,
+                                    views.PANEL_PARAMS[target])
+    elif target is not None:
+        target = None  # not a panel of this page: send the page
+    state = views.FileState.from_params(params)
+    ctx: dict[str, Any] = {"state": state}
+    if target in (None, "gguf-bytemap"):
+        ctx["bytemap"] = views.byte_map_view(digest, reader, state)
+    if target in (None, "gguf-kv-table"):
+        ctx["kv"] = views.kv_table_view(digest, reader, state)
+    if target in (None, "gguf-tensors-table"):
+        ctx["tensors"] = views.tensor_table_view(digest, reader, state)
+    if target is None:
+        ctx["file"] = views.file_view(store, digest, reader)
+    return _render(request, "pages/gguf_file.html", target, ctx, started, state.url(digest))
+
+
+@router.get("/gguf/{digest}/kv/{key:path}", response_class=HTMLResponse)
+def gguf_kv(request: Request, digest: str, key: str, store: Store,
+            page: Annotated[int, Query(ge=1, le=10**9)] = 1,
+            q: Annotated[str, Query(max_length=200)] = "") -> HTMLResponse:
+    started = time.perf_counter()
+    reader = _open(store, digest)
+    i = reader.find_key(key)
+    if i < 0:
+        raise HTTPException(404, f"This file has no key named '{views.visible_text(key, 80)}'.")
+    view = views.array_view(digest, reader, reader.kvs[i], page, q)
+    target = _target(request)
+    target = target if target == "gguf-array" else None
+    return _render(request, "pages/gguf_kv.html", target, {"view": view}, started,
+                   views.kv_url(digest, key, view.page, view.q))
+
+
+@router.get("/gguf/{digest}/tensors/{name:path}", response_class=HTMLResponse)
+def gguf_tensor(request: Request, digest: str, name: str, store: Store,
+                row: Annotated[int, Query(ge=0, le=2**62)] = 0,
+                block: Annotated[int, Query(ge=0, le=2**62)] = 0) -> HTMLResponse:
+    started = time.perf_counter()
+    reader = _open(store, digest)
+    i = reader.find_tensor(name)
+    if i < 0:
+        raise HTTPException(404, f"This file has no tensor named '{views.visible_text(name, 80)}'.")
+    t = reader.tensors[i]
+    target = _target(request)
+    push = views.tensor_url(digest, t.name, row=row, block=block)
+    if target == "gguf-block":
+        view = views.block_view(digest, reader, t, row, block)
+        push = views.tensor_url(digest, t.name, row=view.row, block=view.block)
+        return _render(request, "", target, {"block": view}, started, push)
+    view = views.tensor_view(store, digest, reader, t, row, block)
+    return _render(request, "pages/gguf_tensor.html", None,
+                   {"view": view, "block": view.block}, started)
