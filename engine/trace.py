@@ -17,6 +17,7 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 from __future__ import annotations
 
 import ast
+from bisect import bisect_right
 import hashlib
 import json
 import sys
@@ -29,11 +30,11 @@ import numpy as np
 
 from engine import ggml as G
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.context import AddressSpace, Context, fresh_address_space, ggml_used_mem
+from engine.context import AddressSpace, Context, ObjectInfo, fresh_address_space, ggml_used_mem
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_nbytes
+from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.types import TYPE_TRAITS
 
 STEP_CAP = 20_000
@@ -144,12 +145,25 @@ class Trace:
         for s in self.steps[:k + 1]:
             for c in s.contexts:
                 metas[c[0]] = c
+        # zeroed pools (calloc: pages appear on first write); memoryview slice writes are cheap
         pools = {cid: np.zeros(m[2], dtype=np.uint8) for cid, m in metas.items()}
-        for s in self.steps[:k + 1]:
-            for p in s.patches:
-                if p.ctx in pools:
-                    pools[p.ctx][p.offset:p.end] = np.frombuffer(p.data, dtype=np.uint8)
+        views = {cid: memoryview(a) for cid, a in pools.items()}
+        flat, ends = self._flat_patches()
+        for cid, a, b, data in flat[:ends[k]]:
+            view = views.get(cid)
+            if view is not None:
+                view[a:b] = data
         return State(self, k, metas, pools)
+
+    def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
+        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
+        if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
+            flat, ends = [], []
+            for s in self.steps:
+                flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
+                ends.append(len(flat))
+            self._flat = (flat, ends, len(self.steps))
+        return self._flat[0], self._flat[1]
 
     def to_json(self) -> dict:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
@@ -215,6 +229,7 @@ class Recorder:
         self.contexts: list[Context] = []
         self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
         self.meta: dict[int, tuple] = {}
+        self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()
         self.lines = Path(source_file).read_text().splitlines()
@@ -272,8 +287,10 @@ class Recorder:
             if isinstance(t, str) and t == "work buffers":  # kernels write scratch data (converted rows) there
                 for ctx in self.contexts:
                     if not ctx.freed:
-                        out += [(ctx, o.offs, o.offs + o.size) for o in ctx.objects()
+                        out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
                                 if o.type == 2 and o.size]
+            elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
+                out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):
                 chain = [t] + ([t.view_src] if t.view_src is not None else [])
                 for x in chain:
@@ -308,9 +325,9 @@ class Recorder:
             if ctx.freed:
                 continue
             old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
-            for o in ctx.objects():
-                if old_end is not None and o.header <= old_end:
-                    continue
+            objs = self.objects_of(ctx)
+            first = 0 if old_end is None else bisect_right(objs, old_end, key=_header)
+            for o in objs[first:]:
                 name = Tensor(ctx, o.offs).name if o.type == 0 else ""
                 key = (ctx.id, o.header)
                 if key not in seen:
@@ -322,8 +339,11 @@ class Recorder:
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
         out = []
-        for o in ctx.objects():
-            if o.type != 0 or o.offs >= b or o.offs + GGML_TENSOR_SIZE <= a:
+        objs = self.objects_of(ctx)
+        for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=_offs):]:
+            if o.offs >= b:
+                break
+            if o.type != 0 or o.offs + GGML_TENSOR_SIZE <= a:
                 continue
             old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
             if old_end is None or o.header > old_end:
@@ -339,6 +359,23 @@ class Recorder:
                 if ov != nv:
                     out.append(FieldWrite(ctx.id, o.offs, name, span.name, ov, nv))
         return out
+
+    def objects_of(self, ctx: Context) -> list[ObjectInfo]:
+        """ctx's object list, walked once and then only from its last object on: objects are
+        only ever appended (a ggml_reset empties the list, and the walk starts over)."""
+        objs = self.object_lists.setdefault(ctx.id, [])
+        last = ctx.objects_end
+        if last is None or (objs and objs[-1].header > last):
+            objs.clear()
+        if last is None or (objs and objs[-1].header == last):
+            return objs
+        hdr = objs.pop().header if objs else ctx.objects_begin  # the old last: `next` changed
+        while hdr is not None:
+            obj = ctx.object_header(hdr)[0]
+            nxt = int(obj["next"])
+            objs.append(ObjectInfo(hdr, int(obj["offs"]), int(obj["size"]), int(obj["type"]), nxt))
+            hdr = ctx.offset(nxt) if nxt else None
+        return objs
 
     def snapshot_meta(self) -> tuple[tuple, ...]:
         changed = []
@@ -379,8 +416,8 @@ class Recorder:
                 g.visit_hook, g.enter_hook = self.on_visit, self.on_enter
         things = list(self.args) + ([result] if result is not None else [])
         if name.startswith("ggml_build_forward"):  # flags may have changed on any tensor reached
-            things += [t for g in self.args if isinstance(g, Graph) for t in g.nodes + g.leafs]
-            things += self.visiting
+            things += [("struct", t) for g in self.args if isinstance(g, Graph)
+                       for t in g.nodes + g.leafs]
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         tensor = _ref(result) if isinstance(result, Tensor) else None
@@ -396,16 +433,18 @@ class Recorder:
                   parent=self.call_step, skip_if_empty=self.call_step is not None)
 
     def on_enter(self, node: Tensor) -> None:
-        if node not in self.visiting:  # the walk may set its COMPUTE flag before its own step
+        # the walk is about to set this tensor's COMPUTE flag: the next step must show it
+        if node.op != 0 and not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             self.visiting.append(node)
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         kind = "leaf" if is_leaf else "node"
         self.emit("visit", f"visit '{node.name}'",
                   f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
-                  f"{slot}, appended as a {kind}", [node, *self.visiting] + self.graphs_of(node),
+                  f"{slot}, appended as a {kind}",
+                  [node, *(("struct", t) for t in self.visiting)] + self.graphs_of(node),
                   parent=self.call_step, tensor=_ref(node))
-        self.visiting.remove(node)
+        self.visiting = []
 
     def graphs_of(self, node: Tensor) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]
@@ -441,6 +480,14 @@ class StepCapReached(Exception):
 def _end_of(ctx: Context, header: int) -> int:
     obj = ctx.object_header(header)[0]
     return int(obj["offs"]) + int(obj["size"])
+
+
+def _header(o: ObjectInfo) -> int:
+    return o.header
+
+
+def _offs(o: ObjectInfo) -> int:
+    return o.offs
 
 
 def _ref(t: Tensor) -> tuple[int, int]:
