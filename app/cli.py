@@ -66,6 +66,54 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _embed(args: argparse.Namespace) -> int:
+    import json
+
+    from engine.models import ModelError, load_model
+
+    try:
+        model = load_model(args.model)
+        if getattr(model, "embed", None) is None:
+            raise ModelError(f"{args.model}: architecture '{model.file.arch}' makes no "
+                             "embeddings; try 'ggml-lens generate'")
+        e = model.embed(args.text, n_threads=args.threads)
+    except ModelError as err:
+        print(f"ggml-lens: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"tokens": e.tokens, "token_ids": e.token_ids,
+                          "embedding": [float(x) for x in e.embedding.reshape(-1)]}))
+        return 0
+    print(f"{len(e.token_ids)} tokens: " + " ".join(e.tokens))
+    print("token ids: " + " ".join(str(i) for i in e.token_ids))
+    print(f"embedding ({e.embedding.size} values, computed in {e.seconds * 1e3:.0f} ms):")
+    print(" ".join(f"{x:.6f}" for x in e.embedding.reshape(-1)))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.models import ModelError, load_model
+
+    try:
+        prompt = [int(x) for x in args.tokens.split(",") if x.strip()]
+    except ValueError:
+        print(f"ggml-lens: --tokens wants comma-separated token ids, not '{args.tokens}'",
+              file=sys.stderr)
+        return 2
+    try:
+        model = load_model(args.model)
+        if getattr(model, "generate", None) is None:
+            raise ModelError(f"{args.model}: architecture '{model.file.arch}' does not generate "
+                             "text; try 'ggml-lens embed'")
+        out = model.generate(prompt, args.n, n_threads=args.threads)
+    except ModelError as err:
+        print(f"ggml-lens: {err}", file=sys.stderr)
+        return 1
+    print("prompt:    " + ",".join(str(i) for i in prompt))
+    print("generated: " + ",".join(str(i) for i in out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggml-lens", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -87,6 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--threads", type=int, default=None, help="threads for compute")
     trace.add_argument("--json", action="store_true", help="steps, hash and outputs as JSON")
     trace.set_defaults(func=_trace)
+
+    embed = sub.add_parser("embed", help="embed a text with a BERT GGUF model (e.g. MiniLM)")
+    embed.add_argument("model", metavar="MODEL.gguf")
+    embed.add_argument("text")
+    embed.add_argument("--threads", type=int, default=1, help="threads for compute")
+    embed.add_argument("--json", action="store_true", help="tokens, token_ids, embedding as JSON")
+    embed.set_defaults(func=_embed)
+
+    generate = sub.add_parser("generate", help="greedy next tokens from a LLaMA GGUF model")
+    generate.add_argument("model", metavar="MODEL.gguf")
+    generate.add_argument("--tokens", required=True, help="the prompt as token ids: 1,2,3")
+    generate.add_argument("-n", type=int, default=5, help="how many tokens to generate")
+    generate.add_argument("--threads", type=int, default=1, help="threads for compute")
+    generate.set_defaults(func=_generate)
     return parser
 
 

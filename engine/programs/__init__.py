@@ -39,6 +39,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("gguf-load", "gguf_load", 1),
     Program("mnist-style", "mnist_style", 1),
     Program("attention-block", "attention_block", 1),
+    Program("minilm", "minilm", 2),
+    Program("tiny-llama", "tiny_llama", 1),
 ]}
 
 
