@@ -24,13 +24,15 @@ class TraceCache:
         self._lock = threading.Lock()
         self._recording: dict[tuple, threading.Lock] = {}
 
-    def trace(self, name: str, threads: int | None) -> Trace:
-        """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads)."""
+    def trace(self, name: str, threads: int | None, path: str | None = None) -> Trace:
+        """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
+
+        `path` is the input file of a walkthrough that reads one (gguf-load)."""
         prog = PROGRAMS[name]
         n = threads or prog.threads
         if not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
-        key = (name, n)
+        key = (name, n, path)
         with self._lock:
             if key in self._traces:
                 self._traces.move_to_end(key)
@@ -40,7 +42,7 @@ class TraceCache:
             with self._lock:
                 if key in self._traces:
                     return self._traces[key]
-            trace = trace_program(name, n)
+            trace = trace_program(name, n, **({"path": path} if path else {}))
             with self._lock:
                 self._traces[key] = trace
                 while len(self._traces) > self.size:
@@ -49,7 +51,7 @@ class TraceCache:
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
-        key = (trace.hash, trace.n_threads, k)
+        key = (id(trace), k)
         with self._lock:
             if key in self._states:
                 self._states.move_to_end(key)

@@ -36,17 +36,36 @@ def _program(name: str) -> str:
     return name
 
 
+File = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$",
+                                    description="an uploaded GGUF's content hash (gguf-load)")]
+
+
 @router.get("/walkthroughs/{name}")
-def start(name: str, threads: Threads = None) -> RedirectResponse:
+def start(name: str, threads: Threads = None, file: File = None) -> RedirectResponse:
     _program(name)
-    return RedirectResponse(V.Where(name, 0, threads).url(), status_code=303)
+    return RedirectResponse(V.Where(name, 0, threads, file=file).url(), status_code=303)
 
 
 @router.get("/walkthroughs/{name}/goto")
-def goto(name: str, step: int = 0, threads: Threads = None) -> RedirectResponse:
+def goto(name: str, step: int = 0, threads: Threads = None, file: File = None) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
     _program(name)
-    return RedirectResponse(V.Where(name, step, threads).url(), status_code=303)
+    return RedirectResponse(V.Where(name, step, threads, file=file).url(), status_code=303)
+
+
+def _input_file(request: Request, name: str, file: str | None) -> str | None:
+    """The stored GGUF a walkthrough reads (gguf-load only), by content hash."""
+    if file is None:
+        return None
+    if name != "gguf-load":
+        raise HTTPException(422, f"'{name}' reads no file; only gguf-load does.")
+    from app.routes.gguf import get_store
+
+    path = get_store(request).path(file)
+    if path is None:
+        raise HTTPException(404, f"No GGUF file with hash {file} is stored; upload it in the "
+                                 "GGUF inspector first.")
+    return str(path)
 
 
 def _svg(dot: str) -> str:
@@ -59,12 +78,12 @@ def _svg(dot: str) -> str:
 
 
 def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str | None,
-               row: int, block: int) -> dict:
-    trace = cache.trace(_program(name), threads)
+               row: int, block: int, file: str | None = None, path: str | None = None) -> dict:
+    trace = cache.trace(_program(name), threads, path)
     if not 0 <= n < len(trace.steps):
         raise HTTPException(404, f"'{name}' has steps 0 to {len(trace.steps) - 1}; "
                                  f"there is no step {n}.")
-    where = V.Where(name, n, threads, t, row, block)
+    where = V.Where(name, n, threads, t, row, block, file)
     step = trace.steps[n]
     state = cache.state(trace, n)
     sel = V.selected_tensor(state, where, step)
@@ -86,9 +105,10 @@ def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str
 @router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
 def step_page(request: Request, cache: Cache, name: str, n: int, threads: Threads = None,
               t: str | None = Query(None, pattern=r"^\d+\.\d+$"), row: int = 0,
-              block: int = 0) -> HTMLResponse:
+              block: int = 0, file: File = None) -> HTMLResponse:
+    path = _input_file(request, _program(name), file)
     try:
-        model = step_model(cache, name, n, threads, t, row, block)
+        model = step_model(cache, name, n, threads, t, row, block, file, path)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if request.headers.get("HX-Request"):

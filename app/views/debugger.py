@@ -47,10 +47,12 @@ class Where:
     tensor: str | None = None  # "ctx.offset" of the selected tensor struct
     row: int = 0  # quantized row and block shown in the block explainer
     block: int = 0
+    file: str | None = None  # content hash of an uploaded GGUF, for gguf-load
 
     def url(self, **change) -> str:
         w = Where(**{**self.__dict__, **change})
-        q = {k: v for k, v in (("threads", w.threads), ("t", w.tensor)) if v is not None}
+        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor))
+             if v is not None}
         if w.row or w.block:
             q.update(row=w.row, block=w.block)
         return f"/walkthroughs/{w.name}/steps/{w.step}" + (f"?{urlencode(q)}" if q else "")

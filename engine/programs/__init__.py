@@ -44,10 +44,10 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
 ]}
 
 
-def trace_program(name: str, n_threads: int | None = None):
-    """Record the named walkthrough (KeyError if there is none)."""
+def trace_program(name: str, n_threads: int | None = None, **inputs):
+    """Record the named walkthrough (KeyError if there is none); `inputs` go to its run()."""
     from engine.trace import record
 
     prog = PROGRAMS[name]
     mod = prog.load()
-    return record(mod.run, mod.__file__, name, n_threads or prog.threads)
+    return record(mod.run, mod.__file__, name, n_threads or prog.threads, **inputs)

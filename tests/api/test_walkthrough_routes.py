@@ -29,6 +29,9 @@ CASES = [
     ("/walkthroughs/simple-ctx/steps/1?threads=99", False, 422, ["threads"]),
     ("/walkthroughs/simple-ctx/steps/1?t=../../etc", False, 422, ["not valid"]),
     ("/walkthroughs/simple-ctx/goto?step=5", False, 200, ["step 5"]),
+    ("/walkthroughs/gguf-load/steps/0?file=" + "0" * 64, False, 404, ["No GGUF file with hash"]),
+    ("/walkthroughs/simple-ctx/steps/0?file=" + "0" * 64, False, 422, ["reads no file"]),
+    ("/walkthroughs/gguf-load/steps/0?file=../x", False, 422, ["not valid"]),
 ]
 
 
@@ -48,13 +51,35 @@ def test_routes(client, url, htmx, status, texts):
         assert "<html" not in r.text  # only the partial
 
 
-def test_every_step_of_every_walkthrough_renders(client):
+def test_every_walkthrough_renders_its_steps(client):
     from engine.programs import PROGRAMS
 
     for name in PROGRAMS:
         first = client.get(f"/walkthroughs/{name}/steps/0")
         assert first.status_code == 200
         n = int(first.text.split('max="')[1].split('"')[0])
-        for k in range(n + 1):
+        steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // 25)), n})
+        for k in steps:  # every step of the small ones; 25 spread over the large ones
             r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
             assert r.status_code == 200, (name, k, r.text[:300])
+
+
+def test_gguf_load_reads_an_uploaded_file(client, tmp_path):
+    """The inspector's "Load into a context" opens gguf-load on the uploaded file."""
+    import numpy as np
+
+    from engine.gguf.api import gguf_add_tensor, gguf_init_empty, gguf_write_to_file
+
+    g = gguf_init_empty()
+    gguf_add_tensor(g, "tiny.weight", 0, [4, 2], np.arange(8, dtype=np.float32).tobytes())
+    path = tmp_path / "tiny.gguf"
+    gguf_write_to_file(g, path, False)
+    r = client.post("/gguf", files={"file": ("tiny.gguf", path.read_bytes())},
+                    follow_redirects=False)
+    assert r.status_code == 303
+    digest = r.headers["location"].rsplit("/", 1)[-1]
+    page = client.get(f"/walkthroughs/gguf-load?file={digest}")
+    assert page.status_code == 200 and f"file={digest}" in page.text
+    last = int(page.text.split('max="')[1].split('"')[0])
+    end = client.get(f"/walkthroughs/gguf-load/steps/{last}?file={digest}")
+    assert "tiny.weight" in end.text and "GGUF tensor data binary blob" in end.text
