@@ -7,7 +7,7 @@ PORT   ?= 8000
 APT_RUN  := graphviz
 APT_TEST := graphviz chromium
 
-.PHONY: run test bench size setup setup-test clean
+.PHONY: run test test-models bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -41,7 +41,12 @@ run: setup
 	$(VENV)/bin/ggml-lens serve --host $(HOST) --port $(PORT)
 
 test: setup-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not llamacpp" tests
+
+# The comparisons with real llama.cpp: pip builds llama-cpp-python from source (~17 min on 2 cores).
+test-models: setup-test
+	$(PIP) install --quiet llama-cpp-python==0.3.36
+	$(PY) -m pytest -q -m llamacpp tests
 
 bench: setup-test
 	$(PY) -m bench

@@ -78,7 +78,8 @@ def _svg(dot: str) -> str:
 
 
 def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str | None,
-               row: int, block: int, file: str | None = None, path: str | None = None) -> dict:
+               row: int, block: int, file: str | None = None, path: str | None = None,
+               expand: str | None = None) -> dict:
     trace = cache.trace(_program(name), threads, path)
     if not 0 <= n < len(trace.steps):
         raise HTTPException(404, f"'{name}' has steps 0 to {len(trace.steps) - 1}; "
@@ -90,25 +91,26 @@ def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str
     if sel is not None and where.tensor is None:
         where.tensor = V.tensor_key(sel)
     cur = V.current_node(state, step)
-    dot = V.graph_dot(state, where, cur, sel)
+    graph = V.graph_view(state, where, cur, sel, expand)
     return {
         "program": PROGRAMS[name], "where": where, "trace": trace, "step": step,
         "nav": V.nav(trace, where), "source": V.source(trace, step),
         "pools": V.pools(state, step, where, sel), "hex": V.hexview(state, step, sel),
         "tensors": V.tensor_list(state, where, sel), "struct": V.struct(sel, where),
         "strides": V.strides(sel, where), "values": V.values(sel, where),
-        "threads": V.threads(trace, step), "graph_svg": _svg(dot) if dot else None,
-        "graph_dot": dot, "programs": PROGRAMS,
+        "threads": V.threads(trace, step), "graph": graph,
+        "graph_svg": _svg(graph.dot) if graph else None, "programs": PROGRAMS,
     }
 
 
 @router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
 def step_page(request: Request, cache: Cache, name: str, n: int, threads: Threads = None,
               t: str | None = Query(None, pattern=r"^\d+\.\d+$"), row: int = 0,
-              block: int = 0, file: File = None) -> HTMLResponse:
+              block: int = 0, file: File = None,
+              expand: str | None = Query(None, pattern=r"^\d{1,4}$")) -> HTMLResponse:
     path = _input_file(request, _program(name), file)
     try:
-        model = step_model(cache, name, n, threads, t, row, block, file, path)
+        model = step_model(cache, name, n, threads, t, row, block, file, path, expand)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if request.headers.get("HX-Request"):

@@ -49,6 +49,15 @@ class Where:
     block: int = 0
     file: str | None = None  # content hash of an uploaded GGUF, for gguf-load
 
+    def query(self, **change) -> str:
+        """A link relative to the current step's path: "?threads=..&t=..". Independent of the
+        step, so the graph's SVG can be reused from step to step."""
+        expand = change.pop("expand", None)
+        w = Where(**{**self.__dict__, **change})
+        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor),
+                               ("expand", expand)) if v is not None}
+        return "?" + urlencode(q)
+
     def url(self, **change) -> str:
         w = Where(**{**self.__dict__, **change})
         q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor))
@@ -534,18 +543,30 @@ def _ranges(kind: str, ranges: tuple) -> str:
 
 # --- the DAG --------------------------------------------------------------------------------
 
-def graph_dot(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
-              expand: set[str] | None = None) -> str | None:
-    """The graph in DOT, in ggml's colours, the current node highlighted, nodes linked.
+@dataclass
+class GraphView:
+    dot: str  # independent of the step: the same graph shape renders (and caches) once
+    highlight: list[tuple[str, str]]  # (svg node id, css class): the current and selected nodes
+    layers: list[tuple[str, str, bool]]  # (layer, url to toggle it, expanded?)
+    n_nodes: int
+    n_leafs: int
 
-    Graphs of more than 80 nodes show each layer ("blk.N", or a name ending "-N") as one box.
+
+def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
+               expand: str | None = None) -> GraphView | None:
+    """The graph in DOT, in ggml's colours, every tensor a link that selects it.
+
+    Graphs of more than 60 nodes show each layer as one box: a tensor belongs to layer N when it
+    is a "blk.N." weight or consumes one (the highest N among its sources). The layer holding the
+    current or selected tensor is drawn in full, as is the one named by `expand`.
     """
     graphs = state.graphs()
     if not graphs:
         return None
     g = graphs[-1]
     nodes, leafs = g.nodes, g.leafs
-    layer_of = _layers(nodes + leafs) if len(nodes) > 80 else {}
+    layer_of = _layers(nodes, leafs) if len(nodes) > 60 else {}
+    open_layers = {expand} | {layer_of.get(t.address) for t in (current, selected) if t is not None}
     lines = ["digraph G {", "  newrank = true; rankdir = TB; bgcolor = transparent;",
              '  node [fontname = "DejaVu Sans Mono", fontsize = 10];',
              '  edge [fontname = "DejaVu Sans", fontsize = 8, color = "#666677"];']
@@ -553,38 +574,41 @@ def graph_dot(state: State, where: Where, current: Tensor | None, selected: Tens
     groups: dict[str, list[Tensor]] = {}
     for t in nodes + leafs:
         layer = layer_of.get(t.address)
-        if layer is not None:
+        if layer is not None and layer not in open_layers:
             groups.setdefault(layer, []).append(t)
             drawn[t.address] = f"layer_{layer}"
         else:
             drawn[t.address] = f"t{t.address:x}"
     for i, t in enumerate(nodes):
-        if layer_of.get(t.address) is not None:
-            continue
-        lines.append(_dot_node(t, f"{i} ", False, current, selected, where))
+        if drawn[t.address].startswith("t"):
+            lines.append(_dot_node(t, f"{i} ", False, where))
     for i, t in enumerate(leafs):
-        if layer_of.get(t.address) is not None:
-            continue
-        lines.append(_dot_node(t, f"CONST {i} ", True, current, selected, where))
+        if drawn[t.address].startswith("t"):
+            lines.append(_dot_node(t, f"CONST {i} ", True, where))
     for layer, members in groups.items():
-        lines.append(f'  "layer_{layer}" [shape = box3d; style = filled; fillcolor = "#e8eefc"; '
-                     f'label = "layer {layer}\\n{len(members)} tensors"];')
+        url = where.query(expand=layer)
+        lines.append(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
+                     f'fillcolor = "#e8eefc"; label = "layer {layer}\\n{len(members)} tensors'
+                     f'\\n(click to open)"; URL = "{url}"; target = "_top"];')
     edges = set()
     for t in nodes:
-        for j, s in enumerate(t.src):
-            if s is None or s.address not in drawn:
+        for j, src in enumerate(t.src):
+            if src is None or src.address not in drawn:
                 continue
-            a, b = drawn[s.address], drawn[t.address]
+            a, b = drawn[src.address], drawn[t.address]
             if a == b or (a, b, j) in edges:
                 continue
             edges.add((a, b, j))
             lines.append(f'  "{a}" -> "{b}" [label = "src {j}"];')
     lines.append("}")
-    return "\n".join(lines)
+    highlight = [(f"t{t.address:x}", cls) for t, cls in ((current, "current"), (selected, "selected"))
+                 if t is not None]
+    layers = [(name, where.query(expand=name), name in open_layers)
+              for name in sorted(set(layer_of.values()), key=int)]
+    return GraphView("\n".join(lines), highlight, layers, len(nodes), len(leafs))
 
 
-def _dot_node(t: Tensor, prefix: str, leaf: bool, current: Tensor | None,
-              selected: Tensor | None, where: Where) -> str:
+def _dot_node(t: Tensor, prefix: str, leaf: bool, where: Where) -> str:
     tr = TYPE_TRAITS[t.type]
     ne = [int(x) for x in t.ne]
     shape = f"[{ne[0]}, {ne[1]}]" if ne[2] == 1 and ne[3] == 1 else f"[{ne[0]}, {ne[1]}, {ne[2]}]"
@@ -595,14 +619,10 @@ def _dot_node(t: Tensor, prefix: str, leaf: bool, current: Tensor | None,
     else:
         fill = "yellow" if t.flags & 4 else "white"
         label = f"{name} ({tr.type_name})|{prefix}{shape} | {_dot_escape(ggml_op_symbol(t.op))}"
-    pen = ""
-    if current is not None and t == current:
-        fill, pen = "#ffd166", "penwidth = 3; color = \"#c77d00\";"
-    if selected is not None and t == selected:
-        pen = "penwidth = 3; color = \"#2f6fdb\";"
-    url = where.url(tensor=tensor_key(t))
-    return (f'  "t{t.address:x}" [shape = record; style = filled; fillcolor = "{fill}"; {pen} '
-            f'label = "{label}"; URL = "{url}"; target = "_top"; tooltip = "{name}"];')
+    url = where.query(tensor=tensor_key(t))
+    return (f'  "t{t.address:x}" [id = "t{t.address:x}"; shape = record; style = filled; '
+            f'fillcolor = "{fill}"; label = "{label}"; URL = "{url}"; target = "_top"; '
+            f'tooltip = "{name}"];')
 
 
 def _dot_escape(s: str) -> str:
@@ -612,15 +632,21 @@ def _dot_escape(s: str) -> str:
     return out
 
 
-def _layers(tensors: list[Tensor]) -> dict[int, str]:
+def _layers(nodes: list[Tensor], leafs: list[Tensor]) -> dict[int, str]:
+    """Layer of each tensor: "blk.N." weights are in layer N; a node is in the highest layer
+    among its sources (nodes come in dependency order, so sources are known first)."""
     import re
 
-    pat = re.compile(r"(?:^blk\.(\d+)\.)|(?:-(\d+)(?:\s|$))")
-    out = {}
-    for t in tensors:
-        m = pat.search(t.name)
+    pat = re.compile(r"^blk\.(\d+)\.")
+    out: dict[int, str] = {}
+    for t in leafs + nodes:
+        m = pat.match(t.name)
         if m:
-            out[t.address] = m.group(1) or m.group(2)
+            out[t.address] = m.group(1)
+    for t in nodes:
+        found = [int(out[s.address]) for s in t.src if s is not None and s.address in out]
+        if found and t.address not in out:
+            out[t.address] = str(max(found))
     return out
 
 
