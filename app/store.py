@@ -22,9 +22,9 @@ from pathlib import Path
 
 from app.settings import ROOT, Settings
 from engine.gguf import GGUFReader
+from engine.programs import FIXTURES_DIR
 
 HASH_RE = re.compile(r"[0-9a-f]{64}")  # a lowercase sha256 digest, nothing else
-FIXTURES_DIR = ROOT.parent / "shared" / "fixtures"
 SUFFIX = ".gguf"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600  # a temporary file this old belongs to an upload that died

@@ -16,8 +16,9 @@ import gguf
 from bench.common import best_time
 from engine.gguf import GGUFReader
 from tests.support.vocab import vocab_files
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 
 
 def _files() -> list[Path]:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from bench.common import best_time
 from engine.models import load_model
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 
 

@@ -79,12 +79,12 @@ def _svg(dot: str) -> str:
 
 def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str | None,
                row: int, block: int, file: str | None = None, path: str | None = None,
-               expand: str | None = None) -> dict:
+               expand: str | None = None, hex: str = "struct") -> dict:
     trace = cache.trace(_program(name), threads, path)
     if not 0 <= n < len(trace.steps):
         raise HTTPException(404, f"'{name}' has steps 0 to {len(trace.steps) - 1}; "
                                  f"there is no step {n}.")
-    where = V.Where(name, n, threads, t, row, block, file)
+    where = V.Where(name, n, threads, t, row, block, file, hex)
     step = trace.steps[n]
     state = cache.state(trace, n)
     sel = V.selected_tensor(state, where, step)
@@ -95,7 +95,7 @@ def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str
     return {
         "program": PROGRAMS[name], "where": where, "trace": trace, "step": step,
         "nav": V.nav(trace, where), "source": V.source(trace, step),
-        "pools": V.pools(state, step, where, sel), "hex": V.hexview(state, step, sel),
+        "pools": V.pools(state, step, where, sel), "hex": V.hexview(state, step, sel, hex),
         "tensors": V.tensor_list(state, where, sel), "struct": V.struct(sel, where),
         "strides": V.strides(sel, where), "values": V.values(sel, where),
         "threads": V.threads(trace, step), "graph": graph,
@@ -107,10 +107,11 @@ def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str
 def step_page(request: Request, cache: Cache, name: str, n: int, threads: Threads = None,
               t: str | None = Query(None, pattern=r"^\d+\.\d+$"), row: int = 0,
               block: int = 0, file: File = None,
-              expand: str | None = Query(None, pattern=r"^\d{1,4}$")) -> HTMLResponse:
+              expand: str | None = Query(None, pattern=r"^\d{1,4}$"),
+              hex: str = Query("struct", pattern="^(struct|data)$")) -> HTMLResponse:
     path = _input_file(request, _program(name), file)
     try:
-        model = step_model(cache, name, n, threads, t, row, block, file, path, expand)
+        model = step_model(cache, name, n, threads, t, row, block, file, path, expand, hex)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if request.headers.get("HX-Request"):

@@ -48,6 +48,7 @@ class Where:
     row: int = 0  # quantized row and block shown in the block explainer
     block: int = 0
     file: str | None = None  # content hash of an uploaded GGUF, for gguf-load
+    hex: str = "struct"  # what the Bytes panel shows: "struct" or "data"
 
     def query(self, **change) -> str:
         """A link relative to the current step's path: "?threads=..&t=..". Independent of the
@@ -60,8 +61,8 @@ class Where:
 
     def url(self, **change) -> str:
         w = Where(**{**self.__dict__, **change})
-        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor))
-             if v is not None}
+        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor),
+                               ("hex", None if w.hex == "struct" else w.hex)) if v is not None}
         if w.row or w.block:
             q.update(row=w.row, block=w.block)
         return f"/walkthroughs/{w.name}/steps/{w.step}" + (f"?{urlencode(q)}" if q else "")
@@ -182,7 +183,8 @@ def pools(state: State, step: Step, where: Where, selected: Tensor | None) -> li
                     start = o.offs + GGML_TENSOR_SIZE
                     if nbytes:
                         segs.append(Segment("data", start, nbytes, 0, f"data of '{t.name}'",
-                                            hit(start, start + nbytes), key, url))
+                                            hit(start, start + nbytes), key,
+                                            where.url(tensor=key, hex="data")))
                     if inline - nbytes > 0:
                         segs.append(Segment("padding", start + nbytes, inline - nbytes, 0,
                                             "padding to 16 bytes", False, key, url))
@@ -226,22 +228,37 @@ class HexView:
     legend: list[tuple[str, int, int, str]]  # field, offset, size, value
 
 
-def hexview(state: State, step: Step, t: Tensor | None) -> HexView | None:
-    """The selected tensor's object header and struct, byte by byte, with the fields named."""
+def hexview(state: State, step: Step, t: Tensor | None, what: str = "struct") -> HexView | None:
+    """Bytes of the selected tensor, each byte named: its object header and struct (fields), or
+    the first 512 bytes at its data pointer (elements, or blocks of a quantized type)."""
     if t is None:
         return None
-    ctx, start = t.ctx, t.offs - GGML_OBJECT_SIZE
-    raw = ctx.pool[start:t.offs + GGML_TENSOR_SIZE]
     names: dict[int, str] = {}
     legend = []
-    rec_obj = raw[:GGML_OBJECT_SIZE].view(OBJECT)[0]
-    rec = raw[GGML_OBJECT_SIZE:].view(TENSOR)[0]
-    for base, dtype, r, prefix in ((0, OBJECT, rec_obj, "object."), (GGML_OBJECT_SIZE, TENSOR, rec, "")):
-        for span in field_spans(dtype):
-            for i in range(span.size):
-                names[base + span.offset + i] = prefix + span.name
-            legend.append((prefix + span.name, start + base + span.offset, span.size,
-                           _field_value(r[span.name], span.pointer)))
+    if what == "data" and t.data is not None:
+        ctx, start = t.ctx.space.resolve(t.data)
+        tr = TYPE_TRAITS[t.type]
+        raw = ctx.pool[start:start + min(ggml_nbytes(t), 512)]
+        unit = "block" if tr.blck_size > 1 else "element"
+        for i in range(raw.size):
+            names[i] = f"{unit} {i // tr.type_size}"  # in memory order, from the data pointer
+        title = (f"'{t.name}' data at pool offset {start:#x} in context {ctx.id}: "
+                 f"{tr.type_size}-byte {unit}s in memory order"
+                 + (" (first 512 bytes)" if ggml_nbytes(t) > 512 else ""))
+    else:
+        ctx, start = t.ctx, t.offs - GGML_OBJECT_SIZE
+        raw = ctx.pool[start:t.offs + GGML_TENSOR_SIZE]
+        rec_obj = raw[:GGML_OBJECT_SIZE].view(OBJECT)[0]
+        rec = raw[GGML_OBJECT_SIZE:].view(TENSOR)[0]
+        for base, dtype, r, prefix in ((0, OBJECT, rec_obj, "object."),
+                                       (GGML_OBJECT_SIZE, TENSOR, rec, "")):
+            for span in field_spans(dtype):
+                for i in range(span.size):
+                    names[base + span.offset + i] = prefix + span.name
+                legend.append((prefix + span.name, start + base + span.offset, span.size,
+                               _field_value(r[span.name], span.pointer)))
+        title = (f"'{t.name}' at pool offset {start:#x}: 32-byte ggml_object, then the "
+                 "336-byte ggml_tensor")
     changed = set()
     for p in step.patches:
         if p.ctx == ctx.id:
@@ -254,8 +271,7 @@ def hexview(state: State, step: Step, t: Tensor | None) -> HexView | None:
             cells.append(HexCell(f"{raw[i]:02x}", f, start + i in changed,
                                  f is not None and names.get(i - 1) != f))
         rows.append(HexRow(start + r0, cells))
-    return HexView(f"'{t.name}' at pool offset {start:#x}: 32-byte ggml_object, then the "
-                   "336-byte ggml_tensor", rows, legend)
+    return HexView(title, rows, legend)
 
 
 def _field_value(v, pointer: bool) -> str:

@@ -6,8 +6,15 @@ Each module has a docstring (its first line says what it teaches) and `run(n_thr
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
+
+# the GGUF fixtures the demos and tests read: ../shared/fixtures beside the checkout, unless
+# GGML_LENS_FIXTURES names another folder
+FIXTURES_DIR = Path(os.environ.get("GGML_LENS_FIXTURES",
+                                   Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
+from engine.programs import FIXTURES_DIR
 
-FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "minilm-q8_0.gguf"
+FIXTURE = FIXTURES_DIR / "minilm-q8_0.gguf"
 
 
 def run(n_threads: int = 1, path: str | None = None) -> dict:

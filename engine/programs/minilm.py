@@ -15,8 +15,9 @@ import numpy as np
 
 from engine.ggml import *  # noqa: F403
 from engine.models.tokenizer import WordPiece
+from engine.programs import FIXTURES_DIR
 
-FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "minilm-q8_0.gguf"
+FIXTURE = FIXTURES_DIR / "minilm-q8_0.gguf"
 TEXT = "ggml is a tensor library for machine learning."
 
 

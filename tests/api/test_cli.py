@@ -6,8 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

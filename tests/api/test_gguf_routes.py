@@ -19,8 +19,9 @@ from app.store import UploadStore, UploadTooLarge
 from engine.gguf import GGUFReader
 from engine.quants import dequantize
 from engine.types import GGMLType
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 VOCAB = FIXTURES / "ggml-vocab-llama-spm.gguf"
 BAD = {  # payloads the reader must refuse, and a word its GGUFError message holds

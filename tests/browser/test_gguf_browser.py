@@ -11,10 +11,11 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from app.settings import ROOT
+from engine.programs import FIXTURES_DIR
 
 pytestmark = pytest.mark.browser
 
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 VOCAB = FIXTURES / "ggml-vocab-llama-spm.gguf"
 FILE_URL = re.compile(r"/gguf/[0-9a-f]{64}$")

@@ -22,8 +22,9 @@ from engine.types import TYPE_TRAITS
 from tests.support.gguf_oracle import (oracle_context, oracle_meta, oracle_summary,
                                        ours_summary)
 from tests.support.vocab import vocab_files
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 SPM = FIXTURES / "ggml-vocab-llama-spm.gguf"
 VT = gguf.GGUFValueType

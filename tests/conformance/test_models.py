@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from engine.models import ModelError, load_model
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 REFERENCE = json.loads((FIXTURES / "minilm-reference.json").read_text())
 MORE_TEXTS = [

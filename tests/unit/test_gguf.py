@@ -13,8 +13,9 @@ import pytest
 from engine.gguf import GGUFError, GGUFReader, StringArray, api
 from engine.gguf.inspect import inspect_json, inspect_text, layer_totals
 from engine.gguf.writer import GGUFContext
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
 SPM = FIXTURES / "ggml-vocab-llama-spm.gguf"
 

@@ -11,8 +11,9 @@ import pytest
 
 from engine.models.common import ModelFile
 from engine.models.tokenizer import WordPiece, basic_split
+from engine.programs import FIXTURES_DIR
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+FIXTURES = FIXTURES_DIR
 REFERENCE = json.loads((FIXTURES / "minilm-reference.json").read_text())
 
 
