@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from urllib.parse import urlencode
 
 import numpy as np
 
@@ -53,19 +52,23 @@ class Where:
     def query(self, **change) -> str:
         """A link relative to the current step's path: "?threads=..&t=..". Independent of the
         step, so the graph's SVG can be reused from step to step."""
-        expand = change.pop("expand", None)
-        w = Where(**{**self.__dict__, **change})
-        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor),
-                               ("expand", expand)) if v is not None}
-        return "?" + urlencode(q)
+        v = {**self.__dict__, **change}
+        return "?" + _query((("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+                             ("expand", change.get("expand"))))
 
     def url(self, **change) -> str:
-        w = Where(**{**self.__dict__, **change})
-        q = {k: v for k, v in (("threads", w.threads), ("file", w.file), ("t", w.tensor),
-                               ("hex", None if w.hex == "struct" else w.hex)) if v is not None}
-        if w.row or w.block:
-            q.update(row=w.row, block=w.block)
-        return f"/walkthroughs/{w.name}/steps/{w.step}" + (f"?{urlencode(q)}" if q else "")
+        v = {**self.__dict__, **change}
+        pairs = [("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+                 ("hex", None if v["hex"] == "struct" else v["hex"])]
+        if v["row"] or v["block"]:
+            pairs += [("row", v["row"]), ("block", v["block"])]
+        q = _query(pairs)
+        return f"/walkthroughs/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
+
+
+def _query(pairs) -> str:
+    """A query string; every value here is a number, a hex hash or "ctx.offset": no escaping."""
+    return "&".join(f"{k}={x}" for k, x in pairs if x is not None)
 
 
 # --- navigation and source --------------------------------------------------------------------
@@ -602,7 +605,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
         if drawn[t.address].startswith("t"):
             lines.append(_dot_node(t, f"CONST {i} ", True, where))
     for layer, members in groups.items():
-        url = where.query(expand=layer)
+        url = where.query(expand=layer, tensor=None)  # no step or selection: the SVG is reused
         lines.append(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
                      f'fillcolor = "#e8eefc"; label = "layer {layer}\\n{len(members)} tensors'
                      f'\\n(click to open)"; URL = "{url}"; target = "_top"];')
