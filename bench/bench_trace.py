@@ -78,3 +78,21 @@ def run(report) -> None:
         p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
         report(f"step page {name} p50 (p95 {p95 * 1e3:.0f} ms)", statistics.median(times), None,
                "-")
+
+    # the GGUF inspector on the largest fixture: upload, then open its page (first and warm)
+    from engine.programs import FIXTURES_DIR
+
+    data = (FIXTURES_DIR / "minilm-q8_0.gguf").read_bytes()
+    t0 = time.perf_counter()
+    r = client.post("/gguf", files={"file": ("minilm.gguf", data)}, follow_redirects=False)
+    report("inspector: upload the 25 MB MiniLM GGUF", time.perf_counter() - t0, None, "-")
+    url = r.headers["location"]
+    t0 = time.perf_counter()
+    client.get(url)
+    report("inspector: open its page, first time", time.perf_counter() - t0, None, "-")
+    warm = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        client.get(url)
+        warm.append(time.perf_counter() - t0)
+    report("inspector: open its page again (p50)", statistics.median(warm), None, "-")
