@@ -3,7 +3,8 @@
 The facade uses ggml's names: `ggml_quantize_chunk`, `ggml_get_type_traits`,
 `ggml_quantize_requires_imatrix`. One module per family holds the block dtypes (numpy mirrors of
 ggml-common.h) and the vectorised algorithms; `QUANT_KINDS` maps each ggml_type to them.
-Leaves out: importance-matrix (imatrix) quantization, and the repacked/interleaved CPU layouts.
+Leaves out: importance-matrix (imatrix) quantization (so IQ2_XXS, IQ2_XS and IQ1_S, which need
+one, cannot be quantized), and the repacked/interleaved CPU layouts.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def quantize(type_: int, x2d: np.ndarray, *, ref: bool = False, cpu: bool = Fals
         raise ValueError(f"{tr.type_name}: quantizing needs an importance matrix "
                          "(ggml_quantize_requires_imatrix), which the engine does not implement")
     if fn is None:
-        raise ValueError(f"{tr.type_name}: the engine has no port of ggml's quantize_{tr.type_name} "
-                         "(a lattice search); it can only dequantize this type")
+        raise ValueError(f"{tr.type_name}: the engine has no port of ggml's quantize_{tr.type_name}; "
+                         "it can only dequantize this type")
     blocks = _check_rows(t, x2d, f"quantize_{tr.type_name}")
     with np.errstate(all="ignore"):  # overflow to inf and 0/0 behave as in C, silently
         return fn(blocks).view(np.uint8).reshape(len(x2d), -1)

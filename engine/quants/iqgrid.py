@@ -3,8 +3,9 @@
 Mirrors the block structs of ggml-common.h and `dequantize_row_<t>` in ggml-quants.c. Groups of 8
 (IQ2, IQ1) or 4 (IQ3) elements are one index into a lattice table (`iq_tables.py`), with signs
 from `ksigns_iq2xs` (7 stored bits, the 8th makes the parity even) or, for IQ1, a shared +-1/8 shift.
-Leaves out: the quantizers. They search lattice neighbourhoods built by `ggml_quantize_init`
-(iq2xs_init_impl / iq3xs_init_impl) and are not ported; the engine raises for them.
+The quantizers ggml runs without an importance matrix (IQ3_XXS, IQ3_S, IQ2_S, IQ1_M) are in
+`iqsearch.py`. Leaves out: the quantizers of IQ2_XXS, IQ2_XS and IQ1_S, which ggml only runs with
+an importance matrix (ggml_quantize_requires_imatrix); the engine raises for them.
 """
 
 from __future__ import annotations
@@ -137,6 +138,26 @@ def dequantize_iq1_m(b: np.ndarray) -> np.ndarray:
     return y.reshape(-1, 256)
 
 
+def quantize_iq3_xxs(x: np.ndarray) -> np.ndarray:
+    from engine.quants import iqsearch
+    return iqsearch.quantize_iq3_xxs(x)
+
+
+def quantize_iq3_s(x: np.ndarray) -> np.ndarray:
+    from engine.quants import iqsearch
+    return iqsearch.quantize_iq3_s(x)
+
+
+def quantize_iq2_s(x: np.ndarray) -> np.ndarray:
+    from engine.quants import iqsearch
+    return iqsearch.quantize_iq2_s(x)
+
+
+def quantize_iq1_m(x: np.ndarray) -> np.ndarray:
+    from engine.quants import iqsearch
+    return iqsearch.quantize_iq1_m(x)
+
+
 _D = (("d", "super-scale, fp16"),)
 KINDS = [
     QuantKind(T.IQ2_XXS, BLOCK_IQ2_XXS, dequantize_iq2_xxs, None,
@@ -144,14 +165,14 @@ KINDS = [
     QuantKind(T.IQ2_XS, BLOCK_IQ2_XS, dequantize_iq2_xs, None,
               fields=_D + (("qs", "per 8: 9-bit grid index | 7 sign bits << 9"),
                            ("scales", "4-bit scales, two per 32"))),
-    QuantKind(T.IQ2_S, BLOCK_IQ2_S, dequantize_iq2_s, None,
+    QuantKind(T.IQ2_S, BLOCK_IQ2_S, dequantize_iq2_s, quantize_iq2_s,
               fields=_D + (("qs", "low 8 bits of 32 grid indices, then 32 sign bytes"),
                            ("qh", "high 2 bits of the grid indices, per 32"),
                            ("scales", "4-bit scales, two per 32"))),
-    QuantKind(T.IQ3_XXS, BLOCK_IQ3_XXS, dequantize_iq3_xxs, None,
+    QuantKind(T.IQ3_XXS, BLOCK_IQ3_XXS, dequantize_iq3_xxs, quantize_iq3_xxs,
               fields=_D + (("qs", "64 grid indices (4 elements each), then per 32 a uint32 of "
                                   "4x7 sign bits + 4-bit scale"),)),
-    QuantKind(T.IQ3_S, BLOCK_IQ3_S, dequantize_iq3_s, None,
+    QuantKind(T.IQ3_S, BLOCK_IQ3_S, dequantize_iq3_s, quantize_iq3_s,
               fields=_D + (("qs", "low 8 bits of 64 grid indices"),
                            ("qh", "9th bit of the grid indices, per 32"),
                            ("signs", "one sign bit per element"),
@@ -159,7 +180,7 @@ KINDS = [
     QuantKind(T.IQ1_S, BLOCK_IQ1_S, dequantize_iq1_s, None,
               fields=_D + (("qs", "low 8 bits of 32 grid indices"),
                            ("qh", "per 32: 3x4 high index bits, 3-bit scale, shift sign"))),
-    QuantKind(T.IQ1_M, BLOCK_IQ1_M, dequantize_iq1_m, None,
+    QuantKind(T.IQ1_M, BLOCK_IQ1_M, dequantize_iq1_m, quantize_iq1_m,
               fields=(("qs", "low 8 bits of 32 grid indices"),
                       ("qh", "per 8: 3 high index bits + shift sign bit"),
                       ("scales", "3-bit scales per 16; top nibbles hold the fp16 super-scale"))),
