@@ -38,6 +38,14 @@ def _qh_unpack(qh: np.ndarray) -> np.ndarray:
     return ((word >> _BITS32) & 1).astype(np.uint8)
 
 
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """qs (nb, 16) -> (nb, 32) uint8: low nibbles (elements 0-15), then high nibbles (16-31)."""
+    q = np.empty((len(qs), 2, qs.shape[1]), np.uint8)
+    np.bitwise_and(qs, np.uint8(15), out=q[:, 0])
+    np.right_shift(qs, np.uint8(4), out=q[:, 1])
+    return q.reshape(len(qs), -1)
+
+
 # --- Q4_0 / Q5_0: symmetric, d = max / -8 (or -16) ----------------------------------------------
 
 def _quantize_sym(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +67,9 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_0: (q - 8) * d."""
-    q = unpack_nibbles(b["qs"]).astype(np.int8) - np.int8(8)
-    return q.astype(F32) * h2f(b["d"])[:, None]
+    q = _nibbles(b["qs"])
+    q -= np.uint8(8)  # wraps; read back as int8 below
+    return np.multiply(q.view(np.int8), h2f(b["d"])[:, None], dtype=F32)
 
 
 def quantize_q5_0(x: np.ndarray) -> np.ndarray:
@@ -74,8 +83,10 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_0: ((nibble | hbit << 4) - 16) * d."""
-    q = (unpack_nibbles(b["qs"]) | (_qh_unpack(b["qh"]) << 4)).astype(np.int8) - np.int8(16)
-    return q.astype(F32) * h2f(b["d"])[:, None]
+    q = _nibbles(b["qs"])
+    q |= _qh_unpack(b["qh"]) << 4
+    q -= np.uint8(16)
+    return np.multiply(q.view(np.int8), h2f(b["d"])[:, None], dtype=F32)
 
 
 # --- Q4_1 / Q5_1: asymmetric, x = d * q + m -----------------------------------------------------
@@ -97,8 +108,9 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_1: q * d + m."""
-    q = unpack_nibbles(b["qs"])
-    return q.astype(F32) * h2f(b["d"])[:, None] + h2f(b["m"])[:, None]
+    y = np.multiply(_nibbles(b["qs"]), h2f(b["d"])[:, None], dtype=F32)
+    y += h2f(b["m"])[:, None]
+    return y
 
 
 def quantize_q5_1(x: np.ndarray) -> np.ndarray:
@@ -113,8 +125,11 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_1: (nibble | hbit << 4) * d + m."""
-    q = unpack_nibbles(b["qs"]) | (_qh_unpack(b["qh"]) << 4)
-    return q.astype(F32) * h2f(b["d"])[:, None] + h2f(b["m"])[:, None]
+    q = _nibbles(b["qs"])
+    q |= _qh_unpack(b["qh"]) << 4
+    y = np.multiply(q, h2f(b["d"])[:, None], dtype=F32)
+    y += h2f(b["m"])[:, None]
+    return y
 
 
 # --- Q8_0 / Q8_1 -------------------------------------------------------------------------------
@@ -135,7 +150,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q8_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q8_0: q * d."""
-    return b["qs"].astype(F32) * h2f(b["d"])[:, None]
+    return np.multiply(b["qs"], h2f(b["d"])[:, None], dtype=F32)
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
