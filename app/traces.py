@@ -43,6 +43,7 @@ class TraceCache:
                 if key in self._traces:
                     return self._traces[key]
             trace = trace_program(name, n, **({"path": path} if path else {}))
+            trace.cache_key = key  # names its rebuilt states in self._states
             with self._lock:
                 self._traces[key] = trace
                 while len(self._traces) > self.size:
@@ -51,7 +52,7 @@ class TraceCache:
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
-        key = (id(trace), k)
+        key = (getattr(trace, "cache_key", trace.hash), k)
         with self._lock:
             if key in self._states:
                 self._states.move_to_end(key)
