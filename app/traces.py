@@ -52,7 +52,7 @@ class TraceCache:
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
-        key = (getattr(trace, "cache_key", trace.hash), k)
+        key = (trace.cache_key if hasattr(trace, "cache_key") else trace.hash, k)
         with self._lock:
             if key in self._states:
                 self._states.move_to_end(key)

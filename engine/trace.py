@@ -125,6 +125,9 @@ class Trace:
     @property
     def hash(self) -> str:
         """Content hash over everything but timings and which thread took which chunk."""
+        cached = self.__dict__.get("_hash")
+        if cached is not None and cached[0] == len(self.steps):
+            return cached[1]
         h = hashlib.sha256()
         h.update(self.program.encode())
         h.update(str(self.n_threads).encode())
@@ -135,7 +138,8 @@ class Trace:
             h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
                            [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches],
                            s.contexts, s.tensor, shares, s.plan)).encode())
-        return h.hexdigest()[:16]
+        self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
+        return self.__dict__["_hash"][1]
 
     # --- rebuilding a state -----------------------------------------------------------------
     def state_at(self, k: int) -> "State":

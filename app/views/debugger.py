@@ -157,40 +157,83 @@ def _scaled(size: int) -> float:
     return max(math.sqrt(max(size, 1)), 3.0)
 
 
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """What the pool bar and the tensor list need of one tensor struct."""
+
+    key: str
+    offs: int
+    name: str
+    type: int
+    ne: tuple[int, int, int, int]
+    op: int
+    is_view: bool
+    data: int  # address, 0 for NULL
+    nbytes: int
+
+
+_BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
+_TSIZE = np.array([tr.type_size for tr in TYPE_TRAITS], dtype=np.int64)
+
+
+def tensor_infos(ctx, offsets: list[int]) -> list[TensorInfo]:
+    """Read every listed tensor struct of a pool at once (one gather, vectorised ggml_nbytes)."""
+    if not offsets:
+        return []
+    offs = np.asarray(offsets, dtype=np.int64)
+    recs = ctx.pool[offs[:, None] + np.arange(GGML_TENSOR_SIZE)].view(TENSOR)[:, 0]
+    types = recs["type"].astype(np.int64)
+    ne = recs["ne"].astype(np.int64)
+    nb = recs["nb"].astype(np.int64)
+    blck, tsize = _BLCK[types], _TSIZE[types]
+    spans = ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+    first = np.where(blck == 1, tsize + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // blck)
+    nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
+    out = []
+    for i, o in enumerate(offsets):
+        r = recs[i]
+        name = bytes(r["name"]).decode("utf-8", "replace")
+        out.append(TensorInfo(f"{ctx.id}.{o}", o, name, int(types[i]), tuple(int(x) for x in ne[i]),
+                              int(r["op"]), int(r["view_src"]) != 0, int(r["data"]),
+                              int(nbytes[i])))
+    return out
+
+
 def pools(state: State, step: Step, where: Where, selected: Tensor | None) -> list[PoolView]:
-    changed = {(p.ctx, p.offset, p.end) for p in step.patches}
+    changed = [(p.ctx, p.offset, p.end) for p in step.patches]
     added = {(o.ctx, o.header) for o in step.objects}
     views = []
     for cid, ctx in state.contexts.items():
         segs: list[Segment] = []
+        mine = [(s_, e_) for c, s_, e_ in changed if c == cid]
 
         def hit(a: int, b: int) -> bool:
-            return any(c == cid and s < b and e > a for c, s, e in changed)
+            return any(s_ < b and e_ > a for s_, e_ in mine)
 
+        objs = list(ctx.objects())
+        infos = {t.offs: t for t in tensor_infos(ctx, [o.offs for o in objs if o.type == 0])}
         end = 0
-        for o in ctx.objects():
+        for o in objs:
             new = (cid, o.header) in added
-            hdr_changed = new or hit(o.header, o.offs)
             segs.append(Segment("header", o.header, GGML_OBJECT_SIZE, 0,
-                                f"ggml_object header ({o.type_name})", hdr_changed))
+                                f"ggml_object header ({o.type_name})", new or hit(o.header, o.offs)))
             if o.type == 0:
-                t = Tensor(ctx, o.offs)
-                key = tensor_key(t)
-                url = where.url(tensor=key)
+                t = infos[o.offs]
+                url = where.url(tensor=t.key)
                 label = f"tensor '{t.name}' struct" if t.name else "tensor struct"
                 segs.append(Segment("struct", o.offs, GGML_TENSOR_SIZE, 0, label,
-                                    new or hit(o.offs, o.offs + GGML_TENSOR_SIZE), key, url))
+                                    new or hit(o.offs, o.offs + GGML_TENSOR_SIZE), t.key, url))
                 inline = o.size - GGML_TENSOR_SIZE
                 if inline > 0:
-                    nbytes = ggml_nbytes(t) if t.view_src is None and t.data else 0
+                    nbytes = t.nbytes if not t.is_view and t.data else 0
                     start = o.offs + GGML_TENSOR_SIZE
                     if nbytes:
                         segs.append(Segment("data", start, nbytes, 0, f"data of '{t.name}'",
-                                            hit(start, start + nbytes), key,
-                                            where.url(tensor=key, hex="data")))
+                                            hit(start, start + nbytes), t.key,
+                                            where.url(tensor=t.key, hex="data")))
                     if inline - nbytes > 0:
                         segs.append(Segment("padding", start + nbytes, inline - nbytes, 0,
-                                            "padding to 16 bytes", False, key, url))
+                                            "padding to 16 bytes", False, t.key, url))
             elif o.type == 1:
                 segs.append(Segment("graph", o.offs, o.size, 0, "ggml_cgraph: struct, nodes, "
                                     "leafs, use counts, hash keys, bitset",
@@ -203,8 +246,7 @@ def pools(state: State, step: Step, where: Where, selected: Tensor | None) -> li
         total = sum(_scaled(s.size) for s in segs) or 1
         for s in segs:
             s.width = 100 * _scaled(s.size) / total
-        views.append(PoolView(cid, ctx.base, ctx.mem_size, end, segs,
-                              sum(1 for _ in ctx.objects())))
+        views.append(PoolView(cid, ctx.base, ctx.mem_size, end, segs, len(objs)))
     return views
 
 
@@ -305,11 +347,12 @@ class TensorRow:
 
 def tensor_list(state: State, where: Where, selected: Tensor | None) -> list[TensorRow]:
     rows = []
-    for t in state.tensors():
-        rows.append(TensorRow(tensor_key(t), t.name or "(unnamed)", TYPE_TRAITS[t.type].type_name,
-                              "[" + ", ".join(str(int(x)) for x in t.ne) + "]",
-                              GGMLOp(t.op).name, where.url(tensor=tensor_key(t)),
-                              selected is not None and t == selected, t.view_src is not None))
+    sel = None if selected is None else tensor_key(selected)
+    for ctx in state.contexts.values():
+        for t in tensor_infos(ctx, [o.offs for o in ctx.objects() if o.type == 0]):
+            rows.append(TensorRow(t.key, t.name or "(unnamed)", TYPE_TRAITS[t.type].type_name,
+                                  "[" + ", ".join(str(x) for x in t.ne) + "]", GGMLOp(t.op).name,
+                                  where.url(tensor=t.key), t.key == sel, t.is_view))
     return rows
 
 
@@ -611,10 +654,10 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
                      f'\\n(click to open)"; URL = "{url}"; target = "_top"];')
     edges = set()
     for t in nodes:
-        for j, src in enumerate(t.src):
-            if src is None or src.address not in drawn:
+        for j, src in enumerate(int(x) for x in t._r["src"][0]):  # addresses: no handles needed
+            if src == 0 or src not in drawn:
                 continue
-            a, b = drawn[src.address], drawn[t.address]
+            a, b = drawn[src], drawn[t.address]
             if a == b or (a, b, j) in edges:
                 continue
             edges.add((a, b, j))
@@ -663,7 +706,7 @@ def _layers(nodes: list[Tensor], leafs: list[Tensor]) -> dict[int, str]:
         if m:
             out[t.address] = m.group(1)
     for t in nodes:
-        found = [int(out[s.address]) for s in t.src if s is not None and s.address in out]
+        found = [int(out[a]) for a in (int(x) for x in t._r["src"][0]) if a in out]
         if found and t.address not in out:
             out[t.address] = str(max(found))
     return out
