@@ -60,3 +60,20 @@ def test_simple_ctx():
     ours, _ = check_op(lambda g, ctx, x, y: g.ggml_mul_mat(ctx, x, y), [a, b], exact=True)
     from tests.support.graphs import values
     assert values(ours)[0, 0].tolist() == [[60, 55, 50, 110], [90, 54, 54, 126], [42, 29, 28, 64]]
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 45, 64, 100, 384])
+def test_mul_mat_f32_is_bit_exact(k):
+    """Small F32 products follow ggml_vec_dot_f32's lanes, fmas and leftover handling exactly."""
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(F32, (k, 9, 2)), Leaf(F32, (k, 5, 4))], 3, exact=True, seed=k)
+
+
+@pytest.mark.parametrize("n_threads", [1, 4])
+def test_mul_mat_q8_0_is_bit_exact(n_threads):
+    """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""
+    from engine.types import GGMLType
+
+    for ne_a, ne_b in [((64, 33), (64, 7)), ((384, 40), (384, 13)), ((1536, 24), (1536, 5))]:
+        check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+                 [Leaf(GGMLType.Q8_0, ne_a), Leaf(F32, ne_b)], n_threads, exact=True)

@@ -14,9 +14,6 @@ from tests.support.real_facade import run_on_real_ggml
 ENGINE_ONLY: dict[str, str] = {
     "gguf-load": "it spells out gguf.cpp's loading with a getter gguf.h lacks (the tensor's ne); "
                  "test_gguf_load_builds_the_context_ggml_builds compares it with real ggml instead",
-    "minilm": "6 quantized layers amplify float-order differences (~1e-14 after layer 0) past "
-              "1e-7 NMSE; test_models.py::test_minilm_walkthrough_against_real_ggml compares it "
-              "with real ggml by cosine instead",
 }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
+from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f32, vec_dot_q8_0
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
 from engine.quants import from_float
@@ -96,6 +97,10 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         x4 = converted.reshape(ne13, ne12, ne11, -1)
         if vdt in _FLOAT:
             x4 = x4.view(NUMPY_DTYPE[vdt])
+    # small F32 and Q8_0 products follow ggml's vec_dot operation by operation (bit-exact)
+    exact = (src0.type == GGMLType.F32 and src1.type == GGMLType.F32 and ne00 <= 1024
+             or src0.type == GGMLType.Q8_0 and vdt == GGMLType.Q8_0 and ne00 <= 4096) \
+        and ne00 * nr0 * nr1 <= EXACT_MACS
     done = []
     chunk = params.ith
     while chunk < nchunk0 * nchunk1:
@@ -112,8 +117,12 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
                         continue
                     i02, i03 = i12 // r2, i13 // r3
                     x = x4[i13, i12, a:b]
-                    if t0.is_quantized:
+                    if exact and t0.is_quantized:
+                        prod = vec_dot_q8_0(_quant_rows(src0, i03, i02, c0, c1), x, ne00)
+                    elif t0.is_quantized:
                         prod = mul_mat_quant(src0.type, _quant_rows(src0, i03, i02, c0, c1), x, ne00)
+                    elif exact:
+                        prod = vec_dot_f32(w4[i03, i02, c0:c1], x)
                     else:
                         w = to_f32(w4[i03, i02, c0:c1], src0.type)
                         prod = to_f32(x, vdt if converted is not None else src1.type) @ w.T

@@ -1,0 +1,86 @@
+"""ggml's CPU dot products for F32 and Q8_0 rows, reproduced operation by operation (AVX2 build).
+
+Each output of mul_mat is one `ggml_vec_dot_*` call, and these emulate that call's arithmetic for
+whole tiles at once: the same lanes, the same fused multiply-adds, the same horizontal sums. Their
+results equal real ggml's bit for bit (tested), where a BLAS product only agrees to rounding.
+They cost more than BLAS, so mul_mat uses them for products up to EXACT_MACS multiply-adds with
+rows of at most 1024 (F32) or 4096 (Q8_0) elements; larger products use BLAS, within rounding.
+
+- ggml_vec_dot_f32: 4 accumulators of 8 lanes over steps of 32, fma per lane, reduced pairwise,
+  then the leftover elements as gcc's code does them (vector products summed in order, the last
+  few by fma).
+- ggml_vec_dot_q8_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact integers), times
+  d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels.floatmath import fmaf
+from engine.quants.common import h2f
+
+F32 = np.float32
+EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly
+
+
+def _hsum8(acc: np.ndarray) -> np.ndarray:
+    """hsum_float_8: (hi + lo), then (r0 + r2) + (r1 + r3)."""
+    r = acc[..., 4:] + acc[..., :4]
+    return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
+
+
+def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0)."""
+    n0, k = w.shape
+    n1 = x.shape[0]
+    w = np.ascontiguousarray(w, F32)
+    x = np.ascontiguousarray(x, F32)
+    np_ = k & ~31
+    acc = np.zeros((4, n1, n0, 8), F32)
+    with np.errstate(all="ignore"):
+        for s in range(0, np_, 32):
+            for j in range(4):
+                a = w[:, s + 8 * j:s + 8 * j + 8]
+                b = x[:, s + 8 * j:s + 8 * j + 8]
+                acc[j] = fmaf(a[None, :, :], b[:, None, :], acc[j])
+        # GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1; then lo + hi and two hadds
+        v = (acc[0] + acc[2]) + (acc[1] + acc[3])
+        t0 = v[..., :4] + v[..., 4:]
+        sumf = (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+        # leftovers, `sumf += x[i]*y[i]` as gcc compiled it: runs of 8, then one of 4, as a
+        # vector product then in-order sums; the last (up to 3) by a contracted fma
+        i = np_
+        while k - i >= 8 or (k - i >= 4 and (k - i) < 8):
+            step = 8 if k - i >= 8 else 4
+            prod = w[None, :, i:i + step] * x[:, None, i:i + step]
+            for e in range(step):
+                sumf = sumf + prod[..., e]
+            i += step
+            if step == 4:
+                break
+        for i in range(i, k):
+            sumf = fmaf(w[None, :, i], x[:, i, None], sumf)
+    return sumf.astype(F32)
+
+
+def vec_dot_q8_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    """ggml_vec_dot_q8_0_q8_0 for every pair of rows of raw Q8_0 blocks -> (n1, n0)."""
+    from engine.quants import QUANT_KINDS
+    from engine.types import GGMLType
+
+    dtype = QUANT_KINDS[GGMLType.Q8_0].dtype
+    nb = k // 32
+    bw = np.ascontiguousarray(w).reshape(-1).view(dtype).reshape(-1, nb)
+    bx = np.ascontiguousarray(x).reshape(-1).view(dtype).reshape(-1, nb)
+    dw, dx = h2f(bw["d"]), h2f(bx["d"])  # (n0, nb), (n1, nb)
+    qw = bw["qs"].astype(np.int32).reshape(len(bw), nb, 8, 4)
+    qx = bx["qs"].astype(np.int32).reshape(len(bx), nb, 8, 4)
+    # 8 lanes per block, each the sum of 4 neighbouring products (maddubs, then madd)
+    lanes = np.einsum("iblq,jblq->jibl", qw, qx).astype(F32)  # (n1, n0, nb, 8), exact
+    acc = np.zeros((len(bx), len(bw), 8), F32)
+    with np.errstate(all="ignore"):
+        for b in range(nb):
+            d = dw[None, :, b] * dx[:, None, b]  # float32 product of the two fp16 scales
+            acc = fmaf(d[..., None], lanes[:, :, b], acc)
+        return _hsum8(acc).astype(F32)
