@@ -27,8 +27,12 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
 	$(PIP) install --quiet -e .
 	touch $@
 
+# The oracle (ggml-python builds ggml from source) is built for AVX2+FMA+F16C whatever the CPU:
+# the engine reproduces that build's arithmetic bit for bit, so -march=native must not vary it.
+ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF
+
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
-	$(PIP) install --quiet -e '.[test]'
+	CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" $(PIP) install --quiet --no-binary ggml-python -e '.[test]'
 	touch $@
 
 setup: $(VENV)/.installed

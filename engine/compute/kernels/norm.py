@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
@@ -88,7 +89,7 @@ def compute_forward_norm(params, dst: Tensor) -> None:
             v = x - mean[..., None]
             variance = np.zeros(x.shape[:-1], F32)
             for i in range(ne00):
-                variance = variance + v[..., i] * v[..., i]
+                variance = fmaf(v[..., i], v[..., i], variance)
             variance = variance / F32(ne00)
             scale = F32(1) / np.sqrt(variance + eps)
             view4(dst)[:, :, rows] = v * scale[..., None]
