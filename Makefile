@@ -32,7 +32,9 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
 ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
-	CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" $(PIP) install --quiet --no-binary ggml-python -e '.[test]'
+	CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir --no-binary ggml-python \
+		"$$(grep -o 'ggml-python==[0-9.]*' pyproject.toml)"
+	$(PIP) install --quiet -e '.[test]'
 	touch $@
 
 setup: $(VENV)/.installed
