@@ -99,7 +99,8 @@ def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str
         "tensors": V.tensor_list(state, where, sel), "struct": V.struct(sel, where),
         "strides": V.strides(sel, where), "values": V.values(sel, where),
         "threads": V.threads(trace, step), "graph": graph,
-        "graph_svg": _svg(graph.dot) if graph else None, "programs": PROGRAMS,
+        "graph_key": hashlib.sha1(graph.dot.encode()).hexdigest()[:16] if graph else None,
+        "programs": PROGRAMS,
     }
 
 
@@ -114,6 +115,14 @@ def step_page(request: Request, cache: Cache, name: str, n: int, threads: Thread
         model = step_model(cache, name, n, threads, t, row, block, file, path, expand, hex)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
+    # the graph panel is sent again only when the graph drawn changed: otherwise htmx keeps the
+    # one on the page (hx-preserve) and only the highlight style is new
+    model["graph_unchanged"] = bool(request.headers.get("HX-Request")) and bool(
+        model["graph_key"]) and request.headers.get("X-Graph-Key") == model["graph_key"]
+    if not model["graph_unchanged"] and model["graph"] is not None:
+        model["graph_svg"] = _svg(model["graph"].dot)
+    else:
+        model["graph_svg"] = None
     if request.headers.get("HX-Request"):
         return templates.TemplateResponse(request, "partials/debugger.html", model)
     return templates.TemplateResponse(request, "pages/walkthrough.html", model)

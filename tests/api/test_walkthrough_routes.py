@@ -86,3 +86,17 @@ def test_gguf_load_reads_an_uploaded_file(client, tmp_path):
     last = int(page.text.split('max="')[1].split('"')[0])
     end = client.get(f"/walkthroughs/gguf-load/steps/{last}?file={digest}")
     assert "tiny.weight" in end.text and "GGUF tensor data binary blob" in end.text
+
+
+def test_graph_panel_is_sent_only_when_the_graph_changed(client):
+    """htmx keeps the DAG on the page (hx-preserve) while the graph drawn stays the same."""
+    full = client.get("/walkthroughs/simple-ctx/steps/12", headers={"HX-Request": "true"})
+    key = full.text.split('aria-labelledby="graph-h" data-key="')[1].split('"')[0]
+    assert "<svg" in full.text and len(key) == 16
+    same = client.get("/walkthroughs/simple-ctx/steps/13",
+                      headers={"HX-Request": "true", "X-Graph-Key": key})
+    assert 'id="graph" class="panel" hx-preserve="true"' in same.text and "<svg" not in same.text
+    assert 'id="graph-style"' in same.text  # the highlight is still sent
+    other = client.get("/walkthroughs/simple-ctx/steps/9",  # mid-build: a smaller graph
+                       headers={"HX-Request": "true", "X-Graph-Key": key})
+    assert "<svg" in other.text

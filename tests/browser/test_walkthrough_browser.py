@@ -31,6 +31,7 @@ def test_walk_simple_ctx_forwards_and_back(page: Page, server_url: str, screensh
             page.screenshot(path=str(screenshot_dir / "walkthrough-node.png"), full_page=True)
     assert seen == list(range(len(seen)))
     expect(nxt).to_be_disabled()
+    expect(page.locator("#graph svg")).to_be_visible()  # kept by htmx while the graph is the same
     values = page.get_by_role("table", name="values of node_0")
     expect(values).to_contain_text("60")
     for v in ("55", "110", "126", "64"):
