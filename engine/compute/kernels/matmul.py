@@ -13,6 +13,7 @@ ggml's one vec_dot per output, an output's value then never depends on how many 
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 
@@ -107,26 +108,15 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         ith0, ith1 = chunk % nchunk0, chunk // nchunk0
         ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
         ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
-        for c0, c1 in _tiles(ir0a, ir0b, nr0):
-            lo0, hi0 = max(c0, ir0a), min(c1, ir0b)  # the part of this tile inside the chunk
-            for e0, e1 in _tiles(ir1a, ir1b, nr1):
-                for i13, i12, a, b in row_blocks(ne1, ne2, e0, e1):
-                    base = (i13 * ne2 + i12) * ne1
-                    sa, sb = max(a, ir1a - base), min(b, ir1b - base)
-                    if sa >= sb:
-                        continue
-                    i02, i03 = i12 // r2, i13 // r3
-                    x = x4[i13, i12, a:b]
-                    if exact and t0.is_quantized:
-                        prod = vec_dot_q8_0(_quant_rows(src0, i03, i02, c0, c1), x, ne00)
-                    elif t0.is_quantized:
-                        prod = mul_mat_quant(src0.type, _quant_rows(src0, i03, i02, c0, c1), x, ne00)
-                    elif exact:
-                        prod = vec_dot_f32(w4[i03, i02, c0:c1], x)
-                    else:
-                        w = to_f32(w4[i03, i02, c0:c1], src0.type)
-                        prod = to_f32(x, vdt if converted is not None else src1.type) @ w.T
-                    d4[i13, i12, sa:sb, lo0:hi0] = prod[sa - a:sb - a, lo0 - c0:hi0 - c0]
+        if exact:
+            # every output is one vec_dot, whoever computes it: the node's products are
+            # computed once (by the first thread to need them) and each chunk is written out
+            full = _exact_products(params, src0, t0, w4, x4, (ne00, ne1, ne2, nr0, r2, r3))
+            for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
+                d4[i13, i12, a:b, ir0a:ir0b] = full[i13, i12, a:b, ir0a:ir0b]
+        else:
+            _blas_chunk(params, src0, t0, w4, x4, d4, (ir0a, ir0b), (ir1a, ir1b),
+                        (ne00, ne1, ne2, nr0, nr1, r2, r3), vdt, converted is not None, src1.type)
         done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
         if params.nth >= nchunk0 * nchunk1:
             break
@@ -134,6 +124,47 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}")
 
 
+def _exact_products(params, src0, t0, w4, x4, dims) -> np.ndarray:
+    """All of the node's outputs by the vec_dot emulation, shape (ne13, ne12, ne11, ne01)."""
+    shared = params.shared
+    with shared.setdefault("exact_lock", _LOCK_FACTORY()):
+        if "exact" not in shared:
+            ne00, ne1, ne2, nr0, r2, r3 = dims
+            out = np.empty(x4.shape[:3] + (nr0,), np.float32)
+            for i13 in range(x4.shape[0]):
+                for i12 in range(x4.shape[1]):
+                    i02, i03 = i12 // r2, i13 // r3
+                    x = x4[i13, i12]
+                    out[i13, i12] = (vec_dot_q8_0(_quant_rows(src0, i03, i02, 0, nr0), x, ne00)
+                                     if t0.is_quantized else vec_dot_f32(w4[i03, i02], x))
+            shared["exact"] = out
+    return shared["exact"]
+
+
+def _blas_chunk(params, src0, t0, w4, x4, d4, r0, r1, dims, vdt, converted, src1_type) -> None:
+    """One chunk by BLAS (or quantized block products), in TILE x TILE tiles at fixed positions."""
+    ir0a, ir0b = r0
+    ir1a, ir1b = r1
+    ne00, ne1, ne2, nr0, nr1, r2, r3 = dims
+    for c0, c1 in _tiles(ir0a, ir0b, nr0):
+        lo0, hi0 = max(c0, ir0a), min(c1, ir0b)  # the part of this tile inside the chunk
+        for e0, e1 in _tiles(ir1a, ir1b, nr1):
+            for i13, i12, a, b in row_blocks(ne1, ne2, e0, e1):
+                base = (i13 * ne2 + i12) * ne1
+                sa, sb = max(a, ir1a - base), min(b, ir1b - base)
+                if sa >= sb:
+                    continue
+                i02, i03 = i12 // r2, i13 // r3
+                x = x4[i13, i12, a:b]
+                if t0.is_quantized:
+                    prod = mul_mat_quant(src0.type, _quant_rows(src0, i03, i02, c0, c1), x, ne00)
+                else:
+                    w = to_f32(w4[i03, i02, c0:c1], src0.type)
+                    prod = to_f32(x, vdt if converted else src1_type) @ w.T
+                d4[i13, i12, sa:sb, lo0:hi0] = prod[sa - a:sb - a, lo0 - c0:hi0 - c0]
+
+
+_LOCK_FACTORY = threading.Lock
 TILE = 16  # products are computed in tiles at fixed positions: a result never depends on nth
 
 

@@ -74,10 +74,14 @@ def vec_dot_q8_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
     bw = np.ascontiguousarray(w).reshape(-1).view(dtype).reshape(-1, nb)
     bx = np.ascontiguousarray(x).reshape(-1).view(dtype).reshape(-1, nb)
     dw, dx = h2f(bw["d"]), h2f(bx["d"])  # (n0, nb), (n1, nb)
-    qw = bw["qs"].astype(np.int32).reshape(len(bw), nb, 8, 4)
-    qx = bx["qs"].astype(np.int32).reshape(len(bx), nb, 8, 4)
-    # 8 lanes per block, each the sum of 4 neighbouring products (maddubs, then madd)
-    lanes = np.einsum("iblq,jblq->jibl", qw, qx).astype(F32)  # (n1, n0, nb, 8), exact
+    qw = bw["qs"].astype(F32).reshape(len(bw), nb * 8, 4)
+    qx = bx["qs"].astype(F32).reshape(len(bx), nb * 8, 4)
+    # 8 lanes per block, each the sum of 4 neighbouring products (maddubs, then madd); float32
+    # holds these integers exactly (|sum| <= 4*127*127)
+    lanes = qx[:, None, :, 0] * qw[None, :, :, 0]
+    for a in range(1, 4):
+        lanes += qx[:, None, :, a] * qw[None, :, :, a]
+    lanes = lanes.reshape(len(bx), len(bw), nb, 8)  # (n1, n0, nb, 8)
     acc = np.zeros((len(bx), len(bw), 8), F32)
     with np.errstate(all="ignore"):
         for b in range(nb):
