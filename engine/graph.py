@@ -251,23 +251,15 @@ def _visit(g: Graph, node: Tensor, compute: bool):
             g.use_counts[src_slot] += 1
 
     is_leaf = node.op == 0 and not node.flags & GGML_TENSOR_FLAG_PARAM
-    r = g._r
-    if is_leaf:
-        n = g.n_leafs
-        ggml_assert(n < g.size, "cgraph->n_leafs < cgraph->size", "ggml_visit_parents",
-                    f"the graph holds {g.size} leafs; use ggml_new_graph_custom with a larger size")
-        if not node.name_bytes:
-            ggml_format_name(node, "leaf_%d", n)
-        g.leaf_addresses[n] = node.address
-        r["n_leafs"] = n + 1
-    else:
-        n = g.n_nodes
-        ggml_assert(n < g.size, "cgraph->n_nodes < cgraph->size", "ggml_visit_parents",
-                    f"the graph holds {g.size} nodes; use ggml_new_graph_custom with a larger size")
-        if not node.name_bytes:
-            ggml_format_name(node, "node_%d", n)
-        g.node_addresses[n] = node.address
-        r["n_nodes"] = n + 1
+    kind, count, array = ("leaf", "n_leafs", g.leaf_addresses) if is_leaf else \
+        ("node", "n_nodes", g.node_addresses)
+    n = g._field(count)
+    ggml_assert(n < g.size, f"cgraph->{count} < cgraph->size", "ggml_visit_parents",
+                f"the graph holds {g.size} {kind}s; use ggml_new_graph_custom with a larger size")
+    if not node.name_bytes:
+        ggml_format_name(node, f"{kind}_%d", n)
+    array[n] = node.address
+    g._r[count] = n + 1
     if g.visit_hook is not None:
         g.visit_hook(node, slot, is_leaf)
     return slot

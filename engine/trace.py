@@ -446,11 +446,11 @@ class Recorder:
         self.emit("visit", f"visit '{node.name}'",
                   f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
                   f"{slot}, appended as a {kind}",
-                  [node, *(("struct", t) for t in self.visiting)] + self.graphs_of(node),
+                  [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
                   parent=self.call_step, tensor=_ref(node))
         self.visiting = []
 
-    def graphs_of(self, node: Tensor) -> list[Graph]:
+    def graph_args(self) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]
 
     def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:

@@ -121,7 +121,6 @@ class _Run:
         self.barrier = threading.Barrier(self.nth)
         self.abort = -1  # node index at which to stop
         self.status = GGML_STATUS_SUCCESS
-        self.failed = False
         self.wdata = None
         if cplan.work_size > 0:
             ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
@@ -140,7 +139,6 @@ class _Run:
         try:
             self._loop(ith)
         except BaseException:
-            self.failed = True
             self.barrier.abort()
             raise
 

@@ -69,17 +69,8 @@ class Bert:
         if f.arch != "bert":
             raise ModelError(f"{f.path}: architecture '{f.arch}' is not 'bert'")
         self.file = f
-        n_embd = int(f.key("{arch}.embedding_length"))
-        n_head = int(f.key("{arch}.attention.head_count"))
-        tok_embd = f.tensor("token_embd.weight")
         self.hp = BertParams(
-            n_vocab=int(tok_embd.ne[1]),
-            n_ctx_train=int(f.key("{arch}.context_length")),
-            n_embd=n_embd,
-            n_ff=int(f.key("{arch}.feed_forward_length")),
-            n_layer=int(f.key("{arch}.block_count")),
-            n_head=n_head,
-            n_head_kv=int(f.key("{arch}.attention.head_count_kv", n_head)),
+            **f.transformer_params(),
             norm_eps=float(f.key("{arch}.attention.layer_norm_epsilon")),
             causal=bool(f.key("{arch}.attention.causal", True)),
             pooling=int(f.key("{arch}.pooling_type", POOLING_NONE)),
@@ -88,15 +79,12 @@ class Bert:
         if hp.pooling not in (POOLING_NONE, POOLING_MEAN, POOLING_CLS, POOLING_LAST):
             raise ModelError(f"{f.path}: pooling type {hp.pooling} "
                              f"({POOLING_NAMES.get(hp.pooling, '?')}) is not supported")
-        if n_embd % n_head:
-            raise ModelError(f"{f.path}: embedding_length {n_embd} is not a multiple of "
-                             f"head_count {n_head}")
         n_kv = hp.head_dim * hp.n_head_kv
         n_token_types = int(f.key("tokenizer.ggml.token_type_count", 0))
         if n_token_types == 0:
             raise ModelError(f"{f.path}: architecture 'bert' needs key "
                              "'tokenizer.ggml.token_type_count' (> 0)")
-        E = n_embd
+        E = hp.n_embd
         self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
         self.type_embd = f.optional("token_types.weight", (E, n_token_types))
         self.pos_embd = f.tensor("position_embd.weight", (E, hp.n_ctx_train))

@@ -64,6 +64,23 @@ class ModelFile:
             return default
         return value
 
+    def transformer_params(self) -> dict[str, int]:
+        """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""
+        n_head = int(self.key("{arch}.attention.head_count"))
+        n_embd = int(self.key("{arch}.embedding_length"))
+        if n_head <= 0 or n_embd % n_head:
+            raise ModelError(f"{self.path}: embedding_length {n_embd} is not a multiple of "
+                             f"head_count {n_head}")
+        return {
+            "n_vocab": int(self.tensor("token_embd.weight").ne[1]),
+            "n_ctx_train": int(self.key("{arch}.context_length")),
+            "n_embd": n_embd,
+            "n_ff": int(self.key("{arch}.feed_forward_length")),
+            "n_layer": int(self.key("{arch}.block_count")),
+            "n_head": n_head,
+            "n_head_kv": int(self.key("{arch}.attention.head_count_kv", n_head)),
+        }
+
     def has_tensor(self, name: str) -> bool:
         return self.reader.find_tensor(name) >= 0
 

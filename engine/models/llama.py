@@ -101,23 +101,13 @@ class Llama:
         if f.arch != "llama":
             raise ModelError(f"{f.path}: architecture '{f.arch}' is not 'llama'")
         self.file = f
-        n_embd = int(f.key("{arch}.embedding_length"))
-        n_head = int(f.key("{arch}.attention.head_count"))
-        if n_head <= 0 or n_embd % n_head:
-            raise ModelError(f"{f.path}: embedding_length {n_embd} is not a multiple of "
-                             f"head_count {n_head}")
-        tok_embd = f.tensor("token_embd.weight")
+        shared = f.transformer_params()
+        n_embd, n_head = shared["n_embd"], shared["n_head"]
         scaling = f.key("{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "linear"):
             raise ModelError(f"{f.path}: rope scaling '{scaling}' is not supported")
         self.hp = hp = LlamaParams(
-            n_vocab=int(tok_embd.ne[1]),
-            n_ctx_train=int(f.key("{arch}.context_length")),
-            n_embd=n_embd,
-            n_ff=int(f.key("{arch}.feed_forward_length")),
-            n_layer=int(f.key("{arch}.block_count")),
-            n_head=n_head,
-            n_head_kv=int(f.key("{arch}.attention.head_count_kv", n_head)),
+            **shared,
             n_rot=int(f.key("{arch}.rope.dimension_count", n_embd // n_head)),
             rms_eps=float(f.key("{arch}.attention.layer_norm_rms_epsilon")),
             freq_base=float(f.key("{arch}.rope.freq_base", 10000.0)),

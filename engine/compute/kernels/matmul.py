@@ -127,7 +127,7 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
 def _exact_products(params, src0, t0, w4, x4, dims) -> np.ndarray:
     """All of the node's outputs by the vec_dot emulation, shape (ne13, ne12, ne11, ne01)."""
     shared = params.shared
-    with shared.setdefault("exact_lock", _LOCK_FACTORY()):
+    with shared.setdefault("exact_lock", threading.Lock()):
         if "exact" not in shared:
             ne00, ne1, ne2, nr0, r2, r3 = dims
             out = np.empty(x4.shape[:3] + (nr0,), np.float32)
@@ -164,7 +164,6 @@ def _blas_chunk(params, src0, t0, w4, x4, d4, r0, r1, dims, vdt, converted, src1
                 d4[i13, i12, sa:sb, lo0:hi0] = prod[sa - a:sb - a, lo0 - c0:hi0 - c0]
 
 
-_LOCK_FACTORY = threading.Lock
 TILE = 16  # products are computed in tiles at fixed positions: a result never depends on nth
 
 
