@@ -14,21 +14,29 @@ F32 = int(eng.GGML_TYPE_F32)
 
 
 class Graphs:
-    """The same graph built on both engines, ready to compute repeatedly."""
+    """The same graph built on both engines, ready to compute repeatedly.
 
-    def __init__(self, build, mem: int, inputs: list[np.ndarray]) -> None:
+    Each input is a float32 array (numpy shape = reversed ne), or a (type, ne, raw bytes) triple
+    for a tensor of another type, such as a quantized weight matrix.
+    """
+
+    def __init__(self, build, mem: int, inputs: list) -> None:
         self.ectx = eng.ggml_init(eng.ggml_init_params(mem))
         self.rctx = real.ggml_init(real.ggml_init_params(mem_size=mem, mem_buffer=None,
                                                          no_alloc=False))
+        inputs = [x if isinstance(x, tuple) else (F32, tuple(reversed(x.shape)), x)
+                  for x in inputs]
         self.graphs = []
         for g, ctx in ((eng, self.ectx), (real, self.rctx)):
-            leaves = [g.ggml_new_tensor(ctx, F32, x.ndim, (ctypes.c_int64 * x.ndim)(*reversed(x.shape))
-                                        if g is real else list(reversed(x.shape))) for x in inputs]
-            for t, x in zip(leaves, inputs):
+            leaves = []
+            for type_, ne, x in inputs:
                 if g is eng:
+                    t = eng.ggml_new_tensor(ctx, type_, len(ne), list(ne))
                     eng.set_data(t, x)
                 else:
+                    t = real.ggml_new_tensor(ctx, type_, len(ne), (ctypes.c_int64 * len(ne))(*ne))
                     ctypes.memmove(t.contents.data, x.ctypes.data, x.nbytes)
+                leaves.append(t)
             gf = g.ggml_new_graph_custom(ctx, 4096, False)
             g.ggml_build_forward_expand(gf, build(g, ctx, *leaves))
             self.graphs.append(gf)

@@ -1,5 +1,5 @@
 """Quantized types: dequantize throughput (vs gguf-py and ggml's to_float) and quantized mul_mat
-(vs ggml's CPU graph compute, 2 threads)."""
+(both engines computing a one-node graph with 2 threads)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import ggml
 import gguf
 import numpy as np
 
+from bench.bench_compute import Graphs
 from bench.common import best_time
-from engine.quants import QUANT_KINDS, dequantize, from_float
-from engine.quants.matmul import mul_mat_quant
+from engine.quants import QUANT_KINDS, dequantize
 from engine.types import GGMLType as T, traits
 
 N_DEQ = 1 << 20  # elements per dequantize call
-MM_K, MM_N0 = 4096, 4096
+MM_K, MM_N0, MM_THREADS = 4096, 4096, 2
 FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
@@ -56,28 +56,16 @@ def _bench_dequantize(report) -> None:
 
 
 def _bench_mul_mat(report) -> None:
+    """Both engines compute the same one-node graph with the same thread count."""
     rng = np.random.default_rng(1)
     for t in (T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K):
         w = _weights(t, MM_K * MM_N0, rng).reshape(MM_N0, -1)
         for n1 in (1, 32):
             x = rng.standard_normal((n1, MM_K)).astype(np.float32)
-            vdt = traits(t).vec_dot_type
-            ours = best_time(lambda: mul_mat_quant(t, w, from_float(vdt, x), MM_K),
-                             repeat=3, min_time=0.0)
-            params = ggml.ggml_init_params(mem_size=w.nbytes + x.nbytes * 2 + (64 << 20),
-                                           mem_buffer=None, no_alloc=False)
-            ctx = ggml.ggml_init(params)
-            a = ggml.ggml_new_tensor_2d(ctx, t, MM_K, MM_N0)
-            ctypes.memmove(ggml.ggml_get_data(a), w.ctypes.data, w.nbytes)
-            b = ggml.ggml_new_tensor_2d(ctx, 0, MM_K, n1)
-            ctypes.memmove(ggml.ggml_get_data(b), x.ctypes.data, x.nbytes)
-            gf = ggml.ggml_new_graph(ctx)
-            ggml.ggml_build_forward_expand(gf, ggml.ggml_mul_mat(ctx, a, b))
-            theirs = best_time(lambda: ggml.ggml_graph_compute_with_ctx(ctx, gf, 2), repeat=3)
-            ggml.ggml_free(ctx)
-            report(f"mul_mat {t.name} {MM_N0}x{MM_K} by {MM_K}x{n1}", ours, theirs, "ggml 2 thr")
-
-
-def run(report) -> None:
-    _bench_dequantize(report)
-    _bench_mul_mat(report)
+            g = Graphs(lambda api, ctx, a, b: api.ggml_mul_mat(ctx, a, b),
+                       w.nbytes + x.nbytes * 2 + (64 << 20), [(int(t), (MM_K, MM_N0), w), x])
+            ours = best_time(lambda: g.ours(MM_THREADS), repeat=3, min_time=0.0)
+            theirs = best_time(lambda: g.theirs(MM_THREADS), repeat=3)
+            g.close()
+            report(f"mul_mat {t.name} {MM_N0}x{MM_K} by {MM_K}x{n1}, {MM_THREADS} thr",
+                   ours, theirs)

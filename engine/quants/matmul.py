@@ -18,17 +18,18 @@ import numpy as np
 from engine.quants.common import F32, h2f
 from engine.types import GGMLType, traits
 
-_CHUNK_BYTES = 64 << 20  # dequantize at most this many float32 bytes of weights at a time
+_CHUNK_BYTES = 4 << 20  # dequantize at most this many float32 bytes of weights at a time
 
 
-def _act_values(vdt: GGMLType, act: np.ndarray, k: int):
-    """Activation rows (n1, row_bytes) -> (d*q as float32 (n1, k), Q8_1's s per block or None)."""
+def activation_values(vdt: GGMLType, act: np.ndarray, k: int):
+    """Activation rows of vdt blocks (n1, row_bytes) -> (d*q as float32 (n1, k), Q8_1's s per
+    block (n1, k/32) or None)."""
     from engine.quants import QUANT_KINDS
 
     b = np.ascontiguousarray(act).reshape(-1).view(QUANT_KINDS[vdt].dtype)
     blck = traits(vdt).blck_size
     d = b["d"].astype(F32) if vdt == GGMLType.Q8_K else h2f(b["d"])
-    vals = (b["qs"].astype(F32) * d[:, None]).reshape(-1, k)
+    vals = np.multiply(b["qs"], d[:, None], dtype=F32).reshape(-1, k)
     s = h2f(b["s"]).reshape(len(vals), k // blck) if vdt == GGMLType.Q8_1 else None
     return vals, s
 
@@ -39,15 +40,19 @@ def mul_mat_quant(wtype: int, w: np.ndarray, act: np.ndarray, k: int) -> np.ndar
     w: uint8 (n0, row_size(wtype, k)); act: uint8 (n1, row_size(vec_dot_type, k)).
     Row i1 of the result holds the dot products of activation row i1 with every weight row.
     """
+    vdt = _vec_dot_type(wtype)
+    return mul_mat_values(wtype, w, *activation_values(vdt, act, k), k)
+
+
+def mul_mat_values(wtype: int, w: np.ndarray, a: np.ndarray, s_y: np.ndarray | None,
+                   k: int) -> np.ndarray:
+    """mul_mat_quant with the activations already as `activation_values` gives them."""
     from engine.quants import QUANT_KINDS, dequantize
 
     wt = GGMLType(wtype)
-    vdt = traits(wt).vec_dot_type
-    if vdt is None or wt not in QUANT_KINDS or QUANT_KINDS[wt].dequantize is None:
-        raise ValueError(f"{traits(wt).type_name}: no quantized vec_dot on the CPU")
+    _vec_dot_type(wt)
     w = np.ascontiguousarray(w, np.uint8).reshape(-1, traits(wt).type_size * k
                                                    // traits(wt).blck_size)
-    a, s_y = _act_values(vdt, act, k)  # (n1, k)
     n0 = len(w)
     out = np.empty((len(a), n0), F32)
     rows = max(1, _CHUNK_BYTES // (4 * k))
@@ -66,6 +71,17 @@ def mul_mat_quant(wtype: int, w: np.ndarray, act: np.ndarray, k: int) -> np.ndar
                             * traits(wt).blck_size).reshape(len(chunk), k)
             out[:, r0: r0 + len(chunk)] = a @ wd.T
     return out
+
+
+def _vec_dot_type(wtype: int) -> GGMLType:
+    """The weight type's vec_dot_type, or ValueError if the CPU has no quantized vec_dot for it."""
+    from engine.quants import QUANT_KINDS
+
+    wt = GGMLType(wtype)
+    vdt = traits(wt).vec_dot_type
+    if vdt is None or wt not in QUANT_KINDS or QUANT_KINDS[wt].dequantize is None:
+        raise ValueError(f"{traits(wt).type_name}: no quantized vec_dot on the CPU")
+    return vdt
 
 
 def vec_dot_ref(wtype: int, wrow: bytes | np.ndarray, arow: bytes | np.ndarray, k: int) -> float:

@@ -3,11 +3,12 @@ real ggml."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine.quants import QUANT_KINDS
 from engine.types import GGMLType, TYPE_TRAITS
-from tests.support.graphs import Leaf, check_op
+from tests.support.graphs import Leaf, check_op, values
 
 F32, F16 = GGMLType.F32, GGMLType.F16
 # weight types real ggml can quantize without an importance matrix, and that have a vec_dot
@@ -34,3 +35,16 @@ def test_copies_through_quantized(qtype):
              [Leaf(qtype, (n, 3)), Leaf(F32, (n // 2, 6))], 3, exact=True)
     check_op(lambda g, ctx, a, b: g.ggml_add(ctx, a, b),
              [Leaf(qtype, (n, 3)), Leaf(F32, (n, 3))], 2, exact=True)
+
+
+@pytest.mark.parametrize("wtype", [F32, F16, GGMLType.Q4_K, GGMLType.Q8_0],
+                         ids=lambda t: TYPE_TRAITS[t].type_name)
+def test_mul_mat_result_does_not_depend_on_thread_count(wtype):
+    """Products are computed in fixed units shared out among the threads: 600 weight rows make
+    three units, and K = 2048 takes F32 and Q8_0 off the exact path onto BLAS. Every thread
+    count must give the same bits (as ggml's one-vec_dot-per-output does), and agree with ggml."""
+    leaves = [Leaf(wtype, (2048, 600)), Leaf(F32, (2048, 7))]
+    results = [values(check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b), leaves, n,
+                               max_nmse=5e-4)[0]) for n in (1, 2, 3, 4)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r.view(np.uint32), results[0].view(np.uint32))

@@ -3,9 +3,16 @@
 Mirrors ggml_compute_forward_mul_mat (ggml-cpu.c): src1 is first converted to src0's vec_dot_type
 into the work buffer (each thread converts its block range of every row), thread 0 sets the chunk
 counter to nth, barrier; then each thread starts with chunk `ith` and takes the next free chunk until
-none is left. Within a chunk the products are computed with numpy (BLAS) for float weights, and with
-engine.quants' block dot products for quantized weights, in 16x16 tiles at fixed positions: like
-ggml's one vec_dot per output, an output's value then never depends on how many threads ran.
+none is left, and writes that chunk of dst.
+
+The arithmetic is laid out differently from the chunks, so that an output's value never depends
+on how many threads ran (as in ggml, where each output is one vec_dot). Before the chunks, the
+node's products are computed in fixed units -- up to UNIT_ROWS weight rows of one matrix against
+all of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth).
+A unit is one BLAS product (float weights), one block product of dequantized weights (quantized
+weights; engine.quants.matmul), or, for small F32 and Q8_0 products, ggml's vec_dot emulated
+operation by operation (bit-exact; kernels/vecdot.py). The chunk loop then copies the products into
+dst exactly as ggml's chunks split it, which is what the trace shows as each thread's share.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 """
@@ -13,7 +20,6 @@ ggml's one vec_dot per output, an output's value then never depends on how many 
 from __future__ import annotations
 
 import itertools
-import threading
 
 import numpy as np
 
@@ -23,11 +29,12 @@ from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f32, vec_dot_q8_0
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
 from engine.quants import from_float
-from engine.quants.matmul import mul_mat_quant
+from engine.quants.matmul import activation_values, mul_mat_values
 from engine.tensor import Tensor, ggml_is_contiguous
 from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -87,36 +94,26 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
     params.barrier()
 
-    nr0, nr1 = ne0, ne1 * ne2 * ne3
-    nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
-    r2, r3 = ne12 // ne02, ne13 // ne03
-    d4 = view4(dst)
-    w4 = None if t0.is_quantized else view4(src0)
     if converted is None:
         x4 = view4(src1)
     else:  # converted rows: float elements, or raw blocks for quantized weights
         x4 = converted.reshape(ne13, ne12, ne11, -1)
         if vdt in _FLOAT:
             x4 = x4.view(NUMPY_DTYPE[vdt])
-    # small F32 and Q8_0 products follow ggml's vec_dot operation by operation (bit-exact)
-    exact = (src0.type == GGMLType.F32 and src1.type == GGMLType.F32 and ne00 <= 1024
-             or src0.type == GGMLType.Q8_0 and vdt == GGMLType.Q8_0 and ne00 <= 4096) \
-        and ne00 * nr0 * nr1 <= EXACT_MACS
+    nr0, nr1 = ne0, ne1 * ne2 * ne3
+    products = _products(params, src0, x4, vdt if converted is not None else src1.type)
+    params.barrier()
+
+    nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
+    d4 = view4(dst)
     done = []
     chunk = params.ith
     while chunk < nchunk0 * nchunk1:
         ith0, ith1 = chunk % nchunk0, chunk // nchunk0
         ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
         ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
-        if exact:
-            # every output is one vec_dot, whoever computes it: the node's products are
-            # computed once (by the first thread to need them) and each chunk is written out
-            full = _exact_products(params, src0, t0, w4, x4, (ne00, ne1, ne2, nr0, r2, r3))
-            for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
-                d4[i13, i12, a:b, ir0a:ir0b] = full[i13, i12, a:b, ir0a:ir0b]
-        else:
-            _blas_chunk(params, src0, t0, w4, x4, d4, (ir0a, ir0b), (ir1a, ir1b),
-                        (ne00, ne1, ne2, nr0, nr1, r2, r3), vdt, converted is not None, src1.type)
+        for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
+            d4[i13, i12, a:b, ir0a:ir0b] = products[i13, i12, a:b, ir0a:ir0b]
         done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
         if params.nth >= nchunk0 * nchunk1:
             break
@@ -124,62 +121,47 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}")
 
 
-def _exact_products(params, src0, t0, w4, x4, dims) -> np.ndarray:
-    """All of the node's outputs by the vec_dot emulation, shape (ne13, ne12, ne11, ne01)."""
-    shared = params.shared
-    with shared.setdefault("exact_lock", threading.Lock()):
-        if "exact" not in shared:
-            ne00, ne1, ne2, nr0, r2, r3 = dims
-            out = np.empty(x4.shape[:3] + (nr0,), np.float32)
-            for i13 in range(x4.shape[0]):
-                for i12 in range(x4.shape[1]):
-                    i02, i03 = i12 // r2, i13 // r3
-                    x = x4[i13, i12]
-                    out[i13, i12] = (vec_dot_q8_0(_quant_rows(src0, i03, i02, 0, nr0), x, ne00)
-                                     if t0.is_quantized else vec_dot_f32(w4[i03, i02], x))
-            shared["exact"] = out
-    return shared["exact"]
+def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarray:
+    """This thread's units of the node's products, into the buffer all threads share.
+
+    x4 holds src1 as the products read it: floats of xtype, or raw vec_dot_type blocks.
+    Returns the buffer, shape (ne13, ne12, ne11, ne01); complete only after the next barrier.
+    """
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    ne13, ne12, ne11 = x4.shape[:3]
+    out = params.shared.setdefault("products", np.empty((ne13, ne12, ne11, ne01), np.float32))
+    quantized = TYPE_TRAITS[src0.type].is_quantized
+    exact = (src0.type == GGMLType.F32 and xtype == GGMLType.F32 and ne00 <= 1024
+             or src0.type == GGMLType.Q8_0 and xtype == GGMLType.Q8_0 and ne00 <= 4096) \
+        and ne00 * ne01 * ne11 * ne12 * ne13 <= EXACT_MACS
+    w4 = None if quantized else view4(src0)
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    units = [(i13, i12, r) for i13 in range(ne13) for i12 in range(ne12)
+             for r in range(0, ne01, UNIT_ROWS)]
+    acts: dict[tuple[int, int], tuple] = {}  # dequantized src1 of a matrix, for this thread
+    for i13, i12, r in units[params.ith::params.nth]:
+        i02, i03 = i12 // r2, i13 // r3
+        rows = slice(r, min(r + UNIT_ROWS, ne01))
+        x = x4[i13, i12]
+        if exact:
+            prod = vec_dot_q8_0(_quant_rows(src0, i03, i02, rows), x, ne00) if quantized \
+                else vec_dot_f32(w4[i03, i02, rows], x)
+        elif quantized:
+            if (i13, i12) not in acts:
+                acts[i13, i12] = activation_values(xtype, x, ne00)
+            prod = mul_mat_values(src0.type, _quant_rows(src0, i03, i02, rows),
+                                  *acts[i13, i12], ne00)
+        else:
+            prod = to_f32(x, xtype) @ to_f32(w4[i03, i02, rows], src0.type).T
+        out[i13, i12, :, rows] = prod
+    return out
 
 
-def _blas_chunk(params, src0, t0, w4, x4, d4, r0, r1, dims, vdt, converted, src1_type) -> None:
-    """One chunk by BLAS (or quantized block products), in TILE x TILE tiles at fixed positions."""
-    ir0a, ir0b = r0
-    ir1a, ir1b = r1
-    ne00, ne1, ne2, nr0, nr1, r2, r3 = dims
-    for c0, c1 in _tiles(ir0a, ir0b, nr0):
-        lo0, hi0 = max(c0, ir0a), min(c1, ir0b)  # the part of this tile inside the chunk
-        for e0, e1 in _tiles(ir1a, ir1b, nr1):
-            for i13, i12, a, b in row_blocks(ne1, ne2, e0, e1):
-                base = (i13 * ne2 + i12) * ne1
-                sa, sb = max(a, ir1a - base), min(b, ir1b - base)
-                if sa >= sb:
-                    continue
-                i02, i03 = i12 // r2, i13 // r3
-                x = x4[i13, i12, a:b]
-                if t0.is_quantized:
-                    prod = mul_mat_quant(src0.type, _quant_rows(src0, i03, i02, c0, c1), x, ne00)
-                else:
-                    w = to_f32(w4[i03, i02, c0:c1], src0.type)
-                    prod = to_f32(x, vdt if converted else src1_type) @ w.T
-                d4[i13, i12, sa:sb, lo0:hi0] = prod[sa - a:sb - a, lo0 - c0:hi0 - c0]
-
-
-TILE = 16  # products are computed in tiles at fixed positions: a result never depends on nth
-
-
-def _tiles(lo: int, hi: int, n: int):
-    """The TILE-aligned tiles [t, min(t + TILE, n)) that overlap [lo, hi)."""
-    t = lo - lo % TILE
-    while t < hi:
-        yield t, min(t + TILE, n)
-        t += TILE
-
-
-def _quant_rows(src0: Tensor, i03: int, i02: int, r0: int, r1: int) -> np.ndarray:
-    """Raw block bytes of src0 rows [r0, r1) of matrix (i02, i03): (rows, row_bytes) uint8."""
+def _quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
+    """Raw block bytes of src0 rows `rows` of matrix (i02, i03): (rows, row_bytes) uint8."""
     ctx, off = src0.ctx.space.resolve(src0.data)
     nb1, nb2, nb3 = int(src0.nb[1]), int(src0.nb[2]), int(src0.nb[3])
     row_bytes = ggml_row_size(src0.type, int(src0.ne[0]))
-    start = off + i03 * nb3 + i02 * nb2 + r0 * nb1
-    return np.ndarray((r1 - r0, row_bytes), dtype=np.uint8, buffer=ctx.pool.data, offset=start,
-                      strides=(nb1, 1))
+    start = off + i03 * nb3 + i02 * nb2 + rows.start * nb1
+    return np.ndarray((rows.stop - rows.start, row_bytes), dtype=np.uint8, buffer=ctx.pool.data,
+                      offset=start, strides=(nb1, 1))
