@@ -20,7 +20,7 @@ import numpy as np
 from engine.compute.kernels.floatmath import fmaf
 from engine.quants.common import h2f
 
-F32 = np.float32
+F32, F64 = np.float32, np.float64
 EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly
 
 
@@ -73,18 +73,20 @@ def vec_dot_q8_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
     nb = k // 32
     bw = np.ascontiguousarray(w).reshape(-1).view(dtype).reshape(-1, nb)
     bx = np.ascontiguousarray(x).reshape(-1).view(dtype).reshape(-1, nb)
+    n0, n1 = len(bw), len(bx)
     dw, dx = h2f(bw["d"]), h2f(bx["d"])  # (n0, nb), (n1, nb)
-    qw = bw["qs"].astype(F32).reshape(len(bw), nb * 8, 4)
-    qx = bx["qs"].astype(F32).reshape(len(bx), nb * 8, 4)
-    # 8 lanes per block, each the sum of 4 neighbouring products (maddubs, then madd); float32
-    # holds these integers exactly (|sum| <= 4*127*127)
-    lanes = qx[:, None, :, 0] * qw[None, :, :, 0]
-    for a in range(1, 4):
-        lanes += qx[:, None, :, a] * qw[None, :, :, a]
-    lanes = lanes.reshape(len(bx), len(bw), nb, 8)  # (n1, n0, nb, 8)
-    acc = np.zeros((len(bx), len(bw), 8), F32)
+    # lane l of block b sums the 4 neighbouring products 4l..4l+3 (maddubs, then madd): for all
+    # row pairs at once that is a rank-4 matrix product, exact in float32 (|sum| <= 4*127*127)
+    qw = bw["qs"].reshape(n0, nb, 8, 4).transpose(1, 2, 3, 0).astype(F32)  # (nb, 8, 4, n0)
+    qx = bx["qs"].reshape(n1, nb, 8, 4).transpose(1, 2, 0, 3).astype(F32)  # (nb, 8, n1, 4)
+    acc = np.zeros((8, n1, n0), F32)  # the 8 float lanes of the accumulator, per row pair
+    fma = np.empty((8, n1, n0), F64)  # d*lane + acc, exact before its one rounding to float32
+    d = np.empty((n1, n0), F32)
     with np.errstate(all="ignore"):
         for b in range(nb):
-            d = dw[None, :, b] * dx[:, None, b]  # float32 product of the two fp16 scales
-            acc = fmaf(d[..., None], lanes[:, :, b], acc)
-        return _hsum8(acc).astype(F32)
+            lanes = np.matmul(qx[b], qw[b])  # (8, n1, n0)
+            np.multiply(dx[:, b, None], dw[None, :, b], out=d)  # float32 product of the scales
+            np.multiply(lanes, d, out=fma, dtype=F64)
+            fma += acc
+            acc[...] = fma
+        return _hsum8(np.moveaxis(acc, 0, -1))
