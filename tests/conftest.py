@@ -9,8 +9,8 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that compare with real llama.cpp are the `llamacpp` tier: `make test-models` builds
-    llama-cpp-python (about 17 minutes on 2 cores) and runs them; `make test` runs the rest."""
+    """Tests that compare with real llama.cpp are marked `llamacpp`: `make test` runs them with
+    every other test, `make test-models` runs only them."""
     for item in items:
         if "llama_cpp" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.llamacpp)
