@@ -53,9 +53,13 @@ def f32(x) -> np.ndarray:
     return np.asarray(x, dtype=F32)
 
 
+_FP16_TO_FP32 = fp16_bits_to_fp32(np.arange(1 << 16, dtype=np.uint32).astype(np.uint16))
+
+
 def h2f(bits: np.ndarray) -> np.ndarray:
-    """GGML_FP16_TO_FP32 over an array of fp16 bit patterns."""
-    return fp16_bits_to_fp32(bits)
+    """GGML_FP16_TO_FP32 over an array of fp16 bit patterns (a lookup in all 65536 of them)."""
+    h = np.asarray(bits, dtype=np.uint16)
+    return np.take(_FP16_TO_FP32, h.reshape(-1)).reshape(h.shape)
 
 
 def f2h(x: np.ndarray) -> np.ndarray:
@@ -154,3 +158,62 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
 def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
     """Inverse of pack_nibbles: (..., n/2) bytes -> (..., n) values 0..15 (low nibbles first)."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+# --- dequantizing: whole-block byte passes, then one float32 pass --------------------------------
+# The dequantizers below run their bit twiddling over all blocks' bytes at once (one contiguous
+# pass each), move each block's run of results into place with `copy_runs`, and finish with one
+# float32 pass, `scaled`. A field view such as `b["qs"]` of 32-element blocks would make numpy loop
+# over 16-byte rows one at a time; a float32 temporary the size of the output costs more than the
+# integer work.
+
+def byte_rows(b: np.ndarray) -> np.ndarray:
+    """The blocks (nb,) as their raw bytes (nb, sizeof(block)), contiguous."""
+    return np.ascontiguousarray(b).view(np.uint8).reshape(len(b), b.dtype.itemsize)
+
+
+def copy_runs(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src for byte arrays whose last axis is contiguous: each run along the last axis
+    moves as one `V<n>` element, so numpy loops over the runs instead of over their bytes."""
+    n = src.shape[-1]
+    dst.view(f"V{n}")[..., 0] = src.view(f"V{n}")[..., 0]
+
+
+def byte_table(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
+    """table[raw] for a 256-entry int8/uint8 table and a contiguous uint8 array.
+
+    bytearray.translate is one C loop over the bytes; numpy's gather would first widen every
+    index to intp.
+    """
+    out = bytearray(np.ascontiguousarray(raw)).translate(table.tobytes())
+    return np.frombuffer(out, table.dtype).reshape(raw.shape)
+
+
+def scaled(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """`q*d` with one float32 scale per run: quants q (..., n) int8/uint8, d (...) -> float32 (..., n).
+
+    The output starts as each scale repeated n times and is multiplied in place by q (cast to
+    float32 on the fly): one pass, no float32 copy of q. Multiplication commutes exactly, so this
+    is C's `x*d` as well as `d*x`.
+    """
+    y = np.repeat(f32(d).reshape(-1), q.shape[-1])
+    np.multiply(y, np.ascontiguousarray(q).reshape(-1), out=y)
+    return y.reshape(q.shape)
+
+
+def per_run(m: np.ndarray, n: int) -> np.ndarray:
+    """m (...) -> (..., n): each float32 value repeated over its run, for `y += per_run(m, n)`."""
+    return np.repeat(f32(m).reshape(-1), n).reshape(*np.shape(m), n)
+
+
+def flip_nan_signs(y: np.ndarray, q: np.ndarray, d: np.ndarray) -> None:
+    """Where C writes `d * g * (neg ? -1.f : 1.f)`, the compiled code flips the sign bit, even of a
+    NaN; `d * (-g)` keeps a NaN's sign. Redo that in place for the (rare) runs whose d is NaN.
+
+    y, q (..., n): the products and the signed quants; d (...): the scales.
+    """
+    bad = np.isnan(d)
+    if bad.any():
+        yb = y[bad]
+        yb.view(np.uint32)[q[bad] < 0] ^= np.uint32(0x80000000)
+        y[bad] = yb

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, f2h, f32,
-                                  first_max, first_min, h2f, nearest_int, seq_sum)
+from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, copy_runs, f2h, f32,
+                                  first_max, first_min, h2f, nearest_int, per_run, scaled, seq_sum)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -146,8 +146,16 @@ def _pack_2bit(L: np.ndarray) -> np.ndarray:
 
 
 def _unpack_2bit(qs: np.ndarray) -> np.ndarray:
-    """Inverse of _pack_2bit: (nb, 64) -> (nb, 256) values 0..3 in element order."""
-    return ((qs.reshape(-1, 2, 1, 32) >> _SHIFT4) & 3).reshape(-1, 256)
+    """Inverse of _pack_2bit: (nb, 64) -> (nb, 256) uint8 values 0..3 in element order."""
+    q = np.empty((len(qs), 2, 4, 32), np.uint8)  # chunk c, shift k, l
+    for k in range(4):
+        copy_runs(q[:, :, k], ((qs >> 2 * k) & 3).reshape(-1, 2, 32))
+    return q.reshape(-1, 256)
+
+
+def _hbits(qh: np.ndarray) -> np.ndarray:
+    """qh / hmask (nb, 32) -> (nb, 256) 0/1: element 32k + l is bit k of qh[l]."""
+    return np.unpackbits(qh[:, None, :], axis=1, bitorder="little").reshape(-1, 256)
 
 
 def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -209,10 +217,11 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
 def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q2_K: d*(sc & 15)*q - dmin*(sc >> 4), sub-block = element // 16."""
     sc = b["scales"]
-    dl = h2f(b["d"])[:, None] * (sc & 0xF).astype(F32)
+    dl = h2f(b["d"])[:, None] * (sc & 0xF).astype(F32)  # (nb, 16)
     ml = h2f(b["dmin"])[:, None] * (sc >> 4).astype(F32)
-    q = _unpack_2bit(b["qs"]).reshape(-1, 16, 16).astype(F32)
-    return (dl[..., None] * q - ml[..., None]).reshape(-1, 256)
+    y = scaled(_unpack_2bit(b["qs"]).reshape(-1, 16, 16), dl)
+    y -= per_run(ml, 16)
+    return y.reshape(-1, 256)
 
 
 # --- Q3_K --------------------------------------------------------------------------------------
@@ -248,10 +257,11 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q3_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q3_K: d*(sc - 32)*(q - (hmask bit ? 0 : 4))."""
-    dl = h2f(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(F32)
-    hbit = (b["hmask"][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    q = _unpack_2bit(b["qs"]).astype(np.int8) - np.where(hbit.reshape(-1, 256), 0, 4).astype(np.int8)
-    return (dl[..., None] * q.reshape(-1, 16, 16).astype(F32)).reshape(-1, 256)
+    dl = h2f(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(F32)  # (nb, 16)
+    q = _unpack_2bit(b["qs"])
+    q |= _hbits(b["hmask"]) << 2
+    q -= np.uint8(4)  # (q | hbit << 2) - 4 = q - (hbit ? 0 : 4), as int8
+    return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)
 
 
 # --- Q4_K / Q5_K -------------------------------------------------------------------------------
@@ -292,16 +302,21 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
 
 
 def _dequantize_q45_k(b: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """d1*q - m1 per 32 elements, with d1 = d*sc and m1 = dmin*m."""
     sc, m = get_scale_min_k4(b["scales"])
-    d1 = h2f(b["d"])[:, None] * sc.astype(F32)
+    d1 = h2f(b["d"])[:, None] * sc.astype(F32)  # (nb, 8)
     m1 = h2f(b["dmin"])[:, None] * m.astype(F32)
-    return (d1[..., None] * q.reshape(-1, 8, 32).astype(F32) - m1[..., None]).reshape(-1, 256)
+    y = scaled(q.reshape(-1, 8, 32), d1)
+    y -= per_run(m1, 32)
+    return y.reshape(-1, 256)
 
 
 def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
     """qs (nb, 128) -> (nb, 256): per 64-chunk the 32 low nibbles, then the 32 high nibbles."""
-    q = qs.reshape(-1, 4, 1, 32)
-    return np.concatenate([q & 0xF, q >> 4], axis=2).reshape(-1, 256)
+    q = np.empty((len(qs), 4, 2, 32), np.uint8)
+    copy_runs(q[:, :, 0], (qs & 0xF).reshape(-1, 4, 32))
+    copy_runs(q[:, :, 1], (qs >> 4).reshape(-1, 4, 32))
+    return q.reshape(-1, 256)
 
 
 def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
@@ -311,7 +326,7 @@ def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
 
 def _q5_high(qh: np.ndarray) -> np.ndarray:
     """qh (nb, 32) -> (nb, 256) 0/1: element 32k + l has bit k of qh[l]."""
-    return ((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).reshape(-1, 256)
+    return _hbits(qh)
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
@@ -327,7 +342,9 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m."""
-    return _dequantize_q45_k(b, _q4_nibbles(b["qs"]) + 16 * _q5_high(b["qh"]))
+    q = _q4_nibbles(b["qs"])
+    q |= _q5_high(b["qh"]) << 4
+    return _dequantize_q45_k(b, q)
 
 
 # --- Q6_K --------------------------------------------------------------------------------------
@@ -357,13 +374,20 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_q6_K: d*sc*(q - 32), sub-block = element // 16."""
-    ql = b["ql"].reshape(-1, 2, 2, 32)  # chunk, half, l
-    lo = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], 2)
-    hi = (b["qh"].reshape(-1, 2, 1, 32) >> _SHIFT4) & 3
-    q = (lo | (hi << 4)).astype(np.int8) - np.int8(32)  # (nb, 2, 4, 32)
-    dl = h2f(b["d"])[:, None] * b["scales"].astype(F32)
-    return (dl[..., None] * q.reshape(-1, 16, 16).astype(F32)).reshape(-1, 256)
+    """dequantize_row_q6_K: d*sc*(q - 32), sub-block = element // 16.
+
+    Per 128-chunk, quarter k holds the low nibbles (k < 2) or high nibbles (k >= 2) of
+    ql[32*(k % 2) + l], and bits 2k of qh[l] (laid out like Q2_K's qs).
+    """
+    ql = b["ql"]
+    q = np.empty((len(b), 2, 2, 2, 32), np.uint8)  # chunk, nibble, half, l
+    copy_runs(q[:, :, 0], (ql & 0xF).reshape(-1, 2, 2, 32))
+    copy_runs(q[:, :, 1], (ql >> 4).reshape(-1, 2, 2, 32))
+    q = q.reshape(-1, 256)
+    q |= _unpack_2bit(b["qh"]) << 4
+    q -= np.uint8(32)
+    dl = h2f(b["d"])[:, None] * b["scales"].astype(F32)  # (d * sc) first, as in C
+    return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)
 
 
 # --- Q8_K --------------------------------------------------------------------------------------
@@ -387,7 +411,7 @@ def quantize_q8_k(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q8_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q8_K: d * q."""
-    return b["d"][:, None] * b["qs"].astype(F32)
+    return scaled(b["qs"], b["d"])
 
 
 KINDS = [

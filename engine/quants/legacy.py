@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, c_int, c_int8, f2h,
-                                  f32, first_max, first_min, h2f, pack_nibbles, round_away,
-                                  safe_inv, seq_sum, unpack_nibbles)
+from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
+                                  c_int8, copy_runs, f2h, f32, first_max, first_min, flip_nan_signs,
+                                  h2f, pack_nibbles, per_run, round_away, safe_inv, scaled, seq_sum)
 from engine.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -33,17 +33,32 @@ def _qh_bits(q: np.ndarray) -> np.ndarray:
 
 
 def _qh_unpack(qh: np.ndarray) -> np.ndarray:
-    """qh[4] -> (nb, 32) high bits 0/1."""
-    word = qh.copy().view("<u4")  # (nb, 1)
-    return ((word >> _BITS32) & 1).astype(np.uint8)
+    """qh[4] (nb, 4) -> (nb, 32) high bits 0/1: bit j of the little-endian uint32 is element j."""
+    qh = np.ascontiguousarray(qh, dtype=np.uint8)
+    return np.unpackbits(qh.reshape(-1), bitorder="little").reshape(len(qh), 32)
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """qs (nb, 16) -> (nb, 32) uint8: low nibbles (elements 0-15), then high nibbles (16-31)."""
-    q = np.empty((len(qs), 2, qs.shape[1]), np.uint8)
-    np.bitwise_and(qs, np.uint8(15), out=q[:, 0])
-    np.right_shift(qs, np.uint8(4), out=q[:, 1])
-    return q.reshape(len(qs), -1)
+def _run(raw: np.ndarray, start: int, n: int) -> np.ndarray:
+    """Bytes [start, start+n) of every block, as a contiguous (nb, n) array."""
+    out = np.empty((len(raw), n), np.uint8)
+    copy_runs(out, raw[:, start:start + n])
+    return out
+
+
+def _nibbles(raw: np.ndarray, start: int) -> np.ndarray:
+    """qs = bytes [start, start+16) of each block (nb, size) -> (nb, 32) uint8: the low nibbles
+    (elements 0-15), then the high nibbles (16-31). The shifts run over all blocks' bytes."""
+    q = np.empty((len(raw), 2, 16), np.uint8)
+    copy_runs(q[:, 0], (raw & 15)[:, start:start + 16])
+    copy_runs(q[:, 1], (raw >> 4)[:, start:start + 16])
+    return q.reshape(len(raw), 32)
+
+
+def _with_qh(raw: np.ndarray, qh: int, qs: int) -> np.ndarray:
+    """Q5_0 / Q5_1 quants 0..31: `(nibble | hbit << 4)`, qh at byte qh, qs at byte qs."""
+    q = _nibbles(raw, qs)
+    q |= _qh_unpack(_run(raw, qh, 4)) << 4
+    return q
 
 
 # --- Q4_0 / Q5_0: symmetric, d = max / -8 (or -16) ----------------------------------------------
@@ -67,9 +82,9 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_0: (q - 8) * d."""
-    q = _nibbles(b["qs"])
+    q = _nibbles(byte_rows(b), 2)
     q -= np.uint8(8)  # wraps; read back as int8 below
-    return np.multiply(q.view(np.int8), h2f(b["d"])[:, None], dtype=F32)
+    return scaled(q.view(np.int8), h2f(b["d"]))
 
 
 def quantize_q5_0(x: np.ndarray) -> np.ndarray:
@@ -83,10 +98,9 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_0: ((nibble | hbit << 4) - 16) * d."""
-    q = _nibbles(b["qs"])
-    q |= _qh_unpack(b["qh"]) << 4
+    q = _with_qh(byte_rows(b), 2, 6)
     q -= np.uint8(16)
-    return np.multiply(q.view(np.int8), h2f(b["d"])[:, None], dtype=F32)
+    return scaled(q.view(np.int8), h2f(b["d"]))
 
 
 # --- Q4_1 / Q5_1: asymmetric, x = d * q + m -----------------------------------------------------
@@ -108,8 +122,8 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_1: q * d + m."""
-    y = np.multiply(_nibbles(b["qs"]), h2f(b["d"])[:, None], dtype=F32)
-    y += h2f(b["m"])[:, None]
+    y = scaled(_nibbles(byte_rows(b), 4), h2f(b["d"]))
+    y += per_run(h2f(b["m"]), 32)
     return y
 
 
@@ -125,10 +139,8 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_1: (nibble | hbit << 4) * d + m."""
-    q = _nibbles(b["qs"])
-    q |= _qh_unpack(b["qh"]) << 4
-    y = np.multiply(q, h2f(b["d"])[:, None], dtype=F32)
-    y += h2f(b["m"])[:, None]
+    y = scaled(_with_qh(byte_rows(b), 4, 8), h2f(b["d"]))
+    y += per_run(h2f(b["m"]), 32)
     return y
 
 
@@ -150,7 +162,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q8_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q8_0: q * d."""
-    return np.multiply(b["qs"], h2f(b["d"])[:, None], dtype=F32)
+    return scaled(_run(byte_rows(b), 2, 32).view(np.int8), h2f(b["d"]))
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
@@ -201,10 +213,13 @@ def quantize_q1_0(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_q1_0(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_q1_0: bit ? d : -d."""
-    d = h2f(b["d"])[:, None]
-    bits = np.unpackbits(b["qs"], axis=-1, bitorder="little").astype(bool)
-    return np.where(bits, d, -d)
+    """dequantize_row_q1_0: bit ? d : -d (as d * +-1, with C's -d for a NaN d)."""
+    d = h2f(b["d"])
+    bits = np.unpackbits(_run(byte_rows(b), 2, 16).reshape(-1), bitorder="little")
+    s = (bits << 1) - np.uint8(1)  # 1 -> +1, 0 -> 255 = -1 as int8
+    y = scaled(s.view(np.int8).reshape(-1, 128), d)
+    flip_nan_signs(y, s.view(np.int8).reshape(-1, 128), d)
+    return y
 
 
 _F = (("d", "scale, fp16"),)

@@ -34,7 +34,7 @@ N_THREADS = 2
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    """The oracle must be there: its absence fails the tests (see `make test-models`)."""
+    """The oracle must be there: its absence fails the tests (`make test` installs it)."""
     try:
         import llama_cpp
     except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
