@@ -189,21 +189,52 @@ def byte_table(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return np.frombuffer(out, table.dtype).reshape(raw.shape)
 
 
+def nibbles(raw: np.ndarray, start: int, stop: int, run: int,
+            table: np.ndarray | None = None) -> np.ndarray:
+    """The 4-bit quants in bytes [start, stop) of each block (nb, size), in element order.
+
+    Each run of `run` bytes holds 2*run elements: the low nibbles first, then the high nibbles
+    (C's `qs[j] & 0xf` and `qs[j] >> 4`). Returns (nb, 2*(stop - start)) uint8, or the int8
+    `table[nibble]` of a 16-entry table (kvalues_iq4nl, kvalues_mxfp4).
+    """
+    nb, size = raw.shape
+    lh = np.empty((2, nb, size), np.uint8 if table is None else table.dtype)
+    if table is None:
+        np.bitwise_and(raw, np.uint8(15), out=lh[0])
+        np.right_shift(raw, np.uint8(4), out=lh[1])
+    else:
+        b = np.arange(256)
+        lh[0] = byte_table(table[b & 15], raw)
+        lh[1] = byte_table(table[b >> 4], raw)
+    runs = (stop - start) // run
+    q = np.empty((nb, runs, 2, run), lh.dtype)
+    copy_runs(q, lh[:, :, start:stop].reshape(2, nb, runs, run).transpose(1, 2, 0, 3))
+    return q.reshape(nb, -1)
+
+
+_SHIFT2 = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # (k, block, byte)
+
+
+def unpack_2bit(qs: np.ndarray) -> np.ndarray:
+    """2-bit quants (nb, 64) -> (nb, 256) uint8 values 0..3 in element order: byte 32c + l holds
+    elements 128c + 32k + l at bits 2k (Q2_K, Q3_K and Q6_K's qh, TQ2_0)."""
+    p = (np.ascontiguousarray(qs)[None] >> _SHIFT2) & np.uint8(3)  # (k, nb, 64): bits 2k
+    q = np.empty((len(qs), 2, 4, 32), np.uint8)  # chunk c, shift k, l
+    copy_runs(q, p.reshape(4, -1, 2, 32).transpose(1, 2, 0, 3))
+    return q.reshape(-1, 256)
+
+
 def scaled(q: np.ndarray, d: np.ndarray) -> np.ndarray:
     """`q*d` with one float32 scale per run: quants q (..., n) int8/uint8, d (...) -> float32 (..., n).
 
     The output starts as each scale repeated n times and is multiplied in place by q (cast to
     float32 on the fly): one pass, no float32 copy of q. Multiplication commutes exactly, so this
-    is C's `x*d` as well as `d*x`.
+    is C's `x*d` as well as `d*x`. A min is then added in place (`y -= m[..., None]`): a second
+    float32 array the size of the output would cost more in fresh memory than it saves.
     """
     y = np.repeat(f32(d).reshape(-1), q.shape[-1])
     np.multiply(y, np.ascontiguousarray(q).reshape(-1), out=y)
     return y.reshape(q.shape)
-
-
-def per_run(m: np.ndarray, n: int) -> np.ndarray:
-    """m (...) -> (..., n): each float32 value repeated over its run, for `y += per_run(m, n)`."""
-    return np.repeat(f32(m).reshape(-1), n).reshape(*np.shape(m), n)
 
 
 def flip_nan_signs(y: np.ndarray, q: np.ndarray, d: np.ndarray) -> None:

@@ -22,7 +22,7 @@ def _fp16(v: int) -> float:
 def _quants(t: T, b: np.ndarray) -> list[int] | None:
     """Each element's integer quant, in element order, as the dequantizer reads it."""
     from engine.quants import kquants, legacy, ternary
-    from engine.quants.common import unpack_nibbles
+    from engine.quants.common import unpack_2bit, unpack_nibbles
 
     b1 = b[None]
     if t in (T.Q4_0, T.Q4_1, T.IQ4_NL, T.MXFP4):
@@ -34,10 +34,10 @@ def _quants(t: T, b: np.ndarray) -> list[int] | None:
     elif t == T.Q1_0:
         q = np.unpackbits(b1["qs"], axis=-1, bitorder="little")
     elif t == T.Q2_K:
-        q = kquants._unpack_2bit(b1["qs"])
+        q = unpack_2bit(b1["qs"])
     elif t == T.Q3_K:
         hbit = (b1["hmask"][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-        q = kquants._unpack_2bit(b1["qs"]).astype(int) - np.where(hbit.reshape(1, 256), 0, 4)
+        q = unpack_2bit(b1["qs"]).astype(int) - np.where(hbit.reshape(1, 256), 0, 4)
     elif t == T.Q4_K:
         q = kquants._q4_nibbles(b1["qs"])
     elif t == T.Q5_K:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, copy_runs, f2h, f32,
-                                  first_max, first_min, h2f, nearest_int, per_run, scaled, seq_sum)
+                                  first_max, first_min, h2f, nearest_int, nibbles, scaled, seq_sum,
+                                  unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -145,17 +146,15 @@ def _pack_2bit(L: np.ndarray) -> np.ndarray:
     return q.sum(axis=2).reshape(-1, 64).astype(np.uint8)
 
 
-def _unpack_2bit(qs: np.ndarray) -> np.ndarray:
-    """Inverse of _pack_2bit: (nb, 64) -> (nb, 256) uint8 values 0..3 in element order."""
-    q = np.empty((len(qs), 2, 4, 32), np.uint8)  # chunk c, shift k, l
-    for k in range(4):
-        copy_runs(q[:, :, k], ((qs >> 2 * k) & 3).reshape(-1, 2, 32))
-    return q.reshape(-1, 256)
+_SHIFT1 = np.arange(8, dtype=np.uint8)[:, None, None]
 
 
 def _hbits(qh: np.ndarray) -> np.ndarray:
     """qh / hmask (nb, 32) -> (nb, 256) 0/1: element 32k + l is bit k of qh[l]."""
-    return np.unpackbits(qh[:, None, :], axis=1, bitorder="little").reshape(-1, 256)
+    p = (np.ascontiguousarray(qh)[None] >> _SHIFT1) & np.uint8(1)  # (k, nb, 32): bit k
+    q = np.empty((len(qh), 8, 32), np.uint8)
+    copy_runs(q, p.transpose(1, 0, 2))
+    return q.reshape(-1, 256)
 
 
 def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -168,21 +167,43 @@ def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
+def _scale_words(scales: np.ndarray) -> np.ndarray:
+    """The 12 scale bytes (nb, 12) as three little-endian uint32 words (3, nb), like ggml's
+    `memcpy(utmp, x[i].scales, 12)`."""
+    return np.ascontiguousarray(scales, dtype=np.uint8).view("<u4").T
+
+
 def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8)."""
-    q = scales.astype(np.uint8)
-    sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)], axis=1)
-    m = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)], axis=1)
-    return sc, m
+    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8.
+
+    Four bytes at a time, as ggml's SIMD dot products unpack them (kmask1/2/3): scales 0-3 are the
+    low 6 bits of bytes 0-3, scales 4-7 the low nibbles of bytes 8-11 plus the top 2 bits of bytes
+    0-3; the mins likewise from bytes 4-7 and the high nibbles of bytes 8-11.
+    """
+    a0, a1, a2 = _scale_words(scales)
+    out = np.empty((4, len(a0)), "<u4")  # sc[0:4], sc[4:8], m[0:4], m[4:8]
+    out[0] = a0 & 0x3F3F3F3F
+    out[1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
+    out[2] = a1 & 0x3F3F3F3F
+    out[3] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
+    b = np.ascontiguousarray(out.T).view(np.uint8)  # (nb, 16)
+    return b[:, :8], b[:, 8:]
 
 
 def q3_k_scales(scales: np.ndarray) -> np.ndarray:
-    """The 16 six-bit Q3_K scales (nb, 16), minus 32: low 4 bits in nibbles, high 2 in bytes 8-11."""
-    q = scales.astype(np.int64)
-    lo = np.concatenate([q[:, 0:8] & 0xF, q[:, 0:8] >> 4], axis=1)
-    j = np.arange(16)
-    hi = (q[:, 8 + j % 4] >> (2 * (j // 4))) & 3
-    return (lo | (hi << 4)) - 32
+    """The 16 six-bit Q3_K scales (nb, 16) as int8, minus 32: dequantize_row_q3_K's aux[4].
+
+    Low 4 bits in the nibbles of bytes 0-7, high 2 bits in bytes 8-11 (kmask1 = 0x03030303,
+    kmask2 = 0x0f0f0f0f).
+    """
+    a0, a1, tmp = _scale_words(scales)
+    aux = np.empty((4, len(a0)), "<u4")
+    aux[2] = ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4)
+    aux[3] = ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)
+    aux[0] = (a0 & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4)
+    aux[1] = (a1 & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4)
+    q = np.ascontiguousarray(aux.T).view(np.int8)  # (nb, 16): 0..63
+    return q - np.int8(32)
 
 
 # --- Q2_K --------------------------------------------------------------------------------------
@@ -219,8 +240,8 @@ def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
     sc = b["scales"]
     dl = h2f(b["d"])[:, None] * (sc & 0xF).astype(F32)  # (nb, 16)
     ml = h2f(b["dmin"])[:, None] * (sc >> 4).astype(F32)
-    y = scaled(_unpack_2bit(b["qs"]).reshape(-1, 16, 16), dl)
-    y -= per_run(ml, 16)
+    y = scaled(unpack_2bit(b["qs"]).reshape(-1, 16, 16), dl)
+    y -= ml[..., None]
     return y.reshape(-1, 256)
 
 
@@ -258,7 +279,7 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
 def dequantize_q3_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q3_K: d*(sc - 32)*(q - (hmask bit ? 0 : 4))."""
     dl = h2f(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(F32)  # (nb, 16)
-    q = _unpack_2bit(b["qs"])
+    q = unpack_2bit(b["qs"])
     q |= _hbits(b["hmask"]) << 2
     q -= np.uint8(4)  # (q | hbit << 2) - 4 = q - (hbit ? 0 : 4), as int8
     return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)
@@ -307,16 +328,13 @@ def _dequantize_q45_k(b: np.ndarray, q: np.ndarray) -> np.ndarray:
     d1 = h2f(b["d"])[:, None] * sc.astype(F32)  # (nb, 8)
     m1 = h2f(b["dmin"])[:, None] * m.astype(F32)
     y = scaled(q.reshape(-1, 8, 32), d1)
-    y -= per_run(m1, 32)
+    y -= m1[..., None]
     return y.reshape(-1, 256)
 
 
 def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
     """qs (nb, 128) -> (nb, 256): per 64-chunk the 32 low nibbles, then the 32 high nibbles."""
-    q = np.empty((len(qs), 4, 2, 32), np.uint8)
-    copy_runs(q[:, :, 0], (qs & 0xF).reshape(-1, 4, 32))
-    copy_runs(q[:, :, 1], (qs >> 4).reshape(-1, 4, 32))
-    return q.reshape(-1, 256)
+    return nibbles(np.ascontiguousarray(qs), 0, 128, 32)
 
 
 def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
@@ -384,7 +402,7 @@ def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     copy_runs(q[:, :, 0], (ql & 0xF).reshape(-1, 2, 2, 32))
     copy_runs(q[:, :, 1], (ql >> 4).reshape(-1, 2, 2, 32))
     q = q.reshape(-1, 256)
-    q |= _unpack_2bit(b["qh"]) << 4
+    q |= unpack_2bit(b["qh"]) << 4
     q -= np.uint8(32)
     dl = h2f(b["d"])[:, None] * b["scales"].astype(F32)  # (d * sc) first, as in C
     return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)

@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
                                   c_int8, copy_runs, f2h, f32, first_max, first_min, flip_nan_signs,
-                                  h2f, pack_nibbles, per_run, round_away, safe_inv, scaled, seq_sum)
+                                  h2f, nibbles, pack_nibbles, round_away, safe_inv, scaled, seq_sum)
 from engine.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -45,18 +45,9 @@ def _run(raw: np.ndarray, start: int, n: int) -> np.ndarray:
     return out
 
 
-def _nibbles(raw: np.ndarray, start: int) -> np.ndarray:
-    """qs = bytes [start, start+16) of each block (nb, size) -> (nb, 32) uint8: the low nibbles
-    (elements 0-15), then the high nibbles (16-31). The shifts run over all blocks' bytes."""
-    q = np.empty((len(raw), 2, 16), np.uint8)
-    copy_runs(q[:, 0], (raw & 15)[:, start:start + 16])
-    copy_runs(q[:, 1], (raw >> 4)[:, start:start + 16])
-    return q.reshape(len(raw), 32)
-
-
 def _with_qh(raw: np.ndarray, qh: int, qs: int) -> np.ndarray:
     """Q5_0 / Q5_1 quants 0..31: `(nibble | hbit << 4)`, qh at byte qh, qs at byte qs."""
-    q = _nibbles(raw, qs)
+    q = nibbles(raw, qs, qs + 16, 16)
     q |= _qh_unpack(_run(raw, qh, 4)) << 4
     return q
 
@@ -82,7 +73,7 @@ def quantize_q4_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_0: (q - 8) * d."""
-    q = _nibbles(byte_rows(b), 2)
+    q = nibbles(byte_rows(b), 2, 18, 16)
     q -= np.uint8(8)  # wraps; read back as int8 below
     return scaled(q.view(np.int8), h2f(b["d"]))
 
@@ -122,8 +113,8 @@ def quantize_q4_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_1: q * d + m."""
-    y = scaled(_nibbles(byte_rows(b), 4), h2f(b["d"]))
-    y += per_run(h2f(b["m"]), 32)
+    y = scaled(nibbles(byte_rows(b), 4, 20, 16), h2f(b["d"]))
+    y += h2f(b["m"])[:, None]
     return y
 
 
@@ -140,7 +131,7 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 def dequantize_q5_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_1: (nibble | hbit << 4) * d + m."""
     y = scaled(_with_qh(byte_rows(b), 4, 8), h2f(b["d"]))
-    y += per_run(h2f(b["m"]), 32)
+    y += h2f(b["m"])[:, None]
     return y
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import F32, QuantKind, block_dtype, f2h, h2f, round_away, safe_inv
+from engine.quants.common import (QuantKind, block_dtype, byte_rows, copy_runs, f2h, h2f,
+                                  round_away, safe_inv, scaled, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_TQ1_0 = block_dtype(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<u2"))
@@ -32,12 +33,6 @@ def _pack_trits(t: np.ndarray) -> np.ndarray:
     return ((q * 256 + 242) // 243).astype(np.uint8)
 
 
-def _unpack_trits(q: np.ndarray, n: int) -> np.ndarray:
-    """(...,) bytes -> (n, ...) trits 0..2: ((uint8)(q * 3^k) * 3) >> 8 for k < n."""
-    q = q.astype(np.uint16)
-    return np.stack([(((q * int(_POW3[k])) & 0xFF) * 3) >> 8 for k in range(n)])
-
-
 def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
     """quantize_row_tq1_0_ref."""
     nb = len(x)
@@ -55,16 +50,25 @@ def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
     return y
 
 
+_POW3_U8 = _POW3.astype(np.uint8)[:, None, None]
+
+
 def dequantize_tq1_0(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_tq1_0: (trit - 1) * d."""
-    nb = len(b)
-    qs = b["qs"]
-    t = np.concatenate([
-        _unpack_trits(qs[:, :32], 5).transpose(1, 0, 2).reshape(nb, 160),
-        _unpack_trits(qs[:, 32:], 5).transpose(1, 0, 2).reshape(nb, 80),
-        _unpack_trits(b["qh"], 4).transpose(1, 0, 2).reshape(nb, 16),
-    ], axis=1)
-    return (t.astype(np.int16) - 1).astype(F32) * h2f(b["d"])[:, None]
+    """dequantize_row_tq1_0: (trit - 1) * d.
+
+    Trit n of byte q is `((uint8_t)(q * 3^n) * 3) >> 8`, i.e. 0 below 86, 2 from 171, else 1.
+    """
+    raw = byte_rows(b)  # (nb, 54): qs[48], qh[4], d
+    nb = len(raw)
+    x = raw[None] * _POW3_U8  # (5, nb, 54): uint8 products wrap as in C
+    t = (x >= 171).view(np.int8) - (x < 86).view(np.int8)  # trit - 1
+    q = np.empty((nb, 256), np.int8)
+    # elements 0..159: 32n + m <- qs[m]; 160..239: 160 + 16n + m <- qs[32 + m];
+    # 240..255: 240 + 4n + j <- qh[j] (n < 4)
+    copy_runs(q[:, :160].reshape(nb, 5, 32), t[:, :, :32].transpose(1, 0, 2))
+    copy_runs(q[:, 160:240].reshape(nb, 5, 16), t[:, :, 32:48].transpose(1, 0, 2))
+    copy_runs(q[:, 240:].reshape(nb, 4, 4), t[:4, :, 48:52].transpose(1, 0, 2))
+    return scaled(q, h2f(b["d"]))
 
 
 def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
@@ -79,10 +83,10 @@ def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_tq2_0(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_tq2_0: (q - 1) * d."""
-    qs = b["qs"].reshape(-1, 2, 1, 32)
-    q = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
-    return (q.reshape(-1, 256).astype(np.int8) - np.int8(1)).astype(F32) * h2f(b["d"])[:, None]
+    """dequantize_row_tq2_0: (q - 1) * d, with qs packed like Q2_K's."""
+    q = unpack_2bit(b["qs"])
+    q -= np.uint8(1)  # wraps; read back as int8
+    return scaled(q.view(np.int8), h2f(b["d"]))
 
 
 KINDS = [
