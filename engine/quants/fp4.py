@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import F32, KVALUES_MXFP4, QuantKind, block_dtype, c_int, f32, \
-    pack_nibbles, unpack_nibbles
+from engine.quants.common import (F32, KVALUES_MXFP4, QuantKind, block_dtype, byte_rows, c_int,
+                                  f32, nibbles, pack_nibbles, scaled)
 from engine.types import GGMLType as T
 
 BLOCK_MXFP4 = block_dtype(("e", "u1"), ("qs", "u1", 16))
@@ -80,7 +80,7 @@ def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
 
 def dequantize_mxfp4(b: np.ndarray) -> np.ndarray:
     """dequantize_row_mxfp4: kvalue * 2^(e-128)."""
-    return _KV[unpack_nibbles(b["qs"])] * e8m0_to_fp32_half(b["e"])[:, None]
+    return scaled(nibbles(byte_rows(b), 1, 17, 16, KVALUES_MXFP4), e8m0_to_fp32_half(b["e"]))
 
 
 def quantize_nvfp4(x: np.ndarray) -> np.ndarray:
@@ -95,9 +95,9 @@ def quantize_nvfp4(x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_nvfp4(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_nvfp4."""
-    q = unpack_nibbles(b["qs"].reshape(-1, 4, 8))  # (nb, 4, 16)
-    return (_KV[q] * UE4M3_HALF[b["d"]][..., None]).reshape(len(b), 64)
+    """dequantize_row_nvfp4: kvalue * ue4m3(d[s]) per 16-element sub-block s."""
+    q = nibbles(byte_rows(b), 4, 36, 8, KVALUES_MXFP4)  # (nb, 64): per 8 bytes, low then high
+    return scaled(q.reshape(-1, 4, 16), UE4M3_HALF[b["d"]]).reshape(-1, 64)
 
 
 KINDS = [

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, KVALUES_IQ4NL, QuantKind, absmax_signed, best_index_int8,
-                                  block_dtype, f2h, h2f, nearest_int, pack_nibbles, safe_inv,
-                                  seq_sum, unpack_nibbles)
+                                  block_dtype, byte_rows, f2h, h2f, nearest_int, nibbles,
+                                  pack_nibbles, safe_inv, scaled, seq_sum)
 from engine.types import GGMLType as T
 
 BLOCK_IQ4_NL = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -81,7 +81,7 @@ def quantize_iq4_nl_ref(x: np.ndarray) -> np.ndarray:
 
 def dequantize_iq4_nl(b: np.ndarray) -> np.ndarray:
     """dequantize_row_iq4_nl: d * kvalues_iq4nl[q]."""
-    return h2f(b["d"])[:, None] * _KV[unpack_nibbles(b["qs"])]
+    return scaled(nibbles(byte_rows(b), 2, 18, 16, KVALUES_IQ4NL), h2f(b["d"]))
 
 
 def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
@@ -105,18 +105,18 @@ def quantize_iq4_xs(x: np.ndarray) -> np.ndarray:
 
 
 def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
-    """The 8 six-bit sub-block scales (nb, 8), minus 32."""
-    ib = np.arange(8)
-    lo = (b["scales_l"][:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 0xF
-    hi = (b["scales_h"][:, None] >> (2 * ib).astype(np.uint16)) & 3
-    return (lo.astype(np.int64) | (hi.astype(np.int64) << 4)) - 32
+    """The 8 six-bit sub-block scales (nb, 8), minus 32: low nibbles of scales_l (two per byte),
+    high 2 bits from scales_h (2 bits each)."""
+    lo = np.stack([b["scales_l"] & 0xF, b["scales_l"] >> 4], axis=-1).reshape(-1, 8)
+    hi = (b["scales_h"][:, None] >> (2 * np.arange(8, dtype=np.uint16))) & 3
+    return (lo | (hi << 4)).astype(np.int16) - 32
 
 
 def dequantize_iq4_xs(b: np.ndarray) -> np.ndarray:
     """dequantize_row_iq4_xs: d * (ls - 32) * kvalues_iq4nl[q]."""
     dl = h2f(b["d"])[:, None] * iq4_xs_scales(b).astype(F32)  # (nb, 8)
-    q = unpack_nibbles(b["qs"].reshape(-1, 8, 16))  # (nb, 8, 32)
-    return (dl[..., None] * _KV[q]).reshape(-1, 256)
+    q = nibbles(byte_rows(b), 8, 136, 16, KVALUES_IQ4NL)  # (nb, 256)
+    return scaled(q.reshape(-1, 8, 32), dl).reshape(-1, 256)
 
 
 KINDS = [
