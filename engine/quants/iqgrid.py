@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants import iq_tables as tab
-from engine.quants.common import F32, QuantKind, block_dtype, h2f
+from engine.quants.common import F32, QuantKind, block_dtype, copy_runs, flip_nan_signs, h2f, scaled
 from engine.types import GGMLType as T
 
 BLOCK_IQ2_XXS = block_dtype(("d", "<u2"), ("qs", "<u2", 32))
@@ -26,91 +26,125 @@ BLOCK_IQ1_S = block_dtype(("d", "<u2"), ("qs", "u1", 32), ("qh", "<u2", 8))
 BLOCK_IQ1_M = block_dtype(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8))
 
 IQ1S_DELTA = F32(0.125)
-_G2XXS = tab.IQ2XXS_GRID.view(np.uint8).reshape(-1, 8).astype(F32)
-_G2XS = tab.IQ2XS_GRID.view(np.uint8).reshape(-1, 8).astype(F32)
-_G2S = tab.IQ2S_GRID.view(np.uint8).reshape(-1, 8).astype(F32)
-_G3XXS = tab.IQ3XXS_GRID.view(np.uint8).reshape(-1, 4).astype(F32)
-_G3S = tab.IQ3S_GRID.view(np.uint8).reshape(-1, 4).astype(F32)
-_G1S = tab.IQ1S_GRID.view(np.int8).reshape(-1, 8).astype(F32)
-# ksigns_iq2xs[i] as 8 factors +-1.0 (bit j set -> element j negative)
-_SIGNS = np.where((tab.KSIGNS_IQ2XS[:, None] >> np.arange(8)) & 1, F32(-1), F32(1)).astype(F32)
-_BYTE_SIGNS = np.where((np.arange(256)[:, None] >> np.arange(8)) & 1, F32(-1), F32(1)).astype(F32)
+
+# Each grid row with every sign pattern applied, as int8 rows packed in one uint64 (8 elements)
+# or uint32 (4 elements): one gather per row of 8 (or 4) signed quants, no float table.
+# Grid values are 1..62, so +-g fits int8. Signs come as ksigns_iq2xs[7 bits] for a row of 8,
+# or as the nibble (4 of the 8 sign bits) that covers a row of 4.
+_KSIGN_BITS = (tab.KSIGNS_IQ2XS[:, None] >> np.arange(8)) & 1  # (128, 8)
+_NIBBLE_BITS = (np.arange(16)[:, None] >> np.arange(4)) & 1  # (16, 4)
 
 
-def _signed(db: np.ndarray, grid: np.ndarray, sign: np.ndarray) -> np.ndarray:
-    """db * grid[j] * (+-1.f): the compiled C flips the sign bit, so a NaN's sign flips too."""
-    v = db[..., None] * grid
-    return np.where(sign < 0, -v, v)
+def _signed_rows(grid: np.ndarray, width: int, sign_bits: np.ndarray) -> np.ndarray:
+    """Entry s * ngrid + g: grid row g (width bytes) with element j negated where
+    sign_bits[s, j] is set, as int8 packed into one uint64 / uint32."""
+    g = grid.view(np.uint8).reshape(-1, width).astype(np.int8)  # (ngrid, width)
+    v = np.where(sign_bits[:, None, :] != 0, -g, g).astype(np.int8)  # (nsign, ngrid, width)
+    return v.reshape(-1).view(np.uint64 if width == 8 else np.uint32)
+
+
+_IQ2XXS_ROWS = _signed_rows(tab.IQ2XXS_GRID, 8, _KSIGN_BITS)  # [s7 << 8 | grid]
+_IQ2XS_ROWS = _signed_rows(tab.IQ2XS_GRID, 8, _KSIGN_BITS)  # [s7 << 9 | grid]: the qs word
+_IQ2S_QUADS = _signed_rows(tab.IQ2S_GRID, 4, _NIBBLE_BITS)  # [nibble << 11 | grid << 1 | half]
+_IQ3XXS_QUADS = _signed_rows(tab.IQ3XXS_GRID, 4, _NIBBLE_BITS)  # [nibble << 8 | grid]
+_IQ3S_QUADS = _signed_rows(tab.IQ3S_GRID, 4, _NIBBLE_BITS)  # [nibble << 9 | grid]
+# IQ1: grid + delta (grid in {-1, 0, 1}, delta = +-1/8) is exactly q/8 for the odd int8
+# q = 8*grid +- 1; entry [delta < 0] << 11 | grid.
+_G1S = tab.IQ1S_GRID.view(np.int8).reshape(-1, 8)
+_IQ1_ROWS = np.concatenate([8 * _G1S + 1, 8 * _G1S - 1]).astype(np.int8).reshape(-1).view(np.uint64)
+
+
+def _fields(x: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """The n bit fields of x, lowest first: (..., n) with field k = (x >> bits*k) & (2^bits - 1)."""
+    out = np.empty((*x.shape, n), x.dtype)
+    for k in range(n):
+        np.bitwise_and(x >> (bits * k), (1 << bits) - 1, out=out[..., k])
+    return out
+
+
+def _gather(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """rows[index] with each uint64 / uint32 row read back as its int8 elements: (nb, 256) int8."""
+    return np.take(rows, index).view(np.int8).reshape(len(index), 256)
+
+
+def _signed_scaled(q: np.ndarray, db: np.ndarray) -> np.ndarray:
+    """`db * grid[j] * (sign ? -1.f : 1.f)` as db * (+-grid[j]): q (nb, 256) int8, db (nb, runs)."""
+    q = q.reshape(*db.shape, -1)
+    y = scaled(q, db)
+    flip_nan_signs(y, q, db)
+    return y.reshape(-1, 256)
+
+
+def _iq2_db(b: np.ndarray) -> np.ndarray:
+    """db = d * (0.5f + ls) * 0.25f per 16 (IQ2_XS, IQ2_S): two 4-bit ls per byte, low first."""
+    ls = _fields(b["scales"], 4, 2).reshape(len(b), 16).astype(F32)
+    return h2f(b["d"])[:, None] * (F32(0.5) + ls) * F32(0.25)
 
 
 def dequantize_iq2_xxs(b: np.ndarray) -> np.ndarray:
     """dequantize_row_iq2_xxs: per 32, four 8-element grid indices, then 4x7 sign bits + scale."""
     raw = b["qs"].view(np.uint8).reshape(-1, 8, 8)  # (nb, ib32, 8 bytes)
-    aux1 = raw[:, :, 4:8].copy().view("<u4")[..., 0]  # (nb, 8)
+    aux = np.empty((len(b), 8, 4), np.uint8)
+    copy_runs(aux, raw[:, :, 4:8])
+    aux1 = aux.view("<u4")[..., 0]  # (nb, 8)
     db = h2f(b["d"])[:, None] * (F32(0.5) + (aux1 >> 28).astype(F32)) * F32(0.25)
-    sidx = (aux1[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127  # (nb, 8, 4)
-    y = _signed(np.repeat(db[..., None], 4, -1), _G2XXS[raw[:, :, :4]], _SIGNS[sidx])
-    return y.reshape(-1, 256)
+    sidx = _fields(aux1, 7, 4)  # (nb, 8, 4): row l's index into ksigns_iq2xs
+    q = _gather(_IQ2XXS_ROWS, sidx << 8 | raw[:, :, :4])
+    return _signed_scaled(q, db)
 
 
 def dequantize_iq2_xs(b: np.ndarray) -> np.ndarray:
     """dequantize_row_iq2_xs: 9-bit grid index + 7 sign bits per 8, a 4-bit scale per 16."""
-    qs = b["qs"].reshape(-1, 8, 4)
-    sc = b["scales"]
-    db = np.stack([sc & 0xF, sc >> 4], -1).astype(F32)  # (nb, 8, 2)
-    db = h2f(b["d"])[:, None, None] * (F32(0.5) + db) * F32(0.25)
-    db = np.repeat(db, 2, axis=-1)  # l // 2 picks the scale
-    y = _signed(db, _G2XS[qs & 511], _SIGNS[qs >> 9])
-    return y.reshape(-1, 256)
+    return _signed_scaled(_gather(_IQ2XS_ROWS, b["qs"]), _iq2_db(b))
 
 
 def dequantize_iq2_s(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_iq2_s: 10-bit grid index (8 in qs, 2 in qh), a full sign byte per 8."""
-    qs = b["qs"][:, :32].reshape(-1, 8, 4).astype(np.int64)
-    signs = b["qs"][:, 32:].reshape(-1, 8, 4)
-    qh = b["qh"].astype(np.int64)[..., None]
-    l = np.arange(4)
-    idx = qs | ((qh << (8 - 2 * l)) & 0x300)
-    sc = b["scales"]
-    db = np.stack([sc & 0xF, sc >> 4], -1).astype(F32)
-    db = np.repeat(h2f(b["d"])[:, None, None] * (F32(0.5) + db) * F32(0.25), 2, axis=-1)
-    return _signed(db, _G2S[idx], _BYTE_SIGNS[signs]).reshape(-1, 256)
+    """dequantize_row_iq2_s: 10-bit grid index (8 in qs, 2 in qh), a full sign byte per 8.
+
+    Each row of 8 is read as two rows of 4 (grid << 1 | half), each signed by its sign nibble.
+    """
+    grid = b["qs"][:, :32].reshape(-1, 8, 4) | _fields(b["qh"], 2, 4).astype(np.uint32) << 8
+    signs = _fields(b["qs"][:, 32:].reshape(-1, 8, 4), 4, 2)  # (nb, ib32, l, half)
+    half = np.empty_like(signs, np.uint32)
+    half[..., 0], half[..., 1] = grid << 1, grid << 1 | 1
+    q = _gather(_IQ2S_QUADS, signs.astype(np.uint32) << 11 | half)
+    return _signed_scaled(q, _iq2_db(b))
 
 
 def dequantize_iq3_xxs(b: np.ndarray) -> np.ndarray:
     """dequantize_row_iq3_xxs: two 4-element grid indices per 8, 4x7 sign bits + scale per 32."""
-    qs = b["qs"][:, :64].reshape(-1, 8, 4, 2)
-    aux = b["qs"][:, 64:].copy().view("<u4")  # (nb, 8)
+    qs = b["qs"][:, :64].reshape(-1, 8, 4, 2)  # (nb, ib32, l, grid1/grid2)
+    aux = np.ascontiguousarray(b["qs"][:, 64:]).view("<u4")  # (nb, 8)
     db = h2f(b["d"])[:, None] * (F32(0.5) + (aux >> 28).astype(F32)) * F32(0.5)
-    sidx = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127
-    grid = _G3XXS[qs].reshape(-1, 8, 4, 8)  # grid1 then grid2
-    return _signed(np.repeat(db[..., None], 4, -1), grid, _SIGNS[sidx]).reshape(-1, 256)
+    signs = tab.KSIGNS_IQ2XS[_fields(aux, 7, 4)]  # (nb, ib32, l): 8 sign bits per row of 8
+    q = _gather(_IQ3XXS_QUADS, _fields(signs, 4, 2).astype(np.uint32) << 8 | qs)
+    return _signed_scaled(q, db)
 
 
 def dequantize_iq3_s(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_iq3_s: 9-bit grid indices (high bit in qh), sign bytes, 4-bit odd scales."""
-    qs = b["qs"].reshape(-1, 8, 4, 2).astype(np.int64)
-    qh = b["qh"].astype(np.int64)[:, :, None]  # (nb, 8, 1)
-    l = np.arange(4)
-    idx1 = qs[..., 0] | ((qh << (8 - 2 * l)) & 256)
-    idx2 = qs[..., 1] | ((qh << (7 - 2 * l)) & 256)
-    grid = np.concatenate([_G3S[idx1], _G3S[idx2]], axis=-1)  # (nb, 8, 4, 8)
-    sc = b["scales"]
-    s = np.stack([sc & 0xF, sc >> 4], -1).reshape(-1, 8).astype(np.int64)
-    db = h2f(b["d"])[:, None] * (1 + 2 * s).astype(F32)  # (nb, 8)
-    signs = _BYTE_SIGNS[b["signs"].reshape(-1, 8, 4)]
-    return _signed(np.repeat(db[..., None], 4, -1), grid, signs).reshape(-1, 256)
+    """dequantize_row_iq3_s: 9-bit grid indices (high bit in qh), sign bytes, 4-bit odd scales.
+
+    Per 32: row r of 4 takes qs[r], bit r of qh and nibble r % 2 of signs[r // 2].
+    """
+    hbit = _fields(b["qh"], 1, 8).astype(np.uint32)  # (nb, ib32, r)
+    signs = _fields(b["signs"], 4, 2).reshape(-1, 8, 8).astype(np.uint32)
+    q = _gather(_IQ3S_QUADS, signs << 9 | hbit << 8 | b["qs"].reshape(-1, 8, 8))
+    s = _fields(b["scales"], 4, 2).reshape(-1, 8).astype(F32)
+    db = h2f(b["d"])[:, None] * (F32(1) + F32(2) * s)
+    return _signed_scaled(q, db)
 
 
 def dequantize_iq1_s(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_iq1_s: 11-bit indices into the {-1,0,1} grid, plus a +-1/8 shift per 32."""
-    qh = b["qh"].astype(np.int64)  # (nb, 8)
+    """dequantize_row_iq1_s: 11-bit indices into the {-1,0,1} grid, plus a +-1/8 shift per 32.
+
+    y = dl * (grid + delta) = dl * q/8 for the odd int8 q = 8*grid +- 1, computed as (dl/8) * q:
+    dl/8 is exact and both round the same product once.
+    """
+    qh = b["qh"]  # (nb, 8) uint16: 4x3 high index bits, 3-bit scale, the shift's sign
     dl = h2f(b["d"])[:, None] * (2 * ((qh >> 12) & 7) + 1).astype(F32)
-    delta = np.where(qh & 0x8000, -IQ1S_DELTA, IQ1S_DELTA).astype(F32)
-    idx = b["qs"].reshape(-1, 8, 4).astype(np.int64) | (((qh[..., None] >> (3 * np.arange(4)))
-                                                         & 7) << 8)
-    y = dl[..., None, None] * (_G1S[idx] + delta[..., None, None])
-    return y.reshape(-1, 256)
+    hi = _fields(qh, 3, 4) | (qh >> 15)[..., None] << 3  # (nb, 8, 4): bits 8-11 of the index
+    q = _gather(_IQ1_ROWS, b["qs"].reshape(-1, 8, 4) | hi << 8)
+    return scaled(q.reshape(-1, 8, 32), dl * IQ1S_DELTA).reshape(-1, 256)
 
 
 def iq1_m_scale(b: np.ndarray) -> np.ndarray:
@@ -121,21 +155,16 @@ def iq1_m_scale(b: np.ndarray) -> np.ndarray:
 
 
 def dequantize_iq1_m(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_iq1_m: like IQ1_S with 3-bit scales per 16 and a shift per 8."""
+    """dequantize_row_iq1_m: like IQ1_S with 3-bit scales per 16 and a shift per 8.
+
+    Row l of 8 takes nibble l of qh: 3 high index bits, then the shift's sign.
+    """
     d = iq1_m_scale(b)
-    sc = b["scales"].copy().view("<u2").astype(np.int64)  # (nb, 4)
-    ib = np.arange(8)
-    word = sc[:, ib // 2]  # (nb, 8)
-    dl1 = d[:, None] * (2 * ((word >> (6 * (ib % 2))) & 7) + 1).astype(F32)
-    dl2 = d[:, None] * (2 * ((word >> (6 * (ib % 2) + 3)) & 7) + 1).astype(F32)
-    qs = b["qs"].reshape(-1, 8, 4).astype(np.int64)
-    qh = b["qh"].reshape(-1, 8, 2).astype(np.int64)
-    qh4 = np.stack([qh[..., 0], qh[..., 0] >> 4, qh[..., 1], qh[..., 1] >> 4], -1)  # (nb, 8, 4)
-    idx = qs | ((qh4 << 8) & 0x700)
-    delta = np.where(qh4 & 0x08, -IQ1S_DELTA, IQ1S_DELTA).astype(F32)
-    dl = np.stack([dl1, dl1, dl2, dl2], -1)  # (nb, 8, 4)
-    y = dl[..., None] * (_G1S[idx] + delta[..., None])
-    return y.reshape(-1, 256)
+    sc = b["scales"].copy().view("<u2")  # (nb, 4): scale s (per 16) is 3 bits at 3*(s % 4)
+    dl = d[:, None] * (2 * _fields(sc, 3, 4).reshape(-1, 16) + 1).astype(F32)
+    nib = _fields(b["qh"], 4, 2).reshape(-1, 32).astype(np.uint16)
+    q = _gather(_IQ1_ROWS, b["qs"] | nib << 8)
+    return scaled(q.reshape(-1, 16, 16), dl * IQ1S_DELTA).reshape(-1, 256)
 
 
 def quantize_iq3_xxs(x: np.ndarray) -> np.ndarray:
