@@ -78,7 +78,7 @@ def ggml_graph_overhead() -> int:
 class Graph:
     """struct ggml_cgraph *: a handle onto a cgraph struct (in a pool, or detached for views)."""
 
-    __slots__ = ("ctx", "offs", "_r", "visit_hook", "enter_hook")
+    __slots__ = ("ctx", "offs", "_r", "visit_hook", "enter_hook", "_views")
 
     def __init__(self, ctx: Context, r: np.ndarray, offs: int | None) -> None:
         self.ctx = ctx  # resolves the struct's pointers
@@ -88,6 +88,7 @@ class Graph:
         # enter_hook(tensor) whenever the walk reaches a tensor (observers of the build)
         self.visit_hook: Callable[[Tensor, int, bool], None] | None = None
         self.enter_hook: Callable[[Tensor], None] | None = None
+        self._views: dict[tuple, np.ndarray] = {}  # the arrays' pointers never change: cached
 
     def __repr__(self) -> str:
         return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
@@ -96,9 +97,12 @@ class Graph:
         return int(self._r[name][0])
 
     def _array(self, field: str, dtype: str, count: int) -> np.ndarray:
-        address = self._field(field)
-        ctx, off = self.ctx.space.resolve(address)
-        return ctx.pool[off:off + count * np.dtype(dtype).itemsize].view(dtype)
+        key = (field, dtype, count)
+        view = self._views.get(key)
+        if view is None:
+            ctx, off = self.ctx.space.resolve(self._field(field))
+            view = self._views[key] = ctx.pool[off:off + count * np.dtype(dtype).itemsize].view(dtype)
+        return view
 
     @property
     def address(self) -> int | None:
