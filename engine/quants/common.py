@@ -209,7 +209,7 @@ def nibbles(raw: np.ndarray, start: int, stop: int, run: int,
     runs = (stop - start) // run
     q = np.empty((nb, runs, 2, run), lh.dtype)
     copy_runs(q, lh[:, :, start:stop].reshape(2, nb, runs, run).transpose(1, 2, 0, 3))
-    return q.reshape(nb, -1)
+    return q.reshape(nb, 2 * (stop - start))
 
 
 _SHIFT2 = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # (k, block, byte)

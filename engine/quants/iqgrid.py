@@ -69,7 +69,7 @@ def _gather(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 def _signed_scaled(q: np.ndarray, db: np.ndarray) -> np.ndarray:
     """`db * grid[j] * (sign ? -1.f : 1.f)` as db * (+-grid[j]): q (nb, 256) int8, db (nb, runs)."""
-    q = q.reshape(*db.shape, -1)
+    q = q.reshape(*db.shape, 256 // db.shape[-1])
     y = scaled(q, db)
     flip_nan_signs(y, q, db)
     return y.reshape(-1, 256)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, copy_runs, f2h, f32,
-                                  first_max, first_min, h2f, nearest_int, nibbles, scaled, seq_sum,
-                                  unpack_2bit)
+from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, copy_runs,
+                                  f2h, f32, first_max, first_min, h2f, nearest_int, nibbles, scaled,
+                                  seq_sum, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -170,24 +170,31 @@ def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
 def _scale_words(scales: np.ndarray) -> np.ndarray:
     """The 12 scale bytes (nb, 12) as three little-endian uint32 words (3, nb), like ggml's
     `memcpy(utmp, x[i].scales, 12)`."""
-    return np.ascontiguousarray(scales, dtype=np.uint8).view("<u4").T
+    words = np.empty((len(scales), 12), np.uint8)
+    copy_runs(words, scales)
+    return words.view("<u4").T
 
 
-def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8.
+def _scales_mins_k4(scales: np.ndarray) -> np.ndarray:
+    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> (nb, 16) uint8, 8 scales then 8 mins.
 
     Four bytes at a time, as ggml's SIMD dot products unpack them (kmask1/2/3): scales 0-3 are the
     low 6 bits of bytes 0-3, scales 4-7 the low nibbles of bytes 8-11 plus the top 2 bits of bytes
     0-3; the mins likewise from bytes 4-7 and the high nibbles of bytes 8-11.
     """
     a0, a1, a2 = _scale_words(scales)
-    out = np.empty((4, len(a0)), "<u4")  # sc[0:4], sc[4:8], m[0:4], m[4:8]
-    out[0] = a0 & 0x3F3F3F3F
-    out[1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
-    out[2] = a1 & 0x3F3F3F3F
-    out[3] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
-    b = np.ascontiguousarray(out.T).view(np.uint8)  # (nb, 16)
-    return b[:, :8], b[:, 8:]
+    out = np.empty((len(a0), 4), "<u4")  # sc[0:4], sc[4:8], m[0:4], m[4:8]
+    out[:, 0] = a0 & 0x3F3F3F3F
+    out[:, 1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
+    out[:, 2] = a1 & 0x3F3F3F3F
+    out[:, 3] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
+    return out.view(np.uint8)
+
+
+def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8."""
+    sm = _scales_mins_k4(scales)
+    return sm[:, :8], sm[:, 8:]
 
 
 def q3_k_scales(scales: np.ndarray) -> np.ndarray:
@@ -197,13 +204,12 @@ def q3_k_scales(scales: np.ndarray) -> np.ndarray:
     kmask2 = 0x0f0f0f0f).
     """
     a0, a1, tmp = _scale_words(scales)
-    aux = np.empty((4, len(a0)), "<u4")
-    aux[2] = ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4)
-    aux[3] = ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)
-    aux[0] = (a0 & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4)
-    aux[1] = (a1 & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4)
-    q = np.ascontiguousarray(aux.T).view(np.int8)  # (nb, 16): 0..63
-    return q - np.int8(32)
+    aux = np.empty((len(a0), 4), "<u4")
+    aux[:, 2] = ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4)
+    aux[:, 3] = ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)
+    aux[:, 0] = (a0 & 0x0F0F0F0F) | (((tmp >> 0) & 0x03030303) << 4)
+    aux[:, 1] = (a1 & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4)
+    return aux.view(np.int8) - np.int8(32)  # (nb, 16): 0..63 - 32
 
 
 # --- Q2_K --------------------------------------------------------------------------------------
@@ -235,11 +241,20 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     return y
 
 
+def _scales_and_mins(b: np.ndarray, ls_lm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """C's `dl = d * ls` and `ml = min * lm` for the 6- or 4-bit ints ls_lm (nb, 2, n):
+    float32 (nb, n) each."""
+    n = ls_lm.shape[-1]
+    dm = np.repeat(np.stack([h2f(b["d"]), h2f(b["dmin"])], axis=1), n)  # d x n, dmin x n
+    dm *= ls_lm.reshape(-1)
+    dm = dm.reshape(-1, 2, n)
+    return dm[:, 0], dm[:, 1]
+
+
 def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q2_K: d*(sc & 15)*q - dmin*(sc >> 4), sub-block = element // 16."""
     sc = b["scales"]
-    dl = h2f(b["d"])[:, None] * (sc & 0xF).astype(F32)  # (nb, 16)
-    ml = h2f(b["dmin"])[:, None] * (sc >> 4).astype(F32)
+    dl, ml = _scales_and_mins(b, np.stack([sc & 0xF, sc >> 4], axis=1))  # (nb, 16) each
     y = scaled(unpack_2bit(b["qs"]).reshape(-1, 16, 16), dl)
     y -= ml[..., None]
     return y.reshape(-1, 256)
@@ -280,7 +295,7 @@ def dequantize_q3_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q3_K: d*(sc - 32)*(q - (hmask bit ? 0 : 4))."""
     dl = h2f(b["d"])[:, None] * q3_k_scales(b["scales"]).astype(F32)  # (nb, 16)
     q = unpack_2bit(b["qs"])
-    q |= _hbits(b["hmask"]) << 2
+    q |= _hbits(b["hmask"]) * np.uint8(4)  # hbit << 2 (numpy's uint8 << is slow)
     q -= np.uint8(4)  # (q | hbit << 2) - 4 = q - (hbit ? 0 : 4), as int8
     return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)
 
@@ -324,9 +339,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
 
 def _dequantize_q45_k(b: np.ndarray, q: np.ndarray) -> np.ndarray:
     """d1*q - m1 per 32 elements, with d1 = d*sc and m1 = dmin*m."""
-    sc, m = get_scale_min_k4(b["scales"])
-    d1 = h2f(b["d"])[:, None] * sc.astype(F32)  # (nb, 8)
-    m1 = h2f(b["dmin"])[:, None] * m.astype(F32)
+    d1, m1 = _scales_and_mins(b, _scales_mins_k4(b["scales"]).reshape(-1, 2, 8))  # (nb, 8) each
     y = scaled(q.reshape(-1, 8, 32), d1)
     y -= m1[..., None]
     return y.reshape(-1, 256)
@@ -339,7 +352,7 @@ def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
 
 def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q4_K: d*sc*q - dmin*m, sub-block = element // 32."""
-    return _dequantize_q45_k(b, _q4_nibbles(b["qs"]))
+    return _dequantize_q45_k(b, nibbles(byte_rows(b), 16, 144, 32))
 
 
 def _q5_high(qh: np.ndarray) -> np.ndarray:
@@ -360,8 +373,8 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m."""
-    q = _q4_nibbles(b["qs"])
-    q |= _q5_high(b["qh"]) << 4
+    q = nibbles(byte_rows(b), 48, 176, 32)
+    q |= _q5_high(b["qh"]) * np.uint8(16)  # hbit << 4
     return _dequantize_q45_k(b, q)
 
 
@@ -402,7 +415,7 @@ def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     copy_runs(q[:, :, 0], (ql & 0xF).reshape(-1, 2, 2, 32))
     copy_runs(q[:, :, 1], (ql >> 4).reshape(-1, 2, 2, 32))
     q = q.reshape(-1, 256)
-    q |= unpack_2bit(b["qh"]) << 4
+    q |= unpack_2bit(b["qh"]) * np.uint8(16)  # the high 2 bits << 4
     q -= np.uint8(32)
     dl = h2f(b["d"])[:, None] * b["scales"].astype(F32)  # (d * sc) first, as in C
     return scaled(q.view(np.int8).reshape(-1, 16, 16), dl).reshape(-1, 256)
