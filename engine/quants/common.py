@@ -189,6 +189,23 @@ def byte_table(table: np.ndarray, raw: np.ndarray) -> np.ndarray:
     return np.frombuffer(out, table.dtype).reshape(raw.shape)
 
 
+def bit_fields(raw: np.ndarray, start: int, stop: int, run: int, bits: int) -> np.ndarray:
+    """The `bits`-bit quants (1, 2 or 4 bits) in bytes [start, stop) of each block (nb, size), in
+    ggml's element order: each run of `run` bytes holds field 0 (the lowest bits) of its bytes,
+    then field 1, ... -> (nb, (stop - start) * 8 // bits) uint8.
+
+    Each run is repeated once per field (whole runs, as `V<run>` elements), then every 8 bytes
+    are shifted right by their field's bit offset and masked, as one uint64: no per-byte loops.
+    """
+    nb, fields, runs = len(raw), 8 // bits, (stop - start) // run
+    v = np.repeat(raw[:, start:stop].reshape(nb, runs, run).view(f"V{run}"), fields, axis=2)
+    w = v.view("<u8").reshape(-1)  # (nb, runs, field, run // 8) little-endian words
+    offsets = np.repeat(np.arange(0, 8, bits, dtype=np.uint64), run // 8)
+    w >>= np.tile(offsets, nb * runs)
+    w &= np.uint64(0x0101010101010101 * ((1 << bits) - 1))  # the field's bits of every byte
+    return w.view(np.uint8).reshape(nb, fields * (stop - start))
+
+
 def nibbles(raw: np.ndarray, start: int, stop: int, run: int,
             table: np.ndarray | None = None) -> np.ndarray:
     """The 4-bit quants in bytes [start, stop) of each block (nb, size), in element order.
@@ -197,31 +214,14 @@ def nibbles(raw: np.ndarray, start: int, stop: int, run: int,
     (C's `qs[j] & 0xf` and `qs[j] >> 4`). Returns (nb, 2*(stop - start)) uint8, or the int8
     `table[nibble]` of a 16-entry table (kvalues_iq4nl, kvalues_mxfp4).
     """
-    nb, size = raw.shape
-    lh = np.empty((2, nb, size), np.uint8 if table is None else table.dtype)
-    if table is None:
-        np.bitwise_and(raw, np.uint8(15), out=lh[0])
-        np.right_shift(raw, np.uint8(4), out=lh[1])
-    else:
-        b = np.arange(256)
-        lh[0] = byte_table(table[b & 15], raw)
-        lh[1] = byte_table(table[b >> 4], raw)
-    runs = (stop - start) // run
-    q = np.empty((nb, runs, 2, run), lh.dtype)
-    copy_runs(q, lh[:, :, start:stop].reshape(2, nb, runs, run).transpose(1, 2, 0, 3))
-    return q.reshape(nb, 2 * (stop - start))
-
-
-_SHIFT2 = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # (k, block, byte)
+    q = bit_fields(raw, start, stop, run, 4)
+    return q if table is None else byte_table(np.resize(table, 256), q)
 
 
 def unpack_2bit(qs: np.ndarray) -> np.ndarray:
     """2-bit quants (nb, 64) -> (nb, 256) uint8 values 0..3 in element order: byte 32c + l holds
     elements 128c + 32k + l at bits 2k (Q2_K, Q3_K and Q6_K's qh, TQ2_0)."""
-    p = (np.ascontiguousarray(qs)[None] >> _SHIFT2) & np.uint8(3)  # (k, nb, 64): bits 2k
-    q = np.empty((len(qs), 2, 4, 32), np.uint8)  # chunk c, shift k, l
-    copy_runs(q, p.reshape(4, -1, 2, 32).transpose(1, 2, 0, 3))
-    return q.reshape(-1, 256)
+    return bit_fields(np.ascontiguousarray(qs), 0, 64, 32, 2)
 
 
 def scaled(q: np.ndarray, d: np.ndarray) -> np.ndarray:

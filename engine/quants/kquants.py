@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, copy_runs,
-                                  f2h, f32, first_max, first_min, h2f, nearest_int, nibbles, scaled,
-                                  seq_sum, unpack_2bit)
+from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
+                                  byte_rows, copy_runs, f2h, f32, first_max, first_min, h2f,
+                                  nearest_int, nibbles, scaled, seq_sum, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -146,15 +146,9 @@ def _pack_2bit(L: np.ndarray) -> np.ndarray:
     return q.sum(axis=2).reshape(-1, 64).astype(np.uint8)
 
 
-_SHIFT1 = np.arange(8, dtype=np.uint8)[:, None, None]
-
-
 def _hbits(qh: np.ndarray) -> np.ndarray:
     """qh / hmask (nb, 32) -> (nb, 256) 0/1: element 32k + l is bit k of qh[l]."""
-    p = (np.ascontiguousarray(qh)[None] >> _SHIFT1) & np.uint8(1)  # (k, nb, 32): bit k
-    q = np.empty((len(qh), 8, 32), np.uint8)
-    copy_runs(q, p.transpose(1, 0, 2))
-    return q.reshape(-1, 256)
+    return bit_fields(np.ascontiguousarray(qh), 0, 32, 32, 1)
 
 
 def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
