@@ -402,13 +402,10 @@ def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q6_K: d*sc*(q - 32), sub-block = element // 16.
 
     Per 128-chunk, quarter k holds the low nibbles (k < 2) or high nibbles (k >= 2) of
-    ql[32*(k % 2) + l], and bits 2k of qh[l] (laid out like Q2_K's qs).
+    ql[32*(k % 2) + l], i.e. the 64 low nibbles then the 64 high nibbles of its 64 ql bytes,
+    and bits 2k of qh[l] (laid out like Q2_K's qs).
     """
-    ql = b["ql"]
-    q = np.empty((len(b), 2, 2, 2, 32), np.uint8)  # chunk, nibble, half, l
-    copy_runs(q[:, :, 0], (ql & 0xF).reshape(-1, 2, 2, 32))
-    copy_runs(q[:, :, 1], (ql >> 4).reshape(-1, 2, 2, 32))
-    q = q.reshape(-1, 256)
+    q = nibbles(byte_rows(b), 0, 128, 64)  # ql
     q |= unpack_2bit(b["qh"]) * np.uint8(16)  # the high 2 bits << 4
     q -= np.uint8(32)
     dl = h2f(b["d"])[:, None] * b["scales"].astype(F32)  # (d * sc) first, as in C
