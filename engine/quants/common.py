@@ -161,11 +161,11 @@ def unpack_nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 # --- dequantizing: whole-block byte passes, then one float32 pass --------------------------------
-# The dequantizers below run their bit twiddling over all blocks' bytes at once (one contiguous
-# pass each), move each block's run of results into place with `copy_runs`, and finish with one
-# float32 pass, `scaled`. A field view such as `b["qs"]` of 32-element blocks would make numpy loop
-# over 16-byte rows one at a time; a float32 temporary the size of the output costs more than the
-# integer work.
+# The dequantizers below unpack quants on all blocks' bytes at once, moving whole runs of bytes
+# as single `V<n>` elements (`copy_runs`, `bit_fields`) and shifting 8 bytes at a time, and finish
+# with one float32 pass, `scaled`. Elementwise numpy ops over a field view such as `b["qs"]` of
+# 32-element blocks would loop over 16-byte rows one at a time; a float32 temporary the size of
+# the output costs more (in fresh memory) than all the integer work.
 
 def byte_rows(b: np.ndarray) -> np.ndarray:
     """The blocks (nb,) as their raw bytes (nb, sizeof(block)), contiguous."""
@@ -215,7 +215,7 @@ def nibbles(raw: np.ndarray, start: int, stop: int, run: int,
     `table[nibble]` of a 16-entry table (kvalues_iq4nl, kvalues_mxfp4).
     """
     q = bit_fields(raw, start, stop, run, 4)
-    return q if table is None else byte_table(np.resize(table, 256), q)
+    return q if table is None else byte_table(np.resize(table, 256), q)  # reads entries 0..15
 
 
 def unpack_2bit(qs: np.ndarray) -> np.ndarray:

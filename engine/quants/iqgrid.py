@@ -3,6 +3,8 @@
 Mirrors the block structs of ggml-common.h and `dequantize_row_<t>` in ggml-quants.c. Groups of 8
 (IQ2, IQ1) or 4 (IQ3) elements are one index into a lattice table (`iq_tables.py`), with signs
 from `ksigns_iq2xs` (7 stored bits, the 8th makes the parity even) or, for IQ1, a shared +-1/8 shift.
+Dequantizing gathers each row of 8 (or 4) already-signed int8 quants from tables built here at
+import (every grid row times every sign pattern), then scales them in one float32 pass.
 The quantizers ggml runs without an importance matrix (IQ3_XXS, IQ3_S, IQ2_S, IQ1_M) are in
 `iqsearch.py`. Leaves out: the quantizers of IQ2_XXS, IQ2_XS and IQ1_S, which ggml only runs with
 an importance matrix (ggml_quantize_requires_imatrix); the engine raises for them.
