@@ -169,26 +169,21 @@ def _scale_words(scales: np.ndarray) -> np.ndarray:
     return words.view("<u4").T
 
 
-def _scales_mins_k4(scales: np.ndarray) -> np.ndarray:
-    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> (nb, 16) uint8, 8 scales then 8 mins.
+def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8.
 
     Four bytes at a time, as ggml's SIMD dot products unpack them (kmask1/2/3): scales 0-3 are the
     low 6 bits of bytes 0-3, scales 4-7 the low nibbles of bytes 8-11 plus the top 2 bits of bytes
     0-3; the mins likewise from bytes 4-7 and the high nibbles of bytes 8-11.
     """
     a0, a1, a2 = _scale_words(scales)
-    out = np.empty((len(a0), 4), "<u4")  # sc[0:4], sc[4:8], m[0:4], m[4:8]
-    out[:, 0] = a0 & 0x3F3F3F3F
-    out[:, 1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
-    out[:, 2] = a1 & 0x3F3F3F3F
-    out[:, 3] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
-    return out.view(np.uint8)
-
-
-def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8."""
-    sm = _scales_mins_k4(scales)
-    return sm[:, :8], sm[:, 8:]
+    out = np.empty((2, len(a0), 2), "<u4")  # (sc, m) x block x (j = 0..3, j = 4..7)
+    out[0, :, 0] = a0 & 0x3F3F3F3F
+    out[0, :, 1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
+    out[1, :, 0] = a1 & 0x3F3F3F3F
+    out[1, :, 1] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
+    sc, m = out.view(np.uint8)  # (nb, 8) each
+    return sc, m
 
 
 def q3_k_scales(scales: np.ndarray) -> np.ndarray:
@@ -235,20 +230,19 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _scales_and_mins(b: np.ndarray, ls_lm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """C's `dl = d * ls` and `ml = min * lm` for the 6- or 4-bit ints ls_lm (nb, 2, n):
-    float32 (nb, n) each."""
-    n = ls_lm.shape[-1]
-    dm = np.repeat(np.stack([h2f(b["d"]), h2f(b["dmin"])], axis=1), n)  # d x n, dmin x n
-    dm *= ls_lm.reshape(-1)
-    dm = dm.reshape(-1, 2, n)
-    return dm[:, 0], dm[:, 1]
+def _scales_and_mins(b: np.ndarray, ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """C's `dl = d * ls` and `ml = min * lm` for the sub-block ints ls, lm (nb, n):
+    float32 (2, nb, n), dl then ml."""
+    n = ls.shape[-1]
+    dm = np.repeat(np.stack([h2f(b["d"]), h2f(b["dmin"])]), n, axis=1)  # (2, nb * n)
+    dm *= np.stack([ls, lm]).reshape(2, -1)
+    return dm.reshape(2, -1, n)
 
 
 def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q2_K: d*(sc & 15)*q - dmin*(sc >> 4), sub-block = element // 16."""
     sc = b["scales"]
-    dl, ml = _scales_and_mins(b, np.stack([sc & 0xF, sc >> 4], axis=1))  # (nb, 16) each
+    dl, ml = _scales_and_mins(b, sc & 0xF, sc >> 4)  # (nb, 16) each
     y = scaled(unpack_2bit(b["qs"]).reshape(-1, 16, 16), dl)
     y -= ml[..., None]
     return y.reshape(-1, 256)
@@ -333,7 +327,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
 
 def _dequantize_q45_k(b: np.ndarray, q: np.ndarray) -> np.ndarray:
     """d1*q - m1 per 32 elements, with d1 = d*sc and m1 = dmin*m."""
-    d1, m1 = _scales_and_mins(b, _scales_mins_k4(b["scales"]).reshape(-1, 2, 8))  # (nb, 8) each
+    d1, m1 = _scales_and_mins(b, *get_scale_min_k4(b["scales"]))  # (nb, 8) each
     y = scaled(q.reshape(-1, 8, 32), d1)
     y -= m1[..., None]
     return y.reshape(-1, 256)
