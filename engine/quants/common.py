@@ -225,7 +225,7 @@ def unpack_2bit(qs: np.ndarray) -> np.ndarray:
 
 
 def scaled(q: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """`q*d` with one float32 scale per run: quants q (..., n) int8/uint8, d (...) -> float32 (..., n).
+    """`q*d`, one float32 scale per run: quants q (..., n) int8/uint8, d (...) -> float32 (..., n).
 
     The output starts as each scale repeated n times and is multiplied in place by q (cast to
     float32 on the fly): one pass, no float32 copy of q. Multiplication commutes exactly, so this
