@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
-                                  c_int8, copy_runs, f2h, f32, first_max, first_min, flip_nan_signs,
+                                  c_int8, copy_runs, f2h, first_max, first_min, flip_nan_signs,
                                   h2f, nibbles, pack_nibbles, round_away, safe_inv, scaled, seq_sum)
 from engine.types import GGMLType as T
 
