@@ -69,3 +69,8 @@ def _bench_mul_mat(report) -> None:
             g.close()
             report(f"mul_mat {t.name} {MM_N0}x{MM_K} by {MM_K}x{n1}, {MM_THREADS} thr",
                    ours, theirs)
+
+
+def run(report) -> None:
+    _bench_dequantize(report)
+    _bench_mul_mat(report)
