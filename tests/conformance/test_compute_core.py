@@ -74,6 +74,8 @@ def test_mul_mat_q8_0_is_bit_exact(n_threads):
     """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""
     from engine.types import GGMLType
 
-    for ne_a, ne_b in [((64, 33), (64, 7)), ((384, 40), (384, 13)), ((1536, 24), (1536, 5))]:
+    # the last pair makes the emulation split 300 weight rows into units of 131 (EXACT_UNIT_PAIRS)
+    for ne_a, ne_b in [((64, 33), (64, 7)), ((384, 40), (384, 13)), ((1536, 24), (1536, 5)),
+                       ((32, 300), (32, 1000))]:
         check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
                  [Leaf(GGMLType.Q8_0, ne_a), Leaf(F32, ne_b)], n_threads, exact=True)

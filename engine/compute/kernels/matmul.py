@@ -7,12 +7,14 @@ none is left, and writes that chunk of dst.
 
 The arithmetic is laid out differently from the chunks, so that an output's value never depends
 on how many threads ran (as in ggml, where each output is one vec_dot). Before the chunks, the
-node's products are computed in fixed units -- up to UNIT_ROWS weight rows of one matrix against
-all of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth).
-A unit is one BLAS product (float weights), one block product of dequantized weights (quantized
-weights; engine.quants.matmul), or, for small F32 and Q8_0 products, ggml's vec_dot emulated
-operation by operation (bit-exact; kernels/vecdot.py). The chunk loop then copies the products into
-dst exactly as ggml's chunks split it, which is what the trace shows as each thread's share.
+node's products are computed in units -- up to UNIT_ROWS weight rows of one matrix against all
+of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth).
+A unit is one BLAS product (float weights) or one block product of dequantized weights (quantized
+weights; engine.quants.matmul), and its shape never depends on nth. Small F32 and Q8_0 products
+instead emulate ggml's vec_dot operation by operation (bit-exact; kernels/vecdot.py), in units of
+about ne01/nth rows: each output's value is then fixed whatever the units. The chunk loop then
+copies the products into dst exactly as ggml's chunks split it, which is what the trace shows as
+each thread's share.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 """
@@ -35,6 +37,7 @@ from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
+EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -136,12 +139,15 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
         and ne00 * ne01 * ne11 * ne12 * ne13 <= EXACT_MACS
     w4 = None if quantized else view4(src0)
     r2, r3 = ne12 // ne02, ne13 // ne03
+    # an exact output does not depend on the units, so there they are simply one per thread
+    # (bounded in size); BLAS results depend on the shapes multiplied, so there they are fixed
+    unit = min(-(-ne01 // params.nth), max(1, EXACT_UNIT_PAIRS // ne11)) if exact else UNIT_ROWS
     units = [(i13, i12, r) for i13 in range(ne13) for i12 in range(ne12)
-             for r in range(0, ne01, UNIT_ROWS)]
+             for r in range(0, ne01, unit)]
     acts: dict[tuple[int, int], tuple] = {}  # dequantized src1 of a matrix, for this thread
     for i13, i12, r in units[params.ith::params.nth]:
         i02, i03 = i12 // r2, i13 // r3
-        rows = slice(r, min(r + UNIT_ROWS, ne01))
+        rows = slice(r, min(r + unit, ne01))
         x = x4[i13, i12]
         if exact:
             prod = vec_dot_q8_0(_quant_rows(src0, i03, i02, rows), x, ne00) if quantized \
