@@ -41,7 +41,7 @@ def _quants(t: T, b: np.ndarray) -> list[int] | None:
     elif t == T.Q4_K:
         q = kquants._q4_nibbles(b1["qs"])
     elif t == T.Q5_K:
-        q = kquants._q4_nibbles(b1["qs"]) + 16 * kquants._q5_high(b1["qh"])
+        q = kquants._q4_nibbles(b1["qs"]) + 16 * kquants._hbits(b1["qh"])
     elif t == T.Q6_K:
         ql = b1["ql"].reshape(-1, 2, 2, 32)
         lo = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], 2)

@@ -343,11 +343,6 @@ def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
     return _dequantize_q45_k(b, nibbles(byte_rows(b), 16, 144, 32))
 
 
-def _q5_high(qh: np.ndarray) -> np.ndarray:
-    """qh (nb, 32) -> (nb, 256) 0/1: element 32k + l has bit k of qh[l]."""
-    return _hbits(qh)
-
-
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     """quantize_row_q5_K_ref: as Q4_K with 5-bit quants (the 5th bit in qh)."""
     y = np.zeros(len(x), BLOCK_Q5_K)
@@ -362,7 +357,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
 def dequantize_q5_k(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m."""
     q = nibbles(byte_rows(b), 48, 176, 32)
-    q |= _q5_high(b["qh"]) * np.uint8(16)  # hbit << 4
+    q |= _hbits(b["qh"]) * np.uint8(16)  # hbit << 4
     return _dequantize_q45_k(b, q)
 
 
