@@ -42,10 +42,16 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
 	$(PIP) install --quiet -e '.[test]'
 	touch $@
 
-setup: $(VENV)/.installed
+# engine/_libm.c (the C library's float functions, as ggml calls them) is compiled by the
+# install; this rebuilds it when it changes
+$(VENV)/.libm: engine/_libm.c | $(VENV)/.installed
+	$(PIP) install --quiet --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.libm
 	$(call apt_install,$(APT_RUN))
 
-setup-test: $(VENV)/.installed-test
+setup-test: $(VENV)/.installed-test $(VENV)/.libm
 	$(call apt_install,$(APT_TEST))
 
 run: setup

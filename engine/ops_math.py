@@ -11,12 +11,11 @@ Leaves out: the backward ops (silu_back, rms_norm_back, repeat_back, cross_entro
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import struct
 
 import numpy as np
 
+from engine import libm
 from engine.context import Context
 from engine.errors import ggml_assert
 from engine.layout import GGML_MAX_DIMS
@@ -32,10 +31,6 @@ from engine.types import GGMLType, TYPE_TRAITS
 GGML_SORT_ORDER_ASC = 0
 GGML_SORT_ORDER_DESC = 1
 INT32_MAX = 2**31 - 1
-
-_libm = ctypes.CDLL(ctypes.util.find_library("m"))
-_libm.expf.restype = _libm.logf.restype = ctypes.c_float
-_libm.expf.argtypes = _libm.logf.argtypes = [ctypes.c_float]
 
 
 def _shape(t: Tensor) -> list[int]:
@@ -394,7 +389,7 @@ def ggml_compute_softplus_f32(x: float) -> float:
     x = float(np.float32(x))
     if x > 20.0:
         return x
-    return float(_libm.logf(float(np.float32(1) + np.float32(_libm.expf(x)))))
+    return float(libm.scalar(libm.logf, np.float32(1) + libm.scalar(libm.expf, x)))
 
 
 def ggml_xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: float,

@@ -17,6 +17,7 @@ import struct
 
 import numpy as np
 
+from engine import libm
 from engine.context import Context
 from engine.errors import ggml_assert
 from engine.ops import _record, ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, \
@@ -284,17 +285,12 @@ def ggml_rope_ext_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_d
     return result
 
 
-def _logf(x: np.float32) -> np.float32:
-    """C's logf: the float64 logarithm rounded to float (as glibc's correctly rounded logf)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return _F32(np.log(np.float64(x)))
-
-
 def _rope_yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> np.float32:
     """ggml_rope_yarn_corr_dim: n_dims·ln(n_ctx_orig / (n_rot·2π)) / (2·ln(base)), in float."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = _F32(n_ctx_orig) / (_F32(n_rot) * _F32(2) * _F32(math.pi))
-        return _F32(n_dims) * _logf(ratio) / (_F32(2) * _logf(_F32(base)))
+        return (_F32(n_dims) * libm.scalar(libm.logf, ratio)
+                / (_F32(2) * libm.scalar(libm.logf, base)))
 
 
 def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,

@@ -8,6 +8,7 @@ through ggml_cpy, which dequantizes it block by block.
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
+from engine.libm import sinf  # C's sinf: the same bits on every CPU, unlike numpy's np.sin
 
 
 def run(n_threads: int = 1) -> dict:
@@ -15,7 +16,7 @@ def run(n_threads: int = 1) -> dict:
 
     x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 32, 6)
     ggml_set_name(x, "x")
-    rows = np.sin(np.arange(6 * 32, dtype=np.float32) / 5).reshape(6, 32) * np.float32(3)
+    rows = sinf(np.arange(6 * 32, dtype=np.float32) / 5).reshape(6, 32) * np.float32(3)
     set_data(x, rows)
 
     q = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 32, 6)  # 6 blocks of 2 + 16 bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.libm import log2f
 from engine.quants.common import (F32, KVALUES_MXFP4, QuantKind, block_dtype, byte_rows, c_int,
                                   f32, nibbles, pack_nibbles, scaled)
 from engine.types import GGMLType as T
@@ -71,7 +72,7 @@ def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
     y = np.zeros(len(x), BLOCK_MXFP4)
     amax = np.abs(x).max(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lg = np.log2(amax.astype(np.float64)).astype(F32)  # log2f, correctly rounded
+        lg = log2f(amax)  # C's log2f, as quantize_row_mxfp4_ref calls it
         e = np.where(amax > 0, c_int(np.floor(lg) - F32(2) + F32(127)) & 0xFF, 0)
     y["e"] = e
     y["qs"] = pack_nibbles(_best_index_fp4(x, e8m0_to_fp32_half(e)))

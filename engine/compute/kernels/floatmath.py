@@ -1,18 +1,19 @@
-"""float32 math the way the oracle's CPU build computes it, vectorised with numpy.
+"""float32 math the way the oracle's CPU build computes it, over whole arrays.
 
-ggml's kernels call glibc's float functions (expf, tanhf, erff, ...) one element at a time, and
-its AVX2 build replaces some of them with SIMD code (`ggml_v_expf`, `ggml_v_silu`) for the part of
-a row that fills whole 8-lane vectors. This module rebuilds those results over whole arrays:
+ggml's kernels get their float math from two places, and so does the engine:
 
-* fmaf: a fused multiply-add (one rounding), computed exactly in float64 then rounded. The
-  product of two floats is exact in a double; only a sum landing on a float rounding midpoint
-  after the double rounding could differ (vanishingly rare).
-* expm1f, and tanhf built on it exactly as glibc 2.36 builds it: bit-exact with glibc.
-* expf, logf, sinf, cosf: the float64 result rounded once. glibc's versions are within about half
-  an ulp, so a small fraction of results differ from glibc's by one ulp.
-* erff: glibc's rational approximations (fdlibm's coefficients), in float32.
-* v_expf / v_silu: ggml's AVX2 polynomial, lane by lane (8 lanes on the oracle's machine).
-* The fp16 GELU and GELU-quick tables that ggml_cpu_init builds (GGML_GELU_FP16).
+* **The C library** (expf, expm1f, logf, sinf, cosf, tanhf, erff, powf): re-exported from
+  `engine.libm`, which calls the same C functions once per element. Never numpy's float ufuncs,
+  whose last bit depends on the SIMD path numpy picks for the CPU.
+* **ggml's own arithmetic**, emulated with IEEE operations only (+, -, ×, ÷, comparisons and bit
+  manipulation, whose results numpy cannot vary):
+  - fmaf: a fused multiply-add (one rounding), computed exactly in float64 then rounded. The
+    product of two floats is exact in a double; only a sum landing on a float rounding midpoint
+    after the double rounding could differ (vanishingly rare).
+  - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`), lane by lane, for the
+    part of a row that fills whole 8-lane vectors.
+  - The fp16 GELU and GELU-quick tables that ggml_cpu_init builds (GGML_GELU_FP16), from libm's
+    tanhf and expf.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from functools import cache
 
 import numpy as np
 
+from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
+    tanhf  # noqa: F401 (re-exported)
 from engine.types import fp16_bits_to_fp32, fp32_to_fp16_bits
 
 F32, F64 = np.float32, np.float64
@@ -52,98 +55,6 @@ def by_rows(fn, *arrays: np.ndarray) -> np.ndarray:
     for i in range(0, n, step):
         out[i:i + step] = fn(*(a[i:i + step] for a in arrays))
     return out
-
-
-def expf(x: np.ndarray) -> np.ndarray:
-    """expf, correctly rounded (glibc's is within 0.502 ulp)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return np.exp(np.asarray(x, F64)).astype(F32)
-
-
-def logf(x: np.ndarray) -> np.ndarray:
-    """logf, correctly rounded."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(np.asarray(x, F64)).astype(F32)
-
-
-def sinf(x: np.ndarray) -> np.ndarray:
-    return np.sin(np.asarray(x, F64)).astype(F32)
-
-
-def cosf(x: np.ndarray) -> np.ndarray:
-    return np.cos(np.asarray(x, F64)).astype(F32)
-
-
-def expm1f(x: np.ndarray) -> np.ndarray:
-    """expm1f: numpy's float32 expm1 calls libm's, so this is glibc's own result."""
-    with np.errstate(over="ignore"):
-        return np.expm1(np.asarray(x, F32))
-
-
-def tanhf(x: np.ndarray) -> np.ndarray:
-    """glibc's tanhf: 1 - 2/(expm1(2|x|) + 2) for |x| >= 1, -t/(t + 2) with t = expm1(-2|x|)
-    below, 1 from |x| >= 22; the sign of x put back."""
-    x = np.asarray(x, F32)
-    ax = np.abs(x)
-    with np.errstate(over="ignore", invalid="ignore"):
-        big = ax >= 1
-        t = expm1f(np.where(big, F32(2) * ax, F32(-2) * ax))
-        z = np.where(big, F32(1) - F32(2) / (t + F32(2)), -t / (t + F32(2)))
-    z = np.where(ax >= 22, F32(1), z)
-    return np.where(np.isnan(x), x, np.copysign(z, x)).astype(F32)
-
-
-# erff on [0, 0.84375), [0.84375, 1.25), [1.25, 1/0.35) and [1/0.35, 6): fdlibm's coefficients
-_ERX = F32(8.4506291151e-01)
-_EFX = F32(1.2837916613e-01)
-_PP = [F32(v) for v in (1.2837916613e-01, -3.2504209876e-01, -2.8481749818e-02, -5.7702702470e-03,
-                        -2.3763017452e-05)]
-_QQ = [F32(v) for v in (3.9791721106e-01, 6.5022252500e-02, 5.0813062117e-03, 1.3249473704e-04,
-                        -3.9602282413e-06)]
-_PA = [F32(v) for v in (-2.3621185683e-03, 4.1485610604e-01, -3.7220788002e-01, 3.1834661961e-01,
-                        -1.1089469492e-01, 3.5478305072e-02, -2.1663755178e-03)]
-_QA = [F32(v) for v in (1.0642088205e-01, 5.4039794207e-01, 7.1828655899e-02, 1.2617121637e-01,
-                        1.3637083583e-02, 1.1984500103e-02)]
-_RA = [F32(v) for v in (-9.8649440333e-03, -6.9385856390e-01, -1.0558626175e+01, -6.2375331879e+01,
-                        -1.6239666748e+02, -1.8460508728e+02, -8.1287437439e+01, -9.8143291473e+00)]
-_SA = [F32(v) for v in (1.9651271820e+01, 1.3765776062e+02, 4.3456588745e+02, 6.4538726807e+02,
-                        4.2900814819e+02, 1.0863500214e+02, 6.5702495575e+00, -6.0424413532e-02)]
-_RB = [F32(v) for v in (-9.8649431020e-03, -7.9928326607e-01, -1.7757955551e+01, -1.6063638306e+02,
-                        -6.3756646729e+02, -1.0250950928e+03, -4.8351919556e+02)]
-_SB = [F32(v) for v in (3.0338060379e+01, 3.2579251099e+02, 1.5367296143e+03, 3.1998581543e+03,
-                        2.5530502930e+03, 4.7452853394e+02, -2.2440952301e+01)]
-
-
-def _horner(z: np.ndarray, coefs: list, lead_one: bool) -> np.ndarray:
-    """c0 + z*(c1 + z*(...)) in float32; with lead_one, 1 + z*(c0 + z*(...))."""
-    acc = np.full_like(z, coefs[-1])
-    for c in reversed(coefs[:-1]):
-        acc = c + z * acc
-    return F32(1) + z * acc if lead_one else acc
-
-
-def erff(x: np.ndarray) -> np.ndarray:
-    """erff by glibc's (fdlibm's) piecewise rational approximations, in float32."""
-    x = np.asarray(x, F32)
-    ax = np.abs(x)
-    one = F32(1)
-    with np.errstate(all="ignore"):
-        z = x * x
-        small = x + x * (_horner(z, _PP, False) / _horner(z, _QQ, True))
-        tiny = x + _EFX * x
-        s = ax - one
-        pq = _horner(s, _PA, False) / _horner(s, _QA, True)
-        mid = np.where(x >= 0, _ERX + pq, -_ERX - pq)
-        s = one / (ax * ax)
-        near = ax < F32(1 / 0.35)
-        r = np.where(near, _horner(s, _RA, False), _horner(s, _RB, False))
-        q = np.where(near, _horner(s, _SA, True), _horner(s, _SB, True))
-        zt = (ax.view(np.uint32) & np.uint32(0xFFFFF000)).view(F32)
-        e = expf(-zt * zt - F32(0.5625)) * expf((zt - ax) * (zt + ax) + r / q)
-        tail = np.where(x >= 0, one - e / ax, e / ax - one)
-    y = np.where(ax < F32(0.84375), np.where(ax < F32(2.0 ** -28), tiny, small),
-                 np.where(ax < F32(1.25), mid, np.where(ax < 6, tail, np.copysign(one, x))))
-    return np.where(np.isnan(x), x, y).astype(F32)
 
 
 # --- ggml_v_expf / ggml_v_silu (AVX2 + FMA) -----------------------------------------------------

@@ -7,10 +7,9 @@ arithmetic would.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from engine import libm
 from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf, \
     v_expf  # noqa: F401 (re-exported)
 from engine.tensor import Tensor
@@ -20,8 +19,8 @@ F32, F64 = np.float32, np.float64
 
 
 def powf(x: float, y: float) -> np.float32:
-    """powf, as the float64 power rounded once."""
-    return F32(math.pow(float(F32(x)), float(F32(y))))
+    """C's powf on two scalars."""
+    return libm.scalar(libm.powf, x, y)
 
 
 def fp16_round(x: np.ndarray) -> np.ndarray:
@@ -56,7 +55,7 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     max_bias = F32(max_bias)
     if not max_bias > 0:
         return np.ones(n_head, F32)
-    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    n_head_log2 = 1 << (n_head.bit_length() - 1)  # 2^floor(log2(n_head))
     m0 = powf(2.0, -max_bias / F32(n_head_log2))
     m1 = powf(2.0, -(max_bias / F32(2)) / F32(n_head_log2))
     return np.array([powf(m0, h + 1) if h < n_head_log2 else

@@ -5,10 +5,11 @@ the dedicated f32/f16 kernels of ops.cpp for GELU, GELU_ERF, GELU_QUICK and SILU
 takes the generic row range [ir0, ir1) of src0 (even for ops whose n_tasks is 1: at compute time
 every thread runs every node).
 
-Numerics follow the oracle's AVX2 build (see floatmath): GELU and GELU_QUICK go through the fp16
-lookup tables (f32 GELU clamps at ±10 first), SILU uses ggml_v_silu on whole 8-float groups of
-each row and expf on the rest, and tanh/elu are bit-exact with glibc; the other transcendental
-functions may differ from glibc by one ulp on a small fraction of elements.
+Numerics follow the oracle's AVX2 build (see floatmath). Where ggml calls the C library (tanhf,
+expm1f, expf, logf, sinf, cosf, erff) the engine calls the same functions (engine.libm); GELU and
+GELU_QUICK go through ggml's fp16 lookup tables (f32 GELU clamps at ±10 first), and SILU is ggml's
+own ggml_v_silu polynomial on whole 8-float groups of each row (emulated with IEEE operations)
+and libm's expf on the rest. Every result is bit-exact with ggml on any x86-64 CPU.
 """
 
 from __future__ import annotations
