@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine import ggml as G
+from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
 from engine.context import AddressSpace, Context, ObjectInfo, fresh_address_space, ggml_used_mem
 from engine.graph import Graph
@@ -105,6 +106,9 @@ class Step:
     tensor: tuple[int, int] | None = None  # (ctx, struct offset) of the tensor the step is about
     threads: tuple[ThreadShare, ...] = ()
     plan: tuple = ()  # (n_threads, work_size, n_tasks per node) for compute steps
+    # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
+    # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
+    same_on_every_cpu: bool = True
 
     def changes(self) -> dict:
         """The step's changes as plain data (for JSON)."""
@@ -135,9 +139,11 @@ class Trace:
             # which thread took which mul_mat chunk varies from run to run: hash the union
             shares = (sorted({t.kind for t in s.threads}),
                       sorted(repr(r) for t in s.threads for r in t.ranges))
+            # bytes whose values depend on the CPU (and so which of them changed) are left out
+            data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches] \
+                if s.same_on_every_cpu else sorted({p.ctx for p in s.patches})
             h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
-                           [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches],
-                           s.contexts, s.tensor, shares, s.plan)).encode())
+                           data, s.contexts, s.tensor, shares, s.plan)).encode())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
 
@@ -174,6 +180,7 @@ class Trace:
                 "error": self.error,
                 "steps": [{"index": s.index, "kind": s.kind, "call": s.call, "line": s.line,
                            "note": s.note, "parent": s.parent, "changes": s.changes(),
+                           "same_on_every_cpu": s.same_on_every_cpu,
                            "threads": [asdict(t) for t in s.threads]} for s in self.steps],
                 "outputs": self.outputs}
 
@@ -232,6 +239,7 @@ class Recorder:
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
         self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
+        self.cpu_dependent: dict[int, list[tuple[int, int]]] = {}  # byte ranges, per context
         self.meta: dict[int, tuple] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
@@ -404,6 +412,7 @@ class Recorder:
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), **kw)
         self.steps.append(step)
+        self.mark_cpu_dependent(step)
         if self.on_step is not None:
             self.on_step(step, self.contexts)
         return step
@@ -467,10 +476,43 @@ class Recorder:
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
                         for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
+        same = same_bits_on_every_cpu(node) and not any(
+            self.depends_on_cpu(s) for s in node.src if s is not None)
+        if not same:  # all of dst, even bytes that happened not to change
+            self.cpu_dependent_ranges(*self.data_range(node), add=True)
         self.emit("node", desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
                   [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
-                  threads=threads)
+                  threads=threads, same_on_every_cpu=same)
         return True
+
+    # --- which bytes depend on the CPU ------------------------------------------------------
+    @staticmethod
+    def data_range(t: Tensor) -> tuple[int, int, int]:
+        """(context id, start, end) of t's data (empty when it has none)."""
+        if t.data is None:
+            return (-1, 0, 0)
+        ctx, off = t.ctx.space.resolve(t.data)
+        return (ctx.id, off, off + ggml_nbytes(t))
+
+    def depends_on_cpu(self, t: Tensor) -> bool:
+        cid, a, b = self.data_range(t)
+        return any(s < b and a < e for s, e in self.cpu_dependent.get(cid, ()))
+
+    def cpu_dependent_ranges(self, cid: int, a: int, b: int, add: bool) -> None:
+        """Mark [a, b) of context cid as holding CPU-dependent values (add) or not."""
+        if a >= b:
+            return
+        kept = []
+        for s, e in self.cpu_dependent.get(cid, ()):
+            kept += [(x, y) for x, y in ((s, min(e, a)), (max(s, b), e)) if x < y]
+        if add:
+            kept.append((a, b))
+        self.cpu_dependent[cid] = sorted(kept)
+
+    def mark_cpu_dependent(self, step: Step) -> None:
+        """What a step wrote depends on the CPU if the step does; otherwise it no longer does."""
+        for p in step.patches:
+            self.cpu_dependent_ranges(p.ctx, p.offset, p.end, add=not step.same_on_every_cpu)
 
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]

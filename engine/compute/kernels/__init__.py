@@ -33,6 +33,29 @@ def kernel(*ops: GGMLOp) -> Callable[[Kernel], Kernel]:
     return register
 
 
+# Ops that compute some of their nodes with a BLAS product instead of ggml's own order of
+# operations: such a result agrees with ggml to rounding, and its last bits depend on which
+# kernel the CPU's BLAS library picks. op -> does this node take that path? No other kernel's
+# bits depend on the CPU: the C library is called as ggml calls it (engine.libm), ggml's own
+# arithmetic is emulated with IEEE operations, and numpy's reductions have a fixed order.
+BLAS_PATHS: dict[int, Callable[..., bool]] = {}
+
+
+def uses_blas(*ops: GGMLOp) -> Callable:
+    """Register the predicate telling which nodes of these ops take a BLAS product."""
+    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
+        for op in ops:
+            BLAS_PATHS[op] = fn
+        return fn
+    return register
+
+
+def same_bits_on_every_cpu(dst) -> bool:
+    """Does this node's result have the same bits on every CPU (given such inputs)?"""
+    takes_blas = BLAS_PATHS.get(dst.op)
+    return takes_blas is None or not takes_blas(dst)
+
+
 def not_supported(dst, why: str = "") -> GGMLNotSupportedError:
     """The error for a node this backend cannot compute: names the op and the types."""
     types = ", ".join(TYPE_TRAITS[s.type].type_name for s in dst.src if s is not None)

@@ -28,7 +28,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
 from engine.errors import ggml_assert
@@ -147,6 +147,11 @@ def _finish(S: np.ndarray, vkq: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         inv = np.where(S == 0, F32(0), F32(1) / S)
     return vkq * inv[:, None]
+
+
+@uses_blas(GGMLOp.FLASH_ATTN_EXT)
+def _flash_attn_uses_blas(dst: Tensor) -> bool:
+    return True  # KQ and VKQ are float64 BLAS products rounded to float
 
 
 @kernel(GGMLOp.FLASH_ATTN_EXT)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import fp16_round, strided
 from engine.errors import ggml_assert
@@ -84,6 +84,11 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
         out = view4(dst).reshape(N, OH, OW, IC, KH, KW)
         out[:, :, :, chans] = vals.transpose(0, 2, 3, 1, 4, 5)
     params.took("interleaved", *chans.tolist(), note="input channels")
+
+
+@uses_blas(GGMLOp.CONV_2D)
+def _conv_2d_uses_blas(dst: Tensor) -> bool:
+    return True  # the GEMM with the kernel is a float64 BLAS product rounded to float
 
 
 @kernel(GGMLOp.CONV_2D)

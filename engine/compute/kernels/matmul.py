@@ -25,7 +25,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f32, vec_dot_q8_0
 from engine.compute.plan import vec_dot_type
@@ -72,6 +72,23 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
         bs = TYPE_TRAITS[vdt].type_size
         rows[:, b0 * bs:b1 * bs] = conv.reshape(nrows, (b1 - b0) * bs)
     return rows
+
+
+def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
+    """Are this node's products ggml's vec_dot emulated operation by operation (bit-exact on
+    every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
+    F32 rows up to 1024 and Q8_0 rows up to 4096 elements, up to EXACT_MACS multiply-adds.
+    (src1 of an F32 src0 is F32; of a Q8_0 src0, Q8_0 after the conversion.)"""
+    ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
+    return (src0.type == GGMLType.F32 and ne00 <= 1024
+            or src0.type == GGMLType.Q8_0 and ne00 <= 4096) \
+        and ne00 * ne01 * n_src1_rows <= EXACT_MACS
+
+
+@uses_blas(GGMLOp.MUL_MAT)
+def _mul_mat_uses_blas(dst: Tensor) -> bool:
+    src1 = dst.src[1]
+    return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
 @kernel(GGMLOp.MUL_MAT)
@@ -134,9 +151,7 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
     ne13, ne12, ne11 = x4.shape[:3]
     out = params.shared.setdefault("products", np.empty((ne13, ne12, ne11, ne01), np.float32))
     quantized = TYPE_TRAITS[src0.type].is_quantized
-    exact = (src0.type == GGMLType.F32 and xtype == GGMLType.F32 and ne00 <= 1024
-             or src0.type == GGMLType.Q8_0 and xtype == GGMLType.Q8_0 and ne00 <= 4096) \
-        and ne00 * ne01 * ne11 * ne12 * ne13 <= EXACT_MACS
+    exact = emulates_vec_dot(src0, x4.shape[2] * x4.shape[1] * x4.shape[0])
     w4 = None if quantized else view4(src0)
     r2, r3 = ne12 // ne02, ne13 // ne03
     # an exact output does not depend on the units, so there they are simply one per thread
