@@ -57,8 +57,21 @@ setup-test: $(VENV)/.installed-test $(VENV)/.libm
 run: setup
 	$(VENV)/bin/ggml-lens serve --host $(HOST) --port $(PORT)
 
+# The tests whose results must not depend on the CPU (op conformance, quantization, the model
+# comparisons, golden traces, libm), run a second time with numpy's SIMD dispatch lowered to its
+# baseline: the engine's bits must not depend on which SIMD path numpy picks (README: "How it is
+# checked").
+EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.py \
+	tests/conformance/test_compute_core.py tests/conformance/test_compute_quant.py \
+	tests/conformance/test_quants.py tests/conformance/test_quants_matmul.py \
+	tests/conformance/test_types.py tests/conformance/test_models.py \
+	tests/unit/test_trace.py::test_golden_trace tests/unit/test_libm.py
+
 test: setup-test
 	$(PY) -m pytest -q tests
+	@echo "== again with numpy's SIMD dispatch lowered to its baseline"
+	NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
+		$(PY) -m pytest -q -p no:cacheprovider $(EXACT_TESTS)
 
 # Only the comparisons with real llama.cpp (the `llamacpp` marker).
 test-models: setup-test

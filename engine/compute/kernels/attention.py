@@ -20,6 +20,11 @@ written to dst[:, iq2, iq1, iq3] (heads and tokens swapped). Masked (-inf) posit
 
 Rows are handed out in chunks from a shared counter, 4 per thread (none with 1 thread), as ggml
 does; `params.use_ref` forces one_chunk. Leaves out: quantized K/V.
+
+Numerics: expf and tanhf are the C library's (engine.libm), the fp16 roundings and the online
+softmax ggml's own, emulated with IEEE operations; but KQ and VKQ are float64 BLAS products
+rounded to float, so results agree with ggml to rounding and their last bits depend on the CPU's
+BLAS kernel (registered in BLAS_PATHS).
 """
 
 from __future__ import annotations

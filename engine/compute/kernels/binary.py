@@ -3,6 +3,8 @@
 Each thread takes the generic row range of dst; src1's row is (i1 % ne11, i2 % ne12, i3 % ne13) and
 repeats along dimension 0 when ne10 divides ne00. Values are computed in f32 and rounded to dst's
 type, so f32 results are bit-exact with ggml.
+
+Numerics: IEEE operations only (ggml's own arithmetic): the same bits as ggml on every CPU.
 """
 
 from __future__ import annotations

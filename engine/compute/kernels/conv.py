@@ -13,6 +13,10 @@ results to dst. Here each thread computes the GEMM rows of its own patches.
 
 pool_1d / pool_2d: thread 0 alone. Out-of-range taps are skipped; pool_1d averages over the taps
 it used, pool_2d divides by k0·k1 always. Max starts from -FLT_MAX.
+
+Numerics: im2col and the pools are copies and IEEE operations (ggml's bits on every CPU);
+conv_2d's GEMM is a float64 BLAS product rounded to float: ggml's result to rounding, its last
+bits the CPU's BLAS kernel's (registered in BLAS_PATHS).
 """
 
 from __future__ import annotations

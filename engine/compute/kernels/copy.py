@@ -4,6 +4,8 @@ Mirrors ggml_compute_forward_dup in ggml-cpu/ops.cpp: elements are read row-majo
 fastest) and written in dst's own row-major order, so shapes may differ as long as the counts agree.
 Same-type contiguous copies split blocks between threads; the others split src0's dimension 1.
 Copies to and from quantized types (de)quantize whole rows through engine.quants.
+
+Numerics: copies and IEEE conversions (fp16/bf16 rounding as ggml's): ggml's bits on every CPU.
 """
 
 from __future__ import annotations

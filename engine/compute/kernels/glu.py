@@ -5,6 +5,10 @@ kernels of ggml-cpu/ops.cpp. Rows are taken flat (row i at data + i·nb1; the co
 contiguous_1 tensors) and split between threads by the generic row range. Without src1, x is the
 first half of the row and g the second; op_params[1] (swapped) exchanges them.
 F32 and F16 (SWIGLU_OAI: F32 only); the f16 kernels compute in f32 and round once at the end.
+
+Numerics: erff and expf are the C library's (engine.libm), as ggml calls them; GEGLU and
+GEGLU_QUICK use ggml's fp16 tables and SWIGLU ggml's own v_silu polynomial, emulated with IEEE
+operations: ggml's bits on every CPU.
 """
 
 from __future__ import annotations

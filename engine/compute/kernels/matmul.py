@@ -17,6 +17,11 @@ copies the products into dst exactly as ggml's chunks split it, which is what th
 each thread's share.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
+
+Numerics: F32 rows up to 1024 and Q8_0 rows up to 4096 elements (up to EXACT_MACS) emulate
+ggml's vec_dot operation by operation: ggml's bits on every CPU. Other products are BLAS
+products: ggml's result to rounding, their last bits the CPU's BLAS kernel's (BLAS_PATHS says
+which nodes; the trace marks them).
 """
 
 from __future__ import annotations

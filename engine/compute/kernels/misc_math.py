@@ -8,6 +8,9 @@ Mirrors ggml-cpu/ops.cpp. The thread splits are ggml's own and differ from op to
 * LEAKY_RELU and REPEAT: thread 0 alone;
 * OUT_PROD: thread 0 zeroes dst, barrier, then the generic range of dst rows (ne1·ne2·ne3).
 SCALE, CLAMP and LEAKY_RELU walk rows flat (row j at data + j·nb1), as ggml does.
+
+Numerics: IEEE operations, and fmaf where the -mfma build fuses (emulated exactly in float64):
+ggml's bits on every CPU.
 """
 
 from __future__ import annotations

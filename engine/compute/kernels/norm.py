@@ -8,6 +8,9 @@ double sums straddle a float rounding boundary.
 
 NORM's variance follows ggml_vec_cvar_f32 on AVX2: each 8-float group of squares is added in float
 in the order ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), then accumulated in double.
+
+Numerics: IEEE operations only (sqrt included); numpy's double sums have a fixed order, so the
+bits are the same on every CPU.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
   and quantized with the CPU's from_float into the contiguous destination.
 - quantized -> f32 (dup_from_q): threads split the blocks; each block is dequantized into place.
 - add_q_f32: dequantize a row of src0, add src1's row, quantize the sum into dst's row.
+
+Numerics: the quantizers and dequantizers of engine.quants, IEEE operations only: ggml's
+bits on every CPU.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Ties: ARGMAX returns the last index of the maximum, as ggml does. ARGSORT uses a
 ggml's std::sort is not stable, so rows with equal values may order their indices differently.
 TOP_K returns the k largest in descending order with the first two swapped, as ggml does; among
 equal values the choice may differ from std::partial_sort's.
+
+Numerics: CROSS_ENTROPY_LOSS calls the C library's expf and logf (engine.libm), as ggml does;
+the rest are IEEE operations and orderings: the same bits on every CPU.
 """
 
 from __future__ import annotations

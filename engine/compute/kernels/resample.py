@@ -9,6 +9,9 @@ when circular.
 timestep_embedding: for each timestep t, freq_j = exp(-ln(max_period)·j/half),
 dst[j] = cos(t·freq_j), dst[j + half] = sin(t·freq_j); threads take j in turn.
 Leaves out: bilinear with GGML_SCALE_FLAG_ANTIALIAS.
+
+Numerics: TIMESTEP_EMBEDDING calls the C library's expf, logf, cosf and sinf (engine.libm), as
+ggml does; interpolation and padding are IEEE operations: the same bits on every CPU.
 """
 
 from __future__ import annotations

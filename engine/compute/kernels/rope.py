@@ -11,6 +11,10 @@ the rounding of the repeated product is ggml's own:
 The pair k is (x[2k], x[2k+1]) in NORMAL mode and (x[k], x[k + n_dims/2]) in NEOX and the
 multi-rope modes (VISION: (x[k], x[k + n_dims]) over the whole row); each becomes
 (x0·cos - x1·sin, x0·sin + x1·cos). Dims from n_dims on are copied.
+
+Numerics: powf, cosf, sinf and logf are the C library's (engine.libm), called as ggml calls
+them; the θ recurrence and the rotation are ggml's float arithmetic, emulated with IEEE
+operations: ggml's bits on every CPU.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ i12), dequantizing quantized rows and widening f16/bf16 to f32 (f32 and i32 are 
 set_rows: thread ith takes the dr range of src0's rows (dim 1) in every (i02, i03); the row goes to
 dst row src1[i, i02 % ne11, i03 % ne12], converted with the CPU from_float of dst's type.
 Leaves out: nothing of these two ops' CPU paths.
+
+Numerics: copies and ggml's own conversions: ggml's bits on every CPU.
 """
 
 from __future__ import annotations

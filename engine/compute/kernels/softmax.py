@@ -10,6 +10,9 @@ for the tail of the row.
 
 diag_mask: unless in place, thread 0 copies src0 to dst and everyone meets at a barrier; then
 dst[i, j] = value wherever i > n_past + j.
+
+Numerics: ggml_v_expf is ggml's own polynomial, emulated with IEEE operations; the row tail's
+expf is the C library's (engine.libm): ggml's bits on every CPU.
 """
 
 from __future__ import annotations
