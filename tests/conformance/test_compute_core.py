@@ -69,6 +69,16 @@ def test_mul_mat_f32_is_bit_exact(k):
              [Leaf(F32, (k, 9, 2)), Leaf(F32, (k, 5, 4))], 3, exact=True, seed=k)
 
 
+@pytest.mark.parametrize("k", [1, 5, 8, 31, 32, 33, 45, 64, 100, 384])
+def test_mul_mat_f16_is_bit_exact(k):
+    """Small F16 products (src1 converted to F16, or F16 already) follow ggml_vec_dot_f16
+    exactly: the F32 lanes over widened halves, the leftovers in double."""
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(F16, (k, 9, 2)), Leaf(F32, (k, 5, 4))], 3, exact=True, seed=k)
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(F16, (k, 7)), Leaf(F16, (k, 3))], 2, exact=True, seed=k + 1)
+
+
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_mul_mat_q8_0_is_bit_exact(n_threads):
     """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""

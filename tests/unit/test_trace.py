@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.programs import PROGRAMS, trace_program
@@ -151,3 +152,55 @@ def test_step_cap_ends_a_runaway_program(tmp_path, monkeypatch):
     assert len(trace.steps) == 51 and trace.steps[-1].kind == "cap"
     assert trace.error == "stopped after 50 steps"
 
+
+
+BLAS_PROGRAM = '''
+import numpy as np
+from engine.ggml import *
+
+
+def run(n_threads: int = 1) -> dict:
+    ctx = ggml_init(ggml_init_params(mem_size=1024 * 1024, mem_buffer=None, no_alloc=False))
+    w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 8)  # rows past 1024: a BLAS product
+    x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 2)
+    set_data(w, np.linspace(-1, 1, 2048 * 8, dtype=np.float32).reshape(8, 2048))
+    set_data(x, np.linspace(1, -3, 2048 * 2, dtype=np.float32).reshape(2, 2048))
+    y = ggml_scale(ctx, ggml_mul_mat(ctx, w, x), 0.5)
+    u = ggml_add(ctx, x, x)
+    gf = ggml_new_graph(ctx)
+    ggml_build_forward_expand(gf, y)
+    ggml_build_forward_expand(gf, u)
+    ggml_graph_compute_with_ctx(ctx, gf, n_threads)
+    return {"y": y}
+'''
+
+
+def test_blas_values_are_marked_and_left_out_of_the_hash(tmp_path, monkeypatch):
+    """A BLAS product's last bits depend on the CPU's BLAS kernel: its node, and every node
+    computed from it, are marked, and the hash does not change when those bits do."""
+    import importlib.util
+
+    from engine.compute.kernels import matmul
+
+    path = tmp_path / "blas_program.py"
+    path.write_text(BLAS_PROGRAM)
+    spec = importlib.util.spec_from_file_location("blas_program", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def trace():
+        return record(mod.run, str(path), "blas-program", 2)
+
+    first = trace()
+    marks = {s.call: s.same_on_every_cpu for s in first.steps if s.kind == "node"}
+    assert [v for k, v in marks.items() if k.startswith("MUL_MAT")] == [False]
+    assert [v for k, v in marks.items() if k.startswith("SCALE")] == [False]
+    assert [v for k, v in marks.items() if k.startswith("ADD")] == [True]
+
+    exact = matmul.blas_product
+    monkeypatch.setattr(matmul, "blas_product",
+                        lambda x, w: np.nextafter(exact(x, w), np.float32(np.inf)))
+    other = trace()  # another CPU's BLAS: other last bits
+    assert other.outputs["y"] != first.outputs["y"]
+    assert other.hash == first.hash
+    assert normalised(other) == normalised(first)

@@ -1,14 +1,16 @@
-"""ggml's CPU dot products for F32 and Q8_0 rows, reproduced operation by operation (AVX2 build).
+"""ggml's CPU dot products for F32, F16 and Q8_0 rows, reproduced operation by operation (AVX2 build).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call, and these emulate that call's arithmetic for
 whole tiles at once: the same lanes, the same fused multiply-adds, the same horizontal sums. Their
 results equal real ggml's bit for bit (tested), where a BLAS product only agrees to rounding.
 They cost more than BLAS, so mul_mat uses them for products up to EXACT_MACS multiply-adds with
-rows of at most 1024 (F32) or 4096 (Q8_0) elements; larger products use BLAS, within rounding.
+rows of at most 1024 (F32, F16) or 4096 (Q8_0) elements; larger products use BLAS, within rounding.
 
 - ggml_vec_dot_f32: 4 accumulators of 8 lanes over steps of 32, fma per lane, reduced pairwise,
   then the leftover elements as gcc's code does them (vector products summed in order, the last
   few by fma).
+- ggml_vec_dot_f16: the same lanes over halves widened to float (F16C); the leftovers each
+  rounded to float and summed in double.
 - ggml_vec_dot_q8_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact integers), times
   d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
 """
@@ -30,24 +32,48 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
     return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
 
 
-def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0)."""
-    n0, k = w.shape
-    n1 = x.shape[0]
+def _vector_part(w: np.ndarray, x: np.ndarray, np_: int) -> np.ndarray:
+    """The SIMD loop over the first np_ elements (a multiple of 32) of every pair of rows:
+    4 accumulators of 8 float lanes, fma per lane, then GGML_F32x8_REDUCE -> (n1, n0) float."""
+    n0, n1 = w.shape[0], x.shape[0]
+    acc = np.zeros((4, n1, n0, 8), F32)
+    for s in range(0, np_, 32):
+        for j in range(4):
+            a = w[:, s + 8 * j:s + 8 * j + 8]
+            b = x[:, s + 8 * j:s + 8 * j + 8]
+            acc[j] = fmaf(a[None, :, :], b[:, None, :], acc[j])
+    # GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1; then lo + hi and two hadds
+    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
+    t0 = v[..., :4] + v[..., 4:]
+    return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+
+
+def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f16(K, w row, x row) for every pair: w (n0, K), x (n1, K) fp16 values
+    (given as float32 or float16) -> (n1, n0).
+
+    The F16C build widens each 8 halves to floats and runs the F32 loop (GGML_F32Cx8 = the F32
+    lanes, fmas and reduction); the leftovers are added in double, each product rounded to float
+    first: sumf += (ggml_float)(x[i]*y[i])."""
+    k = w.shape[1]
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
     np_ = k & ~31
-    acc = np.zeros((4, n1, n0, 8), F32)
     with np.errstate(all="ignore"):
-        for s in range(0, np_, 32):
-            for j in range(4):
-                a = w[:, s + 8 * j:s + 8 * j + 8]
-                b = x[:, s + 8 * j:s + 8 * j + 8]
-                acc[j] = fmaf(a[None, :, :], b[:, None, :], acc[j])
-        # GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1; then lo + hi and two hadds
-        v = (acc[0] + acc[2]) + (acc[1] + acc[3])
-        t0 = v[..., :4] + v[..., 4:]
-        sumf = (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+        sumf = _vector_part(w, x, np_).astype(F64)
+        for i in range(np_, k):
+            sumf += (w[None, :, i] * x[:, i, None]).astype(F64)
+    return sumf.astype(F32)
+
+
+def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0)."""
+    k = w.shape[1]
+    w = np.ascontiguousarray(w, F32)
+    x = np.ascontiguousarray(x, F32)
+    np_ = k & ~31
+    with np.errstate(all="ignore"):
+        sumf = _vector_part(w, x, np_)
         # leftovers, `sumf += x[i]*y[i]` as gcc compiled it: runs of 8, then one of 4, as a
         # vector product then in-order sums; the last (up to 3) by a contracted fma
         i = np_
