@@ -17,10 +17,13 @@ expf is the C library's (engine.libm): ggml's bits on every CPU.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
+from engine.compute.kernels.floatmath import CHUNK
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, strided, v_expf
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
@@ -59,26 +62,27 @@ def compute_forward_soft_max(params, dst: Tensor) -> None:
     scale, max_bias = (F32(x) for x in dst.op_params.view(np.float32)[:2])
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     rows = np.arange(params.ith, ne01, params.nth)
-    if len(rows):
-        x = view4(src0)[:, :, params.ith::params.nth, :]  # (ne03, ne02, r, ne00)
-        w = x * scale
-        if mask is not None:
-            ne12, ne13 = int(mask.ne[2]), int(mask.ne[3])
-            m4 = view4(mask)
-            m = m4[np.ix_(np.arange(ne03) % ne13, np.arange(ne02) % ne12, rows)]
-            slope = alibi_slopes(ne02, max_bias)[None, :, None, None]
-            w = fmaf(slope, to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
+    slopes = alibi_slopes(ne02, max_bias)
+    sinks_f32 = view4(sinks)[0, 0, 0, :ne02].astype(F32) if sinks is not None else None
+    x4, d4 = view4(src0), view4(dst)
+    m4 = view4(mask) if mask is not None else None
+    step = max(1, CHUNK // max(1, ne00))  # rows per block: its temporaries stay in the cache
+    for i3, i2, r in itertools.product(range(ne03), range(ne02), range(0, len(rows), step)):
+        block = rows[r:r + step]  # rows i1 of matrix (i2, i3), ith + k*nth
+        sl = slice(block[0], block[-1] + 1, params.nth)
+        w = x4[i3, i2, sl] * scale  # (rows, ne00)
+        if m4 is not None:
+            m = m4[i3 % m4.shape[0], i2 % m4.shape[1], sl]
+            w = fmaf(slopes[i2], to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
         mx = w.max(axis=-1, keepdims=True)
-        sink = None
-        if sinks is not None:
-            sink = view4(sinks)[0, 0, 0, :ne02].astype(F32)[None, :, None, None]
-            mx = np.maximum(mx, sink)
+        if sinks_f32 is not None:
+            mx = np.maximum(mx, sinks_f32[i2])
         y, total = soft_max_rows(w, mx)
-        if sink is not None:
-            total = total + expf(sink - mx).astype(F64)
+        if sinks_f32 is not None:
+            total = total + expf(sinks_f32[i2] - mx).astype(F64)
         with np.errstate(divide="ignore"):
             inv = (1.0 / total).astype(F32)
-        view4(dst)[:, :, params.ith::params.nth, :] = y * inv
+        np.multiply(y, inv, out=d4[i3, i2, sl])
     params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
 
 
