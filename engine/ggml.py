@@ -18,10 +18,12 @@ the bytes a `void *` would point at (pointers themselves are simulated addresses
 
 from __future__ import annotations
 
+from engine import autodiff as _autodiff
 from engine import compute as _compute
 from engine import context as _context
 from engine import graph as _graph
 from engine import ops as _ops
+from engine import ops_back as _ops_back
 from engine import ops_math as _ops_math
 from engine import ops_nn as _ops_nn
 from engine import optable as _optable
@@ -40,8 +42,8 @@ from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
 from engine.types import GGMLType
 
 # every ggml_* and gguf_* function of the engine modules, under its ggml name
-for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _optable, _graph, _compute,
-                _quants, _gguf):
+for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _ops_back, _optable, _graph,
+                _autodiff, _compute, _quants, _gguf):
     for _name in dir(_module):
         if _name.startswith(("ggml_", "GGML_", "gguf_", "GGUF_")):
             globals()[_name] = getattr(_module, _name)

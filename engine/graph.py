@@ -131,6 +131,17 @@ class Graph:
         return self._array("hash_keys", "<u8", self.hash_size)
 
     @property
+    def grad_addresses(self) -> np.ndarray | None:
+        """cgraph->grads (one slot per hash slot), None for a graph without gradients."""
+        return self._array("grads", "<u8", self.hash_size) if self._field("grads") else None
+
+    @property
+    def grad_acc_addresses(self) -> np.ndarray | None:
+        """cgraph->grad_accs, None for a graph without gradients."""
+        return self._array("grad_accs", "<u8", self.hash_size) if self._field("grad_accs") \
+            else None
+
+    @property
     def hash_used(self) -> np.ndarray:
         return self._array("hash_used", "<u4", _bitset_words(self.hash_size))
 
@@ -355,9 +366,20 @@ def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
             slot = dst.hash_insert(src.tensor(int(keys[i])))
             if slot != GGML_HASHSET_ALREADY_EXISTS:
                 dst.use_counts[slot] = counts[i]
-    if dst._field("grads"):
-        dst._array("grads", "<u8", dst.hash_size)[:] = 0
-        dst._array("grad_accs", "<u8", dst.hash_size)[:] = 0
+    if dst.grad_addresses is not None:
+        dst.grad_addresses[:] = 0
+        dst.grad_acc_addresses[:] = 0
+    if src.grad_addresses is not None:
+        fn = "ggml_graph_cpy"
+        ggml_assert(dst.grad_addresses is not None, "dst->grads != NULL", fn)
+        for node in src.nodes:  # dst's nodes are src's
+            i_src, i_dst = src.slot_of(node), dst.slot_of(node)
+            ggml_assert(i_src is not None, "ggml_bitset_get(src->visited_hash_set.used, igrad_src)",
+                        fn)
+            ggml_assert(i_dst is not None, "ggml_bitset_get(dst->visited_hash_set.used, igrad_dst)",
+                        fn)
+            dst.grad_addresses[i_dst] = src.grad_addresses[i_src]
+            dst.grad_acc_addresses[i_dst] = src.grad_acc_addresses[i_src]
 
 
 def ggml_graph_print(g: Graph) -> str:

@@ -27,7 +27,7 @@ from engine.compute.kernels.views import flat_rows, strided
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_scalar, ggml_nbytes, ggml_nrows
-from engine.types import GGMLType
+from engine.types import GGMLType, TYPE_TRAITS
 
 F32, F64 = np.float32, np.float64
 T = GGMLType
@@ -39,6 +39,15 @@ def _thread0(params) -> bool:
         params.took("idle")
         return False
     return True
+
+
+def _ggml_rows(t: Tensor) -> np.ndarray:
+    """t's rows as SUM and MEAN walk them: row (i1, i2, i3) at i1·nb1 + i2·nb2 + i3·nb3, its
+    ne0 elements side by side whatever nb0 says (ggml only asserts nb0 in debug builds, so a
+    transposed source is read as ggml reads it)."""
+    size = TYPE_TRAITS[t.type].type_size
+    ne, nb = [int(x) for x in t.ne], [int(x) for x in t.nb]
+    return strided(t, (ne[3], ne[2], ne[1], ne[0]), (nb[3], nb[2], nb[1], size))
 
 
 def float_sum_lr(x: np.ndarray) -> np.ndarray:
@@ -56,7 +65,7 @@ def compute_forward_sum(params, dst: Tensor) -> None:
         raise not_supported(dst, "SUM has F32, F16 and BF16 kernels only")
     if not _thread0(params):
         return
-    x = to_f32(view4(src0), src0.type)
+    x = to_f32(_ggml_rows(src0), src0.type)
     if src0.type == T.F32:  # double row sums, added in double
         total = x.sum(axis=-1, dtype=F64).sum()
         view4(dst).reshape(-1)[0] = F32(total)
@@ -72,7 +81,7 @@ def _row_sums(params, dst: Tensor) -> np.ndarray | None:
         raise not_supported(dst, "F32 only")
     if not _thread0(params):
         return None
-    return view4(src0).sum(axis=-1, dtype=F64).astype(F32)  # ggml_vec_sum_f32: double, to float
+    return _ggml_rows(src0).sum(axis=-1, dtype=F64).astype(F32)  # ggml_vec_sum_f32: double
 
 
 @kernel(GGMLOp.SUM_ROWS)

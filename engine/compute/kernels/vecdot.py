@@ -32,20 +32,52 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
     return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
 
 
-def _vector_part(w: np.ndarray, x: np.ndarray, np_: int) -> np.ndarray:
-    """The SIMD loop over the first np_ elements (a multiple of 32) of every pair of rows:
-    4 accumulators of 8 float lanes, fma per lane, then GGML_F32x8_REDUCE -> (n1, n0) float."""
-    n0, n1 = w.shape[0], x.shape[0]
-    acc = np.zeros((4, n1, n0, 8), F32)
+def _vector_part(a: np.ndarray, b: np.ndarray, np_: int) -> np.ndarray:
+    """The SIMD loop over the first np_ elements (a multiple of 32) of rows a and b (float32,
+    broadcast against each other, elements on the last axis): 4 accumulators of 8 float lanes,
+    fma per lane, then GGML_F32x8_REDUCE -> the broadcast shape without the last axis."""
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    acc = np.zeros((4, *shape, 8), F32)
     for s in range(0, np_, 32):
         for j in range(4):
-            a = w[:, s + 8 * j:s + 8 * j + 8]
-            b = x[:, s + 8 * j:s + 8 * j + 8]
-            acc[j] = fmaf(a[None, :, :], b[:, None, :], acc[j])
+            acc[j] = fmaf(a[..., s + 8 * j:s + 8 * j + 8], b[..., s + 8 * j:s + 8 * j + 8], acc[j])
     # GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1; then lo + hi and two hadds
     v = (acc[0] + acc[2]) + (acc[1] + acc[3])
     t0 = v[..., :4] + v[..., 4:]
     return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+
+
+def _dot_f16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f16 of rows a and b (fp16 values as float32, broadcast, last axis K)."""
+    k = a.shape[-1]
+    np_ = k & ~31
+    with np.errstate(all="ignore"):
+        sumf = _vector_part(a, b, np_).astype(F64)
+        for i in range(np_, k):
+            sumf += (a[..., i] * b[..., i]).astype(F64)
+    return sumf.astype(F32)
+
+
+def _dot_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f32 of rows a and b (float32, broadcast against each other, last axis K)."""
+    k = a.shape[-1]
+    np_ = k & ~31
+    with np.errstate(all="ignore"):
+        sumf = _vector_part(a, b, np_)
+        # leftovers, `sumf += x[i]*y[i]` as gcc compiled it: runs of 8, then one of 4, as a
+        # vector product then in-order sums; the last (up to 3) by a contracted fma
+        i = np_
+        while k - i >= 8 or (k - i >= 4 and (k - i) < 8):
+            step = 8 if k - i >= 8 else 4
+            prod = a[..., i:i + step] * b[..., i:i + step]
+            for e in range(step):
+                sumf = sumf + prod[..., e]
+            i += step
+            if step == 4:
+                break
+        for i in range(i, k):
+            sumf = fmaf(a[..., i], b[..., i], sumf)
+    return np.asarray(sumf, F32)
 
 
 def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -55,39 +87,21 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     The F16C build widens each 8 halves to floats and runs the F32 loop (GGML_F32Cx8 = the F32
     lanes, fmas and reduction); the leftovers are added in double, each product rounded to float
     first: sumf += (ggml_float)(x[i]*y[i])."""
-    k = w.shape[1]
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
-    np_ = k & ~31
-    with np.errstate(all="ignore"):
-        sumf = _vector_part(w, x, np_).astype(F64)
-        for i in range(np_, k):
-            sumf += (w[None, :, i] * x[:, i, None]).astype(F64)
-    return sumf.astype(F32)
+    return _dot_f16(w[None, :, :], x[:, None, :])
 
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0)."""
-    k = w.shape[1]
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
-    np_ = k & ~31
-    with np.errstate(all="ignore"):
-        sumf = _vector_part(w, x, np_)
-        # leftovers, `sumf += x[i]*y[i]` as gcc compiled it: runs of 8, then one of 4, as a
-        # vector product then in-order sums; the last (up to 3) by a contracted fma
-        i = np_
-        while k - i >= 8 or (k - i >= 4 and (k - i) < 8):
-            step = 8 if k - i >= 8 else 4
-            prod = w[None, :, i:i + step] * x[:, None, i:i + step]
-            for e in range(step):
-                sumf = sumf + prod[..., e]
-            i += step
-            if step == 4:
-                break
-        for i in range(i, k):
-            sumf = fmaf(w[None, :, i], x[:, i, None], sumf)
-    return sumf.astype(F32)
+    return _dot_f32(w[None, :, :], x[:, None, :])
+
+
+def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f32 of each row of a with the same row of b: (n, K), (n, K) -> (n,)."""
+    return _dot_f32(np.ascontiguousarray(a, F32), np.ascontiguousarray(b, F32))
 
 
 def vec_dot_q8_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:

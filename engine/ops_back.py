@@ -1,0 +1,138 @@
+"""Op constructors of the backward pass and the optimizer steps; each only records.
+
+Mirrors the graph-building functions of ggml.c for REPEAT_BACK, SILU_BACK, RMS_NORM_BACK,
+GET_ROWS_BACK, SOFT_MAX_BACK, ROPE_BACK (multi), IM2COL_BACK, POOL_2D_BACK,
+CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and OPT_STEP_SGD: result shape and type, op_params, src
+slots and the GGML_ASSERTs with ggml's condition text. `engine.autodiff` builds them into a graph;
+the kernels are in engine/compute/kernels/backward.py.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from engine.context import Context
+from engine.errors import ggml_assert
+from engine.layout import GGML_MAX_DIMS
+from engine.ops import _record, ggml_set_op_params
+from engine.ops_nn import ggml_rope_multi
+from engine.optable import GGMLOp
+from engine.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
+    ggml_dup_tensor, ggml_is_matrix, ggml_is_scalar, ggml_is_vector, ggml_nelements, \
+    ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
+from engine.types import GGMLType
+
+
+def _ne(t: Tensor) -> list[int]:
+    return [int(x) for x in t.ne]
+
+
+def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_repeat_back: sum a's repetitions back into b's shape (the gradient of REPEAT)."""
+    ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", "ggml_repeat_back",
+                f"b {_ne(b)} does not tile a {_ne(a)}")
+    return _record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, _ne(b)), GGMLOp.REPEAT_BACK, a)
+
+
+def ggml_silu_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_silu_back: a = the gradient of silu's output, b = silu's input."""
+    return _record(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
+
+
+def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor:
+    """ggml_rms_norm_back: a = the gradient of rms_norm's output, b = its input; op_params eps."""
+    result = ggml_dup_tensor(ctx, a)
+    ggml_set_op_params(result, struct.pack("<f", eps))
+    return _record(result, GGMLOp.RMS_NORM_BACK, a, b)
+
+
+def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """ggml_get_rows_back: add the rows of a into an F32 tensor shaped like c, at rows b."""
+    fn = "ggml_get_rows_back"
+    ggml_assert(ggml_is_matrix(a) and ggml_is_vector(b) and b.type == GGMLType.I32,
+                "ggml_is_matrix(a) && ggml_is_vector(b) && b->type == GGML_TYPE_I32", fn)
+    ggml_assert(ggml_is_matrix(c) and int(a.ne[0]) == int(c.ne[0]),
+                "ggml_is_matrix(c) && (a->ne[0] == c->ne[0])", fn)
+    result = ggml_new_tensor_2d(ctx, GGMLType.F32, int(c.ne[0]), int(c.ne[1]))
+    return _record(result, GGMLOp.GET_ROWS_BACK, a, b)
+
+
+def _soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float,
+                       inplace: bool) -> Tensor:
+    result = ggml_view_tensor(ctx, a) if inplace else ggml_dup_tensor(ctx, a)
+    ggml_set_op_params(result, struct.pack("<2f", scale, max_bias))
+    return _record(result, GGMLOp.SOFT_MAX_BACK, a, b)
+
+
+def ggml_soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float,
+                           max_bias: float) -> Tensor:
+    """ggml_soft_max_ext_back: a = the gradient of soft_max's output, b = that output."""
+    return _soft_max_ext_back(ctx, a, b, scale, max_bias, False)
+
+
+def ggml_soft_max_ext_back_inplace(ctx: Context, a: Tensor, b: Tensor, scale: float,
+                                   max_bias: float) -> Tensor:
+    """ggml_soft_max_ext_back_inplace: into a view of a."""
+    return _soft_max_ext_back(ctx, a, b, scale, max_bias, True)
+
+
+def ggml_rope_multi_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
+                         sections: list[int], mode: int, n_ctx_orig: int, freq_base: float,
+                         freq_scale: float, ext_factor: float, attn_factor: float,
+                         beta_fast: float, beta_slow: float) -> Tensor:
+    """ggml_rope_multi_back: ggml_rope_multi recorded as ROPE_BACK (the inverse rotation)."""
+    result = ggml_rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base,
+                             freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    result.op = GGMLOp.ROPE_BACK
+    return result
+
+
+def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int, s1: int,
+                     p0: int, p1: int, d0: int, d1: int, is_2D: bool) -> Tensor:  # noqa: N803
+    """ggml_im2col_back: the gradient of im2col (a) folded back into an F32 image of shape ne;
+    b is im2col's kernel (only its shape is used)."""
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, [int(x) for x in ne])
+    ggml_set_op_params(result, struct.pack("<7i", s0, s1, p0, p1, d0, d1, 1 if is_2D else 0))
+    return _record(result, GGMLOp.IM2COL_BACK, a, b)
+
+
+def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: int, k0: int, k1: int, s0: int,
+                      s1: int, p0: float, p1: float) -> Tensor:
+    """ggml_pool_2d_back: the gradient of pool_2d (a) spread over the input af's shape; the
+    paddings are stored as int32, as ggml stores them."""
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, _ne(af))
+    ggml_set_op_params(result, struct.pack("<7i", op, k0, k1, s0, s1, int(p0), int(p1)))
+    return _record(result, GGMLOp.POOL_2D_BACK, a, af)
+
+
+def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """ggml_cross_entropy_loss_back: a = the loss's gradient (a scalar), b = the logits,
+    c = the labels; the result is the gradient of the logits."""
+    fn = "ggml_cross_entropy_loss_back"
+    ggml_assert(ggml_is_scalar(a), "ggml_is_scalar(a)", fn)
+    ggml_assert(ggml_are_same_shape(b, c), "ggml_are_same_shape(b, c)", fn)
+    return _record(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
+
+
+def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Tensor,
+                        adamw_params: Tensor) -> Tensor:
+    """ggml_opt_step_adamw: update the parameter a in place from its gradient and the moments
+    m and v; adamw_params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h] (F32)."""
+    fn = "ggml_opt_step_adamw"
+    ggml_assert(bool(a.flags & GGML_TENSOR_FLAG_PARAM), "a->flags & GGML_TENSOR_FLAG_PARAM", fn)
+    ggml_assert(ggml_are_same_shape(a, grad), "ggml_are_same_shape(a, grad)", fn)
+    ggml_assert(ggml_are_same_shape(a, m), "ggml_are_same_shape(a, m)", fn)
+    ggml_assert(ggml_are_same_shape(a, v), "ggml_are_same_shape(a, v)", fn)
+    ggml_assert(adamw_params.type == GGMLType.F32, "adamw_params->type == GGML_TYPE_F32", fn)
+    ggml_assert(ggml_nelements(adamw_params) == 7, "ggml_nelements(adamw_params) == 7", fn)
+    return _record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
+
+
+def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> Tensor:
+    """ggml_opt_step_sgd: a = a·(1 - alpha·wd) - alpha·grad in place; params = [alpha, wd]."""
+    fn = "ggml_opt_step_sgd"
+    ggml_assert(bool(a.flags & GGML_TENSOR_FLAG_PARAM), "a->flags & GGML_TENSOR_FLAG_PARAM", fn)
+    ggml_assert(ggml_are_same_shape(a, grad), "ggml_are_same_shape(a, grad)", fn)
+    ggml_assert(params.type == GGMLType.F32, "params->type == GGML_TYPE_F32", fn)
+    ggml_assert(ggml_nelements(params) == 2, "ggml_nelements(params) == 2", fn)
+    return _record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
