@@ -399,21 +399,48 @@ def ggml_graph_print(g: Graph) -> str:
     return text
 
 
+def ggml_graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
+    """ggml_graph_get_grad: the gradient recorded for node, or None."""
+    slot = g.slot_of(node)
+    grads = g.grad_addresses
+    if slot is None or grads is None or not int(grads[slot]):
+        return None
+    return g.tensor(int(grads[slot]))
+
+
 def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None) -> str:
     """ggml_graph_dump_dot: the graph in graphviz DOT, as ggml writes it; also to `filename`.
 
-    `cgraph` only changes the colour of nodes with gradients, which this engine never builds.
+    With gradients, a node that is some node's gradient is drawn as that node (dashed edges),
+    a node with a gradient is green (lightblue if it is not in `cgraph`) and shows its
+    gradient's op; parameters are yellow, other nodes white.
     """
     p = lambda t: f"{t.address:#x}"  # noqa: E731 - C's %p
+    grads = {n.address: ggml_graph_get_grad(gb, n) for n in gb.nodes}
+    parent: dict[int, Tensor] = {}  # ggml_graph_get_parent: the first node a tensor is grad of
+    for n in gb.nodes:
+        g = grads[n.address]
+        if g is not None:
+            parent.setdefault(g.address, n)
+    in_cgraph = None if cgraph is None else {n.address for n in cgraph.nodes}
     out = ["digraph G {", "  newrank = true;", "  rankdir = TB;"]
     for i, node in enumerate(gb.nodes):
-        # without gradients ggml draws a node yellow (a parameter) or white
-        color = "yellow" if node.flags & GGML_TENSOR_FLAG_PARAM else "white"
+        grad = grads[node.address]
+        if node.address in parent:
+            continue
+        if node.flags & GGML_TENSOR_FLAG_PARAM:
+            color = "yellow"
+        elif grad is not None:
+            color = "green" if in_cgraph is None or node.address in in_cgraph else "lightblue"
+        else:
+            color = "white"
         label = f"{node.name} ({TYPE_TRAITS[node.type].type_name})|" if node.name_bytes else \
             f"({TYPE_TRAITS[node.type].type_name})|"
         ne = [int(x) for x in node.ne]
         shape = f"[{ne[0]}, {ne[1]}]" if ggml_is_matrix(node) else f"[{ne[0]}, {ne[1]}, {ne[2]}]"
         label += f"{i} {shape} | <x>{ggml_op_symbol(node.op)}"
+        if grad is not None:
+            label += f" | <g>{ggml_op_symbol(grad.op)}"
         out.append(f'  "{p(node)}" [ style = filled; fillcolor = {color}; shape = record; '
                    f'label="{label}"; ]')
     for i, leaf in enumerate(gb.leafs):
@@ -429,7 +456,9 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
     for node in gb.nodes:
         for j, src in enumerate(node.src):
             if src is not None:
-                out.append(f'  "{p(src)}" -> "{p(node)}" [ arrowhead = vee; style = solid; '
+                gp, gp0 = parent.get(node.address), parent.get(src.address)
+                out.append(f'  "{p(gp0 or src)}" -> "{p(gp or node)}" [ arrowhead = '
+                           f'{"empty" if gp else "vee"}; style = {"dashed" if gp else "solid"}; '
                            f'label = "src {j}"; ]')
     for leaf in gb.leafs:
         for j, src in enumerate(leaf.src):

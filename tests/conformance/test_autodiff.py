@@ -259,3 +259,40 @@ def test_misuse_names_ggmls_assertion():
     b = eng.ggml_new_tensor_1d(ctx, eng.GGML_TYPE_F32, 4)
     with pytest.raises(GGMLAssertionError, match="GGML_TENSOR_FLAG_PARAM"):
         eng.ggml_opt_step_sgd(ctx, b, b, eng.ggml_new_tensor_1d(ctx, eng.GGML_TYPE_F32, 2))
+
+
+def test_dump_dot_of_a_backward_graph_matches_ggml():
+    """Gradient nodes drawn as their forward node (dashed edges), colours and <g> ports."""
+    import re
+    import tempfile
+
+    texts = []
+    for api in (eng, real):
+        if api is eng:
+            ctx = eng.ggml_init(eng.ggml_init_params(1 << 22))
+        else:
+            ctx = real.ggml_init(real.ggml_init_params(mem_size=1 << 22, mem_buffer=None,
+                                                       no_alloc=False))
+        a, b = (api.ggml_new_tensor_2d(ctx, int(F32), 4, 3) for _ in range(2))
+        api.ggml_set_param(a)
+        loss = api.ggml_sum(ctx, api.ggml_mul(ctx, api.ggml_silu(ctx, a), b))
+        api.ggml_set_loss(loss)
+        gf = api.ggml_new_graph_custom(ctx, 64, True)
+        api.ggml_build_forward_expand(gf, loss)
+        gb = api.ggml_graph_dup(ctx, gf, True)
+        api.ggml_build_backward_expand(ctx, gb, None)
+        with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+            if api is eng:
+                eng.ggml_graph_dump_dot(gb, gf, f.name)
+            else:
+                import ctypes
+                cast = lambda g: ctypes.cast(g, ctypes.POINTER(real.ggml_cgraph))  # noqa: E731
+                real.ggml_graph_dump_dot(cast(gb), cast(gf), f.name.encode())
+            text = open(f.name).read()
+        ids: dict[str, str] = {}
+        texts.append(re.sub(r"0x[0-9a-f]+", lambda m: ids.setdefault(m[0], f"T{len(ids)}"),
+                            text))
+        if api is real:
+            real.ggml_free(ctx)
+    assert "dashed" in texts[1] and "green" in texts[1] and "<g>" in texts[1]
+    assert texts[0] == texts[1]
