@@ -296,3 +296,26 @@ def test_dump_dot_of_a_backward_graph_matches_ggml():
             real.ggml_free(ctx)
     assert "dashed" in texts[1] and "green" in texts[1] and "<g>" in texts[1]
     assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("is_2d, s, p, d", [(True, 1, 0, 1), (True, 2, 1, 1), (True, 1, 1, 2),
+                                            (False, 2, 1, 1)])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_im2col(is_2d, s, p, d, n_threads):
+    """IM2COL's image gets its gradient through IM2COL_BACK (the kernel only gives the shape)."""
+    if is_2d:
+        img, kern = Leaf(F32, (7, 6, 3, 2)), Leaf(F32, (3, 2, 3, 4))
+    else:
+        img, kern = Leaf(F32, (9, 3, 2)), Leaf(F32, (3, 3, 4))
+
+    def build(g, ctx, k, x):  # sqr: a gradient that differs from element to element
+        return g.ggml_sqr(ctx, g.ggml_im2col(ctx, k, x, s, s, p, p, d, d, is_2d, int(F32)))
+    check_grad(build, [kern, img], [1], n_threads)
+
+
+@pytest.mark.parametrize("op", [0, 1], ids=["max", "avg"])
+@pytest.mark.parametrize("k, s, p", [(2, 2, 0), (3, 1, 1), (3, 2, 1)])
+def test_pool_2d(op, k, s, p):
+    def build(g, ctx, x):
+        return g.ggml_sqr(ctx, g.ggml_pool_2d(ctx, x, op, k, k, s, s, p, p))
+    check_grad(build, [Leaf(F32, (7, 6, 3, 2))], [0])

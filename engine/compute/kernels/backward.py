@@ -1,8 +1,11 @@
 """The backward and optimizer ops: REPEAT_BACK, SILU_BACK, RMS_NORM_BACK, GET_ROWS_BACK,
-SOFT_MAX_BACK, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and OPT_STEP_SGD (ggml-cpu/ops.cpp), F32.
+SOFT_MAX_BACK, IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and OPT_STEP_SGD
+(ggml-cpu/ops.cpp), F32.
 
 Thread splits, as ggml's:
-* REPEAT_BACK, GET_ROWS_BACK: thread 0 alone (zero dst, then add every repetition / row in order);
+* REPEAT_BACK, GET_ROWS_BACK, POOL_2D_BACK: thread 0 alone (zero dst, then add every repetition /
+  row / pooled position in order);
+* IM2COL_BACK: input channels interleaved (c = ith; c += nth);
 * RMS_NORM_BACK: rows interleaved (i01 = ith; i01 += nth in every (i02, i03));
 * SILU_BACK, SOFT_MAX_BACK, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW, OPT_STEP_SGD: the generic
   row range [dr·ith, dr·ith + dr) of the flat rows.
@@ -249,3 +252,110 @@ def compute_forward_opt_step_sgd(params, dst: Tensor) -> None:
         with np.errstate(all="ignore"):
             w[:] = fmaf(w, keep, -(alpha * g))
     params.took("rows", (ir0, ir1))
+
+
+# --- im2col_back, pool_2d_back ---------------------------------------------------------------
+
+@kernel(GGMLOp.IM2COL_BACK)
+def compute_forward_im2col_back(params, dst: Tensor) -> None:
+    """ggml_compute_forward_im2col_back_f32: each image element (n, c, y, x) gets the sum, over
+    the kernel taps (kh, kw) in order, of the im2col gradient entries it was copied to; threads
+    take channels c in turn."""
+    grad_t, kern = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_im2col_back_f32"
+    ggml_assert(grad_t.type == GGMLType.F32, "src0->type == GGML_TYPE_F32", fn)
+    ggml_assert(kern.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+    ggml_assert(dst.type == GGMLType.F32, "dst->type == GGML_TYPE_F32", fn)
+    s0, s1, p0, p1, d0, d1, is_2d = (int(v) for v in dst.op_params[:7])
+    ne, nb = [int(x) for x in dst.ne], [int(x) for x in dst.nb]
+    n, ic, ih, iw = (ne[3], ne[2], ne[1], ne[0]) if is_2d else (ne[2], ne[1], 1, ne[0])
+    kh, kw = (int(kern.ne[1]) if is_2d else 1), int(kern.ne[0])
+    oh, ow = (int(grad_t.ne[2]) if is_2d else 1), int(grad_t.ne[1])
+    ofs0, ofs1 = (nb[3], nb[2]) if is_2d else (nb[2], nb[1])
+    ggml_assert(nb[0] == 4, "nb0  == sizeof(float)", fn)
+    chans = np.arange(params.ith, ic, params.nth)
+    if len(chans):
+        g = strided(grad_t, (n * oh * ow * ic * kh * kw,), (4,), dtype=F32)
+        y = np.arange(ih)[:, None]
+        x = np.arange(iw)[None, :]
+        base = (np.arange(n)[:, None, None, None] * (oh * ow)) * (ic * kh * kw) \
+            + chans[None, :, None, None] * (kh * kw)
+        acc = np.zeros((n, len(chans), ih, iw), F32)
+        for ikh, ikw in itertools.product(range(kh), range(kw)):
+            tw = x + p0 - ikw * d0
+            th = y + p1 - ikh * d1 if is_2d else np.zeros_like(y)
+            ok = tw % s0 == 0
+            ow_i = tw // s0
+            if is_2d:
+                ok = ok & (th % s1 == 0)
+                oh_i = th // s1
+            else:
+                oh_i = np.zeros_like(th)
+            ok = ok & (ow_i >= 0) & (ow_i < ow) & (oh_i >= 0) & (oh_i < oh)
+            pos = (oh_i * ow + np.where(ok, ow_i, 0)) * (ic * kh * kw) + ikh * kw + ikw
+            idx = base + np.where(ok, pos, 0)[None, None]
+            acc += np.where(ok[None, None], g[idx], F32(0))
+        out = strided(dst, (n, len(chans), ih * iw), (ofs0, ofs1 * params.nth, 4), dtype=F32,
+                      offset=params.ith * ofs1)
+        out[:] = acc.reshape(n, len(chans), ih * iw)
+    params.took("interleaved", *chans.tolist(), note="input channels")
+
+
+@kernel(GGMLOp.POOL_2D_BACK)
+def compute_forward_pool_2d_back(params, dst: Tensor) -> None:
+    """ggml_compute_forward_pool_2d_back (F32, thread 0): dst = zeros; then for every pooled
+    position (plane, oy, ox) in order, MAX adds its gradient at the first maximum of the
+    forward input's window, AVG adds gradient/(k0·k1) at every tap inside the input."""
+    src, dstf = dst.src[0], dst.src[1]
+    if dst.type != GGMLType.F32 or src.type != GGMLType.F32:
+        raise not_supported(dst, "F32 only here")
+    if params.ith != 0:
+        params.took("idle")
+        return
+    op, k0, k1, s0, s1, p0, p1 = (int(v) for v in dst.op_params[:7])
+    ggml_assert(ggml_is_contiguous(dst), "ggml_is_contiguous(dst)",
+                "ggml_compute_forward_pool_2d_back", "the engine adds into dst as one array")
+    ne0, ne1, nb1, nb2 = int(dst.ne[0]), int(dst.ne[1]), int(dst.nb[1]), int(dst.nb[2])
+    planes = -(-ggml_nbytes(dst) // nb2)  # `while (cdata < data_end)`, a plane per nb[2]
+    px, py = int(src.ne[0]), int(src.ne[1])
+    strided(dst, (ggml_nbytes(dst),), (1,), dtype=np.uint8)[:] = 0
+    grads = strided(src, (planes, py, px), (px * py * 4, px * 4, 4), dtype=F32)
+    fwd = strided(dstf, (planes, ne1, ne0), (nb2, nb1, 4), dtype=F32)
+    plane = np.arange(planes)[:, None, None]
+    iy = (np.arange(py) * s1 - p1)[None, :, None]
+    ix = (np.arange(px) * s0 - p0)[None, None, :]
+    targets, values = [], []
+    if op == 0:  # GGML_OP_POOL_MAX: the first tap holding the window's maximum
+        best = np.full((planes, py, px), -np.finfo(F32).max, F32)
+        ky_best = np.full((planes, py, px), -1)
+        kx_best = np.full((planes, py, px), -1)
+        for ky, kx in itertools.product(range(k1), range(k0)):
+            y, x = iy + ky, ix + kx
+            ok = (y >= 0) & (y < ne1) & (x >= 0) & (x < ne0)
+            val = np.where(ok, fwd[plane, np.clip(y, 0, ne1 - 1), np.clip(x, 0, ne0 - 1)],
+                           -np.inf)
+            better = ok & (val > best)
+            best = np.where(better, val, best)
+            ky_best = np.where(better, ky, ky_best)
+            kx_best = np.where(better, kx, kx_best)
+        found = (ky_best >= 0) & (kx_best >= 0)
+        flat = (plane * ne1 + iy + ky_best) * ne0 + ix + kx_best
+        targets.append(np.where(found, flat, -1).reshape(-1))
+        values.append(grads.reshape(-1))
+    elif op == 1:  # GGML_OP_POOL_AVG
+        g = grads / F32(k0 * k1)
+        for ky, kx in itertools.product(range(k1), range(k0)):
+            y, x = iy + ky, ix + kx
+            ok = (y >= 0) & (y < ne1) & (x >= 0) & (x < ne0)
+            targets.append(np.where(ok, (plane * ne1 + y) * ne0 + x, -1))
+            values.append(g)
+        # ggml's order: every tap of one position before the next position
+        targets = [np.stack(targets, axis=-1).reshape(-1)]
+        values = [np.stack(np.broadcast_arrays(*values), axis=-1).reshape(-1)]
+    else:
+        ggml_assert(False, "false", "ggml_compute_forward_pool_2d_back", f"pool op {op}")
+    t, v = targets[0], values[0]
+    keep = t >= 0
+    out = strided(dst, (planes, ne1, ne0), (nb2, nb1, 4), dtype=F32).reshape(-1)
+    np.add.at(out, t[keep], v[keep])
+    params.took("all")
