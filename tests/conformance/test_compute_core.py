@@ -79,6 +79,17 @@ def test_mul_mat_f16_is_bit_exact(k):
              [Leaf(F16, (k, 7)), Leaf(F16, (k, 3))], 2, exact=True, seed=k + 1)
 
 
+@pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_mul_mat_quantized_is_bit_exact(wtype, n_threads):
+    """Q4_0/Q5_0 with Q8_0 activations and Q4_K/Q6_K with Q8_K ones follow ggml's AVX2 vec_dot:
+    the same integer lanes, fmas per block and horizontal sums."""
+    for ne_a, ne_b in [((256, 5), (256, 3)), ((512, 40), (512, 7)), ((1024, 9, 2), (1024, 4, 2)),
+                       ((4096, 3), (4096, 1))]:
+        check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+                 [Leaf(wtype, ne_a), Leaf(F32, ne_b)], n_threads, exact=True, seed=ne_a[0])
+
+
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_mul_mat_q8_0_is_bit_exact(n_threads):
     """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""

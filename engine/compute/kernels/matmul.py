@@ -10,16 +10,18 @@ on how many threads ran (as in ggml, where each output is one vec_dot). Before t
 node's products are computed in units -- up to UNIT_ROWS weight rows of one matrix against all
 of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth).
 A unit is one BLAS product (float weights) or one block product of dequantized weights (quantized
-weights; engine.quants.matmul), and its shape never depends on nth. Small F32, F16 and Q8_0 products
-instead emulate ggml's vec_dot operation by operation (bit-exact; kernels/vecdot.py), in units of
+weights; engine.quants.matmul), and its shape never depends on nth. Small F32 and F16 products,
+and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K ones, instead emulate ggml's vec_dot operation by operation
+(bit-exact; kernels/vecdot.py), in units of
 about ne01/nth rows: each output's value is then fixed whatever the units. The chunk loop then
 copies the products into dst exactly as ggml's chunks split it, which is what the trace shows as
 each thread's share.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 
-Numerics: F32 and F16 rows up to 1024 and Q8_0 rows up to 4096 elements (up to EXACT_MACS) emulate
-ggml's vec_dot operation by operation: ggml's bits on every CPU. Other products are BLAS
+Numerics: F32 and F16 rows up to 1024 and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows up to 4096
+elements (up to EXACT_MACS) emulate ggml's vec_dot operation by operation: ggml's bits on every
+CPU. Other products are BLAS
 products: ggml's result to rounding, their last bits the CPU's BLAS kernel's (BLAS_PATHS says
 which nodes; the trace marks them).
 """
@@ -32,7 +34,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f16, vec_dot_f32, vec_dot_q8_0
+from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f16, vec_dot_f32, vec_dot_q4_0, \
+    vec_dot_q4_k, vec_dot_q5_0, vec_dot_q6_k, vec_dot_q8_0
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
 from engine.quants import from_float
@@ -41,6 +44,10 @@ from engine.tensor import Tensor, ggml_is_contiguous
 from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+# quantized weights whose vec_dot with their activation type is emulated operation by operation
+EXACT_QUANT_DOTS = {GGMLType.Q4_0: vec_dot_q4_0, GGMLType.Q5_0: vec_dot_q5_0,
+                    GGMLType.Q8_0: vec_dot_q8_0, GGMLType.Q4_K: vec_dot_q4_k,
+                    GGMLType.Q6_K: vec_dot_q6_k}
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 
@@ -87,12 +94,12 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     """Are this node's products ggml's vec_dot emulated operation by operation (bit-exact on
     every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
-    F32 and F16 rows up to 1024 and Q8_0 rows up to 4096 elements, up to EXACT_MACS
-    multiply-adds. (src1 of an F32 src0 is F32; of an F16 or Q8_0 src0, F16 or Q8_0 after the
-    conversion.)"""
+    F32 and F16 rows up to 1024 and rows of EXACT_QUANT_DOTS' types up to 4096 elements, up to
+    EXACT_MACS multiply-adds. (src1 of an F32 src0 is F32; of another src0, its vec_dot_type
+    after the conversion.)"""
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     return (src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024
-            or src0.type == GGMLType.Q8_0 and ne00 <= 4096) \
+            or src0.type in EXACT_QUANT_DOTS and ne00 <= 4096) \
         and ne00 * ne01 * n_src1_rows <= EXACT_MACS
 
 
@@ -177,7 +184,7 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
         x = x4[i13, i12]
         if exact:
             if quantized:
-                prod = vec_dot_q8_0(_quant_rows(src0, i03, i02, rows), x, ne00)
+                prod = EXACT_QUANT_DOTS[src0.type](_quant_rows(src0, i03, i02, rows), x, ne00)
             elif src0.type == GGMLType.F16:
                 prod = vec_dot_f16(w4[i03, i02, rows], to_f32(x, xtype))
             else:
