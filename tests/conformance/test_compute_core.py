@@ -100,3 +100,37 @@ def test_mul_mat_q8_0_is_bit_exact(n_threads):
                        ((32, 300), (32, 1000))]:
         check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
                  [Leaf(GGMLType.Q8_0, ne_a), Leaf(F32, ne_b)], n_threads, exact=True)
+
+
+def test_prepared_weights_follow_changed_bytes():
+    """Quantized weights are prepared once per matrix and reused; a write to the weights (same
+    address, other bytes) is noticed and the result follows it."""
+    import numpy as np
+
+    from engine import ggml as eng
+    from tests.support.graphs import leaf_bytes
+
+    rng = np.random.default_rng(3)
+    first, second = (leaf_bytes(Leaf(GGMLType.Q4_K, (512, 6)), rng) for _ in range(2))
+    xs = rng.standard_normal((2, 512)).astype(np.float32)
+
+    def product(weights: bytes):
+        ctx = eng.ggml_init(eng.ggml_init_params(1 << 22))
+        w = eng.ggml_new_tensor_2d(ctx, GGMLType.Q4_K, 512, 6)
+        x = eng.ggml_new_tensor_2d(ctx, GGMLType.F32, 512, 2)
+        eng.data_bytes(w)[:] = np.frombuffer(weights, np.uint8)
+        eng.set_data(x, xs)
+        gf = eng.ggml_new_graph(ctx)
+        out = eng.ggml_mul_mat(ctx, w, x)
+        eng.ggml_build_forward_expand(gf, out)
+        return ctx, gf, w, out
+
+    ctx, gf, w, out = product(first)
+    eng.ggml_graph_compute_with_ctx(ctx, gf, 2)
+    before = eng.to_numpy(out).copy()
+    eng.data_bytes(w)[:] = np.frombuffer(second, np.uint8)  # same tensor, new weights
+    eng.ggml_graph_compute_with_ctx(ctx, gf, 2)
+    ctx2, gf2, _, out2 = product(second)
+    eng.ggml_graph_compute_with_ctx(ctx2, gf2, 1)
+    assert not np.array_equal(before, eng.to_numpy(out))
+    np.testing.assert_array_equal(eng.to_numpy(out), eng.to_numpy(out2))

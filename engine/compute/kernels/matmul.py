@@ -34,8 +34,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_MACS, vec_dot_f16, vec_dot_f32, vec_dot_q4_0, \
-    vec_dot_q4_k, vec_dot_q5_0, vec_dot_q6_k, vec_dot_q8_0
+from engine.compute.kernels.vecdot import EXACT_MACS, PREPARE, WEIGHTS, vec_dot_f16, vec_dot_f32, \
+    vec_dot_prepared
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
 from engine.quants import from_float
@@ -44,10 +44,6 @@ from engine.tensor import Tensor, ggml_is_contiguous
 from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-# quantized weights whose vec_dot with their activation type is emulated operation by operation
-EXACT_QUANT_DOTS = {GGMLType.Q4_0: vec_dot_q4_0, GGMLType.Q5_0: vec_dot_q5_0,
-                    GGMLType.Q8_0: vec_dot_q8_0, GGMLType.Q4_K: vec_dot_q4_k,
-                    GGMLType.Q6_K: vec_dot_q6_k}
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 
@@ -94,12 +90,12 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     """Are this node's products ggml's vec_dot emulated operation by operation (bit-exact on
     every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
-    F32 and F16 rows up to 1024 and rows of EXACT_QUANT_DOTS' types up to 4096 elements, up to
+    F32 and F16 rows up to 1024 and rows of the quantized types in vecdot.PREPARE up to 4096 elements, up to
     EXACT_MACS multiply-adds. (src1 of an F32 src0 is F32; of another src0, its vec_dot_type
     after the conversion.)"""
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     return (src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024
-            or src0.type in EXACT_QUANT_DOTS and ne00 <= 4096) \
+            or src0.type in PREPARE and ne00 <= 4096) \
         and ne00 * ne01 * n_src1_rows <= EXACT_MACS
 
 
@@ -183,8 +179,10 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
         rows = slice(r, min(r + unit, ne01))
         x = x4[i13, i12]
         if exact:
-            if quantized:
-                prod = EXACT_QUANT_DOTS[src0.type](_quant_rows(src0, i03, i02, rows), x, ne00)
+            if quantized:  # the whole matrix prepared once (shared), this thread's rows
+                prepared = WEIGHTS.get(src0.type, _quant_rows(src0, i03, i02, slice(0, ne01)),
+                                       ne00)
+                prod = vec_dot_prepared(prepared.rows(rows), x, ne00)
             elif src0.type == GGMLType.F16:
                 prod = vec_dot_f16(w4[i03, i02, rows], to_f32(x, xtype))
             else:

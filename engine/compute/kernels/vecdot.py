@@ -21,6 +21,10 @@ rounding.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
 import numpy as np
 
 from engine.compute.kernels.floatmath import fmaf
@@ -112,145 +116,87 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _blocks(w: np.ndarray, type_, nb: int) -> np.ndarray:
-
+    """Raw rows (n, row_bytes) as structured blocks (n, nb)."""
     return np.ascontiguousarray(w).reshape(-1).view(QUANT_KINDS[type_].dtype).reshape(-1, nb)
 
 
-def _dot_32_blocks(qw: np.ndarray, dw: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """The AVX2 dot of blocks of 32 against Q8_0 activations (ggml_vec_dot_q4_0/q5_0/q8_0_q8_0):
-    qw (n0, nb, 32) the weights' signed quant values as the kernel builds them in bytes, dw
-    (n0, nb) their scales, x raw Q8_0 rows -> (n1, n0).
+# --- quantized weights, prepared once per matrix ---------------------------------------------
 
-    Lane l of block b sums the 4 neighbouring products 4l..4l+3 (maddubs, then madd); then
-    acc = fma(x.d·y.d, lanes, acc) per block, and hsum_float_8(acc)."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A quantized weight matrix in the form its exact dot product reads: for every block, the
+    integer weights each of the kernel's 8 lanes multiplies (exact in float32), and the scales.
+    Built once per matrix and kept in WEIGHTS, so decoding a token touches each weight once."""
 
-    nb = k // 32
-    bx = _blocks(x, GGMLType.Q8_0, nb)
-    n0, n1 = len(qw), len(bx)
-    dx = h2f(bx["d"])  # (n1, nb)
-    # for all row pairs at once the lanes are a rank-4 matrix product, exact in float32
-    # (|sum| <= 4*128*127)
-    qw = qw.reshape(n0, nb, 8, 4).transpose(1, 2, 3, 0).astype(F32)  # (nb, 8, 4, n0)
-    qx = bx["qs"].reshape(n1, nb, 8, 4).transpose(1, 2, 0, 3).astype(F32)  # (nb, 8, n1, 4)
-    acc = np.zeros((8, n1, n0), F32)  # the 8 float lanes of the accumulator, per row pair
-    fma = np.empty((8, n1, n0), F64)  # d*lane + acc, exact before its one rounding to float32
-    d = np.empty((n1, n0), F32)
-    with np.errstate(all="ignore"):
-        for b in range(nb):
-            lanes = np.matmul(qx[b], qw[b])  # (8, n1, n0)
-            np.multiply(dx[:, b, None], dw[None, :, b], out=d)  # float32 product of the scales
-            np.multiply(lanes, d, out=fma, dtype=F64)
-            fma += acc
-            acc[...] = fma
-        return _hsum8(np.moveaxis(acc, 0, -1))
+    type: GGMLType
+    values: np.ndarray  # (nb, 8, n0, G): lane L of block b of row i0, G integers (float32)
+    d: np.ndarray  # (n0, nb) float32: fp16(x.d) of each block
+    mins: np.ndarray | None = None  # Q4_K (nb, 4, 2, n0) six-bit mins; Q6_K (nb, 8, 2, n0) scales
+    dmin: np.ndarray | None = None  # Q4_K (n0, nb) fp16(x.dmin)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.values, self.d, self.mins, self.dmin) if a is not None)
+
+    def rows(self, sl: slice) -> "Prepared":
+        """The same for weight rows sl."""
+        cut = lambda a, axis: None if a is None else a[(slice(None),) * axis + (sl,)]  # noqa
+        return Prepared(self.type, cut(self.values, 2), cut(self.d, 0), cut(self.mins, 3),
+                        cut(self.dmin, 0))
 
 
-def vec_dot_q8_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml_vec_dot_q8_0_q8_0 for every pair of rows of raw Q8_0 blocks -> (n1, n0)."""
+def _lanes(q: np.ndarray) -> np.ndarray:
+    """Signed or scaled integer weights (n0, nb, R, 8, 4) -- R runs of 32 bytes, lane L holding
+    bytes 4L..4L+3 of each run -> (nb, 8, n0, R·4) float32."""
+    n0, nb, r = q.shape[:3]
+    return np.ascontiguousarray(q.transpose(1, 3, 0, 2, 4), F32).reshape(nb, 8, n0, r * 4)
 
-    bw = _blocks(w, GGMLType.Q8_0, k // 32)
-    return _dot_32_blocks(bw["qs"], h2f(bw["d"]), x, k)
+
+def _prepare_q8_0(w: np.ndarray, nb: int) -> Prepared:
+    bw = _blocks(w, GGMLType.Q8_0, nb)
+    return Prepared(GGMLType.Q8_0, _lanes(bw["qs"].reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
 
 
-def vec_dot_q4_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml_vec_dot_q4_0_q8_0: the weights' nibbles (low nibbles are elements 0-15, high ones
-    16-31) minus 8 (bytes_from_nibbles_32, then _mm256_sub_epi8)."""
-
-    bw = _blocks(w, GGMLType.Q4_0, k // 32)
+def _prepare_q4_0(w: np.ndarray, nb: int) -> Prepared:
+    """The nibbles (low ones are elements 0-15, high ones 16-31) minus 8 (bytes_from_nibbles_32,
+    then _mm256_sub_epi8)."""
+    bw = _blocks(w, GGMLType.Q4_0, nb)
     qs = bw["qs"]  # (n0, nb, 16)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8) - np.int8(8)
-    return _dot_32_blocks(q, h2f(bw["d"]), x, k)
+    return Prepared(GGMLType.Q4_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
 
 
-def vec_dot_q5_0(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml_vec_dot_q5_0_q8_0: each nibble, or'ed with 0xF0 where its bit in qh is clear
-    (bytes_from_bits_32 and andnot): nibble + 16·bit - 16 as a signed byte."""
-
-    bw = _blocks(w, GGMLType.Q5_0, k // 32)
+def _prepare_q5_0(w: np.ndarray, nb: int) -> Prepared:
+    """Each nibble or'ed with 0xF0 where its bit in qh is clear (bytes_from_bits_32, andnot):
+    nibble + 16·bit - 16 as a signed byte."""
+    bw = _blocks(w, GGMLType.Q5_0, nb)
     qs = bw["qs"]  # (n0, nb, 16)
     nib = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)
     qh = bw["qh"].view("<u4").reshape(qs.shape[:-1])  # (n0, nb)
     bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1
-    q = (nib + 16 * bits.astype(np.int16) - 16).astype(np.int8)
-    return _dot_32_blocks(q, h2f(bw["d"]), x, k)
+    q = nib + 16 * bits.astype(np.int16) - 16
+    return Prepared(GGMLType.Q5_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
 
 
-def _k_lanes(qw: np.ndarray, qx: np.ndarray) -> np.ndarray:
-    """The 8 integer lanes of a K-quant dot for every super-block and row pair -> (nb, 8, n1, n0)
-    (float64, exact). qw (n0, nb, R, 8, 4): the weights' scaled integer values, R runs of 32
-    bytes, lane L holding bytes 4L..4L+3 of each run; qx (n1, nb, R, 8, 4) the activations'.
-
-    For a few activation rows (token-by-token decoding) the products are summed in int32 in place
-    (no copy of the weights); for many, as matrix products of the regrouped weights in float64.
-    """
-    n0, nb = qw.shape[:2]
-    n1 = qx.shape[0]
-    if n1 <= 4:
-        qw = qw.astype(np.int32, copy=False)
-        lanes = np.stack([np.einsum("obrlt,brlt->blo", qw, qx[i].astype(np.int32))
-                          for i in range(n1)], axis=2)  # (nb, 8, n1, n0)
-        return lanes.astype(F64)
-    w = qw.transpose(1, 3, 2, 4, 0).reshape(nb, 8, -1, n0).astype(F64)
-    x = qx.transpose(1, 3, 0, 2, 4).reshape(nb, 8, n1, -1).astype(F64)
-    return np.matmul(x, w)
-
-
-def vec_dot_q4_k(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml_vec_dot_q4_K_q8_K (AVX2) for every pair of rows of raw Q4_K and Q8_K blocks -> (n1, n0).
-
-    Per super-block of 256: the 8 integer lanes of `sumi` (lane L holds bytes 4L..4L+3 of each
-    32-byte run: 4 elements of the low-nibble sub-block 2j and 4 of the high-nibble sub-block
-    2j+1, times their 6-bit scales, for j = 0..3), then acc = fma(d, lanes, acc) with
-    d = y.d·x.d; the mins go through 4 lanes: acc_m = fma(-y.d·x.dmin, Σ min·q8 sums, acc_m).
-    The result is hsum_float_8(acc) + ((m0 + m2) + (m1 + m3)). The lane sums are exact integers
-    (_k_lanes); so are the mins' (below 2^24, formed in float32).
-    """
-
-    nb = k // 256
-    bw, bx = _blocks(w, GGMLType.Q4_K, nb), _blocks(x, GGMLType.Q8_K, nb)
-    n0, n1 = len(bw), len(bx)
-    sc, mins = (a.reshape(n0, nb, 8).astype(F32)
-                for a in get_scale_min_k4(bw["scales"].reshape(-1, 12)))
+def _prepare_q4_k(w: np.ndarray, nb: int) -> Prepared:
+    """Sub-block 2j of each 64 in the low nibbles, 2j+1 in the high ones, each times its six-bit
+    scale (get_scale_min_k4); the mins apart."""
+    bw = _blocks(w, GGMLType.Q4_K, nb)
+    n0 = len(bw)
+    sc, mins = (a.reshape(n0, nb, 8) for a in get_scale_min_k4(bw["scales"].reshape(-1, 12)))
     qs = bw["qs"].reshape(n0, nb, 4, 32)
     q4 = np.stack([qs & 0x0F, qs >> 4], axis=3).astype(np.int16)  # (n0, nb, j, half, 32)
-    q4 *= sc.reshape(n0, nb, 4, 2, 1).astype(np.int16)  # sub-block 2j + half times its scale
-    lanes = _k_lanes(q4.reshape(n0, nb, 8, 8, 4), bx["qs"].reshape(n1, nb, 8, 8, 4))
-    q8s = bx["bsums"].reshape(n1, nb, 8, 2).sum(axis=-1, dtype=np.int32)  # _mm_hadd_epi16
-    prod_x = q8s.reshape(n1, nb, 4, 2).transpose(1, 2, 0, 3).astype(F32)  # (nb, 4, n1, 2)
-    prod_w = mins.reshape(n0, nb, 4, 2).transpose(1, 2, 3, 0)  # (nb, 4, 2, n0)
-    yd = bx["d"].astype(F32)  # (n1, nb)
-    xd, xdmin = h2f(bw["d"]), h2f(bw["dmin"])  # (n0, nb)
-    acc = np.zeros((8, n1, n0), F32)
-    acc_m = np.zeros((4, n1, n0), F32)
-    fma = np.empty((8, n1, n0), F64)
-    fma_m = np.empty((4, n1, n0), F64)
-    d = np.empty((n1, n0), F32)
-    with np.errstate(all="ignore"):
-        for b in range(nb):
-            np.multiply(-yd[:, b, None], xdmin[None, :, b], out=d)  # dmin = -y.d * x.dmin
-            np.multiply(np.matmul(prod_x[b], prod_w[b]), d, out=fma_m, dtype=F64)
-            fma_m += acc_m
-            acc_m[...] = fma_m
-            np.multiply(yd[:, b, None], xd[None, :, b], out=d)  # d = y.d * x.d
-            np.multiply(lanes[b], d, out=fma)
-            fma += acc
-            acc[...] = fma
-        m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3])
-        return _hsum8(np.moveaxis(acc, 0, -1)) + m
+    q4 *= sc.reshape(n0, nb, 4, 2, 1).astype(np.int16)
+    m = mins.reshape(n0, nb, 4, 2).transpose(1, 2, 3, 0).astype(F32)  # (nb, 4, 2, n0)
+    return Prepared(GGMLType.Q4_K, _lanes(q4.reshape(n0, nb, 8, 8, 4)), h2f(bw["d"]), m,
+                    h2f(bw["dmin"]))
 
 
-def vec_dot_q6_k(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml_vec_dot_q6_K_q8_K (AVX2) for every pair of rows of raw Q6_K and Q8_K blocks -> (n1, n0).
-
-    The kernel multiplies the unsigned 6-bit values q (0..63) and removes the offset of 32
-    afterwards: per super-block, integer lane L sums sc·q·q8 over bytes 4L..4L+3 of each of the
-    8 runs of 32 (each element with the int8 scale of its 16), minus 32·(bsums[2L]·sc[2L] +
-    bsums[2L+1]·sc[2L+1]); then acc = fma(y.d·x.d, lanes, acc) and hsum_float_8(acc). The lane
-    sums are exact integers (_k_lanes)."""
-
-    nb = k // 256
-    bw, bx = _blocks(w, GGMLType.Q6_K, nb), _blocks(x, GGMLType.Q8_K, nb)
-    n0, n1 = len(bw), len(bx)
+def _prepare_q6_k(w: np.ndarray, nb: int) -> Prepared:
+    """The unsigned 6-bit values (0..63) times the int8 scale of their 16; the offset of 32
+    is taken off afterwards through the scales and the activations' block sums."""
+    bw = _blocks(w, GGMLType.Q6_K, nb)
+    n0 = len(bw)
     ql = bw["ql"].reshape(n0, nb, 2, 2, 32)  # (half j, run of 32 bytes, byte)
     qh = bw["qh"].reshape(n0, nb, 2, 32)
     q = np.empty((n0, nb, 2, 4, 32), np.int16)  # elements 128j + 32r + t
@@ -258,21 +204,110 @@ def vec_dot_q6_k(w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
     q[:, :, :, 1] = (ql[:, :, :, 1] & 0x0F) | ((qh & 0x0C) << 2)
     q[:, :, :, 2] = (ql[:, :, :, 0] >> 4) | (qh & 0x30)
     q[:, :, :, 3] = (ql[:, :, :, 1] >> 4) | ((qh & 0xC0) >> 2)
-    sc = bw["scales"].astype(np.int16).reshape(n0, nb, 16)  # int8 scales, one per 16
+    sc = bw["scales"].astype(np.int16).reshape(n0, nb, 16)
     q = q.reshape(n0, nb, 16, 16) * sc[..., None]
-    lanes = _k_lanes(q.reshape(n0, nb, 8, 8, 4), bx["qs"].reshape(n1, nb, 8, 8, 4))
-    bsums = bx["bsums"].astype(F64).reshape(n1, nb, 8, 2).transpose(1, 2, 0, 3)  # (nb, 8, n1, 2)
     scp = bw["scales"].astype(F64).reshape(n0, nb, 8, 2).transpose(1, 2, 3, 0)  # (nb, 8, 2, n0)
-    yd = bx["d"].astype(F32)
-    xd = h2f(bw["d"])
-    acc = np.zeros((8, n1, n0), F32)
-    fma = np.empty((8, n1, n0), F64)
-    d = np.empty((n1, n0), F32)
+    return Prepared(GGMLType.Q6_K, _lanes(q.reshape(n0, nb, 8, 8, 4)), h2f(bw["d"]), scp)
+
+
+PREPARE = {GGMLType.Q4_0: (32, _prepare_q4_0), GGMLType.Q5_0: (32, _prepare_q5_0),
+           GGMLType.Q8_0: (32, _prepare_q8_0), GGMLType.Q4_K: (256, _prepare_q4_k),
+           GGMLType.Q6_K: (256, _prepare_q6_k)}
+
+
+class WeightCache:
+    """Prepared weight matrices by where their bytes are, each checked against a copy of the
+    bytes it was built from on every use (a changed weight is prepared again), least recently
+    used first out past `budget` bytes. Shared by the compute threads (one builds, the others
+    wait for it)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._entries: OrderedDict[tuple, tuple[np.ndarray, Prepared]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, type_: GGMLType, raw: np.ndarray, k: int) -> Prepared:
+        """The prepared form of raw weight rows (n0, row_bytes) of type_ (rows of k elements)."""
+        key = (int(type_), raw.__array_interface__["data"][0], raw.shape, raw.strides, k)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and np.array_equal(hit[0], raw):
+                self._entries.move_to_end(key)
+                return hit[1]
+            block, prepare = PREPARE[type_]
+            prepared = prepare(raw, k // block)
+            self._entries[key] = (raw.copy(), prepared)
+            used = sum(r.nbytes + p.nbytes for r, p in self._entries.values())
+            while used > self.budget and len(self._entries) > 1:
+                _, (r, p) = self._entries.popitem(last=False)
+                used -= r.nbytes + p.nbytes
+            return prepared
+
+
+WEIGHTS = WeightCache(budget=4 << 30)
+LANE_BUDGET = 1 << 22  # lane sums formed per batch of blocks (float64 elements)
+
+
+def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
+    """ggml's AVX2 vec_dot of every prepared weight row with every raw activation row -> (n1, n0).
+
+    Legacy types (ggml_vec_dot_q{4,5,8}_0_q8_0): lane L of each block of 32 sums the products of
+    elements 4L..4L+3 (maddubs, then madd); acc = fma(x.d·y.d, lanes, acc) per block.
+    Q4_K (ggml_vec_dot_q4_K_q8_K): lane L of a super-block sums bytes 4L..4L+3 of each of its 8
+    runs of 32, times the runs' scales; acc = fma(y.d·x.d, lanes, acc); the mins go through 4
+    lanes, acc_m = fma(-y.d·x.dmin, Σ min·(q8 sums), acc_m), added as (m0 + m2) + (m1 + m3).
+    Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc·q (q unsigned), minus
+    32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]).
+    The result is hsum_float_8(acc) (+ the mins). Lane sums are exact integers: every float32
+    matrix product below stays under 2^24 (Q6_K's are split in halves that do).
+    """
+    nb, _, n0, g = p.values.shape
+    vdt = GGMLType.Q8_K if p.type in (GGMLType.Q4_K, GGMLType.Q6_K) else GGMLType.Q8_0
+    bx = _blocks(x, vdt, nb)
+    n1 = len(bx)
+    r = g // 4
+    qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(1, 3, 2, 4, 0), F32)
+    qx = qx.reshape(nb, 8, g, n1)
+    yd = (h2f(bx["d"]) if vdt == GGMLType.Q8_0 else bx["d"].astype(F32)).T  # (nb, n1)
+    xd = p.d.T  # (nb, n0)
+    acc = np.zeros((8, n0, n1), F32)  # the 8 float lanes of the accumulator, per row pair
+    fma = np.empty((8, n0, n1), F64)  # d*lane + acc, exact before its one rounding to float32
+    if p.type == GGMLType.Q4_K:
+        q8s = bx["bsums"].reshape(n1, nb, 4, 2, 2).sum(axis=-1, dtype=np.int32)  # hadd_epi16
+        mins_x = q8s.transpose(1, 2, 0, 3).astype(F32)  # (nb, 4, n1, 2)
+        acc_m = np.zeros((4, n0, n1), F32)
+        fma_m = np.empty((4, n0, n1), F64)
+    elif p.type == GGMLType.Q6_K:
+        bsums = bx["bsums"].astype(F64).reshape(n1, nb, 8, 2).transpose(1, 2, 0, 3)
+    group = max(1, LANE_BUDGET // (8 * n0 * n1))  # blocks whose lanes are formed at once
     with np.errstate(all="ignore"):
-        for b in range(nb):
-            lanes_b = lanes[b] - 32 * np.matmul(bsums[b], scp[b])  # exact integers
-            np.multiply(yd[:, b, None], xd[None, :, b], out=d)
-            np.multiply(lanes_b, d, out=fma)
-            fma += acc
-            acc[...] = fma
-        return _hsum8(np.moveaxis(acc, 0, -1))
+        for b0 in range(0, nb, group):
+            bs = slice(b0, min(b0 + group, nb))
+            if p.type == GGMLType.Q6_K:  # two halves of 16, each exact in float32
+                lanes = np.matmul(p.values[bs, :, :, :16], qx[bs, :, :16]).astype(F64)
+                lanes += np.matmul(p.values[bs, :, :, 16:], qx[bs, :, 16:])
+                lanes -= 32 * np.matmul(bsums[bs], p.mins[bs]).transpose(0, 1, 3, 2)
+            else:
+                lanes = np.matmul(p.values[bs], qx[bs])  # (blocks, 8, n0, n1)
+            scale = xd[bs][:, :, None] * yd[bs][:, None, :]  # float32 products of the scales
+            if p.type == GGMLType.Q4_K:
+                m = np.matmul(mins_x[bs], p.mins[bs]).transpose(0, 1, 3, 2)  # (blocks, 4, n0, n1)
+                mscale = p.dmin.T[bs][:, :, None] * -yd[bs][:, None, :]  # -y.d * x.dmin
+            for i in range(bs.stop - bs.start):  # the fmas, block after block
+                if p.type == GGMLType.Q4_K:
+                    np.multiply(m[i], mscale[i], out=fma_m, dtype=F64)
+                    fma_m += acc_m
+                    acc_m[...] = fma_m
+                np.multiply(lanes[i], scale[i], out=fma, dtype=F64)
+                fma += acc
+                acc[...] = fma
+        out = _hsum8(np.moveaxis(acc, 0, -1))
+        if p.type == GGMLType.Q4_K:
+            out = out + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+    return out.T
+
+
+def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
+    """ggml's vec_dot of raw weight rows w of type_ with raw activation rows x -> (n1, n0)."""
+    block, prepare = PREPARE[type_]
+    return vec_dot_prepared(prepare(w, k // block), x, k)
