@@ -90,6 +90,13 @@ def test_mul_mat_quantized_is_bit_exact(wtype, n_threads):
                  [Leaf(wtype, ne_a), Leaf(F32, ne_b)], n_threads, exact=True, seed=ne_a[0])
 
 
+def test_quantized_decode_of_a_large_matrix_is_bit_exact():
+    """One activation row against a matrix past EXACT_MACS (a model's output projection) still
+    takes the exact path."""
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(GGMLType.Q8_0, (640, 60000)), Leaf(F32, (640, 1))], 2, exact=True)
+
+
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_mul_mat_q8_0_is_bit_exact(n_threads):
     """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""

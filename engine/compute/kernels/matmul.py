@@ -19,9 +19,9 @@ each thread's share.
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 
-Numerics: F32 and F16 rows up to 1024 and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K rows up to 4096
-elements (up to EXACT_MACS) emulate ggml's vec_dot operation by operation: ggml's bits on every
-CPU. Other products are BLAS
+Numerics: F32 and F16 rows up to 1024 elements, and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K products
+(up to EXACT_MACS, or of any size for a few activation rows), emulate ggml's vec_dot operation by
+operation: ggml's bits on every CPU. Other products are BLAS
 products: ggml's result to rounding, their last bits the CPU's BLAS kernel's (BLAS_PATHS says
 which nodes; the trace marks them).
 """
@@ -46,6 +46,7 @@ from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
+DECODE_ROWS = 8  # quantized products with this few activation rows are always exact
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -90,13 +91,16 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     """Are this node's products ggml's vec_dot emulated operation by operation (bit-exact on
     every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
-    F32 and F16 rows up to 1024 and rows of the quantized types in vecdot.PREPARE up to 4096 elements, up to
-    EXACT_MACS multiply-adds. (src1 of an F32 src0 is F32; of another src0, its vec_dot_type
-    after the conversion.)"""
+
+    F32 and F16 rows up to 1024 elements, up to EXACT_MACS multiply-adds. The quantized types of
+    vecdot.PREPARE (their weights prepared once per matrix) up to EXACT_MACS, and for any size
+    when at most DECODE_ROWS activation rows are multiplied (token-by-token generation).
+    (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
-    return (src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024
-            or src0.type in PREPARE and ne00 <= 4096) \
-        and ne00 * ne01 * n_src1_rows <= EXACT_MACS
+    macs = ne00 * ne01 * n_src1_rows
+    if src0.type in PREPARE:
+        return macs <= EXACT_MACS or n_src1_rows <= DECODE_ROWS
+    return src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024 and macs <= EXACT_MACS
 
 
 @uses_blas(GGMLOp.MUL_MAT)
