@@ -11,17 +11,31 @@ from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, 
     fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
+_VIEWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # see view4
+_VIEWS_MAX = 1 << 13
+
+
 def view4(t: Tensor) -> np.ndarray:
     """t's data as a 4-d strided view, numpy axes (i3, i2, i1, i0): shape reversed ne.
 
     F16 elements are float16, BF16 their uint16 bits; quantized types are not viewable here.
+    Views are kept by the pool they look into and the tensor's struct bytes (type, ne, nb, data
+    and the rest), so computing a graph again builds none.
     """
+    ctx, off = t.ctx.space.resolve(t.data)
+    key = (id(ctx.pool), off, t._r.tobytes())
+    hit = _VIEWS.get(key)
+    if hit is not None and hit[0] is ctx.pool:
+        return hit[1]
     tr = TYPE_TRAITS[t.type]
     assert not tr.is_quantized, "view4 of a quantized tensor"
-    ctx, off = t.ctx.space.resolve(t.data)
-    return np.ndarray(tuple(int(x) for x in reversed(t.ne)), dtype=NUMPY_DTYPE[GGMLType(t.type)],
+    view = np.ndarray(tuple(int(x) for x in reversed(t.ne)), dtype=NUMPY_DTYPE[GGMLType(t.type)],
                       buffer=ctx.pool.data, offset=off,
                       strides=tuple(int(x) for x in reversed(t.nb)))
+    if len(_VIEWS) >= _VIEWS_MAX:
+        _VIEWS.clear()
+    _VIEWS[key] = (ctx.pool, view)
+    return view
 
 
 def to_f32(a: np.ndarray, type_: int) -> np.ndarray:
