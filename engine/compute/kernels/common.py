@@ -11,30 +11,30 @@ from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, 
     fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
-_VIEWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # see view4
-_VIEWS_MAX = 1 << 13
+_VIEWS_MAX = 1 << 12  # views kept per context
 
 
 def view4(t: Tensor) -> np.ndarray:
     """t's data as a 4-d strided view, numpy axes (i3, i2, i1, i0): shape reversed ne.
 
     F16 elements are float16, BF16 their uint16 bits; quantized types are not viewable here.
-    Views are kept by the pool they look into and the tensor's struct bytes (type, ne, nb, data
-    and the rest), so computing a graph again builds none.
+    Each context keeps the views into its pool by the tensor's struct bytes (type, ne, nb, data
+    and the rest), so computing a graph again builds none; they go with the context.
     """
     ctx, off = t.ctx.space.resolve(t.data)
-    key = (id(ctx.pool), off, t._r.tobytes())
-    hit = _VIEWS.get(key)
-    if hit is not None and hit[0] is ctx.pool:
-        return hit[1]
+    views = ctx.__dict__.setdefault("_views4", {})
+    key = (off, t._r.tobytes())
+    view = views.get(key)
+    if view is not None:
+        return view
     tr = TYPE_TRAITS[t.type]
     assert not tr.is_quantized, "view4 of a quantized tensor"
     view = np.ndarray(tuple(int(x) for x in reversed(t.ne)), dtype=NUMPY_DTYPE[GGMLType(t.type)],
                       buffer=ctx.pool.data, offset=off,
                       strides=tuple(int(x) for x in reversed(t.nb)))
-    if len(_VIEWS) >= _VIEWS_MAX:
-        _VIEWS.clear()
-    _VIEWS[key] = (ctx.pool, view)
+    if len(views) >= _VIEWS_MAX:
+        views.clear()
+    views[key] = view
     return view
 
 
