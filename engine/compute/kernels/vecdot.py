@@ -305,9 +305,3 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
         if p.type == GGMLType.Q4_K:
             out = out + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
     return out.T
-
-
-def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml's vec_dot of raw weight rows w of type_ with raw activation rows x -> (n1, n0)."""
-    block, prepare = PREPARE[type_]
-    return vec_dot_prepared(prepare(w, k // block), x, k)
