@@ -39,6 +39,13 @@ def _trace(args: argparse.Namespace) -> int:
     for name, value in trace.outputs.items():
         text = str(value)
         print(f"{name} = {text if len(text) < 300 else text[:300] + ' ...'}")
+    if args.accountant:
+        from engine.accountant import account, format_account
+
+        state = trace.state_at(len(trace.steps) - 1)
+        for cid, ctx in state.contexts.items():
+            if not ctx.freed:
+                print(f"\ncontext {cid}: " + format_account(account(ctx)))
     return 0 if trace.error is None else 1
 
 
@@ -134,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("program", help="a walkthrough name, e.g. simple-ctx")
     trace.add_argument("--threads", type=int, default=None, help="threads for compute")
     trace.add_argument("--json", action="store_true", help="steps, hash and outputs as JSON")
+    trace.add_argument("--accountant", action="store_true",
+                       help="after the steps, where every byte of each context's pool went")
     trace.set_defaults(func=_trace)
 
     embed = sub.add_parser("embed", help="embed a text with a BERT GGUF model (e.g. MiniLM)")
