@@ -25,6 +25,13 @@ def _trace(args: argparse.Namespace) -> int:
         print(f"ggml-lens: no walkthrough named '{args.program}'; there are: "
               + ", ".join(PROGRAMS), file=sys.stderr)
         return 2
+    if args.eval_callback:  # run it (no recording), printing nodes as llama.cpp's callback does
+        from engine.evaldump import dumping
+
+        prog = PROGRAMS[args.program]
+        with dumping(sys.stdout.write):
+            prog.load().run(n_threads=args.threads or prog.threads)
+        return 0
     trace = trace_program(args.program, args.threads)
     if args.json:
         print(json.dumps(trace.to_json()))
@@ -47,6 +54,17 @@ def _trace(args: argparse.Namespace) -> int:
             if not ctx.freed:
                 print(f"\ncontext {cid}: " + format_account(account(ctx)))
     return 0 if trace.error is None else 1
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from engine.evaldump import diff_dumps, parse_dump
+
+    a, b = (parse_dump(Path(p).read_text()) for p in (args.a, args.b))
+    result = diff_dumps(a, b, args.abs, args.rel)
+    print(result.report())
+    return 0 if result.first_over is None else 1
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -143,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--json", action="store_true", help="steps, hash and outputs as JSON")
     trace.add_argument("--accountant", action="store_true",
                        help="after the steps, where every byte of each context's pool went")
+    trace.add_argument("--eval-callback", action="store_true",
+                       help="print every computed node as llama.cpp's llama-eval-callback does")
+
+    diff = sub.add_parser("diff", help="compare two eval-callback dumps node by node")
+    diff.add_argument("a", metavar="DUMP_A")
+    diff.add_argument("b", metavar="DUMP_B")
+    diff.add_argument("--abs", type=float, default=2e-3, help="bound on printed values")
+    diff.add_argument("--rel", type=float, default=1e-3, help="relative bound (values, sums)")
+    diff.set_defaults(func=_diff)
     trace.set_defaults(func=_trace)
 
     embed = sub.add_parser("embed", help="embed a text with a BERT GGUF model (e.g. MiniLM)")
