@@ -12,6 +12,7 @@ the same fields), and the one-time `ggml_time_init`.
 from __future__ import annotations
 
 import contextvars
+import weakref
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,37 +39,46 @@ class AddressSpace:
     FIRST_BASE = 0x7F0000000000  # where the first pool of a space is placed
     GAP = 1 << 20  # unmapped bytes between pools
 
-    def __init__(self) -> None:
+    def __init__(self, weak: bool = False) -> None:
         self._next = self.FIRST_BASE
         self._bases: list[int] = []  # sorted
-        self._owners: list[Context] = []
+        self._owners: list = []  # the contexts, or weak references to them (weak=True)
         self.placed = 0  # pools placed so far: the next context's small id
+        # A space whose contexts are held by something else (a rebuilt state) refers to them
+        # weakly, so that dropping that holder frees the pools at once (no reference cycle).
+        self.weak = weak
 
     def place(self, owner: "Context", size: int) -> int:
         base = self._next
         self._next = GGML_PAD(base + max(size, 1) + self.GAP, 1 << 20)
         self.placed += 1
         self._bases.append(base)
-        self._owners.append(owner)
+        self._owners.append(self._ref(owner))
         return base
+
+    def _ref(self, owner: "Context"):
+        return weakref.ref(owner) if self.weak else owner
+
+    def _owner(self, i: int) -> "Context | None":
+        return self._owners[i]() if self.weak else self._owners[i]
 
     def place_at(self, owner: "Context", base: int) -> None:
         """Map a pool at a given base (rebuilding a traced state at its original addresses)."""
         i = bisect_right(self._bases, base)
         self._bases.insert(i, base)
-        self._owners.insert(i, owner)
+        self._owners.insert(i, self._ref(owner))
 
     def remove(self, owner: "Context") -> None:
-        i = self._owners.index(owner)
+        i = next(j for j in range(len(self._owners)) if self._owner(j) is owner)
         del self._bases[i], self._owners[i]
 
     def resolve(self, address: int) -> tuple["Context", int]:
         """The context whose pool holds `address`, and the offset in that pool."""
         i = bisect_right(self._bases, address) - 1
         if i >= 0:
-            ctx = self._owners[i]
+            ctx = self._owner(i)
             offset = address - self._bases[i]
-            if offset < ctx.mem_size:
+            if ctx is not None and offset < ctx.mem_size:
                 return ctx, offset
         raise ValueError(f"address {address:#x} is in no live ggml_context pool")
 

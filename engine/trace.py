@@ -149,21 +149,57 @@ class Trace:
 
     # --- rebuilding a state -----------------------------------------------------------------
     def state_at(self, k: int) -> "State":
-        """The pools after step k, rebuilt from the patches of steps 0..k."""
+        """The pools after step k: the last checkpoint at or before k, then the patches of the
+        steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
         metas: dict[int, tuple] = {}
         for s in self.steps[:k + 1]:
             for c in s.contexts:
                 metas[c[0]] = c
-        # zeroed pools (calloc: pages appear on first write); memoryview slice writes are cheap
-        pools = {cid: np.zeros(m[2], dtype=np.uint8) for cid, m in metas.items()}
-        views = {cid: memoryview(a) for cid, a in pools.items()}
         flat, ends = self._flat_patches()
-        for cid, a, b, data in flat[:ends[k]]:
+        start, saved = 0, {}
+        for index, pools_then in self._checkpoints():
+            if index > ends[k]:
+                break
+            start, saved = index, pools_then
+        pools = {cid: _fresh_pool(m[2], saved.get(cid)) for cid, m in metas.items()}
+        views = {cid: memoryview(a) for cid, a in pools.items()}
+        for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
             if view is not None:
                 view[a:b] = data
         return State(self, k, metas, pools)
+
+    def _checkpoints(self) -> list[tuple[int, dict[int, np.ndarray]]]:
+        """Copies of every pool at some step boundaries, as (patches before it, pools): one each
+        time the patches since the last reach the pools' total size, so a rebuild copies one
+        checkpoint and replays at most that many bytes. Made once, on the first rebuild."""
+        cached = getattr(self, "_cps", None)
+        if cached is not None and cached[0] == len(self.steps):
+            return cached[1]
+        flat, ends = self._flat_patches()
+        sizes: dict[int, int] = {}
+        for s in self.steps:
+            for c in s.contexts:
+                sizes[c[0]] = c[2]
+        every = checkpoint_every(sum(sizes.values()))
+        checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
+        if sum(len(p[3]) for p in flat) > every:
+            pools: dict[int, np.ndarray] = {}
+            since, done = 0, 0
+            for k, s in enumerate(self.steps):
+                for c in s.contexts:
+                    pools.setdefault(c[0], np.zeros(c[2], dtype=np.uint8))
+                for cid, a, b, data in flat[done:ends[k]]:
+                    if cid in pools:
+                        pools[cid][a:b] = np.frombuffer(data, np.uint8)
+                    since += b - a
+                done = ends[k]
+                if since >= every and k + 1 < len(self.steps):
+                    checkpoints.append((done, {cid: a.copy() for cid, a in pools.items()}))
+                    since = 0
+        self._cps = (len(self.steps), checkpoints)
+        return checkpoints
 
     def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
         """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
@@ -190,7 +226,7 @@ class State:
 
     def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict) -> None:
         self.trace, self.k = trace, k
-        self.space = AddressSpace()
+        self.space = AddressSpace(weak=True)  # the state holds the contexts
         self.contexts = {cid: Context.restored(self.space, cid, m[1], pools[cid], m[3], m[4])
                          for cid, m in sorted(metas.items())}
 
@@ -517,6 +553,26 @@ class Recorder:
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
         return ints[-1] if ints else self.n_threads
+
+
+CHECKPOINT_MIN_BYTES = 8 << 20  # no checkpoints for traces whose patches replay faster than this
+
+
+def checkpoint_every(pool_bytes: int) -> int:
+    """Patch bytes between two checkpoints of a trace whose pools total pool_bytes."""
+    return max(CHECKPOINT_MIN_BYTES, pool_bytes)
+
+
+def _fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
+    """A pool for a rebuilt state: zeros, or a copy of a checkpoint. Its pages are touched in
+    order first (calloc hands out pages on first write, and a page fault per scattered patch
+    costs more than the copying itself)."""
+    pool = np.zeros(size, dtype=np.uint8)
+    if size >= 1 << 20:
+        pool[::4096] = 0
+    if like is not None:
+        np.copyto(pool, like)
+    return pool
 
 
 class StepCapReached(Exception):

@@ -204,3 +204,20 @@ def test_blas_values_are_marked_and_left_out_of_the_hash(tmp_path, monkeypatch):
     assert other.outputs["y"] != first.outputs["y"]
     assert other.hash == first.hash
     assert normalised(other) == normalised(first)
+
+
+def test_checkpoints_rebuild_the_same_state(monkeypatch):
+    """A state rebuilt from a checkpoint and the patches after it equals one rebuilt from step 0."""
+    import engine.trace as T
+
+    plain = trace_program("tiny-llama")
+    monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 4096)
+    checked = trace_program("tiny-llama")
+    assert len(checked._checkpoints()) > 10
+    monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 1 << 62)
+    assert plain._checkpoints() == []
+    for k in random.Random(1).sample(range(len(plain.steps)), 25) + [len(plain.steps) - 1]:
+        a, b = plain.state_at(k), checked.state_at(k)
+        assert a.contexts.keys() == b.contexts.keys()
+        for cid in a.contexts:
+            assert np.array_equal(a.contexts[cid].pool, b.contexts[cid].pool), (k, cid)
