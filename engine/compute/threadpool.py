@@ -5,6 +5,11 @@ share of every node (how it splits a node is the kernel's business), view ops ar
 barrier, thread 0 polls the abort callback after each node, and everyone meets at a barrier before
 the next. The pool persists across graphs (the calling thread is worker 0), like a ggml threadpool.
 
+One liberty, for speed: Python threads share one interpreter lock, so waking a second thread for
+a node of a few thousand elements costs more than the node. Small nodes of ops whose kernels never
+wait at a barrier (NO_BARRIER_OPS) are computed by thread 0 alone, each thread's share in turn:
+the same shares and the same bytes, which the observer and the trace see as before.
+
 An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
 ask=True, told after with ask=False; returning False after a node stops the run) also receives every
 thread's share of the node: which rows or chunks it computed, and how long it took.
@@ -25,8 +30,8 @@ from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.context import Context, ggml_new_buffer
 from engine.errors import ggml_assert
 from engine.graph import Graph
-from engine.optable import VIEW_OPS
-from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty
+from engine.optable import VIEW_OPS, GGMLOp
+from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
 
 GGML_STATUS_SUCCESS = 0
 GGML_STATUS_ABORTED = 1
@@ -119,8 +124,9 @@ class _Run:
         self.nth = cplan.n_threads
         self.observer = observer
         self.barrier = threading.Barrier(self.nth)
-        self.abort = -1  # node index at which to stop
+        self.stopping = False  # set by thread 0 (observer or abort callback); read after barriers
         self.status = GGML_STATUS_SUCCESS
+        self.modes = node_modes(self.nodes, self.nth)
         self.wdata = None
         if cplan.work_size > 0:
             ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
@@ -143,12 +149,21 @@ class _Run:
             raise
 
     def _loop(self, ith: int) -> None:
-        n = len(self.nodes)
+        pending = False  # thread 0 has computed small nodes alone since the last barrier
         for node_n, node in enumerate(self.nodes):
-            if self.abort == node_n:
-                break
-            if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
+            mode = self.modes[node_n]
+            if mode is _SKIP:
                 continue  # nothing to compute, and no barrier
+            if mode is _ALONE:
+                if ith == 0 and not self.stopping:
+                    self._alone(node_n, node)
+                pending = True
+                continue
+            if pending:  # everyone sees what thread 0 computed alone
+                pending = False
+                self.wait()
+                if self.stopping:
+                    break
             watched = self.observer is not None
             if watched:  # nobody starts the node before the observer has been asked
                 if ith == 0:
@@ -164,16 +179,71 @@ class _Run:
             if watched:  # everyone's share is known once all have arrived
                 self.wait()
             if ith == 0:
-                stop = False
-                if watched:
-                    stop = self.observer(node, False, self.shares[node_n]) is False
-                cb = self.cplan.abort_callback
-                if stop or (cb is not None and cb(self.cplan.abort_callback_data)):
-                    self.abort = node_n + 1
-                    self.status = GGML_STATUS_ABORTED
-            if node_n + 1 < n:
-                self.wait()
+                self._after(node_n, node)
+            self.wait()
+            if self.stopping:
+                break
         self.wait()
+
+    def _alone(self, node_n: int, node: Tensor) -> None:
+        """Thread 0 computes a small node's every share in turn: each thread's rows, the same
+        bytes as if they had run at once, without waking the other threads for it."""
+        if self.observer is not None:
+            self.observer(node, True, None)
+        for j in range(self.nth):
+            params = ComputeParams(j, self.nth, self.cplan.work_size, self.wdata, _no_barrier,
+                                   self.shared[node_n], self.cplan.use_ref)
+            t0 = time.perf_counter()
+            if not ggml_is_empty(node):
+                self.compute_forward(params, node)
+            self.shares[node_n][j] = Share(j, self.nth, params._kind, tuple(params._ranges),
+                                           time.perf_counter() - t0, params._note)
+        self._after(node_n, node)
+
+    def _after(self, node_n: int, node: Tensor) -> None:
+        """Thread 0, after a node: tell the observer, poll the abort callback."""
+        stop = False
+        if self.observer is not None:
+            stop = self.observer(node, False, self.shares[node_n]) is False
+        cb = self.cplan.abort_callback
+        if stop or (cb is not None and cb(self.cplan.abort_callback_data)):
+            self.stopping = True
+            self.status = GGML_STATUS_ABORTED
+
+
+def _no_barrier() -> None:
+    raise AssertionError("a kernel that waits at a barrier was run by one thread alone "
+                         "(its op is missing from threadpool.NO_BARRIER_OPS' exclusions)")
+
+
+_SKIP, _ALONE, _TOGETHER = "skip", "alone", "together"
+# ops whose kernels never wait at a barrier: a small node of one of these is computed by thread 0
+# alone, share after share, when several threads run (waking the others costs more than the node)
+NO_BARRIER_OPS = frozenset({
+    GGMLOp.DUP, GGMLOp.ADD, GGMLOp.ADD1, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, GGMLOp.SQR,
+    GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS, GGMLOp.SUM, GGMLOp.SUM_ROWS, GGMLOp.MEAN,
+    GGMLOp.ARGMAX, GGMLOp.REPEAT, GGMLOp.REPEAT_BACK, GGMLOp.CONCAT, GGMLOp.SILU_BACK,
+    GGMLOp.NORM, GGMLOp.RMS_NORM, GGMLOp.RMS_NORM_BACK, GGMLOp.GROUP_NORM, GGMLOp.L2_NORM,
+    GGMLOp.SCALE, GGMLOp.CPY, GGMLOp.CONT, GGMLOp.GET_ROWS, GGMLOp.GET_ROWS_BACK,
+    GGMLOp.SET_ROWS, GGMLOp.SOFT_MAX, GGMLOp.SOFT_MAX_BACK, GGMLOp.ROPE, GGMLOp.ROPE_BACK,
+    GGMLOp.CLAMP, GGMLOp.LEAKY_RELU, GGMLOp.UNARY, GGMLOp.GLU, GGMLOp.ARGSORT,
+    GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
+})
+SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
+
+
+def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
+    """How each node is computed: skipped (views, nodes not marked for compute), by thread 0
+    alone (small nodes of NO_BARRIER_OPS when several threads run), or by all threads."""
+    modes = []
+    for node in nodes:
+        if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
+            modes.append(_SKIP)
+        elif nth > 1 and node.op in NO_BARRIER_OPS and ggml_nelements(node) <= SMALL_NODE:
+            modes.append(_ALONE)
+        else:
+            modes.append(_TOGETHER)
+    return modes
 
 
 def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = None) -> int:
