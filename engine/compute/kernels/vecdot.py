@@ -266,17 +266,19 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
     bx = _blocks(x, vdt, nb)
     n1 = len(bx)
     r = g // 4
-    qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(1, 3, 2, 4, 0), F32)
-    qx = qx.reshape(nb, 8, g, n1)
+    qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(1, 3, 0, 2, 4), F32)
+    qx = qx.reshape(nb, 8, n1, g)
+    w = p.values.swapaxes(-1, -2)  # (nb, 8, g, n0)
     yd = (h2f(bx["d"]) if vdt == GGMLType.Q8_0 else bx["d"].astype(F32)).T  # (nb, n1)
     xd = p.d.T  # (nb, n0)
-    acc = np.zeros((8, n0, n1), F32)  # the 8 float lanes of the accumulator, per row pair
-    fma = np.empty((8, n0, n1), F64)  # d*lane + acc, exact before its one rounding to float32
+    acc = np.zeros((8, n1, n0), F32)  # the 8 float lanes of the accumulator, per row pair
+    fma = np.empty((8, n1, n0), F64)  # d*lane, exact; + acc, then rounded once to float32
     if p.type == GGMLType.Q4_K:
         q8s = bx["bsums"].reshape(n1, nb, 4, 2, 2).sum(axis=-1, dtype=np.int32)  # hadd_epi16
         mins_x = q8s.transpose(1, 2, 0, 3).astype(F32)  # (nb, 4, n1, 2)
-        acc_m = np.zeros((4, n0, n1), F32)
-        fma_m = np.empty((4, n0, n1), F64)
+        acc_m = np.zeros((4, n1, n0), F32)
+        fma_m = np.empty((4, n1, n0), F64)
+        dmin = p.dmin.T  # (nb, n0)
     elif p.type == GGMLType.Q6_K:
         bsums = bx["bsums"].astype(F64).reshape(n1, nb, 8, 2).transpose(1, 2, 0, 3)
     group = max(1, LANE_BUDGET // (8 * n0 * n1))  # blocks whose lanes are formed at once
@@ -284,24 +286,22 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
         for b0 in range(0, nb, group):
             bs = slice(b0, min(b0 + group, nb))
             if p.type == GGMLType.Q6_K:  # two halves of 16, each exact in float32
-                lanes = np.matmul(p.values[bs, :, :, :16], qx[bs, :, :16]).astype(F64)
-                lanes += np.matmul(p.values[bs, :, :, 16:], qx[bs, :, 16:])
-                lanes -= 32 * np.matmul(bsums[bs], p.mins[bs]).transpose(0, 1, 3, 2)
+                lanes = np.matmul(qx[bs, :, :, :16], w[bs, :, :16]).astype(F64)
+                lanes += np.matmul(qx[bs, :, :, 16:], w[bs, :, 16:])
+                lanes -= 32 * np.matmul(bsums[bs], p.mins[bs])
             else:
-                lanes = np.matmul(p.values[bs], qx[bs])  # (blocks, 8, n0, n1)
-            scale = xd[bs][:, :, None] * yd[bs][:, None, :]  # float32 products of the scales
+                lanes = np.matmul(qx[bs], w[bs])  # (blocks, 8, n1, n0)
+            scale = yd[bs][:, :, None] * xd[bs][:, None, :]  # float32 products of the scales
             if p.type == GGMLType.Q4_K:
-                m = np.matmul(mins_x[bs], p.mins[bs]).transpose(0, 1, 3, 2)  # (blocks, 4, n0, n1)
-                mscale = p.dmin.T[bs][:, :, None] * -yd[bs][:, None, :]  # -y.d * x.dmin
+                m = np.matmul(mins_x[bs], p.mins[bs])  # (blocks, 4, n1, n0)
+                mscale = -yd[bs][:, :, None] * dmin[bs][:, None, :]  # -y.d * x.dmin
             for i in range(bs.stop - bs.start):  # the fmas, block after block
                 if p.type == GGMLType.Q4_K:
                     np.multiply(m[i], mscale[i], out=fma_m, dtype=F64)
-                    fma_m += acc_m
-                    acc_m[...] = fma_m
+                    np.add(fma_m, acc_m, out=acc_m, dtype=F64)
                 np.multiply(lanes[i], scale[i], out=fma, dtype=F64)
-                fma += acc
-                acc[...] = fma
+                np.add(fma, acc, out=acc, dtype=F64)  # computed in double, stored as float
         out = _hsum8(np.moveaxis(acc, 0, -1))
         if p.type == GGMLType.Q4_K:
             out = out + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-    return out.T
+    return out
