@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from engine.errors import ggml_assert
 from engine.graph import GGML_HASHSET_FULL, Graph, ggml_build_forward_expand, ggml_graph_cpy, \
-    ggml_graph_get_grad, ggml_new_graph_custom
+    ggml_graph_get_grad, ggml_graph_get_grad_acc, ggml_new_graph_custom
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_SRC
 from engine.ops import ggml_add, ggml_add_inplace, ggml_cont, ggml_div, ggml_get_op_params_i32, \
     ggml_mul, ggml_permute, ggml_reshape, ggml_sub, ggml_sub_inplace, ggml_transpose, ggml_view_4d
@@ -38,15 +38,6 @@ U = GGMLUnaryOp
 
 
 # --- reading a graph's gradients ----------------------------------------------------------------
-
-def ggml_graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
-    """ggml_graph_get_grad_acc: the gradient accumulator of node, or None."""
-    slot = g.slot_of(node)
-    accs = g.grad_acc_addresses
-    if slot is None or accs is None or not int(accs[slot]):
-        return None
-    return g.tensor(int(accs[slot]))
-
 
 def ggml_graph_dup(ctx, g: Graph, force_grads: bool) -> Graph:
     """ggml_graph_dup: a new graph of the same size (with gradients if g has them or

@@ -399,13 +399,22 @@ def ggml_graph_print(g: Graph) -> str:
     return text
 
 
+def _by_slot(g: Graph, node: Tensor, table: np.ndarray | None) -> Tensor | None:
+    """The tensor a per-hash-slot table (grads, grad_accs) holds for node, or None."""
+    slot = g.slot_of(node)
+    if slot is None or table is None or not int(table[slot]):
+        return None
+    return g.tensor(int(table[slot]))
+
+
 def ggml_graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
     """ggml_graph_get_grad: the gradient recorded for node, or None."""
-    slot = g.slot_of(node)
-    grads = g.grad_addresses
-    if slot is None or grads is None or not int(grads[slot]):
-        return None
-    return g.tensor(int(grads[slot]))
+    return _by_slot(g, node, g.grad_addresses)
+
+
+def ggml_graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
+    """ggml_graph_get_grad_acc: the gradient accumulator of node, or None."""
+    return _by_slot(g, node, g.grad_acc_addresses)
 
 
 def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None) -> str:

@@ -169,13 +169,7 @@ class _Run:
                 if ith == 0:
                     self.observer(node, True, None)
                 self.wait()
-            params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, self.wait,
-                                   self.shared[node_n], self.cplan.use_ref)
-            t0 = time.perf_counter()
-            if not ggml_is_empty(node):
-                self.compute_forward(params, node)
-            self.shares[node_n][ith] = Share(ith, self.nth, params._kind, tuple(params._ranges),
-                                             time.perf_counter() - t0, params._note)
+            self._share(node_n, node, ith, self.wait)
             if watched:  # everyone's share is known once all have arrived
                 self.wait()
             if ith == 0:
@@ -191,14 +185,18 @@ class _Run:
         if self.observer is not None:
             self.observer(node, True, None)
         for j in range(self.nth):
-            params = ComputeParams(j, self.nth, self.cplan.work_size, self.wdata, _no_barrier,
-                                   self.shared[node_n], self.cplan.use_ref)
-            t0 = time.perf_counter()
-            if not ggml_is_empty(node):
-                self.compute_forward(params, node)
-            self.shares[node_n][j] = Share(j, self.nth, params._kind, tuple(params._ranges),
-                                           time.perf_counter() - t0, params._note)
+            self._share(node_n, node, j, _no_barrier)
         self._after(node_n, node)
+
+    def _share(self, node_n: int, node: Tensor, ith: int, barrier: Callable[[], None]) -> None:
+        """Thread ith's share of a node, timed and recorded."""
+        params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, barrier,
+                               self.shared[node_n], self.cplan.use_ref)
+        t0 = time.perf_counter()
+        if not ggml_is_empty(node):
+            self.compute_forward(params, node)
+        self.shares[node_n][ith] = Share(ith, self.nth, params._kind, tuple(params._ranges),
+                                         time.perf_counter() - t0, params._note)
 
     def _after(self, node_n: int, node: Tensor) -> None:
         """Thread 0, after a node: tell the observer, poll the abort callback."""
