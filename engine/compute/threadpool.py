@@ -228,16 +228,21 @@ NO_BARRIER_OPS = frozenset({
     GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
 })
 SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
+# ... and these at any size: their kernels run many short numpy passes (ggml's exp polynomial,
+# fmas emulated in float64) that hold the interpreter lock, so a second thread only waits for it
+ALWAYS_ALONE_OPS = frozenset({GGMLOp.SOFT_MAX, GGMLOp.UNARY, GGMLOp.GLU})
 
 
 def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
     """How each node is computed: skipped (views, nodes not marked for compute), by thread 0
-    alone (small nodes of NO_BARRIER_OPS when several threads run), or by all threads."""
+    alone (small nodes of NO_BARRIER_OPS, and ALWAYS_ALONE_OPS, when several threads run), or by
+    all threads."""
     modes = []
     for node in nodes:
         if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             modes.append(_SKIP)
-        elif nth > 1 and node.op in NO_BARRIER_OPS and ggml_nelements(node) <= SMALL_NODE:
+        elif nth > 1 and node.op in NO_BARRIER_OPS and (ggml_nelements(node) <= SMALL_NODE
+                                                        or node.op in ALWAYS_ALONE_OPS):
             modes.append(_ALONE)
         else:
             modes.append(_TOGETHER)
