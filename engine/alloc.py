@@ -215,7 +215,7 @@ class GraphAllocator:
         return self._hn(t).allocated
 
     def _is_allocated(self, t: Tensor) -> bool:
-        return t.data is not None or t._r["buffer"] != 0 or self._is_own(t)
+        return t.data is not None or t._r["buffer"][0] != 0 or self._is_own(t)
 
     def _free_extra(self, node: Tensor, parent: Tensor) -> None:
         hn, p_hn = self._hn(node), self._hn(parent)
@@ -323,7 +323,7 @@ class GraphAllocator:
         for t in list(graph.leafs) + list(graph.nodes) + [s for n in graph.nodes for s in n.src if s is not None]:
             if t.view_src is None and t.data is None and t in self._hash and t not in plan.addresses:
                 hn = self._hash[t]
-                if t._r["buffer"] == 0:
+                if t._r["buffer"][0] == 0:
                     plan.addresses[t] = (hn.buffer_id, hn.addr[0], hn.addr[1])
         for i, talloc in enumerate(self.tallocs):
             shared = next((j for j in range(i) if self.tallocs[j] is talloc), None)
@@ -375,3 +375,149 @@ def ggml_gallocr_get_buffer_size(galloc: GraphAllocator, buffer_id: int) -> int:
         if galloc.buffer_sizes[j] is sizes:
             return 0
     return sum(sizes)
+
+
+def ggml_gallocr_alloc_graph(galloc: GraphAllocator, graph) -> bool:
+    """Plan the graph (a single-buffer gallocr reserves on its own), make the compute buffer(s),
+    and write each tensor's `buffer` and `data`: planned tensors at base + offset, views through
+    ggml_backend_view_init.
+
+    Unlike ggml, the plan is recomputed for every call rather than reused by node index when the
+    graph still fits; for the same graph the placements are the same."""
+    from engine import backend as be
+    ggml_assert(len(galloc.bufts) == 1 or galloc.plan is not None,
+                "galloc->n_buffers == 1 (cannot reallocate multiple buffers automatically)",
+                "ggml_gallocr_alloc_graph")
+    plan = galloc.reserve(graph)
+    if not hasattr(galloc, "buffers"):
+        galloc.buffers = [None] * len(galloc.bufts)
+    for i, sizes in enumerate(plan.chunk_sizes):
+        cur = galloc.buffers[i]
+        if cur is None or [b.size for b in cur] != sizes:
+            for b in cur or []:
+                be.ggml_backend_buffer_free(b)
+            galloc.buffers[i] = [be.Buffer(_as_buft(galloc.bufts[i]), s) for s in sizes]
+            for b in galloc.buffers[i]:
+                b.usage = be.GGML_BACKEND_BUFFER_USAGE_COMPUTE
+    def init(t):
+        if t.data is not None or be.buffer_field(t) != 0:
+            return
+        if t.view_src is not None:
+            if be.buffer_field(t.view_src) != 0 and t.view_src.data is not None:
+                be.ggml_backend_view_init(t)
+            return
+        got = plan.addresses.get(t)
+        if got is not None:
+            buf = galloc.buffers[got[0]][got[1]]
+            be.ggml_backend_tensor_alloc(buf, t, buf.base + got[2])
+    for leaf in graph.leafs:
+        init(leaf)
+    for node in graph.nodes:
+        for s in node.src:
+            if s is not None:
+                if s.view_src is not None:
+                    init(s.view_src)
+                init(s)
+        if node.view_src is not None:
+            init(node.view_src)
+        init(node)
+    return True
+
+
+def _as_buft(info):
+    from engine import backend as be
+    return info if isinstance(info, be.BufferType) else be.BufferType(info.name, info.alignment, info.max_size)
+
+
+def ggml_gallocr_free(galloc: GraphAllocator | None) -> None:
+    from engine import backend as be
+    if galloc is None:
+        return
+    for bufs in getattr(galloc, "buffers", []):
+        for b in bufs or []:
+            be.ggml_backend_buffer_free(b)
+    galloc.buffers = [None] * len(galloc.bufts)
+
+
+# --- ggml_tallocr and a context's tensors in backend buffers ---------------------------------
+
+@dataclass
+class Tallocr:
+    """struct ggml_tallocr: a bump allocator over one buffer."""
+    buffer: object
+    base: int
+    alignment: int
+    offset: int
+
+
+def ggml_tallocr_new(buffer) -> Tallocr:
+    align = buffer.buft.alignment
+    return Tallocr(buffer, buffer.base, align, (align - buffer.base % align) % align)
+
+
+def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
+    from engine import backend as be
+    size = _pad(talloc.buffer.buft.alloc_size(t), talloc.alignment)
+    ggml_assert(talloc.offset + size <= talloc.buffer.size, "not enough space in the buffer",
+                "ggml_tallocr_alloc", f"tensor {t.name} needs {size} bytes, "
+                f"{talloc.buffer.size - talloc.offset} available")
+    addr = talloc.base + talloc.offset
+    talloc.offset += size
+    ggml_assert(addr % talloc.alignment == 0, "((uintptr_t) (addr) % talloc->alignment) == 0", "ggml_tallocr_alloc")
+    return be.ggml_backend_tensor_alloc(talloc.buffer, t, addr)
+
+
+def _ctx_tensors(ctx):
+    from engine.tensor import ggml_get_first_tensor, ggml_get_next_tensor
+    t = ggml_get_first_tensor(ctx)
+    while t is not None:
+        yield t
+        t = ggml_get_next_tensor(ctx, t)
+
+
+def _alloc_range(tensors, buft, size):
+    from engine import backend as be
+    buf = be.ggml_backend_buft_alloc_buffer(buft, size)
+    talloc = ggml_tallocr_new(buf)
+    for t in tensors:
+        if t.data is None and t.view_src is None:
+            ggml_tallocr_alloc(talloc, t)
+        elif t.view_src is not None and be.buffer_field(t) == 0:
+            be.ggml_backend_view_init(t)
+    return buf
+
+
+def _ctx_ranges(ctx, buft):
+    """The context's tensors cut into runs that each fit the buffer type's max size, with sizes."""
+    ggml_assert(ctx.no_alloc, "ggml_get_no_alloc(ctx) == true", "ggml_backend_alloc_ctx_tensors_from_buft")
+    ranges, cur, cur_size = [], [], 0
+    for t in _ctx_tensors(ctx):
+        this = _pad(buft.alloc_size(t), buft.alignment) if t.data is None and t.view_src is None else 0
+        if cur_size > 0 and cur_size + this > buft.max_size:
+            ranges.append((cur, cur_size))
+            cur, cur_size = [t], this
+        else:
+            cur.append(t)
+            cur_size += this
+    if cur_size > 0:
+        ranges.append((cur, cur_size))
+    return ranges
+
+
+def ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
+    return sum(size for _, size in _ctx_ranges(ctx, buft))
+
+
+def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
+    """Every tensor of a no_alloc context without data, in one buffer — or, past the buffer
+    type's max size, in several (ggml wraps them in one multi-buffer; here: the list of them).
+    None when every tensor already has data."""
+    bufs = [_alloc_range(ts, buft, size) for ts, size in _ctx_ranges(ctx, buft)]
+    if not bufs:
+        return None
+    return bufs[0] if len(bufs) == 1 else bufs
+
+
+def ggml_backend_alloc_ctx_tensors(ctx, backend):
+    from engine import backend as be
+    return ggml_backend_alloc_ctx_tensors_from_buft(ctx, be.ggml_backend_get_default_buffer_type(backend))

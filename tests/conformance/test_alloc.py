@@ -17,6 +17,7 @@ import ggml as real
 import pytest
 
 from engine import alloc
+from engine import backend as be
 from engine import ggml as eng
 from engine.errors import GGMLAssertionError
 
@@ -86,6 +87,17 @@ def check_plan(build):
             n_placed += 1
         assert n_placed > 0
         assert alloc.ggml_gallocr_get_buffer_size(galloc_e, 0) == size_r
+        # ggml_gallocr_alloc_graph writes buffer and data as real ggml does, views included
+        assert alloc.ggml_gallocr_alloc_graph(galloc_e, gf_e)
+        for e, r in zip(te, tr):
+            rc = r.contents
+            if not rc.data:
+                assert e.data is None
+                continue
+            real_off = rc.data - real.ggml_backend_buffer_get_base(rc.buffer)
+            buf = be.tensor_buffer(e)
+            assert buf is not None and e.data - buf.base == real_off, rc.name.decode()
+        alloc.ggml_gallocr_free(galloc_e)
     finally:
         real.ggml_gallocr_free(galloc_r)
         real.ggml_free(ctx_r)

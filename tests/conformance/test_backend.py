@@ -1,0 +1,137 @@
+"""The CPU backend path of ggml's examples/simple/simple-backend.cpp, on the engine and on real ggml.
+
+Weights in a backend buffer (ggml_backend_alloc_ctx_tensors), data moved in with
+ggml_backend_tensor_set, the compute graph placed by a gallocr, computed by
+ggml_backend_graph_compute, read back with ggml_backend_tensor_get: the offsets of every tensor
+in its buffer, the buffer sizes, and the result bytes must equal real ggml's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ggml as real
+import numpy as np
+import pytest
+
+from engine import alloc
+from engine import backend as be
+from engine import ggml as eng
+from engine.errors import GGMLAssertionError
+
+F32 = 0
+A = np.array([2, 8, 5, 1, 4, 2, 8, 6], dtype=np.float32)  # 4 x 2, as in simple-backend.cpp
+B = np.array([10, 5, 9, 9, 5, 4], dtype=np.float32)  # 3 x 2
+
+
+def run_engine(rows_a=4, cols=2, rows_b=3, seed=0):
+    rng = np.random.default_rng(seed)
+    a_vals = A if seed == 0 else rng.uniform(-1, 1, rows_a * cols).astype(np.float32)
+    b_vals = B if seed == 0 else rng.uniform(-1, 1, rows_b * cols).astype(np.float32)
+    backend = be.ggml_backend_cpu_init()
+    ctx = eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead() * 2, None, True))
+    a = eng.ggml_new_tensor_2d(ctx, F32, cols, rows_a)
+    b = eng.ggml_new_tensor_2d(ctx, F32, cols, rows_b)
+    buf = alloc.ggml_backend_alloc_ctx_tensors(ctx, backend)
+    be.ggml_backend_tensor_set(a, a_vals, 0, eng.ggml_nbytes(a))
+    be.ggml_backend_tensor_set(b, b_vals, 0, eng.ggml_nbytes(b))
+    ctx0 = eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead() * 8 + eng.ggml_graph_overhead(),
+                                              None, True))
+    gf = eng.ggml_new_graph(ctx0)
+    result = eng.ggml_mul_mat(ctx0, a, b)
+    eng.ggml_build_forward_expand(gf, result)
+    galloc = alloc.ggml_gallocr_new(be.ggml_backend_get_default_buffer_type(backend))
+    alloc.ggml_gallocr_alloc_graph(galloc, gf)
+    assert be.ggml_backend_graph_compute(backend, gf) == 0
+    out = np.frombuffer(be.ggml_backend_tensor_get(result, 0, eng.ggml_nbytes(result)), dtype=np.float32)
+    cbuf = be.tensor_buffer(result)
+    info = dict(a=a.data - buf.base, b=b.data - buf.base, buf_size=be.ggml_backend_buffer_get_size(buf),
+                result=result.data - cbuf.base, compute=alloc.ggml_gallocr_get_buffer_size(galloc, 0),
+                same_buffer=be.tensor_buffer(a) is be.tensor_buffer(b) is buf)
+    return out, info, (backend, ctx, a, b, result, buf, galloc)
+
+
+def run_real(rows_a=4, cols=2, rows_b=3, seed=0):
+    rng = np.random.default_rng(seed)
+    a_vals = A if seed == 0 else rng.uniform(-1, 1, rows_a * cols).astype(np.float32)
+    b_vals = B if seed == 0 else rng.uniform(-1, 1, rows_b * cols).astype(np.float32)
+    backend = real.ggml_backend_cpu_init()
+    ctx = real.ggml_init(real.ggml_init_params(mem_size=real.ggml_tensor_overhead() * 2, mem_buffer=None,
+                                               no_alloc=True))
+    a = real.ggml_new_tensor_2d(ctx, F32, cols, rows_a)
+    b = real.ggml_new_tensor_2d(ctx, F32, cols, rows_b)
+    buf = real.ggml_backend_alloc_ctx_tensors(ctx, backend)
+    a_c, b_c = np.ascontiguousarray(a_vals), np.ascontiguousarray(b_vals)
+    real.ggml_backend_tensor_set(a, a_c.ctypes.data_as(ctypes.c_void_p), 0, real.ggml_nbytes(a))
+    real.ggml_backend_tensor_set(b, b_c.ctypes.data_as(ctypes.c_void_p), 0, real.ggml_nbytes(b))
+    ctx0 = real.ggml_init(real.ggml_init_params(
+        mem_size=real.ggml_tensor_overhead() * 8 + real.ggml_graph_overhead(), mem_buffer=None, no_alloc=True))
+    gf = real.ggml_new_graph(ctx0)
+    result = real.ggml_mul_mat(ctx0, a, b)
+    real.ggml_build_forward_expand(gf, result)
+    galloc = real.ggml_gallocr_new(real.ggml_backend_get_default_buffer_type(backend))
+    assert real.ggml_gallocr_alloc_graph(galloc, gf)
+    assert real.ggml_backend_graph_compute(backend, gf) == 0
+    out = np.zeros(real.ggml_nelements(result), dtype=np.float32)
+    real.ggml_backend_tensor_get(result, out.ctypes.data_as(ctypes.c_void_p), 0, real.ggml_nbytes(result))
+    base = real.ggml_backend_buffer_get_base(buf)
+    rc = result.contents
+    info = dict(a=a.contents.data - base, b=b.contents.data - base, buf_size=real.ggml_backend_buffer_get_size(buf),
+                result=rc.data - real.ggml_backend_buffer_get_base(rc.buffer),
+                compute=real.ggml_gallocr_get_buffer_size(galloc, 0),
+                same_buffer=a.contents.buffer == b.contents.buffer == buf)
+    real.ggml_gallocr_free(galloc)
+    real.ggml_free(ctx0)
+    real.ggml_free(ctx)
+    real.ggml_backend_buffer_free(buf)
+    real.ggml_backend_free(backend)
+    return out, info
+
+
+@pytest.mark.parametrize("shape,seed", [((4, 2, 3), 0), ((5, 7, 3), 1), ((33, 17, 9), 2), ((1, 64, 1), 3)])
+def test_simple_backend_equals_real_ggml(shape, seed):
+    out_e, info_e, _ = run_engine(*shape, seed=seed)
+    out_r, info_r = run_real(*shape, seed=seed)
+    assert info_e == info_r
+    assert out_e.tobytes() == out_r.tobytes()
+    if seed == 0:  # simple-backend.cpp prints this matrix
+        assert out_e.reshape(3, 4).tolist() == [[60, 55, 50, 110], [90, 54, 54, 126], [42, 29, 28, 64]]
+
+
+def test_tensor_data_and_buffer_fields():
+    _, _, (backend, ctx, a, b, result, buf, galloc) = run_engine()
+    assert be.buffer_field(a) == buf.address != 0
+    assert a.data == buf.base and be.ggml_backend_buffer_is_host(buf)
+    assert be.ggml_backend_buffer_name(buf) == "CPU"
+    assert be.tensor_buffer(result).usage == be.GGML_BACKEND_BUFFER_USAGE_COMPUTE
+    be.ggml_backend_buffer_clear(buf, 0)
+    assert be.ggml_backend_tensor_get(a, 0, 8) == bytes(8)
+
+
+def test_misuse_names_ggml_assertions():
+    _, _, (backend, ctx, a, b, result, buf, galloc) = run_engine()
+    with pytest.raises(GGMLAssertionError, match=r"offset \+ size <= ggml_nbytes\(tensor\)"):
+        be.ggml_backend_tensor_set(a, np.zeros(9, np.float32), 0, 36)
+    with pytest.raises(GGMLAssertionError, match=r"tensor read out of bounds"):
+        be.ggml_backend_tensor_get(a, 4, 32)
+    with pytest.raises(GGMLAssertionError, match=r"tensor->buffer == NULL"):
+        be.ggml_backend_tensor_alloc(buf, a, buf.base)
+    ctx2 = eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead(), None, True))
+    c = eng.ggml_new_tensor_1d(ctx2, F32, 4)
+    with pytest.raises(GGMLAssertionError, match="tensor buffer not set"):
+        be.ggml_backend_tensor_set(c, np.zeros(4, np.float32), 0, 16)
+    with pytest.raises(GGMLAssertionError, match=r"ggml_backend_buffer_get_alloc_size"):
+        be.ggml_backend_tensor_alloc(buf, c, buf.base + buf.size - 8)
+
+
+def test_ctx_tensors_split_past_max_size():
+    # ggml-python cannot make a buffer type with a small max size, so this follows ggml's rule by
+    # hand: a new buffer starts when the running size plus the next padded tensor passes max_size
+    ctx = eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead() * 4, None, True))
+    ts = [eng.ggml_new_tensor_1d(ctx, F32, n) for n in (10, 20, 30, 5)]
+    small = be.BufferType("CPU", 32, 128)
+    assert alloc.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, small) == 64 + 96 + 128 + 32
+    bufs = alloc.ggml_backend_alloc_ctx_tensors_from_buft(ctx, small)
+    assert [b.size for b in bufs] == [64, 96, 128, 32]
+    assert [be.tensor_buffer(t) for t in ts] == bufs
+    assert all(t.data == b.base for t, b in zip(ts, bufs))
