@@ -314,3 +314,36 @@ def ggml_backend_free(backend: Backend | None) -> None:
     if backend is not None:
         ggml_backend_buffer_free(backend.work)
         backend.freed = True
+
+
+def ggml_backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy src's bytes into dst (same layout); a no-op when they are the same tensor."""
+    ggml_assert(ggml_nbytes(src) == ggml_nbytes(dst) and src.type == dst.type
+                and list(src.ne) == list(dst.ne) and list(src.nb) == list(dst.nb),
+                "ggml_are_same_layout(src, dst) && \"cannot copy tensors with different layouts\"",
+                "ggml_backend_tensor_copy")
+    if src == dst:
+        return
+    n = ggml_nbytes(src)
+    ggml_backend_tensor_set(dst, ggml_backend_tensor_get(src, 0, n), 0, n)
+
+
+def ggml_backend_tensor_set_async(backend: Backend, t: Tensor, data, offset: int, size: int) -> None:
+    """The CPU backend has no set_tensor_async: the synchronous copy."""
+    ggml_backend_tensor_set(t, data, offset, size)
+
+
+def ggml_backend_tensor_get_async(backend: Backend, t: Tensor, offset: int, size: int) -> bytes:
+    return ggml_backend_tensor_get(t, offset, size)
+
+
+def ggml_backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
+    ggml_backend_tensor_copy(src, dst)
+
+
+CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
+
+
+def ggml_backend_guid(backend: Backend) -> bytes:
+    """The CPU backend's 16-byte guid (ggml_backend_cpu_guid)."""
+    return CPU_GUID

@@ -135,3 +135,36 @@ def test_ctx_tensors_split_past_max_size():
     assert [b.size for b in bufs] == [64, 96, 128, 32]
     assert [be.tensor_buffer(t) for t in ts] == bufs
     assert all(t.data == b.base for t, b in zip(ts, bufs))
+
+
+def test_cpu_backend_identity_equals_real_ggml():
+    rb = real.ggml_backend_cpu_init()
+    try:
+        guid = bytes(ctypes.cast(real.ggml_backend_guid(rb), ctypes.POINTER(ctypes.c_uint8 * 16)).contents)
+        rbuft = real.ggml_backend_get_default_buffer_type(rb)
+        eb = be.ggml_backend_cpu_init()
+        ebuft = be.ggml_backend_get_default_buffer_type(eb)
+        assert be.ggml_backend_guid(eb) == guid
+        assert be.ggml_backend_name(eb) == real.ggml_backend_name(rb).decode()
+        assert be.ggml_backend_buft_name(ebuft) == real.ggml_backend_buft_name(rbuft).decode()
+        assert be.ggml_backend_buft_get_alignment(ebuft) == real.ggml_backend_buft_get_alignment(rbuft)
+        assert be.ggml_backend_get_alignment(eb) == real.ggml_backend_get_alignment(rb)
+        assert be.ggml_backend_buft_get_max_size(ebuft) == real.ggml_backend_buft_get_max_size(rbuft)
+        assert be.ggml_backend_get_max_size(eb) == real.ggml_backend_get_max_size(rb)
+        assert be.ggml_backend_buft_is_host(ebuft) == real.ggml_backend_buft_is_host(rbuft)
+    finally:
+        real.ggml_backend_free(rb)
+
+
+def test_tensor_copy_and_memset():
+    _, _, (backend, ctx, a, b, result, buf, galloc) = run_engine()
+    ctx2 = eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead(), None, True))
+    c = eng.ggml_new_tensor_2d(ctx2, F32, 2, 4)
+    buf2 = alloc.ggml_backend_alloc_ctx_tensors(ctx2, backend)
+    be.ggml_backend_tensor_copy(a, c)
+    assert be.ggml_backend_tensor_get(c, 0, 32) == A.tobytes()
+    be.ggml_backend_tensor_memset(c, 0, 4, 8)
+    assert np.frombuffer(be.ggml_backend_tensor_get(c, 0, 32), np.float32).tolist() == [2, 0, 0, 1, 4, 2, 8, 6]
+    with pytest.raises(GGMLAssertionError, match="cannot copy tensors with different layouts"):
+        be.ggml_backend_tensor_copy(a, b)
+    be.ggml_backend_buffer_free(buf2)
