@@ -235,3 +235,37 @@ def test_dyn_allocator_best_fit_merge_and_chunks():
     d.free_bytes(a, 100)
     d.free_bytes(b, 100)
     assert d.chunks[0].free_blocks == [[0, 256]]
+
+
+def test_one_gallocr_over_changing_graphs():
+    """One gallocr reused for graphs of different shapes: the buffer only grows, as in ggml, and
+    every tensor's offset in it equals real ggml's after each ggml_gallocr_alloc_graph."""
+    builds = [simple_backend, attention, chain_inplace, random_dag(3), attention, random_dag(7)]
+    galloc_e = alloc.ggml_gallocr_new(alloc.CPU_BUFT)
+    galloc_r = real.ggml_gallocr_new(real.ggml_backend_get_default_buffer_type(_real_backend()))
+    sizes = []
+    try:
+        for build in builds:
+            ctx_e = eng.ggml_init(eng.ggml_init_params(MEM, None, True))
+            gf_e = eng.ggml_new_graph_custom(ctx_e, 2048, False)
+            for o in build(eng, ctx_e):
+                eng.ggml_build_forward_expand(gf_e, o)
+            ctx_r = real.ggml_init(real.ggml_init_params(mem_size=MEM, mem_buffer=None, no_alloc=True))
+            gf_r = real.ggml_new_graph_custom(ctx_r, 2048, False)
+            for o in build(real, ctx_r):
+                real.ggml_build_forward_expand(gf_r, o)
+            assert real.ggml_gallocr_alloc_graph(galloc_r, gf_r)
+            assert alloc.ggml_gallocr_alloc_graph(galloc_e, gf_e)
+            size = real.ggml_gallocr_get_buffer_size(galloc_r, 0)
+            assert alloc.ggml_gallocr_get_buffer_size(galloc_e, 0) == size
+            sizes.append(size)
+            for e, r in zip(_tensors(eng, gf_e), _tensors(real, gf_r)):
+                rc = r.contents
+                if rc.data:
+                    buf = be.tensor_buffer(e)
+                    assert e.data - buf.base == rc.data - real.ggml_backend_buffer_get_base(rc.buffer)
+            real.ggml_free(ctx_r)
+        assert len(set(sizes)) > 1 and sizes == sorted(sizes)
+    finally:
+        real.ggml_gallocr_free(galloc_r)
+        alloc.ggml_gallocr_free(galloc_e)
