@@ -269,3 +269,42 @@ def test_one_gallocr_over_changing_graphs():
     finally:
         real.ggml_gallocr_free(galloc_r)
         alloc.ggml_gallocr_free(galloc_e)
+
+
+def encoder(n_layers, d=16, h=4, n=9, ff=64):
+    """A BERT-like encoder (MiniLM's structure at small size): per layer fused-free attention with
+    a mask, residuals, layer norms with weight and bias, a GELU feed-forward; weights are leafs."""
+    def build(g, ctx):
+        dm = d * h
+        def w(name, *ne):
+            t = g.ggml_new_tensor(ctx, F32, len(ne), (ctypes.c_int64 * 4)(*ne, *([1] * (4 - len(ne))))) \
+                if g is real else g.ggml_new_tensor(ctx, F32, len(ne), list(ne))
+            return _named(g, t, name)
+        x = w("inp_embd", dm, n)
+        g.ggml_set_input(x)
+        mask = w("kq_mask", n, n)
+        g.ggml_set_input(mask)
+        for il in range(n_layers):
+            q = g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"q{il}", dm, dm), x), w(f"qb{il}", dm))
+            k = g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"k{il}", dm, dm), x), w(f"kb{il}", dm))
+            v = g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"v{il}", dm, dm), x), w(f"vb{il}", dm))
+            q = g.ggml_permute(ctx, g.ggml_reshape_3d(ctx, q, d, h, n), 0, 2, 1, 3)
+            k = g.ggml_permute(ctx, g.ggml_reshape_3d(ctx, k, d, h, n), 0, 2, 1, 3)
+            v = g.ggml_cont(ctx, g.ggml_permute(ctx, g.ggml_reshape_3d(ctx, v, d, h, n), 1, 2, 0, 3))
+            kq = g.ggml_soft_max_ext(ctx, g.ggml_mul_mat(ctx, k, q), mask, 0.25, 0.0)
+            att = g.ggml_cont_2d(ctx, g.ggml_permute(ctx, g.ggml_mul_mat(ctx, v, kq), 0, 2, 1, 3), dm, n)
+            att = g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"o{il}", dm, dm), att), x)
+            att = g.ggml_add(ctx, g.ggml_mul(ctx, g.ggml_norm(ctx, att, 1e-12), w(f"ln1w{il}", dm)), w(f"ln1b{il}", dm))
+            f = g.ggml_gelu(ctx, g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"up{il}", dm, ff), att), w(f"upb{il}", ff)))
+            f = g.ggml_add(ctx, g.ggml_add(ctx, g.ggml_mul_mat(ctx, w(f"dn{il}", ff, dm), f), w(f"dnb{il}", dm)), att)
+            x = g.ggml_add(ctx, g.ggml_mul(ctx, g.ggml_norm(ctx, f, 1e-12), w(f"ln2w{il}", dm)), w(f"ln2b{il}", dm))
+        pooled = g.ggml_cont(ctx, g.ggml_transpose(ctx, g.ggml_mean(ctx, g.ggml_cont(ctx, g.ggml_transpose(ctx, x)))))
+        g.ggml_set_output(pooled)
+        return [_named(g, pooled, "result_embd_pooled")]
+    return build
+
+
+@pytest.mark.parametrize("n_layers", [1, 6])
+def test_encoder_graph(n_layers):
+    plan = check_plan(encoder(n_layers))
+    assert sum(d.kind == "inplace" for d in plan.decisions) >= 4 * n_layers
