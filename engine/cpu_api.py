@@ -1,0 +1,110 @@
+"""ggml-cpu.h's small functions: the CPU features, element access by 4-d index, row converters.
+
+The engine emulates the CPU of the oracle's build (x86-64 with AVX2, FMA, F16C, BMI2): the
+`ggml_cpu_has_*` answers are that build's, checked against the oracle in
+tests/conformance/test_cpu_api.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.tensor import Tensor, _element_view, _from_f32, _to_f32
+from engine.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
+
+CPU_FEATURES = frozenset({"sse3", "ssse3", "avx", "avx2", "bmi2", "f16c", "fma"})
+ALL_FEATURES = ("sse3", "ssse3", "avx", "avx_vnni", "avx2", "bmi2", "f16c", "fma", "avx512", "avx512_vbmi",
+                "avx512_vnni", "avx512_bf16", "amx_int8", "neon", "arm_fma", "fp16_va", "dotprod",
+                "matmul_int8", "sve", "sme", "riscv_v", "vsx", "vxe", "wasm_simd", "llamafile")
+
+
+def _has(feature: str):
+    def f() -> int:
+        return int(feature in CPU_FEATURES)
+    f.__name__ = f.__qualname__ = f"ggml_cpu_has_{feature}"
+    f.__doc__ = f"ggml_cpu_has_{feature}: {'1' if feature in CPU_FEATURES else '0'} on the emulated CPU."
+    return f
+
+
+for _feature in ALL_FEATURES:
+    globals()[f"ggml_cpu_has_{_feature}"] = _has(_feature)
+
+
+def ggml_cpu_get_sve_cnt() -> int:
+    """No SVE on x86-64."""
+    return 0
+
+
+def ggml_cpu_get_rvv_vlen() -> int:
+    """No RISC-V vectors on x86-64."""
+    return 0
+
+
+def ggml_cpu_init() -> None:
+    """ggml_cpu_init fills ggml-cpu's fp16 tables once; the engine converts exactly without them."""
+
+
+def ggml_numa_init(strategy: int) -> None:
+    """The emulated machine has one NUMA node: nothing to set up."""
+
+
+def ggml_is_numa() -> bool:
+    return False
+
+
+def _nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, fn: str) -> np.ndarray:
+    view = _element_view(t, fn)
+    ctx, off = t.ctx.space.resolve(t.data)
+    addr = off + i0 * int(t.nb[0]) + i1 * int(t.nb[1]) + i2 * int(t.nb[2]) + i3 * int(t.nb[3])
+    return np.ndarray((1,), dtype=view.dtype, buffer=ctx.pool.data, offset=addr)
+
+
+_FLOATS = (GGMLType.F16, GGMLType.BF16, GGMLType.F32)
+
+
+def ggml_get_f32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int) -> float:
+    arr = _nd(t, i0, i1, i2, i3, "ggml_get_f32_nd")
+    return float(_to_f32(t.type, arr)[0]) if t.type in _FLOATS else float(arr[0])
+
+
+def ggml_set_f32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, value: float) -> None:
+    arr = _nd(t, i0, i1, i2, i3, "ggml_set_f32_nd")
+    arr[0] = _from_f32(t.type, value) if t.type in _FLOATS else np.array(np.float32(value)).astype(arr.dtype)
+
+
+def ggml_get_i32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int) -> int:
+    arr = _nd(t, i0, i1, i2, i3, "ggml_get_i32_nd")
+    return int(np.trunc(_to_f32(t.type, arr)[0])) if t.type in _FLOATS else int(arr[0])
+
+
+def ggml_set_i32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, value: int) -> None:
+    arr = _nd(t, i0, i1, i2, i3, "ggml_set_i32_nd")
+    arr[0] = _from_f32(t.type, float(value)) if t.type in _FLOATS else np.array(value).astype(arr.dtype)
+
+
+# row converters: C writes n values into y; here they return the converted array
+
+def ggml_cpu_fp32_to_fp32(x, n: int) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)[:n].copy()
+
+
+def ggml_cpu_fp32_to_i32(x, n: int) -> np.ndarray:
+    """A C cast per value: truncation toward zero."""
+    return np.trunc(np.asarray(x, dtype=np.float32)[:n]).astype(np.int32)
+
+
+def ggml_cpu_fp32_to_fp16(x, n: int) -> np.ndarray:
+    """fp16 bit patterns (uint16), rounded to nearest even as F16C does."""
+    return fp32_to_fp16_bits(np.asarray(x, dtype=np.float32)[:n])
+
+
+def ggml_cpu_fp16_to_fp32(x, n: int) -> np.ndarray:
+    return fp16_bits_to_fp32(np.asarray(x, dtype=np.uint16)[:n])
+
+
+def ggml_cpu_fp32_to_bf16(x, n: int) -> np.ndarray:
+    return fp32_to_bf16_bits(np.asarray(x, dtype=np.float32)[:n])
+
+
+def ggml_cpu_bf16_to_fp32(x, n: int) -> np.ndarray:
+    return bf16_bits_to_fp32(np.asarray(x, dtype=np.uint16)[:n])
