@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.errors import ggml_assert
 from engine.tensor import Tensor, _element_view, _from_f32, _to_f32
 from engine.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
@@ -108,3 +109,79 @@ def ggml_cpu_fp32_to_bf16(x, n: int) -> np.ndarray:
 
 def ggml_cpu_bf16_to_fp32(x, n: int) -> np.ndarray:
     return bf16_bits_to_fp32(np.asarray(x, dtype=np.uint16)[:n])
+
+
+# --- the threadpool API -----------------------------------------------------------------------
+
+GGML_MAX_N_THREADS = 512
+GGML_SCHED_PRIO_NORMAL = 0
+
+
+class ggml_threadpool_params:  # noqa: N801 - ggml's name
+    """struct ggml_threadpool_params: cpumask, n_threads, prio, poll, strict_cpu, paused."""
+
+    def __init__(self, n_threads: int = 0) -> None:
+        ggml_threadpool_params_init(self, n_threads)
+
+    def __repr__(self) -> str:
+        return (f"ggml_threadpool_params(n_threads={self.n_threads}, prio={self.prio}, poll={self.poll}, "
+                f"strict_cpu={self.strict_cpu}, paused={self.paused})")
+
+
+def ggml_threadpool_params_init(p: ggml_threadpool_params, n_threads: int) -> None:
+    """Normal priority, hybrid polling (50), no strict placement, not paused, an all-zero cpumask
+    (the default affinity)."""
+    p.n_threads = n_threads
+    p.prio = GGML_SCHED_PRIO_NORMAL
+    p.poll = 50
+    p.strict_cpu = False
+    p.paused = False
+    p.cpumask = np.zeros(GGML_MAX_N_THREADS, dtype=bool)
+
+
+def ggml_threadpool_params_default(n_threads: int) -> ggml_threadpool_params:
+    return ggml_threadpool_params(n_threads)
+
+
+def ggml_threadpool_params_match(p0: ggml_threadpool_params, p1: ggml_threadpool_params) -> bool:
+    """Equal n_threads, prio, poll, strict_cpu and cpumask (`paused` is not compared)."""
+    return (p0.n_threads == p1.n_threads and p0.prio == p1.prio and p0.poll == p1.poll
+            and p0.strict_cpu == p1.strict_cpu and bool(np.array_equal(p0.cpumask, p1.cpumask)))
+
+
+class Threadpool:
+    """struct ggml_threadpool: the engine computes with its own worker pool (engine/compute/
+    threadpool.py); this object carries what ggml's does for planning — the thread count — and
+    the paused flag that pause/resume toggle."""
+
+    def __init__(self, params: ggml_threadpool_params) -> None:
+        ggml_assert(0 < params.n_threads <= GGML_MAX_N_THREADS,
+                    "tpp->n_threads > 0 && tpp->n_threads <= GGML_MAX_N_THREADS", "ggml_threadpool_new")
+        self.n_threads = params.n_threads
+        self.paused = bool(params.paused)
+        self.params = params
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"<ggml_threadpool n_threads={self.n_threads} paused={self.paused}>"
+
+
+def ggml_threadpool_new(params: ggml_threadpool_params) -> Threadpool:
+    return Threadpool(params)
+
+
+def ggml_threadpool_free(threadpool: Threadpool | None) -> None:
+    if threadpool is not None:
+        threadpool.freed = True
+
+
+def ggml_threadpool_pause(threadpool: Threadpool) -> None:
+    threadpool.paused = True
+
+
+def ggml_threadpool_resume(threadpool: Threadpool) -> None:
+    threadpool.paused = False
+
+
+def ggml_threadpool_get_n_threads(threadpool: Threadpool) -> int:
+    return threadpool.n_threads

@@ -127,8 +127,8 @@ def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,
                     threadpool: Any = None) -> CPlan:
     """ggml_graph_plan: threads = min(most tasks of any node, n_threads); the largest work size
     plus one cache line per thread."""
-    if n_threads <= 0:
-        n_threads = GGML_DEFAULT_N_THREADS
+    if n_threads <= 0:  # a threadpool's thread count when one is given
+        n_threads = threadpool.n_threads if threadpool is not None else GGML_DEFAULT_N_THREADS
     work_size, max_tasks, per_node = 0, 1, []
     for node in cgraph.nodes:
         n_tasks = ggml_get_n_tasks(node, n_threads)

@@ -32,7 +32,6 @@ CPU_H = [  # the functions of ggml-cpu.h (ggml 0.15.3)
     "ggml_cpu_fp16_to_fp32", "ggml_cpu_fp32_to_bf16", "ggml_cpu_bf16_to_fp32",
 ]
 NOT_BUILT = {  # still missing from engine.ggml_cpu (issue 13)
-    "ggml_threadpool_new", "ggml_threadpool_free", "ggml_threadpool_pause", "ggml_threadpool_resume",
     "ggml_get_type_traits_cpu", "ggml_backend_cpu_set_threadpool", "ggml_backend_cpu_set_abort_callback",
     "ggml_backend_cpu_set_use_ref", "ggml_backend_cpu_reg",
 }
@@ -106,4 +105,56 @@ def test_nd_access_equals_real_ggml(type_):
             assert ggml_cpu.ggml_get_f32_nd(te, *ix) == real.ggml_get_f32_nd(tr, *ix), ix
             assert ggml_cpu.ggml_get_i32_nd(te, *ix) == real.ggml_get_i32_nd(tr, *ix), ix
     finally:
+        real.ggml_free(ctx_r)
+
+
+def _real_params_view(p):
+    return (p.n_threads, p.prio, p.poll, bool(p.strict_cpu), bool(p.paused), bytes(p.cpumask))
+
+
+def _eng_params_view(p):
+    return (p.n_threads, p.prio, p.poll, p.strict_cpu, p.paused, p.cpumask.astype(np.uint8).tobytes())
+
+
+def test_threadpool_params_equal_real_ggml():
+    for n in (1, 2, 7):
+        assert _eng_params_view(ggml_cpu.ggml_threadpool_params_default(n)) == \
+            _real_params_view(real.ggml_threadpool_params_default(n))
+    e0, e1 = ggml_cpu.ggml_threadpool_params_default(4), ggml_cpu.ggml_threadpool_params_default(4)
+    r0, r1 = real.ggml_threadpool_params_default(4), real.ggml_threadpool_params_default(4)
+    cases = [("paused", True), ("poll", 0), ("prio", 2), ("strict_cpu", True), ("n_threads", 3), ("cpumask", 5)]
+    for field, value in cases:
+        ggml_cpu.ggml_threadpool_params_init(e1, 4)
+        real.ggml_threadpool_params_init(ctypes.byref(r1), 4)
+        if field == "cpumask":
+            e1.cpumask[value] = True
+            r1.cpumask[value] = True
+        else:
+            setattr(e1, field, value)
+            setattr(r1, field, value)
+        assert ggml_cpu.ggml_threadpool_params_match(e0, e1) == \
+            real.ggml_threadpool_params_match(ctypes.byref(r0), ctypes.byref(r1)), field
+
+
+def test_graph_plan_takes_the_threadpool_thread_count():
+    ctx_e = eng.ggml_init(eng.ggml_init_params(1 << 20))
+    ctx_r = real.ggml_init(real.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
+    tp_r = real.ggml_threadpool_new(ctypes.byref(real.ggml_threadpool_params_default(3)))
+    tp_e = ggml_cpu.ggml_threadpool_new(ggml_cpu.ggml_threadpool_params_default(3))
+    try:
+        ge, gr = eng.ggml_new_graph(ctx_e), real.ggml_new_graph(ctx_r)
+        eng.ggml_build_forward_expand(ge, eng.ggml_mul_mat(ctx_e, eng.ggml_new_tensor_2d(ctx_e, 1, 64, 64),
+                                                           eng.ggml_new_tensor_2d(ctx_e, 0, 64, 8)))
+        real.ggml_build_forward_expand(gr, real.ggml_mul_mat(ctx_r, real.ggml_new_tensor_2d(ctx_r, 1, 64, 64),
+                                                             real.ggml_new_tensor_2d(ctx_r, 0, 64, 8)))
+        for n_threads, e_tp, r_tp in [(-1, tp_e, tp_r), (2, tp_e, tp_r), (-1, None, None)]:
+            pe = ggml_cpu.ggml_graph_plan(ge, n_threads, e_tp)
+            pr = real.ggml_graph_plan(gr, n_threads, r_tp)
+            assert (pe.n_threads, pe.work_size) == (pr.n_threads, pr.work_size), n_threads
+        ggml_cpu.ggml_threadpool_pause(tp_e)
+        assert tp_e.paused
+        ggml_cpu.ggml_threadpool_resume(tp_e)
+        assert not tp_e.paused and ggml_cpu.ggml_threadpool_get_n_threads(tp_e) == 3
+    finally:
+        real.ggml_threadpool_free(tp_r)
         real.ggml_free(ctx_r)
