@@ -63,6 +63,7 @@ from engine.compute.threadpool import (
 )
 from engine.backend import (
     ggml_backend_cpu_init,
+    ggml_backend_cpu_reg,
     ggml_backend_is_cpu,
     ggml_backend_cpu_set_n_threads,
     ggml_backend_cpu_buffer_type,
@@ -83,6 +84,7 @@ __all__ = [
     "ggml_backend_cpu_buffer_from_ptr",
     "ggml_backend_cpu_buffer_type",
     "ggml_backend_cpu_init",
+    "ggml_backend_cpu_reg",
     "ggml_backend_cpu_set_n_threads",
     "ggml_backend_is_cpu",
     "ggml_cpu_bf16_to_fp32",

@@ -347,3 +347,194 @@ CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0x
 def ggml_backend_guid(backend: Backend) -> bytes:
     """The CPU backend's 16-byte guid (ggml_backend_cpu_guid)."""
     return CPU_GUID
+
+
+# --- devices and the registry: one registry ("CPU") with one device ---------------------------
+
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_BACKEND_DEVICE_TYPE_GPU = 1
+GGML_BACKEND_DEVICE_TYPE_IGPU = 2
+GGML_BACKEND_DEVICE_TYPE_ACCEL = 3
+
+
+def _host_cpu_description() -> str:
+    """What ggml-cpu reports on Linux: the first "model name" of /proc/cpuinfo, trimmed."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+class Device:
+    """struct ggml_backend_device for the CPU."""
+
+    def __init__(self, reg: "Registry") -> None:
+        self.reg = reg
+        self.name = "CPU"
+        self.description = _host_cpu_description()
+        self.type = GGML_BACKEND_DEVICE_TYPE_CPU
+
+    def __repr__(self) -> str:
+        return f"<ggml_backend_device {self.name}: {self.description}>"
+
+
+class Registry:
+    """struct ggml_backend_reg for the CPU: its devices."""
+
+    def __init__(self) -> None:
+        self.name = "CPU"
+        self.devices = [Device(self)]
+
+    def __repr__(self) -> str:
+        return f"<ggml_backend_reg {self.name} devices={len(self.devices)}>"
+
+
+_CPU_REG = Registry()
+_REGS = [_CPU_REG]
+
+
+def ggml_backend_cpu_reg() -> Registry:
+    return _CPU_REG
+
+
+def ggml_backend_reg_count() -> int:
+    return len(_REGS)
+
+
+def ggml_backend_reg_get(index: int) -> Registry:
+    ggml_assert(0 <= index < len(_REGS), "index < ggml_backend_reg_count()", "ggml_backend_reg_get")
+    return _REGS[index]
+
+
+def ggml_backend_reg_by_name(name: str) -> Registry | None:
+    return next((r for r in _REGS if r.name.lower() == str(name).lower()), None)
+
+
+def ggml_backend_reg_name(reg: Registry) -> str:
+    return reg.name
+
+
+def ggml_backend_reg_dev_count(reg: Registry) -> int:
+    return len(reg.devices)
+
+
+def ggml_backend_reg_dev_get(reg: Registry, index: int) -> Device:
+    return reg.devices[index]
+
+
+def ggml_backend_dev_count() -> int:
+    return sum(len(r.devices) for r in _REGS)
+
+
+def ggml_backend_dev_get(index: int) -> Device:
+    devs = [d for r in _REGS for d in r.devices]
+    ggml_assert(0 <= index < len(devs), "index < ggml_backend_dev_count()", "ggml_backend_dev_get")
+    return devs[index]
+
+
+def ggml_backend_dev_by_name(name: str) -> Device | None:
+    return next((d for r in _REGS for d in r.devices if d.name.lower() == str(name).lower()), None)
+
+
+def ggml_backend_dev_by_type(type_: int) -> Device | None:
+    return next((d for r in _REGS for d in r.devices if d.type == type_), None)
+
+
+def ggml_backend_dev_name(dev: Device) -> str:
+    return dev.name
+
+
+def ggml_backend_dev_description(dev: Device) -> str:
+    return dev.description
+
+
+def ggml_backend_dev_type(dev: Device) -> int:
+    return dev.type
+
+
+def ggml_backend_dev_backend_reg(dev: Device) -> Registry:
+    return dev.reg
+
+
+def ggml_backend_dev_buffer_type(dev: Device) -> BufferType:
+    return _CPU_BUFT
+
+
+def ggml_backend_dev_init(dev: Device, params: str | None = None) -> Backend:
+    return ggml_backend_cpu_init()
+
+
+def ggml_backend_dev_supports_buft(dev: Device, buft: BufferType) -> bool:
+    """The CPU device uses host buffers."""
+    return buft.is_host
+
+
+def ggml_backend_dev_buffer_from_host_ptr(dev: Device, data, size: int, max_tensor_size: int = 0) -> Buffer:
+    return ggml_backend_cpu_buffer_from_ptr(data, size)
+
+
+def ggml_backend_get_device(backend: Backend) -> Device:
+    return _CPU_REG.devices[0]
+
+
+def ggml_backend_buft_get_device(buft: BufferType) -> Device:
+    return _CPU_REG.devices[0]
+
+
+def ggml_backend_supports_buft(backend: Backend, buft: BufferType) -> bool:
+    return ggml_backend_dev_supports_buft(ggml_backend_get_device(backend), buft)
+
+
+def ggml_backend_init_by_name(name: str, params: str | None = None) -> Backend | None:
+    dev = ggml_backend_dev_by_name(name)
+    return None if dev is None else ggml_backend_dev_init(dev, params)
+
+
+def ggml_backend_init_by_type(type_: int, params: str | None = None) -> Backend | None:
+    dev = ggml_backend_dev_by_type(type_)
+    return None if dev is None else ggml_backend_dev_init(dev, params)
+
+
+def ggml_backend_init_best() -> Backend | None:
+    """A GPU, else an integrated GPU, else the CPU: here always the CPU."""
+    dev = (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)
+           or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU))
+    return None if dev is None else ggml_backend_dev_init(dev, None)
+
+
+def ggml_backend_load_all() -> str:
+    """Loads nothing: the engine has one backend, the CPU, built in (real ggml scans for
+    libggml-*.so backends here)."""
+    return "ggml_backend_load_all: the engine has only its built-in CPU backend; nothing to load"
+
+
+# --- graph plans ------------------------------------------------------------------------------
+
+class GraphPlan:
+    """ggml_backend_graph_plan_t of the CPU backend: a cplan and its work buffer for one graph."""
+
+    def __init__(self, backend: Backend, cgraph) -> None:
+        from engine.compute.plan import ggml_graph_plan
+        self.cgraph = cgraph
+        self.cplan = ggml_graph_plan(cgraph, backend.n_threads)
+        self.work = Buffer(_CPU_BUFT, self.cplan.work_size) if self.cplan.work_size > 0 else None
+        if self.work is not None:
+            self.cplan.work_data = self.work.base
+
+
+def ggml_backend_graph_plan_create(backend: Backend, cgraph) -> GraphPlan:
+    return GraphPlan(backend, cgraph)
+
+
+def ggml_backend_graph_plan_compute(backend: Backend, plan: GraphPlan) -> int:
+    from engine.compute.threadpool import ggml_graph_compute
+    return ggml_graph_compute(plan.cgraph, plan.cplan)
+
+
+def ggml_backend_graph_plan_free(backend: Backend, plan: GraphPlan) -> None:
+    ggml_backend_buffer_free(plan.work)
+    plan.work = None

@@ -168,3 +168,42 @@ def test_tensor_copy_and_memset():
     with pytest.raises(GGMLAssertionError, match="cannot copy tensors with different layouts"):
         be.ggml_backend_tensor_copy(a, b)
     be.ggml_backend_buffer_free(buf2)
+
+
+def test_registry_and_device_equal_real_ggml():
+    assert be.ggml_backend_reg_count() == real.ggml_backend_reg_count()
+    assert be.ggml_backend_dev_count() == real.ggml_backend_dev_count()
+    for i in range(real.ggml_backend_reg_count()):
+        rr, er = real.ggml_backend_reg_get(i), be.ggml_backend_reg_get(i)
+        assert be.ggml_backend_reg_name(er) == real.ggml_backend_reg_name(rr).decode()
+        assert be.ggml_backend_reg_dev_count(er) == real.ggml_backend_reg_dev_count(rr)
+    for i in range(real.ggml_backend_dev_count()):
+        rd, ed = real.ggml_backend_dev_get(i), be.ggml_backend_dev_get(i)
+        assert be.ggml_backend_dev_name(ed) == real.ggml_backend_dev_name(rd).decode()
+        assert be.ggml_backend_dev_description(ed) == real.ggml_backend_dev_description(rd).decode()
+        assert be.ggml_backend_dev_type(ed) == real.ggml_backend_dev_type(rd)
+        assert be.ggml_backend_buft_name(be.ggml_backend_dev_buffer_type(ed)) == \
+            real.ggml_backend_buft_name(real.ggml_backend_dev_buffer_type(rd)).decode()
+    for t in (be.GGML_BACKEND_DEVICE_TYPE_CPU, be.GGML_BACKEND_DEVICE_TYPE_GPU):
+        assert (be.ggml_backend_dev_by_type(t) is None) == (not real.ggml_backend_dev_by_type(t))
+    for name in ("CPU", "cpu", "CUDA0"):
+        assert (be.ggml_backend_dev_by_name(name) is None) == (not real.ggml_backend_dev_by_name(name.encode()))
+        assert (be.ggml_backend_init_by_name(name, None) is None) == \
+            (not real.ggml_backend_init_by_name(name.encode(), None))
+    rb = real.ggml_backend_init_best()
+    assert be.ggml_backend_name(be.ggml_backend_init_best()) == real.ggml_backend_name(rb).decode()
+    assert be.ggml_backend_supports_buft(be.ggml_backend_cpu_init(), be.ggml_backend_cpu_buffer_type()) == \
+        real.ggml_backend_supports_buft(rb, real.ggml_backend_get_default_buffer_type(rb))
+    real.ggml_backend_free(rb)
+
+
+def test_graph_plan_compute_equals_graph_compute():
+    out_e, _, (backend, ctx, a, b, result, buf, galloc) = run_engine(33, 17, 9, seed=2)
+    be.ggml_backend_tensor_memset(result, 0, 0, eng.ggml_nbytes(result))
+    gf = eng.ggml_new_graph(eng.ggml_init(eng.ggml_init_params(eng.ggml_graph_overhead(), None, True)))
+    eng.ggml_build_forward_expand(gf, result)
+    plan = be.ggml_backend_graph_plan_create(backend, gf)
+    assert be.ggml_backend_graph_plan_compute(backend, plan) == 0
+    be.ggml_backend_graph_plan_free(backend, plan)
+    out_r, _ = run_real(33, 17, 9, seed=2)
+    assert be.ggml_backend_tensor_get(result, 0, eng.ggml_nbytes(result)) == out_r.tobytes() == out_e.tobytes()

@@ -33,7 +33,7 @@ CPU_H = [  # the functions of ggml-cpu.h (ggml 0.15.3)
 ]
 NOT_BUILT = {  # still missing from engine.ggml_cpu (issue 13)
     "ggml_get_type_traits_cpu", "ggml_backend_cpu_set_threadpool", "ggml_backend_cpu_set_abort_callback",
-    "ggml_backend_cpu_set_use_ref", "ggml_backend_cpu_reg",
+    "ggml_backend_cpu_set_use_ref",
 }
 
 
