@@ -29,7 +29,9 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
 
 # The oracle (ggml-python builds ggml from source) is built for AVX2+FMA+F16C whatever the CPU:
 # the engine reproduces that build's arithmetic bit for bit, so -march=native must not vary it.
-ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF
+# It includes ggml's RPC backend: a real second backend whose buffers are not host memory, served
+# on loopback by the scheduler tests (tests/support/rpc_server.py).
+ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_RPC=ON
 # Real llama.cpp, the oracle for the model tests: the same AVX2 build; its multimodal library
 # (mtmd), which the tests never load, is left out (it is most of the ~17 minutes pip would take).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF

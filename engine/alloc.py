@@ -7,8 +7,11 @@ and when a tensor's bytes return to the free list. The result is the plan real g
 each tensor's `data` field (buffer base + offset) and the size of the compute buffer it
 allocates; `tests/conformance/test_alloc.py` checks both against real ggml.
 
-Backend buffers (engine/backend/) are not built yet, so `plan_graph` does not write `data` into
-tensors: it returns the plan. The algorithm, in ggml's order:
+`GraphAllocator.reserve` is ggml_gallocr_reserve_n: it plans the graph, remembers for each node
+(by its index in the graph) and each of its sources where they go, and (re)allocates the compute
+buffers when a chunk must grow; `ggml_gallocr_alloc_graph` then writes `buffer` and `data` into
+the tensors from that plan, planning again only when the graph no longer fits it. The planning
+algorithm, in ggml's order:
 
 - leafs first, then inputs (nodes and sources flagged INPUT), then for each node: its sources,
   then the node itself, then each source loses a child and is freed when it has no children and
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine import backend as be
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor, ggml_nbytes
@@ -53,20 +57,7 @@ def _pad(size: int, alignment: int) -> int:
     return size + (alignment - size % alignment) % alignment
 
 
-@dataclass
-class BufferTypeInfo:
-    """What the allocator asks of a buffer type: alignment, max buffer size, alloc size of a tensor.
-
-    The CPU buffer type: 32-byte alignment (TENSOR_ALIGNMENT), no max size, ggml_nbytes."""
-    name: str = "CPU"
-    alignment: int = 32
-    max_size: int = SIZE_MAX
-
-    def alloc_size(self, t: Tensor) -> int:
-        return ggml_nbytes(t)
-
-
-CPU_BUFT = BufferTypeInfo()
+CPU_BUFT = be.ggml_backend_cpu_buffer_type()
 
 
 @dataclass
@@ -195,13 +186,15 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
 class GraphAllocator:
     """ggml_gallocr's planning state: one dynamic allocator per distinct buffer type."""
 
-    def __init__(self, bufts: list[BufferTypeInfo]) -> None:
+    def __init__(self, bufts: list) -> None:
         self.bufts = list(bufts)
         self.tallocs: list[DynAllocator] = []
         for i, b in enumerate(self.bufts):
             shared = next((self.tallocs[j] for j in range(i) if self.bufts[j] is b), None)
             self.tallocs.append(shared or DynAllocator(b.alignment, b.max_size))
-        self.buffer_sizes: list[list[int] | None] = [None] * len(self.bufts)  # allocated chunk sizes
+        self.buffers: list[list | None] = [None] * len(self.bufts)  # per buffer id: one buffer per chunk
+        self.node_allocs: list[tuple[TensorAlloc, tuple[TensorAlloc, ...]]] = []
+        self.leaf_allocs: list[TensorAlloc] = []
         self.plan: GraphPlan | None = None
 
     # -- the pass over the graph --
@@ -215,7 +208,7 @@ class GraphAllocator:
         return self._hn(t).allocated
 
     def _is_allocated(self, t: Tensor) -> bool:
-        return t.data is not None or t._r["buffer"][0] != 0 or self._is_own(t)
+        return t.data is not None or be.buffer_field(t) != 0 or self._is_own(t)
 
     def _free_extra(self, node: Tensor, parent: Tensor) -> None:
         hn, p_hn = self._hn(node), self._hn(parent)
@@ -314,37 +307,98 @@ class GraphAllocator:
                     elif p_hn.allocated:
                         self._free(parent)
 
-    def reserve(self, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> GraphPlan:
-        """ggml_gallocr_reserve_n without the buffers: run the pass, keep the plan and the sizes."""
+    def _tensor_alloc(self, t: Tensor | None) -> TensorAlloc:
+        if t is None or t.view_src is not None or t.data is not None:
+            return NO_ALLOC
+        hn = self._hn(t)
+        return TensorAlloc(hn.buffer_id, hn.addr[0], hn.addr[1], self.bufts[hn.buffer_id].alloc_size(t))
+
+    def reserve(self, graph, node_buffer_ids=None, leaf_buffer_ids=None, no_alloc: bool = False) -> GraphPlan:
+        """ggml_gallocr_reserve_n: plan the graph, remember each node's and leaf's place by index,
+        and reallocate each buffer whose chunks must grow (with no_alloc: forget it instead)."""
         for t in self.tallocs:
             t.reset()
         self._pass(graph, node_buffer_ids, leaf_buffer_ids)
-        plan = GraphPlan(decisions=self._decisions)
-        for t in list(graph.leafs) + list(graph.nodes) + [s for n in graph.nodes for s in n.src if s is not None]:
-            if t.view_src is None and t.data is None and t in self._hash and t not in plan.addresses:
-                hn = self._hash[t]
-                if t._r["buffer"][0] == 0:
-                    plan.addresses[t] = (hn.buffer_id, hn.addr[0], hn.addr[1])
+        nodes, leafs = graph.nodes, graph.leafs
+        self.node_allocs = [(self._tensor_alloc(n), tuple(self._tensor_alloc(s) for s in n.src)) for n in nodes]
+        self.leaf_allocs = [self._tensor_alloc(leaf) for leaf in leafs]
         for i, talloc in enumerate(self.tallocs):
             shared = next((j for j in range(i) if self.tallocs[j] is talloc), None)
-            new = [c.max_size for c in talloc.chunks]
             if shared is not None:
-                self.buffer_sizes[i] = self.buffer_sizes[shared]
-            else:
-                cur = self.buffer_sizes[i]
-                grow = cur is None or any(s > (cur[c] if c < len(cur) else 0) for c, s in enumerate(new))
-                if grow:
-                    self.buffer_sizes[i] = new
-            plan.chunk_sizes.append(list(self.buffer_sizes[i] or []))
+                self.buffers[i] = self.buffers[shared]
+            cur = self.buffers[i]
+            new = [c.max_size for c in talloc.chunks]
+            grow = cur is None or any(s > (cur[c].size if c < len(cur) else 0) for c, s in enumerate(new))
+            if grow:
+                for buf in cur or []:
+                    be.ggml_backend_buffer_free(buf)
+                self.buffers[i] = None if no_alloc else self._vbuffer(self.bufts[i], new)
+        plan = GraphPlan(decisions=self._decisions)
+        for t in list(leafs) + list(nodes) + [s for n in nodes for s in n.src if s is not None]:
+            if t.view_src is None and t.data is None and t in self._hash and t not in plan.addresses:
+                if be.buffer_field(t) == 0:
+                    hn = self._hash[t]
+                    plan.addresses[t] = (hn.buffer_id, hn.addr[0], hn.addr[1])
+        plan.chunk_sizes = [[c.max_size for c in t.chunks] for t in self.tallocs]
         self.plan = plan
         return plan
 
+    @staticmethod
+    def _vbuffer(buft, chunk_sizes: list[int]) -> list:
+        """ggml_vbuffer_alloc: one backend buffer per chunk, for compute."""
+        bufs = [be.ggml_backend_buft_alloc_buffer(buft, size) for size in chunk_sizes]
+        for buf in bufs:
+            be.ggml_backend_buffer_set_usage(buf, be.GGML_BACKEND_BUFFER_USAGE_COMPUTE)
+        return bufs
 
-def ggml_gallocr_new_n(bufts: list[BufferTypeInfo]) -> GraphAllocator:
+    def _fits(self, t: Tensor, ta: TensorAlloc) -> bool:
+        """ggml_gallocr_node_needs_realloc (true when the remembered place still holds t)."""
+        size = 0
+        if t.data is None and t.view_src is None:
+            if ta.buffer_id < 0:
+                return False
+            size = self.bufts[ta.buffer_id].alloc_size(t)
+        return ta.size_max >= size
+
+    def needs_realloc(self, graph) -> bool:
+        nodes = graph.nodes
+        if len(nodes) != len(self.node_allocs) or len(graph.leafs) != len(self.leaf_allocs):
+            return True
+        for node, (dst, srcs) in zip(nodes, self.node_allocs):
+            if not self._fits(node, dst):
+                return True
+            if any(s is not None and not self._fits(s, sa) for s, sa in zip(node.src, srcs)):
+                return True
+        return False
+
+    def init_tensor(self, t: Tensor, ta: TensorAlloc) -> None:
+        """ggml_gallocr_init_tensor: a view takes its view_src's buffer; a tensor without data
+        takes its remembered place."""
+        if t.view_src is not None:
+            if be.buffer_field(t) == 0 and be.buffer_field(t.view_src) != 0:
+                be.ggml_backend_view_init(t)
+        elif t.data is None:
+            buf = self.buffers[ta.buffer_id][ta.chunk]
+            be.ggml_backend_tensor_alloc(buf, t, buf.base + ta.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorAlloc:
+    """Where the plan put one tensor (struct tensor_alloc): size_max 0 = pre-allocated or a view."""
+    buffer_id: int
+    chunk: int
+    offset: int
+    size_max: int
+
+
+NO_ALLOC = TensorAlloc(-1, -1, SIZE_MAX, 0)
+
+
+def ggml_gallocr_new_n(bufts: list) -> GraphAllocator:
     return GraphAllocator(bufts)
 
 
-def ggml_gallocr_new(buft: BufferTypeInfo = CPU_BUFT) -> GraphAllocator:
+def ggml_gallocr_new(buft=CPU_BUFT) -> GraphAllocator:
     return GraphAllocator([buft])
 
 
@@ -358,84 +412,51 @@ def ggml_gallocr_reserve(galloc: GraphAllocator, graph) -> bool:
 
 
 def ggml_gallocr_reserve_n_size(galloc: GraphAllocator, graph, node_buffer_ids, leaf_buffer_ids) -> list[int]:
-    """The size each buffer would need for this graph (the sum of its chunks' high-water marks)."""
-    for t in galloc.tallocs:
-        t.reset()
-    galloc._pass(graph, node_buffer_ids, leaf_buffer_ids)
+    """The size each buffer would need for this graph (the sum of its chunks' high-water marks);
+    no buffer is allocated."""
+    galloc.reserve(graph, node_buffer_ids, leaf_buffer_ids, no_alloc=True)
     return [sum(c.max_size for c in t.chunks) for t in galloc.tallocs]
 
 
 def ggml_gallocr_get_buffer_size(galloc: GraphAllocator, buffer_id: int) -> int:
     ggml_assert(0 <= buffer_id < len(galloc.bufts), "buffer_id >= 0 && buffer_id < galloc->n_buffers",
                 "ggml_gallocr_get_buffer_size")
-    sizes = galloc.buffer_sizes[buffer_id]
-    if sizes is None:
+    bufs = galloc.buffers[buffer_id]
+    if bufs is None:
         return 0
-    for j in range(buffer_id):  # a buffer shared with an earlier id is counted there
-        if galloc.buffer_sizes[j] is sizes:
-            return 0
-    return sum(sizes)
+    if any(galloc.buffers[j] is bufs for j in range(buffer_id)):
+        return 0  # shared with an earlier id (the same buffer type twice): counted there
+    return sum(b.size for b in bufs)
 
 
 def ggml_gallocr_alloc_graph(galloc: GraphAllocator, graph) -> bool:
-    """Plan the graph (a single-buffer gallocr reserves on its own), make the compute buffer(s),
-    and write each tensor's `buffer` and `data`: planned tensors at base + offset, views through
-    ggml_backend_view_init.
-
-    Unlike ggml, the plan is recomputed for every call rather than reused by node index when the
-    graph still fits; for the same graph the placements are the same."""
-    from engine import backend as be
-    ggml_assert(len(galloc.bufts) == 1 or galloc.plan is not None,
-                "galloc->n_buffers == 1 (cannot reallocate multiple buffers automatically)",
-                "ggml_gallocr_alloc_graph")
-    plan = galloc.reserve(graph)
-    if not hasattr(galloc, "buffers"):
-        galloc.buffers = [None] * len(galloc.bufts)
-    for i, sizes in enumerate(plan.chunk_sizes):
-        cur = galloc.buffers[i]
-        if cur is None or [b.size for b in cur] != sizes:
-            for b in cur or []:
-                be.ggml_backend_buffer_free(b)
-            galloc.buffers[i] = [be.Buffer(_as_buft(galloc.bufts[i]), s) for s in sizes]
-            for b in galloc.buffers[i]:
-                b.usage = be.GGML_BACKEND_BUFFER_USAGE_COMPUTE
-    def init(t):
-        if t.data is not None or be.buffer_field(t) != 0:
-            return
-        if t.view_src is not None:
-            if be.buffer_field(t.view_src) != 0 and t.view_src.data is not None:
-                be.ggml_backend_view_init(t)
-            return
-        got = plan.addresses.get(t)
-        if got is not None:
-            buf = galloc.buffers[got[0]][got[1]]
-            be.ggml_backend_tensor_alloc(buf, t, buf.base + got[2])
-    for leaf in graph.leafs:
-        init(leaf)
-    for node in graph.nodes:
-        for s in node.src:
+    """Write `buffer` and `data` into the graph's tensors from the reserved plan. When the graph
+    no longer fits the plan, a single-buffer gallocr reserves again; one with several buffers
+    returns False (the caller must reserve with the buffer ids, as the scheduler does)."""
+    if galloc.needs_realloc(graph):
+        if len(galloc.bufts) != 1:
+            return False
+        galloc.reserve(graph)
+    for bufs in galloc.buffers:
+        for buf in bufs or []:
+            be.ggml_backend_buffer_reset(buf)
+    for leaf, ta in zip(graph.leafs, galloc.leaf_allocs):
+        galloc.init_tensor(leaf, ta)
+    for node, (dst, srcs) in zip(graph.nodes, galloc.node_allocs):
+        for s, sa in zip(node.src, srcs):
             if s is not None:
-                if s.view_src is not None:
-                    init(s.view_src)
-                init(s)
-        if node.view_src is not None:
-            init(node.view_src)
-        init(node)
+                galloc.init_tensor(s, sa)
+        galloc.init_tensor(node, dst)
     return True
 
 
-def _as_buft(info):
-    from engine import backend as be
-    return info if isinstance(info, be.BufferType) else be.BufferType(info.name, info.alignment, info.max_size)
-
-
 def ggml_gallocr_free(galloc: GraphAllocator | None) -> None:
-    from engine import backend as be
     if galloc is None:
         return
-    for bufs in getattr(galloc, "buffers", []):
-        for b in bufs or []:
-            be.ggml_backend_buffer_free(b)
+    for i, bufs in enumerate(galloc.buffers):
+        if bufs is not None and not any(galloc.buffers[j] is bufs for j in range(i)):
+            for b in bufs:
+                be.ggml_backend_buffer_free(b)
     galloc.buffers = [None] * len(galloc.bufts)
 
 
@@ -456,7 +477,6 @@ def ggml_tallocr_new(buffer) -> Tallocr:
 
 
 def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
-    from engine import backend as be
     size = _pad(talloc.buffer.buft.alloc_size(t), talloc.alignment)
     ggml_assert(talloc.offset + size <= talloc.buffer.size, "not enough space in the buffer",
                 "ggml_tallocr_alloc", f"tensor {t.name} needs {size} bytes, "
@@ -476,7 +496,6 @@ def _ctx_tensors(ctx):
 
 
 def _alloc_range(tensors, buft, size):
-    from engine import backend as be
     buf = be.ggml_backend_buft_alloc_buffer(buft, size)
     talloc = ggml_tallocr_new(buf)
     for t in tensors:
@@ -519,5 +538,4 @@ def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
 
 
 def ggml_backend_alloc_ctx_tensors(ctx, backend):
-    from engine import backend as be
     return ggml_backend_alloc_ctx_tensors_from_buft(ctx, be.ggml_backend_get_default_buffer_type(backend))

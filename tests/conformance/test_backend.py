@@ -170,20 +170,34 @@ def test_tensor_copy_and_memset():
     be.ggml_backend_buffer_free(buf2)
 
 
+def _real_regs():
+    """The oracle's registries but RPC's: the oracle is built with ggml's RPC backend (a second
+    backend for the scheduler tests, tests/support/rpc_server.py); the engine's own second
+    device is a simulated accelerator that a program registers when it wants one."""
+    regs = [real.ggml_backend_reg_get(i) for i in range(real.ggml_backend_reg_count())]
+    return [r for r in regs if real.ggml_backend_reg_name(r) != b"RPC"]
+
+
 def test_registry_and_device_equal_real_ggml():
-    assert be.ggml_backend_reg_count() == real.ggml_backend_reg_count()
-    assert be.ggml_backend_dev_count() == real.ggml_backend_dev_count()
-    for i in range(real.ggml_backend_reg_count()):
-        rr, er = real.ggml_backend_reg_get(i), be.ggml_backend_reg_get(i)
+    regs = _real_regs()
+    assert [real.ggml_backend_reg_name(r) for r in regs] == [b"CPU"]
+    assert be.ggml_backend_reg_count() == len(regs)
+    devs = [real.ggml_backend_reg_dev_get(r, j) for r in regs for j in range(real.ggml_backend_reg_dev_count(r))]
+    assert be.ggml_backend_dev_count() == len(devs)
+    for i, rr in enumerate(regs):
+        er = be.ggml_backend_reg_get(i)
         assert be.ggml_backend_reg_name(er) == real.ggml_backend_reg_name(rr).decode()
         assert be.ggml_backend_reg_dev_count(er) == real.ggml_backend_reg_dev_count(rr)
-    for i in range(real.ggml_backend_dev_count()):
-        rd, ed = real.ggml_backend_dev_get(i), be.ggml_backend_dev_get(i)
+    for i, rd in enumerate(devs):
+        ed = be.ggml_backend_dev_get(i)
         assert be.ggml_backend_dev_name(ed) == real.ggml_backend_dev_name(rd).decode()
         assert be.ggml_backend_dev_description(ed) == real.ggml_backend_dev_description(rd).decode()
         assert be.ggml_backend_dev_type(ed) == real.ggml_backend_dev_type(rd)
         assert be.ggml_backend_buft_name(be.ggml_backend_dev_buffer_type(ed)) == \
             real.ggml_backend_buft_name(real.ggml_backend_dev_buffer_type(rd)).decode()
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        real.ggml_backend_dev_memory(rd, ctypes.byref(free), ctypes.byref(total))
+        assert be.ggml_backend_dev_memory(ed) == (free.value, total.value)
     for t in (be.GGML_BACKEND_DEVICE_TYPE_CPU, be.GGML_BACKEND_DEVICE_TYPE_GPU):
         assert (be.ggml_backend_dev_by_type(t) is None) == (not real.ggml_backend_dev_by_type(t))
     for name in ("CPU", "cpu", "CUDA0"):

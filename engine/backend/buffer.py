@@ -1,0 +1,287 @@
+"""ggml-backend's buffer types, buffers with real bytes, and tensor data movement.
+
+A buffer (`struct ggml_backend_buffer`) is a numpy byte region mapped in the program's simulated
+address space like a context pool, at a 64-byte aligned base; its struct gets an address of its
+own, which is what `ggml_backend_tensor_alloc` writes into a tensor's `buffer` field, while `data`
+becomes base + offset — the two fields real ggml writes. Computing a graph goes through the
+engine's compute (ggml_graph_plan + ggml_graph_compute) with the work buffer in a buffer of its
+own, as the CPU backend's graph_compute does with its work_data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.context import current_address_space
+from engine.errors import ggml_assert
+from engine.tensor import Tensor, ggml_nbytes
+
+TENSOR_ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp)
+SIZE_MAX = (1 << 64) - 1
+
+GGML_BACKEND_BUFFER_USAGE_ANY = 0
+GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 1
+GGML_BACKEND_BUFFER_USAGE_COMPUTE = 2
+
+
+class BufferType:
+    """struct ggml_backend_buffer_type: how buffers of one kind are made and what they hold."""
+
+    def __init__(self, name: str = "CPU", alignment: int = TENSOR_ALIGNMENT, max_size: int = SIZE_MAX,
+                 is_host: bool = True) -> None:
+        self.name, self.alignment, self.max_size, self.is_host = name, alignment, max_size, is_host
+        self.device = None  # set by the Device that allocates this buffer type
+
+    def alloc_size(self, t: Tensor) -> int:
+        return ggml_nbytes(t)
+
+    def __repr__(self) -> str:
+        return f"<ggml_backend_buffer_type {self.name} alignment={self.alignment}>"
+
+
+_CPU_BUFT = BufferType()
+
+
+class _Struct:
+    """The host memory holding a buffer's struct: gives the struct its own simulated address."""
+
+    def __init__(self) -> None:
+        self.pool = np.zeros(64, dtype=np.uint8)
+        self.mem_size = 64
+        self.space = current_address_space()
+        self.base = self.space.place(self, 64)
+
+
+class Buffer:
+    """struct ggml_backend_buffer: `size` bytes at a simulated, aligned `base`."""
+
+    def __init__(self, buft: BufferType, size: int, data: np.ndarray | None = None) -> None:
+        self.buft, self.size = buft, size
+        self.usage = GGML_BACKEND_BUFFER_USAGE_ANY
+        self.pool = np.zeros(max(size, 1), dtype=np.uint8) if data is None else data
+        self.mem_size = self.pool.size
+        self.space = current_address_space()
+        self.base = self.space.place(self, self.mem_size)  # 1 MiB aligned: any alignment holds
+        self.struct = _Struct()
+        self.address = self.struct.base  # what a tensor's `buffer` field holds
+        _BUFFERS[self.address] = self
+        self.freed = False
+
+    def __repr__(self) -> str:
+        return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"
+
+
+_BUFFERS: dict[int, Buffer] = {}
+
+
+def tensor_buffer(t: Tensor) -> Buffer | None:
+    """The buffer whose address is in t->buffer (None for context tensors)."""
+    return _BUFFERS.get(buffer_field(t))
+
+
+def buffer_field(t: Tensor) -> int:
+    """The address in t->buffer (0: NULL)."""
+    return int(t._r["buffer"][0])
+
+
+# --- buffer types -----------------------------------------------------------------------------
+
+def ggml_backend_cpu_buffer_type() -> BufferType:
+    return _CPU_BUFT
+
+
+def ggml_backend_buft_name(buft: BufferType) -> str:
+    return buft.name
+
+
+def ggml_backend_buft_get_alignment(buft: BufferType) -> int:
+    return buft.alignment
+
+
+def ggml_backend_buft_get_max_size(buft: BufferType) -> int:
+    return buft.max_size
+
+
+def ggml_backend_buft_get_alloc_size(buft: BufferType, t: Tensor) -> int:
+    return buft.alloc_size(t)
+
+
+def ggml_backend_buft_is_host(buft: BufferType) -> bool:
+    return buft.is_host
+
+
+def ggml_backend_buft_alloc_buffer(buft: BufferType, size: int) -> Buffer:
+    return Buffer(buft, size)
+
+
+# --- buffers ----------------------------------------------------------------------------------
+
+def ggml_backend_buffer_name(buf: Buffer) -> str:
+    return buf.buft.name
+
+
+def ggml_backend_buffer_get_base(buf: Buffer) -> int:
+    return buf.base
+
+
+def ggml_backend_buffer_get_size(buf: Buffer) -> int:
+    return buf.size
+
+
+def ggml_backend_buffer_get_alignment(buf: Buffer) -> int:
+    return buf.buft.alignment
+
+
+def ggml_backend_buffer_get_max_size(buf: Buffer) -> int:
+    return buf.buft.max_size
+
+
+def ggml_backend_buffer_get_alloc_size(buf: Buffer, t: Tensor) -> int:
+    return buf.buft.alloc_size(t)
+
+
+def ggml_backend_buffer_get_type(buf: Buffer) -> BufferType:
+    return buf.buft
+
+
+def ggml_backend_buffer_is_host(buf: Buffer) -> bool:
+    return buf.buft.is_host
+
+
+def ggml_backend_buffer_set_usage(buf: Buffer, usage: int) -> None:
+    buf.usage = usage
+
+
+def ggml_backend_buffer_get_usage(buf: Buffer) -> int:
+    return buf.usage
+
+
+def ggml_backend_buffer_clear(buf: Buffer, value: int) -> None:
+    buf.pool[:buf.size] = value & 0xFF
+
+
+def ggml_backend_buffer_reset(buf: Buffer) -> None:
+    """The CPU buffer has no per-tensor state to drop."""
+
+
+def ggml_backend_buffer_init_tensor(buf: Buffer, t: Tensor) -> int:
+    """The CPU buffer has no per-tensor setup (no init_tensor callback): success."""
+    return 0
+
+
+def ggml_backend_buffer_free(buf: Buffer | None) -> None:
+    if buf is None or buf.freed:
+        return
+    buf.freed = True
+    buf.space.remove(buf)
+    buf.space.remove(buf.struct)
+    _BUFFERS.pop(buf.address, None)
+
+
+def ggml_backend_cpu_buffer_from_ptr(data: np.ndarray | bytearray, size: int) -> Buffer:
+    """A CPU buffer over memory the caller owns (ggml asserts the pointer is aligned)."""
+    arr = np.frombuffer(data, dtype=np.uint8)
+    ggml_assert(arr.size >= size, "size <= sizeof(ptr)", "ggml_backend_cpu_buffer_from_ptr")
+    return Buffer(_CPU_BUFT, size, arr[:size])
+
+
+# --- tensors in buffers -----------------------------------------------------------------------
+
+def ggml_backend_tensor_alloc(buf: Buffer, t: Tensor, addr: int) -> int:
+    """Place t at address addr of buffer buf: sets t->buffer and t->data."""
+    ggml_assert(buffer_field(t) == 0, "tensor->buffer == NULL", "ggml_backend_tensor_alloc")
+    ggml_assert(t.data is None, "tensor->data == NULL", "ggml_backend_tensor_alloc")
+    ggml_assert(t.view_src is None, "tensor->view_src == NULL", "ggml_backend_tensor_alloc")
+    ggml_assert(buf.base <= addr <= buf.base + buf.size - buf.buft.alloc_size(t),
+                "(char *)addr + ggml_backend_buffer_get_alloc_size(buffer, tensor) <= "
+                "(char *)ggml_backend_buffer_get_base(buffer) + ggml_backend_buffer_get_size(buffer)",
+                "ggml_backend_tensor_alloc")
+    t._r["buffer"] = buf.address
+    t.data = addr
+    return ggml_backend_buffer_init_tensor(buf, t)
+
+
+def ggml_backend_view_init(t: Tensor) -> int:
+    """A view gets its view_src's buffer and data + view_offs."""
+    vs = t.view_src
+    ggml_assert(buffer_field(t) == 0, "tensor->buffer == NULL", "ggml_backend_view_init")
+    ggml_assert(vs is not None, "tensor->view_src != NULL", "ggml_backend_view_init")
+    ggml_assert(buffer_field(vs) != 0, "tensor->view_src->buffer != NULL", "ggml_backend_view_init")
+    ggml_assert(vs.data is not None, "tensor->view_src->data != NULL", "ggml_backend_view_init")
+    t._r["buffer"] = buffer_field(vs)
+    t.data = vs.data + t.view_offs
+    return 0
+
+
+def _tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
+    buf = tensor_buffer(t)
+    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", fn)
+    ggml_assert(t.data is not None, "tensor->data != NULL && \"tensor not allocated\"", fn)
+    ggml_assert(offset + size <= ggml_nbytes(t), "offset + size <= ggml_nbytes(tensor) && \"tensor write out of bounds\""
+                if fn != "ggml_backend_tensor_get" else
+                "offset + size <= ggml_nbytes(tensor) && \"tensor read out of bounds\"", fn)
+    start = t.data - buf.base + offset
+    return buf.pool[start:start + size]
+
+
+def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, size: int) -> None:
+    if size == 0:
+        return
+    src = np.frombuffer(data if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
+                        dtype=np.uint8)
+    _tensor_bytes(t, offset, size, "ggml_backend_tensor_set")[:] = src[:size]
+
+
+def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
+    if size == 0:
+        return b""
+    return _tensor_bytes(t, offset, size, "ggml_backend_tensor_get").tobytes()
+
+
+def ggml_backend_tensor_memset(t: Tensor, value: int, offset: int, size: int) -> None:
+    if size == 0:
+        return
+    _tensor_bytes(t, offset, size, "ggml_backend_tensor_memset")[:] = value & 0xFF
+
+
+def ggml_backend_tensor_set_2d(t: Tensor, data: bytes | np.ndarray, offset: int, size: int, n_copies: int,
+                               stride_tensor: int, stride_data: int) -> None:
+    """n_copies rows of `size` bytes: row i from data + i*stride_data to offset + i*stride_tensor."""
+    raw = data if isinstance(data, (bytes, bytearray)) else np.ascontiguousarray(data).tobytes()
+    for i in range(n_copies):
+        ggml_backend_tensor_set(t, raw[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
+
+
+def ggml_backend_tensor_get_2d(t: Tensor, offset: int, size: int, n_copies: int, stride_tensor: int,
+                               stride_data: int) -> bytes:
+    """The rows ggml_backend_tensor_get_2d writes, laid out stride_data apart (gaps zero)."""
+    out = bytearray(max(0, (n_copies - 1) * stride_data + size) if n_copies else 0)
+    for i in range(n_copies):
+        out[i * stride_data:i * stride_data + size] = ggml_backend_tensor_get(t, offset + i * stride_tensor, size)
+    return bytes(out)
+
+
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    return a.type == b.type and list(a.ne) == list(b.ne) and list(a.nb) == list(b.nb)
+
+
+def ggml_backend_buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
+    """The destination buffer's cpy_tensor: a host buffer copies from another host buffer; false
+    otherwise (the caller then goes through host memory)."""
+    dst_buf, src_buf = tensor_buffer(dst), tensor_buffer(src)
+    if dst_buf is None or src_buf is None or not (dst_buf.buft.is_host and src_buf.buft.is_host):
+        return False
+    n = ggml_nbytes(src)
+    ggml_backend_tensor_set(dst, ggml_backend_tensor_get(src, 0, n), 0, n)
+    return True
+
+
+def ggml_backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy src's bytes into dst (same layout); a no-op when they are the same tensor. Between two
+    non-host buffers without a direct copy the bytes go through host memory, as in ggml."""
+    ggml_assert(_same_layout(src, dst), "ggml_are_same_layout(src, dst) && \"cannot copy tensors with different layouts\"",
+                "ggml_backend_tensor_copy")
+    if src == dst:
+        return
+    n = ggml_nbytes(src)
+    ggml_backend_tensor_set(dst, ggml_backend_tensor_get(src, 0, n), 0, n)
