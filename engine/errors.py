@@ -38,3 +38,15 @@ def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> No
 
 class GGMLNotSupportedError(NotImplementedError):
     """An op (or an op with these types) that this backend does not compute."""
+
+
+class GGMLAbortError(RuntimeError):
+    """GGML_ABORT(message) inside `function`: ggml stops the process; the engine raises."""
+
+    def __init__(self, message: str, function: str) -> None:
+        self.message, self.function = message, function
+        super().__init__(f"{function}: GGML_ABORT: {message}")
+
+
+def ggml_abort(message: str, function: str) -> None:
+    raise GGMLAbortError(message, function)

@@ -21,7 +21,9 @@ from engine.backend.buffer import (
     ggml_backend_cpu_buffer_from_ptr,
     ggml_backend_tensor_copy,
     ggml_backend_tensor_get,
+    ggml_backend_tensor_get_2d,
     ggml_backend_tensor_set,
+    ggml_backend_tensor_set_2d,
 )
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
@@ -236,6 +238,16 @@ def ggml_backend_tensor_set_async(backend: Backend, t, data, offset: int, size: 
 
 def ggml_backend_tensor_get_async(backend: Backend, t, offset: int, size: int) -> bytes:
     return ggml_backend_tensor_get(t, offset, size)
+
+
+def ggml_backend_tensor_set_2d_async(backend: Backend, t, data, offset: int, size: int, n_copies: int,
+                                     stride_tensor: int, stride_data: int) -> None:
+    ggml_backend_tensor_set_2d(t, data, offset, size, n_copies, stride_tensor, stride_data)
+
+
+def ggml_backend_tensor_get_2d_async(backend: Backend, t, offset: int, size: int, n_copies: int,
+                                     stride_tensor: int, stride_data: int) -> bytes:
+    return ggml_backend_tensor_get_2d(t, offset, size, n_copies, stride_tensor, stride_data)
 
 
 def ggml_backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> None:

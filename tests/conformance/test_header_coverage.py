@@ -36,24 +36,9 @@ OTHER_BACKENDS = {  # prefix -> reason
 KEEP = {"ggml_backend_is_cpu"}
 
 NOT_BUILT = {  # ggml-backend.h functions still missing from engine.ggml_backend (issue 13)
-    "ggml_backend_buffer_copy_tensor", "ggml_backend_buffer_init", "ggml_backend_compare_graph_backend",
-    "ggml_backend_dev_get_props", "ggml_backend_dev_host_buffer_type", "ggml_backend_dev_memory",
-    "ggml_backend_dev_offload_op", "ggml_backend_dev_supports_op", "ggml_backend_device_register",
-    "ggml_backend_event_free", "ggml_backend_event_new", "ggml_backend_event_record",
-    "ggml_backend_event_synchronize", "ggml_backend_event_wait", "ggml_backend_graph_copy_",
+    "ggml_backend_buffer_init", "ggml_backend_compare_graph_backend", "ggml_backend_graph_copy_",
     "ggml_backend_graph_copy_free", "ggml_backend_load", "ggml_backend_load_all_from_path",
-    "ggml_backend_multi_buffer_alloc_buffer", "ggml_backend_offload_op", "ggml_backend_reg_get_proc_address",
-    "ggml_backend_register", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_free",
-    "ggml_backend_sched_get_backend", "ggml_backend_sched_get_buffer_size",
-    "ggml_backend_sched_get_buffer_type", "ggml_backend_sched_get_n_backends",
-    "ggml_backend_sched_get_n_copies", "ggml_backend_sched_get_n_splits",
-    "ggml_backend_sched_get_tensor_backend", "ggml_backend_sched_graph_compute",
-    "ggml_backend_sched_graph_compute_async", "ggml_backend_sched_new", "ggml_backend_sched_reserve",
-    "ggml_backend_sched_reserve_size", "ggml_backend_sched_reset", "ggml_backend_sched_set_eval_callback",
-    "ggml_backend_sched_set_tensor_backend", "ggml_backend_sched_split_graph",
-    "ggml_backend_sched_synchronize", "ggml_backend_supports_op", "ggml_backend_tensor_get_2d",
-    "ggml_backend_tensor_get_2d_async", "ggml_backend_tensor_set_2d", "ggml_backend_tensor_set_2d_async",
-    "ggml_backend_unload",
+    "ggml_backend_multi_buffer_alloc_buffer", "ggml_backend_reg_get_proc_address", "ggml_backend_unload",
 }
 
 

@@ -17,6 +17,12 @@ from ggml.utils import to_numpy as real_to_numpy
 
 from engine.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
 
+# ggml-python 0.0.45 declares these functions' pointer results with a NewType of int, which ctypes
+# reads as a 32-bit C int (the pointer is cut in half and crashes when used): read them as pointers.
+for _name in ("ggml_backend_alloc_buffer", "ggml_backend_cpu_buffer_from_ptr", "ggml_backend_cpu_buffer_type",
+              "ggml_backend_sched_get_tensor_backend"):
+    getattr(real, _name).restype = ctypes.c_void_p
+
 
 class RealTensor:
     """A ggml_tensor * from ggml-python, with the C fields readable as attributes."""
