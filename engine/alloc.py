@@ -529,12 +529,11 @@ def ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
 
 def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
     """Every tensor of a no_alloc context without data, in one buffer — or, past the buffer
-    type's max size, in several (ggml wraps them in one multi-buffer; here: the list of them).
-    None when every tensor already has data."""
+    type's max size, in several wrapped in one multi-buffer. None when every tensor already has data."""
     bufs = [_alloc_range(ts, buft, size) for ts, size in _ctx_ranges(ctx, buft)]
     if not bufs:
         return None
-    return bufs[0] if len(bufs) == 1 else bufs
+    return bufs[0] if len(bufs) == 1 else be.ggml_backend_multi_buffer_alloc_buffer(bufs)
 
 
 def ggml_backend_alloc_ctx_tensors(ctx, backend):

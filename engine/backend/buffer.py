@@ -149,6 +149,8 @@ def ggml_backend_buffer_is_host(buf: Buffer) -> bool:
 
 
 def ggml_backend_buffer_set_usage(buf: Buffer, usage: int) -> None:
+    if isinstance(buf, MultiBuffer):  # ggml_backend_multi_buffer_set_usage
+        buf.set_usage(usage)
     buf.usage = usage
 
 
@@ -157,6 +159,9 @@ def ggml_backend_buffer_get_usage(buf: Buffer) -> int:
 
 
 def ggml_backend_buffer_clear(buf: Buffer, value: int) -> None:
+    if isinstance(buf, MultiBuffer):
+        buf.clear(value)
+        return
     buf.pool[:buf.size] = value & 0xFF
 
 
@@ -171,6 +176,9 @@ def ggml_backend_buffer_init_tensor(buf: Buffer, t: Tensor) -> int:
 
 def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     if buf is None or buf.freed:
+        return
+    if isinstance(buf, MultiBuffer):
+        buf.free()
         return
     buf.freed = True
     buf.space.remove(buf)
@@ -285,3 +293,42 @@ def ggml_backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
         return
     n = ggml_nbytes(src)
     ggml_backend_tensor_set(dst, ggml_backend_tensor_get(src, 0, n), 0, n)
+
+
+class MultiBuffer:
+    """A buffer made of several (ggml_backend_multi_buffer_alloc_buffer): what
+    ggml_backend_alloc_ctx_tensors returns when a context's tensors pass the buffer type's max size.
+    Its size is the sum; usage, clear and free reach every part."""
+
+    def __init__(self, buffers: list[Buffer]) -> None:
+        ggml_assert(len(buffers) > 0, "n_buffers > 0", "ggml_backend_multi_buffer_alloc_buffer")
+        self.buffers = list(buffers)
+        self.buft = buffers[0].buft
+        self.size = sum(b.size for b in buffers)
+        self.usage = GGML_BACKEND_BUFFER_USAGE_ANY
+        self.freed = False
+
+    def set_usage(self, usage: int) -> None:
+        self.usage = usage
+        for b in self.buffers:
+            b.usage = usage
+
+    def clear(self, value: int) -> None:
+        for b in self.buffers:
+            b.pool[:] = value & 0xFF
+
+    def free(self) -> None:
+        for b in self.buffers:
+            ggml_backend_buffer_free(b)
+        self.freed = True
+
+    def __repr__(self) -> str:
+        return f"<ggml_backend_buffer multi {self.buft.name} parts={len(self.buffers)} size={self.size}>"
+
+
+def ggml_backend_multi_buffer_alloc_buffer(buffers: list[Buffer], n_buffers: int | None = None) -> MultiBuffer:
+    return MultiBuffer(buffers[:n_buffers] if n_buffers is not None else buffers)
+
+
+def ggml_backend_buffer_is_multi_buffer(buf) -> bool:
+    return isinstance(buf, MultiBuffer)

@@ -460,3 +460,17 @@ def ggml_backend_graph_plan_compute(backend: Backend, plan: GraphPlan) -> int:
 def ggml_backend_graph_plan_free(backend: Backend, plan: GraphPlan) -> None:
     ggml_backend_buffer_free(plan.work)
     plan.work = None
+
+
+def ggml_backend_reg_get_proc_address(reg: Registry, name: str):
+    """The functions a registry hands out by name (the CPU's: set_n_threads, numa, threadpools);
+    None for any other name, as in ggml."""
+    if reg is not _CPU_REG:
+        return None
+    from engine import cpu_api
+    procs = {"ggml_backend_set_n_threads": ggml_backend_cpu_set_n_threads,
+             "ggml_backend_cpu_numa_init": cpu_api.ggml_numa_init,
+             "ggml_backend_cpu_is_numa": cpu_api.ggml_is_numa,
+             "ggml_threadpool_new": cpu_api.ggml_threadpool_new,
+             "ggml_threadpool_free": cpu_api.ggml_threadpool_free}
+    return procs.get(name.decode() if isinstance(name, bytes) else name)

@@ -131,10 +131,14 @@ def test_ctx_tensors_split_past_max_size():
     ts = [eng.ggml_new_tensor_1d(ctx, F32, n) for n in (10, 20, 30, 5)]
     small = be.BufferType("CPU", 32, 128)
     assert alloc.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, small) == 64 + 96 + 128 + 32
-    bufs = alloc.ggml_backend_alloc_ctx_tensors_from_buft(ctx, small)
+    multi = alloc.ggml_backend_alloc_ctx_tensors_from_buft(ctx, small)
+    assert be.ggml_backend_buffer_is_multi_buffer(multi) and be.ggml_backend_buffer_get_size(multi) == 320
+    bufs = multi.buffers
     assert [b.size for b in bufs] == [64, 96, 128, 32]
     assert [be.tensor_buffer(t) for t in ts] == bufs
     assert all(t.data == b.base for t, b in zip(ts, bufs))
+    be.ggml_backend_buffer_set_usage(multi, be.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    assert all(b.usage == be.GGML_BACKEND_BUFFER_USAGE_WEIGHTS for b in bufs)
 
 
 def test_cpu_backend_identity_equals_real_ggml():
