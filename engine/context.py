@@ -275,10 +275,13 @@ def ggml_reset(ctx: Context | None) -> None:
 
 
 def ggml_free(ctx: Context | None) -> None:
-    """ggml_free: release the pool; the context may not be used afterwards."""
+    """ggml_free: the context may not be used afterwards. Its pool is released when the context
+    owns it; a pool the program handed in (mem_buffer) stays the program's memory, so tensors and
+    graphs in it stay readable, as in C (simple-backend frees its graph's context this way)."""
     if ctx is None or ctx.freed:
         return
-    ctx.space.remove(ctx)
+    if ctx.mem_buffer_owned:
+        ctx.space.remove(ctx)
     ctx.freed = True
 
 

@@ -29,9 +29,15 @@ from typing import Any, Callable
 import numpy as np
 
 from engine import ggml as G
+from engine import ggml_alloc as GA
+from engine import ggml_backend as GB
+from engine.backend.buffer import _BUFFERS, Buffer
+from engine.backend.device import Backend
+from engine.backend.sched import COPY_OBSERVER, Sched
 from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.context import AddressSpace, Context, ObjectInfo, fresh_address_space, ggml_used_mem
+from engine.context import (AddressSpace, Context, ObjectInfo, current_address_space, fresh_address_space,
+                            ggml_used_mem)
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
@@ -39,7 +45,8 @@ from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.types import TYPE_TRAITS
 
 STEP_CAP = 20_000
-DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d")  # a runaway program ends with a clear final step instead of a hang
+DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
+                "ggml_backend_tensor_set", "ggml_backend_tensor_memset")  # a runaway program ends with a clear final step instead of a hang
 
 # facade functions that are not steps (pure queries change nothing)
 QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_dims", "ggml_is_",
@@ -48,7 +55,17 @@ QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_d
            "ggml_graph_n_nodes", "ggml_graph_size", "ggml_graph_node", "ggml_used_mem",
            "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
            "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
-           "gguf_get_", "gguf_find_")
+           "gguf_get_", "gguf_find_",
+           # ggml-backend / ggml-alloc queries
+           "ggml_backend_buft_get_", "ggml_backend_buft_name", "ggml_backend_buft_is_", "ggml_backend_buffer_get_",
+           "ggml_backend_buffer_name", "ggml_backend_buffer_is_", "ggml_backend_get_", "ggml_backend_name",
+           "ggml_backend_guid", "ggml_backend_is_", "ggml_backend_supports_", "ggml_backend_offload_op",
+           "ggml_backend_dev_", "ggml_backend_reg_", "ggml_backend_sched_get_", "ggml_backend_tensor_get",
+           "ggml_gallocr_get_", "ggml_backend_alloc_ctx_tensors_from_buft_size")
+# calls that write the `buffer` and `data` fields of many tensor structs (which ones: _struct_writes)
+STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tensors_from_buft",
+                  "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",
+                  "ggml_backend_sched_graph_compute_async")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +126,10 @@ class Step:
     # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
     # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
     same_on_every_cpu: bool = True
+    # backend buffers after the step, as (id, base, size, buffer type name, usage, is_host)
+    buffers: tuple[tuple, ...] = ()
+    # scheduler steps: ((ctx, struct offset), backend name, why) for each tensor the step placed
+    assign: tuple[tuple, ...] = ()
 
     def changes(self) -> dict:
         """The step's changes as plain data (for JSON)."""
@@ -144,6 +165,8 @@ class Trace:
                 if s.same_on_every_cpu else sorted({p.ctx for p in s.patches})
             h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
                            data, s.contexts, s.tensor, shares, s.plan)).encode())
+            if s.buffers or s.assign:
+                h.update(repr((s.buffers, s.assign)).encode())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
 
@@ -153,22 +176,25 @@ class Trace:
         steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
         metas: dict[int, tuple] = {}
+        buffers: dict[int, tuple] = {}
         for s in self.steps[:k + 1]:
             for c in s.contexts:
                 metas[c[0]] = c
+            for b in s.buffers:
+                buffers[b[0]] = b
         flat, ends = self._flat_patches()
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
             if index > ends[k]:
                 break
             start, saved = index, pools_then
-        pools = {cid: _fresh_pool(m[2], saved.get(cid)) for cid, m in metas.items()}
+        pools = {cid: _fresh_pool(m[2], saved.get(cid)) for cid, m in [*metas.items(), *buffers.items()]}
         views = {cid: memoryview(a) for cid, a in pools.items()}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
             if view is not None:
                 view[a:b] = data
-        return State(self, k, metas, pools)
+        return State(self, k, metas, pools, buffers)
 
     def _checkpoints(self) -> list[tuple[int, dict[int, np.ndarray]]]:
         """Copies of every pool at some step boundaries, as (patches before it, pools): one each
@@ -180,7 +206,7 @@ class Trace:
         flat, ends = self._flat_patches()
         sizes: dict[int, int] = {}
         for s in self.steps:
-            for c in s.contexts:
+            for c in (*s.contexts, *s.buffers):
                 sizes[c[0]] = c[2]
         every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
@@ -188,7 +214,7 @@ class Trace:
             pools: dict[int, np.ndarray] = {}
             since, done = 0, 0
             for k, s in enumerate(self.steps):
-                for c in s.contexts:
+                for c in (*s.contexts, *s.buffers):
                     pools.setdefault(c[0], np.zeros(c[2], dtype=np.uint8))
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
@@ -224,11 +250,13 @@ class Trace:
 class State:
     """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
 
-    def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict) -> None:
+    def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict,
+                 buffers: dict[int, tuple] | None = None) -> None:
         self.trace, self.k = trace, k
         self.space = AddressSpace(weak=True)  # the state holds the contexts
         self.contexts = {cid: Context.restored(self.space, cid, m[1], pools[cid], m[3], m[4])
                          for cid, m in sorted(metas.items())}
+        self.buffers = {bid: RestoredBuffer(self.space, b, pools[bid]) for bid, b in sorted((buffers or {}).items())}
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
         return Tensor(self.contexts[ref[0]], ref[1])
@@ -249,17 +277,31 @@ class State:
         return out
 
 
+class RestoredBuffer:
+    """A backend buffer's bytes rebuilt from a trace, mapped at its original address (so tensor
+    data pointers into it resolve)."""
+
+    def __init__(self, space: AddressSpace, meta: tuple, pool: np.ndarray) -> None:
+        self.id, self.base, self.size, self.name, self.usage, self.is_host = meta
+        self.pool, self.mem_size, self.freed = pool, pool.size, False
+        space.place_at(self, self.base)
+
+    def __repr__(self) -> str:
+        return f"<buffer {self.id} {self.name} size={self.size}>"
+
+
 # --- recording -------------------------------------------------------------------------------
 
 def _facade_codes() -> dict[Any, str]:
     """The code objects of the facade's functions that make steps."""
     codes = {}
-    for name in dir(G):
-        fn = getattr(G, name)
-        if callable(fn) and hasattr(fn, "__code__") and (
-                name.startswith(("ggml_", "gguf_")) or name == "set_data"):
-            if not name.startswith(QUERIES):
-                codes[fn.__code__] = name
+    for module in (G, GB, GA):
+        for name in dir(module):
+            fn = getattr(module, name)
+            if callable(fn) and hasattr(fn, "__code__") and (
+                    name.startswith(("ggml_", "gguf_")) or name == "set_data"):
+                if not name.startswith(QUERIES):
+                    codes[fn.__code__] = name
     return codes
 
 
@@ -274,7 +316,9 @@ class Recorder:
         self.codes = _facade_codes()
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
-        self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
+        self.buffers: list[Buffer] = []  # backend buffers, found as they appear
+        self.buffer_meta: dict[int, tuple] = {}
+        self.shadow: dict[int, np.ndarray] = {}  # each pool (and buffer) as of the last step
         self.cpu_dependent: dict[int, list[tuple[int, int]]] = {}  # byte ranges, per context
         self.meta: dict[int, tuple] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
@@ -286,6 +330,9 @@ class Recorder:
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
         self.t_start = time.perf_counter()
+        self.space: AddressSpace | None = None  # the recording's address space (set by record)
+        self.plans_seen: set[int] = set()  # gallocr plans already shown as steps
+        self.splits_seen: dict[int, int] = {}  # per scheduler: the split it last showed
 
     # the profile hook: only calls from the program's own file into the facade are steps
     def profile(self, frame, event: str, arg) -> None:
@@ -317,6 +364,15 @@ class Recorder:
             self.contexts.append(ctx)
             self.shadow[ctx.id] = np.zeros(ctx.mem_size, dtype=np.uint8)
 
+    def track_buffers(self) -> None:
+        """Start watching the backend buffers made since the last step (by the program, a
+        gallocr or the scheduler): their bytes are diffed like a pool's."""
+        space = self.space
+        for buf in list(_BUFFERS.values()):
+            if buf.space is space and buf.id not in self.shadow:
+                self.buffers.append(buf)
+                self.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)
+
     def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs
         of the tensors and graphs it touched."""
@@ -344,7 +400,10 @@ class Recorder:
                 for x in chain:
                     out.append((x.ctx, x.offs, x.offs + GGML_TENSOR_SIZE))
                     if x.data is not None:
-                        ctx, off = x.ctx.space.resolve(x.data)
+                        try:
+                            ctx, off = x.ctx.space.resolve(x.data)
+                        except ValueError:  # data in a buffer freed since
+                            continue
                         out.append((ctx, off, off + ggml_nbytes(x)))
             elif isinstance(t, Graph) and t.offs is not None:
                 obj = t.ctx.object_header(t.offs - GGML_OBJECT_SIZE)[0]
@@ -354,8 +413,8 @@ class Recorder:
     def diff(self, things: list[Any]) -> tuple[list[Patch], list[FieldWrite], list[ObjectAdded]]:
         patches, fields, objects = [], [], []
         for ctx, a, b in self.regions(things):
-            if ctx.id not in self.shadow or ctx.freed:
-                continue
+            if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
+                continue  # released memory (a freed context's own pool, a freed buffer)
             cur, old = ctx.pool[a:b], self.shadow[ctx.id][a:b]
             changed = np.flatnonzero(cur != old)
             if changed.size == 0:
@@ -365,7 +424,8 @@ class Recorder:
             starts = np.concatenate([[changed[0]], changed[breaks + 1]])
             ends = np.concatenate([changed[breaks], [changed[-1]]]) + 1
             for s, e in zip(starts, ends):
-                fields += self.field_writes(ctx, a + int(s), a + int(e))
+                if isinstance(ctx, Context):
+                    fields += self.field_writes(ctx, a + int(s), a + int(e))
                 patches.append(Patch(ctx.id, a + int(s), cur[s:e].tobytes()))
                 self.shadow[ctx.id][a + s:a + e] = cur[s:e]
         seen = set()
@@ -425,6 +485,15 @@ class Recorder:
             hdr = ctx.offset(nxt) if nxt else None
         return objs
 
+    def snapshot_buffers(self) -> tuple[tuple, ...]:
+        changed = []
+        for buf in self.buffers:
+            m = (buf.id, buf.base, buf.mem_size, buf.buft.name, buf.usage, buf.buft.is_host)
+            if not buf.freed and self.buffer_meta.get(buf.id) != m:
+                self.buffer_meta[buf.id] = m
+                changed.append(m)
+        return tuple(changed)
+
     def snapshot_meta(self) -> tuple[tuple, ...]:
         changed = []
         for ctx in self.contexts:
@@ -439,18 +508,20 @@ class Recorder:
              **kw) -> Step | None:
         if len(self.steps) >= STEP_CAP:
             raise StepCapReached()
+        self.track_buffers()
         patches, fields, objects = self.diff(things)
-        if skip_if_empty and not (patches or fields or objects):
+        buffers = self.snapshot_buffers()
+        if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
         step = Step(len(self.steps), kind, call, self.line, note or _note(call, objects, fields,
                                                                           patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
-                    contexts=self.snapshot_meta(), **kw)
+                    contexts=self.snapshot_meta(), buffers=buffers, **kw)
         self.steps.append(step)
         self.mark_cpu_dependent(step)
         if self.on_step is not None:
-            self.on_step(step, self.contexts)
+            self.on_step(step, [*self.contexts, *self.buffers])
         return step
 
     def finish_call(self, name: str, result: Any) -> None:
@@ -469,6 +540,8 @@ class Recorder:
                        for t in g.nodes + g.leafs]
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
+        if name in STRUCT_WRITERS:
+            things += self._struct_writes()
         tensor = _ref(result) if isinstance(result, Tensor) else None
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
@@ -478,8 +551,83 @@ class Recorder:
             note = (f"ggml_init allocated a pool of {result.mem_size} bytes at {result.base:#x} "
                     f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
         # after visits or nodes, the call's own step is only needed for changes not yet shown
-        self.emit("call", self.source(self.line), note, things, tensor=tensor,
-                  parent=self.call_step, skip_if_empty=self.call_step is not None)
+        step = self.emit("call", self.source(self.line), note, things, tensor=tensor,
+                         parent=self.call_step, skip_if_empty=self.call_step is not None)
+        parent = self.call_step if step is None else step.index
+        sched = next((a for a in self.args if isinstance(a, Sched)), None)
+        if sched is not None and self.splits_seen.get(id(sched)) != sched.n_split_calls:
+            self.splits_seen[id(sched)] = sched.n_split_calls
+            self.sched_steps(sched, parent)
+        galloc = next((a for a in self.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
+        galloc = galloc or (sched.galloc if sched is not None else None)
+        if galloc is not None and galloc.plan is not None and id(galloc.plan) not in self.plans_seen:
+            self.plans_seen.add(id(galloc.plan))
+            self.alloc_steps(galloc, parent)
+
+    def _struct_writes(self) -> list:
+        """The tensor structs a call that allocates many tensors may have written."""
+        out: list = []
+        for a in self.args:
+            if isinstance(a, Context):
+                out += [("struct", Tensor(a, o.offs)) for o in self.objects_of(a) if o.type == 0]
+            elif isinstance(a, Graph):
+                for n in a.nodes + a.leafs:
+                    out += [("struct", n)] + [("struct", x) for x in n.src if x is not None]
+            elif isinstance(a, Sched):
+                if a.ctx is not None:
+                    self.track(a.ctx)
+                out += [("struct", t) for t in a.graph.nodes + a.graph.leafs]
+        return out
+
+    def alloc_steps(self, galloc, parent: int | None) -> None:
+        """One step per decision of the graph allocator's plan: nothing in memory changes (the
+        plan is where tensors will go), so each step says what was decided and why."""
+        names = [b.name for b in galloc.bufts]
+        for d in galloc.plan.decisions:
+            where = f"buffer {d.buffer_id} ({names[d.buffer_id]}), chunk {d.chunk}, offset {d.offset}"
+            if d.kind == "alloc":
+                note = f"gallocr: '{d.tensor.name}' gets {d.size} bytes at {where}"
+            elif d.kind == "inplace":
+                note = (f"gallocr: '{d.tensor.name}' reuses the bytes of '{d.parent.name}' in place "
+                        f"({GGMLOp(d.tensor.op).name} can overwrite its source, and '{d.parent.name}' has no "
+                        f"other child) at {where}")
+            else:
+                note = f"gallocr: '{d.tensor.name}' had its last child: its {d.size} bytes at {where} are free again"
+            self.emit("alloc", f"{d.kind} '{d.tensor.name}'", note, [], parent=parent, tensor=_ref(d.tensor))
+
+    def sched_steps(self, sched: Sched, parent: int | None) -> None:
+        """The scheduler's passes, one step each with the backend it gave each tensor, then one
+        step per split."""
+        names = [f"backend {i} ({b.name})" for i, b in enumerate(sched.backends)]
+        for title, assigned in sched.history:
+            if not assigned:
+                continue
+            assign = tuple((_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
+                           for a in assigned)
+            counts = ", ".join(f"{sum(1 for a in assigned if a.backend_id == b)} to {n}"
+                               for b, n in enumerate(names) if any(a.backend_id == b for a in assigned))
+            self.emit("pass", f"pass {title}", f"ggml_backend_sched pass {title}: {counts}", [],
+                      parent=parent, assign=assign)
+        for i, split in enumerate(sched.splits):
+            ins = ", ".join(f"'{t.name}'" for t in split.inputs) or "none"
+            self.emit("split", f"split {i} on {names[split.backend_id]}",
+                      f"split {i}: nodes {split.i_start}..{split.i_end - 1} run on {names[split.backend_id]}; "
+                      f"inputs copied in: {ins}", [], parent=parent)
+
+    def on_copy(self, inp: Tensor, cpy: Tensor, src_backend, dst_backend) -> None:
+        self.emit("copy", f"copy '{inp.name}' -> '{cpy.name}'",
+                  f"the scheduler copied '{inp.name}' ({ggml_nbytes(inp)} bytes) from {src_backend.name} "
+                  f"to {dst_backend.name} as '{cpy.name}'", [cpy], parent=self.call_step, tensor=_ref(cpy))
+
+    def compute_threads(self) -> int:
+        """The thread count a compute call plans with: the backend's (the first split's, for a
+        scheduler), else the program's argument."""
+        for a in self.args:
+            if isinstance(a, Sched) and a.splits:
+                return a.backends[a.splits[0].backend_id].n_threads
+            if isinstance(a, Backend):
+                return a.n_threads
+        return self.n_threads_arg()
 
     def on_enter(self, node: Tensor) -> None:
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
@@ -502,7 +650,7 @@ class Recorder:
         if ask:
             if self.call_step is None:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
-                                         self.n_threads_arg())
+                                         self.compute_threads())
                 self.call_step = self.emit(
                     "call", self.source(self.line),
                     f"planned {plan.n_threads} thread(s), a work buffer of {plan.work_size} bytes; "
@@ -662,7 +810,9 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     trace = Trace(name, Path(source_file).read_text(), n_threads)
     outputs: dict = {}
     token = COMPUTE_OBSERVER.set(rec.on_node)
+    copy_token = COPY_OBSERVER.set(rec.on_copy)
     with fresh_address_space():
+        rec.space = current_address_space()
         prev = sys.getprofile()
         sys.setprofile(rec.profile)
         try:
@@ -679,6 +829,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
         finally:
             sys.setprofile(prev)
             COMPUTE_OBSERVER.reset(token)
+            COPY_OBSERVER.reset(copy_token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
     if trace.error is None:
         rec.emit("end", "", "the program returned", [])

@@ -61,6 +61,7 @@ class Buffer:
         self.pool = np.zeros(max(size, 1), dtype=np.uint8) if data is None else data
         self.mem_size = self.pool.size
         self.space = current_address_space()
+        self.id = self.space.placed  # a small stable id, from the same count as the contexts'
         self.base = self.space.place(self, self.mem_size)  # 1 MiB aligned: any alignment holds
         self.struct = _Struct()
         self.address = self.struct.base  # what a tensor's `buffer` field holds

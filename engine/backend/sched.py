@@ -21,6 +21,7 @@ backend. Every decision is kept (`Sched.history`) so a learner can replay the pa
 
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -62,6 +63,10 @@ GGML_SCHED_MAX_COPIES = 4
 GGML_OBJECT_SIZE = 32
 
 VIEW_OPS = frozenset((GGMLOp.VIEW, GGMLOp.RESHAPE, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE))
+
+
+# told of each split input the scheduler copies: (input, its copy, from backend, to backend)
+COPY_OBSERVER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("sched_copy_observer", default=None)
 
 
 def _is_view_op(t: Tensor) -> bool:
@@ -132,6 +137,7 @@ class Sched:
         self.history: list[tuple[str, list[Assignment]]] = []  # each pass's assignments, for replay
         self.is_reset = False
         self.is_alloc = False
+        self.n_split_calls = 0  # how many times the graph was split (the tracer shows each new split)
         self.reset()
 
     # -- the hash map ----------------------------------------------------------------------
@@ -218,6 +224,7 @@ class Sched:
         self.graph_inputs = []
         self.is_reset = False
         self.history = []
+        self.n_split_calls += 1
         if self.ctx is not None:
             ggml_free(self.ctx)
         self.ctx = ggml_init(ggml_init_params(mem_size=self.context_buffer_size, mem_buffer=None, no_alloc=True))
@@ -412,6 +419,9 @@ class Sched:
                 cpy = self.copies[(inp, split.backend_id, self.cur_copy)]
                 ggml_backend_synchronize(be)
                 ggml_backend_tensor_copy(inp, cpy)
+                observer = COPY_OBSERVER.get()
+                if observer is not None:
+                    observer(inp, cpy, self.backends[self.tid(inp)], be)
             if self.callback_eval is None:
                 status = ggml_backend_graph_compute_async(be, split.graph)
                 if status != 0:

@@ -39,6 +39,7 @@ class Program:
 PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("simple-ctx", "simple_ctx", 1),
     Program("simple-add", "simple_add", 1),
+    Program("simple-backend", "simple_backend", 1),
     Program("views-and-permute", "views_and_permute", 1),
     Program("quantized-tensor", "quantized_tensor", 1),
     Program("graph-build", "graph_build", 1),

@@ -57,7 +57,8 @@ def test_golden_trace(name):
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_rebuilt_state_equals_live_pools(name):
-    """Pools rebuilt from the trace at step k, in any order, equal the pools when step k ran.
+    """Pools (and backend buffers) rebuilt from the trace at step k, in any order, equal the live
+    ones when step k ran.
 
     Every step of the small walkthroughs is checked; for those with large pools every 7th step
     and the last (pools are compared by hash)."""
@@ -79,9 +80,10 @@ def test_rebuilt_state_equals_live_pools(name):
     random.Random(0).shuffle(order)  # backwards and forwards: each state stands alone
     for k in order:
         state = trace.state_at(k)
+        regions = {**state.contexts, **state.buffers}  # context pools and backend buffers
         for cid, digest in live[k].items():
-            assert hashlib.sha1(state.contexts[cid].pool.tobytes()).hexdigest() == digest, \
-                f"step {k}, context {cid}"
+            assert hashlib.sha1(regions[cid].pool.tobytes()).hexdigest() == digest, \
+                f"step {k}, context or buffer {cid}"
 
 
 def test_rebuilt_state_has_the_tensors_and_graph():
