@@ -393,6 +393,7 @@ class Recorder:
                     if not ctx.freed:
                         out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
                                 if o.type == 2 and o.size]
+                out += [(buf, 0, buf.mem_size) for buf in self.buffers if buf.is_work and not buf.freed]
             elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
                 out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):

@@ -67,6 +67,7 @@ class Buffer:
         self.address = self.struct.base  # what a tensor's `buffer` field holds
         _BUFFERS[self.address] = self
         self.freed = False
+        self.is_work = False  # a backend's work buffer (the tracer diffs it after every node)
 
     def __repr__(self) -> str:
         return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"

@@ -199,6 +199,7 @@ def ggml_backend_graph_compute_async(backend: Backend, cgraph) -> int:
         if backend.work is None or backend.work.size < cplan.work_size:
             ggml_backend_buffer_free(backend.work)
             backend.work = Buffer(_CPU_BUFT, cplan.work_size)
+            backend.work.is_work = True  # scratch the kernels write (converted rows)
         cplan.work_data = backend.work.base
     return ggml_graph_compute(cgraph, cplan)
 
@@ -445,6 +446,7 @@ class GraphPlan:
         self.cplan = ggml_graph_plan(cgraph, backend.n_threads)
         self.work = Buffer(_CPU_BUFT, self.cplan.work_size) if self.cplan.work_size > 0 else None
         if self.work is not None:
+            self.work.is_work = True
             self.cplan.work_data = self.work.base
 
 

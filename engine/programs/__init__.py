@@ -49,6 +49,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("attention-block", "attention_block", 1),
     Program("minilm", "minilm", 2),
     Program("tiny-llama", "tiny_llama", 1),
+    Program("offload", "offload", 1),
 ]}
 
 
