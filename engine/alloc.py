@@ -169,6 +169,7 @@ class Decision:
     offset: int
     size: int
     parent: Tensor | None = None
+    node: int = -1  # the node being processed when it happened (-1: leafs and inputs, before any node)
 
 
 @dataclass
@@ -258,7 +259,7 @@ class GraphAllocator:
 
     def _record(self, kind: str, t: Tensor, hn: _HashNode, parent: Tensor | None = None) -> None:
         self._decisions.append(Decision(kind, t, hn.buffer_id, hn.addr[0], hn.addr[1],
-                                        self.bufts[hn.buffer_id].alloc_size(t), parent))
+                                        self.bufts[hn.buffer_id].alloc_size(t), parent, self._node_i))
 
     def _free(self, node: Tensor) -> None:
         if node.flags & GGML_TENSOR_FLAG_OUTPUT:
@@ -271,6 +272,7 @@ class GraphAllocator:
     def _pass(self, graph, node_buffer_ids, leaf_buffer_ids) -> None:
         self._hash: dict[Tensor, _HashNode] = {}
         self._decisions: list[Decision] = []
+        self._node_i = -1
         nid = (lambda i: node_buffer_ids[i]) if node_buffer_ids else (lambda i: 0)
         lid = (lambda i: leaf_buffer_ids[i]) if leaf_buffer_ids else (lambda i: 0)
         nodes, leafs = graph.nodes, graph.leafs
@@ -288,6 +290,7 @@ class GraphAllocator:
                 if src.flags & GGML_TENSOR_FLAG_INPUT:
                     self._allocate(src, nid(i))
         for i, node in enumerate(nodes):
+            self._node_i = i
             for parent in node.src:
                 if parent is not None:
                     self._allocate(parent, nid(i))
@@ -380,6 +383,55 @@ class GraphAllocator:
         elif t.data is None:
             buf = self.buffers[ta.buffer_id][ta.chunk]
             be.ggml_backend_tensor_alloc(buf, t, buf.base + ta.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One tensor's bytes in a compute buffer over time: [offset, offset + size) of (buffer_id,
+    chunk) from node `start` (-1: before the first node) through node `end` (the last node that
+    needs them; n_nodes - 1 when they are never freed). `reuses`: the tensor whose bytes it took
+    over in place."""
+    tensor: Tensor
+    buffer_id: int
+    chunk: int
+    offset: int
+    size: int
+    start: int
+    end: int
+    reuses: Tensor | None = None
+
+
+def memory_plan(plan: GraphPlan, n_nodes: int) -> list[Bar]:
+    """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
+    (x: node order, y: offset)."""
+    open_: dict[Tensor, Decision] = {}
+    bars: list[Bar] = []
+
+    def close(t: Tensor, end: int) -> None:
+        d = open_.pop(t, None)
+        if d is not None:
+            bars.append(Bar(d.tensor, d.buffer_id, d.chunk, d.offset, d.size, d.node, end,
+                            d.parent if d.kind == "inplace" else None))
+    for d in plan.decisions:
+        if d.kind == "free":
+            close(d.tensor, d.node)
+        else:
+            if d.kind == "inplace" and d.parent is not None:
+                close(d.parent, d.node)
+            open_[d.tensor] = d
+    for t in list(open_):
+        close(t, n_nodes - 1)
+    return sorted(bars, key=lambda b: (b.buffer_id, b.chunk, b.start, b.offset))
+
+
+def plan_peak(bars: list[Bar], n_nodes: int) -> tuple[int, int]:
+    """(node, bytes): the first node at which the highest byte in use is highest."""
+    best = (-1, 0)
+    for i in range(-1, n_nodes):
+        top = max((b.offset + b.size for b in bars if b.start <= i <= b.end), default=0)
+        if top > best[1]:
+            best = (i, top)
+    return best
 
 
 @dataclass(frozen=True, slots=True)
