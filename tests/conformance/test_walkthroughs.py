@@ -7,7 +7,9 @@ import pytest
 
 from engine.programs import PROGRAMS, trace_program
 from tests.support.graphs import nmse
+from tests.support import real_facade
 from tests.support.real_facade import run_on_real_ggml
+from tests.support.rpc_server import rpc_server
 
 # walkthroughs whose program needs files or ops only the engine side provides are listed here
 # with the reason; every other one runs on both
@@ -22,7 +24,13 @@ def test_final_values_match_real_ggml(name):
     prog = PROGRAMS[name]
     trace = trace_program(name)
     assert trace.error is None, trace.error
-    theirs = run_on_real_ggml(prog.load().run, n_threads=prog.threads)
+    if name == "offload":  # its accelerator is, on real ggml, the RPC backend of a loopback server
+        with rpc_server() as endpoint:
+            real_facade.RPC_ENDPOINT.append(endpoint)
+            theirs = run_on_real_ggml(prog.load().run, n_threads=prog.threads)
+            real_facade.RPC_ENDPOINT.pop()
+    else:
+        theirs = run_on_real_ggml(prog.load().run, n_threads=prog.threads)
     assert set(trace.outputs) == set(theirs)
     for key, ours in trace.outputs.items():
         if isinstance(ours, str):  # quantized blocks, as hex: byte for byte

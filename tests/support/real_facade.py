@@ -68,8 +68,46 @@ def _set_data(t: RealTensor, values) -> None:
     ctypes.memmove(c.data, x.ctypes.data, real.ggml_nbytes(t.ptr))
 
 
+_KEEP: list = []  # memory the C side points into, kept alive for the test run
+
+
 def _init_params(mem_size: int, mem_buffer=None, no_alloc: bool = False):
+    if isinstance(mem_buffer, bytearray):  # the program's own pool (simple-backend's model.buf)
+        mem_buffer = (ctypes.c_char * len(mem_buffer)).from_buffer(mem_buffer)
+        _KEEP.append(mem_buffer)
+        mem_buffer = ctypes.cast(mem_buffer, ctypes.c_void_p)
     return real.ggml_init_params(mem_size=mem_size, mem_buffer=mem_buffer, no_alloc=no_alloc)
+
+
+def _tensor_set(t: RealTensor, data, offset: int, size: int) -> None:
+    """ggml_backend_tensor_set from bytes or an array (the engine's signature)."""
+    raw = data if isinstance(data, (bytes, bytearray)) else np.ascontiguousarray(data).tobytes()
+    buf = ctypes.create_string_buffer(bytes(raw[:size]), size)
+    real.ggml_backend_tensor_set(t.ptr, buf, offset, size)
+
+
+def _tensor_get(t: RealTensor, offset: int, size: int) -> bytes:
+    """ggml_backend_tensor_get returning the bytes (the engine's signature)."""
+    buf = ctypes.create_string_buffer(size)
+    real.ggml_backend_tensor_get(t.ptr, buf, offset, size)
+    return buf.raw
+
+
+def _sched_new(backends, bufts, n_backends: int, graph_size: int, parallel: bool, op_offload: bool):
+    arr = (real.ggml_backend_t_ctypes * len(backends))(*backends)
+    _KEEP.append(arr)
+    return real.ggml_backend_sched_new(arr, None if bufts is None else bufts, n_backends, graph_size, parallel,
+                                       op_offload)
+
+
+RPC_ENDPOINT: list[bytes] = []  # set by a test that runs an RPC server: the real accelerator
+
+
+def _accel_init(name: str = "ACCEL0", backend_name=None, **caps):
+    """The engine's simulated accelerator, on real ggml: the RPC backend of a loopback server
+    (tests/support/rpc_server.py), which can do everything the default accelerator can."""
+    assert RPC_ENDPOINT, "the program needs a second backend: run it inside tests.support.rpc_server"
+    return real.ggml_backend_rpc_init(RPC_ENDPOINT[-1], 0)
 
 
 class _GGUFParams:
@@ -99,6 +137,11 @@ def real_namespace() -> dict:
     ns["set_data"] = _set_data
     ns["gguf_init_params"] = _GGUFParams
     ns["gguf_init_from_file"] = _gguf_init_from_file
+    ns["gguf_get_tensor_name"] = lambda g, i: real.gguf_get_tensor_name(g, i).decode()
+    ns["ggml_backend_tensor_set"] = _tensor_set
+    ns["ggml_backend_tensor_get"] = _tensor_get
+    ns["ggml_backend_sched_new"] = _sched_new
+    ns["ggml_backend_accel_init"] = _accel_init
     return ns
 
 
@@ -106,6 +149,9 @@ def run_on_real_ggml(fn: types.FunctionType, **kwargs) -> dict[str, np.ndarray]:
     real.ggml_cpu_init()
     globs = dict(fn.__globals__)
     globs.update(real_namespace())
+    for name, obj in list(globs.items()):  # the program's own helper functions see real ggml too
+        if isinstance(obj, types.FunctionType) and obj.__globals__ is fn.__globals__:
+            globs[name] = types.FunctionType(obj.__code__, globs, obj.__name__, obj.__defaults__)
     outputs = types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__)(**kwargs)
     result = {}
     for name, t in outputs.items():
