@@ -35,6 +35,8 @@ from engine.context import AddressSpace, Context, ObjectInfo, fresh_address_spac
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
+from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
+                          ThreadShare)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.types import TYPE_TRAITS
 
@@ -49,72 +51,6 @@ QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_d
            "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
            "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
            "gguf_get_", "gguf_find_")
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectAdded:
-    ctx: int  # context id
-    header: int  # offset of the object header
-    offs: int
-    size: int
-    type: str  # TENSOR, GRAPH, WORK_BUFFER
-    name: str  # the tensor's name when the step ended
-
-
-@dataclass(frozen=True, slots=True)
-class FieldWrite:
-    ctx: int
-    struct: int  # offset of the tensor struct
-    tensor: str
-    field: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True, slots=True)
-class Patch:
-    ctx: int
-    offset: int
-    data: bytes  # the bytes after the step
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self.data)
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadShare:
-    ith: int
-    kind: str
-    ranges: tuple
-    seconds: float
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    index: int
-    kind: str  # init, call, visit, node, end, error, cap
-    call: str  # the call as the program wrote it (or the node's description)
-    line: int  # the program's line
-    note: str  # what happened, in plain words
-    parent: int | None = None  # the call step a visit or node belongs to
-    objects: tuple[ObjectAdded, ...] = ()
-    fields: tuple[FieldWrite, ...] = ()
-    patches: tuple[Patch, ...] = ()
-    contexts: tuple[tuple, ...] = ()  # (id, base, mem_size, objects_end, no_alloc) after the step
-    tensor: tuple[int, int] | None = None  # (ctx, struct offset) of the tensor the step is about
-    threads: tuple[ThreadShare, ...] = ()
-    plan: tuple = ()  # (n_threads, work_size, n_tasks per node) for compute steps
-    # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
-    # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
-    same_on_every_cpu: bool = True
-
-    def changes(self) -> dict:
-        """The step's changes as plain data (for JSON)."""
-        return {"objects": [asdict(o) for o in self.objects],
-                "fields": [asdict(f) for f in self.fields],
-                "data": [{"ctx": p.ctx, "start": p.offset, "end": p.end} for p in self.patches]}
 
 
 @dataclass
@@ -142,8 +78,11 @@ class Trace:
             # bytes whose values depend on the CPU (and so which of them changed) are left out
             data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches] \
                 if s.same_on_every_cpu else sorted({p.ctx for p in s.patches})
-            h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
-                           data, s.contexts, s.tensor, shares, s.plan)).encode())
+            # (kind, contexts and plan as the plain values they were before they were records,
+            # so hashes and golden traces stay as they were)
+            h.update(repr((s.index, s.kind.value, s.call, s.line, s.note, s.parent, s.objects,
+                           s.fields, data, tuple(c.astuple() for c in s.contexts), s.tensor,
+                           shares, s.plan.astuple() if s.plan else ())).encode())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
 
@@ -152,17 +91,17 @@ class Trace:
         """The pools after step k: the last checkpoint at or before k, then the patches of the
         steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
-        metas: dict[int, tuple] = {}
+        metas: dict[int, ContextMeta] = {}
         for s in self.steps[:k + 1]:
             for c in s.contexts:
-                metas[c[0]] = c
+                metas[c.id] = c
         flat, ends = self._flat_patches()
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
             if index > ends[k]:
                 break
             start, saved = index, pools_then
-        pools = {cid: _fresh_pool(m[2], saved.get(cid)) for cid, m in metas.items()}
+        pools = {cid: _fresh_pool(m.mem_size, saved.get(cid)) for cid, m in metas.items()}
         views = {cid: memoryview(a) for cid, a in pools.items()}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
@@ -181,7 +120,7 @@ class Trace:
         sizes: dict[int, int] = {}
         for s in self.steps:
             for c in s.contexts:
-                sizes[c[0]] = c[2]
+                sizes[c.id] = c.mem_size
         every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
         if sum(len(p[3]) for p in flat) > every:
@@ -189,7 +128,7 @@ class Trace:
             since, done = 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
-                    pools.setdefault(c[0], np.zeros(c[2], dtype=np.uint8))
+                    pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
@@ -214,7 +153,7 @@ class Trace:
     def to_json(self) -> dict:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
                 "error": self.error,
-                "steps": [{"index": s.index, "kind": s.kind, "call": s.call, "line": s.line,
+                "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
                            "note": s.note, "parent": s.parent, "changes": s.changes(),
                            "same_on_every_cpu": s.same_on_every_cpu,
                            "threads": [asdict(t) for t in s.threads]} for s in self.steps],
@@ -224,10 +163,11 @@ class Trace:
 class State:
     """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
 
-    def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict) -> None:
+    def __init__(self, trace: Trace, k: int, metas: dict[int, ContextMeta], pools: dict) -> None:
         self.trace, self.k = trace, k
         self.space = AddressSpace(weak=True)  # the state holds the contexts
-        self.contexts = {cid: Context.restored(self.space, cid, m[1], pools[cid], m[3], m[4])
+        self.contexts = {cid: Context.restored(self.space, cid, m.base, pools[cid],
+                                               m.objects_end, m.no_alloc)
                          for cid, m in sorted(metas.items())}
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
@@ -276,7 +216,7 @@ class Recorder:
         self.contexts: list[Context] = []
         self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
         self.cpu_dependent: dict[int, list[tuple[int, int]]] = {}  # byte ranges, per context
-        self.meta: dict[int, tuple] = {}
+        self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()
@@ -300,7 +240,7 @@ class Recorder:
                     if self.codes[frame.f_code].startswith("ggml_build_forward"):
                         # the call comes first; each tensor it visits is a step inside it
                         self.call_step = self.emit(
-                            "call", self.source(self.line),
+                            StepKind.CALL, self.source(self.line),
                             "ggml_build_forward_expand walks the sources of the tensor depth "
                             "first, then records it", []).index
         elif event == "return" and frame is self.active:
@@ -322,7 +262,7 @@ class Recorder:
         of the tensors and graphs it touched."""
         out = []
         for ctx in self.contexts:
-            old_used = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_used = self._objects_end(ctx.id)
             old_end = 0 if old_used is None else _end_of(ctx, old_used)
             new_end = ggml_used_mem(ctx) if not ctx.freed else old_end
             if new_end > old_end:
@@ -372,7 +312,7 @@ class Recorder:
         for ctx in self.contexts:
             if ctx.freed:
                 continue
-            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_end = self._objects_end(ctx.id)
             objs = self.objects_of(ctx)
             first = 0 if old_end is None else bisect_right(objs, old_end, key=_header)
             for o in objs[first:]:
@@ -393,7 +333,7 @@ class Recorder:
                 break
             if o.type != 0 or o.offs + GGML_TENSOR_SIZE <= a:
                 continue
-            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_end = self._objects_end(ctx.id)
             if old_end is None or o.header > old_end:
                 continue  # a new tensor: reported as an object, not as field writes
             old = self.shadow[ctx.id][o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
@@ -425,17 +365,22 @@ class Recorder:
             hdr = ctx.offset(nxt) if nxt else None
         return objs
 
-    def snapshot_meta(self) -> tuple[tuple, ...]:
+    def _objects_end(self, cid: int) -> int | None:
+        """The last object's header offset when the context's metadata was last recorded."""
+        m = self.meta.get(cid)
+        return None if m is None else m.objects_end
+
+    def snapshot_meta(self) -> tuple[ContextMeta, ...]:
         changed = []
         for ctx in self.contexts:
-            m = (ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
+            m = ContextMeta(ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
             if self.meta.get(ctx.id) != m:
                 self.meta[ctx.id] = m
                 changed.append(m)
         return tuple(changed)
 
     # --- steps ------------------------------------------------------------------------------
-    def emit(self, kind: str, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
+    def emit(self, kind: StepKind, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
              **kw) -> Step | None:
         if len(self.steps) >= STEP_CAP:
             raise StepCapReached()
@@ -478,7 +423,7 @@ class Recorder:
             note = (f"ggml_init allocated a pool of {result.mem_size} bytes at {result.base:#x} "
                     f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
         # after visits or nodes, the call's own step is only needed for changes not yet shown
-        self.emit("call", self.source(self.line), note, things, tensor=tensor,
+        self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
                   parent=self.call_step, skip_if_empty=self.call_step is not None)
 
     def on_enter(self, node: Tensor) -> None:
@@ -488,7 +433,7 @@ class Recorder:
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         kind = "leaf" if is_leaf else "node"
-        self.emit("visit", f"visit '{node.name}'",
+        self.emit(StepKind.VISIT, f"visit '{node.name}'",
                   f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
                   f"{slot}, appended as a {kind}",
                   [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
@@ -504,10 +449,10 @@ class Recorder:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
                                          self.n_threads_arg())
                 self.call_step = self.emit(
-                    "call", self.source(self.line),
+                    StepKind.CALL, self.source(self.line),
                     f"planned {plan.n_threads} thread(s), a work buffer of {plan.work_size} bytes; "
                     "all threads now walk the nodes together", [],
-                    plan=(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
+                    plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
                         for s in shares if s is not None)
@@ -516,7 +461,7 @@ class Recorder:
             self.depends_on_cpu(s) for s in node.src if s is not None)
         if not same:  # all of dst, even bytes that happened not to change
             self.cpu_dependent_ranges(*self.data_range(node), add=True)
-        self.emit("node", desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
+        self.emit(StepKind.NODE, desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
                   [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
                   threads=threads, same_on_every_cpu=same)
         return True
@@ -669,19 +614,19 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
             outputs = program(n_threads=n_threads, **kwargs) or {}
         except StepCapReached:
             trace.error = f"stopped after {STEP_CAP} steps"
-            rec.steps.append(Step(len(rec.steps), "cap", "", rec.line, trace.error))
+            rec.steps.append(Step(len(rec.steps), StepKind.CAP, "", rec.line, trace.error))
         except Exception as e:  # the program's error is the final step, shown to the learner
             sys.setprofile(prev)
             trace.error = f"{type(e).__name__}: {e}"
             rec.active = None
-            rec.steps.append(Step(len(rec.steps), "error", rec.source(rec.line), rec.line,
+            rec.steps.append(Step(len(rec.steps), StepKind.ERROR, rec.source(rec.line), rec.line,
                                   trace.error))
         finally:
             sys.setprofile(prev)
             COMPUTE_OBSERVER.reset(token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
     if trace.error is None:
-        rec.emit("end", "", "the program returned", [])
+        rec.emit(StepKind.END, "", "the program returned", [])
     trace.steps = rec.steps
     return trace
 

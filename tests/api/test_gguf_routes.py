@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.settings import ROOT, Settings
+from app.settings import Settings
 from app.store import UploadStore, UploadTooLarge
 from engine.gguf import GGUFReader
 from engine.quants import dequantize

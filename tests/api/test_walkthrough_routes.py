@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -88,15 +90,29 @@ def test_gguf_load_reads_an_uploaded_file(client, tmp_path):
     assert "tiny.weight" in end.text and "GGUF tensor data binary blob" in end.text
 
 
-def test_graph_panel_is_sent_only_when_the_graph_changed(client):
-    """htmx keeps the DAG on the page (hx-preserve) while the graph drawn stays the same."""
-    full = client.get("/walkthroughs/simple-ctx/steps/12", headers={"HX-Request": "true"})
+def test_graph_svg_is_sent_only_when_the_graph_changed(client, tmp_path):
+    """The DAG's SVG has its own immutable URL, keyed by the drawing's hash; the element holding
+    it is named by that key, so htmx keeps it on the page (hx-preserve) while the graph drawn
+    stays the same, and fetches the new URL only when it changes."""
+    full = client.get("/walkthroughs/simple-ctx/steps/12")  # a page: the SVG is inline
     key = full.text.split('aria-labelledby="graph-h" data-key="')[1].split('"')[0]
     assert "<svg" in full.text and len(key) == 16
-    same = client.get("/walkthroughs/simple-ctx/steps/13",
-                      headers={"HX-Request": "true", "X-Graph-Key": key})
-    assert 'id="graph" class="panel" hx-preserve="true"' in same.text and "<svg" not in same.text
+    assert f'id="dag-{key}" class="dag" hx-preserve="true"' in full.text
+    same = client.get("/walkthroughs/simple-ctx/steps/13", headers={"HX-Request": "true"})
+    assert f'id="dag-{key}" class="dag" hx-preserve="true"' in same.text and "<svg" not in same.text
     assert 'id="graph-style"' in same.text  # the highlight is still sent
     other = client.get("/walkthroughs/simple-ctx/steps/9",  # mid-build: a smaller graph
-                       headers={"HX-Request": "true", "X-Graph-Key": key})
-    assert "<svg" in other.text
+                       headers={"HX-Request": "true"})
+    other_key = other.text.split('aria-labelledby="graph-h" data-key="')[1].split('"')[0]
+    assert other_key != key and "<svg" not in other.text
+    url = html.unescape(other.text.split(f'id="dag-{other_key}"')[1].split('hx-get="')[1]
+                        .split('"')[0])
+    svg = client.get(url)
+    assert svg.status_code == 200 and "<svg" in svg.text
+    assert svg.headers["content-type"].startswith("image/svg+xml")
+    assert "immutable" in svg.headers["cache-control"]
+    # another worker, which drew nothing yet, draws the same bytes from the URL alone, and
+    # refuses a key that is not the step's drawing
+    fresh = TestClient(create_app(Settings(data_dir=tmp_path)))
+    assert fresh.get(url).text == svg.text
+    assert fresh.get(url.replace(other_key, key)).status_code == 404

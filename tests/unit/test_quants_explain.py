@@ -32,20 +32,20 @@ def test_fast_dequantize_equals_scalar_ref(t):
 def test_explain_q4_k_block():
     row = quantize(T.Q4_K, X)[0].tobytes()
     e = explain_block(T.Q4_K, row, 1)
-    assert e["byte_range"] == (144, 288) and e["element_range"] == (256, 512)
-    names = [f["name"] for f in e["fields"]]
+    assert e.byte_range == (144, 288) and e.element_range == (256, 512)
+    names = [f.name for f in e.fields]
     assert names == ["d", "dmin", "scales", "qs"]
-    d = e["fields"][0]
-    assert d["offset"] == 0 and d["size"] == 2 and len(d["hex"].split()) == 2
-    assert isinstance(d["value"], float) and d["meaning"]
-    assert len(e["sub_scales"]) == 8 and len(e["sub_mins"]) == 8 and len(e["quants"]) == 256
-    assert all(0 <= q <= 15 for q in e["quants"])
-    assert e["values"] == dequantize(T.Q4_K, row, 512)[256:].tolist()
+    d = e.fields[0]
+    assert d.offset == 0 and d.size == 2 and len(d.hex.split()) == 2
+    assert isinstance(d.value, float) and d.meaning
+    assert len(e.sub_scales.scales) == 8 and len(e.sub_scales.mins) == 8 and len(e.quants) == 256
+    assert all(0 <= q <= 15 for q in e.quants)
+    assert list(e.values) == dequantize(T.Q4_K, row, 512)[256:].tolist()
     # the values really are d*sc*q - dmin*m from the decoded parts
-    dmin = e["fields"][1]["value"]
-    v = np.float32(d["value"]) * np.float32(e["sub_scales"][0]) * np.float32(e["quants"][0]) \
-        - np.float32(dmin) * np.float32(e["sub_mins"][0])
-    assert v == np.float32(e["values"][0])
+    dmin = e.fields[1].value
+    v = np.float32(d.value) * np.float32(e.sub_scales.scales[0]) * np.float32(e.quants[0]) \
+        - np.float32(dmin) * np.float32(e.sub_scales.mins[0])
+    assert v == np.float32(e.values[0])
 
 
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q5_1, T.Q3_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.TQ1_0,
@@ -53,8 +53,8 @@ def test_explain_q4_k_block():
 def test_explain_quants_rebuild_values(t):
     row = quantize(t, X[:, :512])[0].tobytes()
     e = explain_block(t, row, 0)
-    assert len(e["values"]) == traits(t).blck_size == len(e["quants"])
-    assert sum(f["size"] for f in e["fields"]) == traits(t).type_size
+    assert len(e.values) == traits(t).blck_size == len(e.quants)
+    assert sum(f.size for f in e.fields) == traits(t).type_size
 
 
 def test_explain_rejects_block_outside_row():
