@@ -444,8 +444,9 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
 
     Not in ggml: `decorate(t)` may add attributes to a tensor's node (links, ids) or fold it
     into a node of the caller's own, declared among the `extra` statements that follow the
-    header; edges into, out of and inside a fold are drawn once. When decorating, names are
-    escaped for graphviz's record labels (ggml writes them as they are).
+    header; edges into, out of and inside a fold are drawn once. When decorating, tensor names
+    are escaped for graphviz's record labels (ggml writes them as they are; its op symbols are
+    escaped already).
     """
     p = lambda t: f"{t.address:#x}"  # noqa: E731 - C's %p
     style = decorate or (lambda t: None)
@@ -481,9 +482,9 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
             else f"({TYPE_TRAITS[node.type].type_name})|"
         ne = [int(x) for x in node.ne]
         shape = f"[{ne[0]}, {ne[1]}]" if ggml_is_matrix(node) else f"[{ne[0]}, {ne[1]}, {ne[2]}]"
-        label += f"{i} {shape} | <x>{esc(ggml_op_symbol(node.op))}"
+        label += f"{i} {shape} | <x>{ggml_op_symbol(node.op)}"
         if grad is not None:
-            label += f" | <g>{esc(ggml_op_symbol(grad.op))}"
+            label += f" | <g>{ggml_op_symbol(grad.op)}"
         out.append(f'  "{p(node)}" [ style = filled; fillcolor = {color}; shape = record; '
                    f'label="{label}"; {attrs(node)}]')
     for i, leaf in enumerate(gb.leafs):

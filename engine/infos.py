@@ -58,7 +58,7 @@ def ggml_tensor_infos(ctx: Context) -> list[TensorInfo]:
     spans = ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
     first = np.where(blck == 1, tsize + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // blck)
     nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
-    return [TensorInfo(o, ctx.base + o, bytes(r["name"]).decode("utf-8", "replace"),
+    return [TensorInfo(o, ctx.base + o, bytes(r["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
                        int(types[i]), tuple(int(x) for x in ne[i]), int(r["op"]),
                        int(r["flags"]), int(r["view_src"]), int(r["data"]), int(nbytes[i]))
             for i, (o, r) in enumerate(zip(offsets, recs))]
