@@ -78,7 +78,7 @@ NUMPY_TRANSCENDENTAL = re.compile(
 
 def test_the_engine_never_calls_numpys_transcendental_ufuncs():
     """Where ggml calls libm the engine calls engine.libm; nowhere does it use numpy's."""
-    root = Path(__file__).resolve().parents[2] / "engine"
+    root = Path(__file__).resolve().parents[3] / "engine"
     found = [f"{p.relative_to(root.parent)}:{i}: {line.strip()}"
              for p in sorted(root.rglob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1)
@@ -93,7 +93,7 @@ def test_lowering_the_dispatch_takes_effect():
     import sys
 
     cmd = [sys.executable, "-m", "tests.support.npy_dispatch"]
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     targets = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True,
                              env={**os.environ, "NPY_DISABLE_CPU_FEATURES": ""}).stdout.strip()
     lowered = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True,
