@@ -55,8 +55,6 @@ class BlockLinks:
 
 @dataclass(frozen=True, slots=True)
 class BlockView:
-    digest: str
-    name: str
     kind: str  # "quant" (explain_block), "plain" (a chunk of elements) or "none"
     type: str
     row: int
@@ -103,7 +101,7 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
                        href(row, block + 1) if block + 1 < nblocks else None,
                        href(row - 1, block) if row > 0 else None,
                        href(row + 1, block) if row + 1 < n_rows else None)
-    base = dict(digest=digest, name=t.name, type=t.type.name, row=row, block=block,
+    base = dict(type=t.type.name, row=row, block=block,
                 nrows=n_rows, nblocks=nblocks, blck_size=tr.blck_size, type_size=tr.type_size,
                 action=tensor_url(digest, t.name), links=links)
     if t.n_elements == 0:

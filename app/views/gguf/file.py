@@ -30,8 +30,6 @@ class FileView:
     digest: str
     title: str  # general.name, or the fixture's file name
     source: str  # "fixture minilm-q8_0.gguf" or "upload"
-    size: int
-    size_text: str
     facts: list[Fact]
     header: list[HeaderField]
     n_kv: int
@@ -59,5 +57,5 @@ def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
         HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, "key-value pairs after the header"),
     ]
     return FileView(digest, visible_text(title, 80), f"fixture {fixture}" if fixture else "upload",
-                    r.size, human_bytes(r.size), facts, header, r.n_kv, r.n_tensors,
+                    facts, header, r.n_kv, r.n_tensors,
                     f"/walkthroughs/gguf-load?file={digest}")

@@ -45,7 +45,6 @@ class KVRow:
 
 @dataclass(frozen=True, slots=True)
 class KVTableView:
-    digest: str
     q: str
     rows: list[KVRow]
     n_match: int
@@ -84,6 +83,6 @@ def kv_table_view(digest: str, r: GGUFReader, state: FileState) -> KVTableView:
                           type_text(kv), value, kv.n, kv.arr_type is not None, kv.span.offset,
                           kv.span.size, kv_url(digest, kv.key),
                           state.url(digest, seg=seg_of[kv.key])))
-    return KVTableView(digest, state.q, rows, n_match, r.n_kv,
+    return KVTableView(state.q, rows, n_match, r.n_kv,
                        state.hidden("q"), file_url(digest),
                        state.url(digest, q=""))

@@ -62,11 +62,8 @@ class SortLink:
 
 @dataclass(frozen=True, slots=True)
 class TensorTableView:
-    digest: str
     filter: str
     group: str
-    sort: str
-    order: str
     columns: list[SortLink]
     groups: list[TensorGroup]
     n_match: int
@@ -119,7 +116,7 @@ def tensor_table_view(digest: str, r: GGUFReader, state: FileState) -> TensorTab
     counts: dict[str, int] = {}
     for t in r.tensors:
         counts[t.type.name] = counts.get(t.type.name, 0) + 1
-    return TensorTableView(digest, state.filter, state.group, state.sort, state.order, columns,
+    return TensorTableView(state.filter, state.group, columns,
                            out, len(match), r.n_tensors, len(shown),
                            ", ".join(f"{n} × {k}" for k, n in sorted(counts.items())),
                            state.hidden("filter", "group"), file_url(digest),
