@@ -3,9 +3,9 @@ graph drawn at a step as its own immutable SVG."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import FileHash, Store, Svgs, Threads, Traces
@@ -24,6 +24,8 @@ from app.views.debugger.values import values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
 from app.web import templates
 from engine.programs import PROGRAMS
+from engine.tensor import Tensor
+from engine.trace import State, Step
 
 router = APIRouter()
 IMMUTABLE = "public, max-age=31536000, immutable"
@@ -76,13 +78,19 @@ def _at(cache: TraceCache, store: UploadStore, where: Where):
     return trace, trace.steps[where.step], cache.state(trace, where.step)
 
 
+def _select(state: State, where: Where, step: Step) -> Tensor | None:
+    """The selected tensor; `where` names it from now on if the URL did not."""
+    sel = selected_tensor(state, where, step)
+    if sel is not None and where.tensor is None:
+        where.tensor = tensor_key(sel)
+    return sel
+
+
 def step_model(cache: TraceCache, store: UploadStore, where: Where,
                expand: str | None = None) -> dict[str, Any]:
     """Every panel's view-model at one step."""
     trace, step, state = _at(cache, store, where)
-    sel = selected_tensor(state, where, step)
-    if sel is not None and where.tensor is None:
-        where.tensor = tensor_key(sel)
+    sel = _select(state, where, step)
     graph = G.graph_view(state, where, current_node(state, step), sel, expand)
     return {
         "program": PROGRAMS[where.name], "where": where, "step": step, "expand": expand,
@@ -94,13 +102,13 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
     }
 
 
-Tensor = Query(None, pattern=r"^\d+\.\d+$")
+TensorKey = Query(None, pattern=r"^\d+\.\d+$")
 Expand = Query(None, pattern=r"^\d{1,4}$")
 
 
 @router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
 def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
-              threads: Threads = None, t: str | None = Tensor, row: int = 0, block: int = 0,
+              threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
               file: FileHash = None, expand: str | None = Expand,
               hex: str = Query("struct", pattern="^(struct|data)$")) -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
@@ -118,15 +126,17 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: s
 
 
 @router.get("/walkthroughs/{name}/steps/{n}/graph/{key}.svg")
-def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int, key: str,
-              threads: Threads = None, t: str | None = Tensor, file: FileHash = None,
+def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
+              key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
+              threads: Threads = None, t: str | None = TensorKey, file: FileHash = None,
               expand: str | None = Expand) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def render() -> str:
         where = Where(name, n, threads, t, file=file)
-        model = step_model(cache, store, where, expand)
-        graph = model["graph"]
+        _, step, state = _at(cache, store, where)
+        graph = G.graph_view(state, where, current_node(state, step),
+                             _select(state, where, step), expand)
         if graph is None or graph.key != key:
             raise HTTPException(404, f"Step {n} of '{name}' draws no graph with key {key}.")
         return G.render_svg(graph.dot)
