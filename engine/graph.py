@@ -449,7 +449,6 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
     escaped already).
     """
     p = lambda t: f"{t.address:#x}"  # noqa: E731 - C's %p
-    style = decorate or (lambda t: None)
     esc = _dot_escape if decorate else (lambda s: s)
     grads = {n.address: ggml_graph_get_grad(gb, n) for n in gb.nodes}
     parent: dict[int, Tensor] = {}  # ggml_graph_get_parent: the first node a tensor is grad of
@@ -459,13 +458,12 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
             parent.setdefault(g.address, n)
     in_cgraph = None if cgraph is None else {n.address for n in cgraph.nodes}
     out = ["digraph G {", "  newrank = true;", "  rankdir = TB;", *extra]
-    drawn: dict[int, str] = {}  # address -> the DOT node it is drawn as
-    for t in gb.nodes + gb.leafs:
-        st = style(t)
-        drawn[t.address] = st.fold if st is not None and st.fold else p(t)
+    styles = {t.address: decorate(t) if decorate else None for t in gb.nodes + gb.leafs}
+    drawn = {a: st.fold if st is not None and st.fold else f"{a:#x}"  # the DOT node it is drawn as
+             for a, st in styles.items()}
 
     def attrs(t: Tensor) -> str:
-        st = style(t)
+        st = styles[t.address]
         return f"{st.attrs}; " if st is not None and st.attrs else ""
 
     for i, node in enumerate(gb.nodes):
