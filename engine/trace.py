@@ -31,7 +31,9 @@ import numpy as np
 from engine import ggml as G
 from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.context import AddressSpace, Context, ObjectInfo, fresh_address_space, ggml_used_mem
+from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
+                            GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
+                            fresh_address_space, ggml_used_mem)
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
@@ -176,7 +178,8 @@ class State:
     def tensors(self) -> list[Tensor]:
         out = []
         for ctx in self.contexts.values():
-            out += [Tensor(ctx, o.offs) for o in ctx.objects() if o.type == 0]
+            out += [Tensor(ctx, o.offs) for o in ctx.objects()
+                    if o.type == GGML_OBJECT_TYPE_TENSOR]
         return out
 
     def graphs(self) -> list[Graph]:
@@ -185,7 +188,7 @@ class State:
         out = []
         for ctx in self.contexts.values():
             out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
-                    for o in ctx.objects() if o.type == 1]
+                    for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
         return out
 
 
@@ -276,7 +279,7 @@ class Recorder:
                 for ctx in self.contexts:
                     if not ctx.freed:
                         out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
-                                if o.type == 2 and o.size]
+                                if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size]
             elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
                 out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):
@@ -316,7 +319,7 @@ class Recorder:
             objs = self.objects_of(ctx)
             first = 0 if old_end is None else bisect_right(objs, old_end, key=_header)
             for o in objs[first:]:
-                name = Tensor(ctx, o.offs).name if o.type == 0 else ""
+                name = Tensor(ctx, o.offs).name if o.type == GGML_OBJECT_TYPE_TENSOR else ""
                 key = (ctx.id, o.header)
                 if key not in seen:
                     seen.add(key)
@@ -331,7 +334,7 @@ class Recorder:
         for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=_offs):]:
             if o.offs >= b:
                 break
-            if o.type != 0 or o.offs + GGML_TENSOR_SIZE <= a:
+            if o.type != GGML_OBJECT_TYPE_TENSOR or o.offs + GGML_TENSOR_SIZE <= a:
                 continue
             old_end = self._objects_end(ctx.id)
             if old_end is None or o.header > old_end:

@@ -45,7 +45,8 @@ def start(name: str, threads: Threads = None, file: FileHash = None) -> Redirect
 
 
 @router.get("/walkthroughs/{name}/goto")
-def goto(name: str, step: int = 0, threads: Threads = None, file: FileHash = None) -> RedirectResponse:
+def goto(name: str, step: int = 0, threads: Threads = None,
+         file: FileHash = None) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
     _program(name)
     return RedirectResponse(Where(name, step, threads, file=file).url(), status_code=303)

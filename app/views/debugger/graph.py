@@ -74,7 +74,8 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
                         f'tooltip = "{_attr(t.name)}"')
 
     boxes = tuple(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
-                  f'fillcolor = "#e8eefc"; label = "layer {layer}\\n{n} tensors\\n(click to open)"; '
+                  f'fillcolor = "#e8eefc"; '
+                  f'label = "layer {layer}\\n{n} tensors\\n(click to open)"; '
                   f'URL = "{where.query(expand=layer, tensor=None)}"; target = "_top"];'
                   for layer, n in folded.items())
     dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes)

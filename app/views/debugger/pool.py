@@ -57,7 +57,8 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
         for o in objs:
             new = (cid, o.header) in added
             segs.append(Segment("header", o.header, GGML_OBJECT_SIZE, 0,
-                                f"ggml_object header ({o.type_name})", new or hit(o.header, o.offs)))
+                                f"ggml_object header ({o.type_name})",
+                                new or hit(o.header, o.offs)))
             if o.type == GGML_OBJECT_TYPE_TENSOR:
                 t = infos[o.offs]
                 key = ref_key(cid, t.offs)
