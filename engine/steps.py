@@ -1,13 +1,19 @@
-"""The records a trace is made of: immutable steps and what each one changed.
+"""The records a trace is made of: immutable steps and what each one changed, and how a step
+says its call (the whole statement) and its changes in plain words.
 
-They are the seam between the engine and whoever shows a trace (the web app, the command line):
-frozen dataclasses and enums, so nothing is read by position.
+The records are the seam between the engine and whoever shows a trace (the web app, the command
+line): frozen dataclasses and enums, so nothing is read by position.
 """
 
 from __future__ import annotations
 
+import ast
 from dataclasses import astuple, asdict, dataclass
 from enum import StrEnum
+
+import numpy as np
+
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 
 
 class StepKind(StrEnum):
@@ -111,3 +117,54 @@ class Step:
         return {"objects": [asdict(o) for o in self.objects],
                 "fields": [asdict(f) for f in self.fields],
                 "data": [{"ctx": p.ctx, "start": p.offset, "end": p.end} for p in self.patches]}
+
+
+# --- a step's call and changes in plain words -------------------------------------------------------
+
+def field_text(v) -> str:
+    """A struct field's value as a step shows it (old -> new): names as text, big numbers as
+    addresses."""
+    if isinstance(v, bytes):
+        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
+    if isinstance(v, np.ndarray):
+        return "[" + ", ".join(f"{int(x):#x}" if v.dtype == np.uint64 and int(x) > 1 << 32
+                               else str(int(x)) for x in v) + "]"
+    if isinstance(v, (np.integer, int)):
+        x = int(v)
+        return f"{x:#x}" if x > 1 << 32 else str(x)
+    return str(v)
+
+
+def describe_changes(call: str, objects, fields, patches) -> str:
+    """A plain-words summary of a step's changes."""
+    fn = call.split("(")[0].split("=")[-1].strip()
+    parts = []
+    for o in objects:
+        if o.type == "TENSOR":
+            data = o.size - GGML_TENSOR_SIZE
+            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
+            what += f" and {data} of data" if data > 0 else " and no data"
+            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
+        elif o.type == "GRAPH":
+            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
+        else:
+            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
+    for f in fields[:6]:
+        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
+    if len(fields) > 6:
+        parts.append(f"and {len(fields) - 6} more fields")
+    if not objects and not fields and patches:
+        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
+    return "; ".join(parts) or f"{fn} changed nothing in the pools"
+
+
+def statement_spans(source: str) -> dict[int, tuple[int, int]]:
+    """For each line, the (first, last) line of the simple statement containing it."""
+    spans: dict[int, tuple[int, int]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.If, ast.For,
+                                                                ast.While, ast.With, ast.Try,
+                                                                ast.ClassDef)):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                spans[line] = (node.lineno, node.end_lineno or node.lineno)
+    return spans

@@ -16,12 +16,12 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
-import ast
 from bisect import bisect_right
 import hashlib
 import json
 import sys
 import time
+from operator import attrgetter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,7 +38,7 @@ from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
 from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
-                          ThreadShare)
+                          ThreadShare, describe_changes, field_text, statement_spans)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.types import TYPE_TRAITS
 
@@ -223,8 +223,9 @@ class Recorder:
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()
-        self.lines = Path(source_file).read_text().splitlines()
-        self.statements = _statement_spans(Path(source_file).read_text())
+        text = Path(source_file).read_text()
+        self.lines = text.splitlines()
+        self.statements = statement_spans(text)
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
@@ -317,7 +318,7 @@ class Recorder:
                 continue
             old_end = self._objects_end(ctx.id)
             objs = self.objects_of(ctx)
-            first = 0 if old_end is None else bisect_right(objs, old_end, key=_header)
+            first = 0 if old_end is None else bisect_right(objs, old_end, key=attrgetter("header"))
             for o in objs[first:]:
                 name = Tensor(ctx, o.offs).name if o.type == GGML_OBJECT_TYPE_TENSOR else ""
                 key = (ctx.id, o.header)
@@ -331,7 +332,7 @@ class Recorder:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
         out = []
         objs = self.objects_of(ctx)
-        for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=_offs):]:
+        for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=attrgetter("offs")):]:
             if o.offs >= b:
                 break
             if o.type != GGML_OBJECT_TYPE_TENSOR or o.offs + GGML_TENSOR_SIZE <= a:
@@ -346,7 +347,7 @@ class Recorder:
                 lo, hi = o.offs + span.offset, o.offs + span.offset + span.size
                 if hi <= a or lo >= b:
                     continue
-                ov, nv = _show(old[span.name]), _show(new[span.name])
+                ov, nv = field_text(old[span.name]), field_text(new[span.name])
                 if ov != nv:
                     out.append(FieldWrite(ctx.id, o.offs, name, span.name, ov, nv))
         return out
@@ -391,7 +392,7 @@ class Recorder:
         if skip_if_empty and not (patches or fields or objects):
             self.snapshot_meta()
             return None
-        step = Step(len(self.steps), kind, call, self.line, note or _note(call, objects, fields,
+        step = Step(len(self.steps), kind, call, self.line, note or describe_changes(call, objects, fields,
                                                                           patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), **kw)
@@ -532,28 +533,8 @@ def _end_of(ctx: Context, header: int) -> int:
     return int(obj["offs"]) + int(obj["size"])
 
 
-def _header(o: ObjectInfo) -> int:
-    return o.header
-
-
-def _offs(o: ObjectInfo) -> int:
-    return o.offs
-
-
 def _ref(t: Tensor) -> tuple[int, int]:
     return (t.ctx.id, t.offs)
-
-
-def _show(v) -> str:
-    if isinstance(v, bytes):
-        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
-    if isinstance(v, np.ndarray):
-        return "[" + ", ".join(f"{int(x):#x}" if v.dtype == np.uint64 and int(x) > 1 << 32
-                               else str(int(x)) for x in v) + "]"
-    if isinstance(v, (np.integer, int)):
-        x = int(v)
-        return f"{x:#x}" if x > 1 << 32 else str(x)
-    return str(v)
 
 
 def _dedupe(items: list) -> list:
@@ -563,41 +544,6 @@ def _dedupe(items: list) -> list:
             seen.add(x)
             out.append(x)
     return out
-
-
-def _note(call: str, objects, fields, patches) -> str:
-    """A plain-words summary of a step's changes."""
-    fn = call.split("(")[0].split("=")[-1].strip()
-    parts = []
-    for o in objects:
-        if o.type == "TENSOR":
-            data = o.size - GGML_TENSOR_SIZE
-            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
-            what += f" and {data} of data" if data > 0 else " and no data"
-            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
-        elif o.type == "GRAPH":
-            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
-        else:
-            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
-    for f in fields[:6]:
-        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
-    if len(fields) > 6:
-        parts.append(f"and {len(fields) - 6} more fields")
-    if not objects and not fields and patches:
-        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
-    return "; ".join(parts) or f"{fn} changed nothing in the pools"
-
-
-def _statement_spans(source: str) -> dict[int, tuple[int, int]]:
-    """For each line, the (first, last) line of the simple statement containing it."""
-    spans: dict[int, tuple[int, int]] = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.If, ast.For,
-                                                                ast.While, ast.With, ast.Try,
-                                                                ast.ClassDef)):
-            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
-                spans[line] = (node.lineno, node.end_lineno or node.lineno)
-    return spans
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
