@@ -7,7 +7,7 @@ PORT   ?= 8000
 APT_RUN  := graphviz
 APT_TEST := graphviz chromium
 
-.PHONY: run test test-models bench size setup setup-test clean
+.PHONY: run test test-models package-check screenshots bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -68,13 +68,29 @@ EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.
 	tests/conformance/test_quants.py tests/conformance/test_quants_matmul.py \
 	tests/conformance/test_types.py tests/conformance/test_models.py \
 	tests/conformance/test_evaldump.py tests/conformance/test_autodiff.py \
-	tests/unit/test_trace.py::test_golden_trace tests/unit/test_libm.py
+	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py
 
 test: setup-test
 	$(PY) -m pytest -q tests
 	@echo "== again with numpy's SIMD dispatch lowered to its baseline"
 	NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
 		$(PY) -m pytest -q -p no:cacheprovider $(EXACT_TESTS)
+	@$(MAKE) --no-print-directory package-check
+
+# A plain (non-editable) install into a fresh virtualenv serves every page with its templates and
+# static files (package data): tests/package/check_install.py fetches them (about 25 s).
+PKG_VENV ?= /tmp/venv-pkgtest
+FIXTURES ?= $(abspath ../shared/fixtures)
+package-check:
+	rm -rf $(PKG_VENV) && python3 -m venv $(PKG_VENV)
+	$(PKG_VENV)/bin/pip install --quiet .
+	cd $(PKG_VENV) && GGML_LENS_FIXTURES=$(FIXTURES) $(PKG_VENV)/bin/python \
+		$(CURDIR)/tests/package/check_install.py
+
+# The README's screenshots, refreshed on purpose (a plain test run writes them to a temporary
+# folder): the browser tests write them into docs/screenshots.
+screenshots: setup-test
+	GGML_LENS_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/browser
 
 # Only the comparisons with real llama.cpp (the `llamacpp` marker).
 test-models: setup-test

@@ -19,20 +19,23 @@ def _serve(args: argparse.Namespace) -> int:
 def _trace(args: argparse.Namespace) -> int:
     import json
 
+    from app.settings import Settings
     from engine.programs import PROGRAMS, trace_program
 
     if args.program not in PROGRAMS:
         print(f"ggml-lens: no walkthrough named '{args.program}'; there are: "
               + ", ".join(PROGRAMS), file=sys.stderr)
         return 2
+    prog = PROGRAMS[args.program]
+    # a walkthrough that reads a fixture reads it from the configured folder
+    inputs = {"path": str(Settings.from_env().fixtures_dir / prog.reads)} if prog.reads else {}
     if args.eval_callback:  # run it (no recording), printing nodes as llama.cpp's callback does
         from engine.evaldump import dumping
 
-        prog = PROGRAMS[args.program]
         with dumping(sys.stdout.write):
-            prog.load().run(n_threads=args.threads or prog.threads)
+            prog.load().run(n_threads=args.threads or prog.threads, **inputs)
         return 0
-    trace = trace_program(args.program, args.threads)
+    trace = trace_program(args.program, args.threads, **inputs)
     if args.json:
         print(json.dumps(trace.to_json()))
         return 0 if trace.error is None else 1

@@ -1,37 +1,25 @@
-"""The web app factory: routers, templates, static files, and errors as readable pages."""
+"""The web app factory: shared objects, routers, static files, and errors as readable pages."""
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.settings import ROOT, Settings
-
-templates = Jinja2Templates(directory=ROOT / "templates")
-log = logging.getLogger("ggml-lens")
-
-
-def error_page(request: Request, status: int, message: str) -> HTMLResponse:
-    """Every error is a page with a readable message (never a traceback)."""
-    return templates.TemplateResponse(request, "pages/error.html",
-                                      {"status": status, "message": message},
-                                      status_code=status)
+from app import deps
+from app.routes import gguf, home, walkthroughs
+from app.settings import Settings
+from app.web import STATIC_DIR, ServerTiming, error_page, log
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings()
+    settings = settings or Settings.from_env()
     app = FastAPI(title="ggml-lens", docs_url=None, redoc_url=None)
-    app.state.settings = settings
-    app.mount("/static", StaticFiles(directory=ROOT / "static"), name="static")
-
-    from app.routes import gguf, home, walkthroughs
-
+    deps.install(app, settings)
+    app.add_middleware(ServerTiming)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(home.router)
     app.include_router(walkthroughs.router)
     app.include_router(gguf.router)

@@ -1,4 +1,9 @@
-"""Settings in one place: read once from the environment (GGML_LENS_*), with safe defaults."""
+"""Settings in one place: defaults here, read from the environment (GGML_LENS_*) once, by
+`Settings.from_env()` when the app or the command line starts.
+
+The app's own limits that are not per-deployment (the thread range a walkthrough may be
+recorded with) are constants here too, so a route, a cache and a template share one number.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,34 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from engine.programs import FIXTURES_DIR
+
+MAX_THREADS = 8  # a walkthrough is recorded with 1..MAX_THREADS compute threads
+PACKAGE = Path(__file__).resolve().parent  # templates/ and static/ ship inside the package
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    data_dir: Path = field(default_factory=lambda: Path(os.environ.get("GGML_LENS_DATA", ROOT / "var")))
-    upload_limit: int = int(os.environ.get("GGML_LENS_UPLOAD_LIMIT", 512 * 1024 * 1024))  # bytes
-    store_limit: int = int(os.environ.get("GGML_LENS_STORE_LIMIT", 4 * 1024 * 1024 * 1024))
-    trace_cache: int = int(os.environ.get("GGML_LENS_TRACE_CACHE", 32))  # traces kept in memory
+    data_dir: Path = Path("var")  # uploads live under data_dir/uploads (shared by workers)
+    upload_limit: int = 512 * 1024 * 1024  # bytes of one upload
+    store_limit: int = 4 * 1024 * 1024 * 1024  # bytes of all uploads kept
+    trace_cache: int = 32  # traces kept in memory per worker
+    svg_cache: int = 256  # rendered graph SVGs kept in memory per worker
+    fixtures_dir: Path = field(default=FIXTURES_DIR)  # the GGUF examples, served like uploads
 
     @property
     def uploads(self) -> Path:
         return self.data_dir / "uploads"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
+        _TRACE_CACHE, _SVG_CACHE and _FIXTURES, each falling back to the default above."""
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(data_dir=Path(env.get("GGML_LENS_DATA", d.data_dir)),
+                   upload_limit=int(env.get("GGML_LENS_UPLOAD_LIMIT", d.upload_limit)),
+                   store_limit=int(env.get("GGML_LENS_STORE_LIMIT", d.store_limit)),
+                   trace_cache=int(env.get("GGML_LENS_TRACE_CACHE", d.trace_cache)),
+                   svg_cache=int(env.get("GGML_LENS_SVG_CACHE", d.svg_cache)),
+                   fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)))

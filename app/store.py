@@ -20,9 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.settings import ROOT, Settings
+from app.settings import Settings
 from engine.gguf import GGUFReader
-from engine.programs import FIXTURES_DIR
 
 HASH_RE = re.compile(r"[0-9a-f]{64}")  # a lowercase sha256 digest, nothing else
 SUFFIX = ".gguf"
@@ -96,7 +95,7 @@ class UploadStore:
     """Content-addressed GGUF files: uploads under `root`, plus the project's fixtures."""
 
     def __init__(self, root: Path, upload_limit: int, store_limit: int,
-                 fixtures_dir: Path | None = FIXTURES_DIR) -> None:
+                 fixtures_dir: Path | None = None) -> None:
         self.root = root
         self.upload_limit = upload_limit
         self.store_limit = store_limit
@@ -107,7 +106,8 @@ class UploadStore:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UploadStore:
-        return cls(settings.uploads, settings.upload_limit, settings.store_limit)
+        return cls(settings.uploads, settings.upload_limit, settings.store_limit,
+                   settings.fixtures_dir)
 
     # --- writing ----------------------------------------------------------------------------
 

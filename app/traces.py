@@ -9,29 +9,36 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from pathlib import Path
 
+from app.settings import MAX_THREADS
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 
-MAX_THREADS = 8
+TraceKey = tuple[str, int, str | None]  # program, threads, input file
 
 
 class TraceCache:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, fixtures_dir: Path | None = None) -> None:
         self.size = size
-        self._traces: OrderedDict[tuple, Trace] = OrderedDict()
-        self._states: OrderedDict[tuple, State] = OrderedDict()
+        self.fixtures_dir = fixtures_dir  # where a program's default input file is
+        self._traces: OrderedDict[TraceKey, Trace] = OrderedDict()
+        self._keys: dict[int, TraceKey] = {}  # id of a cached trace -> its key
+        self._states: OrderedDict[tuple[TraceKey, int], State] = OrderedDict()
         self._lock = threading.Lock()
-        self._recording: dict[tuple, threading.Lock] = {}
+        self._recording: dict[TraceKey, threading.Lock] = {}
 
     def trace(self, name: str, threads: int | None, path: str | None = None) -> Trace:
         """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
 
-        `path` is the input file of a walkthrough that reads one (gguf-load)."""
+        `path` is the input file of a walkthrough that reads one (gguf-load, minilm); without
+        it such a walkthrough reads its fixture from `fixtures_dir`."""
         prog = PROGRAMS[name]
         n = threads or prog.threads
         if not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
+        if path is None and prog.reads and self.fixtures_dir is not None:
+            path = str(self.fixtures_dir / prog.reads)
         key = (name, n, path)
         with self._lock:
             if key in self._traces:
@@ -43,17 +50,18 @@ class TraceCache:
                 if key in self._traces:
                     return self._traces[key]
             trace = trace_program(name, n, **({"path": path} if path else {}))
-            trace.cache_key = key  # names its rebuilt states in self._states
             with self._lock:
                 self._traces[key] = trace
+                self._keys[id(trace)] = key
                 while len(self._traces) > self.size:
-                    self._traces.popitem(last=False)
+                    _, old = self._traces.popitem(last=False)
+                    self._keys.pop(id(old), None)
             return trace
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
-        key = (trace.cache_key if hasattr(trace, "cache_key") else trace.hash, k)
         with self._lock:
+            key = (self._keys.get(id(trace), ("", 0, trace.hash)), k)
             if key in self._states:
                 self._states.move_to_end(key)
                 return self._states[key]

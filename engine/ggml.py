@@ -35,7 +35,7 @@ from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, CPlan  # no
 from engine.context import Context, ggml_init_params  # noqa: F401
 from engine.errors import GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError  # noqa: F401
 from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, \
-    GGML_MEM_ALIGN, GGML_PAD  # noqa: F401
+    GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, GGML_TENSOR_SIZE  # noqa: F401
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.graph import GGML_DEFAULT_GRAPH_SIZE, Graph  # noqa: F401
 from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
@@ -53,9 +53,6 @@ for _enum, _prefix in ((GGMLType, "GGML_TYPE_"), (GGMLOp, "GGML_OP_"),
                        (GGMLUnaryOp, "GGML_UNARY_OP_"), (GGMLGluOp, "GGML_GLU_OP_")):
     for _member in _enum:
         globals()[_prefix + _member.name] = _member
-
-GGML_OBJECT_SIZE = 32
-GGML_TENSOR_SIZE = 336
 
 
 def _gdb_array(values: list[str]) -> str:

@@ -12,6 +12,7 @@ An observer may watch ggml_build_forward_expand visit tensors through `visit_hoo
 from __future__ import annotations
 
 from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -417,14 +418,38 @@ def ggml_graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
     return _by_slot(g, node, g.grad_acc_addresses)
 
 
-def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None) -> str:
+@dataclass(frozen=True, slots=True)
+class DotStyle:
+    """How a caller (a debugger) decorates one tensor in ggml_graph_dump_dot's output."""
+
+    attrs: str = ""  # DOT attributes added to the tensor's node: 'id = "t1"; URL = "?t=1"'
+    fold: str | None = None  # the id of a node declared in `extra` drawn instead of this tensor
+
+
+def _dot_escape(s: str) -> str:
+    """A name made safe inside a DOT record label."""
+    for ch in '\\"{}<>|':
+        s = s.replace(ch, "\\" + ch)
+    return s
+
+
+def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None,
+                        decorate: Callable[[Tensor], DotStyle | None] | None = None,
+                        extra: tuple[str, ...] = ()) -> str:
     """ggml_graph_dump_dot: the graph in graphviz DOT, as ggml writes it; also to `filename`.
 
     With gradients, a node that is some node's gradient is drawn as that node (dashed edges),
     a node with a gradient is green (lightblue if it is not in `cgraph`) and shows its
     gradient's op; parameters are yellow, other nodes white.
+
+    Not in ggml: `decorate(t)` may add attributes to a tensor's node (links, ids) or fold it
+    into a node of the caller's own, declared among the `extra` statements that follow the
+    header; edges into, out of and inside a fold are drawn once. When decorating, tensor names
+    are escaped for graphviz's record labels (ggml writes them as they are; its op symbols are
+    escaped already).
     """
     p = lambda t: f"{t.address:#x}"  # noqa: E731 - C's %p
+    esc = _dot_escape if decorate else (lambda s: s)
     grads = {n.address: ggml_graph_get_grad(gb, n) for n in gb.nodes}
     parent: dict[int, Tensor] = {}  # ggml_graph_get_parent: the first node a tensor is grad of
     for n in gb.nodes:
@@ -432,10 +457,18 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
         if g is not None:
             parent.setdefault(g.address, n)
     in_cgraph = None if cgraph is None else {n.address for n in cgraph.nodes}
-    out = ["digraph G {", "  newrank = true;", "  rankdir = TB;"]
+    out = ["digraph G {", "  newrank = true;", "  rankdir = TB;", *extra]
+    styles = {t.address: decorate(t) if decorate else None for t in gb.nodes + gb.leafs}
+    drawn = {a: st.fold if st is not None and st.fold else f"{a:#x}"  # the DOT node it is drawn as
+             for a, st in styles.items()}
+
+    def attrs(t: Tensor) -> str:
+        st = styles[t.address]
+        return f"{st.attrs}; " if st is not None and st.attrs else ""
+
     for i, node in enumerate(gb.nodes):
         grad = grads[node.address]
-        if node.address in parent:
+        if node.address in parent or drawn[node.address] != p(node):
             continue
         if node.flags & GGML_TENSOR_FLAG_PARAM:
             color = "yellow"
@@ -443,36 +476,51 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
             color = "green" if in_cgraph is None or node.address in in_cgraph else "lightblue"
         else:
             color = "white"
-        label = f"{node.name} ({TYPE_TRAITS[node.type].type_name})|" if node.name_bytes else \
-            f"({TYPE_TRAITS[node.type].type_name})|"
+        label = f"{esc(node.name)} ({TYPE_TRAITS[node.type].type_name})|" if node.name_bytes \
+            else f"({TYPE_TRAITS[node.type].type_name})|"
         ne = [int(x) for x in node.ne]
         shape = f"[{ne[0]}, {ne[1]}]" if ggml_is_matrix(node) else f"[{ne[0]}, {ne[1]}, {ne[2]}]"
         label += f"{i} {shape} | <x>{ggml_op_symbol(node.op)}"
         if grad is not None:
             label += f" | <g>{ggml_op_symbol(grad.op)}"
         out.append(f'  "{p(node)}" [ style = filled; fillcolor = {color}; shape = record; '
-                   f'label="{label}"; ]')
+                   f'label="{label}"; {attrs(node)}]')
     for i, leaf in enumerate(gb.leafs):
-        label = f"{leaf.name} ({TYPE_TRAITS[leaf.type].type_name})|" if leaf.name_bytes else \
-            f"({TYPE_TRAITS[leaf.type].type_name})|"
+        if drawn[leaf.address] != p(leaf):
+            continue
+        label = f"{esc(leaf.name)} ({TYPE_TRAITS[leaf.type].type_name})|" if leaf.name_bytes \
+            else f"({TYPE_TRAITS[leaf.type].type_name})|"
         ne = [int(x) for x in leaf.ne]
         label += f"CONST {i} [{ne[0]}, {ne[1]}]"
         n = ggml_nelements(leaf)
         if n < 5 and leaf.data is not None:
             label += " | (" + ", ".join("#" for _ in range(n)) + ")"
         out.append(f'  "{p(leaf)}" [ style = filled; fillcolor = pink; shape = record; '
-                   f'label="<x>{label}"; ]')
+                   f'label="<x>{label}"; {attrs(leaf)}]')
+    seen: set[tuple[str, str, int]] = set()
+
+    def ends(src: Tensor, dst: Tensor, j: int) -> tuple[str, str] | None:
+        a, b = drawn.get(src.address, p(src)), drawn.get(dst.address, p(dst))
+        if (a, b) != (p(src), p(dst)):  # folded: one edge per pair of boxes and slot
+            if a == b or (a, b, j) in seen:
+                return None
+            seen.add((a, b, j))
+        return a, b
+
     for node in gb.nodes:
         for j, src in enumerate(node.src):
             if src is not None:
                 gp, gp0 = parent.get(node.address), parent.get(src.address)
-                out.append(f'  "{p(gp0 or src)}" -> "{p(gp or node)}" [ arrowhead = '
-                           f'{"empty" if gp else "vee"}; style = {"dashed" if gp else "solid"}; '
-                           f'label = "src {j}"; ]')
+                e = ends(gp0 or src, gp or node, j)
+                if e is not None:
+                    out.append(f'  "{e[0]}" -> "{e[1]}" [ arrowhead = '
+                               f'{"empty" if gp else "vee"}; style = {"dashed" if gp else "solid"}; '
+                               f'label = "src {j}"; ]')
     for leaf in gb.leafs:
         for j, src in enumerate(leaf.src):
-            if src is not None:
-                out.append(f'  "{p(src)}" -> "{p(leaf)}" [ label = "src {j}"; ]')
+            e = None if src is None else ends(src, leaf, j)
+            if e is not None:
+                out.append(f'  "{e[0]}" -> "{e[1]}" [ label = "src {j}"; ]')
     out.append("}")
     text = "\n".join(out) + "\n"
     if filename:

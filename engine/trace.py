@@ -16,12 +16,12 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
-import ast
 from bisect import bisect_right
 import hashlib
 import json
 import sys
 import time
+from operator import attrgetter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,22 +31,26 @@ import numpy as np
 from engine import ggml as G
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
-from engine.backend.buffer import _BUFFERS, Buffer
-from engine.backend.device import Backend
-from engine.backend.sched import COPY_OBSERVER, Sched
+from engine.backend.sched import COPY_OBSERVER
 from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.context import (AddressSpace, Context, ObjectInfo, current_address_space, fresh_address_space,
-                            ggml_used_mem)
+from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
+                            GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
+                            current_address_space, fresh_address_space, ggml_used_mem)
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
+from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
+                          ThreadShare, describe_changes, field_text, statement_spans)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
+from engine.trace_cpu import CpuDependence
+from engine.trace_backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
+                                  restored_buffers)
 from engine.types import TYPE_TRAITS
 
 STEP_CAP = 20_000
 DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
-                "ggml_backend_tensor_set", "ggml_backend_tensor_memset")  # a runaway program ends with a clear final step instead of a hang
+                *BACKEND_DATA_WRITERS)  # a runaway program ends with a clear final step instead of a hang
 
 # facade functions that are not steps (pure queries change nothing)
 QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_dims", "ggml_is_",
@@ -55,87 +59,7 @@ QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_d
            "ggml_graph_n_nodes", "ggml_graph_size", "ggml_graph_node", "ggml_used_mem",
            "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
            "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
-           "gguf_get_", "gguf_find_",
-           # ggml-backend / ggml-alloc queries
-           "ggml_backend_buft_get_", "ggml_backend_buft_name", "ggml_backend_buft_is_", "ggml_backend_buffer_get_",
-           "ggml_backend_buffer_name", "ggml_backend_buffer_is_", "ggml_backend_get_", "ggml_backend_name",
-           "ggml_backend_guid", "ggml_backend_is_", "ggml_backend_supports_", "ggml_backend_offload_op",
-           "ggml_backend_dev_", "ggml_backend_reg_", "ggml_backend_sched_get_", "ggml_backend_tensor_get",
-           "ggml_gallocr_get_", "ggml_backend_alloc_ctx_tensors_from_buft_size")
-# calls that write the `buffer` and `data` fields of many tensor structs (which ones: _struct_writes)
-STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tensors_from_buft",
-                  "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",
-                  "ggml_backend_sched_graph_compute_async")
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectAdded:
-    ctx: int  # context id
-    header: int  # offset of the object header
-    offs: int
-    size: int
-    type: str  # TENSOR, GRAPH, WORK_BUFFER
-    name: str  # the tensor's name when the step ended
-
-
-@dataclass(frozen=True, slots=True)
-class FieldWrite:
-    ctx: int
-    struct: int  # offset of the tensor struct
-    tensor: str
-    field: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True, slots=True)
-class Patch:
-    ctx: int
-    offset: int
-    data: bytes  # the bytes after the step
-
-    @property
-    def end(self) -> int:
-        return self.offset + len(self.data)
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadShare:
-    ith: int
-    kind: str
-    ranges: tuple
-    seconds: float
-    note: str
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    index: int
-    kind: str  # init, call, visit, node, end, error, cap
-    call: str  # the call as the program wrote it (or the node's description)
-    line: int  # the program's line
-    note: str  # what happened, in plain words
-    parent: int | None = None  # the call step a visit or node belongs to
-    objects: tuple[ObjectAdded, ...] = ()
-    fields: tuple[FieldWrite, ...] = ()
-    patches: tuple[Patch, ...] = ()
-    contexts: tuple[tuple, ...] = ()  # (id, base, mem_size, objects_end, no_alloc) after the step
-    tensor: tuple[int, int] | None = None  # (ctx, struct offset) of the tensor the step is about
-    threads: tuple[ThreadShare, ...] = ()
-    plan: tuple = ()  # (n_threads, work_size, n_tasks per node) for compute steps
-    # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
-    # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
-    same_on_every_cpu: bool = True
-    # backend buffers after the step, as (id, base, size, buffer type name, usage, is_host)
-    buffers: tuple[tuple, ...] = ()
-    # scheduler steps: ((ctx, struct offset), backend name, why) for each tensor the step placed
-    assign: tuple[tuple, ...] = ()
-
-    def changes(self) -> dict:
-        """The step's changes as plain data (for JSON)."""
-        return {"objects": [asdict(o) for o in self.objects],
-                "fields": [asdict(f) for f in self.fields],
-                "data": [{"ctx": p.ctx, "start": p.offset, "end": p.end} for p in self.patches]}
+           "gguf_get_", "gguf_find_", *BACKEND_QUERIES)
 
 
 @dataclass
@@ -163,10 +87,13 @@ class Trace:
             # bytes whose values depend on the CPU (and so which of them changed) are left out
             data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches] \
                 if s.same_on_every_cpu else sorted({p.ctx for p in s.patches})
-            h.update(repr((s.index, s.kind, s.call, s.line, s.note, s.parent, s.objects, s.fields,
-                           data, s.contexts, s.tensor, shares, s.plan)).encode())
-            if s.buffers or s.assign:
-                h.update(repr((s.buffers, s.assign)).encode())
+            # (kind, contexts and plan as the plain values they were before they were records,
+            # so hashes and golden traces stay as they were)
+            h.update(repr((s.index, s.kind.value, s.call, s.line, s.note, s.parent, s.objects,
+                           s.fields, data, tuple(c.astuple() for c in s.contexts), s.tensor,
+                           shares, s.plan.astuple() if s.plan else ())).encode())
+            if s.buffers or s.placements or s.decision or s.split:  # backend programs only
+                h.update(repr((s.buffers, s.placements, s.decision, s.split)).encode())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
 
@@ -175,20 +102,21 @@ class Trace:
         """The pools after step k: the last checkpoint at or before k, then the patches of the
         steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
-        metas: dict[int, tuple] = {}
-        buffers: dict[int, tuple] = {}
+        metas: dict[int, ContextMeta] = {}
+        buffers: dict[int, Any] = {}
         for s in self.steps[:k + 1]:
             for c in s.contexts:
-                metas[c[0]] = c
+                metas[c.id] = c
             for b in s.buffers:
-                buffers[b[0]] = b
+                buffers[b.id] = b
         flat, ends = self._flat_patches()
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
             if index > ends[k]:
                 break
             start, saved = index, pools_then
-        pools = {cid: _fresh_pool(m[2], saved.get(cid)) for cid, m in [*metas.items(), *buffers.items()]}
+        pools = {cid: _fresh_pool(m.mem_size, saved.get(cid)) for cid, m in metas.items()}
+        pools.update({bid: _fresh_pool(m.size, saved.get(bid)) for bid, m in buffers.items()})
         views = {cid: memoryview(a) for cid, a in pools.items()}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
@@ -206,16 +134,20 @@ class Trace:
         flat, ends = self._flat_patches()
         sizes: dict[int, int] = {}
         for s in self.steps:
-            for c in (*s.contexts, *s.buffers):
-                sizes[c[0]] = c[2]
+            for c in s.contexts:
+                sizes[c.id] = c.mem_size
+            for b in s.buffers:
+                sizes[b.id] = b.size
         every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
         if sum(len(p[3]) for p in flat) > every:
             pools: dict[int, np.ndarray] = {}
             since, done = 0, 0
             for k, s in enumerate(self.steps):
-                for c in (*s.contexts, *s.buffers):
-                    pools.setdefault(c[0], np.zeros(c[2], dtype=np.uint8))
+                for c in s.contexts:
+                    pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
+                for b in s.buffers:
+                    pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
@@ -240,7 +172,7 @@ class Trace:
     def to_json(self) -> dict:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
                 "error": self.error,
-                "steps": [{"index": s.index, "kind": s.kind, "call": s.call, "line": s.line,
+                "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
                            "note": s.note, "parent": s.parent, "changes": s.changes(),
                            "same_on_every_cpu": s.same_on_every_cpu,
                            "threads": [asdict(t) for t in s.threads]} for s in self.steps],
@@ -250,13 +182,14 @@ class Trace:
 class State:
     """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
 
-    def __init__(self, trace: Trace, k: int, metas: dict[int, tuple], pools: dict,
-                 buffers: dict[int, tuple] | None = None) -> None:
+    def __init__(self, trace: Trace, k: int, metas: dict[int, ContextMeta], pools: dict,
+                 buffers: dict | None = None) -> None:
         self.trace, self.k = trace, k
         self.space = AddressSpace(weak=True)  # the state holds the contexts
-        self.contexts = {cid: Context.restored(self.space, cid, m[1], pools[cid], m[3], m[4])
+        self.contexts = {cid: Context.restored(self.space, cid, m.base, pools[cid],
+                                               m.objects_end, m.no_alloc)
                          for cid, m in sorted(metas.items())}
-        self.buffers = {bid: RestoredBuffer(self.space, b, pools[bid]) for bid, b in sorted((buffers or {}).items())}
+        self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
         return Tensor(self.contexts[ref[0]], ref[1])
@@ -264,7 +197,8 @@ class State:
     def tensors(self) -> list[Tensor]:
         out = []
         for ctx in self.contexts.values():
-            out += [Tensor(ctx, o.offs) for o in ctx.objects() if o.type == 0]
+            out += [Tensor(ctx, o.offs) for o in ctx.objects()
+                    if o.type == GGML_OBJECT_TYPE_TENSOR]
         return out
 
     def graphs(self) -> list[Graph]:
@@ -273,21 +207,8 @@ class State:
         out = []
         for ctx in self.contexts.values():
             out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
-                    for o in ctx.objects() if o.type == 1]
+                    for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
         return out
-
-
-class RestoredBuffer:
-    """A backend buffer's bytes rebuilt from a trace, mapped at its original address (so tensor
-    data pointers into it resolve)."""
-
-    def __init__(self, space: AddressSpace, meta: tuple, pool: np.ndarray) -> None:
-        self.id, self.base, self.size, self.name, self.usage, self.is_host = meta
-        self.pool, self.mem_size, self.freed = pool, pool.size, False
-        space.place_at(self, self.base)
-
-    def __repr__(self) -> str:
-        return f"<buffer {self.id} {self.name} size={self.size}>"
 
 
 # --- recording -------------------------------------------------------------------------------
@@ -295,7 +216,7 @@ class RestoredBuffer:
 def _facade_codes() -> dict[Any, str]:
     """The code objects of the facade's functions that make steps."""
     codes = {}
-    for module in (G, GB, GA):
+    for module in (G, GB, GA):  # ggml.h, ggml-backend.h, ggml-alloc.h
         for name in dir(module):
             fn = getattr(module, name)
             if callable(fn) and hasattr(fn, "__code__") and (
@@ -305,7 +226,7 @@ def _facade_codes() -> dict[Any, str]:
     return codes
 
 
-class Recorder:
+class Recorder(BackendRecording, CpuDependence):
     """Watches one program run and turns what it does into steps."""
 
     def __init__(self, source_file: str, n_threads: int,
@@ -316,23 +237,20 @@ class Recorder:
         self.codes = _facade_codes()
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
-        self.buffers: list[Buffer] = []  # backend buffers, found as they appear
-        self.buffer_meta: dict[int, tuple] = {}
-        self.shadow: dict[int, np.ndarray] = {}  # each pool (and buffer) as of the last step
+        self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
         self.cpu_dependent: dict[int, list[tuple[int, int]]] = {}  # byte ranges, per context
-        self.meta: dict[int, tuple] = {}
+        self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()
-        self.lines = Path(source_file).read_text().splitlines()
-        self.statements = _statement_spans(Path(source_file).read_text())
+        text = Path(source_file).read_text()
+        self.lines = text.splitlines()
+        self.statements = statement_spans(text)
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
         self.t_start = time.perf_counter()
-        self.space: AddressSpace | None = None  # the recording's address space (set by record)
-        self.plans_seen: set[int] = set()  # gallocr plans already shown as steps
-        self.splits_seen: dict[int, int] = {}  # per scheduler: the split it last showed
+        self.init_backend_recording()
 
     # the profile hook: only calls from the program's own file into the facade are steps
     def profile(self, frame, event: str, arg) -> None:
@@ -347,7 +265,7 @@ class Recorder:
                     if self.codes[frame.f_code].startswith("ggml_build_forward"):
                         # the call comes first; each tensor it visits is a step inside it
                         self.call_step = self.emit(
-                            "call", self.source(self.line),
+                            StepKind.CALL, self.source(self.line),
                             "ggml_build_forward_expand walks the sources of the tensor depth "
                             "first, then records it", []).index
         elif event == "return" and frame is self.active:
@@ -364,21 +282,12 @@ class Recorder:
             self.contexts.append(ctx)
             self.shadow[ctx.id] = np.zeros(ctx.mem_size, dtype=np.uint8)
 
-    def track_buffers(self) -> None:
-        """Start watching the backend buffers made since the last step (by the program, a
-        gallocr or the scheduler): their bytes are diffed like a pool's."""
-        space = self.space
-        for buf in list(_BUFFERS.values()):
-            if buf.space is space and buf.id not in self.shadow:
-                self.buffers.append(buf)
-                self.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)
-
     def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs
         of the tensors and graphs it touched."""
         out = []
         for ctx in self.contexts:
-            old_used = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_used = self._objects_end(ctx.id)
             old_end = 0 if old_used is None else _end_of(ctx, old_used)
             new_end = ggml_used_mem(ctx) if not ctx.freed else old_end
             if new_end > old_end:
@@ -392,8 +301,8 @@ class Recorder:
                 for ctx in self.contexts:
                     if not ctx.freed:
                         out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
-                                if o.type == 2 and o.size]
-                out += [(buf, 0, buf.mem_size) for buf in self.buffers if buf.is_work and not buf.freed]
+                                if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size]
+                out += self.work_buffer_regions()
             elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
                 out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):
@@ -433,11 +342,11 @@ class Recorder:
         for ctx in self.contexts:
             if ctx.freed:
                 continue
-            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_end = self._objects_end(ctx.id)
             objs = self.objects_of(ctx)
-            first = 0 if old_end is None else bisect_right(objs, old_end, key=_header)
+            first = 0 if old_end is None else bisect_right(objs, old_end, key=attrgetter("header"))
             for o in objs[first:]:
-                name = Tensor(ctx, o.offs).name if o.type == 0 else ""
+                name = Tensor(ctx, o.offs).name if o.type == GGML_OBJECT_TYPE_TENSOR else ""
                 key = (ctx.id, o.header)
                 if key not in seen:
                     seen.add(key)
@@ -449,12 +358,12 @@ class Recorder:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
         out = []
         objs = self.objects_of(ctx)
-        for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=_offs):]:
+        for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=attrgetter("offs")):]:
             if o.offs >= b:
                 break
-            if o.type != 0 or o.offs + GGML_TENSOR_SIZE <= a:
+            if o.type != GGML_OBJECT_TYPE_TENSOR or o.offs + GGML_TENSOR_SIZE <= a:
                 continue
-            old_end = self.meta.get(ctx.id, (0, 0, 0, None))[3]
+            old_end = self._objects_end(ctx.id)
             if old_end is None or o.header > old_end:
                 continue  # a new tensor: reported as an object, not as field writes
             old = self.shadow[ctx.id][o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
@@ -464,7 +373,7 @@ class Recorder:
                 lo, hi = o.offs + span.offset, o.offs + span.offset + span.size
                 if hi <= a or lo >= b:
                     continue
-                ov, nv = _show(old[span.name]), _show(new[span.name])
+                ov, nv = field_text(old[span.name]), field_text(new[span.name])
                 if ov != nv:
                     out.append(FieldWrite(ctx.id, o.offs, name, span.name, ov, nv))
         return out
@@ -486,26 +395,22 @@ class Recorder:
             hdr = ctx.offset(nxt) if nxt else None
         return objs
 
-    def snapshot_buffers(self) -> tuple[tuple, ...]:
-        changed = []
-        for buf in self.buffers:
-            m = (buf.id, buf.base, buf.mem_size, buf.buft.name, buf.usage, buf.buft.is_host)
-            if not buf.freed and self.buffer_meta.get(buf.id) != m:
-                self.buffer_meta[buf.id] = m
-                changed.append(m)
-        return tuple(changed)
+    def _objects_end(self, cid: int) -> int | None:
+        """The last object's header offset when the context's metadata was last recorded."""
+        m = self.meta.get(cid)
+        return None if m is None else m.objects_end
 
-    def snapshot_meta(self) -> tuple[tuple, ...]:
+    def snapshot_meta(self) -> tuple[ContextMeta, ...]:
         changed = []
         for ctx in self.contexts:
-            m = (ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
+            m = ContextMeta(ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
             if self.meta.get(ctx.id) != m:
                 self.meta[ctx.id] = m
                 changed.append(m)
         return tuple(changed)
 
     # --- steps ------------------------------------------------------------------------------
-    def emit(self, kind: str, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
+    def emit(self, kind: StepKind, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
              **kw) -> Step | None:
         if len(self.steps) >= STEP_CAP:
             raise StepCapReached()
@@ -515,7 +420,7 @@ class Recorder:
         if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
-        step = Step(len(self.steps), kind, call, self.line, note or _note(call, objects, fields,
+        step = Step(len(self.steps), kind, call, self.line, note or describe_changes(call, objects, fields,
                                                                           patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers, **kw)
@@ -542,7 +447,7 @@ class Recorder:
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS:
-            things += self._struct_writes()
+            things += self.struct_writes()
         tensor = _ref(result) if isinstance(result, Tensor) else None
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
@@ -552,83 +457,9 @@ class Recorder:
             note = (f"ggml_init allocated a pool of {result.mem_size} bytes at {result.base:#x} "
                     f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
         # after visits or nodes, the call's own step is only needed for changes not yet shown
-        step = self.emit("call", self.source(self.line), note, things, tensor=tensor,
+        step = self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
                          parent=self.call_step, skip_if_empty=self.call_step is not None)
-        parent = self.call_step if step is None else step.index
-        sched = next((a for a in self.args if isinstance(a, Sched)), None)
-        if sched is not None and self.splits_seen.get(id(sched)) != sched.n_split_calls:
-            self.splits_seen[id(sched)] = sched.n_split_calls
-            self.sched_steps(sched, parent)
-        galloc = next((a for a in self.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
-        galloc = galloc or (sched.galloc if sched is not None else None)
-        if galloc is not None and galloc.plan is not None and id(galloc.plan) not in self.plans_seen:
-            self.plans_seen.add(id(galloc.plan))
-            self.alloc_steps(galloc, parent)
-
-    def _struct_writes(self) -> list:
-        """The tensor structs a call that allocates many tensors may have written."""
-        out: list = []
-        for a in self.args:
-            if isinstance(a, Context):
-                out += [("struct", Tensor(a, o.offs)) for o in self.objects_of(a) if o.type == 0]
-            elif isinstance(a, Graph):
-                for n in a.nodes + a.leafs:
-                    out += [("struct", n)] + [("struct", x) for x in n.src if x is not None]
-            elif isinstance(a, Sched):
-                if a.ctx is not None:
-                    self.track(a.ctx)
-                out += [("struct", t) for t in a.graph.nodes + a.graph.leafs]
-        return out
-
-    def alloc_steps(self, galloc, parent: int | None) -> None:
-        """One step per decision of the graph allocator's plan: nothing in memory changes (the
-        plan is where tensors will go), so each step says what was decided and why."""
-        names = [b.name for b in galloc.bufts]
-        for d in galloc.plan.decisions:
-            where = f"buffer {d.buffer_id} ({names[d.buffer_id]}), chunk {d.chunk}, offset {d.offset}"
-            if d.kind == "alloc":
-                note = f"gallocr: '{d.tensor.name}' gets {d.size} bytes at {where}"
-            elif d.kind == "inplace":
-                note = (f"gallocr: '{d.tensor.name}' reuses the bytes of '{d.parent.name}' in place "
-                        f"({GGMLOp(d.tensor.op).name} can overwrite its source, and '{d.parent.name}' has no "
-                        f"other child) at {where}")
-            else:
-                note = f"gallocr: '{d.tensor.name}' had its last child: its {d.size} bytes at {where} are free again"
-            self.emit("alloc", f"{d.kind} '{d.tensor.name}'", note, [], parent=parent, tensor=_ref(d.tensor))
-
-    def sched_steps(self, sched: Sched, parent: int | None) -> None:
-        """The scheduler's passes, one step each with the backend it gave each tensor, then one
-        step per split."""
-        names = [f"backend {i} ({b.name})" for i, b in enumerate(sched.backends)]
-        for title, assigned in sched.history:
-            if not assigned:
-                continue
-            assign = tuple((_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
-                           for a in assigned)
-            counts = ", ".join(f"{sum(1 for a in assigned if a.backend_id == b)} to {n}"
-                               for b, n in enumerate(names) if any(a.backend_id == b for a in assigned))
-            self.emit("pass", f"pass {title}", f"ggml_backend_sched pass {title}: {counts}", [],
-                      parent=parent, assign=assign)
-        for i, split in enumerate(sched.splits):
-            ins = ", ".join(f"'{t.name}'" for t in split.inputs) or "none"
-            self.emit("split", f"split {i} on {names[split.backend_id]}",
-                      f"split {i}: nodes {split.i_start}..{split.i_end - 1} run on {names[split.backend_id]}; "
-                      f"inputs copied in: {ins}", [], parent=parent)
-
-    def on_copy(self, inp: Tensor, cpy: Tensor, src_backend, dst_backend) -> None:
-        self.emit("copy", f"copy '{inp.name}' -> '{cpy.name}'",
-                  f"the scheduler copied '{inp.name}' ({ggml_nbytes(inp)} bytes) from {src_backend.name} "
-                  f"to {dst_backend.name} as '{cpy.name}'", [cpy], parent=self.call_step, tensor=_ref(cpy))
-
-    def compute_threads(self) -> int:
-        """The thread count a compute call plans with: the backend's (the first split's, for a
-        scheduler), else the program's argument."""
-        for a in self.args:
-            if isinstance(a, Sched) and a.splits:
-                return a.backends[a.splits[0].backend_id].n_threads
-            if isinstance(a, Backend):
-                return a.n_threads
-        return self.n_threads_arg()
+        self.after_backend_call(self.call_step if step is None else step.index)
 
     def on_enter(self, node: Tensor) -> None:
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
@@ -637,7 +468,7 @@ class Recorder:
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         kind = "leaf" if is_leaf else "node"
-        self.emit("visit", f"visit '{node.name}'",
+        self.emit(StepKind.VISIT, f"visit '{node.name}'",
                   f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
                   f"{slot}, appended as a {kind}",
                   [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
@@ -653,10 +484,10 @@ class Recorder:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
                                          self.compute_threads())
                 self.call_step = self.emit(
-                    "call", self.source(self.line),
+                    StepKind.CALL, self.source(self.line),
                     f"planned {plan.n_threads} thread(s), a work buffer of {plan.work_size} bytes; "
                     "all threads now walk the nodes together", [],
-                    plan=(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
+                    plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
                         for s in shares if s is not None)
@@ -665,39 +496,10 @@ class Recorder:
             self.depends_on_cpu(s) for s in node.src if s is not None)
         if not same:  # all of dst, even bytes that happened not to change
             self.cpu_dependent_ranges(*self.data_range(node), add=True)
-        self.emit("node", desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
+        self.emit(StepKind.NODE, desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
                   [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
                   threads=threads, same_on_every_cpu=same)
         return True
-
-    # --- which bytes depend on the CPU ------------------------------------------------------
-    @staticmethod
-    def data_range(t: Tensor) -> tuple[int, int, int]:
-        """(context id, start, end) of t's data (empty when it has none)."""
-        if t.data is None:
-            return (-1, 0, 0)
-        ctx, off = t.ctx.space.resolve(t.data)
-        return (ctx.id, off, off + ggml_nbytes(t))
-
-    def depends_on_cpu(self, t: Tensor) -> bool:
-        cid, a, b = self.data_range(t)
-        return any(s < b and a < e for s, e in self.cpu_dependent.get(cid, ()))
-
-    def cpu_dependent_ranges(self, cid: int, a: int, b: int, add: bool) -> None:
-        """Mark [a, b) of context cid as holding CPU-dependent values (add) or not."""
-        if a >= b:
-            return
-        kept = []
-        for s, e in self.cpu_dependent.get(cid, ()):
-            kept += [(x, y) for x, y in ((s, min(e, a)), (max(s, b), e)) if x < y]
-        if add:
-            kept.append((a, b))
-        self.cpu_dependent[cid] = sorted(kept)
-
-    def mark_cpu_dependent(self, step: Step) -> None:
-        """What a step wrote depends on the CPU if the step does; otherwise it no longer does."""
-        for p in step.patches:
-            self.cpu_dependent_ranges(p.ctx, p.offset, p.end, add=not step.same_on_every_cpu)
 
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
@@ -733,28 +535,8 @@ def _end_of(ctx: Context, header: int) -> int:
     return int(obj["offs"]) + int(obj["size"])
 
 
-def _header(o: ObjectInfo) -> int:
-    return o.header
-
-
-def _offs(o: ObjectInfo) -> int:
-    return o.offs
-
-
 def _ref(t: Tensor) -> tuple[int, int]:
     return (t.ctx.id, t.offs)
-
-
-def _show(v) -> str:
-    if isinstance(v, bytes):
-        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
-    if isinstance(v, np.ndarray):
-        return "[" + ", ".join(f"{int(x):#x}" if v.dtype == np.uint64 and int(x) > 1 << 32
-                               else str(int(x)) for x in v) + "]"
-    if isinstance(v, (np.integer, int)):
-        x = int(v)
-        return f"{x:#x}" if x > 1 << 32 else str(x)
-    return str(v)
 
 
 def _dedupe(items: list) -> list:
@@ -764,41 +546,6 @@ def _dedupe(items: list) -> list:
             seen.add(x)
             out.append(x)
     return out
-
-
-def _note(call: str, objects, fields, patches) -> str:
-    """A plain-words summary of a step's changes."""
-    fn = call.split("(")[0].split("=")[-1].strip()
-    parts = []
-    for o in objects:
-        if o.type == "TENSOR":
-            data = o.size - GGML_TENSOR_SIZE
-            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
-            what += f" and {data} of data" if data > 0 else " and no data"
-            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
-        elif o.type == "GRAPH":
-            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
-        else:
-            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
-    for f in fields[:6]:
-        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
-    if len(fields) > 6:
-        parts.append(f"and {len(fields) - 6} more fields")
-    if not objects and not fields and patches:
-        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
-    return "; ".join(parts) or f"{fn} changed nothing in the pools"
-
-
-def _statement_spans(source: str) -> dict[int, tuple[int, int]]:
-    """For each line, the (first, last) line of the simple statement containing it."""
-    spans: dict[int, tuple[int, int]] = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.If, ast.For,
-                                                                ast.While, ast.With, ast.Try,
-                                                                ast.ClassDef)):
-            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
-                spans[line] = (node.lineno, node.end_lineno or node.lineno)
-    return spans
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
@@ -820,12 +567,12 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
             outputs = program(n_threads=n_threads, **kwargs) or {}
         except StepCapReached:
             trace.error = f"stopped after {STEP_CAP} steps"
-            rec.steps.append(Step(len(rec.steps), "cap", "", rec.line, trace.error))
+            rec.steps.append(Step(len(rec.steps), StepKind.CAP, "", rec.line, trace.error))
         except Exception as e:  # the program's error is the final step, shown to the learner
             sys.setprofile(prev)
             trace.error = f"{type(e).__name__}: {e}"
             rec.active = None
-            rec.steps.append(Step(len(rec.steps), "error", rec.source(rec.line), rec.line,
+            rec.steps.append(Step(len(rec.steps), StepKind.ERROR, rec.source(rec.line), rec.line,
                                   trace.error))
         finally:
             sys.setprofile(prev)
@@ -833,7 +580,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
             COPY_OBSERVER.reset(copy_token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
     if trace.error is None:
-        rec.emit("end", "", "the program returned", [])
+        rec.emit(StepKind.END, "", "the program returned", [])
     trace.steps = rec.steps
     return trace
 

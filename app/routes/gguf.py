@@ -7,43 +7,39 @@ to push, so back/forward and sharing work. Uploads stream into the UploadStore.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
-from app.main import log, templates
+from app.deps import Store
 from app.store import PendingUpload, UploadStore, UploadTooLarge
-from app.views import gguf as views
+from app.views.format import human_bytes, visible_text
+from app.views.gguf.array import array_view
+from app.views.gguf.block import block_view
+from app.views.gguf.bytemap import byte_map_view
+from app.views.gguf.file import file_view
+from app.views.gguf.home import UploadError, home_view
+from app.views.gguf.kv_table import kv_table_view
+from app.views.gguf.state import PANEL_PARAMS, FileState, file_url, kv_url, merge_params, tensor_url
+from app.views.gguf.tensor import tensor_view
+from app.views.gguf.tensors_table import tensor_table_view
+from app.web import log, templates
 from engine.gguf import GGUFError, GGUFReader
 
 router = APIRouter()
-_store_lock = threading.Lock()
 
-PARTIALS = {"gguf-bytemap": "partials/gguf_bytemap.html",
-            "gguf-kv-table": "partials/gguf_kv_table.html",
-            "gguf-tensors-table": "partials/gguf_tensors_table.html",
-            "gguf-array": "partials/gguf_array.html",
-            "gguf-block": "partials/gguf_block.html"}
+# the partial each swappable panel is, by the id of its root (the request's HX-Target)
+PARTIALS = {"gguf-bytemap": "partials/gguf/bytemap.html",
+            "gguf-kv-table": "partials/gguf/kv_table.html",
+            "gguf-tensors-table": "partials/gguf/tensors_table.html",
+            "gguf-array": "partials/gguf/array.html",
+            "gguf-block": "partials/gguf/block.html"}
 NOT_A_FILE = "No GGUF file with this hash: it was never uploaded here or was evicted since."
-
-
-def get_store(request: Request) -> UploadStore:
-    """One UploadStore per app, made on first use from the app's settings."""
-    state = request.app.state
-    with _store_lock:
-        if getattr(state, "gguf_store", None) is None:
-            state.gguf_store = UploadStore.from_settings(state.settings)
-        return state.gguf_store
-
-
-Store = Annotated[UploadStore, Depends(get_store)]
 
 
 def _target(request: Request) -> str | None:
@@ -56,13 +52,12 @@ def _target(request: Request) -> str | None:
 
 
 def _render(request: Request, page: str, target: str | None, ctx: dict[str, Any],
-            started: float, push: str | None = None, status: int = 200) -> HTMLResponse:
+            push: str | None = None, status: int = 200) -> HTMLResponse:
     name = PARTIALS[target] if target else page
     response = templates.TemplateResponse(request, name, ctx, status_code=status)
     response.headers["Vary"] = "HX-Request, HX-Target"
     if target and push:
         response.headers["HX-Push-Url"] = push
-    response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
     return response
 
 
@@ -80,56 +75,52 @@ def _open(store: UploadStore, digest: str) -> GGUFReader:
 
 @router.get("/gguf", response_class=HTMLResponse)
 def gguf_home(request: Request, store: Store) -> HTMLResponse:
-    started = time.perf_counter()
-    return _render(request, "pages/gguf_home.html", None,
-                   {"view": views.home_view(store)}, started)
+    return _render(request, "pages/gguf_home.html", None, {"view": home_view(store)})
 
 
-def _refuse(request: Request, store: UploadStore, status: int, error: views.UploadError,
-            started: float) -> HTMLResponse:
+def _refuse(request: Request, store: UploadStore, status: int, error: UploadError) -> HTMLResponse:
     return _render(request, "pages/gguf_home.html", None,
-                   {"view": views.home_view(store, error)}, started, status=status)
+                   {"view": home_view(store, error)}, status=status)
 
 
 @router.post("/gguf", response_class=HTMLResponse)
 async def gguf_upload(request: Request, store: Store) -> Response:
     """Stream the body (a multipart form's `file` field, or the raw bytes) into the store."""
-    started = time.perf_counter()
     limit = store.upload_limit
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit + 64 * 1024:  # more than the form's overhead
-        return _refuse(request, store, 413, _too_large(limit, int(length)), started)
+        return _refuse(request, store, 413, _too_large(limit, int(length)))
     pending = store.begin()
     committed = False
     try:
         try:
             chose = await _receive(request, pending)
         except UploadTooLarge:
-            return _refuse(request, store, 413, _too_large(limit, None), started)
+            return _refuse(request, store, 413, _too_large(limit, None))
         except _BadForm as e:
-            return _refuse(request, store, 422, views.UploadError(
-                "The upload could not be read", str(e)), started)
+            return _refuse(request, store, 422, UploadError(
+                "The upload could not be read", str(e)))
         except ClientDisconnect:
             return Response(status_code=400)
         digest = pending.finish()
         if not chose and pending.size == 0:
-            return _refuse(request, store, 422, views.UploadError(
-                "No file was chosen", "Choose a .gguf file, then press Inspect."), started)
+            return _refuse(request, store, 422, UploadError(
+                "No file was chosen", "Choose a .gguf file, then press Inspect."))
         if store.path(digest) is not None:  # already here: keep the old copy, refresh its age
             store.touch(digest)
-            return RedirectResponse(views.file_url(digest), status_code=303)
+            return RedirectResponse(file_url(digest), status_code=303)
         try:
             await run_in_threadpool(_check, pending.path)
         except GGUFError as e:
-            return _refuse(request, store, 422, views.UploadError(
-                "This is not a valid GGUF file", str(e), e.field, e.offset, e.rule), started)
+            return _refuse(request, store, 422, UploadError(
+                "This is not a valid GGUF file", str(e), e.field, e.offset, e.rule))
         except Exception as e:  # the reader should only raise GGUFError; say so plainly
             log.exception("GGUF reader failed on an upload")
-            return _refuse(request, store, 422, views.UploadError(
-                "This file could not be read", f"{type(e).__name__}: {e}"), started)
+            return _refuse(request, store, 422, UploadError(
+                "This file could not be read", f"{type(e).__name__}: {e}"))
         await run_in_threadpool(pending.commit)
         committed = True
-        return RedirectResponse(views.file_url(digest), status_code=303)
+        return RedirectResponse(file_url(digest), status_code=303)
     finally:
         if not committed:
             pending.abort()
@@ -140,11 +131,11 @@ def _check(path) -> None:
     GGUFReader(path).close()
 
 
-def _too_large(limit: int, length: int | None) -> views.UploadError:
+def _too_large(limit: int, length: int | None) -> UploadError:
     got = f" (this request is {length:,} bytes)" if length else ""
-    return views.UploadError("The file is too large",
+    return UploadError("The file is too large",
                              f"Uploads are limited to {limit:,} bytes "
-                             f"({views.human_bytes(limit)}){got}; it was refused while "
+                             f"({human_bytes(limit)}){got}; it was refused while "
                              "arriving and nothing was kept.")
 
 
@@ -223,60 +214,56 @@ def _current_params(request: Request) -> dict[str, str]:
 
 @router.get("/gguf/{digest}", response_class=HTMLResponse)
 def gguf_file(request: Request, digest: str, store: Store) -> HTMLResponse:
-    started = time.perf_counter()
     reader = _open(store, digest)
     target = _target(request)
     params = dict(request.query_params)
-    if target in views.PANEL_PARAMS:
-        params = views.merge_params(_current_params(request), params,
-                                    views.PANEL_PARAMS[target])
+    if target in PANEL_PARAMS:
+        params = merge_params(_current_params(request), params, PANEL_PARAMS[target])
     elif target is not None:
         target = None  # not a panel of this page: send the page
-    state = views.FileState.from_params(params)
+    state = FileState.from_params(params)
     ctx: dict[str, Any] = {"state": state}
     if target in (None, "gguf-bytemap"):
-        ctx["bytemap"] = views.byte_map_view(digest, reader, state)
+        ctx["bytemap"] = byte_map_view(digest, reader, state)
     if target in (None, "gguf-kv-table"):
-        ctx["kv"] = views.kv_table_view(digest, reader, state)
+        ctx["kv"] = kv_table_view(digest, reader, state)
     if target in (None, "gguf-tensors-table"):
-        ctx["tensors"] = views.tensor_table_view(digest, reader, state)
+        ctx["tensors"] = tensor_table_view(digest, reader, state)
     if target is None:
-        ctx["file"] = views.file_view(store, digest, reader)
-    return _render(request, "pages/gguf_file.html", target, ctx, started, state.url(digest))
+        ctx["file"] = file_view(store, digest, reader)
+    return _render(request, "pages/gguf_file.html", target, ctx, state.url(digest))
 
 
 @router.get("/gguf/{digest}/kv/{key:path}", response_class=HTMLResponse)
 def gguf_kv(request: Request, digest: str, key: str, store: Store,
             page: Annotated[int, Query(ge=1, le=10**9)] = 1,
             q: Annotated[str, Query(max_length=200)] = "") -> HTMLResponse:
-    started = time.perf_counter()
     reader = _open(store, digest)
     i = reader.find_key(key)
     if i < 0:
-        raise HTTPException(404, f"This file has no key named '{views.visible_text(key, 80)}'.")
-    view = views.array_view(digest, reader, reader.kvs[i], page, q)
+        raise HTTPException(404, f"This file has no key named '{visible_text(key, 80)}'.")
+    view = array_view(digest, reader, reader.kvs[i], page, q)
     target = _target(request)
     target = target if target == "gguf-array" else None
-    return _render(request, "pages/gguf_kv.html", target, {"view": view}, started,
-                   views.kv_url(digest, key, view.page, view.q))
+    return _render(request, "pages/gguf_kv.html", target, {"view": view},
+                   kv_url(digest, key, view.page, view.q))
 
 
 @router.get("/gguf/{digest}/tensors/{name:path}", response_class=HTMLResponse)
 def gguf_tensor(request: Request, digest: str, name: str, store: Store,
                 row: Annotated[int, Query(ge=0, le=2**62)] = 0,
                 block: Annotated[int, Query(ge=0, le=2**62)] = 0) -> HTMLResponse:
-    started = time.perf_counter()
     reader = _open(store, digest)
     i = reader.find_tensor(name)
     if i < 0:
-        raise HTTPException(404, f"This file has no tensor named '{views.visible_text(name, 80)}'.")
+        raise HTTPException(404, f"This file has no tensor named '{visible_text(name, 80)}'.")
     t = reader.tensors[i]
     target = _target(request)
-    push = views.tensor_url(digest, t.name, row=row, block=block)
+    push = tensor_url(digest, t.name, row=row, block=block)
     if target == "gguf-block":
-        view = views.block_view(digest, reader, t, row, block)
-        push = views.tensor_url(digest, t.name, row=view.row, block=view.block)
-        return _render(request, "", target, {"block": view}, started, push)
-    view = views.tensor_view(store, digest, reader, t, row, block)
+        view = block_view(digest, reader, t, row, block)
+        push = tensor_url(digest, t.name, row=view.row, block=view.block)
+        return _render(request, "", target, {"block": view}, push)
+    view = tensor_view(store, digest, reader, t, row, block)
     return _render(request, "pages/gguf_tensor.html", None,
-                   {"view": view, "block": view.block}, started)
+                   {"view": view, "block": view.block})

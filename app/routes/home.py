@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
-from app.main import templates
+from app.web import templates
 from engine.programs import PROGRAMS
 
 router = APIRouter()

@@ -1,32 +1,34 @@
-"""The walkthrough debugger: /walkthroughs/{name}/steps/{n}, one permalink per step."""
+"""The walkthrough debugger: /walkthroughs/{name}/steps/{n}, one permalink per step, and the
+graph drawn at a step as its own immutable SVG."""
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from app.main import templates
+from app.deps import FileHash, Store, Svgs, Threads, Traces
+from app.store import UploadStore
 from app.traces import TraceCache
-from app.views import debugger as V
+from app.views.debugger import graph as G
+from app.views.debugger.hexview import hexview
+from app.views.debugger.nav import nav
+from app.views.debugger.pool import pools
+from app.views.debugger.source import source
+from app.views.debugger.strides import strides
+from app.views.debugger.struct import struct
+from app.views.debugger.tensors import tensor_list
+from app.views.debugger.threads import threads
+from app.views.debugger.values import values
+from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
+from app.web import templates
 from engine.programs import PROGRAMS
+from engine.tensor import Tensor
+from engine.trace import State, Step
 
 router = APIRouter()
-_svg_cache: OrderedDict[str, str] = OrderedDict()
-
-
-def get_cache(request: Request) -> TraceCache:
-    state = request.app.state
-    if not hasattr(state, "traces"):
-        state.traces = TraceCache(state.settings.trace_cache)
-    return state.traces
-
-
-Cache = Annotated[TraceCache, Depends(get_cache)]
-Threads = Annotated[int | None, Query(ge=1, le=8, description="threads for compute")]
+IMMUTABLE = "public, max-age=31536000, immutable"
 
 
 def _program(name: str) -> str:
@@ -36,93 +38,109 @@ def _program(name: str) -> str:
     return name
 
 
-File = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$",
-                                    description="an uploaded GGUF's content hash (gguf-load)")]
-
-
 @router.get("/walkthroughs/{name}")
-def start(name: str, threads: Threads = None, file: File = None) -> RedirectResponse:
+def start(name: str, threads: Threads = None, file: FileHash = None) -> RedirectResponse:
     _program(name)
-    return RedirectResponse(V.Where(name, 0, threads, file=file).url(), status_code=303)
+    return RedirectResponse(Where(name, 0, threads, file=file).url(), status_code=303)
 
 
 @router.get("/walkthroughs/{name}/goto")
-def goto(name: str, step: int = 0, threads: Threads = None, file: File = None) -> RedirectResponse:
+def goto(name: str, step: int = 0, threads: Threads = None,
+         file: FileHash = None) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
     _program(name)
-    return RedirectResponse(V.Where(name, step, threads, file=file).url(), status_code=303)
+    return RedirectResponse(Where(name, step, threads, file=file).url(), status_code=303)
 
 
-def _input_file(request: Request, name: str, file: str | None) -> str | None:
+def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     """The stored GGUF a walkthrough reads (gguf-load only), by content hash."""
     if file is None:
         return None
     if name != "gguf-load":
         raise HTTPException(422, f"'{name}' reads no file; only gguf-load does.")
-    from app.routes.gguf import get_store
-
-    path = get_store(request).path(file)
+    path = store.path(file)
     if path is None:
         raise HTTPException(404, f"No GGUF file with hash {file} is stored; upload it in the "
                                  "GGUF inspector first.")
     return str(path)
 
 
-def _svg(dot: str) -> str:
-    key = hashlib.sha1(dot.encode()).hexdigest()
-    if key not in _svg_cache:
-        _svg_cache[key] = V.render_svg(dot)
-        while len(_svg_cache) > 256:
-            _svg_cache.popitem(last=False)
-    return _svg_cache[key]
+def _at(cache: TraceCache, store: UploadStore, where: Where):
+    """The trace, step and rebuilt state `where` names (404 outside the trace, 422 for bad
+    threads)."""
+    try:
+        trace = cache.trace(_program(where.name), where.threads,
+                            _input_file(store, where.name, where.file))
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
+    if not 0 <= where.step < len(trace.steps):
+        raise HTTPException(404, f"'{where.name}' has steps 0 to {len(trace.steps) - 1}; "
+                                 f"there is no step {where.step}.")
+    return trace, trace.steps[where.step], cache.state(trace, where.step)
 
 
-def step_model(cache: TraceCache, name: str, n: int, threads: int | None, t: str | None,
-               row: int, block: int, file: str | None = None, path: str | None = None,
-               expand: str | None = None, hex: str = "struct") -> dict:
-    trace = cache.trace(_program(name), threads, path)
-    if not 0 <= n < len(trace.steps):
-        raise HTTPException(404, f"'{name}' has steps 0 to {len(trace.steps) - 1}; "
-                                 f"there is no step {n}.")
-    where = V.Where(name, n, threads, t, row, block, file, hex)
-    step = trace.steps[n]
-    state = cache.state(trace, n)
-    sel = V.selected_tensor(state, where, step)
+def _select(state: State, where: Where, step: Step) -> Tensor | None:
+    """The selected tensor; `where` names it from now on if the URL did not."""
+    sel = selected_tensor(state, where, step)
     if sel is not None and where.tensor is None:
-        where.tensor = V.tensor_key(sel)
-    cur = V.current_node(state, step)
-    graph = V.graph_view(state, where, cur, sel, expand)
+        where.tensor = tensor_key(sel)
+    return sel
+
+
+def step_model(cache: TraceCache, store: UploadStore, where: Where,
+               expand: str | None = None) -> dict[str, Any]:
+    """Every panel's view-model at one step."""
+    trace, step, state = _at(cache, store, where)
+    sel = _select(state, where, step)
+    graph = G.graph_view(state, where, current_node(state, step), sel, expand)
     return {
-        "program": PROGRAMS[name], "where": where, "trace": trace, "step": step,
-        "nav": V.nav(trace, where), "source": V.source(trace, step),
-        "pools": V.pools(state, step, where, sel), "hex": V.hexview(state, step, sel, hex),
-        "tensors": V.tensor_list(state, where, sel), "struct": V.struct(sel, where),
-        "strides": V.strides(sel, where), "values": V.values(sel, where),
-        "threads": V.threads(trace, step), "graph": graph,
-        "graph_key": hashlib.sha1(graph.dot.encode()).hexdigest()[:16] if graph else None,
-        "programs": PROGRAMS,
+        "program": PROGRAMS[where.name], "where": where, "step": step, "expand": expand,
+        "nav": nav(trace, where), "source": source(trace, step),
+        "pools": pools(state, step, where), "hex": hexview(step, sel, where.hex),
+        "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
+        "strides": strides(sel), "values": values(sel, where),
+        "threads": threads(trace, step), "graph": graph,
     }
 
 
+TensorKey = Query(None, pattern=r"^\d+\.\d+$")
+Expand = Query(None, pattern=r"^\d{1,4}$")
+
+
 @router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
-def step_page(request: Request, cache: Cache, name: str, n: int, threads: Threads = None,
-              t: str | None = Query(None, pattern=r"^\d+\.\d+$"), row: int = 0,
-              block: int = 0, file: File = None,
-              expand: str | None = Query(None, pattern=r"^\d{1,4}$"),
+def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
+              threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
+              file: FileHash = None, expand: str | None = Expand,
               hex: str = Query("struct", pattern="^(struct|data)$")) -> HTMLResponse:
-    path = _input_file(request, _program(name), file)
-    try:
-        model = step_model(cache, name, n, threads, t, row, block, file, path, expand, hex)
-    except ValueError as e:
-        raise HTTPException(422, str(e)) from None
-    # the graph panel is sent again only when the graph drawn changed: otherwise htmx keeps the
-    # one on the page (hx-preserve) and only the highlight style is new
-    model["graph_unchanged"] = bool(request.headers.get("HX-Request")) and bool(
-        model["graph_key"]) and request.headers.get("X-Graph-Key") == model["graph_key"]
-    if not model["graph_unchanged"] and model["graph"] is not None:
-        model["graph_svg"] = _svg(model["graph"].dot)
-    else:
-        model["graph_svg"] = None
-    if request.headers.get("HX-Request"):
-        return templates.TemplateResponse(request, "partials/debugger.html", model)
-    return templates.TemplateResponse(request, "pages/walkthrough.html", model)
+    """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
+    is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
+    where = Where(name, n, threads, t, row, block, file, hex)
+    model = step_model(cache, store, where, expand)
+    htmx = request.headers.get("HX-Request") == "true"
+    graph = model["graph"]
+    model["graph_svg"] = svgs.get(graph.key, lambda: G.render_svg(graph.dot)) \
+        if graph is not None and not htmx else None
+    page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
+    response = templates.TemplateResponse(request, page, model)
+    response.headers["Vary"] = "HX-Request"
+    return response
+
+
+@router.get("/walkthroughs/{name}/steps/{n}/graph/{key}.svg")
+def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
+              key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
+              threads: Threads = None, t: str | None = TensorKey, file: FileHash = None,
+              expand: str | None = Expand) -> Response:
+    """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
+    bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
+    def render() -> str:
+        where = Where(name, n, threads, t, file=file)
+        _, step, state = _at(cache, store, where)
+        graph = G.graph_view(state, where, current_node(state, step),
+                             _select(state, where, step), expand)
+        if graph is None or graph.key != key:
+            raise HTTPException(404, f"Step {n} of '{name}' draws no graph with key {key}.")
+        return G.render_svg(graph.dot)
+
+    return Response(svgs.get(key, render), media_type="image/svg+xml",
+                    headers={"Cache-Control": IMMUTABLE})

@@ -22,6 +22,7 @@ import numpy as np
 
 from .format import (GGUF_DEFAULT_ALIGNMENT, GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC,
                      GGUF_VERSION, GGUFError, GGUFValueType, gguf_type_name, gguf_type_size)
+from .loader import load_into_context
 from .reader import GGUFReader, StringArray
 from .writer import GGUFContext
 
@@ -86,8 +87,6 @@ def gguf_init_from_file(fname: str | os.PathLike, params: gguf_init_params | Non
     ctx = GGUFContext.from_reader(r)
     if not params.ctx:
         return ctx
-    from .loader import load_into_context
-
     return ctx, load_into_context(r, params.no_alloc)
 
 

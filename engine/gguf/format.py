@@ -24,6 +24,26 @@ SIZE_MAX = 2**64 - 1
 INT64_MAX = 2**63 - 1
 
 
+class TokenType(enum.IntEnum):
+    """llama.cpp's enum llama_token_type: the values of the `tokenizer.ggml.token_type` array."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+    @classmethod
+    def label(cls, value: int) -> str:
+        """'control' for 3, 'user-defined' for 4; '?' for a value outside the enum."""
+        try:
+            return cls(value).name.lower().replace("_", "-")
+        except ValueError:
+            return "?"
+
+
 class GGUFValueType(enum.IntEnum):
     """enum gguf_type."""
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.context import Context
-from engine.ggml import (GGML_TYPE_I8, data_bytes, ggml_free, ggml_init, ggml_init_params,
-                         ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name, ggml_set_no_alloc,
-                         ggml_tensor_overhead)
+# the layers below the facade (engine.ggml imports this package)
+from engine.context import (Context, ggml_free, ggml_init, ggml_init_params, ggml_set_no_alloc,
+                            ggml_tensor_overhead)
+from engine.tensor import data_bytes, ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
+from engine.types import GGMLType
 
 from .format import SIZE_MAX, GGUFError
 from .reader import GGUFReader
@@ -38,7 +39,7 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
                                      mem_buffer=None, no_alloc=no_alloc))
     blob = None
     if not no_alloc:
-        blob = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, r.data_size)
+        blob = ggml_new_tensor_1d(ctx, GGMLType.I8, r.data_size)
         ggml_set_name(blob, BLOB_NAME)
         if r.data_offset + r.data_size > r.size:
             ggml_free(ctx)

@@ -6,15 +6,13 @@ Each module has a docstring (its first line says what it teaches) and `run(n_thr
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-# the GGUF fixtures the demos and tests read: ../shared/fixtures beside the checkout, unless
-# GGML_LENS_FIXTURES names another folder
-FIXTURES_DIR = Path(os.environ.get("GGML_LENS_FIXTURES",
-                                   Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
+# where the GGUF fixtures the demos and tests read are by default: ../shared/fixtures beside the
+# checkout (the web app and the command line take another folder from app.settings)
+FIXTURES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +20,7 @@ class Program:
     name: str  # the URL name, e.g. "simple-ctx"
     module: str  # module under engine.programs
     threads: int  # the thread count it is shown with by default
+    reads: str | None = None  # the fixture file it reads when no `path` is given
 
     def load(self) -> ModuleType:
         return importlib.import_module(f"engine.programs.{self.module}")
@@ -44,10 +43,10 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("quantized-tensor", "quantized_tensor", 1),
     Program("graph-build", "graph_build", 1),
     Program("threads", "threads", 4),
-    Program("gguf-load", "gguf_load", 1),
+    Program("gguf-load", "gguf_load", 1, reads="minilm-q8_0.gguf"),
     Program("mnist-style", "mnist_style", 1),
     Program("attention-block", "attention_block", 1),
-    Program("minilm", "minilm", 2),
+    Program("minilm", "minilm", 2, reads="minilm-q8_0.gguf"),
     Program("tiny-llama", "tiny_llama", 1),
     Program("offload", "offload", 1),
 ]}

@@ -27,6 +27,14 @@ KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -1
 
 
 @dataclass(frozen=True, slots=True)
+class SubScales:
+    """A super-block's sub-block scales (and mins), decoded as its dequantizer decodes them."""
+
+    scales: tuple  # one per sub-block
+    mins: tuple | None = None  # K-quants with a min per sub-block
+
+
+@dataclass(frozen=True, slots=True)
 class QuantKind:
     """What the engine knows about one quantized type: its block struct and its functions."""
 
@@ -37,6 +45,12 @@ class QuantKind:
     quantize_ref: Callable[[np.ndarray], np.ndarray] | None = None  # from_float_ref, if different
     from_float_cpu: Callable[[np.ndarray], np.ndarray] | None = None  # CPU from_float, if different
     fields: tuple[tuple[str, str], ...] = ()  # (field, meaning) for the block explainer
+    # for the block explainer: how one block's fields make its values, in words
+    formula: str = ""
+    # one block (a (1,) array of dtype) -> each element's integer quant, in element order
+    unpack: Callable[[np.ndarray], np.ndarray] | None = None
+    # one block -> its sub-block scales (and mins) as the dequantizer decodes them
+    sub_scales: Callable[[np.ndarray], SubScales] | None = None
 
     def __post_init__(self) -> None:
         assert self.dtype.itemsize == traits(self.type).type_size, self.type

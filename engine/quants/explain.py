@@ -7,9 +7,12 @@ Leaves out: explaining the IQ grid indices beyond their raw integers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from engine.quants.common import KVALUES_IQ4NL, KVALUES_MXFP4, h2f
+from engine.quants.common import KVALUES_IQ4NL, KVALUES_MXFP4, SubScales, h2f
 from engine.types import GGMLType as T, traits
 
 _FP16_FIELDS = {"d", "dmin", "m", "s"}
@@ -19,74 +22,37 @@ def _fp16(v: int) -> float:
     return float(h2f(np.array([v], np.uint16))[0])
 
 
-def _quants(t: T, b: np.ndarray) -> list[int] | None:
-    """Each element's integer quant, in element order, as the dequantizer reads it."""
-    from engine.quants import kquants, legacy, ternary
-    from engine.quants.common import unpack_2bit, unpack_nibbles
+@dataclass(frozen=True, slots=True)
+class BlockField:
+    """One field of a block struct (ggml-common.h), its bytes and what they decode to."""
 
-    b1 = b[None]
-    if t in (T.Q4_0, T.Q4_1, T.IQ4_NL, T.MXFP4):
-        q = unpack_nibbles(b1["qs"])
-    elif t in (T.Q5_0, T.Q5_1):
-        q = unpack_nibbles(b1["qs"]) | (legacy._qh_unpack(b1["qh"]) << 4)
-    elif t in (T.Q8_0, T.Q8_1, T.Q8_K):
-        q = b1["qs"]
-    elif t == T.Q1_0:
-        q = np.unpackbits(b1["qs"], axis=-1, bitorder="little")
-    elif t == T.Q2_K:
-        q = unpack_2bit(b1["qs"])
-    elif t == T.Q3_K:
-        hbit = (b1["hmask"][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-        q = unpack_2bit(b1["qs"]).astype(int) - np.where(hbit.reshape(1, 256), 0, 4)
-    elif t == T.Q4_K:
-        q = kquants._q4_nibbles(b1["qs"])
-    elif t == T.Q5_K:
-        q = kquants._q4_nibbles(b1["qs"]) + 16 * kquants._hbits(b1["qh"])
-    elif t == T.Q6_K:
-        ql = b1["ql"].reshape(-1, 2, 2, 32)
-        lo = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], 2)
-        hi = (b1["qh"].reshape(-1, 2, 1, 32) >> kquants._SHIFT4) & 3
-        q = (lo | (hi << 4)).astype(int) - 32
-    elif t == T.IQ4_XS:
-        q = unpack_nibbles(b1["qs"].reshape(-1, 8, 16))
-    elif t == T.NVFP4:
-        q = unpack_nibbles(b1["qs"].reshape(-1, 4, 8))
-    elif t in (T.TQ1_0, T.TQ2_0):
-        one = b1.copy()
-        one["d"] = 0x3C00  # with d = 1.0 the dequantized values are the trits - 1
-        deq = ternary.dequantize_tq1_0 if t == T.TQ1_0 else ternary.dequantize_tq2_0
-        q = deq(one).astype(int)
-    else:
-        return None
-    return [int(v) for v in np.asarray(q).reshape(-1)]
+    name: str  # "d", "qs"
+    offset: int  # from the block's start
+    size: int  # bytes
+    hex: str  # its bytes, "01 02 ..."
+    meaning: str
+    value: Any  # a float for fp16 scales, an int, or a (nested) list for arrays
 
 
-def _sub_scales(t: T, b: np.ndarray) -> dict[str, list]:
-    """Per-sub-block scales (and mins) as the dequantizer decodes them."""
-    from engine.quants import iq4, kquants
+@dataclass(frozen=True, slots=True)
+class BlockExplanation:
+    """What each byte of one quantized block means and the values it holds."""
 
-    b1 = b[None]
-    if t == T.Q2_K:
-        return {"sub_scales": [int(v & 0xF) for v in b["scales"]],
-                "sub_mins": [int(v >> 4) for v in b["scales"]]}
-    if t == T.Q3_K:
-        return {"sub_scales": [int(v) for v in kquants.q3_k_scales(b1["scales"])[0]]}
-    if t in (T.Q4_K, T.Q5_K):
-        sc, m = kquants.get_scale_min_k4(b1["scales"])
-        return {"sub_scales": sc[0].tolist(), "sub_mins": m[0].tolist()}
-    if t == T.Q6_K:
-        return {"sub_scales": b["scales"].tolist()}
-    if t == T.IQ4_XS:
-        return {"sub_scales": iq4.iq4_xs_scales(b1)[0].tolist()}
-    if t == T.NVFP4:
-        from engine.quants.fp4 import UE4M3_HALF
-        return {"sub_scales": [float(UE4M3_HALF[v]) for v in b["d"]]}
-    return {}
+    type: str  # the type's name
+    block_index: int
+    byte_range: tuple[int, int]  # within the row
+    element_range: tuple[int, int]  # within the row
+    fields: tuple[BlockField, ...]
+    formula: str  # how the values come from the fields, "" where the type has none written
+    sub_scales: SubScales | None  # decoded sub-block scales (super-block types)
+    quants: tuple[int, ...] | None  # each element's integer quant, None where not unpacked
+    values: tuple[float, ...] | None  # the dequantized values, None without a dequantizer
 
 
-def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -> dict:
+def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -> BlockExplanation:
     """Describe block `block_index` of a row: byte range, each field's bytes, meaning and value,
-    the decoded sub-block scales and quants, and the dequantized values."""
+    the decoded sub-block scales and quants (as the type's QuantKind unpacks them), and the
+    dequantized values."""
     from engine.quants import QUANT_KINDS
 
     t = T(type_)
@@ -98,32 +64,31 @@ def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -
         raise ValueError(f"{tr.type_name}: block {block_index} is outside the row's {nblocks} blocks")
     start = block_index * tr.type_size
     block_raw = raw[start: start + tr.type_size]
-    b = block_raw.view(kind.dtype)[0]
+    b = block_raw.view(kind.dtype)  # (1,)
     meaning = dict(kind.fields)
     fields = []
     for name in kind.dtype.names:
         sub, off = kind.dtype.fields[name][:2]
-        val = b[name]
+        val = b[0][name]
         if name in _FP16_FIELDS and sub.base == np.dtype("<u2"):
             value = _fp16(int(val))
         elif np.ndim(val):
             value = np.asarray(val).tolist()
         else:
             value = val.item()
-        fields.append({"name": name, "offset": off, "size": sub.itemsize,
-                       "hex": block_raw[off: off + sub.itemsize].tobytes().hex(" "),
-                       "meaning": meaning.get(name, ""), "value": value})
-    out = {"type": tr.type_name, "block_index": block_index,
-           "byte_range": (start, start + tr.type_size),
-           "element_range": (block_index * tr.blck_size, (block_index + 1) * tr.blck_size),
-           "fields": fields, **_sub_scales(t, b)}
-    q = _quants(t, b)
-    if q is not None:
-        out["quants"] = q
+        fields.append(BlockField(name, off, sub.itemsize,
+                                 block_raw[off: off + sub.itemsize].tobytes().hex(" "),
+                                 meaning.get(name, ""), value))
+    values = None
     if kind.dequantize is not None:
         with np.errstate(all="ignore"):
-            out["values"] = kind.dequantize(block_raw.view(kind.dtype)).reshape(-1).tolist()
-    return out
+            values = tuple(kind.dequantize(b).reshape(-1).tolist())
+    return BlockExplanation(
+        tr.type_name, block_index, (start, start + tr.type_size),
+        (block_index * tr.blck_size, (block_index + 1) * tr.blck_size), tuple(fields),
+        kind.formula, kind.sub_scales(b) if kind.sub_scales else None,
+        tuple(int(v) for v in np.asarray(kind.unpack(b)).reshape(-1)) if kind.unpack else None,
+        values)
 
 
 # --- readable scalar dequantizers ---------------------------------------------------------------

@@ -13,7 +13,8 @@ import numpy as np
 
 from engine.libm import log2f
 from engine.quants.common import (F32, KVALUES_MXFP4, QuantKind, block_dtype, byte_rows, c_int,
-                                  f32, nibbles, pack_nibbles, scaled)
+                                  f32, nibbles, pack_nibbles, scaled, SubScales,
+                                  unpack_nibbles)
 from engine.types import GGMLType as T
 
 BLOCK_MXFP4 = block_dtype(("e", "u1"), ("qs", "u1", 16))
@@ -101,11 +102,25 @@ def dequantize_nvfp4(b: np.ndarray) -> np.ndarray:
     return scaled(q.reshape(-1, 4, 16), UE4M3_HALF[b["d"]]).reshape(-1, 64)
 
 
+def _mxfp4_quants(b: np.ndarray) -> np.ndarray:
+    return unpack_nibbles(b["qs"])
+
+
+def _nvfp4_quants(b: np.ndarray) -> np.ndarray:
+    return unpack_nibbles(b["qs"].reshape(-1, 4, 8))
+
+
+def _nvfp4_sub_scales(b: np.ndarray) -> SubScales:
+    return SubScales(tuple(float(UE4M3_HALF[v]) for v in b["d"][0]))
+
+
 KINDS = [
     QuantKind(T.MXFP4, BLOCK_MXFP4, dequantize_mxfp4, quantize_mxfp4,
               fields=(("e", "shared E8M0 exponent; scale = 2^(e-128) (half, for doubled codes)"),
-                      ("qs", "e2m1 codes: low nibble = element j, high = j+16"))),
+                      ("qs", "e2m1 codes: low nibble = element j, high = j+16")),
+              unpack=_mxfp4_quants),
     QuantKind(T.NVFP4, BLOCK_NVFP4, dequantize_nvfp4, quantize_nvfp4,
               fields=(("d", "UE4M3 scale per 16-element sub-block"),
-                      ("qs", "e2m1 codes, 8 bytes per sub-block: low nibble j, high j+8"))),
+                      ("qs", "e2m1 codes, 8 bytes per sub-block: low nibble j, high j+8")),
+              unpack=_nvfp4_quants, sub_scales=_nvfp4_sub_scales),
 ]

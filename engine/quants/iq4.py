@@ -14,7 +14,8 @@ import numpy as np
 
 from engine.quants.common import (F32, KVALUES_IQ4NL, QuantKind, absmax_signed, best_index_int8,
                                   block_dtype, byte_rows, f2h, h2f, nearest_int, nibbles,
-                                  pack_nibbles, safe_inv, scaled, seq_sum)
+                                  pack_nibbles, safe_inv, scaled, seq_sum, SubScales,
+                                  unpack_nibbles)
 from engine.types import GGMLType as T
 
 BLOCK_IQ4_NL = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -119,15 +120,30 @@ def dequantize_iq4_xs(b: np.ndarray) -> np.ndarray:
     return scaled(q.reshape(-1, 8, 32), dl).reshape(-1, 256)
 
 
+def _iq4_nl_quants(b: np.ndarray) -> np.ndarray:
+    return unpack_nibbles(b["qs"])
+
+
+def _iq4_xs_quants(b: np.ndarray) -> np.ndarray:
+    return unpack_nibbles(b["qs"].reshape(-1, 8, 16))
+
+
+def _iq4_xs_sub_scales(b: np.ndarray) -> SubScales:
+    return SubScales(tuple(iq4_xs_scales(b)[0].tolist()))
+
+
 KINDS = [
     QuantKind(T.IQ4_NL, BLOCK_IQ4_NL, dequantize_iq4_nl, quantize_iq4_nl,
               quantize_ref=quantize_iq4_nl_ref,
               fields=(("d", "scale, fp16"),
                       ("qs", "level indices: low nibble = element j, high = j+16; "
-                             "d*kvalues_iq4nl[q]"))),
+                             "d*kvalues_iq4nl[q]")),
+              formula="value = d × kvalues[q]", unpack=_iq4_nl_quants),
     QuantKind(T.IQ4_XS, BLOCK_IQ4_XS, dequantize_iq4_xs, quantize_iq4_xs,
               fields=(("d", "super-scale, fp16"),
                       ("scales_h", "high 2 bits of the 8 six-bit scales (2 bits each)"),
                       ("scales_l", "low 4 bits of the 8 scales (two per byte)"),
-                      ("qs", "level indices, 16 bytes per 32: low nibble j, high j+16"))),
+                      ("qs", "level indices, 16 bytes per 32: low nibble j, high j+16")),
+              formula="value = d × scale[sub] × kvalues[q]", unpack=_iq4_xs_quants,
+              sub_scales=_iq4_xs_sub_scales),
 ]

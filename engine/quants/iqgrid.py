@@ -15,17 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants import iq_tables as tab
-from engine.quants.common import F32, QuantKind, block_dtype, copy_runs, flip_nan_signs, h2f, scaled
+from engine.quants.common import F32, QuantKind, copy_runs, flip_nan_signs, h2f, scaled
+from engine.quants.iq_blocks import (BLOCK_IQ1_M, BLOCK_IQ1_S, BLOCK_IQ2_S, BLOCK_IQ2_XS,
+                                     BLOCK_IQ2_XXS, BLOCK_IQ3_S, BLOCK_IQ3_XXS)
+from engine.quants.iqsearch import quantize_iq1_m, quantize_iq2_s, quantize_iq3_s, quantize_iq3_xxs
 from engine.types import GGMLType as T
-
-BLOCK_IQ2_XXS = block_dtype(("d", "<u2"), ("qs", "<u2", 32))
-BLOCK_IQ2_XS = block_dtype(("d", "<u2"), ("qs", "<u2", 32), ("scales", "u1", 8))
-BLOCK_IQ2_S = block_dtype(("d", "<u2"), ("qs", "u1", 64), ("qh", "u1", 8), ("scales", "u1", 8))
-BLOCK_IQ3_XXS = block_dtype(("d", "<u2"), ("qs", "u1", 96))
-BLOCK_IQ3_S = block_dtype(("d", "<u2"), ("qs", "u1", 64), ("qh", "u1", 8), ("signs", "u1", 32),
-                          ("scales", "u1", 4))
-BLOCK_IQ1_S = block_dtype(("d", "<u2"), ("qs", "u1", 32), ("qh", "<u2", 8))
-BLOCK_IQ1_M = block_dtype(("qs", "u1", 32), ("qh", "u1", 16), ("scales", "u1", 8))
 
 IQ1S_DELTA = F32(0.125)
 
@@ -167,26 +161,6 @@ def dequantize_iq1_m(b: np.ndarray) -> np.ndarray:
     nib = _fields(b["qh"], 4, 2).reshape(-1, 32).astype(np.uint16)
     q = _gather(_IQ1_ROWS, b["qs"] | nib << 8)
     return scaled(q.reshape(-1, 16, 16), dl * IQ1S_DELTA).reshape(-1, 256)
-
-
-def quantize_iq3_xxs(x: np.ndarray) -> np.ndarray:
-    from engine.quants import iqsearch
-    return iqsearch.quantize_iq3_xxs(x)
-
-
-def quantize_iq3_s(x: np.ndarray) -> np.ndarray:
-    from engine.quants import iqsearch
-    return iqsearch.quantize_iq3_s(x)
-
-
-def quantize_iq2_s(x: np.ndarray) -> np.ndarray:
-    from engine.quants import iqsearch
-    return iqsearch.quantize_iq2_s(x)
-
-
-def quantize_iq1_m(x: np.ndarray) -> np.ndarray:
-    from engine.quants import iqsearch
-    return iqsearch.quantize_iq1_m(x)
 
 
 _D = (("d", "super-scale, fp16"),)

@@ -26,6 +26,7 @@ import numpy as np
 from engine.errors import GGMLAssertionError
 from engine.quants import iq_tables as tab
 from engine.quants.common import F32, f2h, nearest_int
+from engine.quants.iq_blocks import BLOCK_IQ1_M, BLOCK_IQ2_S, BLOCK_IQ3_S, BLOCK_IQ3_XXS
 
 FLT_MAX = F32(np.finfo(np.float32).max)
 CHUNK = 32  # super-blocks per vectorised pass (bounds the temporaries)
@@ -303,7 +304,6 @@ def _iq3_super_scale(scales: np.ndarray, fudge: float):
 @_chunked
 def quantize_iq3_xxs(x: np.ndarray) -> np.ndarray:
     """quantize_iq3_xxs without imatrix: float32 (nb, 256) -> block_iq3_xxs bytes (nb, 98)."""
-    from engine.quants.iqgrid import BLOCK_IQ3_XXS
     nb = len(x)
     scales, gi, signs, _ = _iq3_sub_blocks(x, "iq3_xxs", True)
     max_scale, dh, l = _iq3_super_scale(scales, 1.0125)
@@ -321,7 +321,6 @@ def quantize_iq3_xxs(x: np.ndarray) -> np.ndarray:
 @_chunked
 def quantize_iq3_s(x: np.ndarray) -> np.ndarray:
     """quantize_iq3_s without imatrix: float32 (nb, 256) -> block_iq3_s bytes (nb, 110)."""
-    from engine.quants.iqgrid import BLOCK_IQ3_S
     nb = len(x)
     scales, gi, signs, done = _iq3_sub_blocks(x, "iq3_s", False)
     max_scale, dh, l = _iq3_super_scale(scales, 1.033)
@@ -352,7 +351,6 @@ def quantize_iq2_s(x: np.ndarray) -> np.ndarray:
     16-element sub-blocks of two 8-element grid groups; w = sigma2/4 + x^2 with
     sigma2 = 2*sum(x^2)/256 over the super-block; sign bytes are stored as they are.
     """
-    from engine.quants.iqgrid import BLOCK_IQ2_S
     gs = grid_search("iq2_s")
     nb = len(x)
     sumx2 = _seq(x * x)
@@ -474,7 +472,6 @@ def _iq1m_sub_blocks(xb: np.ndarray):
 @_chunked
 def quantize_iq1_m(x: np.ndarray) -> np.ndarray:
     """quantize_iq1_m without imatrix: float32 (nb, 256) -> block_iq1_m bytes (nb, 56)."""
-    from engine.quants.iqgrid import BLOCK_IQ1_M
     nb = len(x)
     with np.errstate(all="ignore"):
         scale, shift, index, _ = _iq1m_sub_blocks(x.reshape(-1, 16))

@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
                                   byte_rows, copy_runs, f2h, f32, first_max, first_min, h2f,
-                                  nearest_int, nibbles, scaled, seq_sum, unpack_2bit)
+                                  nearest_int, nibbles, scaled, seq_sum, SubScales, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -425,34 +425,92 @@ def dequantize_q8_k(b: np.ndarray) -> np.ndarray:
     return scaled(b["qs"], b["d"])
 
 
+# --- what the block explainer shows: each element's quant and the decoded sub-block scales -------
+
+def _q2_k_quants(b: np.ndarray) -> np.ndarray:
+    return unpack_2bit(b["qs"])
+
+
+def _q3_k_quants(b: np.ndarray) -> np.ndarray:
+    """The low 2 bits, minus 4 where the element's hmask bit is clear."""
+    hbit = (b["hmask"][:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    return unpack_2bit(b["qs"]).astype(int) - np.where(hbit.reshape(-1, 256), 0, 4)
+
+
+def _q4_k_quants(b: np.ndarray) -> np.ndarray:
+    return _q4_nibbles(b["qs"])
+
+
+def _q5_k_quants(b: np.ndarray) -> np.ndarray:
+    return _q4_nibbles(b["qs"]) + 16 * _hbits(b["qh"])
+
+
+def _q6_k_quants(b: np.ndarray) -> np.ndarray:
+    """ql's nibbles with 2 bits of qh on top, minus 32."""
+    ql = b["ql"].reshape(-1, 2, 2, 32)
+    lo = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], 2)
+    hi = (b["qh"].reshape(-1, 2, 1, 32) >> _SHIFT4) & 3
+    return (lo | (hi << 4)).astype(int) - 32
+
+
+def _q8_k_quants(b: np.ndarray) -> np.ndarray:
+    return b["qs"]
+
+
+def _q2_k_scales(b: np.ndarray) -> SubScales:
+    """Per 16 elements: the low nibble is the scale, the high nibble the min."""
+    return SubScales(tuple(int(v & 0xF) for v in b["scales"][0]),
+                     tuple(int(v >> 4) for v in b["scales"][0]))
+
+
+def _q3_k_scales(b: np.ndarray) -> SubScales:
+    return SubScales(tuple(int(v) for v in q3_k_scales(b["scales"])[0]))
+
+
+def _q45_k_scales(b: np.ndarray) -> SubScales:
+    sc, m = get_scale_min_k4(b["scales"])
+    return SubScales(tuple(sc[0].tolist()), tuple(m[0].tolist()))
+
+
+def _q6_k_scales(b: np.ndarray) -> SubScales:
+    return SubScales(tuple(b["scales"][0].tolist()))
+
+
+_WITH_MIN = "value = d × scale[sub] × q − dmin × min[sub]"
 KINDS = [
     QuantKind(T.Q2_K, BLOCK_Q2_K, dequantize_q2_k, quantize_q2_k,
               fields=(("scales", "per 16: low nibble = scale, high nibble = min (4 bits each)"),
                       ("qs", "2-bit quants: byte 32c+l holds elements 128c+l+32k at bits 2k"),
                       ("d", "super-scale of the scales, fp16"),
-                      ("dmin", "super-scale of the mins, fp16"))),
+                      ("dmin", "super-scale of the mins, fp16")),
+              formula=_WITH_MIN, unpack=_q2_k_quants, sub_scales=_q2_k_scales),
     QuantKind(T.Q3_K, BLOCK_Q3_K, dequantize_q3_k, quantize_q3_k,
               fields=(("hmask", "3rd bit: element e is bit e//32 of hmask[e%32] (clear = -4)"),
                       ("qs", "low 2 bits, packed like Q2_K"),
                       ("scales", "16 six-bit scales (minus 32): low nibbles, then 2-bit highs"),
-                      ("d", "super-scale, fp16"))),
+                      ("d", "super-scale, fp16")),
+              formula="value = d × scale[sub] × q", unpack=_q3_k_quants, sub_scales=_q3_k_scales),
     QuantKind(T.Q4_K, BLOCK_Q4_K, dequantize_q4_k, quantize_q4_k,
               fields=(("d", "super-scale of the scales, fp16"),
                       ("dmin", "super-scale of the mins, fp16"),
                       ("scales", "8 six-bit scales and 8 six-bit mins (get_scale_min_k4)"),
-                      ("qs", "4-bit quants: per 64, low nibbles = first 32, high = next 32"))),
+                      ("qs", "4-bit quants: per 64, low nibbles = first 32, high = next 32")),
+              formula=_WITH_MIN, unpack=_q4_k_quants, sub_scales=_q45_k_scales),
     QuantKind(T.Q5_K, BLOCK_Q5_K, dequantize_q5_k, quantize_q5_k,
               fields=(("d", "super-scale of the scales, fp16"),
                       ("dmin", "super-scale of the mins, fp16"),
                       ("scales", "8 six-bit scales and 8 six-bit mins (get_scale_min_k4)"),
                       ("qh", "5th bit: element 32k+l is bit k of qh[l]"),
-                      ("qs", "low 4 bits, packed like Q4_K"))),
+                      ("qs", "low 4 bits, packed like Q4_K")),
+              formula=_WITH_MIN, unpack=_q5_k_quants, sub_scales=_q45_k_scales),
     QuantKind(T.Q6_K, BLOCK_Q6_K, dequantize_q6_k, quantize_q6_k,
               fields=(("ql", "low 4 bits of the 6-bit quants"),
                       ("qh", "high 2 bits of the 6-bit quants"),
                       ("scales", "int8 scale per 16 elements"),
-                      ("d", "super-scale, fp16"))),
+                      ("d", "super-scale, fp16")),
+              formula="value = d × scale[sub] × q", unpack=_q6_k_quants, sub_scales=_q6_k_scales),
     QuantKind(T.Q8_K, BLOCK_Q8_K, dequantize_q8_k, quantize_q8_k,
               fields=(("d", "scale, float32"), ("qs", "int8 quants"),
-                      ("bsums", "sum of each 16 quants (int16), for the K-quant min terms"))),
+                      ("bsums", "sum of each 16 quants (int16), for the K-quant min terms")),
+              unpack=_q8_k_quants),
 ]

@@ -12,7 +12,8 @@ import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
                                   c_int8, copy_runs, f2h, first_max, first_min, flip_nan_signs,
-                                  h2f, nibbles, pack_nibbles, round_away, safe_inv, scaled, seq_sum)
+                                  h2f, nibbles, pack_nibbles, round_away, safe_inv, scaled, seq_sum,
+                                  unpack_nibbles)
 from engine.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -213,24 +214,49 @@ def dequantize_q1_0(b: np.ndarray) -> np.ndarray:
     return y
 
 
+def _nibble_quants(b: np.ndarray) -> np.ndarray:
+    """Q4_0/Q4_1: element j is the low nibble of qs[j], element j+16 the high one."""
+    return unpack_nibbles(b["qs"])
+
+
+def _q5_quants(b: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: the low nibbles with bit j of qh on top."""
+    return unpack_nibbles(b["qs"]) | (_qh_unpack(b["qh"]) << 4)
+
+
+def _q8_quants(b: np.ndarray) -> np.ndarray:
+    return b["qs"]
+
+
+def _q1_quants(b: np.ndarray) -> np.ndarray:
+    return np.unpackbits(b["qs"], axis=-1, bitorder="little")
+
+
 _F = (("d", "scale, fp16"),)
 KINDS = [
     QuantKind(T.Q4_0, BLOCK_Q4_0, dequantize_q4_0, quantize_q4_0,
-              fields=_F + (("qs", "4-bit quants: low nibble = element j, high = j+16; value (q-8)*d"),)),
+              fields=_F + (("qs", "4-bit quants: low nibble = element j, high = j+16; value (q-8)*d"),),
+              formula="value = d × (q − 8)", unpack=_nibble_quants),
     QuantKind(T.Q4_1, BLOCK_Q4_1, dequantize_q4_1, quantize_q4_1,
               fields=_F + (("m", "minimum, fp16"),
-                           ("qs", "4-bit quants: low nibble = element j, high = j+16; q*d+m"))),
+                           ("qs", "4-bit quants: low nibble = element j, high = j+16; q*d+m")),
+              formula="value = d × q + m", unpack=_nibble_quants),
     QuantKind(T.Q5_0, BLOCK_Q5_0, dequantize_q5_0, quantize_q5_0,
               fields=_F + (("qh", "5th bit of each quant, one uint32: bit j = element j"),
-                           ("qs", "low 4 bits: low nibble = element j, high = j+16; (q-16)*d"))),
+                           ("qs", "low 4 bits: low nibble = element j, high = j+16; (q-16)*d")),
+              formula="value = d × (q − 16)", unpack=_q5_quants),
     QuantKind(T.Q5_1, BLOCK_Q5_1, dequantize_q5_1, quantize_q5_1,
               fields=_F + (("m", "minimum, fp16"),
                            ("qh", "5th bit of each quant, one uint32: bit j = element j"),
-                           ("qs", "low 4 bits: low nibble = element j, high = j+16; q*d+m"))),
+                           ("qs", "low 4 bits: low nibble = element j, high = j+16; q*d+m")),
+              formula="value = d × q + m", unpack=_q5_quants),
     QuantKind(T.Q8_0, BLOCK_Q8_0, dequantize_q8_0, quantize_q8_0, from_float_cpu=from_float_q8_0,
-              fields=_F + (("qs", "int8 quants; value q*d"),)),
+              fields=_F + (("qs", "int8 quants; value q*d"),),
+              formula="value = d × q", unpack=_q8_quants),
     QuantKind(T.Q8_1, BLOCK_Q8_1, None, quantize_q8_1, from_float_cpu=from_float_q8_1,
-              fields=_F + (("s", "d * sum(qs), fp16"), ("qs", "int8 quants; value q*d"))),
+              fields=_F + (("s", "d * sum(qs), fp16"), ("qs", "int8 quants; value q*d")),
+              formula="value = d × q", unpack=_q8_quants),
     QuantKind(T.Q1_0, BLOCK_Q1_0, dequantize_q1_0, quantize_q1_0,
-              fields=_F + (("qs", "sign bits, element j = bit j%8 of byte j/8; value bit ? d : -d"),)),
+              fields=_F + (("qs", "sign bits, element j = bit j%8 of byte j/8; value bit ? d : -d"),),
+              unpack=_q1_quants),
 ]

@@ -89,12 +89,24 @@ def dequantize_tq2_0(b: np.ndarray) -> np.ndarray:
     return scaled(q.view(np.int8), h2f(b["d"]))
 
 
+def _trit_quants(dequantize_with_d):
+    """Each element's trit minus 1 (in {-1, 0, 1}): the block dequantized with d = 1.0."""
+    def unpack(b: np.ndarray) -> np.ndarray:
+        one = b.copy()
+        one["d"] = 0x3C00
+        return dequantize_with_d(one).astype(int)
+    return unpack
+
+
+_TRIT_FORMULA = "value = d × q (q ∈ {−1, 0, 1})"
 KINDS = [
     QuantKind(T.TQ1_0, BLOCK_TQ1_0, dequantize_tq1_0, quantize_tq1_0,
               fields=(("qs", "5 trits per byte, base 3 scaled to 256 (elements m+32n, m+16n)"),
                       ("qh", "4 trits per byte for the last 16 elements (j + 4m)"),
-                      ("d", "scale = amax, fp16"))),
+                      ("d", "scale = amax, fp16")),
+              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq1_0)),
     QuantKind(T.TQ2_0, BLOCK_TQ2_0, dequantize_tq2_0, quantize_tq2_0,
               fields=(("qs", "2 bits per element: byte m holds elements m+32n at bits 2n"),
-                      ("d", "scale = amax, fp16"))),
+                      ("d", "scale = amax, fp16")),
+              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq2_0)),
 ]

@@ -6,6 +6,7 @@ Nothing downloads a browser: if /usr/bin/chromium is missing the tests fail, the
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -17,12 +18,13 @@ import uvicorn
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from app.main import create_app
-from app.settings import ROOT, Settings
+from app.settings import Settings
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# where the screenshots go: a temporary folder, unless `make screenshots` names docs/screenshots
+SCREENSHOTS_ENV = "GGML_LENS_SCREENSHOTS"
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,10 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 @pytest.fixture(scope="session")
-def screenshot_dir() -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    return SCREENSHOTS
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A temporary folder, so a test run leaves the README's screenshots alone;
+    `make screenshots` sets GGML_LENS_SCREENSHOTS=docs/screenshots to refresh them on purpose."""
+    chosen = os.environ.get(SCREENSHOTS_ENV)
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,6 +1,6 @@
 """The GGUF inspector in a real browser, used as a learner would: by roles and labels.
 
-Screenshots of each view go to docs/screenshots/gguf-*.png.
+Screenshots of each view go to the screenshot folder (`make screenshots`: docs/screenshots).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import re
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from app.settings import ROOT
 from engine.programs import FIXTURES_DIR
 
 pytestmark = pytest.mark.browser

@@ -198,3 +198,18 @@ def test_spans_match_gguf_py(written):
             f = tt.field
             assert (f.offset, sum(p.nbytes for p in f.parts)) == (t.span.offset, t.span.size)
             assert tt.data_offset == t.data_offset
+
+
+def test_token_types_match_gguf_py():
+    """engine.gguf.format.TokenType is llama.h's enum llama_token_type (gguf-py leaves out
+    UNDEFINED, which llama.h has)."""
+    import llama_cpp
+
+    from engine.gguf.format import TokenType
+
+    assert {t.name: t.value for t in TokenType} == {
+        n.removeprefix("LLAMA_TOKEN_TYPE_"): getattr(llama_cpp, n) for n in dir(llama_cpp)
+        if n.startswith("LLAMA_TOKEN_TYPE_")}
+    assert {t.name: t.value for t in gguf.TokenType}.items() <= \
+        {t.name: t.value for t in TokenType}.items()
+    assert TokenType.label(4) == "user-defined" and TokenType.label(99) == "?"

@@ -25,7 +25,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
-from engine.compute.kernels.nn_util import fp16_round, strided
+from engine.compute.kernels.nn_util import fp16_round
+from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
 from engine.ops_nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
 from engine.optable import GGMLOp
@@ -75,7 +76,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
     if len(chans):
         es = TYPE_TRAITS[src1.type].type_size
         src = strided(src1, (N, IC, IH, IW), (ofs0, ofs1, IW * es, es),
-                      NUMPY_DTYPE[GGMLType(src1.type)])
+                      dtype=NUMPY_DTYPE[GGMLType(src1.type)])
         ih, vh = _taps(OH, KH, s1, d1, p1, IH)  # (OH, KH)
         iw, vw = _taps(OW, KW, s0, d0, p0, IW)  # (OW, KW)
         sub = src[:, chans]  # (N, C, IH, IW)
@@ -147,7 +148,7 @@ def _pool_src_rows(dst: Tensor, src: Tensor, n_rows: int, row_stride: int) -> np
     es = TYPE_TRAITS[src.type].type_size
     if int(src.nb[0]) != es or (n_rows - 1) * row_stride + int(src.ne[0]) * es > ggml_nbytes(src):
         raise not_supported(dst, "the pool kernels read rows as packed and evenly spaced")
-    x = strided(src, (n_rows, int(src.ne[0])), (row_stride, es), NUMPY_DTYPE[GGMLType(src.type)])
+    x = strided(src, (n_rows, int(src.ne[0])), (row_stride, es), dtype=NUMPY_DTYPE[GGMLType(src.type)])
     return to_f32(x, src.type)
 
 
@@ -184,7 +185,7 @@ def compute_forward_pool_1d(params, dst: Tensor) -> None:
     if op == GGML_OP_POOL_AVG:
         with np.errstate(invalid="ignore", divide="ignore"):
             res = np.where(n > 0, res / n.astype(F32), F32(0))
-    strided(dst, (nr, ow), (int(dst.nb[1]), 4), F32)[:] = res
+    strided(dst, (nr, ow), (int(dst.nb[1]), 4), dtype=F32)[:] = res
     params.took("all")
 
 
@@ -209,7 +210,7 @@ def compute_forward_pool_2d(params, dst: Tensor) -> None:
     if int(src.nb[0]) != es:
         raise not_supported(dst, "pool_2d reads rows as packed")
     x = to_f32(strided(src, (n_planes, ne1, ne0), (nb2, nb1, es),
-                       NUMPY_DTYPE[GGMLType(src.type)]), src.type)
+                       dtype=NUMPY_DTYPE[GGMLType(src.type)]), src.type)
     iy, oky = _taps(py, k1, s1, 1, p1, ne1)  # (py, k1)
     ix, okx = _taps(px, k0, s0, 1, p0, ne0)  # (px, k0)
     res = np.full((n_planes, py, px), F32(0) if op == GGML_OP_POOL_AVG else -FLT_MAX, F32)
@@ -223,5 +224,5 @@ def compute_forward_pool_2d(params, dst: Tensor) -> None:
                 res = np.where(ok & ~(v < res), v, res)
     if op == GGML_OP_POOL_AVG:
         res = res / F32(k0 * k1)
-    strided(dst, (n_planes, py, px), (py * px * 4, px * 4, 4), F32)[:] = res
+    strided(dst, (n_planes, py, px), (py * px * 4, px * 4, 4), dtype=F32)[:] = res
     params.took("all")

@@ -12,6 +12,7 @@ import numpy as np
 from engine import libm
 from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf, \
     v_expf  # noqa: F401 (re-exported)
+from engine.compute.kernels.views import strided
 from engine.tensor import Tensor
 from engine.types import TYPE_TRAITS
 
@@ -29,20 +30,13 @@ def fp16_round(x: np.ndarray) -> np.ndarray:
         return np.asarray(x, F32).astype(np.float16).astype(F32)
 
 
-def strided(t: Tensor, shape: tuple, strides: tuple, dtype, offset: int = 0) -> np.ndarray:
-    """A numpy view of t's data with explicit byte strides, starting `offset` bytes in."""
-    ctx, off = t.ctx.space.resolve(t.data)
-    return np.ndarray(tuple(int(s) for s in shape), dtype=dtype, buffer=ctx.pool.data,
-                      offset=off + offset, strides=tuple(int(s) for s in strides))
-
-
 def raw_rows4(t: Tensor) -> np.ndarray:
     """t's rows as raw bytes: uint8 (ne3, ne2, ne1, row_bytes) following nb1..nb3 (any type)."""
     tr = TYPE_TRAITS[t.type]
     row_bytes = tr.type_size * int(t.ne[0]) // tr.blck_size
     nb = [int(x) for x in t.nb]
     return strided(t, (int(t.ne[3]), int(t.ne[2]), int(t.ne[1]), row_bytes),
-                   (nb[3], nb[2], nb[1], 1), np.uint8)
+                   (nb[3], nb[2], nb[1], 1), dtype=np.uint8)
 
 
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:

@@ -20,7 +20,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import view4
-from engine.compute.kernels.nn_util import cosf, expf, logf, sinf, strided
+from engine.compute.kernels.nn_util import cosf, expf, logf, sinf
+from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
 from engine.ops_nn import GGML_SCALE_FLAG_ALIGN_CORNERS, GGML_SCALE_FLAG_ANTIALIAS, \
     GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR, GGML_SCALE_MODE_NEAREST
@@ -144,7 +145,7 @@ def compute_forward_pad(params, dst: Tensor) -> None:
         mask = (valid[3][:, None, None, None] & valid[2][None, :, None, None]
                 & valid[1][None, None, :, None] & valid[0][None, None, None, :])
         out = strided(dst, (ne[3], ne[2], ne[1], ne[0]),
-                      (4 * ne[0] * ne[1] * ne[2], 4 * ne[0] * ne[1], 4 * ne[0], 4), F32)
+                      (4 * ne[0] * ne[1] * ne[2], 4 * ne[0] * ne[1], 4 * ne[0], 4), dtype=F32)
         out[:, :, params.ith::params.nth, :] = np.where(mask, vals, F32(0))
     params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
 
@@ -161,8 +162,8 @@ def compute_forward_timestep_embedding(params, dst: Tensor) -> None:
     half = dim // 2
     ne00 = int(src0.ne[0])
     js = np.arange(params.ith, half, params.nth)
-    t = strided(src0, (ne00,), (4,), F32)
-    out = strided(dst, (ne00, int(dst.ne[0])), (int(dst.nb[1]), 4), F32)
+    t = strided(src0, (ne00,), (4,), dtype=F32)
+    out = strided(dst, (ne00, int(dst.ne[0])), (int(dst.nb[1]), 4), dtype=F32)
     if len(js):
         freq = expf(-logf(F32(max_period)) * js.astype(F32) / F32(half))
         arg = t[:, None] * freq[None, :]

@@ -24,7 +24,8 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import CHUNK
-from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, strided, v_expf
+from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, v_expf
+from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
@@ -101,7 +102,7 @@ def _diag_mask(params, dst: Tensor, value: float) -> None:
             ggml_assert(ggml_is_contiguous(dst) and ggml_is_contiguous(src0),
                         "ggml_is_contiguous(dst) && ggml_is_contiguous(src0)", fn)
             n = ggml_nbytes(dst)
-            strided(dst, (n,), (1,), np.uint8)[:] = strided(src0, (n,), (1,), np.uint8)
+            strided(dst, (n,), (1,), dtype=np.uint8)[:] = strided(src0, (n,), (1,), dtype=np.uint8)
         params.barrier()
     ggml_assert(int(dst.nb[0]) == 4, "dst->nb[0] == sizeof(float)", fn)
     ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
@@ -110,7 +111,7 @@ def _diag_mask(params, dst: Tensor, value: float) -> None:
     rows = np.arange(params.ith, nr, params.nth)
     if len(rows):
         # matrices are reached through nb[2] only, as in ggml
-        d = strided(dst, (nz, nr, nc), (int(dst.nb[2]), int(dst.nb[1]), 4), F32)
+        d = strided(dst, (nz, nr, nc), (int(dst.nb[2]), int(dst.nb[1]), 4), dtype=F32)
         sub = d[:, params.ith::params.nth, :]
         sub[:, np.arange(nc)[None, :] > (n_past + rows)[:, None]] = value
     params.took("interleaved", *rows.tolist(), note="rows j of every matrix")

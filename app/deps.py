@@ -1,0 +1,65 @@
+"""The app's shared objects, made once per app by `install(app, settings)` and handed to routes
+as named `Annotated` dependencies: the upload store, the trace cache, the rendered-graph cache,
+and the query parameters several routes take (thread count, an uploaded file's hash).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from threading import Lock
+from typing import Annotated, Callable
+
+from fastapi import Depends, FastAPI, Query, Request
+
+from app.settings import MAX_THREADS, Settings
+from app.store import UploadStore
+from app.traces import TraceCache
+
+
+class SvgCache:
+    """Rendered SVGs by the hash of their DOT (an LRU): a graph drawn once is not drawn again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._svgs: OrderedDict[str, str] = OrderedDict()
+        self._lock = Lock()
+
+    def get(self, key: str, render: Callable[[], str]) -> str:
+        with self._lock:
+            if key in self._svgs:
+                self._svgs.move_to_end(key)
+                return self._svgs[key]
+        svg = render()
+        with self._lock:
+            self._svgs[key] = svg
+            while len(self._svgs) > self.size:
+                self._svgs.popitem(last=False)
+        return svg
+
+
+def install(app: FastAPI, settings: Settings) -> None:
+    """Make the app's shared objects from its settings."""
+    app.state.settings = settings
+    app.state.store = UploadStore.from_settings(settings)
+    app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir)
+    app.state.svgs = SvgCache(settings.svg_cache)
+
+
+def get_store(request: Request) -> UploadStore:
+    return request.app.state.store
+
+
+def get_traces(request: Request) -> TraceCache:
+    return request.app.state.traces
+
+
+def get_svgs(request: Request) -> SvgCache:
+    return request.app.state.svgs
+
+
+Store = Annotated[UploadStore, Depends(get_store)]
+Traces = Annotated[TraceCache, Depends(get_traces)]
+Svgs = Annotated[SvgCache, Depends(get_svgs)]
+Threads = Annotated[int | None, Query(ge=1, le=MAX_THREADS, description="threads for compute")]
+FileHash = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$",
+                                       description="an uploaded GGUF's content hash (gguf-load)")]

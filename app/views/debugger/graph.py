@@ -1,0 +1,113 @@
+"""The DAG panel: the graph as ggml_graph_dump_dot writes it, decorated with links and ids, big
+graphs folded layer by layer; rendered to SVG by graphviz once per distinct drawing and served
+from its own URL, keyed by the drawing's hash."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from app.views.debugger.where import Where, tensor_key
+from app.views.format import layer_of
+from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
+from engine.infos import ggml_graph_edges
+from engine.tensor import Tensor
+from engine.trace import State
+
+FOLD_OVER = 60  # graphs of more nodes show each layer as one box
+HEADER = ("  bgcolor = transparent;", '  node [fontname = "DejaVu Sans Mono", fontsize = 10];',
+          '  edge [fontname = "DejaVu Sans", fontsize = 8, color = "#666677"];')
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLink:
+    name: str  # "3"
+    url: str  # opens (draws in full) this layer
+    open: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GraphView:
+    dot: str  # independent of the step: the same drawing renders (and caches) once
+    key: str  # the drawing's hash: its SVG's URL and the id of the element holding it
+    highlight: list[tuple[str, str]]  # (svg node id, css class): the current and selected nodes
+    layers: list[LayerLink]
+    n_nodes: int
+    n_leafs: int
+
+
+def node_id(t: Tensor) -> str:
+    """The id of a tensor's node in the SVG."""
+    return f"t{t.address:x}"
+
+
+def _attr(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
+               expand: str | None = None) -> GraphView | None:
+    """The newest graph, every tensor a link that selects it.
+
+    Graphs of more than FOLD_OVER nodes show each layer as one box: a tensor belongs to layer N
+    when it is a "blk.N." weight or consumes one (the highest N among its sources). The layer
+    holding the current or selected tensor is drawn in full, as is the one named by `expand`.
+    """
+    graphs = state.graphs()
+    if not graphs:
+        return None
+    g = graphs[-1]
+    layers = _layers(g) if g.n_nodes > FOLD_OVER else {}
+    open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
+    folded: dict[str, int] = {}
+    for t in g.nodes + g.leafs:
+        layer = layers.get(t.address)
+        if layer is not None and layer not in open_layers:
+            folded[layer] = folded.get(layer, 0) + 1
+
+    def decorate(t: Tensor) -> DotStyle:
+        layer = layers.get(t.address)
+        if layer in folded:
+            return DotStyle(fold=f"layer_{layer}")
+        url = where.query(tensor=tensor_key(t))  # no step: the drawing is reused across steps
+        return DotStyle(f'id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
+                        f'tooltip = "{_attr(t.name)}"')
+
+    boxes = tuple(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
+                  f'fillcolor = "#e8eefc"; '
+                  f'label = "layer {layer}\\n{n} tensors\\n(click to open)"; '
+                  f'URL = "{where.query(expand=layer, tensor=None)}"; target = "_top"];'
+                  for layer, n in folded.items())
+    dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes)
+    highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
+                 if t is not None]
+    links = [LayerLink(name, where.query(expand=name), name in open_layers)
+             for name in sorted(set(layers.values()), key=int)]
+    return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], highlight, links,
+                     g.n_nodes, g.n_leafs)
+
+
+def _layers(g: Graph) -> dict[int, str]:
+    """Layer of each tensor by address: "blk.N." weights are in layer N; a node is in the highest
+    layer among its sources (nodes come in dependency order, so sources are known first)."""
+    out: dict[int, str] = {}
+    for t in g.leafs + g.nodes:
+        n = layer_of(t.name)
+        if n is not None:
+            out[t.address] = str(n)
+    srcs: dict[int, list[int]] = {}
+    for e in ggml_graph_edges(g):
+        srcs.setdefault(e.dst, []).append(e.src)
+    for t in g.nodes:
+        found = [int(out[a]) for a in srcs.get(t.address, ()) if a in out]
+        if found and t.address not in out:
+            out[t.address] = str(max(found))
+    return out
+
+
+def render_svg(dot: str) -> str:
+    """DOT -> SVG with graphviz's dot (the svg element only)."""
+    import graphviz
+
+    svg = graphviz.Source(dot).pipe(format="svg").decode()
+    return svg[svg.index("<svg"):]

@@ -1,0 +1,102 @@
+"""The bytes panel: the selected tensor's object header and struct with each field named, or the
+first bytes at its data pointer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
+from engine.tensor import Tensor, ggml_nbytes
+from engine.trace import Step
+from engine.types import TYPE_TRAITS
+
+DATA_BYTES = 512  # bytes of data shown at most
+
+
+@dataclass(frozen=True, slots=True)
+class HexCell:
+    byte: str
+    field: str | None
+    changed: bool
+    first: bool  # the first byte of its field
+
+
+@dataclass(frozen=True, slots=True)
+class HexRow:
+    offset: int
+    cells: list[HexCell]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldValue:
+    name: str
+    offset: int  # in the pool
+    size: int
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class HexView:
+    title: str
+    rows: list[HexRow]
+    legend: list[FieldValue]
+
+
+def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | None:
+    """Bytes of the selected tensor, each byte named: its object header and struct (fields), or
+    the first DATA_BYTES bytes at its data pointer (elements, or blocks of a quantized type)."""
+    if t is None:
+        return None
+    names: dict[int, str] = {}
+    legend = []
+    if what == "data" and t.data is not None:
+        ctx, start = t.ctx.space.resolve(t.data)
+        tr = TYPE_TRAITS[t.type]
+        raw = ctx.pool[start:start + min(ggml_nbytes(t), DATA_BYTES)]
+        unit = "block" if tr.blck_size > 1 else "element"
+        for i in range(raw.size):
+            names[i] = f"{unit} {i // tr.type_size}"  # in memory order, from the data pointer
+        title = (f"'{t.name}' data at pool offset {start:#x} in context {ctx.id}: "
+                 f"{tr.type_size}-byte {unit}s in memory order"
+                 + (f" (first {DATA_BYTES} bytes)" if ggml_nbytes(t) > DATA_BYTES else ""))
+    else:
+        ctx, start = t.ctx, t.offs - GGML_OBJECT_SIZE
+        raw = ctx.pool[start:t.offs + GGML_TENSOR_SIZE]
+        rec_obj = raw[:GGML_OBJECT_SIZE].view(OBJECT)[0]
+        rec = raw[GGML_OBJECT_SIZE:].view(TENSOR)[0]
+        for base, dtype, r, prefix in ((0, OBJECT, rec_obj, "object."),
+                                       (GGML_OBJECT_SIZE, TENSOR, rec, "")):
+            for span in field_spans(dtype):
+                for i in range(span.size):
+                    names[base + span.offset + i] = prefix + span.name
+                legend.append(FieldValue(prefix + span.name, start + base + span.offset,
+                                         span.size, _field_value(r[span.name], span.pointer)))
+        title = (f"'{t.name}' at pool offset {start:#x}: {GGML_OBJECT_SIZE}-byte ggml_object, "
+                 f"then the {GGML_TENSOR_SIZE}-byte ggml_tensor")
+    changed = set()
+    for p in step.patches:
+        if p.ctx == ctx.id:
+            changed.update(range(max(p.offset, start), min(p.end, start + raw.size)))
+    rows = []
+    for r0 in range(0, raw.size, 16):
+        cells = []
+        for i in range(r0, min(r0 + 16, raw.size)):
+            f = names.get(i)
+            cells.append(HexCell(f"{raw[i]:02x}", f, start + i in changed,
+                                 f is not None and names.get(i - 1) != f))
+        rows.append(HexRow(start + r0, cells))
+    return HexView(title, rows, legend)
+
+
+def _field_value(v, pointer: bool) -> str:
+    if isinstance(v, bytes):
+        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
+    if isinstance(v, np.ndarray):
+        vals = [int(x) for x in v.ravel()]
+        if pointer:
+            return "{" + ", ".join(f"{x:#x}" if x else "NULL" for x in vals) + "}"
+        return "{" + ", ".join(str(x) for x in vals) + "}"
+    x = int(v)
+    return (f"{x:#x}" if x else "NULL") if pointer else str(x)

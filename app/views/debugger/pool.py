@@ -1,0 +1,93 @@
+"""The memory pool panel: each context's pool as a bar of its objects, what the step changed
+outlined."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.views.debugger.where import Where, ref_key
+from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
+from engine.infos import ggml_tensor_infos
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.trace import State, Step
+
+
+@dataclass
+class Segment:
+    kind: str  # header, struct, graph, data, padding, work, free
+    start: int
+    size: int
+    width: float  # percent of the bar
+    label: str
+    changed: bool
+    tensor: str | None = None  # key of the tensor this segment belongs to
+    url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    ctx: int
+    base: int
+    mem_size: int
+    used: int
+    segments: list[Segment]
+    n_objects: int
+
+
+def _scaled(size: int) -> float:
+    """Bar width for a byte count: sqrt scaling keeps 32-byte headers and megabytes both visible."""
+    return max(math.sqrt(max(size, 1)), 3.0)
+
+
+def pools(state: State, step: Step, where: Where) -> list[PoolView]:
+    changed = [(p.ctx, p.offset, p.end) for p in step.patches]
+    added = {(o.ctx, o.header) for o in step.objects}
+    views = []
+    for cid, ctx in state.contexts.items():
+        segs: list[Segment] = []
+        mine = [(s_, e_) for c, s_, e_ in changed if c == cid]
+
+        def hit(a: int, b: int) -> bool:
+            return any(s_ < b and e_ > a for s_, e_ in mine)
+
+        objs = list(ctx.objects())
+        infos = {t.offs: t for t in ggml_tensor_infos(ctx)}
+        end = 0
+        for o in objs:
+            new = (cid, o.header) in added
+            segs.append(Segment("header", o.header, GGML_OBJECT_SIZE, 0,
+                                f"ggml_object header ({o.type_name})",
+                                new or hit(o.header, o.offs)))
+            if o.type == GGML_OBJECT_TYPE_TENSOR:
+                t = infos[o.offs]
+                key = ref_key(cid, t.offs)
+                url = where.url(tensor=key)
+                label = f"tensor '{t.name}' struct" if t.name else "tensor struct"
+                segs.append(Segment("struct", o.offs, GGML_TENSOR_SIZE, 0, label,
+                                    new or hit(o.offs, o.offs + GGML_TENSOR_SIZE), key, url))
+                inline = o.size - GGML_TENSOR_SIZE
+                if inline > 0:
+                    nbytes = t.nbytes if not t.is_view and t.data else 0
+                    start = o.offs + GGML_TENSOR_SIZE
+                    if nbytes:
+                        segs.append(Segment("data", start, nbytes, 0, f"data of '{t.name}'",
+                                            hit(start, start + nbytes), key,
+                                            where.url(tensor=key, hex="data")))
+                    if inline - nbytes > 0:
+                        segs.append(Segment("padding", start + nbytes, inline - nbytes, 0,
+                                            "padding to 16 bytes", False, key, url))
+            elif o.type == GGML_OBJECT_TYPE_GRAPH:
+                segs.append(Segment("graph", o.offs, o.size, 0, "ggml_cgraph: struct, nodes, "
+                                    "leafs, use counts, hash keys, bitset",
+                                    new or hit(o.offs, o.offs + o.size)))
+            else:
+                segs.append(Segment("work", o.offs, o.size, 0, "work buffer", new))
+            end = o.offs + o.size
+        if ctx.mem_size > end:
+            segs.append(Segment("free", end, ctx.mem_size - end, 0, "unused", False))
+        total = sum(_scaled(s.size) for s in segs) or 1
+        for s in segs:
+            s.width = 100 * _scaled(s.size) / total
+        views.append(PoolView(cid, ctx.base, ctx.mem_size, end, segs, len(objs)))
+    return views

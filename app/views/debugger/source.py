@@ -1,0 +1,30 @@
+"""The source panel: the program with the step's line marked, the call and what it changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.trace import FieldWrite, Step, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLine:
+    number: int
+    text: str
+    current: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    lines: list[SourceLine]
+    call: str
+    note: str
+    fields: list[FieldWrite]
+    parent_call: str | None  # the call a visit or node step belongs to
+
+
+def source(trace: Trace, step: Step) -> Source:
+    lines = trace.source.splitlines()
+    parent = trace.steps[step.parent].call if step.parent is not None else None
+    return Source([SourceLine(i + 1, text, i + 1 == step.line) for i, text in enumerate(lines)],
+                  step.call, step.note, list(step.fields), parent)

@@ -1,0 +1,43 @@
+"""The threads panel: the compute plan, and each thread's share of the node with its time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.trace import ComputePlan, Step, StepKind, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    ith: int
+    kind: str  # how the op splits its work: rows, chunks, ...
+    ranges: str
+    us: float  # microseconds
+    width: float  # percent of the longest share
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadsView:
+    plan: ComputePlan | None
+    node: str | None
+    shares: list[Share]
+
+
+def threads(trace: Trace, step: Step) -> ThreadsView:
+    parent = trace.steps[step.parent] if step.parent is not None else None
+    plan = step.plan or (parent.plan if parent is not None else None)
+    longest = max((t.seconds for t in step.threads), default=0) or 1
+    shares = [Share(t.ith, t.kind, _ranges(t.kind, t.ranges), t.seconds * 1e6,
+                    100 * t.seconds / longest, t.note) for t in step.threads]
+    return ThreadsView(plan, step.call if step.kind == StepKind.NODE else None, shares)
+
+
+def _ranges(kind: str, ranges: tuple) -> str:
+    if kind == "chunks":
+        return "; ".join(f"chunk {c}: rows {a[0]}-{a[1] - 1} x cols {b[0]}-{b[1] - 1}"
+                         for c, a, b in ranges) or "no chunk left"
+    if not ranges:
+        return "nothing"
+    return ", ".join(f"[{r[0]}, {r[1]})" if isinstance(r, (tuple, list)) and len(r) == 2 else str(r)
+                     for r in ranges)

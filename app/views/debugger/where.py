@@ -1,0 +1,83 @@
+"""Where the learner is: program, step, threads, selected tensor — and the URL that names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.context import GGML_OBJECT_TYPE_TENSOR
+from engine.tensor import Tensor
+from engine.trace import State, Step, StepKind
+
+
+def ref_key(ctx: int, offs: int) -> str:
+    """A tensor's small stable name in URLs: "ctx.offset" of its struct."""
+    return f"{ctx}.{offs}"
+
+
+def tensor_key(t: Tensor) -> str:
+    return ref_key(t.ctx.id, t.offs)
+
+
+def parse_key(key: str | None) -> tuple[int, int] | None:
+    if not key:
+        return None
+    try:
+        ctx, offs = key.split(".")
+        return int(ctx), int(offs)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Where:
+    """Everything that names a debugger view: program, step, threads, selected tensor."""
+
+    name: str
+    step: int
+    threads: int | None = None
+    tensor: str | None = None  # "ctx.offset" of the selected tensor struct
+    row: int = 0  # quantized row and block shown in the block explainer
+    block: int = 0
+    file: str | None = None  # content hash of an uploaded GGUF, for gguf-load
+    hex: str = "struct"  # what the Bytes panel shows: "struct" or "data"
+
+    def query(self, **change) -> str:
+        """A link relative to the current step's path: "?threads=..&t=..". Independent of the
+        step, so the graph's SVG can be reused from step to step."""
+        v = {**self.__dict__, **change}
+        return "?" + _query((("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+                             ("expand", change.get("expand"))))
+
+    def url(self, **change) -> str:
+        v = {**self.__dict__, **change}
+        pairs = [("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+                 ("hex", None if v["hex"] == "struct" else v["hex"])]
+        if v["row"] or v["block"]:
+            pairs += [("row", v["row"]), ("block", v["block"])]
+        q = _query(pairs)
+        return f"/walkthroughs/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
+
+
+def _query(pairs) -> str:
+    """A query string; every value here is a number, a hex hash or "ctx.offset": no escaping."""
+    return "&".join(f"{k}={x}" for k, x in pairs if x is not None)
+
+
+def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:
+    """The tensor the view is about: the one in the URL, else the step's own, else the newest."""
+    ref = parse_key(where.tensor) or step.tensor
+    if ref is not None and ref[0] in state.contexts:
+        ctx = state.contexts[ref[0]]
+        if any(o.offs == ref[1] and o.type == GGML_OBJECT_TYPE_TENSOR for o in ctx.objects()):
+            return Tensor(ctx, ref[1])
+    ts = state.tensors()
+    return ts[-1] if ts else None
+
+
+def current_node(state: State, step: Step) -> Tensor | None:
+    """The node being visited or computed at this step, if any."""
+    if step.kind in (StepKind.NODE, StepKind.VISIT) and step.tensor is not None:
+        ctx = state.contexts.get(step.tensor[0])
+        if ctx is not None:
+            return Tensor(ctx, step.tensor[1])
+    return None

@@ -1,0 +1,48 @@
+"""The inspector's start page: the example files and the upload form (with a refused upload's
+reasons)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.store import UploadStore
+from app.views.format import human_bytes
+from app.views.gguf.state import file_url
+
+FIXTURE_NOTES = {
+    "minilm-q8_0.gguf": "all-MiniLM-L6-v2, a small BERT sentence encoder: 6 layers, 101 tensors "
+                        "(64 F32 + 37 Q8_0) and its WordPiece vocabulary.",
+    "ggml-vocab-llama-spm.gguf": "A vocabulary-only file: LLaMA's SentencePiece tokenizer "
+                                 "(32,000 tokens with scores and types) and no tensors.",
+}
+
+@dataclass(frozen=True, slots=True)
+class FixtureRow:
+    name: str
+    size: str
+    note: str
+    href: str
+
+
+@dataclass(frozen=True, slots=True)
+class UploadError:
+    """What to tell the user about a refused upload."""
+
+    title: str  # "This is not a valid GGUF file"
+    message: str  # the GGUFError message (field, offset, rule) or the limit broken
+    field: str | None = None
+    offset: int | None = None
+    rule: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HomeView:
+    fixtures: list[FixtureRow]
+    upload_limit: str
+    error: UploadError | None = None
+
+
+def home_view(store: UploadStore, error: UploadError | None = None) -> HomeView:
+    rows = [FixtureRow(f.name, human_bytes(f.size), FIXTURE_NOTES.get(f.name, ""),
+                       file_url(f.digest)) for f in store.fixtures()]
+    return HomeView(rows, human_bytes(store.upload_limit), error)

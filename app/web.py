@@ -1,0 +1,55 @@
+"""What every route shares and nothing else: the templates, the error page, the logger, and the
+middleware that times each response (`Server-Timing`).
+
+Routes import this module and `app.deps`; `app.main` imports the routes. Nothing imports
+`app.main`, so there is no circle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.settings import MAX_THREADS, PACKAGE
+
+TEMPLATES_DIR = PACKAGE / "templates"
+STATIC_DIR = PACKAGE / "static"
+
+templates = Jinja2Templates(directory=TEMPLATES_DIR)
+templates.env.globals["MAX_THREADS"] = MAX_THREADS
+log = logging.getLogger("ggml-lens")
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    """Every error is a page with a readable message (never a traceback)."""
+    return templates.TemplateResponse(request, "pages/error.html",
+                                      {"status": status, "message": message},
+                                      status_code=status)
+
+
+class ServerTiming:
+    """Adds `Server-Timing: app;dur=<ms>` to every response: how long the app took to start
+    answering (a plain ASGI middleware, so streamed uploads pass through untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
+            await send(message)
+
+        await self.app(scope, receive, timed)

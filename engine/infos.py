@@ -1,0 +1,79 @@
+"""What a debugger lists of a context or a graph, read in bulk from the pool.
+
+Not a ggml API: ggml walks `ggml_get_first_tensor` / `ggml_get_next_tensor` and reads each struct.
+A debugger showing a pool of a thousand tensors at every step wants them in one gather instead, so
+`ggml_tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
+the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
+`ggml_graph_edges` lists a graph's src links as addresses, without making a handle per tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.context import GGML_OBJECT_TYPE_TENSOR, Context
+from engine.graph import Graph
+from engine.layout import GGML_TENSOR_SIZE, TENSOR
+from engine.types import TYPE_TRAITS
+
+_BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
+_TSIZE = np.array([tr.type_size for tr in TYPE_TRAITS], dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor struct of a context, as plain values."""
+
+    offs: int  # offset of the struct in the pool
+    address: int  # the struct's (simulated) address
+    name: str
+    type: int  # ggml_type
+    ne: tuple[int, int, int, int]
+    op: int  # ggml_op
+    flags: int  # GGML_TENSOR_FLAG_*
+    view_src: int  # address of the viewed tensor, 0 for none
+    data: int  # address, 0 for NULL
+    nbytes: int  # ggml_nbytes
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_src != 0
+
+
+def ggml_tensor_infos(ctx: Context) -> list[TensorInfo]:
+    """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised)."""
+    offsets = [o.offs for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR]
+    if not offsets:
+        return []
+    offs = np.asarray(offsets, dtype=np.int64)
+    recs = ctx.pool[offs[:, None] + np.arange(GGML_TENSOR_SIZE)].view(TENSOR)[:, 0]
+    types = recs["type"].astype(np.int64)
+    ne = recs["ne"].astype(np.int64)
+    nb = recs["nb"].astype(np.int64)
+    blck, tsize = _BLCK[types], _TSIZE[types]
+    # ggml_nbytes: the first dimension's span (whole blocks for a quantized type), then
+    # (ne[i] - 1) * nb[i] for the others; 0 when a dimension is empty
+    spans = ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
+    first = np.where(blck == 1, tsize + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // blck)
+    nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
+    return [TensorInfo(o, ctx.base + o, bytes(r["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
+                       int(types[i]), tuple(int(x) for x in ne[i]), int(r["op"]),
+                       int(r["flags"]), int(r["view_src"]), int(r["data"]), int(nbytes[i]))
+            for i, (o, r) in enumerate(zip(offsets, recs))]
+
+
+@dataclass(frozen=True, slots=True)
+class GraphEdge:
+    """node->src[slot] == src, as addresses."""
+
+    src: int
+    dst: int
+    slot: int
+
+
+def ggml_graph_edges(g: Graph) -> list[GraphEdge]:
+    """The src links of a graph's nodes, in node order, then slot order."""
+    return [GraphEdge(int(a), t.address, j) for t in g.nodes
+            for j, a in enumerate(t._r["src"][0]) if a]

@@ -1,0 +1,233 @@
+"""The records a trace is made of: immutable steps and what each one changed, and how a step
+says its call (the whole statement) and its changes in plain words.
+
+The records are the seam between the engine and whoever shows a trace (the web app, the command
+line): frozen dataclasses and enums, so nothing is read by position.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import astuple, asdict, dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+
+
+class StepKind(StrEnum):
+    """What a step is."""
+
+    CALL = "call"  # a facade call the program made
+    VISIT = "visit"  # a tensor new to a graph being built
+    NODE = "node"  # a node computed, with each thread's share
+    END = "end"  # the program returned
+    ERROR = "error"  # the program raised: its message is the trace's error
+    CAP = "cap"  # the step cap ended a runaway program
+    ALLOC = "alloc"  # one decision of the graph allocator's plan (allocate, reuse in place, free)
+    PASS = "pass"  # one pass of the backend scheduler, with the backend it gave each tensor
+    SPLIT = "split"  # one split of the scheduled graph: a run of nodes on one backend
+    COPY = "copy"  # the scheduler copied a split's input to the split's backend
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMeta:
+    """A context's metadata after a step: enough, with its pool bytes, to rebuild it."""
+
+    id: int  # the context's small stable id
+    base: int  # simulated address of pool byte 0
+    mem_size: int
+    objects_end: int | None  # header offset of the last object, None while empty
+    no_alloc: bool
+
+    def astuple(self) -> tuple:
+        return astuple(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePlan:
+    """ggml_graph_plan's answer for a compute step."""
+
+    n_threads: int
+    work_size: int  # bytes of the work buffer
+    n_tasks: tuple[int, ...]  # per node
+
+    def astuple(self) -> tuple:
+        return astuple(self)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferMeta:
+    """A backend buffer after a step: enough, with its bytes, to rebuild it."""
+
+    id: int  # from the same count as the contexts' ids
+    base: int  # simulated address of its first byte
+    size: int
+    name: str  # its buffer type's name (CPU, GPU0, ...)
+    usage: int  # GGML_BACKEND_BUFFER_USAGE_ANY / WEIGHTS / COMPUTE
+    is_host: bool
+
+    def astuple(self) -> tuple:
+        return astuple(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The backend a scheduler pass gave one tensor, and why (ggml's cause codes: 1.dst, 1.inp,
+    1.wgt0, 1.off, 2.sup, 3.best, 3.upg, 4.vsrc, 4.cur, usr; 5.cpy for a split input's copy)."""
+
+    tensor: tuple[int, int]  # (ctx, struct offset)
+    backend_id: int
+    backend: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocDecision:
+    """One decision of the graph allocator: 'alloc', 'inplace' (take over `parent`'s bytes) or
+    'free' (after the tensor's last child), at node `node` (-1: leafs and inputs, before any)."""
+
+    kind: str
+    tensor: tuple[int, int]
+    buffer_id: int
+    buffer: str  # the buffer type's name
+    chunk: int
+    offset: int
+    size: int
+    node: int
+    parent: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitInfo:
+    """One split of a scheduled graph: nodes [i_start, i_end) on one backend, and the tensors
+    copied in for it."""
+
+    index: int
+    backend_id: int
+    backend: str
+    i_start: int
+    i_end: int
+    inputs: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectAdded:
+    ctx: int  # context id
+    header: int  # offset of the object header
+    offs: int
+    size: int
+    type: str  # TENSOR, GRAPH, WORK_BUFFER
+    name: str  # the tensor's name when the step ended
+
+
+@dataclass(frozen=True, slots=True)
+class FieldWrite:
+    ctx: int
+    struct: int  # offset of the tensor struct
+    tensor: str
+    field: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    ctx: int
+    offset: int
+    data: bytes  # the bytes after the step
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadShare:
+    ith: int
+    kind: str
+    ranges: tuple
+    seconds: float
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    index: int
+    kind: StepKind
+    call: str  # the call as the program wrote it (or the node's description)
+    line: int  # the program's line
+    note: str  # what happened, in plain words
+    parent: int | None = None  # the call step a visit or node belongs to
+    objects: tuple[ObjectAdded, ...] = ()
+    fields: tuple[FieldWrite, ...] = ()
+    patches: tuple[Patch, ...] = ()
+    contexts: tuple[ContextMeta, ...] = ()  # the contexts whose metadata the step changed
+    tensor: tuple[int, int] | None = None  # (ctx, struct offset) of the tensor the step is about
+    threads: tuple[ThreadShare, ...] = ()
+    plan: ComputePlan | None = None  # for the step that planned a compute
+    # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
+    # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
+    same_on_every_cpu: bool = True
+    buffers: tuple[BufferMeta, ...] = ()  # the backend buffers whose metadata the step changed
+    placements: tuple[Placement, ...] = ()  # a scheduler pass's assignments
+    decision: AllocDecision | None = None  # a graph allocator step's decision
+    split: SplitInfo | None = None  # a scheduler split step's split
+
+    def changes(self) -> dict:
+        """The step's changes as plain data (for JSON)."""
+        return {"objects": [asdict(o) for o in self.objects],
+                "fields": [asdict(f) for f in self.fields],
+                "data": [{"ctx": p.ctx, "start": p.offset, "end": p.end} for p in self.patches]}
+
+
+# --- a step's call and changes in plain words -------------------------------------------------------
+
+def field_text(v) -> str:
+    """A struct field's value as a step shows it (old -> new): names as text, big numbers as
+    addresses."""
+    if isinstance(v, bytes):
+        return repr(v.split(b"\0", 1)[0].decode("utf-8", "replace"))
+    if isinstance(v, np.ndarray):
+        return "[" + ", ".join(f"{int(x):#x}" if v.dtype == np.uint64 and int(x) > 1 << 32
+                               else str(int(x)) for x in v) + "]"
+    if isinstance(v, (np.integer, int)):
+        x = int(v)
+        return f"{x:#x}" if x > 1 << 32 else str(x)
+    return str(v)
+
+
+def describe_changes(call: str, objects, fields, patches) -> str:
+    """A plain-words summary of a step's changes."""
+    fn = call.split("(")[0].split("=")[-1].strip()
+    parts = []
+    for o in objects:
+        if o.type == "TENSOR":
+            data = o.size - GGML_TENSOR_SIZE
+            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
+            what += f" and {data} of data" if data > 0 else " and no data"
+            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
+        elif o.type == "GRAPH":
+            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
+        else:
+            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
+    for f in fields[:6]:
+        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
+    if len(fields) > 6:
+        parts.append(f"and {len(fields) - 6} more fields")
+    if not objects and not fields and patches:
+        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
+    return "; ".join(parts) or f"{fn} changed nothing in the pools"
+
+
+def statement_spans(source: str) -> dict[int, tuple[int, int]]:
+    """For each line, the (first, last) line of the simple statement containing it."""
+    spans: dict[int, tuple[int, int]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.If, ast.For,
+                                                                ast.While, ast.With, ast.Try,
+                                                                ast.ClassDef)):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                spans[line] = (node.lineno, node.end_lineno or node.lineno)
+    return spans

@@ -1,0 +1,169 @@
+"""What the recorder does for ggml-backend programs: backend buffers recorded like pools, and the
+graph allocator's and the scheduler's decisions as steps of their own.
+
+Buffers are found as they appear in the recording's address space (the program's, a gallocr's,
+the scheduler's), diffed like pools, and rebuilt in a state at their addresses
+(`RestoredBuffer`), so tensor data in them resolves. After a call that planned a graph, each
+decision of the allocator becomes a step; after a call that split a graph, each pass of the
+scheduler (with the backend it gave every tensor and why) and each split; each input copy the
+scheduler makes while computing is a step too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from engine.backend.buffer import _BUFFERS, Buffer
+from engine.backend.device import Backend
+from engine.backend.sched import Sched
+from engine.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
+from engine.graph import Graph
+from engine.optable import GGMLOp
+from engine.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
+from engine.tensor import Tensor, ggml_nbytes
+
+# ggml-backend / ggml-alloc functions that are queries (they change nothing: no step)
+BACKEND_QUERIES = (
+    "ggml_backend_buft_get_", "ggml_backend_buft_name", "ggml_backend_buft_is_", "ggml_backend_buffer_get_",
+    "ggml_backend_buffer_name", "ggml_backend_buffer_is_", "ggml_backend_get_", "ggml_backend_name",
+    "ggml_backend_guid", "ggml_backend_is_", "ggml_backend_supports_", "ggml_backend_offload_op",
+    "ggml_backend_dev_", "ggml_backend_reg_", "ggml_backend_sched_get_", "ggml_backend_tensor_get",
+    "ggml_gallocr_get_", "ggml_backend_alloc_ctx_tensors_from_buft_size")
+# calls that write the `buffer` and `data` fields of many tensor structs
+STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tensors_from_buft",
+                  "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",
+                  "ggml_backend_sched_graph_compute_async")
+BACKEND_DATA_WRITERS = ("ggml_backend_tensor_set", "ggml_backend_tensor_memset")
+
+
+def _ref(t: Tensor) -> tuple[int, int]:
+    return (t.ctx.id, t.offs)
+
+
+class RestoredBuffer:
+    """A backend buffer's bytes rebuilt from a trace, mapped at its original address."""
+
+    def __init__(self, space: AddressSpace, meta: BufferMeta, pool: np.ndarray) -> None:
+        self.id, self.base, self.size, self.name = meta.id, meta.base, meta.size, meta.name
+        self.usage, self.is_host = meta.usage, meta.is_host
+        self.pool, self.mem_size, self.freed = pool, pool.size, False
+        space.place_at(self, self.base)
+
+    def __repr__(self) -> str:
+        return f"<buffer {self.id} {self.name} size={self.size}>"
+
+
+class BackendRecording:
+    """The Recorder's part for backend buffers, the graph allocator and the scheduler (a mixin:
+    it uses the recorder's emit, track, objects_of, args, call_step and n_threads_arg)."""
+
+    def init_backend_recording(self) -> None:
+        self.space: AddressSpace | None = None  # the recording's address space (set by record)
+        self.buffers: list[Buffer] = []  # backend buffers, found as they appear
+        self.buffer_meta: dict[int, BufferMeta] = {}
+        self.plans_seen: set[int] = set()  # gallocr plans already shown as steps
+        self.splits_seen: dict[int, int] = {}  # per scheduler: the split it last showed
+
+    def track_buffers(self) -> None:
+        for buf in list(_BUFFERS.values()):
+            if buf.space is self.space and buf.id not in self.shadow:
+                self.buffers.append(buf)
+                self.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)
+
+    def work_buffer_regions(self) -> list[tuple[Buffer, int, int]]:
+        return [(buf, 0, buf.mem_size) for buf in self.buffers if buf.is_work and not buf.freed]
+
+    def snapshot_buffers(self) -> tuple[BufferMeta, ...]:
+        changed = []
+        for buf in self.buffers:
+            m = BufferMeta(buf.id, buf.base, buf.mem_size, buf.buft.name, buf.usage, buf.buft.is_host)
+            if not buf.freed and self.buffer_meta.get(buf.id) != m:
+                self.buffer_meta[buf.id] = m
+                changed.append(m)
+        return tuple(changed)
+
+    def struct_writes(self) -> list:
+        """The tensor structs a call that allocates many tensors may have written."""
+        out: list = []
+        for a in self.args:
+            if isinstance(a, Context):
+                out += [("struct", Tensor(a, o.offs)) for o in self.objects_of(a) if o.type == GGML_OBJECT_TYPE_TENSOR]
+            elif isinstance(a, Graph):
+                for n in a.nodes + a.leafs:
+                    out += [("struct", n)] + [("struct", x) for x in n.src if x is not None]
+            elif isinstance(a, Sched):
+                if a.ctx is not None:
+                    self.track(a.ctx)
+                out += [("struct", t) for t in a.graph.nodes + a.graph.leafs]
+        return out
+
+    def after_backend_call(self, parent: int | None) -> None:
+        """The scheduler's and the allocator's steps, if the call split or planned a graph."""
+        sched = next((a for a in self.args if isinstance(a, Sched)), None)
+        if sched is not None and self.splits_seen.get(id(sched)) != sched.n_split_calls:
+            self.splits_seen[id(sched)] = sched.n_split_calls
+            self.sched_steps(sched, parent)
+        galloc = next((a for a in self.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
+        galloc = galloc or (sched.galloc if sched is not None else None)
+        if galloc is not None and galloc.plan is not None and id(galloc.plan) not in self.plans_seen:
+            self.plans_seen.add(id(galloc.plan))
+            self.alloc_steps(galloc, parent)
+
+    def alloc_steps(self, galloc, parent: int | None) -> None:
+        """One step per decision of the plan: nothing in memory changes yet (the plan is where
+        tensors will go), so each step says what was decided and why."""
+        names = [b.name for b in galloc.bufts]
+        for d in galloc.plan.decisions:
+            where = f"buffer {d.buffer_id} ({names[d.buffer_id]}), chunk {d.chunk}, offset {d.offset}"
+            if d.kind == "alloc":
+                note = f"gallocr: '{d.tensor.name}' gets {d.size} bytes at {where}"
+            elif d.kind == "inplace":
+                note = (f"gallocr: '{d.tensor.name}' reuses the bytes of '{d.parent.name}' in place "
+                        f"({GGMLOp(d.tensor.op).name} can overwrite its source, and '{d.parent.name}' has "
+                        f"no other child) at {where}")
+            else:
+                note = f"gallocr: '{d.tensor.name}' had its last child: its {d.size} bytes at {where} are free again"
+            decision = AllocDecision(d.kind, _ref(d.tensor), d.buffer_id, names[d.buffer_id], d.chunk, d.offset,
+                                     d.size, d.node, None if d.parent is None else _ref(d.parent))
+            self.emit(StepKind.ALLOC, f"{d.kind} '{d.tensor.name}'", note, [], parent=parent,
+                      tensor=_ref(d.tensor), decision=decision)
+
+    def sched_steps(self, sched: Sched, parent: int | None) -> None:
+        names = [f"backend {i} ({b.name})" for i, b in enumerate(sched.backends)]
+        for title, assigned in sched.history:
+            if not assigned:
+                continue
+            placements = tuple(Placement(_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
+                               for a in assigned)
+            counts = ", ".join(f"{sum(1 for a in assigned if a.backend_id == b)} to {n}"
+                               for b, n in enumerate(names) if any(a.backend_id == b for a in assigned))
+            self.emit(StepKind.PASS, f"pass {title}", f"ggml_backend_sched pass {title}: {counts}", [],
+                      parent=parent, placements=placements)
+        for i, split in enumerate(sched.splits):
+            ins = ", ".join(f"'{t.name}'" for t in split.inputs) or "none"
+            info = SplitInfo(i, split.backend_id, sched.backends[split.backend_id].name, split.i_start, split.i_end,
+                             tuple(_ref(t) for t in split.inputs))
+            self.emit(StepKind.SPLIT, f"split {i} on {names[split.backend_id]}",
+                      f"split {i}: nodes {split.i_start}..{split.i_end - 1} run on {names[split.backend_id]}; "
+                      f"inputs copied in: {ins}", [], parent=parent, split=info)
+
+    def on_copy(self, inp: Tensor, cpy: Tensor, src_backend: Backend, dst_backend: Backend) -> None:
+        self.emit(StepKind.COPY, f"copy '{inp.name}' -> '{cpy.name}'",
+                  f"the scheduler copied '{inp.name}' ({ggml_nbytes(inp)} bytes) from {src_backend.name} "
+                  f"to {dst_backend.name} as '{cpy.name}'", [cpy], parent=self.call_step, tensor=_ref(cpy))
+
+    def compute_threads(self) -> int:
+        """The thread count a compute call plans with: the backend's (the first split's, for a
+        scheduler), else the program's argument."""
+        for a in self.args:
+            if isinstance(a, Sched) and a.splits:
+                return a.backends[a.splits[0].backend_id].n_threads
+            if isinstance(a, Backend):
+                return a.n_threads
+        return self.n_threads_arg()
+
+
+def restored_buffers(space: AddressSpace, metas: dict[int, Any], pools: dict) -> dict[int, RestoredBuffer]:
+    return {bid: RestoredBuffer(space, m, pools[bid]) for bid, m in sorted(metas.items())}

@@ -1,0 +1,118 @@
+"""Walkthrough routes as a table: (url, htmx?, status, text expected)."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+
+CASES = [
+    ("/", False, 200, ["simple-ctx", "GGUF inspector", "Two matrices in one context"]),
+    ("/walkthroughs/simple-ctx", False, 200, ["Previous step", "Next step", "ggml_init"]),
+    ("/walkthroughs/simple-ctx/steps/0", False, 200, ['aria-disabled="true" data-key="ArrowLeft"',
+                                                       "allocated a pool of 84432 bytes"]),
+    ("/walkthroughs/simple-ctx/steps/1", False, 200, ["reserved 32 bytes of header, 336 of tensor struct",
+                                                       "type = GGML_TYPE_F32", "ne = {2, 4, 1, 1}"]),
+    ("/walkthroughs/simple-ctx/steps/1", True, 200, ['<div id="debugger"']),
+    ("/walkthroughs/simple-ctx/steps/12", False, 200, ["MUL_MAT -&gt; &#39;node_0&#39;", "thread 0",
+                                                        "<svg", "110"]),
+    ("/walkthroughs/simple-ctx/steps/13", False, 200, ['aria-disabled="true" data-key="ArrowRight"']),
+    ("/walkthroughs/threads/steps/18?threads=3", False, 200, ["thread 2", "chunks"]),
+    ("/walkthroughs/quantized-tensor/steps/20?t=0.1168&row=2&block=0", False, 200,
+     ["Dequantized", "scale, fp16"]),
+    ("/walkthroughs/views-and-permute/steps/12", False, 200, ["permuted", "not contiguous"]),
+    ("/walkthroughs/nope", False, 404, ["There is no walkthrough named"]),
+    ("/walkthroughs/simple-ctx/steps/999", False, 404, ["there is no step 999"]),
+    ("/walkthroughs/simple-ctx/steps/-1", False, 404, ["there is no step -1"]),
+    ("/walkthroughs/simple-ctx/steps/1?threads=99", False, 422, ["threads"]),
+    ("/walkthroughs/simple-ctx/steps/1?t=../../etc", False, 422, ["not valid"]),
+    ("/walkthroughs/simple-ctx/goto?step=5", False, 200, ["step 5"]),
+    ("/walkthroughs/simple-ctx/steps/4?t=0.32&hex=data", False, 200,
+     ["data at pool offset 0x170", "element 7", 'data-field="element 1">41<']),
+    ("/walkthroughs/simple-ctx/steps/4?hex=everything", False, 422, ["not valid"]),
+    ("/walkthroughs/gguf-load/steps/0?file=" + "0" * 64, False, 404, ["No GGUF file with hash"]),
+    ("/walkthroughs/simple-ctx/steps/0?file=" + "0" * 64, False, 422, ["reads no file"]),
+    ("/walkthroughs/gguf-load/steps/0?file=../x", False, 422, ["not valid"]),
+]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    return TestClient(create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))))
+
+
+@pytest.mark.parametrize("url,htmx,status,texts", CASES, ids=[c[0] for c in CASES])
+def test_routes(client, url, htmx, status, texts):
+    r = client.get(url, headers={"HX-Request": "true"} if htmx else {})
+    assert r.status_code == status, r.text[:500]
+    for text in texts:
+        assert text in r.text, text
+    assert "Traceback" not in r.text
+    if htmx:
+        assert "<html" not in r.text  # only the partial
+
+
+def test_every_walkthrough_renders_its_steps(client):
+    from engine.programs import PROGRAMS
+
+    for name in PROGRAMS:
+        first = client.get(f"/walkthroughs/{name}/steps/0")
+        assert first.status_code == 200
+        n = int(first.text.split('max="')[1].split('"')[0])
+        steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // 25)), n})
+        for k in steps:  # every step of the small ones; 25 spread over the large ones
+            r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
+            assert r.status_code == 200, (name, k, r.text[:300])
+
+
+def test_gguf_load_reads_an_uploaded_file(client, tmp_path):
+    """The inspector's "Load into a context" opens gguf-load on the uploaded file."""
+    import numpy as np
+
+    from engine.gguf.api import gguf_add_tensor, gguf_init_empty, gguf_write_to_file
+
+    g = gguf_init_empty()
+    gguf_add_tensor(g, "tiny.weight", 0, [4, 2], np.arange(8, dtype=np.float32).tobytes())
+    path = tmp_path / "tiny.gguf"
+    gguf_write_to_file(g, path, False)
+    r = client.post("/gguf", files={"file": ("tiny.gguf", path.read_bytes())},
+                    follow_redirects=False)
+    assert r.status_code == 303
+    digest = r.headers["location"].rsplit("/", 1)[-1]
+    page = client.get(f"/walkthroughs/gguf-load?file={digest}")
+    assert page.status_code == 200 and f"file={digest}" in page.text
+    last = int(page.text.split('max="')[1].split('"')[0])
+    end = client.get(f"/walkthroughs/gguf-load/steps/{last}?file={digest}")
+    assert "tiny.weight" in end.text and "GGUF tensor data binary blob" in end.text
+
+
+def test_graph_svg_is_sent_only_when_the_graph_changed(client, tmp_path):
+    """The DAG's SVG has its own immutable URL, keyed by the drawing's hash; the element holding
+    it is named by that key, so htmx keeps it on the page (hx-preserve) while the graph drawn
+    stays the same, and fetches the new URL only when it changes."""
+    full = client.get("/walkthroughs/simple-ctx/steps/12")  # a page: the SVG is inline
+    key = full.text.split('aria-labelledby="graph-h" data-key="')[1].split('"')[0]
+    assert "<svg" in full.text and len(key) == 16
+    assert f'id="dag-{key}" class="dag" hx-preserve="true"' in full.text
+    same = client.get("/walkthroughs/simple-ctx/steps/13", headers={"HX-Request": "true"})
+    assert f'id="dag-{key}" class="dag" hx-preserve="true"' in same.text and "<svg" not in same.text
+    assert 'id="graph-style"' in same.text  # the highlight is still sent
+    other = client.get("/walkthroughs/simple-ctx/steps/9",  # mid-build: a smaller graph
+                       headers={"HX-Request": "true"})
+    other_key = other.text.split('aria-labelledby="graph-h" data-key="')[1].split('"')[0]
+    assert other_key != key and "<svg" not in other.text
+    url = html.unescape(other.text.split(f'id="dag-{other_key}"')[1].split('hx-get="')[1]
+                        .split('"')[0])
+    svg = client.get(url)
+    assert svg.status_code == 200 and "<svg" in svg.text
+    assert svg.headers["content-type"].startswith("image/svg+xml")
+    assert "immutable" in svg.headers["cache-control"]
+    # another worker, which drew nothing yet, draws the same bytes from the URL alone, and
+    # refuses a key that is not the step's drawing
+    fresh = TestClient(create_app(Settings(data_dir=tmp_path)))
+    assert fresh.get(url).text == svg.text
+    assert fresh.get(url.replace(other_key, key)).status_code == 404

@@ -1,0 +1,106 @@
+"""Serve the app from a non-editable install and fetch every page: `make package-check`.
+
+Run with the installed environment's Python from outside the checkout, so the package comes
+from site-packages (templates and static files as package data, not the source tree):
+
+    /tmp/venv-pkgtest/bin/python tests/package/check_install.py
+
+It starts `ggml-lens serve` on a free port (fixtures from GGML_LENS_FIXTURES, data in a fresh
+temporary folder), then requests the home page, every walkthrough's first and last step (as a
+page and as an htmx swap), each graph's SVG, the GGUF inspector with each fixture's file page, a
+metadata array, a tensor with its block explainer, each static file, and a 404 page. Standard
+library only; exits 1 naming the first page that failed.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.css")
+
+
+def get(base: str, path: str, htmx: bool = False, status: int = 200) -> str:
+    req = urllib.request.Request(base + path, headers={"HX-Request": "true"} if htmx else {})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            code, body = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        code, body = e.code, e.read().decode()
+    if code != status or "Traceback" in body:
+        raise SystemExit(f"package check: {path} gave {code} (wanted {status}): {body[:300]}")
+    return body
+
+
+def main() -> int:
+    exe = Path(sys.executable).with_name("ggml-lens")
+    if not exe.exists():
+        raise SystemExit(f"package check: {exe} is missing: run this with the install's Python")
+    import app  # the installed package, not the checkout
+
+    if "site-packages" not in app.__file__:
+        raise SystemExit(f"package check: app comes from {app.__file__}, not an install")
+    from engine.programs import PROGRAMS
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tempfile.mkdtemp(prefix="lens-pkg-")
+    env = dict(os.environ, GGML_LENS_DATA=data)
+    server = subprocess.Popen([str(exe), "serve", "--port", str(port)], env=env, cwd=data)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(base + "/static/lens.css", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        n = 0
+        for name in STATIC:
+            get(base, f"/static/{name}")
+            n += 1
+        assert "Walkthroughs" in get(base, "/")
+        for name in PROGRAMS:
+            page = get(base, f"/walkthroughs/{name}/steps/0")
+            last = int(re.search(r'max="(\d+)"', page).group(1))
+            page = get(base, f"/walkthroughs/{name}/steps/{last}")
+            swap = get(base, f"/walkthroughs/{name}/steps/{last}", htmx=True)
+            assert '<div id="debugger"' in swap and "<html" not in swap, name
+            svg = re.search(r'hx-get="([^"]+\.svg[^"]*)"', swap)
+            if svg:
+                assert "<svg" in get(base, html.unescape(svg.group(1))), name
+                n += 1
+            n += 3
+        home = get(base, "/gguf")
+        files = sorted(set(re.findall(r'href="(/gguf/[0-9a-f]{64})"', home)))
+        if not files:
+            raise SystemExit("package check: /gguf lists no fixture (set GGML_LENS_FIXTURES)")
+        for f in files:
+            page = get(base, f)
+            for link in sorted(set(re.findall(r'href="(/gguf/[0-9a-f]{64}/(?:kv|tensors)/[^"#?]+)',
+                                               page)))[:3]:
+                get(base, html.unescape(link))
+                n += 1
+            n += 1
+        get(base, "/walkthroughs/nope", status=404)
+        print(f"package check: {n + 3} pages served from {Path(app.__file__).parent}")
+        return 0
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""engine.infos (bulk tensor infos and graph edges) and ggml_graph_dump_dot's decorations,
+checked against the engine's one-tensor-at-a-time functions on real walkthroughs."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.context import GGML_OBJECT_TYPE_TENSOR
+from engine.graph import DotStyle, ggml_graph_dump_dot
+from engine.infos import ggml_graph_edges, ggml_tensor_infos
+from engine.programs import trace_program
+from engine.tensor import Tensor, ggml_nbytes
+
+PROGRAMS = ("simple-ctx", "views-and-permute", "quantized-tensor", "attention-block",
+            "mnist-style")
+
+
+@pytest.fixture(scope="module", params=PROGRAMS)
+def state(request):
+    trace = trace_program(request.param)
+    return trace.state_at(len(trace.steps) - 1)
+
+
+def test_tensor_infos_equal_each_tensor(state):
+    for ctx in state.contexts.values():
+        handles = [Tensor(ctx, o.offs) for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR]
+        infos = ggml_tensor_infos(ctx)
+        assert len(infos) == len(handles) > 0 or not handles
+        for info, t in zip(infos, handles):
+            assert (info.offs, info.address, info.name, info.type, info.op, info.flags) == \
+                (t.offs, t.address, t.name, t.type, t.op, t.flags)
+            assert info.ne == tuple(int(x) for x in t.ne)
+            assert info.nbytes == ggml_nbytes(t), t.name
+            assert info.is_view == (t.view_src is not None)
+            assert info.data == (t.data or 0)
+
+
+def test_graph_edges_are_the_srcs(state):
+    for g in state.graphs():
+        want = [(s.address, n.address, j) for n in g.nodes for j, s in enumerate(n.src)
+                if s is not None]
+        assert [(e.src, e.dst, e.slot) for e in ggml_graph_edges(g)] == want
+
+
+def test_dump_dot_decorations(state):
+    """decorate adds attributes to a node, or folds tensors into a node of the caller's; edges
+    into, out of and inside a fold are drawn once; nothing else changes."""
+    g = state.graphs()[-1]
+    plain = ggml_graph_dump_dot(g)
+    same = ggml_graph_dump_dot(g, decorate=lambda t: None)
+    assert same == plain  # (these programs' names need no escaping)
+    marked = ggml_graph_dump_dot(g, decorate=lambda t: DotStyle(f'id = "t{t.address:x}"'))
+    for t in g.nodes + g.leafs:
+        assert f'id = "t{t.address:x}"; ]' in marked
+    leafs = {t.address for t in g.leafs}
+    folded = ggml_graph_dump_dot(g, decorate=lambda t: DotStyle(fold="box")
+                                 if t.address in leafs else None,
+                                 extra=('  "box" [shape = box3d];',))
+    assert '"box" [shape = box3d];' in folded
+    for t in g.leafs:
+        assert f'"{t.address:#x}" [' not in folded  # drawn only as the box
+    edges = [line for line in folded.splitlines() if " -> " in line]
+    assert len(edges) == len(set(edges))
+    assert not any(line.strip().startswith('"box" -> "box"') for line in edges)
+
+
+
+
+def test_dump_dot_escapes_names_only_when_decorating():
+    from engine import ggml as G
+
+    ctx = G.ggml_init(G.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
+    a = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 4)
+    G.ggml_set_name(a, "a|{b}")
+    gf = G.ggml_new_graph(ctx)
+    G.ggml_build_forward_expand(gf, G.ggml_sqr(ctx, a))
+    assert "a|{b} (f32)" in G.ggml_graph_dump_dot(gf)  # as ggml writes it
+    assert "a\\|\\{b\\} (f32)" in G.ggml_graph_dump_dot(gf, decorate=lambda t: None)
