@@ -401,18 +401,20 @@ class Bar:
     reuses: Tensor | None = None
 
 
-def memory_plan(plan: GraphPlan, n_nodes: int) -> list[Bar]:
+def memory_plan(plan, n_nodes: int) -> list[Bar]:
     """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
-    (x: node order, y: offset)."""
-    open_: dict[Tensor, Decision] = {}
+    (x: node order, y: offset). `plan` is a GraphPlan or its decisions as recorded in a trace
+    (engine.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""
+    decisions = plan.decisions if isinstance(plan, GraphPlan) else plan
+    open_: dict = {}
     bars: list[Bar] = []
 
-    def close(t: Tensor, end: int) -> None:
+    def close(t, end: int) -> None:
         d = open_.pop(t, None)
         if d is not None:
             bars.append(Bar(d.tensor, d.buffer_id, d.chunk, d.offset, d.size, d.node, end,
                             d.parent if d.kind == "inplace" else None))
-    for d in plan.decisions:
+    for d in decisions:
         if d.kind == "free":
             close(d.tensor, d.node)
         else:

@@ -14,7 +14,10 @@ from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.nav import nav
+from app.views.debugger.buffers import buffers
+from app.views.debugger.plan import plan_view
 from app.views.debugger.pool import pools
+from app.views.debugger.sched import sched_view
 from app.views.debugger.source import source
 from app.views.debugger.strides import strides
 from app.views.debugger.struct import struct
@@ -92,7 +95,8 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
     """Every panel's view-model at one step."""
     trace, step, state = _at(cache, store, where)
     sel = _select(state, where, step)
-    graph = G.graph_view(state, where, current_node(state, step), sel, expand)
+    graph = G.graph_view(state, where, current_node(state, step), sel, expand,
+                         lambda nodes: sched_view(trace, step, state, nodes))
     return {
         "program": PROGRAMS[where.name], "where": where, "step": step, "expand": expand,
         "nav": nav(trace, where), "source": source(trace, step),
@@ -100,6 +104,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
         "threads": threads(trace, step), "graph": graph,
+        "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
     }
 
 
@@ -135,9 +140,10 @@ def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def render() -> str:
         where = Where(name, n, threads, t, file=file)
-        _, step, state = _at(cache, store, where)
+        trace, step, state = _at(cache, store, where)
         graph = G.graph_view(state, where, current_node(state, step),
-                             _select(state, where, step), expand)
+                             _select(state, where, step), expand,
+                             lambda nodes: sched_view(trace, step, state, nodes))
         if graph is None or graph.key != key:
             raise HTTPException(404, f"Step {n} of '{name}' draws no graph with key {key}.")
         return G.render_svg(graph.dot)

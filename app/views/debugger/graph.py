@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
@@ -13,6 +14,9 @@ from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.infos import ggml_graph_edges
 from engine.tensor import Tensor
 from engine.trace import State
+
+if TYPE_CHECKING:
+    from app.views.debugger.sched import SchedView
 
 FOLD_OVER = 60  # graphs of more nodes show each layer as one box
 HEADER = ("  bgcolor = transparent;", '  node [fontname = "DejaVu Sans Mono", fontsize = 10];',
@@ -34,6 +38,7 @@ class GraphView:
     layers: list[LayerLink]
     n_nodes: int
     n_leafs: int
+    backends: tuple[tuple[str, str], ...] = ()  # (backend, colour) when the scheduler coloured it
 
 
 def node_id(t: Tensor) -> str:
@@ -46,7 +51,7 @@ def _attr(s: str) -> str:
 
 
 def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
-               expand: str | None = None) -> GraphView | None:
+               expand: str | None = None, sched_of=None) -> GraphView | None:
     """The newest graph, every tensor a link that selects it.
 
     Graphs of more than FOLD_OVER nodes show each layer as one box: a tensor belongs to layer N
@@ -57,6 +62,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     if not graphs:
         return None
     g = graphs[-1]
+    sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
     layers = _layers(g) if g.n_nodes > FOLD_OVER else {}
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
     folded: dict[str, int] = {}
@@ -70,7 +76,8 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
         if layer in folded:
             return DotStyle(fold=f"layer_{layer}")
         url = where.query(tensor=tensor_key(t))  # no step: the drawing is reused across steps
-        return DotStyle(f'id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
+        fill = f'fillcolor = "{sched.color[t.address]}"; ' if sched and t.address in sched.color else ""
+        return DotStyle(f'{fill}id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
                         f'tooltip = "{_attr(t.name)}"')
 
     boxes = tuple(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
@@ -78,13 +85,35 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
                   f'label = "layer {layer}\\n{n} tensors\\n(click to open)"; '
                   f'URL = "{where.query(expand=layer, tensor=None)}"; target = "_top"];'
                   for layer, n in folded.items())
-    dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes)
+    hidden = {t.address for t in g.nodes + g.leafs if layers.get(t.address) in folded}
+    dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
     highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
                  if t is not None]
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
              for name in sorted(set(layers.values()), key=int)]
     return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], highlight, links,
-                     g.n_nodes, g.n_leafs)
+                     g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else ())
+
+
+def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[str, ...]:
+    """The scheduler's splits as clusters, each holding its nodes (those drawn: not folded into
+    a layer box) and the copies of its inputs (drawn as their own nodes: a copy lives in the
+    split backend's compute buffer)."""
+    if sched is None:
+        return ()
+    out = []
+    for i, (label, members) in enumerate(sched.clusters):
+        copies = [c for c, where_i in sched.copies if where_i == i]
+        out.append(f'  subgraph cluster_split{i} {{ label = "{_attr(label)}"; style = "dashed,rounded"; '
+                   f'color = "#888888"; fontname = "DejaVu Sans"; fontsize = 10;')
+        for c in copies:
+            out.append(f'    "{c.address:#x}" [ shape = cds; style = filled; fillcolor = "#fff3c4"; '
+                       f'label = "{_attr(c.name)}"; id = "{node_id(c)}"; '
+                       f'URL = "{where.query(tensor=tensor_key(c))}"; target = "_top"; '
+                       f'tooltip = "a copy of an input, made by the scheduler"; ]')
+        out += [f'    "{a:#x}";' for a in members if a not in hidden]
+        out.append("  }")
+    return tuple(out)
 
 
 def _layers(g: Graph) -> dict[int, str]:

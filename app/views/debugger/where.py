@@ -76,7 +76,7 @@ def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:
 
 def current_node(state: State, step: Step) -> Tensor | None:
     """The node being visited or computed at this step, if any."""
-    if step.kind in (StepKind.NODE, StepKind.VISIT) and step.tensor is not None:
+    if step.kind in (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY) and step.tensor is not None:
         ctx = state.contexts.get(step.tensor[0])
         if ctx is not None:
             return Tensor(ctx, step.tensor[1])

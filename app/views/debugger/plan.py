@@ -1,0 +1,85 @@
+"""The memory plan panel: where the graph allocator puts every tensor of a compute buffer, over
+time — x the node order, y the offset, one bar per tensor from its allocation to its release,
+the peak marked, the step's decision and the selected tensor highlighted; a bar links to its
+tensor. Drawn as SVG from the plan's decisions recorded in the trace (engine.alloc.memory_plan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.views.debugger.where import Where, ref_key
+from engine.alloc import memory_plan, plan_peak
+from engine.trace import State, Step, StepKind, Trace
+
+W, H, LEFT, TOP = 640.0, 170.0, 56.0, 8.0  # plot size and margins (px)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanBar:
+    x: float
+    y: float
+    w: float
+    h: float
+    cls: str  # alloc, inplace; plus current / selected
+    title: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChart:
+    buffer: str  # "buffer 1 (CPU), chunk 0"
+    size: int  # the chunk's high-water mark: the bytes it needs
+    n_nodes: int
+    bars: list[PlanBar]
+    peak_y: float
+    peak_node: int
+    peak_bytes: int
+    width: float
+    height: float
+
+
+def _group(trace: Trace, k: int) -> list[Step]:
+    """The allocator steps of the most recent plan at or before step k."""
+    last = next((s for s in reversed(trace.steps[:k + 1]) if s.kind == StepKind.ALLOC), None)
+    if last is None:
+        return []
+    return [s for s in trace.steps if s.kind == StepKind.ALLOC and s.parent == last.parent]
+
+
+def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[PlanChart]:
+    group = _group(trace, step.index)
+    if not group:
+        return []
+    decisions = [s.decision for s in group]
+    current = step.decision.tensor if step.kind == StepKind.ALLOC else step.tensor
+    n = max(d.node for d in decisions) + 1
+    bars = memory_plan(decisions, n)
+    names = {d.buffer_id: d.buffer for d in decisions}
+    charts = []
+    for key in sorted({(b.buffer_id, b.chunk) for b in bars}):
+        mine = [b for b in bars if (b.buffer_id, b.chunk) == key]
+        size = max(b.offset + b.size for b in mine) or 1
+        node, peak = plan_peak(mine, n)
+        col = W / (n + 1)
+
+        def y(off: int) -> float:
+            return TOP + H - H * off / size
+        out = []
+        for b in mine:
+            t = state.tensor(b.tensor) if b.tensor[0] in state.contexts else None
+            name = t.name if t is not None else "?"
+            cls = "inplace" if b.reuses is not None else "alloc"
+            if b.tensor == current:
+                cls += " current"
+            if where.tensor == ref_key(*b.tensor):
+                cls += " selected"
+            top, bottom = y(b.offset + b.size), y(b.offset)
+            life = f"nodes {b.start}..{b.end}" if b.start >= 0 else f"from the start to node {b.end}"
+            out.append(PlanBar(LEFT + col * (b.start + 1), top, max(col * (b.end - b.start + 1), 1.5),
+                               max(bottom - top, 1.5), cls,
+                               f"'{name}': offset {b.offset}, {b.size} bytes, {life}"
+                               + (" (in place of its source)" if b.reuses is not None else ""),
+                               where.url(tensor=ref_key(*b.tensor))))
+        charts.append(PlanChart(f"buffer {key[0]} ({names[key[0]]}), chunk {key[1]}", size, n, out, y(peak), node,
+                                peak, LEFT + W + 8, TOP + H + 22))
+    return charts
