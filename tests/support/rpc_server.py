@@ -8,10 +8,18 @@ on exit. Run directly (`python -m tests.support.rpc_server PORT`) it is that chi
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import signal
 import socket
 import subprocess
 import sys
 import time
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: be killed when the test process dies (even if it crashes)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -25,7 +33,7 @@ def rpc_server(timeout: float = 20.0):
     """Yields the endpoint (bytes, "127.0.0.1:PORT") of a running RPC server."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tests.support.rpc_server", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
     try:
         deadline = time.monotonic() + timeout
         while True:
