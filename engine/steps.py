@@ -8,6 +8,7 @@ line): frozen dataclasses and enums, so nothing is read by position.
 from __future__ import annotations
 
 import ast
+import hashlib
 from dataclasses import astuple, asdict, dataclass
 from enum import StrEnum
 
@@ -174,6 +175,29 @@ class Step:
     placements: tuple[Placement, ...] = ()  # a scheduler pass's assignments
     decision: AllocDecision | None = None  # a graph allocator step's decision
     split: SplitInfo | None = None  # a scheduler split step's split
+    # where in the program: the layer (the program's loop variable `il`, as llama.cpp names it;
+    # a node's or visit's: the layer its tensor was made in) and the forward pass (its `n_past`)
+    layer: int | None = None
+    n_past: int | None = None
+
+    def hash_bytes(self) -> bytes:
+        """What the trace's content hash takes from this step: everything but timings, which
+        thread took which chunk (that varies from run to run: the union is taken) and the bytes
+        whose values depend on the CPU (only which contexts they changed)."""
+        shares = (sorted({t.kind for t in self.threads}),
+                  sorted(repr(r) for t in self.threads for r in t.ranges))
+        data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in self.patches] \
+            if self.same_on_every_cpu else sorted({p.ctx for p in self.patches})
+        # (kind, contexts and plan as the plain values they were before they were records, so
+        # hashes and golden traces stay as they were)
+        out = repr((self.index, self.kind.value, self.call, self.line, self.note, self.parent,
+                    self.objects, self.fields, data, tuple(c.astuple() for c in self.contexts),
+                    self.tensor, shares, self.plan.astuple() if self.plan else ())).encode()
+        if self.buffers or self.placements or self.decision or self.split:  # backend programs
+            out += repr((self.buffers, self.placements, self.decision, self.split)).encode()
+        if self.layer is not None or self.n_past is not None:  # programs with layers or passes
+            out += repr((self.layer, self.n_past)).encode()
+        return out
 
     def changes(self) -> dict:
         """The step's changes as plain data (for JSON)."""

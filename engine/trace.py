@@ -44,6 +44,7 @@ from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Pat
                           ThreadShare, describe_changes, field_text, statement_spans)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.trace_cpu import CpuDependence
+from engine.trace_groups import ProgramMarks
 from engine.trace_backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
                                   restored_buffers)
 from engine.types import TYPE_TRAITS
@@ -81,19 +82,7 @@ class Trace:
         h.update(self.program.encode())
         h.update(str(self.n_threads).encode())
         for s in self.steps:
-            # which thread took which mul_mat chunk varies from run to run: hash the union
-            shares = (sorted({t.kind for t in s.threads}),
-                      sorted(repr(r) for t in s.threads for r in t.ranges))
-            # bytes whose values depend on the CPU (and so which of them changed) are left out
-            data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in s.patches] \
-                if s.same_on_every_cpu else sorted({p.ctx for p in s.patches})
-            # (kind, contexts and plan as the plain values they were before they were records,
-            # so hashes and golden traces stay as they were)
-            h.update(repr((s.index, s.kind.value, s.call, s.line, s.note, s.parent, s.objects,
-                           s.fields, data, tuple(c.astuple() for c in s.contexts), s.tensor,
-                           shares, s.plan.astuple() if s.plan else ())).encode())
-            if s.buffers or s.placements or s.decision or s.split:  # backend programs only
-                h.update(repr((s.buffers, s.placements, s.decision, s.split)).encode())
+            h.update(s.hash_bytes())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
 
@@ -226,7 +215,7 @@ def _facade_codes() -> dict[Any, str]:
     return codes
 
 
-class Recorder(BackendRecording, CpuDependence):
+class Recorder(BackendRecording, CpuDependence, ProgramMarks):
     """Watches one program run and turns what it does into steps."""
 
     def __init__(self, source_file: str, n_threads: int,
@@ -251,6 +240,7 @@ class Recorder(BackendRecording, CpuDependence):
         self.line = 0
         self.t_start = time.perf_counter()
         self.init_backend_recording()
+        self.init_marks(text)
 
     # the profile hook: only calls from the program's own file into the facade are steps
     def profile(self, frame, event: str, arg) -> None:
@@ -260,6 +250,7 @@ class Recorder(BackendRecording, CpuDependence):
                 if caller is not None and caller.f_code.co_filename == self.file:
                     self.active = frame
                     self.line = caller.f_lineno
+                    self.read_marks(caller.f_locals, self.line)
                     self.args = tuple(frame.f_locals.values())
                     self.call_step = None
                     if self.codes[frame.f_code].startswith("ggml_build_forward"):
@@ -423,7 +414,8 @@ class Recorder(BackendRecording, CpuDependence):
         step = Step(len(self.steps), kind, call, self.line, note or describe_changes(call, objects, fields,
                                                                           patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
-                    contexts=self.snapshot_meta(), buffers=buffers, **kw)
+                    contexts=self.snapshot_meta(), buffers=buffers,
+                    **self.marks_for(kind, kw.get("tensor"), call), **kw)
         self.steps.append(step)
         self.mark_cpu_dependent(step)
         if self.on_step is not None:

@@ -18,6 +18,7 @@ from app.views.debugger.buffers import buffers
 from app.views.debugger.plan import plan_view
 from app.views.debugger.pool import pools
 from app.views.debugger.sched import sched_view
+from app.views.debugger.steps import search_results, steps_view
 from app.views.debugger.source import source
 from app.views.debugger.strides import strides
 from app.views.debugger.struct import struct
@@ -105,6 +106,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
         "strides": strides(sel), "values": values(sel, where),
         "threads": threads(trace, step), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
+        "steps": steps_view(trace, where),
     }
 
 
@@ -150,3 +152,17 @@ def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
 
     return Response(svgs.get(key, render), media_type="image/svg+xml",
                     headers={"Cache-Control": IMMUTABLE})
+
+
+@router.get("/walkthroughs/{name}/search", response_class=HTMLResponse)
+def search_page(request: Request, cache: Traces, store: Store, name: str,
+                q: str = Query("", max_length=200), threads: Threads = None,
+                file: FileHash = None) -> HTMLResponse:
+    """Steps whose call, note or tensor's name contains q: each a link to its step."""
+    where = Where(name, 0, threads, None, file=file)
+    trace, _, state = _at(cache, store, where)
+    final = cache.state(trace, len(trace.steps) - 1)
+    names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}
+    results = search_results(trace, where, names, q)
+    return templates.TemplateResponse(request, "pages/search.html",
+                                      {"where": where, "q": q, "results": results, "n_steps": len(trace.steps)})

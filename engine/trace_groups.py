@@ -1,0 +1,158 @@
+"""Steps grouped like the program: forward passes, layers, calls — and finding steps.
+
+While recording, each step is marked with where the program was (`ProgramMarks`): the layer, read
+from the program's loop variable `il` (llama.cpp's name for it; a node or visit gets the layer its
+tensor was made in), and the forward pass, read from `n_past` (the cache position a pass starts
+at). `step_groups` turns the marks into a tree: passes, then layers, then the steps; a trace with
+neither is one group. `find_steps` searches the steps' text and their tensors' names.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.steps import Step, StepKind
+
+FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
+BLK = re.compile(r"'blk\.(\d+)\.")
+
+
+class ProgramMarks:
+    """The Recorder's part that reads the program's loop variables (a mixin)."""
+
+    def init_marks(self, source: str) -> None:
+        self.layer: int | None = None
+        self.n_past: int | None = None
+        self.tensor_layer: dict[tuple[int, int], int] = {}  # the layer each tensor was made in
+        self.layer_loops = layer_loops(source)
+
+    def read_marks(self, local_vars: dict[str, Any], line: int) -> None:
+        """At a call on `line`: the layer if the line is inside a `for il in ...` loop (after the
+        loop `il` keeps its last value, which is not a layer any more), and the pass."""
+        il, n_past = local_vars.get("il"), local_vars.get("n_past")
+        inside = any(a <= line <= b for a, b in self.layer_loops)
+        self.layer = il if type(il) is int and inside else None
+        self.n_past = n_past if type(n_past) is int else None
+
+    def marks_for(self, kind: StepKind, tensor: tuple[int, int] | None, call: str) -> dict[str, int | None]:
+        if kind == StepKind.VISIT and self.layer is not None:
+            layer = self.layer  # a graph walked inside a layer's loop: that layer
+        elif kind in FOLLOW_TENSOR:
+            layer = self.tensor_layer.get(tensor) if tensor is not None else None
+            if layer is None:  # a weight of a layer, named as llama.cpp names them: blk.N.<name>
+                m = BLK.search(call)
+                layer = int(m.group(1)) if m else None
+        else:
+            layer = self.layer
+            if tensor is not None and layer is not None and kind == StepKind.CALL:
+                self.tensor_layer.setdefault(tensor, layer)
+        return {"layer": layer, "n_past": self.n_past}
+
+
+def layer_loops(source: str) -> list[tuple[int, int]]:
+    """The line spans of the program's `for il in ...` loops."""
+    return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id == "il"]
+
+
+@dataclass
+class StepGroup:
+    kind: str  # "pass", "layer" or "steps"
+    label: str
+    first: int  # step indices, inclusive
+    last: int
+    children: list["StepGroup"] = field(default_factory=list)
+
+    def holds(self, k: int) -> bool:
+        return self.first <= k <= self.last
+
+
+def _runs(steps: list[Step], key) -> list[tuple[Any, int, int]]:
+    """Maximal runs of consecutive steps with the same key: (key, first, last)."""
+    out: list[tuple[Any, int, int]] = []
+    for s in steps:
+        v = key(s)
+        if out and out[-1][0] == v:
+            out[-1] = (v, out[-1][1], s.index)
+        else:
+            out.append((v, s.index, s.index))
+    return out
+
+
+def _layers(steps: list[Step]) -> list[StepGroup]:
+    groups = []
+    runs = _runs(steps, lambda s: s.layer)
+    for layer, a, b in runs:
+        label = f"layer {layer}" if layer is not None else \
+            ("outside the layers" if len(runs) > 1 else "steps")
+        groups.append(StepGroup("layer", label, a, b))
+    return groups
+
+
+def _phases(steps: list[Step]) -> list[StepGroup]:
+    """A call that has steps inside it (a graph built, a graph computed, a scheduler's passes) is
+    a group of its own, with those steps by layer; other steps are grouped by layer."""
+    last_child: dict[int, int] = {}
+    for s in steps:
+        if s.parent is not None:
+            last_child[s.parent] = max(last_child.get(s.parent, s.index), s.index)
+    out: list[StepGroup] = []
+    base, i = steps[0].index if steps else 0, 0
+    while i < len(steps):
+        s = steps[i]
+        if s.index in last_child:
+            end = min(last_child[s.index], steps[-1].index)
+            label = s.call if len(s.call) <= 72 else s.call[:69] + "..."
+            out.append(StepGroup("call", label, s.index, end, _layers(steps[i + 1:end - base + 1])))
+            i = end - base + 1
+        else:
+            j = i
+            while j < len(steps) and steps[j].index not in last_child:
+                j += 1
+            out += _layers(steps[i:j])
+            i = j
+    return out
+
+
+def step_groups(steps: list[Step]) -> list[StepGroup]:
+    """Forward passes (by n_past), each with its phases (calls with steps inside them, by layer);
+    a trace without passes is its phases."""
+    if not steps:
+        return []
+    if any(s.n_past is not None for s in steps):
+        out = []
+        for n_past, a, b in _runs(steps, lambda s: s.n_past):
+            label = f"forward pass at n_past = {n_past}" if n_past is not None else "setting up"
+            out.append(StepGroup("pass", label, a, b, _phases(steps[a:b + 1])))
+        return out
+    return _phases(steps)
+
+
+def layer_jump(steps: list[Step], k: int, direction: int) -> int | None:
+    """The first step of the next (direction 1) or the previous (-1) layer run from step k."""
+    runs = [(v, a) for v, a, _ in _runs(steps, lambda s: s.layer) if v is not None]
+    if direction > 0:
+        return next((a for _, a in runs if a > k), None)
+    cur = next((a for v, a in reversed(runs) if a <= k), None)
+    earlier = [a for _, a in runs if a < (cur if cur is not None else k)]
+    if cur is not None and cur < k and steps[k].layer is not None:
+        return cur  # back to the start of this layer first
+    return earlier[-1] if earlier else None
+
+
+def find_steps(steps: list[Step], text: str, names: dict[tuple[int, int], str], limit: int = 200) -> list[int]:
+    """Steps whose call, note or tensor's name contains `text` (case-insensitive)."""
+    q = text.lower().strip()
+    if not q:
+        return []
+    out = []
+    for s in steps:
+        name = names.get(s.tensor, "") if s.tensor is not None else ""
+        if q in s.call.lower() or q in s.note.lower() or q in name.lower():
+            out.append(s.index)
+            if len(out) >= limit:
+                break
+    return out
