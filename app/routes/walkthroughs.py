@@ -14,6 +14,7 @@ from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.nav import nav
+from app.views.debugger.accountant import accounts
 from app.views.debugger.buffers import buffers
 from app.views.debugger.plan import plan_view
 from app.views.debugger.pool import pools
@@ -101,7 +102,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
     return {
         "program": PROGRAMS[where.name], "where": where, "step": step, "expand": expand,
         "nav": nav(trace, where), "source": source(trace, step),
-        "pools": pools(state, step, where), "hex": hexview(step, sel, where.hex),
+        "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
         "threads": threads(trace, step), "graph": graph,

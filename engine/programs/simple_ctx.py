@@ -22,6 +22,8 @@ def run(n_threads: int = 1) -> dict:
     ctx_size += 2 * ggml_tensor_overhead()  # tensors
     ctx_size += ggml_graph_overhead()  # compute graph
     ctx_size += 1024  # some overhead
+    # (ggml-lens: 456 of these 1024 bytes get used: the result tensor's 368 + 48 bytes, which the
+    # sum above leaves out, and 40 of padding and work-buffer header; the accountant shows them)
 
     ctx = ggml_init(ggml_init_params(mem_size=ctx_size, mem_buffer=None, no_alloc=False))
 

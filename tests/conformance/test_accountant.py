@@ -3,6 +3,8 @@ names is enough for real ggml and one alignment step less is not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ggml as real
 import numpy as np
 import pytest
@@ -83,3 +85,24 @@ def test_cli_prints_the_account_of_simple_ctx(capsys):
     acc = account(ctx)
     assert f"mem_size {acc.mem_size} bytes, used {used} (ggml_used_mem)" in out
     assert f"{'unused (slack)':<18} {acc.slack:>10}" in out
+
+
+def test_what_simple_ctx_says_of_its_plus_1024_is_true():
+    """simple-ctx's comment on `ctx_size += 1024` states how much of it is used: check it against
+    the account of the pool the program really built."""
+    import re
+
+    from engine.programs import PROGRAMS, trace_program
+
+    text = Path(PROGRAMS["simple-ctx"].source_file).read_text()
+    used_of_1024, result_struct, result_data, rest = map(int, re.search(
+        r"(\d+) of these 1024 bytes get used: the result tensor's (\d+) \+ (\d+) bytes.*?"
+        r"and (\d+) of padding", text, re.S).groups())
+    trace = trace_program("simple-ctx")
+    acc = account(trace.state_at(len(trace.steps) - 1).contexts[0])
+    a, b = (o.data for o in acc.objects if o.name in ("leaf_0", "leaf_1"))
+    formula = 2 * eng.ggml_tensor_overhead() + eng.ggml_graph_overhead() + a + b  # the program's sum
+    assert acc.used - formula == used_of_1024
+    result = [o for o in acc.objects if o.name == "node_0"][0]
+    assert (result.end - result.header - result.data, result.data) == (result_struct, result_data)
+    assert used_of_1024 - result_struct - result_data == rest

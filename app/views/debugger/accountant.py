@@ -1,0 +1,86 @@
+"""The mem_size accountant panel: for each context, what the program asked for against what it
+used, split the way ggml's formulas count it, and what a smaller pool would have failed on.
+
+Every number comes from engine.accountant, which reads the pool rebuilt at this step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.accountant import MemAccount, ObjectCost, account
+from engine.context import ggml_tensor_overhead
+from engine.errors import GGMLPoolError
+from engine.graph import ggml_graph_overhead
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.trace import State
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    label: str  # what the bytes hold
+    nbytes: int
+    how: str  # the formula ggml counts them with
+    kind: str  # the pool panel's segment colour
+
+
+@dataclass(frozen=True, slots=True)
+class AccountView:
+    ctx: int
+    acc: MemAccount
+    parts: list[Part]
+    formula: int  # n_tensors * ggml_tensor_overhead() + n_graphs * ggml_graph_overhead() + data
+    formula_text: str
+    beyond: int  # used - formula: data padding and work buffers, which no formula names
+    beyond_text: str  # what those bytes are
+    failing: ObjectCost | None  # what ggml_new_object would fail on in a smaller pool
+    failing_message: str
+
+
+# ggml_init rounds an owned pool's mem_size up to a multiple of GGML_MEM_ALIGN: the next smaller
+# pool a program can ask for is 16 bytes smaller
+SMALLER = 16
+
+
+def _message(acc: MemAccount, obj: ObjectCost) -> str:
+    """ggml's abort message for `obj` in a pool SMALLER bytes under the smallest."""
+    return str(GGMLPoolError(obj.end, acc.used - SMALLER))
+
+
+def accounts(state: State) -> list[AccountView]:
+    views = []
+    for cid, ctx in state.contexts.items():
+        acc = account(ctx)
+        n_tensors = sum(o.kind == "TENSOR" for o in acc.objects)
+        graphs = [o for o in acc.objects if o.kind == "GRAPH"]
+        parts = [Part("object headers", acc.headers,
+                      f"{len(acc.objects)} × GGML_OBJECT_SIZE ({GGML_OBJECT_SIZE})", "header"),
+                 Part("tensor structs", acc.structs,
+                      f"{n_tensors} × sizeof(struct ggml_tensor) ({GGML_TENSOR_SIZE})", "struct"),
+                 Part("graphs", acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
+                 Part("tensor data", acc.data, "Σ ggml_nbytes of tensors that own data", "data"),
+                 Part("work buffers", acc.work, "ggml_graph_plan's work_size", "work"),
+                 Part("alignment padding", acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
+                      "padding"),
+                 Part("unused (slack)", acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
+        # the formulas a program sizes its context with, applied to what this pool holds
+        graph_overheads = sum(o.end - o.header for o in graphs)
+        formula = n_tensors * ggml_tensor_overhead() + graph_overheads + acc.data
+        text = f"{n_tensors} × ggml_tensor_overhead() ({ggml_tensor_overhead()})"
+        if graphs:
+            default = ggml_graph_overhead()
+            each = {o.end - o.header for o in graphs}
+            text += f" + {len(graphs)} × " + (f"ggml_graph_overhead() ({default})"
+                                             if each == {default} else "ggml_graph_overhead_custom(…)")
+        text += f" + {acc.data} bytes of data"
+        works = [o for o in acc.objects if o.kind == "WORK_BUFFER"]
+        pad = sum(o.padding for o in acc.objects if o.kind == "TENSOR")
+        said = [f"{pad} bytes of data padding"] if pad else []
+        if works:
+            said.append(f"{len(works)} work buffer(s) of {GGML_OBJECT_SIZE} + "
+                        f"{' + '.join(str(o.data) for o in works)} bytes")
+        failing = acc.first_to_fail(acc.used - SMALLER) if acc.objects else None
+        views.append(AccountView(cid, acc, parts, formula, text, acc.used - formula,
+                                 " and ".join(said), failing,
+                                 _message(acc, failing) if failing else ""))
+    return views
