@@ -30,10 +30,10 @@ def _trace(args: argparse.Namespace) -> int:
     # a walkthrough that reads a fixture reads it from the configured folder
     inputs = {"path": str(Settings.from_env().fixtures_dir / prog.reads)} if prog.reads else {}
     if args.eval_callback:  # run it (no recording), printing nodes as llama.cpp's callback does
-        from engine.evaldump import dumping
+        from engine.evaldump import eval_dump
 
-        with dumping(sys.stdout.write):
-            prog.load().run(n_threads=args.threads or prog.threads, **inputs)
+        sys.stdout.write(eval_dump(prog.load().run, n_threads=args.threads or prog.threads,
+                                   **inputs))
         return 0
     trace = trace_program(args.program, args.threads, **inputs)
     if args.json:

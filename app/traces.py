@@ -12,6 +12,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from app.settings import MAX_THREADS
+from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 
@@ -27,19 +28,15 @@ class TraceCache:
         self._states: OrderedDict[tuple[TraceKey, int], State] = OrderedDict()
         self._lock = threading.Lock()
         self._recording: dict[TraceKey, threading.Lock] = {}
+        self._dumps: dict[TraceKey, str] = {}
 
     def trace(self, name: str, threads: int | None, path: str | None = None) -> Trace:
         """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
 
         `path` is the input file of a walkthrough that reads one (gguf-load, minilm); without
         it such a walkthrough reads its fixture from `fixtures_dir`."""
-        prog = PROGRAMS[name]
-        n = threads or prog.threads
-        if not 1 <= n <= MAX_THREADS:
-            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
-        if path is None and prog.reads and self.fixtures_dir is not None:
-            path = str(self.fixtures_dir / prog.reads)
-        key = (name, n, path)
+        key = self._key(name, threads, path)
+        name, n, path = key
         with self._lock:
             if key in self._traces:
                 self._traces.move_to_end(key)
@@ -57,6 +54,30 @@ class TraceCache:
                     _, old = self._traces.popitem(last=False)
                     self._keys.pop(id(old), None)
             return trace
+
+    def _key(self, name: str, threads: int | None, path: str | None) -> TraceKey:
+        prog = PROGRAMS[name]
+        n = threads or prog.threads
+        if not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
+        if path is None and prog.reads and self.fixtures_dir is not None:
+            path = str(self.fixtures_dir / prog.reads)
+        return (name, n, path)
+
+    def eval_dump(self, name: str, threads: int | None, path: str | None = None) -> str:
+        """The program's computed nodes as llama.cpp's eval callback prints them (a run without
+        recording), kept like the traces."""
+        key = self._key(name, threads, path)
+        with self._lock:
+            if key in self._dumps:
+                return self._dumps[key]
+        text = eval_dump(PROGRAMS[name].load().run, n_threads=key[1],
+                         **({"path": key[2]} if key[2] else {}))
+        with self._lock:
+            self._dumps[key] = text
+            while len(self._dumps) > self.size:
+                self._dumps.pop(next(iter(self._dumps)))
+        return text
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""

@@ -149,6 +149,14 @@ def dumping(write: Callable[[str], None]):
     return _Dumping()
 
 
+def eval_dump(run: Callable[..., object], **kwargs) -> str:
+    """Run `run(**kwargs)` (a program, not recorded) and return its dump."""
+    parts: list[str] = []
+    with dumping(parts.append):
+        run(**kwargs)
+    return "".join(parts)
+
+
 # --- reading and comparing dumps -------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)

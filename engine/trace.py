@@ -250,7 +250,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                 if caller is not None and caller.f_code.co_filename == self.file:
                     self.active = frame
                     self.line = caller.f_lineno
-                    self.read_marks(caller.f_locals, self.line)
+                    self.read_marks(caller)
                     self.args = tuple(frame.f_locals.values())
                     self.call_step = None
                     if self.codes[frame.f_code].startswith("ggml_build_forward"):

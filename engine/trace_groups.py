@@ -29,13 +29,22 @@ class ProgramMarks:
         self.tensor_layer: dict[tuple[int, int], int] = {}  # the layer each tensor was made in
         self.layer_loops = layer_loops(source)
 
-    def read_marks(self, local_vars: dict[str, Any], line: int) -> None:
-        """At a call on `line`: the layer if the line is inside a `for il in ...` loop (after the
-        loop `il` keeps its last value, which is not a layer any more), and the pass."""
-        il, n_past = local_vars.get("il"), local_vars.get("n_past")
-        inside = any(a <= line <= b for a, b in self.layer_loops)
-        self.layer = il if type(il) is int and inside else None
-        self.n_past = n_past if type(n_past) is int else None
+    def read_marks(self, frame: Any) -> None:
+        """At a call from `frame` (the program's): the layer if the line is inside a `for il in
+        ...` loop (after the loop `il` keeps its last value, which is not a layer any more), and
+        the pass. A helper of the program's own (llama.cpp's `cb`) called from such a loop is in
+        the loop's layer: the program's frames are read outwards until one says."""
+        self.layer = self.n_past = None
+        file = frame.f_code.co_filename
+        while frame is not None and frame.f_code.co_filename == file:
+            local_vars, line = frame.f_locals, frame.f_lineno
+            il, n_past = local_vars.get("il"), local_vars.get("n_past")
+            if self.layer is None and type(il) is int and \
+                    any(a <= line <= b for a, b in self.layer_loops):
+                self.layer = il
+            if self.n_past is None and type(n_past) is int:
+                self.n_past = n_past
+            frame = frame.f_back
 
     def marks_for(self, kind: StepKind, tensor: tuple[int, int] | None, call: str) -> dict[str, int | None]:
         if kind == StepKind.VISIT and self.layer is not None:

@@ -155,6 +155,19 @@ def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
                     headers={"Cache-Control": IMMUTABLE})
 
 
+@router.get("/walkthroughs/{name}/eval-callback.txt")
+def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads = None,
+                       file: FileHash = None) -> Response:
+    """Every node the program computes, as llama.cpp's llama-eval-callback prints it: a file to
+    compare with a real llama.cpp run (`ggml-lens diff`)."""
+    try:
+        text = cache.eval_dump(_program(name), threads, _input_file(store, name, file))
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
+    return Response(text, media_type="text/plain; charset=utf-8", headers={
+        "Content-Disposition": f'attachment; filename="{name}-eval-callback.txt"'})
+
+
 @router.get("/walkthroughs/{name}/search", response_class=HTMLResponse)
 def search_page(request: Request, cache: Traces, store: Store, name: str,
                 q: str = Query("", max_length=200), threads: Threads = None,

@@ -32,6 +32,12 @@ def token_ids(path: str, text: str) -> list[int]:
         f.close()
 
 
+def cb(t, name: str, il: int):
+    """Name a node as llama.cpp's graph callback does ("kq_soft_max-3"), so this program's
+    eval-callback dump lines up with llama.cpp's node for node."""
+    return ggml_format_name(t, "%s-%d", name, il)
+
+
 def run(n_threads: int = 1, path: str | None = None, text: str = TEXT) -> dict:
     path = str(path or FIXTURE)
     ids = token_ids(path, text)
@@ -62,8 +68,10 @@ def run(n_threads: int = 1, path: str | None = None, text: str = TEXT) -> dict:
 
     # embeddings: rows of the Q8_0 token table (dequantized by get_rows) + type 0 + position
     x = ggml_get_rows(ctx, ggml_get_tensor(ctx_w, "token_embd.weight"), tokens)  # [384, n]
+    ggml_set_name(x, "embd")
     x = ggml_add(ctx, x, ggml_view_1d(ctx, ggml_get_tensor(ctx_w, "token_types.weight"), n_embd, 0))
     x = ggml_add(ctx, ggml_get_rows(ctx, ggml_get_tensor(ctx_w, "position_embd.weight"), pos), x)
+    ggml_set_name(x, "inp_embd")
     x = ggml_norm(ctx, x, eps)
     x = ggml_add(ctx, ggml_mul(ctx, x, ggml_get_tensor(ctx_w, "token_embd_norm.weight")),
                  ggml_get_tensor(ctx_w, "token_embd_norm.bias"))
@@ -74,25 +82,29 @@ def run(n_threads: int = 1, path: str | None = None, text: str = TEXT) -> dict:
             "attn_v.bias", "attn_output.weight", "attn_output.bias", "attn_output_norm.weight",
             "attn_output_norm.bias", "ffn_up.weight", "ffn_up.bias", "ffn_down.weight",
             "ffn_down.bias", "layer_output_norm.weight", "layer_output_norm.bias")}
-        q = ggml_add(ctx, ggml_mul_mat(ctx, w["attn_q.weight"], x), w["attn_q.bias"])  # [384, n]
-        k = ggml_add(ctx, ggml_mul_mat(ctx, w["attn_k.weight"], x), w["attn_k.bias"])
-        v = ggml_add(ctx, ggml_mul_mat(ctx, w["attn_v.weight"], x), w["attn_v.bias"])
+        q = ggml_add(ctx, cb(ggml_mul_mat(ctx, w["attn_q.weight"], x), "Qcur", il),
+                     w["attn_q.bias"])  # [384, n]
+        k = ggml_add(ctx, cb(ggml_mul_mat(ctx, w["attn_k.weight"], x), "Kcur", il), w["attn_k.bias"])
+        v = ggml_add(ctx, cb(ggml_mul_mat(ctx, w["attn_v.weight"], x), "Vcur", il), w["attn_v.bias"])
         q = ggml_permute(ctx, ggml_reshape_3d(ctx, q, head_dim, n_head, n), 0, 2, 1, 3)  # [32,n,12]
         k = ggml_permute(ctx, ggml_reshape_3d(ctx, k, head_dim, n_head, n), 0, 2, 1, 3)
         v = ggml_permute(ctx, ggml_reshape_3d(ctx, v, head_dim, n_head, n), 0, 2, 1, 3)
-        kq = ggml_mul_mat(ctx, k, q)  # [n_kv, n_q, 12]: one score per (key, query, head)
-        kq = ggml_soft_max_ext(ctx, kq, mask, 1.0 / np.sqrt(head_dim), 0.0)
-        vt = ggml_cont(ctx, ggml_transpose(ctx, v))  # [n, 32, 12]
-        kqv = ggml_mul_mat(ctx, vt, kq)  # [32, n, 12]
+        kq = cb(ggml_mul_mat(ctx, k, q), "kq", il)  # [n_kv, n_q, 12]: a score per key, query, head
+        kq = cb(ggml_soft_max_ext(ctx, kq, mask, 1.0 / np.sqrt(head_dim), 0.0), "kq_soft_max", il)
+        vt = cb(ggml_cont(ctx, ggml_transpose(ctx, v)), "v_cont", il)  # [n, 32, 12]
+        kqv = cb(ggml_mul_mat(ctx, vt, kq), "kqv", il)  # [32, n, 12]
         cur = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), n_embd, n)  # heads side by side
+        cb(cur, "kqv_out", il)
         cur = ggml_add(ctx, ggml_mul_mat(ctx, w["attn_output.weight"], cur), w["attn_output.bias"])
         cur = ggml_add(ctx, cur, x)  # residual
         cur = ggml_norm(ctx, cur, eps)
-        ffn_inp = ggml_add(ctx, ggml_mul(ctx, cur, w["attn_output_norm.weight"]),
-                           w["attn_output_norm.bias"])
-        cur = ggml_add(ctx, ggml_mul_mat(ctx, w["ffn_up.weight"], ffn_inp), w["ffn_up.bias"])
-        cur = ggml_gelu(ctx, cur)  # [1536, n]
-        cur = ggml_add(ctx, ggml_mul_mat(ctx, w["ffn_down.weight"], cur), w["ffn_down.bias"])
+        ffn_inp = cb(ggml_add(ctx, ggml_mul(ctx, cur, w["attn_output_norm.weight"]),
+                              w["attn_output_norm.bias"]), "ffn_inp", il)
+        cur = cb(ggml_mul_mat(ctx, w["ffn_up.weight"], ffn_inp), "ffn_up", il)
+        cur = cb(ggml_add(ctx, cur, w["ffn_up.bias"]), "ffn_up_b", il)
+        cur = cb(ggml_gelu(ctx, cur), "ffn_gelu", il)  # [1536, n]
+        cur = cb(ggml_mul_mat(ctx, w["ffn_down.weight"], cur), "ffn_down", il)
+        cur = cb(ggml_add(ctx, cur, w["ffn_down.bias"]), "ffn_out", il)
         cur = ggml_add(ctx, cur, ffn_inp)  # residual
         cur = ggml_norm(ctx, cur, eps)
         x = ggml_add(ctx, ggml_mul(ctx, cur, w["layer_output_norm.weight"]),

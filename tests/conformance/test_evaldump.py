@@ -72,3 +72,25 @@ def test_cli_trace_eval_callback_and_diff(tmp_path, capsys):
     assert "no node differs beyond the bounds" in capsys.readouterr().out
     assert main(["diff", str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]) == 0
     assert "only in A" in capsys.readouterr().out
+
+
+def test_the_minilm_walkthrough_download_matches_llama_cpp(llama_cpp, tmp_path):
+    """The dump a learner downloads from the minilm walkthrough's page, diffed (`ggml-lens diff`)
+    against real llama.cpp's dump of the same text."""
+    from fastapi.testclient import TestClient
+
+    from app.cli import main
+    from app.main import create_app
+    from app.settings import Settings
+    from engine.programs.minilm import TEXT as WALKTHROUGH_TEXT
+
+    client = TestClient(create_app(Settings(data_dir=tmp_path / "data", fixtures_dir=FIXTURES_DIR)))
+    r = client.get("/walkthroughs/minilm/eval-callback.txt")
+    assert r.status_code == 200
+    assert 'filename="minilm-eval-callback.txt"' in r.headers["content-disposition"]
+    (tmp_path / "ours.txt").write_text(r.text)
+    (tmp_path / "llama.txt").write_text(llama_cpp_embed_dump(llama_cpp, MINILM, WALKTHROUGH_TEXT, 2))
+    assert main(["diff", str(tmp_path / "ours.txt"), str(tmp_path / "llama.txt")]) == 0
+    d = diff_dumps(parse_dump(r.text), parse_dump((tmp_path / "llama.txt").read_text()))
+    assert d.first_over is None and len(d.compared) >= 40
+    assert client.get("/walkthroughs/minilm/eval-callback.txt?threads=99").status_code == 422
