@@ -10,10 +10,33 @@ import sys
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import os
+
     import uvicorn
 
+    if args.models:
+        if not os.path.isdir(args.models):
+            print(f"ggml-lens: --models {args.models}: not a folder", file=sys.stderr)
+            return 2
+        os.environ["GGML_LENS_MODELS"] = os.path.abspath(args.models)  # read by create_app
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port)
     return 0
+
+
+def _inspect_web(args: argparse.Namespace) -> int:
+    """Serve the inspector with the file's folder as the models folder, opened on the file."""
+    from pathlib import Path
+
+    from app.settings import Settings
+    from app.store import UploadStore
+    from app.views.gguf.state import file_url
+
+    path = Path(args.file).resolve()
+    models = UploadStore(Path(Settings.from_env().uploads), 0, 0, None, path.parent).models()
+    digest = next(f.digest for f in models if f.path == path)
+    print(f"ggml-lens: {path.name} at http://{args.host}:{args.port}{file_url(digest)}", flush=True)
+    args.models = str(path.parent)
+    return _serve(args)
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -85,6 +108,8 @@ def _inspect(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"ggml-lens: cannot read {args.file}: {e.strerror}", file=sys.stderr)
         return 1
+    if args.web:
+        return _inspect_web(args)
     with_all = not (args.kv or args.tensors)
     if args.json:
         print(json.dumps(inspect_json(reader)))
@@ -149,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the web app")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--models", metavar="DIR", help="a folder of GGUF files the inspector "
+                       "lists and opens in place (never copied)")
     serve.set_defaults(func=_serve)
 
     inspect = sub.add_parser("inspect", help="show a GGUF file: header, keys, tensors, byte map")
@@ -156,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="everything as JSON")
     inspect.add_argument("--kv", action="store_true", help="the keys (with the header)")
     inspect.add_argument("--tensors", action="store_true", help="the tensors (with the header)")
+    inspect.add_argument("--web", action="store_true",
+                         help="open the file in the web inspector instead (served in place)")
+    inspect.add_argument("--host", default="127.0.0.1", help="with --web")
+    inspect.add_argument("--port", type=int, default=8000, help="with --web")
     inspect.set_defaults(func=_inspect)
 
     trace = sub.add_parser("trace", help="record a built-in walkthrough and print its steps")

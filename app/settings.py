@@ -25,6 +25,7 @@ class Settings:
     trace_cache: int = 32  # traces kept in memory per worker
     svg_cache: int = 256  # rendered graph SVGs kept in memory per worker
     fixtures_dir: Path = field(default=FIXTURES_DIR)  # the GGUF examples, served like uploads
+    models_dir: Path | None = None  # a folder of the user's GGUF files, opened in place
 
     @property
     def uploads(self) -> Path:
@@ -33,7 +34,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
-        _TRACE_CACHE, _SVG_CACHE and _FIXTURES, each falling back to the default above."""
+        _TRACE_CACHE, _SVG_CACHE, _FIXTURES and _MODELS, each falling back to the default above."""
         env = os.environ if env is None else env
         d = cls()
         return cls(data_dir=Path(env.get("GGML_LENS_DATA", d.data_dir)),
@@ -41,4 +42,5 @@ class Settings:
                    store_limit=int(env.get("GGML_LENS_STORE_LIMIT", d.store_limit)),
                    trace_cache=int(env.get("GGML_LENS_TRACE_CACHE", d.trace_cache)),
                    svg_cache=int(env.get("GGML_LENS_SVG_CACHE", d.svg_cache)),
-                   fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)))
+                   fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)),
+                   models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS") else None)

@@ -6,6 +6,11 @@ partial file deleted. A file the reader accepts becomes `<sha256>.gguf`; when th
 more than `store_limit` bytes the oldest files go first. The shared fixtures are served under
 their hash too (hashed once per process, on first use). A hash from a URL must match `HASH_RE`
 before it comes near the file system. Parsed files are kept in a small per-process LRU cache.
+
+A models folder (`ggml-lens serve --models DIR`) is served in place: its GGUF files are memory-
+mapped where they are, never copied or hashed whole (a 40 GB file would take a minute); each is
+named by the sha256 of its resolved path, size and modification time, so its links change when
+the file does. Only regular files whose resolved path lies inside DIR are ever opened.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ SUFFIX = ".gguf"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600  # a temporary file this old belongs to an upload that died
 READER_CACHE = 8  # parsed files kept per process
+MAX_MODELS = 1000  # files listed from a models folder
 
 
 class UploadTooLarge(Exception):
@@ -95,8 +101,9 @@ class UploadStore:
     """Content-addressed GGUF files: uploads under `root`, plus the project's fixtures."""
 
     def __init__(self, root: Path, upload_limit: int, store_limit: int,
-                 fixtures_dir: Path | None = None) -> None:
+                 fixtures_dir: Path | None = None, models_dir: Path | None = None) -> None:
         self.root = root
+        self.models_dir = models_dir.resolve() if models_dir is not None else None
         self.upload_limit = upload_limit
         self.store_limit = store_limit
         self.fixtures_dir = fixtures_dir
@@ -107,7 +114,7 @@ class UploadStore:
     @classmethod
     def from_settings(cls, settings: Settings) -> UploadStore:
         return cls(settings.uploads, settings.upload_limit, settings.store_limit,
-                   settings.fixtures_dir)
+                   settings.fixtures_dir, settings.models_dir)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -147,11 +154,29 @@ class UploadStore:
             return []
         return [_fixture(p) for p in sorted(self.fixtures_dir.glob(f"*{SUFFIX}")) if p.is_file()]
 
+    def models(self) -> list[Fixture]:
+        """The GGUF files of the models folder (in subfolders too), by path; each named by its
+        identity (resolved path, size, mtime), not its content."""
+        root = self.models_dir
+        if root is None or not root.is_dir():
+            return []
+        out = []
+        for p in sorted(root.rglob(f"*{SUFFIX}")):
+            real = p.resolve()
+            if real.is_relative_to(root) and real.is_file():  # no symlink leads outside
+                st = real.stat()
+                ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+                out.append(Fixture(str(p.relative_to(root)), real, st.st_size,
+                                   hashlib.sha256(ident).hexdigest()))
+                if len(out) >= MAX_MODELS:
+                    break
+        return out
+
     def path(self, digest: str) -> Path | None:
         """The file stored under `digest`, or None (also for anything that is not a hash)."""
         if not HASH_RE.fullmatch(digest):
             return None
-        for f in self.fixtures():
+        for f in self.fixtures() + self.models():
             if f.digest == digest:
                 return f.path
         p = self.root / f"{digest}{SUFFIX}"
@@ -166,7 +191,16 @@ class UploadStore:
                 pass
 
     def fixture_name(self, digest: str) -> str | None:
-        return next((f.name for f in self.fixtures() if f.digest == digest), None)
+        """The name of a shipped file or a models-folder file (None for an upload)."""
+        return next((f.name for f in self.fixtures() + self.models() if f.digest == digest), None)
+
+    def origin(self, digest: str) -> str:
+        """Where a file comes from, in words: "fixture NAME", "models folder: NAME" or "upload"."""
+        for kind, files in (("fixture ", self.fixtures), ("models folder: ", self.models)):
+            name = next((f.name for f in files() if f.digest == digest), None)
+            if name is not None:
+                return kind + name
+        return "upload"
 
     def open(self, digest: str) -> GGUFReader | None:
         """The parsed file for `digest` (cached), or None if there is no such file.

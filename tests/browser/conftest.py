@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,10 +28,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 SCREENSHOTS_ENV = "GGML_LENS_SCREENSHOTS"
 
 
-@pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The app, with its own data directory, served in a background thread."""
-    settings = Settings(data_dir=tmp_path_factory.mktemp("lens-data"))
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """The app with `settings`, served by uvicorn in a background thread on a free port."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -44,10 +44,19 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app, with its own data directory."""
+    with serving(Settings(data_dir=tmp_path_factory.mktemp("lens-data"))) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -56,6 +56,6 @@ def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
                     "tensor infos after the key-value pairs"),
         HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, "key-value pairs after the header"),
     ]
-    return FileView(digest, visible_text(title, 80), f"fixture {fixture}" if fixture else "upload",
+    return FileView(digest, visible_text(title, 80), store.origin(digest),
                     facts, header, r.n_kv, r.n_tensors,
                     f"/walkthroughs/gguf-load?file={digest}")

@@ -40,9 +40,14 @@ class HomeView:
     fixtures: list[FixtureRow]
     upload_limit: str
     error: UploadError | None = None
+    models: list[FixtureRow] | None = None  # the models folder's files (None: no folder)
+    models_dir: str = ""
 
 
 def home_view(store: UploadStore, error: UploadError | None = None) -> HomeView:
     rows = [FixtureRow(f.name, human_bytes(f.size), FIXTURE_NOTES.get(f.name, ""),
                        file_url(f.digest)) for f in store.fixtures()]
-    return HomeView(rows, human_bytes(store.upload_limit), error)
+    models = None if store.models_dir is None else [
+        FixtureRow(f.name, human_bytes(f.size), "", file_url(f.digest)) for f in store.models()]
+    return HomeView(rows, human_bytes(store.upload_limit), error, models,
+                    str(store.models_dir or ""))

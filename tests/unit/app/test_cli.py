@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from app.cli import main
 from engine.programs import FIXTURES_DIR
 
 FIXTURES = FIXTURES_DIR
@@ -57,3 +59,36 @@ def test_inspect_bad_file(tmp_path):
 def test_serve_help():
     out = cli("serve", "--help")
     assert out.returncode == 0 and "--port" in out.stdout
+
+
+def test_inspect_web_serves_the_files_folder_and_names_its_page(monkeypatch, capsys, tmp_path):
+    import shutil
+
+    import uvicorn
+
+    from app.main import create_app
+    from app.settings import Settings
+    from engine.programs import FIXTURES_DIR
+
+    model = tmp_path / "m.gguf"
+    shutil.copy(FIXTURES_DIR / "minilm-q8_0.gguf", model)
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: served.update(kw))
+    monkeypatch.setenv("GGML_LENS_MODELS", "")  # restored after the test
+    monkeypatch.setenv("GGML_LENS_DATA", str(tmp_path / "data"))
+    assert main(["inspect", str(model), "--web", "--port", "8123"]) == 0
+    url = capsys.readouterr().out.strip().split(" at ")[1]
+    assert url.startswith("http://127.0.0.1:8123/gguf/") and served["port"] == 8123
+    import os
+
+    assert os.environ["GGML_LENS_MODELS"] == str(tmp_path)
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(Settings.from_env()))
+    page = client.get(url.split("8123")[1])
+    assert page.status_code == 200 and "blk.0.attn_q.weight" in page.text
+
+
+def test_serve_models_must_be_a_folder(capsys, tmp_path):
+    assert main(["serve", "--models", str(tmp_path / "nope")]) == 2
+    assert "not a folder" in capsys.readouterr().err

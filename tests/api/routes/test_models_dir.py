@@ -1,0 +1,100 @@
+"""A models folder (`ggml-lens serve --models DIR`): its GGUF files are listed and opened in
+place, whatever their size, and nothing outside the folder can be reached."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from app.main import create_app
+from app.settings import Settings
+from engine.programs import FIXTURES_DIR
+
+MINILM = FIXTURES_DIR / "minilm-q8_0.gguf"
+BIG = 40 << 30  # bytes of tensor data the big file declares
+
+
+def write_big_sparse(path: Path) -> None:
+    """A 40 GB GGUF file written by gguf-py, its tensor data a hole (sparse: it costs no disk)."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor_info("token_embd.weight", (1 << 20, 10240), np.dtype(np.float32), BIG,
+                      raw_dtype=GGMLQuantizationType.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    header = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(header + (-header % 32) + BIG)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    (root / "sub").mkdir()
+    (root / "sub" / "minilm.gguf").write_bytes(MINILM.read_bytes())
+    write_big_sparse(root / "big-40g.gguf")
+    outside = tmp_path_factory.mktemp("outside") / "secret.gguf"
+    outside.write_bytes(MINILM.read_bytes())
+    (root / "escape.gguf").symlink_to(outside)  # a link out of the folder: never listed
+    (root / "notes.txt").write_text("not a model")
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(models: Path, tmp_path_factory: pytest.TempPathFactory) -> TestClient:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("data"), fixtures_dir=FIXTURES_DIR,
+                        models_dir=models)
+    return TestClient(create_app(settings))
+
+
+def _links(client: TestClient) -> dict[str, str]:
+    app = client.app
+    return {f.name: f"/gguf/{f.digest}" for f in app.state.store.models()}
+
+
+def test_the_folder_is_listed(client: TestClient, models: Path) -> None:
+    page = client.get("/gguf").text
+    assert f"Your models in <code>{models.resolve()}</code>" in page
+    assert "big-40g.gguf" in page and "sub/minilm.gguf" in page
+    assert "escape.gguf" not in page and "notes.txt" not in page
+    assert set(_links(client)) == {"big-40g.gguf", "sub/minilm.gguf"}
+
+
+def test_a_40_gb_file_opens_in_place_by_its_header(client: TestClient, models: Path) -> None:
+    url = _links(client)["big-40g.gguf"]
+    t0 = time.perf_counter()
+    r = client.get(url)
+    assert r.status_code == 200, r.text
+    assert time.perf_counter() - t0 < 10  # the header only: no 40 GB read, copy or hash
+    assert "token_embd.weight" in r.text and "40" in r.text
+    assert not any(Path(client.app.state.settings.uploads).glob("*.gguf"))  # nothing copied
+
+
+def test_a_model_file_reads_like_an_upload(client: TestClient) -> None:
+    url = _links(client)["sub/minilm.gguf"]
+    assert client.get(url).status_code == 200
+    assert "blk.0.attn_q.weight" in client.get(url).text
+    assert client.get(url + "/tensors/blk.0.attn_q.weight").status_code == 200
+
+
+def test_nothing_outside_the_folder_is_reached(client: TestClient, models: Path) -> None:
+    store = client.app.state.store
+    assert all(f.path.is_relative_to(models.resolve()) for f in store.models())
+    assert client.get("/gguf/" + "0" * 64).status_code == 404
+    assert client.get("/gguf/../../etc/passwd").status_code == 404
+
+
+def test_a_changed_file_gets_a_new_link(client: TestClient, models: Path) -> None:
+    before = _links(client)["sub/minilm.gguf"]
+    f = models / "sub" / "minilm.gguf"
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    after = _links(client)["sub/minilm.gguf"]
+    assert before != after and client.get(before).status_code == 404
