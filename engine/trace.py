@@ -402,7 +402,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
     # --- steps ------------------------------------------------------------------------------
     def emit(self, kind: StepKind, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
-             **kw) -> Step | None:
+             fn: str = "", **kw) -> Step | None:
+        """Record a step (`fn`: the facade function a call step is for, which its note names)."""
         if len(self.steps) >= STEP_CAP:
             raise StepCapReached()
         self.track_buffers()
@@ -411,7 +412,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
-        step = Step(len(self.steps), kind, call, self.line, note or describe_changes(call, objects, fields,
+        step = Step(len(self.steps), kind, call, self.line, note or describe_changes(fn or call, objects, fields,
                                                                           patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers,
@@ -450,7 +451,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                     f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
         # after visits or nodes, the call's own step is only needed for changes not yet shown
         step = self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
-                         parent=self.call_step, skip_if_empty=self.call_step is not None)
+                         parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
         self.after_backend_call(self.call_step if step is None else step.index)
 
     def on_enter(self, node: Tensor) -> None:

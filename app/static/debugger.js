@@ -74,3 +74,26 @@ function showCurrentLine() {
 }
 document.addEventListener("DOMContentLoaded", showCurrentLine);
 document.addEventListener("htmx:afterSettle", showCurrentLine);
+
+// The panels under the DAG are tabs; the learner's choice is remembered (this browser), and a
+// link that asks for a tensor's bytes opens the Bytes tab.
+function showTab(id, remember) {
+  const box = document.querySelector("#debugger .tabbed");
+  if (!box) return;
+  if (!box.querySelector(`:scope > section#${id}`)) id = "struct";
+  box.dataset.tab = id;
+  box.querySelectorAll(".tab").forEach((t) => t.setAttribute("aria-selected", String(t.dataset.panel === id)));
+  if (remember) try { localStorage.setItem("lens-tab", id); } catch (e) { /* private mode */ }
+}
+function restoreTab() {
+  let id = null;
+  try { id = localStorage.getItem("lens-tab"); } catch (e) { /* private mode */ }
+  if (new URLSearchParams(location.search).get("hex") === "data") id = "hexview";
+  showTab(id || "struct", false);
+}
+document.addEventListener("click", (ev) => {
+  const t = ev.target.closest("#debugger .tabs .tab");
+  if (t) showTab(t.dataset.panel, true);
+});
+document.addEventListener("DOMContentLoaded", restoreTab);
+document.addEventListener("htmx:afterSwap", restoreTab);

@@ -22,6 +22,7 @@ def test_simple_ctx_account(page: Page, server_url: str, screenshot_dir):
     last, accs = _last_account("simple-ctx")
     acc = accs[0]
     page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/{last}")
+    page.get_by_role("tab", name="mem_size").click()  # a tab under the DAG
     panel = page.locator("#accountant")
     expect(panel).to_contain_text(f"asked {acc.mem_size} bytes")
     expect(panel).to_contain_text(f"used {acc.used}")

@@ -25,6 +25,7 @@ def test_simple_backend_plan_and_buffers(page: Page, server_url: str, screenshot
     page.keyboard.press("ArrowRight")
     expect(page).to_have_url(re.compile(rf"/steps/{k}$"))
     expect(page.locator("#source")).to_contain_text("gallocr: 'leaf_0' gets 32 bytes")
+    page.get_by_role("tab", name="Memory plan").click()
     plan = page.locator("#plan")
     expect(plan).to_contain_text("buffer 0 (CPU), chunk 0")
     expect(plan.locator("rect.bar")).to_have_count(3)
@@ -38,6 +39,7 @@ def test_simple_backend_plan_and_buffers(page: Page, server_url: str, screenshot
     page.get_by_role("button", name="Next node").click()
     expect(page.locator(".kind")).to_have_text("node")
     expect(page.locator("#buffers .changed")).to_have_count(1)  # the result's bytes were written
+    page.get_by_role("tab", name="Values").click()
     expect(page.get_by_role("table", name="values of node_0")).to_contain_text("110")
 
 
@@ -51,8 +53,8 @@ def test_offload_passes_splits_and_copies(page: Page, server_url: str, screensho
     expect(page.locator("#graph .backends")).to_contain_text("CPU")
     split = _first("split", "offload", first_pass)
     page.goto(f"{server_url}/walkthroughs/offload/steps/{split + 2}?expand=0")
-    expect(page.locator("#graph svg g.cluster")).to_have_count(3)
-    expect(page.locator("#graph svg")).to_contain_text("GPU0#inp_pos#0")
+    expect(page.locator("#graph .dag > svg g.cluster")).to_have_count(3)
+    expect(page.locator("#graph .dag > svg")).to_contain_text("GPU0#inp_pos#0")
     copy = _first("copy", "offload", split)
     page.goto(f"{server_url}/walkthroughs/offload/steps/{copy}")
     expect(page.locator(".kind")).to_have_text("copy")

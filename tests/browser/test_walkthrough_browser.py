@@ -31,7 +31,8 @@ def test_walk_simple_ctx_forwards_and_back(page: Page, server_url: str, screensh
             page.screenshot(path=str(screenshot_dir / "walkthrough-node.png"), full_page=True)
     assert seen == list(range(len(seen)))
     expect(nxt).to_be_disabled()
-    expect(page.locator("#graph svg")).to_be_visible()  # kept by htmx while the graph is the same
+    expect(page.locator("#graph .dag > svg")).to_be_visible()  # kept while the graph is the same
+    page.get_by_role("tab", name="Values").click()  # the panels under the DAG are tabs
     values = page.get_by_role("table", name="values of node_0")
     expect(values).to_contain_text("60")
     for v in ("55", "110", "126", "64"):
@@ -63,9 +64,11 @@ def test_select_a_tensor_in_the_graph_and_pool(page: Page, server_url: str, scre
     page.goto(f"{server_url}/walkthroughs/views-and-permute/steps/0")
     page.get_by_role("button", name="Next node").click()
     expect(page.locator(".kind")).to_have_text("node")
-    page.locator("#graph svg a").first.click()  # a tensor in the DAG
+    page.locator("#graph .dag > svg a").first.click()  # a tensor in the DAG
     expect(page).to_have_url(re.compile(r"t=\d+\.\d+"))
+    page.get_by_role("tab", name="Tensors").click()
     page.get_by_role("link", name="x", exact=True).click()  # the tensors table
+    page.get_by_role("tab", name="Strides").click()
     expect(page.locator("#strides")).to_contain_text("ne = [4, 3, 2, 1]")
     page.screenshot(path=str(screenshot_dir / "walkthrough-views.png"), full_page=True)
 
