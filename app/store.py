@@ -31,6 +31,7 @@ from engine.gguf import GGUFReader
 HASH_RE = re.compile(r"[0-9a-f]{64}")  # a lowercase sha256 digest, nothing else
 SUFFIX = ".gguf"
 PART_SUFFIX = ".part"
+HAVE_SUFFIX = ".have"  # beside a header-only file: the byte ranges it holds (app/heads.py)
 STALE_PART_SECONDS = 3600  # a temporary file this old belongs to an upload that died
 READER_CACHE = 8  # parsed files kept per process
 MAX_MODELS = 1000  # files listed from a models folder
@@ -133,7 +134,8 @@ class UploadStore:
                 if now - st.st_mtime > STALE_PART_SECONDS:
                     p.unlink(missing_ok=True)
             elif p.suffix == SUFFIX and HASH_RE.fullmatch(p.stem):
-                files.append((st.st_mtime, st.st_size, p))
+                # a header-only file is sparse: count the disk it uses, not its size
+                files.append((st.st_mtime, min(st.st_size, st.st_blocks * 512), p))
         total = sum(size for _, size, _ in files)
         gone = []
         for _, size, p in sorted(files):
@@ -142,6 +144,7 @@ class UploadStore:
             if p == keep:
                 continue
             p.unlink(missing_ok=True)
+            p.with_suffix(HAVE_SUFFIX).unlink(missing_ok=True)
             total -= size
             gone.append(p)
         return gone
@@ -195,12 +198,15 @@ class UploadStore:
         return next((f.name for f in self.fixtures() + self.models() if f.digest == digest), None)
 
     def origin(self, digest: str) -> str:
-        """Where a file comes from, in words: "fixture NAME", "models folder: NAME" or "upload"."""
+        """Where a file comes from, in words: "fixture NAME", "models folder: NAME", "upload" or
+        "header-only upload"."""
         for kind, files in (("fixture ", self.fixtures), ("models folder: ", self.models)):
             name = next((f.name for f in files() if f.digest == digest), None)
             if name is not None:
                 return kind + name
-        return "upload"
+        partial = HASH_RE.fullmatch(digest) and (self.root / f"{digest}{HAVE_SUFFIX}").is_file()
+        return "header-only upload (tensor bytes are sent when a page needs them)" if partial \
+            else "upload"
 
     def open(self, digest: str) -> GGUFReader | None:
         """The parsed file for `digest` (cached), or None if there is no such file.

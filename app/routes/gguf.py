@@ -12,11 +12,12 @@ from urllib.parse import parse_qsl, urlsplit
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from app.deps import Store
+from app.heads import HEAD_MAX, PROBE, NeedMore, add_bytes, store_head
 from app.store import PendingUpload, UploadStore, UploadTooLarge
 from app.views.format import human_bytes, visible_text
 from app.views.gguf.array import array_view
@@ -124,6 +125,61 @@ async def gguf_upload(request: Request, store: Store) -> Response:
     finally:
         if not committed:
             pending.abort()
+
+
+@router.post("/gguf/head")
+async def gguf_head(request: Request, store: Store,
+                    size: Annotated[int, Query(ge=1, le=2**62)]) -> JSONResponse:
+    """A file too large to upload, inspected from its first bytes (the raw body) and its size:
+    {"url": its page}, {"need": bytes to send from the start}, or {"error": why not}."""
+    head = await _read_body(request, HEAD_MAX)
+    if head is None:
+        return JSONResponse({"error": f"send at most {HEAD_MAX:,} bytes"}, status_code=413)
+    try:
+        digest = await run_in_threadpool(store_head, store, head, size)
+    except NeedMore as e:
+        return JSONResponse({"need": e.need})
+    except GGUFError as e:
+        return JSONResponse({"error": str(e), "field": e.field, "offset": e.offset,
+                             "rule": e.rule}, status_code=422)
+    except ValueError as e:
+        return JSONResponse({"error": str(e)}, status_code=422)
+    return JSONResponse({"url": file_url(digest)})
+
+
+@router.post("/gguf/{digest}/bytes")
+async def gguf_bytes(request: Request, store: Store, digest: str,
+                     ranges: Annotated[str, Query(pattern=r"^\d+:\d+(,\d+:\d+)*$", max_length=65536)],
+                     probe: Annotated[int, Query(ge=0, le=PROBE)]) -> JSONResponse:
+    """Bytes of a header-only file that a page needs: the body is the file's first `probe`
+    bytes (to show it is the same file), then the byte ranges `ranges` ("start:length,...")
+    one after the other."""
+    spans = [tuple(int(x) for x in r.split(":")) for r in ranges.split(",")]
+    want = probe + sum(n for _, n in spans)
+    body = await _read_body(request, min(want, PROBE + HEAD_MAX))
+    if body is None or len(body) != want:
+        return JSONResponse({"error": f"send the file's first {probe} bytes, then the "
+                                      f"{want - probe:,} bytes asked for (at most "
+                                      f"{HEAD_MAX:,})"}, status_code=413)
+    pieces, pos = [], probe
+    for start, n in spans:
+        pieces.append((start, body[pos:pos + n]))
+        pos += n
+    try:
+        await run_in_threadpool(add_bytes, store, digest, body[:probe], pieces)
+    except ValueError as e:
+        return JSONResponse({"error": str(e)}, status_code=422)
+    return JSONResponse({"ok": True})
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The raw body, or None past `limit` bytes (refused as it arrives)."""
+    out = bytearray()
+    async for chunk in request.stream():
+        out += chunk
+        if len(out) > limit:
+            return None
+    return bytes(out)
 
 
 def _check(path) -> None:

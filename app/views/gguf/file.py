@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.heads import have
 from app.store import UploadStore
 from app.views.format import human_bytes, visible_text
 from engine.gguf import GGUFReader
@@ -58,4 +59,4 @@ def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
     ]
     return FileView(digest, visible_text(title, 80), store.origin(digest),
                     facts, header, r.n_kv, r.n_tensors,
-                    f"/walkthroughs/gguf-load?file={digest}")
+                    "" if have(store, digest) is not None else f"/walkthroughs/gguf-load?file={digest}")

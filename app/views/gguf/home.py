@@ -39,6 +39,7 @@ class UploadError:
 class HomeView:
     fixtures: list[FixtureRow]
     upload_limit: str
+    upload_limit_bytes: int
     error: UploadError | None = None
     models: list[FixtureRow] | None = None  # the models folder's files (None: no folder)
     models_dir: str = ""
@@ -49,5 +50,5 @@ def home_view(store: UploadStore, error: UploadError | None = None) -> HomeView:
                        file_url(f.digest)) for f in store.fixtures()]
     models = None if store.models_dir is None else [
         FixtureRow(f.name, human_bytes(f.size), "", file_url(f.digest)) for f in store.models()]
-    return HomeView(rows, human_bytes(store.upload_limit), error, models,
+    return HomeView(rows, human_bytes(store.upload_limit), store.upload_limit, error, models,
                     str(store.models_dir or ""))

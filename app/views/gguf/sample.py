@@ -76,6 +76,27 @@ def _diverging(v: np.ndarray, vmax: float) -> np.ndarray:
     return rgb.round().astype(np.uint8)
 
 
+def sample_rows(t: TensorInfo) -> tuple[np.ndarray, int]:
+    """The rows the statistics read (evenly spaced) and how many elements of each."""
+    tr = traits(t.type)
+    ncols = min(t.ne[0], max(tr.blck_size, SAMPLE_VALUES // tr.blck_size * tr.blck_size))
+    n = min(nrows(t), max(1, SAMPLE_VALUES // ncols))
+    return np.unique(np.linspace(0, nrows(t) - 1, n).round().astype(np.int64)), ncols
+
+
+def read_ranges(t: TensorInfo, row: int) -> list[tuple[int, int]]:
+    """The file's byte ranges (start, length) the tensor page reads: the sampled rows' first
+    elements and the whole row the block explainer shows."""
+    if t.n_elements == 0:
+        return []
+    tr = traits(t.type)
+    rows, ncols = sample_rows(t)
+    ranges = [(t.data_offset + int(i) * t.nb[1], ncols // tr.blck_size * tr.type_size)
+              for i in rows]
+    row = min(max(row, 0), nrows(t) - 1)
+    return ranges + [(t.data_offset + row * t.nb[1], t.nb[1])]
+
+
 def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
     n_rows, ne0 = nrows(t), t.ne[0]
     if t.n_elements == 0:
@@ -83,10 +104,7 @@ def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
     if not can_read(t):
         return SampleView(False, f"The engine cannot convert {t.type.name} values to floats, so "
                                  "no statistics are shown.")
-    tr = traits(t.type)
-    ncols = min(ne0, max(tr.blck_size, SAMPLE_VALUES // tr.blck_size * tr.blck_size))
-    n = min(n_rows, max(1, SAMPLE_VALUES // ncols))
-    rows = np.unique(np.linspace(0, n_rows - 1, n).round().astype(np.int64))
+    rows, ncols = sample_rows(t)
     s = rows_float(r, t, rows, ncols)
     if s.size == t.n_elements:
         note = f"Computed on all {t.n_elements:,} values."

@@ -8,7 +8,8 @@ from app.store import UploadStore
 from app.views.format import human_bytes, shape_text, visible_text
 from app.views.gguf.block import BlockView, block_view
 from app.views.gguf.file import Fact
-from app.views.gguf.sample import SampleView, nrows, sample_view
+from app.heads import has_bytes, have
+from app.views.gguf.sample import SampleView, nrows, read_ranges, sample_view
 from app.views.gguf.state import FileState, file_url
 from app.views.gguf.tensors_table import fmt_bpw, layer_name
 from engine.gguf import GGUFReader, TensorInfo
@@ -28,6 +29,8 @@ class TensorView:
     file_href: str
     info_seg_href: str
     data_seg_href: str
+    needs: list[tuple[int, int]]  # byte ranges the page reads that a header-only file lacks
+    needs_bytes: int
 
 def _storage(t: TensorInfo) -> str:
     tr = traits(t.type)
@@ -62,10 +65,13 @@ def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, r
     data_seg = next((i for i, s in enumerate(spans) if s.kind == "tensor_data"
                      and s.label == t.name), info_seg)
     state = FileState()
+    needs = [(a, n) for a, n in read_ranges(t, row) if not has_bytes(store, digest, a, a + n)]
     return TensorView(digest, visible_text(str(r.get("general.name") or store.fixture_name(digest)
                                         or "GGUF file"), 80),
                       t.name, t.type.name, facts, _storage(t), sample_view(r, t),
                       block_view(digest, r, t, row, block),
-                      f"/walkthroughs/gguf-load?file={digest}", file_url(digest),
+                      "" if have(store, digest) is not None else f"/walkthroughs/gguf-load?file={digest}",
+                      file_url(digest),
                       state.url(digest, seg=info_seg) + "#gguf-bytemap",
-                      state.url(digest, seg=data_seg) + "#gguf-bytemap")
+                      state.url(digest, seg=data_seg) + "#gguf-bytemap",
+                      needs, sum(n for _, n in needs))
