@@ -66,7 +66,10 @@
     draw(map);
   }
 
-  const drawAll = () => document.querySelectorAll("#pool .memmap").forEach(draw);
+  const drawAll = () => document.querySelectorAll("#pool .memmap").forEach((m) => {
+    m.classList.toggle("zoomed", m.dataset.ctx in windows);  // shown once the learner zooms
+    if (m.dataset.ctx in windows) draw(m);
+  });
   document.addEventListener("DOMContentLoaded", drawAll);
   document.addEventListener("htmx:afterSettle", drawAll);
   window.addEventListener("resize", drawAll);
@@ -74,9 +77,11 @@
   document.addEventListener("click", (ev) => {
     const b = ev.target.closest("#pool [data-mem]");
     if (!b) return;
-    const map = b.closest(".memmap");
+    const map = document.querySelector(`#pool .memmap[data-ctx="${b.closest(".memtools").dataset.ctx}"]`);
+    map.classList.add("zoomed");
     ({in: () => zoom(map, 0.5), out: () => zoom(map, 2),
-      all: () => { delete windows[map.dataset.ctx]; draw(map); }, step: () => showStep(map)})[b.dataset.mem]();
+      all: () => { delete windows[map.dataset.ctx]; map.classList.remove("zoomed"); },
+      step: () => showStep(map)})[b.dataset.mem]();
   });
   document.addEventListener("wheel", (ev) => {
     const track = ev.target.closest && ev.target.closest("#pool .memtrack");
