@@ -44,9 +44,10 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
 	$(PIP) install --quiet -e '.[test]'
 	touch $@
 
-# engine/_libm.c (the C library's float functions, as ggml calls them) is compiled by the
-# install; this rebuilds it when it changes
-$(VENV)/.libm: engine/_libm.c | $(VENV)/.installed
+# engine/_libm.c (the C library's float functions, as ggml calls them) and engine/_lanes.c (the
+# lane loop of the quantized dot products) are compiled by the install; this rebuilds them when
+# they change
+$(VENV)/.libm: engine/_libm.c engine/_lanes.c | $(VENV)/.installed
 	$(PIP) install --quiet --no-deps -e .
 	touch $@
 

@@ -29,6 +29,7 @@ which nodes; the trace marks them).
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 
@@ -184,9 +185,8 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
         x = x4[i13, i12]
         if exact:
             if quantized:  # the whole matrix prepared once (shared), this thread's rows
-                prepared = WEIGHTS.get(src0.type, _quant_rows(src0, i03, i02, slice(0, ne01)),
-                                       ne00)
-                prod = vec_dot_prepared(prepared.rows(rows), x, ne00)
+                prepared = _prepared(params, src0, i03, i02)
+                prod = vec_dot_prepared(prepared, x, ne00, rows)
             elif src0.type == GGMLType.F16:
                 prod = vec_dot_f16(w4[i03, i02, rows], to_f32(x, xtype))
             else:
@@ -200,6 +200,19 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
             prod = blas_product(to_f32(x, xtype), to_f32(w4[i03, i02, rows], src0.type))
         out[i13, i12, :, rows] = prod
     return out
+
+
+def _prepared(params, src0: Tensor, i03: int, i02: int):
+    """Matrix (i02, i03) of src0 in its prepared form, looked up (and its bytes checked) once per
+    node: the first thread to ask does it, the others take it from the node's shared state."""
+    lock = params.shared.setdefault("prepared_lock", threading.Lock())  # atomic under the GIL
+    with lock:
+        prepared = params.shared.get(("prepared", i03, i02))
+        if prepared is None:
+            rows = _quant_rows(src0, i03, i02, slice(0, int(src0.ne[1])))
+            prepared = params.shared[("prepared", i03, i02)] = WEIGHTS.get(src0.type, rows,
+                                                                           int(src0.ne[0]))
+    return prepared
 
 
 def _quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine import _lanes as _lanes_c
 from engine.compute.kernels.floatmath import fmaf
 from engine.quants import QUANT_KINDS
 from engine.quants.common import h2f
@@ -125,11 +126,11 @@ def _blocks(w: np.ndarray, type_, nb: int) -> np.ndarray:
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """A quantized weight matrix in the form its exact dot product reads: for every block, the
-    integer weights each of the kernel's 8 lanes multiplies (exact in float32), and the scales.
-    Built once per matrix and kept in WEIGHTS, so decoding a token touches each weight once."""
+    integer weights each of the kernel's 8 lanes multiplies, and the scales. Built once per
+    matrix and kept in WEIGHTS, so decoding a token touches each weight once."""
 
     type: GGMLType
-    values: np.ndarray  # (nb, 8, n0, G): lane L of block b of row i0, G integers (float32)
+    values: np.ndarray  # (nb, 8, G, n0) int8 or int16: lane L of block b of row i0, G integers
     d: np.ndarray  # (n0, nb) float32: fp16(x.d) of each block
     mins: np.ndarray | None = None  # Q4_K (nb, 4, 2, n0) six-bit mins; Q6_K (nb, 8, 2, n0) scales
     dmin: np.ndarray | None = None  # Q4_K (n0, nb) fp16(x.dmin)
@@ -138,18 +139,12 @@ class Prepared:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.values, self.d, self.mins, self.dmin) if a is not None)
 
-    def rows(self, sl: slice) -> "Prepared":
-        """The same for weight rows sl."""
-        cut = lambda a, axis: None if a is None else a[(slice(None),) * axis + (sl,)]  # noqa
-        return Prepared(self.type, cut(self.values, 2), cut(self.d, 0), cut(self.mins, 3),
-                        cut(self.dmin, 0))
 
-
-def _lanes(q: np.ndarray) -> np.ndarray:
+def _lanes(q: np.ndarray, dtype=np.int8) -> np.ndarray:
     """Signed or scaled integer weights (n0, nb, R, 8, 4) -- R runs of 32 bytes, lane L holding
-    bytes 4L..4L+3 of each run -> (nb, 8, n0, R·4) float32."""
+    bytes 4L..4L+3 of each run -> (nb, 8, R·4, n0) integers, contiguous, the rows last."""
     n0, nb, r = q.shape[:3]
-    return np.ascontiguousarray(q.transpose(1, 3, 0, 2, 4), F32).reshape(nb, 8, n0, r * 4)
+    return np.ascontiguousarray(q.transpose(1, 3, 2, 4, 0), dtype).reshape(nb, 8, r * 4, n0)
 
 
 def _prepare_q8_0(w: np.ndarray, nb: int) -> Prepared:
@@ -187,9 +182,9 @@ def _prepare_q4_k(w: np.ndarray, nb: int) -> Prepared:
     qs = bw["qs"].reshape(n0, nb, 4, 32)
     q4 = np.stack([qs & 0x0F, qs >> 4], axis=3).astype(np.int16)  # (n0, nb, j, half, 32)
     q4 *= sc.reshape(n0, nb, 4, 2, 1).astype(np.int16)
-    m = mins.reshape(n0, nb, 4, 2).transpose(1, 2, 3, 0).astype(F32)  # (nb, 4, 2, n0)
-    return Prepared(GGMLType.Q4_K, _lanes(q4.reshape(n0, nb, 8, 8, 4)), h2f(bw["d"]), m,
-                    h2f(bw["dmin"]))
+    m = np.ascontiguousarray(mins.reshape(n0, nb, 4, 2).transpose(1, 2, 3, 0), np.int16)
+    return Prepared(GGMLType.Q4_K, _lanes(q4.reshape(n0, nb, 8, 8, 4), np.int16), h2f(bw["d"]),
+                    m, h2f(bw["dmin"]))
 
 
 def _prepare_q6_k(w: np.ndarray, nb: int) -> Prepared:
@@ -206,8 +201,9 @@ def _prepare_q6_k(w: np.ndarray, nb: int) -> Prepared:
     q[:, :, :, 3] = (ql[:, :, :, 1] >> 4) | ((qh & 0xC0) >> 2)
     sc = bw["scales"].astype(np.int16).reshape(n0, nb, 16)
     q = q.reshape(n0, nb, 16, 16) * sc[..., None]
-    scp = bw["scales"].astype(F64).reshape(n0, nb, 8, 2).transpose(1, 2, 3, 0)  # (nb, 8, 2, n0)
-    return Prepared(GGMLType.Q6_K, _lanes(q.reshape(n0, nb, 8, 8, 4)), h2f(bw["d"]), scp)
+    scp = np.ascontiguousarray(bw["scales"].reshape(n0, nb, 8, 2).transpose(1, 2, 3, 0), np.int16)
+    return Prepared(GGMLType.Q6_K, _lanes(q.reshape(n0, nb, 8, 8, 4), np.int16), h2f(bw["d"]),
+                    scp)  # scales (nb, 8, 2, n0)
 
 
 PREPARE = {GGMLType.Q4_0: (32, _prepare_q4_0), GGMLType.Q5_0: (32, _prepare_q5_0),
@@ -231,12 +227,12 @@ class WeightCache:
         key = (int(type_), raw.__array_interface__["data"][0], raw.shape, raw.strides, k)
         with self._lock:
             hit = self._entries.get(key)
-            if hit is not None and np.array_equal(hit[0], raw):
+            if hit is not None and _same_bytes(hit[0], raw):
                 self._entries.move_to_end(key)
                 return hit[1]
             block, prepare = PREPARE[type_]
             prepared = prepare(raw, k // block)
-            self._entries[key] = (raw.copy(), prepared)
+            self._entries[key] = (np.ascontiguousarray(raw).copy(), prepared)
             used = sum(r.nbytes + p.nbytes for r, p in self._entries.values())
             while used > self.budget and len(self._entries) > 1:
                 _, (r, p) = self._entries.popitem(last=False)
@@ -245,11 +241,18 @@ class WeightCache:
 
 
 WEIGHTS = WeightCache(budget=4 << 30)
-LANE_BUDGET = 1 << 22  # lane sums formed per batch of blocks (float64 elements)
 
 
-def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
-    """ggml's AVX2 vec_dot of every prepared weight row with every raw activation row -> (n1, n0).
+def _same_bytes(kept: np.ndarray, raw: np.ndarray) -> bool:
+    """Whether raw rows hold the bytes kept (a memcmp: the weights are compared on every use)."""
+    if kept.shape != raw.shape:
+        return False
+    return _lanes_c.same(kept, raw if raw.flags.c_contiguous else np.ascontiguousarray(raw))
+
+
+def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int, rows: slice | None = None) -> np.ndarray:
+    """ggml's AVX2 vec_dot of prepared weight rows `rows` (all by default) with every raw
+    activation row -> (n1, rows).
 
     Legacy types (ggml_vec_dot_q{4,5,8}_0_q8_0): lane L of each block of 32 sums the products of
     elements 4L..4L+3 (maddubs, then madd); acc = fma(x.d·y.d, lanes, acc) per block.
@@ -258,50 +261,36 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int) -> np.ndarray:
     lanes, acc_m = fma(-y.d·x.dmin, Σ min·(q8 sums), acc_m), added as (m0 + m2) + (m1 + m3).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc·q (q unsigned), minus
     32·(bsums[2L]·sc[2L] + bsums[2L+1]·sc[2L+1]).
-    The result is hsum_float_8(acc) (+ the mins). Lane sums are exact integers: every float32
-    matrix product below stays under 2^24 (Q6_K's are split in halves that do).
+    The result is hsum_float_8(acc) (+ the mins). The lane sums are exact 32-bit integers, each
+    turned into a float and accumulated by fmaf, block after block: the loop over blocks, lanes
+    and rows runs in engine._lanes (C, without the GIL), the rest here.
     """
-    nb, _, n0, g = p.values.shape
+    nb, _, g, n0 = p.values.shape
+    j0, j1 = (0, n0) if rows is None else (rows.start, min(rows.stop, n0))
+    m = j1 - j0
     vdt = GGMLType.Q8_K if p.type in (GGMLType.Q4_K, GGMLType.Q6_K) else GGMLType.Q8_0
     bx = _blocks(x, vdt, nb)
-    n1 = len(bx)
-    r = g // 4
-    qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(1, 3, 0, 2, 4), F32)
-    qx = qx.reshape(nb, 8, n1, g)
-    w = p.values.swapaxes(-1, -2)  # (nb, 8, g, n0)
-    yd = (h2f(bx["d"]) if vdt == GGMLType.Q8_0 else bx["d"].astype(F32)).T  # (nb, n1)
-    xd = p.d.T  # (nb, n0)
-    acc = np.zeros((8, n1, n0), F32)  # the 8 float lanes of the accumulator, per row pair
-    fma = np.empty((8, n1, n0), F64)  # d*lane, exact; + acc, then rounded once to float32
-    if p.type == GGMLType.Q4_K:
-        q8s = bx["bsums"].reshape(n1, nb, 4, 2, 2).sum(axis=-1, dtype=np.int32)  # hadd_epi16
-        mins_x = q8s.transpose(1, 2, 0, 3).astype(F32)  # (nb, 4, n1, 2)
-        acc_m = np.zeros((4, n1, n0), F32)
-        fma_m = np.empty((4, n1, n0), F64)
-        dmin = p.dmin.T  # (nb, n0)
-    elif p.type == GGMLType.Q6_K:
-        bsums = bx["bsums"].astype(F64).reshape(n1, nb, 8, 2).transpose(1, 2, 0, 3)
-    group = max(1, LANE_BUDGET // (8 * n0 * n1))  # blocks whose lanes are formed at once
-    with np.errstate(all="ignore"):
-        for b0 in range(0, nb, group):
-            bs = slice(b0, min(b0 + group, nb))
-            if p.type == GGMLType.Q6_K:  # two halves of 16, each exact in float32
-                lanes = np.matmul(qx[bs, :, :, :16], w[bs, :, :16]).astype(F64)
-                lanes += np.matmul(qx[bs, :, :, 16:], w[bs, :, 16:])
-                lanes -= 32 * np.matmul(bsums[bs], p.mins[bs])
-            else:
-                lanes = np.matmul(qx[bs], w[bs])  # (blocks, 8, n1, n0)
-            scale = yd[bs][:, :, None] * xd[bs][:, None, :]  # float32 products of the scales
-            if p.type == GGMLType.Q4_K:
-                m = np.matmul(mins_x[bs], p.mins[bs])  # (blocks, 4, n1, n0)
-                mscale = -yd[bs][:, :, None] * dmin[bs][:, None, :]  # -y.d * x.dmin
-            for i in range(bs.stop - bs.start):  # the fmas, block after block
-                if p.type == GGMLType.Q4_K:
-                    np.multiply(m[i], mscale[i], out=fma_m, dtype=F64)
-                    np.add(fma_m, acc_m, out=acc_m, dtype=F64)
-                np.multiply(lanes[i], scale[i], out=fma, dtype=F64)
-                np.add(fma, acc, out=acc, dtype=F64)  # computed in double, stored as float
-        out = _hsum8(np.moveaxis(acc, 0, -1))
+    n1, r = len(bx), g // 4
+    qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(0, 1, 3, 2, 4), np.int16)
+    qx = qx.reshape(n1, nb, 8, g)
+    yd = h2f(bx["d"]) if vdt == GGMLType.Q8_0 else bx["d"].astype(F32)  # (n1, nb)
+    xd = np.ascontiguousarray(p.d[j0:j1].T)  # (nb, m)
+    wsize = p.values.dtype.itemsize
+    out = np.empty((n1, m), F32)
+    for i in range(n1):
+        scale = yd[i][:, None] * xd  # float32 products of the scales, (nb, m)
+        cw = cx = None
+        if p.type == GGMLType.Q6_K:  # minus 32·Σ bsums·scales per lane
+            cw, cx = p.mins, np.ascontiguousarray(bx["bsums"][i].reshape(nb, 8, 2))
+        acc = np.zeros((8, m), F32)
+        _lanes_c.lanes_fma(p.values, qx[i], cw, cx, -32, scale, acc, nb, 8, n0, g, 2, j0, j1,
+                           wsize)
+        out[i] = _hsum8(acc.T)
         if p.type == GGMLType.Q4_K:
-            out = out + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+            q8s = bx["bsums"][i].reshape(nb, 4, 2, 2).sum(axis=-1, dtype=np.int16)  # hadd_epi16
+            mscale = np.ascontiguousarray(-yd[i][:, None] * p.dmin[j0:j1].T)  # -y.d * x.dmin
+            acc_m = np.zeros((4, m), F32)
+            _lanes_c.lanes_fma(p.mins, np.ascontiguousarray(q8s), None, None, 0, mscale, acc_m,
+                               nb, 4, n0, 2, 0, j0, j1, 2)
+            out[i] += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3])
     return out

@@ -1,0 +1,178 @@
+/* engine._lanes: the inner loop of ggml's quantized dot products, for whole weight matrices.
+ *
+ * ggml's AVX2 vec_dot kernels (q4_0/q5_0/q8_0 x q8_0, q4_K/q6_K x q8_K) sum integer products in 8
+ * lanes of 32-bit integers per block, turn each lane into a float and accumulate it with one
+ * fused multiply-add per block: acc[l] = fmaf((float)lane[l], d, acc[l]). engine/compute/kernels/
+ * vecdot.py says which integers each lane holds for each type and prepares them once per weight
+ * matrix; this module runs the loop over blocks, lanes and rows, which numpy can only do one block
+ * at a time. fmaf is correctly rounded by definition, so the result is the same on every CPU; the
+ * hardware instruction is used where the CPU has it. The loops run without the GIL, so the
+ * compute threads run them at once on their own rows.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* one activation row against weight rows j0..j1:
+ *   w     (nb, nl, g, n0) int8 or int16: the prepared integer weights of each of nl lanes, the
+ *         rows last (so the loops over rows are contiguous and vectorise)
+ *   x     (nb, nl, g) int16: the activation's integers, the same lanes
+ *   cw, cx (nb, nl, gc, n0) and (nb, nl, gc) int16, or NULL: a correction added to each lane
+ *         sum, cf * sum_t cw[b,l,t,j]*cx[b,l,t] (Q6_K's offset: -32 * scales . bsums)
+ *   scale (nb, m) float32: the fma's multiplier of each block (x.d * y.d)
+ *   acc   (nl, m) float32: the accumulators of each row, updated in place
+ *   sum   (m) int32: room for one lane's sums
+ * where m = j1 - j0: scale and acc hold the rows j0..j1 only. */
+#define LANES_LOOP(NAME, WT, ATTR)                                                           \
+    ATTR static void NAME(const WT *w, const int16_t *x, const int16_t *cw,                  \
+                          const int16_t *cx, int32_t cf, const float *scale, float *acc,     \
+                          int32_t *sum, Py_ssize_t nb, Py_ssize_t nl, Py_ssize_t n0,         \
+                          Py_ssize_t g, Py_ssize_t gc, Py_ssize_t j0, Py_ssize_t j1)         \
+    {                                                                                        \
+        const Py_ssize_t m = j1 - j0;                                                        \
+        for (Py_ssize_t b = 0; b < nb; b++) {                                                \
+            const float *sc = scale + b * m;                                                 \
+            for (Py_ssize_t l = 0; l < nl; l++) {                                            \
+                const int16_t *xs = x + (b * nl + l) * g;                                    \
+                const WT *wl = w + (b * nl + l) * g * n0 + j0;                               \
+                float *al = acc + l * m;                                                     \
+                memset(sum, 0, (size_t)m * sizeof(int32_t));                                 \
+                if (cw) {                                                                    \
+                    for (Py_ssize_t t = 0; t < gc; t++) {                                    \
+                        const int16_t *ct = cw + ((b * nl + l) * gc + t) * n0 + j0;          \
+                        const int32_t xt = cf * (int32_t)cx[(b * nl + l) * gc + t];          \
+                        for (Py_ssize_t j = 0; j < m; j++)                                   \
+                            sum[j] += (int32_t)ct[j] * xt;                                   \
+                    }                                                                        \
+                }                                                                            \
+                for (Py_ssize_t k = 0; k < g; k++) {                                         \
+                    const WT *wk = wl + k * n0;                                              \
+                    const int32_t xk = xs[k];                                                \
+                    for (Py_ssize_t j = 0; j < m; j++)                                       \
+                        sum[j] += (int32_t)wk[j] * xk;                                       \
+                }                                                                            \
+                for (Py_ssize_t j = 0; j < m; j++)                                           \
+                    al[j] = fmaf((float)sum[j], sc[j], al[j]);                               \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+LANES_LOOP(lanes_i8, int8_t, )
+LANES_LOOP(lanes_i16, int16_t, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_FMA_TARGET 1
+LANES_LOOP(lanes_i8_fma, int8_t, __attribute__((target("fma"))))
+LANES_LOOP(lanes_i16_fma, int16_t, __attribute__((target("fma"))))
+#endif
+
+static int check(Py_buffer *buf, Py_ssize_t want, const char *what)
+{
+    if (buf->len != want) {
+        PyErr_Format(PyExc_ValueError, "_lanes: %s has %zd bytes, not %zd", what, buf->len, want);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_lanes_fma(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, cw = {0}, cx = {0}, scale, acc;
+    PyObject *cw_obj, *cx_obj;
+    Py_ssize_t nb, nl, n0, g, gc, j0, j1, wsize;
+    int cf;
+    if (!PyArg_ParseTuple(args, "y*y*OOiy*w*nnnnnnnn", &w, &x, &cw_obj, &cx_obj, &cf, &scale, &acc,
+                          &nb, &nl, &n0, &g, &gc, &j0, &j1, &wsize))
+        return NULL;
+    int has_c = cw_obj != Py_None, got_cw = 0, got_cx = 0;
+    int ok = 1;
+    if (has_c) {
+        got_cw = PyObject_GetBuffer(cw_obj, &cw, PyBUF_SIMPLE) == 0;
+        got_cx = got_cw && PyObject_GetBuffer(cx_obj, &cx, PyBUF_SIMPLE) == 0;
+        ok = got_cw && got_cx;
+    }
+    Py_ssize_t m = j1 - j0;
+    if (ok)
+        ok = (wsize == 1 || wsize == 2) && 0 <= j0 && j0 <= j1 && j1 <= n0 &&
+             check(&w, nb * nl * g * n0 * wsize, "w") == 0 &&
+             check(&x, nb * nl * g * 2, "x") == 0 &&
+             (!has_c || (check(&cw, nb * nl * gc * n0 * 2, "cw") == 0 &&
+                         check(&cx, nb * nl * gc * 2, "cx") == 0)) &&
+             check(&scale, nb * m * 4, "scale") == 0 && check(&acc, nl * m * 4, "acc") == 0;
+    int32_t *sum = NULL;
+    if (ok && !(sum = PyMem_RawMalloc((size_t)(m + 1) * sizeof(int32_t)))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const int16_t *pcw = has_c ? cw.buf : NULL, *pcx = has_c ? cx.buf : NULL;
+        int fma_hw = 0;
+#ifdef HAVE_FMA_TARGET
+        fma_hw = __builtin_cpu_supports("fma");
+#endif
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_FMA_TARGET
+        if (fma_hw && wsize == 1)
+            lanes_i8_fma(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+        else if (fma_hw)
+            lanes_i16_fma(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+        else
+#endif
+        if (wsize == 1)
+            lanes_i8(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+        else
+            lanes_i16(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+        Py_END_ALLOW_THREADS
+        (void)fma_hw;
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes or row range");
+    }
+    PyMem_RawFree(sum);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    if (got_cw)
+        PyBuffer_Release(&cw);
+    if (got_cx)
+        PyBuffer_Release(&cx);
+    PyBuffer_Release(&scale);
+    PyBuffer_Release(&acc);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_same(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer a, b;
+    if (!PyArg_ParseTuple(args, "y*y*", &a, &b))
+        return NULL;
+    int same = 0;
+    if (a.len == b.len) {
+        Py_BEGIN_ALLOW_THREADS
+        same = memcmp(a.buf, b.buf, (size_t)a.len) == 0;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(same);
+}
+
+static PyMethodDef methods[] = {
+    {"lanes_fma", py_lanes_fma, METH_VARARGS,
+     "lanes_fma(w, x, cw, cx, cf, scale, acc, nb, nl, n0, g, gc, j0, j1, wsize): for every block b "
+     "and lane l of weight rows j0..j1, acc[l, j] = fmaf(sum_k w[b,l,k,j]*x[b,l,k] + "
+     "cf*sum_t cw[b,l,t,j]*cx[b,l,t], scale[b, j], acc[l, j])"},
+    {"same", py_same, METH_VARARGS, "same(a, b): whether two contiguous buffers hold equal bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_lanes",
+    "The lane loop of ggml's quantized dot products: integer lane sums and one fmaf per block.",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__lanes(void) { return PyModule_Create(&module); }
