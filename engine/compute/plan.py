@@ -6,8 +6,10 @@ n_tasks only plans: at compute time every thread runs every node with nth = cpla
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from engine.graph import Graph
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
@@ -110,6 +112,23 @@ def node_work_size(node: Tensor, n_tasks: int) -> int:
     return 0
 
 
+# GGML_USE_LLAMAFILE: llama.cpp builds ggml with llamafile's sgemm (tinyBLAS), which takes float
+# products of two or more src1 rows with one accumulator per output; ggml's own build (the
+# engine's reference, ggml-python's) leaves it off. A model run as llama.cpp runs it plans its
+# graphs inside `llamafile_build()`.
+LLAMAFILE: contextvars.ContextVar[bool] = contextvars.ContextVar("llamafile", default=False)
+
+
+@contextlib.contextmanager
+def llamafile_build() -> Iterator[None]:
+    """Plan graphs as a ggml built with GGML_USE_LLAMAFILE (llama.cpp's build) computes them."""
+    token = LLAMAFILE.set(True)
+    try:
+        yield
+    finally:
+        LLAMAFILE.reset(token)
+
+
 @dataclass(slots=True)
 class CPlan:
     """struct ggml_cplan, plus the per-node n_tasks the plan was made from (for display)."""
@@ -121,6 +140,7 @@ class CPlan:
     abort_callback_data: Any = None
     use_ref: bool = False
     n_tasks: list[int] = field(default_factory=list)
+    llamafile: bool = field(default_factory=LLAMAFILE.get)  # the build, not a ggml_cplan field
 
 
 def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,

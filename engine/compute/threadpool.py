@@ -60,6 +60,7 @@ class ComputeParams:
     barrier: Callable[[], None]
     shared: dict  # per-node state shared by the threads (e.g. mul_mat's chunk counter)
     use_ref: bool = False
+    llamafile: bool = False  # GGML_USE_LLAMAFILE (engine.compute.plan.llamafile_build)
     _kind: str = "idle"
     _ranges: list = field(default_factory=list)
     _note: str = ""
@@ -191,7 +192,7 @@ class _Run:
     def _share(self, node_n: int, node: Tensor, ith: int, barrier: Callable[[], None]) -> None:
         """Thread ith's share of a node, timed and recorded."""
         params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, barrier,
-                               self.shared[node_n], self.cplan.use_ref)
+                               self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile)
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)

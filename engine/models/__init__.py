@@ -1,36 +1,42 @@
 """Real models end to end: graph builders that read a GGUF file and build llama.cpp's graph.
 
 `load_model(path)` opens a GGUF file and picks the builder its `general.architecture` names:
-`bert` (sentence embeddings, engine/models/bert.py) or `llama` (next-token logits with a KV cache,
-engine/models/llama.py). Tensor names, hyperparameter keys and the graph follow llama.cpp, so
-a node here can be held next to the same node in llama.cpp's graph.
-Leaves out: every other architecture (the error names the one found), batching, sampling
-beyond greedy.
+`bert` (sentence embeddings, engine/models/bert.py); `llama`, `qwen2` and `qwen3` (next-token
+logits with a KV cache, engine/models/llama.py); `gemma3` (engine/models/gemma3.py). Decoders
+share engine/models/decoder.py (the KV cache, masks, generation), tokenize with SentencePiece
+(engine/models/spm.py) and sample with llama.cpp's sampler chain (engine/models/sampling.py).
+Tensor names, hyperparameter keys and the graph follow llama.cpp, so a node here can be held next
+to the same node in llama.cpp's graph.
+Leaves out: every other architecture (the error names the one found), batching.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 from .common import ModelError, ModelFile
 
-ARCHITECTURES = ("bert", "llama")
+# architecture -> (module, class)
+BUILDERS = {
+    "bert": ("bert", "Bert"),
+    "llama": ("llama", "Llama"),
+    "qwen2": ("llama", "Qwen2"),
+    "qwen3": ("llama", "Qwen3"),
+    "gemma3": ("gemma3", "Gemma3"),
+}
+ARCHITECTURES = tuple(BUILDERS)
 
 
-def load_model(path: str | os.PathLike):
-    """The model in the GGUF file at `path`, as a Bert or Llama."""
+def load_model(path: str | os.PathLike, **options):
+    """The model in the GGUF file at `path`, built by its architecture's builder."""
     f = ModelFile(path)
-    if f.arch == "bert":
-        from .bert import Bert
-
-        return Bert(f)
-    if f.arch == "llama":
-        from .llama import Llama
-
-        return Llama(f)
-    f.close()
-    raise ModelError(f"{f.path}: architecture '{f.arch}' is not supported; ggml-lens builds "
-                     + " and ".join(f"'{a}'" for a in ARCHITECTURES))
+    if f.arch not in BUILDERS:
+        f.close()
+        raise ModelError(f"{f.path}: architecture '{f.arch}' is not supported; ggml-lens builds "
+                         + ", ".join(f"'{a}'" for a in ARCHITECTURES))
+    module, cls = BUILDERS[f.arch]
+    return getattr(importlib.import_module(f".{module}", __name__), cls)(f, **options)
 
 
 __all__ = ["ARCHITECTURES", "ModelError", "ModelFile", "load_model"]

@@ -1,40 +1,42 @@
-"""LLaMA: next-token logits with a KV cache, built the way llama.cpp builds its graph.
+"""LLaMA, Qwen2 and Qwen3: next-token logits with a KV cache, built as llama.cpp builds them.
 
 Mirrors llama.cpp's `llama` architecture (src/models/llama.cpp) with its tensor and key names: per
-layer an RMS norm, Q/K/V projections, rope (normal mode) on Q and K, K and V stored into the KV
-cache, grouped-query attention over everything cached so far (a causal mask, 1/sqrt(head_dim)),
-the output projection and residual; an RMS norm and a SwiGLU feed-forward (silu(gate)·up, down)
-and residual; then the final RMS norm and the output head. The KV cache is one F16 K and one F16 V
-tensor per layer in its own context (llama.cpp's default cache types); V is kept transposed, and
-new rows are written with ggml_cpy into ggml_view's of the cache — the way llama.cpp did before
-it switched to ggml_set_rows (same bytes, same results).
-Leaves out: flash attention, MoE layers, rope scaling other than linear, several sequences,
-samplers other than greedy.
+layer an RMS norm, Q/K/V projections (with their biases when the file has them), rope on Q and K,
+K and V stored into the KV cache, grouped-query attention over everything cached so far (a causal
+mask, 1/sqrt(head_dim)), the output projection and residual; an RMS norm and a SwiGLU
+feed-forward (silu(gate)·up, down) and residual; then the final RMS norm and the output head.
+`qwen2` (src/models/qwen2.cpp) is the same graph with rope in NeoX mode (pairs (x_i, x_{i+d/2}));
+`qwen3` (qwen3.cpp) adds an RMS norm of each head of Q and of K before rope (QK norms) and takes
+its head size from attention.key_length. The KV cache is one F16 K and one F16 V tensor per layer
+in its own context (llama.cpp's default cache types); V is kept transposed, and new rows are
+written with ggml_cpy into ggml_view's of the cache — the way llama.cpp did before it switched to
+ggml_set_rows (same bytes, same results).
+Leaves out: flash attention, MoE layers, rope scaling other than linear, several sequences.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add,
-                         ggml_build_forward_expand, ggml_cpy, ggml_free, ggml_get_rows,
-                         ggml_graph_compute_with_ctx, ggml_init, ggml_init_params, ggml_mul,
-                         ggml_mul_mat, ggml_new_graph_custom, ggml_new_tensor_1d,
-                         ggml_new_tensor_2d, ggml_reshape_2d, ggml_reshape_3d, ggml_rms_norm,
-                         ggml_rope_ext, ggml_row_size, ggml_set_input, ggml_set_name,
-                         ggml_set_output, ggml_swiglu_split, ggml_tensor_overhead,
-                         ggml_transpose, ggml_view_1d, ggml_view_2d, ggml_view_3d, set_data,
-                         to_numpy)
+from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
+                         ggml_build_forward_expand, ggml_cpy, ggml_free, ggml_get_rows, ggml_init,
+                         ggml_init_params, ggml_mul, ggml_mul_mat, ggml_new_graph_custom,
+                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_reshape_3d,
+                         ggml_rms_norm, ggml_rope_ext, ggml_row_size, ggml_set_input,
+                         ggml_set_name, ggml_set_output, ggml_swiglu_split, ggml_tensor_overhead,
+                         ggml_transpose, ggml_view_1d, ggml_view_2d, ggml_view_3d, set_data)
 
 from .bert import _name, attention
-from .common import ModelError, ModelFile, compute_context, measure
+from .common import ModelError, ModelFile
+from .decoder import Decoded, Decoder  # noqa: F401 - Decoded: part of this module's API
+from .spm import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
+LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX  # rope on pairs (x_i, x_{i+d/2})
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +48,11 @@ class LlamaParams:
     n_layer: int
     n_head: int
     n_head_kv: int  # fewer than n_head: grouped-query attention
+    head_dim: int  # attention.key_length (n_embd / n_head unless the file says otherwise)
     n_rot: int  # rope dimensions (= head_dim)
     rms_eps: float
     freq_base: float
     freq_scale: float  # 1 / rope.scaling.factor (linear scaling)
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
 
     @property
     def n_embd_gqa(self) -> int:  # K or V width of one token: head_dim * n_head_kv
@@ -86,29 +85,30 @@ class KVCache:
         ggml_free(self.ctx)
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    token_ids: list[int]
-    logits: np.ndarray  # [n_outputs, n_vocab]: every position, or only the last
-    seconds: float
-
-
-class Llama:
+class Llama(Decoder):
     """A LLaMA GGUF opened for decoding: hyperparameters, weights, KV cache, graph builder."""
 
+    ARCH = "llama"
+    ROPE_MODE = LLAMA_ROPE_TYPE_NORM
+    QK_NORM = False  # an RMS norm of each Q and K head before rope (qwen3)
+
     def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+        super().__init__()
         f = path if isinstance(path, ModelFile) else ModelFile(path)
-        if f.arch != "llama":
-            raise ModelError(f"{f.path}: architecture '{f.arch}' is not 'llama'")
+        if f.arch != self.ARCH:
+            raise ModelError(f"{f.path}: architecture '{f.arch}' is not '{self.ARCH}'")
         self.file = f
         shared = f.transformer_params()
         n_embd, n_head = shared["n_embd"], shared["n_head"]
         scaling = f.key("{arch}.rope.scaling.type", "none")
         if scaling not in ("none", "linear"):
             raise ModelError(f"{f.path}: rope scaling '{scaling}' is not supported")
+        head_dim = int(f.key("{arch}.attention.key_length", n_embd // n_head))
+        if int(f.key("{arch}.attention.value_length", head_dim)) != head_dim:
+            raise ModelError(f"{f.path}: key_length and value_length must be equal")
         self.hp = hp = LlamaParams(
-            **shared,
-            n_rot=int(f.key("{arch}.rope.dimension_count", n_embd // n_head)),
+            **shared, head_dim=head_dim,
+            n_rot=int(f.key("{arch}.rope.dimension_count", head_dim)),
             rms_eps=float(f.key("{arch}.attention.layer_norm_rms_epsilon")),
             freq_base=float(f.key("{arch}.rope.freq_base", 10000.0)),
             freq_scale=1.0 / float(f.key("{arch}.rope.scaling.factor", 1.0)),
@@ -119,20 +119,25 @@ class Llama:
         if hp.n_head % hp.n_head_kv:
             raise ModelError(f"{f.path}: head_count {hp.n_head} is not a multiple of "
                              f"head_count_kv {hp.n_head_kv}")
-        E, G = n_embd, hp.n_embd_gqa
+        E, Q, G = n_embd, head_dim * n_head, hp.n_embd_gqa
         self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
         self.output_norm = f.tensor("output_norm.weight", (E,))
         # tied embeddings: without output.weight the token table is the head too
         self.output = f.optional("output.weight", (E, hp.n_vocab)) or self.tok_embd
+        self.output_b = f.optional("output.bias", (hp.n_vocab,))
         self.rope_freqs = f.optional("rope_freqs.weight", (hp.n_rot // 2,))
         self.layers = []
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731
+            o = lambda name, ne: f.optional(f"blk.{i}.{name}", ne)  # noqa: E731
             self.layers.append(dict(
                 attn_norm=t("attn_norm.weight", (E,)),
-                wq=t("attn_q.weight", (E, E)), wk=t("attn_k.weight", (E, G)),
-                wv=t("attn_v.weight", (E, G)), wo=t("attn_output.weight", (E, E)),
-                bo=f.optional(f"blk.{i}.attn_output.bias", (E,)),
+                wq=t("attn_q.weight", (E, Q)), wk=t("attn_k.weight", (E, G)),
+                wv=t("attn_v.weight", (E, G)), wo=t("attn_output.weight", (Q, E)),
+                bq=o("attn_q.bias", (Q,)), bk=o("attn_k.bias", (G,)), bv=o("attn_v.bias", (G,)),
+                bo=o("attn_output.bias", (E,)),
+                q_norm=t("attn_q_norm.weight", (hd := head_dim,)) if self.QK_NORM else None,
+                k_norm=t("attn_k_norm.weight", (hd,)) if self.QK_NORM else None,
                 ffn_norm=t("ffn_norm.weight", (E,)),
                 ffn_gate=t("ffn_gate.weight", (E, hp.n_ff)),
                 ffn_up=t("ffn_up.weight", (E, hp.n_ff)),
@@ -140,9 +145,19 @@ class Llama:
             ))
         self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
         self.cache = KVCache(hp, self.n_ctx)
-        self._mem: dict[tuple, int] = {}
+        self.tokenizer = tokenizer_of(f)
 
     # --- the graph ----------------------------------------------------------------------------
+
+    def _norm(self, ctx, x, w):
+        """build_norm(LLM_NORM_RMS): rms_norm(x) * w."""
+        return ggml_mul(ctx, ggml_rms_norm(ctx, x, self.hp.rms_eps), w)
+
+    @staticmethod
+    def _projection(ctx, x, w, b, name: str, il: int):
+        """build_qkv's separate path: w·x, plus the bias when there is one."""
+        y = _name(ggml_mul_mat(ctx, w, x), name, il)
+        return y if b is None else _name(ggml_add(ctx, y, b), name, il)
 
     def graph_size(self) -> int:
         return 64 + 40 * self.hp.n_layer
@@ -151,7 +166,7 @@ class Llama:
         """The graph for n_tokens new tokens after n_past cached ones: returns the graph, the
         input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
         hp, cache, n = self.hp, self.cache, n_tokens
-        n_kv = n_past + n  # cells the attention looks at
+        n_kv = self.n_kv(n_past + n)  # cells the attention reads (padded, the rest masked)
         hd, G = hp.head_dim, hp.n_embd_gqa
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
@@ -175,16 +190,22 @@ class Llama:
         x = ggml_get_rows(ctx, self.tok_embd, inp_tokens)  # [E, n]
         ggml_set_name(x, "inp_embd")
         kq_scale = 1.0 / math.sqrt(hd)
-        rope = dict(n_dims=hp.n_rot, mode=LLAMA_ROPE_TYPE_NORM, n_ctx_orig=hp.n_ctx_train,
+        rope = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
                     freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
                     attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             inp_sa = x
             cur = _name(ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), L["attn_norm"]),
                         "attn_norm", il)
-            q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L["wq"], cur), hd, hp.n_head, n)
-            k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L["wk"], cur), hd, hp.n_head_kv, n)
-            v = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, L["wv"], cur), hd, hp.n_head_kv, n)
+            q = self._projection(ctx, cur, L["wq"], L["bq"], "Qcur", il)
+            k = self._projection(ctx, cur, L["wk"], L["bk"], "Kcur", il)
+            v = self._projection(ctx, cur, L["wv"], L["bv"], "Vcur", il)
+            q = ggml_reshape_3d(ctx, q, hd, hp.n_head, n)
+            k = ggml_reshape_3d(ctx, k, hd, hp.n_head_kv, n)
+            v = ggml_reshape_3d(ctx, v, hd, hp.n_head_kv, n)
+            if self.QK_NORM:
+                q = _name(self._norm(ctx, q, L["q_norm"]), "Qcur_normed", il)
+                k = _name(self._norm(ctx, k, L["k_norm"]), "Kcur_normed", il)
             q = _name(ggml_rope_ext(ctx, q, inp_pos, self.rope_freqs, **rope), "Qcur", il)
             k = _name(ggml_rope_ext(ctx, k, inp_pos, self.rope_freqs, **rope), "Kcur", il)
             _name(v, "Vcur", il)
@@ -227,68 +248,24 @@ class Llama:
         x = ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), self.output_norm)
         ggml_set_name(x, "result_norm")
         logits = ggml_mul_mat(ctx, self.output, x)  # [n_vocab, n_outputs]
+        if self.output_b is not None:
+            logits = ggml_add(ctx, logits, self.output_b)
         ggml_set_name(logits, "result_output")
         ggml_set_output(logits)
         ggml_build_forward_expand(gf, logits)
         return gf, inputs, logits
 
-    def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
-        n = len(token_ids)
-        set_data(inputs["inp_tokens"], np.asarray(token_ids, dtype=np.int32))
-        set_data(inputs["inp_pos"], np.arange(n_past, n_past + n, dtype=np.int32))
-        mask = np.zeros((n, n_past + n), dtype=np.float32)  # [q, kv] in numpy order
-        for q in range(n):
-            mask[q, n_past + q + 1:] = -np.inf  # a token sees itself and what came before
-        set_data(inputs["attn_inp_kq_mask"], mask)
-        if "inp_out_ids" in inputs:
-            set_data(inputs["inp_out_ids"], np.array([n - 1], dtype=np.int32))
 
-    # --- running ------------------------------------------------------------------------------
+class Qwen2(Llama):
+    """Qwen2: LLaMA's graph with Q/K/V biases and rope in NeoX mode."""
 
-    def reset(self) -> None:
-        """Forget the cached tokens (llama_memory_clear)."""
-        self.cache.n_past = 0
+    ARCH = "qwen2"
+    ROPE_MODE = LLAMA_ROPE_TYPE_NEOX
 
-    def decode(self, token_ids: list[int], n_threads: int = 1, all_logits: bool = True) -> Decoded:
-        """Run the new tokens through the model after what the cache holds; their logits."""
-        ids = [int(i) for i in token_ids]
-        n_past = self.cache.n_past
-        if not ids:
-            raise ModelError("nothing to decode: no tokens")
-        if any(not 0 <= i < self.hp.n_vocab for i in ids):
-            raise ModelError(f"token ids must lie in [0, {self.hp.n_vocab})")
-        if n_past + len(ids) > self.n_ctx:
-            raise ModelError(f"{n_past} cached + {len(ids)} new tokens do not fit this "
-                             f"model's context of {self.n_ctx} tokens")
-        key = (len(ids), n_past, all_logits, n_threads)
-        if key not in self._mem:
-            self._mem[key] = measure(lambda c: self.build(c, len(ids), n_past, all_logits)[0],
-                                     self.graph_size(), n_threads)
-        ctx = compute_context(self._mem[key])
-        try:
-            gf, inputs, logits = self.build(ctx, len(ids), n_past, all_logits)
-            self.set_inputs(inputs, ids, n_past)
-            t0 = time.perf_counter()
-            ggml_graph_compute_with_ctx(ctx, gf, n_threads)
-            seconds = time.perf_counter() - t0
-            out = np.array(to_numpy(logits), dtype=np.float32).reshape(-1, self.hp.n_vocab)
-        finally:
-            ggml_free(ctx)
-        self.cache.n_past += len(ids)
-        return Decoded(ids, out, seconds)
 
-    def generate(self, prompt: list[int], n_new: int, n_threads: int = 1) -> list[int]:
-        """Greedy generation: decode the prompt, then feed back the most likely token n_new
-        times (one token per graph, the cache growing by one cell each time)."""
-        self.reset()
-        if len(prompt) + n_new > self.n_ctx + 1:
-            raise ModelError(f"{len(prompt)} prompt + {n_new} new tokens do not fit this "
-                             f"model's context of {self.n_ctx} tokens")
-        out: list[int] = []
-        logits = self.decode(prompt, n_threads, all_logits=False).logits[-1]
-        for k in range(n_new):
-            out.append(int(np.argmax(logits)))
-            if k + 1 < n_new:
-                logits = self.decode([out[-1]], n_threads, all_logits=False).logits[-1]
-        return out
+class Qwen3(Llama):
+    """Qwen3: rope in NeoX mode and an RMS norm of every Q and K head before it."""
 
+    ARCH = "qwen3"
+    ROPE_MODE = LLAMA_ROPE_TYPE_NEOX
+    QK_NORM = True

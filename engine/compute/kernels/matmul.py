@@ -36,7 +36,7 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_MACS, PREPARE, WEIGHTS, vec_dot_f16, vec_dot_f32, \
-    vec_dot_prepared
+    vec_dot_prepared, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.optable import GGMLOp
 from engine.quants import from_float
@@ -104,6 +104,21 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     return src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024 and macs <= EXACT_MACS
 
 
+def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
+    """Would llamafile_sgemm (GGML_USE_LLAMAFILE, AVX2 + F16C + FMA) compute this product
+    instead of ggml's vec_dot loop? For float weights: two or more src1 rows per matrix, K a
+    multiple of 8, rows a multiple of 4; F32 weights only with a contiguous F32 src1 (the call
+    before the conversion), F16 weights with src1 converted to (or already) F16. Its quantized
+    kernels (Q8_0, Q4_0, Q5_0 by Q8_0) sum in vec_dot's order, so they need nothing of their
+    own; K-quants it leaves to ggml."""
+    ne00, ne01, ne11 = int(src0.ne[0]), int(src0.ne[1]), int(src1.ne[1])
+    if ne11 < 2 or ne00 % 8 or ne01 % 4:
+        return False
+    if src0.type == GGMLType.F32:
+        return src1.type == GGMLType.F32 and ggml_is_contiguous(src1)
+    return src0.type == GGMLType.F16 and src1.type in (GGMLType.F32, GGMLType.F16)
+
+
 @uses_blas(GGMLOp.MUL_MAT)
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
     src1 = dst.src[1]
@@ -140,7 +155,8 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         if vdt in _FLOAT:
             x4 = x4.view(NUMPY_DTYPE[vdt])
     nr0, nr1 = ne0, ne1 * ne2 * ne3
-    products = _products(params, src0, x4, vdt if converted is not None else src1.type)
+    tiny = params.llamafile and llamafile_takes(src0, src1)
+    products = _products(params, src0, x4, vdt if converted is not None else src1.type, tiny)
     params.barrier()
 
     nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
@@ -157,20 +173,23 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         if params.nth >= nchunk0 * nchunk1:
             break
         chunk = next(params.shared["chunk"])
-    params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}")
+    params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}"
+                + (" (values: llamafile's tinyBLAS)" if tiny else ""))
 
 
-def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarray:
+def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
+              tiny: bool = False) -> np.ndarray:
     """This thread's units of the node's products, into the buffer all threads share.
 
-    x4 holds src1 as the products read it: floats of xtype, or raw vec_dot_type blocks.
+    x4 holds src1 as the products read it: floats of xtype, or raw vec_dot_type blocks; `tiny`:
+    float products in llamafile's tinyBLAS order.
     Returns the buffer, shape (ne13, ne12, ne11, ne01); complete only after the next barrier.
     """
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne13, ne12, ne11 = x4.shape[:3]
     out = params.shared.setdefault("products", np.empty((ne13, ne12, ne11, ne01), np.float32))
     quantized = TYPE_TRAITS[src0.type].is_quantized
-    exact = emulates_vec_dot(src0, x4.shape[2] * x4.shape[1] * x4.shape[0])
+    exact = tiny or emulates_vec_dot(src0, x4.shape[2] * x4.shape[1] * x4.shape[0])
     w4 = None if quantized else view4(src0)
     r2, r3 = ne12 // ne02, ne13 // ne03
     # an exact output does not depend on the units, so there they are simply one per thread
@@ -183,7 +202,9 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType) -> np.ndarr
         i02, i03 = i12 // r2, i13 // r3
         rows = slice(r, min(r + unit, ne01))
         x = x4[i13, i12]
-        if exact:
+        if tiny:
+            prod = vec_dot_tinyblas(w4[i03, i02, rows], to_f32(x, xtype))
+        elif exact:
             if quantized:  # the whole matrix prepared once (shared), this thread's rows
                 prepared = _prepared(params, src0, i03, i02)
                 prod = vec_dot_prepared(prepared, x, ne00, rows)

@@ -19,6 +19,9 @@ operations: ggml's bits on every CPU.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
@@ -35,13 +38,15 @@ F32 = np.float32
 FN = "ggml_compute_forward_rope_flt"
 
 
-def _yarn(theta_extrap: np.ndarray, i0: int, freq_scale, corr_dims, ext_factor, mscale):
-    """rope_yarn for one pair index i0 over a vector of θ: (cos·mscale, sin·mscale)."""
+def _yarn(theta_extrap: np.ndarray, i0, freq_scale, corr_dims, ext_factor, mscale):
+    """rope_yarn for pair indices i0 (a number, or a vector along the last axis) over θ:
+    (cos·mscale, sin·mscale)."""
     theta_interp = freq_scale * theta_extrap
     theta = theta_interp
     if ext_factor != 0:
-        y = (F32(i0 // 2) - F32(corr_dims[0])) / max(F32(0.001), F32(corr_dims[1] - corr_dims[0]))
-        ramp_mix = (F32(1) - min(F32(1), max(F32(0), F32(y)))) * ext_factor
+        y = (np.asarray(i0 // 2, F32) - F32(corr_dims[0])) / \
+            max(F32(0.001), F32(corr_dims[1] - corr_dims[0]))
+        ramp_mix = (F32(1) - np.minimum(F32(1), np.maximum(F32(0), y.astype(F32)))) * ext_factor
         theta = fmaf(theta_interp, F32(1) - ramp_mix, theta_extrap * ramp_mix)
         mscale = F32(mscale * fmaf(F32(0.1), logf(F32(1) / freq_scale), F32(1)))
     return cosf(theta) * mscale, sinf(theta) * mscale
@@ -52,16 +57,39 @@ def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
     return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
 
 
+_CACHES: OrderedDict[tuple, tuple] = OrderedDict()  # recent rope caches (q and k, every layer)
+_CACHES_KEPT = 16
+_LOCK = threading.Lock()
+
+
 def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
-    """ggml_rope_cache_init for positions p (vector): cos, sin arrays (len(p), ceil(ne0/2))."""
-    theta = p.astype(F32)
+    """ggml_rope_cache_init for positions p (vector): cos, sin arrays (len(p), ceil(ne0/2)).
+
+    θ_k = θ_{k-1}·theta_scale is rounded to float at every step (a sequential float32
+    accumulate along each row), then every pair at once through rope_yarn. The same positions
+    and parameters give the same cache (every layer's Q and K): the last few are kept."""
     n = (ne0 + 1) // 2
-    cos, sin = np.empty((len(p), n), F32), np.empty((len(p), n), F32)
-    for k in range(n):
-        ff = F32(1) if freq_factors is None else F32(freq_factors[k])
-        cos[:, k], sin[:, k] = _yarn(theta / ff, 2 * k, *yarn)
-        theta = theta * theta_scale
-    return cos, sin
+    ff = None if freq_factors is None else np.asarray(freq_factors[:n], F32)
+    key = (p.tobytes(), ne0, float(theta_scale), None if ff is None else ff.tobytes(),
+           tuple(float(x) if np.ndim(x) == 0 else tuple(x) for x in yarn))
+    hit = _CACHES.get(key)
+    if hit is not None:
+        return hit
+    steps = np.empty((len(p), n), F32)
+    steps[:, 0] = p.astype(F32)
+    steps[:, 1:] = F32(theta_scale)
+    theta = np.multiply.accumulate(steps, axis=1, dtype=F32)  # in order, one rounding per step
+    if ff is not None:
+        theta = theta / ff
+    cos, sin = _yarn(theta, 2 * np.arange(n), *yarn)
+    out = (np.ascontiguousarray(cos, F32), np.ascontiguousarray(sin, F32))
+    for a in out:
+        a.setflags(write=False)  # shared: no kernel may change it
+    with _LOCK:
+        _CACHES[key] = out
+        while len(_CACHES) > _CACHES_KEPT:
+            _CACHES.popitem(last=False)
+    return out
 
 
 def mrope_cache(pos4: np.ndarray, ne0: int, sections, is_imrope: bool, indep_sects: bool,

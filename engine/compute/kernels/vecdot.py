@@ -111,6 +111,19 @@ def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return _dot_f32(w[None, :, :], x[:, None, :])
 
 
+def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """llamafile's tinyBLAS (AVX2, FMA) for every pair: w (n0, K), x (n1, K) float values (F32,
+    or F16 widened), K a multiple of 8 -> (n1, n0). One 8-lane accumulator per output, an fma
+    per 8 elements along K, then the same horizontal sum as hsum_float_8."""
+    w = np.ascontiguousarray(w, F32)
+    x = np.ascontiguousarray(x, F32)
+    n0, k = w.shape
+    acc = np.zeros((x.shape[0], n0, 8), F32)
+    for lo in range(0, k, 8):
+        acc = fmaf(w[None, :, lo:lo + 8], x[:, None, lo:lo + 8], acc)
+    return _hsum8(acc)
+
+
 def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32 of each row of a with the same row of b: (n, K), (n, K) -> (n,)."""
     return _dot_f32(np.ascontiguousarray(a, F32), np.ascontiguousarray(b, F32))

@@ -1,0 +1,111 @@
+"""Real llama.cpp in a process of its own: the oracle for the model tests.
+
+llama-cpp-python and ggml-python each load a ggml library; in one process the second one loaded
+changes what the first computes, so the comparisons with a real model run llama.cpp here, in a
+child process that imports nothing of ggml-python, and read its answers back as JSON (logits as
+a .npy file). `ask(model, request)` is the parent's side.
+
+`params` go to llama_cpp.Llama, except two switches for llama.cpp's other CPU code paths, whose
+spread bounds the comparisons: "extra_bufts": False turns off the extra buffer types (the
+repacked weights); "tiled": False turns off the tiled K-quant products llama.cpp's ggml takes for
+8 or more rows (GGML_CPU_TILED_MM=0). With both off llama.cpp runs ggml's plain kernels (and
+llamafile's sgemm, which the engine follows inside engine.compute.plan.llamafile_build).
+
+Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], ...]};
+{"logits": [id, ...], "out": path} -> every position's logits saved to `out`;
+{"greedy": [id, ...], "n": k} -> {"tokens": the k most likely next tokens, one at a time};
+{"pieces": [id, ...]} -> {"pieces": each token's bytes as latin-1 text};
+{"sample": [id, ...], "n": k, "top_k", "top_p", "min_p", "temp", "seed"} -> {"tokens": k tokens
+drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back}.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+N_CTX = 512
+TIMEOUT = 600
+
+
+def ask(model: Path, request: dict, n_threads: int = 2, **params) -> dict:
+    """Run one request against `model` in a fresh llama.cpp process."""
+    cmd = [sys.executable, "-m", "tests.support.llamacpp_run", str(model), str(n_threads),
+           json.dumps(params)]
+    done = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
+    import os
+
+    params = dict(params)
+    if not params.pop("tiled", True):  # read once, when the first product asks
+        os.environ["GGML_CPU_TILED_MM"] = "0"
+    import llama_cpp
+    import llama_cpp.llama as llama_module
+    import numpy as np
+
+    extra_bufts = params.pop("extra_bufts", True)  # False: no repacked weights (another path)
+    original = llama_module.llama_cpp.llama_model_default_params
+
+    def model_params():
+        p = original()
+        p.use_extra_bufts = extra_bufts
+        return p
+
+    llama_module.llama_cpp.llama_model_default_params = model_params
+    llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
+                          logits_all=bool({"logits", "greedy", "sample"} & set(request)), verbose=False,
+                          **params)
+    if "tokenize" in request:
+        special = bool(request.get("special", False))
+        return {"tokens": [llm.tokenize(t.encode(), add_bos=True, special=special)
+                           for t in request["tokenize"]]}
+    if "pieces" in request:
+        return {"pieces": [llm.detokenize([t]).decode("latin-1") for t in request["pieces"]]}
+    if "logits" in request:
+        tokens = request["logits"]
+        llm.eval(tokens)
+        np.save(request["out"], np.array(llm.scores[:len(tokens)], dtype=np.float32))
+        return {"saved": request["out"]}
+    if "greedy" in request:
+        tokens, out = list(request["greedy"]), []
+        llm.eval(tokens)
+        for _ in range(int(request["n"])):
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(nxt)
+            llm.eval([nxt])
+        return {"tokens": out}
+    if "sample" in request:
+        return {"tokens": _sample(llama_cpp, llm, request)}
+    raise ValueError(f"unknown request {sorted(request)}")
+
+
+def _sample(llama_cpp, llm, request: dict) -> list[int]:
+    """llama_sampler_sample with a chain of llama.cpp's samplers, token after token."""
+    lib = llama_cpp.llama_cpp
+    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(int(request["top_k"])))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(float(request["top_p"]), 1))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_min_p(float(request["min_p"]), 1))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(float(request["temp"])))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(int(request["seed"])))
+    llm.eval(list(request["sample"]))
+    out = []
+    for _ in range(int(request["n"])):
+        token = int(lib.llama_sampler_sample(chain, llm.ctx, -1))
+        out.append(token)
+        llm.eval([token])
+    lib.llama_sampler_free(chain)
+    return out
+
+
+if __name__ == "__main__":
+    path, threads, extra = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    print(json.dumps(_serve(path, threads, extra, json.loads(sys.stdin.read()))))
