@@ -67,6 +67,65 @@ LANES_LOOP(lanes_i8_fma, int8_t, __attribute__((target("fma"))))
 LANES_LOOP(lanes_i16_fma, int16_t, __attribute__((target("fma"))))
 #endif
 
+/* Float dot products for every pair of rows of w (n0, k) and x (n1, k), float32: out (n1, n0).
+ * dot_f16: ggml_vec_dot_f16 of the F16C build (the halves widened to float): 4 accumulators of 8
+ *   lanes over steps of 32, one fmaf per element, reduced (a0 + a2) + (a1 + a3), then lanes
+ *   (l + l+4) and (r0 + r1) + (r2 + r3); the leftover elements' products, each rounded to float,
+ *   summed in double after it.
+ * dot_tiny: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
+ *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3). */
+#define FLOAT_DOTS(F16, TINY, ATTR)                                                          \
+    ATTR static void F16(const float *w, const float *x, float *out, Py_ssize_t n0,          \
+                         Py_ssize_t n1, Py_ssize_t k)                                        \
+    {                                                                                        \
+        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
+            const float *b = x + i1 * k;                                                     \
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
+                const float *a = w + i0 * k;                                                 \
+                float acc[4][8] = {{0}};                                                     \
+                for (Py_ssize_t s = 0; s < np; s += 32)                                      \
+                    for (int j = 0; j < 4; j++)                                              \
+                        for (int l = 0; l < 8; l++)                                          \
+                            acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]); \
+                float v[8], t[4];                                                            \
+                for (int l = 0; l < 8; l++)                                                  \
+                    v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                \
+                for (int l = 0; l < 4; l++)                                                  \
+                    t[l] = v[l] + v[l + 4];                                                  \
+                double sumf = (double)((t[0] + t[1]) + (t[2] + t[3]));                       \
+                for (Py_ssize_t i = np; i < k; i++) {                                        \
+                    const float p = a[i] * b[i];                                             \
+                    sumf += (double)p;                                                       \
+                }                                                                            \
+                out[i1 * n0 + i0] = (float)sumf;                                             \
+            }                                                                                \
+        }                                                                                    \
+    }                                                                                        \
+    ATTR static void TINY(const float *w, const float *x, float *out, Py_ssize_t n0,         \
+                          Py_ssize_t n1, Py_ssize_t k)                                       \
+    {                                                                                        \
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
+            const float *b = x + i1 * k;                                                     \
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
+                const float *a = w + i0 * k;                                                 \
+                float acc[8] = {0};                                                          \
+                for (Py_ssize_t s = 0; s < k; s += 8)                                        \
+                    for (int l = 0; l < 8; l++)                                              \
+                        acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                           \
+                float r[4];                                                                  \
+                for (int l = 0; l < 4; l++)                                                  \
+                    r[l] = acc[l + 4] + acc[l];                                              \
+                out[i1 * n0 + i0] = (r[0] + r[2]) + (r[1] + r[3]);                           \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+FLOAT_DOTS(dot_f16, dot_tiny, )
+#ifdef HAVE_FMA_TARGET
+FLOAT_DOTS(dot_f16_fma, dot_tiny_fma, __attribute__((target("fma"))))
+#endif
+
 static int check(Py_buffer *buf, Py_ssize_t want, const char *what)
 {
     if (buf->len != want) {
@@ -143,6 +202,42 @@ static PyObject *py_lanes_fma(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_float_dot(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, out;
+    Py_ssize_t n0, n1, k;
+    int tiny;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnp", &w, &x, &out, &n0, &n1, &k, &tiny))
+        return NULL;
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) &&
+             check(&w, n0 * k * 4, "w") == 0 && check(&x, n1 * k * 4, "x") == 0 &&
+             check(&out, n0 * n1 * 4, "out") == 0;
+    if (ok) {
+        int fma_hw = 0;
+#ifdef HAVE_FMA_TARGET
+        fma_hw = __builtin_cpu_supports("fma");
+#endif
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_FMA_TARGET
+        if (fma_hw)
+            (tiny ? dot_tiny_fma : dot_f16_fma)(w.buf, x.buf, out.buf, n0, n1, k);
+        else
+#endif
+            (tiny ? dot_tiny : dot_f16)(w.buf, x.buf, out.buf, n0, n1, k);
+        Py_END_ALLOW_THREADS
+        (void)fma_hw;
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_same(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -165,6 +260,9 @@ static PyMethodDef methods[] = {
      "lanes_fma(w, x, cw, cx, cf, scale, acc, nb, nl, n0, g, gc, j0, j1, wsize): for every block b "
      "and lane l of weight rows j0..j1, acc[l, j] = fmaf(sum_k w[b,l,k,j]*x[b,l,k] + "
      "cf*sum_t cw[b,l,t,j]*cx[b,l,t], scale[b, j], acc[l, j])"},
+    {"float_dot", py_float_dot, METH_VARARGS,
+     "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
+     "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
     {"same", py_same, METH_VARARGS, "same(a, b): whether two contiguous buffers hold equal bytes"},
     {NULL, NULL, 0, NULL},
 };

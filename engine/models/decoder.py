@@ -1,9 +1,14 @@
 """What every decoder-only model shares: feeding tokens through the graph with a KV cache.
 
-A model (engine/models/llama.py, gemma3.py) builds llama.cpp's graph for n new tokens after n_past
-cached ones (`build`) and says its hyperparameters; `Decoder` runs it the way llama_decode does:
-the inputs (token ids, positions, the attention masks), one compute context per pass sized by a
-measuring pass, the cache growing by the tokens decoded, and greedy or sampled generation.
+A model (engine/models/llama.py, gemma3.py) builds llama.cpp's graph for n new tokens attending
+to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it the way llama_decode
+does: the inputs (token ids, positions, the cells the new K and V rows go to, the attention
+masks), the cache growing by the tokens decoded, and greedy or sampled generation.
+
+The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer an F16 K tensor
+[n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are
+written by ggml_set_rows at indices that are graph inputs, so, as in llama.cpp, one graph (and its
+compute context and plan) serves every token while the padded cell count n_kv stays the same.
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.compute.plan import llamafile_build
-from engine.ggml import Tensor, ggml_free, ggml_graph_compute_with_ctx, set_data, to_numpy
+from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_I64, Tensor, ggml_build_forward_expand,
+                         ggml_cont_2d, ggml_free, ggml_graph_compute, ggml_graph_plan, ggml_init,
+                         ggml_init_params, ggml_is_contiguous, ggml_new_buffer,
+                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size,
+                         ggml_set_input, ggml_set_name, ggml_set_rows, ggml_tensor_overhead,
+                         ggml_view_2d, ggml_view_3d, set_data, to_numpy)
 
 from .common import ModelError, compute_context, measure
 
@@ -55,6 +65,85 @@ def causal_mask(n: int, n_past: int, window: int | None = None,
     return np.where(masked, -np.inf, 0.0).astype(np.float32)
 
 
+class KVCache:
+    """llama_kv_cache, unified and single-sequence, in a context of its own: per layer
+    k [n_embd_gqa, n_ctx] and v [n_embd_gqa, n_ctx] (V transposed: element j of cell c at
+    j * n_ctx + c), F16, cleared to zeros as llama.cpp clears its buffer."""
+
+    def __init__(self, hp, n_ctx: int, type_: int = GGML_TYPE_F16) -> None:
+        G = hp.n_embd_gqa
+        self.ctx = ggml_init(ggml_init_params(
+            mem_size=2 * hp.n_layer * (ggml_tensor_overhead() + ggml_row_size(type_, G * n_ctx)),
+            mem_buffer=None, no_alloc=False))
+        self.type, self.n_ctx, self.n_past = type_, n_ctx, 0
+        self.head_dim, self.n_head_kv, self.n_embd_gqa = hp.head_dim, hp.n_head_kv, G
+        self.k, self.v = [], []
+        for il in range(hp.n_layer):
+            for name, tensors in (("k", self.k), ("v", self.v)):
+                t = ggml_new_tensor_2d(self.ctx, type_, G, n_ctx)
+                ggml_set_name(t, f"cache_{name}_l{il}")
+                set_data(t, np.zeros(G * n_ctx, np.float32))
+                tensors.append(t)
+
+    def inputs(self, ctx, inputs: dict[str, Tensor], n: int, suffix: str = "") -> None:
+        """attn_inp_k_idxs (the cell of each new token) and attn_inp_v_idxs (the element of the
+        transposed V each new value goes to), I64, as llama.cpp's build_input_k/v_idxs."""
+        for name, size in (("k", n), ("v", n * self.n_embd_gqa)):
+            t = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, size)
+            ggml_set_input(t)
+            ggml_set_name(t, f"attn_inp_{name}_idxs{suffix}")
+            inputs[f"attn_inp_{name}_idxs{suffix}"] = t
+
+    def set_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
+        cells = np.arange(n_past, n_past + n, dtype=np.int64)
+        elements = (np.arange(self.n_embd_gqa, dtype=np.int64)[None, :] * self.n_ctx
+                    + cells[:, None]).reshape(-1)
+        for name, t in inputs.items():
+            if name.startswith("attn_inp_k_idxs"):
+                set_data(t, cells)
+            elif name.startswith("attn_inp_v_idxs"):
+                set_data(t, elements)
+
+    def store(self, ctx, gf, il: int, k, v, inputs: dict[str, Tensor], suffix: str = "") -> None:
+        """cpy_k and cpy_v: the new K rows [head_dim, n_head_kv, n] into their cells of k, the new
+        V values, one element per row, into the transposed v."""
+        G, n = self.n_embd_gqa, int(k.ne[2])
+        k2 = ggml_view_2d(ctx, k, G, n, int(k.nb[2]), 0)
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, self.k[il], k2,
+                                                    inputs[f"attn_inp_k_idxs{suffix}"]))
+        v2 = ggml_reshape_2d(ctx, v, G, n) if ggml_is_contiguous(v) else ggml_cont_2d(ctx, v, G, n)
+        v_view = ggml_reshape_2d(ctx, self.v[il], 1, G * self.n_ctx)
+        v1 = ggml_reshape_2d(ctx, v2, 1, G * n)
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_view, v1,
+                                                    inputs[f"attn_inp_v_idxs{suffix}"]))
+
+    def view(self, ctx, il: int, n_kv: int):
+        """get_k and get_v: the first n_kv cells, K as [head_dim, n_head_kv, n_kv], V
+        (transposed) as [n_kv, n_head_kv, head_dim]."""
+        hd, G, t = self.head_dim, self.n_embd_gqa, self.type
+        k = ggml_view_3d(ctx, self.k[il], hd, self.n_head_kv, n_kv, ggml_row_size(t, hd),
+                         ggml_row_size(t, G), 0)
+        v = ggml_view_3d(ctx, self.v[il], n_kv, self.n_head_kv, hd,
+                         ggml_row_size(t, self.n_ctx * hd), ggml_row_size(t, self.n_ctx), 0)
+        ggml_set_name(k, f"k_cache_view-{il}")
+        ggml_set_name(v, f"v_cache_view-{il}")
+        return k, v
+
+    def free(self) -> None:
+        ggml_free(self.ctx)
+
+
+@dataclass(slots=True)
+class _Pass:
+    """A built graph kept for reuse: its compute context, inputs, logits and plan."""
+
+    ctx: object
+    gf: object
+    inputs: dict
+    logits: Tensor
+    plan: object
+
+
 class Decoder:
     """A model with a KV cache: subclasses set hp (n_vocab, ...), cache, n_ctx and build()."""
 
@@ -63,19 +152,22 @@ class Decoder:
     tokenizer: object | None  # SentencePiece, or None: token ids in, token ids out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
 
+    GRAPHS_KEPT = 2  # built graphs kept for reuse (the prompt's, the next token's)
+
     def __init__(self) -> None:
-        self._mem: dict[tuple, int] = {}
+        self._graphs: dict[tuple, _Pass] = {}
 
     def graph_size(self) -> int:
         raise NotImplementedError
 
-    def build(self, ctx, n_tokens: int, n_past: int, all_logits: bool = True):
+    def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
         raise NotImplementedError
 
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
         n = len(token_ids)
         set_data(inputs["inp_tokens"], np.asarray(token_ids, dtype=np.int32))
         set_data(inputs["inp_pos"], np.arange(n_past, n_past + n, dtype=np.int32))
+        self.cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
             set_data(inputs[name], causal_mask(n, n_past, window, self.n_kv(n_past + n)))
         if "inp_out_ids" in inputs:
@@ -116,23 +208,33 @@ class Decoder:
         if n_past + len(ids) > self.n_ctx:
             raise ModelError(f"{n_past} cached + {len(ids)} new tokens do not fit this "
                              f"model's context of {self.n_ctx} tokens")
-        key = (len(ids), self.n_kv(n_past + len(ids)), all_logits, n_threads)
-        if key not in self._mem:
-            self._mem[key] = measure(lambda c: self.build(c, len(ids), n_past, all_logits)[0],
-                                     self.graph_size(), n_threads)
-        ctx = compute_context(self._mem[key])
-        try:
-            gf, inputs, logits = self.build(ctx, len(ids), n_past, all_logits)
-            self.set_inputs(inputs, ids, n_past)
-            t0 = time.perf_counter()
-            with llamafile_build():  # llama.cpp's ggml: float products >= 2 rows by tinyBLAS
-                ggml_graph_compute_with_ctx(ctx, gf, n_threads)
-            seconds = time.perf_counter() - t0
-            out = np.array(to_numpy(logits), dtype=np.float32).reshape(-1, self.hp.n_vocab)
-        finally:
-            ggml_free(ctx)
+        p = self._pass(len(ids), self.n_kv(n_past + len(ids)), all_logits, n_threads)
+        self.set_inputs(p.inputs, ids, n_past)
+        t0 = time.perf_counter()
+        ggml_graph_compute(p.gf, p.plan)
+        seconds = time.perf_counter() - t0
+        out = np.array(to_numpy(p.logits), dtype=np.float32).reshape(-1, self.hp.n_vocab)
         self.cache.n_past += len(ids)
         return Decoded(ids, out, seconds)
+
+    def _pass(self, n: int, n_kv: int, all_logits: bool, n_threads: int) -> _Pass:
+        """The graph for n tokens over n_kv cells: built once (its pool sized by a measuring
+        pass, its plan made as llama.cpp's ggml build would run it), then reused."""
+        key = (n, n_kv, all_logits, n_threads)
+        p = self._graphs.pop(key, None)
+        if p is None:
+            while len(self._graphs) >= self.GRAPHS_KEPT:
+                ggml_free(self._graphs.pop(next(iter(self._graphs))).ctx)
+            mem = measure(lambda c: self.build(c, n, n_kv, all_logits)[0], self.graph_size(),
+                          n_threads)
+            ctx = compute_context(mem)
+            gf, inputs, logits = self.build(ctx, n, n_kv, all_logits)
+            with llamafile_build():  # llama.cpp's ggml: float products >= 2 rows by tinyBLAS
+                plan = ggml_graph_plan(gf, n_threads)
+            plan.work_data = ggml_new_buffer(ctx, plan.work_size)
+            p = _Pass(ctx, gf, inputs, logits, plan)
+        self._graphs[key] = p  # the most recently used last
+        return p
 
     def stream(self, prompt: list[int], n_new: int, n_threads: int = 1,
                pick: Callable[[np.ndarray], int] | None = None,

@@ -21,17 +21,14 @@ import os
 from dataclasses import dataclass
 
 from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
-                         ggml_build_forward_expand, ggml_cpy, ggml_geglu_split, ggml_get_rows,
-                         ggml_mul, ggml_mul_mat, ggml_new_graph_custom, ggml_new_tensor_1d,
-                         ggml_new_tensor_2d, ggml_reshape_2d, ggml_reshape_3d, ggml_rms_norm,
-                         ggml_rope_ext, ggml_row_size, ggml_scale, ggml_set_input, ggml_set_name,
-                         ggml_set_output, ggml_tanh, ggml_transpose, ggml_view_1d, ggml_view_2d,
-                         ggml_view_3d)
+                         ggml_build_forward_expand, ggml_geglu_split, ggml_get_rows, ggml_mul,
+                         ggml_mul_mat, ggml_new_graph_custom, ggml_new_tensor_1d,
+                         ggml_new_tensor_2d, ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext,
+                         ggml_scale, ggml_set_input, ggml_set_name, ggml_set_output, ggml_tanh)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import Decoder
-from .llama import KVCache
+from .decoder import Decoder, KVCache
 from .spm import tokenizer_of
 
 SWA_PATTERN = 6  # llama.cpp's default for gemma3: layers 5, 11, 17, ... are global
@@ -125,12 +122,11 @@ class Gemma3(Decoder):
         """build_norm(LLM_NORM_RMS): rms_norm(x) * w."""
         return _name(ggml_mul(ctx, ggml_rms_norm(ctx, x, self.hp.rms_eps), w), name, il)
 
-    def build(self, ctx, n_tokens: int, n_past: int, all_logits: bool = True):
-        """The graph for n_tokens new tokens after n_past cached ones: returns the graph, the
-        input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
+    def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
+        """The graph for n_tokens new tokens attending to n_kv cache cells: returns the graph,
+        the input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
         hp, cache, n = self.hp, self.cache, n_tokens
-        n_kv = self.n_kv(n_past + n)  # cells the attention reads (padded, the rest masked)
-        hd, G = hp.head_dim, hp.n_embd_gqa
+        hd = hp.head_dim
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
         inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
@@ -143,6 +139,8 @@ class Gemma3(Decoder):
         ggml_set_name(inp_pos, "inp_pos")
         ggml_set_input(inp_pos)
         inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos}
+        for suffix in ("", "_swa") if any(hp.swa_layers) else ("",):  # one per cache, as iswa
+            cache.inputs(ctx, inputs, n, suffix)
         for name in self.windows:  # causal, and for sliding-window layers the window's
             inputs[name] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n)
             ggml_set_name(inputs[name], name)
@@ -177,19 +175,8 @@ class Gemma3(Decoder):
             ggml_build_forward_expand(gf, v)
             ggml_build_forward_expand(gf, k)
 
-            # store K rows n_past.. and V columns n_past.. of the (transposed) V cache
-            k_dst = ggml_view_1d(ctx, cache.k[il], n * G, ggml_row_size(cache.type, G) * n_past)
-            ggml_build_forward_expand(gf, _name(ggml_cpy(ctx, k, k_dst), "k_cache_store", il))
-            v_dst = ggml_view_2d(ctx, cache.v[il], n, G, ggml_row_size(cache.type, cache.n_ctx),
-                                 ggml_row_size(cache.type, n_past))
-            v_src = ggml_transpose(ctx, ggml_reshape_2d(ctx, v, G, n))
-            ggml_build_forward_expand(gf, _name(ggml_cpy(ctx, v_src, v_dst), "v_cache_store", il))
-            k_all = ggml_view_3d(ctx, cache.k[il], hd, hp.n_head_kv, n_kv,
-                                 ggml_row_size(cache.type, hd), ggml_row_size(cache.type, G), 0)
-            v_all = ggml_view_3d(ctx, cache.v[il], n_kv, hp.n_head_kv, hd,
-                                 ggml_row_size(cache.type, cache.n_ctx * hd),
-                                 ggml_row_size(cache.type, cache.n_ctx), 0)
-            _name(k_all, "k_cache_view", il), _name(v_all, "v_cache_view", il)
+            cache.store(ctx, gf, il, k, v, inputs, "_swa" if swa else "")
+            k_all, v_all = cache.view(ctx, il, n_kv)
             mask = inputs["attn_inp_kq_mask_swa" if swa else "attn_inp_kq_mask"]
             cur = attention(ctx, q, k_all, v_all, mask, 1.0, il)
             cur = _name(ggml_mul_mat(ctx, L["wo"], cur), "attn_out", il)

@@ -20,19 +20,15 @@ import math
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
-from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
-                         ggml_build_forward_expand, ggml_cpy, ggml_free, ggml_get_rows, ggml_init,
-                         ggml_init_params, ggml_mul, ggml_mul_mat, ggml_new_graph_custom,
-                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_reshape_3d,
-                         ggml_rms_norm, ggml_rope_ext, ggml_row_size, ggml_set_input,
-                         ggml_set_name, ggml_set_output, ggml_swiglu_split, ggml_tensor_overhead,
-                         ggml_transpose, ggml_view_1d, ggml_view_2d, ggml_view_3d, set_data)
+from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
+                         ggml_build_forward_expand, ggml_get_rows, ggml_mul, ggml_mul_mat,
+                         ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d,
+                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_set_input,
+                         ggml_set_name, ggml_set_output, ggml_swiglu_split)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import Decoded, Decoder  # noqa: F401 - Decoded: part of this module's API
+from .decoder import Decoded, Decoder, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
 from .spm import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
@@ -57,32 +53,6 @@ class LlamaParams:
     @property
     def n_embd_gqa(self) -> int:  # K or V width of one token: head_dim * n_head_kv
         return self.head_dim * self.n_head_kv
-
-
-class KVCache:
-    """llama_kv_cache, unified and single-sequence: per layer k [n_embd_gqa * n_ctx] and
-    v [n_embd_gqa * n_ctx] (V transposed: row j holds element j of every cell), F16."""
-
-    def __init__(self, hp: LlamaParams, n_ctx: int, type_: int = GGML_TYPE_F16) -> None:
-        n = hp.n_embd_gqa * n_ctx
-        row = ggml_row_size(type_, n)
-        self.ctx = ggml_init(ggml_init_params(
-            mem_size=2 * hp.n_layer * (ggml_tensor_overhead() + row), mem_buffer=None,
-            no_alloc=False))
-        self.type, self.n_ctx, self.n_past = type_, n_ctx, 0
-        self.k, self.v = [], []
-        for il in range(hp.n_layer):
-            k = ggml_new_tensor_1d(self.ctx, type_, n)
-            v = ggml_new_tensor_1d(self.ctx, type_, n)
-            ggml_set_name(k, f"cache_k_l{il}")
-            ggml_set_name(v, f"cache_v_l{il}")
-            set_data(k, np.zeros(n, np.float32))  # llama.cpp clears the cache buffer
-            set_data(v, np.zeros(n, np.float32))
-            self.k.append(k)
-            self.v.append(v)
-
-    def free(self) -> None:
-        ggml_free(self.ctx)
 
 
 class Llama(Decoder):
@@ -162,12 +132,12 @@ class Llama(Decoder):
     def graph_size(self) -> int:
         return 64 + 40 * self.hp.n_layer
 
-    def build(self, ctx, n_tokens: int, n_past: int, all_logits: bool = True):
-        """The graph for n_tokens new tokens after n_past cached ones: returns the graph, the
-        input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
+    def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
+        """The graph for n_tokens new tokens attending to n_kv cache cells (the cached ones, the
+        new ones, padding): returns the graph, the input tensors by name and the logits tensor
+        ([n_vocab, n_outputs]). Where the tokens go is an input: one graph serves every n_past."""
         hp, cache, n = self.hp, self.cache, n_tokens
-        n_kv = self.n_kv(n_past + n)  # cells the attention reads (padded, the rest masked)
-        hd, G = hp.head_dim, hp.n_embd_gqa
+        hd = hp.head_dim
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
         inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
@@ -176,10 +146,12 @@ class Llama(Decoder):
         inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
         ggml_set_name(inp_pos, "inp_pos")
         ggml_set_input(inp_pos)
+        inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos}
+        cache.inputs(ctx, inputs, n)  # where the new K and V rows go
         kq_mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n)  # causal: -inf after the query
         ggml_set_name(kq_mask, "attn_inp_kq_mask")
         ggml_set_input(kq_mask)
-        inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos, "attn_inp_kq_mask": kq_mask}
+        inputs["attn_inp_kq_mask"] = kq_mask
         inp_out_ids = None
         if not all_logits and n > 1:  # only the last position's logits are wanted
             inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1)
@@ -213,21 +185,8 @@ class Llama(Decoder):
             ggml_build_forward_expand(gf, v)
             ggml_build_forward_expand(gf, k)
 
-            # store: K rows n_past.. of the cache; V columns n_past.. of the transposed cache
-            k_dst = ggml_view_1d(ctx, cache.k[il], n * G, ggml_row_size(cache.type, G) * n_past)
-            ggml_build_forward_expand(gf, _name(ggml_cpy(ctx, k, k_dst), "k_cache_store", il))
-            v_dst = ggml_view_2d(ctx, cache.v[il], n, G, ggml_row_size(cache.type, cache.n_ctx),
-                                 ggml_row_size(cache.type, n_past))
-            v_src = ggml_transpose(ctx, ggml_reshape_2d(ctx, v, G, n))  # [n, G]
-            ggml_build_forward_expand(gf, _name(ggml_cpy(ctx, v_src, v_dst), "v_cache_store", il))
-
-            # read: everything cached so far, K as [hd, n_head_kv, n_kv], V as [n_kv, ...]
-            k_all = ggml_view_3d(ctx, cache.k[il], hd, hp.n_head_kv, n_kv,
-                                 ggml_row_size(cache.type, hd), ggml_row_size(cache.type, G), 0)
-            v_all = ggml_view_3d(ctx, cache.v[il], n_kv, hp.n_head_kv, hd,
-                                 ggml_row_size(cache.type, cache.n_ctx * hd),
-                                 ggml_row_size(cache.type, cache.n_ctx), 0)
-            _name(k_all, "k_cache_view", il), _name(v_all, "v_cache_view", il)
+            cache.store(ctx, gf, il, k, v, inputs)
+            k_all, v_all = cache.view(ctx, il, n_kv)
             cur = attention(ctx, q, k_all, v_all, kq_mask, kq_scale, il)
             cur = ggml_mul_mat(ctx, L["wo"], cur)
             if L["bo"] is not None:

@@ -99,9 +99,16 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     The F16C build widens each 8 halves to floats and runs the F32 loop (GGML_F32Cx8 = the F32
     lanes, fmas and reduction); the leftovers are added in double, each product rounded to float
     first: sumf += (ggml_float)(x[i]*y[i])."""
+    return _float_dot(w, x, False)
+
+
+def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
+    """engine._lanes.float_dot: every pair's product in C, (n1, n0) float32."""
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
-    return _dot_f16(w[None, :, :], x[:, None, :])
+    out = np.empty((x.shape[0], w.shape[0]), F32)
+    _lanes_c.float_dot(w, x, out, w.shape[0], x.shape[0], w.shape[1], tiny)
+    return out
 
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -115,13 +122,7 @@ def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """llamafile's tinyBLAS (AVX2, FMA) for every pair: w (n0, K), x (n1, K) float values (F32,
     or F16 widened), K a multiple of 8 -> (n1, n0). One 8-lane accumulator per output, an fma
     per 8 elements along K, then the same horizontal sum as hsum_float_8."""
-    w = np.ascontiguousarray(w, F32)
-    x = np.ascontiguousarray(x, F32)
-    n0, k = w.shape
-    acc = np.zeros((x.shape[0], n0, 8), F32)
-    for lo in range(0, k, 8):
-        acc = fmaf(w[None, :, lo:lo + 8], x[:, None, lo:lo + 8], acc)
-    return _hsum8(acc)
+    return _float_dot(w, x, True)
 
 
 def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
