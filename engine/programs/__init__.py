@@ -21,6 +21,9 @@ class Program:
     module: str  # module under engine.programs
     threads: int  # the thread count it is shown with by default
     reads: str | None = None  # the fixture file it reads when no `path` is given
+    model: bool = False  # it reads the bundled model (engine/models/bundled.py) by default
+    prompt: str | None = None  # the text it reads when the learner gives none
+    runs: tuple[str, ...] = ()  # the architectures of the files it can run ("Run it")
 
     def load(self) -> ModuleType:
         return importlib.import_module(f"engine.programs.{self.module}")
@@ -43,13 +46,21 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("quantized-tensor", "quantized_tensor", 1),
     Program("graph-build", "graph_build", 1),
     Program("threads", "threads", 4),
-    Program("gguf-load", "gguf_load", 1, reads="minilm-q8_0.gguf"),
+    Program("gguf-load", "gguf_load", 1, reads="minilm-q8_0.gguf", runs=("*",)),
     Program("mnist-style", "mnist_style", 1),
     Program("attention-block", "attention_block", 1),
-    Program("minilm", "minilm", 2, reads="minilm-q8_0.gguf"),
+    Program("minilm", "minilm", 2, reads="minilm-q8_0.gguf",
+            prompt="ggml is a tensor library for machine learning.", runs=("bert",)),
     Program("tiny-llama", "tiny_llama", 1),
     Program("offload", "offload", 1),
+    Program("gemma3", "gemma3", 1, model=True, prompt="The capital of France is",
+            runs=("gemma3",)),
 ]}
+
+
+def program_for(arch: str) -> Program | None:
+    """The walkthrough that runs a model file of architecture `arch`, if one does."""
+    return next((p for p in PROGRAMS.values() if arch in p.runs), None)
 
 
 def trace_program(name: str, n_threads: int | None = None, **inputs):

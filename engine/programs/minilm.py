@@ -38,9 +38,9 @@ def cb(t, name: str, il: int):
     return ggml_format_name(t, "%s-%d", name, il)
 
 
-def run(n_threads: int = 1, path: str | None = None, text: str = TEXT) -> dict:
+def run(n_threads: int = 1, path: str | None = None, prompt: str = TEXT) -> dict:
     path = str(path or FIXTURE)
-    ids = token_ids(path, text)
+    ids = token_ids(path, prompt)
     n = len(ids)
 
     # the weights context, made by gguf_init_from_file; hyperparameters from the metadata

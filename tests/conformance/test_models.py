@@ -85,7 +85,7 @@ def test_minilm_graph_is_llama_cpps_graph(minilm_cpp, text):
     import engine.programs.minilm as prog
     from tests.support.real_facade import run_on_real_ggml
 
-    real = run_on_real_ggml(prog.run, n_threads=N_THREADS, text=text)["embedding"]
+    real = run_on_real_ggml(prog.run, n_threads=N_THREADS, prompt=text)["embedding"]
     assert cosine(real, minilm_cpp.embed(text, normalize=True)) >= 0.999999
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from engine.context import GGML_OBJECT_TYPE_TENSOR
 from engine.tensor import Tensor
@@ -40,17 +41,29 @@ class Where:
     block: int = 0
     file: str | None = None  # content hash of an uploaded GGUF, for gguf-load
     hex: str = "struct"  # what the Bytes panel shows: "struct" or "data"
+    prompt: str | None = None  # the learner's prompt, for a program that reads one
+    then: str | None = None  # token ids appended after the prompt, "506,5279"
+
+    @property
+    def then_ids(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.then.split(",")) if self.then else ()
+
+    def inputs(self) -> list[tuple[str, str | None]]:
+        """The query pairs that name the trace (file, prompt, tokens), for every link."""
+        return [("file", self.file), ("prompt", self.prompt), ("then", self.then)]
 
     def query(self, **change) -> str:
         """A link relative to the current step's path: "?threads=..&t=..". Independent of the
         step, so the graph's SVG can be reused from step to step."""
         v = {**self.__dict__, **change}
-        return "?" + _query((("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+        return "?" + _query((("threads", v["threads"]), ("file", v["file"]),
+                             ("prompt", v["prompt"]), ("then", v["then"]), ("t", v["tensor"]),
                              ("expand", change.get("expand"))))
 
     def url(self, **change) -> str:
         v = {**self.__dict__, **change}
-        pairs = [("threads", v["threads"]), ("file", v["file"]), ("t", v["tensor"]),
+        pairs = [("threads", v["threads"]), ("file", v["file"]), ("prompt", v["prompt"]),
+                 ("then", v["then"]), ("t", v["tensor"]),
                  ("hex", None if v["hex"] == "struct" else v["hex"])]
         if v["row"] or v["block"]:
             pairs += [("row", v["row"]), ("block", v["block"])]
@@ -59,8 +72,8 @@ class Where:
 
 
 def _query(pairs) -> str:
-    """A query string; every value here is a number, a hex hash or "ctx.offset": no escaping."""
-    return "&".join(f"{k}={x}" for k, x in pairs if x is not None)
+    """A query string (the prompt, free text, escaped)."""
+    return "&".join(f"{k}={quote(str(x), safe=',.')}" for k, x in pairs if x is not None)
 
 
 def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:

@@ -8,6 +8,10 @@ from app.heads import have
 from app.store import UploadStore
 from app.views.format import human_bytes, visible_text
 from engine.gguf import GGUFReader
+from engine.models import ARCHITECTURES
+from engine.programs import program_for
+
+RUN_LIMIT = 1 << 30  # the largest model file "Run it" records a walkthrough of (bytes)
 
 @dataclass(frozen=True, slots=True)
 class Fact:
@@ -36,6 +40,8 @@ class FileView:
     n_kv: int
     n_tensors: int
     load_href: str
+    run_href: str  # the model walkthrough on this file, when one runs it
+    run_note: str  # why it cannot run, or what running it does
 
 
 def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
@@ -57,6 +63,29 @@ def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
                     "tensor infos after the key-value pairs"),
         HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, "key-value pairs after the header"),
     ]
+    whole = have(store, digest) is None
+    run_href, run_note = run_it(digest, arch, r.size, whole)
     return FileView(digest, visible_text(title, 80), store.origin(digest),
                     facts, header, r.n_kv, r.n_tensors,
-                    "" if have(store, digest) is not None else f"/walkthroughs/gguf-load?file={digest}")
+                    f"/walkthroughs/gguf-load?file={digest}" if whole else "", run_href, run_note)
+
+
+def run_it(digest: str, arch, size: int, whole: bool) -> tuple[str, str]:
+    """"Run it": the walkthrough that runs a model of this architecture on this file, or why
+    there is none."""
+    arch = arch if isinstance(arch, str) else None
+    prog = program_for(arch) if arch else None
+    if prog is None:
+        steps = ", ".join(p for p in ARCHITECTURES if program_for(p) is not None)
+        built = ", ".join(ARCHITECTURES)
+        return "", (f"Step-by-step runs take {steps} files; ggml-lens generate and embed also "
+                    f"run {built} ones" + (f" (this one is '{visible_text(arch, 40)}')"
+                                           if arch else "") + ".")
+    if not whole:
+        return "", "Only the file's first bytes were sent: a run needs its weights."
+    if size > RUN_LIMIT:
+        return "", (f"This file is {human_bytes(size)}; step-by-step runs take files up to "
+                    f"{human_bytes(RUN_LIMIT)}.")
+    return (f"/walkthroughs/{prog.name}?file={digest}",
+            f"Run the '{prog.name}' walkthrough on this file: type a prompt, then step through "
+            "every node it computes.")

@@ -3,7 +3,9 @@ place, whatever their size, and nothing outside the folder can be reached."""
 
 from __future__ import annotations
 
+import html
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -98,3 +100,25 @@ def test_a_changed_file_gets_a_new_link(client: TestClient, models: Path) -> Non
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     after = _links(client)["sub/minilm.gguf"]
     assert before != after and client.get(before).status_code == 404
+
+
+def test_run_it_on_model_files(client: TestClient, models: Path, gemma_path: Path) -> None:
+    """A file whose architecture a walkthrough runs gets "Run it"; others say which do."""
+    shutil.copyfile(gemma_path, models / "gemma.gguf")  # a link out would never be listed
+    try:
+        links = _links(client)
+        page = client.get(links["gemma.gguf"]).text
+        digest = links["gemma.gguf"].rsplit("/", 1)[1]
+        assert f'href="/walkthroughs/gemma3?file={digest}"' in page and ">Run it<" in page
+        run = client.get(f"/walkthroughs/gemma3?file={digest}&prompt=Hello")
+        assert run.status_code == 200 and "Next token after the prompt" in run.text
+        assert f"file={digest}" in str(run.url)
+        minilm = client.get(links["sub/minilm.gguf"]).text
+        assert 'href="/walkthroughs/minilm?file=' in minilm
+        big = html.unescape(client.get(links["big-40g.gguf"]).text)
+        assert ">Run it<" not in big
+        assert "Step-by-step runs take bert, gemma3 files" in big and "'llama'" in big
+        wrong = client.get(f"/walkthroughs/minilm/steps/0?file={digest}")
+        assert wrong.status_code == 422 and "holds a 'gemma3' model" in html.unescape(wrong.text)
+    finally:
+        (models / "gemma.gguf").unlink()

@@ -41,8 +41,11 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    return TestClient(create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))))
+def client(tmp_path_factory, gemma_path):
+    data = tmp_path_factory.mktemp("data")
+    (data / "models").mkdir()
+    (data / "models" / gemma_path.name).symlink_to(gemma_path)  # the bundled model, installed
+    return TestClient(create_app(Settings(data_dir=data)))
 
 
 @pytest.mark.parametrize("url,htmx,status,texts", CASES, ids=[c[0] for c in CASES])
@@ -63,7 +66,8 @@ def test_every_walkthrough_renders_its_steps(client):
         first = client.get(f"/walkthroughs/{name}/steps/0")
         assert first.status_code == 200
         n = int(first.text.split('max="')[1].split('"')[0])
-        steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // 25)), n})
+        spread = 8 if name == "gemma3" else 25  # a real model's 3,000 steps: a few pages
+        steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // spread)), n})
         for k in steps:  # every step of the small ones; 25 spread over the large ones
             r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
             assert r.status_code == 200, (name, k, r.text[:300])
@@ -116,3 +120,33 @@ def test_graph_svg_is_sent_only_when_the_graph_changed(client, tmp_path):
     fresh = TestClient(create_app(Settings(data_dir=tmp_path)))
     assert fresh.get(url).text == svg.text
     assert fresh.get(url.replace(other_key, key)).status_code == 404
+
+
+def test_gemma3_reads_the_learners_prompt_and_appends_tokens(client):
+    """The prompt is an input of the trace; "append" runs one more pass through the KV cache;
+    the odds shown are the model's (the engine's builder gives the same top token)."""
+    r = client.get("/walkthroughs/gemma3?prompt=The%20capital%20of%20Italy%20is")
+    assert r.status_code == 200
+    assert "prompt=The%20capital%20of%20Italy%20is" in str(r.url)
+    page = html.unescape(r.text)
+    assert "<bos>" in page and "Italy" in page and "Next token after the prompt" in page
+    link = page.split('title="run one more pass with this token through the KV cache"')[0]
+    append = link.rsplit('href="', 1)[1].split('"')[0]
+    assert "then=" in append
+    r2 = client.get(append)
+    assert r2.status_code == 200
+    page2 = html.unescape(r2.text)
+    assert "1 appended" in page2 and "Next token after" in page2
+    n1 = int(r.text.split('max="')[1].split('"')[0])
+    n2 = int(r2.text.split('max="')[1].split('"')[0])
+    assert n2 > n1  # one more pass: its calls and nodes
+
+
+def test_gemma3_refuses_bad_inputs(client):
+    assert client.get("/walkthroughs/gemma3/steps/0?then=abc").status_code == 422
+    assert client.get("/walkthroughs/gemma3/steps/0?prompt=" + "x" * 401).status_code == 422
+    r = client.get("/walkthroughs/simple-ctx/steps/0?prompt=hello")
+    assert r.status_code == 422 and "reads no prompt" in r.text
+    r = client.get("/walkthroughs/gemma3/steps/0?then=999999")  # the run stops, and says why
+    assert r.status_code == 200 and "Traceback" not in r.text
+    assert "appended token ids must lie in [0, 262144)" in html.unescape(r.text)

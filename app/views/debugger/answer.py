@@ -1,0 +1,59 @@
+"""The model's answer, for a walkthrough that reads a prompt: the prompt form, the prompt's tokens
+and, for every pass, the ten likeliest next tokens with their probabilities, each a link that
+appends that token and runs one more pass through the KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.views.debugger.where import Where
+from engine.programs import PROGRAMS
+from engine.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    token: int
+    text: str
+    prob: float
+    url: str  # the walkthrough with this token appended
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    label: str  # "after the prompt", "after ' the'"
+    candidates: list[Candidate]
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerView:
+    prompt: str
+    default_prompt: str
+    tokens: list[str]  # the prompt's pieces, <bos> first
+    appended: list[str]  # the appended tokens' pieces
+    passes: list[Pass]
+    back_url: str | None  # one appended token fewer
+
+
+def answer_view(trace: Trace, where: Where) -> AnswerView | None:
+    prog = PROGRAMS[where.name]
+    if prog.prompt is None or "prompt_tokens" not in trace.outputs:
+        return None
+    then = list(where.then_ids)
+    passes, appended = [], []
+    for k in range(len(then) + 1):
+        top = trace.outputs.get(f"top10_{k}") or []
+        label = "after the prompt" if k == 0 else f"after {appended[-1]!r}"
+        passes.append(Pass(label, [
+            Candidate(int(t), str(text), float(p),
+                      Where(where.name, 0, where.threads, file=where.file, prompt=where.prompt,
+                            then=",".join(str(x) for x in [*then, int(t)])).url())
+            for t, text, p in top]))
+        if k < len(then):
+            appended.append(next((str(x) for t, x, _ in top if int(t) == then[k]), str(then[k])))
+    back = None
+    if then:
+        back = Where(where.name, 0, where.threads, file=where.file, prompt=where.prompt,
+                     then=",".join(str(x) for x in then[:-1]) or None).url()
+    return AnswerView(where.prompt or prog.prompt, prog.prompt, list(trace.outputs["prompt_tokens"]),
+                      appended, passes, back)
