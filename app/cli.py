@@ -50,8 +50,28 @@ def _trace(args: argparse.Namespace) -> int:
               + ", ".join(PROGRAMS), file=sys.stderr)
         return 2
     prog = PROGRAMS[args.program]
-    # a walkthrough that reads a fixture reads it from the configured folder
-    inputs = {"path": str(Settings.from_env().fixtures_dir / prog.reads)} if prog.reads else {}
+    # a walkthrough that reads a fixture reads it from the configured folder; a model one the
+    # bundled model (or --file)
+    settings = Settings.from_env()
+    inputs = {"path": str(settings.fixtures_dir / prog.reads)} if prog.reads else {}
+    if prog.model:
+        from engine.models.bundled import BundledModelError, require
+
+        try:
+            inputs["path"] = str(require(settings.data_dir))
+        except BundledModelError as e:
+            print(f"ggml-lens: {e}", file=sys.stderr)
+            return 1
+    if args.file:
+        if not prog.runs:
+            print(f"ggml-lens: '{args.program}' reads no file", file=sys.stderr)
+            return 2
+        inputs["path"] = args.file
+    if args.prompt is not None:
+        if prog.prompt is None:
+            print(f"ggml-lens: '{args.program}' reads no prompt", file=sys.stderr)
+            return 2
+        inputs["prompt"] = args.prompt
     if args.eval_callback:  # run it (no recording), printing nodes as llama.cpp's callback does
         from engine.evaldump import eval_dump
 
@@ -300,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser("trace", help="record a built-in walkthrough and print its steps")
     trace.add_argument("program", help="a walkthrough name, e.g. simple-ctx")
     trace.add_argument("--threads", type=int, default=None, help="threads for compute")
+    trace.add_argument("--file", help="the GGUF file a model walkthrough runs (gguf-load, "
+                       "minilm, gemma3)")
+    trace.add_argument("--prompt", help="the text a model walkthrough reads (minilm, gemma3)")
     trace.add_argument("--json", action="store_true", help="steps, hash and outputs as JSON")
     trace.add_argument("--accountant", action="store_true",
                        help="after the steps, where every byte of each context's pool went")

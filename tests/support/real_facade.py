@@ -135,6 +135,7 @@ def real_namespace() -> dict:
             ns[name] = obj
     ns["ggml_init_params"] = _init_params
     ns["set_data"] = _set_data
+    ns["to_numpy"] = lambda t: real_to_numpy(t.ptr)
     ns["gguf_init_params"] = _GGUFParams
     ns["gguf_init_from_file"] = _gguf_init_from_file
     ns["gguf_get_tensor_name"] = lambda g, i: real.gguf_get_tensor_name(g, i).decode()

@@ -1,0 +1,65 @@
+"""The real model in Debian's chromium: the gemma3 walkthrough reads the learner's prompt, shows
+the next token's odds and appends one; "Run it" on a Gemma GGUF in the inspector opens the same
+walkthrough on that file."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from app.settings import Settings
+from tests.browser.conftest import serving
+
+pytestmark = pytest.mark.browser
+RECORD_MS = 120_000  # a first visit records the trace (seconds on a slow machine)
+
+
+@pytest.fixture(scope="module")
+def gemma_url(tmp_path_factory, gemma_path):
+    data = tmp_path_factory.mktemp("gemma-data")
+    (data / "models").mkdir()
+    (data / "models" / gemma_path.name).symlink_to(gemma_path)  # the bundled model
+    mine = tmp_path_factory.mktemp("my-models")
+    shutil.copyfile(gemma_path, mine / "my-gemma.gguf")  # a learner's own copy, to "Run it"
+    with serving(Settings(data_dir=data, models_dir=mine)) as url:
+        yield url
+
+
+def test_a_prompt_its_next_token_and_one_more_pass(page: Page, gemma_url, screenshot_dir):
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{gemma_url}/walkthroughs/gemma3", timeout=RECORD_MS)
+    prompt = page.locator("#prompt-in")
+    expect(prompt).to_have_value("The capital of France is")
+    prompt.fill("The capital of Italy is")
+    page.get_by_role("button", name="Run").click()
+    expect(page).to_have_url(re.compile(r"prompt=The%20capital%20of%20Italy%20is"),
+                             timeout=RECORD_MS)
+    expect(page.locator("#answer .tokens")).to_contain_text("Italy")
+    page.get_by_role("tab", name="Next token").click()
+    table = page.locator("#nexttoken table.top10").first
+    expect(table).to_be_visible()
+    expect(table.locator("tr")).to_have_count(10)
+    first = table.locator("tr").first.locator("code.tok").inner_text()
+    table.locator("tr").first.get_by_role("link", name="append").click()
+    expect(page).to_have_url(re.compile(r"then=\d+"), timeout=RECORD_MS)
+    expect(page.locator("#answer .tokens")).to_contain_text("1 appended")
+    expect(page.locator("#answer code.tok.appended")).to_have_text(first)
+    page.get_by_role("tab", name="Next token").click()
+    expect(page.locator("#nexttoken table.top10")).to_have_count(2)
+    # step into the last layer's attention: the nodes are named as llama.cpp names them
+    page.goto(page.url.replace("/steps/0", "/steps/2300"))
+    expect(page.locator("#debugger")).to_be_visible()
+    page.screenshot(path=str(screenshot_dir / "gemma3-walkthrough.png"))
+
+
+def test_run_it_on_a_gemma_file(page: Page, gemma_url):
+    page.goto(f"{gemma_url}/gguf")
+    page.get_by_role("link", name="my-gemma.gguf").click()
+    expect(page.locator("main")).to_contain_text("gemma3")
+    page.get_by_role("link", name="Run it").click()
+    expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0\?file=[0-9a-f]{64}"),
+                             timeout=RECORD_MS)
+    expect(page.locator("#answer .tokens")).to_contain_text("<bos>")
