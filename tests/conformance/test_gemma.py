@@ -182,3 +182,71 @@ def test_the_walkthrough_and_the_builder_agree(gemma, gemma_path):
     # more than llama.cpp's own paths are (test_logits_within_llama_cpps_own_spread: ~2e-2)
     assert nmse(walked, built) < 2e-2
     assert out["top10_0"][0][0] == int(np.argmax(built))
+
+
+# --- the command line ------------------------------------------------------------------------
+
+# a Gemma chat template written for these tests (Hugging Face's Jinja dialect)
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == "
+            "'assistant' else m['role'] %}<start_of_turn>{{ role }}\n{{ m['content'] | trim }}"
+            "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+            "{% endif %}")
+
+
+def cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def chat_model(gemma_path, tmp_path_factory):
+    """The bundled model with a chat template added (the file itself stores none)."""
+    from engine.gguf.api import gguf_free, gguf_init_from_file, gguf_set_val_str, \
+        gguf_write_to_file
+
+    path = tmp_path_factory.mktemp("chat") / "gemma-chat.gguf"
+    g = gguf_init_from_file(gemma_path)
+    gguf_set_val_str(g, "tokenizer.chat_template", TEMPLATE)
+    gguf_write_to_file(g, path)
+    gguf_free(g)
+    return path
+
+
+def test_cli_generate_streams_the_answer(gemma_path):
+    out = cli("generate", str(gemma_path), "The capital of France is", "-n", "8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("The capital of France is the capital of the country of")
+    assert "6 prompt tokens" in out.stderr and "tokens/s" in out.stderr
+
+
+def test_cli_generate_samples_with_a_seed(gemma_path):
+    args = ("generate", str(gemma_path), "Once upon a time", "-n", "6", "--temp", "0.9",
+            "--seed", "42")
+    first, again = cli(*args), cli(*args)
+    assert first.returncode == 0 and first.stdout == again.stdout
+
+
+def test_cli_chat_needs_a_template(gemma_path):
+    out = cli("chat", str(gemma_path), "Hi")
+    assert out.returncode == 1 and "stores no chat template" in out.stderr
+
+
+@pytest.mark.llamacpp
+def test_chat_template_formats_as_llama_cpp_does(chat_model):
+    """The template rendered (Jinja) and tokenized equals llama.cpp's own formatting of the
+    conversation (llama_chat_apply_template, which recognises Gemma's turns) tokenized."""
+    from engine.models.chat import ChatTemplate
+
+    model = load_model(chat_model)
+    chat = [{"role": "user", "content": "What is ggml?"},
+            {"role": "assistant", "content": "A tensor library."},
+            {"role": "user", "content": "  Who wrote it?  "}]
+    theirs = ask(chat_model, {"chat": chat, "template": TEMPLATE}, N_THREADS)
+    template = ChatTemplate.of(model)
+    assert template.render(chat) == "<bos>" + theirs["text"]
+    assert template.tokens(chat) == theirs["tokens"]
+    out = cli("chat", str(chat_model), "Hi", "-n", "4")
+    assert out.returncode == 0, out.stderr

@@ -16,7 +16,9 @@ Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], .
 {"greedy": [id, ...], "n": k} -> {"tokens": the k most likely next tokens, one at a time};
 {"pieces": [id, ...]} -> {"pieces": each token's bytes as latin-1 text};
 {"sample": [id, ...], "n": k, "top_k", "top_p", "min_p", "temp", "seed"} -> {"tokens": k tokens
-drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back}.
+drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back};
+{"chat": [{"role", "content"}, ...], "template": text} -> {"text": llama_chat_apply_template's
+prompt (llama.cpp's own C++ formatting of the template it recognises), "tokens": its ids}.
 """
 
 from __future__ import annotations
@@ -82,9 +84,27 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
             out.append(nxt)
             llm.eval([nxt])
         return {"tokens": out}
+    if "chat" in request:
+        return _chat(llama_cpp, llm, request)
     if "sample" in request:
         return {"tokens": _sample(llama_cpp, llm, request)}
     raise ValueError(f"unknown request {sorted(request)}")
+
+
+def _chat(llama_cpp, llm, request: dict) -> dict:
+    import ctypes
+
+    lib = llama_cpp.llama_cpp
+    msgs = (lib.llama_chat_message * len(request["chat"]))(*[
+        lib.llama_chat_message(m["role"].encode(), m["content"].encode())
+        for m in request["chat"]])
+    buf = (ctypes.c_char * 65536)()
+    n = lib.llama_chat_apply_template(request["template"].encode(), msgs, len(msgs), True, buf,
+                                      len(buf))
+    if n < 0:
+        raise ValueError("llama.cpp does not recognise the template")
+    text = bytes(buf[:n]).decode()
+    return {"text": text, "tokens": llm.tokenize(text.encode(), add_bos=True, special=True)}
 
 
 def _sample(llama_cpp, llm, request: dict) -> list[int]:
