@@ -74,7 +74,7 @@ run: setup
 EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.py \
 	tests/conformance/test_compute_core.py tests/conformance/test_compute_quant.py \
 	tests/conformance/test_quants.py tests/conformance/test_quants_matmul.py \
-	tests/conformance/test_types.py tests/conformance/test_models.py \
+	tests/conformance/test_types.py tests/conformance/test_models.py tests/conformance/test_gemma.py \
 	tests/conformance/test_evaldump.py tests/conformance/test_autodiff.py \
 	tests/conformance/test_sched.py tests/conformance/test_graph_copy.py \
 	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py

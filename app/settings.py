@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.models.bundled import DATA_DIR
 from engine.programs import FIXTURES_DIR
 
 MAX_THREADS = 8  # a walkthrough is recorded with 1..MAX_THREADS compute threads
@@ -19,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parent  # templates/ and static/ ship inside 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    data_dir: Path = Path("var")  # uploads live under data_dir/uploads (shared by workers)
+    data_dir: Path = Path(DATA_DIR)  # uploads under data_dir/uploads (shared by workers), the
+    # bundled model under data_dir/models
     upload_limit: int = 512 * 1024 * 1024  # bytes of one upload
     store_limit: int = 4 * 1024 * 1024 * 1024  # bytes of all uploads kept
     trace_cache: int = 32  # traces kept in memory per worker

