@@ -86,13 +86,14 @@ test: setup-test
 		$(PY) -m pytest -q -p no:cacheprovider $(EXACT_TESTS)
 	@$(MAKE) --no-print-directory package-check
 
-# A plain (non-editable) install into a fresh virtualenv serves every page with its templates and
-# static files (package data): tests/package/check_install.py fetches them (about 25 s).
+# A plain (non-editable) install into a fresh virtualenv, with the bundled model joined into its
+# data directory, serves every page with its templates and static files (package data):
+# tests/package/check_install.py fetches them (about a minute).
 PKG_VENV ?= /tmp/venv-pkgtest
 FIXTURES ?= $(abspath ../shared/fixtures)
 package-check:
 	rm -rf $(PKG_VENV) && python3 -m venv $(PKG_VENV)
-	$(PKG_VENV)/bin/pip install --quiet .
+	$(PKG_VENV)/bin/pip install --quiet '.[model]'
 	cd $(PKG_VENV) && GGML_LENS_FIXTURES=$(FIXTURES) $(PKG_VENV)/bin/python \
 		$(CURDIR)/tests/package/check_install.py
 

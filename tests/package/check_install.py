@@ -57,6 +57,8 @@ def main() -> int:
         port = s.getsockname()[1]
     data = tempfile.mkdtemp(prefix="lens-pkg-")
     env = dict(os.environ, GGML_LENS_DATA=data)
+    # the bundled model, joined from the installed chunk packages as `make run` joins it
+    subprocess.run([str(exe), "install-model"], env=env, cwd=data, check=True)
     server = subprocess.Popen([str(exe), "serve", "--port", str(port)], env=env, cwd=data)
     base = f"http://127.0.0.1:{port}"
     try:
