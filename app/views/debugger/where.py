@@ -72,8 +72,10 @@ class Where:
 
 
 def _query(pairs) -> str:
-    """A query string (the prompt, free text, escaped)."""
-    return "&".join(f"{k}={quote(str(x), safe=',.')}" for k, x in pairs if x is not None)
+    """A query string: the prompt (free text) escaped; every other value is a number, a hex
+    hash, "ctx.offset" or token ids, which need no escaping."""
+    return "&".join(f"{k}={quote(x, safe=',.') if k == 'prompt' else x}" for k, x in pairs
+                    if x is not None)
 
 
 def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:
