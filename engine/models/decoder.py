@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.compute.plan import llamafile_build
-from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_I64, Tensor, ggml_build_forward_expand,
+from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor, ggml_build_forward_expand,
                          ggml_cont_2d, ggml_free, ggml_graph_compute, ggml_graph_plan, ggml_init,
                          ggml_init_params, ggml_is_contiguous, ggml_new_buffer,
                          ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size,
@@ -162,6 +162,27 @@ class Decoder:
 
     def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
         raise NotImplementedError
+
+    def build_inputs(self, ctx, n: int, n_kv: int, all_logits: bool) -> dict[str, Tensor]:
+        """The graph's inputs, as llama.cpp makes them: inp_tokens, inp_pos, where the new K and V
+        go (one pair per cache: iswa models keep a sliding-window one), the masks [n_kv, n] and,
+        when only the last position's logits are wanted, inp_out_ids."""
+        inputs: dict[str, Tensor] = {}
+
+        def new(name: str, type_: int, *ne: int) -> None:
+            t = (ggml_new_tensor_1d if len(ne) == 1 else ggml_new_tensor_2d)(ctx, type_, *ne)
+            ggml_set_name(t, name)
+            ggml_set_input(t)
+            inputs[name] = t
+
+        new("inp_tokens", GGML_TYPE_I32, n)
+        new("inp_pos", GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
+        for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
+            self.cache.inputs(ctx, inputs, n, name.removeprefix("attn_inp_kq_mask"))
+            new(name, GGML_TYPE_F32, n_kv, n)  # 0 where a query may look, -inf elsewhere
+        if not all_logits and n > 1:
+            new("inp_out_ids", GGML_TYPE_I32, 1)
+        return inputs
 
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
         n = len(token_ids)

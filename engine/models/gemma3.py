@@ -20,11 +20,10 @@ import math
 import os
 from dataclasses import dataclass
 
-from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
-                         ggml_build_forward_expand, ggml_geglu_split, ggml_get_rows, ggml_mul,
-                         ggml_mul_mat, ggml_new_graph_custom, ggml_new_tensor_1d,
-                         ggml_new_tensor_2d, ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext,
-                         ggml_scale, ggml_set_input, ggml_set_name, ggml_set_output, ggml_tanh)
+from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand,
+                         ggml_geglu_split, ggml_get_rows, ggml_mul, ggml_mul_mat,
+                         ggml_new_graph_custom, ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext,
+                         ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
@@ -129,28 +128,11 @@ class Gemma3(Decoder):
         hd = hp.head_dim
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
-        inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
-        ggml_set_name(inp_tokens, "inp_tokens")
-        ggml_set_input(inp_tokens)
-        x = ggml_get_rows(ctx, self.tok_embd, inp_tokens)  # [E, n]
+        inputs = self.build_inputs(ctx, n, n_kv, all_logits)
+        inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
+        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
         ggml_set_name(x, "inp_embd")
         x = _name(ggml_scale(ctx, x, math.sqrt(hp.n_embd)), "inp_scaled", -1)
-        inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
-        ggml_set_name(inp_pos, "inp_pos")
-        ggml_set_input(inp_pos)
-        inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos}
-        for suffix in ("", "_swa") if any(hp.swa_layers) else ("",):  # one per cache, as iswa
-            cache.inputs(ctx, inputs, n, suffix)
-        for name in self.windows:  # causal, and for sliding-window layers the window's
-            inputs[name] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n)
-            ggml_set_name(inputs[name], name)
-            ggml_set_input(inputs[name])
-        inp_out_ids = None
-        if not all_logits and n > 1:  # only the last position's logits are wanted
-            inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1)
-            ggml_set_name(inp_out_ids, "inp_out_ids")
-            ggml_set_input(inp_out_ids)
-            inputs["inp_out_ids"] = inp_out_ids
 
         scale = 1.0 / math.sqrt(hd)  # f_attention_scale (the 27B model's differs)
         for il, L in enumerate(self.layers):

@@ -20,11 +20,10 @@ import math
 import os
 from dataclasses import dataclass
 
-from engine.ggml import (GGML_ROPE_TYPE_NEOX, GGML_TYPE_F32, GGML_TYPE_I32, ggml_add,
-                         ggml_build_forward_expand, ggml_get_rows, ggml_mul, ggml_mul_mat,
-                         ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d,
-                         ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext, ggml_set_input,
-                         ggml_set_name, ggml_set_output, ggml_swiglu_split)
+from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand, ggml_get_rows,
+                         ggml_mul, ggml_mul_mat, ggml_new_graph_custom, ggml_reshape_3d,
+                         ggml_rms_norm, ggml_rope_ext, ggml_set_name, ggml_set_output,
+                         ggml_swiglu_split)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
@@ -140,26 +139,11 @@ class Llama(Decoder):
         hd = hp.head_dim
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
-        inp_tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
-        ggml_set_name(inp_tokens, "inp_tokens")
-        ggml_set_input(inp_tokens)
-        inp_pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
-        ggml_set_name(inp_pos, "inp_pos")
-        ggml_set_input(inp_pos)
-        inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos}
-        cache.inputs(ctx, inputs, n)  # where the new K and V rows go
-        kq_mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n)  # causal: -inf after the query
-        ggml_set_name(kq_mask, "attn_inp_kq_mask")
-        ggml_set_input(kq_mask)
-        inputs["attn_inp_kq_mask"] = kq_mask
-        inp_out_ids = None
-        if not all_logits and n > 1:  # only the last position's logits are wanted
-            inp_out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1)
-            ggml_set_name(inp_out_ids, "inp_out_ids")
-            ggml_set_input(inp_out_ids)
-            inputs["inp_out_ids"] = inp_out_ids
+        inputs = self.build_inputs(ctx, n, n_kv, all_logits)
+        inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
+        kq_mask = inputs["attn_inp_kq_mask"]  # causal: -inf after the query
 
-        x = ggml_get_rows(ctx, self.tok_embd, inp_tokens)  # [E, n]
+        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
         ggml_set_name(x, "inp_embd")
         kq_scale = 1.0 / math.sqrt(hd)
         rope = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
