@@ -45,6 +45,7 @@ from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Pat
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.trace_cpu import CpuDependence
 from engine.trace_groups import ProgramMarks
+from engine.trace_pools import changed_runs, fresh_pool, frozen
 from engine.trace_backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
                                   restored_buffers)
 from engine.types import TYPE_TRAITS
@@ -116,7 +117,7 @@ class Trace:
         sizes = {**{cid: m.mem_size for cid, m in metas.items()},
                  **{bid: m.size for bid, m in buffers.items()}}
         pools = {cid: saved[cid] if cid in saved and cid not in touched
-                 else _fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
+                 else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
         views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
@@ -158,7 +159,7 @@ class Trace:
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it
                 if (since >= every or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps):
-                    checkpoints.append((done, {cid: _frozen(a) for cid, a in pools.items()}))
+                    checkpoints.append((done, {cid: frozen(a) for cid, a in pools.items()}))
                     since = 0
         self._cps = (len(self.steps), checkpoints)
         return checkpoints
@@ -519,25 +520,6 @@ def checkpoint_every(pool_bytes: int) -> int:
     return max(CHECKPOINT_MIN_BYTES, pool_bytes)
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    """A read-only copy: a checkpoint's pools are shared by the states rebuilt from it."""
-    c = a.copy()
-    c.setflags(write=False)
-    return c
-
-
-def _fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
-    """A pool for a rebuilt state: zeros, or a copy of a checkpoint. Its pages are touched in
-    order first (calloc hands out pages on first write, and a page fault per scattered patch
-    costs more than the copying itself)."""
-    pool = np.zeros(size, dtype=np.uint8)
-    if size >= 1 << 20:
-        pool[::4096] = 0
-    if like is not None:
-        np.copyto(pool, like)
-    return pool
-
-
 class StepCapReached(Exception):
     pass
 
@@ -558,21 +540,6 @@ def _dedupe(items: list) -> list:
             seen.add(x)
             out.append(x)
     return out
-
-
-def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of each run of bytes where cur differs from old, runs whose changed bytes are
-    at most `gap` apart merged. Found from the edges of the changed runs (a loaded model's
-    hundreds of MB never become an index per byte)."""
-    changed = np.empty(cur.size + 2, dtype=np.int8)
-    changed[0] = changed[-1] = 0
-    np.not_equal(cur, old, out=changed[1:-1].view(bool))
-    edges = np.flatnonzero(np.diff(changed))  # alternately a run's start and its end
-    if edges.size == 0:
-        return edges, edges
-    starts, ends = edges[0::2], edges[1::2]
-    keep = np.concatenate([[True], starts[1:] - ends[:-1] + 1 > gap])
-    return starts[keep], np.concatenate([ends[:-1][keep[1:]], ends[-1:]])
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
