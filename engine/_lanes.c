@@ -202,18 +202,57 @@ static PyObject *py_lanes_fma(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* IEEE half -> float (every half is exactly a float) */
+static float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 static PyObject *py_float_dot(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer w, x, out;
-    Py_ssize_t n0, n1, k;
+    Py_ssize_t n0, n1, k, ldw = -1;
     int tiny;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnp", &w, &x, &out, &n0, &n1, &k, &tiny))
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnp|n", &w, &x, &out, &n0, &n1, &k, &tiny, &ldw))
         return NULL;
+    /* ldw >= 0: w holds halves, row i0 at element i0 * ldw (widened here, once) */
     int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) &&
-             check(&w, n0 * k * 4, "w") == 0 && check(&x, n1 * k * 4, "x") == 0 &&
-             check(&out, n0 * n1 * 4, "out") == 0;
+             (ldw < 0 ? check(&w, n0 * k * 4, "w") == 0
+                      : (ldw >= k && w.len >= ((n0 > 0 ? (n0 - 1) * ldw : 0) + k) * 2)) &&
+             check(&x, n1 * k * 4, "x") == 0 && check(&out, n0 * n1 * 4, "out") == 0;
+    float *wide = NULL;
+    if (ok && ldw >= 0) {
+        if (!(wide = PyMem_RawMalloc((size_t)(n0 * k + 1) * sizeof(float)))) {
+            PyErr_NoMemory();
+            ok = 0;
+        } else {
+            const uint16_t *h = w.buf;
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++)
+                for (Py_ssize_t t = 0; t < k; t++)
+                    wide[i0 * k + t] = half_to_float(h[i0 * ldw + t]);
+        }
+    }
     if (ok) {
+        const float *wf = wide ? wide : w.buf;
         int fma_hw = 0;
 #ifdef HAVE_FMA_TARGET
         fma_hw = __builtin_cpu_supports("fma");
@@ -221,15 +260,16 @@ static PyObject *py_float_dot(PyObject *self, PyObject *args)
         Py_BEGIN_ALLOW_THREADS
 #ifdef HAVE_FMA_TARGET
         if (fma_hw)
-            (tiny ? dot_tiny_fma : dot_f16_fma)(w.buf, x.buf, out.buf, n0, n1, k);
+            (tiny ? dot_tiny_fma : dot_f16_fma)(wf, x.buf, out.buf, n0, n1, k);
         else
 #endif
-            (tiny ? dot_tiny : dot_f16)(w.buf, x.buf, out.buf, n0, n1, k);
+            (tiny ? dot_tiny : dot_f16)(wf, x.buf, out.buf, n0, n1, k);
         Py_END_ALLOW_THREADS
         (void)fma_hw;
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
     }
+    PyMem_RawFree(wide);
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);

@@ -48,6 +48,7 @@ _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 DECODE_ROWS = 8  # quantized products with this few activation rows are always exact
+SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -193,8 +194,10 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
     w4 = None if quantized else view4(src0)
     r2, r3 = ne12 // ne02, ne13 // ne03
     # an exact output does not depend on the units, so there they are simply one per thread
-    # (bounded in size); BLAS results depend on the shapes multiplied, so there they are fixed
-    unit = min(-(-ne01 // params.nth), max(1, EXACT_UNIT_PAIRS // ne11)) if exact else UNIT_ROWS
+    # (bounded in size), or one for a small product (its cost is the Python around it, which
+    # threads cannot share); BLAS results depend on the shapes multiplied, so there they are fixed
+    share = ne01 if ne00 * ne01 * ne11 <= SMALL_MACS else -(-ne01 // params.nth)
+    unit = min(share, max(1, EXACT_UNIT_PAIRS // ne11)) if exact else UNIT_ROWS
     units = [(i13, i12, r) for i13 in range(ne13) for i12 in range(ne12)
              for r in range(0, ne01, unit)]
     acts: dict[tuple[int, int], tuple] = {}  # dequantized src1 of a matrix, for this thread

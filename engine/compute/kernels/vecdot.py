@@ -103,11 +103,20 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
-    """engine._lanes.float_dot: every pair's product in C, (n1, n0) float32."""
-    w = np.ascontiguousarray(w, F32)
+    """engine._lanes.float_dot: every pair's product in C, (n1, n0) float32. Half weights whose
+    rows are contiguous (a KV cache's view) go as they lie: C widens them, row stride and all."""
     x = np.ascontiguousarray(x, F32)
-    out = np.empty((x.shape[0], w.shape[0]), F32)
-    _lanes_c.float_dot(w, x, out, w.shape[0], x.shape[0], w.shape[1], tiny)
+    n0, k = w.shape
+    out = np.empty((x.shape[0], n0), F32)
+    if w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
+            and w.strides[0] >= 2 * k:
+        ld = w.strides[0] // 2
+        span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
+                                               strides=(2,))
+        _lanes_c.float_dot(span, x, out, n0, x.shape[0], k, tiny, ld)
+        return out
+    w = np.ascontiguousarray(w, F32)
+    _lanes_c.float_dot(w, x, out, n0, x.shape[0], k, tiny)
     return out
 
 
@@ -145,9 +154,9 @@ class Prepared:
 
     type: GGMLType
     values: np.ndarray  # (nb, 8, G, n0) int8 or int16: lane L of block b of row i0, G integers
-    d: np.ndarray  # (n0, nb) float32: fp16(x.d) of each block
+    d: np.ndarray  # (nb, n0) float32: fp16(x.d) of each block, the rows last
     mins: np.ndarray | None = None  # Q4_K (nb, 4, 2, n0) six-bit mins; Q6_K (nb, 8, 2, n0) scales
-    dmin: np.ndarray | None = None  # Q4_K (n0, nb) fp16(x.dmin)
+    dmin: np.ndarray | None = None  # Q4_K (nb, n0) fp16(x.dmin)
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +172,7 @@ def _lanes(q: np.ndarray, dtype=np.int8) -> np.ndarray:
 
 def _prepare_q8_0(w: np.ndarray, nb: int) -> Prepared:
     bw = _blocks(w, GGMLType.Q8_0, nb)
-    return Prepared(GGMLType.Q8_0, _lanes(bw["qs"].reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
+    return Prepared(GGMLType.Q8_0, _lanes(bw["qs"].reshape(len(bw), nb, 1, 8, 4)), _rows_last(h2f(bw["d"])))
 
 
 def _prepare_q4_0(w: np.ndarray, nb: int) -> Prepared:
@@ -172,7 +181,7 @@ def _prepare_q4_0(w: np.ndarray, nb: int) -> Prepared:
     bw = _blocks(w, GGMLType.Q4_0, nb)
     qs = bw["qs"]  # (n0, nb, 16)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8) - np.int8(8)
-    return Prepared(GGMLType.Q4_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
+    return Prepared(GGMLType.Q4_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), _rows_last(h2f(bw["d"])))
 
 
 def _prepare_q5_0(w: np.ndarray, nb: int) -> Prepared:
@@ -184,7 +193,7 @@ def _prepare_q5_0(w: np.ndarray, nb: int) -> Prepared:
     qh = bw["qh"].view("<u4").reshape(qs.shape[:-1])  # (n0, nb)
     bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1
     q = nib + 16 * bits.astype(np.int16) - 16
-    return Prepared(GGMLType.Q5_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), h2f(bw["d"]))
+    return Prepared(GGMLType.Q5_0, _lanes(q.reshape(len(bw), nb, 1, 8, 4)), _rows_last(h2f(bw["d"])))
 
 
 def _prepare_q4_k(w: np.ndarray, nb: int) -> Prepared:
@@ -197,8 +206,8 @@ def _prepare_q4_k(w: np.ndarray, nb: int) -> Prepared:
     q4 = np.stack([qs & 0x0F, qs >> 4], axis=3).astype(np.int16)  # (n0, nb, j, half, 32)
     q4 *= sc.reshape(n0, nb, 4, 2, 1).astype(np.int16)
     m = np.ascontiguousarray(mins.reshape(n0, nb, 4, 2).transpose(1, 2, 3, 0), np.int16)
-    return Prepared(GGMLType.Q4_K, _lanes(q4.reshape(n0, nb, 8, 8, 4), np.int16), h2f(bw["d"]),
-                    m, h2f(bw["dmin"]))
+    return Prepared(GGMLType.Q4_K, _lanes(q4.reshape(n0, nb, 8, 8, 4), np.int16), _rows_last(h2f(bw["d"])),
+                    m, _rows_last(h2f(bw["dmin"])))
 
 
 def _prepare_q6_k(w: np.ndarray, nb: int) -> Prepared:
@@ -216,7 +225,7 @@ def _prepare_q6_k(w: np.ndarray, nb: int) -> Prepared:
     sc = bw["scales"].astype(np.int16).reshape(n0, nb, 16)
     q = q.reshape(n0, nb, 16, 16) * sc[..., None]
     scp = np.ascontiguousarray(bw["scales"].reshape(n0, nb, 8, 2).transpose(1, 2, 3, 0), np.int16)
-    return Prepared(GGMLType.Q6_K, _lanes(q.reshape(n0, nb, 8, 8, 4), np.int16), h2f(bw["d"]),
+    return Prepared(GGMLType.Q6_K, _lanes(q.reshape(n0, nb, 8, 8, 4), np.int16), _rows_last(h2f(bw["d"])),
                     scp)  # scales (nb, 8, 2, n0)
 
 
@@ -257,6 +266,11 @@ class WeightCache:
 WEIGHTS = WeightCache(budget=4 << 30)
 
 
+def _rows_last(a: np.ndarray) -> np.ndarray:
+    """(n0, nb) per-block values as (nb, n0): a block's scales of all rows side by side."""
+    return np.ascontiguousarray(a.T)
+
+
 def _same_bytes(kept: np.ndarray, raw: np.ndarray) -> bool:
     """Whether raw rows hold the bytes kept (a memcmp: the weights are compared on every use)."""
     if kept.shape != raw.shape:
@@ -288,7 +302,7 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int, rows: slice | None = No
     qx = np.ascontiguousarray(bx["qs"].reshape(n1, nb, r, 8, 4).transpose(0, 1, 3, 2, 4), np.int16)
     qx = qx.reshape(n1, nb, 8, g)
     yd = h2f(bx["d"]) if vdt == GGMLType.Q8_0 else bx["d"].astype(F32)  # (n1, nb)
-    xd = np.ascontiguousarray(p.d[j0:j1].T)  # (nb, m)
+    xd = p.d[:, j0:j1]  # (nb, m)
     wsize = p.values.dtype.itemsize
     out = np.empty((n1, m), F32)
     for i in range(n1):
@@ -302,7 +316,7 @@ def vec_dot_prepared(p: Prepared, x: np.ndarray, k: int, rows: slice | None = No
         out[i] = _hsum8(acc.T)
         if p.type == GGMLType.Q4_K:
             q8s = bx["bsums"][i].reshape(nb, 4, 2, 2).sum(axis=-1, dtype=np.int16)  # hadd_epi16
-            mscale = np.ascontiguousarray(-yd[i][:, None] * p.dmin[j0:j1].T)  # -y.d * x.dmin
+            mscale = -yd[i][:, None] * p.dmin[:, j0:j1]  # -y.d * x.dmin, (nb, m)
             acc_m = np.zeros((4, m), F32)
             _lanes_c.lanes_fma(p.mins, np.ascontiguousarray(q8s), None, None, 0, mscale, acc_m,
                                nb, 4, n0, 2, 0, j0, j1, 2)
