@@ -12,6 +12,7 @@ the same fields), and the one-time `ggml_time_init`.
 from __future__ import annotations
 
 import contextvars
+import struct
 import weakref
 from bisect import bisect_right
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ import numpy as np
 
 from engine.errors import GGMLPoolError, ggml_assert
 from engine.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
+
+_OBJECT_STRUCT = struct.Struct("<QQQi")  # OBJECT's offs, size, next, type (layout.py)
 
 GGML_OBJECT_TYPE_TENSOR = 0
 GGML_OBJECT_TYPE_GRAPH = 1
@@ -169,10 +172,10 @@ class Context:
         """Walk the object list through the `next` pointers stored in the pool."""
         self._check_live()
         hdr = self.objects_begin
+        buf = memoryview(self.pool)  # headers read with struct: no numpy view per object
         while hdr is not None:
-            obj = self.object_header(hdr)[0]
-            nxt = int(obj["next"])
-            yield ObjectInfo(hdr, int(obj["offs"]), int(obj["size"]), int(obj["type"]), nxt)
+            offs, size, nxt, type_ = _OBJECT_STRUCT.unpack_from(buf, hdr)
+            yield ObjectInfo(hdr, offs, size, type_, nxt)
             hdr = self.offset(nxt) if nxt else None
 
     def _check_live(self) -> None:

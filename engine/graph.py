@@ -89,7 +89,8 @@ class Graph:
         # enter_hook(tensor) whenever the walk reaches a tensor (observers of the build)
         self.visit_hook: Callable[[Tensor, int, bool], None] | None = None
         self.enter_hook: Callable[[Tensor], None] | None = None
-        self._views: dict[tuple, np.ndarray] = {}  # the arrays' pointers never change: cached
+        # the arrays' views (their pointers never change) and the node and leaf handles, cached
+        self._views: dict = {}
 
     def __repr__(self) -> str:
         return f"<ggml_cgraph size={self.size} n_nodes={self.n_nodes} n_leafs={self.n_leafs}>"
@@ -152,11 +153,19 @@ class Graph:
 
     @property
     def nodes(self) -> list[Tensor]:
-        return [self.tensor(int(a)) for a in self.node_addresses[:self.n_nodes]]
+        return self._handles("nodes", self.node_addresses[:self.n_nodes])
 
     @property
     def leafs(self) -> list[Tensor]:
-        return [self.tensor(int(a)) for a in self.leaf_addresses[:self.n_leafs]]
+        return self._handles("leafs", self.leaf_addresses[:self.n_leafs])
+
+    def _handles(self, which: str, addresses: np.ndarray) -> list[Tensor]:
+        """Tensor handles for the pointer array, made again only when its pointers changed."""
+        key = addresses.tobytes()
+        hit = self._views.get(which)
+        if hit is None or hit[0] != key:
+            hit = self._views[which] = (key, [self.tensor(int(a)) for a in addresses])
+        return list(hit[1])
 
     # --- the visited hash set ---------------------------------------------------------------
     def is_used(self, slot: int) -> bool:
