@@ -102,12 +102,20 @@ def _layers(steps: list[Step]) -> list[StepGroup]:
 
 
 def _phases(steps: list[Step]) -> list[StepGroup]:
-    """A call that has steps inside it (a graph built, a graph computed, a scheduler's passes) is
-    a group of its own, with those steps by layer; other steps are grouped by layer."""
+    """A call that has steps inside it across layers (a graph computed, a scheduler's passes) is
+    a group of its own, with those steps by layer; other steps, a call inside one layer with its
+    inner steps included, are grouped by layer."""
     last_child: dict[int, int] = {}
+    layers: dict[int, set] = {}  # a call's layer and its inner steps' layers
     for s in steps:
         if s.parent is not None:
             last_child[s.parent] = max(last_child.get(s.parent, s.index), s.index)
+            layers.setdefault(s.parent, set()).add(s.layer)
+    base0 = steps[0].index if steps else 0
+    for call, inner in list(layers.items()):
+        if 0 <= call - base0 < len(steps) and inner == {steps[call - base0].layer} \
+                and steps[call - base0].layer is not None:
+            del last_child[call]  # a call inside one layer stays in that layer's group
     out: list[StepGroup] = []
     base, i = steps[0].index if steps else 0, 0
     while i < len(steps):
