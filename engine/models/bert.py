@@ -20,14 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.ggml import (GGML_PREC_F32, GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add, ggml_cont,
-                         ggml_cont_2d, ggml_free, ggml_gelu, ggml_get_rows,
-                         ggml_graph_compute_with_ctx, ggml_build_forward_expand, ggml_l2_norm, ggml_mul, ggml_mul_mat,
-                         ggml_mul_mat_set_prec, ggml_new_graph_custom, ggml_new_tensor_1d,
-                         ggml_new_tensor_2d, ggml_norm, ggml_permute, ggml_reshape_3d,
-                         ggml_set_input, ggml_set_name, ggml_set_output, ggml_soft_max_ext,
-                         ggml_transpose, ggml_view_1d, set_data, to_numpy)
+                         ggml_cont_2d, ggml_gelu, ggml_get_rows, ggml_build_forward_expand,
+                         ggml_l2_norm, ggml_mul, ggml_mul_mat, ggml_mul_mat_set_prec,
+                         ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_norm,
+                         ggml_permute, ggml_reshape_3d, ggml_set_input, ggml_set_name,
+                         ggml_set_output, ggml_soft_max_ext, ggml_transpose, ggml_view_1d)
 
-from .common import ModelError, ModelFile, compute_context, measure
+from .common import ModelError, ModelFile, Pass, get_output, set_input
 from .tokenizer import WordPiece
 
 # llama_pooling_type
@@ -107,7 +106,7 @@ class Bert:
                 layer_out_norm_b=t("layer_output_norm.bias", (E,)),
             ))
         self.tokenizer = WordPiece.from_model_file(f)
-        self._mem: dict[tuple[int, int], int] = {}
+        self._graphs: dict[int, Pass] = {}  # built graphs by token count
 
     # --- the graph ----------------------------------------------------------------------------
 
@@ -188,17 +187,17 @@ class Bert:
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int]) -> None:
         """llm_graph_input_*::set_input: token ids, positions 0..n-1, the mask, the pooling."""
         n = len(token_ids)
-        set_data(inputs["inp_tokens"], np.asarray(token_ids, dtype=np.int32))
-        set_data(inputs["inp_pos"], np.arange(n, dtype=np.int32))
+        set_input(inputs["inp_tokens"], np.asarray(token_ids))
+        set_input(inputs["inp_pos"], np.arange(n))
         mask = np.zeros((n, n), dtype=np.float32)  # [q, kv] in numpy order
         if self.hp.causal:
             mask[np.triu_indices(n, 1)] = -np.inf
-        set_data(inputs["self_kq_mask"], mask)
+        set_input(inputs["self_kq_mask"], mask)
         if "inp_mean" in inputs:
-            set_data(inputs["inp_mean"], np.full((1, n), 1.0 / n, dtype=np.float32))
+            set_input(inputs["inp_mean"], np.full((1, n), 1.0 / n, dtype=np.float32))
         if "inp_cls" in inputs:
             row = 0 if self.hp.pooling == POOLING_CLS else n - 1
-            set_data(inputs["inp_cls"], np.array([row], dtype=np.int32))
+            set_input(inputs["inp_cls"], np.array([row]))
 
     # --- running ------------------------------------------------------------------------------
 
@@ -217,19 +216,17 @@ class Bert:
         self.check_length(len(ids))
         if any(not 0 <= i < self.hp.n_vocab for i in ids):
             raise ModelError(f"token ids must lie in [0, {self.hp.n_vocab})")
-        if (len(ids), n_threads) not in self._mem:  # measured once per length
-            self._mem[len(ids), n_threads] = measure(lambda c: self.build(c, len(ids))[0],
-                                                     self.graph_size(), n_threads)
-        ctx = compute_context(self._mem[len(ids), n_threads])
-        try:
-            gf, inputs, out = self.build(ctx, len(ids))
-            self.set_inputs(inputs, ids)
-            t0 = time.perf_counter()
-            ggml_graph_compute_with_ctx(ctx, gf, n_threads)
-            seconds = time.perf_counter() - t0
-            result = np.array(to_numpy(out), dtype=np.float32)
-        finally:
-            ggml_free(ctx)
+        p = self._graphs.get(len(ids))
+        if p is None:  # one graph per token count, allocated once and kept
+            if len(self._graphs) >= 4:
+                self._graphs.pop(next(iter(self._graphs))).free()
+            p = self._graphs[len(ids)] = Pass(self.file.backend, self.graph_size(),
+                                              lambda c: self.build(c, len(ids)))
+        self.set_inputs(p.inputs, ids)
+        t0 = time.perf_counter()
+        p.compute(n_threads)
+        seconds = time.perf_counter() - t0
+        result = get_output(p.out)
         if self.hp.pooling != POOLING_NONE:
             result = result.reshape(-1)
         return Embedding([self.tokenizer.token_text(i) for i in ids], ids, result, seconds)

@@ -1,10 +1,13 @@
 """What every model builder shares: a GGUF file opened as llama.cpp's model loader opens it.
 
-Mirrors llama-model-loader: the file is read with gguf_init_from_file (the weights land in one ggml
-context, exactly as ggml lays them out), hyperparameters are read from `<arch>.<name>` keys, and a
-tensor is fetched by its llama.cpp name with its expected shape checked. Every problem is a
-`ModelError` that names the architecture, key or tensor involved.
-Leaves out: mmap-ed weights, backends and buffer types, LoRA adapters, split files.
+Mirrors llama-model-loader: the file's metadata and tensor infos are read with
+gguf_init_from_file(no_alloc), the weights are made in a no_alloc context, given one CPU backend
+buffer (ggml_backend_alloc_ctx_tensors, usage WEIGHTS) and filled from the file with
+ggml_backend_tensor_set, as llama.cpp loads them; hyperparameters are read from `<arch>.<name>`
+keys, and a tensor is fetched by its llama.cpp name with its expected shape checked. Every problem
+is a `ModelError` that names the architecture, key or tensor involved. The models compute their
+graphs with the same CPU backend, through the graph allocator (ggml-alloc).
+Leaves out: mmap-ed buffers, repacked buffer types, GPU backends, LoRA adapters, split files.
 """
 
 from __future__ import annotations
@@ -13,12 +16,24 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from engine.context import GGML_OBJECT_TYPE_TENSOR, Context
-from engine.ggml import (Tensor, ggml_free, ggml_get_tensor, ggml_graph_overhead_custom,
-                         ggml_graph_plan, ggml_init, ggml_init_params, ggml_nbytes_pad, ggml_tensor_overhead, ggml_used_mem)
-from engine.layout import GGML_PAD
+import numpy as np
+
+from engine.compute.plan import llamafile_build
+from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_tensor,
+                         ggml_graph_overhead_custom, ggml_init, ggml_init_params, ggml_nbytes,
+                         ggml_set_name, ggml_tensor_overhead)
+from engine.ggml_alloc import (ggml_backend_alloc_ctx_tensors, ggml_gallocr_alloc_graph,
+                               ggml_gallocr_free, ggml_gallocr_new)
+from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend_buffer_free,
+                                 ggml_backend_buffer_set_usage, ggml_backend_cpu_init,
+                                 ggml_backend_cpu_set_n_threads, ggml_backend_free,
+                                 ggml_backend_get_default_buffer_type, ggml_backend_graph_compute,
+                                 ggml_backend_tensor_get, ggml_backend_tensor_set)
 from engine.gguf import GGUFError
-from engine.gguf.api import gguf_free, gguf_init_from_file, gguf_init_params
+from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
+                             gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
+                             gguf_init_params)
+from engine.types import NUMPY_DTYPE
 
 
 class ModelError(ValueError):
@@ -39,10 +54,12 @@ class ModelFile:
     def __init__(self, path: str | os.PathLike, expect_arch: str | None = None) -> None:
         self.path = os.fspath(path)
         try:
-            self.gguf, self.weights = gguf_init_from_file(
-                self.path, gguf_init_params(no_alloc=False, ctx=True))
+            self.gguf, meta = gguf_init_from_file(self.path,
+                                                  gguf_init_params(no_alloc=True, ctx=True))
         except GGUFError as e:
             raise ModelError(f"{self.path}: not a usable GGUF file: {e}") from None
+        self.backend = ggml_backend_cpu_init()
+        self.weights, self.buffer = _load_weights(self.path, self.gguf, meta, self.backend)
         self.reader = self.gguf.reader
         arch = self.reader.get("general.architecture")
         if not isinstance(arch, str):
@@ -103,31 +120,70 @@ class ModelFile:
         return self.tensor(name, ne) if self.has_tensor(name) else None
 
     def close(self) -> None:
+        ggml_backend_buffer_free(self.buffer)
         ggml_free(self.weights)
+        ggml_backend_free(self.backend)
         gguf_free(self.gguf)
 
 
-def measure(build, graph_size: int, n_threads: int) -> int:
-    """The pool size one forward pass needs: build the graph once in a no_alloc context (only
-    headers, as ggml-alloc's measure pass does), then add every non-view tensor's padded data
-    and the work buffer the plan asks for."""
-    ctx = ggml_init(ggml_init_params(mem_size=ggml_graph_overhead_custom(graph_size, False)
-                                     + 4 * graph_size * ggml_tensor_overhead(),
-                                     mem_buffer=None, no_alloc=True))
-    try:
-        gf = build(ctx)
-        data = 0
-        for obj in ctx.objects():  # one walk of the object list (ggml_get_next_tensor restarts it)
-            t = Tensor(ctx, obj.offs)
-            if obj.type == GGML_OBJECT_TYPE_TENSOR and t.view_src is None:
-                data += ggml_nbytes_pad(t)
-        work = ggml_graph_plan(gf, n_threads).work_size
-        return ggml_used_mem(ctx) + data + ggml_tensor_overhead() + GGML_PAD(work, 64) + 4096
-    finally:
-        ggml_free(ctx)
+def _load_weights(path: str, gguf, meta, backend):
+    """Every tensor of the file in a no_alloc context, one CPU buffer for them all, then each
+    one's bytes copied from the file (llama_model_loader::load_all_data, without mmap)."""
+    n = gguf_get_n_tensors(gguf)
+    ctx = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(), mem_buffer=None,
+                                     no_alloc=True))
+    tensors = []
+    for i in range(n):
+        t = ggml_dup_tensor(ctx, ggml_get_tensor(meta, gguf_get_tensor_name(gguf, i)))
+        ggml_set_name(t, gguf_get_tensor_name(gguf, i))
+        tensors.append(t)
+    ggml_free(meta)
+    buffer = ggml_backend_alloc_ctx_tensors(ctx, backend)
+    ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    base = gguf_get_data_offset(gguf)
+    for i, t in enumerate(tensors):
+        start, size = base + gguf_get_tensor_offset(gguf, i), ggml_nbytes(t)
+        if start + size > data.size:
+            raise ModelError(f"{path}: tensor '{t.name}' runs past the end of the file")
+        ggml_backend_tensor_set(t, data[start:start + size], 0, size)
+    del data
+    return ctx, buffer
 
 
-def compute_context(mem_size: int) -> Context:
-    """A context for one forward pass. llama.cpp reuses memory between nodes (ggml-alloc); here
-    every intermediate keeps its own bytes, so a learner can look at any of them afterwards."""
-    return ggml_init(ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=False))
+class Pass:
+    """One graph computed the way llama.cpp computes it: its tensors' structs in a no_alloc
+    context, their bytes planned by the graph allocator in one CPU compute buffer (intermediates
+    share memory over time), the graph run by the CPU backend. Build once, then `compute` as
+    often as the inputs change."""
+
+    def __init__(self, backend, graph_size: int, build) -> None:
+        self.backend = backend
+        self.ctx = ggml_init(ggml_init_params(
+            mem_size=ggml_graph_overhead_custom(graph_size, False)
+            + 4 * graph_size * ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+        self.gf, self.inputs, self.out = build(self.ctx)
+        self.galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend))
+        if not ggml_gallocr_alloc_graph(self.galloc, self.gf):
+            raise ModelError("the graph allocator could not place the graph")
+
+    def compute(self, n_threads: int) -> None:
+        ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        with llamafile_build():  # llama.cpp's ggml: float products >= 2 rows by tinyBLAS
+            ggml_backend_graph_compute(self.backend, self.gf)
+
+    def free(self) -> None:
+        ggml_gallocr_free(self.galloc)
+        ggml_free(self.ctx)
+
+
+def set_input(t: Tensor, values: np.ndarray) -> None:
+    """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
+    data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[t.type])
+    ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t))
+
+
+def get_output(t: Tensor) -> np.ndarray:
+    """An output's values, copied out of the compute buffer (ggml_backend_tensor_get)."""
+    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)),
+                         dtype=NUMPY_DTYPE[t.type]).copy()

@@ -2,8 +2,10 @@
 
 A model (engine/models/llama.py, gemma3.py) builds llama.cpp's graph for n new tokens attending
 to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it the way llama_decode
-does: the inputs (token ids, positions, the cells the new K and V rows go to, the attention
-masks), the cache growing by the tokens decoded, and greedy or sampled generation.
+does: the graph's tensors placed by the graph allocator in a CPU compute buffer and run by the
+CPU backend (engine/models/common.py `Pass`), the inputs (token ids, positions, the cells the new
+K and V rows go to, the attention masks) set with ggml_backend_tensor_set, the cache growing by the
+tokens decoded, and greedy or sampled generation.
 
 The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer an F16 K tensor
 [n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are
@@ -19,15 +21,16 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from engine.compute.plan import llamafile_build
-from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor, ggml_build_forward_expand,
-                         ggml_cont_2d, ggml_free, ggml_graph_compute, ggml_graph_plan, ggml_init,
-                         ggml_init_params, ggml_is_contiguous, ggml_new_buffer,
-                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size,
-                         ggml_set_input, ggml_set_name, ggml_set_rows, ggml_tensor_overhead,
-                         ggml_view_2d, ggml_view_3d, set_data, to_numpy)
+from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor,
+                         ggml_build_forward_expand, ggml_cont_2d, ggml_free, ggml_init,
+                         ggml_init_params, ggml_is_contiguous, ggml_new_tensor_1d,
+                         ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size, ggml_set_input,
+                         ggml_set_name, ggml_set_rows, ggml_tensor_overhead, ggml_view_2d,
+                         ggml_view_3d)
+from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
+from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
-from .common import ModelError, compute_context, measure
+from .common import ModelError, Pass, get_output, set_input
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -66,15 +69,14 @@ def causal_mask(n: int, n_past: int, window: int | None = None,
 
 
 class KVCache:
-    """llama_kv_cache, unified and single-sequence, in a context of its own: per layer
-    k [n_embd_gqa, n_ctx] and v [n_embd_gqa, n_ctx] (V transposed: element j of cell c at
-    j * n_ctx + c), F16, cleared to zeros as llama.cpp clears its buffer."""
+    """llama_kv_cache, unified and single-sequence: per layer k [n_embd_gqa, n_ctx] and
+    v [n_embd_gqa, n_ctx] (V transposed: element j of cell c at j * n_ctx + c), F16, in a CPU
+    backend buffer of its own, cleared to zeros as llama.cpp clears it."""
 
-    def __init__(self, hp, n_ctx: int, type_: int = GGML_TYPE_F16) -> None:
+    def __init__(self, hp, n_ctx: int, backend, type_: int = GGML_TYPE_F16) -> None:
         G = hp.n_embd_gqa
-        self.ctx = ggml_init(ggml_init_params(
-            mem_size=2 * hp.n_layer * (ggml_tensor_overhead() + ggml_row_size(type_, G * n_ctx)),
-            mem_buffer=None, no_alloc=False))
+        self.ctx = ggml_init(ggml_init_params(mem_size=(2 * hp.n_layer + 1) * ggml_tensor_overhead(),
+                                              mem_buffer=None, no_alloc=True))
         self.type, self.n_ctx, self.n_past = type_, n_ctx, 0
         self.head_dim, self.n_head_kv, self.n_embd_gqa = hp.head_dim, hp.n_head_kv, G
         self.k, self.v = [], []
@@ -82,8 +84,9 @@ class KVCache:
             for name, tensors in (("k", self.k), ("v", self.v)):
                 t = ggml_new_tensor_2d(self.ctx, type_, G, n_ctx)
                 ggml_set_name(t, f"cache_{name}_l{il}")
-                set_data(t, np.zeros(G * n_ctx, np.float32))
                 tensors.append(t)
+        self.buffer = ggml_backend_alloc_ctx_tensors(self.ctx, backend)  # the cache's buffer,
+        ggml_backend_buffer_clear(self.buffer, 0)  # cleared as llama.cpp clears it
 
     def inputs(self, ctx, inputs: dict[str, Tensor], n: int, suffix: str = "") -> None:
         """attn_inp_k_idxs (the cell of each new token) and attn_inp_v_idxs (the element of the
@@ -100,9 +103,9 @@ class KVCache:
                     + cells[:, None]).reshape(-1)
         for name, t in inputs.items():
             if name.startswith("attn_inp_k_idxs"):
-                set_data(t, cells)
+                set_input(t, cells)
             elif name.startswith("attn_inp_v_idxs"):
-                set_data(t, elements)
+                set_input(t, elements)
 
     def store(self, ctx, gf, il: int, k, v, inputs: dict[str, Tensor], suffix: str = "") -> None:
         """cpy_k and cpy_v: the new K rows [head_dim, n_head_kv, n] into their cells of k, the new
@@ -130,18 +133,8 @@ class KVCache:
         return k, v
 
     def free(self) -> None:
+        ggml_backend_buffer_free(self.buffer)
         ggml_free(self.ctx)
-
-
-@dataclass(slots=True)
-class _Pass:
-    """A built graph kept for reuse: its compute context, inputs, logits and plan."""
-
-    ctx: object
-    gf: object
-    inputs: dict
-    logits: Tensor
-    plan: object
 
 
 class Decoder:
@@ -155,7 +148,7 @@ class Decoder:
     GRAPHS_KEPT = 2  # built graphs kept for reuse (the prompt's, the next token's)
 
     def __init__(self) -> None:
-        self._graphs: dict[tuple, _Pass] = {}
+        self._graphs: dict[tuple, Pass] = {}
 
     def graph_size(self) -> int:
         raise NotImplementedError
@@ -186,13 +179,13 @@ class Decoder:
 
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
         n = len(token_ids)
-        set_data(inputs["inp_tokens"], np.asarray(token_ids, dtype=np.int32))
-        set_data(inputs["inp_pos"], np.arange(n_past, n_past + n, dtype=np.int32))
+        set_input(inputs["inp_tokens"], np.asarray(token_ids))
+        set_input(inputs["inp_pos"], np.arange(n_past, n_past + n))
         self.cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
-            set_data(inputs[name], causal_mask(n, n_past, window, self.n_kv(n_past + n)))
+            set_input(inputs[name], causal_mask(n, n_past, window, self.n_kv(n_past + n)))
         if "inp_out_ids" in inputs:
-            set_data(inputs["inp_out_ids"], np.array([n - 1], dtype=np.int32))
+            set_input(inputs["inp_out_ids"], np.array([n - 1]))
 
     def n_kv(self, n_used: int) -> int:
         return kv_cells(n_used, self.cache.n_ctx)
@@ -229,31 +222,26 @@ class Decoder:
         if n_past + len(ids) > self.n_ctx:
             raise ModelError(f"{n_past} cached + {len(ids)} new tokens do not fit this "
                              f"model's context of {self.n_ctx} tokens")
-        p = self._pass(len(ids), self.n_kv(n_past + len(ids)), all_logits, n_threads)
+        p = self._pass(len(ids), self.n_kv(n_past + len(ids)), all_logits)
         self.set_inputs(p.inputs, ids, n_past)
         t0 = time.perf_counter()
-        ggml_graph_compute(p.gf, p.plan)
+        p.compute(n_threads)
         seconds = time.perf_counter() - t0
-        out = np.array(to_numpy(p.logits), dtype=np.float32).reshape(-1, self.hp.n_vocab)
+        out = get_output(p.out).reshape(-1, self.hp.n_vocab)
         self.cache.n_past += len(ids)
         return Decoded(ids, out, seconds)
 
-    def _pass(self, n: int, n_kv: int, all_logits: bool, n_threads: int) -> _Pass:
-        """The graph for n tokens over n_kv cells: built once (its pool sized by a measuring
-        pass, its plan made as llama.cpp's ggml build would run it), then reused."""
-        key = (n, n_kv, all_logits, n_threads)
+    def _pass(self, n: int, n_kv: int, all_logits: bool) -> Pass:
+        """The graph for n tokens over n_kv cells: built and allocated once (the graph
+        allocator's plan in a compute buffer), then reused while the shape stays, as llama.cpp
+        reuses its graphs."""
+        key = (n, n_kv, all_logits)
         p = self._graphs.pop(key, None)
         if p is None:
             while len(self._graphs) >= self.GRAPHS_KEPT:
-                ggml_free(self._graphs.pop(next(iter(self._graphs))).ctx)
-            mem = measure(lambda c: self.build(c, n, n_kv, all_logits)[0], self.graph_size(),
-                          n_threads)
-            ctx = compute_context(mem)
-            gf, inputs, logits = self.build(ctx, n, n_kv, all_logits)
-            with llamafile_build():  # llama.cpp's ggml: float products >= 2 rows by tinyBLAS
-                plan = ggml_graph_plan(gf, n_threads)
-            plan.work_data = ggml_new_buffer(ctx, plan.work_size)
-            p = _Pass(ctx, gf, inputs, logits, plan)
+                self._graphs.pop(next(iter(self._graphs))).free()
+            p = Pass(self.file.backend, self.graph_size(),
+                     lambda ctx: self.build(ctx, n, n_kv, all_logits))
         self._graphs[key] = p  # the most recently used last
         return p
 

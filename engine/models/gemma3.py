@@ -110,7 +110,7 @@ class Gemma3(Decoder):
             ))
         self.tokenizer = tokenizer_of(f)
         self.n_ctx = min(n_ctx or 4096, hp.n_ctx_train)
-        self.cache = KVCache(hp, self.n_ctx)
+        self.cache = KVCache(hp, self.n_ctx, f.backend)
         if any(swa):
             self.windows = {"attn_inp_kq_mask": None, "attn_inp_kq_mask_swa": hp.n_swa}
 

@@ -7,10 +7,9 @@ mask, 1/sqrt(head_dim)), the output projection and residual; an RMS norm and a S
 feed-forward (silu(gate)·up, down) and residual; then the final RMS norm and the output head.
 `qwen2` (src/models/qwen2.cpp) is the same graph with rope in NeoX mode (pairs (x_i, x_{i+d/2}));
 `qwen3` (qwen3.cpp) adds an RMS norm of each head of Q and of K before rope (QK norms) and takes
-its head size from attention.key_length. The KV cache is one F16 K and one F16 V tensor per layer
-in its own context (llama.cpp's default cache types); V is kept transposed, and new rows are
-written with ggml_cpy into ggml_view's of the cache — the way llama.cpp did before it switched to
-ggml_set_rows (same bytes, same results).
+its head size from attention.key_length. The KV cache (engine/models/decoder.py) is llama.cpp's:
+one F16 K and one F16 V tensor per layer in a CPU buffer, V kept transposed, new rows written by
+ggml_set_rows at cells that are graph inputs.
 Leaves out: flash attention, MoE layers, rope scaling other than linear, several sequences.
 """
 
@@ -113,7 +112,7 @@ class Llama(Decoder):
                 ffn_down=t("ffn_down.weight", (hp.n_ff, E)),
             ))
         self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
-        self.cache = KVCache(hp, self.n_ctx)
+        self.cache = KVCache(hp, self.n_ctx, f.backend)
         self.tokenizer = tokenizer_of(f)
 
     # --- the graph ----------------------------------------------------------------------------
