@@ -29,7 +29,7 @@ from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend
                                  ggml_backend_cpu_set_n_threads, ggml_backend_free,
                                  ggml_backend_get_default_buffer_type, ggml_backend_graph_compute,
                                  ggml_backend_tensor_get, ggml_backend_tensor_set)
-from engine.gguf import GGUFError
+from engine.gguf import GGUFError, GGUFReader
 from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
                              gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
                              gguf_init_params)
@@ -48,19 +48,17 @@ class Need:
     default: Any = None  # None: the key is required
 
 
-class ModelFile:
-    """An opened GGUF model: its metadata (gguf context) and its weights (ggml context)."""
+class ModelMeta:
+    """A GGUF model's metadata only (the file's header, keys and tensor infos, memory-mapped):
+    enough to read hyperparameters and build a tokenizer, with no context or buffer made."""
 
-    def __init__(self, path: str | os.PathLike, expect_arch: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, expect_arch: str | None = None,
+                 reader: GGUFReader | None = None) -> None:
         self.path = os.fspath(path)
         try:
-            self.gguf, meta = gguf_init_from_file(self.path,
-                                                  gguf_init_params(no_alloc=True, ctx=True))
+            self.reader = reader if reader is not None else GGUFReader(self.path)
         except GGUFError as e:
             raise ModelError(f"{self.path}: not a usable GGUF file: {e}") from None
-        self.backend = ggml_backend_cpu_init()
-        self.weights, self.buffer = _load_weights(self.path, self.gguf, meta, self.backend)
-        self.reader = self.gguf.reader
         arch = self.reader.get("general.architecture")
         if not isinstance(arch, str):
             raise ModelError(f"{self.path}: missing key 'general.architecture' (which model "
@@ -80,6 +78,19 @@ class ModelFile:
                                  "which the file lacks")
             return default
         return value
+
+class ModelFile(ModelMeta):
+    """An opened GGUF model: its metadata (gguf context) and its weights, in a CPU buffer."""
+
+    def __init__(self, path: str | os.PathLike, expect_arch: str | None = None) -> None:
+        path = os.fspath(path)
+        try:
+            self.gguf, meta = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=True))
+        except GGUFError as e:
+            raise ModelError(f"{path}: not a usable GGUF file: {e}") from None
+        super().__init__(path, expect_arch, self.gguf.reader)
+        self.backend = ggml_backend_cpu_init()
+        self.weights, self.buffer = _load_weights(self.path, self.gguf, meta, self.backend)
 
     def transformer_params(self) -> dict[str, int]:
         """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""

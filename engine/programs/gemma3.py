@@ -22,7 +22,7 @@ import numpy as np
 from engine import libm
 from engine.ggml import *  # noqa: F403
 from engine.models import bundled
-from engine.models.common import ModelFile
+from engine.models.common import ModelMeta
 from engine.models.spm import SentencePiece
 
 PROMPT = "The capital of France is"
@@ -35,11 +35,8 @@ def cb(t, name: str, il: int):
 
 
 def tokenizer(path: str) -> SentencePiece:
-    f = ModelFile(path)
-    try:
-        return SentencePiece.from_model_file(f)
-    finally:
-        f.close()
+    """The vocabulary the file carries (its metadata only: no context is made)."""
+    return SentencePiece.from_model_file(ModelMeta(path))
 
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,

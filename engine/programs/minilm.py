@@ -23,13 +23,9 @@ TEXT = "ggml is a tensor library for machine learning."
 
 def token_ids(path: str, text: str) -> list[int]:
     """WordPiece with the vocabulary in the file: [CLS] pieces... [SEP] (engine/models)."""
-    from engine.models.common import ModelFile
+    from engine.models.common import ModelMeta
 
-    f = ModelFile(path)
-    try:
-        return WordPiece.from_model_file(f).encode(text)
-    finally:
-        f.close()
+    return WordPiece.from_model_file(ModelMeta(path)).encode(text)
 
 
 def cb(t, name: str, il: int):
