@@ -1,11 +1,13 @@
 """tiny-llama: a 2-layer LLaMA with a KV cache predicts its next tokens, the way llama.cpp runs one.
 
 The program first writes a small LLaMA-architecture GGUF (random but deterministic weights, 4 query
-heads sharing 2 K/V heads) with gguf.h's writer, and loads it back with gguf_init_from_file. The
-KV cache is a third context: per layer one F16 K tensor and one F16 V tensor (V transposed). Each
-forward pass is a fresh compute context and graph: RMS norm, Q/K/V, rope on Q and K, then ggml_cpy
-of the new K and V into ggml_view's of the cache, attention over every cached position (causal
-mask, grouped-query), SwiGLU feed-forward, output head, and ggml_argmax for greedy decoding. The
+heads sharing 2 K/V heads) with gguf.h's writer, and loads it back as llama.cpp does: shapes from
+gguf_init_from_file(no_alloc), bytes into a CPU backend buffer. The KV cache has a buffer of its
+own: per layer one F16 K tensor and one F16 V tensor (V transposed), cleared. Each forward pass is
+a no_alloc context and graph: RMS norm, Q/K/V, rope on Q and K, then ggml_cpy of the new K and V
+into ggml_view's of the cache, attention over every cached position (causal mask, grouped-query),
+SwiGLU feed-forward, output head, and ggml_argmax for greedy decoding; the graph allocator places
+it in a compute buffer (intermediates share memory over time), the CPU backend computes it. The
 prompt goes through in one pass; each generated token then goes through alone, reading the cache.
 engine/models/llama.py builds the same graph for any LLaMA GGUF.
 """
@@ -16,6 +18,8 @@ import tempfile
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
+from engine.ggml_alloc import *  # noqa: F403 - ggml-alloc.h
+from engine.ggml_backend import *  # noqa: F403 - and ggml-backend.h
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_CTX = 64, 64, 4, 2, 128, 2, 32
 HEAD_DIM = N_EMBD // N_HEAD  # 16
@@ -70,40 +74,45 @@ def write_model(path: str) -> None:
 def run(n_threads: int = 1) -> dict:
     path = os.path.join(tempfile.mkdtemp(prefix="ggml-lens-"), "tiny-llama.gguf")
     write_model(path)
-    gguf, ctx_w = gguf_init_from_file(path, gguf_init_params(no_alloc=False, ctx=True))
-    w = lambda il, name: ggml_get_tensor(ctx_w, f"blk.{il}.{name}.weight")  # noqa: E731
+    backend = ggml_backend_cpu_init()
+    ggml_backend_cpu_set_n_threads(backend, n_threads)
+    _, weights = load_weights(path, backend)
+    w = lambda il, name: ggml_get_tensor(weights, f"blk.{il}.{name}.weight")  # noqa: E731
 
-    # the KV cache: its own context, kept across forward passes
+    # the KV cache: a buffer of its own, kept across forward passes
     kv = HEAD_DIM * N_HEAD_KV  # 32: one token's K (or V) over the K/V heads
     f16 = ggml_type_size(GGML_TYPE_F16)
-    ctx_kv = ggml_init(ggml_init_params(mem_size=64 * 1024, mem_buffer=None, no_alloc=False))
+    ctx_kv = ggml_init(ggml_init_params(mem_size=2 * N_LAYER * ggml_tensor_overhead(),
+                                        mem_buffer=None, no_alloc=True))
     cache_k, cache_v = [], []
     for il in range(N_LAYER):
         cache_k.append(ggml_new_tensor_1d(ctx_kv, GGML_TYPE_F16, N_CTX * kv))
         cache_v.append(ggml_new_tensor_1d(ctx_kv, GGML_TYPE_F16, N_CTX * kv))  # transposed
         ggml_set_name(cache_k[il], f"cache_k_l{il}")
         ggml_set_name(cache_v[il], f"cache_v_l{il}")
-        set_data(cache_k[il], np.zeros(N_CTX * kv, dtype=np.float32))
-        set_data(cache_v[il], np.zeros(N_CTX * kv, dtype=np.float32))
+    buf_kv = ggml_backend_alloc_ctx_tensors(ctx_kv, backend)
+    ggml_backend_buffer_clear(buf_kv, 0)  # llama.cpp clears the cache
 
     # pass 0: the whole prompt; then one pass per generated token, the rest read from the cache
+    galloc = ggml_gallocr_new(ggml_backend_get_default_buffer_type(backend))
     outputs, generated, tokens, n_past = {}, [], PROMPT, 0
     for step in range(N_NEW):
         n = len(tokens)
         n_kv = n_past + n
-        ctx = ggml_init(ggml_init_params(mem_size=2 * 1024 * 1024, mem_buffer=None, no_alloc=False))
+        ctx = ggml_init(ggml_init_params(mem_size=256 * ggml_tensor_overhead() + ggml_graph_overhead(),
+                                         mem_buffer=None, no_alloc=True))
         gf = ggml_new_graph(ctx)
         inp = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
         ggml_set_name(inp, "inp_tokens")
-        set_data(inp, np.array(tokens, dtype=np.int32))
+        ggml_set_input(inp)
         pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n)
         ggml_set_name(pos, "inp_pos")
-        set_data(pos, np.arange(n_past, n_kv, dtype=np.int32))
+        ggml_set_input(pos)
         mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, n)  # query i sees cells <= n_past + i
         ggml_set_name(mask, "kq_mask")
-        set_data(mask, np.triu(np.full((n, n_kv), -np.inf, dtype=np.float32), n_past + 1))
+        ggml_set_input(mask)
 
-        x = ggml_get_rows(ctx, ggml_get_tensor(ctx_w, "token_embd.weight"), inp)  # [64, n]
+        x = ggml_get_rows(ctx, ggml_get_tensor(weights, "token_embd.weight"), inp)  # [64, n]
         for il in range(N_LAYER):
             cur = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-5), w(il, "attn_norm"))
             q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, w(il, "attn_q"), cur), HEAD_DIM, N_HEAD, n)
@@ -139,14 +148,45 @@ def run(n_threads: int = 1) -> dict:
                                     ggml_mul_mat(ctx, w(il, "ffn_up"), cur))  # silu(gate) * up
             x = ggml_add(ctx, ggml_mul_mat(ctx, w(il, "ffn_down"), cur), ffn_inp)  # residual
 
-        x = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-5), ggml_get_tensor(ctx_w, "output_norm.weight"))
-        logits = ggml_mul_mat(ctx, ggml_get_tensor(ctx_w, "output.weight"), x)  # [64, n]
+        x = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-5), ggml_get_tensor(weights, "output_norm.weight"))
+        logits = ggml_mul_mat(ctx, ggml_get_tensor(weights, "output.weight"), x)  # [64, n]
         best = ggml_argmax(ctx, logits)  # greedy: the most likely next token after each position
+        ggml_set_output(logits)
+        ggml_set_output(best)
         ggml_build_forward_expand(gf, best)
-        ggml_graph_compute_with_ctx(ctx, gf, n_threads)
 
-        generated.append(ggml_get_i32_1d(best, n - 1))
-        outputs["prompt_logits" if step == 0 else f"logits_{step}"] = logits
-        n_past, tokens = n_kv, generated[-1:]  # each pass's context stays alive for the trace
+        ggml_gallocr_alloc_graph(galloc, gf)  # the compute buffer's plan for this graph
+        ggml_backend_tensor_set(inp, np.array(tokens, dtype=np.int32), 0, ggml_nbytes(inp))
+        ggml_backend_tensor_set(pos, np.arange(n_past, n_kv, dtype=np.int32), 0, ggml_nbytes(pos))
+        causal = np.triu(np.full((n, n_kv), -np.inf, dtype=np.float32), n_past + 1)
+        ggml_backend_tensor_set(mask, causal, 0, ggml_nbytes(mask))
+        ggml_backend_graph_compute(backend, gf)
+
+        ids = np.frombuffer(ggml_backend_tensor_get(best, 0, ggml_nbytes(best)), dtype=np.int32)
+        generated.append(int(ids[n - 1]))
+        outputs["prompt_logits" if step == 0 else f"logits_{step}"] = np.frombuffer(
+            ggml_backend_tensor_get(logits, 0, ggml_nbytes(logits)), dtype=np.float32).reshape(n, -1)
+        n_past, tokens = n_kv, generated[-1:]
     outputs["generated"] = generated
     return outputs
+
+
+def load_weights(path: str, backend):
+    """llama.cpp's loader on one backend, as in the minilm walkthrough (a walkthrough's steps are
+    the calls its own file makes, so each carries its loader)."""
+    gguf, ctx_meta = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=True))
+    n = gguf_get_n_tensors(gguf)
+    ctx_w = ggml_init(ggml_init_params(mem_size=n * ggml_tensor_overhead(), mem_buffer=None,
+                                       no_alloc=True))
+    for i in range(n):
+        name = gguf_get_tensor_name(gguf, i)
+        ggml_set_name(ggml_dup_tensor(ctx_w, ggml_get_tensor(ctx_meta, name)), name)
+    buf = ggml_backend_alloc_ctx_tensors(ctx_w, backend)
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    with open(path, "rb") as f:
+        data = f.read()
+    for i in range(n):
+        t = ggml_get_tensor(ctx_w, gguf_get_tensor_name(gguf, i))
+        start = gguf_get_data_offset(gguf) + gguf_get_tensor_offset(gguf, i)
+        ggml_backend_tensor_set(t, data[start:start + ggml_nbytes(t)], 0, ggml_nbytes(t))
+    return gguf, ctx_w

@@ -36,4 +36,4 @@ def test_minilm_steps_grouped_by_layer(page: Page, server_url: str, screenshot_d
     panel.get_by_role("searchbox", name="Search steps").press("Enter")
     expect(page).to_have_url(re.compile(r"/search\?q=blk.2.ffn_up.weight"))
     page.get_by_role("link", name=re.compile(r"^step \d+$")).first.click()
-    expect(page.locator("#source")).to_contain_text("blk.2.ffn_up.weight")
+    expect(page.locator("#debugger")).to_contain_text("blk.2.ffn_up.weight")

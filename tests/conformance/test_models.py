@@ -123,23 +123,21 @@ def test_minilm_walkthrough_against_real_ggml():
     """The walkthrough's own code on real ggml gives the same embedding, bit for bit: every op
     on its path is exact, mul_mat included (it follows ggml's vec_dot for these sizes)."""
     import engine.programs.minilm as prog
-    from engine.ggml import to_numpy
     from tests.support.real_facade import run_on_real_ggml
 
     ours = prog.run(N_THREADS)
     theirs = run_on_real_ggml(prog.run, n_threads=N_THREADS)
     assert ours["token_ids"] == theirs["token_ids"]
-    np.testing.assert_array_equal(to_numpy(ours["embedding"]),
+    np.testing.assert_array_equal(np.asarray(ours["embedding"]),
                                   np.asarray(theirs["embedding"], dtype=np.float32))
 
 
 def test_minilm_walkthrough_equals_the_model_builder(minilm):
     import engine.programs.minilm as prog
-    from engine.ggml import to_numpy
 
     out = prog.run(1)
     assert out["token_ids"] == REFERENCE["cases"][0]["token_ids"]
-    np.testing.assert_array_equal(to_numpy(out["embedding"]).reshape(-1),
+    np.testing.assert_array_equal(np.asarray(out["embedding"]).reshape(-1),
                                   minilm.embed(prog.TEXT, n_threads=1).embedding)
 
 
@@ -294,12 +292,11 @@ def test_tiny_llama_walkthrough_against_llama_cpp_and_the_builder(llama_cpp, tmp
     rows by llamafile's sgemm, over the cache padded as llama.cpp pads it; the walkthrough as
     ggml's own build) and the same tokens."""
     import engine.programs.tiny_llama as prog
-    from engine.ggml import to_numpy
 
     path = tmp_path / "walkthrough.gguf"
     prog.write_model(str(path))
     out = prog.run(1)
-    walk = np.array(to_numpy(out["prompt_logits"]))
+    walk = np.asarray(out["prompt_logits"])
     assert nmse(walk, llama_cpp_logits(llama_cpp, path, prog.PROMPT)) <= 1e-6
     np.testing.assert_allclose(load_model(path).decode(prog.PROMPT).logits, walk, rtol=0,
                                atol=1e-5)

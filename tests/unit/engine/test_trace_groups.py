@@ -12,8 +12,10 @@ def test_minilm_groups_are_its_calls_and_layers():
     trace = trace_program("minilm")
     groups = step_groups(trace.steps)
     calls = [g for g in groups if g.kind == "call"]
-    assert [g.label.split("(")[0] for g in calls] == ["ggml_build_forward_expand", "ggml_graph_compute_with_ctx"]
-    compute = calls[1]
+    assert [g.label.split("(")[0] for g in calls] == ["ggml_build_forward_expand",
+                                                      "ggml_gallocr_alloc_graph",
+                                                      "ggml_backend_graph_compute"]
+    compute = calls[2]
     layers = [c.label for c in compute.children if c.label.startswith("layer")]
     assert layers == [f"layer {i}" for i in range(6)]  # nodes computed layer after layer
     # every group covers consecutive steps, children inside their parent, no gaps
@@ -46,7 +48,8 @@ def test_tiny_llama_passes_by_n_past():
     groups = step_groups(trace_program("tiny-llama").steps)
     assert [g.label for g in groups] == ["setting up", "forward pass at n_past = 0", "forward pass at n_past = 4"]
     second = groups[2]
-    assert any(c.kind == "call" and c.label.startswith("ggml_graph_compute") for c in second.children)
+    assert any(c.kind == "call" and c.label.startswith("ggml_backend_graph_compute")
+               for c in second.children)
 
 
 def test_simple_ctx_has_no_layers():
@@ -60,7 +63,9 @@ def test_find_steps_by_text_and_tensor_name():
     state = trace.state_at(len(trace.steps) - 1)
     names = {(t.ctx.id, t.offs): t.name for t in state.tensors()}
     hits = find_steps(trace.steps, "blk.3.ffn_up", names)
-    assert hits and all("blk.3.ffn_up" in trace.steps[i].call for i in hits)
+    assert hits and all("blk.3.ffn_up" in trace.steps[i].call + trace.steps[i].note
+                        + names.get(trace.steps[i].tensor, "") for i in hits)
+    assert any("blk.3.ffn_up" in trace.steps[i].call for i in hits)  # the layer's own lines
     assert find_steps(trace.steps, "GELU", names) == [s.index for s in trace.steps
                                                       if "gelu" in (s.call + s.note).lower()]
     assert find_steps(trace.steps, "   ", names) == []
