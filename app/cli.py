@@ -50,18 +50,9 @@ def _trace(args: argparse.Namespace) -> int:
               + ", ".join(PROGRAMS), file=sys.stderr)
         return 2
     prog = PROGRAMS[args.program]
-    # a walkthrough that reads a fixture reads it from the configured folder; a model one the
-    # bundled model (or --file)
-    settings = Settings.from_env()
-    inputs = {"path": str(settings.fixtures_dir / prog.reads)} if prog.reads else {}
-    if prog.model:
-        from engine.models.bundled import BundledModelError, require
-
-        try:
-            inputs["path"] = str(require(settings.data_dir))
-        except BundledModelError as e:
-            print(f"ggml-lens: {e}", file=sys.stderr)
-            return 1
+    # a walkthrough that reads a fixture reads it from the configured folder; a model one reads
+    # the bundled model itself, or --file
+    inputs = {"path": str(Settings.from_env().fixtures_dir / prog.reads)} if prog.reads else {}
     if args.file:
         if not prog.runs:
             print(f"ggml-lens: '{args.program}' reads no file", file=sys.stderr)
@@ -249,6 +240,7 @@ def _chat(args: argparse.Namespace) -> int:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
     messages = [{"role": "system", "content": args.system}] if args.system else []
+    eog = model.end_of_generation()
     lines = iter([args.message]) if args.message else iter(lambda: input("> "), None)
     try:
         for line in lines:
@@ -256,8 +248,8 @@ def _chat(args: argparse.Namespace) -> int:
                 continue
             messages.append({"role": "user", "content": line})
             prompt = template.tokens(messages)
-            out = _stream(model, prompt, args, model.end_of_generation())
-            text = model.tokenizer.decode([t for t in out if t not in model.end_of_generation()])
+            out = _stream(model, prompt, args, eog)
+            text = model.tokenizer.decode([t for t in out if t not in eog])
             messages.append({"role": "assistant", "content": text})
     except (EOFError, KeyboardInterrupt):
         print()

@@ -251,14 +251,3 @@ def _fixture(path: Path) -> Fixture:
             digest = _fixture_hashes[key] = h.hexdigest()
     return Fixture(path.name, path, st.st_size, digest)
 
-
-def store_arch(path: Path) -> str | None:
-    """The `general.architecture` a stored GGUF names (its header only), or None."""
-    from engine.gguf import GGUFError
-    from engine.gguf.reader import GGUFReader
-
-    try:
-        arch = GGUFReader(path).get("general.architecture")
-    except (GGUFError, OSError):
-        return None
-    return arch if isinstance(arch, str) else None

@@ -126,6 +126,22 @@ FLOAT_DOTS(dot_f16, dot_tiny, )
 FLOAT_DOTS(dot_f16_fma, dot_tiny_fma, __attribute__((target("fma"))))
 #endif
 
+/* the FMA instruction where the CPU has it; libm's fmaf otherwise (the same bits) */
+static int fma_hw(void)
+{
+#ifdef HAVE_FMA_TARGET
+    return __builtin_cpu_supports("fma");
+#else
+    return 0;
+#endif
+}
+
+#ifdef HAVE_FMA_TARGET
+#define PICK(fn, hw) ((hw) ? fn##_fma : fn)
+#else
+#define PICK(fn, hw) fn
+#endif
+
 static int check(Py_buffer *buf, Py_ssize_t want, const char *what)
 {
     if (buf->len != want) {
@@ -167,24 +183,15 @@ static PyObject *py_lanes_fma(PyObject *self, PyObject *args)
     }
     if (ok) {
         const int16_t *pcw = has_c ? cw.buf : NULL, *pcx = has_c ? cx.buf : NULL;
-        int fma_hw = 0;
-#ifdef HAVE_FMA_TARGET
-        fma_hw = __builtin_cpu_supports("fma");
-#endif
+        const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_TARGET
-        if (fma_hw && wsize == 1)
-            lanes_i8_fma(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
-        else if (fma_hw)
-            lanes_i16_fma(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
-        else
-#endif
         if (wsize == 1)
-            lanes_i8(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+            PICK(lanes_i8, hw)((const int8_t *)w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum,
+                               nb, nl, n0, g, gc, j0, j1);
         else
-            lanes_i16(w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum, nb, nl, n0, g, gc, j0, j1);
+            PICK(lanes_i16, hw)((const int16_t *)w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf,
+                                sum, nb, nl, n0, g, gc, j0, j1);
         Py_END_ALLOW_THREADS
-        (void)fma_hw;
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes or row range");
     }
@@ -253,19 +260,10 @@ static PyObject *py_float_dot(PyObject *self, PyObject *args)
     }
     if (ok) {
         const float *wf = wide ? wide : w.buf;
-        int fma_hw = 0;
-#ifdef HAVE_FMA_TARGET
-        fma_hw = __builtin_cpu_supports("fma");
-#endif
+        const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_TARGET
-        if (fma_hw)
-            (tiny ? dot_tiny_fma : dot_f16_fma)(wf, x.buf, out.buf, n0, n1, k);
-        else
-#endif
-            (tiny ? dot_tiny : dot_f16)(wf, x.buf, out.buf, n0, n1, k);
+        (tiny ? PICK(dot_tiny, hw) : PICK(dot_f16, hw))(wf, x.buf, out.buf, n0, n1, k);
         Py_END_ALLOW_THREADS
-        (void)fma_hw;
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
     }

@@ -91,8 +91,8 @@ class Trace:
     @property
     def recorded_bytes(self) -> int:
         """The bytes the steps' patches hold (what keeping this trace costs)."""
-        flat, _ = self._flat_patches()
-        return sum(len(p[3]) for p in flat)
+        self._flat_patches()
+        return self._flat[3]
 
     def state_at(self, k: int) -> "State":
         """The pools after step k: the last checkpoint at or before k, then the patches of the
@@ -141,7 +141,7 @@ class Trace:
                 sizes[b.id] = b.size
         every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if sum(len(p[3]) for p in flat) > min(every, BIG_STEP_BYTES):
+        if self.recorded_bytes > min(every, BIG_STEP_BYTES):
             pools: dict[int, np.ndarray] = {}
             since, done = 0, 0
             for k, s in enumerate(self.steps):
@@ -171,7 +171,7 @@ class Trace:
             for s in self.steps:
                 flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
                 ends.append(len(flat))
-            self._flat = (flat, ends, len(self.steps))
+            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat))
         return self._flat[0], self._flat[1]
 
     def to_json(self) -> dict:

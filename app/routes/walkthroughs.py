@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import FileHash, Store, Svgs, Threads, Traces
-from app.store import UploadStore, store_arch
+from app.store import UploadStore
 from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
@@ -83,7 +83,7 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
         raise HTTPException(404, f"No GGUF file with hash {file} is stored; upload it in the "
                                  "GGUF inspector first.")
     if "*" not in prog.runs:
-        arch = store_arch(path)
+        arch = store.open(file).get("general.architecture")  # the store's parsed file, cached
         if arch not in prog.runs:
             raise HTTPException(422, f"'{name}' runs {' and '.join(prog.runs)} models; this file "
                                      f"holds a '{arch}' model.")

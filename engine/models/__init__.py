@@ -15,8 +15,6 @@ from __future__ import annotations
 import importlib
 import os
 
-from .common import ModelError, ModelFile
-
 # architecture -> (module, class)
 BUILDERS = {
     "bert": ("bert", "Bert"),
@@ -30,6 +28,8 @@ ARCHITECTURES = tuple(BUILDERS)
 
 def load_model(path: str | os.PathLike, **options):
     """The model in the GGUF file at `path`, built by its architecture's builder."""
+    from .common import ModelError, ModelFile
+
     f = ModelFile(path)
     if f.arch not in BUILDERS:
         f.close()
@@ -37,6 +37,16 @@ def load_model(path: str | os.PathLike, **options):
                          + ", ".join(f"'{a}'" for a in ARCHITECTURES))
     module, cls = BUILDERS[f.arch]
     return getattr(importlib.import_module(f".{module}", __name__), cls)(f, **options)
+
+
+def __getattr__(name: str):
+    """ModelError and ModelFile load the ggml stack when first asked for, so that importing a
+    light submodule (bundled.py, at the app's start) does not."""
+    if name in ("ModelError", "ModelFile"):
+        from . import common
+
+        return getattr(common, name)
+    raise AttributeError(name)
 
 
 __all__ = ["ARCHITECTURES", "ModelError", "ModelFile", "load_model"]

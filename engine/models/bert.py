@@ -26,7 +26,7 @@ from engine.ggml import (GGML_PREC_F32, GGML_TYPE_F32, GGML_TYPE_I32, Tensor, gg
                          ggml_permute, ggml_reshape_3d, ggml_set_input, ggml_set_name,
                          ggml_set_output, ggml_soft_max_ext, ggml_transpose, ggml_view_1d)
 
-from .common import ModelError, ModelFile, Pass, get_output, set_input
+from .common import ModelError, ModelFile, Passes, get_output, set_input
 from .tokenizer import WordPiece
 
 # llama_pooling_type
@@ -106,7 +106,7 @@ class Bert:
                 layer_out_norm_b=t("layer_output_norm.bias", (E,)),
             ))
         self.tokenizer = WordPiece.from_model_file(f)
-        self._graphs: dict[int, Pass] = {}  # built graphs by token count
+        self._passes = Passes(kept=4)  # built graphs by token count
 
     # --- the graph ----------------------------------------------------------------------------
 
@@ -216,12 +216,8 @@ class Bert:
         self.check_length(len(ids))
         if any(not 0 <= i < self.hp.n_vocab for i in ids):
             raise ModelError(f"token ids must lie in [0, {self.hp.n_vocab})")
-        p = self._graphs.get(len(ids))
-        if p is None:  # one graph per token count, allocated once and kept
-            if len(self._graphs) >= 4:
-                self._graphs.pop(next(iter(self._graphs))).free()
-            p = self._graphs[len(ids)] = Pass(self.file.backend, self.graph_size(),
-                                              lambda c: self.build(c, len(ids)))
+        p = self._passes.get(len(ids), self.file.backend, self.graph_size(),
+                             lambda c: self.build(c, len(ids)))
         self.set_inputs(p.inputs, ids)
         t0 = time.perf_counter()
         p.compute(n_threads)

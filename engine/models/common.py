@@ -188,6 +188,24 @@ class Pass:
         ggml_free(self.ctx)
 
 
+class Passes:
+    """Built graphs by shape, the most recently used `kept` of them: as llama.cpp reuses a graph
+    while its shape stays, a model builds and allocates a graph once per shape."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self._passes: dict = {}
+
+    def get(self, key, backend, graph_size: int, build) -> Pass:
+        p = self._passes.pop(key, None)
+        if p is None:
+            while len(self._passes) >= self.kept:
+                self._passes.pop(next(iter(self._passes))).free()
+            p = Pass(backend, graph_size, build)
+        self._passes[key] = p  # the most recently used last
+        return p
+
+
 def set_input(t: Tensor, values: np.ndarray) -> None:
     """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
     data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[t.type])

@@ -30,7 +30,7 @@ from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_
 from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
-from .common import ModelError, Pass, get_output, set_input
+from .common import ModelError, Pass, Passes, get_output, set_input
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -43,6 +43,26 @@ class Decoded:
     token_ids: list[int]
     logits: np.ndarray  # [n_outputs, n_vocab]: every position, or only the last
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderParams:
+    """The hyperparameters every decoder here reads (llama.cpp's llama_hparams, in part)."""
+
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int  # fewer than n_head: grouped-query attention
+    head_dim: int  # attention.key_length (n_embd / n_head unless the file says otherwise)
+    rms_eps: float
+    freq_base: float
+
+    @property
+    def n_embd_gqa(self) -> int:  # K or V width of one token: head_dim * n_head_kv
+        return self.head_dim * self.n_head_kv
 
 
 KV_PAD = 256  # llama_kv_cache::get_n_kv pads the cells attention reads to a multiple of this
@@ -145,10 +165,8 @@ class Decoder:
     tokenizer: object | None  # SentencePiece, or None: token ids in, token ids out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
 
-    GRAPHS_KEPT = 2  # built graphs kept for reuse (the prompt's, the next token's)
-
     def __init__(self) -> None:
-        self._graphs: dict[tuple, Pass] = {}
+        self._passes = Passes(kept=2)  # the prompt's graph and the next token's
 
     def graph_size(self) -> int:
         raise NotImplementedError
@@ -235,15 +253,8 @@ class Decoder:
         """The graph for n tokens over n_kv cells: built and allocated once (the graph
         allocator's plan in a compute buffer), then reused while the shape stays, as llama.cpp
         reuses its graphs."""
-        key = (n, n_kv, all_logits)
-        p = self._graphs.pop(key, None)
-        if p is None:
-            while len(self._graphs) >= self.GRAPHS_KEPT:
-                self._graphs.pop(next(iter(self._graphs))).free()
-            p = Pass(self.file.backend, self.graph_size(),
-                     lambda ctx: self.build(ctx, n, n_kv, all_logits))
-        self._graphs[key] = p  # the most recently used last
-        return p
+        return self._passes.get((n, n_kv, all_logits), self.file.backend, self.graph_size(),
+                                lambda ctx: self.build(ctx, n, n_kv, all_logits))
 
     def stream(self, prompt: list[int], n_new: int, n_threads: int = 1,
                pick: Callable[[np.ndarray], int] | None = None,

@@ -27,7 +27,7 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import Decoder, KVCache
+from .decoder import Decoder, DecoderParams, KVCache
 from .spm import tokenizer_of
 
 SWA_PATTERN = 6  # llama.cpp's default for gemma3: layers 5, 11, 17, ... are global
@@ -35,25 +35,12 @@ FREQ_BASE_SWA = 10000.0  # llama_hparams::rope_freq_base_train_swa's default
 
 
 @dataclass(frozen=True, slots=True)
-class Gemma3Params:
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_ff: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int  # attention.key_length: not n_embd / n_head in Gemma 3
-    rms_eps: float
-    freq_base: float  # global layers
+class Gemma3Params(DecoderParams):  # head_dim: key_length, not n_embd / n_head in Gemma 3;
+    # freq_base: the global layers'
     freq_base_swa: float  # sliding-window layers
     n_swa: int  # the window, in positions (0: no sliding window)
     swa_layers: tuple[bool, ...]
     softcap: float  # final_logit_softcapping (0: none)
-
-    @property
-    def n_embd_gqa(self) -> int:
-        return self.head_dim * self.n_head_kv
 
 
 class Gemma3(Decoder):

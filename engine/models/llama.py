@@ -26,7 +26,7 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import Decoded, Decoder, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
+from .decoder import Decoded, Decoder, DecoderParams, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
 from .spm import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
@@ -34,23 +34,9 @@ LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX  # rope on pairs (x_i, x_{i+d/2})
 
 
 @dataclass(frozen=True, slots=True)
-class LlamaParams:
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_ff: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int  # fewer than n_head: grouped-query attention
-    head_dim: int  # attention.key_length (n_embd / n_head unless the file says otherwise)
+class LlamaParams(DecoderParams):
     n_rot: int  # rope dimensions (= head_dim)
-    rms_eps: float
-    freq_base: float
     freq_scale: float  # 1 / rope.scaling.factor (linear scaling)
-
-    @property
-    def n_embd_gqa(self) -> int:  # K or V width of one token: head_dim * n_head_kv
-        return self.head_dim * self.n_head_kv
 
 
 class Llama(Decoder):

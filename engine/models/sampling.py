@@ -49,9 +49,12 @@ class Candidates:
     def sort(self, k: int | None = None) -> None:
         """The k largest first (all when k is None), the list cut to them. (llama.cpp's partial
         sort leaves the order of equal logits unspecified; here equal logits keep id order.)"""
-        order = np.argsort(-self.logits, kind="stable")
-        if k is not None:
-            order = order[:k]
+        if k is not None and k < self.logits.size:  # only the k largest (and their ties) sorted
+            kth = np.partition(self.logits, self.logits.size - k)[self.logits.size - k]
+            pool = np.flatnonzero(self.logits >= kth)
+            order = pool[np.argsort(-self.logits[pool], kind="stable")[:k]]
+        else:
+            order = np.argsort(-self.logits, kind="stable")
         self.ids, self.logits, self.sorted = self.ids[order], self.logits[order], True
 
     def keep(self, n: int) -> None:

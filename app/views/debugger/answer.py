@@ -45,15 +45,18 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
         top = trace.outputs.get(f"top10_{k}") or []
         label = "after the prompt" if k == 0 else f"after {appended[-1]!r}"
         passes.append(Pass(label, [
-            Candidate(int(t), str(text), float(p),
-                      Where(where.name, 0, where.threads, file=where.file, prompt=where.prompt,
-                            then=",".join(str(x) for x in [*then, int(t)])).url())
+            Candidate(int(t), str(text), float(p), _start(where, [*then, int(t)]))
             for t, text, p in top]))
         if k < len(then):
             appended.append(next((str(x) for t, x, _ in top if int(t) == then[k]), str(then[k])))
     back = None
     if then:
-        back = Where(where.name, 0, where.threads, file=where.file, prompt=where.prompt,
-                     then=",".join(str(x) for x in then[:-1]) or None).url()
+        back = _start(where, then[:-1])
     return AnswerView(where.prompt or prog.prompt, prog.prompt, list(trace.outputs["prompt_tokens"]),
                       appended, passes, back)
+
+
+def _start(where: Where, then: list[int]) -> str:
+    """The walkthrough's first step with these tokens appended (a new trace: nothing selected)."""
+    return where.url(step=0, then=",".join(map(str, then)) or None, tensor=None, row=0, block=0,
+                     hex="struct")

@@ -59,17 +59,6 @@ def _vector_part(a: np.ndarray, b: np.ndarray, np_: int) -> np.ndarray:
     return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
 
 
-def _dot_f16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f16 of rows a and b (fp16 values as float32, broadcast, last axis K)."""
-    k = a.shape[-1]
-    np_ = k & ~31
-    with np.errstate(all="ignore"):
-        sumf = _vector_part(a, b, np_).astype(F64)
-        for i in range(np_, k):
-            sumf += (a[..., i] * b[..., i]).astype(F64)
-    return sumf.astype(F32)
-
-
 def _dot_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32 of rows a and b (float32, broadcast against each other, last axis K)."""
     k = a.shape[-1]
