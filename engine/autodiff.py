@@ -23,9 +23,10 @@ from engine.ops import ggml_add, ggml_add_inplace, ggml_cont, ggml_div, ggml_get
 from engine.ops_back import ggml_cross_entropy_loss_back, ggml_get_rows_back, ggml_im2col_back, \
     ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back, ggml_rope_multi_back, \
     ggml_silu_back, ggml_soft_max_ext_back
-from engine.ops_math import ggml_acc, ggml_acc_inplace, ggml_add1, ggml_add1_inplace, ggml_cos, \
-    ggml_exp, ggml_mean, ggml_neg, ggml_out_prod, ggml_repeat, ggml_scale, ggml_sgn, ggml_sigmoid, \
-    ggml_silu, ggml_sin, ggml_step
+from engine.ops_math import ggml_acc, ggml_acc_inplace, ggml_add1, ggml_add1_inplace, ggml_mean, \
+    ggml_out_prod, ggml_repeat, ggml_scale
+from engine.ops_unary import ggml_cos, ggml_exp, ggml_neg, ggml_sgn, ggml_sigmoid, ggml_silu, ggml_sin, \
+    ggml_step
 from engine.ops_nn import ggml_diag_mask_zero, ggml_rope_ext_back
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.tensor import GGML_TENSOR_FLAG_LOSS, GGML_TENSOR_FLAG_PARAM, Tensor, \

@@ -13,22 +13,130 @@ from engine.errors import ggml_assert
 from engine.tensor import Tensor, _element_view, _from_f32, _to_f32
 from engine.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
-CPU_FEATURES = frozenset({"sse3", "ssse3", "avx", "avx2", "bmi2", "f16c", "fma"})
-ALL_FEATURES = ("sse3", "ssse3", "avx", "avx_vnni", "avx2", "bmi2", "f16c", "fma", "avx512", "avx512_vbmi",
-                "avx512_vnni", "avx512_bf16", "amx_int8", "neon", "arm_fma", "fp16_va", "dotprod",
-                "matmul_int8", "sve", "sme", "riscv_v", "vsx", "vxe", "wasm_simd", "llamafile")
+
+def ggml_cpu_has_sse3() -> int:
+    """1 on the emulated CPU."""
+    return 1
 
 
-def _has(feature: str):
-    def f() -> int:
-        return int(feature in CPU_FEATURES)
-    f.__name__ = f.__qualname__ = f"ggml_cpu_has_{feature}"
-    f.__doc__ = f"ggml_cpu_has_{feature}: {'1' if feature in CPU_FEATURES else '0'} on the emulated CPU."
-    return f
+def ggml_cpu_has_ssse3() -> int:
+    """1 on the emulated CPU."""
+    return 1
 
 
-for _feature in ALL_FEATURES:
-    globals()[f"ggml_cpu_has_{_feature}"] = _has(_feature)
+def ggml_cpu_has_avx() -> int:
+    """1 on the emulated CPU."""
+    return 1
+
+
+def ggml_cpu_has_avx_vnni() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_avx2() -> int:
+    """1 on the emulated CPU."""
+    return 1
+
+
+def ggml_cpu_has_bmi2() -> int:
+    """1 on the emulated CPU."""
+    return 1
+
+
+def ggml_cpu_has_f16c() -> int:
+    """1 on the emulated CPU."""
+    return 1
+
+
+def ggml_cpu_has_fma() -> int:
+    """1 on the emulated CPU."""
+    return 1
+
+
+def ggml_cpu_has_avx512() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_avx512_vbmi() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_avx512_vnni() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_avx512_bf16() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_amx_int8() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_neon() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_arm_fma() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_fp16_va() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_dotprod() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_matmul_int8() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_sve() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_sme() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_riscv_v() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_vsx() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_vxe() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_wasm_simd() -> int:
+    """0 on the emulated CPU."""
+    return 0
+
+
+def ggml_cpu_has_llamafile() -> int:
+    """0 on the emulated CPU."""
+    return 0
 
 
 def ggml_cpu_get_sve_cnt() -> int:

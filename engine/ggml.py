@@ -18,41 +18,246 @@ the bytes a `void *` would point at (pointers themselves are simulated addresses
 
 from __future__ import annotations
 
-from engine import autodiff as _autodiff
-from engine import compute as _compute
-from engine import context as _context
-from engine import graph as _graph
-from engine import ops as _ops
-from engine import ops_back as _ops_back
-from engine import ops_math as _ops_math
-from engine import ops_nn as _ops_nn
-from engine import optable as _optable
-from engine import quants as _quants
-from engine import tensor as _tensor
-from engine import types as _types
-from engine.gguf import api as _gguf
-from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, CPlan  # noqa: F401
-from engine.context import Context, ggml_init_params  # noqa: F401
-from engine.errors import GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError  # noqa: F401
-from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, \
-    GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, GGML_TENSOR_SIZE  # noqa: F401
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.graph import GGML_DEFAULT_GRAPH_SIZE, Graph  # noqa: F401
-from engine.tensor import Tensor, data_bytes, set_data, to_numpy  # noqa: F401
-from engine.types import GGMLType
+from engine.layout import (
+    GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_MEM_ALIGN,
+    GGML_OBJECT_SIZE, GGML_PAD, GGML_TENSOR_SIZE,
+)
+from engine.errors import (
+    GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError, ggml_assert,
+)
+from engine.types import (
+    GGMLType, GGML_TYPE_COUNT, ggml_blck_size, ggml_is_quantized, ggml_row_size, ggml_type_name,
+    ggml_type_size,
+)
+from engine.context import (
+    Context, GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER,
+    ggml_free, ggml_get_mem_buffer, ggml_get_mem_size, ggml_get_no_alloc, ggml_init,
+    ggml_init_params, ggml_new_buffer, ggml_new_object, ggml_print_objects, ggml_reset,
+    ggml_set_no_alloc, ggml_tensor_overhead, ggml_used_mem,
+)
+from engine.tensor import (
+    GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_LOSS,
+    GGML_TENSOR_FLAG_OUTPUT, GGML_TENSOR_FLAG_PARAM, Tensor, data_bytes, ggml_are_same_shape,
+    ggml_are_same_stride, ggml_can_repeat, ggml_can_repeat_rows, ggml_dup_tensor, ggml_element_size,
+    ggml_format_name, ggml_get_data_f32, ggml_get_f32_1d, ggml_get_first_tensor, ggml_get_i32_1d,
+    ggml_get_max_tensor_size, ggml_get_name, ggml_get_next_tensor, ggml_get_tensor, ggml_is_3d,
+    ggml_is_contiguous, ggml_is_contiguous_0, ggml_is_contiguous_1, ggml_is_contiguous_2,
+    ggml_is_contiguous_channels, ggml_is_contiguous_rows, ggml_is_contiguously_allocated,
+    ggml_is_empty, ggml_is_matrix, ggml_is_permuted, ggml_is_scalar, ggml_is_transposed,
+    ggml_is_vector, ggml_n_dims, ggml_nbytes, ggml_nbytes_pad, ggml_nelements, ggml_new_f32,
+    ggml_new_i32, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d,
+    ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_nrows, ggml_set_f32, ggml_set_f32_1d,
+    ggml_set_i32, ggml_set_i32_1d, ggml_set_input, ggml_set_loss, ggml_set_name, ggml_set_output,
+    ggml_set_param, ggml_view_tensor, set_data, to_numpy,
+)
+from engine.ops import (
+    ggml_add, ggml_add_inplace, ggml_can_mul_mat, ggml_cast, ggml_cont, ggml_cont_1d, ggml_cont_2d,
+    ggml_cont_3d, ggml_cont_4d, ggml_cpy, ggml_div, ggml_div_inplace, ggml_dup, ggml_dup_inplace,
+    ggml_get_op_params_f32, ggml_get_op_params_i32, ggml_mul, ggml_mul_inplace, ggml_mul_mat,
+    ggml_mul_mat_set_prec, ggml_permute, ggml_reshape, ggml_reshape_1d, ggml_reshape_2d,
+    ggml_reshape_3d, ggml_reshape_4d, ggml_set_op_params, ggml_set_op_params_f32,
+    ggml_set_op_params_i32, ggml_sub, ggml_sub_inplace, ggml_transpose, ggml_view_1d, ggml_view_2d,
+    ggml_view_3d, ggml_view_4d,
+)
+from engine.ops_math import (
+    GGML_SORT_ORDER_ASC, GGML_SORT_ORDER_DESC, ggml_acc, ggml_acc_inplace, ggml_add1,
+    ggml_add1_inplace, ggml_arange, ggml_argmax, ggml_argsort, ggml_argsort_top_k,
+    ggml_can_out_prod, ggml_concat, ggml_count_equal, ggml_cross_entropy_loss, ggml_group_norm,
+    ggml_group_norm_inplace, ggml_is_padded_1d, ggml_l2_norm, ggml_l2_norm_inplace, ggml_mean,
+    ggml_norm, ggml_norm_inplace, ggml_out_prod, ggml_repeat, ggml_repeat_4d, ggml_rms_norm,
+    ggml_rms_norm_inplace, ggml_scale, ggml_scale_bias, ggml_scale_bias_inplace, ggml_scale_inplace,
+    ggml_set, ggml_set_1d, ggml_set_1d_inplace, ggml_set_2d, ggml_set_2d_inplace, ggml_set_inplace,
+    ggml_sum, ggml_sum_rows, ggml_top_k,
+)
+from engine.ops_unary import (
+    ggml_abs, ggml_abs_inplace, ggml_ceil, ggml_ceil_inplace, ggml_clamp, ggml_compute_softplus_f32,
+    ggml_cos, ggml_cos_inplace, ggml_elu, ggml_elu_inplace, ggml_exp, ggml_exp_inplace, ggml_expm1,
+    ggml_expm1_inplace, ggml_floor, ggml_floor_inplace, ggml_geglu, ggml_geglu_erf,
+    ggml_geglu_erf_split, ggml_geglu_erf_swapped, ggml_geglu_quick, ggml_geglu_quick_split,
+    ggml_geglu_quick_swapped, ggml_geglu_split, ggml_geglu_swapped, ggml_gelu, ggml_gelu_erf,
+    ggml_gelu_erf_inplace, ggml_gelu_inplace, ggml_gelu_quick, ggml_gelu_quick_inplace, ggml_glu,
+    ggml_glu_split, ggml_hardsigmoid, ggml_hardswish, ggml_leaky_relu, ggml_log, ggml_log_inplace,
+    ggml_neg, ggml_neg_inplace, ggml_reglu, ggml_reglu_split, ggml_reglu_swapped, ggml_relu,
+    ggml_relu_inplace, ggml_round, ggml_round_inplace, ggml_sgn, ggml_sgn_inplace, ggml_sigmoid,
+    ggml_sigmoid_inplace, ggml_silu, ggml_silu_inplace, ggml_sin, ggml_sin_inplace, ggml_softplus,
+    ggml_softplus_inplace, ggml_sqr, ggml_sqr_inplace, ggml_sqrt, ggml_sqrt_inplace, ggml_step,
+    ggml_step_inplace, ggml_swiglu, ggml_swiglu_oai, ggml_swiglu_split, ggml_swiglu_swapped,
+    ggml_tanh, ggml_tanh_inplace, ggml_trunc, ggml_trunc_inplace, ggml_unary, ggml_unary_inplace,
+    ggml_xielu,
+)
+from engine.ops_nn import (
+    GGML_MROPE_SECTIONS, GGML_OP_POOL_AVG, GGML_OP_POOL_COUNT, GGML_OP_POOL_MAX, GGML_PREC_DEFAULT,
+    GGML_PREC_F32, GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX,
+    GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, GGML_SCALE_FLAG_ALIGN_CORNERS,
+    GGML_SCALE_FLAG_ANTIALIAS, GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR,
+    GGML_SCALE_MODE_COUNT, GGML_SCALE_MODE_NEAREST, ggml_conv_1d, ggml_conv_2d, ggml_conv_2d_direct,
+    ggml_conv_2d_s1_ph, ggml_conv_2d_sk_p0, ggml_diag_mask_inf, ggml_diag_mask_inf_inplace,
+    ggml_diag_mask_zero, ggml_diag_mask_zero_inplace, ggml_flash_attn_ext,
+    ggml_flash_attn_ext_add_sinks, ggml_flash_attn_ext_get_prec, ggml_flash_attn_ext_set_prec,
+    ggml_get_rows, ggml_im2col, ggml_interpolate, ggml_pad, ggml_pad_circular, ggml_pad_ext,
+    ggml_pad_ext_circular, ggml_pool_1d, ggml_pool_2d, ggml_rope, ggml_rope_ext, ggml_rope_ext_back,
+    ggml_rope_ext_inplace, ggml_rope_inplace, ggml_rope_multi, ggml_rope_multi_inplace,
+    ggml_rope_yarn_corr_dims, ggml_set_rows, ggml_soft_max, ggml_soft_max_add_sinks,
+    ggml_soft_max_ext, ggml_soft_max_ext_inplace, ggml_soft_max_inplace, ggml_timestep_embedding,
+    ggml_upscale, ggml_upscale_ext,
+)
+from engine.ops_back import (
+    ggml_cross_entropy_loss_back, ggml_get_rows_back, ggml_im2col_back, ggml_opt_step_adamw,
+    ggml_opt_step_sgd, ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back,
+    ggml_rope_multi_back, ggml_silu_back, ggml_soft_max_ext_back, ggml_soft_max_ext_back_inplace,
+)
+from engine.optable import (
+    GGMLGluOp, GGMLOp, GGMLUnaryOp, GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_UNARY_OP_COUNT,
+    ggml_glu_op_name, ggml_op_name, ggml_op_symbol, ggml_unary_op_name,
+)
+from engine.graph import (
+    GGML_DEFAULT_GRAPH_SIZE, GGML_HASHSET_ALREADY_EXISTS, GGML_HASHSET_FULL, Graph,
+    ggml_build_forward_expand, ggml_build_forward_select, ggml_graph_add_node, ggml_graph_clear,
+    ggml_graph_cpy, ggml_graph_dump_dot, ggml_graph_get_grad, ggml_graph_get_grad_acc,
+    ggml_graph_get_tensor, ggml_graph_n_nodes, ggml_graph_nbytes, ggml_graph_node,
+    ggml_graph_overhead, ggml_graph_overhead_custom, ggml_graph_print, ggml_graph_size,
+    ggml_graph_view, ggml_hash_size, ggml_new_graph, ggml_new_graph_custom,
+)
+from engine.autodiff import (
+    ggml_build_backward_expand, ggml_graph_dup, ggml_graph_reset, ggml_set_zero,
+)
+from engine.compute import (
+    CPlan, GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS, ggml_get_n_tasks, ggml_graph_compute,
+    ggml_graph_compute_with_ctx, ggml_graph_plan,
+)
+from engine.quants import (
+    ggml_get_type_traits, ggml_quantize_chunk, ggml_quantize_requires_imatrix,
+)
+from engine.gguf.api import (
+    GGUF_DEFAULT_ALIGNMENT, GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC, GGUF_TYPE_ARRAY, GGUF_TYPE_BOOL,
+    GGUF_TYPE_COUNT, GGUF_TYPE_FLOAT32, GGUF_TYPE_FLOAT64, GGUF_TYPE_INT16, GGUF_TYPE_INT32,
+    GGUF_TYPE_INT64, GGUF_TYPE_INT8, GGUF_TYPE_STRING, GGUF_TYPE_UINT16, GGUF_TYPE_UINT32,
+    GGUF_TYPE_UINT64, GGUF_TYPE_UINT8, GGUF_VERSION, gguf_add_tensor, gguf_find_key,
+    gguf_find_tensor, gguf_free, gguf_get_alignment, gguf_get_arr_data, gguf_get_arr_n,
+    gguf_get_arr_str, gguf_get_arr_type, gguf_get_data_offset, gguf_get_key, gguf_get_kv_type,
+    gguf_get_meta_data, gguf_get_meta_size, gguf_get_n_kv, gguf_get_n_tensors, gguf_get_tensor_name,
+    gguf_get_tensor_ne, gguf_get_tensor_offset, gguf_get_tensor_size, gguf_get_tensor_type,
+    gguf_get_val_bool, gguf_get_val_data, gguf_get_val_f32, gguf_get_val_f64, gguf_get_val_i16,
+    gguf_get_val_i32, gguf_get_val_i64, gguf_get_val_i8, gguf_get_val_str, gguf_get_val_u16,
+    gguf_get_val_u32, gguf_get_val_u64, gguf_get_val_u8, gguf_get_version, gguf_init_empty,
+    gguf_init_from_file, gguf_init_params, gguf_remove_key, gguf_set_arr_data, gguf_set_arr_str,
+    gguf_set_kv, gguf_set_val_bool, gguf_set_val_f32, gguf_set_val_f64, gguf_set_val_i16,
+    gguf_set_val_i32, gguf_set_val_i64, gguf_set_val_i8, gguf_set_val_str, gguf_set_val_u16,
+    gguf_set_val_u32, gguf_set_val_u64, gguf_set_val_u8, gguf_type_name, gguf_type_size,
+    gguf_write_to_file,
+)
 
-# every ggml_* and gguf_* function of the engine modules, under its ggml name
-for _module in (_types, _context, _tensor, _ops, _ops_math, _ops_nn, _ops_back, _optable, _graph,
-                _autodiff, _compute, _quants, _gguf):
-    for _name in dir(_module):
-        if _name.startswith(("ggml_", "GGML_", "gguf_", "GGUF_")):
-            globals()[_name] = getattr(_module, _name)
+__all__ = [  # the enum constants are added below
+    "CPlan", "Context", "GGMLAssertionError", "GGMLGluOp", "GGMLNotSupportedError", "GGMLOp",
+    "GGMLPoolError", "GGMLType", "GGMLUnaryOp", "GGML_DEFAULT_GRAPH_SIZE", "GGML_GLU_OP_COUNT",
+    "GGML_HASHSET_ALREADY_EXISTS", "GGML_HASHSET_FULL", "GGML_MAX_DIMS", "GGML_MAX_NAME",
+    "GGML_MAX_OP_PARAMS", "GGML_MAX_SRC", "GGML_MEM_ALIGN", "GGML_MROPE_SECTIONS",
+    "GGML_OBJECT_SIZE", "GGML_OBJECT_TYPE_GRAPH", "GGML_OBJECT_TYPE_TENSOR",
+    "GGML_OBJECT_TYPE_WORK_BUFFER", "GGML_OP_COUNT", "GGML_OP_POOL_AVG", "GGML_OP_POOL_COUNT",
+    "GGML_OP_POOL_MAX", "GGML_PAD", "GGML_PREC_DEFAULT", "GGML_PREC_F32", "GGML_ROPE_TYPE_IMROPE",
+    "GGML_ROPE_TYPE_MROPE", "GGML_ROPE_TYPE_NEOX", "GGML_ROPE_TYPE_NORMAL", "GGML_ROPE_TYPE_VISION",
+    "GGML_SCALE_FLAG_ALIGN_CORNERS", "GGML_SCALE_FLAG_ANTIALIAS", "GGML_SCALE_MODE_BICUBIC",
+    "GGML_SCALE_MODE_BILINEAR", "GGML_SCALE_MODE_COUNT", "GGML_SCALE_MODE_NEAREST",
+    "GGML_SORT_ORDER_ASC", "GGML_SORT_ORDER_DESC", "GGML_STATUS_ABORTED", "GGML_STATUS_SUCCESS",
+    "GGML_TENSOR_FLAG_COMPUTE", "GGML_TENSOR_FLAG_INPUT", "GGML_TENSOR_FLAG_LOSS",
+    "GGML_TENSOR_FLAG_OUTPUT", "GGML_TENSOR_FLAG_PARAM", "GGML_TENSOR_SIZE", "GGML_TYPE_COUNT",
+    "GGML_UNARY_OP_COUNT", "GGUF_DEFAULT_ALIGNMENT", "GGUF_KEY_GENERAL_ALIGNMENT", "GGUF_MAGIC",
+    "GGUF_TYPE_ARRAY", "GGUF_TYPE_BOOL", "GGUF_TYPE_COUNT", "GGUF_TYPE_FLOAT32",
+    "GGUF_TYPE_FLOAT64", "GGUF_TYPE_INT16", "GGUF_TYPE_INT32", "GGUF_TYPE_INT64", "GGUF_TYPE_INT8",
+    "GGUF_TYPE_STRING", "GGUF_TYPE_UINT16", "GGUF_TYPE_UINT32", "GGUF_TYPE_UINT64",
+    "GGUF_TYPE_UINT8", "GGUF_VERSION", "Graph", "Tensor", "data_bytes", "ggml_abs",
+    "ggml_abs_inplace", "ggml_acc", "ggml_acc_inplace", "ggml_add", "ggml_add1",
+    "ggml_add1_inplace", "ggml_add_inplace", "ggml_arange", "ggml_are_same_shape",
+    "ggml_are_same_stride", "ggml_argmax", "ggml_argsort", "ggml_argsort_top_k", "ggml_assert",
+    "ggml_blck_size", "ggml_build_backward_expand", "ggml_build_forward_expand",
+    "ggml_build_forward_select", "ggml_can_mul_mat", "ggml_can_out_prod", "ggml_can_repeat",
+    "ggml_can_repeat_rows", "ggml_cast", "ggml_ceil", "ggml_ceil_inplace", "ggml_clamp",
+    "ggml_compute_softplus_f32", "ggml_concat", "ggml_cont", "ggml_cont_1d", "ggml_cont_2d",
+    "ggml_cont_3d", "ggml_cont_4d", "ggml_conv_1d", "ggml_conv_2d", "ggml_conv_2d_direct",
+    "ggml_conv_2d_s1_ph", "ggml_conv_2d_sk_p0", "ggml_cos", "ggml_cos_inplace", "ggml_count_equal",
+    "ggml_cpy", "ggml_cross_entropy_loss", "ggml_cross_entropy_loss_back", "ggml_diag_mask_inf",
+    "ggml_diag_mask_inf_inplace", "ggml_diag_mask_zero", "ggml_diag_mask_zero_inplace", "ggml_div",
+    "ggml_div_inplace", "ggml_dup", "ggml_dup_inplace", "ggml_dup_tensor", "ggml_element_size",
+    "ggml_elu", "ggml_elu_inplace", "ggml_exp", "ggml_exp_inplace", "ggml_expm1",
+    "ggml_expm1_inplace", "ggml_flash_attn_ext", "ggml_flash_attn_ext_add_sinks",
+    "ggml_flash_attn_ext_get_prec", "ggml_flash_attn_ext_set_prec", "ggml_floor",
+    "ggml_floor_inplace", "ggml_format_name", "ggml_free", "ggml_geglu", "ggml_geglu_erf",
+    "ggml_geglu_erf_split", "ggml_geglu_erf_swapped", "ggml_geglu_quick", "ggml_geglu_quick_split",
+    "ggml_geglu_quick_swapped", "ggml_geglu_split", "ggml_geglu_swapped", "ggml_gelu",
+    "ggml_gelu_erf", "ggml_gelu_erf_inplace", "ggml_gelu_inplace", "ggml_gelu_quick",
+    "ggml_gelu_quick_inplace", "ggml_get_data_f32", "ggml_get_f32_1d", "ggml_get_first_tensor",
+    "ggml_get_i32_1d", "ggml_get_max_tensor_size", "ggml_get_mem_buffer", "ggml_get_mem_size",
+    "ggml_get_n_tasks", "ggml_get_name", "ggml_get_next_tensor", "ggml_get_no_alloc",
+    "ggml_get_op_params_f32", "ggml_get_op_params_i32", "ggml_get_rows", "ggml_get_rows_back",
+    "ggml_get_tensor", "ggml_get_type_traits", "ggml_glu", "ggml_glu_op_name", "ggml_glu_split",
+    "ggml_graph_add_node", "ggml_graph_clear", "ggml_graph_compute", "ggml_graph_compute_with_ctx",
+    "ggml_graph_cpy", "ggml_graph_dump_dot", "ggml_graph_dup", "ggml_graph_get_grad",
+    "ggml_graph_get_grad_acc", "ggml_graph_get_tensor", "ggml_graph_n_nodes", "ggml_graph_nbytes",
+    "ggml_graph_node", "ggml_graph_overhead", "ggml_graph_overhead_custom", "ggml_graph_plan",
+    "ggml_graph_print", "ggml_graph_reset", "ggml_graph_size", "ggml_graph_view", "ggml_group_norm",
+    "ggml_group_norm_inplace", "ggml_hardsigmoid", "ggml_hardswish", "ggml_hash_size",
+    "ggml_im2col", "ggml_im2col_back", "ggml_init", "ggml_init_params", "ggml_interpolate",
+    "ggml_is_3d", "ggml_is_contiguous", "ggml_is_contiguous_0", "ggml_is_contiguous_1",
+    "ggml_is_contiguous_2", "ggml_is_contiguous_channels", "ggml_is_contiguous_rows",
+    "ggml_is_contiguously_allocated", "ggml_is_empty", "ggml_is_matrix", "ggml_is_padded_1d",
+    "ggml_is_permuted", "ggml_is_quantized", "ggml_is_scalar", "ggml_is_transposed",
+    "ggml_is_vector", "ggml_l2_norm", "ggml_l2_norm_inplace", "ggml_leaky_relu", "ggml_log",
+    "ggml_log_inplace", "ggml_mean", "ggml_mul", "ggml_mul_inplace", "ggml_mul_mat",
+    "ggml_mul_mat_set_prec", "ggml_n_dims", "ggml_nbytes", "ggml_nbytes_pad", "ggml_neg",
+    "ggml_neg_inplace", "ggml_nelements", "ggml_new_buffer", "ggml_new_f32", "ggml_new_graph",
+    "ggml_new_graph_custom", "ggml_new_i32", "ggml_new_object", "ggml_new_tensor",
+    "ggml_new_tensor_1d", "ggml_new_tensor_2d", "ggml_new_tensor_3d", "ggml_new_tensor_4d",
+    "ggml_new_tensor_impl", "ggml_norm", "ggml_norm_inplace", "ggml_nrows", "ggml_op_name",
+    "ggml_op_symbol", "ggml_opt_step_adamw", "ggml_opt_step_sgd", "ggml_out_prod", "ggml_pad",
+    "ggml_pad_circular", "ggml_pad_ext", "ggml_pad_ext_circular", "ggml_permute", "ggml_pool_1d",
+    "ggml_pool_2d", "ggml_pool_2d_back", "ggml_print_objects", "ggml_quantize_chunk",
+    "ggml_quantize_requires_imatrix", "ggml_reglu", "ggml_reglu_split", "ggml_reglu_swapped",
+    "ggml_relu", "ggml_relu_inplace", "ggml_repeat", "ggml_repeat_4d", "ggml_repeat_back",
+    "ggml_reset", "ggml_reshape", "ggml_reshape_1d", "ggml_reshape_2d", "ggml_reshape_3d",
+    "ggml_reshape_4d", "ggml_rms_norm", "ggml_rms_norm_back", "ggml_rms_norm_inplace", "ggml_rope",
+    "ggml_rope_ext", "ggml_rope_ext_back", "ggml_rope_ext_inplace", "ggml_rope_inplace",
+    "ggml_rope_multi", "ggml_rope_multi_back", "ggml_rope_multi_inplace",
+    "ggml_rope_yarn_corr_dims", "ggml_round", "ggml_round_inplace", "ggml_row_size", "ggml_scale",
+    "ggml_scale_bias", "ggml_scale_bias_inplace", "ggml_scale_inplace", "ggml_set", "ggml_set_1d",
+    "ggml_set_1d_inplace", "ggml_set_2d", "ggml_set_2d_inplace", "ggml_set_f32", "ggml_set_f32_1d",
+    "ggml_set_i32", "ggml_set_i32_1d", "ggml_set_inplace", "ggml_set_input", "ggml_set_loss",
+    "ggml_set_name", "ggml_set_no_alloc", "ggml_set_op_params", "ggml_set_op_params_f32",
+    "ggml_set_op_params_i32", "ggml_set_output", "ggml_set_param", "ggml_set_rows", "ggml_set_zero",
+    "ggml_sgn", "ggml_sgn_inplace", "ggml_sigmoid", "ggml_sigmoid_inplace", "ggml_silu",
+    "ggml_silu_back", "ggml_silu_inplace", "ggml_sin", "ggml_sin_inplace", "ggml_soft_max",
+    "ggml_soft_max_add_sinks", "ggml_soft_max_ext", "ggml_soft_max_ext_back",
+    "ggml_soft_max_ext_back_inplace", "ggml_soft_max_ext_inplace", "ggml_soft_max_inplace",
+    "ggml_softplus", "ggml_softplus_inplace", "ggml_sqr", "ggml_sqr_inplace", "ggml_sqrt",
+    "ggml_sqrt_inplace", "ggml_step", "ggml_step_inplace", "ggml_sub", "ggml_sub_inplace",
+    "ggml_sum", "ggml_sum_rows", "ggml_swiglu", "ggml_swiglu_oai", "ggml_swiglu_split",
+    "ggml_swiglu_swapped", "ggml_tanh", "ggml_tanh_inplace", "ggml_tensor_overhead",
+    "ggml_timestep_embedding", "ggml_top_k", "ggml_transpose", "ggml_trunc", "ggml_trunc_inplace",
+    "ggml_type_name", "ggml_type_size", "ggml_unary", "ggml_unary_inplace", "ggml_unary_op_name",
+    "ggml_upscale", "ggml_upscale_ext", "ggml_used_mem", "ggml_view_1d", "ggml_view_2d",
+    "ggml_view_3d", "ggml_view_4d", "ggml_view_tensor", "ggml_xielu", "gguf_add_tensor",
+    "gguf_find_key", "gguf_find_tensor", "gguf_free", "gguf_get_alignment", "gguf_get_arr_data",
+    "gguf_get_arr_n", "gguf_get_arr_str", "gguf_get_arr_type", "gguf_get_data_offset",
+    "gguf_get_key", "gguf_get_kv_type", "gguf_get_meta_data", "gguf_get_meta_size", "gguf_get_n_kv",
+    "gguf_get_n_tensors", "gguf_get_tensor_name", "gguf_get_tensor_ne", "gguf_get_tensor_offset",
+    "gguf_get_tensor_size", "gguf_get_tensor_type", "gguf_get_val_bool", "gguf_get_val_data",
+    "gguf_get_val_f32", "gguf_get_val_f64", "gguf_get_val_i16", "gguf_get_val_i32",
+    "gguf_get_val_i64", "gguf_get_val_i8", "gguf_get_val_str", "gguf_get_val_u16",
+    "gguf_get_val_u32", "gguf_get_val_u64", "gguf_get_val_u8", "gguf_get_version",
+    "gguf_init_empty", "gguf_init_from_file", "gguf_init_params", "gguf_remove_key",
+    "gguf_set_arr_data", "gguf_set_arr_str", "gguf_set_kv", "gguf_set_val_bool", "gguf_set_val_f32",
+    "gguf_set_val_f64", "gguf_set_val_i16", "gguf_set_val_i32", "gguf_set_val_i64",
+    "gguf_set_val_i8", "gguf_set_val_str", "gguf_set_val_u16", "gguf_set_val_u32",
+    "gguf_set_val_u64", "gguf_set_val_u8", "gguf_type_name", "gguf_type_size", "gguf_write_to_file",
+    "set_data", "to_numpy", "format_tensor",
+]
 
-# enum constants with ggml's spelling: GGML_TYPE_F32, GGML_OP_MUL_MAT, GGML_UNARY_OP_GELU, ...
+# ggml.h's enum constants under their C spelling (GGML_TYPE_F32, GGML_OP_MUL_MAT,
+# GGML_UNARY_OP_GELU, GGML_GLU_OP_SWIGLU, ...), one per member of the engine's enums
 for _enum, _prefix in ((GGMLType, "GGML_TYPE_"), (GGMLOp, "GGML_OP_"),
                        (GGMLUnaryOp, "GGML_UNARY_OP_"), (GGMLGluOp, "GGML_GLU_OP_")):
     for _member in _enum:
         globals()[_prefix + _member.name] = _member
+        __all__.append(_prefix + _member.name)
 
 
 def _gdb_array(values: list[str]) -> str:

@@ -55,6 +55,16 @@ def _record(result: Tensor, op: GGMLOp, *srcs: Tensor | None) -> Tensor:
     return result
 
 
+def _ne(t: Tensor) -> list[int]:
+    """t->ne as a list of ints (for shapes and messages)."""
+    return [int(x) for x in t.ne]
+
+
+def _dup_or_view(ctx: Context, a: Tensor, inplace: bool) -> Tensor:
+    """The result of an op and its _inplace twin: a new tensor like a, or a view of a."""
+    return ggml_view_tensor(ctx, a) if inplace else ggml_dup_tensor(ctx, a)
+
+
 # --- dup, cpy, cast, cont --------------------------------------------------------------------
 
 def ggml_dup(ctx: Context, a: Tensor) -> Tensor:

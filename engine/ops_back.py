@@ -14,7 +14,7 @@ import struct
 from engine.context import Context
 from engine.errors import ggml_assert
 from engine.layout import GGML_MAX_DIMS
-from engine.ops import _record, ggml_set_op_params
+from engine.ops import _ne, _record, ggml_set_op_params
 from engine.ops_nn import ggml_rope_multi
 from engine.optable import GGMLOp
 from engine.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
@@ -22,9 +22,6 @@ from engine.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, g
     ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
 from engine.types import GGMLType
 
-
-def _ne(t: Tensor) -> list[int]:
-    return [int(x) for x in t.ne]
 
 
 def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ import numpy as np
 from engine import libm
 from engine.context import Context
 from engine.errors import ggml_assert
-from engine.ops import _record, ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, \
+from engine.ops import _ne, _record, ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, \
     ggml_reshape_3d, ggml_reshape_4d, ggml_set_op_params, ggml_set_op_params_i32
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_dup_tensor, ggml_is_contiguous, ggml_is_contiguous_rows, \
@@ -52,9 +52,6 @@ GGML_PREC_F32 = 10
 
 _F32 = np.float32
 
-
-def _ne(t: Tensor) -> list[int]:
-    return [int(x) for x in t.ne]
 
 
 def _f32_params(*values: float) -> bytes:

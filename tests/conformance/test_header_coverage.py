@@ -1,4 +1,4 @@
-"""Which functions of ggml-alloc.h and ggml-backend.h (CPU) the engine's facades provide.
+"""Which functions of ggml.h, gguf.h, ggml-alloc.h and ggml-backend.h (CPU) the engine's facades provide.
 
 The oracle's exported functions are read from ggml-python (every bound function has ctypes
 argtypes). ggml-alloc.h must be complete. For ggml-backend.h, functions of other backends are
@@ -8,9 +8,12 @@ test fails both when a facade loses a function and when one is built without upd
 
 from __future__ import annotations
 
+import ctypes
+import pathlib
+
 import ggml as real
 
-from engine import ggml_alloc, ggml_backend
+from engine import ggml, ggml_alloc, ggml_backend, ggml_cpu
 
 
 def oracle_functions(prefixes):
@@ -57,3 +60,93 @@ def test_ggml_backend_h_cpu_coverage():
     oracle -= oracle_functions(("ggml_backend_alloc_ctx_tensors",))  # ggml-alloc.h
     missing = oracle - set(ggml_backend.__all__)
     assert missing == NOT_BUILT, (sorted(missing - NOT_BUILT), sorted(NOT_BUILT - missing))
+
+
+# --- ggml.h and gguf.h: engine.ggml --------------------------------------------------------------
+
+def base_library_functions() -> set[str]:
+    """The ggml.h/gguf.h/ggml-backend.h/ggml-alloc.h/ggml-opt.h functions of the oracle: names
+    ggml-python binds whose symbol libggml-base.so exports."""
+    lib = ctypes.CDLL(str(pathlib.Path(real.__file__).parent / "lib" / "libggml-base.so"))
+    return {n for n in dir(real) if n.startswith(("ggml_", "gguf_")) and hasattr(lib, n)}
+
+
+OTHER_HEADERS = ("ggml_backend_", "ggml_gallocr_", "ggml_tallocr_", "ggml_opt_")  # their own facades
+OUT_OF_SCOPE = {  # ggml.h/gguf.h functions the engine leaves out on purpose
+    "ggml_fopen": "opens a C FILE* (Windows UTF-8 paths); Python opens files itself",
+    "gguf_init_from_file_ptr": "reads from a C FILE*; gguf_init_from_file takes the path",
+    "gguf_write_to_file_ptr": "writes to a C FILE*; gguf_write_to_file takes the path",
+    "ggml_print_backtrace": "prints the C call stack of a crash; a Python traceback does that",
+}
+NOT_BUILT_GGML_H = {  # ggml.h/gguf.h functions still missing from engine.ggml (issue 16)
+    "ggml_abort", "ggml_add_cast", "ggml_add_id", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
+    "ggml_bf16_to_fp32", "ggml_bf16_to_fp32_row", "ggml_col2im_1d", "ggml_commit", "ggml_conv_1d_dw",
+    "ggml_conv_1d_dw_ph", "ggml_conv_1d_ph", "ggml_conv_2d_dw", "ggml_conv_2d_dw_direct", "ggml_conv_3d",
+    "ggml_conv_3d_direct", "ggml_conv_transpose_1d", "ggml_conv_transpose_2d_p0", "ggml_cumsum",
+    "ggml_custom_4d", "ggml_custom_inplace", "ggml_cycles", "ggml_cycles_per_ms", "ggml_diag", "ggml_fill",
+    "ggml_fill_inplace", "ggml_flash_attn_back", "ggml_fp16_to_fp32", "ggml_fp16_to_fp32_row",
+    "ggml_fp32_to_bf16", "ggml_fp32_to_bf16_row", "ggml_fp32_to_bf16_row_ref", "ggml_fp32_to_fp16",
+    "ggml_fp32_to_fp16_row", "ggml_ftype_to_ggml_type", "ggml_gated_delta_net", "ggml_gated_linear_attn",
+    "ggml_get_data", "ggml_get_glu_op", "ggml_get_rel_pos", "ggml_get_unary_op", "ggml_graph_nodes",
+    "ggml_guid_matches", "ggml_im2col_3d", "ggml_is_view", "ggml_log_get", "ggml_log_set",
+    "ggml_map_custom1", "ggml_map_custom1_inplace", "ggml_map_custom2", "ggml_map_custom2_inplace",
+    "ggml_map_custom3", "ggml_map_custom3_inplace", "ggml_mul_mat_id", "ggml_mul_mat_set_hint",
+    "ggml_op_desc", "ggml_pad_reflect_1d", "ggml_print_object", "ggml_quantize_free", "ggml_quantize_init",
+    "ggml_roll", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_rwkv_wkv6", "ggml_rwkv_wkv7",
+    "ggml_set_abort_callback", "ggml_solve_tri", "ggml_ssm_conv", "ggml_ssm_scan", "ggml_status_to_string",
+    "ggml_time_init", "ggml_time_ms", "ggml_time_us", "ggml_tri", "ggml_type_sizef", "ggml_unravel_index",
+    "ggml_validate_row_data", "ggml_version", "ggml_win_part", "ggml_win_unpart", "gguf_init_from_buffer",
+    "gguf_init_from_callback", "gguf_set_tensor_data", "gguf_set_tensor_type",
+}
+ENGINE_ONLY = {  # facade functions with no exported twin in the oracle
+    "ggml_assert": "GGML_ASSERT, a macro in C",
+    "ggml_can_mul_mat": "static in ggml.c; the facade names the rule its asserts quote",
+    "ggml_can_out_prod": "static in ggml.c",
+    "ggml_can_repeat_rows": "static in ggml.c",
+    "ggml_is_padded_1d": "static in ggml.c",
+    "ggml_new_object": "static in ggml.c; the arena's allocator, shown step by step",
+    "ggml_new_tensor_impl": "static in ggml.c; every ggml_new_tensor_* goes through it",
+    "ggml_compute_softplus_f32": "static inline in ggml-impl.h (ggml_xielu stores its values)",
+    "ggml_get_op_params_f32": "static inline in ggml-impl.h",
+    "ggml_get_op_params_i32": "static inline in ggml-impl.h",
+    "ggml_set_op_params": "static inline in ggml-impl.h",
+    "ggml_set_op_params_f32": "static inline in ggml-impl.h",
+    "ggml_set_op_params_i32": "static inline in ggml-impl.h",
+    "ggml_hash_size": "ggml-impl.h: the graph's hash-set size",
+    "ggml_graph_nbytes": "static in ggml.c: the bytes a graph object takes",
+    "ggml_get_n_tasks": "static in ggml-cpu.c: each node's thread count in ggml_graph_plan",
+    "gguf_type_size": "gguf.cpp's internal size table (GGUF_TYPE_SIZE)",
+    "gguf_get_tensor_ne": "the shape of a GGUF tensor info, which C reads from the struct",
+}
+
+
+def _functions(module) -> set[str]:
+    return {n for n in module.__all__ if n.startswith(("ggml_", "gguf_"))
+            and callable(getattr(module, n)) and not isinstance(getattr(module, n), type)}
+
+
+def test_ggml_facade_lists_every_name_it_has():
+    public = {n for n in dir(ggml) if not n.startswith("_")} - {"annotations"}
+    assert public == set(ggml.__all__)
+    assert len(ggml.__all__) == len(set(ggml.__all__))
+
+
+def test_ggml_h_and_gguf_h_coverage():
+    oracle = {n for n in base_library_functions() if not n.startswith(OTHER_HEADERS)}
+    assert len(oracle) >= 400
+    missing = oracle - set(ggml.__all__) - set(ggml_cpu.__all__) - set(OUT_OF_SCOPE)
+    assert missing == NOT_BUILT_GGML_H, (sorted(missing - NOT_BUILT_GGML_H),
+                                          sorted(NOT_BUILT_GGML_H - missing))
+    assert set(OUT_OF_SCOPE) <= oracle
+
+
+def test_ggml_facade_functions_are_ggml_functions():
+    """Every function the facade offers is one of the oracle's, or is in ENGINE_ONLY with a reason."""
+    theirs = {n for n in dir(real) if n.startswith(("ggml_", "gguf_"))}
+    assert _functions(ggml) - theirs == set(ENGINE_ONLY)
+
+
+def test_ggml_constants_equal_the_oracle():
+    shared = [n for n in ggml.__all__ if n.startswith(("GGML_", "GGUF_")) and isinstance(getattr(real, n, None), int)]
+    assert len(shared) >= 200
+    assert [n for n in shared if int(getattr(ggml, n)) != getattr(real, n)] == []
