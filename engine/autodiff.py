@@ -30,8 +30,9 @@ from engine.ops_unary import ggml_cos, ggml_exp, ggml_neg, ggml_sgn, ggml_sigmoi
 from engine.ops_nn import ggml_diag_mask_zero, ggml_rope_ext_back
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.tensor import GGML_TENSOR_FLAG_LOSS, GGML_TENSOR_FLAG_PARAM, Tensor, \
-    ggml_are_same_shape, ggml_element_size, ggml_format_name, ggml_is_contiguous, \
-    ggml_is_scalar, ggml_nbytes, ggml_nelements, ggml_new_tensor, data_bytes
+    ggml_are_same_shape, ggml_element_size, ggml_format_name, ggml_is_contiguous, ggml_is_scalar, \
+    ggml_nbytes, ggml_nelements, ggml_new_tensor
+from engine.tensor_data import data_bytes
 from engine.types import GGMLType
 
 O = GGMLOp

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import ggml_assert
-from engine.tensor import Tensor, _element_view, _from_f32, _to_f32
+from engine.tensor import Tensor
+from engine.tensor_data import _element_view, _from_f32, _to_f32
 from engine.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 

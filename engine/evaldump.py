@@ -23,7 +23,8 @@ import numpy as np
 
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.tensor import Tensor, data_bytes, ggml_nbytes
+from engine.tensor import Tensor, ggml_nbytes
+from engine.tensor_data import data_bytes
 from engine.types import TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32
 
 PREFIX = "common_debug_cb_eval"

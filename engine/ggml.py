@@ -37,18 +37,20 @@ from engine.context import (
 )
 from engine.tensor import (
     GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_LOSS,
-    GGML_TENSOR_FLAG_OUTPUT, GGML_TENSOR_FLAG_PARAM, Tensor, data_bytes, ggml_are_same_shape,
+    GGML_TENSOR_FLAG_OUTPUT, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape,
     ggml_are_same_stride, ggml_can_repeat, ggml_can_repeat_rows, ggml_dup_tensor, ggml_element_size,
-    ggml_format_name, ggml_get_data_f32, ggml_get_f32_1d, ggml_get_first_tensor, ggml_get_i32_1d,
-    ggml_get_max_tensor_size, ggml_get_name, ggml_get_next_tensor, ggml_get_tensor, ggml_is_3d,
-    ggml_is_contiguous, ggml_is_contiguous_0, ggml_is_contiguous_1, ggml_is_contiguous_2,
-    ggml_is_contiguous_channels, ggml_is_contiguous_rows, ggml_is_contiguously_allocated,
-    ggml_is_empty, ggml_is_matrix, ggml_is_permuted, ggml_is_scalar, ggml_is_transposed,
-    ggml_is_vector, ggml_n_dims, ggml_nbytes, ggml_nbytes_pad, ggml_nelements, ggml_new_f32,
-    ggml_new_i32, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_new_tensor_3d,
-    ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_nrows, ggml_set_f32, ggml_set_f32_1d,
-    ggml_set_i32, ggml_set_i32_1d, ggml_set_input, ggml_set_loss, ggml_set_name, ggml_set_output,
-    ggml_set_param, ggml_view_tensor, set_data, to_numpy,
+    ggml_format_name, ggml_get_first_tensor, ggml_get_max_tensor_size, ggml_get_name,
+    ggml_get_next_tensor, ggml_get_tensor, ggml_is_3d, ggml_is_contiguous, ggml_is_contiguous_0,
+    ggml_is_contiguous_1, ggml_is_contiguous_2, ggml_is_contiguous_channels,
+    ggml_is_contiguous_rows, ggml_is_contiguously_allocated, ggml_is_empty, ggml_is_matrix,
+    ggml_is_permuted, ggml_is_scalar, ggml_is_transposed, ggml_is_vector, ggml_n_dims, ggml_nbytes,
+    ggml_nbytes_pad, ggml_nelements, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_2d,
+    ggml_new_tensor_3d, ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_nrows, ggml_set_input,
+    ggml_set_loss, ggml_set_name, ggml_set_output, ggml_set_param, ggml_view_tensor,
+)
+from engine.tensor_data import (
+    data_bytes, ggml_get_data_f32, ggml_get_f32_1d, ggml_get_i32_1d, ggml_new_f32, ggml_new_i32,
+    ggml_set_f32, ggml_set_f32_1d, ggml_set_i32, ggml_set_i32_1d, set_data, to_numpy,
 )
 from engine.ops import (
     ggml_add, ggml_add_inplace, ggml_can_mul_mat, ggml_cast, ggml_cont, ggml_cont_1d, ggml_cont_2d,

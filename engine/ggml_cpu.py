@@ -69,7 +69,7 @@ from engine.backend import (
     ggml_backend_cpu_buffer_type,
     ggml_backend_cpu_buffer_from_ptr,
 )
-from engine.tensor import (
+from engine.tensor_data import (
     ggml_new_i32,
     ggml_new_f32,
     ggml_set_i32,

@@ -15,7 +15,8 @@ import numpy as np
 # the layers below the facade (engine.ggml imports this package)
 from engine.context import (Context, ggml_free, ggml_init, ggml_init_params, ggml_set_no_alloc,
                             ggml_tensor_overhead)
-from engine.tensor import data_bytes, ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
+from engine.tensor import ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
+from engine.tensor_data import data_bytes
 from engine.types import GGMLType
 
 from .format import SIZE_MAX, GGUFError

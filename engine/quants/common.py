@@ -4,7 +4,7 @@ Mirrors the small helpers at the top of ggml-quants.c (`nearest_int`, `best_inde
 absolute-max scans) and the lookup tables of ggml-common.h that more than one family uses.
 Everything here works on whole arrays of blocks at once; float32 arithmetic is done in float32,
 in C's order of operations, so results are bit-identical to ggml's scalar C code.
-Leaves out: the grid tables of the IQ1/IQ2/IQ3 types (see `iq_tables.py`).
+Leaves out: the grid tables of the IQ1/IQ2/IQ3 types (see `grids_iq2.py` and `grids_iq1_iq3.py`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ class QuantKind:
 
     def __post_init__(self) -> None:
         assert self.dtype.itemsize == traits(self.type).type_size, self.type
+
+
+def hex_table(hexes: tuple[str, ...], dtype: str) -> np.ndarray:
+    """A lookup table written as little-endian bytes in hex (the IQ grids), read-only."""
+    return np.frombuffer(bytes.fromhex("".join(hexes)), dtype=dtype)
 
 
 def block_dtype(*fields: tuple) -> np.dtype:

@@ -1,7 +1,7 @@
 """IQ grid types: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (super-blocks of 256).
 
 Mirrors the block structs of ggml-common.h and `dequantize_row_<t>` in ggml-quants.c. Groups of 8
-(IQ2, IQ1) or 4 (IQ3) elements are one index into a lattice table (`iq_tables.py`), with signs
+(IQ2, IQ1) or 4 (IQ3) elements are one index into a lattice table (`grids_iq2.py`, `grids_iq1_iq3.py`), with signs
 from `ksigns_iq2xs` (7 stored bits, the 8th makes the parity even) or, for IQ1, a shared +-1/8 shift.
 Dequantizing gathers each row of 8 (or 4) already-signed int8 quants from tables built here at
 import (every grid row times every sign pattern), then scales them in one float32 pass.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants import iq_tables as tab
+from engine.quants import grids_iq1_iq3, grids_iq2
 from engine.quants.common import F32, QuantKind, copy_runs, flip_nan_signs, h2f, scaled
 from engine.quants.iq_blocks import (BLOCK_IQ1_M, BLOCK_IQ1_S, BLOCK_IQ2_S, BLOCK_IQ2_XS,
                                      BLOCK_IQ2_XXS, BLOCK_IQ3_S, BLOCK_IQ3_XXS)
@@ -27,7 +27,7 @@ IQ1S_DELTA = F32(0.125)
 # or uint32 (4 elements): one gather per row of 8 (or 4) signed quants, no float table.
 # Grid values are 1..62, so +-g fits int8. Signs come as ksigns_iq2xs[7 bits] for a row of 8,
 # or as the nibble (4 of the 8 sign bits) that covers a row of 4.
-_KSIGN_BITS = (tab.KSIGNS_IQ2XS[:, None] >> np.arange(8)) & 1  # (128, 8)
+_KSIGN_BITS = (grids_iq2.KSIGNS_IQ2XS[:, None] >> np.arange(8)) & 1  # (128, 8)
 _NIBBLE_BITS = (np.arange(16)[:, None] >> np.arange(4)) & 1  # (16, 4)
 
 
@@ -39,14 +39,14 @@ def _signed_rows(grid: np.ndarray, width: int, sign_bits: np.ndarray) -> np.ndar
     return v.reshape(-1).view(np.uint64 if width == 8 else np.uint32)
 
 
-_IQ2XXS_ROWS = _signed_rows(tab.IQ2XXS_GRID, 8, _KSIGN_BITS)  # [s7 << 8 | grid]
-_IQ2XS_ROWS = _signed_rows(tab.IQ2XS_GRID, 8, _KSIGN_BITS)  # [s7 << 9 | grid]: the qs word
-_IQ2S_QUADS = _signed_rows(tab.IQ2S_GRID, 4, _NIBBLE_BITS)  # [nibble << 11 | grid << 1 | half]
-_IQ3XXS_QUADS = _signed_rows(tab.IQ3XXS_GRID, 4, _NIBBLE_BITS)  # [nibble << 8 | grid]
-_IQ3S_QUADS = _signed_rows(tab.IQ3S_GRID, 4, _NIBBLE_BITS)  # [nibble << 9 | grid]
+_IQ2XXS_ROWS = _signed_rows(grids_iq2.IQ2XXS_GRID, 8, _KSIGN_BITS)  # [s7 << 8 | grid]
+_IQ2XS_ROWS = _signed_rows(grids_iq2.IQ2XS_GRID, 8, _KSIGN_BITS)  # [s7 << 9 | grid]: the qs word
+_IQ2S_QUADS = _signed_rows(grids_iq2.IQ2S_GRID, 4, _NIBBLE_BITS)  # [nibble << 11 | grid << 1 | half]
+_IQ3XXS_QUADS = _signed_rows(grids_iq1_iq3.IQ3XXS_GRID, 4, _NIBBLE_BITS)  # [nibble << 8 | grid]
+_IQ3S_QUADS = _signed_rows(grids_iq1_iq3.IQ3S_GRID, 4, _NIBBLE_BITS)  # [nibble << 9 | grid]
 # IQ1: grid + delta (grid in {-1, 0, 1}, delta = +-1/8) is exactly q/8 for the odd int8
 # q = 8*grid +- 1; entry [delta < 0] << 11 | grid.
-_G1S = tab.IQ1S_GRID.view(np.int8).reshape(-1, 8)
+_G1S = grids_iq1_iq3.IQ1S_GRID.view(np.int8).reshape(-1, 8)
 _IQ1_ROWS = np.concatenate([8 * _G1S + 1, 8 * _G1S - 1]).astype(np.int8).reshape(-1).view(np.uint64)
 
 
@@ -112,7 +112,7 @@ def dequantize_iq3_xxs(b: np.ndarray) -> np.ndarray:
     qs = b["qs"][:, :64].reshape(-1, 8, 4, 2)  # (nb, ib32, l, grid1/grid2)
     aux = np.ascontiguousarray(b["qs"][:, 64:]).view("<u4")  # (nb, 8)
     db = h2f(b["d"])[:, None] * (F32(0.5) + (aux >> 28).astype(F32)) * F32(0.5)
-    signs = tab.KSIGNS_IQ2XS[_fields(aux, 7, 4)]  # (nb, ib32, l): 8 sign bits per row of 8
+    signs = grids_iq2.KSIGNS_IQ2XS[_fields(aux, 7, 4)]  # (nb, ib32, l): 8 sign bits per row of 8
     q = _gather(_IQ3XXS_QUADS, _fields(signs, 4, 2).astype(np.uint32) << 8 | qs)
     return _signed_scaled(q, db)
 

@@ -8,7 +8,7 @@ The grids: every grid point is a group of 8 (IQ2, IQ1) or 4 (IQ3) levels l, stor
 values 2l+1. A group's code u packs its levels (2 bits each for IQ2/IQ1, 3 bits for IQ3). `kmap[u]`
 is the grid index of u, or - for a point off the grid - a list of grid points around it: all the
 points at the nwant smallest squared distances, ordered by (distance, index) like ggml's qsort.
-The tables are built once, lazily, from the dequantization grids of `iq_tables.py`.
+The tables are built once, lazily, from the dequantization grids of `grids_iq2.py` and `grids_iq1_iq3.py`.
 
 Every float operation is float32 in C's order (no FMA), and the searches keep ggml's strict
 comparisons, so the first of equal candidates wins as in the C loops. The work is vectorised
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import GGMLAssertionError
-from engine.quants import iq_tables as tab
+from engine.quants import grids_iq1_iq3, grids_iq2
 from engine.quants.common import F32, f2h, nearest_int
 from engine.quants.iq_blocks import BLOCK_IQ1_M, BLOCK_IQ2_S, BLOCK_IQ3_S, BLOCK_IQ3_XXS
 
@@ -87,13 +87,13 @@ def _build(levels: np.ndarray, bits: int, nwant: int, lmax: int) -> GridSearch:
 def grid_search(name: str) -> GridSearch:
     """The tables ggml_quantize_init builds for 'iq3_xxs', 'iq3_s', 'iq2_s' or 'iq1_m'."""
     if name == "iq3_xxs":
-        return _build(_levels(tab.IQ3XXS_GRID.view(np.uint8).reshape(-1, 4)), 3, 2, 7)
+        return _build(_levels(grids_iq1_iq3.IQ3XXS_GRID.view(np.uint8).reshape(-1, 4)), 3, 2, 7)
     if name == "iq3_s":
-        return _build(_levels(tab.IQ3S_GRID.view(np.uint8).reshape(-1, 4)), 3, 3, 7)
+        return _build(_levels(grids_iq1_iq3.IQ3S_GRID.view(np.uint8).reshape(-1, 4)), 3, 3, 7)
     if name == "iq2_s":
-        return _build(_levels(tab.IQ2S_GRID.view(np.uint8).reshape(-1, 8)), 2, 1, 2)
+        return _build(_levels(grids_iq2.IQ2S_GRID.view(np.uint8).reshape(-1, 8)), 2, 1, 2)
     if name == "iq1_m":
-        return _build(_levels(tab.IQ1S_GRID.view(np.int8).reshape(-1, 8)), 2, 3, 2)
+        return _build(_levels(grids_iq1_iq3.IQ1S_GRID.view(np.int8).reshape(-1, 8)), 2, 3, 2)
     raise KeyError(name)
 
 

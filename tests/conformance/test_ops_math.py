@@ -21,6 +21,7 @@ from engine.errors import GGMLAssertionError, GGMLNotSupportedError
 from engine.optable import GGMLOp
 from engine.types import GGMLType, fp16_bits_to_fp32
 from tests.conformance.test_misuse import real_ggml_failure
+from tests.support import graphs
 from tests.support.graphs import Leaf, check_op, leaf_bytes, run, values
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
@@ -292,31 +293,10 @@ def test_out_prod_arange(n_threads):
 # --- thread shares ---------------------------------------------------------------------------
 
 def engine_shares(build, leaves, n_threads, op):
-    """Run `build` on the engine with an extra independent ADD in the graph (so the plan uses all
-    n threads even for single-task ops); return each thread's Share for the node with `op`."""
-    rng = np.random.default_rng(0)
-    ctx = eng.ggml_init(eng.ggml_init_params(16 * 1024 * 1024))
-    ts = []
-    for leaf in leaves:
-        t = getattr(eng, f"ggml_new_tensor_{len(leaf.ne)}d")(ctx, int(leaf.type), *leaf.ne)
-        eng.data_bytes(t)[:] = np.frombuffer(leaf_bytes(leaf, rng), np.uint8)
-        ts.append(eng.ggml_permute(ctx, t, *leaf.permute) if leaf.permute else t)
-    out = build(eng, ctx, *ts)
-    z = eng.ggml_new_tensor_1d(ctx, F32, 64)
-    eng.data_bytes(z)[:] = 0
-    gf = eng.ggml_new_graph(ctx)
-    eng.ggml_build_forward_expand(gf, out)
-    eng.ggml_build_forward_expand(gf, eng.ggml_add(ctx, z, z))
-    found = []
-
-    def observer(node, ask, shares):
-        if not ask and node.op == op:
-            found.append([(s.ith, s.kind, s.ranges) for s in shares])
-        return True
-
-    assert eng.ggml_graph_compute_with_ctx(ctx, gf, n_threads, observer) == 0
+    """Each thread's share of the one node with `op`, all n threads in the plan."""
+    found = graphs.engine_shares(build, leaves, n_threads, op, all_threads=True)
     assert len(found) == 1
-    return found[0]
+    return [(s.ith, s.kind, s.ranges) for s in found[0]]
 
 
 def dr(nr, nth):

@@ -17,7 +17,7 @@ from engine import ggml as eng
 from engine.errors import GGMLAssertionError, GGMLNotSupportedError
 from engine.optable import GGMLOp
 from engine.types import GGMLType
-from tests.support.graphs import Leaf, check_op, leaf_bytes
+from tests.support.graphs import Leaf, check_op, engine_result, engine_shares
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
 Q4_0, Q8_0, Q4_K, Q6_K = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K
@@ -29,31 +29,6 @@ def idx_leaf(type_, ne, high, seed=1, values=None):
     if values is None:
         values = np.random.default_rng(seed).integers(0, high, size=tuple(reversed(ne)))
     return Leaf(type_, ne, values=np.asarray(values))
-
-
-def engine_shares(build, leaves, n_threads, op, seed=0):
-    """Run `build` on the engine only; the per-thread shares of every node with this op."""
-    rng = np.random.default_rng(seed)
-    datas = [leaf_bytes(leaf, rng) for leaf in leaves]
-    ctx = eng.ggml_init(eng.ggml_init_params(64 * 1024 * 1024))
-    ts = []
-    for leaf, data in zip(leaves, datas):
-        t = getattr(eng, f"ggml_new_tensor_{len(leaf.ne)}d")(ctx, int(leaf.type), *leaf.ne)
-        eng.data_bytes(t)[:] = np.frombuffer(data, np.uint8)
-        ts.append(eng.ggml_permute(ctx, t, *leaf.permute) if leaf.permute else t)
-    out = build(eng, ctx, *ts)
-    gf = eng.ggml_new_graph(ctx)
-    eng.ggml_build_forward_expand(gf, out)
-    found = []
-
-    def observer(node, ask, shares):
-        if not ask and node.op == op:
-            found.append(list(shares))
-        return True
-
-    assert eng.ggml_graph_compute_with_ctx(ctx, gf, n_threads, observer) == 0
-    assert found, f"no {GGMLOp(op).name} node ran"
-    return found
 
 
 def dr_split(nr, nth):
@@ -245,108 +220,6 @@ def test_rope_back():
     def build(g, ctx, a, b):
         return g.ggml_rope_ext_back(ctx, a, b, None, 16, 0, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
     check_op(build, leaves, 2)
-
-
-# --- flash_attn_ext --------------------------------------------------------------------------
-# test-backend-ops bounds test_flash_attn_ext by NMSE 5e-4 for every type; F32 K/V here are held
-# to 1e-7, F16 K/V (fp16 q and an fp16 V accumulator on the one_chunk path) to 5e-4.
-
-def causal_mask(n_kv, n_q, n_q_pad, extra=0):
-    m = np.zeros((n_q_pad, n_kv), np.float32)
-    for i in range(n_q):
-        m[i, n_kv - n_q + i + 1:] = -np.inf
-    m[n_q:] = -np.inf
-    if extra:
-        m[:, :extra] = -np.inf  # some positions masked for every row
-    return m
-
-
-def fa_leaves(kv_type, dk, dv, n_q, n_kv, n_head, n_head_kv, n_batch=1, mask_heads=1,
-              mask_batch=1, n_q_pad=None):
-    n_q_pad = n_q_pad or n_q
-    mask = np.broadcast_to(causal_mask(n_kv, n_q, n_q_pad),
-                           (mask_batch, mask_heads, n_q_pad, n_kv))
-    return [Leaf(F32, (dk, n_q, n_head, n_batch)), Leaf(kv_type, (dk, n_kv, n_head_kv, n_batch)),
-            Leaf(kv_type, (dv, n_kv, n_head_kv, n_batch)),
-            Leaf(F16, (n_kv, n_q_pad, mask_heads, mask_batch), values=mask)]
-
-
-def fa(scale, max_bias=0.0, softcap=0.0, prec=None, sinks=False):
-    def build(g, ctx, q, k, v, m, *rest):
-        r = g.ggml_flash_attn_ext(ctx, q, k, v, m, scale, max_bias, softcap)
-        if prec is not None:
-            g.ggml_flash_attn_ext_set_prec(r, prec)
-        if sinks:
-            g.ggml_flash_attn_ext_add_sinks(r, rest[0])
-        return r
-    return build
-
-
-def check_fa_chunks(shares, nr, nth):
-    chunk_size = (nr + nth * 4 - 1) // (nth * 4)
-    nchunk = (nr + chunk_size - 1) // chunk_size
-    if nth == 1 or nchunk < nth:
-        nchunk = nth
-    dr = (nr + nchunk - 1) // nchunk
-    taken = [c for s in shares for c in s.ranges]
-    assert sorted(c for c, _ in taken) == list(range(nchunk))
-    assert all(rng == (dr * c, min(dr * c + dr, nr)) for c, rng in taken)
-    for s in shares:  # each thread starts with chunk ith
-        assert s.ith >= nchunk or s.ranges[0][0] == s.ith
-
-
-@pytest.mark.parametrize("n_threads", THREADS)
-@pytest.mark.parametrize("kv_type", [F32, F16])
-def test_flash_attn_one_chunk_gqa(kv_type, n_threads):
-    # 4 query heads on 2 KV heads, 7 queries (mask rows padded to 8), 33 KV positions
-    leaves = fa_leaves(kv_type, 64, 64, 7, 33, 4, 2, n_q_pad=8)
-    bound = 1e-7 if kv_type == F32 else 5e-4
-    check_op(fa(0.125), leaves, n_threads, max_nmse=bound)
-    shares = engine_shares(fa(0.125), leaves, n_threads, GGMLOp.FLASH_ATTN_EXT)[0]
-    check_fa_chunks(shares, 7 * 4, n_threads)
-
-
-@pytest.mark.parametrize("kv_type", [F32, F16])
-def test_flash_attn_alibi_softcap_sinks_batch(kv_type):
-    # 2 batches, mask per batch broadcast over heads, ALiBi over 6 heads (not a power of 2)
-    leaves = fa_leaves(kv_type, 32, 48, 5, 20, 6, 3, n_batch=2, mask_batch=2) + \
-        [Leaf(F32, (6,), low=-1, high=1)]
-    bound = 1e-7 if kv_type == F32 else 5e-4
-    check_op(fa(0.3, max_bias=4.0, softcap=2.5, prec=10, sinks=True), leaves, 3, max_nmse=bound)
-    check_op(fa(0.2, sinks=True), leaves, 2, max_nmse=bound)
-
-
-@pytest.mark.parametrize("kv_type", [F32, F16])
-def test_flash_attn_tiled(kv_type):
-    # >= 64 query rows and DV % 8 == 0: ggml's tiled path (q stays f32, V accumulates in f32)
-    leaves = fa_leaves(kv_type, 32, 40, 70, 80, 2, 1)
-    check_op(fa(0.17), leaves, 2, max_nmse=1e-7)
-    shares = engine_shares(fa(0.17), leaves, 3, GGMLOp.FLASH_ATTN_EXT)[0]
-    check_fa_chunks(shares, 70 * 2, 3)
-    assert "tiled" in shares[0].note
-
-
-@pytest.mark.parametrize("n_threads", [1, 2, 4])
-@pytest.mark.parametrize("kv_type", [F32, F16])
-def test_flash_attn_split_kv(kv_type, n_threads):
-    # one query, one batch, >= 512 KV: KV chunks per thread, then heads merged in turn
-    leaves = fa_leaves(kv_type, 32, 32, 1, 530, 4, 4, n_q_pad=1)
-    bound = 1e-7 if kv_type == F32 else 5e-4
-    check_op(fa(0.2), leaves, n_threads, max_nmse=bound)
-    shares = engine_shares(fa(0.2), leaves, n_threads, GGMLOp.FLASH_ATTN_EXT)[0]
-    cs = (530 + n_threads - 1) // n_threads
-    assert [s.ranges for s in shares] == [((i * cs, min(i * cs + cs, 530)),)
-                                          for i in range(n_threads)]
-
-
-def test_flash_attn_permuted_views_no_mask():
-    # q given as [DK, n_head, n_q] permuted to [DK, n_q, n_head]; K/V as views of a larger cache
-    def build(g, ctx, q, kc, vc):
-        qp = g.ggml_permute(ctx, q, 0, 2, 1, 3)
-        k = g.ggml_view_3d(ctx, kc, 16, 9, 2, 16 * 4, 16 * 4 * 12, 0)
-        v = g.ggml_view_3d(ctx, vc, 24, 9, 2, 24 * 4, 24 * 4 * 12, 0)
-        return g.ggml_flash_attn_ext(ctx, qp, k, v, None, 0.25, 0.0, 0.0)
-    check_op(build, [Leaf(F32, (16, 4, 3)), Leaf(F32, (16, 12, 2)), Leaf(F32, (24, 12, 2))], 2)
 
 
 # --- im2col, conv, pool ----------------------------------------------------------------------
@@ -609,23 +482,13 @@ def test_not_supported_types():
 
 # --- thread-count invariance -----------------------------------------------------------------
 
-def engine_result(build, leaves, n_threads, seed=0):
-    from tests.support.graphs import run
-    rng = np.random.default_rng(seed)
-    return run(eng, build, leaves, [leaf_bytes(leaf, rng) for leaf in leaves], n_threads)["raw"]
-
-
-@pytest.mark.parametrize("case", ["soft_max", "rope", "flash_f16", "flash_tiled", "conv_direct",
-                                  "im2col", "get_rows"])
+@pytest.mark.parametrize("case", ["soft_max", "rope", "conv_direct", "im2col", "get_rows"])
 def test_results_identical_for_1_to_4_threads(case):
-    # (split-KV flash attention is left out: its result depends on nth in ggml as well)
     build, leaves = {
         "soft_max": (lambda g, ctx, a, m: g.ggml_soft_max_ext(ctx, a, m, 0.5, 8.0),
                      [Leaf(F32, (32, 6, 4, 2)), Leaf(F16, (32, 8, 2, 1))]),
         "rope": (lambda g, ctx, a, b: g.ggml_rope(ctx, a, b, 32, NEOX),
                  [Leaf(F32, (32, 4, 7)), idx_leaf(I32, (7,), 50)]),
-        "flash_f16": (fa(0.125), fa_leaves(F16, 64, 64, 7, 33, 4, 2, n_q_pad=8)),
-        "flash_tiled": (fa(0.17), fa_leaves(F32, 32, 40, 70, 80, 2, 1)),
         "conv_direct": (lambda g, ctx, a, b: g.ggml_conv_2d_direct(ctx, a, b, 1, 1, 1, 1, 1, 1),
                         [Leaf(F32, (3, 3, 4, 5)), Leaf(F32, (9, 7, 4, 2))]),
         "im2col": (lambda g, ctx, a, b: g.ggml_im2col(ctx, a, b, 1, 1, 1, 1, 1, 1, True, int(F16)),

@@ -13,7 +13,6 @@ the eval callback's calls, and the result bytes.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from types import SimpleNamespace
 

@@ -158,3 +158,40 @@ def check_op(build: Callable, leaves: list[Leaf], n_threads: int = 1, max_nmse: 
         err = nmse(a[finite], b[finite])
         assert err <= max_nmse, f"NMSE {err:.3g} > {max_nmse:g}"
     return ours, theirs
+
+
+def engine_shares(build: Callable, leaves: list[Leaf], n_threads: int, op: int, *,
+                  all_threads: bool = False, seed: int = 0) -> list[list]:
+    """Run `build` on the engine only; the per-thread Shares of every node with `op`, read through
+    the compute observer. With all_threads, an independent ADD joins the graph, so the plan uses
+    all n threads even when the op itself is single-task."""
+    rng = np.random.default_rng(seed)
+    ctx = eng.ggml_init(eng.ggml_init_params(64 * 1024 * 1024))
+    ts = []
+    for leaf in leaves:
+        t = getattr(eng, f"ggml_new_tensor_{len(leaf.ne)}d")(ctx, int(leaf.type), *leaf.ne)
+        eng.data_bytes(t)[:] = np.frombuffer(leaf_bytes(leaf, rng), np.uint8)
+        ts.append(eng.ggml_permute(ctx, t, *leaf.permute) if leaf.permute else t)
+    out = build(eng, ctx, *ts)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, out)
+    if all_threads:
+        z = eng.ggml_new_tensor_1d(ctx, GGMLType.F32, 64)
+        eng.data_bytes(z)[:] = 0
+        eng.ggml_build_forward_expand(gf, eng.ggml_add(ctx, z, z))
+    found = []
+
+    def observer(node, ask, shares):
+        if not ask and node.op == op:
+            found.append(list(shares))
+        return True
+
+    assert eng.ggml_graph_compute_with_ctx(ctx, gf, n_threads, observer) == 0
+    assert found, f"no node with op {op} ran"
+    return found
+
+
+def engine_result(build: Callable, leaves: list[Leaf], n_threads: int, seed: int = 0) -> bytes:
+    """The engine's result bytes for `build` on seeded leaves, at n threads."""
+    rng = np.random.default_rng(seed)
+    return run(eng, build, leaves, [leaf_bytes(leaf, rng) for leaf in leaves], n_threads)["raw"]

@@ -82,7 +82,7 @@ def test_k4_scale_unpacking_matches_the_bytewise_formula():
 
 def test_iq_signed_rows_are_grid_times_signs():
     rows = iqgrid._IQ2XXS_ROWS.view(np.int8).reshape(128, 256, 8)
-    grid = iqgrid.tab.IQ2XXS_GRID.view(np.uint8).reshape(256, 8).astype(int)
+    grid = iqgrid.grids_iq2.IQ2XXS_GRID.view(np.uint8).reshape(256, 8).astype(int)
     signs = np.where(iqgrid._KSIGN_BITS, -1, 1)  # (128, 8)
     assert np.array_equal(rows, signs[:, None, :] * grid[None])
     g1 = iqgrid._IQ1_ROWS.view(np.int8).reshape(2, -1, 8)
