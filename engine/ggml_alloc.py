@@ -5,7 +5,7 @@ ggml_backend_alloc_ctx_tensors(_from_buft) returns one buffer, or the list of bu
 context was split past the buffer type's max size (C returns them wrapped in a multi-buffer).
 """
 
-from engine.alloc import (
+from engine.backend.alloc import (
     ggml_backend_alloc_ctx_tensors,
     ggml_backend_alloc_ctx_tensors_from_buft,
     ggml_backend_alloc_ctx_tensors_from_buft_size,

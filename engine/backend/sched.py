@@ -25,10 +25,10 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.alloc import GraphAllocator
+from engine.backend.alloc import GraphAllocator, ggml_gallocr_alloc_graph, ggml_gallocr_free, \
+    ggml_gallocr_get_buffer_size
 from engine.backend.buffer import (
     GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
-    Buffer,
     BufferType,
     ggml_backend_tensor_copy,
     tensor_buffer,
@@ -448,7 +448,6 @@ class Sched:
 
 
 def _alloc_graph(galloc: GraphAllocator, graph: SchedGraph) -> bool:
-    from engine.alloc import ggml_gallocr_alloc_graph
     return ggml_gallocr_alloc_graph(galloc, graph)
 
 
@@ -469,7 +468,6 @@ def ggml_backend_sched_new(backends: list[Backend], bufts: list[BufferType] | No
 def ggml_backend_sched_free(sched: Sched | None) -> None:
     if sched is None:
         return
-    from engine.alloc import ggml_gallocr_free
     ggml_gallocr_free(sched.galloc)
     if sched.ctx is not None:
         ggml_free(sched.ctx)
@@ -569,7 +567,6 @@ def ggml_backend_sched_get_buffer_type(sched: Sched, backend: Backend) -> Buffer
 
 
 def ggml_backend_sched_get_buffer_size(sched: Sched, backend: Backend) -> int:
-    from engine.alloc import ggml_gallocr_get_buffer_size
     return ggml_gallocr_get_buffer_size(sched.galloc, _id_of(sched, backend, "ggml_backend_sched_get_buffer_size"))
 
 

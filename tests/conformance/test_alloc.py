@@ -16,7 +16,7 @@ import random
 import ggml as real
 import pytest
 
-from engine import alloc
+from engine.backend import alloc
 from engine import backend as be
 from engine import ggml as eng
 from engine.errors import GGMLAssertionError

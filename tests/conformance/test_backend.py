@@ -14,7 +14,7 @@ import ggml as real
 import numpy as np
 import pytest
 
-from engine import alloc
+from engine.backend import alloc
 from engine import backend as be
 from engine import ggml as eng
 from engine.errors import GGMLAssertionError

@@ -20,7 +20,7 @@ import ggml as real
 import numpy as np
 import pytest
 
-from engine import alloc
+from engine.backend import alloc
 from engine import ggml as eng
 from engine.backend import accel, buffer as ebuf, device as edev, sched as esched
 from engine.errors import GGMLAssertionError

@@ -1,14 +1,14 @@
 """The memory plan panel: where the graph allocator puts every tensor of a compute buffer, over
 time — x the node order, y the offset, one bar per tensor from its allocation to its release,
 the peak marked, the step's decision and the selected tensor highlighted; a bar links to its
-tensor. Drawn as SVG from the plan's decisions recorded in the trace (engine.alloc.memory_plan)."""
+tensor. Drawn as SVG from the plan's decisions recorded in the trace (engine.backend.alloc.memory_plan)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from app.views.debugger.where import Where, ref_key
-from engine.alloc import memory_plan, plan_peak
+from engine.backend.alloc import memory_plan, plan_peak
 from engine.trace import State, Step, StepKind, Trace
 
 W, H, LEFT, TOP = 640.0, 170.0, 56.0, 8.0  # plot size and margins (px)

@@ -1,4 +1,4 @@
-"""The memory plan as bars (engine.alloc.memory_plan): what the plan view draws must be the plan.
+"""The memory plan as bars (engine.backend.alloc.memory_plan): what the plan view draws must be the plan.
 
 On the random DAGs and the attention block of the gallocr conformance tests (whose offsets equal
 real ggml's): every tensor the allocator placed has one bar at its planned offset; bars alive at
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import alloc
+from engine.backend import alloc
 from tests.conformance.test_alloc import _engine, attention, random_dag
 
 

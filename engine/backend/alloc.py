@@ -32,10 +32,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import backend as be
+from engine.backend import buffer as be
+from engine.backend.device import ggml_backend_get_default_buffer_type
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
-from engine.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor, ggml_nbytes
+from engine.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
 
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
@@ -591,4 +592,4 @@ def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
 
 
 def ggml_backend_alloc_ctx_tensors(ctx, backend):
-    return ggml_backend_alloc_ctx_tensors_from_buft(ctx, be.ggml_backend_get_default_buffer_type(backend))
+    return ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_get_default_buffer_type(backend))
