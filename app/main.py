@@ -9,6 +9,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import deps
+from app.i18n import LocaleMiddleware
 from app.routes import gguf, home, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, log
@@ -18,6 +19,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     app = FastAPI(title="ggml-lens", docs_url=None, redoc_url=None)
     deps.install(app, settings)
+    app.add_middleware(LocaleMiddleware)
     app.add_middleware(ServerTiming)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(home.router)

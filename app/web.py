@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import i18n
 from app.settings import MAX_THREADS, PACKAGE
 
 TEMPLATES_DIR = PACKAGE / "templates"
@@ -23,6 +24,10 @@ STATIC_DIR = PACKAGE / "static"
 
 templates = Jinja2Templates(directory=TEMPLATES_DIR)
 templates.env.globals["MAX_THREADS"] = MAX_THREADS
+# gettext in templates: {{ _("...") }} and {% trans %}, in the request's language (app/i18n.py)
+templates.env.add_extension("jinja2.ext.i18n")
+templates.env.install_gettext_callables(i18n.gettext, i18n.ngettext, newstyle=True)
+templates.env.globals.update(locale=i18n.current, LOCALES=i18n.LOCALES, HTML_LANG=i18n.HTML_LANG, note=i18n.note)
 log = logging.getLogger("ggml-lens")
 
 

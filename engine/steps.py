@@ -14,6 +14,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from engine import notes
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 
 
@@ -229,20 +230,19 @@ def describe_changes(call: str, objects, fields, patches) -> str:
     for o in objects:
         if o.type == "TENSOR":
             data = o.size - GGML_TENSOR_SIZE
-            what = f"{GGML_OBJECT_SIZE} bytes of header, {GGML_TENSOR_SIZE} of tensor struct"
-            what += f" and {data} of data" if data > 0 else " and no data"
-            parts.append(f"{fn} reserved {what} at offset {o.header:#x}")
+            parts.append((notes.RESERVED_TENSOR if data > 0 else notes.RESERVED_TENSOR_NO_DATA).format(
+                fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE, data=data, offset=f"{o.header:#x}"))
         elif o.type == "GRAPH":
-            parts.append(f"{fn} reserved a {o.size}-byte graph object at offset {o.offs:#x}")
+            parts.append(notes.RESERVED_GRAPH.format(fn=fn, size=o.size, offset=f"{o.offs:#x}"))
         else:
-            parts.append(f"{fn} reserved a {o.size}-byte work buffer at offset {o.offs:#x}")
+            parts.append(notes.RESERVED_WORK.format(fn=fn, size=o.size, offset=f"{o.offs:#x}"))
     for f in fields[:6]:
-        parts.append(f"set {f.field} of '{f.tensor}' from {f.old} to {f.new}")
+        parts.append(notes.SET_FIELD.format(field=f.field, tensor=f.tensor, old=f.old, new=f.new))
     if len(fields) > 6:
-        parts.append(f"and {len(fields) - 6} more fields")
+        parts.append(notes.MORE_FIELDS.format(n=len(fields) - 6))
     if not objects and not fields and patches:
-        parts.append(f"wrote {sum(len(p.data) for p in patches)} bytes")
-    return "; ".join(parts) or f"{fn} changed nothing in the pools"
+        parts.append(notes.WROTE.format(n=sum(len(p.data) for p in patches)))
+    return "; ".join(parts) or notes.NOTHING.format(fn=fn)
 
 
 def statement_spans(source: str) -> dict[int, tuple[int, int]]:

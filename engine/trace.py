@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine import ggml as G
+from engine import notes
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine.backend.sched import COPY_OBSERVER
@@ -273,8 +274,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                         # the call comes first; each tensor it visits is a step inside it
                         self.call_step = self.emit(
                             StepKind.CALL, self.source(self.line),
-                            "ggml_build_forward_expand walks the sources of the tensor depth "
-                            "first, then records it", []).index
+                            notes.BUILD_FORWARD, []).index
         elif event == "return" and frame is self.active:
             self.active = None
             self.finish_call(self.codes[frame.f_code], arg)
@@ -455,10 +455,10 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
-            note = f"{name} wrote the data of '{t.name}' ({ggml_nbytes(t)} bytes at {t.data:#x})"
+            note = notes.WROTE_DATA.format(fn=name, name=t.name, n=ggml_nbytes(t), addr=f"{t.data:#x}")
         elif name == "ggml_init":
-            note = (f"ggml_init allocated a pool of {result.mem_size} bytes at {result.base:#x} "
-                    f"(context {result.id})" + (", no_alloc" if result.no_alloc else ""))
+            note = (notes.INIT_NO_ALLOC if result.no_alloc else notes.INIT).format(
+                size=result.mem_size, addr=f"{result.base:#x}", id=result.id)
         # after visits or nodes, the call's own step is only needed for changes not yet shown
         step = self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
@@ -470,10 +470,9 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
             self.visiting.append(node)
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
-        kind = "leaf" if is_leaf else "node"
         self.emit(StepKind.VISIT, f"visit '{node.name}'",
-                  f"'{node.name}' ({GGMLOp(node.op).name}) is new to the graph: hash slot "
-                  f"{slot}, appended as a {kind}",
+                  (notes.VISIT_LEAF if is_leaf else notes.VISIT_NODE).format(
+                      name=node.name, op=GGMLOp(node.op).name, slot=slot),
                   [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
                   parent=self.call_step, tensor=_ref(node))
         self.visiting = []
@@ -488,8 +487,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                                          self.compute_threads())
                 self.call_step = self.emit(
                     StepKind.CALL, self.source(self.line),
-                    f"planned {plan.n_threads} thread(s), a work buffer of {plan.work_size} bytes; "
-                    "all threads now walk the nodes together", [],
+                    notes.PLANNED.format(n=plan.n_threads, size=plan.work_size) + "; "
+                    + notes.WALK_TOGETHER, [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
@@ -499,7 +498,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
             self.depends_on_cpu(s) for s in node.src if s is not None)
         if not same:  # all of dst, even bytes that happened not to change
             self.cpu_dependent_ranges(*self.data_range(node), add=True)
-        self.emit(StepKind.NODE, desc, f"computed {desc} on {len(threads)} thread(s), then the barrier",
+        self.emit(StepKind.NODE, desc, notes.COMPUTED.format(desc=desc, n=len(threads)),
                   [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
                   threads=threads, same_on_every_cpu=same)
         return True
@@ -574,7 +573,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
             COPY_OBSERVER.reset(copy_token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
     if trace.error is None:
-        rec.emit(StepKind.END, "", "the program returned", [])
+        rec.emit(StepKind.END, "", notes.RETURNED, [])
     trace.steps = rec.steps
     return trace
 

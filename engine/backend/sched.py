@@ -25,6 +25,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine import notes
 from engine.backend.alloc import GraphAllocator, ggml_gallocr_alloc_graph, ggml_gallocr_free, \
     ggml_gallocr_get_buffer_size
 from engine.backend.buffer import (
@@ -231,14 +232,14 @@ class Sched:
         nodes, leafs = graph.nodes, graph.leafs
         last = len(self.backends) - 1
 
-        self._begin("1: tensors in buffers, graph inputs, ops with weights")
+        self._begin(notes.PASS_1)
         for t in list(leafs) + list(nodes):
             if self.tid(t) == -1:  # keep the user's assignments
                 b, cause = self.backend_id_from_cur(t)
                 self.set_tid(t, b, cause)
 
         compute = [n for n in nodes if not _is_view_op(n)]
-        self._begin("2: expand the accelerators down and up, then every backend")
+        self._begin(notes.PASS_2)
         for order, skip_cpu in ((compute, True), (compute[::-1], True), (compute, False), (compute[::-1], False)):
             cur = -1
             for node in order:
@@ -248,7 +249,7 @@ class Sched:
                 elif cur != -1:
                     self.set_if_supported(node, cur)
 
-        self._begin("3: upgrade to higher-priority backends; unassigned nodes to the backend with most inputs")
+        self._begin(notes.PASS_3)
         for node in compute:
             b = self.tid(node)
             if b == -1:
@@ -268,7 +269,7 @@ class Sched:
                             self.set_tid(node, c, "3.upg")
                             break
 
-        self._begin("4: sources and views follow their nodes")
+        self._begin(notes.PASS_4)
         for node in nodes:
             if node.view_src is not None and self.tid(node) == -1:
                 self.set_tid(node, self.tid(node.view_src), "4.vsrc")
@@ -286,7 +287,7 @@ class Sched:
             ggml_assert(self.tid(node) != -1, "*cur_backend_id != -1", "ggml_backend_sched_split_graph",
                         f"no backend supports {node.name} ({GGMLOp(node.op).name})")
 
-        self._begin("5: splits, and copies of the inputs each split's backend cannot read")
+        self._begin(notes.PASS_5)
         self._pass5(graph)
         self._build_graph_copy(graph)
 

@@ -1,0 +1,163 @@
+"""The interface's languages: English (the source strings) and Simplified Chinese.
+
+Strings are marked where they are written: `_("...")` in Python (`N_` for a constant translated
+later), `{{ _("...") }}` and `{% trans %}` in templates. Their translations are a standard gettext
+catalogue, `app/locale/zh/LC_MESSAGES/messages.po`, read with Babel when first needed; the .po file
+is the only source (no compiled .mo to keep in step).
+
+A request's language: `?lang=` when the switch sets it (then remembered in the `lang` cookie),
+else the cookie, else the browser's Accept-Language, else English. It lives in a context variable
+for the request, so views and templates translate without passing it around.
+
+The engine writes its step and thread notes in English from fixed templates
+(engine/notes.py); `note()` matches a note against those templates and fills the translated
+template with the same values.
+"""
+
+from __future__ import annotations
+
+import gettext as _gettext
+import io
+import re
+from contextvars import ContextVar
+from functools import cache
+from urllib.parse import parse_qs
+
+from babel.messages.mofile import write_mo
+from babel.messages.pofile import read_po
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.settings import PACKAGE
+from engine import notes as engine_notes
+
+LOCALES = {"en": "English", "zh": "简体中文"}
+HTML_LANG = {"en": "en", "zh": "zh-Hans"}
+DEFAULT = "en"
+COOKIE = "lang"
+LOCALE_DIR = PACKAGE / "locale"
+
+_current: ContextVar[str] = ContextVar("locale", default=DEFAULT)
+
+
+@cache
+def translations(locale: str) -> _gettext.NullTranslations:
+    """The catalogue of a locale, compiled in memory from its .po file."""
+    if locale == DEFAULT:
+        return _gettext.NullTranslations()
+    with open(LOCALE_DIR / locale / "LC_MESSAGES" / "messages.po", "rb") as f:
+        catalog = read_po(f, locale="zh_Hans_CN" if locale == "zh" else locale)
+    buf = io.BytesIO()
+    write_mo(buf, catalog)
+    buf.seek(0)
+    return _gettext.GNUTranslations(buf)
+
+
+def current() -> str:
+    return _current.get()
+
+
+def use(locale: str):
+    """Set the language of the running request (returns the token to reset it with)."""
+    return _current.set(locale if locale in LOCALES else DEFAULT)
+
+
+def gettext(message: str) -> str:
+    return translations(_current.get()).gettext(message)
+
+
+def ngettext(singular: str, plural: str, n: int) -> str:
+    return translations(_current.get()).ngettext(singular, plural, n)
+
+
+_ = gettext
+
+
+def N_(message: str) -> str:  # noqa: N802 - gettext's name
+    """Marks a constant for the catalogue; it is translated where it is shown, with _()."""
+    return message
+
+
+def pick(query_lang: str | None, cookie: str | None, accept_language: str | None) -> str:
+    """The language of a request: the switch, the remembered choice, the browser's wish."""
+    for choice in (query_lang, cookie):
+        if choice in LOCALES:
+            return choice
+    wishes = []
+    for part in (accept_language or "").split(","):
+        tag, _sep, params = part.strip().partition(";")
+        q = 1.0
+        m = re.search(r"q=([0-9.]+)", params)
+        if m:
+            try:
+                q = float(m.group(1))
+            except ValueError:
+                q = 0.0
+        primary = tag.strip().lower().split("-")[0]
+        if primary in LOCALES and q > 0:
+            wishes.append((q, primary))
+    return max(wishes, key=lambda w: w[0])[1] if wishes else DEFAULT
+
+
+def _cookie(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for k, v in headers:
+        if k == b"cookie":
+            for part in v.decode("latin-1").split(";"):
+                name, _sep, value = part.strip().partition("=")
+                if name == COOKIE:
+                    return value
+    return None
+
+
+class LocaleMiddleware:
+    """Chooses each request's language; a `?lang=` choice is remembered in a cookie. Pages vary
+    by language, which the Vary and Content-Language headers say."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", [])
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("lang", [None])[0]
+        accept = next((v.decode("latin-1") for k, v in headers if k == b"accept-language"), None)
+        locale = pick(query, _cookie(headers), accept)
+        token = use(locale)
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                h = MutableHeaders(scope=message)
+                h["Content-Language"] = HTML_LANG[locale]
+                h.append("Vary", "Accept-Language, Cookie")
+                if query in LOCALES:
+                    h.append("Set-Cookie", f"{COOKIE}={query}; Path=/; Max-Age=31536000; SameSite=Lax")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tagged)
+        finally:
+            _current.reset(token)
+
+
+def note(text: str) -> str:
+    """An engine note in the request's language: each '; '-separated part that matches one of
+    the engine's note templates is told with the translated template; other parts stay as they
+    are (ggml's own words: names, conditions, numbers)."""
+    if not text or _current.get() == DEFAULT:
+        return text
+    return "；".join(_note_part(p) for p in text.split("; "))
+
+
+def _note_part(part: str) -> str:
+    found = engine_notes.parse(part)
+    if found is None:
+        return part
+    template, values = found
+    for k, v in values.items():
+        if k in engine_notes.NESTED:
+            values[k] = note(v)
+        elif k in engine_notes.LISTS:
+            values[k] = "，".join(note(x) for x in v.split(", "))
+    return gettext(template).format(**values)
