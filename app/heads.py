@@ -19,6 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from app.i18n import _
 from app.store import HAVE_SUFFIX, PART_SUFFIX, SUFFIX, UploadStore
 from engine.gguf import GGUFError, GGUFReader
 
@@ -32,7 +33,7 @@ class NeedMore(Exception):
 
     def __init__(self, need: int) -> None:
         self.need = need
-        super().__init__(f"send the first {need:,} bytes")
+        super().__init__(_("send the first {n} bytes").format(n=f"{need:,}"))
 
 
 def _have_path(store: UploadStore, digest: str) -> Path:
@@ -68,7 +69,7 @@ def store_head(store: UploadStore, head: bytes, size: int) -> str:
     Raises NeedMore when the metadata does not end within `head`, GGUFError when the bytes sent
     break a rule, ValueError for a size that cannot be."""
     if not 0 < len(head) <= size or len(head) > HEAD_MAX:
-        raise ValueError(f"{len(head):,} bytes sent of a file of {size:,} bytes")
+        raise ValueError(_("{n} bytes sent of a file of {size} bytes").format(n=f"{len(head):,}", size=f"{size:,}"))
     fd, name = tempfile.mkstemp(dir=store.root, prefix="head-", suffix=PART_SUFFIX)
     tmp = Path(name)
     try:
@@ -87,9 +88,9 @@ def store_head(store: UploadStore, head: bytes, size: int) -> str:
         reader.close()
         if data_offset > len(head):
             if data_offset > HEAD_MAX:
-                raise GGUFError("tensor infos", len(head), f"the metadata ends at byte "
-                                f"{data_offset:,}, past the {HEAD_MAX:,} bytes a header-only "
-                                "upload may send")
+                raise GGUFError("tensor infos", len(head), _("the metadata ends at byte {end}, past the {most} "
+                                                            "bytes a header-only upload may send").format(
+                    end=f"{data_offset:,}", most=f"{HEAD_MAX:,}"))
             raise NeedMore(data_offset)
         digest = hashlib.sha256(b"gguf-head\0" + str(size).encode() + b"\0" +
                                 head[:data_offset]).hexdigest()
@@ -107,15 +108,15 @@ def add_bytes(store: UploadStore, digest: str, probe: bytes,
     if they do not belong: another file, outside it, or a whole file)."""
     path, ranges = store.path(digest), have(store, digest)
     if path is None or ranges is None:
-        raise ValueError("this file was uploaded whole: it needs no bytes")
+        raise ValueError(_("this file was uploaded whole: it needs no bytes"))
     size = path.stat().st_size
     for start, data in pieces:
         if not 0 <= start <= start + len(data) <= size:
-            raise ValueError(f"bytes {start:,} to {start + len(data):,} are outside the file "
-                             f"({size:,} bytes)")
+            raise ValueError(_("bytes {start} to {end} are outside the file ({size} bytes)").format(
+                start=f"{start:,}", end=f"{start + len(data):,}", size=f"{size:,}"))
     with open(path, "r+b") as f:
         if len(probe) < min(PROBE, size) or f.read(len(probe)) != probe:
-            raise ValueError("these bytes come from another file: its first bytes differ")
+            raise ValueError(_("these bytes come from another file: its first bytes differ"))
         for start, data in pieces:
             f.seek(start)
             f.write(data)

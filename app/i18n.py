@@ -147,7 +147,7 @@ def note(text: str) -> str:
     are (ggml's own words: names, conditions, numbers)."""
     if not text or _current.get() == DEFAULT:
         return text
-    return "；".join(_note_part(p) for p in text.split("; "))
+    return "; ".join(_note_part(p) for p in text.split("; "))
 
 
 def _note_part(part: str) -> str:

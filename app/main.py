@@ -9,7 +9,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import deps
-from app.i18n import LocaleMiddleware
+from app.i18n import LocaleMiddleware, _
 from app.routes import gguf, home, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, log
@@ -33,11 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
         where = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return error_page(request, 422, f"The request is not valid: {where}")
+        return error_page(request, 422, _("The request is not valid: {where}").format(where=where))
 
     @app.exception_handler(Exception)
     async def any_error(request: Request, exc: Exception) -> HTMLResponse:
         log.exception("error serving %s", request.url.path)
-        return error_page(request, 500, f"Something went wrong: {type(exc).__name__}: {exc}")
+        return error_page(request, 500, _("Something went wrong: {error}").format(error=f"{type(exc).__name__}: {exc}"))
 
     return app

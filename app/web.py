@@ -32,7 +32,10 @@ log = logging.getLogger("ggml-lens")
 
 
 def error_page(request: Request, status: int, message: str) -> HTMLResponse:
-    """Every error is a page with a readable message (never a traceback)."""
+    """Every error is a page with a readable message (never a traceback), in the request's
+    language even when the error escaped the middleware that chose it."""
+    i18n.use(i18n.pick(request.query_params.get("lang"), request.cookies.get(i18n.COOKIE),
+                       request.headers.get("accept-language")))
     return templates.TemplateResponse(request, "pages/error.html",
                                       {"status": status, "message": message},
                                       status_code=status)

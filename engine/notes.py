@@ -50,6 +50,13 @@ SPLIT_INPUTS = "inputs copied in: {inputs}"
 SPLIT_NO_INPUTS = "inputs copied in: none"
 COPIED = "the scheduler copied '{name}' ({size} bytes) from {src} to {dst} as '{copy}'"
 
+# --- the groups of the step list (engine/trace_groups.py) -------------------------------------
+GROUP_LAYER = "layer {layer}"
+GROUP_OUTSIDE = "outside the layers"
+GROUP_STEPS = "steps"
+GROUP_PASS = "forward pass at n_past = {n_past}"
+GROUP_SETUP = "setting up"
+
 # --- each thread's share of a node (engine/compute/kernels) -----------------------------------
 SHARES = (
     "{nchunk} chunks of {dr} q rows, tiled path",
@@ -83,7 +90,7 @@ TEMPLATES = (
     RESERVED_TENSOR, RESERVED_TENSOR_NO_DATA, RESERVED_GRAPH, RESERVED_WORK, SET_FIELD, MORE_FIELDS,
     WROTE, NOTHING, WROTE_DATA, INIT, INIT_NO_ALLOC, BUILD_FORWARD, VISIT_LEAF, VISIT_NODE, PLANNED,
     WALK_TOGETHER, COMPUTED, RETURNED, WHERE, GALLOCR_GETS, GALLOCR_INPLACE, GALLOCR_FREES, SCHED_PASS,
-    PASS_COUNT, PASS_1, PASS_2, PASS_3, PASS_4, PASS_5,
+    PASS_COUNT, GROUP_LAYER, GROUP_OUTSIDE, GROUP_STEPS, GROUP_PASS, GROUP_SETUP, PASS_1, PASS_2, PASS_3, PASS_4, PASS_5,
     SPLIT, SPLIT_INPUTS, SPLIT_NO_INPUTS, COPIED, *SHARES,
 )
 NESTED = frozenset({"where", "title"})  # values that are notes themselves, told in the same language

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import notes
 from engine.steps import Step, StepKind
 
 FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
@@ -95,8 +96,8 @@ def _layers(steps: list[Step]) -> list[StepGroup]:
     groups = []
     runs = _runs(steps, lambda s: s.layer)
     for layer, a, b in runs:
-        label = f"layer {layer}" if layer is not None else \
-            ("outside the layers" if len(runs) > 1 else "steps")
+        label = notes.GROUP_LAYER.format(layer=layer) if layer is not None else \
+            (notes.GROUP_OUTSIDE if len(runs) > 1 else notes.GROUP_STEPS)
         groups.append(StepGroup("layer", label, a, b))
     return groups
 
@@ -142,7 +143,7 @@ def step_groups(steps: list[Step]) -> list[StepGroup]:
     if any(s.n_past is not None for s in steps):
         out = []
         for n_past, a, b in _runs(steps, lambda s: s.n_past):
-            label = f"forward pass at n_past = {n_past}" if n_past is not None else "setting up"
+            label = notes.GROUP_PASS.format(n_past=n_past) if n_past is not None else notes.GROUP_SETUP
             out.append(StepGroup("pass", label, a, b, _phases(steps[a:b + 1])))
         return out
     return _phases(steps)

@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 
 from app.deps import Store
 from app.heads import HEAD_MAX, PROBE, NeedMore, add_bytes, store_head
+from app.i18n import N_, _
 from app.store import PendingUpload, UploadStore, UploadTooLarge
 from app.views.format import human_bytes, visible_text
 from app.views.gguf.array import array_view
@@ -40,7 +41,7 @@ PARTIALS = {"gguf-bytemap": "partials/gguf/bytemap.html",
             "gguf-tensors-table": "partials/gguf/tensors_table.html",
             "gguf-array": "partials/gguf/array.html",
             "gguf-block": "partials/gguf/block.html"}
-NOT_A_FILE = "No GGUF file with this hash: it was never uploaded here or was evicted since."
+NOT_A_FILE = N_("No GGUF file with this hash: it was never uploaded here or was evicted since.")
 
 
 def _target(request: Request) -> str | None:
@@ -66,9 +67,9 @@ def _open(store: UploadStore, digest: str) -> GGUFReader:
     try:
         reader = store.open(digest)
     except GGUFError as e:  # a stored file changed under us
-        raise HTTPException(422, f"The stored file no longer reads as GGUF: {e}") from None
+        raise HTTPException(422, _("The stored file no longer reads as GGUF: {error}").format(error=e)) from None
     if reader is None:
-        raise HTTPException(404, NOT_A_FILE)
+        raise HTTPException(404, _(NOT_A_FILE))
     return reader
 
 
@@ -100,13 +101,13 @@ async def gguf_upload(request: Request, store: Store) -> Response:
             return _refuse(request, store, 413, _too_large(limit, None))
         except _BadForm as e:
             return _refuse(request, store, 422, UploadError(
-                "The upload could not be read", str(e)))
+                _("The upload could not be read"), str(e)))
         except ClientDisconnect:
             return Response(status_code=400)
         digest = pending.finish()
         if not chose and pending.size == 0:
             return _refuse(request, store, 422, UploadError(
-                "No file was chosen", "Choose a .gguf file, then press Inspect."))
+                _("No file was chosen"), _("Choose a .gguf file, then press Inspect.")))
         if store.path(digest) is not None:  # already here: keep the old copy, refresh its age
             store.touch(digest)
             return RedirectResponse(file_url(digest), status_code=303)
@@ -114,11 +115,11 @@ async def gguf_upload(request: Request, store: Store) -> Response:
             await run_in_threadpool(_check, pending.path)
         except GGUFError as e:
             return _refuse(request, store, 422, UploadError(
-                "This is not a valid GGUF file", str(e), e.field, e.offset, e.rule))
+                _("This is not a valid GGUF file"), str(e), e.field, e.offset, e.rule))
         except Exception as e:  # the reader should only raise GGUFError; say so plainly
             log.exception("GGUF reader failed on an upload")
             return _refuse(request, store, 422, UploadError(
-                "This file could not be read", f"{type(e).__name__}: {e}"))
+                _("This file could not be read"), f"{type(e).__name__}: {e}"))
         await run_in_threadpool(pending.commit)
         committed = True
         return RedirectResponse(file_url(digest), status_code=303)
@@ -134,7 +135,7 @@ async def gguf_head(request: Request, store: Store,
     {"url": its page}, {"need": bytes to send from the start}, or {"error": why not}."""
     head = await _read_body(request, HEAD_MAX)
     if head is None:
-        return JSONResponse({"error": f"send at most {HEAD_MAX:,} bytes"}, status_code=413)
+        return JSONResponse({"error": _("send at most {n} bytes").format(n=f"{HEAD_MAX:,}")}, status_code=413)
     try:
         digest = await run_in_threadpool(store_head, store, head, size)
     except NeedMore as e:
@@ -155,12 +156,12 @@ async def gguf_bytes(request: Request, store: Store, digest: str,
     bytes (to show it is the same file), then the byte ranges `ranges` ("start:length,...")
     one after the other."""
     spans = [tuple(int(x) for x in r.split(":")) for r in ranges.split(",")]
-    want = probe + sum(n for _, n in spans)
+    want = probe + sum(n for _start, n in spans)
     body = await _read_body(request, min(want, PROBE + HEAD_MAX))
     if body is None or len(body) != want:
-        return JSONResponse({"error": f"send the file's first {probe} bytes, then the "
-                                      f"{want - probe:,} bytes asked for (at most "
-                                      f"{HEAD_MAX:,})"}, status_code=413)
+        return JSONResponse({"error": _("send the file's first {probe} bytes, then the {n} bytes asked for (at "
+                                        "most {most})").format(probe=probe, n=f"{want - probe:,}",
+                                                               most=f"{HEAD_MAX:,}")}, status_code=413)
     pieces, pos = [], probe
     for start, n in spans:
         pieces.append((start, body[pos:pos + n]))
@@ -188,11 +189,13 @@ def _check(path) -> None:
 
 
 def _too_large(limit: int, length: int | None) -> UploadError:
-    got = f" (this request is {length:,} bytes)" if length else ""
-    return UploadError("The file is too large",
-                             f"Uploads are limited to {limit:,} bytes "
-                             f"({human_bytes(limit)}){got}; it was refused while "
-                             "arriving and nothing was kept.")
+    if length:
+        why = _("Uploads are limited to {limit} bytes ({human}) (this request is {n} bytes); it was refused while "
+                "arriving and nothing was kept.").format(limit=f"{limit:,}", human=human_bytes(limit), n=f"{length:,}")
+    else:
+        why = _("Uploads are limited to {limit} bytes ({human}); it was refused while arriving and nothing was "
+                "kept.").format(limit=f"{limit:,}", human=human_bytes(limit))
+    return UploadError(_("The file is too large"), why)
 
 
 class _BadForm(Exception):
@@ -208,7 +211,7 @@ async def _receive(request: Request, pending: PendingUpload) -> bool:
         return pending.size > 0
     boundary = params.get(b"boundary")
     if not boundary:
-        raise _BadForm("The form has no multipart boundary.")
+        raise _BadForm(_("The form has no multipart boundary."))
     part: dict[str, Any] = {"headers": {}, "field": b"", "value": b"", "file": False}
     found = {"file": False, "named": False, "done": False}
 
@@ -252,9 +255,9 @@ async def _receive(request: Request, pending: PendingUpload) -> bool:
     except (UploadTooLarge, ClientDisconnect):
         raise
     except Exception as e:  # python-multipart's parse errors
-        raise _BadForm(f"The form data is malformed: {e}") from None
+        raise _BadForm(_("The form data is malformed: {error}").format(error=e)) from None
     if not found["file"]:
-        raise _BadForm("The form has no field named 'file'.")
+        raise _BadForm(_("The form has no field named 'file'."))
     return found["named"]
 
 
@@ -297,7 +300,7 @@ def gguf_kv(request: Request, digest: str, key: str, store: Store,
     reader = _open(store, digest)
     i = reader.find_key(key)
     if i < 0:
-        raise HTTPException(404, f"This file has no key named '{visible_text(key, 80)}'.")
+        raise HTTPException(404, _("This file has no key named '{key}'.").format(key=visible_text(key, 80)))
     view = array_view(digest, reader, reader.kvs[i], page, q)
     target = _target(request)
     target = target if target == "gguf-array" else None
@@ -312,7 +315,7 @@ def gguf_tensor(request: Request, digest: str, name: str, store: Store,
     reader = _open(store, digest)
     i = reader.find_tensor(name)
     if i < 0:
-        raise HTTPException(404, f"This file has no tensor named '{visible_text(name, 80)}'.")
+        raise HTTPException(404, _("This file has no tensor named '{name}'.").format(name=visible_text(name, 80)))
     t = reader.tensors[i]
     target = _target(request)
     push = tensor_url(digest, t.name, row=row, block=block)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import FileHash, Store, Svgs, Threads, Traces
+from app.i18n import _
 from app.store import UploadStore
 from app.traces import TraceCache
 from app.views.debugger import graph as G
@@ -42,8 +43,8 @@ Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
 
 def _program(name: str) -> str:
     if name not in PROGRAMS:
-        raise HTTPException(404, f"There is no walkthrough named '{name}'. "
-                                 f"The walkthroughs are: {', '.join(PROGRAMS)}.")
+        raise HTTPException(404, _("There is no walkthrough named '{name}'. The walkthroughs are: {names}.")
+                            .format(name=name, names=", ".join(PROGRAMS)))
     return name
 
 
@@ -77,16 +78,16 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     prog = PROGRAMS[name]
     if not prog.runs:
         readers = ", ".join(p.name for p in PROGRAMS.values() if p.runs)
-        raise HTTPException(422, f"'{name}' reads no file; {readers} do.")
+        raise HTTPException(422, _("'{name}' reads no file; {readers} do.").format(name=name, readers=readers))
     path = store.path(file)
     if path is None:
-        raise HTTPException(404, f"No GGUF file with hash {file} is stored; upload it in the "
-                                 "GGUF inspector first.")
+        raise HTTPException(404, _("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
+                                   "first.").format(file=file))
     if "*" not in prog.runs:
         arch = store.open(file).get("general.architecture")  # the store's parsed file, cached
         if arch not in prog.runs:
-            raise HTTPException(422, f"'{name}' runs {' and '.join(prog.runs)} models; this file "
-                                     f"holds a '{arch}' model.")
+            raise HTTPException(422, _("'{name}' runs {archs} models; this file holds a '{arch}' model.").format(
+                name=name, archs=", ".join(prog.runs), arch=arch))
     return str(path)
 
 
@@ -100,8 +101,8 @@ def _at(cache: TraceCache, store: UploadStore, where: Where):
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if not 0 <= where.step < len(trace.steps):
-        raise HTTPException(404, f"'{where.name}' has steps 0 to {len(trace.steps) - 1}; "
-                                 f"there is no step {where.step}.")
+        raise HTTPException(404, _("'{name}' has steps 0 to {last}; there is no step {step}.").format(
+            name=where.name, last=len(trace.steps) - 1, step=where.step))
     return trace, trace.steps[where.step], cache.state(trace, where.step)
 
 
@@ -170,7 +171,8 @@ def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
                              _select(state, where, step), expand,
                              lambda nodes: sched_view(trace, step, state, nodes))
         if graph is None or graph.key != key:
-            raise HTTPException(404, f"Step {n} of '{name}' draws no graph with key {key}.")
+            raise HTTPException(404, _("Step {n} of '{name}' draws no graph with key {key}.").format(
+                n=n, name=name, key=key))
         return G.render_svg(graph.dot)
 
     return Response(svgs.get(key, render), media_type="image/svg+xml",

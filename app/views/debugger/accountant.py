@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from engine.accountant import MemAccount, ObjectCost, account
 from engine.context import ggml_tensor_overhead
 from engine.errors import GGMLPoolError
@@ -53,16 +54,16 @@ def accounts(state: State) -> list[AccountView]:
         acc = account(ctx)
         n_tensors = sum(o.kind == "TENSOR" for o in acc.objects)
         graphs = [o for o in acc.objects if o.kind == "GRAPH"]
-        parts = [Part("object headers", acc.headers,
+        parts = [Part(_("object headers"), acc.headers,
                       f"{len(acc.objects)} × GGML_OBJECT_SIZE ({GGML_OBJECT_SIZE})", "header"),
-                 Part("tensor structs", acc.structs,
+                 Part(_("tensor structs"), acc.structs,
                       f"{n_tensors} × sizeof(struct ggml_tensor) ({GGML_TENSOR_SIZE})", "struct"),
-                 Part("graphs", acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
-                 Part("tensor data", acc.data, "Σ ggml_nbytes of tensors that own data", "data"),
-                 Part("work buffers", acc.work, "ggml_graph_plan's work_size", "work"),
-                 Part("alignment padding", acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
+                 Part(_("graphs"), acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
+                 Part(_("tensor data"), acc.data, _("Σ ggml_nbytes of tensors that own data"), "data"),
+                 Part(_("work buffers"), acc.work, _("ggml_graph_plan's work_size"), "work"),
+                 Part(_("alignment padding"), acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
                       "padding"),
-                 Part("unused (slack)", acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
+                 Part(_("unused (slack)"), acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
         # the formulas a program sizes its context with, applied to what this pool holds
         graph_overheads = sum(o.end - o.header for o in graphs)
         formula = n_tensors * ggml_tensor_overhead() + graph_overheads + acc.data
@@ -72,15 +73,15 @@ def accounts(state: State) -> list[AccountView]:
             each = {o.end - o.header for o in graphs}
             text += f" + {len(graphs)} × " + (f"ggml_graph_overhead() ({default})"
                                              if each == {default} else "ggml_graph_overhead_custom(…)")
-        text += f" + {acc.data} bytes of data"
+        text += " + " + _("{n} bytes of data").format(n=acc.data)
         works = [o for o in acc.objects if o.kind == "WORK_BUFFER"]
         pad = sum(o.padding for o in acc.objects if o.kind == "TENSOR")
-        said = [f"{pad} bytes of data padding"] if pad else []
+        said = [_("{n} bytes of data padding").format(n=pad)] if pad else []
         if works:
-            said.append(f"{len(works)} work buffer(s) of {GGML_OBJECT_SIZE} + "
-                        f"{' + '.join(str(o.data) for o in works)} bytes")
+            said.append(_("{n} work buffer(s) of {header} + {sizes} bytes").format(
+                n=len(works), header=GGML_OBJECT_SIZE, sizes=" + ".join(str(o.data) for o in works)))
         failing = acc.first_to_fail(acc.used - SMALLER) if acc.objects else None
         views.append(AccountView(cid, acc, parts, formula, text, acc.used - formula,
-                                 " and ".join(said), failing,
+                                 _(" and ").join(said), failing,
                                  _message(acc, failing) if failing else ""))
     return views

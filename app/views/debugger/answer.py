@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.where import Where
 from engine.programs import PROGRAMS
 from engine.trace import Trace
@@ -43,7 +44,7 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
     passes, appended = [], []
     for k in range(len(then) + 1):
         top = trace.outputs.get(f"top10_{k}") or []
-        label = "after the prompt" if k == 0 else f"after {appended[-1]!r}"
+        label = _("after the prompt") if k == 0 else _("after {token}").format(token=repr(appended[-1]))
         passes.append(Pass(label, [
             Candidate(int(t), str(text), float(p), _start(where, [*then, int(t)]))
             for t, text, p in top]))

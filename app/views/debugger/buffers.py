@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.pool import Segment, _scaled
 from app.views.debugger.where import Where, tensor_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
@@ -49,14 +50,14 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
             if off < end:  # bytes shared over time (the plan reuses them): drawn once, first tensor
                 continue
             if off > end:
-                segs.append(Segment("free", end, off - end, 0, "not used by a tensor now", False))
+                segs.append(Segment("free", end, off - end, 0, _("not used by a tensor now"), False))
             key = tensor_key(t)
             hit = any(a < off + n and b > off for a, b in mine)
-            segs.append(Segment("data", off, n, 0, f"data of '{t.name}'", hit, key,
+            segs.append(Segment("data", off, n, 0, _("data of '{name}'").format(name=t.name), hit, key,
                                 where.url(tensor=key, hex="data")))
             end = off + n
         if buf.size > end:
-            segs.append(Segment("free", end, buf.size - end, 0, "not used by a tensor now", False))
+            segs.append(Segment("free", end, buf.size - end, 0, _("not used by a tensor now"), False))
         total = sum(_scaled(s.size) for s in segs) or 1
         for s in segs:
             s.width = 100 * _scaled(s.size) / total

@@ -8,6 +8,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
 from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
@@ -80,9 +81,13 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
         return DotStyle(f'{fill}id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
                         f'tooltip = "{_attr(t.name)}"')
 
+    def box_label(layer: str, n: int) -> str:
+        lines = (_("layer {layer}").format(layer=layer), _("{n} tensors").format(n=n), _("(click to open)"))
+        return "\\n".join(_attr(x) for x in lines)
+
     boxes = tuple(f'  "layer_{layer}" [id = "layer_{layer}"; shape = box3d; style = filled; '
                   f'fillcolor = "#e8eefc"; '
-                  f'label = "layer {layer}\\n{n} tensors\\n(click to open)"; '
+                  f'label = "{box_label(layer, n)}"; '
                   f'URL = "{where.query(expand=layer, tensor=None)}"; target = "_top"];'
                   for layer, n in folded.items())
     hidden = {t.address for t in g.nodes + g.leafs if layers.get(t.address) in folded}
@@ -106,11 +111,12 @@ def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[st
         copies = [c for c, where_i in sched.copies if where_i == i]
         out.append(f'  subgraph cluster_split{i} {{ label = "{_attr(label)}"; style = "dashed,rounded"; '
                    f'color = "#888888"; fontname = "DejaVu Sans"; fontsize = 10;')
+        tooltip = _attr(_("a copy of an input, made by the scheduler"))
         for c in copies:
             out.append(f'    "{c.address:#x}" [ shape = cds; style = filled; fillcolor = "#fff3c4"; '
                        f'label = "{_attr(c.name)}"; id = "{node_id(c)}"; '
                        f'URL = "{where.query(tensor=tensor_key(c))}"; target = "_top"; '
-                       f'tooltip = "a copy of an input, made by the scheduler"; ]')
+                       f'tooltip = "{tooltip}"; ]')
         out += [f'    "{a:#x}";' for a in members if a not in hidden]
         out.append("  }")
     return tuple(out)

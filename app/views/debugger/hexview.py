@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.i18n import _
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
 from engine.tensor import Tensor, ggml_nbytes
 from engine.trace import Step
@@ -55,12 +56,14 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
         ctx, start = t.ctx.space.resolve(t.data)
         tr = TYPE_TRAITS[t.type]
         raw = ctx.pool[start:start + min(ggml_nbytes(t), DATA_BYTES)]
-        unit = "block" if tr.blck_size > 1 else "element"
+        unit = _("block") if tr.blck_size > 1 else _("element")
         for i in range(raw.size):
             names[i] = f"{unit} {i // tr.type_size}"  # in memory order, from the data pointer
-        title = (f"'{t.name}' data at pool offset {start:#x} in context {ctx.id}: "
-                 f"{tr.type_size}-byte {unit}s in memory order"
-                 + (f" (first {DATA_BYTES} bytes)" if ggml_nbytes(t) > DATA_BYTES else ""))
+        title = ((_("'{name}' data at pool offset {offset} in context {ctx}: {size}-byte blocks in memory order")
+                  if tr.blck_size > 1 else
+                  _("'{name}' data at pool offset {offset} in context {ctx}: {size}-byte elements in memory order"))
+                 .format(name=t.name, offset=f"{start:#x}", ctx=ctx.id, size=tr.type_size)
+                 + (_(" (first {n} bytes)").format(n=DATA_BYTES) if ggml_nbytes(t) > DATA_BYTES else ""))
     else:
         ctx, start = t.ctx, t.offs - GGML_OBJECT_SIZE
         raw = ctx.pool[start:t.offs + GGML_TENSOR_SIZE]
@@ -73,8 +76,9 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
                     names[base + span.offset + i] = prefix + span.name
                 legend.append(FieldValue(prefix + span.name, start + base + span.offset,
                                          span.size, _field_value(r[span.name], span.pointer)))
-        title = (f"'{t.name}' at pool offset {start:#x}: {GGML_OBJECT_SIZE}-byte ggml_object, "
-                 f"then the {GGML_TENSOR_SIZE}-byte ggml_tensor")
+        title = _("'{name}' at pool offset {offset}: {object}-byte ggml_object, then the {tensor}-byte "
+                  "ggml_tensor").format(name=t.name, offset=f"{start:#x}", object=GGML_OBJECT_SIZE,
+                                        tensor=GGML_TENSOR_SIZE)
     changed = set()
     for p in step.patches:
         if p.ctx == ctx.id:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.where import Where, ref_key
 from engine.backend.alloc import memory_plan, plan_peak
 from engine.trace import State, Step, StepKind, Trace
@@ -74,12 +75,15 @@ def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[Plan
             if where.tensor == ref_key(*b.tensor):
                 cls += " selected"
             top, bottom = y(b.offset + b.size), y(b.offset)
-            life = f"nodes {b.start}..{b.end}" if b.start >= 0 else f"from the start to node {b.end}"
+            life = (_("nodes {first}..{last}").format(first=b.start, last=b.end) if b.start >= 0
+                    else _("from the start to node {last}").format(last=b.end))
             out.append(PlanBar(LEFT + col * (b.start + 1), top, max(col * (b.end - b.start + 1), 1.5),
                                max(bottom - top, 1.5), cls,
-                               f"'{name}': offset {b.offset}, {b.size} bytes, {life}"
-                               + (" (in place of its source)" if b.reuses is not None else ""),
+                               _("'{name}': offset {offset}, {size} bytes, {life}").format(
+                                   name=name, offset=b.offset, size=b.size, life=life)
+                               + (_(" (in place of its source)") if b.reuses is not None else ""),
                                where.url(tensor=ref_key(*b.tensor))))
-        charts.append(PlanChart(f"buffer {key[0]} ({names[key[0]]}), chunk {key[1]}", size, n, out, y(peak), node,
+        charts.append(PlanChart(_("buffer {id} ({name}), chunk {chunk}").format(id=key[0], name=names[key[0]],
+                                                                                chunk=key[1]), size, n, out, y(peak), node,
                                 peak, LEFT + W + 8, TOP + H + 22))
     return charts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.where import Where, ref_key
 from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
 from engine.infos import ggml_tensor_infos
@@ -57,13 +58,13 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
         for o in objs:
             new = (cid, o.header) in added
             segs.append(Segment("header", o.header, GGML_OBJECT_SIZE, 0,
-                                f"ggml_object header ({o.type_name})",
+                                _("ggml_object header ({type})").format(type=o.type_name),
                                 new or hit(o.header, o.offs)))
             if o.type == GGML_OBJECT_TYPE_TENSOR:
                 t = infos[o.offs]
                 key = ref_key(cid, t.offs)
                 url = where.url(tensor=key)
-                label = f"tensor '{t.name}' struct" if t.name else "tensor struct"
+                label = _("tensor '{name}' struct").format(name=t.name) if t.name else _("tensor struct")
                 segs.append(Segment("struct", o.offs, GGML_TENSOR_SIZE, 0, label,
                                     new or hit(o.offs, o.offs + GGML_TENSOR_SIZE), key, url))
                 inline = o.size - GGML_TENSOR_SIZE
@@ -71,21 +72,21 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
                     nbytes = t.nbytes if not t.is_view and t.data else 0
                     start = o.offs + GGML_TENSOR_SIZE
                     if nbytes:
-                        segs.append(Segment("data", start, nbytes, 0, f"data of '{t.name}'",
+                        segs.append(Segment("data", start, nbytes, 0, _("data of '{name}'").format(name=t.name),
                                             hit(start, start + nbytes), key,
                                             where.url(tensor=key, hex="data")))
                     if inline - nbytes > 0:
                         segs.append(Segment("padding", start + nbytes, inline - nbytes, 0,
-                                            "padding to 16 bytes", False, key, url))
+                                            _("padding to 16 bytes"), False, key, url))
             elif o.type == GGML_OBJECT_TYPE_GRAPH:
-                segs.append(Segment("graph", o.offs, o.size, 0, "ggml_cgraph: struct, nodes, "
-                                    "leafs, use counts, hash keys, bitset",
+                segs.append(Segment("graph", o.offs, o.size, 0, _("ggml_cgraph: struct, nodes, "
+                                                                  "leafs, use counts, hash keys, bitset"),
                                     new or hit(o.offs, o.offs + o.size)))
             else:
-                segs.append(Segment("work", o.offs, o.size, 0, "work buffer", new))
+                segs.append(Segment("work", o.offs, o.size, 0, _("work buffer"), new))
             end = o.offs + o.size
         if ctx.mem_size > end:
-            segs.append(Segment("free", end, ctx.mem_size - end, 0, "unused", False))
+            segs.append(Segment("free", end, ctx.mem_size - end, 0, _("unused"), False))
         total = sum(_scaled(s.size) for s in segs) or 1
         for s in segs:
             s.width = 100 * _scaled(s.size) / total

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app.i18n import _
 from engine.tensor import Tensor
 from engine.trace import State, Step, StepKind, Trace
 
@@ -49,7 +50,7 @@ def sched_view(trace: Trace, step: Step, state: State, graph_nodes: list[Tensor]
         if sp is None or sp.i_end > n:
             continue
         members = [graph_nodes[i].address for i in range(sp.i_start, sp.i_end)]
-        view.clusters.append((f"split {sp.index}: {sp.backend}", members))
+        view.clusters.append((_("split {i}: {backend}").format(i=sp.index, backend=sp.backend), members))
         for node in graph_nodes[sp.i_start:sp.i_end]:
             for src in node.src:
                 if src is not None and "#" in src.name and src.address not in addresses:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.values import elements
 from app.views.format import fmt_short
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements
@@ -62,17 +63,18 @@ def strides(t: Tensor | None) -> StridesView | None:
         return None
     tr = TYPE_TRAITS[t.type]
     ne, nb = [int(x) for x in t.ne], [int(x) for x in t.nb]
-    explain = [f"nb[0] = {nb[0]}: " + (f"bytes per element of {tr.type_name}" if tr.blck_size == 1
-                                        else f"bytes per block of {tr.blck_size} elements")]
+    explain = [f"nb[0] = {nb[0]}: " + (_("bytes per element of {type}").format(type=tr.type_name)
+                                        if tr.blck_size == 1 else
+                                        _("bytes per block of {n} elements").format(n=tr.blck_size))]
     for i in range(1, 4):
         if ne[i] > 1 or i == 1:
-            explain.append(f"nb[{i}] = {nb[i]}: step {i} in dimension {i} "
-                           f"(= {nb[i] // max(nb[i - 1], 1) if nb[i - 1] else 0} x nb[{i - 1}])"
-                           if nb[i - 1] and nb[i] % nb[i - 1] == 0 else
-                           f"nb[{i}] = {nb[i]}: bytes from one index of dimension {i} to the next")
+            explain.append(f"nb[{i}] = {nb[i]}: " + (
+                _("step {i} in dimension {i} (= {k} x nb[{j}])").format(i=i, k=nb[i] // nb[i - 1], j=i - 1)
+                if nb[i - 1] and nb[i] % nb[i - 1] == 0 else
+                _("bytes from one index of dimension {i} to the next").format(i=i)))
     if not ggml_is_contiguous(t):
-        explain.append("not contiguous: the strides are not in packed order, so elements that are "
-                       "neighbours here are not neighbours in memory")
+        explain.append(_("not contiguous: the strides are not in packed order, so elements that are "
+                         "neighbours here are not neighbours in memory"))
     grid, note, blocks = [], "", None
     if tr.blck_size == 1:
         rows, cols = min(ne[1], GRID_ROWS), min(ne[0], GRID_COLS)
@@ -81,17 +83,17 @@ def strides(t: Tensor | None) -> StridesView | None:
             grid.append([StrideCell(f"[{i1}, {i0}]", i0 * nb[0] + i1 * nb[1],
                                     "" if vals is None else fmt_short(vals[0, 0, i1, i0]))
                          for i0 in range(cols)])
-        note = (f"element [i1, i0] sits at data + i0*{nb[0]} + i1*{nb[1]} bytes"
-                + (f" (first {GRID_ROWS} rows, {GRID_COLS} columns)"
+        note = (_("element [i1, i0] sits at data + i0*{nb0} + i1*{nb1} bytes").format(nb0=nb[0], nb1=nb[1])
+                + (_(" (first {rows} rows, {cols} columns)").format(rows=GRID_ROWS, cols=GRID_COLS)
                    if ne[1] > rows or ne[0] > cols else "")
-                + (" for i2 = i3 = 0" if ne[2] * ne[3] > 1 else ""))
+                + (_(" for i2 = i3 = 0") if ne[2] * ne[3] > 1 else ""))
     else:
         nblocks = ne[0] // tr.blck_size
         blocks = [BlockSpan(b, b * nb[0], tr.type_size,
                             f"{b * tr.blck_size}..{(b + 1) * tr.blck_size - 1}")
                   for b in range(min(nblocks, 16))]
-        note = (f"row 0 holds {nblocks} block(s) of {tr.blck_size} elements, {tr.type_size} bytes "
-                f"each; rows are nb[1] = {nb[1]} bytes apart")
+        note = _("row 0 holds {n} block(s) of {size} elements, {bytes} bytes each; rows are nb[1] = {nb1} "
+                 "bytes apart").format(n=nblocks, size=tr.blck_size, bytes=tr.type_size, nb1=nb[1])
     parent = None
     if t.view_src is not None and t.data is not None:
         base = t.view_src
@@ -100,9 +102,10 @@ def strides(t: Tensor | None) -> StridesView | None:
         every = max(1, nb[0] if tr.blck_size == 1 else 1)
         parent = ParentWindow(
             [WindowCell(i, i in touched) for i in range(0, min(span, WINDOW_BYTES), every)],
-            f"view_offs = {t.view_offs}: this view's bytes inside '{base.name}' ({span} bytes) "
-            "are highlighted" + (f" (first {WINDOW_BYTES} bytes)" if span > WINDOW_BYTES else ""))
-    return StridesView(t.name or "(unnamed)", tr.type_name, ne, nb, explain, grid, note, parent,
+            f"view_offs = {t.view_offs}: "
+            + _("this view's bytes inside '{name}' ({n} bytes) are highlighted").format(name=base.name, n=span)
+            + (_(" (first {n} bytes)").format(n=WINDOW_BYTES) if span > WINDOW_BYTES else ""))
+    return StridesView(t.name or _("(unnamed)"), tr.type_name, ne, nb, explain, grid, note, parent,
                        blocks)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from engine.ggml import format_tensor
 from engine.tensor import Tensor
@@ -26,9 +27,9 @@ class StructView:
 def struct(t: Tensor | None, where: Where) -> StructView | None:
     if t is None:
         return None
-    links = [Link(f"src[{i}]", s.name or "(unnamed)", where.url(tensor=tensor_key(s)))
+    links = [Link(f"src[{i}]", s.name or _("(unnamed)"), where.url(tensor=tensor_key(s)))
              for i, s in enumerate(t.src) if s is not None]
     if t.view_src is not None:
-        links.append(Link("view_src", t.view_src.name or "(unnamed)",
+        links.append(Link("view_src", t.view_src.name or _("(unnamed)"),
                           where.url(tensor=tensor_key(t.view_src))))
     return StructView(f"p *{t.name or 'tensor'}", "$1 = " + format_tensor(t), links)

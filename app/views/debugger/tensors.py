@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from app.views.debugger.where import Where, ref_key
 from engine.infos import ggml_tensor_infos
 from engine.optable import GGMLOp
@@ -28,7 +29,7 @@ def tensor_list(state: State, where: Where, selected: Tensor | None) -> list[Ten
     for ctx in state.contexts.values():
         for t in ggml_tensor_infos(ctx):
             key = ref_key(ctx.id, t.offs)
-            rows.append(TensorRow(t.name or "(unnamed)", TYPE_TRAITS[t.type].type_name,
+            rows.append(TensorRow(t.name or _("(unnamed)"), TYPE_TRAITS[t.type].type_name,
                                   "[" + ", ".join(str(x) for x in t.ne) + "]", GGMLOp(t.op).name,
                                   where.url(tensor=key), selected is not None
                                   and (ctx.id, t.offs) == (selected.ctx.id, selected.offs),

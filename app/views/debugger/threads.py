@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _
 from engine.trace import ComputePlan, Step, StepKind, Trace
 
 
@@ -35,9 +36,9 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
 
 def _ranges(kind: str, ranges: tuple) -> str:
     if kind == "chunks":
-        return "; ".join(f"chunk {c}: rows {a[0]}-{a[1] - 1} x cols {b[0]}-{b[1] - 1}"
-                         for c, a, b in ranges) or "no chunk left"
+        return "; ".join(_("chunk {c}: rows {r0}-{r1} x cols {c0}-{c1}").format(
+            c=c, r0=a[0], r1=a[1] - 1, c0=b[0], c1=b[1] - 1) for c, a, b in ranges) or _("no chunk left")
     if not ranges:
-        return "nothing"
+        return _("nothing")
     return ", ".join(f"[{r[0]}, {r[1]})" if isinstance(r, (tuple, list)) and len(r) == 2 else str(r)
                      for r in ranges)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.i18n import _
 from app.views.debugger.where import Where
 from app.views.format import fmt_short
 from engine.compute.kernels.common import to_f32, view4
@@ -49,21 +50,21 @@ def elements(t: Tensor) -> np.ndarray | None:
 def values(t: Tensor | None, where: Where) -> ValuesView | None:
     if t is None:
         return None
-    name = t.name or "(unnamed)"
+    name = t.name or _("(unnamed)")
     if t.data is None:
-        return ValuesView(name, "none", note="this tensor has no data (no_alloc, or a view of one)")
+        return ValuesView(name, "none", note=_("this tensor has no data (no_alloc, or a view of one)"))
     tr = TYPE_TRAITS[t.type]
     if tr.is_quantized:
         return _blocks(t, where)
     vals = elements(t)
     if vals is None:
-        return ValuesView(name, "none", note=f"{tr.type_name} values are not shown")
+        return ValuesView(name, "none", note=_("{type} values are not shown").format(type=tr.type_name))
     ne = [int(x) for x in t.ne]
     m = vals.reshape(-1, ne[0])  # rows of dimension 0
     if m.size <= TABLE_MAX:
         return ValuesView(name, "table", table=[[fmt_short(x) for x in r] for r in m],
-                          note=f"{m.shape[0]} row(s) of {ne[0]}: row r is element [r, :] over "
-                               "dims 1..3 flattened")
+                          note=_("{rows} row(s) of {n}: row r is element [r, :] over dims 1..3 flattened").format(
+                              rows=m.shape[0], n=ne[0]))
     # heatmap: downsample to at most HEAT_CELLS x HEAT_CELLS cells by taking block means
     rows, cols = m.shape
     sr, sc = max(1, math.ceil(rows / HEAT_CELLS)), max(1, math.ceil(cols / HEAT_CELLS))
@@ -73,7 +74,8 @@ def values(t: Tensor | None, where: Where) -> ValuesView | None:
     finite = cells[np.isfinite(cells)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     heat = [[_colour(v, lo, hi) for v in r] for r in cells]
-    note = f"{rows} x {cols} values" + (f", each cell the mean of {sr} x {sc}" if sr * sc > 1 else "")
+    note = (_("{rows} x {cols} values").format(rows=rows, cols=cols)
+            + (_(", each cell the mean of {r} x {c}").format(r=sr, c=sc) if sr * sc > 1 else ""))
     return ValuesView(name, "heatmap", heat=heat, heat_note=note, vmin=fmt_short(lo),
                       vmax=fmt_short(hi))
 
@@ -101,7 +103,7 @@ def _blocks(t: Tensor, where: Where) -> ValuesView:
     i2, i1 = divmod(rest, int(t.ne[1]))
     start = off + i1 * int(t.nb[1]) + i2 * int(t.nb[2]) + i3 * int(t.nb[3])
     row_bytes = ctx.pool[start:start + nblocks * tr.type_size]
-    return ValuesView(t.name or "(unnamed)", "blocks", explain=explain_block(t.type, row_bytes, block),
+    return ValuesView(t.name or _("(unnamed)"), "blocks", explain=explain_block(t.type, row_bytes, block),
                       row=row, block=block, nrows=nrows, nblocks=nblocks,
-                      note=f"row {row}, block {block} of {nblocks}: {tr.type_size} bytes holding "
-                           f"{tr.blck_size} values")
+                      note=_("row {row}, block {block} of {n}: {bytes} bytes holding {size} values").format(
+                          row=row, block=block, n=nblocks, bytes=tr.type_size, size=tr.blck_size))

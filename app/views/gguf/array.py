@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.i18n import _
 from app.views.format import visible_text
 from app.views.gguf.kv_table import scalar_text, type_text
 from app.views.gguf.state import kv_url
@@ -118,13 +119,13 @@ def array_view(digest: str, r: GGUFReader, kv: KV, page: int, q: str) -> ArrayVi
 
     note = ""
     if kv.key in keys:
-        note = ("A vocabulary is stored as parallel arrays: entry i of each belongs to token id i, "
-                "the number the model sees. They are shown side by side; '▁' marks a leading "
-                "space in SentencePiece vocabularies.")
-    return ArrayView(digest, visible_text(str(r.get("general.name") or "GGUF file"), 80), kv.key,
+        note = _("A vocabulary is stored as parallel arrays: entry i of each belongs to token id i, the number "
+                 "the model sees. They are shown side by side; '▁' marks a leading space in SentencePiece "
+                 "vocabularies.")
+    return ArrayView(digest, visible_text(str(r.get("general.name") or _("GGUF file")), 80), kv.key,
                      type_text(kv), kv.n, kv.arr_type is not None, kv.span.offset,
                      kv.span.size, q, columns, rows, len(match), page, pages,
                      (page - 1) * ARRAY_PAGE + 1 if rows else 0, _page_links(page, pages, href),
                      href(page - 1) if page > 1 else None,
                      href(page + 1) if page < pages else None,
-                     "token id" if kv.key in keys else "index", kv_url(digest, kv.key), note)
+                     _("token id") if kv.key in keys else _("index"), kv_url(digest, kv.key), note)

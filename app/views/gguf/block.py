@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from app.i18n import _
 from app.views.format import fmt_float
 from app.views.gguf.sample import can_read, nrows, rows_float
 from app.views.gguf.state import tensor_url
@@ -107,7 +108,7 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
     if t.n_elements == 0:
         return BlockView(kind="none", file_offset=t.data_offset, row_offset=0,
                          element_range=(0, 0), bytes=[], fields=[], sub_scales=[], cells=[],
-                         formula="", note="This tensor has no elements.", **base)
+                         formula="", note=_("This tensor has no elements."), **base)
     row_bytes = r.tensor_bytes(t)[row * t.nb[1]:(row + 1) * t.nb[1]]
     if quant:
         e = explain_block(t.type, row_bytes, block)
@@ -115,12 +116,12 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
         raw = bytes(row_bytes[start:end])
         fields, owner = [], [0] * len(raw)
         for n, f in enumerate(e.fields):
-            fields.append(BlockFieldView(n, f.name, f.offset, f.size, f.meaning,
+            fields.append(BlockFieldView(n, f.name, f.offset, f.size, _(f.meaning) if f.meaning else "",
                                          _field_value(f.value)))
             for k in range(f.offset, f.offset + f.size):
                 owner[k] = n
         names = [f.name for f in fields]
-        byts = [BlockByte(f"{b:02x}", owner[k], f"byte {k}: {names[owner[k]]}")
+        byts = [BlockByte(f"{b:02x}", owner[k], _("byte {k}: {field}").format(k=k, field=names[owner[k]]))
                 for k, b in enumerate(raw)]
         values = e.values or ()
         e0 = e.element_range[0]
@@ -131,7 +132,7 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
             subs.append(("scales", _field_value(list(e.sub_scales.scales))))
             if e.sub_scales.mins is not None:
                 subs.append(("mins", _field_value(list(e.sub_scales.mins))))
-        note = "" if values else f"The engine has no dequantizer for {t.type.name}."
+        note = "" if values else _("The engine has no dequantizer for {type}.").format(type=t.type.name)
         return BlockView(kind="quant", file_offset=t.data_offset + row * t.nb[1] + start,
                          row_offset=start, element_range=e.element_range, bytes=byts,
                          fields=fields, sub_scales=subs, cells=cells, formula=e.formula,
@@ -141,7 +142,7 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
     start, end = e0 * tr.type_size, e1 * tr.type_size
     raw = bytes(row_bytes[start:end])
     vals = rows_float(r, t, np.array([row]), t.ne[0])[0, e0:e1] if can_read(t) else []
-    byts = [BlockByte(f"{b:02x}", (k // tr.type_size) % 2, f"element {e0 + k // tr.type_size}")
+    byts = [BlockByte(f"{b:02x}", (k // tr.type_size) % 2, _("element {i}").format(i=e0 + k // tr.type_size))
             for k, b in enumerate(raw)]
     cells = [BlockCell(e0 + k, raw[k * tr.type_size:(k + 1) * tr.type_size].hex(" "),
                        fmt_float(v)) for k, v in enumerate(vals)]
@@ -149,5 +150,6 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
     return BlockView(kind="plain", file_offset=t.data_offset + row * t.nb[1] + start,
                      row_offset=start, element_range=(e0, e1), bytes=byts, fields=[],
                      sub_scales=[], cells=cells, formula="",
-                     note=f"{t.type.name} has no blocks: here are {per} elements at a time, "
-                          f"each {tr.type_size} bytes ({order}-endian).", **base)
+                     note=_("{type} has no blocks: here are {n} elements at a time, each {bytes} bytes "
+                            "({order}-endian).").format(type=t.type.name, n=per, bytes=tr.type_size, order=order),
+                     **base)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import N_, _
 from app.views.format import human_bytes, visible_text
 from app.views.gguf.kv_table import kv_value_text
 from app.views.gguf.state import FileState, kv_url, tensor_url
@@ -17,26 +18,28 @@ _REGION_OF = {"magic": "header", "version": "header", "n_tensors": "header", "n_
               "kv": "kv", "tensor_info": "tensor_info", "padding": "padding",
               "tensor_data": "tensor_data", "tensor_padding": "tensor_data",
               "trailing": "trailing"}
-_REGION_LABEL = {"header": "header", "kv": "metadata", "tensor_info": "tensor infos",
-                 "padding": "padding", "tensor_data": "tensor data", "trailing": "trailing bytes"}
+_REGION_LABEL = {"header": N_("header"), "kv": N_("metadata"), "tensor_info": N_("tensor infos"),
+                 "padding": N_("padding"), "tensor_data": N_("tensor data"), "trailing": N_("trailing bytes")}
 
 EXPLAIN = {
-    "magic": "The four bytes 'GGUF' (47 47 55 46) that mark a GGUF file.",
-    "version": "The format version, a uint32. ggml reads versions 2 and 3 and writes 3.",
-    "n_tensors": "How many tensor infos follow the key-value pairs (int64).",
-    "n_kv": "How many key-value pairs follow the header (int64).",
-    "kv": "One metadata pair: the key (a uint64 length, then UTF-8 bytes), its gguf_type (int32); "
-          "for an array the element type (int32) and count (uint64); then the value itself.",
-    "tensor_info": "One tensor's description: its name, n_dims, ne[0..n_dims) (int64 each, "
+    "magic": N_("The four bytes 'GGUF' (47 47 55 46) that mark a GGUF file."),
+    "version": N_("The format version, a uint32. ggml reads versions 2 and 3 and writes 3."),
+    "n_tensors": N_("How many tensor infos follow the key-value pairs (int64)."),
+    "n_kv": N_("How many key-value pairs follow the header (int64)."),
+    "kv": N_("One metadata pair: the key (a uint64 length, then UTF-8 bytes), its gguf_type (int32); "
+          "for an array the element type (int32) and count (uint64); then the value itself."),
+    "tensor_info": N_("One tensor's description: its name, n_dims, ne[0..n_dims) (int64 each, "
                    "fastest dimension first), its ggml_type (int32) and the offset of its data "
-                   "from the start of the data section (uint64). No values are stored here.",
-    "padding": "Zero bytes up to the next multiple of the alignment, so the data section starts "
-               "aligned (ggml can then map tensor data straight from the file).",
-    "tensor_data": "A tensor's values, exactly as ggml holds them in memory: rows of ne[0] "
-                   "elements; for a quantized type, rows of blocks (scale(s) then packed quants).",
-    "tensor_padding": "Padding after a tensor's data so that the next tensor starts aligned.",
-    "trailing": "Bytes after the end of the data section; ggml ignores them.",
+                   "from the start of the data section (uint64). No values are stored here."),
+    "padding": N_("Zero bytes up to the next multiple of the alignment, so the data section starts "
+               "aligned (ggml can then map tensor data straight from the file)."),
+    "tensor_data": N_("A tensor's values, exactly as ggml holds them in memory: rows of ne[0] "
+                   "elements; for a quantized type, rows of blocks (scale(s) then packed quants)."),
+    "tensor_padding": N_("Padding after a tensor's data so that the next tensor starts aligned."),
+    "trailing": N_("Bytes after the end of the data section; ggml ignores them."),
 }
+
+
 def _decoded_fields(r: GGUFReader, s: Span) -> list[tuple[str, str]]:
     """(what the part is, what it decodes to) for each child of a kv pair or tensor info."""
     out = []
@@ -44,13 +47,13 @@ def _decoded_fields(r: GGUFReader, s: Span) -> list[tuple[str, str]]:
         kv = r.kvs[r.find_key(s.label)]
         for c in s.children:
             out.append({
-                "key": ("uint64 length, then the key's UTF-8 bytes", repr(visible_text(kv.key))),
-                "type": ("int32 gguf_type", f"{int(kv.type)} = {TYPE_NAME[kv.type]}"),
-                "arr_type": ("int32 gguf_type of each element",
+                "key": (_("uint64 length, then the key's UTF-8 bytes"), repr(visible_text(kv.key))),
+                "type": (_("int32 gguf_type"), f"{int(kv.type)} = {TYPE_NAME[kv.type]}"),
+                "arr_type": (_("int32 gguf_type of each element"),
                              f"{int(kv.value_type)} = {TYPE_NAME[kv.value_type]}"),
-                "arr_n": ("uint64 element count", f"{kv.n:,}"),
-                "value": ("the value" + (" (strings: uint64 length + bytes each)"
-                                         if kv.value_type == GGUFValueType.STRING else ""),
+                "arr_n": (_("uint64 element count"), f"{kv.n:,}"),
+                "value": (_("the value (strings: uint64 length + bytes each)")
+                          if kv.value_type == GGUFValueType.STRING else _("the value"),
                           visible_text(kv_value_text(kv), 60)),
             }.get(c.kind, ("", "")))
     elif s.kind == "tensor_info":
@@ -58,14 +61,15 @@ def _decoded_fields(r: GGUFReader, s: Span) -> list[tuple[str, str]]:
         for c in s.children:
             if c.kind == "ne":
                 j = int(c.label[3:-1])
-                out.append((f"int64 elements in dimension {j}", f"{t.ne[j]:,}"))
+                out.append((_("int64 elements in dimension {j}").format(j=j), f"{t.ne[j]:,}"))
                 continue
             out.append({
-                "name": ("uint64 length, then the name's UTF-8 bytes", repr(t.name)),
-                "n_dims": ("uint32 number of dimensions", str(t.n_dims)),
-                "type": ("int32 ggml_type", f"{int(t.type)} = {t.type.name}"),
-                "offset": ("uint64 offset from the start of the data section",
-                           f"{t.offset:,} (so byte {t.data_offset:,} of the file)"),
+                "name": (_("uint64 length, then the name's UTF-8 bytes"), repr(t.name)),
+                "n_dims": (_("uint32 number of dimensions"), str(t.n_dims)),
+                "type": (_("int32 ggml_type"), f"{int(t.type)} = {t.type.name}"),
+                "offset": (_("uint64 offset from the start of the data section"),
+                           _("{offset} (so byte {byte} of the file)").format(offset=f"{t.offset:,}",
+                                                                          byte=f"{t.data_offset:,}")),
             }.get(c.kind, ("", "")))
     return out + [("", "")] * (len(s.children) - len(out))
 
@@ -155,7 +159,7 @@ def byte_map_view(digest: str, r: GGUFReader, state: FileState) -> ByteMapView:
     for run, size, w in zip(runs, sizes, _weights(sizes, 0.0)):
         kind = _REGION_OF[spans[run[0]].kind]
         n_items = sum(spans[i].kind != "tensor_padding" for i in run)
-        label = _REGION_LABEL[kind] + (f" ({n_items})" if kind in ("kv", "tensor_info",
+        label = _(_REGION_LABEL[kind]) + (f" ({n_items})" if kind in ("kv", "tensor_info",
                                                                   "tensor_data") else "")
         if sel in run:
             current = run
@@ -166,14 +170,15 @@ def byte_map_view(digest: str, r: GGUFReader, state: FileState) -> ByteMapView:
     if len(current) > ZOOM_ITEMS_MAX:
         lo = max(0, min(current.index(sel) - ZOOM_ITEMS_MAX // 2, len(current) - ZOOM_ITEMS_MAX))
     shown = current[lo:lo + ZOOM_ITEMS_MAX]
-    note = (f"items {lo + 1}–{lo + len(shown)} of {len(current)}, around the selected one"
+    note = (_("items {first}–{last} of {n}, around the selected one").format(first=lo + 1, last=lo + len(shown),
+                                                                              n=len(current))
             if len(shown) < len(current) else "")
     items = [MapSegment(i, spans[i].kind, spans[i].label, spans[i].offset, spans[i].size, w,
                         i == sel, state.url(digest, seg=i), human_bytes(spans[i].size))
              for i, w in zip(shown, _weights([spans[i].size for i in shown], 0.0))]
     region = _REGION_OF[spans[current[0]].kind]
     region_label = next(s.label for s in regions if s.index == current[0])
-    return ByteMapView(regions, region_label if region != "header" else "header", items, note,
+    return ByteMapView(regions, region_label if region != "header" else _("header"), items, note,
                        _detail(digest, r, spans, sel),
                        state.url(digest, seg=sel - 1) if sel > 0 else None,
                        state.url(digest, seg=sel + 1) if sel + 1 < len(spans) else None)
@@ -191,15 +196,15 @@ def _detail(digest: str, r: GGUFReader, spans: list[Span], i: int) -> MapDetail:
     link = None
     if s.kind in ("tensor_data", "tensor_info"):
         name = s.label
-        link = (tensor_url(digest, name), f"Open tensor {name}")
+        link = (tensor_url(digest, name), _("Open tensor {name}").format(name=name))
     elif s.kind == "kv":
         kv = r.kvs[r.find_key(s.label)]
-        link = (kv_url(digest, kv.key), f"See all {kv.n:,} values" if kv.arr_type is not None
-                else "See this value")
-    explain = EXPLAIN.get(s.kind, "")
+        link = (kv_url(digest, kv.key), _("See all {n} values").format(n=f"{kv.n:,}") if kv.arr_type is not None
+                else _("See this value"))
+    explain = _(EXPLAIN[s.kind]) if s.kind in EXPLAIN else ""
     if s.kind == "padding":
-        explain += f" Here the alignment is {r.alignment} bytes."
+        explain += _(" Here the alignment is {n} bytes.").format(n=r.alignment)
     return MapDetail(i, s.kind, visible_text(s.label, 80), s.offset, s.size, explain, fields,
                      _hexdump(head, s.offset),
-                     f"first {len(head)} of {s.size:,} bytes" if s.size > len(head) else "",
+                     _("first {n} of {size} bytes").format(n=len(head), size=f"{s.size:,}") if s.size > len(head) else "",
                      link)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.heads import have
+from app.i18n import _
 from app.store import UploadStore
 from app.views.format import human_bytes, visible_text
 from engine.gguf import GGUFReader
@@ -47,21 +48,22 @@ class FileView:
 def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
     fixture = store.fixture_name(digest)
     name = r.get("general.name")
-    title = name if isinstance(name, str) and name else (fixture or "GGUF file")
+    title = name if isinstance(name, str) and name else (fixture or _("GGUF file"))
     arch = r.get("general.architecture")
-    facts = [Fact("file size", f"{r.size:,} bytes", human_bytes(r.size)),
-             Fact("GGUF version", str(r.version), f"{r.byte_order}-endian"),
-             Fact("architecture", visible_text(arch, 40) if isinstance(arch, str) else "—"),
-             Fact("key-value pairs", f"{r.n_kv:,}"), Fact("tensors", f"{r.n_tensors:,}"),
-             Fact("alignment", f"{r.alignment} bytes",
-                  "general.alignment" if r.find_key("general.alignment") >= 0 else "default"),
-             Fact("data section", f"at byte {r.data_offset:,}", f"{human_bytes(r.data_size)}")]
+    facts = [Fact(_("file size"), _("{n} bytes").format(n=f"{r.size:,}"), human_bytes(r.size)),
+             Fact(_("GGUF version"), str(r.version), _("{order}-endian").format(order=r.byte_order)),
+             Fact(_("architecture"), visible_text(arch, 40) if isinstance(arch, str) else "—"),
+             Fact(_("key-value pairs"), f"{r.n_kv:,}"), Fact(_("tensors"), f"{r.n_tensors:,}"),
+             Fact(_("alignment"), _("{n} bytes").format(n=r.alignment),
+                  "general.alignment" if r.find_key("general.alignment") >= 0 else _("default")),
+             Fact(_("data section"), _("at byte {n}").format(n=f"{r.data_offset:,}"),
+                  f"{human_bytes(r.data_size)}")]
     header = [
-        HeaderField("magic", "char[4]", "'GGUF'", 0, 4, "identifies the file as GGUF"),
-        HeaderField("version", "uint32", str(r.version), 4, 4, "format version (ggml reads 2, 3)"),
+        HeaderField("magic", "char[4]", "'GGUF'", 0, 4, _("identifies the file as GGUF")),
+        HeaderField("version", "uint32", str(r.version), 4, 4, _("format version (ggml reads 2, 3)")),
         HeaderField("n_tensors", "int64", f"{r.n_tensors:,}", 8, 8,
-                    "tensor infos after the key-value pairs"),
-        HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, "key-value pairs after the header"),
+                    _("tensor infos after the key-value pairs")),
+        HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, _("key-value pairs after the header")),
     ]
     whole = have(store, digest) is None
     run_href, run_note = run_it(digest, arch, r.size, whole)
@@ -78,14 +80,17 @@ def run_it(digest: str, arch, size: int, whole: bool) -> tuple[str, str]:
     if prog is None:
         steps = ", ".join(p for p in ARCHITECTURES if program_for(p) is not None)
         built = ", ".join(ARCHITECTURES)
-        return "", (f"Step-by-step runs take {steps} files; ggml-lens generate and embed also "
-                    f"run {built} ones" + (f" (this one is '{visible_text(arch, 40)}')"
-                                           if arch else "") + ".")
+        if arch:
+            return "", _("Step-by-step runs take {steps} files; ggml-lens generate and embed also run {built} "
+                         "ones (this one is '{arch}').").format(steps=steps, built=built,
+                                                                arch=visible_text(arch, 40))
+        return "", _("Step-by-step runs take {steps} files; ggml-lens generate and embed also run {built} "
+                     "ones.").format(steps=steps, built=built)
     if not whole:
-        return "", "Only the file's first bytes were sent: a run needs its weights."
+        return "", _("Only the file's first bytes were sent: a run needs its weights.")
     if size > RUN_LIMIT:
-        return "", (f"This file is {human_bytes(size)}; step-by-step runs take files up to "
-                    f"{human_bytes(RUN_LIMIT)}.")
+        return "", _("This file is {size}; step-by-step runs take files up to {limit}.").format(
+            size=human_bytes(size), limit=human_bytes(RUN_LIMIT))
     return (f"/walkthroughs/{prog.name}?file={digest}",
-            f"Run the '{prog.name}' walkthrough on this file: type a prompt, then step through "
-            "every node it computes.")
+            _("Run the '{name}' walkthrough on this file: type a prompt, then step through every node it "
+              "computes.").format(name=prog.name))

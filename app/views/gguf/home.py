@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import N_, _
 from app.store import UploadStore
 from app.views.format import human_bytes
 from app.views.gguf.state import file_url
 
 FIXTURE_NOTES = {
-    "minilm-q8_0.gguf": "all-MiniLM-L6-v2, a small BERT sentence encoder: 6 layers, 101 tensors "
-                        "(64 F32 + 37 Q8_0) and its WordPiece vocabulary.",
-    "ggml-vocab-llama-spm.gguf": "A vocabulary-only file: LLaMA's SentencePiece tokenizer "
-                                 "(32,000 tokens with scores and types) and no tensors.",
+    "minilm-q8_0.gguf": N_("all-MiniLM-L6-v2, a small BERT sentence encoder: 6 layers, 101 tensors "
+                           "(64 F32 + 37 Q8_0) and its WordPiece vocabulary."),
+    "ggml-vocab-llama-spm.gguf": N_("A vocabulary-only file: LLaMA's SentencePiece tokenizer "
+                                    "(32,000 tokens with scores and types) and no tensors."),
 }
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class HomeView:
 
 
 def home_view(store: UploadStore, error: UploadError | None = None) -> HomeView:
-    rows = [FixtureRow(f.name, human_bytes(f.size), FIXTURE_NOTES.get(f.name, ""),
+    rows = [FixtureRow(f.name, human_bytes(f.size), _(FIXTURE_NOTES[f.name]) if f.name in FIXTURE_NOTES else "",
                        file_url(f.digest)) for f in store.fixtures()]
     models = None if store.models_dir is None else [
         FixtureRow(f.name, human_bytes(f.size), "", file_url(f.digest)) for f in store.models()]

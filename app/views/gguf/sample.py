@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.i18n import _
 from app.views.format import fmt_float
 from app.views.gguf.file import Fact
 from app.views.png import png_rgb
@@ -100,28 +101,29 @@ def read_ranges(t: TensorInfo, row: int) -> list[tuple[int, int]]:
 def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
     n_rows, ne0 = nrows(t), t.ne[0]
     if t.n_elements == 0:
-        return SampleView(False, "This tensor has no elements.")
+        return SampleView(False, _("This tensor has no elements."))
     if not can_read(t):
-        return SampleView(False, f"The engine cannot convert {t.type.name} values to floats, so "
-                                 "no statistics are shown.")
+        return SampleView(False, _("The engine cannot convert {type} values to floats, so no statistics are "
+                                   "shown.").format(type=t.type.name))
     rows, ncols = sample_rows(t)
     s = rows_float(r, t, rows, ncols)
     if s.size == t.n_elements:
-        note = f"Computed on all {t.n_elements:,} values."
+        note = _("Computed on all {n} values.").format(n=f"{t.n_elements:,}")
     elif ncols < ne0:
-        note = (f"Computed on a sample: the first {ncols:,} of row 0's {ne0:,} values "
-                f"({s.size:,} of {t.n_elements:,}).")
+        note = _("Computed on a sample: the first {k} of row 0's {n} values ({read} of {total}).").format(
+            k=f"{ncols:,}", n=f"{ne0:,}", read=f"{s.size:,}", total=f"{t.n_elements:,}")
     else:
-        note = (f"Computed on a sample: {len(rows):,} evenly spaced rows of {n_rows:,} "
-                f"({s.size:,} of {t.n_elements:,} values, {s.size / t.n_elements:.1%}).")
+        note = _("Computed on a sample: {k} evenly spaced rows of {n} ({read} of {total} values, "
+                 "{share}).").format(k=f"{len(rows):,}", n=f"{n_rows:,}", read=f"{s.size:,}",
+                                     total=f"{t.n_elements:,}", share=f"{s.size / t.n_elements:.1%}")
     finite = s[np.isfinite(s)]
-    stats = [Fact("values read", f"{s.size:,}"),
-             Fact("min", fmt_float(finite.min()) if finite.size else "—"),
-             Fact("max", fmt_float(finite.max()) if finite.size else "—"),
-             Fact("mean", fmt_float(finite.mean()) if finite.size else "—"),
-             Fact("std", fmt_float(finite.std()) if finite.size else "—"),
-             Fact("mean |x|", fmt_float(np.abs(finite).mean()) if finite.size else "—"),
-             Fact("exact zeros", f"{int((s == 0).sum()):,}", f"{(s == 0).mean():.2%}"),
+    stats = [Fact(_("values read"), f"{s.size:,}"),
+             Fact(_("min"), fmt_float(finite.min()) if finite.size else "—"),
+             Fact(_("max"), fmt_float(finite.max()) if finite.size else "—"),
+             Fact(_("mean"), fmt_float(finite.mean()) if finite.size else "—"),
+             Fact(_("std"), fmt_float(finite.std()) if finite.size else "—"),
+             Fact(_("mean |x|"), fmt_float(np.abs(finite).mean()) if finite.size else "—"),
+             Fact(_("exact zeros"), f"{int((s == 0).sum()):,}", f"{(s == 0).mean():.2%}"),
              Fact("NaN / inf", f"{int(s.size - finite.size):,}")]
     bars, lo_t, hi_t, zero_x = [], "", "", None
     if finite.size:
@@ -134,7 +136,8 @@ def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
         for k, c in enumerate(counts.tolist()):
             h = 100 * c / top
             bars.append(Bar(round(k * w, 3), round(100 - h, 3), round(w, 3), round(h, 3),
-                            f"[{fmt_float(edges[k])}, {fmt_float(edges[k + 1])}): {c:,} values"))
+                            f"[{fmt_float(edges[k])}, {fmt_float(edges[k + 1])}): "
+                            + _("{n} values").format(n=f"{c:,}")))
         lo_t, hi_t = fmt_float(lo), fmt_float(hi)
         if lo < 0 < hi:
             zero_x = round(100 * (0 - lo) / (hi - lo), 3)
@@ -149,12 +152,12 @@ def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
     vmax = float(np.percentile(mag, 99)) or float(mag.max())
     png = base64.b64encode(png_rgb(_diverging(cells, vmax))).decode("ascii")
     per = ncols / width
-    which = (f"row {int(rows[pick[0]]):,}" if len(pick) == 1 else
-             f"{len(pick)} of the sampled rows, top to bottom (rows {int(rows[pick[0]]):,} … "
-             f"{int(rows[pick[-1]]):,})")
-    cell = "one value" if per == 1 else f"the mean of about {per:.3g} neighbouring values"
-    heat_note = f"{which}, left to right; each cell is {cell}."
+    which = (_("row {n}").format(n=f"{int(rows[pick[0]]):,}") if len(pick) == 1 else
+             _("{k} of the sampled rows, top to bottom (rows {first} … {last})").format(
+                 k=len(pick), first=f"{int(rows[pick[0]]):,}", last=f"{int(rows[pick[-1]]):,}"))
+    cell = _("one value") if per == 1 else _("the mean of about {n} neighbouring values").format(n=f"{per:.3g}")
+    heat_note = _("{which}, left to right; each cell is {cell}.").format(which=which, cell=cell)
     return SampleView(True, note, stats, bars, lo_t, hi_t, zero_x,
                       f"data:image/png;base64,{png}", width, len(pick), heat_note,
-                      f"blue −{fmt_float(vmax)} · white 0 · red +{fmt_float(vmax)} "
-                      "(99th percentile of |x|; larger values saturate)")
+                      _("blue −{v} · white 0 · red +{v} (99th percentile of |x|; larger values "
+                        "saturate)").format(v=fmt_float(vmax)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _, ngettext
 from app.store import UploadStore
 from app.views.format import human_bytes, shape_text, visible_text
 from app.views.gguf.block import BlockView, block_view
@@ -35,30 +36,32 @@ class TensorView:
 def _storage(t: TensorInfo) -> str:
     tr = traits(t.type)
     if not tr.is_quantized:
-        return (f"{t.type.name} is not quantized: each element is stored on its own in "
-                f"{tr.type_size} byte{'s' if tr.type_size > 1 else ''}.")
-    return (f"{t.type.name} is quantized: each row is cut into blocks of {tr.blck_size} elements, "
-            f"and each block is stored in {tr.type_size} bytes "
-            f"({tr.type_size * 8 / tr.blck_size:g} bits per weight): its scale(s), then the "
-            "packed integer quants.")
+        return ngettext("{type} is not quantized: each element is stored on its own in {n} byte.",
+                        "{type} is not quantized: each element is stored on its own in {n} bytes.",
+                        tr.type_size).format(type=t.type.name, n=tr.type_size)
+    return _("{type} is quantized: each row is cut into blocks of {size} elements, and each block is stored in "
+             "{bytes} bytes ({bpw} bits per weight): its scale(s), then the packed integer quants.").format(
+                 type=t.type.name, size=tr.blck_size, bytes=tr.type_size, bpw=f"{tr.type_size * 8 / tr.blck_size:g}")
 
 def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, row: int,
                 block: int) -> TensorView:
     tr = traits(t.type)
     layer = layer_name(t.name)
-    facts = [Fact("type", t.type.name, f"ggml_type {int(t.type)}"),
-             Fact("shape (ne)", shape_text(t.shape), f"{t.n_dims} dim{'s' if t.n_dims != 1 else ''}, "
-                                                   "ne[0] varies fastest"),
-             Fact("elements", f"{t.n_elements:,}"),
-             Fact("rows", f"{nrows(t):,}", f"of {t.ne[0]:,} elements, {t.nb[1]:,} bytes each"),
-             Fact("strides (nb)", shape_text(t.nb), "bytes to step in each dimension"),
-             Fact("size", f"{t.nbytes:,} bytes", human_bytes(t.nbytes)),
-             Fact("bits per weight", fmt_bpw(t.nbytes, t.n_elements)),
-             Fact("block", f"{tr.blck_size} elements in {tr.type_size} bytes"
-                  if tr.is_quantized else f"1 element in {tr.type_size} bytes"),
-             Fact("data at byte", f"{t.data_offset:,}",
-                  f"offset {t.offset:,} in the data section"),
-             Fact("layer", layer or "—")]
+    facts = [Fact(_("type"), t.type.name, f"ggml_type {int(t.type)}"),
+             Fact(_("shape (ne)"), shape_text(t.shape),
+                  ngettext("{n} dim, ne[0] varies fastest", "{n} dims, ne[0] varies fastest",
+                           t.n_dims).format(n=t.n_dims)),
+             Fact(_("elements"), f"{t.n_elements:,}"),
+             Fact(_("rows"), f"{nrows(t):,}", _("of {n} elements, {bytes} bytes each").format(
+                 n=f"{t.ne[0]:,}", bytes=f"{t.nb[1]:,}")),
+             Fact(_("strides (nb)"), shape_text(t.nb), _("bytes to step in each dimension")),
+             Fact(_("size"), _("{n} bytes").format(n=f"{t.nbytes:,}"), human_bytes(t.nbytes)),
+             Fact(_("bits per weight"), fmt_bpw(t.nbytes, t.n_elements)),
+             Fact(_("block"), _("{n} elements in {bytes} bytes").format(n=tr.blck_size, bytes=tr.type_size)
+                  if tr.is_quantized else _("1 element in {bytes} bytes").format(bytes=tr.type_size)),
+             Fact(_("data at byte"), f"{t.data_offset:,}",
+                  _("offset {n} in the data section").format(n=f"{t.offset:,}")),
+             Fact(_("layer"), layer or "—")]
     spans = r.byte_map()
     info_seg = next(i for i, s in enumerate(spans) if s.kind == "tensor_info"
                     and s.offset == t.span.offset)
@@ -67,7 +70,7 @@ def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, r
     state = FileState()
     needs = [(a, n) for a, n in read_ranges(t, row) if not has_bytes(store, digest, a, a + n)]
     return TensorView(digest, visible_text(str(r.get("general.name") or store.fixture_name(digest)
-                                        or "GGUF file"), 80),
+                                        or _("GGUF file")), 80),
                       t.name, t.type.name, facts, _storage(t), sample_view(r, t),
                       block_view(digest, r, t, row, block),
                       "" if have(store, digest) is not None else f"/walkthroughs/gguf-load?file={digest}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import N_, _
 from app.views.format import human_bytes, layer_of, shape_text
 from app.views.gguf.state import FileState, file_url, tensor_url
 from engine.gguf import GGUFReader, TensorInfo
@@ -81,9 +82,9 @@ _SORT_KEY = {
     "offset": lambda t: t.data_offset, "size": lambda t: t.nbytes,
     "bpw": lambda t: bpw(t.nbytes, t.n_elements) or 0.0,
 }
-_COLUMNS = [("index", "#", True), ("name", "name", False), ("type", "type", False),
-            ("shape", "shape (ne)", False), ("elements", "elements", True),
-            ("offset", "data at byte", True), ("size", "size", True), ("bpw", "bits/weight", True)]
+_COLUMNS = [("index", "#", True), ("name", N_("name"), False), ("type", N_("type"), False),
+            ("shape", N_("shape (ne)"), False), ("elements", N_("elements"), True),
+            ("offset", N_("data at byte"), True), ("size", N_("size"), True), ("bpw", N_("bits/weight"), True)]
 
 def tensor_table_view(digest: str, r: GGUFReader, state: FileState) -> TensorTableView:
     f = state.filter.lower()
@@ -102,14 +103,14 @@ def tensor_table_view(digest: str, r: GGUFReader, state: FileState) -> TensorTab
                           fmt_bpw(t.nbytes, t.n_elements), tensor_url(digest, t.name))
                 for t in ts]
         n_el, nbytes = sum(t.n_elements for t in ts), sum(t.nbytes for t in ts)
-        shown_label = label or ("(not in a layer)" if state.group == "layer" else "")
+        shown_label = label or (_("(not in a layer)") if state.group == "layer" else "")
         out.append(TensorGroup(shown_label, rows, n_el, nbytes, human_bytes(nbytes),
                                fmt_bpw(nbytes, n_el)))
     columns = []
     for key, label, numeric in _COLUMNS:
         active = state.sort == key
         flip = "desc" if active and state.order == "asc" else "asc"
-        columns.append(SortLink(key, label, state.url(digest, sort=key, order=flip),
+        columns.append(SortLink(key, _(label) if label != "#" else label, state.url(digest, sort=key, order=flip),
                                 ("▲" if state.order == "asc" else "▼") if active else "",
                                 ("ascending" if state.order == "asc" else "descending")
                                 if active else "none", numeric))
