@@ -78,6 +78,17 @@ def N_(message: str) -> str:  # noqa: N802 - gettext's name
     return message
 
 
+# the sentences the page scripts write (app/static/text.js reads them from the page)
+JS_TEXT = {"found": N_("{n} found"), "none_found": N_("none found"),
+           "sending_head": N_("sending the first {n} of {size} bytes…"),
+           "server_answered": N_("the server answered {status}"), "sending": N_("sending…"),
+           "bytes_range": N_("bytes {lo} to {hi} ({n} of {size})")}
+
+
+def js_text() -> dict[str, str]:
+    return {k: gettext(v) for k, v in JS_TEXT.items()}
+
+
 def pick(query_lang: str | None, cookie: str | None, accept_language: str | None) -> str:
     """The language of a request: the switch, the remembered choice, the browser's wish."""
     for choice in (query_lang, cookie):

@@ -4,7 +4,8 @@
 
 Gathers `_()`, `N_()` and `ngettext()` in app/ (Python and templates, with Babel), the engine's
 note templates (engine/notes.py), its step kinds, and the meaning of each field of each quantized
-block (the block explainer shows them). New strings join each .po file untranslated; strings no
+block (the block explainer shows them) and what each walkthrough teaches (the first line of its
+docstring, on the home page). New strings join each .po file untranslated; strings no
 longer in the code are dropped. tests/unit/app/test_i18n.py fails while any is untranslated.
 """
 
@@ -19,12 +20,13 @@ from babel.messages.pofile import read_po, write_po
 from app.i18n import DEFAULT, LOCALE_DIR, LOCALES
 from app.settings import PACKAGE
 from engine import notes
+from engine.programs import PROGRAMS
 from engine.quants import QUANT_KINDS
 from engine.steps import StepKind
 
 METHODS = [("**/templates/**.html", "jinja2.ext:babel_extract"), ("**.py", "python")]
 OPTIONS = {"**/templates/**.html": {"extensions": "jinja2.ext.i18n", "newstyle_gettext": "true"}}
-KEYWORDS = {"_": None, "N_": None, "ngettext": (1, 2)}
+KEYWORDS = {"_": None, "N_": None, "gettext": None, "ngettext": (1, 2)}  # {% trans %} is gettext()
 SKIP = ("messages.py", "cli.py")
 STAMP = datetime(2026, 11, 25, tzinfo=timezone.utc)  # this file; the command line speaks English
 
@@ -42,6 +44,7 @@ def extract() -> Catalog:
     engine = [(t, "engine/notes.py") for t in notes.TEMPLATES]
     engine += [(k.value, "engine/steps.py") for k in StepKind]
     engine += [(meaning, "engine/quants") for kind in QUANT_KINDS.values() for _field, meaning in kind.fields]
+    engine += [(p.teaches, f"engine/programs/{p.module}.py") for p in PROGRAMS.values()]
     for text, where in engine:
         if text:
             catalog.add(text, locations=[(where, 0)])

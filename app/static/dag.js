@@ -97,7 +97,7 @@
     if (!q) { if (out) out.textContent = ""; return; }
     const hits = [...svg.querySelectorAll("g.node")].filter((g) => g.textContent.toLowerCase().includes(q));
     hits.forEach((g) => g.classList.add("found"));
-    if (out) out.textContent = hits.length ? `${hits.length} found` : "none found";
+    if (out) out.textContent = hits.length ? lensSay("found", {n: hits.length}) : lensSay("none_found");
     if (move && hits.length) {
       input.__next = ((input.__next ?? -1) + 1) % hits.length;
       centre(svg, hits[input.__next].id, false);

@@ -7,12 +7,12 @@
   async function sendHead(file, status) {
     let n = Math.min(file.size, 16 << 20);
     for (;;) {
-      status.textContent = `sending the first ${n.toLocaleString()} of ${file.size.toLocaleString()} bytes…`;
+      status.textContent = lensSay("sending_head", {n: n.toLocaleString(), size: file.size.toLocaleString()});
       const r = await fetch(`/gguf/head?size=${file.size}`, {method: "POST", body: file.slice(0, n)});
       const j = await r.json();
       if (j.url) { location.href = j.url; return; }
       if (j.need && j.need > n) { n = Math.min(j.need, file.size); continue; }
-      status.textContent = j.error || `the server answered ${r.status}`;
+      status.textContent = j.error || lensSay("server_answered", {status: r.status});
       status.classList.add("error");
       return;
     }
@@ -33,11 +33,11 @@
     const status = box.querySelector(".headstatus");
     const spans = box.dataset.ranges.split(",").map((r) => r.split(":").map(Number));
     const parts = [file.slice(0, Math.min(PROBE, file.size)), ...spans.map(([a, n]) => file.slice(a, a + n))];
-    status.textContent = "sending…";
+    status.textContent = lensSay("sending");
     const r = await fetch(`/gguf/${box.dataset.digest}/bytes?probe=${Math.min(PROBE, file.size)}&ranges=${box.dataset.ranges}`,
                           {method: "POST", body: new Blob(parts)});
     const j = await r.json();
     if (j.ok) location.reload();
-    else { status.textContent = j.error || `the server answered ${r.status}`; status.classList.add("error"); }
+    else { status.textContent = j.error || lensSay("server_answered", {status: r.status}); status.classList.add("error"); }
   });
 })();

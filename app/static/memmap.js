@@ -41,8 +41,8 @@
         track.appendChild(t);
       }
     }
-    map.querySelector(".memrange").textContent =
-      `bytes ${fmt(lo)} to ${fmt(hi)} (${Math.round(hi - lo).toLocaleString()} of ${size.toLocaleString()})`;
+    map.querySelector(".memrange").textContent = lensSay("bytes_range", {
+      lo: fmt(lo), hi: fmt(hi), n: Math.round(hi - lo).toLocaleString(), size: size.toLocaleString()});
   }
 
   function zoom(map, factor, at) {  // at: the byte offset that stays put

@@ -49,7 +49,7 @@ def test_every_message_is_translated_with_the_same_placeholders():
 
 # words a template may show in any language: identifiers, units, names of things
 ALLOWED = {"ggml", "lens", "htmx", "GGUF", "DAG", "KV", "CPU", "API", "ne", "nb", "op", "src", "hex",
-           "dot", "svg", "µs", "ms", "id", "kB", "MB", "GB", "px", "nbsp", "ggml-lens"}
+           "dot", "svg", "µs", "ms", "id", "kB", "MB", "GB", "px", "nbsp", "ggml-lens", "sha", "gdb"}
 
 
 def visible_text(source: str) -> list[str]:
@@ -66,8 +66,11 @@ def visible_text(source: str) -> list[str]:
 
 
 def untranslated_words(text: str) -> list[str]:
-    words = re.findall(r"[A-Za-z][A-Za-z'-]*[A-Za-z]", text)
-    return [w for w in words if w not in ALLOWED and not w.isupper()]
+    """English words: identifiers (with _ . or digits), abbreviations and ALLOWED names excepted."""
+    tokens = re.findall(r"[\w.'-]+", text)
+    words = [t.strip(".'-") for t in tokens if not re.search(r"[_\d]|\w\.\w", t)]
+    return [w for w in words if re.fullmatch(r"[A-Za-z][A-Za-z'-]*[A-Za-z]", w) and w not in ALLOWED
+            and not w.isupper()]
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: str(p.relative_to(PACKAGE / "templates")))
