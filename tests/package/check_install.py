@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.css")
+STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.css", "text.js")
 
 
 def get(base: str, path: str, htmx: bool = False, status: int = 200) -> str:
@@ -96,7 +96,10 @@ def main() -> int:
                 n += 1
             n += 1
         get(base, "/walkthroughs/nope", status=404)
-        print(f"package check: {n + 3} pages served from {Path(app.__file__).parent}")
+        # the Chinese catalogue ships as package data
+        zh = get(base, "/walkthroughs/simple-ctx/steps/1?lang=zh")
+        assert '<html lang="zh-Hans">' in zh and "上一步" in zh, "the Chinese interface is missing"
+        print(f"package check: {n + 4} pages served from {Path(app.__file__).parent}")
         return 0
     finally:
         server.terminate()
