@@ -28,7 +28,7 @@ templates.env.globals["MAX_THREADS"] = MAX_THREADS
 templates.env.add_extension("jinja2.ext.i18n")
 templates.env.install_gettext_callables(i18n.gettext, i18n.ngettext, newstyle=True)
 templates.env.globals.update(locale=i18n.current, LOCALES=i18n.LOCALES, HTML_LANG=i18n.HTML_LANG, note=i18n.note,
-                              js_text=i18n.js_text)
+                              js_text=i18n.js_text, tr=i18n.gettext)  # tr: a message from data, without %-formatting
 log = logging.getLogger("ggml-lens")
 
 

@@ -5,3 +5,13 @@ window.lensSay = (() => {
   const text = el ? JSON.parse(el.textContent) : {};
   return (key, vars = {}) => (text[key] || key).replace(/\{(\w+)\}/g, (m, name) => vars[name] ?? m);
 })();
+
+// The language switch keeps the page the learner is on, even after htmx moved to another step
+// without redrawing the header.
+document.addEventListener("click", (ev) => {
+  const a = ev.target.closest("a.lang[data-lang]");
+  if (!a) return;
+  const here = new URL(location.href);
+  here.searchParams.set("lang", a.dataset.lang);
+  a.href = here.pathname + here.search;
+});

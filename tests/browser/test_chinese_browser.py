@@ -71,6 +71,8 @@ def test_the_switch_is_remembered(zh_page: Page, server_url: str):
     expect(zh_page.locator("html")).to_have_attribute("lang", "en")
     zh_page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/1")  # the browser still asks for Chinese
     expect(zh_page.locator("html")).to_have_attribute("lang", "en")
-    expect(zh_page.get_by_role("button", name="Next step", exact=True)).to_be_visible()
+    zh_page.get_by_role("button", name="Next step", exact=True).click()  # htmx: the header stays
+    expect(zh_page).to_have_url(re.compile(r"/steps/2$"))
     zh_page.get_by_role("link", name="简体中文").click()
     expect(zh_page.locator("html")).to_have_attribute("lang", "zh-Hans")
+    expect(zh_page).to_have_url(re.compile(r"/walkthroughs/simple-ctx/steps/2\?lang=zh$"))  # the same step
