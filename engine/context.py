@@ -288,12 +288,22 @@ def ggml_free(ctx: Context | None) -> None:
     ctx.freed = True
 
 
+def _object_line(obj) -> str:
+    next_ = f"{obj.next:#x}" if obj.next else "(nil)"  # %p as glibc prints it
+    return f" - ggml_object: type = {obj.type}, offset = {obj.offs}, size = {obj.size}, next = {next_}"
+
+
+def ggml_print_object(obj) -> str:
+    """ggml_print_object: one object's line (returned, and printed)."""
+    line = _object_line(obj)
+    print(line)
+    return line
+
+
 def ggml_print_objects(ctx: Context) -> str:
     """ggml_print_objects: the object list, one line per object (returned, and printed)."""
     lines = [f"ggml_print_objects: objects in context {ctx.id}:"]
-    for obj in ctx.objects():
-        lines.append(f" - ggml_object: type = {obj.type}, offset = {obj.offs}, size = {obj.size}, "
-                     f"next = {obj.next:#x}")
+    lines += [_object_line(obj) for obj in ctx.objects()]
     lines.append("ggml_print_objects: --- end ---")
     text = "\n".join(lines)
     print(text)

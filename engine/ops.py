@@ -308,3 +308,35 @@ def ggml_mul_mat_set_prec(a: Tensor, prec: int) -> None:
     """ggml_mul_mat_set_prec: op_params[0] = prec (GGML_PREC_DEFAULT 0 or GGML_PREC_F32 10)."""
     ggml_assert(a.op == GGMLOp.MUL_MAT, "a->op == GGML_OP_MUL_MAT", "ggml_mul_mat_set_prec")
     ggml_set_op_params_i32(a, 0, prec)
+
+
+GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD = 0, 1
+
+
+def ggml_mul_mat_set_hint(a: Tensor, hint: int) -> None:
+    """ggml_mul_mat_set_hint: op_params[1] of a MUL_MAT node says what src0 is (GGML_HINT_*)."""
+    ggml_assert(a.op == GGMLOp.MUL_MAT, "a->op == GGML_OP_MUL_MAT", "ggml_mul_mat_set_hint")
+    ggml_set_op_params_i32(a, 1, int(hint))
+
+
+def ggml_mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_mul_mat_id: mixture of experts. as_ [cols, rows, n_expert] holds one matrix per
+    expert, b [cols, n_b, n_tokens] the inputs, ids [n_expert_used, n_tokens] (I32) which experts
+    each token uses; F32 [rows, n_expert_used, n_tokens] with
+    result[:, e, t] = as_[:, :, ids[e, t]] · b[:, e % n_b, t]."""
+    fn = "ggml_mul_mat_id"
+    ggml_assert(not ggml_is_transposed(as_), "!ggml_is_transposed(as)", fn)
+    ggml_assert(ids.type == GGMLType.I32, "ids->type == GGML_TYPE_I32", fn)
+    ggml_assert(int(as_.ne[3]) == 1, "as->ne[3] == 1", fn, "as is 3-d: one matrix per expert")
+    ggml_assert(int(b.ne[3]) == 1, "b->ne[3] == 1", fn, "b is 3-d")
+    ggml_assert(int(ids.ne[2]) == 1 and int(ids.ne[3]) == 1, "ids->ne[2] == 1 && ids->ne[3] == 1", fn,
+                "ids is 2-d")
+    ggml_assert(int(ids.ne[1]) == int(b.ne[2]), "ids->ne[1] == b->ne[2]", fn,
+                f"{int(ids.ne[1])} expert lists for {int(b.ne[2])} tokens")
+    ggml_assert(int(as_.ne[0]) == int(b.ne[0]), "as->ne[0] == b->ne[0]", fn,
+                f"rows of {int(as_.ne[0])} against rows of {int(b.ne[0])}")
+    ggml_assert(int(ids.ne[0]) % int(b.ne[1]) == 0, "ids->ne[0] % b->ne[1] == 0", fn,
+                f"{int(ids.ne[0])} experts per token cannot broadcast {int(b.ne[1])} inputs")
+    ne = [int(as_.ne[1]), int(ids.ne[0]), int(b.ne[2]), 1]
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
+    return _record(result, GGMLOp.MUL_MAT_ID, as_, b, ids)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from engine.graph import Graph
+from engine.ops_custom import GGML_N_TASKS_MAX
 from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.tensor import Tensor, ggml_is_empty, ggml_nelements, ggml_nrows
 from engine.types import GGMLType, TYPE_TRAITS, ggml_row_size
@@ -20,7 +21,7 @@ GGML_DEFAULT_N_THREADS = 4
 CACHE_LINE_SIZE = 64  # x86-64
 GGML_IM2COL_WORK_SIZE = 16 * 1024 * 1024
 GGML_FA_TILE_Q = GGML_FA_TILE_KV = 64
-GGML_N_TASKS_MAX = -1
+MMID_ROW_MAPPING_SIZE = 8  # struct mmid_row_mapping {int32 i1 (expert slot); int32 i2 (token)}
 
 O = GGMLOp
 _ALL_THREADS = {
@@ -92,6 +93,12 @@ def node_work_size(node: Tensor, n_tasks: int) -> int:
         vdt = vec_dot_type(src[0].type)
         if src[1].type != vdt:
             return ggml_row_size(vdt, ggml_nelements(src[1]))
+    elif op == O.MUL_MAT_ID:  # src1 converted, then per expert: row counts, row mappings, chunk counters
+        vdt, n_as, ids = vec_dot_type(src[0].type), int(src[0].ne[2]), src[2]
+        cur = ggml_row_size(vdt, ggml_nelements(src[1])) + 8 if src[1].type != vdt else 0
+        cur += n_as * 8 + 8
+        cur += n_as * int(ids.ne[0]) * int(ids.ne[1]) * MMID_ROW_MAPPING_SIZE + 8
+        return cur + CACHE_LINE_SIZE * n_as + CACHE_LINE_SIZE
     elif op == O.OUT_PROD:
         if TYPE_TRAITS[src[0].type].is_quantized:
             return f32 * int(src[0].ne[0]) * n_tasks

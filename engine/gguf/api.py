@@ -41,7 +41,8 @@ __all__ = [
     "gguf_set_val_i32", "gguf_set_val_f32", "gguf_set_val_u64", "gguf_set_val_i64",
     "gguf_set_val_f64", "gguf_set_val_bool", "gguf_set_val_str", "gguf_set_arr_data",
     "gguf_set_arr_str", "gguf_set_kv", "gguf_add_tensor", "gguf_write_to_file",
-    "gguf_get_meta_size", "gguf_get_meta_data",
+    "gguf_get_meta_size", "gguf_get_meta_data", "gguf_init_from_buffer", "gguf_init_from_callback",
+    "gguf_set_tensor_type", "gguf_set_tensor_data",
 ]
 
 T = GGUFValueType
@@ -80,6 +81,40 @@ def gguf_init_from_file(fname: str | os.PathLike, params: gguf_init_params | Non
     except OSError as e:
         raise GGUFError("file", -1, f"failed to open GGUF file '{os.fspath(fname)}' "
                                     f"({e.strerror})") from None
+    return _init_from_reader(r, params)
+
+
+def gguf_init_from_buffer(data: Any, size: int, params: gguf_init_params | None = None) -> Any:
+    """gguf_init_from_buffer: read and check a GGUF file held in memory (its first `size` bytes);
+    None for no data, as C returns NULL. Returns what gguf_init_from_file returns."""
+    if data is None or size == 0:
+        return None
+    return _init_from_reader(GGUFReader(bytes(memoryview(data).cast("B")[:size])), params)
+
+
+def gguf_init_from_callback(callback: Any, userdata: Any, max_chunk_read: int, max_expected_size: int,
+                            params: gguf_init_params | None = None) -> Any:
+    """gguf_init_from_callback: read a GGUF file through callback(userdata, out, offset, n) -> bytes
+    written into `out` (a writable memoryview of n bytes), in chunks of at most max_chunk_read
+    (0: no limit), up to max_expected_size bytes or until the callback gives fewer than asked.
+    None without a callback, as C returns NULL."""
+    if callback is None:
+        return None
+    chunk = max_chunk_read if max_chunk_read > 0 else 1 << 20
+    data, offset = bytearray(), 0
+    while offset < max_expected_size:
+        want = min(chunk, max_expected_size - offset)
+        buf = bytearray(want)
+        got = int(callback(userdata, memoryview(buf), offset, want))
+        data += buf[:max(0, min(got, want))]
+        offset += max(got, 0)
+        if got < want:
+            break
+    return _init_from_reader(GGUFReader(bytes(data)), params)
+
+
+def _init_from_reader(r: GGUFReader, params: gguf_init_params | None) -> Any:
+    params = params or gguf_init_params()
     if r.byte_order != "little":
         r.close()
         raise GGUFError("version", 4, f"this GGUF file version {r.version << 24} is extremely "
@@ -399,6 +434,17 @@ def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
         ctx.add_tensor(t.name, t.type, [int(x) for x in t.ne], raw)
     else:
         ctx.add_tensor(tensor, type_, ne, data)
+
+
+def gguf_set_tensor_type(ctx: GGUFContext, name: str, type_: int) -> None:
+    """gguf_set_tensor_type: the tensor's new type (its data must then be set again: the old bytes
+    no longer fit); the tensors after it move, each padded to the alignment."""
+    ctx.set_tensor_type(name, type_)
+
+
+def gguf_set_tensor_data(ctx: GGUFContext, name: str, data: Any) -> None:
+    """gguf_set_tensor_data: the bytes to write for the tensor (its nbytes of them)."""
+    ctx.set_tensor_data(name, data)
 
 
 def gguf_get_tensor_ne(ctx: GGUFContext, tensor_id: int) -> tuple[int, int, int, int]:

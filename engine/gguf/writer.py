@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from engine.errors import ggml_abort, ggml_assert
 from engine.types import GGML_TYPE_COUNT, GGMLType, traits
 
 from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
@@ -155,6 +156,34 @@ class GGUFContext:
                 raise GGUFError(field, -1, f"data holds {len(data)} bytes; a {tr.type_name} "
                                            f"tensor of ne {ne4} needs {nbytes}")
         self.info.append(TensorEntry(name, GGMLType(type_), ne4, n_dims, nbytes, data))
+
+    def _tensor(self, name: str, fn: str) -> int:
+        i = self.find_tensor(name)
+        if i < 0:
+            ggml_abort(f"tensor not found: {name}", fn)
+        return i
+
+    def set_tensor_type(self, name: str, type_: int) -> None:
+        """gguf_set_tensor_type: a new type for tensor `name`; its nbytes follow (and its old
+        bytes, which no longer fit, are dropped)."""
+        i = self._tensor(name, "gguf_set_tensor_type")
+        t = self.info[i]
+        tr = traits(type_)
+        ggml_assert(t.ne[0] % tr.blck_size == 0,
+                    "tensor->ne[0] % blck_size == 0 && \"tensor row size not divisible by block size of new type\"",
+                    "gguf_set_tensor_type", f"ne[0] = {t.ne[0]}, {tr.type_name} blocks of {tr.blck_size}")
+        nbytes = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] // tr.blck_size * tr.type_size
+        self.info[i] = TensorEntry(t.name, GGMLType(type_), t.ne, t.n_dims, nbytes,
+                                   t.data if t.data is not None and len(t.data) == nbytes else None)
+
+    def set_tensor_data(self, name: str, data: Any) -> None:
+        """gguf_set_tensor_data: the bytes written for tensor `name` (its first nbytes)."""
+        i = self._tensor(name, "gguf_set_tensor_data")
+        t = self.info[i]
+        raw = memoryview(data).cast("B")
+        if len(raw) < t.nbytes:
+            raise GGUFError(f"tensor '{name}'", -1, f"data holds {len(raw)} bytes; it needs {t.nbytes}")
+        self.info[i] = TensorEntry(t.name, t.type, t.ne, t.n_dims, t.nbytes, raw[:t.nbytes])
 
     def tensor_offsets(self) -> list[int]:
         """gguf_get_tensor_offset for every tensor: packed, each padded to the alignment."""

@@ -49,6 +49,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("gguf-load", "gguf_load", 1, reads="minilm-q8_0.gguf", runs=("*",)),
     Program("mnist-style", "mnist_style", 1),
     Program("attention-block", "attention_block", 1),
+    Program("moe-routing", "moe_routing", 2),
     Program("minilm", "minilm", 2, reads="minilm-q8_0.gguf",
             prompt="ggml is a tensor library for machine learning.", runs=("bert",)),
     Program("tiny-llama", "tiny_llama", 1),

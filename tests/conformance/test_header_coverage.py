@@ -78,25 +78,17 @@ OUT_OF_SCOPE = {  # ggml.h/gguf.h functions the engine leaves out on purpose
     "gguf_write_to_file_ptr": "writes to a C FILE*; gguf_write_to_file takes the path",
     "ggml_print_backtrace": "prints the C call stack of a crash; a Python traceback does that",
 }
-NOT_BUILT_GGML_H = {  # ggml.h/gguf.h functions still missing from engine.ggml (issue 16)
-    "ggml_abort", "ggml_add_cast", "ggml_add_id", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
-    "ggml_bf16_to_fp32", "ggml_bf16_to_fp32_row", "ggml_col2im_1d", "ggml_commit", "ggml_conv_1d_dw",
-    "ggml_conv_1d_dw_ph", "ggml_conv_1d_ph", "ggml_conv_2d_dw", "ggml_conv_2d_dw_direct", "ggml_conv_3d",
-    "ggml_conv_3d_direct", "ggml_conv_transpose_1d", "ggml_conv_transpose_2d_p0", "ggml_cumsum",
-    "ggml_custom_4d", "ggml_custom_inplace", "ggml_cycles", "ggml_cycles_per_ms", "ggml_diag", "ggml_fill",
-    "ggml_fill_inplace", "ggml_flash_attn_back", "ggml_fp16_to_fp32", "ggml_fp16_to_fp32_row",
-    "ggml_fp32_to_bf16", "ggml_fp32_to_bf16_row", "ggml_fp32_to_bf16_row_ref", "ggml_fp32_to_fp16",
-    "ggml_fp32_to_fp16_row", "ggml_ftype_to_ggml_type", "ggml_gated_delta_net", "ggml_gated_linear_attn",
-    "ggml_get_data", "ggml_get_glu_op", "ggml_get_rel_pos", "ggml_get_unary_op", "ggml_graph_nodes",
-    "ggml_guid_matches", "ggml_im2col_3d", "ggml_is_view", "ggml_log_get", "ggml_log_set",
-    "ggml_map_custom1", "ggml_map_custom1_inplace", "ggml_map_custom2", "ggml_map_custom2_inplace",
-    "ggml_map_custom3", "ggml_map_custom3_inplace", "ggml_mul_mat_id", "ggml_mul_mat_set_hint",
-    "ggml_op_desc", "ggml_pad_reflect_1d", "ggml_print_object", "ggml_quantize_free", "ggml_quantize_init",
-    "ggml_roll", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_rwkv_wkv6", "ggml_rwkv_wkv7",
-    "ggml_set_abort_callback", "ggml_solve_tri", "ggml_ssm_conv", "ggml_ssm_scan", "ggml_status_to_string",
-    "ggml_time_init", "ggml_time_ms", "ggml_time_us", "ggml_tri", "ggml_type_sizef", "ggml_unravel_index",
-    "ggml_validate_row_data", "ggml_version", "ggml_win_part", "ggml_win_unpart", "gguf_init_from_buffer",
-    "gguf_init_from_callback", "gguf_set_tensor_data", "gguf_set_tensor_type",
+NOT_BUILT_GGML_H: set[str] = {  # ggml.h/gguf.h functions still missing from engine.ggml
+    "ggml_add_cast", "ggml_add_id", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace", "ggml_col2im_1d",
+    "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_1d_ph", "ggml_conv_2d_dw", "ggml_conv_2d_dw_direct",
+    "ggml_conv_3d", "ggml_conv_3d_direct", "ggml_conv_transpose_1d", "ggml_conv_transpose_2d_p0",
+    "ggml_cumsum", "ggml_diag", "ggml_fill", "ggml_fill_inplace", "ggml_gated_delta_net",
+    "ggml_gated_linear_attn", "ggml_get_rel_pos", "ggml_im2col_3d", "ggml_pad_reflect_1d", "ggml_roll",
+    "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_rwkv_wkv6", "ggml_rwkv_wkv7", "ggml_solve_tri",
+    "ggml_ssm_conv", "ggml_ssm_scan", "ggml_tri", "ggml_win_part", "ggml_win_unpart",
+}
+OTHER_ISSUE = {  # ggml.h functions another piece of work builds
+    "ggml_flash_attn_back": "a backward op: built with autodiff's other backward ops and ggml-opt",
 }
 ENGINE_ONLY = {  # facade functions with no exported twin in the oracle
     "ggml_assert": "GGML_ASSERT, a macro in C",
@@ -134,7 +126,7 @@ def test_ggml_facade_lists_every_name_it_has():
 def test_ggml_h_and_gguf_h_coverage():
     oracle = {n for n in base_library_functions() if not n.startswith(OTHER_HEADERS)}
     assert len(oracle) >= 400
-    missing = oracle - set(ggml.__all__) - set(ggml_cpu.__all__) - set(OUT_OF_SCOPE)
+    missing = oracle - set(ggml.__all__) - set(ggml_cpu.__all__) - set(OUT_OF_SCOPE) - set(OTHER_ISSUE)
     assert missing == NOT_BUILT_GGML_H, (sorted(missing - NOT_BUILT_GGML_H),
                                           sorted(NOT_BUILT_GGML_H - missing))
     assert set(OUT_OF_SCOPE) <= oracle

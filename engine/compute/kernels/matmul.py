@@ -38,6 +38,7 @@ from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_MACS, PREPARE, WEIGHTS, vec_dot_f16, vec_dot_f32, \
     vec_dot_prepared, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
+from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
@@ -189,9 +190,7 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne13, ne12, ne11 = x4.shape[:3]
     out = params.shared.setdefault("products", np.empty((ne13, ne12, ne11, ne01), np.float32))
-    quantized = TYPE_TRAITS[src0.type].is_quantized
     exact = tiny or emulates_vec_dot(src0, x4.shape[2] * x4.shape[1] * x4.shape[0])
-    w4 = None if quantized else view4(src0)
     r2, r3 = ne12 // ne02, ne13 // ne03
     # an exact output does not depend on the units, so there they are simply one per thread
     # (bounded in size), or one for a small product (its cost is the Python around it, which
@@ -200,30 +199,33 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
     unit = min(share, max(1, EXACT_UNIT_PAIRS // ne11)) if exact else UNIT_ROWS
     units = [(i13, i12, r) for i13 in range(ne13) for i12 in range(ne12)
              for r in range(0, ne01, unit)]
-    acts: dict[tuple[int, int], tuple] = {}  # dequantized src1 of a matrix, for this thread
+    acts: dict = {}  # dequantized src1 of a matrix, for this thread
     for i13, i12, r in units[params.ith::params.nth]:
-        i02, i03 = i12 // r2, i13 // r3
         rows = slice(r, min(r + unit, ne01))
-        x = x4[i13, i12]
-        if tiny:
-            prod = vec_dot_tinyblas(w4[i03, i02, rows], to_f32(x, xtype))
-        elif exact:
-            if quantized:  # the whole matrix prepared once (shared), this thread's rows
-                prepared = _prepared(params, src0, i03, i02)
-                prod = vec_dot_prepared(prepared, x, ne00, rows)
-            elif src0.type == GGMLType.F16:
-                prod = vec_dot_f16(w4[i03, i02, rows], to_f32(x, xtype))
-            else:
-                prod = vec_dot_f32(w4[i03, i02, rows], x)
-        elif quantized:
-            if (i13, i12) not in acts:
-                acts[i13, i12] = activation_values(xtype, x, ne00)
-            prod = mul_mat_values(src0.type, _quant_rows(src0, i03, i02, rows),
-                                  *acts[i13, i12], ne00)
-        else:
-            prod = blas_product(to_f32(x, xtype), to_f32(w4[i03, i02, rows], src0.type))
-        out[i13, i12, :, rows] = prod
+        out[i13, i12, :, rows] = _rows_products(params, src0, i13 // r3, i12 // r2, rows, x4[i13, i12], xtype,
+                                                exact, tiny, acts, (i13, i12))
     return out
+
+
+def _rows_products(params, src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
+                   exact: bool, tiny: bool, acts: dict, key) -> np.ndarray:
+    """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.
+    x: floats of xtype, or raw vec_dot_type blocks; `acts` caches x's dequantized values by `key`."""
+    ne00 = int(src0.ne[0])
+    quantized = TYPE_TRAITS[src0.type].is_quantized
+    if tiny:
+        return vec_dot_tinyblas(view4(src0)[i03, i02, rows], to_f32(x, xtype))
+    if exact:
+        if quantized:  # the whole matrix prepared once (shared), these rows
+            return vec_dot_prepared(_prepared(params, src0, i03, i02), x, ne00, rows)
+        if src0.type == GGMLType.F16:
+            return vec_dot_f16(view4(src0)[i03, i02, rows], to_f32(x, xtype))
+        return vec_dot_f32(view4(src0)[i03, i02, rows], x)
+    if quantized:
+        if key not in acts:
+            acts[key] = activation_values(xtype, x, ne00)
+        return mul_mat_values(src0.type, _quant_rows(src0, i03, i02, rows), *acts[key], ne00)
+    return blas_product(to_f32(x, xtype), to_f32(view4(src0)[i03, i02, rows], src0.type))
 
 
 def _prepared(params, src0: Tensor, i03: int, i02: int):
@@ -247,3 +249,122 @@ def _quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
     start = off + i03 * nb3 + i02 * nb2 + rows.start * nb1
     return np.ndarray((rows.stop - rows.start, row_bytes), dtype=np.uint8, buffer=ctx.pool.data,
                       offset=start, strides=(nb1, 1))
+
+
+# --- MUL_MAT_ID --------------------------------------------------------------------------------
+
+@uses_blas(GGMLOp.MUL_MAT_ID)
+def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
+    return not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
+
+
+def _most_rows_per_expert(dst: Tensor) -> int:
+    """The products' exactness is decided per node, from the largest expert group it could
+    have (every token to one expert)."""
+    ids = dst.src[2]
+    return int(ids.ne[0]) * int(ids.ne[1])
+
+
+def expert_rows(ids: Tensor, n_as: int) -> list[list[tuple[int, int]]]:
+    """ggml's grouping of rows by expert: for each expert, the (slot, token) pairs that use it,
+    in token order then slot order (matrix_rows and matrix_row_counts)."""
+    v = view4(ids)[0, 0]  # (tokens, slots) int32
+    groups: list[list[tuple[int, int]]] = [[] for _ in range(n_as)]
+    for token in range(v.shape[0]):
+        for slot in range(v.shape[1]):
+            e = int(v[token, slot])
+            ggml_assert(0 <= e < n_as, "i02 >= 0 && i02 < n_as", "ggml_compute_forward_mul_mat_id",
+                        f"token {token} asks for expert {e} of {n_as}")
+            groups[e].append((slot, token))
+    return groups
+
+
+def _write_row_groups(params, groups: list[list[tuple[int, int]]], start: int, n_ids: int, n_tok: int) -> None:
+    """Thread 0 writes matrix_row_counts (int64 per expert) and matrix_rows ({int32 slot, int32
+    token} per row, n_ids·n_tokens per expert) into the work buffer, where ggml keeps them."""
+    n_as = len(groups)
+    at = (start + 7) // 8 * 8
+    params.wdata[at:at + 8 * n_as] = np.array([len(g) for g in groups], np.int64).view(np.uint8)
+    at = (at + 8 * n_as + 7) // 8 * 8
+    rows = np.zeros((n_as, n_ids * n_tok, 2), np.int32)
+    for e, g in enumerate(groups):
+        if g:
+            rows[e, :len(g)] = g
+    params.wdata[at:at + rows.nbytes] = rows.view(np.uint8).reshape(-1)
+
+
+@kernel(GGMLOp.MUL_MAT_ID)
+def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
+    """ggml_compute_forward_mul_mat_id: src1 converted to the vec_dot type as for mul_mat; thread 0
+    groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's
+    product (chunked as mul_mat chunks, its rows being the tokens that chose it) taken from the
+    expert's own counter: first chunk ith, then the next free one."""
+    src0, src1, ids = dst.src[0], dst.src[1], dst.src[2]
+    fn = "ggml_compute_forward_mul_mat_id"
+    ne00, ne01, n_as = int(src0.ne[0]), int(src0.ne[1]), int(src0.ne[2])
+    ne10, ne11, ne12 = int(src1.ne[0]), int(src1.ne[1]), int(src1.ne[2])
+    n_ids, n_tok = int(ids.ne[0]), int(ids.ne[1])
+    ggml_assert(int(src0.nb[0]) == TYPE_TRAITS[src0.type].type_size, "nb00 == ggml_type_size(type)", fn)
+    ggml_assert(int(src1.nb[0]) == TYPE_TRAITS[src1.type].type_size, "nb10 == ggml_type_size(src1->type)", fn)
+    ggml_assert(int(dst.nb[0]) == 4, "nb0 == sizeof(float)", fn)
+    vdt = vec_dot_type(src0.type)
+    if src0.type not in _FLOAT and not TYPE_TRAITS[src0.type].is_quantized:
+        raise not_supported(dst)
+    converted = None
+    if src1.type != vdt:
+        ggml_assert(src1.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+        converted = _convert_src1(params, src1, vdt)
+    groups = expert_rows(ids, n_as)
+    if params.ith == 0:
+        start = 0 if converted is None else ggml_row_size(vdt, ne10 * ne11 * ne12)
+        _write_row_groups(params, groups, start, n_ids, n_tok)
+    for e in range(params.ith, n_as, params.nth):
+        params.shared[("chunk", e)] = itertools.count(params.nth)  # atomic under the GIL
+    params.barrier()
+
+    if converted is None:
+        x3 = view4(src1)[0]  # (tokens, n_b, row) of src1's type
+        xtype = src1.type
+    else:
+        x3 = converted.reshape(ne12, ne11, -1)
+        xtype = vdt
+        if vdt in _FLOAT:
+            x3 = x3.view(NUMPY_DTYPE[vdt])
+    exact = emulates_vec_dot(src0, _most_rows_per_expert(dst))
+    # the products, expert by expert: units of weight rows shared out statically (see _products)
+    products = params.shared.setdefault("products", [None] * n_as)
+    units = []
+    for e, g in enumerate(groups):
+        if g:
+            if params.ith == 0:
+                products[e] = np.empty((len(g), ne01), np.float32)
+            unit = ne01 if exact and ne00 * ne01 * len(g) <= SMALL_MACS else (
+                -(-ne01 // params.nth) if exact else UNIT_ROWS)
+            units += [(e, r, min(r + unit, ne01)) for r in range(0, ne01, unit)]
+    params.barrier()
+    acts: dict = {}
+    for e, r0, r1 in units[params.ith::params.nth]:
+        x = np.stack([x3[token, slot % ne11] for slot, token in groups[e]])
+        products[e][:, r0:r1] = _rows_products(params, src0, 0, e, slice(r0, r1), x, xtype, exact, False,
+                                               acts, e)
+    params.barrier()
+
+    d4 = view4(dst)
+    done = []
+    for e, g in enumerate(groups):
+        if not g:
+            continue
+        nchunk0, nchunk1, dr0, dr1 = chunking(ne01, len(g), params.nth)
+        chunk = params.ith
+        while chunk < nchunk0 * nchunk1:
+            ith0, ith1 = chunk % nchunk0, chunk // nchunk0
+            ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, ne01)
+            ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, len(g))
+            for k in range(ir1a, ir1b):
+                slot, token = g[k]
+                d4[0, token, slot, ir0a:ir0b] = products[e][k, ir0a:ir0b]
+            done.append((f"e{e}.{chunk}", (ir0a, ir0b), (ir1a, ir1b)))
+            if params.nth >= nchunk0 * nchunk1:
+                break
+            chunk = next(params.shared[("chunk", e)])
+    params.took("chunks", *done)
