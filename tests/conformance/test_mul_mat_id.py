@@ -4,6 +4,7 @@ thread's chunks of each expert as ggml hands them out."""
 
 from __future__ import annotations
 
+import ggml as real
 import numpy as np
 import pytest
 
@@ -11,7 +12,7 @@ from engine import ggml as eng
 from engine.compute.kernels.matmul import chunking
 from engine.errors import GGMLAssertionError
 from engine.optable import GGMLOp
-from engine.types import GGMLType
+from engine.types import GGMLType, TYPE_TRAITS
 from tests.support.graphs import Leaf, check_op, engine_result, engine_shares
 
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
@@ -108,3 +109,16 @@ def test_asserts():
         eng.ggml_mul_mat_id(ctx, as_, eng.ggml_new_tensor_3d(ctx, F32, 8, 3, 5), ids)
     out = eng.ggml_mul_mat_id(ctx, as_, b, ids)
     assert [int(x) for x in out.ne] == [4, 2, 5, 1]
+
+
+QUANTIZED = [t for t in GGMLType if TYPE_TRAITS[t].is_quantized and TYPE_TRAITS[t].vec_dot_type is not None
+             and t not in (T.Q8_1, T.Q8_K) and hasattr(real, f"GGML_TYPE_{t.name}")
+             and not real.ggml_quantize_requires_imatrix(int(t))]
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_every_quantized_expert_type(t):
+    """Every type ggml quantizes without an importance matrix, as experts: test-backend-ops'
+    mul_mat bound (5e-4) where the product is a BLAS one, bit for bit where it is emulated."""
+    leaves = [Leaf(t, (256, 8, 3)), Leaf(F32, (256, 1, 3)), ids_leaf(2, 3, 3)]
+    check_op(mmid, leaves, 2, max_nmse=5e-4)
