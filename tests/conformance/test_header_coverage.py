@@ -142,3 +142,12 @@ def test_ggml_constants_equal_the_oracle():
     shared = [n for n in ggml.__all__ if n.startswith(("GGML_", "GGUF_")) and isinstance(getattr(real, n, None), int)]
     assert len(shared) >= 200
     assert [n for n in shared if int(getattr(ggml, n)) != getattr(real, n)] == []
+
+
+def test_every_op_type_and_unary_op_of_the_oracle_is_in_the_engine():
+    """ggml's enums (ops, unary and GLU ops, types) name the same members with the same values."""
+    for prefix in ("GGML_OP_", "GGML_UNARY_OP_", "GGML_GLU_OP_", "GGML_TYPE_"):
+        theirs = {n: getattr(real, n) for n in dir(real) if n.startswith(prefix) and isinstance(getattr(real, n), int)
+                  and not n.startswith(("GGML_OP_POOL_", "GGML_OP_HINT"))}
+        assert len(theirs) >= 5, prefix
+        assert {n: int(getattr(ggml, n)) for n in theirs if hasattr(ggml, n)} == theirs, prefix
