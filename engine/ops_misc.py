@@ -1,8 +1,142 @@
-"""Op constructors for ggml's small remaining ops: cumsum, diag, tri, fill, solve_tri, roll, add_id, add_cast and the rope_custom wrappers.
+"""Op constructors for ggml's small remaining ops: cumsum, diag, tri, fill, roll, add_id, add_cast,
+reflection padding and the rope_custom wrappers.
 
-Each only records (shape, type, op_params, sources, asserts as ggml.c); the kernels compute.
+Mirrors ggml.c: each only records (shape, type, op_params, sources, the GGML_ASSERTs with ggml's
+condition text); the kernels (engine/compute/kernels/misc_more.py) compute.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import struct
+
+from engine.context import Context
+from engine.errors import ggml_assert
+from engine.layout import GGML_MAX_DIMS
+from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
+    ggml_set_op_params_i32
+from engine.ops_nn import ggml_rope_ext, ggml_rope_ext_inplace
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, ggml_new_tensor, \
+    ggml_new_tensor_4d
+from engine.types import GGMLType, TYPE_TRAITS
+
+__all__ = [
+    "GGML_TRI_TYPE_UPPER_DIAG", "GGML_TRI_TYPE_UPPER", "GGML_TRI_TYPE_LOWER_DIAG", "GGML_TRI_TYPE_LOWER",
+    "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
+    "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace",
+]
+
+# enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
+GGML_TRI_TYPE_UPPER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_LOWER = 0, 1, 2, 3
+
+
+def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
+    """ggml_cumsum: each row's running sum along dim 0 (F32)."""
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_cumsum")
+    return _record(ggml_dup_tensor(ctx, a), GGMLOp.CUMSUM, a)
+
+
+def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
+    """ggml_diag: a row vector [n, 1, ne2, ne3] made the diagonal of [n, n, ne2, ne3]."""
+    ggml_assert(int(a.ne[1]) == 1, "a->ne[1] == 1", "ggml_diag", f"ne = {_ne(a)}")
+    ne = [int(a.ne[0]), int(a.ne[0]), int(a.ne[2]), int(a.ne[3])]
+    return _record(ggml_new_tensor(ctx, a.type, 4, ne), GGMLOp.DIAG, a)
+
+
+def ggml_tri(ctx: Context, a: Tensor, type_: int) -> Tensor:
+    """ggml_tri: a square F32 matrix with one triangle kept (GGML_TRI_TYPE_*), the rest 0;
+    op_params[0] = the triangle."""
+    fn = "ggml_tri"
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    ggml_assert(int(a.ne[0]) == int(a.ne[1]), "a->ne[0] == a->ne[1]", fn, f"ne = {_ne(a)}")
+    result = ggml_dup_tensor(ctx, a)
+    ggml_set_op_params_i32(result, 0, int(type_))
+    return _record(result, GGMLOp.TRI, a)
+
+
+def _fill(ctx: Context, a: Tensor, c: float, inplace: bool) -> Tensor:
+    fn = "ggml_fill_impl"
+    ggml_assert(a.type in (GGMLType.F32, GGMLType.F16), "a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16",
+                fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    result = _dup_or_view(ctx, a, inplace)
+    ggml_set_op_params_f32(result, 0, c)
+    return _record(result, GGMLOp.FILL, a)
+
+
+def ggml_fill(ctx: Context, a: Tensor, c: float) -> Tensor:
+    """ggml_fill: a tensor like a with every element c; op_params[0] = c (f32)."""
+    return _fill(ctx, a, c, False)
+
+
+def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
+    """ggml_fill_inplace: the same, into a view of a."""
+    return _fill(ctx, a, c, True)
+
+
+def ggml_roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, shift3: int) -> Tensor:
+    """ggml_roll: a with every dimension rotated by its shift (elements pushed off one end come
+    back at the other); op_params = the four shifts."""
+    fn = "ggml_roll"
+    ggml_assert(int(a.nb[0]) == TYPE_TRAITS[a.type].type_size, "a->nb[0] == ggml_type_size(a->type)", fn)
+    for i, s in enumerate((shift0, shift1, shift2, shift3)):
+        ggml_assert(abs(int(s)) < int(a.ne[i]), f"abs(shift{i}) < a->ne[{i}]", fn,
+                    f"shift {s} in a dimension of {int(a.ne[i])}")
+    result = ggml_dup_tensor(ctx, a)
+    for i, s in enumerate((shift0, shift1, shift2, shift3)):
+        ggml_set_op_params_i32(result, i, int(s))
+    return _record(result, GGMLOp.ROLL, a)
+
+
+def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_add_id: a [n, n_used, n_tokens] plus, for each (slot, token), the row of b that
+    ids[slot, token] picks (mixture of experts: each chosen expert's bias)."""
+    fn = "ggml_add_id"
+    ggml_assert(int(a.ne[0]) == int(b.ne[0]), "a->ne[0] == b->ne[0]", fn)
+    ggml_assert(int(a.ne[1]) == int(ids.ne[0]), "a->ne[1] == ids->ne[0]", fn)
+    ggml_assert(int(a.ne[2]) == int(ids.ne[1]), "a->ne[2] == ids->ne[1]", fn)
+    ggml_assert(ids.type == GGMLType.I32, "ids->type == GGML_TYPE_I32", fn)
+    return _record(ggml_dup_tensor(ctx, a), GGMLOp.ADD_ID, a, b, ids)
+
+
+def ggml_add_cast(ctx: Context, a: Tensor, b: Tensor, type_: int) -> Tensor:
+    """ggml_add_cast: ADD whose result has another type (a quantized, F16 or BF16 a)."""
+    fn = "ggml_add_cast_impl"
+    ggml_assert(ggml_can_repeat_rows(b, a), "ggml_can_repeat_rows(b, a)", fn)
+    ggml_assert(TYPE_TRAITS[a.type].is_quantized or a.type in (GGMLType.F16, GGMLType.BF16),
+                "ggml_is_quantized(a->type) || a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16", fn)
+    result = ggml_new_tensor(ctx, type_, GGML_MAX_DIMS, a.ne)
+    return _record(result, GGMLOp.ADD, a, b)
+
+
+def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
+    """ggml_pad_reflect_1d: each row padded by reflection, p0 before and p1 after (F32);
+    op_params = {p0, p1}."""
+    fn = "ggml_pad_reflect_1d"
+    ggml_assert(p0 >= 0, "p0 >= 0", fn)
+    ggml_assert(p1 >= 0, "p1 >= 0", fn)
+    ggml_assert(p0 < int(a.ne[0]), "p0 < a->ne[0]", fn, "padding must be shorter than the row")
+    ggml_assert(p1 < int(a.ne[0]), "p1 < a->ne[0]", fn, "padding must be shorter than the row")
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
+    result = ggml_new_tensor_4d(ctx, a.type, int(a.ne[0]) + p0 + p1, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
+    ggml_set_op_params(result, struct.pack("<2i", p0, p1))
+    return _record(result, GGMLOp.PAD_REFLECT_1D, a)
+
+
+def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
+                     freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                     beta_fast: float, beta_slow: float) -> Tensor:
+    """ggml_rope_custom (deprecated in ggml.h): ggml_rope_ext without frequency factors."""
+    return ggml_rope_ext(ctx, a, b, None, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                         attn_factor, beta_fast, beta_slow)
+
+
+def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
+                             freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+                             beta_fast: float, beta_slow: float) -> Tensor:
+    """ggml_rope_custom_inplace (deprecated in ggml.h): ggml_rope_ext_inplace without frequency
+    factors."""
+    return ggml_rope_ext_inplace(ctx, a, b, None, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                                 attn_factor, beta_fast, beta_slow)

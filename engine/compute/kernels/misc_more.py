@@ -1,0 +1,168 @@
+"""CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID and PAD_REFLECT_1D (ggml-cpu/ops.cpp).
+
+cumsum, tri, fill and add_id split rows as get_thread_range does (rows [dr·ith, dr·ith + dr),
+dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth; pad_reflect_1d
+takes rows i1 = ith, ith + nth, ... of every (i2, i3); diag runs on thread 0 alone.
+
+Numerics: copies, float32 additions one element at a time (a row's running sum in order, as
+ggml_vec_cumsum_f32 adds): ggml's bits on every CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels.common import from_f32, thread_range, view4
+from engine.errors import ggml_assert
+from engine.optable import GGMLOp
+from engine.tensor import Tensor, ggml_is_contiguous, ggml_nrows
+from engine.types import GGMLType
+
+
+def _rows(t: Tensor) -> np.ndarray:
+    """t's rows as (nrows, ne0), a strided view."""
+    v = view4(t)
+    return v.reshape(-1, v.shape[-1]) if v.flags.c_contiguous else v
+
+
+def _row_index(ir: int, t: Tensor) -> tuple[int, int, int]:
+    ne1, ne2 = int(t.ne[1]), int(t.ne[2])
+    return ir // (ne2 * ne1), ir // ne1 % ne2, ir % ne1
+
+
+@kernel(GGMLOp.CUMSUM)
+def compute_forward_cumsum(params, dst: Tensor) -> None:
+    """ggml_compute_forward_cumsum_f32: y[i] = y[i-1] + x[i] along each row."""
+    src = dst.src[0]
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    ggml_assert(int(src.nb[0]) == 4, "src0->nb[0] == sizeof(float)", "ggml_compute_forward_cumsum_f32")
+    ggml_assert(int(dst.nb[0]) == 4, "dst->nb[0] == sizeof(float)", "ggml_compute_forward_cumsum_f32")
+    ir0, ir1 = thread_range(ggml_nrows(src), params.ith, params.nth)
+    s4, d4 = view4(src), view4(dst)
+    for ir in range(ir0, ir1):
+        i3, i2, i1 = _row_index(ir, src)
+        d4[i3, i2, i1] = np.add.accumulate(s4[i3, i2, i1], dtype=np.float32)
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.DIAG)
+def compute_forward_diag(params, dst: Tensor) -> None:
+    """ggml_compute_forward_diag_f32: thread 0 writes each [n, n] matrix, src's row on its
+    diagonal and zeros elsewhere."""
+    src = dst.src[0]
+    fn = "ggml_compute_forward_diag_f32"
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    if params.ith != 0:
+        params.took("idle")
+        return
+    n = int(src.ne[0])
+    ggml_assert(int(dst.ne[0]) == n and int(dst.ne[1]) == n, "ne00 == ne0 && ne00 == ne1", fn)
+    ggml_assert(int(src.nb[0]) == 4, "nb00 == sizeof(float)", fn)
+    ggml_assert(int(dst.nb[0]) == 4, "nb0  == sizeof(float)", fn)
+    s4, d4 = view4(src), view4(dst)
+    d4[...] = 0
+    idx = np.arange(n)
+    d4[:, :, idx, idx] = s4[:, :, 0, :]
+    params.took("all")
+
+
+_KEEP = {0: np.greater_equal, 1: np.greater, 2: np.less_equal, 3: np.less}  # (i0, i01) -> kept?
+
+
+@kernel(GGMLOp.TRI)
+def compute_forward_tri(params, dst: Tensor) -> None:
+    """ggml_compute_forward_tri_f32: element i0 of row i01 kept where the triangle holds it."""
+    src = dst.src[0]
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    ggml_assert(ggml_is_contiguous(src), "ggml_is_contiguous(src0)", "ggml_compute_forward_tri_f32")
+    keep = _KEEP.get(int(dst.op_params[0]))
+    ggml_assert(keep is not None, "tri type", "ggml_compute_forward_tri_f32", "invalid tri type")
+    ir0, ir1 = thread_range(ggml_nrows(src), params.ith, params.nth)
+    s4, d4 = view4(src), view4(dst)
+    i0 = np.arange(int(dst.ne[0]))
+    for ir in range(ir0, ir1):
+        i3, i2, i1 = _row_index(ir, src)
+        d4[i3, i2, i1] = np.where(keep(i0, i1), s4[i3, i2, i1], np.float32(0))
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.FILL)
+def compute_forward_fill(params, dst: Tensor) -> None:
+    """ggml_compute_forward_fill_f32/f16: every element of this thread's rows set to c."""
+    if dst.src[0].type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    c = np.array([dst.op_params[0]], np.int32).view(np.float32)
+    value = from_f32(c, dst.type)[0]
+    ir0, ir1 = thread_range(ggml_nrows(dst), params.ith, params.nth)
+    d4 = view4(dst)
+    for ir in range(ir0, ir1):
+        i3, i2, i1 = _row_index(ir, dst)
+        d4[i3, i2, i1] = value
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.ROLL)
+def compute_forward_roll(params, dst: Tensor) -> None:
+    """ggml_compute_forward_roll_f32: dst row (i1, i2, i3) is src row (i1 - s1, i2 - s2, i3 - s3)
+    (wrapped), rotated by s0."""
+    src = dst.src[0]
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    s0, s1, s2, s3 = (int(x) for x in dst.op_params[:4])
+    ne1, ne2, ne3 = (int(x) for x in dst.ne[1:])
+    total = ne1 * ne2 * ne3
+    per = (total + params.nth) // params.nth
+    start, end = params.ith * per, min(params.ith * per + per, total)
+    s4, d4 = view4(src), view4(dst)
+    ne00 = int(src.ne[0])
+    s = (-s0) % ne00  # ggml_wrap_index(-s0): the source element that comes first
+    for i in range(start, end):
+        i1, i2, i3 = i % ne1, i // ne1 % ne2, i // (ne2 * ne1)
+        row = s4[(i3 - s3) % ne3, (i2 - s2) % ne2, (i1 - s1) % ne1]
+        d4[i3, i2, i1] = np.concatenate([row[s:], row[:s]])
+    params.took("rows", (start, max(start, end)))
+
+
+@kernel(GGMLOp.ADD_ID)
+def compute_forward_add_id(params, dst: Tensor) -> None:
+    """ggml_compute_forward_add_id_f32: row (i1, i2) of a plus the row of b that ids[i1, i2] names."""
+    a, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    fn = "ggml_compute_forward_add_id_f32"
+    if a.type != GGMLType.F32:
+        raise not_supported(dst)
+    ggml_assert(dst.type == GGMLType.F32, "dst->type  == GGML_TYPE_F32", fn)
+    ggml_assert(b.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+    ggml_assert(ids.type == GGMLType.I32, "src2->type == GGML_TYPE_I32", fn)
+    ggml_assert(int(a.nb[0]) == 4 and int(b.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
+    ir0, ir1 = thread_range(ggml_nrows(a), params.ith, params.nth)
+    a4, b4, d4, id4 = view4(a), view4(b), view4(dst), view4(ids)
+    ne11 = int(b.ne[1])
+    for ir in range(ir0, ir1):
+        i3, i2, i1 = _row_index(ir, a)
+        i11 = int(id4[0, 0, i2, i1])
+        ggml_assert(0 <= i11 < ne11, "i11 >= 0 && i11 < ne11", fn, f"id {i11} of {ne11} rows")
+        d4[i3, i2, i1] = a4[i3, i2, i1] + b4[0, 0, i11]
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.PAD_REFLECT_1D)
+def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_pad_reflect_1d: the row copied in after p0, mirrored on both sides."""
+    src = dst.src[0]
+    fn = "ggml_compute_forward_pad_reflect_1d"
+    ggml_assert(src.type == GGMLType.F32, "src0->type == GGML_TYPE_F32", fn)
+    ggml_assert(dst.type == GGMLType.F32, "dst->type == GGML_TYPE_F32", fn)
+    p0, p1 = int(dst.op_params[0]), int(dst.op_params[1])
+    s4, d4 = view4(src), view4(dst)
+    n, ne0 = int(src.ne[0]), int(dst.ne[0])
+    rows = list(range(params.ith, int(dst.ne[1]), params.nth))
+    for i1 in rows:
+        row = s4[:, :, i1]
+        d4[:, :, i1, p0:p0 + n] = row
+        d4[:, :, i1, :p0] = row[:, :, p0 - np.arange(p0)]  # dst[p0 - k] = row[k]
+        d4[:, :, i1, ne0 - p1:] = row[:, :, n - 2 - np.arange(p1)]  # dst[p0 + n - 1 + k] = row[n - 1 - k]
+    params.took("interleaved", *rows)

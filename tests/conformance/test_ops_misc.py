@@ -1,0 +1,120 @@
+"""The small ops (engine/ops_misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
+tri, fill, roll, add_id, add_cast, pad_reflect_1d and the rope_custom wrappers — results bit for
+bit at 1 and 3 threads, each thread's rows as ggml splits them, and ggml's asserts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ggml as eng
+from engine.errors import GGMLAssertionError
+from engine.optable import GGMLOp
+from engine.types import GGMLType
+from tests.support.graphs import Leaf, check_op, engine_shares
+
+F32, F16, I32, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.Q8_0
+THREADS = [1, 3]
+
+
+def dr_split(nr, nth):
+    dr = (nr + nth - 1) // nth
+    return [(min(dr * i, nr), min(dr * i + dr, nr)) for i in range(nth)]
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_cumsum(n_threads):
+    check_op(lambda g, ctx, a: g.ggml_cumsum(ctx, a), [Leaf(F32, (37, 5, 3))], n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_cumsum(ctx, a), [Leaf(F32, (9, 6, 2), permute=(0, 2, 1, 3))], n_threads,
+             exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_diag(n_threads):
+    check_op(lambda g, ctx, a: g.ggml_diag(ctx, a), [Leaf(F32, (7, 1, 3, 2))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("tri", [0, 1, 2, 3])
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_tri(tri, n_threads):
+    assert eng.GGML_TRI_TYPE_LOWER == 3 and eng.GGML_TRI_TYPE_UPPER_DIAG == 0
+    check_op(lambda g, ctx, a: g.ggml_tri(ctx, a, tri), [Leaf(F32, (6, 6, 4))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_fill(t, n_threads):
+    check_op(lambda g, ctx, a: g.ggml_fill(ctx, a, 0.3), [Leaf(t, (5, 7, 2))], n_threads, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_fill_inplace(ctx, a, -2.5), [Leaf(t, (5, 7))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("shifts", [(1, 0, 0, 0), (-2, 1, 0, 0), (3, -2, 1, 1), (0, 0, -1, 0)])
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_roll(shifts, n_threads):
+    check_op(lambda g, ctx, a: g.ggml_roll(ctx, a, *shifts), [Leaf(F32, (5, 4, 3, 2))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_add_id(n_threads):
+    ids = np.array([[2, 0], [1, 3], [3, 3], [0, 1], [2, 1]], np.int32)  # [n_used=2, n_tokens=5]
+    leaves = [Leaf(F32, (8, 2, 5)), Leaf(F32, (8, 4)), Leaf(I32, (2, 5), values=ids)]
+    check_op(lambda g, ctx, a, b, i: g.ggml_add_id(ctx, a, b, i), leaves, n_threads, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_add_cast(n_threads):
+    check_op(lambda g, ctx, a, b: g.ggml_add_cast(ctx, a, b, int(F32)), [Leaf(F16, (16, 3)), Leaf(F32, (16, 1))],
+             n_threads, exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_add_cast(ctx, a, b, int(F32)), [Leaf(Q8_0, (64, 3)), Leaf(F32, (64, 3))],
+             n_threads, exact=True)
+
+
+@pytest.mark.parametrize("pads", [(0, 0), (2, 3), (4, 4), (0, 4), (3, 0)])
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_pad_reflect_1d(pads, n_threads):
+    check_op(lambda g, ctx, a: g.ggml_pad_reflect_1d(ctx, a, *pads), [Leaf(F32, (5, 4, 2))], n_threads,
+             exact=True)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rope_custom(inplace):
+    fn = "ggml_rope_custom_inplace" if inplace else "ggml_rope_custom"
+    leaves = [Leaf(F32, (16, 2, 3)), Leaf(I32, (3,), values=np.array([4, 5, 6], np.int32))]
+    check_op(lambda g, ctx, a, p: getattr(g, fn)(ctx, a, p, 16, 0, 128, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0),
+             leaves, 2)
+
+
+@pytest.mark.parametrize("n_threads", [2, 3, 4])
+def test_thread_rows(n_threads):
+    (s,) = engine_shares(lambda g, ctx, a: g.ggml_cumsum(ctx, a), [Leaf(F32, (8, 7, 2))], n_threads,
+                         GGMLOp.CUMSUM)
+    assert [tuple(x.ranges[0]) for x in s] == dr_split(14, n_threads)
+    (s,) = engine_shares(lambda g, ctx, a: g.ggml_roll(ctx, a, 1, 1, 0, 0), [Leaf(F32, (8, 7, 2))], n_threads,
+                         GGMLOp.ROLL)
+    per = (14 + n_threads) // n_threads
+    assert [tuple(x.ranges[0]) for x in s] == [(min(i * per, 14), min(i * per + per, 14)) for i in range(n_threads)]
+    (s,) = engine_shares(lambda g, ctx, a: g.ggml_pad_reflect_1d(ctx, a, 1, 2), [Leaf(F32, (8, 7))], n_threads,
+                         GGMLOp.PAD_REFLECT_1D)
+    assert [tuple(x.ranges) for x in s] == [tuple(range(i, 7, n_threads)) for i in range(n_threads)]
+    (s,) = engine_shares(lambda g, ctx, a: g.ggml_diag(ctx, a), [Leaf(F32, (8, 1, 3))], n_threads, GGMLOp.DIAG,
+                         all_threads=True)
+    assert [x.kind for x in s] == ["all"] + ["idle"] * (n_threads - 1)
+
+
+def test_asserts():
+    ctx = eng.ggml_init(eng.ggml_init_params(1 << 20))
+    a = eng.ggml_new_tensor_2d(ctx, F32, 4, 3)
+    with pytest.raises(GGMLAssertionError, match=r"a->ne\[0\] == a->ne\[1\]"):
+        eng.ggml_tri(ctx, a, 0)
+    with pytest.raises(GGMLAssertionError, match=r"a->ne\[1\] == 1"):
+        eng.ggml_diag(ctx, a)
+    with pytest.raises(GGMLAssertionError, match=r"abs\(shift0\) < a->ne\[0\]"):
+        eng.ggml_roll(ctx, a, 4, 0, 0, 0)
+    with pytest.raises(GGMLAssertionError, match=r"p1 < a->ne\[0\]"):
+        eng.ggml_pad_reflect_1d(ctx, a, 1, 4)
+    with pytest.raises(GGMLAssertionError, match="a->type == GGML_TYPE_F32"):
+        eng.ggml_cumsum(ctx, eng.ggml_new_tensor_1d(ctx, F16, 4))
+    with pytest.raises(GGMLAssertionError, match=r"ggml_is_quantized\(a->type\)"):
+        eng.ggml_add_cast(ctx, a, a, int(F16))
+    with pytest.raises(GGMLAssertionError, match="ids->type == GGML_TYPE_I32"):
+        eng.ggml_add_id(ctx, eng.ggml_new_tensor_3d(ctx, F32, 4, 2, 3), a, eng.ggml_new_tensor_2d(ctx, F32, 2, 3))
