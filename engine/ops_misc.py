@@ -1,5 +1,5 @@
 """Op constructors for ggml's small remaining ops: cumsum, diag, tri, fill, roll, add_id, add_cast,
-reflection padding and the rope_custom wrappers.
+reflection padding, the triangular solve and the rope_custom wrappers.
 
 Mirrors ggml.c: each only records (shape, type, op_params, sources, the GGML_ASSERTs with ggml's
 condition text); the kernels (engine/compute/kernels/misc_more.py) compute.
@@ -23,7 +23,7 @@ from engine.types import GGMLType, TYPE_TRAITS
 __all__ = [
     "GGML_TRI_TYPE_UPPER_DIAG", "GGML_TRI_TYPE_UPPER", "GGML_TRI_TYPE_LOWER_DIAG", "GGML_TRI_TYPE_LOWER",
     "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
-    "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace",
+    "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -123,6 +123,23 @@ def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
     result = ggml_new_tensor_4d(ctx, a.type, int(a.ne[0]) + p0 + p1, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
     ggml_set_op_params(result, struct.pack("<2i", p0, p1))
     return _record(result, GGMLOp.PAD_REFLECT_1D, a)
+
+
+def ggml_solve_tri(ctx: Context, a: Tensor, b: Tensor, left: bool, lower: bool, uni: bool) -> Tensor:
+    """ggml_solve_tri: X with A·X = B for a lower-triangular A [n, n] and B [k, n] (batched);
+    ggml solves only the left, lower, non-unit case."""
+    fn = "ggml_solve_tri"
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
+    ggml_assert(b.type == GGMLType.F32, "b->type == GGML_TYPE_F32", fn)
+    ggml_assert(int(a.ne[0]) == int(a.ne[1]), "a->ne[0] == a->ne[1]", fn, "A must be square")
+    ggml_assert(int(a.ne[1]) == int(b.ne[1]), "a->ne[1] == b->ne[1]", fn)
+    ggml_assert(int(a.ne[2]) == int(b.ne[2]), "a->ne[2] == b->ne[2]", fn)
+    ggml_assert(int(a.ne[3]) == int(b.ne[3]), "a->ne[3] == b->ne[3]", fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    ggml_assert(ggml_is_contiguous(b), "ggml_is_contiguous(b)", fn)
+    ggml_assert(lower and left and not uni, "lower && left && !uni", fn, "the only variant ggml solves")
+    result = ggml_new_tensor_4d(ctx, GGMLType.F32, *(int(x) for x in b.ne))
+    return _record(result, GGMLOp.SOLVE_TRI, a, b)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

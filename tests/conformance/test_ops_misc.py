@@ -1,6 +1,7 @@
 """The small ops (engine/ops_misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
-tri, fill, roll, add_id, add_cast, pad_reflect_1d and the rope_custom wrappers — results bit for
-bit at 1 and 3 threads, each thread's rows as ggml splits them, and ggml's asserts."""
+tri, fill, roll, add_id, add_cast, pad_reflect_1d, solve_tri and the rope_custom wrappers — results
+bit for bit at 1 and 3 threads (solve_tri within test-backend-ops' bound), each thread's rows as
+ggml splits them, and ggml's asserts."""
 
 from __future__ import annotations
 
@@ -118,3 +119,33 @@ def test_asserts():
         eng.ggml_add_cast(ctx, a, a, int(F16))
     with pytest.raises(GGMLAssertionError, match="ids->type == GGML_TYPE_I32"):
         eng.ggml_add_id(ctx, eng.ggml_new_tensor_3d(ctx, F32, 4, 2, 3), a, eng.ggml_new_tensor_2d(ctx, F32, 2, 3))
+
+
+def lower_triangular(n: int, batch: int, seed: int = 2) -> np.ndarray:
+    """Well-conditioned lower-triangular matrices (numpy order: batch, row, col)."""
+    rng = np.random.default_rng(seed)
+    m = np.tril(rng.uniform(-1, 1, (batch, n, n))).astype(np.float32)
+    m[:, np.arange(n), np.arange(n)] = rng.uniform(1.0, 2.0, (batch, n)).astype(np.float32)
+    return m
+
+
+@pytest.mark.parametrize("n_threads", [1, 3, 4])
+def test_solve_tri(n_threads):
+    leaves = [Leaf(F32, (9, 9, 2), values=lower_triangular(9, 2)), Leaf(F32, (5, 9, 2))]
+    # ggml's result to rounding (the kernel's docstring says why not to the bit): test-backend-ops' bound
+    check_op(lambda g, ctx, a, b: g.ggml_solve_tri(ctx, a, b, True, True, False), leaves, n_threads, max_nmse=1e-7)
+
+
+def test_solve_tri_solves():
+    a, b = lower_triangular(6, 1)[0], np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    ctx = eng.ggml_init(eng.ggml_init_params(1 << 20))
+    ta, tb = eng.ggml_new_tensor_2d(ctx, F32, 6, 6), eng.ggml_new_tensor_2d(ctx, F32, 3, 6)
+    eng.set_data(ta, a)
+    eng.set_data(tb, b)
+    x = eng.ggml_solve_tri(ctx, ta, tb, True, True, False)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, x)
+    eng.ggml_graph_compute_with_ctx(ctx, gf, 2)
+    np.testing.assert_allclose(a @ eng.to_numpy(x), b, atol=1e-5)
+    with pytest.raises(GGMLAssertionError, match=r"lower && left && !uni"):
+        eng.ggml_solve_tri(ctx, ta, tb, True, False, False)

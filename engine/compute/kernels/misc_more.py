@@ -1,11 +1,12 @@
-"""CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID and PAD_REFLECT_1D (ggml-cpu/ops.cpp).
+"""CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID, PAD_REFLECT_1D and SOLVE_TRI (ggml-cpu/ops.cpp).
 
 cumsum, tri, fill and add_id split rows as get_thread_range does (rows [dr·ith, dr·ith + dr),
 dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth; pad_reflect_1d
 takes rows i1 = ith, ith + nth, ... of every (i2, i3); diag runs on thread 0 alone.
 
 Numerics: copies, float32 additions one element at a time (a row's running sum in order, as
-ggml_vec_cumsum_f32 adds): ggml's bits on every CPU.
+ggml_vec_cumsum_f32 adds): ggml's bits on every CPU. solve_tri: ggml's result to rounding (see
+its kernel).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, view4
+from engine.compute.kernels.floatmath import fmaf
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nrows
@@ -166,3 +168,33 @@ def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
         d4[:, :, i1, :p0] = row[:, :, p0 - np.arange(p0)]  # dst[p0 - k] = row[k]
         d4[:, :, i1, ne0 - p1:] = row[:, :, n - 2 - np.arange(p1)]  # dst[p0 + n - 1 + k] = row[n - 1 - k]
     params.took("interleaved", *rows)
+
+
+@kernel(GGMLOp.SOLVE_TRI)
+def compute_forward_solve_tri(params, dst: Tensor) -> None:
+    """ggml_compute_forward_solve_tri_f32: A·X = B by forward substitution (A lower triangular),
+    one column of X at a time; the threads split the (batch, column) pairs. The running sum is
+    a chain of fused multiply-adds (the library is built with -mfma, and the compiler may fuse
+    `sum += a·x`), then x = (b - sum) / diag. This agrees with ggml to rounding only: about one
+    value in ten differs from real ggml's in its last bits, and which of ggml's operations round
+    otherwise is not found yet (the tests hold it to test-backend-ops' bound)."""
+    a, b = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_solve_tri_f32"
+    for t, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
+        ggml_assert(t.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
+    n, k = int(b.ne[1]), int(b.ne[0])
+    ne02 = int(a.ne[2])
+    nr = ne02 * int(a.ne[3]) * k
+    ir0, ir1 = thread_range(nr, params.ith, params.nth)
+    a4, b4, x4 = view4(a), view4(b), view4(dst)
+    units: dict[tuple[int, int], list[int]] = {}
+    for ir in range(ir0, ir1):
+        units.setdefault((ir // (ne02 * k), ir // k % ne02), []).append(ir % k)
+    for (i03, i02), cols in units.items():
+        A, B, X = a4[i03, i02], b4[i03, i02], x4[i03, i02]
+        for i in range(n):
+            s = np.zeros(len(cols), np.float32)
+            for t in range(i):
+                s = fmaf(A[i, t], X[t, cols], s)
+            X[i, cols] = (B[i, cols] - s) / A[i, i]
+    params.took("rows", (ir0, ir1))
