@@ -1,5 +1,6 @@
 """Op constructors for ggml's small remaining ops: cumsum, diag, tri, fill, roll, add_id, add_cast,
-reflection padding, the triangular solve and the rope_custom wrappers.
+reflection padding, the triangular solve, Segment Anything's windows and relative positions, and the
+rope_custom wrappers.
 
 Mirrors ggml.c: each only records (shape, type, op_params, sources, the GGML_ASSERTs with ggml's
 condition text); the kernels (engine/compute/kernels/misc_more.py) compute.
@@ -24,6 +25,7 @@ __all__ = [
     "GGML_TRI_TYPE_UPPER_DIAG", "GGML_TRI_TYPE_UPPER", "GGML_TRI_TYPE_LOWER_DIAG", "GGML_TRI_TYPE_LOWER",
     "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
     "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
+    "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -140,6 +142,62 @@ def ggml_solve_tri(ctx: Context, a: Tensor, b: Tensor, left: bool, lower: bool, 
     ggml_assert(lower and left and not uni, "lower && left && !uni", fn, "the only variant ggml solves")
     result = ggml_new_tensor_4d(ctx, GGMLType.F32, *(int(x) for x in b.ne))
     return _record(result, GGMLOp.SOLVE_TRI, a, b)
+
+
+# --- Segment Anything's windows and relative positions ----------------------------------------
+
+def ggml_win_part(ctx: Context, a: Tensor, w: int) -> Tensor:
+    """ggml_win_part: an image [C, W, H] cut into w×w windows [C, w, w, n_windows], zero-padded;
+    op_params = {windows across, windows down, w}."""
+    ggml_assert(int(a.ne[3]) == 1, "a->ne[3] == 1", "ggml_win_part")
+    ggml_assert(a.type == GGMLType.F32, "a->type  == GGML_TYPE_F32", "ggml_win_part")
+    px, py = (w - int(a.ne[1]) % w) % w, (w - int(a.ne[2]) % w) % w
+    npx, npy = (px + int(a.ne[1])) // w, (py + int(a.ne[2])) // w
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, [int(a.ne[0]), w, w, npx * npy])
+    ggml_set_op_params(result, struct.pack("<3i", npx, npy, w))
+    return _record(result, GGMLOp.WIN_PART, a)
+
+
+def ggml_win_unpart(ctx: Context, a: Tensor, w0: int, h0: int, w: int) -> Tensor:
+    """ggml_win_unpart: w×w windows put back together into [C, w0, h0] (the padding dropped)."""
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_win_unpart")
+    result = ggml_new_tensor(ctx, GGMLType.F32, 3, [int(a.ne[0]), w0, h0, 1])
+    ggml_set_op_params(result, struct.pack("<i", w))
+    return _record(result, GGMLOp.WIN_UNPART, a)
+
+
+def ggml_get_rel_pos(ctx: Context, a: Tensor, qh: int, kh: int) -> Tensor:
+    """ggml_get_rel_pos: from a table of 2·h - 1 relative positions, the F16 [C, kh, qh] of each
+    (query, key) pair's row."""
+    ggml_assert(qh == kh, "qh == kh", "ggml_get_rel_pos")
+    ggml_assert(2 * max(qh, kh) - 1 == int(a.ne[1]), "2*MAX(qh, kh) - 1 == a->ne[1]", "ggml_get_rel_pos")
+    return _record(ggml_new_tensor(ctx, GGMLType.F16, 3, [int(a.ne[0]), kh, qh, 1]), GGMLOp.GET_REL_POS, a)
+
+
+def _add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor, inplace: bool) -> Tensor:
+    fn = "ggml_add_rel_pos_impl"
+    ggml_assert(_ne(pw) == _ne(ph), "ggml_are_same_shape(pw, ph)", fn)
+    for t, name in ((a, "a"), (pw, "pw"), (ph, "ph")):
+        ggml_assert(ggml_is_contiguous(t), f"ggml_is_contiguous({name})", fn)
+    ggml_assert(ph.type == GGMLType.F32, "ph->type == GGML_TYPE_F32", fn)
+    ggml_assert(pw.type == GGMLType.F32, "pw->type == GGML_TYPE_F32", fn)
+    ggml_assert(int(pw.ne[3]) == int(a.ne[2]), "pw->ne[3] == a->ne[2]", fn)
+    ggml_assert(int(pw.ne[0]) ** 2 == int(a.ne[0]), "pw->ne[0]*pw->ne[0] == a->ne[0]", fn)
+    ggml_assert(int(pw.ne[1]) * int(pw.ne[2]) == int(a.ne[1]), "pw->ne[1]*pw->ne[2] == a->ne[1]", fn)
+    result = _dup_or_view(ctx, a, inplace)
+    ggml_set_op_params_i32(result, 0, 1 if inplace else 0)
+    return _record(result, GGMLOp.ADD_REL_POS, a, pw, ph)
+
+
+def ggml_add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
+    """ggml_add_rel_pos: attention scores a plus the decomposed relative positions: each k×k
+    block gets ph[row] added along its rows and pw[col] along its columns."""
+    return _add_rel_pos(ctx, a, pw, ph, False)
+
+
+def ggml_add_rel_pos_inplace(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
+    """ggml_add_rel_pos_inplace: the same, into a view of a."""
+    return _add_rel_pos(ctx, a, pw, ph, True)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

@@ -149,3 +149,26 @@ def test_solve_tri_solves():
     np.testing.assert_allclose(a @ eng.to_numpy(x), b, atol=1e-5)
     with pytest.raises(GGMLAssertionError, match=r"lower && left && !uni"):
         eng.ggml_solve_tri(ctx, ta, tb, True, False, False)
+
+
+@pytest.mark.parametrize("shape,w", [((3, 7, 5), 3), ((2, 6, 6), 3), ((4, 5, 9), 4)])
+def test_win_part_and_unpart(shape, w):
+    c, wd, h = shape
+    npx, npy = -(-wd // w), -(-h // w)
+    check_op(lambda g, ctx, a: g.ggml_win_part(ctx, a, w), [Leaf(F32, shape)], 2, exact=True)
+    check_op(lambda g, ctx, a: g.ggml_win_unpart(ctx, a, wd, h, w), [Leaf(F32, (c, w, w, npx * npy))], 2,
+             exact=True)
+
+
+@pytest.mark.parametrize("t", [F16, GGMLType.BF16])
+def test_get_rel_pos(t):
+    check_op(lambda g, ctx, a: g.ggml_get_rel_pos(ctx, a, 5, 5), [Leaf(t, (6, 9))], 1, exact=True)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_add_rel_pos(inplace, n_threads):
+    k, ne11, ne12, n_p = 4, 3, 2, 5
+    fn = "ggml_add_rel_pos_inplace" if inplace else "ggml_add_rel_pos"
+    leaves = [Leaf(F32, (k * k, ne11 * ne12, n_p)), Leaf(F32, (k, ne11, ne12, n_p)), Leaf(F32, (k, ne11, ne12, n_p))]
+    check_op(lambda g, ctx, a, pw, ph: getattr(g, fn)(ctx, a, pw, ph), leaves, n_threads, exact=True)

@@ -25,8 +25,8 @@ KERNELS: dict[int, Kernel] = {}
 # missing constructors), so no engine graph can hold one
 _NOT_BUILT = ("CONV_TRANSPOSE_1D", "IM2COL_3D", "COL2IM_1D",
               "CONV_3D", "CONV_2D_DW", "CONV_TRANSPOSE_2D",
-              "FLASH_ATTN_BACK", "SSM_CONV", "SSM_SCAN", "WIN_PART", "WIN_UNPART", "GET_REL_POS",
-              "ADD_REL_POS", "RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7",
+              "FLASH_ATTN_BACK", "SSM_CONV", "SSM_SCAN",
+              "RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7",
               "GATED_DELTA_NET")
 NOT_SUPPORTED: dict[int, str] = {
     GGMLOp[name]: f"the engine does not build GGML_OP_{name} yet (no constructor, no kernel)"
