@@ -15,7 +15,8 @@ from engine.errors import ggml_assert
 from engine.layout import GGML_MAX_DIMS
 from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32
-from engine.ops_nn import ggml_rope_ext, ggml_rope_ext_inplace
+from engine.ops import ggml_mul_mat, ggml_reshape_3d, ggml_reshape_4d
+from engine.ops_nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, ggml_new_tensor, \
     ggml_new_tensor_4d
@@ -26,6 +27,7 @@ __all__ = [
     "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
     "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
     "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
+    "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -198,6 +200,43 @@ def ggml_add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
 def ggml_add_rel_pos_inplace(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
     """ggml_add_rel_pos_inplace: the same, into a view of a."""
     return _add_rel_pos(ctx, a, pw, ph, True)
+
+
+# --- convolutions made of im2col and mul_mat, as ggml.c composes them -----------------------------
+
+def ggml_conv_1d_ph(ctx: Context, a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
+    """ggml_conv_1d_ph: ggml_conv_1d with half the kernel as padding ("same" length at s = 1)."""
+    return ggml_conv_1d(ctx, a, b, s, int(a.ne[0]) // 2, d)
+
+
+def ggml_conv_1d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw: depthwise 1-d convolution, each channel by its own kernel: im2col (F16) of
+    b as channels of one, times the kernels, reshaped to [OL, C, 1]."""
+    new_b = ggml_reshape_4d(ctx, b, int(b.ne[0]), 1, int(b.ne[1]), int(b.ne[2]))
+    im2col = ggml_im2col(ctx, a, new_b, s0, 0, p0, 0, d0, 0, False, GGMLType.F16)
+    result = ggml_mul_mat(ctx, im2col, a)
+    return ggml_reshape_3d(ctx, result, int(result.ne[0]), int(result.ne[2]), 1)
+
+
+def ggml_conv_1d_dw_ph(ctx: Context, a: Tensor, b: Tensor, s0: int, d0: int) -> Tensor:
+    """ggml_conv_1d_dw_ph: ggml_conv_1d_dw with half the kernel as padding."""
+    return ggml_conv_1d_dw(ctx, a, b, s0, int(a.ne[0]) // 2, d0)
+
+
+def ggml_conv_2d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
+                    d1: int) -> Tensor:
+    """ggml_conv_2d_dw: depthwise 2-d convolution as ggml.c composes it: each channel an image
+    of one channel (im2col, F16), times its own kernel, reshaped to [OW, OH, C, N]."""
+    new_a = ggml_reshape_4d(ctx, a, int(a.ne[0]), int(a.ne[1]), 1, int(a.ne[2]) * int(a.ne[3]))
+    im2col = ggml_im2col(ctx, new_a, ggml_reshape_4d(ctx, b, int(b.ne[0]), int(b.ne[1]), 1,
+                                                      int(b.ne[2]) * int(b.ne[3])),
+                         s0, s1, p0, p1, d0, d1, True, GGMLType.F16)
+    new_b = ggml_reshape_4d(ctx, im2col, int(im2col.ne[0]), int(im2col.ne[2]) * int(im2col.ne[1]),
+                            int(b.ne[2]), int(b.ne[3]))
+    new_a = ggml_reshape_4d(ctx, new_a, int(new_a.ne[0]) * int(new_a.ne[1]), int(new_a.ne[2]),
+                            int(new_a.ne[3]), 1)
+    result = ggml_mul_mat(ctx, new_a, new_b)
+    return ggml_reshape_4d(ctx, result, int(im2col.ne[1]), int(im2col.ne[2]), int(b.ne[2]), int(b.ne[3]))
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

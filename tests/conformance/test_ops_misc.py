@@ -172,3 +172,17 @@ def test_add_rel_pos(inplace, n_threads):
     fn = "ggml_add_rel_pos_inplace" if inplace else "ggml_add_rel_pos"
     leaves = [Leaf(F32, (k * k, ne11 * ne12, n_p)), Leaf(F32, (k, ne11, ne12, n_p)), Leaf(F32, (k, ne11, ne12, n_p))]
     check_op(lambda g, ctx, a, pw, ph: getattr(g, fn)(ctx, a, pw, ph), leaves, n_threads, exact=True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_conv_composites(n_threads):
+    """The convolutions ggml.c composes of im2col and mul_mat: the same nodes, the same bits
+    (small products: mul_mat's vec_dot emulated operation by operation)."""
+    check_op(lambda g, ctx, a, b: g.ggml_conv_1d_ph(ctx, a, b, 1, 1), [Leaf(F16, (3, 4, 5)), Leaf(F32, (16, 4, 2))],
+             n_threads, exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_conv_1d_dw(ctx, a, b, 1, 1, 1), [Leaf(F16, (3, 1, 4)), Leaf(F32, (12, 4))],
+             n_threads, exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_conv_1d_dw_ph(ctx, a, b, 2, 1), [Leaf(F16, (5, 1, 3)), Leaf(F32, (14, 3))],
+             n_threads, exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_conv_2d_dw(ctx, a, b, 1, 1, 1, 1, 1, 1),
+             [Leaf(F16, (3, 3, 1, 4)), Leaf(F32, (8, 7, 4, 2))], n_threads, exact=True)
