@@ -25,7 +25,7 @@ KERNELS: dict[int, Kernel] = {}
 # missing constructors), so no engine graph can hold one
 _NOT_BUILT = ("CONV_TRANSPOSE_1D", "IM2COL_3D", "COL2IM_1D",
               "CONV_3D", "CONV_2D_DW", "CONV_TRANSPOSE_2D",
-              "FLASH_ATTN_BACK", "SSM_CONV", "SSM_SCAN",
+              "FLASH_ATTN_BACK", "SSM_SCAN",
               "RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7",
               "GATED_DELTA_NET")
 NOT_SUPPORTED: dict[int, str] = {
