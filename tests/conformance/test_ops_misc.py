@@ -1,7 +1,7 @@
 """The small ops (engine/ops_misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
-tri, fill, roll, add_id, add_cast, pad_reflect_1d, solve_tri and the rope_custom wrappers — results
-bit for bit at 1 and 3 threads (solve_tri within test-backend-ops' bound), each thread's rows as
-ggml splits them, and ggml's asserts."""
+tri, fill, roll, add_id, add_cast, pad_reflect_1d, solve_tri, Segment Anything's window and
+relative-position ops, the composed convolutions and the rope_custom wrappers — results bit for bit
+at 1 and 3 threads, each thread's rows as ggml splits them, and ggml's asserts."""
 
 from __future__ import annotations
 
@@ -132,8 +132,9 @@ def lower_triangular(n: int, batch: int, seed: int = 2) -> np.ndarray:
 @pytest.mark.parametrize("n_threads", [1, 3, 4])
 def test_solve_tri(n_threads):
     leaves = [Leaf(F32, (9, 9, 2), values=lower_triangular(9, 2)), Leaf(F32, (5, 9, 2))]
-    # ggml's result to rounding (the kernel's docstring says why not to the bit): test-backend-ops' bound
-    check_op(lambda g, ctx, a, b: g.ggml_solve_tri(ctx, a, b, True, True, False), leaves, n_threads, max_nmse=1e-7)
+    check_op(lambda g, ctx, a, b: g.ggml_solve_tri(ctx, a, b, True, True, False), leaves, n_threads, exact=True)
+    big = [Leaf(F32, (14, 14, 1), values=lower_triangular(14, 1, seed=4)), Leaf(F32, (3, 14, 1))]
+    check_op(lambda g, ctx, a, b: g.ggml_solve_tri(ctx, a, b, True, True, False), big, n_threads, exact=True)
 
 
 def test_solve_tri_solves():

@@ -10,6 +10,8 @@ ggml's kernels get their float math from two places, and so does the engine:
   - fmaf: a fused multiply-add (one rounding), computed exactly in float64 then rounded. The
     product of two floats is exact in a double; only a sum landing on a float rounding midpoint
     after the double rounding could differ (vanishingly rare).
+  - mac_in_order: one step of a plain C loop `sum += a[k]*b[k]` as the oracle's build compiles
+    it (see there).
   - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`), lane by lane, for the
     part of a row that fills whole 8-lane vectors.
   - The fp16 GELU and GELU-quick tables that ggml_cpu_init builds (GGML_GELU_FP16), from libm's
@@ -40,6 +42,18 @@ def fmaf(a, b, c) -> np.ndarray:
     r = np.multiply(a, b, dtype=F64)
     r += c
     return r.astype(F32)
+
+
+DOT_LANES = 4  # products per vector block in a compiled `sum += a*b` loop
+
+
+def mac_in_order(acc, a, b, k: int, n: int) -> np.ndarray:
+    """Step k of n of a plain float loop `sum += a[k]*b[k]` (ggml's scalar kernels: ssm_conv,
+    solve_tri) as the oracle's build (-O3 -mfma) compiles it: the first n//4*4 steps are products
+    rounded on their own (a 4-lane vector multiply) added one by one in order, the remaining
+    steps fused multiply-adds (the scalar tail, which the compiler contracts). Found by comparing
+    every loop length from 2 to 16 with the oracle."""
+    return acc + a * b if k < n // DOT_LANES * DOT_LANES else fmaf(a, b, acc)
 
 
 CHUNK = 1 << 14  # elements per block: numpy temporaries of a block stay in the CPU cache

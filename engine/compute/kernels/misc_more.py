@@ -5,8 +5,8 @@ dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth
 takes rows i1 = ith, ith + nth, ... of every (i2, i3); diag runs on thread 0 alone.
 
 Numerics: copies, float32 additions one element at a time (a row's running sum in order, as
-ggml_vec_cumsum_f32 adds): ggml's bits on every CPU. solve_tri: ggml's result to rounding (see
-its kernel).
+ggml_vec_cumsum_f32 adds), solve_tri's sums as the oracle's build compiles them: ggml's bits on
+every CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, view4
-from engine.compute.kernels.floatmath import fmaf
+from engine.compute.kernels.floatmath import mac_in_order
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nrows
@@ -173,11 +173,8 @@ def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
 @kernel(GGMLOp.SOLVE_TRI)
 def compute_forward_solve_tri(params, dst: Tensor) -> None:
     """ggml_compute_forward_solve_tri_f32: A·X = B by forward substitution (A lower triangular),
-    one column of X at a time; the threads split the (batch, column) pairs. The running sum is
-    a chain of fused multiply-adds (the library is built with -mfma, and the compiler may fuse
-    `sum += a·x`), then x = (b - sum) / diag. This agrees with ggml to rounding only: about one
-    value in ten differs from real ggml's in its last bits, and which of ggml's operations round
-    otherwise is not found yet (the tests hold it to test-backend-ops' bound)."""
+    one column of X at a time; the threads split the (batch, column) pairs. Row i's running sum
+    of A[i, t]·X[t] is the compiled loop's (floatmath.mac_in_order), then x = (b - sum) / diag."""
     a, b = dst.src[0], dst.src[1]
     fn = "ggml_compute_forward_solve_tri_f32"
     for t, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
@@ -195,7 +192,7 @@ def compute_forward_solve_tri(params, dst: Tensor) -> None:
         for i in range(n):
             s = np.zeros(len(cols), np.float32)
             for t in range(i):
-                s = fmaf(A[i, t], X[t, cols], s)
+                s = mac_in_order(s, A[i, t], X[t, cols], t, i)
             X[i, cols] = (B[i, cols] - s) / A[i, i]
     params.took("rows", (ir0, ir1))
 

@@ -1,12 +1,8 @@
 """SSM_CONV (ggml-cpu/ops.cpp): Mamba's short convolution.
 
 The threads split the channels (rows of sx) as get_thread_range does; for every sequence and
-token, each channel's window is multiplied by its kernel and summed in order in float32.
-
-How the oracle's build compiles that loop (-O3 -mfma), found by comparing every kernel size from 2
-to 16 with it: the taps come in blocks of 4 whose products are rounded on their own (a vector
-multiply) and then added one by one, in order; the last d_conv % 4 taps are fused multiply-adds
-(the scalar tail, which the compiler contracts).
+token, each channel's window is multiplied by its kernel and summed in order in float32, as the
+oracle's build compiles such a loop (floatmath.mac_in_order).
 """
 
 from __future__ import annotations
@@ -15,13 +11,12 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range, view4
-from engine.compute.kernels.floatmath import fmaf
+from engine.compute.kernels.floatmath import mac_in_order
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor
 from engine.types import GGMLType
 
-LANES = 4  # taps per vector block
 
 
 @kernel(GGMLOp.SSM_CONV)
@@ -43,8 +38,7 @@ def compute_forward_ssm_conv(params, dst: Tensor) -> None:
     for t in range(n_t):
         win = s3[:, ir0:ir1, t:t + nc]  # (n_s, rows, d_conv)
         acc = np.zeros(win.shape[:2], np.float32)
-        blocked = nc // LANES * LANES
         for k in range(nc):
-            acc = acc + win[:, :, k] * w[:, k] if k < blocked else fmaf(win[:, :, k], w[:, k], acc)
+            acc = mac_in_order(acc, win[:, :, k], w[:, k], k, nc)
         out[:, t, ir0:ir1] = acc
     params.took("rows", (ir0, ir1))
