@@ -18,8 +18,8 @@ from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_
 from engine.ops import ggml_mul_mat, ggml_reshape_3d, ggml_reshape_4d
 from engine.ops_nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
 from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, ggml_new_tensor, \
-    ggml_new_tensor_4d
+from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, ggml_is_matrix, \
+    ggml_new_tensor, ggml_new_tensor_4d
 from engine.types import GGMLType, TYPE_TRAITS
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
     "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
     "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
-    "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw",
+    "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw", "ggml_conv_transpose_1d",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -237,6 +237,22 @@ def ggml_conv_2d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: in
                             int(new_a.ne[3]), 1)
     result = ggml_mul_mat(ctx, new_a, new_b)
     return ggml_reshape_4d(ctx, result, int(im2col.ne[1]), int(im2col.ne[2]), int(b.ne[2]), int(b.ne[3]))
+
+
+def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
+    """ggml_conv_transpose_1d: kernels a [K, C_out, C_in], input b [L, C_in]; F32
+    [(L - 1)·s0 + K, C_out]: each input position scatters its kernel-weighted sum s0 apart.
+    ggml computes only p0 = 0, d0 = 1; op_params = {s0, p0, d0}."""
+    fn = "ggml_conv_transpose_1d"
+    ggml_assert(ggml_is_matrix(b), "ggml_is_matrix(b)", fn, f"b ne = {_ne(b)}")
+    ggml_assert(int(a.ne[2]) == int(b.ne[1]), "a->ne[2] == b->ne[1]", fn, "input channels")
+    ggml_assert(int(a.ne[3]) == 1, "a->ne[3] == 1", fn)
+    ggml_assert(p0 == 0, "p0 == 0", fn)
+    ggml_assert(d0 == 1, "d0 == 1", fn)
+    ol = (int(b.ne[0]) - 1) * s0 - 2 * p0 + d0 * (int(a.ne[0]) - 1) + 1
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, [ol, int(a.ne[1]), int(b.ne[2]), 1])
+    ggml_set_op_params(result, struct.pack("<3i", s0, p0, d0))
+    return _record(result, GGMLOp.CONV_TRANSPOSE_1D, a, b)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

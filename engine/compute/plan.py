@@ -99,6 +99,10 @@ def node_work_size(node: Tensor, n_tasks: int) -> int:
         cur += n_as * 8 + 8
         cur += n_as * int(ids.ne[0]) * int(ids.ne[1]) * MMID_ROW_MAPPING_SIZE + 8
         return cur + CACHE_LINE_SIZE * n_as + CACHE_LINE_SIZE
+    elif op == O.CONV_TRANSPOSE_1D:  # the kernel as (C_in, K, C_out) and the input transposed
+        s0, s1 = src[0], src[1]
+        size = 2 if s0.type in (GGMLType.F16, GGMLType.BF16) else 4
+        return size * (ggml_nelements(s0) + int(s1.ne[0]) * int(s1.ne[1]))
     elif op == O.OUT_PROD:
         if TYPE_TRAITS[src[0].type].is_quantized:
             return f32 * int(src[0].ne[0]) * n_tasks

@@ -187,3 +187,13 @@ def test_conv_composites(n_threads):
              n_threads, exact=True)
     check_op(lambda g, ctx, a, b: g.ggml_conv_2d_dw(ctx, a, b, 1, 1, 1, 1, 1, 1),
              [Leaf(F16, (3, 3, 1, 4)), Leaf(F32, (8, 7, 4, 2))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("s0", [1, 2, 3])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_conv_transpose_1d(t, s0, n_threads):
+    leaves = [Leaf(t, (5, 6, 4)), Leaf(F32, (7, 4))]  # kernel [K, C_out, C_in], input [L, C_in]
+    check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_1d(ctx, a, b, s0, 0, 1), leaves, n_threads, exact=True)
+    big = [Leaf(t, (3, 5, 40)), Leaf(F32, (9, 40))]  # C_in over the 16- and 32-float vec_dot steps
+    check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_1d(ctx, a, b, s0, 0, 1), big, n_threads, exact=True)

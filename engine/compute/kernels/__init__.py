@@ -23,7 +23,7 @@ KERNELS: dict[int, Kernel] = {}
 # ops this engine does not compute, with the reason shown to the user: ggml.h builds them, the
 # engine has neither their constructor nor their kernel yet (the header-coverage test lists the
 # missing constructors), so no engine graph can hold one
-_NOT_BUILT = ("CONV_TRANSPOSE_1D", "IM2COL_3D", "COL2IM_1D",
+_NOT_BUILT = ("IM2COL_3D", "COL2IM_1D",
               "CONV_3D", "CONV_2D_DW", "CONV_TRANSPOSE_2D",
               "FLASH_ATTN_BACK", "SSM_SCAN",
               "RWKV_WKV6", "GATED_LINEAR_ATTN", "RWKV_WKV7",

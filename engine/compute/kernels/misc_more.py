@@ -16,10 +16,11 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, view4
 from engine.compute.kernels.floatmath import mac_in_order
+from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nrows
-from engine.types import GGMLType
+from engine.types import GGMLType, TYPE_TRAITS
 
 
 def _rows(t: Tensor) -> np.ndarray:
@@ -268,3 +269,43 @@ def compute_forward_add_rel_pos(params, dst: Tensor) -> None:
         add_w = w4[i13][..., None, :]  # pw[c] along each column
         blocks[i13] = np.where(rows_first, (m + add_h) + add_w, (m + add_w) + add_h)
     params.took("rows", (ip0, ip1))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_1D)
+def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_transpose_1d_f32/f16: thread 0 lays the kernel out as (C_out, K,
+    C_in) and the input as (L, C_in) in the work buffer (F16 for an F16 kernel) and zeroes dst;
+    barrier; then each thread its output channels: for input position l and tap k, the vec_dot over
+    C_in is added to dst[l·s0 + k], l by l."""
+    w, x = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_transpose_1d"
+    if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(w.nb[0]) == TYPE_TRAITS[w.type].type_size, "nb00 == ggml_type_size(src0)", fn)
+    ggml_assert(int(x.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    k, c_out, c_in = (int(v) for v in w.ne[:3])
+    length = int(x.ne[0])
+    half = w.type == GGMLType.F16
+    kern = view4(w)[0].transpose(1, 2, 0)  # (C_out, K, C_in)
+    inp = view4(x)[0, 0].T  # (L, C_in)
+    if params.ith == 0:
+        store = np.float16 if half else np.float32
+        nk = k * c_out * c_in
+        buf = params.wdata[:params.wsize].view(store)
+        buf[:nk] = np.ascontiguousarray(kern, store).reshape(-1)
+        buf[nk:nk + length * c_in] = np.asarray(inp, np.float32).astype(store).reshape(-1)
+        view4(dst)[...] = 0
+    params.barrier()
+    s0 = int(dst.op_params[0])
+    ir0, ir1 = thread_range(int(dst.ne[1]), params.ith, params.nth)
+    d = view4(dst)[0, 0]  # (C_out, OL)
+    xs = np.asarray(inp, np.float32)
+    if half:
+        xs = xs.astype(np.float16).astype(np.float32)  # the input rounded to F16, as ggml converts it
+    for i1 in range(ir0, ir1):
+        kw = np.asarray(kern[i1], np.float32)  # (K, C_in)
+        v = vec_dot_f16(kw, xs) if half else vec_dot_f32(kw, xs)  # (L, K)
+        row = d[i1]
+        for i10 in range(length):
+            row[i10 * s0:i10 * s0 + k] += v[i10]
+    params.took("rows", (ir0, ir1))
