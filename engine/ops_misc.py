@@ -18,8 +18,8 @@ from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_
 from engine.ops import ggml_mul_mat, ggml_reshape_3d, ggml_reshape_4d
 from engine.ops_nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
 from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, ggml_is_matrix, \
-    ggml_new_tensor, ggml_new_tensor_4d
+from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, \
+    ggml_is_contiguous_channels, ggml_is_matrix, ggml_new_tensor, ggml_new_tensor_4d
 from engine.types import GGMLType, TYPE_TRAITS
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
     "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
     "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw", "ggml_conv_transpose_1d",
+    "ggml_conv_2d_dw_direct",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -253,6 +254,27 @@ def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int,
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [ol, int(a.ne[1]), int(b.ne[2]), 1])
     ggml_set_op_params(result, struct.pack("<3i", s0, p0, d0))
     return _record(result, GGMLOp.CONV_TRANSPOSE_1D, a, b)
+
+
+def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, stride1: int, pad0: int, pad1: int,
+                           dilation0: int, dilation1: int) -> Tensor:
+    """ggml_conv_2d_dw_direct: depthwise 2-d convolution computed directly. a [KW, KH, 1, C] the
+    kernels, b [W, H, C, N] the images; the result has b's type, and b's layout when b is
+    channels-first in memory (CWHN); op_params = {s0, s1, p0, p1, d0, d1}."""
+    fn = "ggml_conv_2d_dw_direct"
+    ggml_assert(int(a.ne[2]) == 1, "a->ne[2] == 1", fn)
+    ggml_assert(int(a.ne[3]) == int(b.ne[2]), "a->ne[3] == b->ne[2]", fn, "one kernel per channel")
+    ow = (int(b.ne[0]) + 2 * pad0 - dilation0 * (int(a.ne[0]) - 1) - 1) // stride0 + 1
+    oh = (int(b.ne[1]) + 2 * pad1 - dilation1 * (int(a.ne[1]) - 1) - 1) // stride1 + 1
+    result = ggml_new_tensor(ctx, b.type, 4, [ow, oh, int(b.ne[2]), int(b.ne[3])])
+    if ggml_is_contiguous_channels(b):  # the result permuted as b is: channels first in memory
+        ts = TYPE_TRAITS[result.type].type_size
+        ggml_assert(TYPE_TRAITS[result.type].blck_size == 1, "ggml_blck_size(result->type) == 1", fn)
+        result.nb[0] = int(result.ne[2]) * ts
+        result.nb[1] = int(result.ne[0]) * int(result.nb[0])
+        result.nb[2] = ts
+    ggml_set_op_params(result, struct.pack("<6i", stride0, stride1, pad0, pad1, dilation0, dilation1))
+    return _record(result, GGMLOp.CONV_2D_DW, a, b)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

@@ -197,3 +197,17 @@ def test_conv_transpose_1d(t, s0, n_threads):
     check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_1d(ctx, a, b, s0, 0, 1), leaves, n_threads, exact=True)
     big = [Leaf(t, (3, 5, 40)), Leaf(F32, (9, 40))]  # C_in over the 16- and 32-float vec_dot steps
     check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_1d(ctx, a, b, s0, 0, 1), big, n_threads, exact=True)
+
+
+def dw_direct(s, p, d):
+    return lambda g, ctx, a, b: g.ggml_conv_2d_dw_direct(ctx, a, b, s, s, p, p, d, d)
+
+
+@pytest.mark.parametrize("s,p,d", [(1, 1, 1), (2, 0, 1), (1, 2, 2), (2, 1, 1)])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_conv_2d_dw_direct(s, p, d, n_threads):
+    kernel = Leaf(F32, (3, 3, 1, 4))
+    check_op(dw_direct(s, p, d), [kernel, Leaf(F32, (9, 7, 4, 2))], n_threads, exact=True)  # WHCN
+    # channels first (CWHN): an image stored [C, W, H, N], seen as [W, H, C, N] through a permute
+    check_op(dw_direct(s, p, d), [Leaf(F32, (12, 1, 3, 3), permute=(3, 2, 0, 1)),
+                                  Leaf(F32, (12, 9, 7, 2), permute=(2, 0, 1, 3))], n_threads, exact=True)

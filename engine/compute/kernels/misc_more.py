@@ -1,4 +1,5 @@
-"""CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID, PAD_REFLECT_1D and SOLVE_TRI (ggml-cpu/ops.cpp).
+"""CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID, PAD_REFLECT_1D, SOLVE_TRI, Segment Anything's window and
+relative-position ops, CONV_TRANSPOSE_1D and CONV_2D_DW (ggml-cpu/ops.cpp).
 
 cumsum, tri, fill and add_id split rows as get_thread_range does (rows [dr·ith, dr·ith + dr),
 dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth; pad_reflect_1d
@@ -15,11 +16,11 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, view4
-from engine.compute.kernels.floatmath import mac_in_order
+from engine.compute.kernels.floatmath import fmaf, mac_in_order
 from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nrows
+from engine.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_nrows
 from engine.types import GGMLType, TYPE_TRAITS
 
 
@@ -309,3 +310,64 @@ def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
         for i10 in range(length):
             row[i10 * s0:i10 * s0 + k] += v[i10]
     params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.CONV_2D_DW)
+def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_2d_dw: each output pixel of each channel the sum over the kernel's
+    taps inside the image, in tap order (row by row), as a chain of fused multiply-adds. A
+    contiguous (WHCN) image: the threads split the (channel, image) planes; a channels-first
+    (CWHN) one: the (output row, image) rows."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_2d_dw"
+    if src.type != GGMLType.F32 or knl.type != GGMLType.F32:
+        raise not_supported(dst)
+    c, n = int(src.ne[2]), int(src.ne[3])
+    ggml_assert(int(knl.ne[3]) == c, "kernel->ne[3] == p.channels", fn)
+    ggml_assert(int(dst.ne[3]) == n, "dst->ne[3] == p.batch", fn)
+    sx, sy, px, py, dx, dy = (int(v) for v in dst.op_params[:6])
+    kw, kh = int(knl.ne[0]), int(knl.ne[1])
+    w, h, ow, oh = int(src.ne[0]), int(src.ne[1]), int(dst.ne[0]), int(dst.ne[1])
+    whcn = ggml_is_contiguous(src)
+    ggml_assert(whcn or ggml_is_contiguous_channels(src), "contiguous or channels-first src", fn,
+                "non-contiguous memory layout not supported")
+    if not whcn:  # the kernel must have its channels most contiguous too
+        ggml_assert(int(knl.nb[0]) >= int(knl.nb[2]) and int(knl.nb[1]) >= int(knl.nb[0]),
+                    "kernel->nb[0] >= kernel->nb[2] && kernel->nb[1] >= kernel->nb[0]", fn)
+    src4, k4, d4 = view4(src), view4(knl), view4(dst)  # (N, C, H, W), (C, 1, KH, KW), (N, C, OH, OW)
+    if whcn:
+        total = c * n
+        per = -(-total // params.nth)
+        start, end = params.ith * per, min(params.ith * per + per, total)
+        planes = [(i // c, i % c) for i in range(start, end)]
+        rows = None
+    else:
+        total = oh * n
+        per = -(-total // params.nth)
+        start, end = params.ith * per, min(params.ith * per + per, total)
+        planes, rows = None, [(r // oh, r % oh) for r in range(start, end)]
+    ys = np.arange(oh)[:, None] * sy
+    xs = np.arange(ow)[None, :] * sx
+    for img, ch in planes or []:  # WHCN: whole planes
+        acc = np.zeros((oh, ow), np.float32)
+        for ky in range(kh):
+            y = ys + ky * dy - py
+            for kx in range(kw):
+                x = xs + kx * dx - px
+                ok = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+                val = src4[img, ch][np.clip(y, 0, h - 1), np.clip(x, 0, w - 1)]
+                acc = np.where(ok, fmaf(k4[ch, 0, ky, kx], val, acc), acc)
+        d4[img, ch] = acc
+    for img, oy in rows or []:  # CWHN: one output row of every channel
+        acc = np.zeros((c, ow), np.float32)
+        for ky in range(kh):
+            y = oy * sy + ky * dy - py
+            if y < 0 or y >= h:
+                continue
+            for kx in range(kw):
+                x = xs[0] + kx * dx - px
+                ok = (x >= 0) & (x < w)
+                val = src4[img, :, y][:, np.clip(x, 0, w - 1)]
+                acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
+        d4[img, :, oy] = acc
+    params.took("rows", (start, max(start, end)))
