@@ -28,7 +28,7 @@ __all__ = [
     "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
     "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
     "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw", "ggml_conv_transpose_1d",
-    "ggml_conv_2d_dw_direct",
+    "ggml_conv_2d_dw_direct", "ggml_conv_transpose_2d_p0",
 ]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
@@ -275,6 +275,17 @@ def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, str
         result.nb[2] = ts
     ggml_set_op_params(result, struct.pack("<6i", stride0, stride1, pad0, pad1, dilation0, dilation1))
     return _record(result, GGMLOp.CONV_2D_DW, a, b)
+
+
+def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -> Tensor:
+    """ggml_conv_transpose_2d_p0: kernels a [KW, KH, C_out, C_in], images b [W, H, C_in, N]; F32
+    [(W - 1)·s + KW, (H - 1)·s + KH, C_out, N], no padding; op_params[0] = the stride."""
+    ggml_assert(int(a.ne[3]) == int(b.ne[2]), "a->ne[3] == b->ne[2]", "ggml_conv_transpose_2d_p0", "input channels")
+    ne = [(int(b.ne[0]) - 1) * stride + int(a.ne[0]), (int(b.ne[1]) - 1) * stride + int(a.ne[1]), int(a.ne[2]),
+          int(b.ne[3])]
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
+    ggml_set_op_params_i32(result, 0, stride)
+    return _record(result, GGMLOp.CONV_TRANSPOSE_2D, a, b)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

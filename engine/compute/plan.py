@@ -103,6 +103,10 @@ def node_work_size(node: Tensor, n_tasks: int) -> int:
         s0, s1 = src[0], src[1]
         size = 2 if s0.type in (GGMLType.F16, GGMLType.BF16) else 4
         return size * (ggml_nelements(s0) + int(s1.ne[0]) * int(s1.ne[1]))
+    elif op == O.CONV_TRANSPOSE_2D:  # the kernel and the image, channels innermost
+        s0, s1 = src[0], src[1]
+        size = TYPE_TRAITS[s0.type].type_size
+        return size * (ggml_nelements(s0) + int(s1.ne[0]) * int(s1.ne[1]) * int(s1.ne[2]))
     elif op == O.OUT_PROD:
         if TYPE_TRAITS[src[0].type].is_quantized:
             return f32 * int(src[0].ne[0]) * n_tasks

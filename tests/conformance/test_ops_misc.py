@@ -211,3 +211,13 @@ def test_conv_2d_dw_direct(s, p, d, n_threads):
     # channels first (CWHN): an image stored [C, W, H, N], seen as [W, H, C, N] through a permute
     check_op(dw_direct(s, p, d), [Leaf(F32, (12, 1, 3, 3), permute=(3, 2, 0, 1)),
                                   Leaf(F32, (12, 9, 7, 2), permute=(2, 0, 1, 3))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_conv_transpose_2d(t, stride, n_threads):
+    leaves = [Leaf(t, (3, 2, 5, 4)), Leaf(F32, (4, 3, 4, 1))]  # [KW, KH, C_out, C_in], [W, H, C_in, N]
+    check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_2d_p0(ctx, a, b, stride), leaves, n_threads, exact=True)
+    wide = [Leaf(t, (2, 2, 3, 20)), Leaf(F32, (3, 2, 20, 1))]  # C_in over the vec_dot's 16-float steps
+    check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_2d_p0(ctx, a, b, stride), wide, n_threads, exact=True)

@@ -371,3 +371,44 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
                 acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
         d4[img, :, oy] = acc
     params.took("rows", (start, max(start, end)))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_2D)
+def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_transpose_2d: thread 0 lays the kernel (C_in innermost) and the
+    first image (C_in innermost; F16 for an F16 kernel) out in the work buffer and zeroes dst;
+    barrier; each thread its output channels: for each input pixel, in order, each tap's vec_dot
+    over C_in is added to dst[y·s + ky, x·s + kx]. (ggml computes the first image only.)"""
+    w, x = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_transpose_2d"
+    if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(w.nb[0]) == TYPE_TRAITS[w.type].type_size, "nb00 == ggml_type_size(src0->type)", fn)
+    ggml_assert(int(x.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    kw, kh, c_out, c_in = (int(v) for v in w.ne)
+    iw, ih = int(x.ne[0]), int(x.ne[1])
+    half = w.type == GGMLType.F16
+    kern = view4(w).transpose(1, 2, 3, 0)  # (C_out, KH, KW, C_in)
+    img = view4(x)[0].transpose(1, 2, 0)  # (H, W, C_in): the first image
+    if params.ith == 0:
+        store = np.float16 if half else np.float32
+        nk = kw * kh * c_out * c_in
+        buf = params.wdata[:params.wsize].view(store)
+        buf[:nk] = np.ascontiguousarray(kern, store).reshape(-1)
+        buf[nk:nk + ih * iw * c_in] = np.asarray(img, np.float32).astype(store).reshape(-1)
+        view4(dst)[...] = 0
+    params.barrier()
+    s = int(dst.op_params[0])
+    ip0, ip1 = thread_range(c_out, params.ith, params.nth)
+    pixels = np.asarray(img, np.float32).reshape(ih * iw, c_in)
+    if half:
+        pixels = pixels.astype(np.float16).astype(np.float32)
+    d = view4(dst)[0]  # (C_out, OH, OW)
+    for oc in range(ip0, ip1):
+        taps = np.asarray(kern[oc], np.float32).reshape(kh * kw, c_in)
+        v = (vec_dot_f16(taps, pixels) if half else vec_dot_f32(taps, pixels)).reshape(ih, iw, kh, kw)
+        plane = d[oc]
+        for y in range(ih):
+            for xx in range(iw):
+                plane[y * s:y * s + kh, xx * s:xx * s + kw] += v[y, xx]
+    params.took("rows", (ip0, ip1))
