@@ -22,14 +22,6 @@ from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is
     ggml_is_contiguous_channels, ggml_is_matrix, ggml_new_tensor, ggml_new_tensor_4d
 from engine.types import GGMLType, TYPE_TRAITS
 
-__all__ = [
-    "GGML_TRI_TYPE_UPPER_DIAG", "GGML_TRI_TYPE_UPPER", "GGML_TRI_TYPE_LOWER_DIAG", "GGML_TRI_TYPE_LOWER",
-    "ggml_cumsum", "ggml_diag", "ggml_tri", "ggml_fill", "ggml_fill_inplace", "ggml_roll", "ggml_add_id",
-    "ggml_add_cast", "ggml_pad_reflect_1d", "ggml_rope_custom", "ggml_rope_custom_inplace", "ggml_solve_tri",
-    "ggml_win_part", "ggml_win_unpart", "ggml_get_rel_pos", "ggml_add_rel_pos", "ggml_add_rel_pos_inplace",
-    "ggml_conv_1d_ph", "ggml_conv_1d_dw", "ggml_conv_1d_dw_ph", "ggml_conv_2d_dw", "ggml_conv_transpose_1d",
-    "ggml_conv_2d_dw_direct", "ggml_conv_transpose_2d_p0",
-]
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
 GGML_TRI_TYPE_UPPER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_LOWER = 0, 1, 2, 3
