@@ -19,8 +19,6 @@ from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_3d, ggml_is_conti
     ggml_new_tensor_1d, ggml_new_tensor_3d
 from engine.types import GGMLType, ggml_type_size
 
-__all__ = ["ggml_ssm_conv", "ggml_ssm_scan", "ggml_rwkv_wkv6", "ggml_gated_linear_attn", "ggml_rwkv_wkv7",
-           "ggml_gated_delta_net"]
 
 def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
     """ggml_ssm_conv: Mamba's causal depthwise convolution. sx [d_conv - 1 + n_t, d_inner, n_s]

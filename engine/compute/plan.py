@@ -122,6 +122,9 @@ def node_work_size(node: Tensor, n_tasks: int) -> int:
         prefill = f32 * (q * dk + 2 * q * kv + q * dv + kv * dv + kv * dk) * n_tasks
         decode = f32 * (neq2 * n_tasks * (2 + dv) + n_tasks * (dk + 2 * dv))
         return max(prefill, decode)
+    elif op == O.GATED_DELTA_NET:  # per thread: delta (S_v), and with K > 1 a scratch state (S_v²)
+        s_v, k = int(src[2].ne[0]), int(node.op_params[0])
+        return f32 * (s_v + (s_v * s_v if k > 1 else 0)) * n_tasks
     elif op == O.CROSS_ENTROPY_LOSS:
         return TYPE_TRAITS[node.type].type_size * (n_tasks + int(src[0].ne[0]) * n_tasks)
     return 0

@@ -21,7 +21,7 @@ def test_every_op_has_a_kernel_or_a_reason():
 
 def test_a_node_without_a_kernel_raises_its_reason():
     class Node:  # the fields compute_forward reads of a tensor
-        op, type, src = GGMLOp.SSM_SCAN, 0, [None] * 10
+        op, type, src = GGMLOp.FLASH_ATTN_BACK, 0, [None] * 10
 
-    with pytest.raises(GGMLNotSupportedError, match="SSM_SCAN is not supported.*does not build GGML_OP_SSM_SCAN"):
+    with pytest.raises(GGMLNotSupportedError, match="FLASH_ATTN_BACK is not supported.*does not build GGML_OP_FLASH_ATTN_BACK"):
         compute_forward(None, Node())
