@@ -15,7 +15,8 @@ from engine.errors import ggml_assert
 from engine.layout import GGML_MAX_DIMS
 from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32
-from engine.ops import ggml_mul_mat, ggml_reshape_3d, ggml_reshape_4d
+from engine.ops import ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, \
+    ggml_reshape_4d
 from engine.ops_nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, \
@@ -278,6 +279,63 @@ def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params_i32(result, 0, stride)
     return _record(result, GGMLOp.CONV_TRANSPOSE_2D, a, b)
+
+
+def ggml_col2im_1d(ctx: Context, a: Tensor, s0: int, oc: int, p0: int) -> Tensor:
+    """ggml_col2im_1d: columns a [K·OC, T_in] folded back into a signal [T_out, OC] (overlapping
+    taps summed), T_out = (T_in - 1)·s0 + K - 2·p0; op_params = {s0, OC, p0}."""
+    fn = "ggml_col2im_1d"
+    ggml_assert(ggml_is_matrix(a), "ggml_is_matrix(a)", fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    ggml_assert(a.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16),
+                "a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16", fn)
+    ggml_assert(s0 > 0, "s0 > 0", fn)
+    ggml_assert(oc > 0, "oc > 0", fn)
+    ggml_assert(p0 >= 0, "p0 >= 0", fn)
+    k_oc, t_in = int(a.ne[0]), int(a.ne[1])
+    k = k_oc // oc
+    t_out = (t_in - 1) * s0 + k - 2 * p0
+    ggml_assert(k_oc == k * oc, "K_OC == K * oc", fn, "a->ne[0] must be a whole number of oc blocks")
+    ggml_assert(k > 0 and t_out > 0, "K > 0 && T_out > 0", fn)
+    result = ggml_new_tensor(ctx, a.type, 2, [t_out, oc, 1, 1])
+    ggml_set_op_params(result, struct.pack("<3i", s0, oc, p0))
+    return _record(result, GGMLOp.COL2IM_1D, a)
+
+
+def _conv_size(ins: int, ks: int, s: int, p: int, d: int) -> int:
+    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1
+
+
+def ggml_im2col_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, s2: int, p0: int, p1: int,
+                   p2: int, d0: int, d1: int, d2: int, dst_type: int) -> Tensor:
+    """ggml_im2col_3d: the 3-d patches of volumes b [W, H, D, N·IC] under kernels a [KW, KH, KD,
+    OC·IC]: [KW·KH·KD·IC, OW, OH, OD·N]; op_params = {s0, s1, s2, p0, p1, p2, d0, d1, d2, IC}."""
+    fn = "ggml_im2col_3d"
+    n = int(b.ne[3]) // ic
+    od = _conv_size(int(b.ne[2]), int(a.ne[2]), s2, p2, d2)
+    oh = _conv_size(int(b.ne[1]), int(a.ne[1]), s1, p1, d1)
+    ow = _conv_size(int(b.ne[0]), int(a.ne[0]), s0, p0, d0)
+    for v, name in ((od, "OD"), (oh, "OH"), (ow, "OW")):
+        ggml_assert(v > 0, f"({name} > 0)  && \"b too small compared to a\"", fn)
+    ne = [int(a.ne[0]) * int(a.ne[1]) * int(a.ne[2]) * ic, ow, oh, od * n]
+    result = ggml_new_tensor(ctx, dst_type, 4, ne)
+    ggml_set_op_params(result, struct.pack("<10i", s0, s1, s2, p0, p1, p2, d0, d1, d2, ic))
+    return _record(result, GGMLOp.IM2COL_3D, a, b)
+
+
+def ggml_conv_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, s2: int, p0: int, p1: int,
+                 p2: int, d0: int, d1: int, d2: int) -> Tensor:
+    """ggml_conv_3d: im2col_3d (in a's type), then mul_mat, as ggml.c composes them:
+    [OW, OH, OD, N·OC]."""
+    im2col = ggml_im2col_3d(ctx, a, b, ic, s0, s1, s2, p0, p1, p2, d0, d1, d2, a.type)
+    oc, n = int(a.ne[3]) // ic, int(b.ne[3]) // ic
+    i = _ne(im2col)
+    result = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, im2col, i[0], i[3] * i[2] * i[1]),
+                          ggml_reshape_2d(ctx, a, int(a.ne[0]) * int(a.ne[1]) * int(a.ne[2]) * ic, oc))
+    od = i[3] // n
+    result = ggml_reshape_4d(ctx, result, i[1] * i[2], od, n, oc)
+    result = ggml_cont(ctx, ggml_permute(ctx, result, 0, 1, 3, 2))
+    return ggml_reshape_4d(ctx, result, i[1], i[2], od, oc * n)
 
 
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,

@@ -221,3 +221,22 @@ def test_conv_transpose_2d(t, stride, n_threads):
     check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_2d_p0(ctx, a, b, stride), leaves, n_threads, exact=True)
     wide = [Leaf(t, (2, 2, 3, 20)), Leaf(F32, (3, 2, 20, 1))]  # C_in over the vec_dot's 16-float steps
     check_op(lambda g, ctx, a, b: g.ggml_conv_transpose_2d_p0(ctx, a, b, stride), wide, n_threads, exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16, GGMLType.BF16])
+@pytest.mark.parametrize("s0,p0", [(1, 0), (2, 1), (3, 0), (2, 0)])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_col2im_1d(t, s0, p0, n_threads):
+    check_op(lambda g, ctx, a: g.ggml_col2im_1d(ctx, a, s0, 3, p0), [Leaf(t, (4 * 3, 7))], n_threads, exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_im2col_3d_and_conv_3d(t, n_threads):
+    ic = 3
+    kernel, volume = Leaf(t, (3, 2, 2, 2 * ic)), Leaf(F32, (6, 5, 4, 2 * ic))  # OC = 2, N = 2
+    for args in [(1, 1, 1, 0, 0, 0, 1, 1, 1), (2, 1, 1, 1, 1, 0, 1, 1, 1), (1, 2, 1, 1, 0, 1, 2, 1, 1)]:
+        check_op(lambda g, ctx, a, b: g.ggml_im2col_3d(ctx, a, b, ic, *args, int(t)), [kernel, volume], n_threads,
+                 exact=True)
+        check_op(lambda g, ctx, a, b: g.ggml_conv_3d(ctx, a, b, ic, *args), [kernel, volume], n_threads,
+                 exact=True)

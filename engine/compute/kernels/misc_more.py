@@ -1,5 +1,5 @@
 """CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID, PAD_REFLECT_1D, SOLVE_TRI, Segment Anything's window and
-relative-position ops, CONV_TRANSPOSE_1D and CONV_2D_DW (ggml-cpu/ops.cpp).
+relative-position ops, CONV_TRANSPOSE_1D/2D, CONV_2D_DW, COL2IM_1D and IM2COL_3D (ggml-cpu/ops.cpp).
 
 cumsum, tri, fill and add_id split rows as get_thread_range does (rows [dr·ith, dr·ith + dr),
 dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth; pad_reflect_1d
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import from_f32, thread_range, view4
+from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf, mac_in_order
 from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
 from engine.errors import ggml_assert
@@ -412,3 +412,66 @@ def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
             for xx in range(iw):
                 plane[y * s:y * s + kh, xx * s:xx * s + kw] += v[y, xx]
     params.took("rows", (ip0, ip1))
+
+
+@kernel(GGMLOp.COL2IM_1D)
+def compute_forward_col2im_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_col2im_1d: each thread its stretch of output times (dr = ceil(T/nth));
+    out[t, oc] = the taps (t_in, k) with t_in·s0 + k = t + p0, summed in t_in order (in float,
+    then stored in the tensor's type)."""
+    col = dst.src[0]
+    fn = "ggml_compute_forward_col2im_1d"
+    if col.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        raise not_supported(dst)
+    ggml_assert(ggml_is_contiguous(col), "ggml_is_contiguous(src)", fn)
+    ggml_assert(ggml_is_contiguous(dst), "ggml_is_contiguous(dst)", fn)
+    s0, oc, p0 = (int(v) for v in dst.op_params[:3])
+    k_oc, t_in = int(col.ne[0]), int(col.ne[1])
+    k, t_out = k_oc // oc, int(dst.ne[0])
+    it0, it1 = thread_range(t_out, params.ith, params.nth)
+    x = to_f32(view4(col)[0, 0], col.type).reshape(t_in, oc, k)  # [t_in][oc][k]
+    out = np.zeros((oc, max(it1 - it0, 0)), np.float32)
+    for j, t in enumerate(range(it0, it1)):
+        t_abs = t + p0
+        lo, hi = max(0, -(-(t_abs - k + 1) // s0)), min(t_abs // s0, t_in - 1)
+        acc = np.zeros(oc, np.float32)
+        for ti in range(lo, hi + 1):
+            kk = t_abs - ti * s0
+            if 0 <= kk < k:
+                acc = acc + x[ti, :, kk]
+        out[:, j] = acc
+    if it1 > it0:
+        view4(dst)[0, 0, :, it0:it1] = from_f32(out, dst.type)
+    params.took("rows", (it0, max(it0, it1)))
+
+
+@kernel(GGMLOp.IM2COL_3D)
+def compute_forward_im2col_3d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_im2col_3d_f32/f16: threads take input channels in turn (ic = ith,
+    ith + nth, ...); each output position's patch [IC, KD, KH, KW], zeros outside the volume."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_im2col_3d"
+    ggml_assert(src.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+    if dst.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(src.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, ic = (int(v) for v in dst.op_params[:10])
+    kw, kh, kd = int(knl.ne[0]), int(knl.ne[1]), int(knl.ne[2])
+    iw, ih, idd = int(src.ne[0]), int(src.ne[1]), int(src.ne[2])
+    n = int(src.ne[3]) // ic
+    ow, oh, od = int(dst.ne[1]), int(dst.ne[2]), int(dst.ne[3]) // n
+    vol = view4(src)  # (N·IC, D, H, W)
+    out = view4(dst).reshape(n, od, oh, ow, ic, kd, kh, kw)
+    z = np.arange(od)[:, None] * s2 + np.arange(kd)[None, :] * d2 - p2  # (OD, KD)
+    y = np.arange(oh)[:, None] * s1 + np.arange(kh)[None, :] * d1 - p1
+    x = np.arange(ow)[:, None] * s0 + np.arange(kw)[None, :] * d0 - p0
+    okz, oky, okx = (z >= 0) & (z < idd), (y >= 0) & (y < ih), (x >= 0) & (x < iw)
+    zz, yy, xx = np.clip(z, 0, idd - 1), np.clip(y, 0, ih - 1), np.clip(x, 0, iw - 1)
+    chans = list(range(params.ith, ic, params.nth))
+    for b in range(n):
+        for c in chans:
+            v = vol[b * ic + c]
+            g = v[zz[:, None, None, :, None, None], yy[None, :, None, None, :, None], xx[None, None, :, None, None, :]]
+            ok = okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None] & okx[None, None, :, None, None, :]
+            out[b, :, :, :, c] = from_f32(np.where(ok, g, np.float32(0)), dst.type)
+    params.took("interleaved", *chans)
