@@ -338,6 +338,20 @@ def ggml_conv_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, 
     return ggml_reshape_4d(ctx, result, i[1], i[2], od, oc * n)
 
 
+def ggml_conv_3d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,
+                        d0: int, d1: int, d2: int, c: int, n: int, oc: int) -> Tensor:
+    """ggml_conv_3d_direct: 3-d convolution computed directly (GGML_OP_CONV_3D). a [KW, KH, KD, C·OC],
+    b [W, H, D, C·N]; F32 [OW, OH, OD, OC·N]; op_params = strides, paddings, dilations, C, N, OC."""
+    fn = "ggml_conv_3d_direct"
+    ggml_assert(int(a.ne[3]) == c * oc, "a->ne[3] == (int64_t) c * oc", fn)
+    ggml_assert(int(b.ne[3]) == c * n, "b->ne[3] == (int64_t) c * n", fn)
+    ne = [_conv_size(int(b.ne[0]), int(a.ne[0]), s0, p0, d0), _conv_size(int(b.ne[1]), int(a.ne[1]), s1, p1, d1),
+          _conv_size(int(b.ne[2]), int(a.ne[2]), s2, p2, d2), oc * n]
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
+    ggml_set_op_params(result, struct.pack("<12i", s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc))
+    return _record(result, GGMLOp.CONV_3D, a, b)
+
+
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
                      freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                      beta_fast: float, beta_slow: float) -> Tensor:

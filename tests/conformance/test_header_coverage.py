@@ -79,7 +79,6 @@ OUT_OF_SCOPE = {  # ggml.h/gguf.h functions the engine leaves out on purpose
     "ggml_print_backtrace": "prints the C call stack of a crash; a Python traceback does that",
 }
 NOT_BUILT_GGML_H: set[str] = {  # ggml.h/gguf.h functions still missing from engine.ggml
-    "ggml_conv_3d_direct",
 }
 OTHER_ISSUE = {  # ggml.h functions another piece of work builds
     "ggml_flash_attn_back": "a backward op: built with autodiff's other backward ops and ggml-opt",

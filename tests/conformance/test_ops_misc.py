@@ -240,3 +240,13 @@ def test_im2col_3d_and_conv_3d(t, n_threads):
                  exact=True)
         check_op(lambda g, ctx, a, b: g.ggml_conv_3d(ctx, a, b, ic, *args), [kernel, volume], n_threads,
                  exact=True)
+
+
+@pytest.mark.parametrize("t", [F32, F16])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_conv_3d_direct(t, n_threads):
+    c, n, oc = 3, 2, 2
+    kernel, volume = Leaf(t, (3, 2, 2, c * oc)), Leaf(F32, (6, 5, 4, c * n))
+    for args in [(1, 1, 1, 0, 0, 0, 1, 1, 1), (2, 1, 1, 1, 1, 0, 1, 1, 1), (1, 2, 1, 1, 0, 1, 2, 1, 1)]:
+        check_op(lambda g, ctx, a, b: g.ggml_conv_3d_direct(ctx, a, b, *args, c, n, oc), [kernel, volume], n_threads,
+                 exact=True)

@@ -1,5 +1,5 @@
 """CUMSUM, DIAG, TRI, FILL, ROLL, ADD_ID, PAD_REFLECT_1D, SOLVE_TRI, Segment Anything's window and
-relative-position ops, CONV_TRANSPOSE_1D/2D, CONV_2D_DW, COL2IM_1D and IM2COL_3D (ggml-cpu/ops.cpp).
+relative-position ops, CONV_TRANSPOSE_1D/2D, CONV_2D_DW, COL2IM_1D, IM2COL_3D and CONV_3D (ggml-cpu/ops.cpp).
 
 cumsum, tri, fill and add_id split rows as get_thread_range does (rows [dr·ith, dr·ith + dr),
 dr = ceil(nrows/nth)); roll splits its rows with per_thread = (rows + nth) / nth; pad_reflect_1d
@@ -475,3 +475,54 @@ def compute_forward_im2col_3d(params, dst: Tensor) -> None:
             ok = okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None] & okx[None, None, :, None, None, :]
             out[b, :, :, :, c] = from_f32(np.where(ok, g, np.float32(0)), dst.type)
     params.took("interleaved", *chans)
+
+
+@kernel(GGMLOp.CONV_3D)
+def compute_forward_conv_3d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_3d: the output positions ("patches") in batches sized by the work
+    buffer; in each batch each thread gathers its share of patches (in the kernel's type), then the
+    batch is one mul_mat with the kernels (ggml's vec_dot, F32 or F16) and each thread scatters its
+    share into dst."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_3d_impl"
+    ggml_assert(ggml_is_contiguous(knl), "ggml_is_contiguous(kernel)", fn)
+    ggml_assert(knl.type in (GGMLType.F16, GGMLType.F32), "kernel_type == GGML_TYPE_F16 || kernel_type == GGML_TYPE_F32", fn)
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc = (int(v) for v in dst.op_params[:12])
+    kw, kh, kd = int(knl.ne[0]), int(knl.ne[1]), int(knl.ne[2])
+    sw, sh, sd = int(src.ne[0]), int(src.ne[1]), int(src.ne[2])
+    ow, oh, od = int(dst.ne[0]), int(dst.ne[1]), int(dst.ne[2])
+    k_total = kw * kh * kd * c
+    total = n * ow * oh * od
+    ts = TYPE_TRAITS[knl.type].type_size
+    batch_size = params.wsize // (k_total * ts + oc * 4)
+    per_batch = (batch_size // 8) * 8 if batch_size > 8 else batch_size
+    ggml_assert(per_batch > 0 and batch_size >= 1, "patches_per_batch > 0 && batch_size >= 1", fn)
+    half = knl.type == GGMLType.F16
+    weights = to_f32(view4(knl), knl.type).reshape(oc, k_total)
+    vol, d4 = view4(src), view4(dst)  # (C·N, D, H, W), (OC·N, OD, OH, OW)
+    done = []
+    for start in range(0, total, per_batch):
+        end = min(start + per_batch, total)
+        a, b = thread_range(end - start, params.ith, params.nth)
+        done.append((start + a, start + max(a, b)))
+        if a >= b:
+            continue
+        p = np.arange(start + a, start + b)
+        img, rem = p // (ow * oh * od), p % (ow * oh * od)
+        z, y, x = rem // (ow * oh), rem % (ow * oh) // ow, rem % ow
+        zz = z[:, None] * s2 + np.arange(kd)[None, :] * d2 - p2  # (P, KD)
+        yy = y[:, None] * s1 + np.arange(kh)[None, :] * d1 - p1
+        xx = x[:, None] * s0 + np.arange(kw)[None, :] * d0 - p0
+        ok = (((zz >= 0) & (zz < sd))[:, None, :, None, None] & ((yy >= 0) & (yy < sh))[:, None, None, :, None]
+              & ((xx >= 0) & (xx < sw))[:, None, None, None, :])
+        g = vol[(img[:, None] * c + np.arange(c)[None, :])[:, :, None, None, None],
+                np.clip(zz, 0, sd - 1)[:, None, :, None, None], np.clip(yy, 0, sh - 1)[:, None, None, :, None],
+                np.clip(xx, 0, sw - 1)[:, None, None, None, :]]
+        patches = np.where(ok, g, np.float32(0)).reshape(len(p), k_total)
+        if half:
+            patches = patches.astype(np.float16).astype(np.float32)
+        out = vec_dot_f16(weights, patches) if half else vec_dot_f32(weights, patches)  # (P, OC)
+        d4[(img[:, None] * oc + np.arange(oc)[None, :]), z[:, None], y[:, None], x[:, None]] = out
+    params.took("rows", *done)
