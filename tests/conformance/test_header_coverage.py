@@ -78,8 +78,7 @@ OUT_OF_SCOPE = {  # ggml.h/gguf.h functions the engine leaves out on purpose
     "gguf_write_to_file_ptr": "writes to a C FILE*; gguf_write_to_file takes the path",
     "ggml_print_backtrace": "prints the C call stack of a crash; a Python traceback does that",
 }
-NOT_BUILT_GGML_H: set[str] = {  # ggml.h/gguf.h functions still missing from engine.ggml
-}
+NOT_BUILT_GGML_H: set[str] = set()  # ggml.h/gguf.h functions still missing from engine.ggml
 OTHER_ISSUE = {  # ggml.h functions another piece of work builds
     "ggml_flash_attn_back": "a backward op: built with autodiff's other backward ops and ggml-opt",
 }
