@@ -86,6 +86,11 @@ def buffer_field(t: Tensor) -> int:
     return int(t._r["buffer"][0])
 
 
+def set_buffer_field(t: Tensor, address: int) -> None:
+    """t->buffer = the buffer struct at address (0: NULL)."""
+    t._r["buffer"] = address
+
+
 # --- buffer types -----------------------------------------------------------------------------
 
 def ggml_backend_cpu_buffer_type() -> BufferType:
@@ -206,7 +211,7 @@ def ggml_backend_tensor_alloc(buf: Buffer, t: Tensor, addr: int) -> int:
                 "(char *)addr + ggml_backend_buffer_get_alloc_size(buffer, tensor) <= "
                 "(char *)ggml_backend_buffer_get_base(buffer) + ggml_backend_buffer_get_size(buffer)",
                 "ggml_backend_tensor_alloc")
-    t._r["buffer"] = buf.address
+    set_buffer_field(t, buf.address)
     t.data = addr
     return ggml_backend_buffer_init_tensor(buf, t)
 
@@ -218,7 +223,7 @@ def ggml_backend_view_init(t: Tensor) -> int:
     ggml_assert(vs is not None, "tensor->view_src != NULL", "ggml_backend_view_init")
     ggml_assert(buffer_field(vs) != 0, "tensor->view_src->buffer != NULL", "ggml_backend_view_init")
     ggml_assert(vs.data is not None, "tensor->view_src->data != NULL", "ggml_backend_view_init")
-    t._r["buffer"] = buffer_field(vs)
+    set_buffer_field(t, buffer_field(vs))
     t.data = vs.data + t.view_offs
     return 0
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import libm
+from engine.cxxrandom import Mt19937
 
 F32 = np.float32
-TWO_32 = 4294967296.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,22 +120,7 @@ def temperature(c: Candidates, temp: float) -> None:
     c.logits = (c.logits / F32(temp)).astype(F32)
 
 
-class Rng:
-    """std::mt19937 seeded as llama.cpp seeds it, drawing std::uniform_real_distribution<double>
-    values as libstdc++ does (generate_canonical: two 32-bit outputs per double)."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed) & 0xFFFFFFFF
-        self._mt = np.random.MT19937()
-        self._mt._legacy_seeding(self.seed)  # init_genrand(seed): std::mt19937(seed)'s state
-
-    def uniform(self) -> float:
-        lo, hi = (float(x) for x in self._mt.random_raw(2))
-        r = (lo + hi * TWO_32) / (TWO_32 * TWO_32)
-        return r if r < 1.0 else np.nextafter(1.0, 0.0)
-
-
-def dist(c: Candidates, rng: Rng) -> int:
+def dist(c: Candidates, rng: Mt19937) -> int:
     """llama_sampler_dist: the index in `c` of the token drawn with probability softmax(logits)."""
     if c.ids.size == 1:
         rng.uniform()  # one draw per token, as llama.cpp keeps its generator aligned
@@ -154,7 +139,7 @@ class Sampler:
         seed = p.seed
         if seed == 0xFFFFFFFF:
             seed = int(np.random.SeedSequence().entropy) & 0xFFFFFFFF
-        self.rng = Rng(seed)
+        self.rng = Mt19937(seed)
 
     def candidates(self, logits: np.ndarray) -> Candidates:
         """What is left to draw from after top-k, top-p, min-p and temperature."""

@@ -1,4 +1,4 @@
-"""Which functions of ggml.h, gguf.h, ggml-alloc.h and ggml-backend.h (CPU) the engine's facades provide.
+"""Which functions of ggml.h, gguf.h, ggml-alloc.h, ggml-backend.h (CPU) and ggml-opt.h the engine's facades provide.
 
 The oracle's exported functions are read from ggml-python (every bound function has ctypes
 argtypes). ggml-alloc.h must be complete. For ggml-backend.h, functions of other backends are
@@ -13,7 +13,7 @@ import pathlib
 
 import ggml as real
 
-from engine import ggml, ggml_alloc, ggml_backend, ggml_cpu
+from engine import ggml, ggml_alloc, ggml_backend, ggml_cpu, ggml_opt
 
 
 def oracle_functions(prefixes):
@@ -52,6 +52,15 @@ def test_ggml_alloc_h_is_complete():
     oracle = oracle_functions(("ggml_tallocr_", "ggml_gallocr_", "ggml_backend_alloc_ctx_tensors"))
     assert len(oracle) == 13
     assert oracle - set(ggml_alloc.__all__) == set()
+
+
+def test_ggml_opt_h_is_complete():
+    """Every ggml-opt.h function, and no name the header lacks (OPT_STEP_* ops are ggml.h's)."""
+    oracle = oracle_functions(("ggml_opt_",)) - {"ggml_opt_step_adamw", "ggml_opt_step_sgd"}
+    oracle -= {"ggml_opt_epoch_callback"}  # a callback type, not a function
+    assert len(oracle) == 37
+    assert oracle - set(ggml_opt.__all__) == set()
+    assert {n for n in ggml_opt.__all__ if n.startswith("ggml_opt_") and n not in dir(real)} == set()
 
 
 def test_ggml_backend_h_cpu_coverage():
