@@ -114,7 +114,7 @@ from engine.ops_nn import (
     ggml_upscale, ggml_upscale_ext,
 )
 from engine.ops_back import (
-    ggml_cross_entropy_loss_back, ggml_get_rows_back, ggml_im2col_back, ggml_opt_step_adamw,
+    ggml_cross_entropy_loss_back, ggml_flash_attn_back, ggml_get_rows_back, ggml_im2col_back, ggml_opt_step_adamw,
     ggml_opt_step_sgd, ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back,
     ggml_rope_multi_back, ggml_silu_back, ggml_soft_max_ext_back, ggml_soft_max_ext_back_inplace,
 )
@@ -241,7 +241,7 @@ __all__ = [  # the enum constants are added below
     "ggml_diag_mask_inf_inplace", "ggml_diag_mask_zero", "ggml_diag_mask_zero_inplace", "ggml_div",
     "ggml_div_inplace", "ggml_dup", "ggml_dup_inplace", "ggml_dup_tensor", "ggml_element_size",
     "ggml_elu", "ggml_elu_inplace", "ggml_exp", "ggml_exp_inplace", "ggml_expm1",
-    "ggml_expm1_inplace", "ggml_fill", "ggml_fill_inplace", "ggml_flash_attn_ext",
+    "ggml_expm1_inplace", "ggml_fill", "ggml_fill_inplace", "ggml_flash_attn_back", "ggml_flash_attn_ext",
     "ggml_flash_attn_ext_add_sinks", "ggml_flash_attn_ext_get_prec", "ggml_flash_attn_ext_set_prec",
     "ggml_floor", "ggml_floor_inplace", "ggml_format_name", "ggml_fp16_to_fp32",
     "ggml_fp16_to_fp32_row", "ggml_fp32_to_bf16", "ggml_fp32_to_bf16_row",

@@ -4,7 +4,8 @@ Mirrors the graph-building functions of ggml.c for REPEAT_BACK, SILU_BACK, RMS_N
 GET_ROWS_BACK, SOFT_MAX_BACK, ROPE_BACK (multi), IM2COL_BACK, POOL_2D_BACK,
 CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and OPT_STEP_SGD: result shape and type, op_params, src
 slots and the GGML_ASSERTs with ggml's condition text. `engine.autodiff` builds them into a graph;
-the kernels are in engine/compute/kernels/backward.py.
+the kernels are in engine/compute/kernels/backward.py. FLASH_ATTN_BACK's constructor aborts, as
+ggml 0.15.3's does before it builds anything.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import struct
 
 from engine.context import Context
-from engine.errors import ggml_assert
+from engine.errors import ggml_abort, ggml_assert
 from engine.layout import GGML_MAX_DIMS
 from engine.ops import _ne, _record, ggml_set_op_params
 from engine.ops_nn import ggml_rope_multi
@@ -21,7 +22,6 @@ from engine.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, g
     ggml_dup_tensor, ggml_is_matrix, ggml_is_scalar, ggml_is_vector, ggml_nelements, \
     ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
 from engine.types import GGMLType
-
 
 
 def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -133,3 +133,10 @@ def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> 
     ggml_assert(params.type == GGMLType.F32, "params->type == GGML_TYPE_F32", fn)
     ggml_assert(ggml_nelements(params) == 2, "ggml_nelements(params) == 2", fn)
     return _record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
+
+
+def ggml_flash_attn_back(ctx: Context, q: Tensor, k: Tensor, v: Tensor, d: Tensor, masked: bool) -> Tensor:
+    """ggml_flash_attn_back: in ggml 0.15.3 its first statement is GGML_ABORT, left there when
+    flash attention became ggml_flash_attn_ext; no graph can hold a FLASH_ATTN_BACK node (and
+    autodiff has no rule for FLASH_ATTN_EXT)."""
+    ggml_abort("TODO: adapt to ggml_flash_attn_ext() changes", "ggml_flash_attn_back")

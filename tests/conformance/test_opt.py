@@ -12,6 +12,7 @@ import ctypes
 import io
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from contextlib import contextmanager, redirect_stderr
@@ -293,3 +294,27 @@ def test_result_of_nothing():
     assert eo.ggml_opt_result_ndata(r) == 0 and eo.ggml_opt_result_pred(r) == []
     assert eo.ggml_opt_optimizer_name(eo.GGML_OPT_OPTIMIZER_TYPE_SGD) == "sgd"
     assert eo.ggml_opt_optimizer_name(7) == "undefined"
+
+
+# --- FLASH_ATTN_BACK --------------------------------------------------------------------------------
+
+REAL_FLASH_ATTN_BACK = """
+import ggml as real
+ctx = real.ggml_init(real.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
+q, k, v, d = (real.ggml_new_tensor_2d(ctx, 0, 8, 4) for _ in range(4))
+real.ggml_flash_attn_back(ctx, q, k, v, d, False)
+print("built")
+"""
+
+
+def test_flash_attn_back_aborts_as_ggml_does():
+    """ggml 0.15.3's ggml_flash_attn_back aborts before building anything; so does the engine's."""
+    child = subprocess.run([sys.executable, "-c", REAL_FLASH_ATTN_BACK], capture_output=True, text=True, timeout=60)
+    assert child.returncode != 0 and "built" not in child.stdout
+    assert "TODO: adapt to ggml_flash_attn_ext() changes" in child.stderr
+    from engine import ggml as eng
+    from engine.errors import GGMLAbortError
+    ctx = eng.ggml_init(eng.ggml_init_params(1 << 20))
+    q, k, v, d = (eng.ggml_new_tensor_2d(ctx, 0, 8, 4) for _ in range(4))
+    with pytest.raises(GGMLAbortError, match=r"TODO: adapt to ggml_flash_attn_ext\(\) changes"):
+        eng.ggml_flash_attn_back(ctx, q, k, v, d, False)
