@@ -32,6 +32,7 @@ from engine import ggml as G
 from engine import notes
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
+from engine import ggml_opt as GO
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
@@ -45,6 +46,7 @@ from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Pat
                           ThreadShare, describe_changes, field_text, statement_spans)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.trace_cpu import CpuDependence
+from engine.trace_opt import OPT_LOOPS, OPT_QUERIES, OPT_STRUCT_WRITERS, opt_parts
 from engine.trace_groups import ProgramMarks
 from engine.trace_pools import changed_runs, fresh_pool, frozen
 from engine.trace_backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
@@ -62,7 +64,7 @@ QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_d
            "ggml_graph_n_nodes", "ggml_graph_size", "ggml_graph_node", "ggml_used_mem",
            "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
            "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
-           "gguf_get_", "gguf_find_", *BACKEND_QUERIES)
+           "gguf_get_", "gguf_find_", *BACKEND_QUERIES, *OPT_QUERIES)
 
 
 @dataclass
@@ -222,7 +224,7 @@ class State:
 def _facade_codes() -> dict[Any, str]:
     """The code objects of the facade's functions that make steps."""
     codes = {}
-    for module in (G, GB, GA):  # ggml.h, ggml-backend.h, ggml-alloc.h
+    for module in (G, GB, GA, GO):  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h
         for name in dir(module):
             fn = getattr(module, name)
             if callable(fn) and hasattr(fn, "__code__") and (
@@ -248,7 +250,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
-        self.args: tuple = ()
+        self.args: tuple = ()  # the call's arguments, and what the ggml-opt objects among them hold
+        self.raw_args: tuple = ()
         text = Path(source_file).read_text()
         self.lines = text.splitlines()
         self.statements = statement_spans(text)
@@ -268,7 +271,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                     self.active = frame
                     self.line = caller.f_lineno
                     self.read_marks(caller)
-                    self.args = tuple(frame.f_locals.values())
+                    self.raw_args = tuple(frame.f_locals.values())
+                    self.args = self.raw_args + tuple(opt_parts(self.raw_args))
                     self.call_step = None
                     if self.codes[frame.f_code].startswith("ggml_build_forward"):
                         # the call comes first; each tensor it visits is a step inside it
@@ -434,6 +438,11 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return step
 
     def finish_call(self, name: str, result: Any) -> None:
+        if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
+            self.args = self.raw_args + tuple(opt_parts((*self.raw_args, result)))
+            for part in self.args:
+                if isinstance(part, Context):
+                    self.track(part)
         if isinstance(result, Context):
             self.track(result)
         if isinstance(result, tuple):  # gguf_init_from_file returns (gguf ctx, ggml ctx)
@@ -449,7 +458,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                        for t in g.nodes + g.leafs]
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
-        if name in STRUCT_WRITERS:
+        if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
             things += self.struct_writes()
         tensor = _ref(result) if isinstance(result, Tensor) else None
         note = ""
@@ -481,6 +490,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return [a for a in self.args if isinstance(a, Graph)]
 
     def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:
+        if self.active is not None and self.codes[self.active.f_code] in OPT_LOOPS:
+            return True  # a training loop is one step: its nodes compute unwatched
         if ask:
             if self.call_step is None:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),

@@ -27,7 +27,8 @@ from app.views.debugger.strides import strides
 from app.views.debugger.struct import struct
 from app.views.debugger.tensors import tensor_list
 from app.views.debugger.threads import threads
-from app.views.debugger.values import values
+from app.views.debugger.training import training_view
+from app.views.debugger.values import gradient_of, values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
 from app.web import templates
 from engine.programs import PROGRAMS
@@ -127,9 +128,11 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where,
         "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
+        "grad": values(gradient_of(state, sel), where),
         "threads": threads(trace, step), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
         "steps": steps_view(trace, where), "answer": answer_view(trace, where),
+        "training": training_view(trace),
     }
 
 

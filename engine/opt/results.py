@@ -55,8 +55,8 @@ def ggml_opt_result_loss(result: OptResult) -> tuple[float, float]:
     if nbatches < 2:
         return loss, math.nan
     var_sum = total_sq / nbatches - mean * mean  # without Bessel's correction
-    unc = math.sqrt(var_sum / (nbatches - 1)) if result.loss_per_datapoint \
-        else math.sqrt(var_sum * nbatches / (nbatches - 1))
+    unc = _sqrt(var_sum / (nbatches - 1)) if result.loss_per_datapoint \
+        else _sqrt(var_sum * nbatches / (nbatches - 1))
     return loss, unc
 
 
@@ -67,6 +67,11 @@ def ggml_opt_result_pred(result: OptResult) -> list[int]:
 def ggml_opt_result_accuracy(result: OptResult) -> tuple[float, float]:
     """(correct / evaluated, its binomial uncertainty); NaN when no ncorrect was computed."""
     accuracy = result.ncorrect / result.ndata if result.ncorrect >= 0 and result.ndata else math.nan
-    unc = math.sqrt(accuracy * (1.0 - accuracy) / (result.ndata - 1)) \
+    unc = _sqrt(accuracy * (1.0 - accuracy) / (result.ndata - 1)) \
         if result.ncorrect >= 0 and result.ndata >= 2 else math.nan
     return accuracy, unc
+
+
+def _sqrt(x: float) -> float:
+    """C's sqrt: of a negative (a variance rounded below 0) the x86 default NaN, sign bit set."""
+    return math.sqrt(x) if x >= 0 else -math.nan

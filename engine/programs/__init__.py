@@ -48,6 +48,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("threads", "threads", 4),
     Program("gguf-load", "gguf_load", 1, reads="minilm-q8_0.gguf", runs=("*",)),
     Program("mnist-style", "mnist_style", 1),
+    Program("mnist-train", "mnist_train", 2),
     Program("attention-block", "attention_block", 1),
     Program("moe-routing", "moe_routing", 2),
     Program("minilm", "minilm", 2, reads="minilm-q8_0.gguf",

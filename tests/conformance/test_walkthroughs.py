@@ -38,6 +38,8 @@ def test_final_values_match_real_ggml(name):
         else:  # floats: within test-backend-ops' bound (sums may run in another order)
             a, b = np.array(ours, dtype=np.float64), np.array(theirs[key], dtype=np.float64)
             assert a.shape == b.shape, key
+            if np.array_equal(a, b, equal_nan=True):  # the same values, NaNs in the same places
+                continue
             assert nmse(a, b) <= 1e-7, (key, nmse(a, b))
 
 

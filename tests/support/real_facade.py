@@ -125,6 +125,40 @@ def _gguf_init_from_file(path: str, params: _GGUFParams):
     return (g, out) if params.ctx else g
 
 
+class _OptParams:
+    """struct ggml_opt_params as the engine's program sets it: tensors and Python values, made C
+    when ggml_opt_init reads it."""
+
+    def __init__(self, sched, loss_type: int) -> None:
+        object.__setattr__(self, "c", real.ggml_opt_default_params(sched, loss_type))
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.c, name, value.ptr if isinstance(value, RealTensor) else value)
+
+
+def _opt_epoch(opt_ctx, dataset, result_train, result_eval, idata_split: int, callback_train, callback_eval):
+    assert callback_train is None and callback_eval is None, "only ggml_opt_epoch without callbacks is mapped"
+    null = ctypes.cast(None, real.ggml_opt_epoch_callback)
+    real.ggml_opt_epoch(opt_ctx, dataset, result_train, result_eval, idata_split, null, null)
+
+
+def _opt_result_pair(fn):
+    """ggml_opt_result_loss/_accuracy returning (value, uncertainty), as the engine's do."""
+    def call(result):
+        a, b = ctypes.c_double(), ctypes.c_double()
+        fn(result, ctypes.byref(a), ctypes.byref(b))
+        return a.value, b.value
+    return call
+
+
+def _opt_result_pred(result) -> list[int]:
+    n = ctypes.c_int64()
+    real.ggml_opt_result_ndata(result, ctypes.byref(n))
+    pred = (ctypes.c_int32 * max(n.value, 1))()
+    real.ggml_opt_result_pred(result, pred)
+    return list(pred)[:n.value]
+
+
 def real_namespace() -> dict:
     ns: dict[str, Any] = {"np": np}
     for name in dir(real):
@@ -143,6 +177,12 @@ def real_namespace() -> dict:
     ns["ggml_backend_tensor_get"] = _tensor_get
     ns["ggml_backend_sched_new"] = _sched_new
     ns["ggml_backend_accel_init"] = _accel_init
+    ns["ggml_opt_default_params"] = _OptParams
+    ns["ggml_opt_init"] = lambda params: real.ggml_opt_init(params.c)
+    ns["ggml_opt_epoch"] = _opt_epoch
+    ns["ggml_opt_result_loss"] = _opt_result_pair(real.ggml_opt_result_loss)
+    ns["ggml_opt_result_accuracy"] = _opt_result_pair(real.ggml_opt_result_accuracy)
+    ns["ggml_opt_result_pred"] = _opt_result_pred
     return ns
 
 

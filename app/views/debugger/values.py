@@ -107,3 +107,17 @@ def _blocks(t: Tensor, where: Where) -> ValuesView:
                       row=row, block=block, nrows=nrows, nblocks=nblocks,
                       note=_("row {row}, block {block} of {n}: {bytes} bytes holding {size} values").format(
                           row=row, block=block, n=nblocks, bytes=tr.type_size, size=tr.blck_size))
+
+
+def gradient_of(state, t: Tensor | None) -> Tensor | None:
+    """The gradient ggml computed for t, if one has data: the node ggml names "grad for <name>"
+    in the newest graph holding one (ggml-opt computes a copy of its graph, so the gradient is
+    found by the name ggml_build_backward_expand gives it)."""
+    if t is None or not t.name:
+        return None
+    wanted = f"grad for {t.name}"[:63]
+    for g in reversed(state.graphs()):
+        for node in g.nodes:
+            if node.name == wanted and node.data is not None:
+                return node
+    return None

@@ -1,0 +1,129 @@
+"""mnist-train: a network learns to read handwritten digits; gradients flow backwards through the graph.
+
+ggml's MNIST example, fully connected model, on the 8x8 handwritten digits scikit-learn ships
+(1,797 of them, 64 pixels each). As the example does: a static context holds the weights and the
+batch of images in a backend buffer, a compute context holds the forward graph, ggml_set_param
+marks the four weight tensors as trainable, and ggml-opt does the rest. ggml_opt_init adds the
+cross-entropy loss and builds two more graphs from the forward one: ggml_build_backward_expand
+appends a gradient node for every tensor between the weights and the loss (named "grad for ..."),
+then one OPT_STEP_ADAMW per weight updates it in place from its gradient and its two moments.
+
+Step through the first training step: the forward nodes, the loss, each backward node filling
+a gradient, the four AdamW updates. Then ggml_opt_epoch trains epoch after epoch (one step each
+here), holding back 100 digits to validate on; the Training tab draws the curves, the accuracy
+on 250 digits the network never saw, and some of them with what it read.
+"""
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from engine.ggml import *  # noqa: F403 - ggml.h
+from engine.ggml_alloc import *  # noqa: F403 - ggml-alloc.h
+from engine.ggml_backend import *  # noqa: F403 - ggml-backend.h
+from engine.ggml_opt import *  # noqa: F403 - ggml-opt.h
+
+NINPUT, NHIDDEN, NCLASSES = 64, 32, 10
+NTRAIN, NTEST = 1500, 250  # of the 1,797 digits, in a fixed shuffled order
+NBATCH = 50  # images per batch: one optimizer step each
+NVAL = 100  # the last digits of the training set, evaluated after each epoch
+NEPOCH = 20
+
+
+def load_data():
+    """The digits as ggml-opt wants them: pixels 0..1, labels one-hot."""
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    images = (digits.data[order] / 16.0).astype(np.float32)
+    labels = np.eye(NCLASSES, dtype=np.float32)[digits.target[order]]
+    return images, labels
+
+
+def run(n_threads: int = 2, nepoch: int = NEPOCH) -> dict:
+    images_all, labels_all = load_data()
+    backend = ggml_backend_cpu_init()
+    ggml_backend_cpu_set_n_threads(backend, n_threads)
+    sched = ggml_backend_sched_new([backend], None, 1, GGML_DEFAULT_GRAPH_SIZE, False, True)
+
+    # the static context: the weights and the batch of images, in a CPU buffer
+    ctx_static = ggml_init(ggml_init_params(mem_size=16 * ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+    fc1_weight = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NINPUT, NHIDDEN)
+    fc1_bias = ggml_new_tensor_1d(ctx_static, GGML_TYPE_F32, NHIDDEN)
+    fc2_weight = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NHIDDEN, NCLASSES)
+    fc2_bias = ggml_new_tensor_1d(ctx_static, GGML_TYPE_F32, NCLASSES)
+    ggml_set_name(fc1_weight, "fc1.weight")
+    ggml_set_name(fc1_bias, "fc1.bias")
+    ggml_set_name(fc2_weight, "fc2.weight")
+    ggml_set_name(fc2_bias, "fc2.bias")
+    images = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NINPUT, NBATCH)
+    ggml_set_name(images, "images")
+    ggml_set_input(images)
+    buf_static = ggml_backend_alloc_ctx_tensors(ctx_static, backend)
+
+    rng = np.random.default_rng(42)  # the example draws from N(0, 0.01): so do we
+    for t in (fc1_weight, fc1_bias, fc2_weight, fc2_bias):
+        ggml_backend_tensor_set(t, rng.normal(0.0, 1e-2, ggml_nelements(t)).astype(np.float32), 0, ggml_nbytes(t))
+
+    # the compute context: the forward graph (and, soon, the backward ones)
+    ctx_compute = ggml_init(ggml_init_params(
+        mem_size=GGML_DEFAULT_GRAPH_SIZE * ggml_tensor_overhead() + 3 * ggml_graph_overhead(),
+        mem_buffer=None, no_alloc=True))
+    ggml_set_param(fc1_weight)
+    ggml_set_param(fc1_bias)
+    ggml_set_param(fc2_weight)
+    ggml_set_param(fc2_bias)
+    fc1 = ggml_relu(ctx_compute, ggml_add(ctx_compute, ggml_mul_mat(ctx_compute, fc1_weight, images), fc1_bias))
+    logits = ggml_add(ctx_compute, ggml_mul_mat(ctx_compute, fc2_weight, fc1), fc2_bias)
+    ggml_set_name(logits, "logits")
+
+    # the dataset: every training image and label, read in shuffled batches
+    dataset = ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT, NCLASSES, NTRAIN, 10)
+    ggml_backend_tensor_set(ggml_opt_dataset_data(dataset), images_all[:NTRAIN], 0, NTRAIN * NINPUT * 4)
+    ggml_backend_tensor_set(ggml_opt_dataset_labels(dataset), labels_all[:NTRAIN], 0, NTRAIN * NCLASSES * 4)
+
+    # ggml_opt_init: the loss, the backward graph, the optimizer steps
+    params = ggml_opt_default_params(sched, GGML_OPT_LOSS_TYPE_CROSS_ENTROPY)
+    params.ctx_compute = ctx_compute
+    params.inputs = images
+    params.outputs = logits
+    opt_ctx = ggml_opt_init(params)
+    ggml_opt_dataset_shuffle(opt_ctx, dataset, -1)
+
+    # one training step, node by node: forward, loss, backward, AdamW
+    result = ggml_opt_result_init()
+    ggml_opt_alloc(opt_ctx, True)
+    ggml_opt_dataset_get_batch(dataset, images, ggml_opt_labels(opt_ctx), 0)
+    ggml_opt_eval(opt_ctx, result)
+    first_loss, _ = ggml_opt_result_loss(result)
+
+    # then whole epochs: shuffle the training part, a step per batch, validate on the rest
+    history = []
+    result_train = ggml_opt_result_init()
+    result_val = ggml_opt_result_init()
+    for epoch in range(nepoch):
+        ggml_opt_dataset_shuffle(opt_ctx, dataset, NTRAIN - NVAL)
+        ggml_opt_result_reset(result_train)
+        ggml_opt_result_reset(result_val)
+        ggml_opt_epoch(opt_ctx, dataset, result_train, result_val, NTRAIN - NVAL, None, None)
+        history.append([*ggml_opt_result_loss(result_train), *ggml_opt_result_accuracy(result_train),
+                        *ggml_opt_result_loss(result_val), *ggml_opt_result_accuracy(result_val)])
+
+    # the digits it never saw: a forward pass per batch (idata_split 0: no training)
+    test = ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT, NCLASSES, NTEST, 1)
+    ggml_backend_tensor_set(ggml_opt_dataset_data(test), images_all[NTRAIN:NTRAIN + NTEST], 0, NTEST * NINPUT * 4)
+    ggml_backend_tensor_set(ggml_opt_dataset_labels(test), labels_all[NTRAIN:NTRAIN + NTEST], 0,
+                            NTEST * NCLASSES * 4)
+    result_test = ggml_opt_result_init()
+    ggml_opt_epoch(opt_ctx, test, None, result_test, 0, None, None)
+    test_accuracy, test_unc = ggml_opt_result_accuracy(result_test)
+    pred = ggml_opt_result_pred(result_test)
+
+    ggml_opt_free(opt_ctx)
+    ggml_opt_dataset_free(dataset)
+    ggml_opt_dataset_free(test)
+    return {"first_loss": first_loss,
+            "history": history,  # per epoch: train loss, ±, accuracy, ±, validation loss, ±, accuracy, ±
+            "test_accuracy": [test_accuracy, test_unc],
+            "test_pred": pred,
+            "test_labels": labels_all[NTRAIN:NTRAIN + NTEST].argmax(axis=1).tolist(),
+            "test_images": images_all[NTRAIN:NTRAIN + 24].tolist(),  # the first few, to draw
+            "buf_static": ggml_backend_buffer_get_size(buf_static)}

@@ -1,0 +1,45 @@
+"""The Recorder's view of ggml-opt calls: what an optimization context or a dataset holds.
+
+A ggml_opt_* call works on contexts, graphs and a scheduler the program never named: the
+optimization context's static, CPU and copy contexts, the graph it computes, the dataset's
+context. `opt_parts` lists them so the recorder tracks those contexts, diffs those tensor
+structs and plans that graph, as it does for the same things passed directly. A training loop
+(ggml_opt_epoch, ggml_opt_fit) is one step: the nodes it computes, batch after batch, are not
+steps of their own (its result is what it shows); ggml_opt_eval's nodes are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.opt.context import OptContext
+from engine.opt.dataset import Dataset
+
+# ggml-opt.h functions that change nothing
+OPT_QUERIES = ("ggml_opt_inputs", "ggml_opt_outputs", "ggml_opt_labels", "ggml_opt_loss", "ggml_opt_pred",
+               "ggml_opt_ncorrect", "ggml_opt_grad_acc", "ggml_opt_static_graphs", "ggml_opt_dataset_data",
+               "ggml_opt_dataset_labels", "ggml_opt_dataset_ndata", "ggml_opt_result_ndata",
+               "ggml_opt_result_loss", "ggml_opt_result_pred", "ggml_opt_result_accuracy",
+               "ggml_opt_context_optimizer_type", "ggml_opt_optimizer_name", "ggml_opt_get_",
+               "ggml_opt_default_params", "ggml_opt_dataset_get_batch_host", "ggml_opt_result_")
+# calls that place tensors (their structs' buffer and data fields change)
+OPT_STRUCT_WRITERS = ("ggml_opt_dataset_init", "ggml_opt_init", "ggml_opt_alloc", "ggml_opt_eval",
+                      "ggml_opt_epoch", "ggml_opt_fit")
+# calls whose computed nodes are not steps
+OPT_LOOPS = ("ggml_opt_epoch", "ggml_opt_fit")
+
+
+def opt_parts(args: tuple) -> list[Any]:
+    """The contexts, scheduler and allocated graph inside the optimization contexts and
+    datasets among args."""
+    out: list[Any] = []
+    for a in args:
+        if isinstance(a, OptContext):
+            out += [c for c in (a.ctx_compute, a.ctx_static, a.ctx_cpu, a.ctx_copy) if c is not None and not c.freed]
+            if a.backend_sched is not None:
+                out.append(a.backend_sched)
+            if a.allocated_graph_copy is not None:
+                out.append(a.allocated_graph_copy)
+        elif isinstance(a, Dataset) and not a.ctx.freed:
+            out.append(a.ctx)
+    return out
