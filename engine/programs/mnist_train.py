@@ -38,60 +38,115 @@ def load_data():
     return images, labels
 
 
-def run(n_threads: int = 2, nepoch: int = NEPOCH) -> dict:
-    images_all, labels_all = load_data()
-    backend = ggml_backend_cpu_init()
-    ggml_backend_cpu_set_n_threads(backend, n_threads)
-    sched = ggml_backend_sched_new([backend], None, 1, GGML_DEFAULT_GRAPH_SIZE, False, True)
+class mnist_model:  # noqa: N801 - the example's struct
+    backend = None
+    sched = None
+    ctx_static = None
+    ctx_compute = None
+    buf_static = None
+    fc1_weight = fc1_bias = fc2_weight = fc2_bias = None
+    images = None
+    logits = None
 
-    # the static context: the weights and the batch of images, in a CPU buffer
-    ctx_static = ggml_init(ggml_init_params(mem_size=16 * ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
-    fc1_weight = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NINPUT, NHIDDEN)
-    fc1_bias = ggml_new_tensor_1d(ctx_static, GGML_TYPE_F32, NHIDDEN)
-    fc2_weight = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NHIDDEN, NCLASSES)
-    fc2_bias = ggml_new_tensor_1d(ctx_static, GGML_TYPE_F32, NCLASSES)
-    ggml_set_name(fc1_weight, "fc1.weight")
-    ggml_set_name(fc1_bias, "fc1.bias")
-    ggml_set_name(fc2_weight, "fc2.weight")
-    ggml_set_name(fc2_bias, "fc2.bias")
-    images = ggml_new_tensor_2d(ctx_static, GGML_TYPE_F32, NINPUT, NBATCH)
-    ggml_set_name(images, "images")
-    ggml_set_input(images)
-    buf_static = ggml_backend_alloc_ctx_tensors(ctx_static, backend)
+
+def mnist_model_init(model: mnist_model, n_threads: int) -> None:
+    """The backend, the scheduler, the weights (random, as mnist_model_init_random) and the
+    images batch in a static context with a CPU buffer."""
+    model.backend = ggml_backend_cpu_init()
+    ggml_backend_cpu_set_n_threads(model.backend, n_threads)
+    model.sched = ggml_backend_sched_new([model.backend], None, 1, GGML_DEFAULT_GRAPH_SIZE, False, True)
+
+    model.ctx_static = ggml_init(ggml_init_params(mem_size=16 * ggml_tensor_overhead(), mem_buffer=None,
+                                                  no_alloc=True))
+    model.fc1_weight = ggml_new_tensor_2d(model.ctx_static, GGML_TYPE_F32, NINPUT, NHIDDEN)
+    model.fc1_bias = ggml_new_tensor_1d(model.ctx_static, GGML_TYPE_F32, NHIDDEN)
+    model.fc2_weight = ggml_new_tensor_2d(model.ctx_static, GGML_TYPE_F32, NHIDDEN, NCLASSES)
+    model.fc2_bias = ggml_new_tensor_1d(model.ctx_static, GGML_TYPE_F32, NCLASSES)
+    ggml_set_name(model.fc1_weight, "fc1.weight")
+    ggml_set_name(model.fc1_bias, "fc1.bias")
+    ggml_set_name(model.fc2_weight, "fc2.weight")
+    ggml_set_name(model.fc2_bias, "fc2.bias")
+    model.images = ggml_new_tensor_2d(model.ctx_static, GGML_TYPE_F32, NINPUT, NBATCH)
+    ggml_set_name(model.images, "images")
+    ggml_set_input(model.images)
+    model.buf_static = ggml_backend_alloc_ctx_tensors(model.ctx_static, model.backend)
 
     rng = np.random.default_rng(42)  # the example draws from N(0, 0.01): so do we
-    for t in (fc1_weight, fc1_bias, fc2_weight, fc2_bias):
+    for t in (model.fc1_weight, model.fc1_bias, model.fc2_weight, model.fc2_bias):
         ggml_backend_tensor_set(t, rng.normal(0.0, 1e-2, ggml_nelements(t)).astype(np.float32), 0, ggml_nbytes(t))
 
-    # the compute context: the forward graph (and, soon, the backward ones)
-    ctx_compute = ggml_init(ggml_init_params(
+
+def mnist_model_build(model: mnist_model) -> None:
+    """The compute context and the forward graph's tensors; the weights become trainable."""
+    model.ctx_compute = ggml_init(ggml_init_params(
         mem_size=GGML_DEFAULT_GRAPH_SIZE * ggml_tensor_overhead() + 3 * ggml_graph_overhead(),
         mem_buffer=None, no_alloc=True))
-    ggml_set_param(fc1_weight)
-    ggml_set_param(fc1_bias)
-    ggml_set_param(fc2_weight)
-    ggml_set_param(fc2_bias)
-    fc1 = ggml_relu(ctx_compute, ggml_add(ctx_compute, ggml_mul_mat(ctx_compute, fc1_weight, images), fc1_bias))
-    logits = ggml_add(ctx_compute, ggml_mul_mat(ctx_compute, fc2_weight, fc1), fc2_bias)
-    ggml_set_name(logits, "logits")
+    ggml_set_param(model.fc1_weight)
+    ggml_set_param(model.fc1_bias)
+    ggml_set_param(model.fc2_weight)
+    ggml_set_param(model.fc2_bias)
+    ctx = model.ctx_compute
+    fc1 = ggml_relu(ctx, ggml_add(ctx, ggml_mul_mat(ctx, model.fc1_weight, model.images), model.fc1_bias))
+    model.logits = ggml_add(ctx, ggml_mul_mat(ctx, model.fc2_weight, fc1), model.fc2_bias)
+    ggml_set_name(model.logits, "logits")
 
-    # the dataset: every training image and label, read in shuffled batches
-    dataset = ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT, NCLASSES, NTRAIN, 10)
-    ggml_backend_tensor_set(ggml_opt_dataset_data(dataset), images_all[:NTRAIN], 0, NTRAIN * NINPUT * 4)
-    ggml_backend_tensor_set(ggml_opt_dataset_labels(dataset), labels_all[:NTRAIN], 0, NTRAIN * NCLASSES * 4)
+
+def mnist_dataset(images_all, labels_all, first: int, n: int, ndata_shard: int):
+    """n digits from `first` on as a ggml-opt dataset."""
+    dataset = ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT, NCLASSES, n, ndata_shard)
+    ggml_backend_tensor_set(ggml_opt_dataset_data(dataset), images_all[first:first + n], 0, n * NINPUT * 4)
+    ggml_backend_tensor_set(ggml_opt_dataset_labels(dataset), labels_all[first:first + n], 0, n * NCLASSES * 4)
+    return dataset
+
+
+def mnist_model_eval(model: mnist_model, dataset):
+    """A forward pass per batch of the dataset (idata_split 0: no training), as the example's."""
+    params = ggml_opt_default_params(model.sched, GGML_OPT_LOSS_TYPE_CROSS_ENTROPY)
+    params.ctx_compute = model.ctx_compute
+    params.inputs = model.images
+    params.outputs = model.logits
+    params.build_type = GGML_OPT_BUILD_TYPE_FORWARD
+    opt_ctx = ggml_opt_init(params)
+    result = ggml_opt_result_init()
+    ggml_opt_epoch(opt_ctx, dataset, None, result, 0, None, None)
+    ggml_opt_free(opt_ctx)
+    return result
+
+
+def fit(n_threads: int = 2, nepoch: int = NEPOCH) -> tuple[float, float]:
+    """mnist-train.cpp's way, for `ggml-lens train`: ggml_opt_fit with ggml's progress bar on
+    stderr, then the accuracy on the held-out digits."""
+    images_all, labels_all = load_data()
+    model = mnist_model()
+    mnist_model_init(model, n_threads)
+    mnist_model_build(model)
+    dataset = mnist_dataset(images_all, labels_all, 0, NTRAIN, 10)
+    ggml_opt_fit(model.sched, model.ctx_compute, model.images, model.logits, dataset,
+                 GGML_OPT_LOSS_TYPE_CROSS_ENTROPY, GGML_OPT_OPTIMIZER_TYPE_ADAMW, ggml_opt_get_default_optimizer_params,
+                 nepoch, NBATCH, NVAL / NTRAIN, False)
+    test = mnist_dataset(images_all, labels_all, NTRAIN, NTEST, 1)
+    return ggml_opt_result_accuracy(mnist_model_eval(model, test))
+
+
+def run(n_threads: int = 2, nepoch: int = NEPOCH) -> dict:
+    images_all, labels_all = load_data()
+    model = mnist_model()
+    mnist_model_init(model, n_threads)
+    mnist_model_build(model)
+    dataset = mnist_dataset(images_all, labels_all, 0, NTRAIN, 10)
 
     # ggml_opt_init: the loss, the backward graph, the optimizer steps
-    params = ggml_opt_default_params(sched, GGML_OPT_LOSS_TYPE_CROSS_ENTROPY)
-    params.ctx_compute = ctx_compute
-    params.inputs = images
-    params.outputs = logits
+    params = ggml_opt_default_params(model.sched, GGML_OPT_LOSS_TYPE_CROSS_ENTROPY)
+    params.ctx_compute = model.ctx_compute
+    params.inputs = model.images
+    params.outputs = model.logits
     opt_ctx = ggml_opt_init(params)
     ggml_opt_dataset_shuffle(opt_ctx, dataset, -1)
 
     # one training step, node by node: forward, loss, backward, AdamW
     result = ggml_opt_result_init()
     ggml_opt_alloc(opt_ctx, True)
-    ggml_opt_dataset_get_batch(dataset, images, ggml_opt_labels(opt_ctx), 0)
+    ggml_opt_dataset_get_batch(dataset, model.images, ggml_opt_labels(opt_ctx), 0)
     ggml_opt_eval(opt_ctx, result)
     first_loss, _ = ggml_opt_result_loss(result)
 
@@ -106,24 +161,14 @@ def run(n_threads: int = 2, nepoch: int = NEPOCH) -> dict:
         ggml_opt_epoch(opt_ctx, dataset, result_train, result_val, NTRAIN - NVAL, None, None)
         history.append([*ggml_opt_result_loss(result_train), *ggml_opt_result_accuracy(result_train),
                         *ggml_opt_result_loss(result_val), *ggml_opt_result_accuracy(result_val)])
-
-    # the digits it never saw: a forward pass per batch (idata_split 0: no training)
-    test = ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT, NCLASSES, NTEST, 1)
-    ggml_backend_tensor_set(ggml_opt_dataset_data(test), images_all[NTRAIN:NTRAIN + NTEST], 0, NTEST * NINPUT * 4)
-    ggml_backend_tensor_set(ggml_opt_dataset_labels(test), labels_all[NTRAIN:NTRAIN + NTEST], 0,
-                            NTEST * NCLASSES * 4)
-    result_test = ggml_opt_result_init()
-    ggml_opt_epoch(opt_ctx, test, None, result_test, 0, None, None)
-    test_accuracy, test_unc = ggml_opt_result_accuracy(result_test)
-    pred = ggml_opt_result_pred(result_test)
-
     ggml_opt_free(opt_ctx)
-    ggml_opt_dataset_free(dataset)
-    ggml_opt_dataset_free(test)
+
+    # the digits it never saw
+    test = mnist_dataset(images_all, labels_all, NTRAIN, NTEST, 1)
+    result_test = mnist_model_eval(model, test)
     return {"first_loss": first_loss,
             "history": history,  # per epoch: train loss, ±, accuracy, ±, validation loss, ±, accuracy, ±
-            "test_accuracy": [test_accuracy, test_unc],
-            "test_pred": pred,
+            "test_accuracy": list(ggml_opt_result_accuracy(result_test)),
+            "test_pred": ggml_opt_result_pred(result_test),
             "test_labels": labels_all[NTRAIN:NTRAIN + NTEST].argmax(axis=1).tolist(),
-            "test_images": images_all[NTRAIN:NTRAIN + 24].tolist(),  # the first few, to draw
-            "buf_static": ggml_backend_buffer_get_size(buf_static)}
+            "test_images": images_all[NTRAIN:NTRAIN + 24].tolist()}  # the first few, to draw

@@ -318,3 +318,22 @@ def test_flash_attn_back_aborts_as_ggml_does():
     q, k, v, d = (eng.ggml_new_tensor_2d(ctx, 0, 8, 4) for _ in range(4))
     with pytest.raises(GGMLAbortError, match=r"TODO: adapt to ggml_flash_attn_ext\(\) changes"):
         eng.ggml_flash_attn_back(ctx, q, k, v, d, False)
+
+
+# --- ggml-lens train --------------------------------------------------------------------------------
+
+def test_cli_train_is_ggml_opt_fit(capsys):
+    """`ggml-lens train` runs mnist-train's network through ggml_opt_fit: the same progress bars
+    (times aside) and the same held-out accuracy as real ggml running the same program."""
+    from app.cli import main
+    from engine.programs import mnist_train
+    from tests.support.real_facade import call_on_real_ggml
+
+    assert main(["train", "--epochs", "2"]) == 0
+    ours = capsys.readouterr()
+    with _c_stderr() as printed:
+        accuracy, unc = call_on_real_ggml(mnist_train.fit, n_threads=2, nepoch=2)
+    assert f"accuracy on 250 digits it never saw: {100 * accuracy:.1f}% ± {100 * unc:.1f}%" in ours.out
+    bars = ours.err[ours.err.index("ggml_opt_fit: epoch"):]
+    assert TIMES.sub(r"\1T", bars) == TIMES.sub(r"\1T", printed[0])
+    assert "ggml_opt_fit: epoch 0002/0002:" in bars and "val:   [" in bars

@@ -183,17 +183,24 @@ def real_namespace() -> dict:
     ns["ggml_opt_result_loss"] = _opt_result_pair(real.ggml_opt_result_loss)
     ns["ggml_opt_result_accuracy"] = _opt_result_pair(real.ggml_opt_result_accuracy)
     ns["ggml_opt_result_pred"] = _opt_result_pred
+    ns["ggml_opt_get_default_optimizer_params"] = ctypes.cast(real.lib.ggml_opt_get_default_optimizer_params,
+                                                              ctypes.c_void_p)
     return ns
 
 
-def run_on_real_ggml(fn: types.FunctionType, **kwargs) -> dict[str, np.ndarray]:
+def call_on_real_ggml(fn: types.FunctionType, **kwargs) -> Any:
+    """fn's code, and its module's helper functions, run with ggml-python behind the facade's names."""
     real.ggml_cpu_init()
     globs = dict(fn.__globals__)
     globs.update(real_namespace())
     for name, obj in list(globs.items()):  # the program's own helper functions see real ggml too
         if isinstance(obj, types.FunctionType) and obj.__globals__ is fn.__globals__:
             globs[name] = types.FunctionType(obj.__code__, globs, obj.__name__, obj.__defaults__)
-    outputs = types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__)(**kwargs)
+    return types.FunctionType(fn.__code__, globs, fn.__name__, fn.__defaults__)(**kwargs)
+
+
+def run_on_real_ggml(fn: types.FunctionType, **kwargs) -> dict[str, np.ndarray]:
+    outputs = call_on_real_ggml(fn, **kwargs)
     result = {}
     for name, t in outputs.items():
         if isinstance(t, RealTensor):
