@@ -40,6 +40,7 @@ class GraphView:
     n_nodes: int
     n_leafs: int
     backends: tuple[tuple[str, str], ...] = ()  # (backend, colour) when the scheduler coloured it
+    backward: bool = False  # the graph has a backward pass (its nodes are outlined in purple)
 
 
 def node_id(t: Tensor) -> str:
@@ -65,6 +66,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
     layers = _layers(g) if g.n_nodes > FOLD_OVER else {}
+    backward = backward_nodes(g)
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
     folded: dict[str, int] = {}
     for t in g.nodes + g.leafs:
@@ -78,7 +80,8 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
             return DotStyle(fold=f"layer_{layer}")
         url = where.query(tensor=tensor_key(t))  # no step: the drawing is reused across steps
         fill = f'fillcolor = "{sched.color[t.address]}"; ' if sched and t.address in sched.color else ""
-        return DotStyle(f'{fill}id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
+        outline = 'color = "#8a3ffc"; penwidth = 2.5; ' if t.address in backward else ""
+        return DotStyle(f'{fill}{outline}id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
                         f'tooltip = "{_attr(t.name)}"')
 
     def box_label(layer: str, n: int) -> str:
@@ -97,7 +100,16 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
              for name in sorted(set(layers.values()), key=int)]
     return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], highlight, links,
-                     g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else ())
+                     g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else (), bool(backward))
+
+
+def backward_nodes(g: Graph) -> set[int]:
+    """The backward pass: ggml_build_backward_expand appends it after the forward nodes and names
+    each gradient "grad for <tensor>", so it runs from the first such node to the end (the
+    optimizer steps ggml-opt adds after it included)."""
+    nodes = g.nodes
+    first = next((i for i, t in enumerate(nodes) if t.name.startswith("grad for ")), len(nodes))
+    return {t.address for t in nodes[first:]}
 
 
 def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[str, ...]:
