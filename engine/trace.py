@@ -314,6 +314,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                         out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
                                 if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size]
                 out += self.work_buffer_regions()
+            elif isinstance(t, str) and t == "all memory":
+                out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.buffers] if not c.freed]
             elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
                 out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):
@@ -460,6 +462,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
             things += self.struct_writes()
+        if name.startswith("ggml_opt_"):  # it writes tensors the program never named (weights,
+            things.append("all memory")  # gradients, moments, batches): every byte is compared
         tensor = _ref(result) if isinstance(result, Tensor) else None
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
@@ -490,8 +494,11 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return [a for a in self.args if isinstance(a, Graph)]
 
     def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:
-        if self.active is not None and self.codes[self.active.f_code] in OPT_LOOPS:
-            return True  # a training loop is one step: its nodes compute unwatched
+        fn = self.codes[self.active.f_code] if self.active is not None else ""
+        if fn in OPT_LOOPS:
+            if not ask:  # a training loop is one step: its nodes compute unwatched
+                self.note_cpu_dependence(node)
+            return True
         if ask:
             if self.call_step is None:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
@@ -499,20 +506,27 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                 self.call_step = self.emit(
                     StepKind.CALL, self.source(self.line),
                     notes.PLANNED.format(n=plan.n_threads, size=plan.work_size) + "; "
-                    + notes.WALK_TOGETHER, [],
+                    + notes.WALK_TOGETHER, ["all memory"] if fn.startswith("ggml_opt_") else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
                         for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
-        same = same_bits_on_every_cpu(node) and not any(
-            self.depends_on_cpu(s) for s in node.src if s is not None)
-        if not same:  # all of dst, even bytes that happened not to change
-            self.cpu_dependent_ranges(*self.data_range(node), add=True)
+        same = self.note_cpu_dependence(node)
         self.emit(StepKind.NODE, desc, notes.COMPUTED.format(desc=desc, n=len(threads)),
-                  [node, "work buffers"], parent=self.call_step, tensor=_ref(node),
+                  [node, "work buffers", *_written_sources(node)], parent=self.call_step, tensor=_ref(node),
                   threads=threads, same_on_every_cpu=same)
         return True
+
+    def note_cpu_dependence(self, node: Tensor) -> bool:
+        """Does node's result have the same bits on every CPU? If not, all of its bytes (even
+        those that happened not to change) are marked as depending on the CPU."""
+        same = same_bits_on_every_cpu(node) and not any(
+            self.depends_on_cpu(s) for s in node.src if s is not None)
+        if not same:
+            for t in (node, *_written_sources(node)):
+                self.cpu_dependent_ranges(*self.data_range(t), add=True)
+        return same
 
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
@@ -537,6 +551,15 @@ class StepCapReached(Exception):
 def _end_of(ctx: Context, header: int) -> int:
     obj = ctx.object_header(header)[0]
     return int(obj["offs"]) + int(obj["size"])
+
+
+def _written_sources(node: Tensor) -> list[Tensor]:
+    """The sources an optimizer step overwrites in place: the parameter, and AdamW's moments."""
+    if node.op == GGMLOp.OPT_STEP_ADAMW:
+        return [node.src[0], node.src[2], node.src[3]]
+    if node.op == GGMLOp.OPT_STEP_SGD:
+        return [node.src[0]]
+    return []
 
 
 def _ref(t: Tensor) -> tuple[int, int]:

@@ -64,8 +64,10 @@ class BackendRecording:
         self.space: AddressSpace | None = None  # the recording's address space (set by record)
         self.buffers: list[Buffer] = []  # backend buffers, found as they appear
         self.buffer_meta: dict[int, BufferMeta] = {}
-        self.plans_seen: set[int] = set()  # gallocr plans already shown as steps
-        self.splits_seen: dict[int, int] = {}  # per scheduler: the split it last showed
+        # gallocr plans already shown as steps, and per scheduler the split it last showed; keyed
+        # by id() and holding the object, so a freed one's id cannot be taken by a new one
+        self.plans_seen: dict[int, object] = {}
+        self.splits_seen: dict[int, tuple[Sched, int]] = {}
 
     def track_buffers(self) -> None:
         for buf in list(_BUFFERS.values()):
@@ -103,13 +105,13 @@ class BackendRecording:
     def after_backend_call(self, parent: int | None) -> None:
         """The scheduler's and the allocator's steps, if the call split or planned a graph."""
         sched = next((a for a in self.args if isinstance(a, Sched)), None)
-        if sched is not None and self.splits_seen.get(id(sched)) != sched.n_split_calls:
-            self.splits_seen[id(sched)] = sched.n_split_calls
+        if sched is not None and self.splits_seen.get(id(sched)) != (sched, sched.n_split_calls):
+            self.splits_seen[id(sched)] = (sched, sched.n_split_calls)
             self.sched_steps(sched, parent)
         galloc = next((a for a in self.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
         galloc = galloc or (sched.galloc if sched is not None else None)
         if galloc is not None and galloc.plan is not None and id(galloc.plan) not in self.plans_seen:
-            self.plans_seen.add(id(galloc.plan))
+            self.plans_seen[id(galloc.plan)] = galloc.plan
             self.alloc_steps(galloc, parent)
 
     def alloc_steps(self, galloc, parent: int | None) -> None:
