@@ -19,6 +19,10 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"ggml-lens: --models {args.models}: not a folder", file=sys.stderr)
             return 2
         os.environ["GGML_LENS_MODELS"] = os.path.abspath(args.models)  # read by create_app
+    # the playground runs learners' programs (in a sandbox worker): on by itself only when the
+    # server listens on this machine alone
+    local = args.host in ("127.0.0.1", "localhost", "::1")
+    os.environ["GGML_LENS_PROGRAMS"] = "1" if local or getattr(args, "allow_programs", False) else "0"
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port)
     return 0
 
@@ -311,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--models", metavar="DIR", help="a folder of GGUF files the inspector "
                        "lists and opens in place (never copied)")
+    serve.add_argument("--allow-programs", action="store_true",
+                       help="serve the playground (learners' programs, run in a sandbox worker) on a "
+                            "host address other than localhost; README: what the sandbox guarantees")
     serve.set_defaults(func=_serve)
 
     inspect = sub.add_parser("inspect", help="show a GGUF file: header, keys, tensors, byte map")

@@ -11,6 +11,8 @@ from typing import Annotated, Callable
 
 from fastapi import Depends, FastAPI, Query, Request
 
+from app.i18n import N_
+from app.programs import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.traces import TraceCache
@@ -45,6 +47,7 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir,
                                   model_path(settings.data_dir))
     app.state.svgs = SvgCache(settings.svg_cache)
+    app.state.programs = ProgramStore(settings.data_dir / "programs") if settings.programs else None
 
 
 def get_store(request: Request) -> UploadStore:
@@ -59,7 +62,16 @@ def get_svgs(request: Request) -> SvgCache:
     return request.app.state.svgs
 
 
+def get_programs(request: Request) -> ProgramStore | None:
+    """The learners' programs, or None where the playground is off."""
+    return request.app.state.programs
+
+
+PLAYGROUND_OFF = N_("The playground is off on this server: it runs learners' programs, so it is on only when "
+                    "`ggml-lens serve` listens on localhost, or was started with --allow-programs.")
+
 Store = Annotated[UploadStore, Depends(get_store)]
+Programs = Annotated[ProgramStore | None, Depends(get_programs)]
 Traces = Annotated[TraceCache, Depends(get_traces)]
 Svgs = Annotated[SvgCache, Depends(get_svgs)]
 Threads = Annotated[int | None, Query(ge=1, le=MAX_THREADS, description="threads for compute")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 from app.i18n import _
 from app.settings import MAX_THREADS
@@ -19,6 +20,7 @@ from engine.trace import State, Trace
 
 # program, threads, input file, prompt (None: the program's own), tokens appended after it
 TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
+PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash of its text>"
 BYTES_KEPT = 3 << 30  # recorded bytes the kept traces may hold together (a model's are ~0.5 GB)
 
 
@@ -44,6 +46,18 @@ class TraceCache:
         model. `prompt` and `then` (token ids appended one pass each) go to a program that reads
         a prompt."""
         key = self._key(name, threads, path, prompt, then)
+        return self._cached(key, lambda: trace_program(key[0], key[1], **_inputs(key)))
+
+    def program(self, digest: str, threads: int | None, record: Callable[[int], Trace]) -> Trace:
+        """The trace of a learner's program, by its text's hash: `record(threads)` runs it (in
+        the sandbox) when no trace is kept."""
+        n = threads or 1
+        if not 1 <= n <= MAX_THREADS:
+            raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
+        return self._cached((PROGRAM_PREFIX + digest, n, None, None, ()), lambda: record(n))
+
+    def _cached(self, key: TraceKey, make: Callable[[], Trace]) -> Trace:
+        """The kept trace for key, or make() it once (concurrent requests for it wait)."""
         with self._lock:
             if key in self._traces:
                 self._traces.move_to_end(key)
@@ -53,7 +67,7 @@ class TraceCache:
             with self._lock:
                 if key in self._traces:
                     return self._traces[key]
-            trace = trace_program(key[0], key[1], **_inputs(key))
+            trace = make()
             with self._lock:
                 self._traces[key] = trace
                 self._keys[id(trace)] = key

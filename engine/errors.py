@@ -50,3 +50,27 @@ class GGMLAbortError(RuntimeError):
 
 def ggml_abort(message: str, function: str) -> None:
     raise GGMLAbortError(message, function)
+
+
+class ProgramStopped(BaseException):
+    """A limit stopped the program being recorded (the step cap, a sandbox's time or size limit).
+
+    A BaseException, like KeyboardInterrupt: a program's own `except Exception` cannot swallow it,
+    so the recording ends with the limit's message as its last step."""
+
+
+class StepCapReached(ProgramStopped):
+    """The trace reached its step cap: a runaway program ends here instead of hanging."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(f"stopped after {cap} steps")
+
+
+def program_line(exc: BaseException, source_file: str) -> int | None:
+    """The line of `source_file` the exception passed through last (where the program was)."""
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == source_file:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line

@@ -134,7 +134,8 @@ def _reshape(ctx: Context, a: Tensor, ne: list[int], fn: str, cond: str) -> Tens
     n = 1
     for x in ne:
         n *= int(x)
-    ggml_assert(ggml_nelements(a) == n, cond, fn, f"{ggml_nelements(a)} elements vs {n}")
+    ggml_assert(ggml_nelements(a) == n, cond, fn, f"a{f' ({a.name!r})' if a.name else ''} has "
+                f"{ggml_nelements(a)} elements, {'×'.join(str(int(x)) for x in ne)} = {n}")
     result = ggml_new_tensor_impl(ctx, a.type, len(ne), ne, a, 0, fn)
     ggml_format_name(result, "%s (reshaped)", a.name_bytes)
     return _record(result, GGMLOp.RESHAPE, a)

@@ -39,6 +39,7 @@ from engine.compute.threadpool import COMPUTE_OBSERVER, Share
 from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
                             GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
                             current_address_space, fresh_address_space, ggml_used_mem)
+from engine.errors import ProgramStopped, StepCapReached, program_line
 from engine.graph import Graph
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
@@ -75,6 +76,7 @@ class Trace:
     steps: list[Step] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    printed: str = ""  # what the program printed (a learner's program in the playground)
 
     @property
     def hash(self) -> str:
@@ -238,7 +240,9 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
     """Watches one program run and turns what it does into steps."""
 
     def __init__(self, source_file: str, n_threads: int,
-                 on_step: Callable[[Step, list[Context]], None] | None = None) -> None:
+                 on_step: Callable[[Step, list[Context]], None] | None = None,
+                 step_cap: int | None = None) -> None:
+        self.step_cap = step_cap or STEP_CAP
         self.on_step = on_step  # sees the live contexts after each step (tests compare with them)
         self.file = source_file
         self.n_threads = n_threads
@@ -420,8 +424,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
     def emit(self, kind: StepKind, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
              fn: str = "", **kw) -> Step | None:
         """Record a step (`fn`: the facade function a call step is for, which its note names)."""
-        if len(self.steps) >= STEP_CAP:
-            raise StepCapReached()
+        if len(self.steps) >= self.step_cap:
+            raise StepCapReached(self.step_cap)
         self.track_buffers()
         patches, fields, objects = self.diff(things)
         buffers = self.snapshot_buffers()
@@ -469,7 +473,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
             note = notes.WROTE_DATA.format(fn=name, name=t.name, n=ggml_nbytes(t), addr=f"{t.data:#x}")
-        elif name == "ggml_init":
+        elif name == "ggml_init" and isinstance(result, Context):
             note = (notes.INIT_NO_ALLOC if result.no_alloc else notes.INIT).format(
                 size=result.mem_size, addr=f"{result.base:#x}", id=result.id)
         # after visits or nodes, the call's own step is only needed for changes not yet shown
@@ -544,10 +548,6 @@ def checkpoint_every(pool_bytes: int) -> int:
     return max(CHECKPOINT_MIN_BYTES, pool_bytes)
 
 
-class StepCapReached(Exception):
-    pass
-
-
 def _end_of(ctx: Context, header: int) -> int:
     obj = ctx.object_header(header)[0]
     return int(obj["offs"]) + int(obj["size"])
@@ -576,12 +576,15 @@ def _dedupe(items: list) -> list:
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
-           on_step: Callable[[Step, list[Context]], None] | None = None, **kwargs) -> Trace:
+           on_step: Callable[[Step, list[Context]], None] | None = None,
+           step_cap: int | None = None, **kwargs) -> Trace:
     """Run `program(n_threads=..., **kwargs)` once and return its trace.
 
     The program returns its outputs as {name: tensor or value}; they are kept as nested lists.
+    An exception it raises, or a limit that stops it (`ProgramStopped`: the step cap, a sandbox's
+    limits), is the last step, at the program's line it passed through last.
     """
-    rec = Recorder(source_file, n_threads, on_step)
+    rec = Recorder(source_file, n_threads, on_step, step_cap)
     trace = Trace(name, Path(source_file).read_text(), n_threads)
     outputs: dict = {}
     token = COMPUTE_OBSERVER.set(rec.on_node)
@@ -592,14 +595,17 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
         sys.setprofile(rec.profile)
         try:
             outputs = program(n_threads=n_threads, **kwargs) or {}
-        except StepCapReached:
-            trace.error = f"stopped after {STEP_CAP} steps"
-            rec.steps.append(Step(len(rec.steps), StepKind.CAP, "", rec.line, trace.error))
+        except ProgramStopped as e:
+            sys.setprofile(prev)
+            trace.error = str(e)
+            line = program_line(e, source_file) or rec.line
+            rec.steps.append(Step(len(rec.steps), StepKind.CAP, rec.source(line), line, trace.error))
         except Exception as e:  # the program's error is the final step, shown to the learner
             sys.setprofile(prev)
             trace.error = f"{type(e).__name__}: {e}"
             rec.active = None
-            rec.steps.append(Step(len(rec.steps), StepKind.ERROR, rec.source(rec.line), rec.line,
+            line = program_line(e, source_file) or rec.line
+            rec.steps.append(Step(len(rec.steps), StepKind.ERROR, rec.source(line), line,
                                   trace.error))
         finally:
             sys.setprofile(prev)

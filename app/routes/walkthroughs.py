@@ -8,8 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from app.deps import FileHash, Store, Svgs, Threads, Traces
+from app.deps import PLAYGROUND_OFF, FileHash, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
+from app.programs import ProgramsBusy, ProgramStore
 from app.store import UploadStore
 from app.traces import TraceCache
 from app.views.debugger import graph as G
@@ -42,6 +43,22 @@ Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
                                    description="token ids appended after the prompt")]
 
 
+def _kind(request: Request) -> str:
+    """Which debugger a request is for: a walkthrough's, or a learner's program's (the same
+    routes serve /walkthroughs/<name>/… and /programs/<hash>/…)."""
+    return "programs" if request.url.path.startswith("/programs/") else "walkthroughs"
+
+
+def _where(request: Request, name: str, step: int, *args, **kw) -> Where:
+    kind = _kind(request)
+    if kind == "programs":
+        if any(kw.get(k) for k in ("file", "prompt", "then")):
+            raise HTTPException(422, _("a program of yours reads no file and no prompt"))
+    else:
+        _program(name)
+    return Where(name, step, *args, kind=kind, **kw)
+
+
 def _program(name: str) -> str:
     if name not in PROGRAMS:
         raise HTTPException(404, _("There is no walkthrough named '{name}'. The walkthroughs are: {names}.")
@@ -55,20 +72,20 @@ def _prompt(name: str, prompt: str | None) -> str | None:
 
 
 @router.get("/walkthroughs/{name}")
-def start(name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
+@router.get("/programs/{name}")
+def start(request: Request, name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
           then: Then = None) -> RedirectResponse:
-    _program(name)
-    return RedirectResponse(Where(name, 0, threads, file=file, prompt=_prompt(name, prompt),
-                                  then=then).url(), status_code=303)
+    return RedirectResponse(_where(request, name, 0, threads, file=file, prompt=_prompt(name, prompt),
+                                   then=then).url(), status_code=303)
 
 
 @router.get("/walkthroughs/{name}/goto")
-def goto(name: str, step: int = 0, threads: Threads = None, file: FileHash = None,
+@router.get("/programs/{name}/goto")
+def goto(request: Request, name: str, step: int = 0, threads: Threads = None, file: FileHash = None,
          prompt: Prompt = None, then: Then = None) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
-    _program(name)
-    return RedirectResponse(Where(name, step, threads, file=file, prompt=_prompt(name, prompt),
-                                  then=then).url(), status_code=303)
+    return RedirectResponse(_where(request, name, step, threads, file=file, prompt=_prompt(name, prompt),
+                                   then=then).url(), status_code=303)
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
@@ -92,13 +109,28 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     return str(path)
 
 
-def _at(cache: TraceCache, store: UploadStore, where: Where):
+def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where):
+    """The trace `where` names: a walkthrough's, or a learner's program's (recorded in the
+    sandbox if no worker process has it yet)."""
+    if not where.is_program:
+        return cache.trace(_program(where.name), where.threads,
+                           _input_file(store, where.name, where.file), where.prompt, where.then_ids)
+    if programs is None:
+        raise HTTPException(403, _(PLAYGROUND_OFF))
+    source = programs.load(where.name)
+    if source is None:
+        raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=where.name))
+    try:
+        return cache.program(where.name, where.threads, lambda n: programs.record(source, n))
+    except ProgramsBusy as e:
+        raise HTTPException(503, str(e)) from None
+
+
+def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None = None):
     """The trace, step and rebuilt state `where` names (404 outside the trace, 422 for bad
     threads or inputs, or for a run that stops with an error)."""
     try:
-        trace = cache.trace(_program(where.name), where.threads,
-                            _input_file(store, where.name, where.file), where.prompt,
-                            where.then_ids)
+        trace = _trace(cache, store, programs, where)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     if not 0 <= where.step < len(trace.steps):
@@ -116,14 +148,15 @@ def _select(state: State, where: Where, step: Step) -> Tensor | None:
 
 
 def step_model(cache: TraceCache, store: UploadStore, where: Where,
-               expand: str | None = None) -> dict[str, Any]:
+               expand: str | None = None, programs: ProgramStore | None = None) -> dict[str, Any]:
     """Every panel's view-model at one step."""
-    trace, step, state = _at(cache, store, where)
+    trace, step, state = _at(cache, store, where, programs)
     sel = _select(state, where, step)
     graph = G.graph_view(state, where, current_node(state, step), sel, expand,
                          lambda nodes: sched_view(trace, step, state, nodes))
     return {
-        "program": PROGRAMS[where.name], "where": where, "step": step, "expand": expand,
+        "program": None if where.is_program else PROGRAMS[where.name], "where": where,
+        "playground": programs is not None, "step": step, "expand": expand,
         "nav": nav(trace, where), "source": source(trace, step),
         "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
@@ -141,15 +174,16 @@ Expand = Query(None, pattern=r"^\d{1,4}$")
 
 
 @router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
-def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
+@router.get("/programs/{name}/steps/{n}", response_class=HTMLResponse)
+def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, programs: Programs, name: str, n: int,
               threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
               file: FileHash = None, expand: str | None = Expand,
               hex: str = Query("struct", pattern="^(struct|data)$"), prompt: Prompt = None,
               then: Then = None) -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
-    where = Where(name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then)
-    model = step_model(cache, store, where, expand)
+    where = _where(request, name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then)
+    model = step_model(cache, store, where, expand, programs)
     htmx = request.headers.get("HX-Request") == "true"
     graph = model["graph"]
     model["graph_svg"] = svgs.get(graph.key, lambda: G.render_svg(graph.dot)) \
@@ -161,15 +195,16 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, name: s
 
 
 @router.get("/walkthroughs/{name}/steps/{n}/graph/{key}.svg")
-def graph_svg(cache: Traces, store: Store, svgs: Svgs, name: str, n: int,
+@router.get("/programs/{name}/steps/{n}/graph/{key}.svg")
+def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, programs: Programs, name: str, n: int,
               key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
               threads: Threads = None, t: str | None = TensorKey, file: FileHash = None,
               expand: str | None = Expand, prompt: Prompt = None, then: Then = None) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def render() -> str:
-        where = Where(name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
-        trace, step, state = _at(cache, store, where)
+        where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
+        trace, step, state = _at(cache, store, where, programs)
         graph = G.graph_view(state, where, current_node(state, step),
                              _select(state, where, step), expand,
                              lambda nodes: sched_view(trace, step, state, nodes))
@@ -199,12 +234,13 @@ def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads 
 
 
 @router.get("/walkthroughs/{name}/search", response_class=HTMLResponse)
-def search_page(request: Request, cache: Traces, store: Store, name: str,
+@router.get("/programs/{name}/search", response_class=HTMLResponse)
+def search_page(request: Request, cache: Traces, store: Store, programs: Programs, name: str,
                 q: str = Query("", max_length=200), threads: Threads = None,
                 file: FileHash = None, prompt: Prompt = None, then: Then = None) -> HTMLResponse:
     """Steps whose call, note or tensor's name contains q: each a link to its step."""
-    where = Where(name, 0, threads, None, file=file, prompt=_prompt(name, prompt), then=then)
-    trace, _, state = _at(cache, store, where)
+    where = _where(request, name, 0, threads, None, file=file, prompt=_prompt(name, prompt), then=then)
+    trace, _, state = _at(cache, store, where, programs)
     final = cache.state(trace, len(trace.steps) - 1)
     names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}
     results = search_results(trace, where, names, q)

@@ -37,8 +37,7 @@ class AnswerView:
 
 
 def answer_view(trace: Trace, where: Where) -> AnswerView | None:
-    prog = PROGRAMS[where.name]
-    if prog.prompt is None or "prompt_tokens" not in trace.outputs:
+    if where.is_program or PROGRAMS[where.name].prompt is None or "prompt_tokens" not in trace.outputs:
         return None
     then = list(where.then_ids)
     passes, appended = [], []
@@ -53,7 +52,7 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
     back = None
     if then:
         back = _start(where, then[:-1])
-    return AnswerView(where.prompt or prog.prompt, prog.prompt, list(trace.outputs["prompt_tokens"]),
+    return AnswerView(where.prompt or PROGRAMS[where.name].prompt, PROGRAMS[where.name].prompt, list(trace.outputs["prompt_tokens"]),
                       appended, passes, back)
 
 

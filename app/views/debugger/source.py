@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.trace import FieldWrite, Step, Trace
+from engine.trace import FieldWrite, Step, StepKind, Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +21,13 @@ class Source:
     note: str
     fields: list[FieldWrite]
     parent_call: str | None  # the call a visit or node step belongs to
+    error: bool  # the step is the error (or the limit) that stopped the program, at its line
+    printed: str  # what the program printed (a learner's program)
 
 
 def source(trace: Trace, step: Step) -> Source:
     lines = trace.source.splitlines()
     parent = trace.steps[step.parent].call if step.parent is not None else None
     return Source([SourceLine(i + 1, text, i + 1 == step.line) for i, text in enumerate(lines)],
-                  step.call, step.note, list(step.fields), parent)
+                  step.call, step.note, list(step.fields), parent,
+                  step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed)

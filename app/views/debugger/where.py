@@ -43,6 +43,16 @@ class Where:
     hex: str = "struct"  # what the Bytes panel shows: "struct" or "data"
     prompt: str | None = None  # the learner's prompt, for a program that reads one
     then: str | None = None  # token ids appended after the prompt, "506,5279"
+    kind: str = "walkthroughs"  # or "programs": a learner's program, `name` its text's hash
+
+    @property
+    def base(self) -> str:
+        """The program's own path: /walkthroughs/<name> or /programs/<hash>."""
+        return f"/{self.kind}/{self.name}"
+
+    @property
+    def is_program(self) -> bool:
+        return self.kind == "programs"
 
     @property
     def then_ids(self) -> tuple[int, ...]:
@@ -68,7 +78,7 @@ class Where:
         if v["row"] or v["block"]:
             pairs += [("row", v["row"]), ("block", v["block"])]
         q = _query(pairs)
-        return f"/walkthroughs/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
+        return f"/{v['kind']}/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
 
 
 def _query(pairs) -> str:

@@ -1,0 +1,80 @@
+"""Learners' programs, kept by the sha256 of their text in a directory every worker shares, and
+recorded in the sandbox (app/sandbox/) when a worker has no trace of them.
+
+A program's permalink is its hash: any worker can read the text back and record the same trace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+
+from app.i18n import _
+from app.sandbox.run import Limits, ProgramFailed, run_program
+from engine.steps import Step, StepKind
+from engine.trace import Trace
+
+PROGRAM_RE = re.compile(r"[0-9a-f]{64}")
+MAX_PROGRAM = 64 * 1024  # bytes of program text
+MAX_KEPT = 10_000  # programs kept; the oldest go first
+RUNS_AT_ONCE = 2  # programs recorded at the same time by one server process
+WAIT_FOR_SLOT = 30  # seconds a request waits for a free slot
+
+
+class ProgramStore:
+    def __init__(self, root: Path, limits: Limits = Limits()) -> None:
+        self.root = root
+        self.limits = limits
+        root.mkdir(parents=True, exist_ok=True)
+        self._slots = threading.BoundedSemaphore(RUNS_AT_ONCE)
+
+    @staticmethod
+    def digest(source: str) -> str:
+        return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+    def save(self, source: str) -> str:
+        """Keep the text (written to a temporary file, then renamed: a reader never sees half)."""
+        if len(source.encode("utf-8")) > MAX_PROGRAM:
+            raise ValueError(_("a program may be at most {n} bytes").format(n=f"{MAX_PROGRAM:,}"))
+        digest = self.digest(source)
+        path = self.root / f"{digest}.py"
+        if not path.exists():
+            fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".part")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(source)
+            os.replace(tmp, path)
+            self._trim()
+        return digest
+
+    def load(self, digest: str) -> str | None:
+        if not PROGRAM_RE.fullmatch(digest):
+            return None
+        path = self.root / f"{digest}.py"
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    def record(self, source: str, threads: int) -> Trace:
+        """Run the program in the sandbox. A run the sandbox had to kill (so no steps came back)
+        is a trace of one error step saying why."""
+        if not self._slots.acquire(timeout=WAIT_FOR_SLOT):
+            raise ProgramsBusy(_("the server is recording other programs; try again in a moment"))
+        try:
+            return run_program(source, threads, self.limits)
+        except ProgramFailed as e:
+            trace = Trace("program", source, threads, error=str(e))
+            trace.steps.append(Step(0, StepKind.ERROR, "", 1, str(e)))
+            return trace
+        finally:
+            self._slots.release()
+
+    def _trim(self) -> None:
+        files = sorted(self.root.glob("*.py"), key=lambda p: p.stat().st_mtime)
+        for p in files[:max(0, len(files) - MAX_KEPT)]:
+            p.unlink(missing_ok=True)
+
+
+class ProgramsBusy(Exception):
+    pass
