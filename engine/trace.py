@@ -595,18 +595,19 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
         sys.setprofile(rec.profile)
         try:
             outputs = program(n_threads=n_threads, **kwargs) or {}
-        except ProgramStopped as e:
+        except (Exception, ProgramStopped) as e:  # the program's error (or the limit that stopped it) is the
+            # final step, at the program's line it passed through last
             sys.setprofile(prev)
-            trace.error = str(e)
-            line = program_line(e, source_file) or rec.line
-            rec.steps.append(Step(len(rec.steps), StepKind.CAP, rec.source(line), line, trace.error))
-        except Exception as e:  # the program's error is the final step, shown to the learner
-            sys.setprofile(prev)
-            trace.error = f"{type(e).__name__}: {e}"
+            stopped = isinstance(e, ProgramStopped)
+            trace.error = str(e) if stopped else f"{type(e).__name__}: {e}"
             rec.active = None
             line = program_line(e, source_file) or rec.line
-            rec.steps.append(Step(len(rec.steps), StepKind.ERROR, rec.source(line), line,
-                                  trace.error))
+            last = rec.steps[-1] if rec.steps else None
+            if last is not None and last.kind == StepKind.CALL and last.line == line and \
+                    not (last.patches or last.objects or last.fields):
+                rec.steps.pop()  # the call that raised, seen returning: it did nothing
+            rec.steps.append(Step(len(rec.steps), StepKind.CAP if stopped else StepKind.ERROR,
+                                  rec.source(line), line, trace.error))
         finally:
             sys.setprofile(prev)
             COMPUTE_OBSERVER.reset(token)

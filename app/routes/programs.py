@@ -30,7 +30,9 @@ from engine.ggml import *
 
 
 def run(n_threads: int = 1) -> dict:
-    ctx = ggml_init(ggml_init_params(mem_size=16 * 1024, mem_buffer=None, no_alloc=False))
+    # room for three tensors (struct and data), a graph, and ggml's alignment slack
+    mem_size = 3 * (ggml_tensor_overhead() + 12 * 4) + ggml_graph_overhead() + 1024
+    ctx = ggml_init(ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=False))
 
     a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)
     ggml_set_name(a, "a")

@@ -55,7 +55,7 @@ def serving(settings: Settings) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The app, with its own data directory."""
-    with serving(Settings(data_dir=tmp_path_factory.mktemp("lens-data"))) as url:
+    with serving(Settings(data_dir=tmp_path_factory.mktemp("lens-data"), programs=True)) as url:
         yield url
 
 

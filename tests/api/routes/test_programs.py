@@ -1,0 +1,149 @@
+"""The playground over HTTP: the editor, Run, permalinks by the program's hash, refusals and
+syntax errors at their line, errors as the trace's last step, the switch that turns it off, and a
+server that keeps answering while a program runs into its limits."""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.programs import ProgramStore
+from app.routes.programs import STARTER
+from app.sandbox.run import Limits
+from app.settings import Settings
+from engine.programs import PROGRAMS
+
+VIEWS = Path(PROGRAMS["views-and-permute"].source_file).read_text()
+LIMITS = Limits(cpu=3, wall=6)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def client(data):
+    app = create_app(Settings(data_dir=data, programs=True))
+    app.state.programs.limits = LIMITS
+    return TestClient(app)
+
+
+def run(client, source: str, threads: int = 1):
+    return client.post("/programs", data={"source": source, "threads": str(threads)}, follow_redirects=False)
+
+
+def test_the_editor_opens_on_a_starter_a_fork_or_a_stored_program(client):
+    r = client.get("/playground")
+    assert r.status_code == 200 and "ggml_reshape_2d(ctx, a, 3, 4)" in html.unescape(r.text)
+    assert '<script src="/static/codemirror-5.65.21.js"' in r.text
+    r = client.get("/playground?from=views-and-permute")
+    assert r.status_code == 200 and html.unescape(r.text).count("p = ggml_permute(ctx, x, 1, 0, 2, 3)") == 1
+    assert 'id="refusal"' not in r.text
+    r = client.get("/playground?from=mnist-style")  # a walkthrough that imports os: says so at once
+    assert 'id="refusal"' in r.text and "`import os` is refused" in html.unescape(r.text)
+    assert client.get("/playground?from=nope").status_code == 404
+    assert client.get("/playground?program=" + "0" * 64).status_code == 404
+    assert client.get("/playground?program=../etc").status_code == 422
+
+
+def test_every_walkthrough_page_offers_an_editable_copy(client):
+    r = client.get("/walkthroughs/views-and-permute/steps/3")
+    assert 'href="/playground?from=views-and-permute"' in r.text and "Edit a copy" in r.text
+
+
+def test_run_records_the_program_and_its_permalink_is_its_hash(client, data):
+    source = VIEWS.replace("ggml_permute(ctx, x, 1, 0, 2, 3)", "ggml_permute(ctx, x, 2, 0, 1, 3)")
+    r = run(client, source)
+    digest = ProgramStore.digest(source)
+    assert r.status_code == 303 and r.headers["location"] == f"/programs/{digest}/steps/0"
+    assert (data / "programs" / f"{digest}.py").read_text() == source
+    page = client.get(f"/programs/{digest}/steps/4")
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert "p = ggml_permute(ctx, x, 2, 0, 1, 3)" in text
+    assert "nb = {16, 48, 4, 96}" in text  # the changed permute's strides, from the engine
+    assert f'href="/playground?program={digest}"' in page.text  # Edit: back to the editor
+    # another server process with the same store (a classmate's link) gives the same trace
+    other = TestClient(create_app(Settings(data_dir=data, programs=True)))
+    again = other.get(f"/programs/{digest}/steps/4")
+    assert again.status_code == 200 and "nb = {16, 48, 4, 96}" in html.unescape(again.text)
+    assert client.get(f"/programs/{digest}/steps/99").status_code == 404
+    assert client.get(f"/programs/{digest}").status_code == 200  # redirected to step 0
+    assert client.get(f"/programs/{digest}/search?q=permute").status_code == 200
+
+
+def test_windows_line_ends_give_the_same_program(client):
+    r1, r2 = run(client, STARTER), run(client, STARTER.replace("\n", "\r\n"))
+    assert r1.headers["location"] == r2.headers["location"]
+
+
+def test_a_failed_assertion_is_the_last_step_at_its_line(client):
+    source = STARTER.replace("ggml_reshape_2d(ctx, a, 3, 4)", "ggml_reshape_2d(ctx, a, 5, 4)")
+    r = run(client, source)
+    assert r.status_code == 303
+    page = client.get(r.headers["location"])
+    text = html.unescape(page.text)
+    line = next(i + 1 for i, t in enumerate(source.splitlines()) if "ggml_reshape_2d" in t)
+    m = re.search(r'class="line current error"[^>]*><span class="ln">(\d+)</span>', page.text)
+    assert m and int(m.group(1)) == line
+    assert "ggml_reshape_2d: GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed: a ('a') has 12 elements, 5×4 = 20" in text
+    last = int(r.headers["location"].rsplit("/", 1)[1])
+    assert last > 0 and client.get(r.headers["location"].replace(f"/steps/{last}", "/steps/1")).status_code == 200
+
+
+@pytest.mark.parametrize("source, line, words", [
+    ("def run(n_threads):\n    x = (\n", 2, "SyntaxError"),
+    ("import os\n\ndef run(n_threads):\n    return {}\n", 1, "`import os` is refused"),
+    ("def run(n_threads):\n    return ().__class__\n", 2, "`.__class__` is refused"),
+    ("x = 1\n", 1, "defines no `run(n_threads)`"),
+])
+def test_refusals_and_syntax_errors_are_shown_in_the_editor_at_their_line(client, source, line, words):
+    r = run(client, source)
+    assert r.status_code == 422
+    assert f'id="refusal" data-line="{line}"' in r.text
+    assert words in html.unescape(r.text)
+    assert html.escape(source, quote=False).strip() in r.text  # the program is kept in the editor
+
+
+def test_a_program_that_never_ends_is_stopped_and_the_server_keeps_answering(client):
+    looping = STARTER.replace("    return {\"c\": c}", "    while True:\n        pass")
+    assert looping != STARTER
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("r", run(client, looping)))
+    started = time.monotonic()
+    worker.start()
+    time.sleep(0.5)
+    while worker.is_alive():  # meanwhile, every other page is served at once
+        t = time.monotonic()
+        assert client.get("/walkthroughs/simple-ctx/steps/1").status_code == 200
+        assert time.monotonic() - t < 2
+        time.sleep(0.3)
+    worker.join()
+    assert time.monotonic() - started < LIMITS.cpu + LIMITS.wall + 10
+    r = result["r"]
+    assert r.status_code == 303
+    page = client.get(r.headers["location"])
+    assert "the program used more than 3 s of CPU time" in page.text
+
+
+def test_the_playground_is_off_unless_the_server_allows_it(data):
+    off = TestClient(create_app(Settings(data_dir=data, programs=False)))
+    assert off.get("/playground").status_code == 403
+    assert "--allow-programs" in off.get("/playground").text
+    assert run(off, STARTER).status_code == 403
+    assert off.get(f"/programs/{ProgramStore.digest(STARTER)}/steps/0").status_code == 403
+    assert "Edit a copy" not in off.get("/walkthroughs/simple-ctx/steps/0").text
+
+
+def test_hashes_and_sizes_are_checked(client):
+    assert client.get("/programs/" + "0" * 64 + "/steps/0").status_code == 404
+    assert run(client, "x" * (64 * 1024 + 1)).status_code == 422
+    assert client.get("/programs/../../etc/steps/0").status_code == 404
