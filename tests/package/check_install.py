@@ -24,10 +24,12 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
-STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.css", "text.js")
+STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.css", "text.js",
+          "codemirror-5.65.21.js", "codemirror-5.65.21.css", "playground.js", "playground.css")
 
 
 def get(base: str, path: str, htmx: bool = False, status: int = 200) -> str:
@@ -99,7 +101,18 @@ def main() -> int:
         # the Chinese catalogue ships as package data
         zh = get(base, "/walkthroughs/simple-ctx/steps/1?lang=zh")
         assert '<html lang="zh-Hans">' in zh and "上一步" in zh, "the Chinese interface is missing"
-        print(f"package check: {n + 4} pages served from {Path(app.__file__).parent}")
+        # the playground (on: the server listens on localhost) runs a program in the installed
+        # sandbox worker and serves its trace
+        assert "views-and-permute" in get(base, "/playground?from=views-and-permute")
+        program = "from engine.ggml import *\n\n\ndef run(n_threads=1):\n" \
+                  "    ctx = ggml_init(ggml_init_params(mem_size=4096, mem_buffer=None, no_alloc=False))\n" \
+                  "    return {}\n"
+        req = urllib.request.Request(base + "/programs", method="POST", data=urllib.parse.urlencode(
+            {"source": program, "threads": "1"}).encode())
+        with urllib.request.urlopen(req, timeout=120) as r:  # redirected to the trace's first step
+            trace = r.read().decode()
+            assert "/programs/" in r.url and "ggml_init" in trace and "Traceback" not in trace, r.url
+        print(f"package check: {n + 6} pages served from {Path(app.__file__).parent}")
         return 0
     finally:
         server.terminate()

@@ -147,3 +147,15 @@ def test_hashes_and_sizes_are_checked(client):
     assert client.get("/programs/" + "0" * 64 + "/steps/0").status_code == 404
     assert run(client, "x" * (64 * 1024 + 1)).status_code == 422
     assert client.get("/programs/../../etc/steps/0").status_code == 404
+
+
+def test_lowering_simple_ctx_mem_size_triggers_ggmls_pool_message(client):
+    """The accountant says how much of simple-ctx's `+ 1024` is used; the playground lets the
+    learner lower it and meet ggml's message at the line that needed the room."""
+    source = Path(PROGRAMS["simple-ctx"].source_file).read_text()
+    assert "    ctx_size += 1024" in source
+    r = run(client, source.replace("    ctx_size += 1024", "    ctx_size += 256"))
+    page = html.unescape(client.get(r.headers["location"]).text)
+    assert "not enough space in the context's memory pool" in page
+    m = re.search(r'class="line current error"[^>]*><span class="ln">\d+</span>([^\n]*)', page)
+    assert m and "ggml_mul_mat" in m.group(1)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from app.cli import main
 from engine.programs import FIXTURES_DIR
 
@@ -92,3 +94,24 @@ def test_inspect_web_serves_the_files_folder_and_names_its_page(monkeypatch, cap
 def test_serve_models_must_be_a_folder(capsys, tmp_path):
     assert main(["serve", "--models", str(tmp_path / "nope")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, on", [
+    (["serve"], True),  # localhost: the playground is on
+    (["serve", "--host", "localhost"], True),
+    (["serve", "--host", "0.0.0.0"], False),  # any other address needs --allow-programs
+    (["serve", "--host", "0.0.0.0", "--allow-programs"], True),
+])
+def test_serve_turns_the_playground_on_only_on_localhost_or_when_allowed(monkeypatch, tmp_path, argv, on):
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    monkeypatch.setenv("GGML_LENS_PROGRAMS", "1" if not on else "0")  # whatever was set before
+    monkeypatch.setenv("GGML_LENS_DATA", str(tmp_path))
+    assert main(argv) == 0
+    client = TestClient(create_app(Settings.from_env()))
+    assert client.get("/playground").status_code == (200 if on else 403)
