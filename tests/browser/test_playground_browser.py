@@ -27,10 +27,14 @@ def _replace_in_editor(page: Page, old: str, new: str) -> None:
 
 
 def _step_to_line(page: Page, text: str) -> None:
+    """Press Next step until the step's line holds `text` (each press waits for its step)."""
     for _ in range(40):
         if text in (page.locator("#source .line.current").text_content() or ""):
             return
+        n = int(re.search(r"/steps/(\d+)", page.url).group(1))
         page.get_by_role("button", name="Next step").click()
+        expect(page).to_have_url(re.compile(rf"/steps/{n + 1}(\?|$)"))
+        expect(page.locator("#stepnav output")).to_contain_text(f"{n + 1} /")
     raise AssertionError(f"no step at a line with {text!r}")
 
 
