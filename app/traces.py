@@ -21,7 +21,8 @@ from engine.trace import State, Trace
 # program, threads, input file, prompt (None: the program's own), tokens appended after it
 TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
 PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash of its text>"
-BYTES_KEPT = 3 << 30  # recorded bytes the kept traces may hold together (a model's are ~0.5 GB)
+BYTES_KEPT = 3 << 30
+STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together  # recorded bytes the kept traces may hold together (a model's are ~0.5 GB)
 
 
 class TraceCache:
@@ -122,7 +123,8 @@ class TraceCache:
         state = trace.state_at(k)
         with self._lock:
             self._states[key] = state
-            while len(self._states) > 2 * self.size:
+            while len(self._states) > 1 and (len(self._states) > 2 * self.size or sum(
+                    s.nbytes for s in self._states.values()) > STATE_BYTES_KEPT):
                 self._states.popitem(last=False)
         return state
 

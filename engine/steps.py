@@ -42,9 +42,11 @@ class ContextMeta:
     mem_size: int
     objects_end: int | None  # header offset of the last object, None while empty
     no_alloc: bool
+    freed: bool = False  # ggml_free released its pool: a rebuilt state no longer holds it
 
     def astuple(self) -> tuple:
-        return astuple(self)
+        t = astuple(self)
+        return t if self.freed else t[:-1]  # (as before `freed` was recorded: hashes stay)
 
 
 @dataclass(frozen=True, slots=True)

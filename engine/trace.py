@@ -110,6 +110,7 @@ class Trace:
                 metas[c.id] = c
             for b in s.buffers:
                 buffers[b.id] = b
+        metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
         flat, ends = self._flat_patches()
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
@@ -151,7 +152,10 @@ class Trace:
             since, done = 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
-                    pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
+                    if c.freed:
+                        pools.pop(c.id, None)
+                    else:
+                        pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
                 for b in s.buffers:
                     pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
                 step_bytes = 0
@@ -200,6 +204,8 @@ class State:
                                                m.objects_end, m.no_alloc)
                          for cid, m in sorted(metas.items())}
         self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
+        # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
+        self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
         return Tensor(self.contexts[ref[0]], ref[1])
@@ -218,7 +224,18 @@ class State:
         for ctx in self.contexts.values():
             out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
                     for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
-        return out
+        return [g for g in out if _readable(g)]
+
+
+def _readable(g: Graph) -> bool:
+    """A graph whose nodes and leafs all still exist: one whose tensors were in a context freed
+    since holds dangling pointers (in C too), and is not shown."""
+    try:
+        for t in g.nodes + g.leafs:
+            t.src  # noqa: B018 - resolving the sources' addresses is the test
+        return True
+    except ValueError:
+        return False
 
 
 # --- recording -------------------------------------------------------------------------------
@@ -414,7 +431,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
     def snapshot_meta(self) -> tuple[ContextMeta, ...]:
         changed = []
         for ctx in self.contexts:
-            m = ContextMeta(ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc)
+            m = ContextMeta(ctx.id, ctx.base, ctx.mem_size, ctx.objects_end, ctx.no_alloc,
+                            ctx.freed and getattr(ctx, "mem_buffer_owned", True))
             if self.meta.get(ctx.id) != m:
                 self.meta[ctx.id] = m
                 changed.append(m)

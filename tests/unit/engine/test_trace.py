@@ -225,3 +225,17 @@ def test_checkpoints_rebuild_the_same_state(monkeypatch):
         assert a.contexts.keys() == b.contexts.keys()
         for cid in a.contexts:
             assert np.array_equal(a.contexts[cid].pool, b.contexts[cid].pool), (k, cid)
+
+
+def test_a_freed_context_leaves_the_rebuilt_state():
+    """After ggml_free the pool is gone (ggml returned it to the allocator): a rebuilt state no
+    longer holds it, so a program that makes and frees contexts in a loop (ggml-opt's graph
+    copies) does not make every state hold every pool it ever had."""
+    trace = trace_program("mnist-style")
+    k = next(s.index for s in trace.steps if s.call.strip().startswith("ggml_free(ctx)"))
+    before, after = trace.state_at(k - 1), trace.state_at(k)
+    freed = set(before.contexts) - set(after.contexts)
+    assert len(freed) == 1
+    assert after.nbytes == before.nbytes - before.contexts[freed.pop()].mem_size
+    train = trace_program("mnist-train")
+    assert len(train.state_at(len(train.steps) - 1).contexts) < 10  # not one per epoch
