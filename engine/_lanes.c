@@ -130,7 +130,7 @@ FLOAT_DOTS(dot_f16_fma, dot_tiny_fma, __attribute__((target("fma"))))
 static int fma_hw(void)
 {
 #ifdef HAVE_FMA_TARGET
-    return __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
 #else
     return 0;
 #endif
@@ -293,7 +293,84 @@ static PyObject *py_same(PyObject *self, PyObject *args)
     return PyBool_FromLong(same);
 }
 
+/* ggml_v_expf and ggml_v_silu, ggml's AVX2 polynomial, one lane at a time: exp(x) as 2^n * p(b)
+ * with n = round(x * log2 e) (by adding and subtracting 1.5 * 2^23), b = x - n * ln 2 in two
+ * parts, p a degree-5 polynomial in b, and 2^n built in the exponent bits; where |n| > 126 the
+ * scale is split in two factors (s1, s2) so that it neither overflows nor underflows early, and
+ * where |n| > 192 the result is s1 * s1 (0 or infinity). Each vector operation is one IEEE
+ * operation on each lane, so a lane alone gives the vector's bits; the fused multiply-adds are
+ * fmaf (one rounding), the integer operations wrap as the vector instructions do. */
+#define V_MATH(EXPF, SILU, ATTR)                                                             \
+    ATTR static inline float EXPF##_1(float x)                                               \
+    {                                                                                        \
+        const float shift = 0x1.8p23f;                                                       \
+        const float z = fmaf(x, 0x1.715476p+0f, shift);                                      \
+        const float n = z - shift;                                                           \
+        const float b = fmaf(n, -0x1.7f7d1cp-20f, fmaf(n, -0x1.62e4p-1f, x));                \
+        uint32_t zb;                                                                         \
+        memcpy(&zb, &z, 4);                                                                  \
+        const uint32_t e = zb << 23, kb = e + 0x3f800000u;                                   \
+        const float u = b * b;                                                               \
+        const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,                \
+                                  fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),                  \
+                             u, 0x1.ffffecp-1f * b);                                         \
+        const float an = fabsf(n);                                                           \
+        const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;                                     \
+        const uint32_t s1b = g + 0x7f000000u, s2b = e - g;                                   \
+        float k, s1, s2;                                                                     \
+        memcpy(&k, &kb, 4);                                                                  \
+        memcpy(&s1, &s1b, 4);                                                                \
+        memcpy(&s2, &s2b, 4);                                                                \
+        /* every lane's three results, then the one its |n| picks (as the vector code's   */ \
+        /* masks do): no branch, so the compiler can run the loop 8 lanes at a time       */ \
+        const float normal = fmaf(k, j, k), scaled = fmaf(s2, j, s2) * s1, huge = s1 * s1;   \
+        return an > 192.0f ? huge : an > 126.0f ? scaled : normal;                           \
+    }                                                                                        \
+    ATTR static void EXPF(const float *x, float *out, Py_ssize_t n)        \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = EXPF##_1(x[i]);                                                         \
+    }                                                                                        \
+    ATTR static void SILU(const float *x, float *out, Py_ssize_t n)        \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = x[i] / (1.0f + EXPF##_1(0.0f - x[i]));                                  \
+    }
+
+V_MATH(v_expf, v_silu, )
+#ifdef HAVE_FMA_TARGET
+V_MATH(v_expf_fma, v_silu_fma, __attribute__((target("avx2,fma"))))
+#endif
+
+static PyObject *py_v_math(PyObject *args, int silu)
+{
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    int ok = x.len % 4 == 0 && check(&out, x.len, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        (silu ? PICK(v_silu, hw) : PICK(v_expf, hw))(x.buf, out.buf, x.len / 4);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_v_expf(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 0); }
+static PyObject *py_v_silu(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 1); }
+
 static PyMethodDef methods[] = {
+    {"v_expf", py_v_expf, METH_VARARGS,
+     "v_expf(x, out): out[i] = ggml_v_expf's lane of x[i] (contiguous float32 buffers)"},
+    {"v_silu", py_v_silu, METH_VARARGS,
+     "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"lanes_fma", py_lanes_fma, METH_VARARGS,
      "lanes_fma(w, x, cw, cx, cf, scale, acc, nb, nl, n0, g, gc, j0, j1, wsize): for every block b "
      "and lane l of weight rows j0..j1, acc[l, j] = fmaf(sum_k w[b,l,k,j]*x[b,l,k] + "

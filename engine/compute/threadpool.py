@@ -30,7 +30,8 @@ from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.context import Context, ggml_new_buffer
 from engine.errors import ggml_assert
 from engine.graph import Graph
-from engine.optable import VIEW_OPS, GGMLOp
+from engine.optable import VIEW_OPS, GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.types import GGMLType
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
 
 GGML_STATUS_SUCCESS = 0
@@ -229,9 +230,18 @@ NO_BARRIER_OPS = frozenset({
     GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
 })
 SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
-# ... and these at any size: their kernels run many short numpy passes (ggml's exp polynomial,
-# fmas emulated in float64) that hold the interpreter lock, so a second thread only waits for it
+# ... and these at any size: their kernels run many short numpy passes (fmas emulated in
+# float64, table lookups) that hold the interpreter lock, so a second thread only waits for it;
+# but not the f32 SILU and SWIGLU, whose polynomial runs in C without the lock (_RUN_IN_C)
 ALWAYS_ALONE_OPS = frozenset({GGMLOp.SOFT_MAX, GGMLOp.UNARY, GGMLOp.GLU})
+_RUN_IN_C = {GGMLOp.UNARY: int(GGMLUnaryOp.SILU), GGMLOp.GLU: int(GGMLGluOp.SWIGLU)}
+
+
+def _alone_at_any_size(node: Tensor) -> bool:
+    if node.op not in ALWAYS_ALONE_OPS:
+        return False
+    in_c = _RUN_IN_C.get(node.op)
+    return not (in_c is not None and int(node.op_params[0]) == in_c and node.type == GGMLType.F32)
 
 
 def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
@@ -243,7 +253,7 @@ def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
         if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             modes.append(_SKIP)
         elif nth > 1 and node.op in NO_BARRIER_OPS and (ggml_nelements(node) <= SMALL_NODE
-                                                        or node.op in ALWAYS_ALONE_OPS):
+                                                        or _alone_at_any_size(node)):
             modes.append(_ALONE)
         else:
             modes.append(_TOGETHER)

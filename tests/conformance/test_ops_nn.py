@@ -17,7 +17,7 @@ from engine import ggml as eng
 from engine.errors import GGMLAssertionError, GGMLNotSupportedError
 from engine.optable import GGMLOp
 from engine.types import GGMLType
-from tests.support.graphs import Leaf, check_op, engine_result, engine_shares
+from tests.support.graphs import Leaf, check_op, engine_result, engine_shares, values
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64
 Q4_0, Q8_0, Q4_K, Q6_K = GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K
@@ -141,6 +141,25 @@ def test_soft_max_ext_mask_broadcast(mask_type, n_threads):
     shares = engine_shares(lambda g, ctx, a, m: g.ggml_soft_max_ext(ctx, a, m, 0.125, 0.0), leaves,
                            n_threads, GGMLOp.SOFT_MAX)[0]
     assert [s.ranges for s in shares] == [tuple(range(i, 6, n_threads)) for i in range(n_threads)]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_soft_max_silu_swiglu_bits_with_nan_inf_and_huge(n_threads):
+    """ggml's exp polynomial lane by lane, bit for bit, NaN's sign included (a row holding a
+    NaN is all NaN, with the sign ggml's vector instructions give it), and the lanes beyond
+    |n| > 126 and 192."""
+    special = [np.nan, np.inf, -np.inf, 88.7, 89.0, -87.0, -104.0, -150.0, 200.0, -200.0, 0.0, -0.0]
+    rng = np.random.default_rng(3)
+    x = np.concatenate([special, rng.uniform(-120, 120, 4 * 37 - len(special))]).astype(np.float32)
+    leaves = [Leaf(F32, (37, 4), values=x.reshape(4, 37))]
+    g = np.random.default_rng(4).uniform(-3, 3, 4 * 37).astype(np.float32).reshape(4, 37)
+    gate = [Leaf(F32, (37, 4), values=g)]
+    for build, lv in ((lambda gg, ctx, a: gg.ggml_soft_max(ctx, a), leaves),
+                      (lambda gg, ctx, a: gg.ggml_silu(ctx, a), leaves),
+                      (lambda gg, ctx, a, b: gg.ggml_swiglu_split(ctx, a, b), leaves + gate)):
+        ours, theirs = check_op(build, lv, n_threads, exact=True)
+        a, b = (np.asarray(values(r), np.float32) for r in (ours, theirs))
+        assert a.tobytes() == b.tobytes()
 
 
 def test_soft_max_causal_mask_and_sinks():

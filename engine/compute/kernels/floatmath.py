@@ -12,8 +12,9 @@ ggml's kernels get their float math from two places, and so does the engine:
     after the double rounding could differ (vanishingly rare).
   - mac_in_order: one step of a plain C loop `sum += a[k]*b[k]` as the oracle's build compiles
     it (see there).
-  - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`), lane by lane, for the
-    part of a row that fills whole 8-lane vectors.
+  - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`), lane by lane in C
+    (`engine._lanes`: each vector instruction is one IEEE operation per lane, so a lane alone
+    gives the vector's bits), for the part of a row that fills whole 8-lane vectors.
   - The fp16 GELU and GELU-quick tables that ggml_cpu_init builds (GGML_GELU_FP16), from libm's
     tanhf and expf.
 """
@@ -24,6 +25,7 @@ from functools import cache
 
 import numpy as np
 
+from engine import _lanes
 from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
     tanhf  # noqa: F401 (re-exported)
 from engine.types import fp16_bits_to_fp32, fp32_to_fp16_bits
@@ -73,42 +75,29 @@ def by_rows(fn, *arrays: np.ndarray) -> np.ndarray:
 
 # --- ggml_v_expf / ggml_v_silu (AVX2 + FMA) -----------------------------------------------------
 
-_V_C = [F32(float.fromhex(h)) for h in (
-    "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
-_V_SHIFT = F32(float.fromhex("0x1.8p23"))
-_V_LOG2E = F32(float.fromhex("0x1.715476p+0"))
-_V_LN2_HI = F32(float.fromhex("0x1.62e4p-1"))
-_V_LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
-
-
 def v_expf(x: np.ndarray) -> np.ndarray:
     """ggml_v_expf (AVX2): exp by a degree-5 polynomial on x - n·ln2, scaled by 2^n built from
-    exponent bits; |n| > 126 and > 192 take the overflow/underflow lanes."""
-    x = np.asarray(x, F32)
-    with np.errstate(all="ignore"):
-        z = fmaf(x, _V_LOG2E, _V_SHIFT)
-        n = z - _V_SHIFT
-        b = fmaf(-n, _V_LN2_LO, fmaf(-n, _V_LN2_HI, x))
-        e = z.view(np.int32) << 23
-        k = (e + F32(1).view(np.int32)).view(F32)
-        c = np.abs(n) > F32(126)
-        u = b * b
-        c0, c1, c2, c3, c4 = _V_C
-        j = fmaf(fmaf(fmaf(c0, b, c1), u, fmaf(c2, b, c3)), u, c4 * b)
-        out = fmaf(k, j, k)
-        if c.any():
-            g = np.where(n <= 0, np.int32(-0x7E000000), np.int32(0))  # 0x82000000 as int32
-            s1 = (g + np.int32(0x7F000000)).view(F32)
-            s2 = (e - g).view(F32)
-            d = np.abs(n) > F32(192)
-            out = np.where(d, s1 * s1, np.where(c, fmaf(s2, j, s2) * s1, out))
-    return out.astype(F32)
+    exponent bits; |n| > 126 and > 192 take the overflow/underflow lanes. Lane by lane in C
+    (engine/_lanes.c), with fmaf for the fused multiply-adds and the GIL released."""
+    x = np.ascontiguousarray(x, F32)
+    out = np.empty_like(x)
+    _lanes.v_expf(x, out)
+    return out
 
 
-def v_silu(x: np.ndarray) -> np.ndarray:
-    """ggml_v_silu: x / (1 + v_expf(0 - x))."""
-    with np.errstate(all="ignore"):
-        return x / (F32(1) + v_expf(F32(0) - x))
+def v_silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml_v_silu: x / (1 + v_expf(0 - x)), lane by lane in C (into `out` when it is a
+    contiguous float32 array of x's shape: it may be x itself)."""
+    x = np.ascontiguousarray(x, F32)
+    if out is not None and out.flags.c_contiguous and out.dtype == F32 and out.shape == x.shape:
+        _lanes.v_silu(x, out)
+        return out
+    y = np.empty_like(x)
+    _lanes.v_silu(x, y)
+    if out is None:
+        return y
+    out[...] = y
+    return out
 
 
 def silu_scalar(x: np.ndarray) -> np.ndarray:
@@ -117,18 +106,17 @@ def silu_scalar(x: np.ndarray) -> np.ndarray:
         return x / (F32(1) + expf(-x))
 
 
-def _silu_rows(x: np.ndarray) -> np.ndarray:
+def silu_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """ggml_vec_silu_f32 on every row of x (last axis): whole 8-lane groups by v_silu, the rest by
+    the scalar formula, as the AVX2 build splits each row (into `out` if given)."""
     n = x.shape[-1]
     np_ = n - n % SIMD_LANES
     if np_ == n:
-        return v_silu(x)
-    return np.concatenate([v_silu(x[..., :np_]), silu_scalar(x[..., np_:])], axis=-1)
-
-
-def silu_rows(x: np.ndarray) -> np.ndarray:
-    """ggml_vec_silu_f32 on every row of x (last axis): whole 8-lane groups by v_silu, the rest by
-    the scalar formula, as the AVX2 build splits each row."""
-    return by_rows(_silu_rows, x.reshape(-1, x.shape[-1])).reshape(x.shape)
+        return v_silu(x, out)
+    out = np.empty(x.shape, F32) if out is None else out
+    out[..., :np_] = v_silu(x[..., :np_])
+    out[..., np_:] = silu_scalar(x[..., np_:])
+    return out
 
 
 # --- the fp16 tables of ggml_cpu_init -------------------------------------------------------

@@ -84,10 +84,10 @@ def _xielu(dst: Tensor):
     return fn
 
 
-def apply_rows(params, dst: Tensor, fn, *, fn_bits=None) -> None:
+def apply_rows(params, dst: Tensor, fn, *, fn_bits=None, into=None) -> None:
     """The generic unary loop: rows [ir0, ir1) of src0 (flat row = (i3·ne2 + i2)·ne1 + i1),
     y = to_dst(fn(to_f32(x))). fn_bits, when given, maps src bits to dst bits directly (the f16
-    table lookups)."""
+    table lookups); into(x, out), when given, writes f32 results straight into f32 dst rows."""
     src0 = dst.src[0]
     s4, d4 = view4(src0), view4(dst)
     ne1, ne2 = int(src0.ne[1]), int(src0.ne[2])
@@ -95,7 +95,9 @@ def apply_rows(params, dst: Tensor, fn, *, fn_bits=None) -> None:
     with np.errstate(all="ignore"):
         for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
             x = s4[i3, i2, a:b]
-            if fn_bits is not None:
+            if into is not None and src0.type == dst.type == GGMLType.F32:
+                into(x, d4[i3, i2, a:b])
+            elif fn_bits is not None:
                 d4[i3, i2, a:b] = fn_bits(x.view(np.uint16)).view(d4.dtype)
             else:
                 d4[i3, i2, a:b] = from_f32(fn(to_f32(x, src0.type)), dst.type)
@@ -157,7 +159,7 @@ def compute_forward_unary(params, dst: Tensor) -> None:
     if op == U.GELU_ERF:
         return apply_rows(params, dst, _gelu_erf_f32)
     if op == U.SILU:
-        return apply_rows(params, dst, fm.silu_scalar if f16 else fm.silu_rows)
+        return apply_rows(params, dst, fm.silu_scalar if f16 else fm.silu_rows, into=fm.silu_rows)
     raise not_supported(dst, f"unknown unary op {op}")
 
 
