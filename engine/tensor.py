@@ -125,6 +125,12 @@ class Tensor:
     def src(self) -> SrcPointers:
         return SrcPointers(self)
 
+    def source_type(self, i: int) -> int:
+        """src[i]->type, read without making a handle for src[i] (the planner asks it of every
+        node)."""
+        ctx, off = self.ctx.space.resolve(int(self._r["src"][0][i]))
+        return int(ctx.pool[off:off + 4].view(np.int32)[0])
+
     @property
     def view_src(self) -> "Tensor | None":
         return self._resolve(int(self._r["view_src"][0]))
@@ -352,7 +358,7 @@ def ggml_set_loss(t: Tensor) -> None:
 
 def ggml_nelements(t: Tensor) -> int:
     """ggml_nelements."""
-    return math.prod(int(n) for n in t.ne)
+    return math.prod(t.ne.tolist())
 
 
 def ggml_nrows(t: Tensor) -> int:
@@ -399,7 +405,7 @@ def ggml_n_dims(t: Tensor) -> int:
 
 def ggml_is_empty(t: Tensor) -> bool:
     """ggml_is_empty."""
-    return any(int(n) == 0 for n in t.ne)
+    return 0 in t.ne.tolist()
 
 
 def ggml_is_scalar(t: Tensor) -> bool:

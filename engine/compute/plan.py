@@ -70,9 +70,22 @@ def vec_dot_type(type_: int) -> GGMLType:
     return GGMLType(type_) if vdt is None else vdt
 
 
+# the ops that may need a work buffer (node_work_size returns 0 at once for the others)
+_WORK_OPS = {O.CPY, O.DUP, O.ADD, O.ADD_ID, O.ADD1, O.ACC, O.COUNT_EQUAL, O.MUL_MAT, O.MUL_MAT_ID,
+             O.CONV_TRANSPOSE_1D, O.CONV_TRANSPOSE_2D, O.OUT_PROD, O.SOFT_MAX, O.ROPE, O.ROPE_BACK,
+             O.CONV_2D, O.CONV_3D, O.TOP_K, O.FLASH_ATTN_EXT, O.GATED_DELTA_NET, O.CROSS_ENTROPY_LOSS}
+
+
+_SAME_TYPE_AS_SRC0 = {O.ADD_ID, O.ADD1, O.ACC}
+
+
 def node_work_size(node: Tensor, n_tasks: int) -> int:
     """The work-buffer bytes one node needs (`cur` in ggml_graph_plan)."""
-    op, src = node.op, node.src
+    op = node.op
+    if op not in _WORK_OPS or (op in _SAME_TYPE_AS_SRC0 and not TYPE_TRAITS[node.type].is_quantized) \
+            or (op == O.ADD and not TYPE_TRAITS[node.source_type(0)].is_quantized):
+        return 0  # (ADD1, ADD_ID, ACC: the result has src0's type; ADD's may differ: add_cast)
+    src = node.src
     f32 = 4
     if op in (O.CPY, O.DUP):
         s0, s1 = src[0], src[1]

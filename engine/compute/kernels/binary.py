@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
+from engine.compute.kernels.common import from_f32, prepared, row_blocks, thread_range, to_f32, view4
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_nrows
 from engine.errors import ggml_assert
@@ -44,6 +44,40 @@ def src1_rows(s1: np.ndarray, i3: int, i2: int, a: int, b: int, ne0: int) -> np.
 @kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV)
 def compute_forward_binary(params, dst: Tensor) -> None:
     """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
+    call = prepared(params, dst, lambda: _prepare_f32(params, dst))
+    if call is not None:
+        call(params)
+        return
+    _binary(params, dst)
+
+
+def _prepare_f32(params, dst: Tensor):
+    """All-f32 nodes whose src1 rows are views (no repeat along dimension 0, no row gather):
+    this thread's rows as one ufunc call per (i3, i2) block, writing into dst."""
+    src0, src1 = dst.src[0], dst.src[1]
+    if (src0.type, src1.type, dst.type) != (F32, F32, F32) or int(src0.nb[0]) != 4 \
+            or int(dst.nb[0]) != 4 or int(src1.ne[0]) != int(dst.ne[0]):
+        return None
+    fn = OPS[GGMLOp(dst.op)]
+    d4, s0, s1 = view4(dst), view4(src0), view4(src1)
+    ne1, ne2 = int(dst.ne[1]), int(dst.ne[2])
+    ir0, ir1 = thread_range(ggml_nrows(dst), params.ith, params.nth)
+    parts = []
+    for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
+        ne11 = s1.shape[2]
+        if ne11 != 1 and b > ne11:
+            return None  # src1's rows gathered by modulo: a copy, made at each compute
+        parts.append((s0[i3, i2, a:b], src1_rows(s1, i3, i2, a, b, int(dst.ne[0])), d4[i3, i2, a:b]))
+
+    def call(params) -> None:
+        with np.errstate(all="ignore"):
+            for x, y, out in parts:
+                fn(x, y, out=out)
+        params.took("rows", (ir0, ir1))
+    return call
+
+
+def _binary(params, dst: Tensor) -> None:
     src0, src1 = dst.src[0], dst.src[1]
     types = (src0.type, src1.type, dst.type)
     if types not in SUPPORTED:

@@ -25,3 +25,39 @@ def test_a_node_without_a_kernel_raises_its_reason():
 
     with pytest.raises(GGMLNotSupportedError, match="FLASH_ATTN_BACK is not supported.*ggml_flash_attn_back aborts in ggml 0.15.3"):
         compute_forward(None, Node())
+
+
+def test_a_prepared_node_follows_its_inputs_and_its_structs():
+    """A node computed again reuses its prepared call (engine.compute.kernels.common.prepared):
+    new input values are read, a changed struct (here src1 swapped for another tensor) prepares
+    it again, and every thread's share is still reported."""
+    import numpy as np
+
+    from engine import ggml as g
+
+    ctx = g.ggml_init(g.ggml_init_params(1 << 20))
+    a, b, c = (g.ggml_new_tensor_2d(ctx, g.GGML_TYPE_F32, 8, 6) for _ in range(3))
+    rng = np.random.default_rng(0)
+    for t in (a, b, c):
+        g.set_data(t, rng.standard_normal((6, 8), dtype=np.float32))
+    y = g.ggml_add(ctx, a, b)
+    gf = g.ggml_new_graph(ctx)
+    g.ggml_build_forward_expand(gf, y)
+    seen = []
+
+    def observer(node, ask, shares):
+        if not ask:
+            seen.append(sorted(s.ranges for s in shares))
+        return True
+
+    def data(t):
+        return g.ggml_get_data_f32(t).reshape(6, 8)
+
+    for _ in range(2):
+        g.set_data(a, rng.standard_normal((6, 8), dtype=np.float32))
+        g.ggml_graph_compute_with_ctx(ctx, gf, 2, observer)
+        np.testing.assert_array_equal(data(y), data(a) + data(b))
+    y.src[1] = c  # the node now reads c: its struct changed
+    g.ggml_graph_compute_with_ctx(ctx, gf, 2, observer)
+    np.testing.assert_array_equal(data(y), data(a) + data(c))
+    assert seen == [[((0, 3),), ((3, 6),)]] * 3
