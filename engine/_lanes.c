@@ -335,6 +335,33 @@ static PyObject *py_same(PyObject *self, PyObject *args)
     {                                                                                        \
         for (Py_ssize_t i = 0; i < n; i++)                                                   \
             out[i] = x[i] / (1.0f + EXPF##_1(0.0f - x[i]));                                  \
+    }                                                                                        \
+    /* ggml_vec_soft_max_f32 on `rows` rows of n: y = exp(w - max), v_expf on whole groups  \
+     * of 8 and libm's expf on the rest; each group's lanes summed in float as the SSE      \
+     * shuffles add them, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)), then every group's sum and \
+     * every tail value added in double, left to right */                                   \
+    ATTR static void EXPF##_softmax(const float *w, const float *mx, float *y, double *sums, \
+                                    Py_ssize_t rows, Py_ssize_t n)                           \
+    {                                                                                        \
+        const Py_ssize_t n8 = n - n % 8;                                                     \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                              \
+            const float *wr = w + r * n, m = mx[r];                                          \
+            float *yr = y + r * n;                                                           \
+            for (Py_ssize_t i = 0; i < n8; i++)                                              \
+                yr[i] = EXPF##_1(wr[i] - m);                                                 \
+            double sum = 0.0;                                                                \
+            for (Py_ssize_t i = 0; i < n8; i += 8) {                                         \
+                const float *v = yr + i;                                                     \
+                const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6],            \
+                            h3 = v[3] + v[7];                                                \
+                sum += (double)((h0 + h2) + (h1 + h3));                                      \
+            }                                                                                \
+            for (Py_ssize_t i = n8; i < n; i++) {                                            \
+                yr[i] = expf(wr[i] - m);                                                     \
+                sum += (double)yr[i];                                                        \
+            }                                                                                \
+            sums[r] = sum;                                                                   \
+        }                                                                                    \
     }
 
 V_MATH(v_expf, v_silu, )
@@ -363,12 +390,44 @@ static PyObject *py_v_math(PyObject *args, int silu)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_soft_max(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, mx, y, sums;
+    Py_ssize_t rows, n;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nn", &w, &mx, &y, &sums, &rows, &n))
+        return NULL;
+    int ok = rows >= 0 && n >= 0 && check(&w, rows * n * 4, "w") == 0 && check(&mx, rows * 4, "mx") == 0 &&
+             check(&y, rows * n * 4, "y") == 0 && check(&sums, rows * 8, "sums") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_FMA_TARGET
+        (hw ? v_expf_fma_softmax : v_expf_softmax)(w.buf, mx.buf, y.buf, sums.buf, rows, n);
+#else
+        (void)hw;
+        v_expf_softmax(w.buf, mx.buf, y.buf, sums.buf, rows, n);
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&mx);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&sums);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_v_expf(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 0); }
 static PyObject *py_v_silu(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 1); }
 
 static PyMethodDef methods[] = {
     {"v_expf", py_v_expf, METH_VARARGS,
      "v_expf(x, out): out[i] = ggml_v_expf's lane of x[i] (contiguous float32 buffers)"},
+    {"soft_max", py_soft_max, METH_VARARGS,
+     "soft_max(w, mx, y, sums, rows, n): ggml_vec_soft_max_f32 of each row of w (rows, n) float32 "
+     "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
     {"v_silu", py_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"lanes_fma", py_lanes_fma, METH_VARARGS,

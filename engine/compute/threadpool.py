@@ -232,8 +232,9 @@ NO_BARRIER_OPS = frozenset({
 SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
 # ... and these at any size: their kernels run many short numpy passes (fmas emulated in
 # float64, table lookups) that hold the interpreter lock, so a second thread only waits for it;
-# but not the f32 SILU and SWIGLU, whose polynomial runs in C without the lock (_RUN_IN_C)
-ALWAYS_ALONE_OPS = frozenset({GGMLOp.SOFT_MAX, GGMLOp.UNARY, GGMLOp.GLU})
+# but not the f32 SILU and SWIGLU, whose polynomial runs in C without the lock (_RUN_IN_C), nor
+# SOFT_MAX, whose rows are computed in C
+ALWAYS_ALONE_OPS = frozenset({GGMLOp.UNARY, GGMLOp.GLU})
 _RUN_IN_C = {GGMLOp.UNARY: int(GGMLUnaryOp.SILU), GGMLOp.GLU: int(GGMLGluOp.SWIGLU)}
 
 

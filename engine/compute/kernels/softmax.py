@@ -21,10 +21,10 @@ import itertools
 
 import numpy as np
 
+from engine import _lanes
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
-from engine.compute.kernels.floatmath import CHUNK
-from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, v_expf
+from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
@@ -35,23 +35,21 @@ F32, F64 = np.float32, np.float64
 
 
 LANES = 8  # AVX2
+BLOCK = 1 << 17  # elements per block of rows
 
 
 def soft_max_rows(w: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml_vec_soft_max_f32 on every row (last axis): y = exp(w - max) and the double sum of y."""
+    """ggml_vec_soft_max_f32 on every row (last axis): y = exp(w - max) and the double sum of y,
+    in C (engine._lanes.soft_max: v_expf on whole 8-lane groups, each group's lanes added as the
+    SSE shuffles add them, the sum in double left to right)."""
     n = w.shape[-1]
-    n8 = n - n % LANES
-    with np.errstate(invalid="ignore"):
-        d = w - mx
-        y = np.concatenate([v_expf(d[..., :n8]), expf(d[..., n8:])], axis=-1)
-    v = y[..., :n8].reshape(*y.shape[:-1], n8 // LANES, LANES)
-    # hi + lo halves, then movehl, then movehdup: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))
-    h = v[..., :4] + v[..., 4:]
-    lane_sums = (h[..., 0] + h[..., 2]) + (h[..., 1] + h[..., 3])
-    parts = np.concatenate([lane_sums, y[..., n8:]], axis=-1).astype(F64)
-    total = np.cumsum(parts, axis=-1)[..., -1:] if parts.shape[-1] else \
-        np.zeros((*y.shape[:-1], 1), F64)
-    return y, total
+    rows = w.size // n if n else 0
+    w2 = np.ascontiguousarray(w, F32).reshape(rows, n)
+    m2 = np.ascontiguousarray(np.broadcast_to(mx, (*w.shape[:-1], 1)), F32).reshape(rows)
+    y = np.empty((rows, n), F32)
+    total = np.empty(rows, F64)
+    _lanes.soft_max(w2, m2, y, total, rows, n)
+    return y.reshape(w.shape), total.reshape(*w.shape[:-1], 1)
 
 
 @kernel(GGMLOp.SOFT_MAX)
@@ -67,7 +65,7 @@ def compute_forward_soft_max(params, dst: Tensor) -> None:
     sinks_f32 = view4(sinks)[0, 0, 0, :ne02].astype(F32) if sinks is not None else None
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
-    step = max(1, CHUNK // max(1, ne00))  # rows per block: its temporaries stay in the cache
+    step = max(1, BLOCK // max(1, ne00))  # rows per block: few numpy calls, temporaries in the cache
     for i3, i2, r in itertools.product(range(ne03), range(ne02), range(0, len(rows), step)):
         block = rows[r:r + step]  # rows i1 of matrix (i2, i3), ith + k*nth
         sl = slice(block[0], block[-1] + 1, params.nth)
