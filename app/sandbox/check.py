@@ -79,13 +79,15 @@ def check_program(source: str) -> ast.Module:
         (line, column, _), why = min(refused, key=lambda r: r[0])
         raise ProgramRefused(Refusal(line, column, f"{why}; {ALLOWED}"))
     if not any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):
-        raise ProgramRefused(Refusal(1, 0, "the program defines no `run(n_threads)` function: like a "
-                                           "walkthrough, it is a module whose run(n_threads) the debugger calls"))
+        raise ProgramRefused(Refusal(1, 0, "the program defines no `run(n_threads)` function: like "
+                                           "a walkthrough, it is a module whose run(n_threads) the "
+                                           "debugger calls"))
     return tree
 
 
 def _where(node: ast.AST) -> tuple[int, int, int]:
-    return (getattr(node, "lineno", 1), getattr(node, "col_offset", 0), getattr(node, "end_col_offset", 0) or 0)
+    return (getattr(node, "lineno", 1), getattr(node, "col_offset", 0),
+            getattr(node, "end_col_offset", 0) or 0)
 
 
 def _why_refused(node: ast.AST) -> str | None:
@@ -106,7 +108,8 @@ def _why_refused(node: ast.AST) -> str | None:
             return f"`{node.id}` is refused"
     elif isinstance(node, ast.Attribute):
         if node.attr.startswith("_"):
-            return f"the attribute `.{node.attr}` is refused (attributes starting with `_` reach the interpreter)"
+            return (f"the attribute `.{node.attr}` is refused (attributes starting with `_` reach "
+                    f"the interpreter)")
         if node.attr in REFUSED_ATTRIBUTES:
             return f"the attribute `.{node.attr}` is refused"
     elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

@@ -145,5 +145,6 @@ def _killed_by(sig: int, limits: Limits) -> str:
         return (f"the worker crashed (most likely out of memory: the limit is "
                 f"{limits.memory >> 20:,} MB)")
     if sig == 0:
-        return f"the worker stopped without a trace (most likely out of memory: the limit is {limits.memory >> 20:,} MB)"
+        return (f"the worker stopped without a trace (most likely out of memory: the limit is "
+                f"{limits.memory >> 20:,} MB)")
     return f"the worker was stopped by signal {signal.Signals(sig).name}"

@@ -38,7 +38,7 @@ ESCAPES = {
         for c in ().__class__.__bases__[0].__subclasses__():
             if c.__name__ == '_wrap_close':
                 c.__init__.__globals__['system']('{TOUCH}')""", "__class__"),
-    "object subclasses": (f"""
+    "object subclasses": ("""
         for c in object.__subclasses__():
             if c.__name__ == 'Popen':
                 c(['touch', '/tmp/ggml-lens-sandbox-escaped'])""", "object"),
@@ -90,7 +90,7 @@ ESCAPES = {
         g().gi_frame.f_globals['__builtins__']['open']('/tmp/ggml-lens-sandbox-escaped', 'w')""", "generators"),
     "format-string attribute access": ("x = '{0.__class__.__mro__[1].__subclasses__}'.format(1)", "format"),
     "format_map": ("x = '{a.__class__}'.format_map({'a': 1})", "format_map"),
-    "getattr with a built name": (f"getattr(getattr((), '__cla' + 'ss__'), '__ba' + 'ses__')", "getattr"),
+    "getattr with a built name": ("getattr(getattr((), '__cla' + 'ss__'), '__ba' + 'ses__')", "getattr"),
     "globals": ("globals()['__builtins__']['open']('/tmp/ggml-lens-sandbox-escaped', 'w')", "globals"),
     "type three-argument form": ("T = type('T', (), {'x': 1})", "type"),
     "metaclass": ("class M(type): pass\nclass C(metaclass=M): pass", "type"),
