@@ -121,6 +121,55 @@ LANES_LOOP(lanes_i16_fma, int16_t, __attribute__((target("fma"))))
         }                                                                                    \
     }
 
+/* ggml_vec_dot_f32 (AVX2 + FMA) for every pair of rows of w (n0, k) and x (n1, k): 4
+ * accumulators of 8 lanes over steps of 32, one fmaf per element, reduced as dot_f16 reduces
+ * them; then the leftovers as gcc compiled `sumf += x[i]*y[i]`: a run of 8 (or one of 4) as a
+ * vector product, each product rounded, added to sumf in order, and the last ones (up to 3) by
+ * fmaf. */
+#define DOT_F32(NAME, ATTR)                                                                  \
+    ATTR static void NAME(const float *w, const float *x, float *out, Py_ssize_t n0,         \
+                          Py_ssize_t n1, Py_ssize_t k)                                       \
+    {                                                                                        \
+        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
+            const float *b = x + i1 * k;                                                     \
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
+                const float *a = w + i0 * k;                                                 \
+                float acc[4][8] = {{0}};                                                     \
+                for (Py_ssize_t s = 0; s < np; s += 32)                                      \
+                    for (int j = 0; j < 4; j++)                                              \
+                        for (int l = 0; l < 8; l++)                                          \
+                            acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]); \
+                float v[8], t[4];                                                            \
+                for (int l = 0; l < 8; l++)                                                  \
+                    v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                \
+                for (int l = 0; l < 4; l++)                                                  \
+                    t[l] = v[l] + v[l + 4];                                                  \
+                float sumf = (t[0] + t[1]) + (t[2] + t[3]);                                  \
+                Py_ssize_t i = np;                                                           \
+                while (k - i >= 4) {                                                         \
+                    const Py_ssize_t step = k - i >= 8 ? 8 : 4;                              \
+                    float p[8];                                                              \
+                    for (Py_ssize_t e = 0; e < step; e++)                                    \
+                        p[e] = a[i + e] * b[i + e];                                          \
+                    for (Py_ssize_t e = 0; e < step; e++)                                    \
+                        sumf = sumf + p[e];                                                  \
+                    i += step;                                                               \
+                    if (step == 4)                                                           \
+                        break;                                                               \
+                }                                                                            \
+                for (; i < k; i++)                                                           \
+                    sumf = fmaf(a[i], b[i], sumf);                                           \
+                out[i1 * n0 + i0] = sumf;                                                    \
+            }                                                                                \
+        }                                                                                    \
+    }
+
+DOT_F32(dot_f32, )
+#ifdef HAVE_FMA_TARGET
+DOT_F32(dot_f32_fma, __attribute__((target("fma"))))
+#endif
+
 FLOAT_DOTS(dot_f16, dot_tiny, )
 #ifdef HAVE_FMA_TARGET
 FLOAT_DOTS(dot_f16_fma, dot_tiny_fma, __attribute__((target("fma"))))
@@ -268,6 +317,29 @@ static PyObject *py_float_dot(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
     }
     PyMem_RawFree(wide);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_dot_f32(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, out;
+    Py_ssize_t n0, n1, k;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnn", &w, &x, &out, &n0, &n1, &k))
+        return NULL;
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && check(&w, n0 * k * 4, "w") == 0 &&
+             check(&x, n1 * k * 4, "x") == 0 && check(&out, n0 * n1 * 4, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        PICK(dot_f32, hw)(w.buf, x.buf, out.buf, n0, n1, k);
+        Py_END_ALLOW_THREADS
+    }
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);
@@ -437,6 +509,9 @@ static PyMethodDef methods[] = {
     {"float_dot", py_float_dot, METH_VARARGS,
      "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
      "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
+    {"dot_f32", py_dot_f32, METH_VARARGS,
+     "dot_f32(w, x, out, n0, n1, k): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w (n0, k) and "
+     "row i1 of x (n1, k), float32"},
     {"same", py_same, METH_VARARGS, "same(a, b): whether two contiguous buffers hold equal bytes"},
     {NULL, NULL, 0, NULL},
 };
