@@ -67,112 +67,104 @@ LANES_LOOP(lanes_i8_fma, int8_t, __attribute__((target("fma"))))
 LANES_LOOP(lanes_i16_fma, int16_t, __attribute__((target("fma"))))
 #endif
 
-/* Float dot products for every pair of rows of w (n0, k) and x (n1, k), float32: out (n1, n0).
- * dot_f16: ggml_vec_dot_f16 of the F16C build (the halves widened to float): 4 accumulators of 8
- *   lanes over steps of 32, one fmaf per element, reduced (a0 + a2) + (a1 + a3), then lanes
- *   (l + l+4) and (r0 + r1) + (r2 + r3); the leftover elements' products, each rounded to float,
- *   summed in double after it.
- * dot_tiny: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
- *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3). */
-#define FLOAT_DOTS(F16, TINY, ATTR)                                                          \
-    ATTR static void F16(const float *w, const float *x, float *out, Py_ssize_t n0,          \
-                         Py_ssize_t n1, Py_ssize_t k)                                        \
+/* Float dot products of rows a and b of k floats, as ggml's AVX2 builds compute them:
+ * lanes32: ggml's SIMD loop over the first np = k & ~31 elements: 4 accumulators of 8 lanes, one
+ *   fmaf per element, reduced (a0 + a2) + (a1 + a3), then lanes (l + l+4), then
+ *   (r0 + r1) + (r2 + r3).
+ * f32_row: ggml_vec_dot_f32: lanes32, then the leftovers as gcc compiled `sumf += x[i]*y[i]`: a
+ *   run of 8 (or one of 4) as a vector product, each product rounded, added to sumf in order;
+ *   the last ones (up to 3) by fmaf.
+ * f16_row: ggml_vec_dot_f16 of the F16C build (the halves widened to float): lanes32, then the
+ *   leftover products, each rounded to float, summed in double.
+ * tiny_row: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
+ *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3).
+ * ALL_PAIRS makes, from a row function, NAME(w, x, out, n0, n1, k): out[i1, i0] = row(w[i0],
+ * x[i1]) for every pair of rows of w (n0, k) and x (n1, k); ROW_PAIRS NAME(a, b, out, n, k):
+ * out[i] = row(a[i], b[i]). */
+#define FLOAT_ROWS(S, ATTR)                                                                  \
+    ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
+    {                                                                                        \
+        float acc[4][8] = {{0}};                                                             \
+        for (Py_ssize_t s = 0; s < np; s += 32)                                              \
+            for (int j = 0; j < 4; j++)                                                      \
+                for (int l = 0; l < 8; l++)                                                  \
+                    acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]);         \
+        float v[8], t[4];                                                                    \
+        for (int l = 0; l < 8; l++)                                                          \
+            v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                        \
+        for (int l = 0; l < 4; l++)                                                          \
+            t[l] = v[l] + v[l + 4];                                                          \
+        return (t[0] + t[1]) + (t[2] + t[3]);                                                \
+    }                                                                                        \
+    ATTR static inline float f32_row##S(const float *a, const float *b, Py_ssize_t k)       \
+    {                                                                                        \
+        Py_ssize_t i = k & ~(Py_ssize_t)31;                                                  \
+        float sumf = lanes32##S(a, b, i);                                                    \
+        while (k - i >= 4) {                                                                 \
+            const Py_ssize_t step = k - i >= 8 ? 8 : 4;                                      \
+            float p[8];                                                                      \
+            for (Py_ssize_t e = 0; e < step; e++)                                            \
+                p[e] = a[i + e] * b[i + e];                                                  \
+            for (Py_ssize_t e = 0; e < step; e++)                                            \
+                sumf = sumf + p[e];                                                          \
+            i += step;                                                                       \
+            if (step == 4)                                                                   \
+                break;                                                                       \
+        }                                                                                    \
+        for (; i < k; i++)                                                                   \
+            sumf = fmaf(a[i], b[i], sumf);                                                   \
+        return sumf;                                                                         \
+    }                                                                                        \
+    ATTR static inline float f16_row##S(const float *a, const float *b, Py_ssize_t k)       \
     {                                                                                        \
         const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
-        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
-            const float *b = x + i1 * k;                                                     \
-            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
-                const float *a = w + i0 * k;                                                 \
-                float acc[4][8] = {{0}};                                                     \
-                for (Py_ssize_t s = 0; s < np; s += 32)                                      \
-                    for (int j = 0; j < 4; j++)                                              \
-                        for (int l = 0; l < 8; l++)                                          \
-                            acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]); \
-                float v[8], t[4];                                                            \
-                for (int l = 0; l < 8; l++)                                                  \
-                    v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                \
-                for (int l = 0; l < 4; l++)                                                  \
-                    t[l] = v[l] + v[l + 4];                                                  \
-                double sumf = (double)((t[0] + t[1]) + (t[2] + t[3]));                       \
-                for (Py_ssize_t i = np; i < k; i++) {                                        \
-                    const float p = a[i] * b[i];                                             \
-                    sumf += (double)p;                                                       \
-                }                                                                            \
-                out[i1 * n0 + i0] = (float)sumf;                                             \
-            }                                                                                \
+        double sumf = (double)lanes32##S(a, b, np);                                          \
+        for (Py_ssize_t i = np; i < k; i++) {                                                \
+            const float p = a[i] * b[i];                                                     \
+            sumf += (double)p;                                                               \
         }                                                                                    \
+        return (float)sumf;                                                                  \
     }                                                                                        \
-    ATTR static void TINY(const float *w, const float *x, float *out, Py_ssize_t n0,         \
-                          Py_ssize_t n1, Py_ssize_t k)                                       \
+    ATTR static inline float tiny_row##S(const float *a, const float *b, Py_ssize_t k)      \
     {                                                                                        \
-        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
-            const float *b = x + i1 * k;                                                     \
-            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
-                const float *a = w + i0 * k;                                                 \
-                float acc[8] = {0};                                                          \
-                for (Py_ssize_t s = 0; s < k; s += 8)                                        \
-                    for (int l = 0; l < 8; l++)                                              \
-                        acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                           \
-                float r[4];                                                                  \
-                for (int l = 0; l < 4; l++)                                                  \
-                    r[l] = acc[l + 4] + acc[l];                                              \
-                out[i1 * n0 + i0] = (r[0] + r[2]) + (r[1] + r[3]);                           \
-            }                                                                                \
-        }                                                                                    \
+        float acc[8] = {0};                                                                  \
+        for (Py_ssize_t s = 0; s < k; s += 8)                                                \
+            for (int l = 0; l < 8; l++)                                                      \
+                acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                                   \
+        float r[4];                                                                          \
+        for (int l = 0; l < 4; l++)                                                          \
+            r[l] = acc[l + 4] + acc[l];                                                      \
+        return (r[0] + r[2]) + (r[1] + r[3]);                                                \
     }
 
-/* ggml_vec_dot_f32 (AVX2 + FMA) for every pair of rows of w (n0, k) and x (n1, k): 4
- * accumulators of 8 lanes over steps of 32, one fmaf per element, reduced as dot_f16 reduces
- * them; then the leftovers as gcc compiled `sumf += x[i]*y[i]`: a run of 8 (or one of 4) as a
- * vector product, each product rounded, added to sumf in order, and the last ones (up to 3) by
- * fmaf. */
-#define DOT_F32(NAME, ATTR)                                                                  \
+#define ALL_PAIRS(NAME, ROW, ATTR)                                                           \
     ATTR static void NAME(const float *w, const float *x, float *out, Py_ssize_t n0,         \
                           Py_ssize_t n1, Py_ssize_t k)                                       \
     {                                                                                        \
-        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
-        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {                                             \
-            const float *b = x + i1 * k;                                                     \
-            for (Py_ssize_t i0 = 0; i0 < n0; i0++) {                                         \
-                const float *a = w + i0 * k;                                                 \
-                float acc[4][8] = {{0}};                                                     \
-                for (Py_ssize_t s = 0; s < np; s += 32)                                      \
-                    for (int j = 0; j < 4; j++)                                              \
-                        for (int l = 0; l < 8; l++)                                          \
-                            acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]); \
-                float v[8], t[4];                                                            \
-                for (int l = 0; l < 8; l++)                                                  \
-                    v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                \
-                for (int l = 0; l < 4; l++)                                                  \
-                    t[l] = v[l] + v[l + 4];                                                  \
-                float sumf = (t[0] + t[1]) + (t[2] + t[3]);                                  \
-                Py_ssize_t i = np;                                                           \
-                while (k - i >= 4) {                                                         \
-                    const Py_ssize_t step = k - i >= 8 ? 8 : 4;                              \
-                    float p[8];                                                              \
-                    for (Py_ssize_t e = 0; e < step; e++)                                    \
-                        p[e] = a[i + e] * b[i + e];                                          \
-                    for (Py_ssize_t e = 0; e < step; e++)                                    \
-                        sumf = sumf + p[e];                                                  \
-                    i += step;                                                               \
-                    if (step == 4)                                                           \
-                        break;                                                               \
-                }                                                                            \
-                for (; i < k; i++)                                                           \
-                    sumf = fmaf(a[i], b[i], sumf);                                           \
-                out[i1 * n0 + i0] = sumf;                                                    \
-            }                                                                                \
-        }                                                                                    \
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++)                                               \
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++)                                           \
+                out[i1 * n0 + i0] = ROW(w + i0 * k, x + i1 * k, k);                          \
+    }
+#define ROW_PAIRS(NAME, ROW, ATTR)                                                           \
+    ATTR static void NAME(const float *a, const float *b, float *out, Py_ssize_t n,          \
+                          Py_ssize_t k)                                                      \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = ROW(a + i * k, b + i * k, k);                                           \
     }
 
-DOT_F32(dot_f32, )
+FLOAT_ROWS(, )
+ALL_PAIRS(dot_f32, f32_row, )
+ROW_PAIRS(dot_f32_pairs, f32_row, )
+ALL_PAIRS(dot_f16, f16_row, )
+ALL_PAIRS(dot_tiny, tiny_row, )
 #ifdef HAVE_FMA_TARGET
-DOT_F32(dot_f32_fma, __attribute__((target("fma"))))
-#endif
-
-FLOAT_DOTS(dot_f16, dot_tiny, )
-#ifdef HAVE_FMA_TARGET
-FLOAT_DOTS(dot_f16_fma, dot_tiny_fma, __attribute__((target("fma"))))
+#define FMA __attribute__((target("fma")))
+FLOAT_ROWS(_fma, FMA)
+ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
+ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
+ALL_PAIRS(dot_f16_fma, f16_row_fma, FMA)
+ALL_PAIRS(dot_tiny_fma, tiny_row_fma, FMA)
 #endif
 
 /* the FMA instruction where the CPU has it; libm's fmaf otherwise (the same bits) */
@@ -330,14 +322,19 @@ static PyObject *py_dot_f32(PyObject *self, PyObject *args)
     (void)self;
     Py_buffer w, x, out;
     Py_ssize_t n0, n1, k;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnn", &w, &x, &out, &n0, &n1, &k))
+    int pairs = 0;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnn|p", &w, &x, &out, &n0, &n1, &k, &pairs))
         return NULL;
-    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && check(&w, n0 * k * 4, "w") == 0 &&
-             check(&x, n1 * k * 4, "x") == 0 && check(&out, n0 * n1 * 4, "out") == 0;
+    /* pairs: w and x both (n0, k), out (n0) */
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!pairs || n1 == n0) && check(&w, n0 * k * 4, "w") == 0 &&
+             check(&x, n1 * k * 4, "x") == 0 && check(&out, (pairs ? n0 : n0 * n1) * 4, "out") == 0;
     if (ok) {
         const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
-        PICK(dot_f32, hw)(w.buf, x.buf, out.buf, n0, n1, k);
+        if (pairs)
+            PICK(dot_f32_pairs, hw)(w.buf, x.buf, out.buf, n0, k);
+        else
+            PICK(dot_f32, hw)(w.buf, x.buf, out.buf, n0, n1, k);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&w);
@@ -510,8 +507,8 @@ static PyMethodDef methods[] = {
      "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
      "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
     {"dot_f32", py_dot_f32, METH_VARARGS,
-     "dot_f32(w, x, out, n0, n1, k): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w (n0, k) and "
-     "row i1 of x (n1, k), float32"},
+     "dot_f32(w, x, out, n0, n1, k, pairs=False): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w "
+     "(n0, k) and row i1 of x (n1, k), float32; with pairs (n1 == n0), out[i] of rows i alone"},
     {"same", py_same, METH_VARARGS, "same(a, b): whether two contiguous buffers hold equal bytes"},
     {NULL, NULL, 0, NULL},
 };

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import _lanes as _lanes_c
-from engine.compute.kernels.floatmath import fmaf
 from engine.quants import QUANT_KINDS
 from engine.quants.common import h2f
 from engine.quants.kquants import get_scale_min_k4
@@ -42,43 +41,6 @@ def _hsum8(acc: np.ndarray) -> np.ndarray:
     """hsum_float_8: (hi + lo), then (r0 + r2) + (r1 + r3)."""
     r = acc[..., 4:] + acc[..., :4]
     return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
-
-
-def _vector_part(a: np.ndarray, b: np.ndarray, np_: int) -> np.ndarray:
-    """The SIMD loop over the first np_ elements (a multiple of 32) of rows a and b (float32,
-    broadcast against each other, elements on the last axis): 4 accumulators of 8 float lanes,
-    fma per lane, then GGML_F32x8_REDUCE -> the broadcast shape without the last axis."""
-    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-    acc = np.zeros((4, *shape, 8), F32)
-    for s in range(0, np_, 32):
-        for j in range(4):
-            acc[j] = fmaf(a[..., s + 8 * j:s + 8 * j + 8], b[..., s + 8 * j:s + 8 * j + 8], acc[j])
-    # GGML_F32x8_REDUCE: x0 += x2, x1 += x3, x0 += x1; then lo + hi and two hadds
-    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
-    t0 = v[..., :4] + v[..., 4:]
-    return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
-
-
-def _dot_f32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f32 of rows a and b (float32, broadcast against each other, last axis K)."""
-    k = a.shape[-1]
-    np_ = k & ~31
-    with np.errstate(all="ignore"):
-        sumf = _vector_part(a, b, np_)
-        # leftovers, `sumf += x[i]*y[i]` as gcc compiled it: runs of 8, then one of 4, as a
-        # vector product then in-order sums; the last (up to 3) by a contracted fma
-        i = np_
-        while k - i >= 8 or (k - i >= 4 and (k - i) < 8):
-            step = 8 if k - i >= 8 else 4
-            prod = a[..., i:i + step] * b[..., i:i + step]
-            for e in range(step):
-                sumf = sumf + prod[..., e]
-            i += step
-            if step == 4:
-                break
-        for i in range(i, k):
-            sumf = fmaf(a[..., i], b[..., i], sumf)
-    return np.asarray(sumf, F32)
 
 
 def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -111,7 +73,7 @@ def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0), in C
-    (engine._lanes.dot_f32: the same lanes, fmas and order as _dot_f32, without the GIL)."""
+    (engine._lanes.dot_f32, without the GIL)."""
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
     (n0, k), n1 = w.shape, x.shape[0]
@@ -128,8 +90,14 @@ def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f32 of each row of a with the same row of b: (n, K), (n, K) -> (n,)."""
-    return _dot_f32(np.ascontiguousarray(a, F32), np.ascontiguousarray(b, F32))
+    """ggml_vec_dot_f32 of each row of a with the same row of b (broadcast against each other,
+    elements on the last axis): (..., K), (..., K) -> (...), in C."""
+    a, b = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32))
+    shape, k = a.shape[:-1], a.shape[-1]
+    a2, b2 = (np.ascontiguousarray(v).reshape(-1, k) for v in (a, b))
+    out = np.empty(a2.shape[0], F32)
+    _lanes_c.dot_f32(a2, b2, out, a2.shape[0], a2.shape[0], k, True)
+    return out.reshape(shape)
 
 
 def _blocks(w: np.ndarray, type_, nb: int) -> np.ndarray:
