@@ -25,7 +25,7 @@ from engine import ggml_opt as eo
 from engine.cxxrandom import Mt19937
 from engine.opt.loops import progress_bar_line
 from engine.errors import GGMLAssertionError
-from tests.support.training import Case, EngineSide, RealSide, case_data, train
+from tests.support.training import Case, EngineSide, RealSide, case_data, new_weights, train
 
 CASES = {
     "adamw": Case(),
@@ -146,12 +146,7 @@ def _fit(side, case: Case, data: dict, silent: bool) -> tuple[dict, str]:
     api = side.api
     is_real = api is real
     ctx_static = side.ctx(64 * api.ggml_tensor_overhead())
-    weights = {}
-    for name, values in data["weights"].items():
-        ne = list(reversed(values.shape))
-        t = api.ggml_new_tensor(ctx_static, 0, len(ne), (ctypes.c_int64 * len(ne))(*ne) if is_real else ne)
-        api.ggml_set_name(t, name.encode() if is_real else name)
-        weights[name] = t
+    weights = new_weights(side, ctx_static, data)
     images = api.ggml_new_tensor_2d(ctx_static, 0, 64, case.nbatch_physical)
     side.keep_buf = side.alloc(ctx_static)
     for name, t in weights.items():
@@ -218,12 +213,7 @@ def _dynamic(side, case: Case, data: dict, steps: int) -> tuple[list, dict]:
     api = side.api
     is_real = api is real
     ctx_static = side.ctx(16 * api.ggml_tensor_overhead())
-    weights = {}
-    for name, values in data["weights"].items():
-        ne = list(reversed(values.shape))
-        t = api.ggml_new_tensor(ctx_static, 0, len(ne), (ctypes.c_int64 * len(ne))(*ne) if is_real else ne)
-        api.ggml_set_name(t, name.encode() if is_real else name)
-        weights[name] = t
+    weights = new_weights(side, ctx_static, data)
     side.keep_buf = side.alloc(ctx_static)
     for name, t in weights.items():
         side.set(t, data["weights"][name])

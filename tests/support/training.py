@@ -211,10 +211,9 @@ class RealSide:
         real.ggml_backend_sched_set_eval_callback(self.sched, ctypes.cast(None, real.ggml_backend_sched_eval_callback), None)
 
 
-def train(side, case: Case, data: dict, shuffle: bool = True) -> Run:
-    """Build the model on `side`, train case.epochs epochs, return what was seen."""
+def new_weights(side, ctx_static, data: dict) -> dict:
+    """The case's weight tensors (f32, named as in data["weights"]) in ctx_static, no data yet."""
     api = side.api
-    ctx_static = side.ctx(1024 * api.ggml_tensor_overhead())
     weights = {}
     for name, values in data["weights"].items():
         ne = list(reversed(values.shape))
@@ -222,6 +221,14 @@ def train(side, case: Case, data: dict, shuffle: bool = True) -> Run:
             api.ggml_new_tensor_2d(ctx_static, F32, ne[0], ne[1])
         api.ggml_set_name(t, name.encode() if api is real else name)
         weights[name] = t
+    return weights
+
+
+def train(side, case: Case, data: dict, shuffle: bool = True) -> Run:
+    """Build the model on `side`, train case.epochs epochs, return what was seen."""
+    api = side.api
+    ctx_static = side.ctx(1024 * api.ggml_tensor_overhead())
+    weights = new_weights(side, ctx_static, data)
     images = api.ggml_new_tensor_2d(ctx_static, F32, N_IN, case.nbatch_physical)
     api.ggml_set_name(images, b"images" if api is real else "images")
     api.ggml_set_input(images)
