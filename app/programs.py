@@ -25,6 +25,10 @@ RUNS_AT_ONCE = 2  # programs recorded at the same time by one server process
 WAIT_FOR_SLOT = 30  # seconds a request waits for a free slot
 
 
+class ProgramsBusy(Exception):
+    """Every recording slot stayed taken while the request waited."""
+
+
 class ProgramStore:
     def __init__(self, root: Path, limits: Limits = Limits()) -> None:
         self.root = root
@@ -74,7 +78,3 @@ class ProgramStore:
         files = sorted(self.root.glob("*.py"), key=lambda p: p.stat().st_mtime)
         for p in files[:max(0, len(files) - MAX_KEPT)]:
             p.unlink(missing_ok=True)
-
-
-class ProgramsBusy(Exception):
-    pass

@@ -52,9 +52,7 @@ class TraceCache:
     def program(self, digest: str, threads: int | None, record: Callable[[int], Trace]) -> Trace:
         """The trace of a learner's program, by its text's hash: `record(threads)` runs it (in
         the sandbox) when no trace is kept."""
-        n = threads or 1
-        if not 1 <= n <= MAX_THREADS:
-            raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
+        n = _threads(threads or 1)
         return self._cached((PROGRAM_PREFIX + digest, n, None, None, ()), lambda: record(n))
 
     def _cached(self, key: TraceKey, make: Callable[[], Trace]) -> Trace:
@@ -84,9 +82,7 @@ class TraceCache:
     def _key(self, name: str, threads: int | None, path: str | None,
              prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
         prog = PROGRAMS[name]
-        n = threads or prog.threads
-        if not 1 <= n <= MAX_THREADS:
-            raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
+        n = _threads(threads or prog.threads)
         if path is None and prog.reads and self.fixtures_dir is not None:
             path = str(self.fixtures_dir / prog.reads)
         if path is None and prog.model:
@@ -127,6 +123,12 @@ class TraceCache:
                     s.nbytes for s in self._states.values()) > STATE_BYTES_KEPT):
                 self._states.popitem(last=False)
         return state
+
+
+def _threads(n: int) -> int:
+    if not 1 <= n <= MAX_THREADS:
+        raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
+    return n
 
 
 def _inputs(key: TraceKey) -> dict:

@@ -35,7 +35,7 @@ REFUSED_ATTRIBUTES = frozenset({
     # numpy: raw pointers, pickles, files, memory maps, compiled code
     "ctypes", "ctypeslib", "tofile", "fromfile", "dump", "dumps", "load", "loads", "save", "savez",
     "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "memmap", "open_memmap", "lib", "f2py",
-    "distutils", "testing", "DataSource", "fromregex", "frombuffer", "from_dlpack", "__array_interface__",
+    "distutils", "testing", "DataSource", "fromregex", "frombuffer", "from_dlpack",
 })
 
 
