@@ -81,6 +81,15 @@ def run(report) -> None:
                    ours, theirs)
         g.close()
 
+    # a product small enough for the exact path (ggml's vec_dot_f32 lane by lane, not BLAS)
+    w_small = rng.standard_normal((512, 1024), dtype=np.float32)
+    x_small = rng.standard_normal((4, 1024), dtype=np.float32)
+    g = Graphs(lambda api, ctx, a, b: api.ggml_mul_mat(ctx, a, b), 8 << 20, [w_small, x_small])
+    for nt in (1, 2):
+        report(f"mul_mat f32 1024x512 x 1024x4 (exact vec_dot), {nt} thr",
+               best_time(lambda: g.ours(nt), repeat=3), best_time(lambda: g.theirs(nt), repeat=3))
+    g.close()
+
     # per-node overhead: 1000 small adds in a chain
     def chain(api, ctx, a):
         y = a
