@@ -15,56 +15,344 @@
 #include <stdint.h>
 #include <string.h>
 
-/* one activation row against weight rows j0..j1:
- *   w     (nb, nl, g, n0) int8 or int16: the prepared integer weights of each of nl lanes, the
- *         rows last (so the loops over rows are contiguous and vectorise)
- *   x     (nb, nl, g) int16: the activation's integers, the same lanes
- *   cw, cx (nb, nl, gc, n0) and (nb, nl, gc) int16, or NULL: a correction added to each lane
- *         sum, cf * sum_t cw[b,l,t,j]*cx[b,l,t] (Q6_K's offset: -32 * scales . bsums)
- *   scale (nb, m) float32: the fma's multiplier of each block (x.d * y.d)
- *   acc   (nl, m) float32: the accumulators of each row, updated in place
- *   sum   (m) int32: room for one lane's sums
- * where m = j1 - j0: scale and acc hold the rows j0..j1 only. */
-#define LANES_LOOP(NAME, WT, ATTR)                                                           \
-    ATTR static void NAME(const WT *w, const int16_t *x, const int16_t *cw,                  \
-                          const int16_t *cx, int32_t cf, const float *scale, float *acc,     \
-                          int32_t *sum, Py_ssize_t nb, Py_ssize_t nl, Py_ssize_t n0,         \
-                          Py_ssize_t g, Py_ssize_t gc, Py_ssize_t j0, Py_ssize_t j1)         \
-    {                                                                                        \
-        const Py_ssize_t m = j1 - j0;                                                        \
-        for (Py_ssize_t b = 0; b < nb; b++) {                                                \
-            const float *sc = scale + b * m;                                                 \
-            for (Py_ssize_t l = 0; l < nl; l++) {                                            \
-                const int16_t *xs = x + (b * nl + l) * g;                                    \
-                const WT *wl = w + (b * nl + l) * g * n0 + j0;                               \
-                float *al = acc + l * m;                                                     \
-                memset(sum, 0, (size_t)m * sizeof(int32_t));                                 \
-                if (cw) {                                                                    \
-                    for (Py_ssize_t t = 0; t < gc; t++) {                                    \
-                        const int16_t *ct = cw + ((b * nl + l) * gc + t) * n0 + j0;          \
-                        const int32_t xt = cf * (int32_t)cx[(b * nl + l) * gc + t];          \
-                        for (Py_ssize_t j = 0; j < m; j++)                                   \
-                            sum[j] += (int32_t)ct[j] * xt;                                   \
-                    }                                                                        \
-                }                                                                            \
-                for (Py_ssize_t k = 0; k < g; k++) {                                         \
-                    const WT *wk = wl + k * n0;                                              \
-                    const int32_t xk = xs[k];                                                \
-                    for (Py_ssize_t j = 0; j < m; j++)                                       \
-                        sum[j] += (int32_t)wk[j] * xk;                                       \
-                }                                                                            \
-                for (Py_ssize_t j = 0; j < m; j++)                                           \
-                    al[j] = fmaf((float)sum[j], sc[j], al[j]);                               \
-            }                                                                                \
-        }                                                                                    \
-    }
+/* ggml's quantized dot products (AVX2 builds) of raw weight blocks with raw activation blocks.
+ * Each block's integers are decoded once per weight row and multiplied with each activation row
+ * (n1 of them): lane l of a block sums the products of bytes 4l..4l+3 of every run of 32 elements
+ * (exact 32-bit integers, so their order is free), then acc[l] = fmaf((float)lane, x.d * y.d,
+ * acc[l]) block after block, and the row's result is hsum_float_8(acc):
+ *   Q4_0  nibbles (low: elements 0-15, high: 16-31) minus 8
+ *   Q5_0  nibbles plus 16 * their qh bit, minus 16
+ *   Q8_0  the int8 quants
+ *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
+ *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
+ *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
+ *         to the result as (m0 + m2) + (m1 + m3)
+ *   Q6_K  the unsigned 6-bit values times the int8 scale of their 16, minus 32 * (bsums[2l] *
+ *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
+ * Activations are Q8_0 blocks (fp16 d, 32 int8) for the first three, Q8_K (f32 d, 256 int8,
+ * 16 int16 block sums) for the K-quants. */
+enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+#define INLINE static inline __attribute__((always_inline))
 
-LANES_LOOP(lanes_i8, int8_t, )
-LANES_LOOP(lanes_i16, int16_t, )
+static float half_to_float(uint16_t h);
+
+INLINE uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+INLINE float hsum8(const float *a)
+{
+    float r[4];
+    for (int l = 0; l < 4; l++)
+        r[l] = a[l + 4] + a[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+/* the 8 lane sums of `runs` runs of 32 weight integers q and activation bytes y */
+INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane)
+{
+    int32_t s[32] = {0};
+    for (int r = 0; r < runs; r++)
+        for (int e = 0; e < 32; e++)
+            s[e] += (int32_t)q[32 * r + e] * (int32_t)y[32 * r + e];
+    for (int l = 0; l < 8; l++)
+        lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
+}
+
+/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K dmin and
+ * the mins, for Q6_K the scales */
+INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
+{
+    switch (type) {
+    case Q4_0: {
+        const uint8_t *qs = blk + 2;
+        for (int e = 0; e < 16; e++) {
+            q[e] = (int16_t)((qs[e] & 0x0F) - 8);
+            q[e + 16] = (int16_t)((qs[e] >> 4) - 8);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q5_0: {
+        const uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 |
+                            (uint32_t)blk[5] << 24;
+        const uint8_t *qs = blk + 6;
+        for (int e = 0; e < 16; e++) {
+            q[e] = (int16_t)((qs[e] & 0x0F) + 16 * (int)((qh >> e) & 1) - 16);
+            q[e + 16] = (int16_t)((qs[e] >> 4) + 16 * (int)((qh >> (e + 16)) & 1) - 16);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q8_0: {
+        const int8_t *qs = (const int8_t *)(blk + 2);
+        for (int e = 0; e < 32; e++)
+            q[e] = qs[e];
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q4_K: {
+        const uint8_t *sc = blk + 4, *qs = blk + 16;
+        for (int j = 0; j < 8; j++) {  /* get_scale_min_k4 */
+            const int s = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4));
+            aux[j] = (int16_t)(j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)));
+            const uint8_t *run = qs + 32 * (j / 2);
+            for (int e = 0; e < 32; e++)
+                q[32 * j + e] = (int16_t)(s * ((j & 1) ? run[e] >> 4 : run[e] & 0x0F));
+        }
+        *d = half_to_float(u16(blk));
+        *dmin = half_to_float(u16(blk + 2));
+        break;
+    }
+    default: { /* Q6_K */
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *l = ql + 64 * h, *hb = qh + 32 * h;
+            int16_t *o = q + 128 * h;
+            for (int t = 0; t < 32; t++) {
+                o[t] = (int16_t)((l[t] & 0x0F) | ((hb[t] & 0x03) << 4));
+                o[t + 32] = (int16_t)((l[t + 32] & 0x0F) | ((hb[t] & 0x0C) << 2));
+                o[t + 64] = (int16_t)((l[t] >> 4) | (hb[t] & 0x30));
+                o[t + 96] = (int16_t)((l[t + 32] >> 4) | ((hb[t] & 0xC0) >> 2));
+            }
+        }
+        for (int e = 0; e < 256; e++)
+            q[e] = (int16_t)(q[e] * sc[e / 16]);
+        for (int j = 0; j < 16; j++)
+            aux[j] = sc[j];
+        *d = half_to_float(u16(blk + 208));
+        break;
+    }
+    }
+}
+
+/* out[i1 * n0 + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
+ * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * 12 floats */
+INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                           Py_ssize_t ldx, float *out, Py_ssize_t n0, Py_ssize_t n1,
+                           Py_ssize_t nb, float *acc)
+{
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const int runs = k_quant ? 8 : 1;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    int16_t q[256], aux[16];
+    int32_t lane[8];
+    for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
+        memset(acc, 0, (size_t)n1 * 12 * sizeof(float));
+        const uint8_t *wr = w + i0 * ldw;
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            float xd, xdmin = 0.0f;
+            decode(type, wr + b * wsize, q, &xd, &xdmin, aux);
+            for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+                const uint8_t *yb = x + i1 * ldx + b * ysize;
+                float yd;
+                if (k_quant)
+                    memcpy(&yd, yb, 4);
+                else
+                    yd = half_to_float(u16(yb));
+                const int8_t *yq = (const int8_t *)(yb + (k_quant ? 4 : 2));
+                lane_sums(q, yq, runs, lane);
+                float *a = acc + i1 * 12;
+                if (type == Q6_K)
+                    for (int l = 0; l < 8; l++) {
+                        const uint8_t *bs = yb + 260 + 4 * l;
+                        const int32_t s0 = (int16_t)u16(bs), s1 = (int16_t)u16(bs + 2);
+                        lane[l] -= 32 * (s0 * aux[2 * l] + s1 * aux[2 * l + 1]);
+                    }
+                const float scale = yd * xd;
+                for (int l = 0; l < 8; l++)
+                    a[l] = fmaf((float)lane[l], scale, a[l]);
+                if (type == Q4_K) {
+                    const uint8_t *bs = yb + 260;
+                    int16_t q8s[8];  /* hadd_epi16 of the block sums */
+                    for (int h = 0; h < 8; h++)
+                        q8s[h] = (int16_t)((int16_t)u16(bs + 4 * h) + (int16_t)u16(bs + 4 * h + 2));
+                    const float mscale = -yd * xdmin;
+                    for (int l = 0; l < 4; l++) {
+                        const int32_t s = (int32_t)aux[2 * l] * q8s[2 * l] +
+                                          (int32_t)aux[2 * l + 1] * q8s[2 * l + 1];
+                        a[8 + l] = fmaf((float)s, mscale, a[8 + l]);
+                    }
+                }
+            }
+        }
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+            const float *a = acc + i1 * 12;
+            float r = hsum8(a);
+            if (type == Q4_K)
+                r += (a[8] + a[10]) + (a[9] + a[11]);
+            out[i1 * n0 + i0] = r;
+        }
+    }
+}
+
+static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
+                      float *out, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
+                      float *acc)
+{
+    switch (type) {  /* one copy of the loop per type, its constants folded in */
+    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    }
+}
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1
-LANES_LOOP(lanes_i8_fma, int8_t, __attribute__((target("fma"))))
-LANES_LOOP(lanes_i16_fma, int16_t, __attribute__((target("fma"))))
+#include <immintrin.h>
+#define AVX2 static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* The same products with AVX2: the lane sums by vector integer instructions (exact, so equal
+ * to the scalar ones: unsigned 4- and 6-bit weights by maddubs, which cannot saturate on them;
+ * signed 8-bit ones widened to 16 bits first), the fma and the sums in the same order. For the
+ * 32-element types the 8 lane sums come out as lanes 0 1 4 5 2 3 6 7 (hadd works within
+ * halves); their accumulators stay in that order and are put back before the final sum. */
+AVX2 __m256i legacy_weights(int type, const uint8_t *blk)
+{
+    if (type == Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(blk + (type == Q5_0 ? 6 : 2)));
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m4), _mm_and_si128(t, m4));
+    if (type == Q4_0)
+        return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    uint32_t qh;  /* Q5_0: or 0xF0 (minus 16) into each element whose bit is clear */
+    memcpy(&qh, blk + 2, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+}
+
+AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
+{
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)yq);
+    const __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx)),
+                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qy)));
+    const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1)),
+                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1)));
+    return _mm256_hadd_epi32(lo, hi);  /* lanes 0 1 4 5 2 3 6 7 */
+}
+
+AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(bits, m4),
+                                                _mm256_loadu_si256((const __m256i *)(yq + 64 * j)));
+        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                                                _mm256_loadu_si256((const __m256i *)(yq + 64 * j + 32)));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
+                                                     _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
+    }
+    return sum;
+}
+
+AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsums)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(0x03)), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(0x0C)), 2));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_srli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8((char)0xC0)), 2));
+        for (int r = 0; r < 4; r++) {
+            const int run = 4 * h + r;
+            const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256((const __m256i *)(yq + 32 * run)));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * run + 1]), _mm_set1_epi16(sc[2 * run]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s));
+        }
+    }
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums),
+                                           _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(corr, 5));
+}
+
+AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
+
+AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                              Py_ssize_t ldx, float *out, Py_ssize_t n0,
+                              Py_ssize_t n1, Py_ssize_t nb)
+{
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
+        const uint8_t *wr = w + i0 * ldw;
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+            const uint8_t *yr = x + i1 * ldx;
+            __m256 acc = _mm256_setzero_ps();
+            float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (Py_ssize_t b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
+                __m256i lanes;
+                float d;
+                if (!k_quant) {
+                    d = half_f16c(yb) * half_f16c(blk);
+                    lanes = legacy_lanes(legacy_weights(type, blk), yb + 2);
+                } else {
+                    float yd;
+                    memcpy(&yd, yb, 4);
+                    if (type == Q4_K) {
+                        const uint8_t *s = blk + 4, *bs = yb + 260;
+                        int16_t sc[8], mn[8];
+                        for (int j = 0; j < 8; j++) {  /* get_scale_min_k4 */
+                            sc[j] = (int16_t)(j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4)));
+                            mn[j] = (int16_t)(j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)));
+                        }
+                        lanes = q4_k_lanes(blk + 16, sc, (const int8_t *)(yb + 4));
+                        const float mscale = -yd * half_f16c(blk + 2);
+                        for (int l = 0; l < 4; l++) {
+                            const int32_t s0 = (int16_t)((int16_t)u16(bs + 8 * l) + (int16_t)u16(bs + 8 * l + 2));
+                            const int32_t s1 = (int16_t)((int16_t)u16(bs + 8 * l + 4) + (int16_t)u16(bs + 8 * l + 6));
+                            acc_m[l] = fmaf((float)(mn[2 * l] * s0 + mn[2 * l + 1] * s1), mscale, acc_m[l]);
+                        }
+                        d = yd * half_f16c(blk);
+                    } else {
+                        lanes = q6_k_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
+                        d = yd * half_f16c(blk + 208);
+                    }
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+            }
+            float a[8];
+            _mm256_storeu_ps(a, acc);
+            if (!k_quant) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
+                float t;
+                t = a[2], a[2] = a[4], a[4] = t;
+                t = a[3], a[3] = a[5], a[5] = t;
+            }
+            float r = hsum8(a);
+            if (type == Q4_K)
+                r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+            out[i1 * n0 + i0] = r;
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, const uint8_t *w,
+    Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t n0,
+    Py_ssize_t n1, Py_ssize_t nb)
+{
+    switch (type) {
+    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, n0, n1, nb); break;
+    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, n0, n1, nb); break;
+    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, n0, n1, nb); break;
+    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, n0, n1, nb); break;
+    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, n0, n1, nb); break;
+    }
+}
 #endif
 
 /* Float dot products of rows a and b of k floats, as ggml's AVX2 builds compute them:
@@ -171,7 +459,7 @@ ALL_PAIRS(dot_tiny_fma, tiny_row_fma, FMA)
 static int fma_hw(void)
 {
 #ifdef HAVE_FMA_TARGET
-    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #else
     return 0;
 #endif
@@ -192,59 +480,45 @@ static int check(Py_buffer *buf, Py_ssize_t want, const char *what)
     return 0;
 }
 
-static PyObject *py_lanes_fma(PyObject *self, PyObject *args)
+static PyObject *py_quant_dot(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer w, x, cw = {0}, cx = {0}, scale, acc;
-    PyObject *cw_obj, *cx_obj;
-    Py_ssize_t nb, nl, n0, g, gc, j0, j1, wsize;
-    int cf;
-    if (!PyArg_ParseTuple(args, "y*y*OOiy*w*nnnnnnnn", &w, &x, &cw_obj, &cx_obj, &cf, &scale, &acc,
-                          &nb, &nl, &n0, &g, &gc, &j0, &j1, &wsize))
+    Py_buffer w, x, out;
+    int type, portable = 0;
+    Py_ssize_t ldw, ldx, n0, n1, nb;
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|p", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+                          &portable))
         return NULL;
-    int has_c = cw_obj != Py_None, got_cw = 0, got_cx = 0;
-    int ok = 1;
-    if (has_c) {
-        got_cw = PyObject_GetBuffer(cw_obj, &cw, PyBUF_SIMPLE) == 0;
-        got_cx = got_cw && PyObject_GetBuffer(cx_obj, &cx, PyBUF_SIMPLE) == 0;
-        ok = got_cw && got_cx;
-    }
-    Py_ssize_t m = j1 - j0;
-    if (ok)
-        ok = (wsize == 1 || wsize == 2) && 0 <= j0 && j0 <= j1 && j1 <= n0 &&
-             check(&w, nb * nl * g * n0 * wsize, "w") == 0 &&
-             check(&x, nb * nl * g * 2, "x") == 0 &&
-             (!has_c || (check(&cw, nb * nl * gc * n0 * 2, "cw") == 0 &&
-                         check(&cx, nb * nl * gc * 2, "cx") == 0)) &&
-             check(&scale, nb * m * 4, "scale") == 0 && check(&acc, nl * m * 4, "acc") == 0;
-    int32_t *sum = NULL;
-    if (ok && !(sum = PyMem_RawMalloc((size_t)(m + 1) * sizeof(int32_t)))) {
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34
+                           : type == Q4_K ? 144 : type == Q6_K ? 210 : 0;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    /* w: n0 rows of nb blocks, ldw bytes apart (the last one may end the buffer); x likewise */
+    int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
+             w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&
+             x.len >= (n1 > 0 ? (n1 - 1) * ldx + nb * ysize : 0) && check(&out, n0 * n1 * 4, "out") == 0;
+    float *acc = NULL;
+    if (ok && !(acc = PyMem_RawMalloc((size_t)(n1 + 1) * 12 * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        const int16_t *pcw = has_c ? cw.buf : NULL, *pcx = has_c ? cx.buf : NULL;
-        const int hw = fma_hw();
+        const int hw = !portable && fma_hw();
         Py_BEGIN_ALLOW_THREADS
-        if (wsize == 1)
-            PICK(lanes_i8, hw)((const int8_t *)w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf, sum,
-                               nb, nl, n0, g, gc, j0, j1);
+#ifdef HAVE_FMA_TARGET
+        if (hw)
+            quant_dot_fma(type, w.buf, ldw, x.buf, ldx, out.buf, n0, n1, nb);
         else
-            PICK(lanes_i16, hw)((const int16_t *)w.buf, x.buf, pcw, pcx, cf, scale.buf, acc.buf,
-                                sum, nb, nl, n0, g, gc, j0, j1);
+#endif
+            quant_dot(type, w.buf, ldw, x.buf, ldx, out.buf, n0, n1, nb, acc);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes or row range");
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad type, sizes or strides");
     }
-    PyMem_RawFree(sum);
+    PyMem_RawFree(acc);
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
-    if (got_cw)
-        PyBuffer_Release(&cw);
-    if (got_cx)
-        PyBuffer_Release(&cx);
-    PyBuffer_Release(&scale);
-    PyBuffer_Release(&acc);
+    PyBuffer_Release(&out);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;
@@ -343,23 +617,6 @@ static PyObject *py_dot_f32(PyObject *self, PyObject *args)
     if (!ok)
         return NULL;
     Py_RETURN_NONE;
-}
-
-static PyObject *py_same(PyObject *self, PyObject *args)
-{
-    (void)self;
-    Py_buffer a, b;
-    if (!PyArg_ParseTuple(args, "y*y*", &a, &b))
-        return NULL;
-    int same = 0;
-    if (a.len == b.len) {
-        Py_BEGIN_ALLOW_THREADS
-        same = memcmp(a.buf, b.buf, (size_t)a.len) == 0;
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&b);
-    return PyBool_FromLong(same);
 }
 
 /* ggml_v_expf and ggml_v_silu, ggml's AVX2 polynomial, one lane at a time: exp(x) as 2^n * p(b)
@@ -499,17 +756,17 @@ static PyMethodDef methods[] = {
      "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
     {"v_silu", py_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
-    {"lanes_fma", py_lanes_fma, METH_VARARGS,
-     "lanes_fma(w, x, cw, cx, cf, scale, acc, nb, nl, n0, g, gc, j0, j1, wsize): for every block b "
-     "and lane l of weight rows j0..j1, acc[l, j] = fmaf(sum_k w[b,l,k,j]*x[b,l,k] + "
-     "cf*sum_t cw[b,l,t,j]*cx[b,l,t], scale[b, j], acc[l, j])"},
+    {"quant_dot", py_quant_dot, METH_VARARGS,
+     "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb): out[i1, i0] = ggml's AVX2 vec_dot of weight "
+     "row i0 (Q4_0, Q5_0, Q8_0, Q4_K or Q6_K blocks at w + i0*ldw) and activation row i1 (Q8_0 or "
+     "Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
+     "instructions (the same bits)"},
     {"float_dot", py_float_dot, METH_VARARGS,
      "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
      "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
     {"dot_f32", py_dot_f32, METH_VARARGS,
      "dot_f32(w, x, out, n0, n1, k, pairs=False): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w "
      "(n0, k) and row i1 of x (n1, k), float32; with pairs (n1 == n0), out[i] of rows i alone"},
-    {"same", py_same, METH_VARARGS, "same(a, b): whether two contiguous buffers hold equal bytes"},
     {NULL, NULL, 0, NULL},
 };
 

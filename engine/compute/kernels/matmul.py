@@ -8,14 +8,15 @@ none is left, and writes that chunk of dst.
 The arithmetic is laid out differently from the chunks, so that an output's value never depends
 on how many threads ran (as in ggml, where each output is one vec_dot). Before the chunks, the
 node's products are computed in units -- up to UNIT_ROWS weight rows of one matrix against all
-of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth).
+of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth),
+each writing its units straight into dst.
 A unit is one BLAS product (float weights) or one block product of dequantized weights (quantized
 weights; engine.quants.matmul), and its shape never depends on nth. Small F32 and F16 products,
 and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K ones, instead emulate ggml's vec_dot operation by operation
 (bit-exact; kernels/vecdot.py), in units of
 about ne01/nth rows: each output's value is then fixed whatever the units. The chunk loop then
-copies the products into dst exactly as ggml's chunks split it, which is what the trace shows as
-each thread's share.
+takes ggml's chunks from the shared counter, which is what the trace shows as each thread's
+share (the values are already in place).
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 
@@ -29,14 +30,13 @@ which nodes; the trace marks them).
 from __future__ import annotations
 
 import itertools
-import threading
 
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported, uses_blas
-from engine.compute.kernels.common import from_f32, row_blocks, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_MACS, PREPARE, WEIGHTS, vec_dot_f16, vec_dot_f32, \
-    vec_dot_prepared, vec_dot_tinyblas
+from engine.compute.kernels.common import from_f32, to_f32, view4
+from engine.compute.kernels.vecdot import EXACT_MACS, EXACT_QUANT, vec_dot_f16, vec_dot_f32, \
+    vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
@@ -50,6 +50,8 @@ UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit s
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 DECODE_ROWS = 8  # quantized products with this few activation rows are always exact
 SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
+SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src1 (the others
+# would only wait for the interpreter lock)
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -73,6 +75,8 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
     blck = TYPE_TRAITS[vdt].blck_size
     nblk = ne10 // blck
     b0, b1 = params.ith * nblk // params.nth, (params.ith + 1) * nblk // params.nth
+    if ne10 * nrows <= SMALL_CONVERSION:  # thread 0 converts it all: the same bytes, block by block
+        b0, b1 = (0, nblk) if params.ith == 0 else (0, 0)
     if b0 < b1:
         x = view4(src1).reshape(nrows, ne10) if ggml_is_contiguous(src1) else \
             np.ascontiguousarray(view4(src1)).reshape(nrows, ne10)
@@ -96,12 +100,12 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
 
     F32 and F16 rows up to 1024 elements, up to EXACT_MACS multiply-adds. The quantized types of
-    vecdot.PREPARE (their weights prepared once per matrix) up to EXACT_MACS, and for any size
+    vecdot.EXACT_QUANT (their raw blocks read by C) up to EXACT_MACS, and for any size
     when at most DECODE_ROWS activation rows are multiplied (token-by-token generation).
     (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     macs = ne00 * ne01 * n_src1_rows
-    if src0.type in PREPARE:
+    if src0.type in EXACT_QUANT:
         return macs <= EXACT_MACS or n_src1_rows <= DECODE_ROWS
     return src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024 and macs <= EXACT_MACS
 
@@ -158,19 +162,15 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
             x4 = x4.view(NUMPY_DTYPE[vdt])
     nr0, nr1 = ne0, ne1 * ne2 * ne3
     tiny = params.llamafile and llamafile_takes(src0, src1)
-    products = _products(params, src0, x4, vdt if converted is not None else src1.type, tiny)
-    params.barrier()
+    _products(params, src0, x4, vdt if converted is not None else src1.type, view4(dst), tiny)
 
     nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
-    d4 = view4(dst)
     done = []
     chunk = params.ith
     while chunk < nchunk0 * nchunk1:
         ith0, ith1 = chunk % nchunk0, chunk // nchunk0
         ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
         ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
-        for i13, i12, a, b in row_blocks(ne1, ne2, ir1a, ir1b):
-            d4[i13, i12, a:b, ir0a:ir0b] = products[i13, i12, a:b, ir0a:ir0b]
         done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
         if params.nth >= nchunk0 * nchunk1:
             break
@@ -179,17 +179,16 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
                 + (" (values: llamafile's tinyBLAS)" if tiny else ""))
 
 
-def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
-              tiny: bool = False) -> np.ndarray:
-    """This thread's units of the node's products, into the buffer all threads share.
+def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,
+              tiny: bool = False) -> None:
+    """This thread's units of the node's products, written into out (dst as (ne3, ne2, ne1,
+    ne0) = (ne13, ne12, ne11, ne01)).
 
     x4 holds src1 as the products read it: floats of xtype, or raw vec_dot_type blocks; `tiny`:
     float products in llamafile's tinyBLAS order.
-    Returns the buffer, shape (ne13, ne12, ne11, ne01); complete only after the next barrier.
     """
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne13, ne12, ne11 = x4.shape[:3]
-    out = params.shared.setdefault("products", np.empty((ne13, ne12, ne11, ne01), np.float32))
     exact = tiny or emulates_vec_dot(src0, x4.shape[2] * x4.shape[1] * x4.shape[0])
     r2, r3 = ne12 // ne02, ne13 // ne03
     # an exact output does not depend on the units, so there they are simply one per thread
@@ -202,12 +201,11 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType,
     acts: dict = {}  # dequantized src1 of a matrix, for this thread
     for i13, i12, r in units[params.ith::params.nth]:
         rows = slice(r, min(r + unit, ne01))
-        out[i13, i12, :, rows] = _rows_products(params, src0, i13 // r3, i12 // r2, rows, x4[i13, i12], xtype,
+        out[i13, i12, :, rows] = _rows_products(src0, i13 // r3, i12 // r2, rows, x4[i13, i12], xtype,
                                                 exact, tiny, acts, (i13, i12))
-    return out
 
 
-def _rows_products(params, src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
+def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
                    exact: bool, tiny: bool, acts: dict, key) -> np.ndarray:
     """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.
     x: floats of xtype, or raw vec_dot_type blocks; `acts` caches x's dequantized values by `key`."""
@@ -216,8 +214,8 @@ def _rows_products(params, src0: Tensor, i03: int, i02: int, rows: slice, x: np.
     if tiny:
         return vec_dot_tinyblas(view4(src0)[i03, i02, rows], to_f32(x, xtype))
     if exact:
-        if quantized:  # the whole matrix prepared once (shared), these rows
-            return vec_dot_prepared(_prepared(params, src0, i03, i02), x, ne00, rows)
+        if quantized:
+            return vec_dot_quant(src0.type, _quant_rows(src0, i03, i02, rows), x)
         if src0.type == GGMLType.F16:
             return vec_dot_f16(view4(src0)[i03, i02, rows], to_f32(x, xtype))
         return vec_dot_f32(view4(src0)[i03, i02, rows], x)
@@ -226,19 +224,6 @@ def _rows_products(params, src0: Tensor, i03: int, i02: int, rows: slice, x: np.
             acts[key] = activation_values(xtype, x, ne00)
         return mul_mat_values(src0.type, _quant_rows(src0, i03, i02, rows), *acts[key], ne00)
     return blas_product(to_f32(x, xtype), to_f32(view4(src0)[i03, i02, rows], src0.type))
-
-
-def _prepared(params, src0: Tensor, i03: int, i02: int):
-    """Matrix (i02, i03) of src0 in its prepared form, looked up (and its bytes checked) once per
-    node: the first thread to ask does it, the others take it from the node's shared state."""
-    lock = params.shared.setdefault("prepared_lock", threading.Lock())  # atomic under the GIL
-    with lock:
-        prepared = params.shared.get(("prepared", i03, i02))
-        if prepared is None:
-            rows = _quant_rows(src0, i03, i02, slice(0, int(src0.ne[1])))
-            prepared = params.shared[("prepared", i03, i02)] = WEIGHTS.get(src0.type, rows,
-                                                                           int(src0.ne[0]))
-    return prepared
 
 
 def _quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
@@ -345,7 +330,7 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     acts: dict = {}
     for e, r0, r1 in units[params.ith::params.nth]:
         x = np.stack([x3[token, slot % ne11] for slot, token in groups[e]])
-        products[e][:, r0:r1] = _rows_products(params, src0, 0, e, slice(r0, r1), x, xtype, exact, False,
+        products[e][:, r0:r1] = _rows_products(src0, 0, e, slice(r0, r1), x, xtype, exact, False,
                                                acts, e)
     params.barrier()
 
