@@ -548,6 +548,103 @@ static float half_to_float(uint16_t h)
     return f;
 }
 
+/* to_float (dequantize_row_*) for the types whose numpy form cost most: block by block, the
+ * same float operations in the same order as ggml's C (each product and difference rounded to
+ * float; nothing fused):
+ *   Q8_0   y = q * d
+ *   Q4_K   y = (d * sc) * q - (dmin * m), sub-block j of 32 from get_scale_min_k4(j)
+ *   Q5_K   the same with q = nibble + 16 * (bit j of qh[e])
+ *   TQ1_0  y = (trit - 1) * d; trit n of byte q is ((uint8_t)(q * 3^n) * 3) >> 8: elements
+ *          32n + m from qs[m] (n < 5), 160 + 16n + m from qs[32 + m], 240 + 4n + m from qh[m] */
+enum { Q5_K = 13, TQ1_0 = 34 };
+
+static void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
+{
+    *sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+    *m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+}
+
+static void dequantize_blocks(int type, const uint8_t *raw, float *y, Py_ssize_t nb)
+{
+    static const uint8_t pow3[6] = {1, 3, 9, 27, 81, 243};
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        switch (type) {
+        case Q8_0: {
+            const uint8_t *blk = raw + b * 34;
+            const float d = half_to_float(u16(blk));
+            const int8_t *qs = (const int8_t *)(blk + 2);
+            for (int e = 0; e < 32; e++)
+                y[32 * b + e] = (float)qs[e] * d;
+            break;
+        }
+        case Q4_K:
+        case Q5_K: {
+            const int five = type == Q5_K;
+            const uint8_t *blk = raw + b * (five ? 176 : 144);
+            const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+            const float d = half_to_float(u16(blk)), dmin = half_to_float(u16(blk + 2));
+            float *out = y + 256 * b;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                scale_min_k4(blk + 4, j, &sc, &m);
+                const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                const uint8_t *run = qs + 32 * (j / 2);
+                const int shift = (j & 1) * 4;
+                for (int e = 0; e < 32; e++) {
+                    int q = (run[e] >> shift) & 0x0F;
+                    if (five)
+                        q += ((qh[e] >> j) & 1) << 4;
+                    out[32 * j + e] = d1 * (float)q - m1;
+                }
+            }
+            break;
+        }
+        default: { /* TQ1_0 */
+            const uint8_t *blk = raw + b * 54, *qs = blk, *qh = blk + 48;
+            const float d = half_to_float(u16(blk + 52));
+            float *out = y + 256 * b;
+#define TRIT(byte, n) ((float)((int)(((unsigned)(uint8_t)((byte) * pow3[n]) * 3) >> 8) - 1) * d)
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 32; m++)
+                    out[32 * n + m] = TRIT(qs[m], n);
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 16; m++)
+                    out[160 + 16 * n + m] = TRIT(qs[32 + m], n);
+            for (int n = 0; n < 4; n++)
+                for (int m = 0; m < 4; m++)
+                    out[240 + 4 * n + m] = TRIT(qh[m], n);
+#undef TRIT
+            break;
+        }
+        }
+    }
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer raw, out;
+    int type;
+    if (!PyArg_ParseTuple(args, "iy*w*", &type, &raw, &out))
+        return NULL;
+    const Py_ssize_t bsize = type == Q8_0 ? 34 : type == Q4_K ? 144 : type == Q5_K ? 176 : type == TQ1_0 ? 54 : 0;
+    const Py_ssize_t belems = type == Q8_0 ? 32 : 256;
+    const Py_ssize_t nb = bsize ? raw.len / bsize : 0;
+    int ok = bsize > 0 && raw.len % bsize == 0 && check(&out, nb * belems * 4, "out") == 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        dequantize_blocks(type, raw.buf, out.buf, nb);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: no such type, or not whole blocks");
+    }
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_float_dot(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -761,6 +858,9 @@ static PyMethodDef methods[] = {
      "row i0 (Q4_0, Q5_0, Q8_0, Q4_K or Q6_K blocks at w + i0*ldw) and activation row i1 (Q8_0 or "
      "Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
      "instructions (the same bits)"},
+    {"dequantize", py_dequantize, METH_VARARGS,
+     "dequantize(type, raw, out): ggml's to_float of whole Q8_0, Q4_K, Q5_K or TQ1_0 blocks into "
+     "float32 out"},
     {"float_dot", py_float_dot, METH_VARARGS,
      "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
      "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},

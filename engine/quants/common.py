@@ -267,3 +267,16 @@ def flip_nan_signs(y: np.ndarray, q: np.ndarray, d: np.ndarray) -> None:
         yb = y[bad]
         yb.view(np.uint32)[q[bad] < 0] ^= np.uint32(0x80000000)
         y[bad] = yb
+
+
+def dequantize_in_c(type_: int):
+    """A QuantKind dequantizer run by engine._lanes.dequantize (its C states the formula):
+    structured blocks (nb,) -> float32 (nb, block size), the same bits as ggml's to_float."""
+    from engine import _lanes
+    from engine.types import traits
+
+    def dequantize(b: np.ndarray) -> np.ndarray:
+        out = np.empty((len(b), traits(type_).blck_size), F32)
+        _lanes.dequantize(int(type_), byte_rows(b), out)
+        return out
+    return dequantize

@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
-                                  byte_rows, copy_runs, f2h, f32, first_max, first_min, h2f,
-                                  nearest_int, nibbles, scaled, seq_sum, SubScales, unpack_2bit)
+                                  byte_rows, copy_runs, dequantize_in_c, f2h, f32, first_max,
+                                  first_min, h2f, nearest_int, nibbles, scaled, seq_sum, SubScales,
+                                  unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -325,22 +326,12 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _dequantize_q45_k(b: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """d1*q - m1 per 32 elements, with d1 = d*sc and m1 = dmin*m."""
-    d1, m1 = _scales_and_mins(b, *get_scale_min_k4(b["scales"]))  # (nb, 8) each
-    y = scaled(q.reshape(-1, 8, 32), d1)
-    y -= m1[..., None]
-    return y.reshape(-1, 256)
-
-
 def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
     """qs (nb, 128) -> (nb, 256): per 64-chunk the 32 low nibbles, then the 32 high nibbles."""
     return nibbles(np.ascontiguousarray(qs), 0, 128, 32)
 
 
-def dequantize_q4_k(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_q4_K: d*sc*q - dmin*m, sub-block = element // 32."""
-    return _dequantize_q45_k(b, nibbles(byte_rows(b), 16, 144, 32))
+dequantize_q4_k = dequantize_in_c(T.Q4_K)  # dequantize_row_q4_K: d*sc*q - dmin*m, sub-block = element // 32
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
@@ -354,11 +345,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def dequantize_q5_k(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m."""
-    q = nibbles(byte_rows(b), 48, 176, 32)
-    q |= _hbits(b["qh"]) * np.uint8(16)  # hbit << 4
-    return _dequantize_q45_k(b, q)
+dequantize_q5_k = dequantize_in_c(T.Q5_K)  # dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m
 
 
 # --- Q6_K --------------------------------------------------------------------------------------

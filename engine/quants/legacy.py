@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
-                                  c_int8, copy_runs, f2h, first_max, first_min, flip_nan_signs,
-                                  h2f, nibbles, pack_nibbles, round_away, safe_inv, scaled, seq_sum,
-                                  unpack_nibbles)
+                                  c_int8, copy_runs, dequantize_in_c, f2h, first_max, first_min,
+                                  flip_nan_signs, h2f, nibbles, pack_nibbles, round_away, safe_inv,
+                                  scaled, seq_sum, unpack_nibbles)
 from engine.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -152,9 +152,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def dequantize_q8_0(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_q8_0: q * d."""
-    return scaled(_run(byte_rows(b), 2, 32).view(np.int8), h2f(b["d"]))
+dequantize_q8_0 = dequantize_in_c(T.Q8_0)  # dequantize_row_q8_0: q * d
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (QuantKind, block_dtype, byte_rows, copy_runs, f2h, h2f,
-                                  round_away, safe_inv, scaled, unpack_2bit)
+from engine.quants.common import (QuantKind, block_dtype, dequantize_in_c, f2h, h2f, round_away,
+                                  safe_inv, scaled, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_TQ1_0 = block_dtype(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<u2"))
@@ -50,25 +50,8 @@ def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
     return y
 
 
-_POW3_U8 = _POW3.astype(np.uint8)[:, None, None]
-
-
-def dequantize_tq1_0(b: np.ndarray) -> np.ndarray:
-    """dequantize_row_tq1_0: (trit - 1) * d.
-
-    Trit n of byte q is `((uint8_t)(q * 3^n) * 3) >> 8`, i.e. 0 below 86, 2 from 171, else 1.
-    """
-    raw = byte_rows(b)  # (nb, 54): qs[48], qh[4], d
-    nb = len(raw)
-    x = raw[None] * _POW3_U8  # (5, nb, 54): uint8 products wrap as in C
-    t = (x >= 171).view(np.int8) - (x < 86).view(np.int8)  # trit - 1
-    q = np.empty((nb, 256), np.int8)
-    # elements 0..159: 32n + m <- qs[m]; 160..239: 160 + 16n + m <- qs[32 + m];
-    # 240..255: 240 + 4n + j <- qh[j] (n < 4)
-    copy_runs(q[:, :160].reshape(nb, 5, 32), t[:, :, :32].transpose(1, 0, 2))
-    copy_runs(q[:, 160:240].reshape(nb, 5, 16), t[:, :, 32:48].transpose(1, 0, 2))
-    copy_runs(q[:, 240:].reshape(nb, 4, 4), t[:4, :, 48:52].transpose(1, 0, 2))
-    return scaled(q, h2f(b["d"]))
+# dequantize_row_tq1_0: (trit - 1) * d, trit n of byte q being ((uint8_t)(q * 3^n) * 3) >> 8
+dequantize_tq1_0 = dequantize_in_c(T.TQ1_0)
 
 
 def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
