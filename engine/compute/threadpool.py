@@ -62,6 +62,7 @@ class ComputeParams:
     shared: dict  # per-node state shared by the threads (e.g. mul_mat's chunk counter)
     use_ref: bool = False
     llamafile: bool = False  # GGML_USE_LLAMAFILE (engine.compute.plan.llamafile_build)
+    alone: bool = False  # thread 0 runs every share in turn (ith order); barrier() must not be called
     _kind: str = "idle"
     _ranges: list = field(default_factory=list)
     _note: str = ""
@@ -182,18 +183,24 @@ class _Run:
         self.wait()
 
     def _alone(self, node_n: int, node: Tensor) -> None:
-        """Thread 0 computes a small node's every share in turn: each thread's rows, the same
-        bytes as if they had run at once, without waking the other threads for it."""
-        if self.observer is not None:
-            self.observer(node, True, None)
+        """Thread 0 computes a small node without waking the other threads for it. Watched, it
+        computes every thread's share in turn (each thread's rows: the same bytes as if they had
+        run at once, and the shares the observer is shown); unwatched, the node in one share,
+        as one thread would (the same bytes: a node's values never depend on the thread count)."""
+        if self.observer is None:
+            self._share(node_n, node, 0, _no_barrier, alone=True, nth=1)
+            self._after(node_n, node)
+            return
+        self.observer(node, True, None)
         for j in range(self.nth):
-            self._share(node_n, node, j, _no_barrier)
+            self._share(node_n, node, j, _no_barrier, alone=True)
         self._after(node_n, node)
 
-    def _share(self, node_n: int, node: Tensor, ith: int, barrier: Callable[[], None]) -> None:
+    def _share(self, node_n: int, node: Tensor, ith: int, barrier: Callable[[], None],
+               alone: bool = False, nth: int | None = None) -> None:
         """Thread ith's share of a node, timed and recorded."""
-        params = ComputeParams(ith, self.nth, self.cplan.work_size, self.wdata, barrier,
-                               self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile)
+        params = ComputeParams(ith, nth or self.nth, self.cplan.work_size, self.wdata, barrier,
+                               self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile, alone)
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)
@@ -230,6 +237,9 @@ NO_BARRIER_OPS = frozenset({
     GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
 })
 SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
+# a MUL_MAT of at most this many multiply-adds too (its kernel skips its barrier when alone): its
+# products take less time than waking the other threads for them
+SMALL_MUL_MAT = 1 << 23
 # ... and these at any size: their kernels run many short numpy passes (fmas emulated in
 # float64, table lookups) that hold the interpreter lock, so a second thread only waits for it;
 # but not the f32 SILU and SWIGLU, whose polynomial runs in C without the lock (_RUN_IN_C), nor
@@ -245,6 +255,10 @@ def _alone_at_any_size(node: Tensor) -> bool:
     return not (in_c is not None and int(node.op_params[0]) == in_c and node.type == GGMLType.F32)
 
 
+def _mul_mat_macs(node: Tensor) -> int:
+    return int(node.src[0].ne[0]) * ggml_nelements(node)
+
+
 def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
     """How each node is computed: skipped (views, nodes not marked for compute), by thread 0
     alone (small nodes of NO_BARRIER_OPS, and ALWAYS_ALONE_OPS, when several threads run), or by
@@ -253,8 +267,9 @@ def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
     for node in nodes:
         if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             modes.append(_SKIP)
-        elif nth > 1 and node.op in NO_BARRIER_OPS and (ggml_nelements(node) <= SMALL_NODE
-                                                        or _alone_at_any_size(node)):
+        elif nth > 1 and ((node.op in NO_BARRIER_OPS and (ggml_nelements(node) <= SMALL_NODE
+                                                          or _alone_at_any_size(node)))
+                          or (node.op == GGMLOp.MUL_MAT and _mul_mat_macs(node) <= SMALL_MUL_MAT)):
             modes.append(_ALONE)
         else:
             modes.append(_TOGETHER)

@@ -75,8 +75,8 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
     blck = TYPE_TRAITS[vdt].blck_size
     nblk = ne10 // blck
     b0, b1 = params.ith * nblk // params.nth, (params.ith + 1) * nblk // params.nth
-    if ne10 * nrows <= SMALL_CONVERSION:  # thread 0 converts it all: the same bytes, block by block
-        b0, b1 = (0, nblk) if params.ith == 0 else (0, 0)
+    if params.alone or ne10 * nrows <= SMALL_CONVERSION:  # thread 0 converts it all: the same
+        b0, b1 = (0, nblk) if params.ith == 0 else (0, 0)  # bytes, block by block
     if b0 < b1:
         x = view4(src1).reshape(nrows, ne10) if ggml_is_contiguous(src1) else \
             np.ascontiguousarray(view4(src1)).reshape(nrows, ne10)
@@ -152,7 +152,8 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         converted = _convert_src1(params, src1, vdt)
     if params.ith == 0:
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
-    params.barrier()
+    if not params.alone:  # (alone, share 0 has converted it all before share 1 starts)
+        params.barrier()
 
     if converted is None:
         x4 = view4(src1)
@@ -174,7 +175,8 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
         if params.nth >= nchunk0 * nchunk1:
             break
-        chunk = next(params.shared["chunk"])
+        # one thread running the shares in turn takes the chunks as threads of equal speed would
+        chunk = chunk + params.nth if params.alone else next(params.shared["chunk"])
     params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}"
                 + (" (values: llamafile's tinyBLAS)" if tiny else ""))
 
