@@ -24,6 +24,7 @@ class Segment:
     changed: bool
     tensor: str | None = None  # key of the tensor this segment belongs to
     url: str | None = None
+    tip: str = ""  # the label with offset and size, as its title shows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,9 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
         if ctx.mem_size > end:
             segs.append(Segment("free", end, ctx.mem_size - end, 0, _("unused"), False))
         total = sum(_scaled(s.size) for s in segs) or 1
+        tip = _("%(label)s: offset %(start)s, %(size)s bytes")  # translated once, not per segment
         for s in segs:
             s.width = 100 * _scaled(s.size) / total
+            s.tip = tip % {"label": s.label, "start": f"{s.start:#x}", "size": s.size}
         views.append(PoolView(cid, ctx.base, ctx.mem_size, end, segs, len(objs)))
     return views
