@@ -57,6 +57,13 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
 
+/* get_scale_min_k4: the six-bit scale and min of sub-block j from a K-quant's 12 scale bytes */
+INLINE void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
+{
+    *sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+    *m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+}
+
 /* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K dmin and
  * the mins, for Q6_K the scales */
 INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
@@ -90,10 +97,11 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         break;
     }
     case Q4_K: {
-        const uint8_t *sc = blk + 4, *qs = blk + 16;
-        for (int j = 0; j < 8; j++) {  /* get_scale_min_k4 */
-            const int s = j < 4 ? (sc[j] & 63) : ((sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4));
-            aux[j] = (int16_t)(j < 4 ? (sc[j + 4] & 63) : ((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)));
+        const uint8_t *qs = blk + 16;
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            scale_min_k4(blk + 4, j, &s, &m);
+            aux[j] = (int16_t)m;
             const uint8_t *run = qs + 32 * (j / 2);
             for (int e = 0; e < 32; e++)
                 q[32 * j + e] = (int16_t)(s * ((j & 1) ? run[e] >> 4 : run[e] & 0x0F));
@@ -305,11 +313,13 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                     float yd;
                     memcpy(&yd, yb, 4);
                     if (type == Q4_K) {
-                        const uint8_t *s = blk + 4, *bs = yb + 260;
+                        const uint8_t *bs = yb + 260;
                         int16_t sc[8], mn[8];
-                        for (int j = 0; j < 8; j++) {  /* get_scale_min_k4 */
-                            sc[j] = (int16_t)(j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4)));
-                            mn[j] = (int16_t)(j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4)));
+                        for (int j = 0; j < 8; j++) {
+                            int s, m;
+                            scale_min_k4(blk + 4, j, &s, &m);
+                            sc[j] = (int16_t)s;
+                            mn[j] = (int16_t)m;
                         }
                         lanes = q4_k_lanes(blk + 16, sc, (const int8_t *)(yb + 4));
                         const float mscale = -yd * half_f16c(blk + 2);
@@ -557,12 +567,6 @@ static float half_to_float(uint16_t h)
  *   TQ1_0  y = (trit - 1) * d; trit n of byte q is ((uint8_t)(q * 3^n) * 3) >> 8: elements
  *          32n + m from qs[m] (n < 5), 160 + 16n + m from qs[32 + m], 240 + 4n + m from qh[m] */
 enum { Q5_K = 13, TQ1_0 = 34 };
-
-static void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
-{
-    *sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-    *m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-}
 
 static void dequantize_blocks(int type, const uint8_t *raw, float *y, Py_ssize_t nb)
 {
