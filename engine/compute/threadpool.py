@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.context import Context, ggml_new_buffer
@@ -63,6 +64,7 @@ class ComputeParams:
     use_ref: bool = False
     llamafile: bool = False  # GGML_USE_LLAMAFILE (engine.compute.plan.llamafile_build)
     alone: bool = False  # thread 0 runs every share in turn (ith order); barrier() must not be called
+    watched: bool = True  # an observer is shown each share: a kernel may skip recording one when not
     _kind: str = "idle"
     _ranges: list = field(default_factory=list)
     _note: str = ""
@@ -113,6 +115,11 @@ class _Pool:
 
 
 _POOL = _Pool()
+# numpy's BLAS starts threads of its own (OpenBLAS: one per core). Inside a graph compute it runs
+# on the calling thread alone, as ggml's n_threads threads are all the threads a compute uses: a
+# BLAS call of one thread's share must not wake more threads to fight the other shares for the
+# cores (and "1 thread" must mean one)
+_BLAS = ThreadpoolController()
 
 
 class _Run:
@@ -200,7 +207,8 @@ class _Run:
                alone: bool = False, nth: int | None = None) -> None:
         """Thread ith's share of a node, timed and recorded."""
         params = ComputeParams(ith, nth or self.nth, self.cplan.work_size, self.wdata, barrier,
-                               self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile, alone)
+                               self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile, alone,
+                               self.observer is not None)
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)
@@ -282,7 +290,8 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
     run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
-    _POOL.run(run.thread, run.nth)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        _POOL.run(run.thread, run.nth)
     return run.status
 
 

@@ -91,8 +91,12 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
 
 
 def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x · wᵀ by numpy's BLAS: ggml's products to rounding, their last bits the BLAS kernel's."""
-    return x @ w.T
+    """x · wᵀ by numpy's BLAS: ggml's products to rounding, their last bits the BLAS kernel's.
+    One row of x is w · x (a gemv through np.dot, which lets go of the interpreter lock while
+    it runs; `x @ w.T` holds it for a single row, so the threads' shares ran one at a time)."""
+    if x.shape[0] == 1:
+        return np.dot(w, x[0])[None, :]
+    return np.dot(x, w.T)
 
 
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
@@ -164,6 +168,8 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     nr0, nr1 = ne0, ne1 * ne2 * ne3
     tiny = params.llamafile and llamafile_takes(src0, src1)
     _products(params, src0, x4, vdt if converted is not None else src1.type, view4(dst), tiny)
+    if not params.watched:  # the values are in place; the chunks only tell who took which
+        return
 
     nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
     done = []
