@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import threadpool_limits
 
 from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.context import Context, ggml_new_buffer
@@ -115,11 +115,12 @@ class _Pool:
 
 
 _POOL = _Pool()
-# numpy's BLAS starts threads of its own (OpenBLAS: one per core). Inside a graph compute it runs
-# on the calling thread alone, as ggml's n_threads threads are all the threads a compute uses: a
-# BLAS call of one thread's share must not wake more threads to fight the other shares for the
-# cores (and "1 thread" must mean one)
-_BLAS = ThreadpoolController()
+# numpy's BLAS starts threads of its own (OpenBLAS: one per core). In this process it runs on the
+# calling thread alone: a compute's n_threads threads are all the threads it uses, so a BLAS call
+# of one thread's share must not wake more threads to fight the other shares for the cores (and
+# "1 thread" means one). Set once here, at import: a learner's program runs in a sandbox that
+# refuses the foreign-function calls that setting it takes.
+threadpool_limits(limits=1, user_api="blas")
 
 
 class _Run:
@@ -290,8 +291,7 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
     run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
-    with _BLAS.limit(limits=1, user_api="blas"):
-        _POOL.run(run.thread, run.nth)
+    _POOL.run(run.thread, run.nth)
     return run.status
 
 
