@@ -41,6 +41,7 @@ from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
                             current_address_space, fresh_address_space, ggml_used_mem)
 from engine.errors import ProgramStopped, StepCapReached, program_line
 from engine.graph import Graph
+from engine.infos import TensorInfo, ggml_tensor_infos
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
 from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
@@ -149,6 +150,7 @@ class Trace:
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
         if self.recorded_bytes > min(every, BIG_STEP_BYTES):
             pools: dict[int, np.ndarray] = {}
+            dirty: set[int] = set()  # pools written since the last checkpoint
             since, done = 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
@@ -162,14 +164,18 @@ class Trace:
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
+                        dirty.add(cid)
                     step_bytes += b - a
                 since += step_bytes
                 done = ends[k]
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it
                 if (since >= every or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps):
-                    checkpoints.append((done, {cid: frozen(a) for cid, a in pools.items()}))
-                    since = 0
+                    last = checkpoints[-1][1] if checkpoints else {}
+                    # a pool nothing wrote since the last checkpoint is that checkpoint's copy
+                    checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
+                                               else frozen(a) for cid, a in pools.items()}))
+                    since, dirty = 0, set()
         self._cps = (len(self.steps), checkpoints)
         return checkpoints
 
@@ -206,6 +212,14 @@ class State:
         self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
         # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
         self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
+        self._infos: dict[int, list[TensorInfo]] = {}
+        self._graphs: list[Graph] | None = None
+
+    def tensor_infos(self, cid: int) -> list[TensorInfo]:
+        """ggml_tensor_infos of context cid, read once: a state's pools never change."""
+        if cid not in self._infos:
+            self._infos[cid] = ggml_tensor_infos(self.contexts[cid])
+        return self._infos[cid]
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
         return Tensor(self.contexts[ref[0]], ref[1])
@@ -218,13 +232,16 @@ class State:
         return out
 
     def graphs(self) -> list[Graph]:
+        """The graphs in the state's pools (found once: a state's pools never change)."""
         from engine.layout import CGRAPH, record
 
-        out = []
-        for ctx in self.contexts.values():
-            out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
-                    for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
-        return [g for g in out if _readable(g)]
+        if self._graphs is None:
+            out = []
+            for ctx in self.contexts.values():
+                out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
+                        for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
+            self._graphs = [g for g in out if _readable(g)]
+        return list(self._graphs)
 
 
 def _readable(g: Graph) -> bool:
@@ -556,14 +573,14 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
 
 CHECKPOINT_MIN_BYTES = 8 << 20  # no checkpoints for traces whose patches replay faster than this
-
-
-BIG_STEP_BYTES = 32 << 20
+BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
 
 
 def checkpoint_every(pool_bytes: int) -> int:
-    """Patch bytes between two checkpoints of a trace whose pools total pool_bytes."""
-    return max(CHECKPOINT_MIN_BYTES, pool_bytes)
+    """Patch bytes between two checkpoints of a trace whose pools total pool_bytes: a state
+    replays at most that many bytes, and the checkpoints together copy at most ~4 times the
+    bytes the steps wrote (each copies only the pools written since the one before)."""
+    return max(CHECKPOINT_MIN_BYTES, pool_bytes // 4)
 
 
 def _end_of(ctx: Context, header: int) -> int:

@@ -2,29 +2,65 @@
 
 A step's patches are the runs of bytes its call changed (`changed_runs`, found from the edges
 of the changed runs, so a model's hundreds of megabytes loaded at once never become an index per
-byte); a rebuilt state's pools are fresh arrays (`fresh_pool`) or, where no later patch touches
-them, a checkpoint's read-only copy (`frozen`), shared by every state rebuilt from it.
+byte); a rebuilt state's pools are fresh ones (`fresh_pool`: copy-on-write mappings of a
+checkpoint's big pools) or, where no later patch touches them, a checkpoint's read-only copy
+(`frozen`), shared by every state rebuilt from it.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import weakref
+
 import numpy as np
+
+
+# pools from this size up are mapped, not copied: a state's private copy of a checkpoint shares
+# its pages until a patch writes one (copy on write), so rebuilding a state whose model or compute
+# buffer is tens of MB costs the pages its patches touch, not a copy of every page
+MAPPED_BYTES = 1 << 20
+
+
+class _Checkpoint(mmap.mmap):
+    """A checkpoint's pool in a memory file (memfd): read-only here, mapped copy-on-write by
+    the states rebuilt from it. `fd` stays open while the mapping lives."""
+
+    fd: int
 
 
 def frozen(a: np.ndarray) -> np.ndarray:
     """A read-only copy: a checkpoint's pools are shared by the states rebuilt from it."""
-    c = a.copy()
-    c.setflags(write=False)
-    return c
+    if a.nbytes < MAPPED_BYTES or not hasattr(os, "memfd_create"):
+        c = a.copy()
+        c.setflags(write=False)
+        return c
+    fd = os.memfd_create("ggml-lens-checkpoint", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, a.nbytes)
+        with mmap.mmap(fd, a.nbytes) as shared:
+            np.frombuffer(shared, np.uint8)[:] = a
+        m = _Checkpoint(fd, a.nbytes, access=mmap.ACCESS_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    m.fd = fd
+    weakref.finalize(m, os.close, fd)
+    return np.frombuffer(m, np.uint8)
 
 
 def fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
-    """A pool for a rebuilt state: zeros, or a copy of a checkpoint. Its pages are touched in
-    order first (calloc hands out pages on first write, and a page fault per scattered patch
-    costs more than the copying itself)."""
-    pool = np.zeros(size, dtype=np.uint8)
-    if size >= 1 << 20:
-        pool[::4096] = 0
+    """A writable pool for a rebuilt state: zeros, or the bytes of a checkpoint's pool. A big
+    one is a private mapping (of the checkpoint's memory file, or of zeros): no page is copied
+    or zeroed before something writes it. (A small one is an array; numpy would ask for huge
+    pages for a big one, whose faults can cost ~10 ms each once memory is fragmented.)"""
+    source = getattr(getattr(like, "base", None), "obj", None)
+    if isinstance(source, _Checkpoint) and len(source) == size:
+        return np.frombuffer(mmap.mmap(source.fd, size, access=mmap.ACCESS_COPY), np.uint8)
+    if size >= MAPPED_BYTES:
+        pool = np.frombuffer(mmap.mmap(-1, size), np.uint8)
+    else:
+        pool = np.zeros(size, dtype=np.uint8)
     if like is not None:
         np.copyto(pool, like)
     return pool
