@@ -20,7 +20,7 @@ from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Cont
     ggml_used_mem
 from engine.graph import ggml_graph_nbytes
 from engine.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, record
-from engine.tensor import Tensor, ggml_nbytes
+from engine.infos import TensorInfo, ggml_tensor_infos
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,16 +65,17 @@ class MemAccount:
         return next((o for o in self.objects if o.end > mem_size), None)
 
 
-def account(ctx: Context) -> MemAccount:
-    """Split ctx's used bytes by what they hold (see the module docstring)."""
+def account(ctx: Context, infos: list[TensorInfo] | None = None) -> MemAccount:
+    """Split ctx's used bytes by what they hold (see the module docstring). `infos`: ctx's
+    ggml_tensor_infos, if the caller has them already."""
+    tensors_at = {t.offs: t for t in (ggml_tensor_infos(ctx) if infos is None else infos)}
     objects = []
     for o in ctx.objects():
         if o.type == GGML_OBJECT_TYPE_TENSOR:
-            t = Tensor(ctx, o.offs)
-            data_here = o.offs + GGML_TENSOR_SIZE
-            owns = t.data is not None and t.view_src is None and \
-                ctx.space.resolve(t.data) == (ctx, data_here)
-            data = ggml_nbytes(t) if owns else 0
+            t = tensors_at[o.offs]
+            # the tensor owns the bytes after its struct: its data points right there
+            owns = not t.is_view and t.data == ctx.base + o.offs + GGML_TENSOR_SIZE
+            data = t.nbytes if owns else 0
             cost = ObjectCost("TENSOR", t.name, o.header, o.offs + o.size, GGML_TENSOR_SIZE, data,
                               o.size - GGML_TENSOR_SIZE - data)
         elif o.type == GGML_OBJECT_TYPE_GRAPH:

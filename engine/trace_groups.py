@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from threading import Lock
 from typing import Any
 
 from engine import notes
@@ -135,9 +137,40 @@ def _phases(steps: list[Step]) -> list[StepGroup]:
     return out
 
 
+class _Memo:
+    """What a recorded trace's steps give, made once: the debugger asks on every page. Keyed by
+    the list itself and its length (a list still being recorded grows); a few traces kept."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, int], tuple[list[Step], int, Any]] = OrderedDict()
+        self._lock = Lock()
+
+    def get(self, what: str, steps: list[Step], make) -> Any:
+        key = (what, id(steps))
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and hit[0] is steps and hit[1] == len(steps):
+                self._items.move_to_end(key)
+                return hit[2]
+        value = make()
+        with self._lock:
+            self._items[key] = (steps, len(steps), value)  # holding the list keeps its id unique
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
+_MEMO = _Memo()
+
+
 def step_groups(steps: list[Step]) -> list[StepGroup]:
     """Forward passes (by n_past), each with its phases (calls with steps inside them, by layer);
     a trace without passes is its phases."""
+    return _MEMO.get("groups", steps, lambda: _step_groups(steps))
+
+
+def _step_groups(steps: list[Step]) -> list[StepGroup]:
     if not steps:
         return []
     if any(s.n_past is not None for s in steps):
@@ -151,7 +184,8 @@ def step_groups(steps: list[Step]) -> list[StepGroup]:
 
 def layer_jump(steps: list[Step], k: int, direction: int) -> int | None:
     """The first step of the next (direction 1) or the previous (-1) layer run from step k."""
-    runs = [(v, a) for v, a, _ in _runs(steps, lambda s: s.layer) if v is not None]
+    runs = _MEMO.get("layers", steps, lambda: [(v, a) for v, a, _ in _runs(steps, lambda s: s.layer)
+                                                if v is not None])
     if direction > 0:
         return next((a for _, a in runs if a > k), None)
     cur = next((a for v, a in reversed(runs) if a <= k), None)

@@ -51,7 +51,7 @@ def _message(acc: MemAccount, obj: ObjectCost) -> str:
 def accounts(state: State) -> list[AccountView]:
     views = []
     for cid, ctx in state.contexts.items():
-        acc = account(ctx)
+        acc = account(ctx, state.tensor_infos(cid))
         n_tensors = sum(o.kind == "TENSOR" for o in acc.objects)
         graphs = [o for o in acc.objects if o.kind == "GRAPH"]
         parts = [Part(_("object headers"), acc.headers,

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from app.i18n import _
 from app.views.debugger.pool import Segment, _scaled
-from app.views.debugger.where import Where, tensor_key
+from app.views.debugger.where import Where, ref_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
                                    GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
-from engine.tensor import ggml_nbytes
 from engine.trace import State, Step
 
 USAGE = {GGML_BACKEND_BUFFER_USAGE_ANY: "any", GGML_BACKEND_BUFFER_USAGE_WEIGHTS: "weights",
@@ -34,26 +33,27 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
     changed = [(p.offset, p.end) for p in step.patches if p.ctx in state.buffers]
     owners = {p.ctx for p in step.patches}
     placed: dict[int, list] = {bid: [] for bid in state.buffers}
-    for t in state.tensors():
-        if t.data is None or t.view_src is not None:
-            continue
-        for bid, buf in state.buffers.items():
-            if buf.base <= t.data < buf.base + buf.size:
-                placed[bid].append((t.data - buf.base, ggml_nbytes(t), t))
-                break
+    if state.buffers:
+        for cid in state.contexts:
+            for t in state.tensor_infos(cid):
+                if not t.data or t.is_view:
+                    continue
+                for bid, buf in state.buffers.items():
+                    if buf.base <= t.data < buf.base + buf.size:
+                        placed[bid].append((t.data - buf.base, t.nbytes, ref_key(cid, t.offs), t.name))
+                        break
     views = []
     for bid, buf in state.buffers.items():
         segs: list[Segment] = []
         mine = changed if bid in owners else []
         end = 0
-        for off, n, t in sorted(placed[bid], key=lambda x: (x[0], -x[1])):
+        for off, n, key, name in sorted(placed[bid], key=lambda x: (x[0], -x[1])):
             if off < end:  # bytes shared over time (the plan reuses them): drawn once, first tensor
                 continue
             if off > end:
                 segs.append(Segment("free", end, off - end, 0, _("not used by a tensor now"), False))
-            key = tensor_key(t)
             hit = any(a < off + n and b > off for a, b in mine)
-            segs.append(Segment("data", off, n, 0, _("data of '{name}'").format(name=t.name), hit, key,
+            segs.append(Segment("data", off, n, 0, _("data of '{name}'").format(name=name), hit, key,
                                 where.url(tensor=key, hex="data")))
             end = off + n
         if buf.size > end:
@@ -61,7 +61,7 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
         total = sum(_scaled(s.size) for s in segs) or 1
         for s in segs:
             s.width = 100 * _scaled(s.size) / total
-        used = sum(n for _, n, _ in placed[bid])
+        used = sum(p[1] for p in placed[bid])
         views.append(BufferView(bid, buf.name, USAGE.get(buf.usage, str(buf.usage)), buf.is_host, buf.base,
                                 buf.size, used, len(placed[bid]), segs))
     return views

@@ -5,14 +5,18 @@ from its own URL, keyed by the drawing's hash."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from threading import Lock
 from typing import TYPE_CHECKING
 
+from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
 from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.infos import ggml_graph_edges
+from engine.layout import GGML_TENSOR_SIZE
 from engine.tensor import Tensor
 from engine.trace import State
 
@@ -59,15 +63,33 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     Graphs of more than FOLD_OVER nodes show each layer as one box: a tensor belongs to layer N
     when it is a "blk.N." weight or consumes one (the highest N among its sources). The layer
     holding the current or selected tensor is drawn in full, as is the one named by `expand`.
+
+    The drawing does not depend on the step, only on the graph's bytes and what is folded, so
+    stepping through a graph's nodes draws it once (`_DRAWINGS`, keyed by those bytes).
     """
     graphs = state.graphs()
     if not graphs:
         return None
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
-    layers = _layers(g) if g.n_nodes > FOLD_OVER else {}
-    backward = backward_nodes(g)
+    shape = _graph_bytes(g)
+    layers, backward = _DRAWINGS.get(("layers", shape), lambda: (
+        _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)))
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
+    key = ("view", shape, frozenset(open_layers), where.query(tensor=None), i18n.current(),
+           None if sched is None else (tuple(sched.color.items()), tuple(
+               (label, tuple(m)) for label, m in sched.clusters),
+               tuple((c.address, i) for c, i in sched.copies)))
+    view = _DRAWINGS.get(key, lambda: _drawing(g, where, layers, backward, open_layers, sched))
+    highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
+                 if t is not None]
+    links = [LayerLink(name, where.query(expand=name), name in open_layers)
+             for name in sorted(set(layers.values()), key=int)]
+    return replace(view, highlight=highlight, layers=links)
+
+
+def _drawing(g: Graph, where: Where, layers: dict[int, str], backward: set[int],
+             open_layers: set[str | None], sched: SchedView | None) -> GraphView:
     folded: dict[str, int] = {}
     for t in g.nodes + g.leafs:
         layer = layers.get(t.address)
@@ -95,12 +117,44 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
                   for layer, n in folded.items())
     hidden = {t.address for t in g.nodes + g.leafs if layers.get(t.address) in folded}
     dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
-    highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
-                 if t is not None]
-    links = [LayerLink(name, where.query(expand=name), name in open_layers)
-             for name in sorted(set(layers.values()), key=int)]
-    return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], highlight, links,
+    return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], [], [],
                      g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else (), bool(backward))
+
+
+def _graph_bytes(g: Graph) -> bytes:
+    """A digest of everything a drawing of g reads: the graph object (node, leaf and gradient
+    arrays) and the struct of every node and leaf (name, op, shape, sources), with where they are."""
+    h = hashlib.blake2b(digest_size=16)
+    size = next(o.size for o in g.ctx.objects() if o.offs == g.offs) if g.offs is not None else 0
+    h.update(g._r.tobytes() if g.offs is None else g.ctx.pool[g.offs:g.offs + size])
+    for t in g.nodes + g.leafs:
+        h.update(t.address.to_bytes(8, "little"))
+        h.update(t.ctx.pool[t.offs:t.offs + GGML_TENSOR_SIZE])
+    return h.digest()
+
+
+class _Memo:
+    """A small LRU of what a graph's drawing costs to make, shared by every request."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = Lock()
+
+    def get(self, key, make):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
+_DRAWINGS = _Memo(128)
 
 
 def backward_nodes(g: Graph) -> set[int]:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from app.i18n import _
 from app.views.debugger.where import Where, ref_key
-from engine.infos import ggml_tensor_infos
 from engine.optable import GGMLOp
 from engine.tensor import Tensor
 from engine.trace import State
@@ -27,7 +26,7 @@ class TensorRow:
 def tensor_list(state: State, where: Where, selected: Tensor | None) -> list[TensorRow]:
     rows = []
     for ctx in state.contexts.values():
-        for t in ggml_tensor_infos(ctx):
+        for t in state.tensor_infos(ctx.id):
             key = ref_key(ctx.id, t.offs)
             rows.append(TensorRow(t.name or _("(unnamed)"), TYPE_TRAITS[t.type].type_name,
                                   "[" + ", ".join(str(x) for x in t.ne) + "]", GGMLOp(t.op).name,
