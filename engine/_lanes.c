@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -133,10 +134,10 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
     }
 }
 
-/* out[i1 * n0 + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
+/* out[i1 * ldo + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
  * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * 12 floats */
 INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
-                           Py_ssize_t ldx, float *out, Py_ssize_t n0, Py_ssize_t n1,
+                           Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
                            Py_ssize_t nb, float *acc)
 {
     const int k_quant = type == Q4_K || type == Q6_K;
@@ -189,21 +190,21 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
             float r = hsum8(a);
             if (type == Q4_K)
                 r += (a[8] + a[10]) + (a[9] + a[11]);
-            out[i1 * n0 + i0] = r;
+            out[i1 * ldo + i0] = r;
         }
     }
 }
 
 static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
-                      float *out, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
+                      float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
                       float *acc)
 {
     switch (type) {  /* one copy of the loop per type, its constants folded in */
-    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
-    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
-    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
-    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
-    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, n0, n1, nb, acc); break;
+    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -290,7 +291,7 @@ AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsu
 AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
 AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
-                              Py_ssize_t ldx, float *out, Py_ssize_t n0,
+                              Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
 {
     const int k_quant = type == Q4_K || type == Q6_K;
@@ -346,21 +347,21 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
             float r = hsum8(a);
             if (type == Q4_K)
                 r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
-            out[i1 * n0 + i0] = r;
+            out[i1 * ldo + i0] = r;
         }
     }
 }
 
 __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, const uint8_t *w,
-    Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t n0,
+    Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
-    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, n0, n1, nb); break;
-    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, n0, n1, nb); break;
-    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, n0, n1, nb); break;
-    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, n0, n1, nb); break;
-    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, n0, n1, nb); break;
+    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
 #endif
@@ -490,14 +491,41 @@ static int check(Py_buffer *buf, Py_ssize_t want, const char *what)
     return 0;
 }
 
+/* One thread's rows [i0, i0 + n0) of a quant_dot: each output is one row's own sum, so how the
+ * rows are split between threads never changes a bit. */
+typedef struct {
+    int type, hw;
+    const uint8_t *w, *x;
+    Py_ssize_t ldw, ldx, n0, n1, nb;
+    float *out, *acc;  /* out: this thread's first column; rows n0 (all threads') apart */
+    Py_ssize_t ldo;
+} QuantRows;
+
+static void *quant_rows(void *arg)
+{
+    const QuantRows *j = arg;
+#ifdef HAVE_FMA_TARGET
+    if (j->hw) {
+        quant_dot_fma(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb);
+        return NULL;
+    }
+#endif
+    quant_dot(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb, j->acc);
+    return NULL;
+}
+
+enum { MAX_SPLIT = 64 };
+/* block products below which a second thread costs more to start than it saves (~100 us) */
+#define SPLIT_BLOCKS ((Py_ssize_t)1 << 14)
+
 static PyObject *py_quant_dot(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer w, x, out;
-    int type, portable = 0;
+    int type, portable = 0, threads = 1;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|p", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
-                          &portable))
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pi", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+                          &portable, &threads))
         return NULL;
     const int k_quant = type == Q4_K || type == Q6_K;
     const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34
@@ -507,20 +535,35 @@ static PyObject *py_quant_dot(PyObject *self, PyObject *args)
     int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
              w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&
              x.len >= (n1 > 0 ? (n1 - 1) * ldx + nb * ysize : 0) && check(&out, n0 * n1 * 4, "out") == 0;
+    /* the rows shared out: as many threads as asked, each with enough work to be worth its start */
+    Py_ssize_t parts = threads < 1 ? 1 : threads > MAX_SPLIT ? MAX_SPLIT : threads;
+    while (parts > 1 && (n0 < parts || n0 * n1 * nb / parts < SPLIT_BLOCKS))
+        parts--;
     float *acc = NULL;
-    if (ok && !(acc = PyMem_RawMalloc((size_t)(n1 + 1) * 12 * sizeof(float)))) {
+    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * 12 * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
         const int hw = !portable && fma_hw();
+        QuantRows jobs[MAX_SPLIT];
+        pthread_t tids[MAX_SPLIT];
+        int started[MAX_SPLIT] = {0};
+        for (Py_ssize_t p = 0; p < parts; p++) {
+            const Py_ssize_t a = p * n0 / parts, b = (p + 1) * n0 / parts;
+            jobs[p] = (QuantRows){type, hw, (const uint8_t *)w.buf + a * ldw, x.buf, ldw, ldx, b - a,
+                                  n1, nb, (float *)out.buf + a, acc + p * (n1 + 1) * 12, n0};
+        }
         Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_TARGET
-        if (hw)
-            quant_dot_fma(type, w.buf, ldw, x.buf, ldx, out.buf, n0, n1, nb);
-        else
-#endif
-            quant_dot(type, w.buf, ldw, x.buf, ldx, out.buf, n0, n1, nb, acc);
+        for (Py_ssize_t p = 1; p < parts; p++)  /* a thread that cannot start: its rows run here */
+            started[p] = pthread_create(&tids[p], NULL, quant_rows, &jobs[p]) == 0;
+        quant_rows(&jobs[0]);
+        for (Py_ssize_t p = 1; p < parts; p++) {
+            if (started[p])
+                pthread_join(tids[p], NULL);
+            else
+                quant_rows(&jobs[p]);
+        }
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad type, sizes or strides");
@@ -858,10 +901,11 @@ static PyMethodDef methods[] = {
     {"v_silu", py_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"quant_dot", py_quant_dot, METH_VARARGS,
-     "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb): out[i1, i0] = ggml's AVX2 vec_dot of weight "
-     "row i0 (Q4_0, Q5_0, Q8_0, Q4_K or Q6_K blocks at w + i0*ldw) and activation row i1 (Q8_0 or "
+     "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1): out[i1, i0] "
+     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q5_0, Q8_0, Q4_K or Q6_K blocks at w + i0*ldw) and activation row i1 (Q8_0 or "
      "Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
-     "instructions (the same bits)"},
+     "instructions (the same bits); threads: the rows shared out between up to that many threads "
+     "(the same bits)"},
     {"dequantize", py_dequantize, METH_VARARGS,
      "dequantize(type, raw, out): ggml's to_float of whole Q8_0, Q4_K, Q5_K or TQ1_0 blocks into "
      "float32 out"},

@@ -65,6 +65,7 @@ class ComputeParams:
     llamafile: bool = False  # GGML_USE_LLAMAFILE (engine.compute.plan.llamafile_build)
     alone: bool = False  # thread 0 runs every share in turn (ith order); barrier() must not be called
     watched: bool = True  # an observer is shown each share: a kernel may skip recording one when not
+    cores: int = 1  # the compute's thread count (nth is 1 when thread 0 computes a node in one share)
     _kind: str = "idle"
     _ranges: list = field(default_factory=list)
     _note: str = ""
@@ -209,7 +210,7 @@ class _Run:
         """Thread ith's share of a node, timed and recorded."""
         params = ComputeParams(ith, nth or self.nth, self.cplan.work_size, self.wdata, barrier,
                                self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile, alone,
-                               self.observer is not None)
+                               self.observer is not None, self.nth)
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)
@@ -245,7 +246,7 @@ NO_BARRIER_OPS = frozenset({
     GGMLOp.CLAMP, GGMLOp.LEAKY_RELU, GGMLOp.UNARY, GGMLOp.GLU, GGMLOp.ARGSORT,
     GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
 })
-SMALL_NODE = 1 << 14  # elements: below this a node is computed by one thread
+SMALL_NODE = 1 << 16  # elements: below this a node is computed by one thread
 # a MUL_MAT of at most this many multiply-adds too (its kernel skips its barrier when alone): its
 # products take less time than waking the other threads for them
 SMALL_MUL_MAT = 1 << 23

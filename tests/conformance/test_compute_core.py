@@ -181,3 +181,7 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     for portable in (False, True):
         ours = vec_dot_quant(wtype, w, x, portable=portable)
         np.testing.assert_array_equal(ours.view(np.uint32), real.view(np.uint32), err_msg=f"portable={portable}")
+        # enough rows to be shared out between threads in C: still the oracle's bits, row by row
+        many = vec_dot_quant(wtype, np.tile(w, (256, 1)), x, portable=portable, threads=3)
+        np.testing.assert_array_equal(many.view(np.uint32), np.tile(real, (1, 256)).view(np.uint32),
+                                      err_msg=f"threads=3, portable={portable}")

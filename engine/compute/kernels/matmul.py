@@ -206,24 +206,28 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.nda
     unit = min(share, max(1, EXACT_UNIT_PAIRS // ne11)) if exact else UNIT_ROWS
     units = [(i13, i12, r) for i13 in range(ne13) for i12 in range(ne12)
              for r in range(0, ne01, unit)]
+    # fewer units than threads (a small node, or one computed by thread 0 alone): the exact
+    # quantized products share their rows out between the compute's threads in C instead
+    threads = params.cores if len(units) < params.nth or params.alone else 1
     acts: dict = {}  # dequantized src1 of a matrix, for this thread
     for i13, i12, r in units[params.ith::params.nth]:
         rows = slice(r, min(r + unit, ne01))
         out[i13, i12, :, rows] = _rows_products(src0, i13 // r3, i12 // r2, rows, x4[i13, i12], xtype,
-                                                exact, tiny, acts, (i13, i12))
+                                                exact, tiny, acts, (i13, i12), threads)
 
 
 def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
-                   exact: bool, tiny: bool, acts: dict, key) -> np.ndarray:
+                   exact: bool, tiny: bool, acts: dict, key, threads: int = 1) -> np.ndarray:
     """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.
-    x: floats of xtype, or raw vec_dot_type blocks; `acts` caches x's dequantized values by `key`."""
+    x: floats of xtype, or raw vec_dot_type blocks; `acts` caches x's dequantized values by `key`;
+    `threads`: how many threads exact quantized products may share their rows out to in C."""
     ne00 = int(src0.ne[0])
     quantized = TYPE_TRAITS[src0.type].is_quantized
     if tiny:
         return vec_dot_tinyblas(view4(src0)[i03, i02, rows], to_f32(x, xtype))
     if exact:
         if quantized:
-            return vec_dot_quant(src0.type, _quant_rows(src0, i03, i02, rows), x)
+            return vec_dot_quant(src0.type, _quant_rows(src0, i03, i02, rows), x, threads=threads)
         if src0.type == GGMLType.F16:
             return vec_dot_f16(view4(src0)[i03, i02, rows], to_f32(x, xtype))
         return vec_dot_f32(view4(src0)[i03, i02, rows], x)

@@ -98,7 +98,8 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K})
 
 
-def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool = False) -> np.ndarray:
+def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool = False,
+                  threads: int = 1) -> np.ndarray:
     """ggml's AVX2 vec_dot of every weight row with every activation row, in C without the GIL
     (engine._lanes.quant_dot): w (n0, row_bytes) raw blocks of type_ (rows may lie any distance
     apart, as in a tensor's view), x (n1, row_bytes) raw blocks of its vec_dot_type -> (n1, n0).
@@ -113,7 +114,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
-    (`portable`, and other CPUs) give the same bits."""
+    (`portable`, and other CPUs) give the same bits. `threads`: the weight rows shared out
+    between up to that many threads in C (each output is its own row's: the same bits)."""
     ts = TYPE_TRAITS[type_]
     n0, row_bytes = w.shape
     nb = row_bytes // ts.type_size
@@ -124,5 +126,5 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
         if n0 else w.reshape(-1)
     x = np.ascontiguousarray(x, np.uint8)
     out = np.empty((len(x), n0), F32)
-    _lanes_c.quant_dot(int(type_), span, ldw, x, x.shape[1], out, n0, len(x), nb, portable)
+    _lanes_c.quant_dot(int(type_), span, ldw, x, x.shape[1], out, n0, len(x), nb, portable, threads)
     return out
