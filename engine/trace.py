@@ -146,9 +146,8 @@ class Trace:
                 sizes[c.id] = c.mem_size
             for b in s.buffers:
                 sizes[b.id] = b.size
-        every = checkpoint_every(sum(sizes.values()))
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if self.recorded_bytes > min(every, BIG_STEP_BYTES):
+        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES):
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
             since, done = 0, 0
@@ -170,6 +169,7 @@ class Trace:
                 done = ends[k]
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it
+                every = checkpoint_every(sum(pools[cid].nbytes for cid in dirty if cid in pools))
                 if (since >= every or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps):
                     last = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
@@ -572,15 +572,15 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return ints[-1] if ints else self.n_threads
 
 
-CHECKPOINT_MIN_BYTES = 8 << 20  # no checkpoints for traces whose patches replay faster than this
+CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
 
 
-def checkpoint_every(pool_bytes: int) -> int:
-    """Patch bytes between two checkpoints of a trace whose pools total pool_bytes: a state
-    replays at most that many bytes, and the checkpoints together copy at most ~4 times the
-    bytes the steps wrote (each copies only the pools written since the one before)."""
-    return max(CHECKPOINT_MIN_BYTES, pool_bytes // 4)
+def checkpoint_every(dirty_bytes: int) -> int:
+    """Patch bytes after which a checkpoint is made, when the pools written since the last one
+    total dirty_bytes (what the checkpoint copies): a state replays at most that many bytes, and
+    the checkpoints together copy at most ~4 times the bytes the steps wrote."""
+    return max(CHECKPOINT_MIN_BYTES, dirty_bytes // 4)
 
 
 def _end_of(ctx: Context, header: int) -> int:
