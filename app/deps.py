@@ -5,9 +5,7 @@ and the query parameters several routes take (thread count, an uploaded file's h
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from threading import Lock
-from typing import Annotated, Callable
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
 
@@ -16,28 +14,12 @@ from app.programs import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.traces import TraceCache
+from engine.memo import Memo
 from engine.models.bundled import model_path
 
 
-class SvgCache:
+class SvgCache(Memo):
     """Rendered SVGs by the hash of their DOT (an LRU): a graph drawn once is not drawn again."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._svgs: OrderedDict[str, str] = OrderedDict()
-        self._lock = Lock()
-
-    def get(self, key: str, render: Callable[[], str]) -> str:
-        with self._lock:
-            if key in self._svgs:
-                self._svgs.move_to_end(key)
-                return self._svgs[key]
-        svg = render()
-        with self._lock:
-            self._svgs[key] = svg
-            while len(self._svgs) > self.size:
-                self._svgs.popitem(last=False)
-        return svg
 
 
 def install(app: FastAPI, settings: Settings) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import ast
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from threading import Lock
 from typing import Any
 
 from engine import notes
+from engine.memo import Memo
 from engine.steps import Step, StepKind
 
 FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
@@ -137,31 +136,19 @@ def _phases(steps: list[Step]) -> list[StepGroup]:
     return out
 
 
-class _Memo:
+class _StepsMemo:
     """What a recorded trace's steps give, made once: the debugger asks on every page. Keyed by
     the list itself and its length (a list still being recorded grows); a few traces kept."""
 
     def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._items: OrderedDict[tuple[str, int], tuple[list[Step], int, Any]] = OrderedDict()
-        self._lock = Lock()
+        self._memo = Memo(size)
 
     def get(self, what: str, steps: list[Step], make) -> Any:
-        key = (what, id(steps))
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None and hit[0] is steps and hit[1] == len(steps):
-                self._items.move_to_end(key)
-                return hit[2]
-        value = make()
-        with self._lock:
-            self._items[key] = (steps, len(steps), value)  # holding the list keeps its id unique
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
+        hit = self._memo.get((what, id(steps), len(steps)), lambda: (steps, make()))
+        return hit[1] if hit[0] is steps else make()  # (an id reused by a newer list: made anew)
 
 
-_MEMO = _Memo()
+_MEMO = _StepsMemo()
 
 
 def step_groups(steps: list[Step]) -> list[StepGroup]:

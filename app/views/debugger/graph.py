@@ -5,9 +5,7 @@ from its own URL, keyed by the drawing's hash."""
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from dataclasses import dataclass, replace
-from threading import Lock
 from typing import TYPE_CHECKING
 
 from app import i18n
@@ -17,6 +15,7 @@ from app.views.format import layer_of
 from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.infos import ggml_graph_edges
 from engine.layout import GGML_TENSOR_SIZE
+from engine.memo import Memo
 from engine.tensor import Tensor
 from engine.trace import State
 
@@ -133,28 +132,7 @@ def _graph_bytes(g: Graph) -> bytes:
     return h.digest()
 
 
-class _Memo:
-    """A small LRU of what a graph's drawing costs to make, shared by every request."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict = OrderedDict()
-        self._lock = Lock()
-
-    def get(self, key, make):
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value
-
-
-_DRAWINGS = _Memo(128)
+_DRAWINGS = Memo(128)  # what a graph's drawing costs to make, shared by every request
 
 
 def backward_nodes(g: Graph) -> set[int]:
