@@ -411,8 +411,10 @@ def ggml_graph_print(g: Graph) -> str:
 
 def _by_slot(g: Graph, node: Tensor, table: np.ndarray | None) -> Tensor | None:
     """The tensor a per-hash-slot table (grads, grad_accs) holds for node, or None."""
+    if table is None:  # a graph without gradients
+        return None
     slot = g.slot_of(node)
-    if slot is None or table is None or not int(table[slot]):
+    if slot is None or not int(table[slot]):
         return None
     return g.tensor(int(table[slot]))
 

@@ -4,18 +4,20 @@ Not a ggml API: ggml walks `ggml_get_first_tensor` / `ggml_get_next_tensor` and 
 A debugger showing a pool of a thousand tensors at every step wants them in one gather instead, so
 `ggml_tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
-`ggml_graph_edges` lists a graph's src links as addresses, without making a handle per tensor.
+`ggml_graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
+`ggml_layout_digest` tells whether two states of a pool hold the same objects.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.context import GGML_OBJECT_TYPE_TENSOR, Context
 from engine.graph import Graph
-from engine.layout import GGML_TENSOR_SIZE, TENSOR
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR
 from engine.types import TYPE_TRAITS
 
 _BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
@@ -62,6 +64,20 @@ def ggml_tensor_infos(ctx: Context) -> list[TensorInfo]:
                        int(types[i]), tuple(int(x) for x in ne[i]), int(r["op"]),
                        int(r["flags"]), int(r["view_src"]), int(r["data"]), int(nbytes[i]))
             for i, (o, r) in enumerate(zip(offsets, recs))]
+
+
+def ggml_layout_digest(ctx: Context) -> bytes:
+    """A digest of ctx's object headers and tensor structs, not of any data: two states of a
+    pool with the same digest hold the same objects and tensors (names, shapes, pointers)."""
+    objs = list(ctx.objects())
+    h = hashlib.blake2b(digest_size=16)
+    if objs:
+        headers = np.asarray([o.header for o in objs], dtype=np.int64)
+        h.update(ctx.pool[headers[:, None] + np.arange(GGML_OBJECT_SIZE)].tobytes())
+    structs = [o.offs for o in objs if o.type == GGML_OBJECT_TYPE_TENSOR]
+    if structs:
+        h.update(ctx.pool[np.asarray(structs, dtype=np.int64)[:, None] + np.arange(GGML_TENSOR_SIZE)].tobytes())
+    return h.digest()
 
 
 @dataclass(frozen=True, slots=True)

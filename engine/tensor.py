@@ -43,7 +43,8 @@ class SrcPointers:
         self._t._r["src"][0][i] = 0 if value is None else value.address
 
     def __iter__(self):
-        return (self[i] for i in range(10))
+        resolve = self._t._resolve
+        return (resolve(a) for a in self._t._r["src"][0].tolist())  # the ten pointers read at once
 
     def __repr__(self) -> str:
         return repr(list(self))

@@ -4,14 +4,18 @@ outlined."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from markupsafe import Markup, escape
 
+from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, ref_key
 from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
+from engine.infos import ggml_layout_digest
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.memo import Memo
 from engine.trace import State, Step
 
 
@@ -26,7 +30,6 @@ class Segment:
     tensor: str | None = None  # key of the tensor this segment belongs to
     url: str | None = None
     tip: str = ""  # the label with offset and size, as its title shows it
-    attrs: Markup = Markup()  # the memory pool's element attributes, escaped (it has thousands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +38,7 @@ class PoolView:
     base: int
     mem_size: int
     used: int
-    segments: list[Segment]
+    bar: Markup  # the bar's elements, one per segment (a model's pool has thousands)
     n_objects: int
 
 
@@ -44,64 +47,119 @@ def _scaled(size: int) -> float:
     return max(math.sqrt(max(size, 1)), 3.0)
 
 
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One segment of a pool's bar, the unchanging parts of its element escaped."""
+
+    kind: str  # header, struct, graph, data, padding, work, free
+    start: int
+    end: int
+    tensor: str | None  # key of the tensor it belongs to
+    link: str | None  # what its link opens: "struct" (the tensor) or "data" (its bytes); None: a span
+    head: str  # data-start, data-size, data-label
+    tail: str  # after the class: the style and title
+
+
+@dataclass(frozen=True, slots=True)
+class _Bar:
+    """A context's bar as no step changed it: what every step with the same objects and tensor
+    structs shares (its thousands of pieces made once, not once per step)."""
+
+    pieces: tuple[_Piece, ...]
+    starts: list[int]  # each piece's start, for finding the ones a patch overlaps
+    of_object: dict[int, list[int]]  # header offset -> its header, struct, graph or work piece
+    of_tensor: dict[str, list[int]]  # tensor key -> its struct, data and padding pieces
+    end: int
+    n_objects: int
+
+
+_BARS = Memo(64)
+_HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a patch writes them
+
+
 def pools(state: State, step: Step, where: Where) -> list[PoolView]:
-    changed = [(p.ctx, p.offset, p.end) for p in step.patches]
-    added = {(o.ctx, o.header) for o in step.objects}
-    struct_url, data_url = where.tensor_url(), where.tensor_url(hex="data")
-    header_label = _("ggml_object header ({type})")
+    links = {kind: [escape(x) for x in where.tensor_url(**change)("\0").split("\0")]
+             for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
     views = []
     for cid, ctx in state.contexts.items():
-        segs: list[Segment] = []
-        mine = [(s_, e_) for c, s_, e_ in changed if c == cid]
-
-        def hit(a: int, b: int) -> bool:
-            return any(s_ < b and e_ > a for s_, e_ in mine)
-
-        objs = list(ctx.objects())
-        infos = {t.offs: t for t in state.tensor_infos(cid)}
-        end = 0
-        for o in objs:
-            new = (cid, o.header) in added
-            segs.append(Segment("header", o.header, GGML_OBJECT_SIZE, 0,
-                                header_label.format(type=o.type_name),
-                                new or (bool(mine) and hit(o.header, o.offs))))
-            if o.type == GGML_OBJECT_TYPE_TENSOR:
-                t = infos[o.offs]
-                key = ref_key(cid, t.offs)
-                url = struct_url(key)
-                label = _("tensor '{name}' struct").format(name=t.name) if t.name else _("tensor struct")
-                segs.append(Segment("struct", o.offs, GGML_TENSOR_SIZE, 0, label,
-                                    new or (bool(mine) and hit(o.offs, o.offs + GGML_TENSOR_SIZE)), key, url))
-                inline = o.size - GGML_TENSOR_SIZE
-                if inline > 0:
-                    nbytes = t.nbytes if not t.is_view and t.data else 0
-                    start = o.offs + GGML_TENSOR_SIZE
-                    if nbytes:
-                        segs.append(Segment("data", start, nbytes, 0,
-                                            _("data of '{name}'").format(name=t.name),
-                                            bool(mine) and hit(start, start + nbytes), key, data_url(key)))
-                    if inline - nbytes > 0:
-                        segs.append(Segment("padding", start + nbytes, inline - nbytes, 0,
-                                            _("padding to 16 bytes"), False, key, url))
-            elif o.type == GGML_OBJECT_TYPE_GRAPH:
-                segs.append(Segment("graph", o.offs, o.size, 0, _("ggml_cgraph: struct, nodes, "
-                                                               "leafs, use counts, hash keys, bitset"),
-                                    new or hit(o.offs, o.offs + o.size)))
-            else:
-                segs.append(Segment("work", o.offs, o.size, 0, _("work buffer"), new))
-            end = o.offs + o.size
-        if ctx.mem_size > end:
-            segs.append(Segment("free", end, ctx.mem_size - end, 0, _("unused"), False))
-        total = sum(_scaled(s.size) for s in segs) or 1
-        tip = _("%(label)s: offset %(start)s, %(size)s bytes")  # translated once, not per segment
-        for s in segs:
-            label = escape(s.label)
-            cls = f"seg seg-{s.kind}" + (" changed" if s.changed else "") + \
-                (" selected" if s.url and s.tensor == where.tensor else "")
-            s.width = 100 * _scaled(s.size) / total
-            s.tip = tip % {"label": s.label, "start": f"{s.start:#x}", "size": s.size}
-            href = f'href="{escape(s.url)}" ' if s.url else ""
-            s.attrs = Markup(f'{href}data-start="{s.start}" data-size="{s.size}" data-label="{label}" '
-                             f'class="{cls}" style="width:{s.width:.3f}%" title="{escape(s.tip)}"')
-        views.append(PoolView(cid, ctx.base, ctx.mem_size, end, segs, len(objs)))
+        bar = _BARS.get(_layout_key(ctx, cid), lambda: _bar(state, cid))
+        marks: set[int] = set()
+        for p in step.patches:
+            if p.ctx == cid:
+                i = max(0, bisect_right(bar.starts, p.offset) - 1)
+                while i < len(bar.starts) and bar.starts[i] < p.end:
+                    piece = bar.pieces[i]
+                    if piece.kind in _HIT_KINDS and piece.end > p.offset:
+                        marks.add(i)
+                    i += 1
+        marks.update(i for o in step.objects if o.ctx == cid for i in bar.of_object.get(o.header, ()))
+        selected = set(bar.of_tensor.get(where.tensor, ()))
+        html = [_element(piece, links, i in marks, i in selected) for i, piece in enumerate(bar.pieces)]
+        views.append(PoolView(cid, ctx.base, ctx.mem_size, bar.end, Markup("".join(html)), bar.n_objects))
     return views
+
+
+def _layout_key(ctx, cid: int) -> tuple:
+    """What a bar is made from: the object headers and tensor structs (not the data), and the
+    labels' language."""
+    return (cid, ctx.mem_size, ggml_layout_digest(ctx), i18n.current())
+
+
+def _bar(state: State, cid: int) -> _Bar:
+    ctx = state.contexts[cid]
+    header_label = _("ggml_object header ({type})")
+    infos = {t.offs: t for t in state.tensor_infos(cid)}
+    segs: list[tuple[str, int, int, str, str | None, str | None]] = []  # kind start size label key link
+    of_object: dict[int, list[int]] = {}
+    of_tensor: dict[str, list[int]] = {}
+    end = n_objects = 0
+    for o in ctx.objects():
+        n_objects += 1
+        mine = of_object.setdefault(o.header, [len(segs)])
+        segs.append(("header", o.header, GGML_OBJECT_SIZE, header_label.format(type=o.type_name), None, None))
+        if o.type == GGML_OBJECT_TYPE_TENSOR:
+            t = infos[o.offs]
+            key = ref_key(cid, t.offs)
+            label = _("tensor '{name}' struct").format(name=t.name) if t.name else _("tensor struct")
+            mine.append(len(segs))
+            of_tensor[key] = [len(segs)]
+            segs.append(("struct", o.offs, GGML_TENSOR_SIZE, label, key, "struct"))
+            inline = o.size - GGML_TENSOR_SIZE
+            if inline > 0:
+                nbytes = t.nbytes if not t.is_view and t.data else 0
+                start = o.offs + GGML_TENSOR_SIZE
+                if nbytes:
+                    of_tensor[key].append(len(segs))
+                    segs.append(("data", start, nbytes, _("data of '{name}'").format(name=t.name), key, "data"))
+                if inline - nbytes > 0:
+                    of_tensor[key].append(len(segs))
+                    segs.append(("padding", start + nbytes, inline - nbytes, _("padding to 16 bytes"), key,
+                                 "struct"))
+        elif o.type == GGML_OBJECT_TYPE_GRAPH:
+            mine.append(len(segs))
+            segs.append(("graph", o.offs, o.size, _("ggml_cgraph: struct, nodes, leafs, use counts, hash keys, "
+                                                    "bitset"), None, None))
+        else:
+            mine.append(len(segs))
+            segs.append(("work", o.offs, o.size, _("work buffer"), None, None))
+        end = o.offs + o.size
+    if ctx.mem_size > end:
+        segs.append(("free", end, ctx.mem_size - end, _("unused"), None, None))
+    total = sum(_scaled(size) for _k, _s, size, *_r in segs) or 1
+    tip = _("%(label)s: offset %(start)s, %(size)s bytes")  # translated once, not per segment
+    pieces = tuple(_Piece(kind, start, start + size, key, link,
+                          f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
+                          f'" style="width:{100 * _scaled(size) / total:.3f}%" title="'
+                          f'{escape(tip % {"label": label, "start": f"{start:#x}", "size": size})}"')
+                   for kind, start, size, label, key, link in segs)
+    return _Bar(pieces, [p.start for p in pieces], of_object, of_tensor, end, n_objects)
+
+
+def _element(p: _Piece, links: dict[str, list[str]], changed: bool, selected: bool) -> str:
+    """A piece's element: a link to its tensor (its struct, or its data in the Bytes panel), or
+    a plain span."""
+    cls = f"seg seg-{p.kind}" + (" changed" if changed else "") + (" selected" if selected else "")
+    if p.link is None:
+        return f'<span role="listitem" {p.head} class="{cls}{p.tail}></span>'
+    prefix, suffix = links[p.link]
+    return f'<a role="listitem" href="{prefix}{p.tensor}{suffix}" {p.head} class="{cls}{p.tail}></a>'
