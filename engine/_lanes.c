@@ -692,6 +692,79 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
+ * becomes the quiet NaN 0x7E00 with its sign (engine.types.fp32_to_fp16_bits) */
+static uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7FFFFFFF;
+    if (ax > 0x7F800000)
+        return sign | 0x7E00;
+    if (ax >= 0x477FF000)  /* 65520 and up (infinity too) round to infinity */
+        return sign | 0x7C00;
+    if (ax < 0x38800000) {  /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)rintf(a * 16777216.0f);
+    }
+    uint32_t h = ((ax >> 23) - 112) << 10 | (ax & 0x7FFFFF) >> 13;
+    const uint32_t rest = ax & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++;  /* a carry into the exponent is the right result */
+    return sign | (uint16_t)h;
+}
+
+/* quantize_row_q8_0 of ggml's AVX2 build, block by block (32 floats -> 34 bytes): amax = max |x|
+ * (a NaN anywhere makes it NaN), d = amax / 127, id = 127 / amax (0 when amax is 0), each
+ * q = x * id rounded to nearest even, converted as _mm256_cvtps_epi32 does (out of range or NaN:
+ * INT_MIN), then saturated to int8 as the packs do; d stored as a half */
+static void quantize_q8_0_blocks(const float *x, uint8_t *y, Py_ssize_t nb)
+{
+    for (Py_ssize_t b = 0; b < nb; b++, x += 32, y += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(x[i]);
+            if (a != a || amax != amax)
+                amax = NAN;
+            else if (a > amax)
+                amax = a;
+        }
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const uint16_t dh = float_to_half(d);
+        memcpy(y, &dh, 2);
+        for (int i = 0; i < 32; i++) {
+            const float r = rintf(x[i] * id);
+            const int32_t q = fabsf(r) < 2147483648.0f ? (int32_t)r : INT32_MIN;
+            y[2 + i] = (uint8_t)(int8_t)(q < -128 ? -128 : q > 127 ? 127 : q);
+        }
+    }
+}
+
+static PyObject *py_quantize_q8_0(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    const Py_ssize_t nb = x.len / 128;
+    int ok = x.len % 128 == 0 && check(&out, nb * 34, "out") == 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        quantize_q8_0_blocks(x.buf, out.buf, nb);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole blocks of 32 floats");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_float_dot(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -906,6 +979,9 @@ static PyMethodDef methods[] = {
      "Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
      "instructions (the same bits); threads: the rows shared out between up to that many threads "
      "(the same bits)"},
+    {"quantize_q8_0", py_quantize_q8_0, METH_VARARGS,
+     "quantize_q8_0(x, out): quantize_row_q8_0 of ggml's AVX2 build: float32 blocks of 32 -> "
+     "34-byte blocks (the half d, 32 int8)"},
     {"dequantize", py_dequantize, METH_VARARGS,
      "dequantize(type, raw, out): ggml's to_float of whole Q8_0, Q4_K, Q5_K or TQ1_0 blocks into "
      "float32 out"},

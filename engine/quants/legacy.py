@@ -175,11 +175,21 @@ def _q8_avx2(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d, qi, np.clip(qi, -128, 127)
 
 
-def from_float_q8_0(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 (ggml-cpu, x86 AVX2): mul_mat's src1 conversion for Q8_0 weights."""
+def from_float_q8_0_ref(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (ggml-cpu, x86 AVX2) in numpy, beside from_float_q8_0 (the same in C)."""
     y = np.zeros(len(x), BLOCK_Q8_0)
     d, _, y["qs"] = _q8_avx2(x)
     y["d"] = f2h(d)
+    return y
+
+
+def from_float_q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (ggml-cpu, x86 AVX2): mul_mat's src1 conversion for Q8_0 weights,
+    by engine._lanes.quantize_q8_0 (the same bits as from_float_q8_0_ref)."""
+    from engine import _lanes
+
+    y = np.empty(len(x), BLOCK_Q8_0)
+    _lanes.quantize_q8_0(np.ascontiguousarray(x, dtype=np.float32), y.view(np.uint8))
     return y
 
 

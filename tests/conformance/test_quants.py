@@ -180,6 +180,22 @@ def test_cpu_from_float_matches_ggml(t):
         assert np.array_equal(from_float(t, x.reshape(-1)).reshape(-1), o_from_float(t, x)), name
 
 
+def test_q8_0_cpu_in_c_equals_its_numpy_reference_on_any_floats():
+    """engine._lanes.quantize_q8_0 (mul_mat's src1 conversion) against the readable numpy form
+    beside it, on random bit patterns (NaN, infinities, subnormals included), halves and scales
+    from tiny to overflowing."""
+    from engine.quants.legacy import from_float_q8_0, from_float_q8_0_ref
+
+    rng = np.random.default_rng(8)
+    bits = rng.integers(0, 2**32, (20000, 32), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    halves = (rng.integers(-300, 300, (2000, 32)) * 0.5).astype(np.float32)
+    with np.errstate(all="ignore"):
+        scaled = [rng.standard_normal((2000, 32)).astype(np.float32) * np.float32(s)
+                  for s in (1e-30, 1e-6, 1.0, 1e4, 3e38)]
+        for x in [bits, halves, *scaled]:
+            assert np.array_equal(from_float_q8_0(x).view(np.uint8), from_float_q8_0_ref(x).view(np.uint8))
+
+
 def test_q8_0_cpu_rounds_half_to_even_unlike_ref():
     x = np.zeros(32, np.float32)
     x[0], x[1], x[2] = 127.0, 2.5, 0.5
