@@ -611,8 +611,10 @@ static float half_to_float(uint16_t h)
  *          32n + m from qs[m] (n < 5), 160 + 16n + m from qs[32 + m], 240 + 4n + m from qh[m] */
 enum { Q5_K = 13, TQ1_0 = 34 };
 
-static void dequantize_blocks(int type, const uint8_t *raw, float *y, Py_ssize_t nb)
+static void dequantize_blocks(int type, const void *raw_, void *y_, Py_ssize_t nb)
 {
+    const uint8_t *raw = raw_;
+    float *y = y_;
     static const uint8_t pow3[6] = {1, 3, 9, 27, 81, 243};
     for (Py_ssize_t b = 0; b < nb; b++) {
         switch (type) {
@@ -667,6 +669,28 @@ static void dequantize_blocks(int type, const uint8_t *raw, float *y, Py_ssize_t
     }
 }
 
+/* The block converters' shared part: `in` holds whole blocks of in_size bytes, `out` room for as
+ * many of out_size; convert(type, in, out, nb) runs without the GIL. */
+static PyObject *convert_blocks(int type, Py_buffer *in, Py_buffer *out, Py_ssize_t in_size,
+                                Py_ssize_t out_size, void (*convert)(int, const void *, void *, Py_ssize_t),
+                                const char *bad)
+{
+    const Py_ssize_t nb = in_size > 0 ? in->len / in_size : 0;
+    int ok = in_size > 0 && in->len % in_size == 0 && check(out, nb * out_size, "out") == 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        convert(type, in->buf, out->buf, nb);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, bad);
+    }
+    PyBuffer_Release(in);
+    PyBuffer_Release(out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -676,20 +700,8 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args)
         return NULL;
     const Py_ssize_t bsize = type == Q8_0 ? 34 : type == Q4_K ? 144 : type == Q5_K ? 176 : type == TQ1_0 ? 54 : 0;
     const Py_ssize_t belems = type == Q8_0 ? 32 : 256;
-    const Py_ssize_t nb = bsize ? raw.len / bsize : 0;
-    int ok = bsize > 0 && raw.len % bsize == 0 && check(&out, nb * belems * 4, "out") == 0;
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        dequantize_blocks(type, raw.buf, out.buf, nb);
-        Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "_lanes: no such type, or not whole blocks");
-    }
-    PyBuffer_Release(&raw);
-    PyBuffer_Release(&out);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return convert_blocks(type, &raw, &out, bsize, belems * 4, dequantize_blocks,
+                          "_lanes: no such type, or not whole blocks");
 }
 
 /* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
@@ -720,8 +732,11 @@ static uint16_t float_to_half(float f)
  * (a NaN anywhere makes it NaN), d = amax / 127, id = 127 / amax (0 when amax is 0), each
  * q = x * id rounded to nearest even, converted as _mm256_cvtps_epi32 does (out of range or NaN:
  * INT_MIN), then saturated to int8 as the packs do; d stored as a half */
-static void quantize_q8_0_blocks(const float *x, uint8_t *y, Py_ssize_t nb)
+static void quantize_q8_0_blocks(int type, const void *x_, void *y_, Py_ssize_t nb)
 {
+    (void)type;  /* Q8_0: the converters' shared signature */
+    const float *x = x_;
+    uint8_t *y = y_;
     for (Py_ssize_t b = 0; b < nb; b++, x += 32, y += 34) {
         float amax = 0.0f;
         for (int i = 0; i < 32; i++) {
@@ -749,20 +764,8 @@ static PyObject *py_quantize_q8_0(PyObject *self, PyObject *args)
     Py_buffer x, out;
     if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
         return NULL;
-    const Py_ssize_t nb = x.len / 128;
-    int ok = x.len % 128 == 0 && check(&out, nb * 34, "out") == 0;
-    if (ok) {
-        Py_BEGIN_ALLOW_THREADS
-        quantize_q8_0_blocks(x.buf, out.buf, nb);
-        Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole blocks of 32 floats");
-    }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
+    return convert_blocks(Q8_0, &x, &out, 32 * 4, 34, quantize_q8_0_blocks,
+                          "_lanes: x is not whole blocks of 32 floats");
 }
 
 static PyObject *py_float_dot(PyObject *self, PyObject *args)

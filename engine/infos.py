@@ -5,7 +5,8 @@ A debugger showing a pool of a thousand tensors at every step wants them in one 
 `ggml_tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
 `ggml_graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
-`ggml_layout_digest` tells whether two states of a pool hold the same objects.
+`ggml_layout_digest` and `ggml_graph_digest` tell whether two states of a pool hold the same
+objects, or of a graph draw the same.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def ggml_tensor_infos(ctx: Context) -> list[TensorInfo]:
             for i, (o, r) in enumerate(zip(offsets, recs))]
 
 
+def _structs(pool: np.ndarray, offsets: list[int]) -> bytes:
+    """The tensor structs at these offsets of a pool, gathered."""
+    return pool[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(GGML_TENSOR_SIZE)].tobytes()
+
+
 def ggml_layout_digest(ctx: Context) -> bytes:
     """A digest of ctx's object headers and tensor structs, not of any data: two states of a
     pool with the same digest hold the same objects and tensors (names, shapes, pointers)."""
@@ -76,7 +82,23 @@ def ggml_layout_digest(ctx: Context) -> bytes:
         h.update(ctx.pool[headers[:, None] + np.arange(GGML_OBJECT_SIZE)].tobytes())
     structs = [o.offs for o in objs if o.type == GGML_OBJECT_TYPE_TENSOR]
     if structs:
-        h.update(ctx.pool[np.asarray(structs, dtype=np.int64)[:, None] + np.arange(GGML_TENSOR_SIZE)].tobytes())
+        h.update(_structs(ctx.pool, structs))
+    return h.digest()
+
+
+def ggml_graph_digest(g: Graph) -> bytes:
+    """A digest of what a drawing of g reads (ggml_graph_dump_dot): its nodes and leafs in order,
+    each one's address and struct (name, op, shape, sources), and its gradients' slots."""
+    h = hashlib.blake2b(digest_size=16)
+    tensors = g.nodes + g.leafs
+    h.update(np.asarray([g.n_nodes, g.n_leafs], dtype=np.int64).tobytes())
+    h.update(np.asarray([t.address for t in tensors], dtype=np.uint64).tobytes())
+    for cid in sorted({t.ctx.id for t in tensors}):
+        offsets = [t.offs for t in tensors if t.ctx.id == cid]
+        h.update(_structs(next(t.ctx for t in tensors if t.ctx.id == cid).pool, offsets))
+    grads = [table for table in (g.grad_addresses, g.grad_acc_addresses) if table is not None]
+    if grads:  # found by their nodes' hash slots
+        h.update(b"".join(a.tobytes() for a in (g.hash_keys, g.hash_used, *grads)))
     return h.digest()
 
 

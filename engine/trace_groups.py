@@ -144,8 +144,8 @@ class _StepsMemo:
         self._memo = Memo(size)
 
     def get(self, what: str, steps: list[Step], make) -> Any:
-        hit = self._memo.get((what, id(steps), len(steps)), lambda: (steps, make()))
-        return hit[1] if hit[0] is steps else make()  # (an id reused by a newer list: made anew)
+        # the list is kept with its value, so no other list takes its id while the key lives
+        return self._memo.get((what, id(steps), len(steps)), lambda: (steps, make()))[1]
 
 
 _MEMO = _StepsMemo()

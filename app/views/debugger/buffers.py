@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import _
-from app.views.debugger.pool import Segment, _scaled
+from app.views.debugger.pool import _scaled
 from app.views.debugger.where import Where, ref_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
                                    GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
@@ -14,6 +14,18 @@ from engine.trace import State, Step
 
 USAGE = {GGML_BACKEND_BUFFER_USAGE_ANY: "any", GGML_BACKEND_BUFFER_USAGE_WEIGHTS: "weights",
          GGML_BACKEND_BUFFER_USAGE_COMPUTE: "compute"}
+
+
+@dataclass
+class Segment:
+    kind: str  # header, struct, graph, data, padding, work, free
+    start: int
+    size: int
+    width: float  # percent of the bar
+    label: str
+    changed: bool
+    tensor: str | None = None  # key of the tensor this segment belongs to
+    url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,7 @@ from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
 from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
-from engine.infos import ggml_graph_edges
-from engine.layout import GGML_TENSOR_SIZE
+from engine.infos import ggml_graph_digest, ggml_graph_edges
 from engine.memo import Memo
 from engine.tensor import Tensor
 from engine.trace import State
@@ -71,7 +70,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
         return None
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
-    shape = _graph_bytes(g)
+    shape = ggml_graph_digest(g)
     layers, backward = _DRAWINGS.get(("layers", shape), lambda: (
         _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)))
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
@@ -118,18 +117,6 @@ def _drawing(g: Graph, where: Where, layers: dict[int, str], backward: set[int],
     dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
     return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], [], [],
                      g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else (), bool(backward))
-
-
-def _graph_bytes(g: Graph) -> bytes:
-    """A digest of everything a drawing of g reads: the graph object (node, leaf and gradient
-    arrays) and the struct of every node and leaf (name, op, shape, sources), with where they are."""
-    h = hashlib.blake2b(digest_size=16)
-    size = next(o.size for o in g.ctx.objects() if o.offs == g.offs) if g.offs is not None else 0
-    h.update(g._r.tobytes() if g.offs is None else g.ctx.pool[g.offs:g.offs + size])
-    for t in g.nodes + g.leafs:
-        h.update(t.address.to_bytes(8, "little"))
-        h.update(t.ctx.pool[t.offs:t.offs + GGML_TENSOR_SIZE])
-    return h.digest()
 
 
 _DRAWINGS = Memo(128)  # what a graph's drawing costs to make, shared by every request

@@ -19,19 +19,6 @@ from engine.memo import Memo
 from engine.trace import State, Step
 
 
-@dataclass
-class Segment:
-    kind: str  # header, struct, graph, data, padding, work, free
-    start: int
-    size: int
-    width: float  # percent of the bar
-    label: str
-    changed: bool
-    tensor: str | None = None  # key of the tensor this segment belongs to
-    url: str | None = None
-    tip: str = ""  # the label with offset and size, as its title shows it
-
-
 @dataclass(frozen=True, slots=True)
 class PoolView:
     ctx: int
@@ -78,7 +65,7 @@ _HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a
 
 
 def pools(state: State, step: Step, where: Where) -> list[PoolView]:
-    links = {kind: [escape(x) for x in where.tensor_url(**change)("\0").split("\0")]
+    links = {kind: [escape(x) for x in where.tensor_url_parts(**change)]
              for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
     views = []
     for cid, ctx in state.contexts.items():

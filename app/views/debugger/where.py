@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import quote
 
 from engine.context import GGML_OBJECT_TYPE_TENSOR
@@ -81,12 +80,11 @@ class Where:
         q = _query(pairs)
         return f"/{v['kind']}/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
 
-
-    def tensor_url(self, **change) -> Callable[[str], str]:
-        """url(tensor=key, **change) as a function of key: a page linking every tensor of a
+    def tensor_url_parts(self, **change) -> tuple[str, str]:
+        """url(tensor=key, **change) is prefix + key + suffix: a page linking every tensor of a
         model builds the rest of the URL once."""
         prefix, _, suffix = self.url(tensor="\0", **change).partition("\0")
-        return lambda key: prefix + key + suffix
+        return prefix, suffix
 
 
 def _query(pairs) -> str:

@@ -76,3 +76,24 @@ def test_dump_dot_escapes_names_only_when_decorating():
     G.ggml_build_forward_expand(gf, G.ggml_sqr(ctx, a))
     assert "a|{b} (f32)" in G.ggml_graph_dump_dot(gf)  # as ggml writes it
     assert "a\\|\\{b\\} (f32)" in G.ggml_graph_dump_dot(gf, decorate=lambda t: None)
+
+
+def test_digests_follow_structs_not_data():
+    """ggml_layout_digest and ggml_graph_digest: the same for two states of a graph's compute
+    (only data written), different once a struct is (a tensor named), different between graphs."""
+    from engine import ggml as G
+    from engine.infos import ggml_graph_digest, ggml_layout_digest
+
+    trace = trace_program("simple-ctx")
+    computed = [k for k, s in enumerate(trace.steps) if s.kind.value == "node"]
+    before, after = trace.state_at(computed[0] - 1), trace.state_at(len(trace.steps) - 1)
+    for cid in before.contexts:
+        assert ggml_layout_digest(before.contexts[cid]) == ggml_layout_digest(after.contexts[cid])
+    assert ggml_graph_digest(before.graphs()[-1]) == ggml_graph_digest(after.graphs()[-1])
+    ctx = after.contexts[min(after.contexts)]
+    digest, drawn = ggml_layout_digest(ctx), ggml_graph_digest(after.graphs()[-1])
+    node = after.graphs()[-1].nodes[-1]
+    G.ggml_set_name(node, "renamed")
+    assert ggml_layout_digest(ctx) != digest and ggml_graph_digest(after.graphs()[-1]) != drawn
+    other = trace_program("views-and-permute")
+    assert ggml_graph_digest(other.state_at(len(other.steps) - 1).graphs()[-1]) != drawn
