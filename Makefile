@@ -4,9 +4,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
-# graphviz draws the DAG; a CJK font lets it (and the browser tests) measure and show Chinese labels
-APT_RUN  := graphviz fonts-wqy-zenhei
-APT_TEST := graphviz chromium fonts-wqy-zenhei
+# graphviz draws the DAG; a CJK font lets it (and the browser tests) measure and show Chinese labels;
+# bubblewrap and libseccomp are the playground's kernel boundary (app/sandbox/boundary.py)
+APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
+APT_TEST := $(APT_RUN) chromium
 
 .PHONY: run test test-models package-check screenshots messages bench size setup setup-test clean
 

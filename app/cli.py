@@ -19,10 +19,23 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"ggml-lens: --models {args.models}: not a folder", file=sys.stderr)
             return 2
         os.environ["GGML_LENS_MODELS"] = os.path.abspath(args.models)  # read by create_app
-    # the playground runs learners' programs (in a sandbox worker): on by itself only when the
-    # server listens on this machine alone
+    # the playground runs learners' programs (in a confined worker): on by itself only when the
+    # server listens on this machine alone; without the kernel boundary only there, on request
     local = args.host in ("127.0.0.1", "localhost", "::1")
-    os.environ["GGML_LENS_PROGRAMS"] = "1" if local or getattr(args, "allow_programs", False) else "0"
+    unconfined = getattr(args, "allow_unconfined_programs", False)
+    if unconfined and not local:
+        print("ggml-lens: --allow-unconfined-programs runs learners' programs without the kernel "
+              "boundary: it is refused on any address but localhost", file=sys.stderr)
+        return 2
+    programs = local or getattr(args, "allow_programs", False)
+    os.environ["GGML_LENS_PROGRAMS"] = "unconfined" if unconfined else "1" if programs else "0"
+    if programs and not unconfined:
+        from app.sandbox.boundary import BoundaryMissing, boundary
+
+        try:
+            boundary()
+        except BoundaryMissing as e:
+            print(f"ggml-lens: the playground stays off: {e}", file=sys.stderr)
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port)
     return 0
 
@@ -316,8 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--models", metavar="DIR", help="a folder of GGUF files the inspector "
                        "lists and opens in place (never copied)")
     serve.add_argument("--allow-programs", action="store_true",
-                       help="serve the playground (learners' programs, run in a sandbox worker) on a "
+                       help="serve the playground (learners' programs, run in a confined worker) on a "
                             "host address other than localhost; README: what the sandbox guarantees")
+    serve.add_argument("--allow-unconfined-programs", action="store_true",
+                       help="run the playground's programs without the kernel boundary where it cannot "
+                            "be set up (no bubblewrap, user namespaces or seccomp); localhost only")
     serve.set_defaults(func=_serve)
 
     inspect = sub.add_parser("inspect", help="show a GGUF file: header, keys, tensors, byte map")

@@ -10,11 +10,13 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 
 from app.i18n import N_
+from app.jobs import Job, JobQueue
 from app.programs import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.traces import TraceCache
 from engine.memo import Memo
+from engine.trace import Trace
 from engine.models.bundled import model_path
 
 
@@ -29,7 +31,17 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir,
                                   model_path(settings.data_dir))
     app.state.svgs = SvgCache(settings.svg_cache)
-    app.state.programs = ProgramStore(settings.data_dir / "programs") if settings.programs else None
+    app.state.programs = ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs) \
+        if settings.programs else None
+    app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client,
+                              on_done=lambda job: _keep_program(app, job))
+
+
+def _keep_program(app: FastAPI, job: Job) -> None:
+    """A recorded program's trace goes to the trace cache."""
+    _, digest, threads = job.key
+    if isinstance(job.result, Trace):
+        app.state.traces.put_program(digest, threads, job.result)
 
 
 def get_store(request: Request) -> UploadStore:
@@ -44,6 +56,10 @@ def get_svgs(request: Request) -> SvgCache:
     return request.app.state.svgs
 
 
+def get_jobs(request: Request) -> JobQueue:
+    return request.app.state.jobs
+
+
 def get_programs(request: Request) -> ProgramStore | None:
     """The learners' programs, or None where the playground is off."""
     return request.app.state.programs
@@ -55,6 +71,7 @@ PLAYGROUND_OFF = N_("The playground is off on this server: it runs learners' pro
 Store = Annotated[UploadStore, Depends(get_store)]
 Programs = Annotated[ProgramStore | None, Depends(get_programs)]
 Traces = Annotated[TraceCache, Depends(get_traces)]
+Jobs = Annotated[JobQueue, Depends(get_jobs)]
 Svgs = Annotated[SvgCache, Depends(get_svgs)]
 Threads = Annotated[int | None, Query(ge=1, le=MAX_THREADS, description="threads for compute")]
 FileHash = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$",

@@ -6,12 +6,13 @@ import gc
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import deps
 from app.i18n import LocaleMiddleware, _
+from app.programs import NotRecorded
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, log
@@ -50,7 +51,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
-        return error_page(request, exc.status_code, str(exc.detail))
+        return _http_error_page(request, exc)
+
+    @app.exception_handler(NotRecorded)
+    def recording(request: Request, exc: NotRecorded) -> Response:
+        try:
+            return programs.not_recorded(request, exc)
+        except StarletteHTTPException as e:
+            return _http_error_page(request, e)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
@@ -63,3 +71,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return error_page(request, 500, _("Something went wrong: {error}").format(error=f"{type(exc).__name__}: {exc}"))
 
     return app
+
+
+def _http_error_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+    response = error_page(request, exc.status_code, str(exc.detail))
+    response.headers.update(exc.headers or {})  # Retry-After
+    return response

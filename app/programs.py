@@ -1,5 +1,6 @@
 """Learners' programs, kept by the sha256 of their text in a directory every worker shares, and
-recorded in the sandbox (app/sandbox/) when a worker has no trace of them.
+recorded in the sandbox (app/sandbox/) by the job queue (app/jobs.py) when a worker has no trace
+of them.
 
 A program's permalink is its hash: any worker can read the text back and record the same trace.
 """
@@ -10,10 +11,10 @@ import hashlib
 import os
 import re
 import tempfile
-import threading
 from pathlib import Path
 
 from app.i18n import _
+from app.sandbox.boundary import BoundaryMissing, boundary
 from app.sandbox.run import Limits, ProgramFailed, run_program
 from engine.steps import Step, StepKind
 from engine.trace import Trace
@@ -21,20 +22,30 @@ from engine.trace import Trace
 PROGRAM_RE = re.compile(r"[0-9a-f]{64}")
 MAX_PROGRAM = 64 * 1024  # bytes of program text
 MAX_KEPT = 10_000  # programs kept; the oldest go first
-RUNS_AT_ONCE = 2  # programs recorded at the same time by one server process
-WAIT_FOR_SLOT = 30  # seconds a request waits for a free slot
 
 
-class ProgramsBusy(Exception):
-    """Every recording slot stayed taken while the request waited."""
+class NotRecorded(Exception):
+    """A page asked for the trace of a stored program that no one has recorded here yet."""
+
+    def __init__(self, digest: str, threads: int, step: int = 0) -> None:
+        super().__init__(digest)
+        self.digest, self.threads, self.step = digest, threads, step
 
 
 class ProgramStore:
-    def __init__(self, root: Path, limits: Limits = Limits()) -> None:
+    def __init__(self, root: Path, limits: Limits = Limits(), unconfined: bool = False) -> None:
         self.root = root
         self.limits = limits
+        self.unconfined = unconfined  # --allow-unconfined-programs: no kernel boundary (localhost)
         root.mkdir(parents=True, exist_ok=True)
-        self._slots = threading.BoundedSemaphore(RUNS_AT_ONCE)
+
+    def boundary_missing(self) -> str | None:
+        """Why programs cannot run on this machine (the kernel boundary is missing), or None."""
+        try:
+            boundary(self.unconfined)
+        except BoundaryMissing as e:
+            return str(e)
+        return None
 
     @staticmethod
     def digest(source: str) -> str:
@@ -61,20 +72,21 @@ class ProgramStore:
         return path.read_text(encoding="utf-8") if path.is_file() else None
 
     def record(self, source: str, threads: int) -> Trace:
-        """Run the program in the sandbox. A run the sandbox had to kill (so no steps came back)
-        is a trace of one error step saying why."""
-        if not self._slots.acquire(timeout=WAIT_FOR_SLOT):
-            raise ProgramsBusy(_("the server is recording other programs; try again in a moment"))
+        """Run the program in the sandbox (a job's work: it waits for the worker). A run that
+        gave no trace (a limit killed it, its output was refused, the boundary went missing) is
+        a trace of one error step saying why."""
         try:
-            return run_program(source, threads, self.limits)
-        except ProgramFailed as e:
-            trace = Trace("program", source, threads, error=str(e))
-            trace.steps.append(Step(0, StepKind.ERROR, "", 1, str(e)))
-            return trace
-        finally:
-            self._slots.release()
+            return run_program(source, threads, self.limits, unconfined=self.unconfined)
+        except (ProgramFailed, BoundaryMissing) as e:
+            return failed_trace(source, threads, str(e))
 
     def _trim(self) -> None:
         files = sorted(self.root.glob("*.py"), key=lambda p: p.stat().st_mtime)
         for p in files[:max(0, len(files) - MAX_KEPT)]:
             p.unlink(missing_ok=True)
+
+
+def failed_trace(source: str, threads: int, message: str) -> Trace:
+    trace = Trace("program", source, threads, error=message)
+    trace.steps.append(Step(0, StepKind.ERROR, "", 1, message))
+    return trace

@@ -28,6 +28,10 @@ class Settings:
     svg_cache: int = 256  # rendered graph SVGs kept in memory per worker
     fixtures_dir: Path = field(default=FIXTURES_DIR)  # the GGUF examples, served like uploads
     programs: bool = False  # the playground: learners' programs run (in a sandbox) on this server
+    unconfined_programs: bool = False  # ... without the kernel boundary (localhost only; tests)
+    runs_at_once: int = 2  # programs recorded at the same time (each takes a core)
+    run_queue: int = 16  # programs that may wait for a free worker
+    runs_per_client: int = 2  # programs one client may have waiting or running
     models_dir: Path | None = None  # a folder of GGUF files opened in place (default: the
     # data directory's models/, where the bundled Gemma 3 270M is installed)
 
@@ -38,7 +42,8 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
-        _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on) and _MODELS, each falling back to the default above."""
+        _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
+        without the kernel boundary) and _MODELS, each falling back to the default above."""
         env = os.environ if env is None else env
         d = cls()
         data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
@@ -48,6 +53,7 @@ class Settings:
                    trace_cache=int(env.get("GGML_LENS_TRACE_CACHE", d.trace_cache)),
                    svg_cache=int(env.get("GGML_LENS_SVG_CACHE", d.svg_cache)),
                    fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)),
-                   programs=env.get("GGML_LENS_PROGRAMS", "") == "1",
+                   programs=env.get("GGML_LENS_PROGRAMS", "") in ("1", "unconfined"),
+                   unconfined_programs=env.get("GGML_LENS_PROGRAMS", "") == "unconfined",
                    models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS")
                    else data_dir / "models")

@@ -21,8 +21,13 @@ from engine.trace import State, Trace
 # program, threads, input file, prompt (None: the program's own), tokens appended after it
 TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
 PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash of its text>"
-BYTES_KEPT = 3 << 30
-STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together  # recorded bytes the kept traces may hold together (a model's are ~0.5 GB)
+BYTES_KEPT = 3 << 30  # bytes the kept traces may hold together, patches and checkpoints (a model's are ~0.5 GB)
+STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together
+RECORDING_WAIT = 60  # seconds a request waits for another request's recording of the same trace
+
+
+class TraceBusy(Exception):
+    """Another request has been recording the same trace for longer than a request waits."""
 
 
 class TraceCache:
@@ -49,35 +54,53 @@ class TraceCache:
         key = self._key(name, threads, path, prompt, then)
         return self._cached(key, lambda: trace_program(key[0], key[1], **_inputs(key)))
 
-    def program(self, digest: str, threads: int | None, record: Callable[[int], Trace]) -> Trace:
-        """The trace of a learner's program, by its text's hash: `record(threads)` runs it (in
-        the sandbox) when no trace is kept."""
-        n = _threads(threads or 1)
-        return self._cached((PROGRAM_PREFIX + digest, n, None, None, ()), lambda: record(n))
+    def program(self, digest: str, threads: int) -> Trace | None:
+        """The kept trace of a learner's program, by its text's hash (None: not recorded here
+        yet; the job queue records it, then `put_program` keeps it)."""
+        key = (PROGRAM_PREFIX + digest, _threads(threads), None, None, ())
+        with self._lock:
+            trace = self._traces.get(key)
+            if trace is not None:
+                self._traces.move_to_end(key)
+            return trace
+
+    def put_program(self, digest: str, threads: int, trace: Trace) -> None:
+        with self._lock:
+            self._keep((PROGRAM_PREFIX + digest, _threads(threads), None, None, ()), trace)
 
     def _cached(self, key: TraceKey, make: Callable[[], Trace]) -> Trace:
-        """The kept trace for key, or make() it once (concurrent requests for it wait)."""
+        """The kept trace for key, or make() it once (concurrent requests for it wait, at most
+        RECORDING_WAIT seconds: then TraceBusy)."""
         with self._lock:
             if key in self._traces:
                 self._traces.move_to_end(key)
                 return self._traces[key]
             lock = self._recording.setdefault(key, threading.Lock())
-        with lock:
+        if not lock.acquire(timeout=RECORDING_WAIT):
+            raise TraceBusy(_("this trace is still being recorded for another request; try again in a moment"))
+        try:
             with self._lock:
                 if key in self._traces:
                     return self._traces[key]
             trace = make()
             with self._lock:
-                self._traces[key] = trace
-                self._keys[id(trace)] = key
-                while len(self._traces) > 1 and (
-                        len(self._traces) > self.size
-                        or sum(t.recorded_bytes for t in self._traces.values()) > BYTES_KEPT):
-                    old_key, old = self._traces.popitem(last=False)
-                    self._keys.pop(id(old), None)
-                    for k in [k for k in self._states if k[0] == old_key]:
-                        del self._states[k]
+                self._keep(key, trace)
             return trace
+        finally:
+            lock.release()
+
+    def _keep(self, key: TraceKey, trace: Trace) -> None:
+        """Keep the trace, then let the oldest go while the traces hold more than BYTES_KEPT
+        (their patches and their checkpoints) or there are more than `size` of them."""
+        self._traces[key] = trace
+        self._traces.move_to_end(key)
+        self._keys[id(trace)] = key
+        while len(self._traces) > 1 and (len(self._traces) > self.size or sum(
+                t.held_bytes for t in self._traces.values()) > BYTES_KEPT):
+            old_key, old = self._traces.popitem(last=False)
+            self._keys.pop(id(old), None)
+            for k in [k for k in self._states if k[0] == old_key]:
+                del self._states[k]
 
     def _key(self, name: str, threads: int | None, path: str | None,
              prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
@@ -118,6 +141,8 @@ class TraceCache:
                 return self._states[key]
         state = trace.state_at(k)
         with self._lock:
+            if key[0] in self._traces:  # its first rebuild made its checkpoints: count them
+                self._keep(key[0], trace)
             self._states[key] = state
             while len(self._states) > 1 and (len(self._states) > 2 * self.size or sum(
                     s.nbytes for s in self._states.values()) > STATE_BYTES_KEPT):

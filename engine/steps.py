@@ -151,7 +151,7 @@ class Patch:
 class ThreadShare:
     ith: int
     kind: str
-    ranges: tuple
+    ranges: tuple[int | tuple[int, ...], ...]  # rows (first, end), chunks, or single indices
     seconds: float
     note: str
 

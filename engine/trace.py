@@ -150,7 +150,7 @@ class Trace:
         if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES):
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
-            since, done = 0, 0
+            since, done, spent = 0, 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
                     if c.freed:
@@ -169,15 +169,22 @@ class Trace:
                 done = ends[k]
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it
-                every = checkpoint_every(sum(pools[cid].nbytes for cid in dirty if cid in pools))
-                if (since >= every or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps):
+                cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
+                if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps) \
+                        and spent + cost <= CHECKPOINT_BYTES:
                     last = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
                     checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
-                    since, dirty = 0, set()
+                    since, dirty, spent = 0, set(), spent + cost
         self._cps = (len(self.steps), checkpoints)
+        self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
         return checkpoints
+
+    @property
+    def held_bytes(self) -> int:
+        """What keeping this trace costs: its patches, and its checkpoints once a rebuild made them."""
+        return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
 
     def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
         """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
@@ -574,6 +581,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
+CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
 
 
 def checkpoint_every(dirty_bytes: int) -> int:

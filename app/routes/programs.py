@@ -4,21 +4,25 @@ too, see walkthroughs.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
+from pathlib import Path as FilePath
 from typing import Annotated
 
-from fastapi import APIRouter, Form, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi import APIRouter, Form, HTTPException, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from app.deps import PLAYGROUND_OFF, Programs, Threads, Traces
+from app.deps import PLAYGROUND_OFF, Jobs, Programs, Threads, Traces
 from app.i18n import _
-from app.programs import MAX_PROGRAM, ProgramsBusy
+from app.jobs import Job, JobQueue, QueueFull
+from app.programs import MAX_PROGRAM, NotRecorded, ProgramStore, failed_trace
 from app.settings import MAX_THREADS
 from app.sandbox.check import ProgramRefused, Refusal, check_program
 from app.sandbox.run import Limits
+from app.traces import TraceCache
 from app.views.debugger.where import Where
 from app.web import templates
 from engine.programs import PROGRAMS
+from engine.trace import Trace
 
 router = APIRouter()
 
@@ -70,7 +74,7 @@ def playground(request: Request, programs: Programs, threads: Threads = None,
     if fork is not None:
         if fork not in PROGRAMS:
             raise HTTPException(404, _("There is no walkthrough named '{name}'.").format(name=fork))
-        source = Path(PROGRAMS[fork].source_file).read_text(encoding="utf-8")
+        source = FilePath(PROGRAMS[fork].source_file).read_text(encoding="utf-8")
     elif program is not None:
         source = programs.load(program)
         if source is None:
@@ -86,12 +90,12 @@ def playground(request: Request, programs: Programs, threads: Threads = None,
 
 
 @router.post("/programs")
-def submit(request: Request, programs: Programs, cache: Traces,
+def submit(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
            source: Annotated[str, Form(max_length=MAX_PROGRAM)],
-           threads: Annotated[int, Form(ge=1, le=MAX_THREADS)] = 1) -> HTMLResponse:
+           threads: Annotated[int, Form(ge=1, le=MAX_THREADS)] = 1) -> Response:
     """Run: check the program (a refusal or syntax error is shown in the editor at its line),
-    keep its text under its hash, record it in the sandbox, and open the debugger (at the last
-    step when the program stopped with an error)."""
+    keep its text under its hash and queue its recording in the sandbox; the answer comes at
+    once: the recording's page, which follows the job and opens the debugger when it is done."""
     _on(programs)
     source = source.replace("\r\n", "\n")
     try:
@@ -99,11 +103,86 @@ def submit(request: Request, programs: Programs, cache: Traces,
     except ProgramRefused as e:
         return _page(request, source, threads, e.refusal, status=422)
     digest = programs.save(source)
-    try:
-        trace = cache.program(digest, threads, lambda n: programs.record(source, n))
-    except ProgramsBusy as e:
-        raise HTTPException(503, str(e)) from None
-    step = len(trace.steps) - 1 if trace.error else 0
-    where = Where(digest, step, None if threads == 1 else threads, kind="programs")
-    return RedirectResponse(where.url(), status_code=303)
+    found = trace_or_job(request, programs, cache, jobs, digest, threads)
+    url = _steps_url(found, digest, threads) if isinstance(found, Trace) else _run_url(digest, threads)
+    return RedirectResponse(url, status_code=303)
 
+
+@router.get("/programs/{digest}/run")
+def run_page(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
+             digest: Annotated[str, Path(pattern=r"^[0-9a-f]{64}$")], threads: Threads = None,
+             step: Annotated[int | None, Query(ge=0)] = None) -> Response:
+    """The recording of a stored program: its place in the queue, or how long it has run; the
+    debugger once its trace is kept (htmx polls this page)."""
+    _on(programs)
+    return recording(request, programs, cache, jobs, digest, threads or 1, step)
+
+
+def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
+              threads: int, step: int | None = None) -> Response:
+    """The debugger if the program's trace is kept, else its job's page (202)."""
+    found = trace_or_job(request, programs, cache, jobs, digest, threads)
+    if isinstance(found, Trace):
+        url = _steps_url(found, digest, threads, step)
+        if request.headers.get("HX-Request") == "true":
+            return Response(status_code=200, headers={"HX-Redirect": url})
+        return RedirectResponse(url, status_code=303)
+    place = jobs.place(found)
+    seconds = int(time.monotonic() - found.started) if found.started is not None and place == 0 else None
+    return templates.TemplateResponse(request, "pages/recording.html", {
+        "digest": digest, "place": place, "seconds": seconds, "url": _run_url(digest, threads, step),
+        "limits": programs.limits}, status_code=202)
+
+
+def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
+                 threads: int) -> Trace | Job:
+    """The program's kept trace, or the job recording it (queued now if there was none): 503
+    with Retry-After when the queue is full, 429 when this client has enough programs queued."""
+    trace = cache.program(digest, threads)
+    if trace is not None:
+        return trace
+    missing = programs.boundary_missing()
+    if missing is not None:
+        raise HTTPException(503, _("Programs cannot run on this server: {why}").format(why=missing))
+    source = programs.load(digest)
+    if source is None:
+        raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=digest))
+
+    def work() -> Trace:
+        try:
+            return programs.record(source, threads)
+        except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
+            return failed_trace(source, threads, f"{type(e).__name__}: {e}")
+
+    client = request.client.host if request.client else "?"
+    try:
+        return jobs.submit(("program", digest, threads), client, work)
+    except QueueFull as e:
+        status, message = (429, _("You already have programs waiting to run; try again in {n} s.")) \
+            if str(e) == "client" else (503, _("Every worker is busy; try again in {n} s."))
+        raise HTTPException(status, message.format(n=e.retry_after),
+                            headers={"Retry-After": str(e.retry_after)}) from None
+
+
+def _steps_url(trace: Trace, digest: str, threads: int, step: int | None = None) -> str:
+    """Where a recorded program opens: at `step`, else at its last step when it stopped with an
+    error, else at step 0."""
+    last = len(trace.steps) - 1
+    n = min(step, last) if step is not None else last if trace.error else 0
+    return Where(digest, n, None if threads == 1 else threads, kind="programs").url()
+
+
+def _run_url(digest: str, threads: int, step: int | None = None) -> str:
+    return f"/programs/{digest}/run?threads={threads}" + (f"&step={step}" if step is not None else "")
+
+
+def not_recorded(request: Request, e: NotRecorded) -> Response:
+    """A step page of a program no one recorded here (a shared link, a restarted server):
+    queue its recording and go to its page."""
+    app = request.app
+    found = trace_or_job(request, app.state.programs, app.state.traces, app.state.jobs, e.digest, e.threads)
+    url = _steps_url(found, e.digest, e.threads, e.step) if isinstance(found, Trace) \
+        else _run_url(e.digest, e.threads, e.step)
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=200, headers={"HX-Redirect": url})
+    return RedirectResponse(url, status_code=303)

@@ -10,9 +10,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import PLAYGROUND_OFF, FileHash, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
-from app.programs import ProgramsBusy, ProgramStore
+from app.programs import NotRecorded, ProgramStore
 from app.store import UploadStore
-from app.traces import TraceCache
+from app.traces import TraceBusy, TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.nav import nav
@@ -110,20 +110,22 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
 
 
 def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where):
-    """The trace `where` names: a walkthrough's, or a learner's program's (recorded in the
-    sandbox if no worker process has it yet)."""
+    """The trace `where` names: a walkthrough's, or a learner's program's (NotRecorded when no
+    trace of it is kept here: the handler queues its recording)."""
     if not where.is_program:
-        return cache.trace(_program(where.name), where.threads,
-                           _input_file(store, where.name, where.file), where.prompt, where.then_ids)
+        try:
+            return cache.trace(_program(where.name), where.threads,
+                               _input_file(store, where.name, where.file), where.prompt, where.then_ids)
+        except TraceBusy as e:
+            raise HTTPException(503, str(e), headers={"Retry-After": "10"}) from None
     if programs is None:
         raise HTTPException(403, _(PLAYGROUND_OFF))
-    source = programs.load(where.name)
-    if source is None:
-        raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=where.name))
-    try:
-        return cache.program(where.name, where.threads, lambda n: programs.record(source, n))
-    except ProgramsBusy as e:
-        raise HTTPException(503, str(e)) from None
+    trace = cache.program(where.name, where.threads or 1)
+    if trace is None:
+        if programs.load(where.name) is None:
+            raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=where.name))
+        raise NotRecorded(where.name, where.threads or 1, where.step)
+    return trace
 
 
 def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None = None):

@@ -18,12 +18,12 @@ b"E" and a message. Before the program runs, the gate closes:
 from __future__ import annotations
 
 import ast
+import base64
 import builtins
 import importlib
 import io
 import json
 import os
-import pickle
 import pkgutil
 import resource
 import signal
@@ -35,6 +35,7 @@ import numpy as np
 
 import engine
 from app.sandbox.check import FACADES, REFUSED_ATTRIBUTES, REFUSED_NAMES, check_program
+from app.sandbox.wire import encode_failure, encode_trace
 from engine.errors import ProgramStopped
 
 PROGRAM_FILE = "program.py"
@@ -48,6 +49,8 @@ REFUSED_EVENTS = ("os.system", "os.exec", "os.fork", "os.forkpty", "os.posix_spa
 PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
                "os.symlink", "os.truncate", "os.utime", "os.listdir", "os.scandir", "shutil.", "glob.",
                "os.listxattr", "os.getxattr", "os.setxattr", "os.removexattr", "os.walk", "os.fwalk")
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
@@ -160,25 +163,80 @@ def stop_with(message: str):
     return handler
 
 
+def confine(request: dict) -> None:
+    """Before anything of the program is read: become the unprivileged uid (the server is root)
+    and load the server's seccomp filter on every thread. Either failing ends the worker."""
+    drop = request.get("drop_to")
+    if drop is not None:
+        os.setgroups([])
+        os.setresgid(drop, drop, drop)
+        os.setresuid(drop, drop, drop)
+    bpf = base64.b64decode(request.get("seccomp", ""))
+    if bpf:
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        code = ctypes.create_string_buffer(bpf, len(bpf))
+        prog = SockFprog(len(bpf) // 8, ctypes.addressof(code))
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(ctypes.c_long(int(request["seccomp_nr"])), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
+                        ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog)) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
+
+
+def probe() -> str:
+    """'confined' if this process finds every door the boundary closes closed."""
+    import socket
+
+    open_doors = []
+    for door, attempt in (("a socket", lambda: socket.socket()), ("fork", os.fork),
+                          ("exec", lambda: os.execv("/usr/bin/true", ["true"])),
+                          ("a file outside scratch", lambda: open("/probe", "w")),
+                          ("the host's files", lambda: open("/etc/hostname"))):
+        try:
+            pid = attempt()
+        except OSError:
+            continue
+        if pid == 0:  # (the child of a fork that should not have happened)
+            os._exit(0)
+        open_doors.append(door)
+    if os.getuid() == 0 or os.geteuid() == 0:
+        open_doors.append("root")
+    return "confined" if not open_doors else "open: " + ", ".join(open_doors)
+
+
 def main() -> None:
-    scratch = Path.cwd()
     request = json.loads(sys.stdin.buffer.read(4 << 20))
+    out = sys.stdout.buffer
+    confine(request)
+    if request.get("probe"):
+        out.write(probe().encode())
+        return
     source, n_threads = request["source"], int(request["threads"])
     limits = request["limits"]
-    out = sys.stdout.buffer
+    gate = request.get("gate", True)
     printed = BoundedText(int(limits["output"]))
+    scratch = Path.cwd()
 
-    # the server checked it, and a worker checks again; only the sandbox's own tests turn this
-    # off, to show that the gate below stops what the check would have refused
-    tree = check_program(source) if request.get("check", True) else ast.parse(source)
+    # the server checked it, and a worker checks again; only the sandbox's own tests turn the
+    # gate off, to show that the kernel boundary alone stops what the gate would have refused
+    tree = check_program(source) if gate else ast.parse(source)
     path = scratch / PROGRAM_FILE
     path.write_text(source, encoding="utf-8")
     code = compile(tree, str(path), "exec")
     preload()
     from engine.trace import record
 
-    modules = {name: restricted_module(name) for name in (*FACADES, "numpy", "math")}
-    namespace = {"__name__": "program", "__builtins__": restricted_builtins(modules)}
+    if gate:
+        modules = {name: restricted_module(name) for name in (*FACADES, "numpy", "math")}
+        namespace = {"__name__": "program", "__builtins__": restricted_builtins(modules)}
+    else:
+        namespace = {"__name__": "program"}
 
     def program(n_threads: int) -> dict:
         exec(code, namespace)  # noqa: S102 - the checked program, under the gate
@@ -187,22 +245,26 @@ def main() -> None:
     signal.signal(signal.SIGXCPU, stop_with(f"the program used more than {limits['cpu']} s of CPU time"))
     signal.signal(signal.SIGALRM, stop_with(f"the program ran longer than {limits['wall']} s"))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too large file is an OSError, not a kill
-    cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = int(usage.ru_utime + usage.ru_stime)  # the imports' CPU time: the program's comes after
-    resource.setrlimit(resource.RLIMIT_CPU, (used + int(limits["cpu"]), cpu_hard))
+    # the soft limit's SIGXCPU stops the program with its steps kept; the hard limit, a little
+    # later, is the kernel's SIGKILL for a program that ignores it
+    resource.setrlimit(resource.RLIMIT_CPU, (used + int(limits["cpu"]), used + int(limits["cpu"]) + 2))
     signal.alarm(int(limits["wall"]))
     sys.stdout = sys.stderr = printed
-    close_the_gate(scratch)
+    if gate:
+        close_the_gate(scratch)
     trace = record(program, str(path), "program", n_threads, step_cap=int(limits["steps"]))
     signal.alarm(0)
     trace.printed = printed.text()
-    data = pickle.dumps(trace, protocol=5)
+    try:
+        data = encode_trace(trace)
+    except TypeError as e:
+        data = encode_failure(str(e))
     if len(data) > int(limits["trace"]):
-        out.write(b"E" + (f"the trace is {len(data):,} bytes, more than the limit of "
-                          f"{int(limits['trace']):,}: record fewer steps or smaller tensors").encode())
-    else:
-        out.write(b"T" + data)
+        data = encode_failure(f"the trace is {len(data):,} bytes, more than the limit of "
+                              f"{int(limits['trace']):,}: record fewer steps or smaller tensors")
+    out.write(data)
     out.flush()
 
 
@@ -210,8 +272,8 @@ if __name__ == "__main__":
     try:
         main()
     except MemoryError:
-        sys.__stdout__.buffer.write(b"E" + b"the program ran out of memory")
+        sys.__stdout__.buffer.write(encode_failure("the program ran out of memory"))
     except BaseException as e:  # noqa: BLE001 - whatever stops the worker, the server is told why
-        sys.__stdout__.buffer.write(b"E" + f"{type(e).__name__}: {e}".encode())
+        sys.__stdout__.buffer.write(encode_failure(f"{type(e).__name__}: {e}"))
     sys.__stdout__.flush()
     os._exit(0)

@@ -37,7 +37,25 @@ def client(data):
 
 
 def run(client, source: str, threads: int = 1):
-    return client.post("/programs", data={"source": source, "threads": str(threads)}, follow_redirects=False)
+    """Submit the program and follow its recording page until the debugger opens: the last
+    response, a redirect to the step page (or the refusal, or the busy page)."""
+    r = client.post("/programs", data={"source": source, "threads": str(threads)}, follow_redirects=False)
+    if r.status_code == 303 and "/run?" in r.headers["location"]:
+        r = until_recorded(client, r.headers["location"])
+    return r
+
+
+def until_recorded(client, url: str, seconds: float = 60):
+    """GET a recording page (or a program's step page) until it redirects to a recorded step."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = client.get(url, follow_redirects=False)
+        if r.status_code == 303 and "/run?" in r.headers["location"]:
+            url = r.headers["location"]
+        elif r.status_code != 202:
+            return r
+        assert time.monotonic() < deadline, "the recording never finished"
+        time.sleep(0.1)
 
 
 def test_the_editor_opens_on_a_starter_a_fork_or_a_stored_program(client):
@@ -71,9 +89,16 @@ def test_run_records_the_program_and_its_permalink_is_its_hash(client, data):
     assert "p = ggml_permute(ctx, x, 2, 0, 1, 3)" in text
     assert "nb = {16, 48, 4, 96}" in text  # the changed permute's strides, from the engine
     assert f'href="/playground?program={digest}"' in page.text  # Edit: back to the editor
-    # another server process with the same store (a classmate's link) gives the same trace
+    # another server process with the same store (a classmate's link) records it again: the
+    # link shows the recording's page, then the same step
     other = TestClient(create_app(Settings(data_dir=data, programs=True)))
-    again = other.get(f"/programs/{digest}/steps/4")
+    first = other.get(f"/programs/{digest}/steps/4", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == f"/programs/{digest}/run?threads=1&step=4"
+    waiting = other.get(first.headers["location"])
+    assert waiting.status_code in (202, 200)  # (200: it was quick enough to be done)
+    done = until_recorded(other, first.headers["location"])
+    assert done.headers["location"] == f"/programs/{digest}/steps/4"
+    again = other.get(done.headers["location"])
     assert again.status_code == 200 and "nb = {16, 48, 4, 96}" in html.unescape(again.text)
     assert client.get(f"/programs/{digest}/steps/99").status_code == 404
     assert client.get(f"/programs/{digest}").status_code == 200  # redirected to step 0

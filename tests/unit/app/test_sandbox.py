@@ -1,27 +1,36 @@
 """The playground's sandbox against hostile programs.
 
-Each program below is a known way out of a Python sandbox (or a way to hurt the server). Each is
-run twice: through the server's check (refused before it runs, with its line), and with the check
-skipped (`check=False`), so the worker's own gate — the restricted builtins and imports, the audit
-hook, the limits — must stop it on its own. Nothing may escape: no file appears outside the
-scratch directory, nothing runs after the point the program was stopped, and the limits end runs
-that never end by themselves.
+ESCAPES are known ways out of a Python sandbox: the check refuses each before it runs, at its line.
+HOSTILE are programs that own their process (any Python, ctypes, raw system calls) and try to hurt
+the server: each runs twice, with the check and the worker's Python gate on (most are refused
+before running) and with both off (`gate=False`), where the kernel boundary alone must stop it.
+Nothing may escape: no file appears outside the scratch directory, no host file is read, no socket
+reaches a listener on loopback, no process outside the sandbox gets a signal, nothing outlives the
+run, and the server reads a forged output as malformed data without executing any of it.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import signal
+import socket
+import subprocess
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from app.sandbox.boundary import boundary
 from app.sandbox.check import ProgramRefused, check_program
-from app.sandbox.run import Limits, ProgramFailed, TraceUnpickler, run_program
+from app.sandbox.run import Limits, ProgramFailed, run_program
 
-LIMITS = Limits(cpu=4, wall=8, memory=3 << 30, output=10_000, steps=300, trace=8 << 20, file_size=1 << 20)
+LIMITS = Limits(cpu=4, wall=8, memory=3 << 30, output=10_000, steps=300, trace=8 << 20, file_size=1 << 20,
+                disk=8 << 20)
 MARKER = Path("/tmp/ggml-lens-sandbox-escaped")
+SECRET = Path("/tmp/ggml-lens-sandbox-secret")
+SECRET_TEXT = "the server's secret 2f6c"
 
 
 def program(body: str) -> str:
@@ -149,11 +158,170 @@ STOPPED = {
 PROBES = {"format-string attribute access", "format_map", "code object"}
 
 
+# programs that own their process: with the gate off they run as any Python would, so only the
+# kernel boundary stands between them and the server. {victim}: a process of the server's user
+# that no program may signal; {port}: a listener on the host's loopback that must hear nothing.
+HOSTILE = {
+    "write outside scratch": f"open('{MARKER}', 'w').write('x')",
+    "hard link out of scratch": f"open('f', 'w').write('x')\nos.link('f', '{MARKER}')",
+    "rename out of scratch": f"open('f', 'w').write('x')\nos.rename('f', '{MARKER}')",
+    "symlink out of scratch": f"os.symlink('{MARKER}', 'l')\nopen('l', 'w').write('x')",
+    "a path relative to a directory descriptor": (
+        f"fd = os.open('/', os.O_RDONLY)\n"
+        f"os.close(os.open('{str(MARKER)[1:]}', os.O_CREAT | os.O_WRONLY, dir_fd=fd))"),
+    "read a host file": f"print(open('{SECRET}').read())",
+    "read the password file": "print(open('/etc/passwd').read())",
+    "read through /proc": f"print(open('/proc/1/root{SECRET}').read())",
+    "list the server's data": "print(os.listdir('/work'), os.listdir('/var'))",
+    "os.system": f"os.system('touch {MARKER}')",
+    "subprocess": f"import subprocess\nsubprocess.run(['touch', '{MARKER}'])",
+    "exec": f"os.execv('/usr/bin/touch', ['touch', '{MARKER}'])",
+    "posix_spawn": f"os.posix_spawn('/usr/bin/touch', ['touch', '{MARKER}'], dict())",
+    "ctypes system": f"ctypes.CDLL(None).system(b'touch {MARKER}')",
+    "raw clone system call": (
+        "libc = ctypes.CDLL(None)\n"
+        "pid = libc.syscall(56, 17, 0, 0, 0, 0)  # clone(SIGCHLD): a process, not a thread\n"
+        f"if pid == 0:\n    os.execv('/usr/bin/touch', ['touch', '{MARKER}'])\n"
+        "assert pid > 0, 'clone refused'"),
+    "fork bomb": "while True:\n    os.fork()",
+    "a child that outlives the run": (
+        "pid = os.fork()\n"
+        f"if pid == 0:\n    os.setsid()\n    time.sleep(20)\n    open('{MARKER}', 'w')"),
+    "a socket to loopback": "socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'x')",
+    "a socket through ctypes": (
+        "libc = ctypes.CDLL(None)\nfd = libc.socket(2, 1, 0)\nassert fd >= 0, 'socket refused'"),
+    "kill the server's process": "os.kill({victim}, signal.SIGKILL)",
+    "kill every process it can": "os.kill(-1, signal.SIGKILL)",
+    "kill its parent": "os.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)",
+    "ptrace": "assert ctypes.CDLL(None).ptrace(16, {victim}, 0, 0) == 0, 'ptrace refused'",
+    "mount": "assert ctypes.CDLL(None).mount(b'none', b'/scratch', b'tmpfs', 0, 0) == 0, 'mount refused'",
+    "a new user namespace": "assert ctypes.CDLL(None).unshare(0x10000000) == 0, 'unshare refused'",
+    "raw memory: a write to address 0": "ctypes.memmove(0, b'x', 1)",
+    "disk flood": "i = 0\nwhile True:\n    open(f'f{{i}}', 'wb').write(b'x' * (512 << 10))\n    i += 1",
+    "memory flood": "chunks = []\nwhile True:\n    chunks.append(bytearray(256 << 20))",
+    "ignores the CPU limit's signal": ("signal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+                                       "signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass"),
+    "ignores the wall-clock alarm": "signal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(600)",
+    "a forged pickle as its output": (
+        "class Evil:\n"
+        f"    def __reduce__(self):\n        return (os.system, ('touch {MARKER}',))\n"
+        "os.write(1, pickle.dumps(Evil()))\nos._exit(0)"),
+    "a forged pickle behind the format's magic": (
+        "class Evil:\n"
+        f"    def __reduce__(self):\n        return (os.system, ('touch {MARKER}',))\n"
+        "from app.sandbox.wire import MAGIC\n"
+        "body = pickle.dumps(Evil())\n"
+        "os.write(1, MAGIC + len(body).to_bytes(4, 'little') + body + bytes(8))\nos._exit(0)"),
+    "a head that claims 4 GB": "from app.sandbox.wire import MAGIC\nos.write(1, MAGIC + b'\\xff' * 12)\nos._exit(0)",
+    "a patch outside its pool": (
+        "from app.sandbox.wire import Head, PatchRef, _frame\n"
+        "from engine.steps import ContextMeta, Step, StepKind\n"
+        "step = Step(0, StepKind.CALL, 'x', 1, 'x', contexts=(ContextMeta(1, 4096, 64, None, False),))\n"
+        "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[PatchRef(1, 1 << 40, 16)]]), [b'y' * 16]))\n"
+        "os._exit(0)"),
+    "pools of a terabyte": (
+        "from app.sandbox.wire import Head, _frame\n"
+        "from engine.steps import ContextMeta, Step, StepKind\n"
+        "step = Step(0, StepKind.CALL, 'x', 1, 'x', contexts=(ContextMeta(1, 4096, 1 << 40, None, False),))\n"
+        "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[]]), []))\nos._exit(0)"),
+}
+
+# what the boundary's refusal reads as, when the program gets that far (gate off)
+STOPPED_WITH = {
+    "fork bomb": "Operation not permitted", "raw clone system call": "clone refused",
+    "a socket to loopback": "Operation not permitted", "a socket through ctypes": "socket refused",
+    "kill the server's process": "Operation not permitted", "kill every process it can": "Operation not permitted",
+    "ptrace": "ptrace refused", "mount": "mount refused", "a new user namespace": "unshare refused",
+    "raw memory: a write to address 0": "crashed", "disk flood": "No space left on device",
+    "memory flood": ("MemoryError", "CPU time", "out of memory"), "ignores the CPU limit's signal": "CPU time",
+    "ignores the wall-clock alarm": "longer than", "a forged pickle as its output": "refused",
+    "a forged pickle behind the format's magic": "refused", "a head that claims 4 GB": "refused",
+    "a patch outside its pool": "outside pool", "pools of a terabyte": "more than",
+    "read a host file": "No such file", "read through /proc": "No such file",
+    "exec": "Operation not permitted", "posix_spawn": "Operation not permitted",
+}
+
+
+def hostile(body: str) -> str:
+    return ("import ctypes, os, pickle, signal, socket, sys, time\n\n\n"
+            "def run(n_threads=1):\n" + textwrap.indent(body, "    ") + "\n    return {}\n")
+
+
 @pytest.fixture(autouse=True)
 def no_marker():
     MARKER.unlink(missing_ok=True)
     yield
     assert not MARKER.exists(), "a program wrote outside its scratch directory"
+
+
+@pytest.fixture
+def host():
+    """A secret file, a process of the server's user and a loopback listener: what a program
+    must not read, signal or reach."""
+    SECRET.write_text(SECRET_TEXT)
+    victim = subprocess.Popen(["sleep", "300"])
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    try:
+        yield victim, listener
+    finally:
+        victim.kill()
+        victim.wait()
+        listener.close()
+        SECRET.unlink(missing_ok=True)
+
+
+def sandbox_processes() -> list[str]:
+    """Processes of the sandbox's uid (when the server is root) still alive."""
+    if os.geteuid() != 0:
+        return []
+    out = subprocess.run(["ps", "-u", str(pwd.getpwnam("nobody").pw_uid), "-o", "pid=,args="],
+                         capture_output=True, text=True).stdout
+    return out.split("\n")[:-1]
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gate on", "boundary alone"])
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_program_that_owns_its_process_cannot_reach_the_server(name, gate, host):
+    victim, listener = host
+    src = hostile(HOSTILE[name].format(victim=victim.pid, port=listener.getsockname()[1]))
+    started = time.monotonic()
+    try:
+        trace = run_program(src, 1, LIMITS, gate=gate)
+        outcome = f"{trace.error} {trace.printed}"
+    except ProgramRefused as e:
+        assert gate, "the check runs only with the gate on"
+        outcome = str(e)
+    except ProgramFailed as e:
+        outcome = str(e)
+    assert time.monotonic() - started < LIMITS.startup + LIMITS.wall + 15
+    # nothing got out: no file, no secret, no connection, no signal, no survivor
+    assert SECRET_TEXT not in outcome and "root:x:0" not in outcome
+    with pytest.raises(TimeoutError):
+        listener.accept()
+    assert victim.poll() is None, "a process outside the sandbox was killed"
+    time.sleep(0.2)
+    assert sandbox_processes() == [], "a process of the sandbox outlived its run"
+    if not gate and name in STOPPED_WITH:
+        words = STOPPED_WITH[name]
+        assert any(w in outcome for w in ((words,) if isinstance(words, str) else words)), outcome
+
+
+def test_the_worker_runs_as_nobody_when_the_server_is_root():
+    trace = run_program(hostile("print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())"), 1, LIMITS,
+                        gate=False)
+    uid, gid, groups, cwd = trace.printed.split(" ", 3)
+    assert cwd.strip() == "/scratch"
+    if os.geteuid() == 0:
+        assert (int(uid), int(gid), groups) == (65534, 65534, "[]")
+    else:
+        assert int(uid) == os.geteuid()
+
+
+def test_the_boundary_is_set_up_on_this_machine():
+    """The probe found every door closed (CI runs on this machine kind: no silent fallback)."""
+    b = boundary()
+    assert b.confined and b.bpf and b.seccomp_nr > 0
 
 
 @pytest.mark.parametrize("name", list(ESCAPES))
@@ -168,12 +336,14 @@ def test_escape_is_refused_before_running(name):
 
 
 @pytest.mark.parametrize("name", [n for n in ESCAPES if n not in PROBES])
-def test_escape_is_stopped_by_the_worker_alone(name):
-    """With the server's check skipped, the worker's gate stops the same program."""
+def test_an_escape_run_without_the_gate_gets_nothing(name):
+    """With the check and the gate off, the same program meets the kernel boundary alone."""
     body, _ = ESCAPES[name]
-    trace = _run_unchecked(program(body))
-    assert trace.error is not None, "the program ran to its end"  # (and no_marker: nothing escaped)
-    assert trace.steps[-1].kind.value == "error"
+    try:
+        trace = run_program(program(body), 1, LIMITS, gate=False)
+    except ProgramFailed:
+        return  # (and no_marker: nothing escaped)
+    assert "root:x:0" not in trace.printed
 
 
 @pytest.mark.parametrize("name", list(STOPPED))
@@ -214,18 +384,6 @@ def test_wall_clock_limit_kills_what_ignores_signals():
     assert time.monotonic() - started < limits.startup + limits.wall + 15
 
 
-def test_the_unpickler_makes_only_trace_records():
-    import io
-    import pickle
-
-    class Evil:
-        def __reduce__(self):
-            return (os.system, ("touch /tmp/ggml-lens-sandbox-escaped",))
-
-    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
-        TraceUnpickler(io.BytesIO(pickle.dumps(Evil()))).load()
-
-
 def test_a_normal_program_runs_like_the_walkthrough():
     """The sandbox records the same trace the walkthrough gives outside it."""
     from engine.programs import PROGRAMS, trace_program
@@ -236,10 +394,3 @@ def test_a_normal_program_runs_like_the_walkthrough():
     assert inside.error is None
     assert [s.hash_bytes() for s in inside.steps[:-1]] == [s.hash_bytes() for s in outside.steps[:-1]]
     assert inside.outputs == outside.outputs
-
-
-def _run_unchecked(src: str):
-    try:
-        return run_program(src, 1, LIMITS, check=False)
-    except ProgramFailed as e:  # the worker refused the program before recording (its own check)
-        pytest.fail(f"no trace: {e}")

@@ -1,0 +1,113 @@
+"""Recordings as jobs: a bounded in-process queue that runs them on its own threads, so a request
+never waits for one. A job is keyed by its inputs (a job asked for twice runs once), each client
+may have only a few queued or running at once, and a full queue answers at once (QueueFull, with
+the seconds to wait before trying again) instead of making anyone wait.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+
+class QueueFull(Exception):
+    """No room for another job (`retry_after`: seconds until there likely is)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Job:
+    key: Hashable
+    client: str
+    work: Callable[[], Any]
+    queued: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+
+
+class JobQueue:
+    """`workers` threads run the jobs in order; at most `capacity` wait, `per_client` per client."""
+
+    def __init__(self, workers: int = 2, capacity: int = 16, per_client: int = 2,
+                 on_done: Callable[[Job], None] | None = None) -> None:
+        self.capacity, self.per_client, self.workers = capacity, per_client, workers
+        self.on_done = on_done
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._waiting: deque[Job] = deque()
+        self._jobs: dict[Hashable, Job] = {}  # queued or running
+        self._seconds = deque([5.0], maxlen=20)  # recent jobs' run times
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"job-{i}")
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, key: Hashable, client: str, work: Callable[[], Any]) -> Job:
+        """The job for key: the one queued or running, or a new one (QueueFull when there is no
+        room for it, or its client already has per_client jobs)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None:
+                return job
+            if sum(j.client == client for j in self._jobs.values()) >= self.per_client:
+                raise QueueFull("client", self._wait(len(self._waiting)))
+            if len(self._waiting) >= self.capacity or self._closed:
+                raise QueueFull("full", self._wait(len(self._waiting)))
+            job = Job(key, client, work)
+            self._jobs[key] = job
+            self._waiting.append(job)
+            self._ready.notify()
+            return job
+
+    def get(self, key: Hashable) -> Job | None:
+        with self._lock:
+            return self._jobs.get(key)
+
+    def place(self, job: Job) -> int:
+        """0 while the job runs, else its place in the queue (1: next)."""
+        with self._lock:
+            try:
+                return self._waiting.index(job) + 1
+            except ValueError:
+                return 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._waiting.clear()
+            self._ready.notify_all()
+
+    def _wait(self, ahead: int) -> int:
+        """Seconds until a job queued behind `ahead` others likely starts."""
+        per = sum(self._seconds) / len(self._seconds)
+        return max(1, math.ceil(per * (ahead // self.workers + 1)))
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                job = self._waiting.popleft()
+                job.started = time.monotonic()
+            try:
+                job.result = job.work()
+            except Exception as e:  # noqa: BLE001 - the job's own failure is its result
+                job.result = e
+            with self._lock:
+                self._seconds.append(time.monotonic() - job.started)
+            if self.on_done is not None:
+                self.on_done(job)
+            with self._lock:
+                self._jobs.pop(job.key, None)
+            job.done.set()

@@ -1,0 +1,219 @@
+"""The kernel boundary around a learner's program: namespaces, a seccomp filter, another uid,
+rlimits. What holds here holds even when the program owns its process completely (it may run any
+native code in it): the worker's Python gate (worker.py) and the server's check (check.py) only
+teach, they are not the boundary.
+
+A run is `bwrap` (Debian's bubblewrap) starting `python -m app.sandbox.worker`:
+
+- new PID, network, IPC, UTS and cgroup namespaces (and a user namespace when the server is not
+  root): the worker sees no other process, and its network has only its own loopback;
+- a mount namespace holding nothing but read-only binds of /usr, the Python installation, the
+  virtual environment and the project's two packages, a minimal /dev (read-only), and a tmpfs of
+  `Limits.disk` bytes at /scratch, its only writable place; `/` itself is read-only;
+- the worker drops to uid/gid 65534 (nobody) before it reads the program when the server runs as
+  root (bwrap keeps it only the capabilities to do that), then loads the seccomp filter below on
+  every thread: no process but threads, no exec, no socket, no ptrace, no signal to another process,
+  no mount, namespace, keyring, bpf, perf or io_uring call;
+- rlimits from the server: address space, CPU time (the hard limit is the kernel's SIGKILL), file
+  size, open files, processes, no core files;
+- `--die-with-parent` and `--new-session`; the server kills bwrap's process group at the wall-clock
+  limit, and the PID namespace guarantees that nothing the worker started outlives it.
+
+`boundary()` builds the filter once and runs a probe worker that must see all of this refused; if
+anything is missing (no bubblewrap, no user namespaces, no seccomp) it raises BoundaryMissing, and
+the playground stays off unless the server was started with --allow-unconfined-programs.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import app
+import engine
+
+SCRATCH = "/scratch"  # the worker's working directory: a size-capped tmpfs
+NOBODY = 65534
+CLONE_THREAD = 0x00010000
+
+# calls the filter refuses with EPERM (ENOSYS for clone3, so the C library falls back to clone,
+# whose flags the filter can read); clone itself is allowed only with CLONE_THREAD
+REFUSED_CALLS = (
+    # processes and programs
+    "fork", "vfork", "execve", "execveat",
+    # other processes: tracing, their memory, signals, pidfds
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "kcmp", "kill", "tkill",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_getfd", "pidfd_send_signal",
+    # the network
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    # mounts and namespaces
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "move_mount", "open_tree",
+    "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    # keyrings
+    "add_key", "request_key", "keyctl",
+    # the kernel's other doors
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
+    "swapon", "swapoff", "acct", "quotactl", "syslog", "open_by_handle_at", "name_to_handle_at",
+    "iopl", "ioperm", "personality", "modify_ldt", "uselib", "vhangup", "mknod", "mknodat",
+    "lookup_dcookie", "nfsservctl", "setdomainname", "sethostname", "settimeofday", "clock_settime",
+    "adjtimex", "clock_adjtime",
+)
+
+
+class BoundaryMissing(Exception):
+    """The kernel boundary cannot be set up on this machine (says what is missing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    cpu: int = 30  # seconds of CPU time the program may use (all threads)
+    wall: int = 45  # seconds it may run
+    memory: int = 3 << 30  # bytes of address space of the whole worker (numpy and the engine take ~1 GB)
+    output: int = 64 << 10  # characters it may print
+    steps: int = 5_000  # steps its trace may have
+    trace: int = 64 << 20  # bytes of the trace the worker sends (its patches' bytes and the rest)
+    pools: int = 1 << 30  # bytes of the memory pools and buffers the trace may rebuild
+    file_size: int = 16 << 20  # bytes of any one file it writes in its scratch directory
+    disk: int = 64 << 20  # bytes of its scratch directory (a tmpfs)
+    startup: int = 20  # seconds of CPU the worker may spend starting (imports) before the program
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """How to start a confined worker on this machine (None fields: what the run leaves out)."""
+
+    bwrap: str | None  # None: unconfined (--allow-unconfined-programs on localhost)
+    bpf: bytes  # the seccomp filter, as the kernel loads it (empty: none)
+    seccomp_nr: int  # the seccomp() call's number on this machine (for its TSYNC flag)
+    drop_to: int | None  # the uid and gid the worker takes before the program (the server is root)
+
+    @property
+    def confined(self) -> bool:
+        return self.bwrap is not None
+
+    def command(self, limits: Limits) -> list[str]:
+        """The argv of one run (the worker reads its request on stdin)."""
+        worker = [sys.executable, "-I", "-m", "app.sandbox.worker"]
+        if self.bwrap is None:
+            return worker
+        namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                      "--unshare-cgroup-try"]
+        if self.drop_to is None:  # not root: an unprivileged user namespace is what allows the rest
+            namespaces = ["--unshare-user", *namespaces, "--disable-userns"]
+        else:  # root: the worker keeps only what it needs to become nobody
+            namespaces += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        argv = [self.bwrap, *namespaces, "--die-with-parent", "--new-session",
+                "--ro-bind", "/usr", "/usr"]
+        for name in ("lib", "lib64", "bin", "sbin"):
+            p = Path("/") / name
+            if p.is_symlink():
+                argv += ["--symlink", os.readlink(p), str(p)]
+            elif p.is_dir():
+                argv += ["--ro-bind", str(p), str(p)]
+        if Path("/etc/ld.so.cache").exists():
+            argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+        made: set[Path] = {Path("/")}
+        for path in read_only_paths():
+            for parent in reversed(path.parents):  # bwrap would make them 0700: nobody could pass
+                if parent not in made:
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+                    made.add(parent)
+            argv += ["--ro-bind", str(path), str(path)]
+        argv += ["--dev", "/dev", "--remount-ro", "/dev",
+                 "--perms", "01777", "--size", str(limits.disk), "--tmpfs", SCRATCH,
+                 "--remount-ro", "/", "--chdir", SCRATCH, "--hostname", "sandbox",
+                 "--clearenv", *(x for k, v in worker_env().items() for x in ("--setenv", k, v)),
+                 "--", *worker]
+        return argv
+
+    def preexec(self, limits: Limits):
+        """What the child does before it execs bwrap: its rlimits (inherited by the worker)."""
+        cpu = limits.startup + limits.cpu
+
+        def set_limits() -> None:
+            for what, soft, hard in ((resource.RLIMIT_AS, limits.memory, limits.memory),
+                                     (resource.RLIMIT_CPU, cpu, cpu + 5),  # hard: the kernel's SIGKILL
+                                     (resource.RLIMIT_FSIZE, limits.file_size, limits.file_size),
+                                     (resource.RLIMIT_NOFILE, 256, 256),
+                                     (resource.RLIMIT_NPROC, 256, 256),
+                                     (resource.RLIMIT_CORE, 0, 0)):
+                resource.setrlimit(what, (soft, hard))
+        return set_limits
+
+
+def worker_env() -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+            "LANG": "C.UTF-8", "HOME": SCRATCH, "TMPDIR": SCRATCH, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def read_only_paths() -> list[Path]:
+    """What the worker must read besides /usr: the Python installation, the virtual environment
+    and the two packages (an editable install keeps them outside the environment). Nothing else:
+    not the data directory, not other learners' programs, not the uploads."""
+    paths = {Path(p).resolve() for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    paths |= {Path(engine.__file__).resolve().parent, Path(app.__file__).resolve().parent}
+    paths = {p for p in paths if not (p == Path("/usr") or Path("/usr") in p.parents)}
+    # a path inside another is bound with it
+    return sorted(p for p in paths if not any(q in p.parents for q in paths))
+
+
+def seccomp_filter() -> tuple[bytes, int]:
+    """The filter (BPF, as libseccomp compiles it for this machine) and seccomp()'s number."""
+    try:
+        import pyseccomp as sc
+    except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp itself is missing
+        raise BoundaryMissing(f"libseccomp is not usable here ({e}): install Debian's libseccomp2") from None
+    f = sc.SyscallFilter(sc.ALLOW)
+    arch = sc.system_arch()
+    for name in dict.fromkeys(REFUSED_CALLS):
+        try:
+            sc.resolve_syscall(arch, name)
+        except Exception:  # noqa: BLE001 - a call this architecture does not have
+            continue
+        f.add_rule(sc.ERRNO(errno.EPERM), name)
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        bpf = out.read()
+    return bpf, sc.resolve_syscall(arch, "seccomp")
+
+
+@functools.cache
+def boundary(unconfined: bool = False) -> Boundary:
+    """The boundary this machine gives, probed once (BoundaryMissing if it cannot be set up;
+    `unconfined`: the caller chose to run without one, on localhost only)."""
+    if unconfined:
+        return Boundary(None, b"", 0, None)
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise BoundaryMissing("bubblewrap (bwrap) is not installed: `make setup` installs Debian's package")
+    bpf, nr = seccomp_filter()
+    b = Boundary(bwrap, bpf, nr, NOBODY if os.geteuid() == 0 else None)
+    probe(b)
+    return b
+
+
+def probe(b: Boundary) -> None:
+    """Start a worker in probe mode: it must find itself confined (another uid, the filter on,
+    no network, no process, no file outside scratch). BoundaryMissing says what was not."""
+    from app.sandbox.run import start_worker  # (run.py imports this module)
+
+    try:
+        out, err, code, _ = start_worker(b, Limits(cpu=10, wall=20), {"probe": True})
+    except OSError as e:
+        raise BoundaryMissing(f"bubblewrap could not start: {e}") from None
+    text = out.decode("utf-8", "replace").strip()
+    if code != 0 or text != "confined":
+        why = err.decode("utf-8", "replace").strip() or text or f"exit status {code}"
+        raise BoundaryMissing(f"the sandbox could not be set up on this machine: {why[:500]}")

@@ -1,0 +1,218 @@
+"""What a worker sends back: plain data in a documented format, read by the server with a hard
+limit on every count and size before it builds anything. Never a pickle: the worker may have run
+any code, so its output is an attacker's bytes.
+
+The format (all integers little-endian):
+
+    MAGIC                        b"GGML-LENS-RESULT/1\\n"
+    u32 head_size                at most HEAD_LIMIT
+    head                         msgpack: a Head (below), decoded by msgspec into typed records
+    u64 data_size                the sum of every PatchRef's size, at most Limits.trace
+    data                         the patches' bytes, in the order of Head.patches
+
+A Head says whether the run gave a trace (`ok`) or why not (`message`), and holds the trace: the
+steps as the engine's own records (engine/steps.py), their patches' places (`patches[k]` for
+step k: the context or buffer id, the offset in it, the number of bytes), and the program's
+outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks the types of every
+field; then `trace_from_head` checks the trace's shape: step indices in order, every patch and
+tensor reference inside a pool the steps made, the pools' total size under Limits.pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from app.sandbox.boundary import Limits
+from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.steps import Patch, Step
+from engine.trace import Trace
+
+MAGIC = b"GGML-LENS-RESULT/1\n"
+HEAD_LIMIT = 16 << 20  # bytes of the head (decoded, its records take at most ~10x that)
+OUTPUT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
+MAX_OUTPUT_ELEMENTS = 1 << 20
+
+
+class MalformedResult(Exception):
+    """The worker's output is not a result this server can read (names the broken rule)."""
+
+
+class Scalar(msgspec.Struct, tag="scalar", frozen=True):
+    value: int | float | str | bool | None
+
+
+class Array(msgspec.Struct, tag="array", frozen=True):
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PatchRef:
+    ctx: int  # the context's or buffer's id
+    offset: int  # where in it
+    size: int  # how many bytes of the data section
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    ok: bool
+    message: str = ""  # why there is no trace (ok False)
+    program: str = ""
+    source: str = ""
+    n_threads: int = 1
+    error: str | None = None
+    printed: str = ""
+    outputs: dict[str, Scalar | Array] = dataclasses.field(default_factory=dict)
+    steps: list[Step] = dataclasses.field(default_factory=list)  # their patches empty
+    patches: list[list[PatchRef]] = dataclasses.field(default_factory=list)  # per step
+
+
+_HEAD = msgspec.msgpack.Decoder(Head)
+
+
+# --- the worker's side ------------------------------------------------------------------------
+
+def encode_failure(message: str) -> bytes:
+    return _frame(Head(ok=False, message=message), [])
+
+
+def encode_trace(trace: Trace) -> bytes:
+    """The trace as a result (TypeError names an output that is not a number, string or array)."""
+    refs, blobs = [], []
+    for s in trace.steps:
+        refs.append([PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches])
+        blobs += [p.data for p in s.patches]
+    head = Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
+                error=trace.error, printed=trace.printed,
+                outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
+                steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
+    return _frame(head, blobs)
+
+
+def _output(name: Any, v: Any) -> Scalar | Array:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return Scalar(v)
+    if isinstance(v, (np.generic,)):
+        return Scalar(v.item())
+    try:
+        a = np.asarray(v)
+    except ValueError:
+        a = None
+    if a is None or a.dtype.name not in OUTPUT_DTYPES:
+        raise TypeError(f"the output {name!r} is a {type(v).__name__}: a program's outputs are tensors, "
+                        f"arrays, numbers and strings")
+    return Array(a.dtype.name, tuple(a.shape), a.tobytes())
+
+
+def _frame(head: Head, blobs: list[bytes]) -> bytes:
+    h = msgspec.msgpack.encode(head)
+    size = sum(len(b) for b in blobs)
+    return b"".join([MAGIC, struct.pack("<I", len(h)), h, struct.pack("<Q", size), *blobs])
+
+
+# --- the server's side ------------------------------------------------------------------------
+
+def decode(data: bytes, limits: Limits) -> Trace | str:
+    """The trace the worker sent, or the message it sent instead of one; MalformedResult for
+    anything else, before anything sized by the worker is allocated."""
+    if not data.startswith(MAGIC):
+        raise MalformedResult("the worker's output does not start with the result format's magic")
+    at = len(MAGIC)
+    if len(data) < at + 4:
+        raise MalformedResult("the worker's output ends inside the head's size")
+    (head_size,) = struct.unpack_from("<I", data, at)
+    at += 4
+    if head_size > HEAD_LIMIT:
+        raise MalformedResult(f"the head is {head_size:,} bytes, more than {HEAD_LIMIT:,}")
+    if len(data) < at + head_size + 8:
+        raise MalformedResult("the worker's output ends inside the head")
+    try:
+        head = _HEAD.decode(memoryview(data)[at:at + head_size])
+    except (msgspec.DecodeError, RecursionError, ValueError) as e:
+        raise MalformedResult(f"the head is not a result: {e}") from None
+    at += head_size
+    (data_size,) = struct.unpack_from("<Q", data, at)
+    at += 8
+    if data_size != len(data) - at:
+        raise MalformedResult(f"the data section says {data_size:,} bytes and holds {len(data) - at:,}")
+    if not head.ok:
+        return head.message[:4096] or "the worker gave no reason"
+    return trace_from_head(head, memoryview(data)[at:], limits)
+
+
+def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
+    """The Trace the head and data describe, once every count, size and reference is checked."""
+    def bad(rule: str, k: int | None = None):
+        where = f"step {k}: " if k is not None else ""
+        return MalformedResult(where + rule)
+
+    if len(head.steps) != len(head.patches):
+        raise bad(f"{len(head.steps)} steps but {len(head.patches)} lists of patches")
+    if not 0 < len(head.steps) <= limits.steps + 2:
+        raise bad(f"a trace has 1 to {limits.steps + 2:,} steps, not {len(head.steps):,}")
+    if len(head.printed) > 4 * limits.output or not 1 <= head.n_threads <= 64:
+        raise bad("the printed text or the thread count is out of range")
+    if sum(p.size for refs in head.patches for p in refs) != len(data):
+        raise bad("the patches' sizes do not add up to the data section")
+    sizes: dict[int, int] = {}  # every pool and buffer the steps made: id -> size
+    steps, at = [], 0
+    for k, (s, refs) in enumerate(zip(head.steps, head.patches)):
+        if s.index != k or (s.parent is not None and not 0 <= s.parent < k):
+            raise bad("its index or parent is out of order", k)
+        for pid, size in [(c.id, c.mem_size) for c in s.contexts] + [(b.id, b.size) for b in s.buffers]:
+            if size < 0 or sizes.setdefault(pid, size) != size:
+                raise bad(f"pool {pid} changes its size or has a negative one", k)
+        if sum(sizes.values()) > limits.pools:
+            raise bad(f"its pools hold more than {limits.pools:,} bytes together", k)
+        patches = []
+        for p in refs:
+            if p.ctx not in sizes or p.size <= 0 or p.offset < 0 or p.offset + p.size > sizes[p.ctx]:
+                raise bad(f"a patch of {p.size:,} bytes at {p.offset:,} lies outside pool {p.ctx}", k)
+            patches.append(Patch(p.ctx, p.offset, bytes(data[at:at + p.size])))
+            at += p.size
+        for ctx, offs, size in _references(s):
+            if ctx not in sizes or offs < 0 or offs + size > sizes[ctx]:
+                raise bad(f"it refers to bytes {offs:,}..{offs + size:,} of pool {ctx}, outside it", k)
+        steps.append(dataclasses.replace(s, patches=tuple(patches)) if patches else s)
+    trace = Trace(head.program[:200], head.source, head.n_threads, steps,
+                  {k[:200]: _value(k, v) for k, v in head.outputs.items()}, head.error, head.printed)
+    return trace
+
+
+def _references(s: Step):
+    """(pool, offset, size) of every place in a pool the step names."""
+    if s.tensor is not None:
+        yield (*s.tensor, GGML_TENSOR_SIZE)
+    for o in s.objects:
+        yield o.ctx, o.header, GGML_OBJECT_SIZE
+        yield o.ctx, o.offs, o.size
+    for f in s.fields:
+        yield f.ctx, f.struct, GGML_TENSOR_SIZE
+    for p in s.placements:
+        yield (*p.tensor, GGML_TENSOR_SIZE)
+    if s.decision is not None:
+        yield (*s.decision.tensor, GGML_TENSOR_SIZE)
+        if s.decision.parent is not None:
+            yield (*s.decision.parent, GGML_TENSOR_SIZE)
+    if s.split is not None:
+        for t in s.split.inputs:
+            yield (*t, GGML_TENSOR_SIZE)
+
+
+def _value(name: str, v: Scalar | Array) -> Any:
+    if isinstance(v, Scalar):
+        return v.value
+    if v.dtype not in OUTPUT_DTYPES or len(v.shape) > 8 or any(n < 0 for n in v.shape):
+        raise MalformedResult(f"the output {name!r} has a dtype or shape no output has")
+    n = math.prod(v.shape)
+    if n > MAX_OUTPUT_ELEMENTS or n * np.dtype(v.dtype).itemsize != len(v.data):
+        raise MalformedResult(f"the output {name!r}'s {len(v.data):,} bytes are not {v.shape} {v.dtype} "
+                              f"of at most {MAX_OUTPUT_ELEMENTS:,} elements")
+    return np.frombuffer(v.data, v.dtype).reshape(v.shape).tolist()
