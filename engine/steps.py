@@ -151,7 +151,8 @@ class Patch:
 class ThreadShare:
     ith: int
     kind: str
-    ranges: tuple[int | tuple[int, ...], ...]  # rows (first, end), chunks, or single indices
+    # rows (first, end), blocks, single indices, or mul_mat chunks (chunk, (ir0, ir1), (ir10, ir11))
+    ranges: tuple[int | tuple[int | str | tuple[int, ...], ...], ...]
     seconds: float
     note: str
 

@@ -61,7 +61,8 @@ def _page(request: Request, source: str, threads: int | None, refusal: Refusal |
           origin: str | None = None, status: int = 200) -> HTMLResponse:
     return templates.TemplateResponse(request, "pages/playground.html", {
         "source": source, "threads": threads or 1, "refusal": refusal, "origin": origin,
-        "limits": Limits(), "max_program": MAX_PROGRAM}, status_code=status)
+        "limits": Limits(), "max_program": MAX_PROGRAM,
+        "missing": request.app.state.programs.boundary_missing()}, status_code=status)
 
 
 @router.get("/playground", response_class=HTMLResponse)

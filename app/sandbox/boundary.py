@@ -26,14 +26,18 @@ the playground stays off unless the server was started with --allow-unconfined-p
 
 from __future__ import annotations
 
+import base64
 import errno
 import functools
+import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,8 @@ import app
 import engine
 
 SCRATCH = "/scratch"  # the worker's working directory: a size-capped tmpfs
+STARTUP_WALL = 10  # seconds a worker may take to start (besides the program's wall-clock limit)
+STDERR_KEPT = 8 << 10
 NOBODY = 65534
 CLONE_THREAD = 0x00010000
 
@@ -207,8 +213,6 @@ def boundary(unconfined: bool = False) -> Boundary:
 def probe(b: Boundary) -> None:
     """Start a worker in probe mode: it must find itself confined (another uid, the filter on,
     no network, no process, no file outside scratch). BoundaryMissing says what was not."""
-    from app.sandbox.run import start_worker  # (run.py imports this module)
-
     try:
         out, err, code, _ = start_worker(b, Limits(cpu=10, wall=20), {"probe": True})
     except OSError as e:
@@ -217,3 +221,62 @@ def probe(b: Boundary) -> None:
     if code != 0 or text != "confined":
         why = err.decode("utf-8", "replace").strip() or text or f"exit status {code}"
         raise BoundaryMissing(f"the sandbox could not be set up on this machine: {why[:500]}")
+
+
+def start_worker(b: Boundary, limits: Limits, request: dict) -> tuple[bytes, bytes, int, bool]:
+    """Run one worker to its end: (stdout, at most limits.trace + 1 bytes of it; the head of
+    stderr; the exit status; whether the wall-clock limit stopped it)."""
+    request = {**request, "seccomp": base64.b64encode(b.bpf).decode(), "seccomp_nr": b.seccomp_nr,
+               "drop_to": b.drop_to}
+    scratch = None if b.confined else tempfile.mkdtemp(prefix="ggml-lens-program-")
+    try:
+        return _communicate(b, limits, request, scratch)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None):
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if b.confined else worker_env()
+    proc = subprocess.Popen(b.command(limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=b.preexec(limits), start_new_session=True,
+                            close_fds=True, env=env, cwd=scratch or "/")
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    def read(stream, into: list[bytes], cap: int) -> None:
+        n = 0
+        while chunk := stream.read(1 << 16):
+            if n <= cap:
+                into.append(chunk[:cap + 1 - n])
+                n += len(chunk)
+            elif into is out:  # more than any trace may be: whatever it is, it is not read
+                _kill(proc)
+                return
+
+    readers = [threading.Thread(target=read, args=(proc.stdout, out, limits.trace), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err, STDERR_KEPT), daemon=True)]
+    for r in readers:
+        r.start()
+    try:
+        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    timed_out = False
+    try:
+        proc.wait(STARTUP_WALL + limits.wall)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill(proc)
+        proc.wait()
+    for r in readers:
+        r.join(5)
+    return b"".join(out), b"".join(err), proc.returncode, timed_out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

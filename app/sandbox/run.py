@@ -9,25 +9,15 @@ output as plain data (wire.py): the server never unpickles or executes anything 
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import shutil
 import signal
-import subprocess
-import tempfile
-import threading
 from dataclasses import asdict
 
-from app.sandbox.boundary import Boundary, BoundaryMissing, Limits, boundary, worker_env
+from app.sandbox.boundary import BoundaryMissing, Limits, boundary, start_worker
 from app.sandbox.check import check_program
 from app.sandbox.wire import MalformedResult, decode
 from engine.trace import Trace
 
-__all__ = ["BoundaryMissing", "Limits", "ProgramFailed", "run_program", "start_worker"]
-
-STDERR_KEPT = 8 << 10
-STARTUP_WALL = 10  # seconds a worker may take to start (besides the program's wall-clock limit)
+__all__ = ["BoundaryMissing", "Limits", "ProgramFailed", "run_program"]
 
 
 class ProgramFailed(Exception):
@@ -58,65 +48,6 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     if isinstance(result, str):
         raise ProgramFailed(result)
     return result
-
-
-def start_worker(b: Boundary, limits: Limits, request: dict) -> tuple[bytes, bytes, int, bool]:
-    """Run one worker to its end: (stdout, at most limits.trace + 1 bytes of it; the head of
-    stderr; the exit status; whether the wall-clock limit stopped it)."""
-    request = {**request, "seccomp": base64.b64encode(b.bpf).decode(), "seccomp_nr": b.seccomp_nr,
-               "drop_to": b.drop_to}
-    scratch = None if b.confined else tempfile.mkdtemp(prefix="ggml-lens-program-")
-    try:
-        return _communicate(b, limits, request, scratch)
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None):
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if b.confined else worker_env()
-    proc = subprocess.Popen(b.command(limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=b.preexec(limits), start_new_session=True,
-                            close_fds=True, env=env, cwd=scratch or "/")
-    out: list[bytes] = []
-    err: list[bytes] = []
-
-    def read(stream, into: list[bytes], cap: int) -> None:
-        n = 0
-        while chunk := stream.read(1 << 16):
-            if n <= cap:
-                into.append(chunk[:cap + 1 - n])
-                n += len(chunk)
-            elif into is out:  # more than any trace may be: whatever it is, it is not read
-                _kill(proc)
-                return
-
-    readers = [threading.Thread(target=read, args=(proc.stdout, out, limits.trace), daemon=True),
-               threading.Thread(target=read, args=(proc.stderr, err, STDERR_KEPT), daemon=True)]
-    for r in readers:
-        r.start()
-    try:
-        proc.stdin.write(json.dumps(request).encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    timed_out = False
-    try:
-        proc.wait(STARTUP_WALL + limits.wall)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill(proc)
-        proc.wait()
-    for r in readers:
-        r.join(5)
-    return b"".join(out), b"".join(err), proc.returncode, timed_out
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _killed_by(sig: int, limits: Limits) -> str:
