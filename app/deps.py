@@ -5,6 +5,7 @@ and the query parameters several routes take (thread count, an uploaded file's h
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -33,6 +34,8 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.svgs = SvgCache(settings.svg_cache)
     app.state.programs = ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs) \
         if settings.programs else None
+    if app.state.programs is not None:  # the boundary's probe now, not in a learner's request
+        threading.Thread(target=app.state.programs.boundary_missing, daemon=True).start()
     app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client,
                               on_done=lambda job: _keep_program(app, job))
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import functools
 import json
 import os
 import resource
@@ -195,10 +194,26 @@ def seccomp_filter() -> tuple[bytes, int]:
     return bpf, sc.resolve_syscall(arch, "seccomp")
 
 
-@functools.cache
+_PROBED: dict[bool, Boundary | BoundaryMissing] = {}
+_PROBING = threading.Lock()
+
+
 def boundary(unconfined: bool = False) -> Boundary:
-    """The boundary this machine gives, probed once (BoundaryMissing if it cannot be set up;
-    `unconfined`: the caller chose to run without one, on localhost only)."""
+    """The boundary this machine gives, probed once per process (BoundaryMissing if it cannot be
+    set up; `unconfined`: the caller chose to run without one, on localhost only)."""
+    with _PROBING:  # (requests arriving together wait for the one probe)
+        if unconfined not in _PROBED:
+            try:
+                _PROBED[unconfined] = _set_up(unconfined)
+            except BoundaryMissing as e:
+                _PROBED[unconfined] = e
+        found = _PROBED[unconfined]
+    if isinstance(found, BoundaryMissing):
+        raise found
+    return found
+
+
+def _set_up(unconfined: bool) -> Boundary:
     if unconfined:
         return Boundary(None, b"", 0, None)
     bwrap = shutil.which("bwrap")

@@ -109,9 +109,14 @@ def main() -> int:
                   "    return {}\n"
         req = urllib.request.Request(base + "/programs", method="POST", data=urllib.parse.urlencode(
             {"source": program, "threads": "1"}).encode())
-        with urllib.request.urlopen(req, timeout=120) as r:  # redirected to the trace's first step
-            trace = r.read().decode()
-            assert "/programs/" in r.url and "ggml_init" in trace and "Traceback" not in trace, r.url
+        with urllib.request.urlopen(req, timeout=120) as r:  # redirected to its recording's page
+            url, status = r.url, r.status
+        deadline = time.monotonic() + 120
+        while status == 202 and time.monotonic() < deadline:  # it polls until the trace is ready
+            time.sleep(0.5)
+            with urllib.request.urlopen(url, timeout=60) as r:
+                url, status, trace = r.url, r.status, r.read().decode()
+        assert "/steps/0" in url and "ggml_init" in trace and "Traceback" not in trace, url
         print(f"package check: {n + 6} pages served from {Path(app.__file__).parent}")
         return 0
     finally:

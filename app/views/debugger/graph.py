@@ -5,7 +5,9 @@ from its own URL, keyed by the drawing's hash."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from dataclasses import dataclass, replace
+from html import escape
 from typing import TYPE_CHECKING
 
 from app import i18n
@@ -171,9 +173,28 @@ def _layers(g: Graph) -> dict[int, str]:
     return out
 
 
-def render_svg(dot: str) -> str:
-    """DOT -> SVG with graphviz's dot (the svg element only)."""
-    import graphviz
+DOT_SECONDS = 20  # graphviz's time to draw one graph; past it, the drawing is a message
+DOT_BYTES = 8 << 20  # the largest DOT text given to graphviz
 
-    svg = graphviz.Source(dot).pipe(format="svg").decode()
+
+def render_svg(dot: str) -> str:
+    """DOT -> SVG with graphviz's dot (the svg element only). A graph too large to draw (its DOT
+    over DOT_BYTES, or dot still working after DOT_SECONDS: then it is killed) is an SVG that
+    says so: a learner's program may build any graph."""
+    data = dot.encode()
+    if len(data) > DOT_BYTES:
+        return _message_svg(_("This graph is too large to draw ({n} bytes of DOT).").format(n=f"{len(data):,}"))
+    try:
+        done = subprocess.run(["dot", "-Tsvg"], input=data, capture_output=True, timeout=DOT_SECONDS, check=True)
+    except subprocess.TimeoutExpired:
+        return _message_svg(_("Graphviz did not finish drawing this graph in {n} s.").format(n=DOT_SECONDS))
+    except subprocess.CalledProcessError as e:
+        return _message_svg(_("Graphviz could not draw this graph: {error}").format(
+            error=e.stderr.decode("utf-8", "replace")[:300]))
+    svg = done.stdout.decode()
     return svg[svg.index("<svg"):]
+
+
+def _message_svg(text: str) -> str:
+    return ('<svg xmlns="http://www.w3.org/2000/svg" width="640" height="40" viewBox="0 0 640 40">'
+            f'<text x="8" y="24">{escape(text)}</text></svg>')
