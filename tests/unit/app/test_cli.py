@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,14 @@ def test_serve_turns_the_playground_on_only_on_localhost_or_when_allowed(monkeyp
     assert main(argv) == 0
     client = TestClient(create_app(Settings.from_env()))
     assert client.get("/playground").status_code == (200 if on else 403)
+
+
+def test_unconfined_programs_are_refused_off_localhost(monkeypatch, capsys):
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: None)
+    monkeypatch.setenv("GGML_LENS_PROGRAMS", "0")
+    assert main(["serve", "--host", "0.0.0.0", "--allow-programs", "--allow-unconfined-programs"]) == 2
+    assert "refused on any address but localhost" in capsys.readouterr().err
+    assert main(["serve", "--allow-unconfined-programs"]) == 0
+    assert os.environ["GGML_LENS_PROGRAMS"] == "unconfined"
