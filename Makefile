@@ -92,11 +92,10 @@ test: setup-test
 # data directory, serves every page with its templates and static files (package data):
 # tests/package/check_install.py fetches them (about a minute).
 PKG_VENV ?= /tmp/venv-pkgtest
-FIXTURES ?= $(abspath ../shared/fixtures)
 package-check:
 	rm -rf $(PKG_VENV) && python3 -m venv $(PKG_VENV)
 	$(PKG_VENV)/bin/pip install --quiet '.[model]'
-	cd $(PKG_VENV) && GGML_LENS_FIXTURES=$(FIXTURES) $(PKG_VENV)/bin/python \
+	cd $(PKG_VENV) && $(PKG_VENV)/bin/python \
 		$(CURDIR)/tests/package/check_install.py
 
 # The README's screenshots, refreshed on purpose (a plain test run writes them to a temporary

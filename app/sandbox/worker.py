@@ -1,18 +1,25 @@
-"""`python -m app.sandbox.worker SCRATCH`: record one learner's program, in a process of its own.
+"""`python -m app.sandbox.worker`: record one learner's program, in a process of its own.
 
-The web server starts this module (app/sandbox/run.py) with hard resource limits already set and
-the scratch directory as its working directory. It reads the request (JSON: the program, the
-thread count, the limits) on stdin and writes the result on stdout: b"T" and a pickled Trace, or
-b"E" and a message. Before the program runs, the gate closes:
+The server starts this module behind the kernel boundary (boundary.py: bubblewrap's namespaces,
+rlimits already set, /scratch as its working directory). It reads the request on stdin (JSON: the
+program, the thread count, the limits, the seccomp filter, the uid to take) and first confines
+itself: it takes the unprivileged uid and loads the filter on every thread, before any of the
+program is read. It writes the result on stdout in the format of wire.py: the trace as plain
+data, or a message saying why there is none. A probe request (`{"probe": true}`) only reports
+whether every door the boundary closes is closed.
+
+Then, with the gate on (always, but in the sandbox's own tests), the Python gate closes: a
+teaching aid that refuses early and clearly what the kernel would refuse anyway:
 
 - everything the engine will need is imported, then any further import is refused;
-- an audit hook (which cannot be removed) refuses opening files for writing outside the scratch
-  directory and reading outside it and Python's own installation, subprocesses, fork and exec,
-  sockets, and loading or calling C code through ctypes;
+- an audit hook refuses opening files outside the scratch directory and Python's own
+  installation, subprocesses, fork and exec, sockets, and loading or calling C code through ctypes;
 - the program's builtins lack open, eval, exec, getattr and the rest check.py refuses, and its
-  imports give restricted copies of the allowed modules;
-- a CPU-time and a wall-clock alarm, the printed-output limit and the step cap raise
-  ProgramStopped inside the program, so the trace keeps every step before it.
+  imports give restricted copies of the allowed modules.
+
+In both cases a CPU-time and a wall-clock alarm, the printed-output limit and the step cap raise
+ProgramStopped inside the program, so the trace keeps every step before it; a program that ignores
+them meets the kernel's SIGKILL and the server's.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-# where the GGUF fixtures the demos and tests read are by default: ../shared/fixtures beside the
-# checkout (the web app and the command line take another folder from app.settings)
-FIXTURES_DIR = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
+# the GGUF files the demos and tests read, shipped inside the package (engine/fixtures/README.md
+# says what they are; the web app and the command line may take another folder from app.settings)
+FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @dataclass(frozen=True, slots=True)

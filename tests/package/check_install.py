@@ -5,7 +5,7 @@ from site-packages (templates and static files as package data, not the source t
 
     /tmp/venv-pkgtest/bin/python tests/package/check_install.py
 
-It starts `ggml-lens serve` on a free port (fixtures from GGML_LENS_FIXTURES, data in a fresh
+It starts `ggml-lens serve` on a free port (the fixtures shipped in the package, data in a fresh
 temporary folder), then requests the home page, every walkthrough's first and last step (as a
 page and as an htmx swap), each graph's SVG, the GGUF inspector with each fixture's file page, a
 metadata array, a tensor with its block explainer, each static file, and a 404 page. Standard
@@ -89,7 +89,7 @@ def main() -> int:
         home = get(base, "/gguf")
         files = sorted(set(re.findall(r'href="(/gguf/[0-9a-f]{64})"', home)))
         if not files:
-            raise SystemExit("package check: /gguf lists no fixture (set GGML_LENS_FIXTURES)")
+            raise SystemExit("package check: /gguf lists no fixture (they ship as package data)")
         for f in files:
             page = get(base, f)
             for link in sorted(set(re.findall(r'href="(/gguf/[0-9a-f]{64}/(?:kv|tensors)/[^"#?]+)',
