@@ -32,16 +32,19 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir,
                                   model_path(settings.data_dir))
     app.state.svgs = SvgCache(settings.svg_cache)
-    app.state.programs = ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs) \
-        if settings.programs else None
+    app.state.programs = ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs,
+                                      model=model_path(settings.data_dir)) if settings.programs else None
     if app.state.programs is not None:  # the boundary's probe now, not in a learner's request
         threading.Thread(target=app.state.programs.boundary_missing, daemon=True).start()
     app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client,
                               on_done=lambda job: _keep_program(app, job))
+    app.state.traces.jobs = app.state.jobs
 
 
 def _keep_program(app: FastAPI, job: Job) -> None:
-    """A recorded program's trace goes to the trace cache."""
+    """A recorded program's trace goes to the trace cache (a walkthrough's job kept its own)."""
+    if job.key[0] != "program":
+        return
     _, digest, threads = job.key
     if isinstance(job.result, Trace):
         app.state.traces.put_program(digest, threads, job.result)

@@ -13,6 +13,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
+from fastapi import HTTPException
+
+from app.i18n import _
+
+
+class Pending(Exception):
+    """A page's trace is being recorded as a job: `url` is its recording page."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.url = url
+
 
 class QueueFull(Exception):
     """No room for another job (`retry_after`: seconds until there likely is)."""
@@ -26,11 +38,16 @@ class QueueFull(Exception):
 class Job:
     key: Hashable
     client: str
-    work: Callable[[], Any]
+    work: Callable[["Job"], Any]  # given the job, to report its progress
     queued: float = field(default_factory=time.monotonic)
     started: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
+    result: Any = None  # what work returned, or the exception it raised
+    steps: int = 0  # progress: the steps a recording has made so far
+
+    def count_step(self, *_: Any) -> None:
+        """A recorder's on_step callback: one more step recorded."""
+        self.steps += 1
 
 
 class JobQueue:
@@ -51,7 +68,7 @@ class JobQueue:
         for t in self._threads:
             t.start()
 
-    def submit(self, key: Hashable, client: str, work: Callable[[], Any]) -> Job:
+    def submit(self, key: Hashable, client: str, work: Callable[[Job], Any]) -> Job:
         """The job for key: the one queued or running, or a new one (QueueFull when there is no
         room for it, or its client already has per_client jobs)."""
         with self._lock:
@@ -101,7 +118,7 @@ class JobQueue:
                 job = self._waiting.popleft()
                 job.started = time.monotonic()
             try:
-                job.result = job.work()
+                job.result = job.work(job)
             except Exception as e:  # noqa: BLE001 - the job's own failure is its result
                 job.result = e
             with self._lock:
@@ -111,3 +128,11 @@ class JobQueue:
             with self._lock:
                 self._jobs.pop(job.key, None)
             job.done.set()
+
+
+def busy(e: QueueFull) -> HTTPException:
+    """The answer to a job that could not be queued: 429 when this client has enough queued,
+    503 when the queue is full; both with Retry-After."""
+    status, message = (429, _("You already have programs waiting to run; try again in {n} s.")) \
+        if str(e) == "client" else (503, _("Every worker is busy; try again in {n} s."))
+    return HTTPException(status, message.format(n=e.retry_after), headers={"Retry-After": str(e.retry_after)})

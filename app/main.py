@@ -6,12 +6,13 @@ import gc
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import deps
 from app.i18n import LocaleMiddleware, _
+from app.jobs import Pending
 from app.programs import NotRecorded
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
@@ -52,6 +53,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
         return _http_error_page(request, exc)
+
+    @app.exception_handler(Pending)
+    async def pending(request: Request, exc: Pending) -> Response:
+        if request.headers.get("HX-Request") == "true":
+            return Response(status_code=200, headers={"HX-Redirect": exc.url})
+        return RedirectResponse(exc.url, status_code=303)
 
     @app.exception_handler(NotRecorded)
     def recording(request: Request, exc: NotRecorded) -> Response:

@@ -33,9 +33,11 @@ class NotRecorded(Exception):
 
 
 class ProgramStore:
-    def __init__(self, root: Path, limits: Limits = Limits(), unconfined: bool = False) -> None:
+    def __init__(self, root: Path, limits: Limits = Limits(), unconfined: bool = False,
+                 model: Path | None = None) -> None:
         self.root = root
         self.limits = limits
+        self.model = model  # the bundled model, which programs may read
         self.unconfined = unconfined  # --allow-unconfined-programs: no kernel boundary (localhost)
         root.mkdir(parents=True, exist_ok=True)
 
@@ -76,7 +78,7 @@ class ProgramStore:
         gave no trace (a limit killed it, its output was refused, the boundary went missing) is
         a trace of one error step saying why."""
         try:
-            return run_program(source, threads, self.limits, unconfined=self.unconfined)
+            return run_program(source, threads, self.limits, unconfined=self.unconfined, model=self.model)
         except (ProgramFailed, BoundaryMissing) as e:
             return failed_trace(source, threads, str(e))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.i18n import _
+from app.jobs import Job, JobQueue
 from app.settings import MAX_THREADS
 from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
@@ -24,6 +25,7 @@ PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash 
 BYTES_KEPT = 3 << 30  # bytes the kept traces may hold together, patches and checkpoints (a model's are ~0.5 GB)
 STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together
 RECORDING_WAIT = 60  # seconds a request waits for another request's recording of the same trace
+QUICK = 1.0  # seconds a request waits for a recording before it shows the recording's progress
 
 
 class TraceBusy(Exception):
@@ -42,17 +44,41 @@ class TraceCache:
         self._lock = threading.Lock()
         self._recording: dict[TraceKey, threading.Lock] = {}
         self._dumps: dict[TraceKey, str] = {}
+        self.jobs: JobQueue | None = None  # records what no request should wait for (set by the app)
 
     def trace(self, name: str, threads: int | None, path: str | None = None,
-              prompt: str | None = None, then: tuple[int, ...] = ()) -> Trace:
+              prompt: str | None = None, then: tuple[int, ...] = (), on_step=None) -> Trace:
         """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
 
         `path` is the input file of a walkthrough that reads one (gguf-load, minilm, gemma3);
         without it such a walkthrough reads its fixture from `fixtures_dir` or the bundled
         model. `prompt` and `then` (token ids appended one pass each) go to a program that reads
         a prompt."""
-        key = self._key(name, threads, path, prompt, then)
-        return self._cached(key, lambda: trace_program(key[0], key[1], **_inputs(key)))
+        key = self.key(name, threads, path, prompt, then)
+        return self._cached(key, lambda: trace_program(key[0], key[1], on_step=on_step, **_inputs(key)))
+
+    def walkthrough(self, key: TraceKey, client: str) -> Trace | Job:
+        """The walkthrough's kept trace; else its recording, a job of the queue: the trace if it
+        is done within QUICK seconds, else the job (its page follows it). QueueFull when it
+        cannot be queued; the job's own error (a bad input) is raised here."""
+        trace = self.kept(key)
+        if trace is not None or self.jobs is None:
+            return trace or self.trace(key[0], key[1], key[2], key[3], key[4])
+        job = self.jobs.submit(("walkthrough", key), client, lambda job: self.trace(
+            key[0], key[1], key[2], key[3], key[4], on_step=job.count_step))
+        if not job.done.wait(QUICK):
+            return job
+        if isinstance(job.result, BaseException):
+            raise job.result
+        return job.result
+
+    def kept(self, key: TraceKey) -> Trace | None:
+        """The trace kept for key, without recording it."""
+        with self._lock:
+            trace = self._traces.get(key)
+            if trace is not None:
+                self._traces.move_to_end(key)
+            return trace
 
     def program(self, digest: str, threads: int) -> Trace | None:
         """The kept trace of a learner's program, by its text's hash (None: not recorded here
@@ -102,7 +128,7 @@ class TraceCache:
             for k in [k for k in self._states if k[0] == old_key]:
                 del self._states[k]
 
-    def _key(self, name: str, threads: int | None, path: str | None,
+    def key(self, name: str, threads: int | None, path: str | None,
              prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
         prog = PROGRAMS[name]
         n = _threads(threads or prog.threads)
@@ -121,7 +147,7 @@ class TraceCache:
                   prompt: str | None = None, then: tuple[int, ...] = ()) -> str:
         """The program's computed nodes as llama.cpp's eval callback prints them (a run without
         recording), kept like the traces."""
-        key = self._key(name, threads, path, prompt, then)
+        key = self.key(name, threads, path, prompt, then)
         with self._lock:
             if key in self._dumps:
                 return self._dumps[key]

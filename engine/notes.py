@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 
 # --- what a call reserved and set (engine/steps.py describe_changes) -------------------------
+RESERVED_MANY = ("{fn} made {n} objects from offset {first} to {end}: {tensors} tensor structs of {struct} bytes "
+                 "(each behind a {header}-byte object header) with {data} bytes of their data, {graphs} graphs and "
+                 "{work} work buffers")
 RESERVED_TENSOR = "{fn} reserved {header} bytes of header, {struct} of tensor struct and {data} of data at offset {offset}"
 RESERVED_TENSOR_NO_DATA = "{fn} reserved {header} bytes of header, {struct} of tensor struct and no data at offset {offset}"
 RESERVED_GRAPH = "{fn} reserved a {size}-byte graph object at offset {offset}"
@@ -21,7 +24,8 @@ WROTE = "wrote {n} bytes"
 NOTHING = "{fn} changed nothing in the pools"
 
 # --- the recorder (engine/trace.py) ------------------------------------------------------------
-WROTE_DATA = "{fn} wrote the data of '{name}' ({n} bytes at {addr})"
+WROTE_DATA = "{fn} wrote the data of {name}: {n} bytes at {addr}"  # name: 'a', or a (unnamed)
+UNNAMED = "(unnamed)"
 INIT = "ggml_init allocated a pool of {size} bytes at {addr} (context {id})"
 INIT_NO_ALLOC = "ggml_init allocated a pool of {size} bytes at {addr} (context {id}), no_alloc"
 BUILD_FORWARD = "ggml_build_forward_expand walks the sources of the tensor depth first, then records it"
@@ -87,7 +91,7 @@ SHARES = (
 )
 
 TEMPLATES = (
-    RESERVED_TENSOR, RESERVED_TENSOR_NO_DATA, RESERVED_GRAPH, RESERVED_WORK, SET_FIELD, MORE_FIELDS,
+    RESERVED_MANY, RESERVED_TENSOR, RESERVED_TENSOR_NO_DATA, RESERVED_GRAPH, RESERVED_WORK, SET_FIELD, MORE_FIELDS,
     WROTE, NOTHING, WROTE_DATA, INIT, INIT_NO_ALLOC, BUILD_FORWARD, VISIT_LEAF, VISIT_NODE, PLANNED,
     WALK_TOGETHER, COMPUTED, RETURNED, WHERE, GALLOCR_GETS, GALLOCR_INPLACE, GALLOCR_FREES, SCHED_PASS,
     PASS_COUNT, GROUP_LAYER, GROUP_OUTSIDE, GROUP_STEPS, GROUP_PASS, GROUP_SETUP, PASS_1, PASS_2, PASS_3, PASS_4, PASS_5,

@@ -226,11 +226,21 @@ def field_text(v) -> str:
     return str(v)
 
 
+MANY_OBJECTS = 4  # a step that makes more objects than this says so in one sentence
+
+
 def describe_changes(call: str, objects, fields, patches) -> str:
     """A plain-words summary of a step's changes."""
     fn = call.split("(")[0].split("=")[-1].strip()
     parts = []
-    for o in objects:
+    if len(objects) > MANY_OBJECTS:  # (a file's tensors loaded at once: one sentence, not hundreds)
+        tensors = [o for o in objects if o.type == "TENSOR"]
+        parts.append(notes.RESERVED_MANY.format(
+            fn=fn, n=len(objects), first=f"{min(o.header for o in objects):#x}",
+            end=f"{max(o.offs + o.size for o in objects):#x}", tensors=len(tensors), struct=GGML_TENSOR_SIZE,
+            header=GGML_OBJECT_SIZE, data=sum(o.size - GGML_TENSOR_SIZE for o in tensors),
+            graphs=sum(o.type == "GRAPH" for o in objects), work=sum(o.type == "WORK_BUFFER" for o in objects)))
+    for o in objects if len(objects) <= MANY_OBJECTS else ():
         if o.type == "TENSOR":
             data = o.size - GGML_TENSOR_SIZE
             parts.append((notes.RESERVED_TENSOR if data > 0 else notes.RESERVED_TENSOR_NO_DATA).format(

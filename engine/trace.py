@@ -16,6 +16,7 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
+import ast
 from bisect import bisect_right
 import hashlib
 import json
@@ -514,7 +515,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
-            note = notes.WROTE_DATA.format(fn=name, name=t.name, n=ggml_nbytes(t), addr=f"{t.data:#x}")
+            note = notes.WROTE_DATA.format(fn=name, name=self.tensor_words(t, name), n=ggml_nbytes(t),
+                                           addr=f"{t.data:#x}")
         elif name == "ggml_init" and isinstance(result, Context):
             note = (notes.INIT_NO_ALLOC if result.no_alloc else notes.INIT).format(
                 size=result.mem_size, addr=f"{result.base:#x}", id=result.id)
@@ -522,6 +524,20 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         step = self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
         self.after_backend_call(self.call_step if step is None else step.index)
+
+    def tensor_words(self, t: Tensor, fn: str) -> str:
+        """How a note names the tensor a call's first argument is: its name in quotes; when it
+        has none, the program's variable that held it (`a (unnamed)`), else `(unnamed)`."""
+        if t.name:
+            return f"'{t.name}'"
+        try:
+            calls = [n for n in ast.walk(ast.parse(self.source(self.line).strip()))
+                     if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == fn]
+        except SyntaxError:
+            calls = []
+        if calls and calls[0].args and isinstance(calls[0].args[0], ast.Name):
+            return f"{calls[0].args[0].id} {notes.UNNAMED}"
+        return notes.UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import PLAYGROUND_OFF, Jobs, Programs, Threads, Traces
 from app.i18n import _
-from app.jobs import Job, JobQueue, QueueFull
+from app.jobs import Job, JobQueue, QueueFull, busy
 from app.programs import MAX_PROGRAM, NotRecorded, ProgramStore, failed_trace
 from app.settings import MAX_THREADS
 from app.sandbox.check import ProgramRefused, Refusal, check_program
@@ -32,23 +32,20 @@ import numpy as np
 
 from engine.ggml import *
 
+# room for three tensors (struct and data), a graph, and ggml's alignment slack
+mem_size = 3 * (ggml_tensor_overhead() + 12 * 4) + ggml_graph_overhead() + 1024
+ctx = ggml_init(ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=False))
 
-def run(n_threads: int = 1) -> dict:
-    # room for three tensors (struct and data), a graph, and ggml's alignment slack
-    mem_size = 3 * (ggml_tensor_overhead() + 12 * 4) + ggml_graph_overhead() + 1024
-    ctx = ggml_init(ggml_init_params(mem_size=mem_size, mem_buffer=None, no_alloc=False))
+a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)
+ggml_set_name(a, "a")
+set_data(a, np.arange(12, dtype=np.float32).reshape(3, 4))
 
-    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)
-    ggml_set_name(a, "a")
-    set_data(a, np.arange(12, dtype=np.float32).reshape(3, 4))
+b = ggml_reshape_2d(ctx, a, 3, 4)  # try 5, 4: ggml's assertion names the rule
+c = ggml_add(ctx, b, b)
 
-    b = ggml_reshape_2d(ctx, a, 3, 4)  # try 5, 4: ggml's assertion names the rule
-    c = ggml_add(ctx, b, b)
-
-    gf = ggml_new_graph(ctx)
-    ggml_build_forward_expand(gf, c)
-    ggml_graph_compute_with_ctx(ctx, gf, n_threads)
-    return {"c": c}
+gf = ggml_new_graph(ctx)
+ggml_build_forward_expand(gf, c)
+ggml_graph_compute_with_ctx(ctx, gf, n_threads)  # n_threads: the count chosen beside Run
 '''
 
 
@@ -131,8 +128,8 @@ def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs:
     place = jobs.place(found)
     seconds = int(time.monotonic() - found.started) if found.started is not None and place == 0 else None
     return templates.TemplateResponse(request, "pages/recording.html", {
-        "digest": digest, "place": place, "seconds": seconds, "url": _run_url(digest, threads, step),
-        "limits": programs.limits}, status_code=202)
+        "what": None, "place": place, "seconds": seconds, "steps": 0, "url": _run_url(digest, threads, step),
+        "limits": programs.limits, "back": f"/playground?program={digest}"}, status_code=202)
 
 
 def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
@@ -149,7 +146,7 @@ def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jo
     if source is None:
         raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=digest))
 
-    def work() -> Trace:
+    def work(job: Job) -> Trace:
         try:
             return programs.record(source, threads)
         except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
@@ -159,10 +156,7 @@ def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jo
     try:
         return jobs.submit(("program", digest, threads), client, work)
     except QueueFull as e:
-        status, message = (429, _("You already have programs waiting to run; try again in {n} s.")) \
-            if str(e) == "client" else (503, _("Every worker is busy; try again in {n} s."))
-        raise HTTPException(status, message.format(n=e.retry_after),
-                            headers={"Retry-After": str(e.retry_after)}) from None
+        raise busy(e) from None
 
 
 def _steps_url(trace: Trace, digest: str, threads: int, step: int | None = None) -> str:

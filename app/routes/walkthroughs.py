@@ -3,16 +3,18 @@ graph drawn at a step as its own immutable SVG."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from app.deps import PLAYGROUND_OFF, FileHash, Programs, Store, Svgs, Threads, Traces
+from app.deps import PLAYGROUND_OFF, FileHash, Jobs, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
+from app.jobs import Job, Pending, QueueFull, busy
 from app.programs import NotRecorded, ProgramStore
 from app.store import UploadStore
-from app.traces import TraceBusy, TraceCache
+from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.nav import nav
@@ -20,6 +22,7 @@ from app.views.debugger.accountant import accounts
 from app.views.debugger.answer import answer_view
 from app.views.debugger.buffers import buffers
 from app.views.debugger.plan import plan_view
+from app.views.debugger.returned import returned
 from app.views.debugger.pool import pools
 from app.views.debugger.sched import sched_view
 from app.views.debugger.steps import search_results, steps_view
@@ -34,7 +37,7 @@ from app.views.debugger.where import Where, current_node, selected_tensor, tenso
 from app.web import templates
 from engine.programs import PROGRAMS
 from engine.tensor import Tensor
-from engine.trace import State, Step
+from engine.trace import State, Step, Trace
 
 router = APIRouter()
 IMMUTABLE = "public, max-age=31536000, immutable"
@@ -109,15 +112,18 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     return str(path)
 
 
-def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where):
-    """The trace `where` names: a walkthrough's, or a learner's program's (NotRecorded when no
-    trace of it is kept here: the handler queues its recording)."""
+def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where,
+           client: str) -> Trace:
+    """The trace `where` names. A walkthrough's, recorded as a job when no trace of it is kept
+    (Pending, with its recording page, when that takes more than a moment); a learner's program's
+    (NotRecorded when no trace of it is kept here: the handler queues its recording)."""
     if not where.is_program:
-        try:
-            return cache.trace(_program(where.name), where.threads,
-                               _input_file(store, where.name, where.file), where.prompt, where.then_ids)
-        except TraceBusy as e:
-            raise HTTPException(503, str(e), headers={"Retry-After": "10"}) from None
+        key = cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
+                        where.prompt, where.then_ids)
+        found = cache.walkthrough(key, client)
+        if isinstance(found, Job):
+            raise Pending(where.base + "/recording" + where.query(tensor=None) + f"&step={where.step}")
+        return found
     if programs is None:
         raise HTTPException(403, _(PLAYGROUND_OFF))
     trace = cache.program(where.name, where.threads or 1)
@@ -128,17 +134,23 @@ def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None,
     return trace
 
 
-def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None = None):
+def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None, client: str):
     """The trace, step and rebuilt state `where` names (404 outside the trace, 422 for bad
-    threads or inputs, or for a run that stops with an error)."""
+    threads or inputs, or for a run that stops with an error; 503/429 when no job can record it)."""
     try:
-        trace = _trace(cache, store, programs, where)
+        trace = _trace(cache, store, programs, where, client)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
+    except QueueFull as e:
+        raise busy(e) from None
     if not 0 <= where.step < len(trace.steps):
         raise HTTPException(404, _("'{name}' has steps 0 to {last}; there is no step {step}.").format(
             name=where.name, last=len(trace.steps) - 1, step=where.step))
     return trace, trace.steps[where.step], cache.state(trace, where.step)
+
+
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else "?"
 
 
 def _select(state: State, where: Where, step: Step) -> Tensor | None:
@@ -149,17 +161,17 @@ def _select(state: State, where: Where, step: Step) -> Tensor | None:
     return sel
 
 
-def step_model(cache: TraceCache, store: UploadStore, where: Where,
-               expand: str | None = None, programs: ProgramStore | None = None) -> dict[str, Any]:
+def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str | None = None,
+               programs: ProgramStore | None = None, client: str = "?") -> dict[str, Any]:
     """Every panel's view-model at one step."""
-    trace, step, state = _at(cache, store, where, programs)
+    trace, step, state = _at(cache, store, where, programs, client)
     sel = _select(state, where, step)
     graph = G.graph_view(state, where, current_node(state, step), sel, expand,
                          lambda nodes: sched_view(trace, step, state, nodes))
     return {
         "program": None if where.is_program else PROGRAMS[where.name], "where": where,
         "playground": programs is not None, "step": step, "expand": expand,
-        "nav": nav(trace, where), "source": source(trace, step),
+        "nav": nav(trace, where), "source": source(trace, step), "returned": returned(trace, step),
         "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
@@ -185,14 +197,15 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, program
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
     where = _where(request, name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then)
-    model = step_model(cache, store, where, expand, programs)
-    htmx = request.headers.get("HX-Request") == "true"
+    model = step_model(cache, store, where, expand, programs, client_of(request))
+    # (htmx restoring history after Back asks for the whole page)
+    htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     graph = model["graph"]
     model["graph_svg"] = svgs.get(graph.key, lambda: G.render_svg(graph.dot)) \
         if graph is not None and not htmx else None
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
-    response.headers["Vary"] = "HX-Request"
+    response.headers["Vary"] = "HX-Request, HX-History-Restore-Request"
     return response
 
 
@@ -206,7 +219,7 @@ def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, program
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def render() -> str:
         where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
-        trace, step, state = _at(cache, store, where, programs)
+        trace, step, state = _at(cache, store, where, programs, client_of(request))
         graph = G.graph_view(state, where, current_node(state, step),
                              _select(state, where, step), expand,
                              lambda nodes: sched_view(trace, step, state, nodes))
@@ -217,6 +230,54 @@ def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, program
 
     return Response(svgs.get(key, render), media_type="image/svg+xml",
                     headers={"Cache-Control": IMMUTABLE})
+
+
+@router.get("/walkthroughs/{name}/recording")
+def recording_page(request: Request, cache: Traces, store: Store, jobs: Jobs, name: str,
+                   step: Annotated[int, Query(ge=0)] = 0, threads: Threads = None, file: FileHash = None,
+                   prompt: Prompt = None, then: Then = None) -> Response:
+    """A walkthrough being recorded (a new prompt, a model file, a long training run): its place
+    in the queue or the steps recorded so far; the debugger at `step` once the trace is kept
+    (htmx polls this page)."""
+    where = _where(request, name, step, threads, file=file, prompt=_prompt(name, prompt), then=then)
+    try:
+        key = cache.key(name, where.threads, _input_file(store, name, where.file), where.prompt, where.then_ids)
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
+    found = cache.kept(key) or jobs.get(("walkthrough", key))
+    if found is None:
+        try:
+            found = cache.walkthrough(key, client_of(request))
+        except QueueFull as e:
+            raise busy(e) from None
+        except ValueError as e:
+            raise HTTPException(422, str(e)) from None
+    if not isinstance(found, Job):
+        url = where.url(step=min(step, len(found.steps) - 1))
+        if request.headers.get("HX-Request") == "true":
+            return Response(status_code=200, headers={"HX-Redirect": url})
+        return RedirectResponse(url, status_code=303)
+    place = jobs.place(found)
+    seconds = int(time.monotonic() - found.started) if found.started is not None and place == 0 else None
+    return templates.TemplateResponse(request, "pages/recording.html", {
+        "what": name, "place": place, "seconds": seconds, "steps": found.steps,
+        "url": str(request.url.path) + "?" + str(request.url.query), "limits": None, "back": None},
+        status_code=202)
+
+
+@router.get("/walkthroughs/{name}/steps/{n}/graph/find")
+@router.get("/programs/{name}/steps/{n}/graph/find")
+def graph_find(request: Request, cache: Traces, store: Store, programs: Programs, name: str, n: int,
+               q: Annotated[str, Query(min_length=1, max_length=200)], threads: Threads = None,
+               t: str | None = TensorKey, file: FileHash = None, prompt: Prompt = None,
+               then: Then = None) -> JSONResponse:
+    """Where the graph's search finds a tensor drawn inside a folded layer: the step's URL with
+    that layer opened ({"url": null} when no folded layer holds one)."""
+    where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
+    _, _, state = _at(cache, store, where, programs, client_of(request))
+    layer = G.find_layer(state, q)
+    url = None if layer is None else f"{where.base}/steps/{where.step}" + where.query(expand=layer)
+    return JSONResponse({"url": url, "layer": layer})
 
 
 @router.get("/walkthroughs/{name}/eval-callback.txt")
@@ -242,7 +303,7 @@ def search_page(request: Request, cache: Traces, store: Store, programs: Program
                 file: FileHash = None, prompt: Prompt = None, then: Then = None) -> HTMLResponse:
     """Steps whose call, note or tensor's name contains q: each a link to its step."""
     where = _where(request, name, 0, threads, None, file=file, prompt=_prompt(name, prompt), then=then)
-    trace, _, state = _at(cache, store, where, programs)
+    trace, _, state = _at(cache, store, where, programs, client_of(request))
     final = cache.state(trace, len(trace.steps) - 1)
     names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}
     results = search_results(trace, where, names, q)

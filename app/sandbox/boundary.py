@@ -44,8 +44,11 @@ import app
 import engine
 
 SCRATCH = "/scratch"  # the worker's working directory: a size-capped tmpfs
+DATA = "/data"  # the worker's data directory: the bundled model, read-only, if the server has it
 STARTUP_WALL = 10  # seconds a worker may take to start (besides the program's wall-clock limit)
 STDERR_KEPT = 8 << 10
+WORKER_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+               "runpy.run_module('app.sandbox.worker', run_name='__main__', alter_sys=True)")
 NOBODY = 65534
 CLONE_THREAD = 0x00010000
 
@@ -85,7 +88,8 @@ class Limits:
     memory: int = 3 << 30  # bytes of address space of the whole worker (numpy and the engine take ~1 GB)
     output: int = 64 << 10  # characters it may print
     steps: int = 5_000  # steps its trace may have
-    trace: int = 64 << 20  # bytes of the trace the worker sends (its patches' bytes and the rest)
+    trace: int = 320 << 20  # bytes of the trace the worker sends (its patches' bytes and the rest:
+    # a copy of the gemma3 walkthrough loads 246 MB of weights)
     pools: int = 1 << 30  # bytes of the memory pools and buffers the trace may rebuild
     file_size: int = 16 << 20  # bytes of any one file it writes in its scratch directory
     disk: int = 64 << 20  # bytes of its scratch directory (a tmpfs)
@@ -105,11 +109,16 @@ class Boundary:
     def confined(self) -> bool:
         return self.bwrap is not None
 
-    def command(self, limits: Limits) -> list[str]:
-        """The argv of one run (the worker reads its request on stdin)."""
-        worker = [sys.executable, "-I", "-m", "app.sandbox.worker"]
+    def command(self, limits: Limits, model: Path | None = None) -> list[str]:
+        """The argv of one run (the worker reads its request on stdin). `model`: the bundled
+        model's file, bound read-only where the worker's data directory (/data) has it."""
+        # the worker imports the very packages this server runs (first on its path), whatever
+        # the environment's import hooks would map `app` to
+        root = str(Path(os.path.abspath(app.__file__)).parent.parent)
+        worker = [sys.executable, "-I", "-c", WORKER_BOOT, root]
         if self.bwrap is None:
             return worker
+        env = worker_env()
         namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                       "--unshare-cgroup-try"]
         if self.drop_to is None:  # not root: an unprivileged user namespace is what allows the rest
@@ -133,10 +142,14 @@ class Boundary:
                     argv += ["--perms", "0755", "--dir", str(parent)]
                     made.add(parent)
             argv += ["--ro-bind", str(path), str(path)]
+        if model is not None and model.is_file():
+            argv += ["--perms", "0755", "--dir", DATA, "--perms", "0755", "--dir", f"{DATA}/models",
+                     "--ro-bind", str(model), f"{DATA}/models/{model.name}"]
+            env["GGML_LENS_DATA"] = DATA
         argv += ["--dev", "/dev", "--remount-ro", "/dev",
                  "--perms", "01777", "--size", str(limits.disk), "--tmpfs", SCRATCH,
                  "--remount-ro", "/", "--chdir", SCRATCH, "--hostname", "sandbox",
-                 "--clearenv", *(x for k, v in worker_env().items() for x in ("--setenv", k, v)),
+                 "--clearenv", *(x for k, v in env.items() for x in ("--setenv", k, v)),
                  "--", *worker]
         return argv
 
@@ -164,8 +177,10 @@ def read_only_paths() -> list[Path]:
     """What the worker must read besides /usr: the Python installation, the virtual environment
     and the two packages (an editable install keeps them outside the environment). Nothing else:
     not the data directory, not other learners' programs, not the uploads."""
-    paths = {Path(p).resolve() for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
-    paths |= {Path(engine.__file__).resolve().parent, Path(app.__file__).resolve().parent}
+    # (as the worker will name them: a virtual environment that is a symlink is bound where
+    # the symlink is, since Python finds its pyvenv.cfg beside the path it was started by)
+    paths = {Path(os.path.abspath(p)) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    paths |= {Path(os.path.abspath(m.__file__)).parent for m in (engine, app)}
     paths = {p for p in paths if not (p == Path("/usr") or Path("/usr") in p.parents)}
     # a path inside another is bound with it
     return sorted(p for p in paths if not any(q in p.parents for q in paths))
@@ -238,22 +253,25 @@ def probe(b: Boundary) -> None:
         raise BoundaryMissing(f"the sandbox could not be set up on this machine: {why[:500]}")
 
 
-def start_worker(b: Boundary, limits: Limits, request: dict) -> tuple[bytes, bytes, int, bool]:
+def start_worker(b: Boundary, limits: Limits, request: dict,
+                 model: Path | None = None) -> tuple[bytes, bytes, int, bool]:
     """Run one worker to its end: (stdout, at most limits.trace + 1 bytes of it; the head of
     stderr; the exit status; whether the wall-clock limit stopped it)."""
     request = {**request, "seccomp": base64.b64encode(b.bpf).decode(), "seccomp_nr": b.seccomp_nr,
                "drop_to": b.drop_to}
     scratch = None if b.confined else tempfile.mkdtemp(prefix="ggml-lens-program-")
     try:
-        return _communicate(b, limits, request, scratch)
+        return _communicate(b, limits, request, scratch, model)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None):
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if b.confined else worker_env()
-    proc = subprocess.Popen(b.command(limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None, model: Path | None):
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    if not b.confined:
+        env = worker_env() | ({"GGML_LENS_DATA": str(model.parent.parent)} if model is not None else {})
+    proc = subprocess.Popen(b.command(limits, model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=b.preexec(limits), start_new_session=True,
                             close_fds=True, env=env, cwd=scratch or "/")
     out: list[bytes] = []

@@ -1,10 +1,12 @@
 """The first gate a learner's program passes: read, never run.
 
-A program is parsed, then its syntax tree is walked: only the ggml facades, numpy and math may be
-imported, and names and attributes that lead to the interpreter's internals (any `_`-prefixed
-attribute, `open`, `eval`, `getattr`, frame and code attributes, numpy's file and pointer
-functions, `str.format`'s attribute lookups) are refused, each with its line and a sentence saying
-what is allowed. The worker (app/sandbox/worker.py) enforces the same rules again at run time.
+A program is parsed, then its syntax tree is walked: only the ggml facades, engine.resources,
+the model builders and walkthroughs, numpy and math may be imported, and names and attributes
+that lead to the interpreter's internals (any `_`-prefixed attribute, `eval`, `getattr`, frame
+and code attributes, numpy's pickle, memory-map and pointer functions, `str.format`'s attribute
+lookups) are refused, each with its line and a sentence saying what is allowed. The worker
+(app/sandbox/worker.py) enforces the same rules again at run time. Neither is the boundary: the
+kernel is (boundary.py); these explain early, at the line, what a program here is for.
 """
 
 from __future__ import annotations
@@ -12,14 +14,21 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-# what a program may import, and the names each gives (None: the module's public names)
+# what a program may import: the headers' facades, C's float functions (sinf, expf, …), the doors
+# to files (engine.resources), the simulated second device, numpy and math; and the model
+# builders, tokenizers and walkthroughs, by prefix
 FACADES = ("engine.ggml", "engine.ggml_alloc", "engine.ggml_backend", "engine.ggml_cpu", "engine.ggml_opt",
-           "engine.libm")  # the headers' facades, and C's float functions (sinf, expf, …)
+           "engine.libm", "engine.resources", "engine.backend.accel")
 MODULES = (*FACADES, "numpy", "math")
+PREFIXES = ("engine.models.", "engine.programs.")
+
+
+def importable(name: str | None) -> bool:
+    return name is not None and (name in MODULES or name.startswith(PREFIXES))
 
 # builtins that reach the interpreter, the file system or the terminal
 REFUSED_NAMES = frozenset({
-    "open", "eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "hasattr",
+    "eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "hasattr",
     "globals", "locals", "vars", "dir", "breakpoint", "input", "help", "exit", "quit", "memoryview",
     "copyright", "credits", "license", "classmethod", "staticmethod", "property", "super", "type",
     "object",
@@ -33,9 +42,9 @@ REFUSED_ATTRIBUTES = frozenset({
     # string formatting that looks attributes up by name ("{0.__class__}".format(x))
     "format", "format_map",
     # numpy: raw pointers, pickles, files, memory maps, compiled code
-    "ctypes", "ctypeslib", "tofile", "fromfile", "dump", "dumps", "load", "loads", "save", "savez",
+    "ctypes", "ctypeslib", "tofile", "dump", "dumps", "load", "loads", "save", "savez",
     "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "memmap", "open_memmap", "lib", "f2py",
-    "distutils", "testing", "DataSource", "fromregex", "frombuffer", "from_dlpack",
+    "distutils", "testing", "DataSource", "fromregex", "from_dlpack",
 })
 
 
@@ -58,11 +67,12 @@ class ProgramRefused(Exception):
         super().__init__(str(refusal))
 
 
-ALLOWED = ("a program may import only " + ", ".join(MODULES) + " (as the walkthroughs do: "
+ALLOWED = ("a program may import only " + ", ".join(MODULES) + ", engine.models.* and engine.programs.* "
+           "(as the walkthroughs do: "
            "`from engine.ggml import *`, `import numpy as np`, `import math`), and may not use "
-           "names or attributes that start with `_`, nor open, eval, exec, compile, getattr and the "
-           "other builtins that reach the interpreter; numpy's file, pickle and pointer functions "
-           "are refused too")
+           "names or attributes that start with `_`, nor eval, exec, compile, getattr and the "
+           "other builtins that reach the interpreter; numpy's pickle, memory-map and pointer "
+           "functions are refused too")
 
 
 def check_program(source: str) -> ast.Module:
@@ -78,11 +88,14 @@ def check_program(source: str) -> ast.Module:
     if refused:  # the first in reading order (in a chain a.b.c: a.b before .c)
         (line, column, _), why = min(refused, key=lambda r: r[0])
         raise ProgramRefused(Refusal(line, column, f"{why}; {ALLOWED}"))
-    if not any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):
-        raise ProgramRefused(Refusal(1, 0, "the program defines no `run(n_threads)` function: like "
-                                           "a walkthrough, it is a module whose run(n_threads) the "
-                                           "debugger calls"))
     return tree
+
+
+def is_module(tree: ast.Module) -> bool:
+    """A module whose run(n_threads) the debugger calls, like a walkthrough; else a script, whose
+    statements are the program (it reads `n_threads`; the tensors it leaves in its variables are
+    its outputs)."""
+    return any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body)
 
 
 def _where(node: ast.AST) -> tuple[int, int, int]:
@@ -93,16 +106,16 @@ def _where(node: ast.AST) -> tuple[int, int, int]:
 def _why_refused(node: ast.AST) -> str | None:
     if isinstance(node, ast.Import):
         for alias in node.names:
-            if alias.name not in MODULES:
+            if not importable(alias.name):
                 return f"`import {alias.name}` is refused"
     elif isinstance(node, ast.ImportFrom):
-        if node.level or node.module not in MODULES:
+        if node.level or not importable(node.module):
             return f"`from {'.' * node.level}{node.module or ''} import …` is refused"
         for alias in node.names:
             if alias.name.startswith("_"):
                 return f"importing `{alias.name}` is refused"
     elif isinstance(node, ast.Name):
-        if node.id.startswith("_"):
+        if node.id.startswith("_") and node.id != "_":  # (a lone `_` is a name for what is not used)
             return f"the name `{node.id}` is refused (names starting with `_` reach the interpreter)"
         if node.id in REFUSED_NAMES:
             return f"`{node.id}` is refused"

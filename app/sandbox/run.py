@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import asdict
+from pathlib import Path
 
 from app.sandbox.boundary import BoundaryMissing, Limits, boundary, start_worker
 from app.sandbox.check import check_program
@@ -25,15 +26,16 @@ class ProgramFailed(Exception):
 
 
 def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool = True,
-                unconfined: bool = False) -> Trace:
+                unconfined: bool = False, model: Path | None = None) -> Trace:
     """The program's trace (ProgramRefused before running, ProgramFailed if no trace came back,
     BoundaryMissing if the kernel boundary cannot be set up). `gate=False` turns off the check
-    and the worker's Python gate: the sandbox's tests show the boundary holds without them."""
+    and the worker's Python gate: the sandbox's tests show the boundary holds without them.
+    `model`: the bundled model's file, which the worker may read (a copy of the gemma3 walkthrough)."""
     if gate:
         check_program(source)
     b = boundary(unconfined)
     out, _, code, timed_out = start_worker(b, limits, {"source": source, "threads": threads,
-                                                       "limits": asdict(limits), "gate": gate})
+                                                       "limits": asdict(limits), "gate": gate}, model)
     if timed_out:
         raise ProgramFailed(f"the program ran longer than {limits.wall} s and was stopped")
     if len(out) > limits.trace:

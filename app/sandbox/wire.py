@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -34,9 +34,11 @@ from engine.steps import Patch, Step
 from engine.trace import Trace
 
 MAGIC = b"GGML-LENS-RESULT/1\n"
-HEAD_LIMIT = 16 << 20  # bytes of the head (decoded, its records take at most ~10x that)
+HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB; decoded, ~20x at most)
 OUTPUT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
 MAX_OUTPUT_ELEMENTS = 1 << 20
+# counts msgspec checks as it reads each container's header, before it makes the container
+MAX_STEPS, MAX_PATCHES, MAX_OUTPUTS, MAX_ITEMS = 100_000, 1 << 16, 64, 1 << 16
 
 
 class MalformedResult(Exception):
@@ -51,6 +53,18 @@ class Array(msgspec.Struct, tag="array", frozen=True):
     dtype: str
     shape: tuple[int, ...]
     data: bytes
+
+
+Plain = int | float | str | bool | None
+
+
+class Items(msgspec.Struct, tag="items", frozen=True):
+    """A list (or tuple) of numbers and strings, or of tuples of them (a model's top tokens)."""
+    values: Annotated[list[Plain | tuple[Plain, ...]], msgspec.Meta(max_length=MAX_ITEMS)]
+    is_tuple: bool = False
+
+
+Output = Scalar | Array | Items
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,9 +83,12 @@ class Head:
     n_threads: int = 1
     error: str | None = None
     printed: str = ""
-    outputs: dict[str, Scalar | Array] = dataclasses.field(default_factory=dict)
-    steps: list[Step] = dataclasses.field(default_factory=list)  # their patches empty
-    patches: list[list[PatchRef]] = dataclasses.field(default_factory=list)  # per step
+    outputs: Annotated[dict[str, Output], msgspec.Meta(max_length=MAX_OUTPUTS)] = \
+        dataclasses.field(default_factory=dict)
+    steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_STEPS)] = \
+        dataclasses.field(default_factory=list)  # their patches empty
+    patches: Annotated[list[Annotated[list[PatchRef], msgspec.Meta(max_length=MAX_PATCHES)]],
+                       msgspec.Meta(max_length=MAX_STEPS)] = dataclasses.field(default_factory=list)  # per step
 
 
 _HEAD = msgspec.msgpack.Decoder(Head)
@@ -96,7 +113,7 @@ def encode_trace(trace: Trace) -> bytes:
     return _frame(head, blobs)
 
 
-def _output(name: Any, v: Any) -> Scalar | Array:
+def _output(name: Any, v: Any) -> Output:
     if v is None or isinstance(v, (bool, int, float, str)):
         return Scalar(v)
     if isinstance(v, (np.generic,)):
@@ -105,10 +122,16 @@ def _output(name: Any, v: Any) -> Scalar | Array:
         a = np.asarray(v)
     except ValueError:
         a = None
-    if a is None or a.dtype.name not in OUTPUT_DTYPES:
-        raise TypeError(f"the output {name!r} is a {type(v).__name__}: a program's outputs are tensors, "
-                        f"arrays, numbers and strings")
-    return Array(a.dtype.name, tuple(a.shape), a.tobytes())
+    if a is not None and a.dtype.name in OUTPUT_DTYPES:
+        return Array(a.dtype.name, tuple(a.shape), a.tobytes())
+    if isinstance(v, (list, tuple)) and all(_plain(x) or isinstance(x, tuple) and all(map(_plain, x)) for x in v):
+        return Items(list(v), isinstance(v, tuple))
+    raise TypeError(f"the output {name!r} is a {type(v).__name__}: a program's outputs are tensors, "
+                    f"arrays, numbers, strings and lists of them")
+
+
+def _plain(x: Any) -> bool:
+    return x is None or isinstance(x, (bool, int, float, str))
 
 
 def _frame(head: Head, blobs: list[bytes]) -> bytes:
@@ -206,9 +229,11 @@ def _references(s: Step):
             yield (*t, GGML_TENSOR_SIZE)
 
 
-def _value(name: str, v: Scalar | Array) -> Any:
+def _value(name: str, v: Output) -> Any:
     if isinstance(v, Scalar):
         return v.value
+    if isinstance(v, Items):
+        return tuple(v.values) if v.is_tuple else v.values
     if v.dtype not in OUTPUT_DTYPES or len(v.shape) > 8 or any(n < 0 for n in v.shape):
         raise MalformedResult(f"the output {name!r} has a dtype or shape no output has")
     n = math.prod(v.shape)

@@ -41,9 +41,11 @@ from pathlib import Path
 import numpy as np
 
 import engine
-from app.sandbox.check import FACADES, REFUSED_ATTRIBUTES, REFUSED_NAMES, check_program
+from app.sandbox.check import REFUSED_ATTRIBUTES, REFUSED_NAMES, check_program, importable, is_module
 from app.sandbox.wire import encode_failure, encode_trace
 from engine.errors import ProgramStopped
+from engine.models import bundled
+from engine.tensor import Tensor
 
 PROGRAM_FILE = "program.py"
 NUMPY_SUBMODULES = ("random", "linalg", "fft")
@@ -83,12 +85,12 @@ class BoundedText(io.TextIOBase):
         return "".join(self.parts)
 
 
-def preload() -> None:
-    """Import the engine's modules now (not the walkthroughs or models, which read files and
-    other packages), so nothing the program calls imports later."""
+def preload() -> list[str]:
+    """Import the engine's modules now, so nothing the program calls imports later; the names
+    of those a program may import."""
     for info in pkgutil.walk_packages(engine.__path__, "engine."):
-        if not info.name.startswith(("engine.programs", "engine.models")):
-            importlib.import_module(info.name)
+        importlib.import_module(info.name)
+    return [name for name in sys.modules if importable(name)]
 
 
 def restricted_module(name: str) -> types.ModuleType:
@@ -135,7 +137,8 @@ def close_the_gate(scratch: Path) -> None:
     """Install the audit hook: from here on, the process may touch only its scratch directory."""
     scratch = scratch.resolve()
     readable = tuple({Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                   Path(engine.__file__).parent, Path(np.__file__).parent)})
+                                                   Path(engine.__file__).parent, Path(np.__file__).parent,
+                                                   bundled.model_path(bundled.data_dir()).parent)})
 
     def inside(path, roots) -> bool:
         if isinstance(path, int):  # an already open descriptor
@@ -236,18 +239,24 @@ def main() -> None:
     path = scratch / PROGRAM_FILE
     path.write_text(source, encoding="utf-8")
     code = compile(tree, str(path), "exec")
-    preload()
+    allowed = preload()
     from engine.trace import record
 
     if gate:
-        modules = {name: restricted_module(name) for name in (*FACADES, "numpy", "math")}
+        modules = {name: restricted_module(name) for name in allowed}
         namespace = {"__name__": "program", "__builtins__": restricted_builtins(modules)}
     else:
         namespace = {"__name__": "program"}
 
+    module = is_module(tree)
+
     def program(n_threads: int) -> dict:
+        namespace["n_threads"] = n_threads  # what a script reads
         exec(code, namespace)  # noqa: S102 - the checked program, under the gate
-        return namespace["run"](n_threads=n_threads)
+        if module:
+            return namespace["run"](n_threads=n_threads)
+        return {name: v for name, v in namespace.items()  # a script's outputs: its tensors with data
+                if isinstance(v, Tensor) and not name.startswith("_") and v.data}
 
     signal.signal(signal.SIGXCPU, stop_with(f"the program used more than {limits['cpu']} s of CPU time"))
     signal.signal(signal.SIGALRM, stop_with(f"the program ran longer than {limits['wall']} s"))

@@ -89,7 +89,7 @@
     find(document.querySelector("#graph .dagfind"), false);
   }
 
-  function find(input, move) {
+  function find(input, move, open) {  // open: look in the folded layers too (Enter)
     const svg = svgOf(), out = document.querySelector("#graph .dagfound");
     if (!svg || !input) return;
     svg.querySelectorAll("g.node.found").forEach((g) => g.classList.remove("found"));
@@ -101,7 +101,30 @@
     if (move && hits.length) {
       input.__next = ((input.__next ?? -1) + 1) % hits.length;
       centre(svg, hits[input.__next].id, false);
-    }
+    } else if (open && !hits.length && document.querySelector("#graph .layers")) openLayerOf(q);
+  }
+
+  // Nothing drawn matches, but the graph has folded layers: ask which one holds a match, open
+  // it, and search again in the new drawing (the search box keeps the words across the swap).
+  let pending = null, opened = null;
+  function openLayerOf(q) {
+    const graph = document.querySelector("#graph");
+    const url = graph && graph.dataset.find;
+    if (!url || pending === q || opened === q) return;  // (asked already, or opened and still none)
+    pending = q;
+    fetch(`${url}${url.includes("?") ? "&" : "?"}q=${encodeURIComponent(q)}`)
+      .then((r) => (r.ok ? r.json() : {url: null}))
+      .then((found) => {
+        if (found.url && pending === q) htmx.ajax("GET", found.url, {target: "#debugger", swap: "outerHTML"});
+        else pending = null;
+      })
+      .catch(() => { pending = null; });
+  }
+
+  function searchAgain() {  // after the swap that opened the layer, once its drawing is in
+    if (pending === null || !svgOf()) return;
+    const input = document.querySelector("#graph .dagfind");
+    if (input) { input.value = opened = pending; input.__next = -1; pending = null; find(input, true); }
   }
 
   document.addEventListener("click", (ev) => {
@@ -112,10 +135,10 @@
       current: () => centre(svg, document.querySelector("#graph").dataset.current, false)})[b.dataset.dag]();
   });
   document.addEventListener("input", (ev) => {
-    if (ev.target.matches("#graph .dagfind")) { ev.target.__next = -1; find(ev.target, true); }
+    if (ev.target.matches("#graph .dagfind")) { ev.target.__next = -1; opened = null; find(ev.target, true); }
   });
   document.addEventListener("keydown", (ev) => {  // Enter: the next match
-    if (ev.key === "Enter" && ev.target.matches("#graph .dagfind")) { ev.preventDefault(); find(ev.target, true); }
+    if (ev.key === "Enter" && ev.target.matches("#graph .dagfind")) { ev.preventDefault(); find(ev.target, true, true); }
   });
   document.addEventListener("wheel", (ev) => {
     const svg = ev.target.closest && ev.target.closest("#graph .dag > svg");
@@ -153,5 +176,6 @@
   document.addEventListener("DOMContentLoaded", prepare);
   document.addEventListener("htmx:afterSwap", prepare);  // before the URL is pushed: no flicker
   document.addEventListener("htmx:afterSettle", prepare);
+  document.addEventListener("htmx:afterSettle", searchAgain);
   window.lensDag = {svgOf, box, full};  // for the browser tests
 })();

@@ -1,9 +1,11 @@
-// The few things htmx cannot do: keys, the step scrubber, keeping the current line in view.
+// The few things htmx cannot do: keys and clicks on the step buttons, the step scrubber, the
+// address bar and title following the step shown, keeping the current line in view.
 
-// Every key press counts. Arrow keys move a target step: presses that arrive while a step is
-// loading move the target further, and when the swap lands the debugger goes straight to it (a
-// held key scrubs). Other keys (next call, next node, layer jumps) are queued and replayed in
-// order, each from the step the one before it reached.
+// Every key press and every click on a step button counts. Arrow keys (and the previous and
+// next step buttons) move a target step: presses that arrive while a step is loading move the
+// target further, and when the swap lands the debugger goes straight to it (a held key scrubs).
+// Other keys and buttons (next call, next node, layer jumps) are queued and replayed in order,
+// each from the step the one before it reached.
 const keys = {busy: false, target: null, queue: []};
 
 function currentStep() {
@@ -19,7 +21,6 @@ function stepUrl(k) {  // the arrow buttons' link with the step number changed (
 function go(url) {
   keys.busy = true;
   htmx.ajax("GET", url, {target: "#debugger", swap: "outerHTML"})
-    .then(() => history.pushState({}, "", url))
     .finally(() => { keys.busy = false; pump(); });
 }
 
@@ -35,21 +36,51 @@ function pump() {
   }
 }
 
+function press(key) {  // true if the key is a step key (then it is queued)
+  const cur = currentStep();
+  if (cur && (key === "ArrowRight" || key === "ArrowLeft")) {
+    const from = keys.target !== null ? keys.target : cur.index;
+    keys.target = Math.min(cur.max, Math.max(0, from + (key === "ArrowRight" ? 1 : -1)));
+    pump();
+    return true;
+  }
+  if (document.querySelector(`#stepnav a[data-key="${key}"], #steps a[data-key="${key}"]`)) {
+    keys.queue.push(key);
+    pump();
+    return true;
+  }
+  return false;
+}
+
 document.addEventListener("keydown", (ev) => {
   if (ev.target.closest("input, select, textarea") || ev.altKey || ev.ctrlKey || ev.metaKey) return;
-  const cur = currentStep();
-  if (cur && (ev.key === "ArrowRight" || ev.key === "ArrowLeft")) {
-    ev.preventDefault();
-    const from = keys.target !== null ? keys.target : cur.index;
-    keys.target = Math.min(cur.max, Math.max(0, from + (ev.key === "ArrowRight" ? 1 : -1)));
-    return pump();
-  }
-  if (document.querySelector(`#stepnav a[data-key="${ev.key}"], #steps a[data-key="${ev.key}"]`)) {
-    ev.preventDefault();
-    keys.queue.push(ev.key);
-    pump();
-  }
+  if (press(ev.key)) ev.preventDefault();
 });
+
+// A click on a step button is its key: captured before htmx's boost sees it, so a click while
+// the page is loading is not lost (the button still on screen is the step before).
+document.addEventListener("click", (ev) => {
+  const btn = ev.target.closest('#stepnav a[data-key], #steps a[data-key]');
+  if (!btn || ev.button !== 0 || ev.ctrlKey || ev.metaKey || ev.shiftKey || ev.altKey) return;
+  ev.preventDefault();
+  ev.stopImmediatePropagation();
+  if (!btn.hasAttribute("aria-disabled") || keys.busy) press(btn.dataset.key);
+}, true);
+
+// The address bar and the title are the step shown, whatever showed it (a key, a button, the
+// scrubber, a link in the steps list, a tensor link): a new history entry when the step changed,
+// the same entry when only the selection in it did. Back and forward are htmx's history.
+function followStep() {
+  const root = document.getElementById("debugger");
+  if (!root || !root.dataset.url) return;
+  const url = new URL(root.dataset.url, location.href);
+  if (url.pathname + url.search !== location.pathname + location.search) {
+    if (url.pathname === location.pathname) history.replaceState(history.state, "", url);
+    else history.pushState({htmx: true}, "", url);
+  }
+  if (root.dataset.title) document.title = root.dataset.title;
+}
+document.addEventListener("htmx:afterSettle", followStep);
 
 document.addEventListener("change", (ev) => {
   const r = ev.target.closest("#stepnav input[type=range]");

@@ -42,6 +42,17 @@ def visible_text(s: str, limit: int = SHOW_CHARS) -> str:
     return s if len(s) <= limit else s[:limit] + "…"
 
 
+WHITESPACE = {" ": "␠", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+
+
+def token_text(piece: str) -> str:
+    """A token's piece as a chip shows it: spaces, newlines and tabs as visible signs (␠ ⏎ ⇥),
+    other control characters escaped, an empty piece as ∅; special tokens (<bos>) as they are."""
+    if not piece:
+        return "∅"
+    return visible_text("".join(WHITESPACE.get(c, c) for c in piece))
+
+
 def shape_text(ne: tuple[int, ...]) -> str:
     """(4096, 32000) -> '[4,096, 32,000]'."""
     return "[" + ", ".join(f"{x:,}" for x in ne) + "]"

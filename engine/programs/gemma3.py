@@ -19,11 +19,11 @@ import math
 
 import numpy as np
 
-from engine import libm
+import engine.libm as libm
 from engine.ggml import *  # noqa: F403
-from engine.models import bundled
 from engine.models.common import ModelMeta
 from engine.models.spm import SentencePiece
+from engine.resources import bundled_model_path
 
 PROMPT = "The capital of France is"
 N_CELLS = 256  # the KV cache: llama.cpp pads the cells attention reads to 256
@@ -41,7 +41,7 @@ def tokenizer(path: str) -> SentencePiece:
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         then: tuple[int, ...] = ()) -> dict:
-    path = str(path or bundled.require(bundled.data_dir()))  # the bundled model by default
+    path = path or bundled_model_path()  # the bundled model by default
     vocab = tokenizer(path)
     ids = vocab.encode(prompt)  # <bos> and the prompt's pieces
     if not 1 <= len(ids) + len(then) <= N_CELLS:

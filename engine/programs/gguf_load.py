@@ -7,18 +7,14 @@ runs inside gguf_init_from_file, written out here so each one is a step; the las
 at once in a second context, for comparison.
 """
 
-from pathlib import Path
-
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
-from engine.programs import FIXTURES_DIR
-
-FIXTURE = FIXTURES_DIR / "minilm-q8_0.gguf"
+from engine.resources import fixture_path
 
 
 def run(n_threads: int = 1, path: str | None = None) -> dict:
-    path = str(path or FIXTURE)
+    path = path or fixture_path("minilm-q8_0.gguf")
     gguf = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=False))  # metadata only
     n_tensors = gguf_get_n_tensors(gguf)
     data_size = sum(GGML_PAD(gguf_get_tensor_size(gguf, i), gguf_get_alignment(gguf))
@@ -29,8 +25,10 @@ def run(n_threads: int = 1, path: str | None = None) -> dict:
 
     blob = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, data_size)
     ggml_set_name(blob, "GGUF tensor data binary blob")
-    raw = np.fromfile(path, dtype=np.int8, count=data_size, offset=gguf_get_data_offset(gguf))
-    set_data(blob, raw)  # fread(blob->data, 1, data_size, file)
+    with open(path, "rb") as f:  # fseek to the data section, then fread(blob->data, 1, data_size, file)
+        f.seek(gguf_get_data_offset(gguf))
+        raw = np.frombuffer(f.read(data_size), dtype=np.int8)
+    set_data(blob, raw)
 
     ggml_set_no_alloc(ctx, True)  # the tensors below get only their struct: data is in the blob
     for i in range(n_tensors):

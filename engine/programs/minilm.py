@@ -14,17 +14,14 @@ copied in, the CPU backend computes the graph, and the embedding is copied out.
 engine/models/bert.py builds the same graph for any BERT GGUF.
 """
 
-from pathlib import Path
-
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
 from engine.ggml_alloc import *  # noqa: F403 - ggml-alloc.h
 from engine.ggml_backend import *  # noqa: F403 - and ggml-backend.h
 from engine.models.tokenizer import WordPiece
-from engine.programs import FIXTURES_DIR
+from engine.resources import fixture_path
 
-FIXTURE = FIXTURES_DIR / "minilm-q8_0.gguf"
 TEXT = "ggml is a tensor library for machine learning."
 
 
@@ -42,7 +39,7 @@ def cb(t, name: str, il: int):
 
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = TEXT) -> dict:
-    path = str(path or FIXTURE)
+    path = path or fixture_path("minilm-q8_0.gguf")
     ids = token_ids(path, prompt)
     n = len(ids)
 

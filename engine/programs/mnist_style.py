@@ -6,12 +6,10 @@ tensors pointing into it); a second context holds the input and the graph; its n
 across contexts.
 """
 
-import os
-import tempfile
-
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
+from engine.resources import scratch_path
 
 
 def write_model(path: str) -> None:
@@ -32,7 +30,7 @@ def write_model(path: str) -> None:
 
 
 def run(n_threads: int = 1) -> dict:
-    path = os.path.join(tempfile.mkdtemp(prefix="ggml-lens-"), "mnist-fc.gguf")
+    path = scratch_path("mnist-fc.gguf")
     write_model(path)
 
     # the weights context: made by gguf_init_from_file (in C, through params.ctx)

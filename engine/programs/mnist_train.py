@@ -15,12 +15,12 @@ on 250 digits the network never saw, and some of them with what it read.
 """
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from engine.ggml import *  # noqa: F403 - ggml.h
 from engine.ggml_alloc import *  # noqa: F403 - ggml-alloc.h
 from engine.ggml_backend import *  # noqa: F403 - ggml-backend.h
 from engine.ggml_opt import *  # noqa: F403 - ggml-opt.h
+from engine.resources import load_digits
 
 NINPUT, NHIDDEN, NCLASSES = 64, 32, 10
 NTRAIN, NTEST = 1500, 250  # of the 1,797 digits, in a fixed shuffled order
@@ -31,10 +31,10 @@ NEPOCH = 20
 
 def load_data():
     """The digits as ggml-opt wants them: pixels 0..1, labels one-hot."""
-    digits = load_digits()
-    order = np.random.default_rng(0).permutation(len(digits.target))
-    images = (digits.data[order] / 16.0).astype(np.float32)
-    labels = np.eye(NCLASSES, dtype=np.float32)[digits.target[order]]
+    pixels, target = load_digits()
+    order = np.random.default_rng(0).permutation(len(target))
+    images = (pixels[order] / 16.0).astype(np.float32)
+    labels = np.eye(NCLASSES, dtype=np.float32)[target[order]]
     return images, labels
 
 

@@ -8,15 +8,13 @@ node, cuts the graph into splits, and copies each split's inputs across; a learn
 pass colour the graph, each split, and each copy. The tokens it generates equal tiny-llama's.
 """
 
-import os
-import tempfile
-
 import numpy as np
 
 from engine.backend.accel import ggml_backend_accel_init
 from engine.ggml import *  # noqa: F403
 from engine.ggml_alloc import *  # noqa: F403
 from engine.ggml_backend import *  # noqa: F403
+from engine.resources import scratch_path
 from engine.programs.tiny_llama import (HEAD_DIM, N_CTX, N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_NEW, PROMPT,
                                         write_model)
 
@@ -50,7 +48,7 @@ def load_weights(path, gpu, cpu):
 
 
 def run(n_threads: int = 1) -> dict:
-    path = os.path.join(tempfile.mkdtemp(prefix="ggml-lens-"), "tiny-llama.gguf")
+    path = scratch_path("tiny-llama.gguf")
     write_model(path)
     gpu = ggml_backend_accel_init("GPU0")
     cpu = ggml_backend_cpu_init()

@@ -12,14 +12,12 @@ prompt goes through in one pass; each generated token then goes through alone, r
 engine/models/llama.py builds the same graph for any LLaMA GGUF.
 """
 
-import os
-import tempfile
-
 import numpy as np
 
 from engine.ggml import *  # noqa: F403
 from engine.ggml_alloc import *  # noqa: F403 - ggml-alloc.h
 from engine.ggml_backend import *  # noqa: F403 - and ggml-backend.h
+from engine.resources import scratch_path
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_CTX = 64, 64, 4, 2, 128, 2, 32
 HEAD_DIM = N_EMBD // N_HEAD  # 16
@@ -72,7 +70,7 @@ def write_model(path: str) -> None:
 
 
 def run(n_threads: int = 1) -> dict:
-    path = os.path.join(tempfile.mkdtemp(prefix="ggml-lens-"), "tiny-llama.gguf")
+    path = scratch_path("tiny-llama.gguf")
     write_model(path)
     backend = ggml_backend_cpu_init()
     ggml_backend_cpu_set_n_threads(backend, n_threads)

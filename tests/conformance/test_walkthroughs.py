@@ -61,7 +61,9 @@ def test_gguf_load_builds_the_context_ggml_builds():
 
     import ggml as real
 
-    from engine.programs.gguf_load import FIXTURE
+    from engine.resources import fixture_path
+
+    FIXTURE = fixture_path("minilm-q8_0.gguf")
 
     trace = trace_program("gguf-load")
     assert trace.error is None, trace.error

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from app.i18n import _
 from app.views.debugger.where import Where
+from app.views.format import token_text
 from engine.programs import PROGRAMS
 from engine.trace import Trace
 
@@ -45,14 +46,15 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
         top = trace.outputs.get(f"top10_{k}") or []
         label = _("after the prompt") if k == 0 else _("after {token}").format(token=repr(appended[-1]))
         passes.append(Pass(label, [
-            Candidate(int(t), str(text), float(p), _start(where, [*then, int(t)]))
+            Candidate(int(t), token_text(str(text)), float(p), _start(where, [*then, int(t)]))
             for t, text, p in top]))
         if k < len(then):
-            appended.append(next((str(x) for t, x, _ in top if int(t) == then[k]), str(then[k])))
+            appended.append(token_text(next((str(x) for t, x, _ in top if int(t) == then[k]), str(then[k]))))
     back = None
     if then:
         back = _start(where, then[:-1])
-    return AnswerView(where.prompt or PROGRAMS[where.name].prompt, PROGRAMS[where.name].prompt, list(trace.outputs["prompt_tokens"]),
+    return AnswerView(where.prompt or PROGRAMS[where.name].prompt, PROGRAMS[where.name].prompt,
+                      [token_text(str(t)) for t in trace.outputs["prompt_tokens"]],
                       appended, passes, back)
 
 

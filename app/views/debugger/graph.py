@@ -56,6 +56,19 @@ def _attr(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def find_layer(state: State, query: str) -> str | None:
+    """The folded layer of the newest graph that holds a tensor whose name contains `query`
+    (None: no folded layer does), so a search can open it."""
+    graphs = state.graphs()
+    if not graphs or graphs[-1].n_nodes <= FOLD_OVER:
+        return None
+    g = graphs[-1]
+    layers = _DRAWINGS.get(("layers", ggml_graph_digest(g)), lambda: (_layers(g), backward_nodes(g)))[0]
+    q = query.strip().lower()
+    return next((layers[t.address] for t in g.leafs + g.nodes
+                 if t.address in layers and q in t.name.lower()), None)
+
+
 def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
                expand: str | None = None, sched_of=None) -> GraphView | None:
     """The newest graph, every tensor a link that selects it.

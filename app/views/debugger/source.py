@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.steps import MANY_OBJECTS, ObjectAdded
 from engine.trace import FieldWrite, Step, StepKind, Trace
 
 
@@ -23,6 +24,7 @@ class Source:
     parent_call: str | None  # the call a visit or node step belongs to
     error: bool  # the step is the error (or the limit) that stopped the program, at its line
     printed: str  # what the program printed (a learner's program)
+    objects: list[ObjectAdded]  # the objects a step made, when its note sums up many
 
 
 def source(trace: Trace, step: Step) -> Source:
@@ -30,4 +32,5 @@ def source(trace: Trace, step: Step) -> Source:
     parent = trace.steps[step.parent].call if step.parent is not None else None
     return Source([SourceLine(i + 1, text, i + 1 == step.line) for i, text in enumerate(lines)],
                   step.call, step.note, list(step.fields), parent,
-                  step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed)
+                  step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed,
+                  list(step.objects) if len(step.objects) > MANY_OBJECTS else [])
