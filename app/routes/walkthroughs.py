@@ -206,6 +206,8 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, program
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
     response.headers["Vary"] = "HX-Request, HX-History-Restore-Request"
+    if htmx:  # the address bar shows the step shown, however it was asked for (keys, the scrubber)
+        response.headers["HX-Push-Url"] = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return response
 
 

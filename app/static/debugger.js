@@ -67,18 +67,12 @@ document.addEventListener("click", (ev) => {
   if (!btn.hasAttribute("aria-disabled") || keys.busy) press(btn.dataset.key);
 }, true);
 
-// The address bar and the title are the step shown, whatever showed it (a key, a button, the
-// scrubber, a link in the steps list, a tensor link): a new history entry when the step changed,
-// the same entry when only the selection in it did. Back and forward are htmx's history.
+// The address bar is the step shown, whatever showed it (a key, a button, the scrubber, a link):
+// the server names it in HX-Push-Url, so htmx's own history (Back, Forward) knows every step.
+// The title follows it here.
 function followStep() {
   const root = document.getElementById("debugger");
-  if (!root || !root.dataset.url) return;
-  const url = new URL(root.dataset.url, location.href);
-  if (url.pathname + url.search !== location.pathname + location.search) {
-    if (url.pathname === location.pathname) history.replaceState(history.state, "", url);
-    else history.pushState({htmx: true}, "", url);
-  }
-  if (root.dataset.title) document.title = root.dataset.title;
+  if (root && root.dataset.title) document.title = root.dataset.title;
 }
 document.addEventListener("htmx:afterSettle", followStep);
 

@@ -35,16 +35,21 @@ def test_a_prompt_its_next_token_and_one_more_pass(page: Page, gemma_url, screen
     expect(prompt).to_have_value("The capital of France is")
     prompt.fill("The capital of Italy is")
     page.get_by_role("button", name="Run").click()
-    expect(page).to_have_url(re.compile(r"prompt=The%20capital%20of%20Italy%20is"),
+    # a new prompt takes seconds to record: its progress shows first, then the debugger
+    expect(page.locator("#recording")).to_be_visible()
+    expect(page.locator("#recording .status")).to_contain_text("running for")
+    expect(page).to_have_url(re.compile(r"/steps/0\?prompt=The%20capital%20of%20Italy%20is"),
                              timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("Italy")
+    expect(page.locator("#answer .tokens code.tok").nth(1)).to_have_text("The")
+    expect(page.locator("#answer .tokens code.tok").nth(2)).to_have_text("␠capital")  # a space made visible
     page.get_by_role("tab", name="Next token").click()
     table = page.locator("#nexttoken table.top10").first
     expect(table).to_be_visible()
     expect(table.locator("tr")).to_have_count(10)
     first = table.locator("tr").first.locator("code.tok").inner_text()
     table.locator("tr").first.get_by_role("link", name="append").click()
-    expect(page).to_have_url(re.compile(r"then=\d+"), timeout=RECORD_MS)
+    expect(page).to_have_url(re.compile(r"/steps/0\?.*then=\d+"), timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("1 appended")
     expect(page.locator("#answer code.tok.appended")).to_have_text(first)
     page.get_by_role("tab", name="Next token").click()
@@ -63,3 +68,28 @@ def test_run_it_on_a_gemma_file(page: Page, gemma_url):
     expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0\?file=[0-9a-f]{64}"),
                              timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("<bos>")
+
+
+def test_the_first_screen_and_the_search_in_folded_layers(page: Page, gemma_url):
+    """Step 0 of gemma3 says in one sentence what gguf_init_from_file made (the list one click
+    away); at step 1500 a search for a weight of a folded layer opens that layer and centres it."""
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/0", timeout=RECORD_MS)
+    note = page.locator("#source .note")
+    expect(note).to_contain_text("made 237 objects")
+    assert note.bounding_box()["height"] < 300, "the caption does not fit the first screen"
+    expect(page.locator("#source pre.code")).to_be_in_viewport()
+    page.locator("#source details.objects summary").click()
+    expect(page.locator("#source details.objects tbody tr")).to_have_count(237)
+
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/1500", timeout=RECORD_MS)
+    current = page.locator("#graph").get_attribute("data-current")
+    expect(page.locator(f'#graph g[id="{current}"]')).to_be_in_viewport()  # in view at first draw
+    find = page.locator("#graph .dagfind")
+    find.fill("blk.5.ffn_up.weight")
+    find.press("Enter")
+    expect(page).to_have_url(re.compile(r"expand=5"))
+    hit = page.locator("#graph g.node.found")
+    expect(hit).to_have_count(1)
+    expect(hit).to_be_in_viewport()
+    expect(page.locator("#graph .dagfound")).to_have_text("1 found")

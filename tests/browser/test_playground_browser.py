@@ -70,7 +70,9 @@ def test_a_failing_reshape_shows_the_assertion_at_its_line(page: Page, server_ur
         "ggml_reshape_2d: GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed: a ('a') has 12 elements, 5×4 = 20")
     page.screenshot(path=str(screenshot_dir / "playground-error.png"), full_page=True)
     # every step before it stays steppable
+    error_step = int(re.search(r"/steps/(\d+)$", page.url).group(1))
     page.get_by_role("button", name="Previous step").click()
+    expect(page).to_have_url(re.compile(rf"/steps/{error_step - 1}$"))
     expect(page.locator("#source .line.current.error")).to_have_count(0)
     expect(page.locator("#source .line.current")).to_contain_text("set_data(a,")
 
