@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from app.settings import Settings
+from engine.programs import trace_program
 from tests.browser.conftest import serving
 
 pytestmark = pytest.mark.browser
@@ -31,6 +32,7 @@ def gemma_url(tmp_path_factory, gemma_path):
 def test_a_prompt_its_next_token_and_one_more_pass(page: Page, gemma_url, screenshot_dir):
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(f"{gemma_url}/walkthroughs/gemma3", timeout=RECORD_MS)
+    expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0$"), timeout=RECORD_MS)
     prompt = page.locator("#prompt-in")
     expect(prompt).to_have_value("The capital of France is")
     prompt.fill("The capital of Italy is")
@@ -72,9 +74,10 @@ def test_run_it_on_a_gemma_file(page: Page, gemma_url):
 
 def test_the_first_screen_and_the_search_in_folded_layers(page: Page, gemma_url):
     """Step 0 of gemma3 says in one sentence what gguf_init_from_file made (the list one click
-    away); at step 1500 a search for a weight of a folded layer opens that layer and centres it."""
+    away); at a node past step 1500 a search for a weight of a folded layer opens that layer and centres it."""
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/0", timeout=RECORD_MS)
+    expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0$"), timeout=RECORD_MS)
     note = page.locator("#source .note")
     expect(note).to_contain_text("made 237 objects")
     assert note.bounding_box()["height"] < 300, "the caption does not fit the first screen"
@@ -82,8 +85,12 @@ def test_the_first_screen_and_the_search_in_folded_layers(page: Page, gemma_url)
     page.locator("#source details.objects summary").click()
     expect(page.locator("#source details.objects tbody tr")).to_have_count(237)
 
-    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/1500", timeout=RECORD_MS)
+    node = next(s.index for s in trace_program("gemma3").steps[1500:] if s.kind == "node")
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/{node}", timeout=RECORD_MS)
+    expect(page).to_have_url(re.compile(rf"/walkthroughs/gemma3/steps/{node}$"), timeout=RECORD_MS)
+    expect(page.locator("#graph .dag > svg")).to_be_visible()
     current = page.locator("#graph").get_attribute("data-current")
+    assert current
     expect(page.locator(f'#graph g[id="{current}"]')).to_be_in_viewport()  # in view at first draw
     find = page.locator("#graph .dagfind")
     find.fill("blk.5.ffn_up.weight")

@@ -24,7 +24,8 @@ def test_training_step_and_curves(page: Page, server_url: str, screenshot_dir: P
     out = trace.outputs  # what the engine computed while the program ran
     page.goto(f"{server_url}/")
     page.get_by_role("link", name="mnist-train").click()
-    expect(page).to_have_url(re.compile(r"/walkthroughs/mnist-train/steps/0$"))
+    # (recording it takes seconds: its progress shows until the debugger opens)
+    expect(page).to_have_url(re.compile(r"/walkthroughs/mnist-train/steps/0$"), timeout=120_000)
 
     # the node that fills fc1.weight's gradient (an OUT_PROD of the backward pass)
     n = _step_of(trace, "-> 'grad for fc1.weight'")
