@@ -192,9 +192,10 @@ def test_lowering_simple_ctx_mem_size_triggers_ggmls_pool_message(client):
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_every_walkthrough_runs_unchanged_in_the_playground(client, name):
-    """Edit a copy, then Run: the copy is not refused, runs in the sandbox to its end, and gives
-    the walkthrough's own steps."""
+def test_every_walkthrough_runs_unchanged_in_the_playground(client, name, monkeypatch):
+    """Edit a copy, then Run: the copy is not refused, runs in the sandbox to its end (within the
+    playground's own limits), and gives the walkthrough's own steps."""
+    monkeypatch.setattr(client.app.state.programs, "limits", Limits())
     editor = client.get(f"/playground?from={name}")
     assert editor.status_code == 200 and 'id="refusal"' not in editor.text
     source = Path(PROGRAMS[name].source_file).read_text()
@@ -219,3 +220,24 @@ def test_a_plain_script_runs_and_its_last_step_shows_what_it_left(client):
     returned = page[page.index('id="returned"'):]
     assert "c</code>" in returned and "4 × 3" in returned
     assert [str(int(x)) for x in trace.outputs["c"][0]] == ["0", "2", "4"]
+
+
+def test_a_slow_walkthrough_shows_its_recordings_progress(client, monkeypatch):
+    """A new prompt for the model takes seconds: the step's URL answers at once with the
+    recording's page (steps recorded so far), which opens the step when the trace is kept."""
+    from app import traces
+
+    monkeypatch.setattr(traces, "QUICK", 0.0)
+    r = client.get("/walkthroughs/gemma3/steps/3?prompt=Two%20plus%20two%20is", follow_redirects=False)
+    assert r.status_code == 303
+    url = r.headers["location"]
+    assert url.startswith("/walkthroughs/gemma3/recording?") and "step=3" in url
+    seen = []
+    deadline = time.monotonic() + 120
+    while (page := client.get(url, follow_redirects=False)).status_code == 202:
+        seen.append(int(re.search(r'data-steps="(\d+)"', page.text).group(1)))
+        assert "Recording gemma3" in page.text and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert page.status_code == 303 and page.headers["location"] == "/walkthroughs/gemma3/steps/3?prompt=Two%20plus%20two%20is"
+    assert seen and seen == sorted(seen)  # the count only grows
+    assert client.get(page.headers["location"]).status_code == 200

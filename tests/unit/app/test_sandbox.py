@@ -151,7 +151,7 @@ STOPPED = {
     "deep recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
     "open a file outside scratch": ("open('/tmp/ggml-lens-sandbox-escaped', 'w').write('x')", "refuses to open"),
     "numpy reads a host file": ("x = np.fromfile('/etc/passwd', dtype=np.uint8)\nprint(bytes(x[:20]))",
-                                "No such file"),
+                                "refuses to open"),
 }
 
 # of these, the ones that only look (their harm would be what they read): at run time they may
