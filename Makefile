@@ -7,9 +7,9 @@ PORT   ?= 8000
 # graphviz draws the DAG; a CJK font lets it (and the browser tests) measure and show Chinese labels;
 # bubblewrap and libseccomp are the playground's kernel boundary (app/sandbox/boundary.py)
 APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
-APT_TEST := $(APT_RUN) chromium
+APT_TEST := $(APT_RUN) chromium stress-ng
 
-.PHONY: run test test-models package-check screenshots messages bench size setup setup-test clean
+.PHONY: run test test-load test-models package-check screenshots messages bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -45,11 +45,26 @@ ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_RPC=ON
 # (mtmd), which the tests never load, is left out (it is most of the ~17 minutes pip would take).
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 
+# The oracles are built once per version and build flags into a wheel cache outside the checkout
+# (a second clone on the same machine, or CI after a session, installs them in seconds).
+WHEELS ?= $(HOME)/.cache/ggml-lens/wheels
+
+# $(call oracle,package,cmake args): install the package built from source with those flags,
+# from the wheel cache when it holds that build
+define oracle
+	@spec="$$(grep -o '$(1)==[0-9.]*' pyproject.toml)"; \
+	dir="$(WHEELS)/$$spec-$$(echo '$(2)' | sha256sum | cut -c1-12)"; \
+	if ! ls "$$dir"/*.whl >/dev/null 2>&1; then \
+	  echo "building $$spec from source ($(2))"; \
+	  CMAKE_ARGS="$(2)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) wheel --quiet --no-cache-dir --no-deps \
+	    --no-binary $(1) -w "$$dir.part" "$$spec" && rm -rf "$$dir" && mv "$$dir.part" "$$dir"; \
+	fi; \
+	$(PIP) install --quiet "$$dir"/*.whl
+endef
+
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
-	CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" $(PIP) install --quiet --no-cache-dir --no-binary ggml-python \
-		"$$(grep -o 'ggml-python==[0-9.]*' pyproject.toml)"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PIP) install --quiet \
-		--no-cache-dir --no-binary llama-cpp-python "$$(grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)"
+	$(call oracle,ggml-python,$(ORACLE_CMAKE_ARGS))
+	$(call oracle,llama-cpp-python,$(LLAMA_CMAKE_ARGS))
 	$(PIP) install --quiet -e '.[test,model]'
 	touch $@
 
@@ -81,12 +96,26 @@ EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.
 	tests/conformance/test_sched.py tests/conformance/test_graph_copy.py \
 	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py
 
+# Two pytest workers, one per core (tests that run programs in the sandbox share one: see
+# tests/unit/app/test_sandbox.py); the browser tier runs beside CPU-bound tests, then its
+# navigation tests once more with both cores kept busy by stress-ng (test-load).
+PYTEST_PAR := -n 2 --dist loadgroup
+LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_browser.py \
+	tests/browser/test_moe_browser.py tests/browser/test_walkthrough_browser.py
+
 test: setup-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_PAR) tests
 	@echo "== again with numpy's SIMD dispatch lowered to its baseline"
 	NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
-		$(PY) -m pytest -q -p no:cacheprovider $(EXACT_TESTS)
+		$(PY) -m pytest -q $(PYTEST_PAR) -p no:cacheprovider $(EXACT_TESTS)
+	@$(MAKE) --no-print-directory test-load
 	@$(MAKE) --no-print-directory package-check
+
+# The browser's step navigation while another process keeps both cores busy
+test-load: setup-test
+	@echo "== the browser's navigation with both cores busy (stress-ng)"
+	stress-ng --cpu $$(nproc) --timeout 600 --quiet & pid=$$!; \
+	$(PY) -m pytest -q -p no:cacheprovider $(LOAD_TESTS); status=$$?; kill $$pid; wait $$pid 2>/dev/null; exit $$status
 
 # A plain (non-editable) install into a fresh virtualenv, with the bundled model joined into its
 # data directory, serves every page with its templates and static files (package data):

@@ -109,13 +109,13 @@ class Boundary:
     def confined(self) -> bool:
         return self.bwrap is not None
 
-    def command(self, limits: Limits, model: Path | None = None) -> list[str]:
+    def command(self, limits: Limits, model: Path | None = None, label: str = "program") -> list[str]:
         """The argv of one run (the worker reads its request on stdin). `model`: the bundled
         model's file, bound read-only where the worker's data directory (/data) has it."""
         # the worker imports the very packages this server runs (first on its path), whatever
         # the environment's import hooks would map `app` to
         root = str(Path(os.path.abspath(app.__file__)).parent.parent)
-        worker = [sys.executable, "-I", "-c", WORKER_BOOT, root]
+        worker = [sys.executable, "-I", "-c", WORKER_BOOT, root, label]  # (label: what `ps` shows it doing)
         if self.bwrap is None:
             return worker
         env = worker_env()
@@ -271,7 +271,7 @@ def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     if not b.confined:
         env = worker_env() | ({"GGML_LENS_DATA": str(model.parent.parent)} if model is not None else {})
-    proc = subprocess.Popen(b.command(limits, model), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(b.command(limits, model, "probe" if request.get("probe") else "program"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=b.preexec(limits), start_new_session=True,
                             close_fds=True, env=env, cwd=scratch or "/")
     out: list[bytes] = []

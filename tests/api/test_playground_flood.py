@@ -17,6 +17,9 @@ from app.routes.programs import STARTER
 from app.sandbox.run import Limits
 from app.settings import Settings
 
+# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 CLIENTS = 60
 
 

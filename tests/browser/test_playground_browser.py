@@ -12,7 +12,8 @@ from playwright.sync_api import Browser, Page, expect
 
 from app.routes.programs import STARTER
 
-pytestmark = pytest.mark.browser
+# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("sandbox")]
 
 
 def _replace_in_editor(page: Page, old: str, new: str) -> None:

@@ -21,6 +21,9 @@ from app.settings import Settings
 from engine.models import bundled
 from engine.programs import PROGRAMS, trace_program
 
+# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 VIEWS = Path(PROGRAMS["views-and-permute"].source_file).read_text()
 MODEL = bundled.require(bundled.DATA_DIR).resolve()
 LIMITS = Limits(cpu=3, wall=6)

@@ -26,6 +26,9 @@ from app.sandbox.boundary import boundary
 from app.sandbox.check import ProgramRefused, check_program
 from app.sandbox.run import Limits, ProgramFailed, run_program
 
+# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 LIMITS = Limits(cpu=4, wall=8, memory=3 << 30, output=10_000, steps=300, trace=8 << 20, file_size=1 << 20,
                 disk=8 << 20)
 MARKER = Path("/tmp/ggml-lens-sandbox-escaped")
@@ -276,9 +279,9 @@ def sandbox_processes() -> list[str]:
     """Processes of the sandbox's uid (when the server is root) still alive."""
     if os.geteuid() != 0:
         return []
-    out = subprocess.run(["ps", "-u", str(pwd.getpwnam("nobody").pw_uid), "-o", "pid=,args="],
+    out = subprocess.run(["ps", "-ww", "-u", str(pwd.getpwnam("nobody").pw_uid), "-o", "pid=,args="],
                          capture_output=True, text=True).stdout
-    return out.split("\n")[:-1]
+    return [line for line in out.split("\n")[:-1] if not line.endswith(" probe")]  # (another app's probe)
 
 
 @pytest.mark.parametrize("gate", [True, False], ids=["gate on", "boundary alone"])
