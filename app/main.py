@@ -6,7 +6,7 @@ import gc
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -16,7 +16,7 @@ from app.jobs import Pending
 from app.programs import NotRecorded
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
-from app.web import STATIC_DIR, ServerTiming, error_page, log
+from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
 
 
 _TUNED = False
@@ -56,9 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(Pending)
     async def pending(request: Request, exc: Pending) -> Response:
-        if request.headers.get("HX-Request") == "true":
-            return Response(status_code=200, headers={"HX-Redirect": exc.url})
-        return RedirectResponse(exc.url, status_code=303)
+        return go_to(request, exc.url)
 
     @app.exception_handler(NotRecorded)
     def recording(request: Request, exc: NotRecorded) -> Response:

@@ -11,7 +11,7 @@ import logging
 import time
 
 from fastapi import Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,3 +62,18 @@ class ServerTiming:
             await send(message)
 
         await self.app(scope, receive, timed)
+
+
+def go_to(request: Request, url: str) -> Response:
+    """Send the browser to url: a 303, or for an htmx request (a swap, a poll) HX-Redirect."""
+    if request.headers.get("HX-Request") == "true":
+        return Response(status_code=200, headers={"HX-Redirect": url})
+    return RedirectResponse(url, status_code=303)
+
+
+def recording_page(request: Request, place: int, job, **context) -> HTMLResponse:
+    """A recording's page (202): its place in the queue (0: running, for how long, with the
+    steps made so far); it polls itself (`url`) until the trace is kept."""
+    seconds = int(time.monotonic() - job.started) if job.started is not None and place == 0 else None
+    return templates.TemplateResponse(request, "pages/recording.html", {
+        "place": place, "seconds": seconds, "steps": job.steps, **context}, status_code=202)

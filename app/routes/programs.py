@@ -4,7 +4,6 @@ too, see walkthroughs.py)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path as FilePath
 from typing import Annotated
 
@@ -20,7 +19,7 @@ from app.sandbox.check import ProgramRefused, Refusal, check_program
 from app.sandbox.run import Limits
 from app.traces import TraceCache
 from app.views.debugger.where import Where
-from app.web import templates
+from app.web import go_to, recording_page, templates
 from engine.programs import PROGRAMS
 from engine.trace import Trace
 
@@ -121,15 +120,9 @@ def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs:
     """The debugger if the program's trace is kept, else its job's page (202)."""
     found = trace_or_job(request, programs, cache, jobs, digest, threads)
     if isinstance(found, Trace):
-        url = _steps_url(found, digest, threads, step)
-        if request.headers.get("HX-Request") == "true":
-            return Response(status_code=200, headers={"HX-Redirect": url})
-        return RedirectResponse(url, status_code=303)
-    place = jobs.place(found)
-    seconds = int(time.monotonic() - found.started) if found.started is not None and place == 0 else None
-    return templates.TemplateResponse(request, "pages/recording.html", {
-        "what": None, "place": place, "seconds": seconds, "steps": 0, "url": _run_url(digest, threads, step),
-        "limits": programs.limits, "back": f"/playground?program={digest}"}, status_code=202)
+        return go_to(request, _steps_url(found, digest, threads, step))
+    return recording_page(request, jobs.place(found), found, what=None, url=_run_url(digest, threads, step),
+                          limits=programs.limits, back=f"/playground?program={digest}")
 
 
 def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
@@ -176,8 +169,5 @@ def not_recorded(request: Request, e: NotRecorded) -> Response:
     queue its recording and go to its page."""
     app = request.app
     found = trace_or_job(request, app.state.programs, app.state.traces, app.state.jobs, e.digest, e.threads)
-    url = _steps_url(found, e.digest, e.threads, e.step) if isinstance(found, Trace) \
-        else _run_url(e.digest, e.threads, e.step)
-    if request.headers.get("HX-Request") == "true":
-        return Response(status_code=200, headers={"HX-Redirect": url})
-    return RedirectResponse(url, status_code=303)
+    return go_to(request, _steps_url(found, e.digest, e.threads, e.step) if isinstance(found, Trace)
+                 else _run_url(e.digest, e.threads, e.step))

@@ -3,7 +3,6 @@ graph drawn at a step as its own immutable SVG."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
@@ -34,7 +33,7 @@ from app.views.debugger.threads import threads
 from app.views.debugger.training import training_view
 from app.views.debugger.values import gradient_of, values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
-from app.web import templates
+from app.web import go_to, recording_page, templates
 from engine.programs import PROGRAMS
 from engine.tensor import Tensor
 from engine.trace import State, Step, Trace
@@ -255,16 +254,9 @@ def recording_page(request: Request, cache: Traces, store: Store, jobs: Jobs, na
         except ValueError as e:
             raise HTTPException(422, str(e)) from None
     if not isinstance(found, Job):
-        url = where.url(step=min(step, len(found.steps) - 1))
-        if request.headers.get("HX-Request") == "true":
-            return Response(status_code=200, headers={"HX-Redirect": url})
-        return RedirectResponse(url, status_code=303)
-    place = jobs.place(found)
-    seconds = int(time.monotonic() - found.started) if found.started is not None and place == 0 else None
-    return templates.TemplateResponse(request, "pages/recording.html", {
-        "what": name, "place": place, "seconds": seconds, "steps": found.steps,
-        "url": str(request.url.path) + "?" + str(request.url.query), "limits": None, "back": None},
-        status_code=202)
+        return go_to(request, where.url(step=min(step, len(found.steps) - 1)))
+    return recording_page(request, jobs.place(found), found, what=name, limits=None, back=None,
+                          url=f"{request.url.path}?{request.url.query}")
 
 
 @router.get("/walkthroughs/{name}/steps/{n}/graph/find")
