@@ -234,7 +234,7 @@ def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, program
 
 
 @router.get("/walkthroughs/{name}/recording")
-def recording_page(request: Request, cache: Traces, store: Store, jobs: Jobs, name: str,
+def recording(request: Request, cache: Traces, store: Store, jobs: Jobs, name: str,
                    step: Annotated[int, Query(ge=0)] = 0, threads: Threads = None, file: FileHash = None,
                    prompt: Prompt = None, then: Then = None) -> Response:
     """A walkthrough being recorded (a new prompt, a model file, a long training run): its place

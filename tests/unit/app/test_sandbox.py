@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import signal
 import socket
 import subprocess
 import textwrap
