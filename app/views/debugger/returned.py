@@ -4,7 +4,8 @@ examples print their result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from app.views.format import fmt_short, visible_text
 from engine.trace import Step, StepKind, Trace
 
 SHOWN = 8  # outputs shown
+ASSIGNED = re.compile(r"^\s*([A-Za-z_][\w, ]*?)\s*=[^=]")  # the names a statement assigns
 ROWS, COLS = 12, 12  # of each table
 
 
@@ -23,13 +25,19 @@ class Returned:
     table: list[list[str]]  # rows of an array (its first 2-d slice)
     shape: str  # the array's shape, e.g. "3 × 4"
     cut: bool  # the table shows only part of it
-
+    made_at: int | None = None  # the step whose statement assigned the variable of that name
 
 def returned(trace: Trace, step: Step) -> list[Returned]:
-    """The outputs, at the step that says the program returned (else nothing)."""
+    """The outputs, at the step that says the program returned (else nothing), each with the
+    step that made it: the last call whose statement assigns a variable of its name."""
     if step.kind != StepKind.END:
         return []
-    return [_one(name, v) for name, v in list(trace.outputs.items())[:SHOWN]]
+    made = {}
+    for s in trace.steps:
+        if s.kind == StepKind.CALL and (m := ASSIGNED.match(s.call)):
+            for name in m.group(1).replace(" ", "").split(","):
+                made[name] = s.index
+    return [replace(_one(name, v), made_at=made.get(name)) for name, v in list(trace.outputs.items())[:SHOWN]]
 
 
 def _one(name: str, v: Any) -> Returned:

@@ -222,6 +222,8 @@ def test_a_plain_script_runs_and_its_last_step_shows_what_it_left(client):
     page = html.unescape(client.get(f"/programs/{digest}/steps/{len(trace.steps) - 1}").text)
     returned = page[page.index('id="returned"'):]
     assert "c</code>" in returned and "4 × 3" in returned
+    c_line = next(s.index for s in trace.steps if s.call.startswith("c = ggml_add"))
+    assert f'made at step {c_line}' in returned  # where it came from
     assert [str(int(x)) for x in trace.outputs["c"][0]] == ["0", "2", "4"]
 
 
