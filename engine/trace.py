@@ -20,6 +20,7 @@ import ast
 from bisect import bisect_right
 import hashlib
 import json
+import re
 import sys
 import time
 from operator import attrgetter
@@ -301,6 +302,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         text = Path(source_file).read_text()
         self.lines = text.splitlines()
         self.statements = statement_spans(text)
+        self.variables: dict[tuple[int, int], str] = {}  # tensor -> the variable it was made into
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
@@ -487,6 +489,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return step
 
     def finish_call(self, name: str, result: Any) -> None:
+        if isinstance(result, Tensor) and (m := ASSIGNS.match(self.source(self.line))):
+            self.variables[_ref(result)] = m.group(1)  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
         if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
             self.args = self.raw_args + tuple(opt_parts((*self.raw_args, result)))
             for part in self.args:
@@ -525,11 +529,15 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
         self.after_backend_call(self.call_step if step is None else step.index)
 
-    def tensor_words(self, t: Tensor, fn: str) -> str:
-        """How a note names the tensor a call's first argument is: its name in quotes; when it
-        has none, the program's variable that held it (`a (unnamed)`), else `(unnamed)`."""
+    def tensor_words(self, t: Tensor, fn: str | None = None) -> str:
+        """How a note names a tensor: its name in quotes; when it has none, the program's
+        variable it was assigned to when made, or that a call named it by (`a (unnamed)`), else
+        `(unnamed)`."""
         if t.name:
             return f"'{t.name}'"
+        var = self.variables.get(_ref(t))
+        if var is not None or fn is None:
+            return f"{var} {notes.UNNAMED}" if var else notes.UNNAMED
         try:
             calls = [n for n in ast.walk(ast.parse(self.source(self.line).strip()))
                      if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == fn]
@@ -545,9 +553,10 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
             self.visiting.append(node)
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
-        self.emit(StepKind.VISIT, f"visit '{node.name}'",
+        words = self.tensor_words(node)
+        self.emit(StepKind.VISIT, f"visit {words}",
                   (notes.VISIT_LEAF if is_leaf else notes.VISIT_NODE).format(
-                      name=node.name, op=GGMLOp(node.op).name, slot=slot),
+                      name=words, op=GGMLOp(node.op).name, slot=slot),
                   [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
                   parent=self.call_step, tensor=_ref(node))
         self.visiting = []
@@ -596,6 +605,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
 
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
+ASSIGNS = re.compile(r"^\s*([A-Za-z_]\w*)\s*=[^=]")  # a statement that assigns one variable
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
 CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
 
