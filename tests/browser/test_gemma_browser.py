@@ -40,6 +40,7 @@ def test_a_prompt_its_next_token_and_one_more_pass(page: Page, gemma_url, screen
     # a new prompt takes seconds to record: its progress shows first, then the debugger
     expect(page.locator("#recording")).to_be_visible()
     expect(page.locator("#recording .status")).to_contain_text("running for")
+    page.screenshot(path=str(screenshot_dir / "gemma3-recording.png"))
     expect(page).to_have_url(re.compile(r"/steps/0\?prompt=The%20capital%20of%20Italy%20is"),
                              timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("Italy")

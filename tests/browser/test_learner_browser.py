@@ -5,6 +5,7 @@ to what it left."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -15,7 +16,7 @@ from engine.programs import trace_program
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("sandbox")]
 
 
-def test_the_last_step_of_simple_ctx_shows_the_result(page: Page, server_url: str):
+def test_the_last_step_of_simple_ctx_shows_the_result(page: Page, server_url: str, screenshot_dir: Path):
     trace = trace_program("simple-ctx")
     page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/{len(trace.steps) - 1}")
     table = page.get_by_role("table", name="values of result")
@@ -23,6 +24,7 @@ def test_the_last_step_of_simple_ctx_shows_the_result(page: Page, server_url: st
     for row, values in zip(table.locator("tr").all(), trace.outputs["result"]):
         expect(row).to_have_text(re.compile(r"\s*".join(str(int(v)) for v in values)))
     expect(table.locator("tr").first).to_have_text(re.compile(r"60\s*55\s*50\s*110"))
+    page.screenshot(path=str(screenshot_dir / "simple-ctx-result.png"))
 
 
 SCRIPT = """import numpy as np
