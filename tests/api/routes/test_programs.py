@@ -246,3 +246,18 @@ def test_a_slow_walkthrough_shows_its_recordings_progress(client, monkeypatch):
     assert page.status_code == 303 and page.headers["location"] == "/walkthroughs/gemma3/steps/3?prompt=Two%20plus%20two%20is"
     assert seen and seen == sorted(seen)  # the count only grows
     assert client.get(page.headers["location"]).status_code == 200
+
+
+def test_without_the_boundary_the_playground_says_so_and_runs_nothing(data, monkeypatch):
+    """Fail closed: on a machine where the kernel boundary cannot be set up (here: no bwrap),
+    the editor says why and Run answers 503 without running anything."""
+    from app.sandbox import boundary as B
+
+    monkeypatch.setattr(B, "_PROBED", {})
+    monkeypatch.setattr(B.shutil, "which", lambda name: None)
+    c = TestClient(create_app(Settings(data_dir=data, programs=True)))
+    page = html.unescape(c.get("/playground").text)
+    assert 'id="missing"' in page and "bubblewrap (bwrap) is not installed" in page
+    r = c.post("/programs", data={"source": STARTER + "\n# not run\n", "threads": "1"}, follow_redirects=False)
+    assert r.status_code == 503 and "Programs cannot run on this server" in html.unescape(r.text)
+    assert c.app.state.traces.program(ProgramStore.digest(STARTER + "\n# not run\n"), 1) is None
