@@ -33,12 +33,19 @@ STATIC = ("htmx-2.0.4.min.js", "lens.css", "debugger.css", "debugger.js", "gguf.
 
 
 def get(base: str, path: str, htmx: bool = False, status: int = 200) -> str:
-    req = urllib.request.Request(base + path, headers={"HX-Request": "true"} if htmx else {})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            code, body = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        code, body = e.code, e.read().decode()
+    """The page at path (redirects followed); a recording's page (202: a trace that takes
+    seconds to record) is asked for again until the step it leads to is served."""
+    deadline = time.monotonic() + 120
+    while True:
+        req = urllib.request.Request(base + path, headers={"HX-Request": "true"} if htmx else {})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                code, body = r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            code, body = e.code, e.read().decode()
+        if code != 202 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if code != status or "Traceback" in body:
         raise SystemExit(f"package check: {path} gave {code} (wanted {status}): {body[:300]}")
     return body
