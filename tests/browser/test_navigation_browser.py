@@ -38,6 +38,12 @@ def test_url_and_title_follow_every_kind_of_navigation(page: Page, server_url: s
     expect_step(page, 2)
     page.locator("#stepnav input[type=range]").fill("7")  # the scrubber
     expect_step(page, 7)
+    page.get_by_role("tab", name="Tensors").click()
+    page.locator("#tensors td a").first.click()  # a tensor link: the same step, a selection
+    expect(page).to_have_url(re.compile(r"/steps/7\?t=\d+\.\d+$"))
+    expect_step(page, 7)
+    page.go_back()
+    expect_step(page, 7)
     page.go_back()
     expect_step(page, 2)
     page.go_back()
