@@ -96,10 +96,9 @@ EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.
 	tests/conformance/test_sched.py tests/conformance/test_graph_copy.py \
 	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py
 
-# Two pytest workers, one per core (tests that run programs in the sandbox share one: see
-# tests/unit/app/test_sandbox.py); the browser tier runs beside CPU-bound tests, then its
+# Two pytest workers, one per core: the browser tier runs beside CPU-bound tests, then its
 # navigation tests once more with both cores kept busy by stress-ng (test-load).
-PYTEST_PAR := -n 2 --dist loadgroup
+PYTEST_PAR := -n 2
 LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_browser.py \
 	tests/browser/test_moe_browser.py tests/browser/test_walkthrough_browser.py
 

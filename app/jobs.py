@@ -97,11 +97,16 @@ class JobQueue:
             except ValueError:
                 return 0
 
-    def close(self) -> None:
+    def close(self, wait: float = 0) -> None:
+        """Take no more jobs and drop the waiting ones; wait up to `wait` seconds for the
+        running ones to end."""
         with self._lock:
             self._closed = True
             self._waiting.clear()
             self._ready.notify_all()
+        deadline = time.monotonic() + wait
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _wait(self, ahead: int) -> int:
         """Seconds until a job queued behind `ahead` others likely starts."""

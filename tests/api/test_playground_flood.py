@@ -17,9 +17,6 @@ from app.routes.programs import STARTER
 from app.sandbox.run import Limits
 from app.settings import Settings
 
-# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
-pytestmark = pytest.mark.xdist_group("sandbox")
-
 CLIENTS = 60
 
 
@@ -37,7 +34,7 @@ def server(tmp_path):
     try:
         yield f"http://127.0.0.1:{port}", app
     finally:
-        app.state.jobs.close()
+        app.state.jobs.close(wait=60)  # the looping programs still running end by their limits
         srv.should_exit = True
         thread.join(30)
 

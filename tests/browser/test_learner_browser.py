@@ -12,8 +12,7 @@ from playwright.sync_api import Page, expect
 
 from engine.programs import trace_program
 
-# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("sandbox")]
+pytestmark = pytest.mark.browser
 
 
 def test_the_last_step_of_simple_ctx_shows_the_result(page: Page, server_url: str, screenshot_dir: Path):

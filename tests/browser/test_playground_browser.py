@@ -12,8 +12,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from app.routes.programs import STARTER
 
-# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("sandbox")]
+pytestmark = pytest.mark.browser
 
 
 def _replace_in_editor(page: Page, old: str, new: str) -> None:

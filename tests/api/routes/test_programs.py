@@ -21,9 +21,6 @@ from app.settings import Settings
 from engine.models import bundled
 from engine.programs import PROGRAMS, trace_program
 
-# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
-pytestmark = pytest.mark.xdist_group("sandbox")
-
 VIEWS = Path(PROGRAMS["views-and-permute"].source_file).read_text()
 MODEL = bundled.require(bundled.DATA_DIR).resolve()
 LIMITS = Limits(cpu=3, wall=6)
@@ -42,7 +39,8 @@ def data(tmp_path_factory) -> Path:
 def client(data):
     app = create_app(Settings(data_dir=data, programs=True))
     app.state.programs.limits = LIMITS
-    return TestClient(app)
+    yield TestClient(app)
+    app.state.jobs.close(wait=60)  # no program of these tests runs on behind the next ones
 
 
 def run(client, source: str, threads: int = 1):

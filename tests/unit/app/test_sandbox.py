@@ -25,9 +25,6 @@ from app.sandbox.boundary import boundary
 from app.sandbox.check import ProgramRefused, check_program
 from app.sandbox.run import Limits, ProgramFailed, run_program
 
-# (one xdist group: programs run as the sandbox's uid, whose survivors test_sandbox counts)
-pytestmark = pytest.mark.xdist_group("sandbox")
-
 LIMITS = Limits(cpu=4, wall=8, memory=3 << 30, output=10_000, steps=300, trace=8 << 20, file_size=1 << 20,
                 disk=8 << 20)
 MARKER = Path("/tmp/ggml-lens-sandbox-escaped")
@@ -274,21 +271,47 @@ def host():
         SECRET.unlink(missing_ok=True)
 
 
-def sandbox_processes() -> list[str]:
-    """Processes of the sandbox's uid (when the server is root) still alive."""
+def sandbox_processes() -> set[int]:
+    """Processes of the sandbox's uid (when the server is root) that this test process started,
+    or that no test process owns any more (adopted by init): not another pytest worker's runs,
+    nor another app's probe."""
     if os.geteuid() != 0:
-        return []
-    out = subprocess.run(["ps", "-ww", "-u", str(pwd.getpwnam("nobody").pw_uid), "-o", "pid=,args="],
-                         capture_output=True, text=True).stdout
-    return [line for line in out.split("\n")[:-1] if not line.endswith(" probe")]  # (another app's probe)
+        return set()
+    nobody = pwd.getpwnam("nobody").pw_uid
+    mine = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _uid(entry) == nobody and _owner(int(entry.name)) in (os.getpid(), 1):
+            mine.add(int(entry.name))
+    return mine
 
 
-def survivors(before: set[str], seconds: float = 3.0) -> set[str]:
-    """Processes of the sandbox's uid not there before the run that are still there seconds
-    later (a worker the kernel is still tearing down, its memory being freed, leaves in time;
-    a child that escaped the run would sleep on)."""
+def _uid(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
+
+
+def _owner(pid: int) -> int:
+    """The first pytest process (or init) among pid's ancestors."""
+    while pid > 1:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return -1  # gone meanwhile
+        if b"pytest" in cmdline or b"execnet" in cmdline or pid == os.getpid():
+            return pid
+        pid = ppid
+    return 1
+
+
+def survivors(before: set[int], seconds: float = 3.0) -> set[int]:
+    """Processes of this test's runs not there before it that are still there seconds later (a
+    worker the kernel is still tearing down, its memory being freed, leaves in time; a child
+    that escaped the run would sleep on)."""
     deadline = time.monotonic() + seconds
-    while (left := set(sandbox_processes()) - before) and time.monotonic() < deadline:
+    while (left := sandbox_processes() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -297,7 +320,7 @@ def survivors(before: set[str], seconds: float = 3.0) -> set[str]:
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_a_program_that_owns_its_process_cannot_reach_the_server(name, gate, host):
     victim, listener = host
-    before = set(sandbox_processes())
+    before = sandbox_processes()
     src = hostile(HOSTILE[name].format(victim=victim.pid, port=listener.getsockname()[1]))
     started = time.monotonic()
     try:
