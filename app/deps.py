@@ -11,13 +11,12 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 
 from app.i18n import N_
-from app.jobs import Job, JobQueue
+from app.jobs import JobQueue
 from app.programs import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.traces import TraceCache
 from engine.memo import Memo
-from engine.trace import Trace
 from engine.models.bundled import model_path
 
 
@@ -36,18 +35,8 @@ def install(app: FastAPI, settings: Settings) -> None:
                                       model=model_path(settings.data_dir)) if settings.programs else None
     if app.state.programs is not None:  # the boundary's probe now, not in a learner's request
         threading.Thread(target=app.state.programs.boundary_missing, daemon=True).start()
-    app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client,
-                              on_done=lambda job: _keep_program(app, job))
+    app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client)
     app.state.traces.jobs = app.state.jobs
-
-
-def _keep_program(app: FastAPI, job: Job) -> None:
-    """A recorded program's trace goes to the trace cache (a walkthrough's job kept its own)."""
-    if job.key[0] != "program":
-        return
-    _, digest, threads = job.key
-    if isinstance(job.result, Trace):
-        app.state.traces.put_program(digest, threads, job.result)
 
 
 def get_store(request: Request) -> UploadStore:

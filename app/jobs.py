@@ -19,7 +19,8 @@ from app.i18n import _
 
 
 class Pending(Exception):
-    """A page's trace is being recorded as a job: `url` is its recording page."""
+    """A page's trace is being recorded as a job: `url` is its recording page (the app's handler
+    sends the browser there)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -27,11 +28,12 @@ class Pending(Exception):
 
 
 class QueueFull(Exception):
-    """No room for another job (`retry_after`: seconds until there likely is)."""
+    """No room for another job (`client`: this client has its share queued already;
+    `retry_after`: seconds until there likely is room)."""
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+    def __init__(self, client: bool, retry_after: int) -> None:
+        super().__init__("client" if client else "full")
+        self.client, self.retry_after = client, retry_after
 
 
 @dataclass
@@ -53,10 +55,8 @@ class Job:
 class JobQueue:
     """`workers` threads run the jobs in order; at most `capacity` wait, `per_client` per client."""
 
-    def __init__(self, workers: int = 2, capacity: int = 16, per_client: int = 2,
-                 on_done: Callable[[Job], None] | None = None) -> None:
+    def __init__(self, workers: int = 2, capacity: int = 16, per_client: int = 2) -> None:
         self.capacity, self.per_client, self.workers = capacity, per_client, workers
-        self.on_done = on_done
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
         self._waiting: deque[Job] = deque()
@@ -76,9 +76,9 @@ class JobQueue:
             if job is not None:
                 return job
             if sum(j.client == client for j in self._jobs.values()) >= self.per_client:
-                raise QueueFull("client", self._wait(len(self._waiting)))
+                raise QueueFull(True, self._wait(len(self._waiting)))
             if len(self._waiting) >= self.capacity or self._closed:
-                raise QueueFull("full", self._wait(len(self._waiting)))
+                raise QueueFull(False, self._wait(len(self._waiting)))
             job = Job(key, client, work)
             self._jobs[key] = job
             self._waiting.append(job)
@@ -126,11 +126,8 @@ class JobQueue:
                 job.result = job.work(job)
             except Exception as e:  # noqa: BLE001 - the job's own failure is its result
                 job.result = e
-            with self._lock:
+            with self._lock:  # (the work kept what it made: no one sees neither job nor result)
                 self._seconds.append(time.monotonic() - job.started)
-            if self.on_done is not None:
-                self.on_done(job)
-            with self._lock:
                 self._jobs.pop(job.key, None)
             job.done.set()
 
@@ -139,5 +136,5 @@ def busy(e: QueueFull) -> HTTPException:
     """The answer to a job that could not be queued: 429 when this client has enough queued,
     503 when the queue is full; both with Retry-After."""
     status, message = (429, _("You already have programs waiting to run; try again in {n} s.")) \
-        if str(e) == "client" else (503, _("Every worker is busy; try again in {n} s."))
+        if e.client else (503, _("Every worker is busy; try again in {n} s."))
     return HTTPException(status, message.format(n=e.retry_after), headers={"Retry-After": str(e.retry_after)})

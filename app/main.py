@@ -13,7 +13,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import deps
 from app.i18n import LocaleMiddleware, _
 from app.jobs import Pending
-from app.programs import NotRecorded
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
@@ -52,18 +51,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
-        return _http_error_page(request, exc)
+        response = error_page(request, exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})  # Retry-After
+        return response
 
     @app.exception_handler(Pending)
     async def pending(request: Request, exc: Pending) -> Response:
         return go_to(request, exc.url)
-
-    @app.exception_handler(NotRecorded)
-    def recording(request: Request, exc: NotRecorded) -> Response:
-        try:
-            return programs.not_recorded(request, exc)
-        except StarletteHTTPException as e:
-            return _http_error_page(request, e)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
@@ -77,8 +71,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     return app
 
-
-def _http_error_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
-    response = error_page(request, exc.status_code, str(exc.detail))
-    response.headers.update(exc.headers or {})  # Retry-After
-    return response

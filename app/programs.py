@@ -24,14 +24,6 @@ MAX_PROGRAM = 64 * 1024  # bytes of program text
 MAX_KEPT = 10_000  # programs kept; the oldest go first
 
 
-class NotRecorded(Exception):
-    """A page asked for the trace of a stored program that no one has recorded here yet."""
-
-    def __init__(self, digest: str, threads: int, step: int = 0) -> None:
-        super().__init__(digest)
-        self.digest, self.threads, self.step = digest, threads, step
-
-
 class ProgramStore:
     def __init__(self, root: Path, limits: Limits = Limits(), unconfined: bool = False,
                  model: Path | None = None) -> None:

@@ -1,8 +1,8 @@
 """Recorded traces, kept in a small LRU by (program, threads, input file, prompt, tokens).
 
 A trace is a pure function of its inputs, so any worker can record it again: nothing here is state a
-second worker could not rebuild. Recording is serialised per key, so two requests for the same
-trace record it once.
+second worker could not rebuild. Recordings run as jobs of the app's queue (app/jobs.py), which
+runs a job asked for twice once.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
 
 from app.i18n import _
 from app.jobs import Job, JobQueue
@@ -24,12 +23,7 @@ TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
 PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash of its text>"
 BYTES_KEPT = 3 << 30  # bytes the kept traces may hold together, patches and checkpoints (a model's are ~0.5 GB)
 STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together
-RECORDING_WAIT = 60  # seconds a request waits for another request's recording of the same trace
 QUICK = 1.0  # seconds a request waits for a recording before it shows the recording's progress
-
-
-class TraceBusy(Exception):
-    """Another request has been recording the same trace for longer than a request waits."""
 
 
 class TraceCache:
@@ -42,35 +36,34 @@ class TraceCache:
         self._keys: dict[int, TraceKey] = {}  # id of a cached trace -> its key
         self._states: OrderedDict[tuple[TraceKey, int], State] = OrderedDict()
         self._lock = threading.Lock()
-        self._recording: dict[TraceKey, threading.Lock] = {}
         self._dumps: dict[TraceKey, str] = {}
         self.jobs: JobQueue | None = None  # records what no request should wait for (set by the app)
 
-    def trace(self, name: str, threads: int | None, path: str | None = None,
-              prompt: str | None = None, then: tuple[int, ...] = (), on_step=None) -> Trace:
-        """The trace of a walkthrough (KeyError for an unknown name, ValueError for bad threads).
-
-        `path` is the input file of a walkthrough that reads one (gguf-load, minilm, gemma3);
-        without it such a walkthrough reads its fixture from `fixtures_dir` or the bundled
-        model. `prompt` and `then` (token ids appended one pass each) go to a program that reads
-        a prompt."""
-        key = self.key(name, threads, path, prompt, then)
-        return self._cached(key, lambda: trace_program(key[0], key[1], on_step=on_step, **_inputs(key)))
-
-    def walkthrough(self, key: TraceKey, client: str) -> Trace | Job:
-        """The walkthrough's kept trace; else its recording, a job of the queue: the trace if it
-        is done within QUICK seconds, else the job (its page follows it). QueueFull when it
-        cannot be queued; the job's own error (a bad input) is raised here."""
+    def walkthrough(self, key: TraceKey, client: str, wait: float | None = None) -> Trace | Job:
+        """A walkthrough's trace (`key` from `key()`): the kept one, else its recording, a job of
+        the queue: the trace if it is done within `wait` seconds (QUICK by default), else the job
+        (its page follows it). QueueFull when it cannot be queued; the job's own error (a bad
+        input) is raised here. Without a queue it is recorded here and now."""
         trace = self.kept(key)
-        if trace is not None or self.jobs is None:
-            return trace or self.trace(key[0], key[1], key[2], key[3], key[4])
-        job = self.jobs.submit(("walkthrough", key), client, lambda job: self.trace(
-            key[0], key[1], key[2], key[3], key[4], on_step=job.count_step))
-        if not job.done.wait(QUICK):
+        if trace is not None:
+            return trace
+        if self.jobs is None:
+            return self._record(key)
+        job = self.jobs.submit(("walkthrough", key), client, lambda job: self._record(key, job.count_step))
+        if not job.done.wait(QUICK if wait is None else wait):
             return job
         if isinstance(job.result, BaseException):
             raise job.result
         return job.result
+
+    def _record(self, key: TraceKey, on_step=None) -> Trace:
+        """Record the walkthrough `key` names and keep its trace. `path` in the key is the input
+        file of a walkthrough that reads one (gguf-load, minilm, gemma3); `prompt` and `then`
+        (token ids appended one pass each) go to a program that reads a prompt."""
+        trace = trace_program(key[0], key[1], on_step=on_step, **_inputs(key))
+        with self._lock:
+            self._keep(key, trace)
+        return trace
 
     def kept(self, key: TraceKey) -> Trace | None:
         """The trace kept for key, without recording it."""
@@ -83,37 +76,15 @@ class TraceCache:
     def program(self, digest: str, threads: int) -> Trace | None:
         """The kept trace of a learner's program, by its text's hash (None: not recorded here
         yet; the job queue records it, then `put_program` keeps it)."""
-        key = (PROGRAM_PREFIX + digest, _threads(threads), None, None, ())
-        with self._lock:
-            trace = self._traces.get(key)
-            if trace is not None:
-                self._traces.move_to_end(key)
-            return trace
+        return self.kept(self._program_key(digest, threads))
 
     def put_program(self, digest: str, threads: int, trace: Trace) -> None:
         with self._lock:
-            self._keep((PROGRAM_PREFIX + digest, _threads(threads), None, None, ()), trace)
+            self._keep(self._program_key(digest, threads), trace)
 
-    def _cached(self, key: TraceKey, make: Callable[[], Trace]) -> Trace:
-        """The kept trace for key, or make() it once (concurrent requests for it wait, at most
-        RECORDING_WAIT seconds: then TraceBusy)."""
-        with self._lock:
-            if key in self._traces:
-                self._traces.move_to_end(key)
-                return self._traces[key]
-            lock = self._recording.setdefault(key, threading.Lock())
-        if not lock.acquire(timeout=RECORDING_WAIT):
-            raise TraceBusy(_("this trace is still being recorded for another request; try again in a moment"))
-        try:
-            with self._lock:
-                if key in self._traces:
-                    return self._traces[key]
-            trace = make()
-            with self._lock:
-                self._keep(key, trace)
-            return trace
-        finally:
-            lock.release()
+    @staticmethod
+    def _program_key(digest: str, threads: int) -> TraceKey:
+        return (PROGRAM_PREFIX + digest, _threads(threads), None, None, ())
 
     def _keep(self, key: TraceKey, trace: Trace) -> None:
         """Keep the trace, then let the oldest go while the traces hold more than BYTES_KEPT
@@ -130,6 +101,9 @@ class TraceCache:
 
     def key(self, name: str, threads: int | None, path: str | None,
              prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
+        """A walkthrough's key (KeyError for an unknown name, ValueError for bad threads or
+        inputs): without `path`, a walkthrough that reads a file reads its fixture from
+        `fixtures_dir` or the bundled model."""
         prog = PROGRAMS[name]
         n = _threads(threads or prog.threads)
         if path is None and prog.reads and self.fixtures_dir is not None:

@@ -64,6 +64,11 @@ class ServerTiming:
         await self.app(scope, receive, timed)
 
 
+def client_of(request: Request) -> str:
+    """Who asked (per-client limits of the job queue): the client's address."""
+    return request.client.host if request.client else "?"
+
+
 def go_to(request: Request, url: str) -> Response:
     """Send the browser to url: a 303, or for an htmx request (a swap, a poll) HX-Redirect."""
     if request.headers.get("HX-Request") == "true":

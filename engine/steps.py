@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from dataclasses import astuple, asdict, dataclass
 from enum import StrEnum
 
@@ -256,6 +257,15 @@ def describe_changes(call: str, objects, fields, patches) -> str:
     if not objects and not fields and patches:
         parts.append(notes.WROTE.format(n=sum(len(p.data) for p in patches)))
     return "; ".join(parts) or notes.NOTHING.format(fn=fn)
+
+
+ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][\w, ]*?)\s*=[^=]")
+
+
+def assigned_names(statement: str) -> list[str]:
+    """The variables a statement assigns (`a = …`: ["a"]; `x, y = …`: ["x", "y"]; else [])."""
+    m = ASSIGNMENT.match(statement)
+    return m.group(1).replace(" ", "").split(",") if m else []
 
 
 def statement_spans(source: str) -> dict[int, tuple[int, int]]:

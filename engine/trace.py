@@ -16,11 +16,9 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
-import ast
 from bisect import bisect_right
 import hashlib
 import json
-import re
 import sys
 import time
 from operator import attrgetter
@@ -47,7 +45,7 @@ from engine.infos import TensorInfo, ggml_tensor_infos
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.optable import GGMLOp
 from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
-                          ThreadShare, describe_changes, field_text, statement_spans)
+                          ThreadShare, assigned_names, describe_changes, field_text, statement_spans)
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.trace_cpu import CpuDependence
 from engine.trace_opt import OPT_LOOPS, OPT_QUERIES, OPT_STRUCT_WRITERS, opt_parts
@@ -489,8 +487,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return step
 
     def finish_call(self, name: str, result: Any) -> None:
-        if isinstance(result, Tensor) and (m := ASSIGNS.match(self.source(self.line))):
-            self.variables[_ref(result)] = m.group(1)  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
+        if isinstance(result, Tensor) and len(names := assigned_names(self.source(self.line))) == 1:
+            self.variables[_ref(result)] = names[0]  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
         if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
             self.args = self.raw_args + tuple(opt_parts((*self.raw_args, result)))
             for part in self.args:
@@ -519,7 +517,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         note = ""
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
-            note = notes.WROTE_DATA.format(fn=name, name=self.tensor_words(t, name), n=ggml_nbytes(t),
+            note = notes.WROTE_DATA.format(fn=name, name=self.tensor_words(t), n=ggml_nbytes(t),
                                            addr=f"{t.data:#x}")
         elif name == "ggml_init" and isinstance(result, Context):
             note = (notes.INIT_NO_ALLOC if result.no_alloc else notes.INIT).format(
@@ -529,23 +527,13 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
         self.after_backend_call(self.call_step if step is None else step.index)
 
-    def tensor_words(self, t: Tensor, fn: str | None = None) -> str:
+    def tensor_words(self, t: Tensor) -> str:
         """How a note names a tensor: its name in quotes; when it has none, the program's
-        variable it was assigned to when made, or that a call named it by (`a (unnamed)`), else
-        `(unnamed)`."""
+        variable it was made into (`a (unnamed)`), else `(unnamed)`."""
         if t.name:
             return f"'{t.name}'"
         var = self.variables.get(_ref(t))
-        if var is not None or fn is None:
-            return f"{var} {notes.UNNAMED}" if var else notes.UNNAMED
-        try:
-            calls = [n for n in ast.walk(ast.parse(self.source(self.line).strip()))
-                     if isinstance(n, ast.Call) and getattr(n.func, "id", getattr(n.func, "attr", None)) == fn]
-        except SyntaxError:
-            calls = []
-        if calls and calls[0].args and isinstance(calls[0].args[0], ast.Name):
-            return f"{calls[0].args[0].id} {notes.UNNAMED}"
-        return notes.UNNAMED
+        return f"{var} {notes.UNNAMED}" if var else notes.UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
@@ -605,7 +593,6 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
 
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
-ASSIGNS = re.compile(r"^\s*([A-Za-z_]\w*)\s*=[^=]")  # a statement that assigns one variable
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
 CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
 

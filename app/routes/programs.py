@@ -13,13 +13,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app.deps import PLAYGROUND_OFF, Jobs, Programs, Threads, Traces
 from app.i18n import _
 from app.jobs import Job, JobQueue, QueueFull, busy
-from app.programs import MAX_PROGRAM, NotRecorded, ProgramStore, failed_trace
+from app.programs import MAX_PROGRAM, ProgramStore, failed_trace
 from app.settings import MAX_THREADS
 from app.sandbox.check import ProgramRefused, Refusal, check_program
 from app.sandbox.run import Limits
 from app.traces import TraceCache
 from app.views.debugger.where import Where
-from app.web import go_to, recording_page, templates
+from app.web import client_of, go_to, recording_page, templates
 from engine.programs import PROGRAMS
 from engine.trace import Trace
 
@@ -100,8 +100,8 @@ def submit(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
     except ProgramRefused as e:
         return _page(request, source, threads, e.refusal, status=422)
     digest = programs.save(source)
-    found = trace_or_job(request, programs, cache, jobs, digest, threads)
-    url = _steps_url(found, digest, threads) if isinstance(found, Trace) else _run_url(digest, threads)
+    found = trace_or_job(programs, cache, jobs, digest, threads, client_of(request))
+    url = _steps_url(found, digest, threads) if isinstance(found, Trace) else run_url(digest, threads)
     return RedirectResponse(url, status_code=303)
 
 
@@ -118,17 +118,18 @@ def run_page(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
 def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
               threads: int, step: int | None = None) -> Response:
     """The debugger if the program's trace is kept, else its job's page (202)."""
-    found = trace_or_job(request, programs, cache, jobs, digest, threads)
+    found = trace_or_job(programs, cache, jobs, digest, threads, client_of(request))
     if isinstance(found, Trace):
         return go_to(request, _steps_url(found, digest, threads, step))
-    return recording_page(request, jobs.place(found), found, what=None, url=_run_url(digest, threads, step),
+    return recording_page(request, jobs.place(found), found, what=None, url=run_url(digest, threads, step),
                           limits=programs.limits, back=f"/playground?program={digest}")
 
 
-def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
-                 threads: int) -> Trace | Job:
-    """The program's kept trace, or the job recording it (queued now if there was none): 503
-    with Retry-After when the queue is full, 429 when this client has enough programs queued."""
+def trace_or_job(programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str, threads: int,
+                 client: str) -> Trace | Job:
+    """The program's kept trace, or the job recording it (queued now if there was none; its
+    work keeps the trace): 503 with Retry-After when the queue is full, 429 when this client has
+    enough programs queued."""
     trace = cache.program(digest, threads)
     if trace is not None:
         return trace
@@ -141,11 +142,12 @@ def trace_or_job(request: Request, programs: ProgramStore, cache: TraceCache, jo
 
     def work(job: Job) -> Trace:
         try:
-            return programs.record(source, threads)
+            trace = programs.record(source, threads)
         except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
-            return failed_trace(source, threads, f"{type(e).__name__}: {e}")
+            trace = failed_trace(source, threads, f"{type(e).__name__}: {e}")
+        cache.put_program(digest, threads, trace)
+        return trace
 
-    client = request.client.host if request.client else "?"
     try:
         return jobs.submit(("program", digest, threads), client, work)
     except QueueFull as e:
@@ -160,14 +162,7 @@ def _steps_url(trace: Trace, digest: str, threads: int, step: int | None = None)
     return Where(digest, n, None if threads == 1 else threads, kind="programs").url()
 
 
-def _run_url(digest: str, threads: int, step: int | None = None) -> str:
+def run_url(digest: str, threads: int, step: int | None = None) -> str:
+    """The recording page of a program's run."""
     return f"/programs/{digest}/run?threads={threads}" + (f"&step={step}" if step is not None else "")
 
-
-def not_recorded(request: Request, e: NotRecorded) -> Response:
-    """A step page of a program no one recorded here (a shared link, a restarted server):
-    queue its recording and go to its page."""
-    app = request.app
-    found = trace_or_job(request, app.state.programs, app.state.traces, app.state.jobs, e.digest, e.threads)
-    return go_to(request, _steps_url(found, e.digest, e.threads, e.step) if isinstance(found, Trace)
-                 else _run_url(e.digest, e.threads, e.step))

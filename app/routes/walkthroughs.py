@@ -11,7 +11,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from app.deps import PLAYGROUND_OFF, FileHash, Jobs, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
 from app.jobs import Job, Pending, QueueFull, busy
-from app.programs import NotRecorded, ProgramStore
+from app.programs import ProgramStore
+from app.routes.programs import run_url, trace_or_job
 from app.store import UploadStore
 from app.traces import TraceCache
 from app.views.debugger import graph as G
@@ -33,7 +34,7 @@ from app.views.debugger.threads import threads
 from app.views.debugger.training import training_view
 from app.views.debugger.values import gradient_of, values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
-from app.web import go_to, recording_page, templates
+from app.web import client_of, go_to, recording_page, templates
 from engine.programs import PROGRAMS
 from engine.tensor import Tensor
 from engine.trace import State, Step, Trace
@@ -113,9 +114,9 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
 
 def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where,
            client: str) -> Trace:
-    """The trace `where` names. A walkthrough's, recorded as a job when no trace of it is kept
-    (Pending, with its recording page, when that takes more than a moment); a learner's program's
-    (NotRecorded when no trace of it is kept here: the handler queues its recording)."""
+    """The trace `where` names, a walkthrough's or a learner's program's; when no trace of it is
+    kept here it is recorded as a job (Pending, with the recording's page, when that takes more
+    than a moment; a program's always runs as a job, in the sandbox)."""
     if not where.is_program:
         key = cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
                         where.prompt, where.then_ids)
@@ -125,12 +126,10 @@ def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None,
         return found
     if programs is None:
         raise HTTPException(403, _(PLAYGROUND_OFF))
-    trace = cache.program(where.name, where.threads or 1)
-    if trace is None:
-        if programs.load(where.name) is None:
-            raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=where.name))
-        raise NotRecorded(where.name, where.threads or 1, where.step)
-    return trace
+    found = trace_or_job(programs, cache, cache.jobs, where.name, where.threads or 1, client)
+    if isinstance(found, Job):  # (a shared link, a restarted server: recorded here now)
+        raise Pending(run_url(where.name, where.threads or 1, where.step))
+    return found
 
 
 def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None, client: str):
@@ -147,9 +146,6 @@ def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramSt
             name=where.name, last=len(trace.steps) - 1, step=where.step))
     return trace, trace.steps[where.step], cache.state(trace, where.step)
 
-
-def client_of(request: Request) -> str:
-    return request.client.host if request.client else "?"
 
 
 def _select(state: State, where: Where, step: Step) -> Tensor | None:
@@ -245,14 +241,12 @@ def recording(request: Request, cache: Traces, store: Store, jobs: Jobs, name: s
         key = cache.key(name, where.threads, _input_file(store, name, where.file), where.prompt, where.then_ids)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
-    found = cache.kept(key) or jobs.get(("walkthrough", key))
-    if found is None:
-        try:
-            found = cache.walkthrough(key, client_of(request))
-        except QueueFull as e:
-            raise busy(e) from None
-        except ValueError as e:
-            raise HTTPException(422, str(e)) from None
+    try:
+        found = cache.walkthrough(key, client_of(request), wait=0)  # (a poll waits for nothing)
+    except QueueFull as e:
+        raise busy(e) from None
+    except ValueError as e:
+        raise HTTPException(422, str(e)) from None
     if not isinstance(found, Job):
         return go_to(request, where.url(step=min(step, len(found.steps) - 1)))
     return recording_page(request, jobs.place(found), found, what=name, limits=None, back=None,

@@ -124,13 +124,13 @@ def _output(name: Any, v: Any) -> Output:
         a = None
     if a is not None and a.dtype.name in OUTPUT_DTYPES:
         return Array(a.dtype.name, tuple(a.shape), a.tobytes())
-    if isinstance(v, (list, tuple)) and all(_plain(x) or isinstance(x, tuple) and all(map(_plain, x)) for x in v):
+    if isinstance(v, (list, tuple)) and all(_is_plain(x) or isinstance(x, tuple) and all(map(_is_plain, x)) for x in v):
         return Items(list(v), isinstance(v, tuple))
     raise TypeError(f"the output {name!r} is a {type(v).__name__}: a program's outputs are tensors, "
                     f"arrays, numbers, strings and lists of them")
 
 
-def _plain(x: Any) -> bool:
+def _is_plain(x: Any) -> bool:
     return x is None or isinstance(x, (bool, int, float, str))
 
 

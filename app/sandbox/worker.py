@@ -14,8 +14,8 @@ teaching aid that refuses early and clearly what the kernel would refuse anyway:
 - everything the engine will need is imported, then any further import is refused;
 - an audit hook refuses opening files outside the scratch directory and Python's own
   installation, subprocesses, fork and exec, sockets, and loading or calling C code through ctypes;
-- the program's builtins lack open, eval, exec, getattr and the rest check.py refuses, and its
-  imports give restricted copies of the allowed modules.
+- the program's builtins lack eval, exec, getattr and the rest check.py refuses, and its imports
+  give restricted copies of the allowed modules.
 
 In both cases a CPU-time and a wall-clock alarm, the printed-output limit and the step cap raise
 ProgramStopped inside the program, so the trace keeps every step before it; a program that ignores

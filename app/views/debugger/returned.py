@@ -4,17 +4,16 @@ examples print their result."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from app.views.format import fmt_short, visible_text
+from engine.steps import assigned_names
 from engine.trace import Step, StepKind, Trace
 
 SHOWN = 8  # outputs shown
-ASSIGNED = re.compile(r"^\s*([A-Za-z_][\w, ]*?)\s*=[^=]")  # the names a statement assigns
 ROWS, COLS = 12, 12  # of each table
 
 
@@ -27,16 +26,13 @@ class Returned:
     cut: bool  # the table shows only part of it
     made_at: int | None = None  # the step whose statement assigned the variable of that name
 
+
 def returned(trace: Trace, step: Step) -> list[Returned]:
     """The outputs, at the step that says the program returned (else nothing), each with the
     step that made it: the last call whose statement assigns a variable of its name."""
     if step.kind != StepKind.END:
         return []
-    made = {}
-    for s in trace.steps:
-        if s.kind == StepKind.CALL and (m := ASSIGNED.match(s.call)):
-            for name in m.group(1).replace(" ", "").split(","):
-                made[name] = s.index
+    made = {name: s.index for s in trace.steps if s.kind == StepKind.CALL for name in assigned_names(s.call)}
     return [replace(_one(name, v), made_at=made.get(name)) for name, v in list(trace.outputs.items())[:SHOWN]]
 
 
