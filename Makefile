@@ -9,7 +9,7 @@ PORT   ?= 8000
 APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
 APT_TEST := $(APT_RUN) chromium stress-ng
 
-.PHONY: run test test-load test-models package-check screenshots messages bench size setup setup-test clean
+.PHONY: run test test-load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -85,16 +85,18 @@ run: setup
 	$(VENV)/bin/ggml-lens serve --host $(HOST) --port $(PORT)
 
 # The tests whose results must not depend on the CPU (op conformance, quantization, the model
-# comparisons, golden traces, libm), run a second time with numpy's SIMD dispatch lowered to its
-# baseline: the engine's bits must not depend on which SIMD path numpy picks (README: "How it is
-# checked").
+# comparisons, golden traces, libm, the C loops' twins), run a second time in pure-numpy mode
+# (every C loop of engine/_lanes.c replaced by its numpy twin) with numpy's SIMD dispatch lowered
+# to its baseline: the engine's bits depend neither on its C loops nor on which SIMD path numpy
+# picks (README: "How it is checked"). The first run covers the C loops at numpy's own dispatch.
 EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.py \
 	tests/conformance/test_compute_core.py tests/conformance/test_compute_quant.py \
 	tests/conformance/test_quants.py tests/conformance/test_quants_matmul.py \
 	tests/conformance/test_types.py tests/conformance/test_models.py tests/conformance/test_gemma.py \
 	tests/conformance/test_evaldump.py tests/conformance/test_autodiff.py \
 	tests/conformance/test_sched.py tests/conformance/test_graph_copy.py \
-	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py
+	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py \
+	tests/unit/engine/test_twins.py
 
 # Two pytest workers, one per core: the browser tier runs beside CPU-bound tests, then its
 # navigation tests once more with both cores kept busy by stress-ng (test-load).
@@ -104,11 +106,12 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 
 test: setup-test
 	$(PY) -m pytest -q $(PYTEST_PAR) tests
-	@echo "== again with numpy's SIMD dispatch lowered to its baseline"
-	NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
+	@echo "== again in pure-numpy mode, numpy's SIMD dispatch lowered to its baseline"
+	GGML_LENS_PURE_NUMPY=1 NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
 		$(PY) -m pytest -q $(PYTEST_PAR) -p no:cacheprovider $(EXACT_TESTS)
 	@$(MAKE) --no-print-directory test-load
 	@$(MAKE) --no-print-directory package-check
+	@$(MAKE) --no-print-directory package-check-nocc
 
 # The browser's step navigation while another process keeps both cores busy
 test-load: setup-test
@@ -125,6 +128,15 @@ package-check:
 	$(PKG_VENV)/bin/pip install --quiet '.[model]'
 	cd $(PKG_VENV) && $(PKG_VENV)/bin/python \
 		$(CURDIR)/tests/package/check_install.py
+
+# The same install where no C compiler works (CC names none): the extensions are skipped, and the
+# app serves every walkthrough computed by the numpy twins (no bundled model: it checks the rest).
+package-check-nocc:
+	rm -rf $(PKG_VENV)-nocc $(PKG_VENV)-src && python3 -m venv $(PKG_VENV)-nocc && mkdir $(PKG_VENV)-src
+	git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -c -T - | tar -x -C $(PKG_VENV)-src
+	CC=/nonexistent/cc $(PKG_VENV)-nocc/bin/pip install --quiet $(PKG_VENV)-src
+	cd $(PKG_VENV)-nocc && $(PKG_VENV)-nocc/bin/python \
+		$(CURDIR)/tests/package/check_install.py --no-compiler
 
 # The README's screenshots, refreshed on purpose (a plain test run writes them to a temporary
 # folder): the browser tests write them into docs/screenshots.

@@ -16,6 +16,7 @@ from app.jobs import Pending
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
+from engine.lanes import use_numpy
 
 
 _TUNED = False
@@ -39,6 +40,8 @@ def _tune_collector() -> None:
 def create_app(settings: Settings | None = None) -> FastAPI:
     _tune_collector()
     settings = settings or Settings.from_env()
+    if settings.pure_numpy:
+        use_numpy(True)
     app = FastAPI(title="ggml-lens", docs_url=None, redoc_url=None)
     deps.install(app, settings)
     app.add_middleware(LocaleMiddleware)

@@ -32,6 +32,7 @@ class Settings:
     runs_at_once: int = 2  # programs recorded at the same time (each takes a core)
     run_queue: int = 16  # programs that may wait for a free worker
     runs_per_client: int = 2  # programs one client may have waiting or running
+    pure_numpy: bool = False  # the engine runs the numpy twins of its C loops (engine/lanes.py)
     models_dir: Path | None = None  # a folder of GGUF files opened in place (default: the
     # data directory's models/, where the bundled Gemma 3 270M is installed)
 
@@ -43,7 +44,7 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
-        without the kernel boundary) and _MODELS, each falling back to the default above."""
+        without the kernel boundary), _PURE_NUMPY ("1": the numpy twins) and _MODELS, each falling back to the default above."""
         env = os.environ if env is None else env
         d = cls()
         data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
@@ -55,5 +56,6 @@ class Settings:
                    fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)),
                    programs=env.get("GGML_LENS_PROGRAMS", "") in ("1", "unconfined"),
                    unconfined_programs=env.get("GGML_LENS_PROGRAMS", "") == "unconfined",
+                   pure_numpy=env.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0"),
                    models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS")
                    else data_dir / "models")

@@ -14,13 +14,39 @@ from __future__ import annotations
 
 import numpy as np
 
+F32 = np.float32
+
+
+class _EachByCtypes:
+    """The C library's functions called through ctypes, one element at a time: the same calls as
+    engine._libm makes (so the same bits), for an install without a C compiler, and slower."""
+
+    NAMES = ("expf", "expm1f", "logf", "log1pf", "log2f", "sinf", "cosf", "tanhf", "erff", "powf")
+
+    def __init__(self) -> None:
+        import ctypes
+        import ctypes.util
+
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        for name in self.NAMES:
+            fn = getattr(libm, name)
+            fn.restype = ctypes.c_float
+            fn.argtypes = [ctypes.c_float] * (2 if name == "powf" else 1)
+            setattr(self, name, self._over_buffers(fn))
+
+    @staticmethod
+    def _over_buffers(fn):
+        def each(*bufs) -> None:  # (src..., dst): dst[i] = fn(src[i]...)
+            *src, dst = bufs
+            dst[:] = np.array([fn(*v) for v in zip(*(s.tolist() for s in src))], F32)
+        return each
+
+
 try:
     from engine import _libm
-except ImportError as e:  # the project's set-up builds it (pip install compiles engine/_libm.c)
-    raise ImportError("engine._libm is not built: run `make setup` (pip install -e .) to compile "
-                      "engine/_libm.c") from e
+except ImportError:  # installed without a C compiler (engine.lanes says so once)
+    _libm = _EachByCtypes()
 
-F32 = np.float32
 
 
 def _unary(fn, x) -> np.ndarray:

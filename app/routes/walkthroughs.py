@@ -17,6 +17,7 @@ from app.store import UploadStore
 from app.traces import TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
+from app.views.debugger.kernel import kernel
 from app.views.debugger.nav import nav
 from app.views.debugger.accountant import accounts
 from app.views.debugger.answer import answer_view
@@ -171,7 +172,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str 
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
         "grad": values(gradient_of(state, sel), where),
-        "threads": threads(trace, step), "graph": graph,
+        "threads": threads(trace, step), "kernel": kernel(trace, step, state, where), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
         "steps": steps_view(trace, where), "answer": answer_view(trace, where),
         "training": training_view(trace),
@@ -188,10 +189,11 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, program
               threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
               file: FileHash = None, expand: str | None = Expand,
               hex: str = Query("struct", pattern="^(struct|data)$"), prompt: Prompt = None,
-              then: Then = None) -> HTMLResponse:
+              then: Then = None, ith: int = Query(0, ge=0, le=255)) -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
-    where = _where(request, name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then)
+    where = _where(request, name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then,
+                   ith=ith)
     model = step_model(cache, store, where, expand, programs, client_of(request))
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import app
 import engine
+from engine.lanes import pure_numpy
 
 SCRATCH = "/scratch"  # the worker's working directory: a size-capped tmpfs
 DATA = "/data"  # the worker's data directory: the bundled model, read-only, if the server has it
@@ -169,8 +170,10 @@ class Boundary:
 
 
 def worker_env() -> dict[str, str]:
+    """The worker's whole environment (the engine's mode included: C loops or numpy twins)."""
     return {"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-            "LANG": "C.UTF-8", "HOME": SCRATCH, "TMPDIR": SCRATCH, "PYTHONDONTWRITEBYTECODE": "1"}
+            "LANG": "C.UTF-8", "HOME": SCRATCH, "TMPDIR": SCRATCH, "PYTHONDONTWRITEBYTECODE": "1",
+            "GGML_LENS_PURE_NUMPY": "1" if pure_numpy() else "0"}
 
 
 def read_only_paths() -> list[Path]:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.lanes import lanes, twin
 from engine.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits, traits
 
 F32 = np.float32
@@ -269,14 +270,57 @@ def flip_nan_signs(y: np.ndarray, q: np.ndarray, d: np.ndarray) -> None:
         y[bad] = yb
 
 
-def dequantize_in_c(type_: int):
-    """A QuantKind dequantizer run by engine._lanes.dequantize (its C states the formula):
-    structured blocks (nb,) -> float32 (nb, block size), the same bits as ggml's to_float."""
-    from engine import _lanes
-    from engine.types import traits
+def half_at(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The fp16 at byte `at` of each block (..., size) uint8, as float32 (GGML_FP16_TO_FP32)."""
+    return h2f(blocks[..., at].astype(np.uint16) | blocks[..., at + 1].astype(np.uint16) << 8)
+
+
+_POW3 = np.array([1, 3, 9, 27, 81, 243], np.uint16)
+
+
+def _trits(qs: np.ndarray, count: int) -> np.ndarray:
+    """TQ1_0's trits 0..count-1 of each byte q of qs (nb, m), minus 1: ((uint8_t)(q * 3^n) * 3)
+    >> 8, the trit n of q -> (nb, count, m) int16."""
+    q = (qs[:, None, :].astype(np.uint16) * _POW3[:count, None]) & 0xFF
+    return ((q * 3) >> 8).astype(np.int16) - 1
+
+
+@twin("dequantize")
+def dequantize_blocks(type_: int, raw, out) -> None:
+    """engine._lanes.dequantize(type, raw, out): ggml's to_float (dequantize_row_q8_0, _q4_K,
+    _q5_K, _tq1_0) of the whole blocks in raw (uint8) into out (float32), every block at once.
+    Each product and difference is rounded to float as in the C; nothing is fused."""
+    size = {GGMLType.Q8_0: 34, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.TQ1_0: 54}[type_]
+    blk = np.frombuffer(raw, np.uint8).reshape(-1, size)
+    y = np.frombuffer(out, F32).reshape(len(blk), -1)
+    if type_ == GGMLType.Q8_0:  # y = q * d
+        y[:] = blk[:, 2:].view(np.int8).astype(F32) * half_at(blk, 0)[:, None]
+    elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # y = (d * sc) * q - (dmin * m), per run of 32
+        from engine.quants.kquants import get_scale_min_k4  # kquants imports this module
+        five = type_ == GGMLType.Q5_K
+        sc, m = get_scale_min_k4(blk[:, 4:16])  # (nb, 8) each
+        d1 = half_at(blk, 0)[:, None] * sc.astype(F32)
+        m1 = half_at(blk, 2)[:, None] * m.astype(F32)
+        qs = blk[:, 48:176] if five else blk[:, 16:144]
+        runs = qs.reshape(-1, 4, 1, 32)  # run 2j: the low nibbles of qs[32j..], 2j + 1: the high
+        q = np.concatenate([runs & 0x0F, runs >> 4], axis=2).reshape(-1, 8, 32)
+        if five:  # plus 16 times bit j of qh[e] for element e of run j
+            q = q + ((blk[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) * 16
+        y.reshape(-1, 8, 32)[:] = d1[..., None] * q.astype(F32) - m1[..., None]
+    else:  # TQ1_0: y = (trit - 1) * d
+        t = np.concatenate([_trits(blk[:, 0:32], 5).reshape(-1, 160),  # elements 32n + m
+                            _trits(blk[:, 32:48], 5).reshape(-1, 80),  # 160 + 16n + m
+                            _trits(blk[:, 48:52], 4).reshape(-1, 16)], axis=1)  # 240 + 4n + m
+        y[:] = t.astype(F32) * half_at(blk, 52)[:, None]
+
+
+def dequantize_by_lanes(type_: int):
+    """A QuantKind dequantizer run by lanes.dequantize (engine/_lanes.c, or its twin
+    dequantize_blocks): structured blocks (nb,) -> float32 (nb, block size), the same bits as
+    ggml's to_float."""
 
     def dequantize(b: np.ndarray) -> np.ndarray:
         out = np.empty((len(b), traits(type_).blck_size), F32)
-        _lanes.dequantize(int(type_), byte_rows(b), out)
+        lanes.dequantize(int(type_), byte_rows(b), out)
         return out
     return dequantize

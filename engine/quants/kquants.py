@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
-                                  byte_rows, copy_runs, dequantize_in_c, f2h, f32, first_max,
+                                  byte_rows, copy_runs, dequantize_by_lanes, f2h, f32, first_max,
                                   first_min, h2f, nearest_int, nibbles, scaled, seq_sum, SubScales,
                                   unpack_2bit)
 from engine.types import GGMLType as T
@@ -331,7 +331,7 @@ def _q4_nibbles(qs: np.ndarray) -> np.ndarray:
     return nibbles(np.ascontiguousarray(qs), 0, 128, 32)
 
 
-dequantize_q4_k = dequantize_in_c(T.Q4_K)  # dequantize_row_q4_K: d*sc*q - dmin*m, sub-block = element // 32
+dequantize_q4_k = dequantize_by_lanes(T.Q4_K)  # dequantize_row_q4_K: d*sc*q - dmin*m, sub-block = element // 32
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
@@ -345,7 +345,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return y
 
 
-dequantize_q5_k = dequantize_in_c(T.Q5_K)  # dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m
+dequantize_q5_k = dequantize_by_lanes(T.Q5_K)  # dequantize_row_q5_K: d*sc*(q4 + 16*hbit) - dmin*m
 
 
 # --- Q6_K --------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.lanes import lanes, twin
 from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
-                                  c_int8, copy_runs, dequantize_in_c, f2h, first_max, first_min,
+                                  c_int8, copy_runs, dequantize_by_lanes, f2h, first_max, first_min,
                                   flip_nan_signs, h2f, nibbles, pack_nibbles, round_away, safe_inv,
                                   scaled, seq_sum, unpack_nibbles)
 from engine.types import GGMLType as T
@@ -152,7 +153,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     return y
 
 
-dequantize_q8_0 = dequantize_in_c(T.Q8_0)  # dequantize_row_q8_0: q * d
+dequantize_q8_0 = dequantize_by_lanes(T.Q8_0)  # dequantize_row_q8_0: q * d
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
@@ -183,13 +184,21 @@ def from_float_q8_0_ref(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def from_float_q8_0(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 (ggml-cpu, x86 AVX2): mul_mat's src1 conversion for Q8_0 weights,
-    by engine._lanes.quantize_q8_0 (the same bits as from_float_q8_0_ref)."""
-    from engine import _lanes
+@twin("quantize_q8_0")
+def quantize_q8_0_into(x, out) -> None:
+    """engine._lanes.quantize_q8_0(x, out): whole blocks of 32 floats -> 34-byte Q8_0 blocks in
+    out, as from_float_q8_0_ref computes them."""
+    x = np.frombuffer(x, F32) if not isinstance(x, np.ndarray) else x.reshape(-1)
+    out = out.reshape(-1) if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
+    with np.errstate(all="ignore"):  # NaN and infinite blocks are quantized as C does
+        out.view(BLOCK_Q8_0)[:] = from_float_q8_0_ref(x.reshape(-1, 32))
 
+
+def from_float_q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (ggml-cpu, x86 AVX2): mul_mat's src1 conversion for Q8_0 weights
+    (lanes.quantize_q8_0: in C, or from_float_q8_0_ref)."""
     y = np.empty(len(x), BLOCK_Q8_0)
-    _lanes.quantize_q8_0(np.ascontiguousarray(x, dtype=np.float32), y.view(np.uint8))
+    lanes.quantize_q8_0(np.ascontiguousarray(x, dtype=np.float32), y.view(np.uint8))
     return y
 
 

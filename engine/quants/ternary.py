@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (QuantKind, block_dtype, dequantize_in_c, f2h, h2f, round_away,
+from engine.quants.common import (QuantKind, block_dtype, dequantize_by_lanes, f2h, h2f, round_away,
                                   safe_inv, scaled, unpack_2bit)
 from engine.types import GGMLType as T
 
@@ -51,7 +51,7 @@ def quantize_tq1_0(x: np.ndarray) -> np.ndarray:
 
 
 # dequantize_row_tq1_0: (trit - 1) * d, trit n of byte q being ((uint8_t)(q * 3^n) * 3) >> 8
-dequantize_tq1_0 = dequantize_in_c(T.TQ1_0)
+dequantize_tq1_0 = dequantize_by_lanes(T.TQ1_0)
 
 
 def quantize_tq2_0(x: np.ndarray) -> np.ndarray:

@@ -101,3 +101,34 @@ def test_the_first_screen_and_the_search_in_folded_layers(page: Page, gemma_url)
     expect(hit).to_have_count(1, timeout=RECORD_MS)  # (graphviz draws the opened layer first)
     expect(hit).to_be_in_viewport()
     expect(page.locator("#graph .dagfound")).to_have_text("1 found")
+
+
+def test_the_kernel_tab_works_a_q4_k_block(page: Page, gemma_url, screenshot_dir):
+    """A learner searches for the attention output's product, opens its node and the Kernel
+    tab: ggml's kernel and inner function, the numpy twin's source, one Q4_K block worked
+    through to the value the node holds; then the next block, and the same tab in Chinese."""
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/0", timeout=RECORD_MS)
+    expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0$"), timeout=RECORD_MS)
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/search?q=attn_out-0")
+    page.locator("ol.results li", has_text="MUL_MAT -> 'attn_out-0'").get_by_role("link").click()
+    page.get_by_role("tab", name="Kernel").click()
+    kernel = page.locator("#kernel")
+    expect(kernel).to_contain_text("ggml_compute_forward_mul_mat")
+    expect(kernel).to_contain_text("ggml_vec_dot_q4_K_q8_K")
+    expect(kernel).to_contain_text("engine._lanes.quant_dot")
+    twin = kernel.locator("details.kernel-code", has_text="numpy twin").last
+    expect(twin.locator("pre.code")).to_contain_text("def quant_dot")
+    expect(twin.locator("pre.code .nf").first).to_be_visible()  # highlighted
+    worked = page.locator("#worked-block")
+    expect(worked).to_contain_text("The weight block (q4_K)")
+    expect(worked).to_contain_text("dmin")
+    expect(worked.locator("table.lanes tbody tr")).to_have_count(8)
+    expect(worked.locator(".same")).to_be_visible()  # the row's sum is the node's value
+    page.screenshot(path=str(screenshot_dir / "kernel-q4k.png"))
+    page.get_by_role("link", name="next block").click()
+    expect(page).to_have_url(re.compile(r"block=1"))
+    expect(page.locator("#kernel h3", has_text="block 1 of")).to_be_visible()
+    page.goto(page.url + "&lang=zh")
+    page.get_by_role("tab", name="内核").click()
+    expect(page.locator("#kernel")).to_contain_text("8 个通道和与融合乘加")

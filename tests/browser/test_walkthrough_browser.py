@@ -92,3 +92,17 @@ def test_unknown_walkthrough_is_a_page_not_a_traceback(page: Page, server_url: s
     expect(page.get_by_role("alert")).to_contain_text("There is no walkthrough named")
     page.get_by_role("link", name="Back to the start").click()
     expect(page.get_by_role("link", name="simple-ctx")).to_be_visible()
+
+
+def test_the_kernel_tab_of_an_add_node(page: Page, server_url: str):
+    """simple-add's ADD node: ggml's kernel, the numpy code that computed it, the first element
+    worked through with the node's numbers, and the thread's rows."""
+    page.goto(f"{server_url}/walkthroughs/simple-add/steps/0")
+    page.get_by_role("button", name="Next node", exact=True).click()  # its one node
+    expect(page.locator("#source .call")).to_contain_text("ADD")
+    page.get_by_role("tab", name="Kernel").click()
+    kernel = page.locator("#kernel")
+    expect(kernel).to_contain_text("ggml_compute_forward_add")
+    expect(kernel.locator("details.kernel-code pre.code").first).to_contain_text("def compute_forward_binary")
+    expect(page.locator("#worked-element")).to_contain_text("src0[0] + src1[0]")
+    expect(kernel.locator(".share")).to_contain_text("rows")

@@ -29,12 +29,12 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
     parent = trace.steps[step.parent] if step.parent is not None else None
     plan = step.plan or (parent.plan if parent is not None else None)
     longest = max((t.seconds for t in step.threads), default=0) or 1
-    shares = [Share(t.ith, t.kind, _ranges(t.kind, t.ranges), t.seconds * 1e6,
+    shares = [Share(t.ith, t.kind, ranges_text(t.kind, t.ranges), t.seconds * 1e6,
                     100 * t.seconds / longest, t.note) for t in step.threads]
     return ThreadsView(plan, step.call if step.kind == StepKind.NODE else None, shares)
 
 
-def _ranges(kind: str, ranges: tuple) -> str:
+def ranges_text(kind: str, ranges: tuple) -> str:
     if kind == "chunks":
         return "; ".join(_("chunk {c}: rows {r0}-{r1} x cols {c0}-{c1}").format(
             c=c, r0=a[0], r1=a[1] - 1, c0=b[0], c1=b[1] - 1) for c, a, b in ranges) or _("no chunk left")

@@ -44,6 +44,7 @@ class Where:
     prompt: str | None = None  # the learner's prompt, for a program that reads one
     then: str | None = None  # token ids appended after the prompt, "506,5279"
     kind: str = "walkthroughs"  # or "programs": a learner's program, `name` its text's hash
+    ith: int = 0  # the thread whose share the kernel panel shows
 
     @property
     def base(self) -> str:
@@ -77,6 +78,8 @@ class Where:
                  ("hex", None if v["hex"] == "struct" else v["hex"])]
         if v["row"] or v["block"]:
             pairs += [("row", v["row"]), ("block", v["block"])]
+        if v["ith"]:
+            pairs.append(("ith", v["ith"]))
         q = _query(pairs)
         return f"/{v['kind']}/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
 

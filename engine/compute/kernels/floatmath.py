@@ -7,14 +7,12 @@ ggml's kernels get their float math from two places, and so does the engine:
   whose last bit depends on the SIMD path numpy picks for the CPU.
 * **ggml's own arithmetic**, emulated with IEEE operations only (+, -, ×, ÷, comparisons and bit
   manipulation, whose results numpy cannot vary):
-  - fmaf: a fused multiply-add (one rounding), computed exactly in float64 then rounded. The
-    product of two floats is exact in a double; only a sum landing on a float rounding midpoint
-    after the double rounding could differ (vanishingly rare).
+  - fmaf: a fused multiply-add (one rounding), computed in float64 and rounded once, exactly.
   - mac_in_order: one step of a plain C loop `sum += a[k]*b[k]` as the oracle's build compiles
     it (see there).
-  - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`), lane by lane in C
-    (`engine._lanes`: each vector instruction is one IEEE operation per lane, so a lane alone
-    gives the vector's bits), for the part of a row that fills whole 8-lane vectors.
+  - v_expf / v_silu: ggml's AVX2 polynomial (`ggml_v_expf`, `ggml_v_silu`) for the part of a
+    row that fills whole 8-lane vectors: each vector instruction is one IEEE operation per lane,
+    so a lane alone gives the vector's bits. In C (`engine._lanes`), or their numpy twins here.
   - The fp16 GELU and GELU-quick tables that ggml_cpu_init builds (GGML_GELU_FP16), from libm's
     tanhf and expf.
 """
@@ -25,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-from engine import _lanes
+from engine.lanes import lanes, twin
 from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
     tanhf  # noqa: F401 (re-exported)
 from engine.types import fp16_bits_to_fp32, fp32_to_fp16_bits
@@ -40,10 +38,26 @@ SQRT_2_INV = F32(0.70710678118654752440084436210484)
 
 
 def fmaf(a, b, c) -> np.ndarray:
-    """fmaf(a, b, c): a*b + c with a single rounding to float32."""
-    r = np.multiply(a, b, dtype=F64)
-    r += c
-    return r.astype(F32)
+    """fmaf(a, b, c): a*b + c with a single rounding to float32, correctly rounded.
+
+    The product of two floats is exact in a double. The sum is taken in double with its rounding
+    error (Knuth's two-sum, exact), then rounded to odd: an inexact sum whose last bit is even
+    moves one unit towards the exact value. A double rounded to odd and then to float is the
+    exact value rounded to float (a double has more than two bits beyond a float's), so no
+    midpoint is rounded twice."""
+    a, b, c = (np.asarray(v, F64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    with np.errstate(invalid="ignore", over="ignore"):  # e is NaN where s is not finite: left
+        # alone; a sum beyond the float range becomes infinity
+        pv = s - c  # two-sum: s + e == p + c exactly
+        e = (p - pv) + (c - (s - pv))
+        bits = s.view(np.uint64) if s.ndim else s.reshape(1).view(np.uint64)
+        fix = (e != 0) & np.isfinite(e) & ((bits & np.uint64(1)) == 0)
+        if fix.any():
+            away = (e > 0) == (s > 0)  # towards the exact value: away from zero, or towards it
+            bits = np.where(fix, np.where(away, bits + np.uint64(1), bits - np.uint64(1)), bits)
+        return bits.view(F64).astype(F32).reshape(s.shape)
 
 
 DOT_LANES = 4  # products per vector block in a compiled `sum += a*b` loop
@@ -75,25 +89,74 @@ def by_rows(fn, *arrays: np.ndarray) -> np.ndarray:
 
 # --- ggml_v_expf / ggml_v_silu (AVX2 + FMA) -----------------------------------------------------
 
+_HEX = float.fromhex
+EXP_SHIFT = F32(_HEX("0x1.8p23"))  # 1.5 * 2^23: adding it rounds to an integer
+LOG2E = F32(_HEX("0x1.715476p+0"))
+LN2_HI, LN2_LO = F32(_HEX("-0x1.62e4p-1")), F32(_HEX("-0x1.7f7d1cp-20"))  # -ln 2 in two parts
+EXP_POLY = tuple(F32(_HEX(c)) for c in ("0x1.ffffecp-1", "0x1.fffdb6p-2", "0x1.555e66p-3",
+                                        "0x1.573e2ep-5", "0x1.0e4020p-7"))  # c1 .. c5
+U32 = np.uint32
+
+
+def v_expf_lanes(x: np.ndarray) -> np.ndarray:
+    """ggml_v_expf, every lane at once: exp(x) = 2^n * p(b). Each AVX2 instruction is one IEEE
+    operation on each lane, so these array operations give the vector code's bits."""
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        z = fmaf(x, LOG2E, EXP_SHIFT)  # _mm256_fmadd_ps(x, log2e, 0x1.8p23)
+        n = z - EXP_SHIFT  # round(x * log2 e)
+        b = fmaf(n, LN2_LO, fmaf(n, LN2_HI, x))  # x - n ln 2, in two steps
+        e = z.view(U32) << U32(23)  # n's integer bits moved into the exponent field
+        k = (e + U32(0x3F800000)).view(F32)  # 2^n
+        c1, c2, c3, c4, c5 = EXP_POLY
+        u = b * b
+        j = fmaf(fmaf(fmaf(c5, b, c4), u, fmaf(c3, b, c2)), u, c1 * b)  # p(b) - 1
+        # |n| > 126: 2^n as two factors s1 * s2, so that neither overflows or underflows early
+        g = np.where(n <= 0, U32(0x82000000), U32(0))
+        s1 = (g + U32(0x7F000000)).view(F32)
+        s2 = (e - g).view(F32)
+        an = np.abs(n)
+        return np.where(an > 192, s1 * s1,  # 0 or infinity
+                        np.where(an > 126, fmaf(s2, j, s2) * s1, fmaf(k, j, k))).astype(F32)
+
+
+def _buffer(buf, dtype=F32) -> np.ndarray:
+    """A C function's buffer argument as a flat numpy array (a view: writes go through)."""
+    return np.frombuffer(buf, dtype) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(dtype)
+
+
+@twin("v_expf")
+def v_expf_into(x, out) -> None:
+    """engine._lanes.v_expf: out[i] = ggml_v_expf's lane of x[i]."""
+    _buffer(out)[:] = v_expf_lanes(_buffer(x))
+
+
+@twin("v_silu")
+def v_silu_into(x, out) -> None:
+    """engine._lanes.v_silu: out[i] = ggml_v_silu's lane of x[i], x / (1 + v_expf(0 - x))."""
+    x = _buffer(x)
+    with np.errstate(all="ignore"):
+        _buffer(out)[:] = x / (F32(1) + v_expf_lanes(F32(0) - x))
+
+
 def v_expf(x: np.ndarray) -> np.ndarray:
     """ggml_v_expf (AVX2): exp by a degree-5 polynomial on x - n·ln2, scaled by 2^n built from
-    exponent bits; |n| > 126 and > 192 take the overflow/underflow lanes. Lane by lane in C
-    (engine/_lanes.c), with fmaf for the fused multiply-adds and the GIL released."""
+    exponent bits; |n| > 126 and > 192 take the overflow/underflow lanes (in C, or its twin)."""
     x = np.ascontiguousarray(x, F32)
     out = np.empty_like(x)
-    _lanes.v_expf(x, out)
+    lanes.v_expf(x, out)
     return out
 
 
 def v_silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """ggml_v_silu: x / (1 + v_expf(0 - x)), lane by lane in C (into `out` when it is a
-    contiguous float32 array of x's shape: it may be x itself)."""
+    """ggml_v_silu: x / (1 + v_expf(0 - x)), lane by lane (into `out` when it is a contiguous
+    float32 array of x's shape: it may be x itself)."""
     x = np.ascontiguousarray(x, F32)
     if out is not None and out.flags.c_contiguous and out.dtype == F32 and out.shape == x.shape:
-        _lanes.v_silu(x, out)
+        lanes.v_silu(x, out)
         return out
     y = np.empty_like(x)
-    _lanes.v_silu(x, y)
+    lanes.v_silu(x, y)
     if out is None:
         return y
     out[...] = y

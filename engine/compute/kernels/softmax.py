@@ -21,12 +21,13 @@ import itertools
 
 import numpy as np
 
-from engine import _lanes
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
+from engine.compute.kernels.floatmath import _buffer, v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
+from engine.lanes import lanes, twin
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
 from engine.types import GGMLType
@@ -39,17 +40,35 @@ BLOCK = 1 << 17  # elements per block of rows
 
 
 def soft_max_rows(w: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml_vec_soft_max_f32 on every row (last axis): y = exp(w - max) and the double sum of y,
-    in C (engine._lanes.soft_max: v_expf on whole 8-lane groups, each group's lanes added as the
-    SSE shuffles add them, the sum in double left to right)."""
+    """ggml_vec_soft_max_f32 on every row (last axis): y = exp(w - max) and the double sum of y
+    (lanes.soft_max: in C, or its twin below)."""
     n = w.shape[-1]
     rows = w.size // n if n else 0
     w2 = np.ascontiguousarray(w, F32).reshape(rows, n)
     m2 = np.ascontiguousarray(np.broadcast_to(mx, (*w.shape[:-1], 1)), F32).reshape(rows)
     y = np.empty((rows, n), F32)
     total = np.empty(rows, F64)
-    _lanes.soft_max(w2, m2, y, total, rows, n)
+    lanes.soft_max(w2, m2, y, total, rows, n)
     return y.reshape(w.shape), total.reshape(*w.shape[:-1], 1)
+
+
+@twin("soft_max")
+def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
+    """ggml_vec_soft_max_f32 (AVX2) of `rows` rows of n floats less their max mx[r]: y = exp(w -
+    max), v_expf on whole groups of 8 and libm's expf on the rest; each group's 8 lanes added in
+    float as the SSE shuffles add them, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)); then the groups'
+    sums and the tail's values added in double, left to right, into sums[r]."""
+    w2 = _buffer(w).reshape(rows, n)
+    y2 = _buffer(y).reshape(rows, n)
+    shifted = w2 - _buffer(mx)[:, None]
+    n8 = n - n % LANES
+    y2[:, :n8] = v_expf_lanes(shifted[:, :n8])
+    y2[:, n8:] = expf(shifted[:, n8:])
+    v = y2[:, :n8].reshape(rows, n8 // LANES, LANES)
+    h = v[..., :4] + v[..., 4:]  # v0+v4, v1+v5, v2+v6, v3+v7
+    groups = (h[..., 0] + h[..., 2]) + (h[..., 1] + h[..., 3])
+    terms = np.concatenate([np.zeros((rows, 1)), groups, y2[:, n8:]], axis=1, dtype=F64)
+    _buffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
 
 
 @kernel(GGMLOp.SOFT_MAX)

@@ -33,15 +33,13 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, logf, mac_in_order
-from engine.compute.kernels.vecdot import vec_dot_f32_rows
+from engine.compute.kernels.vecdot import EPR, STEP, lanes32, vec_dot_f32_rows
 from engine.errors import ggml_assert
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_rows
 from engine.types import GGMLType
 
 F32 = np.float32
-EPR, ARR = 8, 4  # AVX2: floats per vector, accumulators per step (GGML_F32_STEP = 32)
-STEP = EPR * ARR
 
 
 @kernel(GGMLOp.SSM_CONV)
@@ -74,21 +72,6 @@ def compute_forward_ssm_conv(params, dst: Tensor) -> None:
 def _flat(t: Tensor) -> np.ndarray:
     """A contiguous tensor's elements as one float32 row."""
     return view4(t).reshape(-1)
-
-
-def _lanes_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The GGML_F32_VEC loop of a dot product over the last axis (a multiple of 32): 4
-    accumulators of 8 lanes, acc += a·b fused per lane, then GGML_F32x8_REDUCE (acc0+acc2,
-    acc1+acc3, their sum, low + high half, two horizontal adds)."""
-    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-    acc = np.zeros((ARR, *shape, EPR), F32)
-    for i in range(0, a.shape[-1], STEP):
-        for j in range(ARR):
-            lo = i + j * EPR
-            acc[j] = fmaf(a[..., lo:lo + EPR], b[..., lo:lo + EPR], acc[j])
-    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
-    t0 = v[..., :4] + v[..., 4:]
-    return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -153,7 +136,7 @@ def compute_forward_ssm_scan(params, dst: Tensor) -> None:
                 # state = s·dA + B·x_dt as one fma on the rounded B·x_dt (the compiler fuses the
                 # vector multiply and add too)
                 new = fmaf(state, dA, bg * x_dt[..., None])
-                sumf = _lanes_dot(new[..., :npv], cg[..., :npv]) if npv else np.zeros(x_dt.shape, F32)
+                sumf = lanes32(new[..., :npv], cg[..., :npv]) if npv else np.zeros(x_dt.shape, F32)
                 for i0 in range(npv, nc):  # the scalar loop: an fma per state, in order
                     sumf = fmaf(new[..., i0], cg[..., i0], sumf)
                 y[i3, i2, h0:h1] = sumf
@@ -267,10 +250,10 @@ def compute_forward_rwkv_wkv7(params, dst: Tensor) -> None:
     r3, w3, k3, v3, a3, b3 = (_flat(t).reshape(T, H, S) for t in (r, w, k, v, a, b))
 
     def step(t, hs, prev, out):
-        sa = _lanes_dot(a3[t, hs, None, :], prev)  # (heads, i)
+        sa = lanes32(a3[t, hs, None, :], prev)  # (heads, i)
         kv = v3[t, hs, :, None] * k3[t, hs, None, :]
         new = fmaf(sa[..., None], b3[t, hs, None, :], fmaf(prev, w3[t, hs, None, :], kv))
-        out[t, hs] = _lanes_dot(new, r3[t, hs, None, :])
+        out[t, hs] = lanes32(new, r3[t, hs, None, :])
         return new
 
     _tokens(params, dst, state, step, "ggml_compute_forward_rwkv_wkv7_f32", False)

@@ -8,32 +8,147 @@ They cost more than BLAS, so mul_mat uses them for products up to EXACT_MACS mul
 rows of at most 1024 (F32, F16) or 4096 (quantized) elements; larger products use BLAS, within
 rounding.
 
-- ggml_vec_dot_f32: 4 accumulators of 8 lanes over steps of 32, fma per lane, reduced pairwise,
-  then the leftover elements as gcc's code does them (vector products summed in order, the last
-  few by fma).
-- ggml_vec_dot_f16: the same lanes over halves widened to float (F16C); the leftovers each
-  rounded to float and summed in double.
+The loops over rows and blocks run in C (engine/_lanes.c: dot_f32, float_dot, quant_dot, called
+as `lanes.<name>`); each has its numpy twin here, the same bits, written for reading (and run in
+pure-numpy mode, engine/lanes.py):
+
+- ggml_vec_dot_f32 (f32_row): 4 accumulators of 8 lanes over steps of 32, fma per lane, reduced
+  pairwise (lanes32), then the leftover elements as gcc's code does them (vector products summed
+  in order, the last few by fma).
+- ggml_vec_dot_f16 (f16_row): the same lanes over halves widened to float (F16C); the leftovers
+  each rounded to float and summed in double. llamafile's tinyBLAS (tiny_row): one accumulator of
+  8 lanes, then hsum8.
 - ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
 - ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q6_K_q8_K: per super-block, 8 integer lanes of scaled
   products (and 4 lanes of mins for Q4_K), then the same fma and horizontal sums.
+  decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
+  them over whole matrices.
 """
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 
-from engine import _lanes as _lanes_c
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.compute.kernels.floatmath import fmaf
+from engine.lanes import lanes, twin
+from engine.quants.common import half_at
+from engine.quants.kquants import get_scale_min_k4
+from engine.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
 F32, F64 = np.float32, np.float64
 EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly
+EPR, ARR = 8, 4  # AVX2: floats per vector, accumulators per step (GGML_F32_STEP = 32)
+STEP = EPR * ARR
+PAIRS = 1 << 15  # the float twins: this many pairs of rows at a time (bounded memory)
+CHUNK = 1 << 22  # quant_dot's twin: about this many integer products at a time
 
 
-def _hsum8(acc: np.ndarray) -> np.ndarray:
-    """hsum_float_8: (hi + lo), then (r0 + r2) + (r1 + r3)."""
+# --- the shared pieces: horizontal sums, the float lanes ---------------------------------------
+
+def hsum8(acc: np.ndarray) -> np.ndarray:
+    """hsum_float_8 over the last axis (8 lanes): (hi + lo), then (r0 + r2) + (r1 + r3)."""
     r = acc[..., 4:] + acc[..., :4]
     return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
+
+
+def lanes32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The GGML_F32_VEC loop of ggml_vec_dot_f32 over the last axis (a multiple of 32; the leading
+    axes broadcast): 4 accumulators of 8 lanes, acc += a·b fused per lane, then GGML_F32x8_REDUCE
+    (acc0+acc2, acc1+acc3, their sum, low + high half, two horizontal adds) -> float32 (...)."""
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    acc = np.zeros((ARR, *shape, EPR), F32)
+    for i in range(0, a.shape[-1], STEP):
+        for j in range(ARR):
+            lo = i + j * EPR
+            acc[j] = fmaf(a[..., lo:lo + EPR], b[..., lo:lo + EPR], acc[j])
+    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
+    t0 = v[..., :4] + v[..., 4:]
+    return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+
+
+def f32_row(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f32 over the last axis: lanes32 over the first k & ~31 elements, then the rest
+    as gcc compiled `sumf += x[i]*y[i]`: runs of 8 (then one of 4) as vector products, each
+    rounded to float and added in order; the last k % 4 by fmaf."""
+    k = a.shape[-1]
+    n32 = k & ~(STEP - 1)
+    sumf = lanes32(a[..., :n32], b[..., :n32])
+    fused = k - k % 4
+    for i in range(n32, k):
+        if i < fused:
+            sumf = sumf + a[..., i] * b[..., i]
+        else:
+            sumf = fmaf(a[..., i], b[..., i], sumf)
+    return sumf
+
+
+def f16_row(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_f16 (F16C build) over the last axis, the halves widened to float: lanes32 over
+    the first k & ~31 elements, then each leftover product rounded to float and added in double,
+    in order; the double rounded to float."""
+    k = a.shape[-1]
+    n32 = k & ~(STEP - 1)
+    sumf = lanes32(a[..., :n32], b[..., :n32]).astype(F64)
+    for i in range(n32, k):
+        sumf = sumf + (a[..., i] * b[..., i]).astype(F64)
+    return sumf.astype(F32)
+
+
+def tiny_row(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """llamafile's tinyBLAS (AVX2, FMA) over the last axis (a multiple of 8): one accumulator of 8
+    lanes, an fma per 8 elements, then hsum8."""
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    acc = np.zeros((*shape, EPR), F32)
+    for s in range(0, a.shape[-1], EPR):
+        acc = fmaf(a[..., s:s + EPR], b[..., s:s + EPR], acc)
+    return hsum8(acc)
+
+
+# The twins take the C functions' arguments: buffers (contiguous, anything with the buffer
+# protocol), read and written through np.frombuffer.
+
+def _rows(buf, dtype, n: int, ld: int, width: int) -> np.ndarray:
+    """n rows of `width` elements lying ld elements apart in a buffer -> (n, width), a view."""
+    flat = np.frombuffer(buf, dtype)
+    return np.lib.stride_tricks.as_strided(flat, shape=(n, width), strides=(ld * flat.itemsize,
+                                           flat.itemsize), writeable=False)
+
+
+def _all_pairs(row: Callable, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[i1, i0] = row(w[i0], x[i1]) for every pair of rows of w (n0, k) and x (n1, k): a block
+    of weight rows at a time, every activation row at once."""
+    step = max(1, PAIRS // max(1, len(x)))
+    for a in range(0, len(w), step):
+        out[:, a:a + step] = row(w[None, a:a + step], x[:, None])
+
+
+@twin("float_dot")
+def float_dot(w, x, out, n0: int, n1: int, k: int, tiny: bool, ldw: int = -1) -> None:
+    """engine._lanes.float_dot: out (n1, n0) float32 = ggml_vec_dot_f16 (f16_row; tiny:
+    tinyBLAS, tiny_row) of row i0 of w (n0, k) and row i1 of x (n1, k). ldw >= 0: w holds
+    halves, row i0 at element i0 * ldw, widened to float first."""
+    if ldw < 0:
+        wf = np.frombuffer(w, F32).reshape(n0, k)
+    else:
+        wf = fp16_bits_to_fp32(_rows(w, np.uint16, n0, ldw, k))
+    _all_pairs(tiny_row if tiny else f16_row, wf, np.frombuffer(x, F32).reshape(n1, k),
+               np.frombuffer(out, F32).reshape(n1, n0))
+
+
+@twin("dot_f32")
+def dot_f32(w, x, out, n0: int, n1: int, k: int, pairs: bool = False) -> None:
+    """engine._lanes.dot_f32: out (n1, n0) float32 = ggml_vec_dot_f32 (f32_row) of row i0 of w
+    (n0, k) and row i1 of x (n1, k); pairs (n1 == n0): out (n0) of row i of w and row i of x."""
+    wf, xf = np.frombuffer(w, F32).reshape(n0, k), np.frombuffer(x, F32).reshape(n1, k)
+    if not pairs:
+        _all_pairs(f32_row, wf, xf, np.frombuffer(out, F32).reshape(n1, n0))
+        return
+    o = np.frombuffer(out, F32)
+    for a in range(0, n0, PAIRS):
+        o[a:a + PAIRS] = f32_row(wf[a:a + PAIRS], xf[a:a + PAIRS])
 
 
 def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -47,8 +162,9 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
-    """engine._lanes.float_dot: every pair's product in C, (n1, n0) float32. Half weights whose
-    rows are contiguous (a KV cache's view) go as they lie: C widens them, row stride and all."""
+    """lanes.float_dot (engine/_lanes.c, or the twin float_dot): every pair's product, (n1, n0)
+    float32. Half weights whose rows are contiguous (a KV cache's view) go as they lie: the loop
+    widens them, row stride and all."""
     x = np.ascontiguousarray(x, F32)
     n0, k = w.shape
     out = np.empty((x.shape[0], n0), F32)
@@ -57,21 +173,21 @@ def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
         ld = w.strides[0] // 2
         span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
                                                strides=(2,))
-        _lanes_c.float_dot(span, x, out, n0, x.shape[0], k, tiny, ld)
+        lanes.float_dot(span, x, out, n0, x.shape[0], k, tiny, ld)
         return out
     w = np.ascontiguousarray(w, F32)
-    _lanes_c.float_dot(w, x, out, n0, x.shape[0], k, tiny)
+    lanes.float_dot(w, x, out, n0, x.shape[0], k, tiny)
     return out
 
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0), in C
-    (engine._lanes.dot_f32, without the GIL)."""
+    """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0), by
+    lanes.dot_f32 (in C without the GIL, or the twin dot_f32)."""
     w = np.ascontiguousarray(w, F32)
     x = np.ascontiguousarray(x, F32)
     (n0, k), n1 = w.shape, x.shape[0]
     out = np.empty((n1, n0), F32)
-    _lanes_c.dot_f32(w, x, out, n0, n1, k)
+    lanes.dot_f32(w, x, out, n0, n1, k)
     return out
 
 
@@ -84,25 +200,148 @@ def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32 of each row of a with the same row of b (broadcast against each other,
-    elements on the last axis): (..., K), (..., K) -> (...), in C."""
+    elements on the last axis): (..., K), (..., K) -> (...), by lanes.dot_f32 (pairs)."""
     a, b = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32))
     shape, k = a.shape[:-1], a.shape[-1]
     a2, b2 = (np.ascontiguousarray(v).reshape(-1, k) for v in (a, b))
     out = np.empty(a2.shape[0], F32)
-    _lanes_c.dot_f32(a2, b2, out, a2.shape[0], a2.shape[0], k, True)
+    lanes.dot_f32(a2, b2, out, a2.shape[0], a2.shape[0], k, True)
     return out.reshape(shape)
 
 
 # --- quantized weights, their raw blocks ------------------------------------------------------
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K})
+K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})  # with Q8_K activations (Q8_0 the others)
+
+
+class Decoded(NamedTuple):
+    """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes.c `decode`)."""
+
+    q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's times their run's six-bit scale,
+    #                Q6_K's (unsigned) times the int8 scale of their 16
+    d: np.ndarray  # float32 (...): the block's scale
+    dmin: np.ndarray  # float32 (...): Q4_K's scale of the mins (0 for the other types)
+    aux: np.ndarray  # int16 (..., 8 mins of Q4_K | 16 scales of Q6_K | 0 for the others)
+
+
+def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
+    """Weight blocks (..., block size) uint8 of a quant_dot type, decoded (see Decoded)."""
+    blocks = np.ascontiguousarray(blocks)
+    lead = blocks.shape[:-1]
+    zeros, none = np.zeros(lead, F32), np.zeros((*lead, 0), np.int16)
+    if type_ in (GGMLType.Q4_0, GGMLType.Q5_0):
+        qs = blocks[..., -16:]  # elements 0-15 in the low nibbles, 16-31 in the high ones
+        nib = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        if type_ == GGMLType.Q4_0:  # nibble - 8
+            return Decoded(nib.astype(np.int16) - 8, half_at(blocks, 0), zeros, none)
+        hbit = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit e of qh
+        q = (nib + 16 * hbit).astype(np.int16) - 16  # nibble + 16 * its qh bit - 16
+        return Decoded(q, half_at(blocks, 0), zeros, none)
+    if type_ == GGMLType.Q8_0:
+        return Decoded(blocks[..., 2:].view(np.int8).astype(np.int16), half_at(blocks, 0), zeros,
+                       none)
+    if type_ == GGMLType.Q4_K:
+        sc, m = get_scale_min_k4(blocks[..., 4:16].reshape(-1, 12))  # (n, 8) each
+        # run 2j: the low nibbles of qs[32j..32j+31], run 2j+1: their high nibbles
+        runs = blocks[..., 16:].reshape(*lead, 4, 1, 32)
+        nib = np.concatenate([runs & 0x0F, runs >> 4], axis=-2).reshape(*lead, 8, 32)
+        q = np.multiply(nib, sc.reshape(*lead, 8, 1), dtype=np.int16)  # times the run's scale
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 0), half_at(blocks, 2),
+                       m.reshape(*lead, 8).astype(np.int16))
+    # Q6_K: 4 low bits in ql, 2 high bits in qh; per half h of 128, elements t, t+32, t+64, t+96
+    # from ql[64h + t] (low nibble), ql[64h + 32 + t] (low), the same two (high nibbles), and
+    # bits 0-1, 2-3, 4-5, 6-7 of qh[32h + t]
+    ql = blocks[..., :128].reshape(*lead, 2, 2, 32)
+    qh = blocks[..., 128:192].reshape(*lead, 2, 32)
+    q = np.stack([(ql[..., 0, :] & 0x0F) | ((qh & 0x03) << 4),
+                  (ql[..., 1, :] & 0x0F) | ((qh & 0x0C) << 2),
+                  (ql[..., 0, :] >> 4) | (qh & 0x30),
+                  (ql[..., 1, :] >> 4) | ((qh & 0xC0) >> 2)], axis=-2).reshape(*lead, 256)
+    sc = blocks[..., 192:208].view(np.int8)  # one per 16 elements
+    q = np.multiply(q, np.repeat(sc, 16, axis=-1), dtype=np.int16)
+    return Decoded(q, half_at(blocks, 208), zeros, sc.astype(np.int16))
+
+
+def decode_activations(type_: GGMLType, yblocks: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                         np.ndarray | None]:
+    """Activation blocks (..., size) uint8 for weights of type_: Q8_0 (half d, 32 int8) or, for
+    the K-quants, Q8_K (float d, 256 int8, 16 int16 sums of 16) -> d float32 (...), q int8
+    (..., 32 or 256), bsums int16 (..., 16) or None."""
+    if type_ not in K_QUANTS:
+        return half_at(yblocks, 0), yblocks[..., 2:34].view(np.int8), None
+    d = np.ascontiguousarray(yblocks[..., :4]).view(np.float32)[..., 0]
+    bsums = np.ascontiguousarray(yblocks[..., 260:292]).view("<i2")
+    return d, yblocks[..., 4:260].view(np.int8), bsums
+
+
+def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """One block's integer lanes and scales, for decoded weight blocks and activation blocks
+    (..., size) uint8 (their leading axes broadcast) -> (lanes int32 (..., 8), scale float32 (...),
+    min_lanes int32 (..., 4) or None, min_scale float32 (...) or None).
+
+    Lane l sums the products of elements 4l..4l+3 of every run of 32 (exact integers, so their
+    order is free; here as engine/_lanes.c's lane_sums: s[e] = element e's products summed over
+    the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
+    32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q4_K's mins: the 16
+    block sums added in pairs into int16 (_mm256_hadd_epi16, wrapping), min lane l =
+    m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin."""
+    yd, yq, bsums = decode_activations(type_, yblocks)
+    p = np.multiply(dec.q, yq, dtype=np.int32)
+    e = p.reshape(*p.shape[:-1], -1, 32).sum(axis=-2, dtype=np.int32).reshape(*p.shape[:-1], 8, 4)
+    lane = (e[..., 0] + e[..., 1]) + (e[..., 2] + e[..., 3])
+    scale = yd * dec.d
+    if type_ == GGMLType.Q6_K:
+        corr = bsums.astype(np.int32) * dec.aux
+        lane = lane - 32 * corr.reshape(*corr.shape[:-1], 8, 2).sum(axis=-1, dtype=np.int32)
+    if type_ != GGMLType.Q4_K:
+        return lane, scale, None, None
+    s = (bsums[..., 0::2].astype(np.int32) + bsums[..., 1::2]).astype(np.int16)
+    mins = dec.aux.astype(np.int32) * s
+    min_lanes = mins.reshape(*mins.shape[:-1], 4, 2).sum(axis=-1, dtype=np.int32)
+    return lane, scale, min_lanes, -yd * dec.dmin
+
+
+@twin("quant_dot")
+def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
+              portable: bool = False, threads: int = 1) -> None:
+    """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
+    _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K, _q6_K_q8_K) of weight row i0 (nb blocks of type_ at byte
+    i0 * ldw of w) and activation row i1 (Q8_0 or Q8_K blocks at byte i1 * ldx of x).
+
+    A chunk of weight rows at a time, block after block: the chunk's block decoded once, then for
+    every pair of rows acc[l] = fmaf(lanes[l], scale, acc[l]) (and Q4_K's acc_m); the result
+    hsum8(acc) (+ (m0 + m2) + (m1 + m3)). portable and threads change no bit (ignored)."""
+    type_ = GGMLType(type_)
+    wsize = TYPE_TRAITS[type_].type_size
+    ysize = 292 if type_ in K_QUANTS else 34
+    weights = _rows(w, np.uint8, n0, ldw, nb * wsize).reshape(n0, nb, wsize)
+    acts = _rows(x, np.uint8, n1, ldx, nb * ysize).reshape(n1, 1, nb, ysize)  # against every row
+    o = np.frombuffer(out, F32).reshape(n1, n0)
+    step = max(1, CHUNK // max(1, n1 * TYPE_TRAITS[type_].blck_size))
+    for a in range(0, n0, step):
+        rows = weights[a:a + step]
+        acc = np.zeros((n1, len(rows), 8), F32)
+        acc_m = np.zeros((n1, len(rows), 4), F32)
+        for b in range(nb):
+            dec = decode_weights(type_, rows[:, b])  # (rows, ...)
+            lane, scale, min_lanes, min_scale = block_lanes(type_, dec, acts[:, :, b])
+            acc = fmaf(lane.astype(F32), scale[..., None], acc)
+            if min_lanes is not None:
+                acc_m = fmaf(min_lanes.astype(F32), min_scale[..., None], acc_m)
+        r = hsum8(acc)
+        if type_ == GGMLType.Q4_K:
+            r = r + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+        o[:, a:a + step] = r
 
 
 def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool = False,
                   threads: int = 1) -> np.ndarray:
-    """ggml's AVX2 vec_dot of every weight row with every activation row, in C without the GIL
-    (engine._lanes.quant_dot): w (n0, row_bytes) raw blocks of type_ (rows may lie any distance
-    apart, as in a tensor's view), x (n1, row_bytes) raw blocks of its vec_dot_type -> (n1, n0).
+    """ggml's AVX2 vec_dot of every weight row with every activation row, by lanes.quant_dot (in C
+    without the GIL, or the twin quant_dot): w (n0, row_bytes) raw blocks of type_ (rows may lie
+    any distance apart, as in a tensor's view), x (n1, row_bytes) raw blocks of its vec_dot_type
+    -> (n1, n0).
 
     Legacy types (ggml_vec_dot_q{4,5,8}_0_q8_0): lane L of each block of 32 sums the products of
     elements 4L..4L+3; acc = fma(x.d*y.d, lanes, acc) per block.
@@ -114,7 +353,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
-    (`portable`, and other CPUs) give the same bits. `threads`: the weight rows shared out
+    (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when
+    two NaN scales meet: the compiler's operand order). `threads`: the weight rows shared out
     between up to that many threads in C (each output is its own row's: the same bits)."""
     ts = TYPE_TRAITS[type_]
     n0, row_bytes = w.shape
@@ -126,5 +366,5 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
         if n0 else w.reshape(-1)
     x = np.ascontiguousarray(x, np.uint8)
     out = np.empty((len(x), n0), F32)
-    _lanes_c.quant_dot(int(type_), span, ldw, x, x.shape[1], out, n0, len(x), nb, portable, threads)
+    lanes.quant_dot(int(type_), span, ldw, x, x.shape[1], out, n0, len(x), nb, portable, threads)
     return out

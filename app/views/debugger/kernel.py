@@ -1,0 +1,63 @@
+"""The kernel panel: what computed the current node (ggml's C kernel and the engine's numpy code
+that mirrors it, highlighted), the share the selected thread took, and one quantized block (or
+one element) worked through with the node's numbers (engine.compute.explain)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from markupsafe import Markup
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from app.i18n import _
+from app.views.debugger.threads import Share, ranges_text, threads
+from app.views.debugger.where import Where, current_node
+from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, kernel_card, \
+    worked_block, worked_element
+from engine.trace import State, Step, StepKind, Trace
+
+
+SHOWN = 6  # ranges of the selected thread listed; the rest counted
+
+
+@dataclass(frozen=True, slots=True)
+class KernelView:
+    card: KernelCard
+    code: list[tuple[Code, Markup]]  # each function and its highlighted source
+    shares: list[Share]
+    selected: int  # the thread whose share is shown
+    took: str  # what it took: its rows, or its first chunks
+    block: WorkedBlock | None
+    element: WorkedElement | None
+    row: int  # the weight row and activation row of the worked block
+    col: int
+
+
+@cache
+def highlighted(code: Code) -> Markup:
+    """A function's source as HTML, its tokens in pygments' classes (styled in debugger.css)."""
+    return Markup(highlight(code.text, PythonLexer(), HtmlFormatter(nowrap=True)))
+
+
+def kernel(trace: Trace, step: Step, state: State, where: Where) -> KernelView | None:
+    if step.kind != StepKind.NODE:
+        return None
+    node = current_node(state, step)
+    card = kernel_card(node) if node is not None else None
+    if card is None:
+        return None
+    shares = threads(trace, step).shares
+    selected = min(max(where.ith, 0), len(shares) - 1) if shares else 0
+    row, col = where.row, 0
+    mine = next((t for t in step.threads if t.ith == selected), None)
+    took = "" if mine is None else ranges_text(mine.kind, mine.ranges[:SHOWN]) + (
+        _(" … and {n} more").format(n=len(mine.ranges) - SHOWN) if len(mine.ranges) > SHOWN else "")
+    if not where.row and mine is not None and mine.kind == "chunks" and mine.ranges:
+        _chunk, rows, cols = mine.ranges[0]  # the first chunk the thread took: its first output
+        row, col = int(rows[0]), int(cols[0])
+    block = worked_block(node, row, col, where.block)
+    return KernelView(card, [(c, highlighted(c)) for c in card.code], shares, selected, took, block,
+                      worked_element(node), block.row if block else row, block.col if block else col)

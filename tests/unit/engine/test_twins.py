@@ -1,0 +1,300 @@
+"""Every C loop of engine/_lanes.c against its numpy twin (engine/lanes.py): the same bits on
+random values and on random bit patterns (NaN with any payload, infinities, subnormals, ±0, huge
+values), one test per exported function, and a test that every export has its twin.
+
+The C side is the compiled module itself (engine.lanes.compiled()); the twin is what the engine
+runs in pure-numpy mode. A C module that is not built is a failure here, not a skip: `make test`
+builds it."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+import pytest
+
+import engine.compute.kernels  # noqa: F401 (registers the kernels' twins)
+import engine.quants  # noqa: F401 (registers the block converters' twins)
+from engine import libm
+from engine.compute.kernels.floatmath import fmaf
+from engine.lanes import NAMES, TWINS, compiled
+from engine.types import GGMLType, fp32_to_fp16_bits
+
+F32 = np.float32
+C = compiled()
+OUT = object()  # marks where the output buffer goes in an argument list
+QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q8_0: 34, GGMLType.Q4_K: 144,
+             GGMLType.Q6_K: 210}  # weight block sizes; activations: Q8_0 (34) or Q8_K (292)
+DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
+              GGMLType.TQ1_0: (54, 256)}  # block size, elements
+K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
+
+
+# --- helpers (reusable for the other twins) ----------------------------------------------------
+
+def run_both(name: str, args: tuple, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Call engine._lanes.<name> and its twin with args, OUT replaced by a fresh float32 buffer of
+    n_out elements (prefilled with a pattern, so an element left unwritten shows) -> both."""
+    assert C is not None, "engine._lanes is not built"
+    got = []
+    for fn in (getattr(C, name), TWINS[name]):
+        out = np.full(n_out, 0xA5A5A5A5, np.uint32).view(np.float32)
+        with np.errstate(all="ignore"):
+            fn(*(out if a is OUT else a for a in args))
+        got.append(out)
+    return got[0], got[1]
+
+
+def assert_same_bits(c: np.ndarray, t: np.ndarray, what: str) -> None:
+    """The twin's float32 result t has the bits of C's c; where c is a NaN, t only has to be a
+    NaN. When two NaNs meet in an operation, the payload (and sign) that comes out is the machine
+    code's choice, not the formula's: x86 returns the first operand's, gcc orders the operands of
+    a commutative operation as it likes (engine/_lanes.c's AVX2 and portable quant_dot loops give
+    different NaNs for `y.d * x.d`), and numpy's AVX-512 loops return the first operand's in
+    whole vectors but the second's in an array's remainder (measured)."""
+    cb, tb = c.view(np.uint32), t.view(np.uint32)
+    same = (cb == tb) | (np.isnan(c) & np.isnan(t))
+    bad = np.flatnonzero(~same)
+    assert not bad.size, (f"{what}: {bad.size} of {c.size} differ, first at {bad[0]}: "
+                          f"C {cb[bad[0]]:#010x}, twin {tb[bad[0]]:#010x}")
+
+
+def ordinary_floats(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float32 values as activations and weights have them, of mixed magnitudes."""
+    return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
+
+
+def wild_floats(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """float32 rows (n, k): ordinary values, and in each row, at a rate of its own (none to a
+    half), random bit patterns (NaN payloads of both signs, infinities, subnormals, huge values)
+    and NaN, ±inf, subnormals, ±0 and huge values; rows of many products mostly stay finite."""
+    x = ordinary_floats(rng, n * k).reshape(n, k)
+    bits = rng.integers(0, 1 << 32, (n, k), dtype=np.uint64).astype(np.uint32).view(np.float32)
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 1e-40, -3e-42, 0.0, -0.0, 3e38, -2e38,
+                        1e30, 65504.0], np.float32)
+    rate = rng.choice([0.0, 0.005, 0.02, 0.1, 0.5], (n, 1))
+    pick = rng.random((n, k))
+    x = np.where(pick < rate / 2, bits, x)
+    return np.where(pick > 1 - rate / 2, special[rng.integers(0, len(special), (n, k))], x)
+
+
+def halves(rng: np.random.Generator, shape, wild: bool) -> np.ndarray:
+    """fp16 bit patterns (uint16) of ordinary values; wild: in each row (the last axis), at a rate
+    of its own, any 16 bits (NaN, infinities, subnormals)."""
+    shape = tuple(np.atleast_1d(shape))
+    h = fp32_to_fp16_bits(ordinary_floats(rng, int(np.prod(shape))) * np.float32(0.01))
+    h = h.reshape(shape)
+    if wild:
+        bits = rng.integers(0, 1 << 16, shape, dtype=np.uint32).astype(np.uint16)
+        rate = rng.choice([0.0, 0.01, 0.05, 0.5, 1.0], (*shape[:-1], 1))
+        h = np.where(rng.random(shape) < rate, bits, h)
+    return h
+
+
+def quant_blocks(rng: np.random.Generator, n: int, size: int, d_at: tuple[int, ...],
+                 wild: bool) -> np.ndarray:
+    """n random weight (or Q8_0) blocks of `size` bytes (n, size): random bytes throughout; unless
+    wild, the fp16 scales at the bytes d_at hold ordinary values."""
+    b = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    for at in d_at if not wild else ():
+        b[:, at:at + 2] = halves(rng, n, False).view(np.uint8).reshape(n, 2)
+    return b
+
+
+def q8_k_blocks(rng: np.random.Generator, n: int, wild: bool) -> np.ndarray:
+    """n Q8_K activation blocks (n, 292): random bytes; unless wild, an ordinary float d and the
+    16 bsums the sums of their 16 quants (as quantize_row_q8_K makes them)."""
+    b = rng.integers(0, 256, (n, 292), dtype=np.uint8)
+    if not wild:
+        b[:, :4] = np.abs(ordinary_floats(rng, n)).view(np.uint8).reshape(n, 4)
+        sums = b[:, 4:260].view(np.int8).reshape(n, 16, 16).sum(-1, dtype=np.int16)
+        b[:, 260:] = sums.view(np.uint8).reshape(n, 32)
+    return b
+
+
+def activation_blocks(rng: np.random.Generator, type_: GGMLType, n: int,
+                      wild: bool) -> np.ndarray:
+    """n activation blocks for weights of type_: Q8_K (n, 292) for the K-quants, else Q8_0
+    (n, 34)."""
+    if type_ in (GGMLType.Q4_K, GGMLType.Q6_K):
+        return q8_k_blocks(rng, n, wild)
+    return quant_blocks(rng, n, 34, (0,), wild)
+
+
+def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
+    """The blocks (n * nb, size) as n rows of nb blocks, each followed by pad zero bytes: rows
+    lying more than a row apart, as in a tensor's view -> (n, nb * size + pad)."""
+    row = nb * blocks.shape[1]
+    rows = np.zeros((n, row + pad), np.uint8)
+    rows[:, :row] = blocks.reshape(n, row)
+    return rows
+
+
+# --- quant_dot ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("type_", list(QUANT_DOT), ids=lambda t: t.name)
+def test_quant_dot(type_: GGMLType, wild: bool):
+    """Every pair of weight rows (nb blocks, rows ldw bytes apart, more than a row) and activation
+    rows (ldx apart); C's AVX2 and portable loops alike."""
+    rng = np.random.default_rng([int(type_), wild])
+    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}.get(type_, (0,))
+    for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (0, 2, 1)):
+        w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
+        x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
+        portable = n0 % 2 == 1  # neither changes a bit
+        args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb,
+                portable, 2)
+        c, t = run_both("quant_dot", args, n0 * n1)
+        assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+
+
+# --- float_dot, dot_f32 ------------------------------------------------------------------------
+
+def float_rows(rng: np.random.Generator, n: int, k: int, wild: bool) -> np.ndarray:
+    return wild_floats(rng, n, k) if wild else ordinary_floats(rng, n * k).reshape(n, k)
+
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("tiny", [False, True], ids=["f16", "tiny"])
+def test_float_dot(tiny: bool, wild: bool):
+    """float32 weights (n0, k), and halves whose rows lie ldw > k elements apart: every pair."""
+    rng = np.random.default_rng([tiny, wild])
+    for k in (8, 16, 32, 64, 96, 264) if tiny else K_VALUES:
+        n0, n1 = 9, 7
+        w, x = float_rows(rng, n0, k, wild), float_rows(rng, n1, k, wild)
+        c, t = run_both("float_dot", (w, x, OUT, n0, n1, k, tiny), n0 * n1)
+        assert_same_bits(c, t, f"float_dot tiny={tiny} k={k}")
+        ldw = k + 3
+        h = halves(rng, (n0, ldw), wild).reshape(-1)[:(n0 - 1) * ldw + k]
+        c, t = run_both("float_dot", (h, x, OUT, n0, n1, k, tiny, ldw), n0 * n1)
+        assert_same_bits(c, t, f"float_dot halves tiny={tiny} k={k} ldw={ldw}")
+
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+def test_dot_f32(wild: bool):
+    """Every pair of rows, and rows paired one to one (pairs=True)."""
+    rng = np.random.default_rng([3, wild])
+    for k in K_VALUES + (0,):
+        n0, n1 = 8, 6
+        w, x = float_rows(rng, n0, k, wild), float_rows(rng, n1, k, wild)
+        c, t = run_both("dot_f32", (w, x, OUT, n0, n1, k), n0 * n1)
+        assert_same_bits(c, t, f"dot_f32 k={k}")
+        b = float_rows(rng, n0, k, wild)
+        c, t = run_both("dot_f32", (w, b, OUT, n0, n0, k, True), n0)
+        assert_same_bits(c, t, f"dot_f32 pairs k={k}")
+
+
+# --- dequantize --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("type_", list(DEQUANTIZE), ids=lambda t: t.name)
+def test_dequantize(type_: GGMLType, wild: bool):
+    rng = np.random.default_rng([int(type_), wild, 7])
+    size, elems = DEQUANTIZE[type_]
+    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.TQ1_0: (52,)}.get(type_, (0,))
+    for nb in (1, 3, 200):
+        raw = quant_blocks(rng, nb, size, d_at, wild)
+        c, t = run_both("dequantize", (int(type_), raw, OUT), nb * elems)
+        assert_same_bits(c, t, f"dequantize {type_.name} nb={nb}")
+
+
+# --- the vector ops, soft_max, quantize_q8_0; fmaf and libm --------------------------------------
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-40, 1.17549435e-38, 3.4e38,
+                    -3.4e38, 88.72, -87.33, -103.97, 89.0, -89.0, 126 * 0.6931, 127 * 0.6932, -150.0,
+                    -200.0, 1.0, -1.0], F32)
+
+
+def bit_patterns(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n floats: a third random bit patterns, a third normal values of every size, and SPECIAL."""
+    raw = rng.integers(0, 1 << 32, n // 3, dtype=np.uint64).astype(np.uint32).view(F32)
+    wide = (rng.standard_normal(n // 3) * 10.0 ** rng.integers(-3, 4, n // 3)).astype(F32)
+    normal = rng.standard_normal(n - 2 * (n // 3) - len(SPECIAL)).astype(F32)
+    return np.concatenate([raw, wide, normal, SPECIAL])
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_every_c_function_has_a_twin():
+    c = compiled()
+    assert c is not None, "engine._lanes is not built: `make setup` compiles it"
+    exported = {n for n in dir(c) if not n.startswith("_") and callable(getattr(c, n))}
+    assert exported == set(NAMES), "engine.lanes.NAMES lists what engine/_lanes.c exports"
+    assert set(TWINS) == set(NAMES), f"no twin for {set(NAMES) - set(TWINS)}"
+
+
+@pytest.mark.parametrize("name", ["v_expf", "v_silu"])
+def test_lanes_of_a_vector_op(name):
+    x = bit_patterns(np.random.default_rng(1), 300_000)
+    want, got = np.empty_like(x), np.empty_like(x)
+    getattr(compiled(), name)(x, want)
+    TWINS[name](x, got)
+    assert same_bits(want, got)
+
+
+@pytest.mark.parametrize("rows,n", [(3, 1), (5, 8), (4, 37), (2, 1000), (7, 4096 + 3), (1, 0), (0, 5)])
+def test_soft_max(rows, n):
+    rng = np.random.default_rng(rows * 1000 + n)
+    w = (rng.standard_normal(rows * n) * 8).astype(F32)
+    if w.size > 4:
+        w[[1, 3]] = -np.inf, np.nan  # a masked position; a NaN spreads through its row
+    mx = w.reshape(rows, n).max(axis=1, initial=-np.inf).astype(F32)
+    out = [(np.empty(rows * n, F32), np.empty(rows)) for _ in range(2)]
+    compiled().soft_max(w, mx, out[0][0], out[0][1], rows, n)
+    TWINS["soft_max"](w, mx, out[1][0], out[1][1], rows, n)
+    assert same_bits(out[0][0], out[1][0]) and same_bits(out[0][1], out[1][1])
+
+
+def test_quantize_q8_0():
+    x = bit_patterns(np.random.default_rng(2), 32 * 3000)
+    x = x[: len(x) // 32 * 32]
+    want, got = np.empty(len(x) // 32 * 34, np.uint8), np.empty(len(x) // 32 * 34, np.uint8)
+    compiled().quantize_q8_0(x, want)
+    TWINS["quantize_q8_0"](x, got)
+    assert same_bits(want, got)
+
+
+def _libm_function(name: str, nargs: int):
+    fn = getattr(ctypes.CDLL(ctypes.util.find_library("m")), name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float] * nargs
+    return fn
+
+
+def test_fmaf_is_the_c_library_s():
+    """The twins' fused multiply-add is correctly rounded: equal to libm's fmaf, also where the
+    double sum lands on a float's rounding midpoint."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    a, b, c = (bit_patterns(rng, n) for _ in range(3))
+    # products whose sum with c is a float midpoint plus a tiny remainder
+    a2 = (1 + rng.integers(0, 1 << 23, n) / 2 ** 23).astype(F32)
+    b2 = np.full(n, 1 + 2 ** -23, F32)
+    c2 = (rng.standard_normal(n) * 1e-30).astype(F32)
+    with np.errstate(all="ignore"):
+        cancel = (-(a.astype(np.float64) * b)).astype(F32)  # c close to -(a * b)
+    c_fmaf = _libm_function("fmaf", 3)
+    for x, y, z in ((a, b, c), (a2, b2, c2), (a, b, cancel)):
+        with np.errstate(all="ignore"):
+            got = fmaf(x, y, z)
+        want = np.array([c_fmaf(*v) for v in zip(x.tolist(), y.tolist(), z.tolist())], F32)
+        assert same_bits(want, got)
+
+
+def test_libm_without_the_extension():
+    """The ctypes fallback of an install without a compiler calls the same C functions."""
+    each = libm._EachByCtypes()
+    x = bit_patterns(np.random.default_rng(4), 6000)
+    for name in ("expf", "logf", "tanhf", "sinf", "erff"):
+        want, got = np.empty_like(x), np.empty_like(x)
+        getattr(libm._libm, name)(x, want)
+        getattr(each, name)(x, got)
+        assert same_bits(want, got), name
+    want, got = np.empty_like(x), np.empty_like(x)
+    libm._libm.powf(x, x[::-1].copy(), want)
+    each.powf(x, x[::-1].copy(), got)
+    assert same_bits(want, got)
