@@ -37,27 +37,42 @@ SQRT_2_OVER_PI = F32(0.79788456080286535587989211986876)
 SQRT_2_INV = F32(0.70710678118654752440084436210484)
 
 
+MIDPOINT_MASK, MIDPOINT = np.uint64((1 << 29) - 1), np.uint64(1 << 28)  # a double's bits below a
+# float's last bit, and those of a double halfway between two floats
+FLT_MIN = 2.0 ** -126  # below it a float has fewer bits (subnormal), so its midpoints lie elsewhere
+
+
 def fmaf(a, b, c) -> np.ndarray:
     """fmaf(a, b, c): a*b + c with a single rounding to float32, correctly rounded.
 
-    The product of two floats is exact in a double. The sum is taken in double with its rounding
-    error (Knuth's two-sum, exact), then rounded to odd: an inexact sum whose last bit is even
-    moves one unit towards the exact value. A double rounded to odd and then to float is the
-    exact value rounded to float (a double has more than two bits beyond a float's), so no
-    midpoint is rounded twice."""
-    a, b, c = (np.asarray(v, F64) for v in (a, b, c))
-    p = a * b
-    s = p + c
-    with np.errstate(invalid="ignore", over="ignore"):  # e is NaN where s is not finite: left
-        # alone; a sum beyond the float range becomes infinity
-        pv = s - c  # two-sum: s + e == p + c exactly
-        e = (p - pv) + (c - (s - pv))
-        bits = s.view(np.uint64) if s.ndim else s.reshape(1).view(np.uint64)
-        fix = (e != 0) & np.isfinite(e) & ((bits & np.uint64(1)) == 0)
-        if fix.any():
-            away = (e > 0) == (s > 0)  # towards the exact value: away from zero, or towards it
-            bits = np.where(fix, np.where(away, bits + np.uint64(1), bits - np.uint64(1)), bits)
-        return bits.view(F64).astype(F32).reshape(s.shape)
+    The product of two floats is exact in a double, and the double sum s rounded to float is
+    the exact value rounded to float unless s landed on a midpoint between two floats (or in
+    the subnormal floats' range) without being exact. Those few lanes are redone exactly: the
+    sum's rounding error by Knuth's two-sum, then s rounded to odd (an inexact sum whose last
+    bit is even moves one unit towards the exact value), which a float rounding cannot get
+    wrong. A NaN operand gives its own NaN (quiet), b's first, then a's, then c's, as the C
+    library's fmaf does: not whichever operand numpy's SIMD loop happens to keep."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, F64) for v in (a, b, c)))
+    s = np.atleast_1d(a * b + c)
+    bits = s.view(np.uint64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        risky = ((bits & MIDPOINT_MASK) == MIDPOINT) | ((np.abs(s) < FLT_MIN) & (s != 0))
+        if risky.any():
+            i = np.nonzero(risky.reshape(s.shape))
+            ai, bi, ci = np.atleast_1d(a)[i], np.atleast_1d(b)[i], np.atleast_1d(c)[i]
+            p, si = ai * bi, s[i]
+            pv = si - ci  # two-sum: si + e == p + ci exactly
+            e = (p - pv) + (ci - (si - pv))
+            sb = si.view(np.uint64)
+            odd = (e != 0) & np.isfinite(e) & ((sb & np.uint64(1)) == 0)
+            away = (e > 0) == (si > 0)  # towards the exact value: away from zero, or towards it
+            s[i] = np.where(odd, np.where(away, sb + np.uint64(1), sb - np.uint64(1)), sb).view(F64)
+        nan = np.isnan(s)
+        if nan.any():  # (a NaN made here, as inf - inf, stays the one the sum made)
+            a1, b1, c1 = (np.atleast_1d(v)[nan] for v in (a, b, c))
+            s[nan] = np.where(np.isnan(b1), b1, np.where(np.isnan(a1), a1,
+                                                         np.where(np.isnan(c1), c1, s[nan])))
+        return s.astype(F32).reshape(a.shape)
 
 
 DOT_LANES = 4  # products per vector block in a compiled `sum += a*b` loop
@@ -127,16 +142,21 @@ def _buffer(buf, dtype=F32) -> np.ndarray:
 
 @twin("v_expf")
 def v_expf_into(x, out) -> None:
-    """engine._lanes.v_expf: out[i] = ggml_v_expf's lane of x[i]."""
-    _buffer(out)[:] = v_expf_lanes(_buffer(x))
+    """engine._lanes.v_expf: out[i] = ggml_v_expf's lane of x[i] (a block at a time, so that
+    numpy's temporaries stay in the CPU's cache)."""
+    x, out = _buffer(x), _buffer(out)
+    for i in range(0, len(x), CHUNK):
+        out[i:i + CHUNK] = v_expf_lanes(x[i:i + CHUNK])
 
 
 @twin("v_silu")
 def v_silu_into(x, out) -> None:
     """engine._lanes.v_silu: out[i] = ggml_v_silu's lane of x[i], x / (1 + v_expf(0 - x))."""
-    x = _buffer(x)
+    x, out = _buffer(x), _buffer(out)
     with np.errstate(all="ignore"):
-        _buffer(out)[:] = x / (F32(1) + v_expf_lanes(F32(0) - x))
+        for i in range(0, len(x), CHUNK):
+            xi = x[i:i + CHUNK]
+            out[i:i + CHUNK] = xi / (F32(1) + v_expf_lanes(F32(0) - xi))
 
 
 def v_expf(x: np.ndarray) -> np.ndarray:
