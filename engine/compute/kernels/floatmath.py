@@ -37,9 +37,12 @@ SQRT_2_OVER_PI = F32(0.79788456080286535587989211986876)
 SQRT_2_INV = F32(0.70710678118654752440084436210484)
 
 
-MIDPOINT_MASK, MIDPOINT = np.uint64((1 << 29) - 1), np.uint64(1 << 28)  # a double's bits below a
-# float's last bit, and those of a double halfway between two floats
-FLT_MIN = 2.0 ** -126  # below it a float has fewer bits (subnormal), so its midpoints lie elsewhere
+U64 = np.uint64
+MIDPOINT_MASK, MIDPOINT = U64((1 << 29) - 1), U64(1 << 28)  # a double's bits below a float's
+# last bit, and those of a double halfway between two floats
+MAGNITUDE = U64((1 << 63) - 1)
+FLT_MIN_BITS = U64(897 << 52)  # the double 2^-126: below it floats are subnormal, with fewer bits
+INF_BITS = U64(0x7FF << 52)  # above it, a double's magnitude bits are a NaN's
 
 
 def fmaf(a, b, c) -> np.ndarray:
@@ -47,32 +50,33 @@ def fmaf(a, b, c) -> np.ndarray:
 
     The product of two floats is exact in a double, and the double sum s rounded to float is
     the exact value rounded to float unless s landed on a midpoint between two floats (or in
-    the subnormal floats' range) without being exact. Those few lanes are redone exactly: the
-    sum's rounding error by Knuth's two-sum, then s rounded to odd (an inexact sum whose last
-    bit is even moves one unit towards the exact value), which a float rounding cannot get
+    the subnormal floats' range) without being exact. Where some lane did, the sum's rounding
+    error is found by Knuth's two-sum and those lanes are rounded to odd (an inexact sum whose
+    last bit is even moves one unit towards the exact value), which a float rounding cannot get
     wrong. A NaN operand gives its own NaN (quiet), b's first, then a's, then c's, as the C
     library's fmaf does: not whichever operand numpy's SIMD loop happens to keep."""
-    a, b, c = np.broadcast_arrays(*(np.asarray(v, F64) for v in (a, b, c)))
-    s = np.atleast_1d(a * b + c)
-    bits = s.view(np.uint64)
     with np.errstate(invalid="ignore", over="ignore"):
-        risky = ((bits & MIDPOINT_MASK) == MIDPOINT) | ((np.abs(s) < FLT_MIN) & (s != 0))
-        if risky.any():
-            i = np.nonzero(risky.reshape(s.shape))
-            ai, bi, ci = np.atleast_1d(a)[i], np.atleast_1d(b)[i], np.atleast_1d(c)[i]
-            p, si = ai * bi, s[i]
-            pv = si - ci  # two-sum: si + e == p + ci exactly
-            e = (p - pv) + (ci - (si - pv))
-            sb = si.view(np.uint64)
-            odd = (e != 0) & np.isfinite(e) & ((sb & np.uint64(1)) == 0)
-            away = (e > 0) == (si > 0)  # towards the exact value: away from zero, or towards it
-            s[i] = np.where(odd, np.where(away, sb + np.uint64(1), sb - np.uint64(1)), sb).view(F64)
-        nan = np.isnan(s)
+        p = np.multiply(a, b, dtype=F64)
+        s = np.atleast_1d(np.add(p, c, dtype=F64))
+        bits = s.view(U64)
+        mag = bits & MAGNITUDE
+        hazard = (bits & MIDPOINT_MASK) == MIDPOINT
+        hazard |= (mag - U64(1)) < (FLT_MIN_BITS - U64(1))  # (0 wraps around: no hazard)
+        if hazard.any():
+            c64 = np.asarray(c, F64)
+            pv = s - c64  # two-sum: s + e == p + c exactly
+            e = (p - pv) + (c64 - (s - pv))
+            odd = hazard & (e != 0) & np.isfinite(e) & ((bits & U64(1)) == 0)
+            away = (e > 0) == (s > 0)  # towards the exact value: away from zero, or towards it
+            np.copyto(bits, np.where(away, bits + U64(1), bits - U64(1)), where=odd)
+        nan = mag > INF_BITS
         if nan.any():  # (a NaN made here, as inf - inf, stays the one the sum made)
-            a1, b1, c1 = (np.atleast_1d(v)[nan] for v in (a, b, c))
+            a1, b1, c1 = (np.broadcast_to(np.asarray(v, F64), s.shape)[nan] for v in (a, b, c))
             s[nan] = np.where(np.isnan(b1), b1, np.where(np.isnan(a1), a1,
                                                          np.where(np.isnan(c1), c1, s[nan])))
-        return s.astype(F32).reshape(a.shape)
+        out = s.astype(F32)
+    return out if np.ndim(out) == len(np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(c))) \
+        else out.reshape(())
 
 
 DOT_LANES = 4  # products per vector block in a compiled `sum += a*b` loop

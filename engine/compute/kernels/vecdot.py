@@ -42,8 +42,9 @@ F32, F64 = np.float32, np.float64
 EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly
 EPR, ARR = 8, 4  # AVX2: floats per vector, accumulators per step (GGML_F32_STEP = 32)
 STEP = EPR * ARR
-PAIRS = 1 << 15  # the float twins: this many pairs of rows at a time (bounded memory)
-CHUNK = 1 << 22  # quant_dot's twin: about this many integer products at a time
+PAIRS = 1 << 12  # the float twins: this many pairs of rows at a time (in the CPU's cache)
+CHUNK = 1 << 20  # quant_dot's twin: about this many integer products at a time (its arrays stay
+# near the CPU: several times faster than arrays of main memory)
 
 
 # --- the shared pieces: horizontal sums, the float lanes ---------------------------------------
@@ -310,26 +311,35 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K, _q6_K_q8_K) of weight row i0 (nb blocks of type_ at byte
     i0 * ldw of w) and activation row i1 (Q8_0 or Q8_K blocks at byte i1 * ldx of x).
 
-    A chunk of weight rows at a time, block after block: the chunk's block decoded once, then for
-    every pair of rows acc[l] = fmaf(lanes[l], scale, acc[l]) (and Q4_K's acc_m); the result
-    hsum8(acc) (+ (m0 + m2) + (m1 + m3)). portable and threads change no bit (ignored)."""
+    A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
+    once (exact, so in any order), then block after block for every pair of rows acc[l] =
+    fmaf(lanes[l], scale, acc[l]) (and Q4_K's acc_m); the result hsum8(acc) (+ (m0 + m2) +
+    (m1 + m3)). portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = 292 if type_ in K_QUANTS else 34
     weights = _rows(w, np.uint8, n0, ldw, nb * wsize).reshape(n0, nb, wsize)
     acts = _rows(x, np.uint8, n1, ldx, nb * ysize).reshape(n1, 1, nb, ysize)  # against every row
     o = np.frombuffer(out, F32).reshape(n1, n0)
-    step = max(1, CHUNK // max(1, n1 * TYPE_TRAITS[type_].blck_size))
+    step = max(1, CHUNK // max(1, n1 * nb * TYPE_TRAITS[type_].blck_size))
     for a in range(0, n0, step):
-        rows = weights[a:a + step]
-        acc = np.zeros((n1, len(rows), 8), F32)
-        acc_m = np.zeros((n1, len(rows), 4), F32)
+        dec = decode_weights(type_, weights[a:a + step])  # (rows, nb, ...)
+        lane, scale, min_lanes, min_scale = block_lanes(type_, dec, acts)  # (n1, rows, nb, ...)
+        # block by block, lane by lane: lane l of every pair of rows lying together, so that each
+        # fmaf runs over long rows of numbers (a block's scale the same for its 8 lanes)
+        lane = np.ascontiguousarray(np.moveaxis(lane, (2, 3), (0, 1)), F32)  # (nb, 8, n1, rows)
+        scale = np.ascontiguousarray(np.moveaxis(scale, 2, 0)[:, None])  # (nb, 1, n1, rows)
+        acc = np.zeros(lane.shape[1:], F32)
         for b in range(nb):
-            dec = decode_weights(type_, rows[:, b])  # (rows, ...)
-            lane, scale, min_lanes, min_scale = block_lanes(type_, dec, acts[:, :, b])
-            acc = fmaf(lane.astype(F32), scale[..., None], acc)
-            if min_lanes is not None:
-                acc_m = fmaf(min_lanes.astype(F32), min_scale[..., None], acc_m)
+            acc = fmaf(lane[b], scale[b], acc)
+        acc = np.moveaxis(acc, 0, -1)  # (n1, rows, 8)
+        if min_lanes is not None:
+            min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
+            min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
+            acc_m = np.zeros(min_lanes.shape[1:], F32)
+            for b in range(nb):
+                acc_m = fmaf(min_lanes[b], min_scale[b], acc_m)
+            acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4)
         r = hsum8(acc)
         if type_ == GGMLType.Q4_K:
             r = r + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
