@@ -1,13 +1,14 @@
-/* engine._lanes: the inner loop of ggml's quantized dot products, for whole weight matrices.
+/* engine._lanes: ggml's hottest inner loops, which numpy can only run a block at a time.
  *
- * ggml's AVX2 vec_dot kernels (q4_0/q5_0/q8_0 x q8_0, q4_K/q6_K x q8_K) sum integer products in 8
- * lanes of 32-bit integers per block, turn each lane into a float and accumulate it with one
- * fused multiply-add per block: acc[l] = fmaf((float)lane[l], d, acc[l]). engine/compute/kernels/
- * vecdot.py says which integers each lane holds for each type and prepares them once per weight
- * matrix; this module runs the loop over blocks, lanes and rows, which numpy can only do one block
- * at a time. fmaf is correctly rounded by definition, so the result is the same on every CPU; the
- * hardware instruction is used where the CPU has it. The loops run without the GIL, so the
- * compute threads run them at once on their own rows.
+ * The float and quantized dot products of mul_mat (ggml_vec_dot_f32, _f16, llamafile's tinyBLAS,
+ * and the AVX2 vec_dot of Q4_0/Q5_0/Q8_0 by Q8_0 and Q4_K/Q6_K by Q8_K: integer lane sums, one
+ * fused multiply-add per block and lane, acc[l] = fmaf((float)lane[l], d, acc[l])), ggml_v_expf
+ * and ggml_v_silu, the soft_max rows, quantize_row_q8_0 and a few to_float converters. Each
+ * function here has a numpy twin beside the kernel that calls it (engine/lanes.py registers
+ * them; tests/unit/engine/test_twins.py holds them equal bit for bit), which says the same
+ * thing for reading and runs in pure-numpy mode. fmaf is correctly rounded by definition, so the
+ * results are the same on every CPU; the hardware instruction is used where the CPU has it. The
+ * loops run without the GIL, so the compute threads run them at once on their own rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

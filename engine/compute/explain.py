@@ -201,6 +201,11 @@ class WorkedElement:
     b: float
     value: float
 
+    @property
+    def formula(self) -> str:
+        return (f"dst[0] = src0[0] {self.sign} src1[0] = {self.a:.9g} {self.sign} {self.b:.9g} "
+                f"= {self.value:.9g}")
+
 
 def worked_element(dst: Tensor) -> WorkedElement | None:
     """ADD, SUB, MUL, DIV: the first element computed, with the node's numbers."""

@@ -270,6 +270,31 @@ def flip_nan_signs(y: np.ndarray, q: np.ndarray, d: np.ndarray) -> None:
         y[bad] = yb
 
 
+def scale_words(scales: np.ndarray) -> np.ndarray:
+    """The 12 scale bytes (nb, 12) as three little-endian uint32 words (3, nb), like ggml's
+    `memcpy(utmp, x[i].scales, 12)`."""
+    words = np.empty((len(scales), 12), np.uint8)
+    copy_runs(words, scales)
+    return words.view("<u4").T
+
+
+def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8.
+
+    Four bytes at a time, as ggml's SIMD dot products unpack them (kmask1/2/3): scales 0-3 are the
+    low 6 bits of bytes 0-3, scales 4-7 the low nibbles of bytes 8-11 plus the top 2 bits of bytes
+    0-3; the mins likewise from bytes 4-7 and the high nibbles of bytes 8-11.
+    """
+    a0, a1, a2 = scale_words(scales)
+    out = np.empty((2, len(a0), 2), "<u4")  # (sc, m) x block x (j = 0..3, j = 4..7)
+    out[0, :, 0] = a0 & 0x3F3F3F3F
+    out[0, :, 1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
+    out[1, :, 0] = a1 & 0x3F3F3F3F
+    out[1, :, 1] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
+    sc, m = out.view(np.uint8)  # (nb, 8) each
+    return sc, m
+
+
 def half_at(blocks: np.ndarray, at: int) -> np.ndarray:
     """The fp16 at byte `at` of each block (..., size) uint8, as float32 (GGML_FP16_TO_FP32)."""
     return h2f(blocks[..., at].astype(np.uint16) | blocks[..., at + 1].astype(np.uint16) << 8)
@@ -296,7 +321,6 @@ def dequantize_blocks(type_: int, raw, out) -> None:
     if type_ == GGMLType.Q8_0:  # y = q * d
         y[:] = blk[:, 2:].view(np.int8).astype(F32) * half_at(blk, 0)[:, None]
     elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # y = (d * sc) * q - (dmin * m), per run of 32
-        from engine.quants.kquants import get_scale_min_k4  # kquants imports this module
         five = type_ == GGMLType.Q5_K
         sc, m = get_scale_min_k4(blk[:, 4:16])  # (nb, 8) each
         d1 = half_at(blk, 0)[:, None] * sc.astype(F32)

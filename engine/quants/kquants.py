@@ -14,8 +14,8 @@ import numpy as np
 
 from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
                                   byte_rows, copy_runs, dequantize_by_lanes, f2h, f32, first_max,
-                                  first_min, h2f, nearest_int, nibbles, scaled, seq_sum, SubScales,
-                                  unpack_2bit)
+                                  first_min, get_scale_min_k4, h2f, nearest_int, nibbles,
+                                  scale_words, scaled, seq_sum, SubScales, unpack_2bit)
 from engine.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
@@ -162,38 +162,13 @@ def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-def _scale_words(scales: np.ndarray) -> np.ndarray:
-    """The 12 scale bytes (nb, 12) as three little-endian uint32 words (3, nb), like ggml's
-    `memcpy(utmp, x[i].scales, 12)`."""
-    words = np.empty((len(scales), 12), np.uint8)
-    copy_runs(words, scales)
-    return words.view("<u4").T
-
-
-def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 for j = 0..7: 12 bytes (nb, 12) -> sc (nb, 8), m (nb, 8) uint8.
-
-    Four bytes at a time, as ggml's SIMD dot products unpack them (kmask1/2/3): scales 0-3 are the
-    low 6 bits of bytes 0-3, scales 4-7 the low nibbles of bytes 8-11 plus the top 2 bits of bytes
-    0-3; the mins likewise from bytes 4-7 and the high nibbles of bytes 8-11.
-    """
-    a0, a1, a2 = _scale_words(scales)
-    out = np.empty((2, len(a0), 2), "<u4")  # (sc, m) x block x (j = 0..3, j = 4..7)
-    out[0, :, 0] = a0 & 0x3F3F3F3F
-    out[0, :, 1] = (a2 & 0x0F0F0F0F) | (((a0 >> 6) & 0x03030303) << 4)
-    out[1, :, 0] = a1 & 0x3F3F3F3F
-    out[1, :, 1] = ((a2 >> 4) & 0x0F0F0F0F) | (((a1 >> 6) & 0x03030303) << 4)
-    sc, m = out.view(np.uint8)  # (nb, 8) each
-    return sc, m
-
-
 def q3_k_scales(scales: np.ndarray) -> np.ndarray:
     """The 16 six-bit Q3_K scales (nb, 16) as int8, minus 32: dequantize_row_q3_K's aux[4].
 
     Low 4 bits in the nibbles of bytes 0-7, high 2 bits in bytes 8-11 (kmask1 = 0x03030303,
     kmask2 = 0x0f0f0f0f).
     """
-    a0, a1, tmp = _scale_words(scales)
+    a0, a1, tmp = scale_words(scales)
     aux = np.empty((len(a0), 4), "<u4")
     aux[:, 2] = ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4)
     aux[:, 3] = ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)

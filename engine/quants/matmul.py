@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import F32, h2f
+from engine.quants.common import F32, get_scale_min_k4, h2f
 from engine.types import GGMLType, traits
 
 _CHUNK_BYTES = 4 << 20  # dequantize at most this many float32 bytes of weights at a time
@@ -90,7 +90,6 @@ def vec_dot_ref(wtype: int, wrow: bytes | np.ndarray, arow: bytes | np.ndarray, 
     Integer products per block (or sub-block), then the scales, summed block by block in float32.
     """
     from engine.quants import QUANT_KINDS
-    from engine.quants.kquants import get_scale_min_k4
 
     wt = GGMLType(wtype)
     vdt = traits(wt).vec_dot_type

@@ -45,6 +45,15 @@ FLT_MIN_BITS = U64(897 << 52)  # the double 2^-126: below it floats are subnorma
 INF_BITS = U64(0x7FF << 52)  # above it, a double's magnitude bits are a NaN's
 
 
+def _flat_at(v, shape: tuple, i: np.ndarray) -> np.ndarray:
+    """Elements i (flat indices into `shape`) of v broadcast to shape, as doubles."""
+    v = np.asarray(v)
+    if v.shape != shape:
+        v = np.broadcast_to(v, shape)
+        return v[np.unravel_index(i, shape)].astype(F64)
+    return v.reshape(-1)[i].astype(F64)
+
+
 def fmaf(a, b, c) -> np.ndarray:
     """fmaf(a, b, c): a*b + c with a single rounding to float32, correctly rounded.
 
@@ -57,18 +66,20 @@ def fmaf(a, b, c) -> np.ndarray:
     library's fmaf does: not whichever operand numpy's SIMD loop happens to keep."""
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.multiply(a, b, dtype=F64)
-        s = np.atleast_1d(np.add(p, c, dtype=F64))
+        s = np.atleast_1d(np.add(p, c, dtype=F64, order="C"))
         bits = s.view(U64)
         mag = bits & MAGNITUDE
         hazard = (bits & MIDPOINT_MASK) == MIDPOINT
         hazard |= (mag - U64(1)) < (FLT_MIN_BITS - U64(1))  # (0 wraps around: no hazard)
-        if hazard.any():
-            c64 = np.asarray(c, F64)
-            pv = s - c64  # two-sum: s + e == p + c exactly
-            e = (p - pv) + (c64 - (s - pv))
-            odd = hazard & (e != 0) & np.isfinite(e) & ((bits & U64(1)) == 0)
-            away = (e > 0) == (s > 0)  # towards the exact value: away from zero, or towards it
-            np.copyto(bits, np.where(away, bits + U64(1), bits - U64(1)), where=odd)
+        if hazard.any():  # (few lanes, but not always: an exact sum may well sit there)
+            i = np.flatnonzero(hazard)
+            pi, ci, si = _flat_at(p, s.shape, i), _flat_at(c, s.shape, i), s.reshape(-1)[i]
+            pv = si - ci  # two-sum: si + e == pi + ci exactly
+            e = (pi - pv) + (ci - (si - pv))
+            sb = si.view(U64)
+            odd = (e != 0) & np.isfinite(e) & ((sb & U64(1)) == 0)
+            away = (e > 0) == (si > 0)  # towards the exact value: away from zero, or towards it
+            bits.reshape(-1)[i] = np.where(odd, np.where(away, sb + U64(1), sb - U64(1)), sb)
         nan = mag > INF_BITS
         if nan.any():  # (a NaN made here, as inf - inf, stays the one the sum made)
             a1, b1, c1 = (np.broadcast_to(np.asarray(v, F64), s.shape)[nan] for v in (a, b, c))

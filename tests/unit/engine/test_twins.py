@@ -283,6 +283,16 @@ def test_fmaf_is_the_c_library_s():
             got = fmaf(x, y, z)
         want = np.array([c_fmaf(*v) for v in zip(x.tolist(), y.tolist(), z.tolist())], F32)
         assert same_bits(want, got)
+    # as quant_dot's twin calls it: integer lanes times a broadcast scale plus a strided
+    # accumulator, sums that often sit exactly on a midpoint between two floats
+    lanes = rng.integers(-3000, 3000, (8, 500)).astype(F32)
+    scale = (rng.integers(1, 1 << 11, 500) * 2.0 ** -20).astype(F32)[None, :]
+    acc = (rng.integers(-(1 << 22), 1 << 22, (500, 8)) * 2.0 ** -24).astype(F32).T
+    got = fmaf(lanes, scale, acc)
+    x, y, z = np.broadcast_arrays(lanes, scale, acc)
+    want = np.array([c_fmaf(*v) for v in zip(x.ravel().tolist(), y.ravel().tolist(),
+                                              z.ravel().tolist())], F32).reshape(got.shape)
+    assert same_bits(want, got)
 
 
 def test_libm_without_the_extension():
