@@ -98,9 +98,10 @@ EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.
 	tests/unit/engine/test_trace.py::test_golden_trace tests/unit/engine/test_libm.py \
 	tests/unit/engine/test_twins.py
 
-# Two pytest workers, one per core: the browser tier runs beside CPU-bound tests, then its
+# Two pytest workers, one per core (an idle one takes tests from the other's queue): the browser
+# tier runs beside CPU-bound tests, then its
 # navigation tests once more with both cores kept busy by stress-ng (test-load).
-PYTEST_PAR := -n 2
+PYTEST_PAR := -n 2 --dist worksteal
 LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_browser.py \
 	tests/browser/test_moe_browser.py tests/browser/test_walkthrough_browser.py
 
@@ -110,8 +111,7 @@ test: setup-test
 	GGML_LENS_PURE_NUMPY=1 NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
 		$(PY) -m pytest -q $(PYTEST_PAR) -p no:cacheprovider $(EXACT_TESTS)
 	@$(MAKE) --no-print-directory test-load
-	@$(MAKE) --no-print-directory package-check
-	@$(MAKE) --no-print-directory package-check-nocc
+	@$(MAKE) --no-print-directory -j2 package-check package-check-nocc
 
 # The browser's step navigation while another process keeps both cores busy
 test-load: setup-test
