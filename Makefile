@@ -9,7 +9,7 @@ PORT   ?= 8000
 APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
 APT_TEST := $(APT_RUN) chromium stress-ng
 
-.PHONY: run test test-load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
+.PHONY: run test test-numpy test-load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -99,19 +99,23 @@ EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.
 	tests/unit/engine/test_twins.py
 
 # Two pytest workers, one per core (an idle one takes tests from the other's queue): the browser
-# tier runs beside CPU-bound tests, then its
-# navigation tests once more with both cores kept busy by stress-ng (test-load).
+# tier runs beside CPU-bound tests, then its navigation tests once more with both cores kept
+# busy by stress-ng (test-load).
 PYTEST_PAR := -n 2 --dist worksteal
 LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_browser.py \
 	tests/browser/test_moe_browser.py tests/browser/test_walkthrough_browser.py
 
+# (the pure-numpy pass and the two package checks run side by side: the checks are mostly pip
+# and a server waiting on its pages, which the pass's workers leave room for)
 test: setup-test
 	$(PY) -m pytest -q $(PYTEST_PAR) tests
-	@echo "== again in pure-numpy mode, numpy's SIMD dispatch lowered to its baseline"
+	@$(MAKE) --no-print-directory -j3 test-numpy package-check package-check-nocc
+	@$(MAKE) --no-print-directory test-load
+
+test-numpy:
+	@echo "== the exact tests again in pure-numpy mode, numpy's SIMD dispatch lowered to its baseline"
 	GGML_LENS_PURE_NUMPY=1 NPY_DISABLE_CPU_FEATURES="$$($(PY) -m tests.support.npy_dispatch)" \
 		$(PY) -m pytest -q $(PYTEST_PAR) -p no:cacheprovider $(EXACT_TESTS)
-	@$(MAKE) --no-print-directory test-load
-	@$(MAKE) --no-print-directory -j2 package-check package-check-nocc
 
 # The browser's step navigation while another process keeps both cores busy
 test-load: setup-test
