@@ -430,3 +430,22 @@ def test_a_normal_program_runs_like_the_walkthrough():
     assert inside.error is None
     assert [s.hash_bytes() for s in inside.steps[:-1]] == [s.hash_bytes() for s in outside.steps[:-1]]
     assert inside.outputs == outside.outputs
+
+
+def test_the_worker_computes_in_the_server_s_mode():
+    """Pure-numpy mode (GGML_LENS_PURE_NUMPY, Settings.pure_numpy) reaches the sandbox's worker,
+    whose environment is otherwise cleared."""
+    from app.sandbox.boundary import worker_env
+    from app.settings import Settings
+    from engine import lanes
+
+    assert Settings.from_env({"GGML_LENS_PURE_NUMPY": "1"}).pure_numpy
+    assert not Settings.from_env({}).pure_numpy
+    chosen = lanes.pure_numpy()
+    try:
+        lanes.use_numpy(True)
+        assert worker_env()["GGML_LENS_PURE_NUMPY"] == "1"
+        lanes.use_numpy(False)
+        assert worker_env()["GGML_LENS_PURE_NUMPY"] == "0"
+    finally:
+        lanes.use_numpy(chosen)
