@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import gettext as _gettext
 import io
-import re
 from contextvars import ContextVar
 from functools import cache
-from urllib.parse import parse_qs
 
+from babel import negotiate_locale
 from babel.messages.mofile import write_mo
 from babel.messages.pofile import read_po
 from starlette.datastructures import MutableHeaders
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.settings import PACKAGE
@@ -90,34 +90,22 @@ def js_text() -> dict[str, str]:
 
 
 def pick(query_lang: str | None, cookie: str | None, accept_language: str | None) -> str:
-    """The language of a request: the switch, the remembered choice, the browser's wish."""
+    """The language of a request: the switch, the remembered choice, the browser's wish (its
+    Accept-Language tags by their q weights, matched by Babel's negotiate_locale)."""
     for choice in (query_lang, cookie):
         if choice in LOCALES:
             return choice
     wishes = []
     for part in (accept_language or "").split(","):
         tag, _sep, params = part.strip().partition(";")
-        q = 1.0
-        m = re.search(r"q=([0-9.]+)", params)
-        if m:
-            try:
-                q = float(m.group(1))
-            except ValueError:
-                q = 0.0
-        primary = tag.strip().lower().split("-")[0]
-        if primary in LOCALES and q > 0:
-            wishes.append((q, primary))
-    return max(wishes, key=lambda w: w[0])[1] if wishes else DEFAULT
-
-
-def _cookie(headers: list[tuple[bytes, bytes]]) -> str | None:
-    for k, v in headers:
-        if k == b"cookie":
-            for part in v.decode("latin-1").split(";"):
-                name, _sep, value = part.strip().partition("=")
-                if name == COOKIE:
-                    return value
-    return None
+        weight = params.strip().removeprefix("q=") if params.strip().startswith("q=") else "1"
+        try:
+            q = float(weight)
+        except ValueError:
+            q = 0.0
+        if tag.strip() and q > 0:
+            wishes.append((-q, len(wishes), tag.strip().lower()))
+    return negotiate_locale([tag for *_, tag in sorted(wishes)], list(LOCALES), sep="-") or DEFAULT
 
 
 class LocaleMiddleware:
@@ -131,10 +119,9 @@ class LocaleMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope.get("headers", [])
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("lang", [None])[0]
-        accept = next((v.decode("latin-1") for k, v in headers if k == b"accept-language"), None)
-        locale = pick(query, _cookie(headers), accept)
+        conn = HTTPConnection(scope)
+        query = conn.query_params.get("lang")
+        locale = pick(query, conn.cookies.get(COOKIE), conn.headers.get("accept-language"))
         token = use(locale)
 
         async def tagged(message: Message) -> None:

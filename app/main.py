@@ -24,11 +24,10 @@ _TUNED = False
 
 def _tune_collector() -> None:
     """Once per process, the cyclic garbage collector set for a server: the objects alive when
-    the first app is made (modules, functions, classes: ~80,000) are moved out of its sight,
-    and it runs a young collection every 10,000 net allocations, not every 700. A step page
-    allocates tens of thousands of short-lived objects; at 700, its collections promoted them
-    mid-request and a full collection (~90 ms over every object) came every few pages: the
-    step pages' p95. (Traces and rebuilt states hold no cycles: counting frees them.)"""
+    the first app is made (modules, functions, classes) are moved out of its sight, and it runs
+    a young collection every 10,000 net allocations, not every 700, so that the short-lived
+    objects of a step page are not promoted mid-request into costly full collections. (Traces
+    and rebuilt states hold no cycles: counting frees them.)"""
     global _TUNED
     if not _TUNED:
         _TUNED = True

@@ -5,8 +5,8 @@ nodes, leafs, use_counts, hash keys, optional grads and grad_accs, and the `used
 hash set (keyed by tensor address >> 4, linear probing), ggml_visit_parents (post-order DFS, leaf vs
 node, default names, use counts), ggml_graph_print and ggml_graph_dump_dot.
 
-Leaves out: the backward pass (grads are allocated and zeroed when asked for, never filled).
-An observer may watch ggml_build_forward_expand visit tensors through `visit_hook`.
+The backward pass (ggml_build_backward_expand, the gradients) is engine/autodiff.py's. An observer
+may watch ggml_build_forward_expand visit tensors through `visit_hook`.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
 def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x · wᵀ by numpy's BLAS: ggml's products to rounding, their last bits the BLAS kernel's.
     One row of x is w · x (a gemv through np.dot, which lets go of the interpreter lock while
-    it runs; `x @ w.T` holds it for a single row, so the threads' shares ran one at a time)."""
+    it runs, where `x @ w.T` holds it for a single row)."""
     if x.shape[0] == 1:
         return np.dot(w, x[0])[None, :]
     return np.dot(x, w.T)

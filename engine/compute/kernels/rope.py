@@ -19,15 +19,13 @@ operations: ggml's bits on every CPU.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
 from engine.errors import ggml_assert
+from engine.memo import Memo
 from engine.ops_nn import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
 from engine.optable import GGMLOp
@@ -57,9 +55,7 @@ def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
     return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
 
 
-_CACHES: OrderedDict[tuple, tuple] = OrderedDict()  # recent rope caches (q and k, every layer)
-_CACHES_KEPT = 16
-_LOCK = threading.Lock()
+_CACHES = Memo(16)  # recent rope caches (q and k, every layer)
 
 
 def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
@@ -72,9 +68,10 @@ def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tupl
     ff = None if freq_factors is None else np.asarray(freq_factors[:n], F32)
     key = (p.tobytes(), ne0, float(theta_scale), None if ff is None else ff.tobytes(),
            tuple(float(x) if np.ndim(x) == 0 else tuple(x) for x in yarn))
-    hit = _CACHES.get(key)
-    if hit is not None:
-        return hit
+    return _CACHES.get(key, lambda: _rope_cache(p, n, theta_scale, ff, yarn))
+
+
+def _rope_cache(p: np.ndarray, n: int, theta_scale, ff, yarn) -> tuple:
     steps = np.empty((len(p), n), F32)
     steps[:, 0] = p.astype(F32)
     steps[:, 1:] = F32(theta_scale)
@@ -85,10 +82,6 @@ def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tupl
     out = (np.ascontiguousarray(cos, F32), np.ascontiguousarray(sin, F32))
     for a in out:
         a.setflags(write=False)  # shared: no kernel may change it
-    with _LOCK:
-        _CACHES[key] = out
-        while len(_CACHES) > _CACHES_KEPT:
-            _CACHES.popitem(last=False)
     return out
 
 
