@@ -59,12 +59,11 @@ def lanes32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     axes broadcast): 4 accumulators of 8 lanes, acc += a·b fused per lane, then GGML_F32x8_REDUCE
     (acc0+acc2, acc1+acc3, their sum, low + high half, two horizontal adds) -> float32 (...)."""
     shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-    acc = np.zeros((ARR, *shape, EPR), F32)
-    for i in range(0, a.shape[-1], STEP):
-        for j in range(ARR):
-            lo = i + j * EPR
-            acc[j] = fmaf(a[..., lo:lo + EPR], b[..., lo:lo + EPR], acc[j])
-    v = (acc[0] + acc[2]) + (acc[1] + acc[3])
+    acc = np.zeros((*shape, ARR, EPR), F32)  # accumulator j, lane l: elements 32s + 8j + l
+    for i in range(0, a.shape[-1], STEP):  # the 4 accumulators' fmas of a step at once
+        acc = fmaf(a[..., i:i + STEP].reshape(*a.shape[:-1], ARR, EPR),
+                   b[..., i:i + STEP].reshape(*b.shape[:-1], ARR, EPR), acc)
+    v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
     t0 = v[..., :4] + v[..., 4:]
     return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
 
