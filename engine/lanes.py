@@ -39,7 +39,6 @@ def twin(name: str) -> Callable[[Callable], Callable]:
     def register(fn: Callable) -> Callable:
         assert name not in TWINS, f"two twins of {name}"
         TWINS[name] = fn
-        fn.twin_of = name
         return fn
     return register
 

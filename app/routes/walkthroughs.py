@@ -162,6 +162,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str 
     """Every panel's view-model at one step."""
     trace, step, state = _at(cache, store, where, programs, client)
     sel = _select(state, where, step)
+    shares = threads(trace, step)
     graph = G.graph_view(state, where, current_node(state, step), sel, expand,
                          lambda nodes: sched_view(trace, step, state, nodes))
     return {
@@ -172,7 +173,7 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str 
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
         "grad": values(gradient_of(state, sel), where),
-        "threads": threads(trace, step), "kernel": kernel(trace, step, state, where), "graph": graph,
+        "threads": shares, "kernel": kernel(step, state, where, shares.shares), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
         "steps": steps_view(trace, where), "answer": answer_view(trace, where),
         "training": training_view(trace),

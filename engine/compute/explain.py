@@ -18,7 +18,7 @@ import numpy as np
 from engine.compute.kernels import KERNELS, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
-from engine.compute.kernels.matmul import emulates_vec_dot
+from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
@@ -70,6 +70,7 @@ def _code(fn, role: str) -> Code:
     return Code(fn.__name__, shown, start, "".join(lines), role)
 
 
+@cache
 def _helpers(fn) -> list:
     """The functions of fn's own module that fn calls (its lambdas included), in order."""
     names: list[str] = []
@@ -162,9 +163,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     row = min(max(row, 0), int(src0.ne[1]) - 1)
     col = min(max(col, 0), int(src1.ne[1]) - 1)
     block = min(max(block, 0), nb - 1)
-    ctx, off = src0.ctx.space.resolve(src0.data)
-    start = off + row * int(src0.nb[1])
-    w = np.frombuffer(bytes(ctx.pool[start:start + nb * t0.type_size]), np.uint8)
+    w = quant_rows(src0, 0, 0, slice(row, row + 1))[0]
     if src1.type == vdt:
         y = np.frombuffer(bytes(view4(src1)[0, 0, col]), np.uint8)
     else:  # as mul_mat converts src1: the CPU's quantizer of its vec_dot_type

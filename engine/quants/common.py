@@ -315,8 +315,7 @@ def dequantize_blocks(type_: int, raw, out) -> None:
     """engine._lanes.dequantize(type, raw, out): ggml's to_float (dequantize_row_q8_0, _q4_K,
     _q5_K, _tq1_0) of the whole blocks in raw (uint8) into out (float32), every block at once.
     Each product and difference is rounded to float as in the C; nothing is fused."""
-    size = {GGMLType.Q8_0: 34, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.TQ1_0: 54}[type_]
-    blk = np.frombuffer(raw, np.uint8).reshape(-1, size)
+    blk = np.frombuffer(raw, np.uint8).reshape(-1, traits(type_).type_size)
     y = np.frombuffer(out, F32).reshape(len(blk), -1)
     if type_ == GGMLType.Q8_0:  # y = q * d
         y[:] = blk[:, 2:].view(np.int8).astype(F32) * half_at(blk, 0)[:, None]

@@ -47,7 +47,7 @@ def _run(raw: np.ndarray, start: int, n: int) -> np.ndarray:
     return out
 
 
-def _with_qh(raw: np.ndarray, qh: int, qs: int) -> np.ndarray:
+def nibbles_with_qh(raw: np.ndarray, qh: int, qs: int) -> np.ndarray:
     """Q5_0 / Q5_1 quants 0..31: `(nibble | hbit << 4)`, qh at byte qh, qs at byte qs."""
     q = nibbles(raw, qs, qs + 16, 16)
     q |= _qh_unpack(_run(raw, qh, 4)) * np.uint8(16)  # hbit << 4 (numpy's uint8 << is slow)
@@ -91,7 +91,7 @@ def quantize_q5_0(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_0(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_0: ((nibble | hbit << 4) - 16) * d."""
-    q = _with_qh(byte_rows(b), 2, 6)
+    q = nibbles_with_qh(byte_rows(b), 2, 6)
     q -= np.uint8(16)
     return scaled(q.view(np.int8), h2f(b["d"]))
 
@@ -132,7 +132,7 @@ def quantize_q5_1(x: np.ndarray) -> np.ndarray:
 
 def dequantize_q5_1(b: np.ndarray) -> np.ndarray:
     """dequantize_row_q5_1: (nibble | hbit << 4) * d + m."""
-    y = scaled(_with_qh(byte_rows(b), 4, 8), h2f(b["d"]))
+    y = scaled(nibbles_with_qh(byte_rows(b), 4, 8), h2f(b["d"]))
     y += h2f(b["m"])[:, None]
     return y
 
@@ -188,10 +188,8 @@ def from_float_q8_0_ref(x: np.ndarray) -> np.ndarray:
 def quantize_q8_0_into(x, out) -> None:
     """engine._lanes.quantize_q8_0(x, out): whole blocks of 32 floats -> 34-byte Q8_0 blocks in
     out, as from_float_q8_0_ref computes them."""
-    x = np.frombuffer(x, F32) if not isinstance(x, np.ndarray) else x.reshape(-1)
-    out = out.reshape(-1) if isinstance(out, np.ndarray) else np.frombuffer(out, np.uint8)
     with np.errstate(all="ignore"):  # NaN and infinite blocks are quantized as C does
-        out.view(BLOCK_Q8_0)[:] = from_float_q8_0_ref(x.reshape(-1, 32))
+        np.frombuffer(out, BLOCK_Q8_0)[:] = from_float_q8_0_ref(np.frombuffer(x, F32).reshape(-1, 32))
 
 
 def from_float_q8_0(x: np.ndarray) -> np.ndarray:

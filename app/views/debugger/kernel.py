@@ -13,11 +13,11 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 from app.i18n import _
-from app.views.debugger.threads import Share, ranges_text, threads
+from app.views.debugger.threads import Share, ranges_text
 from app.views.debugger.where import Where, current_node
 from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, kernel_card, \
     worked_block, worked_element
-from engine.trace import State, Step, StepKind, Trace
+from engine.trace import State, Step, StepKind
 
 
 SHOWN = 6  # ranges of the selected thread listed; the rest counted
@@ -42,14 +42,14 @@ def highlighted(code: Code) -> Markup:
     return Markup(highlight(code.text, PythonLexer(), HtmlFormatter(nowrap=True)))
 
 
-def kernel(trace: Trace, step: Step, state: State, where: Where) -> KernelView | None:
+def kernel(step: Step, state: State, where: Where, shares: list[Share]) -> KernelView | None:
+    """The panel at a node step; `shares` are the threads panel's (ThreadsView.shares)."""
     if step.kind != StepKind.NODE:
         return None
     node = current_node(state, step)
     card = kernel_card(node) if node is not None else None
     if card is None:
         return None
-    shares = threads(trace, step).shares
     selected = min(max(where.ith, 0), len(shares) - 1) if shares else 0
     row, col = where.row, 0
     mine = next((t for t in step.threads if t.ith == selected), None)

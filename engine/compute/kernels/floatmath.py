@@ -66,7 +66,8 @@ def fmaf(a, b, c) -> np.ndarray:
     library's fmaf does: not whichever operand numpy's SIMD loop happens to keep."""
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.multiply(a, b, dtype=F64)
-        s = np.atleast_1d(np.add(p, c, dtype=F64, order="C"))
+        total = np.add(p, c, dtype=F64, order="C")
+        s = np.atleast_1d(total)
         bits = s.view(U64)
         mag = bits & MAGNITUDE
         hazard = (bits & MIDPOINT_MASK) == MIDPOINT
@@ -85,9 +86,7 @@ def fmaf(a, b, c) -> np.ndarray:
             a1, b1, c1 = (np.broadcast_to(np.asarray(v, F64), s.shape)[nan] for v in (a, b, c))
             s[nan] = np.where(np.isnan(b1), b1, np.where(np.isnan(a1), a1,
                                                          np.where(np.isnan(c1), c1, s[nan])))
-        out = s.astype(F32)
-    return out if np.ndim(out) == len(np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(c))) \
-        else out.reshape(())
+        return s.astype(F32).reshape(np.shape(total))
 
 
 DOT_LANES = 4  # products per vector block in a compiled `sum += a*b` loop
@@ -150,16 +149,11 @@ def v_expf_lanes(x: np.ndarray) -> np.ndarray:
                         np.where(an > 126, fmaf(s2, j, s2) * s1, fmaf(k, j, k))).astype(F32)
 
 
-def _buffer(buf, dtype=F32) -> np.ndarray:
-    """A C function's buffer argument as a flat numpy array (a view: writes go through)."""
-    return np.frombuffer(buf, dtype) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(dtype)
-
-
 @twin("v_expf")
 def v_expf_into(x, out) -> None:
     """engine._lanes.v_expf: out[i] = ggml_v_expf's lane of x[i] (a block at a time, so that
     numpy's temporaries stay in the CPU's cache)."""
-    x, out = _buffer(x), _buffer(out)
+    x, out = np.frombuffer(x, F32), np.frombuffer(out, F32)
     for i in range(0, len(x), CHUNK):
         out[i:i + CHUNK] = v_expf_lanes(x[i:i + CHUNK])
 
@@ -167,7 +161,7 @@ def v_expf_into(x, out) -> None:
 @twin("v_silu")
 def v_silu_into(x, out) -> None:
     """engine._lanes.v_silu: out[i] = ggml_v_silu's lane of x[i], x / (1 + v_expf(0 - x))."""
-    x, out = _buffer(x), _buffer(out)
+    x, out = np.frombuffer(x, F32), np.frombuffer(out, F32)
     with np.errstate(all="ignore"):
         for i in range(0, len(x), CHUNK):
             xi = x[i:i + CHUNK]

@@ -227,18 +227,18 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
         return vec_dot_tinyblas(view4(src0)[i03, i02, rows], to_f32(x, xtype))
     if exact:
         if quantized:
-            return vec_dot_quant(src0.type, _quant_rows(src0, i03, i02, rows), x, threads=threads)
+            return vec_dot_quant(src0.type, quant_rows(src0, i03, i02, rows), x, threads=threads)
         if src0.type == GGMLType.F16:
             return vec_dot_f16(view4(src0)[i03, i02, rows], to_f32(x, xtype))
         return vec_dot_f32(view4(src0)[i03, i02, rows], x)
     if quantized:
         if key not in acts:
             acts[key] = activation_values(xtype, x, ne00)
-        return mul_mat_values(src0.type, _quant_rows(src0, i03, i02, rows), *acts[key], ne00)
+        return mul_mat_values(src0.type, quant_rows(src0, i03, i02, rows), *acts[key], ne00)
     return blas_product(to_f32(x, xtype), to_f32(view4(src0)[i03, i02, rows], src0.type))
 
 
-def _quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
+def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
     """Raw block bytes of src0 rows `rows` of matrix (i02, i03): (rows, row_bytes) uint8."""
     ctx, off = src0.ctx.space.resolve(src0.data)
     nb1, nb2, nb3 = int(src0.nb[1]), int(src0.nb[2]), int(src0.nb[3])

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
-from engine.compute.kernels.floatmath import _buffer, v_expf_lanes
+from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
@@ -58,9 +58,9 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
     max), v_expf on whole groups of 8 and libm's expf on the rest; each group's 8 lanes added in
     float as the SSE shuffles add them, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)); then the groups'
     sums and the tail's values added in double, left to right, into sums[r]."""
-    w2 = _buffer(w).reshape(rows, n)
-    y2 = _buffer(y).reshape(rows, n)
-    shifted = w2 - _buffer(mx)[:, None]
+    w2 = np.frombuffer(w, F32).reshape(rows, n)
+    y2 = np.frombuffer(y, F32).reshape(rows, n)
+    shifted = w2 - np.frombuffer(mx, F32)[:, None]
     n8 = n - n % LANES
     y2[:, :n8] = v_expf_lanes(shifted[:, :n8])
     y2[:, n8:] = expf(shifted[:, n8:])
@@ -68,7 +68,7 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
     h = v[..., :4] + v[..., 4:]  # v0+v4, v1+v5, v2+v6, v3+v7
     groups = (h[..., 0] + h[..., 2]) + (h[..., 1] + h[..., 3])
     terms = np.concatenate([np.zeros((rows, 1)), groups, y2[:, n8:]], axis=1, dtype=F64)
-    _buffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
+    np.frombuffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
 
 
 @kernel(GGMLOp.SOFT_MAX)

@@ -34,7 +34,8 @@ import numpy as np
 
 from engine.compute.kernels.floatmath import fmaf
 from engine.lanes import lanes, twin
-from engine.quants.common import get_scale_min_k4, half_at
+from engine.quants.common import get_scale_min_k4, half_at, nibbles, unpack_2bit
+from engine.quants.legacy import nibbles_with_qh
 from engine.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
 F32, F64 = np.float32, np.float64
@@ -225,41 +226,29 @@ class Decoded(NamedTuple):
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
-    """Weight blocks (..., block size) uint8 of a quant_dot type, decoded (see Decoded)."""
-    blocks = np.ascontiguousarray(blocks)
+    """Weight blocks (..., block size) uint8 of a quant_dot type, decoded (see Decoded), their
+    quants unpacked as the type's dequantizer unpacks them."""
     lead = blocks.shape[:-1]
+    raw = np.ascontiguousarray(blocks).reshape(-1, blocks.shape[-1])
     zeros, none = np.zeros(lead, F32), np.zeros((*lead, 0), np.int16)
-    if type_ in (GGMLType.Q4_0, GGMLType.Q5_0):
-        qs = blocks[..., -16:]  # elements 0-15 in the low nibbles, 16-31 in the high ones
-        nib = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-        if type_ == GGMLType.Q4_0:  # nibble - 8
-            return Decoded(nib.astype(np.int16) - 8, half_at(blocks, 0), zeros, none)
-        hbit = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit e of qh
-        q = (nib + 16 * hbit).astype(np.int16) - 16  # nibble + 16 * its qh bit - 16
-        return Decoded(q, half_at(blocks, 0), zeros, none)
-    if type_ == GGMLType.Q8_0:
-        return Decoded(blocks[..., 2:].view(np.int8).astype(np.int16), half_at(blocks, 0), zeros,
-                       none)
-    if type_ == GGMLType.Q4_K:
-        sc, m = get_scale_min_k4(blocks[..., 4:16].reshape(-1, 12))  # (n, 8) each
-        # run 2j: the low nibbles of qs[32j..32j+31], run 2j+1: their high nibbles
-        runs = blocks[..., 16:].reshape(*lead, 4, 1, 32)
-        nib = np.concatenate([runs & 0x0F, runs >> 4], axis=-2).reshape(*lead, 8, 32)
-        q = np.multiply(nib, sc.reshape(*lead, 8, 1), dtype=np.int16)  # times the run's scale
+    if type_ == GGMLType.Q4_0:  # nibble - 8
+        q = nibbles(raw, 2, 18, 16).astype(np.int16) - 8
+    elif type_ == GGMLType.Q5_0:  # nibble + 16 * its qh bit - 16
+        q = nibbles_with_qh(raw, 2, 6).astype(np.int16) - 16
+    elif type_ == GGMLType.Q8_0:
+        q = raw[:, 2:].view(np.int8).astype(np.int16)
+    elif type_ == GGMLType.Q4_K:  # each run of 32 times its six-bit scale
+        sc, m = get_scale_min_k4(raw[:, 4:16])
+        q = np.multiply(nibbles(raw, 16, 144, 32).reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
         return Decoded(q.reshape(*lead, 256), half_at(blocks, 0), half_at(blocks, 2),
                        m.reshape(*lead, 8).astype(np.int16))
-    # Q6_K: 4 low bits in ql, 2 high bits in qh; per half h of 128, elements t, t+32, t+64, t+96
-    # from ql[64h + t] (low nibble), ql[64h + 32 + t] (low), the same two (high nibbles), and
-    # bits 0-1, 2-3, 4-5, 6-7 of qh[32h + t]
-    ql = blocks[..., :128].reshape(*lead, 2, 2, 32)
-    qh = blocks[..., 128:192].reshape(*lead, 2, 32)
-    q = np.stack([(ql[..., 0, :] & 0x0F) | ((qh & 0x03) << 4),
-                  (ql[..., 1, :] & 0x0F) | ((qh & 0x0C) << 2),
-                  (ql[..., 0, :] >> 4) | (qh & 0x30),
-                  (ql[..., 1, :] >> 4) | ((qh & 0xC0) >> 2)], axis=-2).reshape(*lead, 256)
-    sc = blocks[..., 192:208].view(np.int8)  # one per 16 elements
-    q = np.multiply(q, np.repeat(sc, 16, axis=-1), dtype=np.int16)
-    return Decoded(q, half_at(blocks, 208), zeros, sc.astype(np.int16))
+    else:  # Q6_K: the unsigned 6-bit values times the int8 scale of their 16
+        q6 = nibbles(raw, 0, 128, 64) | unpack_2bit(raw[:, 128:192]) * np.uint8(16)
+        sc = raw[:, 192:208].view(np.int8)
+        q = np.multiply(q6.reshape(-1, 16, 16), sc[..., None], dtype=np.int16)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 208), zeros,
+                       sc.reshape(*lead, 16).astype(np.int16))
+    return Decoded(q.reshape(*lead, 32), half_at(blocks, 0), zeros, none)
 
 
 def decode_activations(type_: GGMLType, yblocks: np.ndarray) -> tuple[np.ndarray, np.ndarray,
@@ -317,7 +306,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     (m1 + m3)). portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
-    ysize = 292 if type_ in K_QUANTS else 34
+    ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks
     weights = _rows(w, np.uint8, n0, ldw, nb * wsize).reshape(n0, nb, wsize)
     acts = _rows(x, np.uint8, n1, ldx, nb * ysize).reshape(n1, 1, nb, ysize)  # against every row
     o = np.frombuffer(out, F32).reshape(n1, n0)
