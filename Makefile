@@ -7,7 +7,8 @@ PORT   ?= 8000
 # graphviz draws the DAG; a CJK font lets it (and the browser tests) measure and show Chinese labels;
 # bubblewrap and libseccomp are the playground's kernel boundary (app/sandbox/boundary.py)
 APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
-APT_TEST := $(APT_RUN) chromium stress-ng
+# redis-server: the classroom test's queue (a class's own Redis may be anywhere)
+APT_TEST := $(APT_RUN) chromium stress-ng redis-server
 
 .PHONY: run test test-numpy test-load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
 

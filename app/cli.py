@@ -36,7 +36,41 @@ def _serve(args: argparse.Namespace) -> int:
             boundary()
         except BoundaryMissing as e:
             print(f"ggml-lens: the playground stays off: {e}", file=sys.stderr)
-    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port)
+    # a classroom: recordings on a Redis queue, files in a shared store, several web processes
+    # sharing traces through the data directory (read by create_app in each process)
+    queue, store, workers = getattr(args, "queue", None), getattr(args, "store", None), getattr(args, "workers", 1)
+    if queue:
+        os.environ["GGML_LENS_QUEUE"] = queue
+    if store:
+        os.environ["GGML_LENS_STORE"] = store
+    if workers > 1:
+        os.environ["GGML_LENS_SHARE_TRACES"] = "1"
+    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
+                workers=workers if workers > 1 else None)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """Record the queue's jobs (a classroom's worker): walkthroughs here, learners' programs in
+    the sandbox, each trace written to the shared trace files."""
+    import dataclasses
+
+    from app.deps import traces
+    from app.sandbox.boundary import BoundaryMissing, boundary
+    from app.settings import Settings
+    from app.workers import run_worker
+    from engine.lanes import use_numpy
+
+    settings = Settings.from_env()
+    settings = dataclasses.replace(settings, queue=args.queue, store=args.store or settings.store,
+                                   unconfined_programs=False)
+    if settings.pure_numpy:
+        use_numpy(True)
+    try:
+        boundary()
+    except BoundaryMissing as e:
+        print(f"ggml-lens worker: learners' programs will fail here: {e}", file=sys.stderr)
+    run_worker(traces(settings, programs=True), args.queue, burst=args.burst)
     return 0
 
 
@@ -334,7 +368,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-unconfined-programs", action="store_true",
                        help="run the playground's programs without the kernel boundary where it cannot "
                             "be set up (no bubblewrap, user namespaces or seccomp); localhost only")
+    serve.add_argument("--queue", metavar="REDIS_URL", help="record on `ggml-lens worker` processes "
+                       "through this Redis (a classroom; README: Serving a class)")
+    serve.add_argument("--store", metavar="URL", help="keep uploads, programs and traces in this object "
+                       "store too (s3://bucket/prefix, configured by the AWS_* variables), for web "
+                       "processes and workers on several machines")
+    serve.add_argument("--workers", type=int, default=1, metavar="N", help="run N web processes")
     serve.set_defaults(func=_serve)
+
+    worker = sub.add_parser("worker", help="record the jobs of a classroom's queue")
+    worker.add_argument("--queue", metavar="REDIS_URL", required=True)
+    worker.add_argument("--store", metavar="URL", help="the object store the web processes use")
+    worker.add_argument("--burst", action="store_true", help="stop when the queue is empty")
+    worker.set_defaults(func=_worker)
 
     inspect = sub.add_parser("inspect", help="show a GGUF file: header, keys, tensors, byte map")
     inspect.add_argument("file")

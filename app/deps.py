@@ -11,10 +11,13 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 
 from app.i18n import N_
-from app.jobs import JobQueue
+from app.jobs import JobQueue, Queue
+from app.objects import SharedStore
 from app.programs import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
+from app.tracefiles import TraceFiles
+from app.workers import RedisJobs
 from app.traces import TraceCache
 from engine.memo import Memo
 from engine.models.bundled import model_path
@@ -24,19 +27,34 @@ class SvgCache(Memo):
     """Rendered SVGs by the hash of their DOT (an LRU): a graph drawn once is not drawn again."""
 
 
+def traces(settings: Settings, programs: bool) -> TraceCache:
+    """The trace cache and the stores it records from (uploads, learners' programs if
+    `programs`, the shared trace files and object store as the settings ask): a web process's
+    and a worker's."""
+    shared = SharedStore(settings.store) if settings.store else None
+    model = model_path(settings.data_dir)
+    return TraceCache(
+        settings.trace_cache, settings.fixtures_dir, model,
+        uploads=UploadStore.from_settings(settings, shared),
+        programs=ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs,
+                              model=model, shared=shared) if programs else None,
+        files=TraceFiles(settings.data_dir / "traces", settings.traces_limit, shared)
+        if settings.shares_traces else None)
+
+
 def install(app: FastAPI, settings: Settings) -> None:
     """Make the app's shared objects from its settings."""
     app.state.settings = settings
-    app.state.store = UploadStore.from_settings(settings)
-    app.state.traces = TraceCache(settings.trace_cache, settings.fixtures_dir,
-                                  model_path(settings.data_dir))
+    app.state.traces = cache = traces(settings, settings.programs)
+    app.state.store, app.state.programs = cache.uploads, cache.programs
     app.state.svgs = SvgCache(settings.svg_cache)
-    app.state.programs = ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs,
-                                      model=model_path(settings.data_dir)) if settings.programs else None
-    if app.state.programs is not None:  # the boundary's probe now, not in a learner's request
-        threading.Thread(target=app.state.programs.boundary_missing, daemon=True).start()
-    app.state.jobs = JobQueue(settings.runs_at_once, settings.run_queue, settings.runs_per_client)
-    app.state.traces.jobs = app.state.jobs
+    if cache.programs is not None:  # the boundary's probe now, not in a learner's request
+        threading.Thread(target=cache.programs.boundary_missing, daemon=True).start()
+    if settings.queue:
+        cache.jobs = RedisJobs(settings.queue, settings.run_queue, settings.runs_per_client)
+    else:
+        cache.jobs = JobQueue(cache.record, settings.runs_at_once, settings.run_queue, settings.runs_per_client)
+    app.state.jobs = cache.jobs
 
 
 def get_store(request: Request) -> UploadStore:
@@ -51,7 +69,7 @@ def get_svgs(request: Request) -> SvgCache:
     return request.app.state.svgs
 
 
-def get_jobs(request: Request) -> JobQueue:
+def get_jobs(request: Request) -> Queue:
     return request.app.state.jobs
 
 
@@ -66,7 +84,7 @@ PLAYGROUND_OFF = N_("The playground is off on this server: it runs learners' pro
 Store = Annotated[UploadStore, Depends(get_store)]
 Programs = Annotated[ProgramStore | None, Depends(get_programs)]
 Traces = Annotated[TraceCache, Depends(get_traces)]
-Jobs = Annotated[JobQueue, Depends(get_jobs)]
+Jobs = Annotated[Queue, Depends(get_jobs)]
 Svgs = Annotated[SvgCache, Depends(get_svgs)]
 Threads = Annotated[int | None, Query(ge=1, le=MAX_THREADS, description="threads for compute")]
 FileHash = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$",

@@ -2,6 +2,10 @@
 never waits for one. A job is keyed by its inputs (a job asked for twice runs once), each client
 may have only a few queued or running at once, and a full queue answers at once (QueueFull, with
 the seconds to wait before trying again) instead of making anyone wait.
+
+This is the embedded queue (`make run`); app/workers.py is the same interface on a Redis queue
+whose workers may be on other machines: `submit(key, client)`, `wait(job, seconds)`,
+`progress(job)`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
 from fastapi import HTTPException
 
@@ -36,11 +40,32 @@ class QueueFull(Exception):
         self.client, self.retry_after = client, retry_after
 
 
+class RecordingLost(Exception):
+    """A recording's job ended without a trace (its worker died, or the trace was evicted
+    meanwhile): asked again, it is recorded again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a recording's page shows of its job."""
+
+    place: int  # 0: running; else its place in the queue (1: next)
+    seconds: int | None  # how long it has run
+    steps: int  # the steps recorded so far
+
+
+class Queue(Protocol):
+    """What the app asks of a job queue: this module's JobQueue, or app/workers.py's RedisJobs."""
+
+    def submit(self, key: Any, client: str) -> Any: ...  # the job recording key (QueueFull: no room)
+    def wait(self, job: Any, seconds: float) -> Any: ...  # not None once it ended (raises its error)
+    def progress(self, job: Any) -> Progress: ...
+
+
 @dataclass
 class Job:
     key: Hashable
     client: str
-    work: Callable[["Job"], Any]  # given the job, to report its progress
     queued: float = field(default_factory=time.monotonic)
     started: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -53,9 +78,12 @@ class Job:
 
 
 class JobQueue:
-    """`workers` threads run the jobs in order; at most `capacity` wait, `per_client` per client."""
+    """`workers` threads run the jobs in order, each by `run(key, job)` (the job to report its
+    progress); at most `capacity` wait, `per_client` per client."""
 
-    def __init__(self, workers: int = 2, capacity: int = 16, per_client: int = 2) -> None:
+    def __init__(self, run: Callable[[Any, Job], Any], workers: int = 2, capacity: int = 16,
+                 per_client: int = 2) -> None:
+        self.run = run
         self.capacity, self.per_client, self.workers = capacity, per_client, workers
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)
@@ -68,7 +96,7 @@ class JobQueue:
         for t in self._threads:
             t.start()
 
-    def submit(self, key: Hashable, client: str, work: Callable[[Job], Any]) -> Job:
+    def submit(self, key: Hashable, client: str) -> Job:
         """The job for key: the one queued or running, or a new one (QueueFull when there is no
         room for it, or its client already has per_client jobs)."""
         with self._lock:
@@ -79,7 +107,7 @@ class JobQueue:
                 raise QueueFull(True, self._wait(len(self._waiting)))
             if len(self._waiting) >= self.capacity or self._closed:
                 raise QueueFull(False, self._wait(len(self._waiting)))
-            job = Job(key, client, work)
+            job = Job(key, client)
             self._jobs[key] = job
             self._waiting.append(job)
             self._ready.notify()
@@ -89,13 +117,23 @@ class JobQueue:
         with self._lock:
             return self._jobs.get(key)
 
-    def place(self, job: Job) -> int:
-        """0 while the job runs, else its place in the queue (1: next)."""
+    def wait(self, job: Job, seconds: float) -> Any:
+        """What the job's run returned if it ends within `seconds` (what it raised is raised
+        here), else None."""
+        if not job.done.wait(seconds):
+            return None
+        if isinstance(job.result, BaseException):
+            raise job.result
+        return job.result
+
+    def progress(self, job: Job) -> Progress:
         with self._lock:
             try:
-                return self._waiting.index(job) + 1
+                place = self._waiting.index(job) + 1
             except ValueError:
-                return 0
+                place = 0
+        seconds = int(time.monotonic() - job.started) if job.started is not None and place == 0 else None
+        return Progress(place, seconds, job.steps)
 
     def close(self, wait: float = 0) -> None:
         """Take no more jobs and drop the waiting ones; wait up to `wait` seconds for the
@@ -123,7 +161,7 @@ class JobQueue:
                 job = self._waiting.popleft()
                 job.started = time.monotonic()
             try:
-                job.result = job.work(job)
+                job.result = self.run(job.key, job)
             except Exception as e:  # noqa: BLE001 - the job's own failure is its result
                 job.result = e
             with self._lock:  # (the work kept what it made: no one sees neither job nor result)

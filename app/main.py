@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import deps
 from app.i18n import LocaleMiddleware, _
-from app.jobs import Pending
+from app.jobs import Pending, RecordingLost
 from app.routes import gguf, home, programs, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
@@ -60,6 +60,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(Pending)
     async def pending(request: Request, exc: Pending) -> Response:
         return go_to(request, exc.url)
+
+    @app.exception_handler(RecordingLost)
+    async def lost(request: Request, exc: RecordingLost) -> HTMLResponse:
+        return error_page(request, 503, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:

@@ -3,6 +3,8 @@ recorded in the sandbox (app/sandbox/) by the job queue (app/jobs.py) when a wor
 of them.
 
 A program's permalink is its hash: any worker can read the text back and record the same trace.
+With a shared object store (`--store`, app/objects.py) the text is put there too, and fetched
+from there by a process that does not have it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from app.i18n import _
+from app.objects import SharedStore
 from app.sandbox.boundary import BoundaryMissing, boundary
 from app.sandbox.run import Limits, ProgramFailed, run_program
 from engine.steps import Step, StepKind
@@ -26,8 +29,9 @@ MAX_KEPT = 10_000  # programs kept; the oldest go first
 
 class ProgramStore:
     def __init__(self, root: Path, limits: Limits = Limits(), unconfined: bool = False,
-                 model: Path | None = None) -> None:
+                 model: Path | None = None, shared: SharedStore | None = None) -> None:
         self.root = root
+        self.shared = shared
         self.limits = limits
         self.model = model  # the bundled model, which programs may read
         self.unconfined = unconfined  # --allow-unconfined-programs: no kernel boundary (localhost)
@@ -56,6 +60,8 @@ class ProgramStore:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(source)
             os.replace(tmp, path)
+            if self.shared is not None:
+                self.shared.put_file(f"programs/{path.name}", path)
             self._trim()
         return digest
 
@@ -63,7 +69,11 @@ class ProgramStore:
         if not PROGRAM_RE.fullmatch(digest):
             return None
         path = self.root / f"{digest}.py"
-        return path.read_text(encoding="utf-8") if path.is_file() else None
+        if not path.is_file() and (self.shared is None or not self.shared.fetch(f"programs/{path.name}", path,
+                                                                                 MAX_PROGRAM)):
+            return None
+        source = path.read_text(encoding="utf-8")
+        return source if self.digest(source) == digest else None  # (a shared copy must be the text)
 
     def record(self, source: str, threads: int) -> Trace:
         """Run the program in the sandbox (a job's work: it waits for the worker). A run that

@@ -35,6 +35,15 @@ class Settings:
     pure_numpy: bool = False  # the engine runs the numpy twins of its C loops (engine/lanes.py)
     models_dir: Path | None = None  # a folder of GGUF files opened in place (default: the
     # data directory's models/, where the bundled Gemma 3 270M is installed)
+    queue: str | None = None  # a Redis URL: recordings are jobs for `ggml-lens worker` (app/workers.py)
+    store: str | None = None  # an object store URL every process shares (app/objects.py)
+    share_traces: bool = False  # traces go to data_dir/traces for the other processes (set by
+    # --workers N; implied by queue and store)
+    traces_limit: int = 8 * 1024 * 1024 * 1024  # bytes of trace files kept in data_dir/traces
+
+    @property
+    def shares_traces(self) -> bool:
+        return self.share_traces or self.queue is not None or self.store is not None
 
     @property
     def uploads(self) -> Path:
@@ -44,7 +53,8 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
-        without the kernel boundary), _PURE_NUMPY ("1": the numpy twins) and _MODELS, each falling back to the default above."""
+        without the kernel boundary), _PURE_NUMPY ("1": the numpy twins), _MODELS, _QUEUE, _STORE,
+        _SHARE_TRACES ("1") and _TRACES_LIMIT, each falling back to the default above."""
         env = os.environ if env is None else env
         d = cls()
         data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
@@ -58,4 +68,8 @@ class Settings:
                    unconfined_programs=env.get("GGML_LENS_PROGRAMS", "") == "unconfined",
                    pure_numpy=env.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0"),
                    models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS")
-                   else data_dir / "models")
+                   else data_dir / "models",
+                   queue=env.get("GGML_LENS_QUEUE") or None,
+                   store=env.get("GGML_LENS_STORE") or None,
+                   share_traces=env.get("GGML_LENS_SHARE_TRACES", "") not in ("", "0"),
+                   traces_limit=int(env.get("GGML_LENS_TRACES_LIMIT", d.traces_limit)))

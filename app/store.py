@@ -11,6 +11,10 @@ A models folder (`ggml-lens serve --models DIR`) is served in place: its GGUF fi
 mapped where they are, never copied or hashed whole (a 40 GB file would take a minute); each is
 named by the sha256 of its resolved path, size and modification time, so its links change when
 the file does. Only regular files whose resolved path lies inside DIR are ever opened.
+
+With a shared object store (`--store`, app/objects.py) an upload is put there too, and a file
+another process took is fetched from there on first use. (A header-only upload, app/heads.py,
+stays with the process that took it.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.i18n import N_, _
+from app.objects import SharedStore
 from app.settings import Settings
 from engine.gguf import GGUFReader
 
@@ -89,6 +94,8 @@ class PendingUpload:
         final = self.store.root / f"{self.digest}{SUFFIX}"
         os.replace(self.path, final)
         os.utime(final)  # a re-upload counts as new for eviction
+        if self.store.shared is not None:
+            self.store.shared.put_file(f"uploads/{final.name}", final)
         self.store.evict(keep=final)
         return final
 
@@ -103,8 +110,10 @@ class UploadStore:
     """Content-addressed GGUF files: uploads under `root`, plus the project's fixtures."""
 
     def __init__(self, root: Path, upload_limit: int, store_limit: int,
-                 fixtures_dir: Path | None = None, models_dir: Path | None = None) -> None:
+                 fixtures_dir: Path | None = None, models_dir: Path | None = None,
+                 shared: SharedStore | None = None) -> None:
         self.root = root
+        self.shared = shared
         self.models_dir = models_dir.resolve() if models_dir is not None else None
         self.upload_limit = upload_limit
         self.store_limit = store_limit
@@ -114,9 +123,9 @@ class UploadStore:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> UploadStore:
+    def from_settings(cls, settings: Settings, shared: SharedStore | None = None) -> UploadStore:
         return cls(settings.uploads, settings.upload_limit, settings.store_limit,
-                   settings.fixtures_dir, settings.models_dir)
+                   settings.fixtures_dir, settings.models_dir, shared)
 
     # --- writing ----------------------------------------------------------------------------
 
@@ -184,7 +193,12 @@ class UploadStore:
             if f.digest == digest:
                 return f.path
         p = self.root / f"{digest}{SUFFIX}"
-        return p if p.is_file() else None
+        if p.is_file():
+            return p
+        if self.shared is not None and self.shared.fetch(f"uploads/{p.name}", p, self.upload_limit):
+            self.evict(keep=p)
+            return p
+        return None
 
     def touch(self, digest: str) -> None:
         """Count an upload as new again (it was uploaded again), so eviction keeps it longer."""

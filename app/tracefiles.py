@@ -1,0 +1,89 @@
+"""Recorded traces as files, named by the digest of their recipe (app/traces.py), for every
+process of a deployment: a worker writes a trace once, any web process reads it.
+
+Not part of ggml: this is the web app's storage. A file holds a trace in the sandbox's result
+format (app/sandbox/wire.py) and is decoded by the reader with every count and size capped: a
+file here is no more trusted than a worker's output. The files live in the data directory's
+traces/ (shared by the processes of one machine, or by a shared filesystem) and, with --store,
+in the shared object store too (app/objects.py); past `limit` bytes the oldest go first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from app.objects import SharedStore
+from app.sandbox.boundary import Limits
+from app.sandbox.wire import MalformedResult, decode, encode_trace
+from engine.trace import Trace
+
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+SUFFIX = ".trace"
+# a trace read back: its steps and bytes bounded (a gemma3 walkthrough's is ~3,000 steps and
+# ~270 MB; its pools ~0.6 GB), before anything it sizes is allocated
+READ_LIMITS = Limits(steps=99_000, trace=2 << 30, pools=4 << 30)
+
+
+class TraceFiles:
+    def __init__(self, root: Path, limit: int, shared: SharedStore | None = None) -> None:
+        self.root, self.limit, self.shared = root, limit, shared
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, digest: str) -> Path:
+        if not DIGEST_RE.fullmatch(digest):
+            raise ValueError(f"not a trace digest: {digest!r}")
+        return self.root / f"{digest}{SUFFIX}"
+
+    def put(self, digest: str, trace: Trace) -> None:
+        """Write the trace (to a temporary file, then renamed), share it, then evict."""
+        path = self._path(digest)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix="trace-", suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(encode_trace(trace))
+        os.replace(tmp, path)
+        if self.shared is not None:
+            self.shared.put_file(f"traces/{digest}{SUFFIX}", path)
+        self.evict(keep=path)
+
+    def has(self, digest: str) -> bool:
+        path = self._path(digest)
+        return path.is_file() or (self.shared is not None and self.shared.size(f"traces/{path.name}") is not None)
+
+    def get(self, digest: str) -> Trace | None:
+        """The trace written under `digest`, or None; MalformedResult if the file is not one."""
+        path = self._path(digest)
+        if not path.is_file() and (self.shared is None or
+                                   not self.shared.fetch(f"traces/{path.name}", path, READ_LIMITS.trace)):
+            return None
+        if path.stat().st_size > READ_LIMITS.trace:
+            raise MalformedResult(f"the trace file {path.name} is larger than {READ_LIMITS.trace:,} bytes")
+        os.utime(path)  # read: kept longer
+        trace = decode(path.read_bytes(), READ_LIMITS)
+        if isinstance(trace, str):
+            raise MalformedResult(f"the trace file {path.name} holds no trace")
+        return trace
+
+    def evict(self, keep: Path | None = None) -> None:
+        """Delete the least recently used files until the rest fit `limit` (and any temporary
+        file an interrupted writer left an hour ago)."""
+        files, now = [], time.time()
+        for p in self.root.iterdir():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if p.suffix == ".part" and now - st.st_mtime > 3600:
+                p.unlink(missing_ok=True)
+            elif p.suffix == SUFFIX:
+                files.append((st.st_mtime, st.st_size, p))
+        total = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files):
+            if total <= self.limit:
+                break
+            if p != keep:
+                p.unlink(missing_ok=True)
+                total -= size
