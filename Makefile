@@ -10,7 +10,7 @@ APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
 # redis-server: the classroom test's queue (a class's own Redis may be anywhere)
 APT_TEST := $(APT_RUN) chromium stress-ng redis-server
 
-.PHONY: run test test-numpy test-load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
+.PHONY: run test test-numpy test-load test-classroom load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -109,8 +109,8 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 # (the pure-numpy pass and the two package checks run side by side: the checks are mostly pip
 # and a server waiting on its pages, which the pass's workers leave room for)
 test: setup-test
-	$(PY) -m pytest -q $(PYTEST_PAR) tests
-	@$(MAKE) --no-print-directory -j3 test-numpy package-check package-check-nocc
+	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom tests
+	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom
 	@$(MAKE) --no-print-directory test-load
 
 test-numpy:
@@ -123,6 +123,17 @@ test-load: setup-test
 	@echo "== the browser's navigation with both cores busy (stress-ng)"
 	stress-ng --cpu $$(nproc) --timeout 600 --quiet & pid=$$!; \
 	$(PY) -m pytest -q -p no:cacheprovider $(LOAD_TESTS); status=$$?; kill $$pid; wait $$pid 2>/dev/null; exit $$status
+
+# A classroom on this machine: a real Redis (Debian's redis-server), a local S3 server (moto), two
+# web processes and two workers sharing only those (tests/support/classroom.py); its own processes
+# serve all its tests, so it runs on its own, not among the pytest workers
+test-classroom: setup-test
+	@echo "== a classroom: Redis, an S3 server, two web processes, two workers"
+	$(PY) -m pytest -q -p no:cacheprovider tests/classroom
+
+# The classroom's load test, printing the step pages' p95 (100 learners, 20 of them with programs)
+load: setup-test
+	$(PY) -m tests.support.load
 
 # A plain (non-editable) install into a fresh virtualenv, with the bundled model joined into its
 # data directory, serves every page with its templates and static files (package data):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,7 @@ HEARTBEAT = 2  # s between a busy worker's heartbeats
 GRACE = 6  # s after its last heartbeat that a job counts as abandoned
 MAINTENANCE = 5  # s between a worker's cleanups of the started jobs
 POLL = 0.1  # s between looks at a job that a request waits for
+NICE = 10  # a worker's scheduling priority, below the web processes'
 ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
 log = logging.getLogger("ggml-lens")
 
@@ -206,9 +208,11 @@ class LensWorker(Worker):
 
 
 def run_worker(cache: TraceCache, url: str, burst: bool = False) -> None:
-    """Record jobs from the queue at `url` until stopped (`burst`: until it is empty)."""
+    """Record jobs from the queue at `url` until stopped (`burst`: until it is empty), at a
+    lower priority (NICE): a web process on the same machine answers its pages first."""
     global _cache
     _cache = cache
+    os.nice(NICE)
     redis = Redis.from_url(url)
     worker = LensWorker([Queue(QUEUE, connection=redis, serializer=JSONSerializer)], connection=redis,
                         serializer=JSONSerializer, job_monitoring_interval=HEARTBEAT,

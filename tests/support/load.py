@@ -2,7 +2,7 @@
 of its own, on a web process picked at random, opens a walkthrough and steps to random steps of
 it (waiting on the recording page like a browser when a trace is still being recorded); some
 submit a program of their own instead and step through it. A page that does not end in 200 is
-an error.
+an error. A learner reads each page a few seconds (THINK) before the next step.
 
 `python -m tests.support.load [LEARNERS] [PROGRAMS]` (`make load`) starts a classroom of two web
 processes and two workers and prints the step pages' p95; the classroom test runs the same with
@@ -28,6 +28,7 @@ from engine.programs import PROGRAMS
 
 WAIT = 240.0  # seconds a learner waits for one page (a recording included)
 STEPS_EACH = 4  # step pages each learner opens after the first
+THINK = (2.0, 6.0)  # seconds a learner reads a page before the next step (uniform)
 
 
 @dataclass
@@ -93,14 +94,16 @@ def learner(n: int, webs: list[str], report: Report, program: bool, rng: random.
         query = str(r.url).partition("?")[2]
         last = last_step(r.text)
         for _ in range(STEPS_EACH):
+            time.sleep(rng.uniform(*THINK))
             k = rng.randint(0, last)
             open_page(c, "GET", f"{rng.choice(webs).rstrip('/')}{at[len(base):]}/steps/{k}"
                       + (f"?{query}" if query else ""), report)
 
 
 def run_load(webs: list[str], learners: int = 100, programs: int = 20, seed: int = 0,
-             at_once: int = 25) -> Report:
-    """`learners` learners (`programs` of them submit a program), `at_once` at a time."""
+             at_once: int | None = None) -> Report:
+    """`learners` learners (`programs` of them submit a program), `at_once` at a time (all by
+    default: a class at the same hour)."""
     rng, report = random.Random(seed), Report()
     who = [(n, n < programs, random.Random(rng.random())) for n in range(learners)]
     rng.shuffle(who)
@@ -119,7 +122,7 @@ def run_load(webs: list[str], learners: int = 100, programs: int = 20, seed: int
                 with report.lock:
                     report.errors.append(f"learner {n}: {type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=run) for _ in range(at_once)]
+    threads = [threading.Thread(target=run) for _ in range(at_once or learners)]
     for t in threads:
         t.start()
     for t in threads:
