@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.i18n import N_, _
-from app.objects import SharedStore
+from app.objects import SharedStore, TooLarge
 from app.settings import Settings
 from engine.gguf import GGUFReader
 
@@ -195,9 +195,12 @@ class UploadStore:
         p = self.root / f"{digest}{SUFFIX}"
         if p.is_file():
             return p
-        if self.shared is not None and self.shared.fetch(f"uploads/{p.name}", p, self.upload_limit):
-            self.evict(keep=p)
-            return p
+        try:
+            if self.shared is not None and self.shared.fetch(f"uploads/{p.name}", p, self.upload_limit):
+                self.evict(keep=p)
+                return p
+        except TooLarge:  # another process took it under a larger limit: not for this one
+            return None
         return None
 
     def touch(self, digest: str) -> None:

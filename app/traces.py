@@ -22,6 +22,7 @@ from app.jobs import Queue, RecordingLost
 from app.programs import ProgramStore, failed_trace
 from app.settings import MAX_THREADS
 from app.store import UploadStore
+from app.sandbox.wire import MalformedResult
 from app.tracefiles import TraceFiles
 from engine.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
@@ -109,7 +110,11 @@ class TraceCache:
         with lock:  # (a second request for it waits for the first read)
             trace = self.kept(recipe)
             if trace is None:
-                trace = self.files.get(recipe.digest)
+                try:
+                    trace = self.files.get(recipe.digest)
+                except MalformedResult as e:
+                    raise RecordingLost(_("The stored trace of this recording was refused: {why}").format(why=e)) \
+                        from None
                 if trace is not None:
                     with self._lock:
                         self._keep(recipe, trace)
