@@ -16,6 +16,7 @@ from pathlib import Path
 from app.i18n import _
 from app.sandbox.boundary import BoundaryMissing, boundary
 from app.sandbox.run import Limits, ProgramFailed, run_program
+from engine.notes import Note
 from engine.steps import Step, StepKind
 from engine.trace import Trace
 
@@ -82,5 +83,5 @@ class ProgramStore:
 
 def failed_trace(source: str, threads: int, message: str) -> Trace:
     trace = Trace("program", source, threads, error=message)
-    trace.steps.append(Step(0, StepKind.ERROR, "", 1, message))
+    trace.steps.append(Step(0, StepKind.ERROR, "", 1, (Note.verbatim(message),)))
     return trace
