@@ -94,6 +94,7 @@ def _trace(args: argparse.Namespace) -> int:
     import json
 
     from app.settings import Settings
+    from engine.notes import tell
     from engine.programs import PROGRAMS, trace_program
 
     if args.program not in PROGRAMS:
@@ -128,7 +129,7 @@ def _trace(args: argparse.Namespace) -> int:
     for s in trace.steps:
         indent = "    " if s.parent is not None else ""
         print(f"{indent}[{s.index:3d}] line {s.line:3d} {s.kind:5s} {s.call}")
-        print(f"{indent}      {s.note}")
+        print(f"{indent}      {tell(s.notes)}")
         for t in s.threads:
             print(f"{indent}      thread {t.ith}: {t.kind} {list(t.ranges)} {t.seconds * 1e6:.0f} us")
     for name, value in trace.outputs.items():

@@ -9,15 +9,15 @@ A request's language: `?lang=` when the switch sets it (then remembered in the `
 else the cookie, else the browser's Accept-Language, else English. It lives in a context variable
 for the request, so views and templates translate without passing it around.
 
-The engine writes its step and thread notes in English from fixed templates
-(engine/notes.py); `note()` matches a note against those templates and fills the translated
-template with the same values.
+The engine records its step and thread notes as data, a template's key and its values
+(engine/notes.py); `note()` tells them with the translated templates.
 """
 
 from __future__ import annotations
 
 import gettext as _gettext
 import io
+from collections.abc import Iterable
 from contextvars import ContextVar
 from functools import cache
 
@@ -29,10 +29,11 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.settings import PACKAGE
-from engine import notes as engine_notes
+from engine.notes import Note, tell
 
 LOCALES = {"en": "English", "zh": "简体中文"}
 HTML_LANG = {"en": "en", "zh": "zh-Hans"}
+LIST_COMMA = {"en": ", ", "zh": "，"}  # between the items of a list in a sentence
 DEFAULT = "en"
 COOKIE = "lang"
 LOCALE_DIR = PACKAGE / "locale"
@@ -139,23 +140,7 @@ class LocaleMiddleware:
             _current.reset(token)
 
 
-def note(text: str) -> str:
-    """An engine note in the request's language: each '; '-separated part that matches one of
-    the engine's note templates is told with the translated template; other parts stay as they
-    are (ggml's own words: names, conditions, numbers)."""
-    if not text or _current.get() == DEFAULT:
-        return text
-    return "; ".join(_note_part(p) for p in text.split("; "))
-
-
-def _note_part(part: str) -> str:
-    found = engine_notes.parse(part)
-    if found is None:
-        return part
-    template, values = found
-    for k, v in values.items():
-        if k in engine_notes.NESTED:
-            values[k] = note(v)
-        elif k in engine_notes.LISTS:
-            values[k] = "，".join(note(x) for x in v.split(", "))
-    return gettext(template).format(**values)
+def note(notes: Iterable[Note]) -> str:
+    """Engine notes in the request's language: each template told with its translation, filled
+    with the same values (ggml's own words, verbatim notes, stay as they are)."""
+    return tell(notes, gettext, LIST_COMMA[_current.get()])

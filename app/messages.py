@@ -41,7 +41,7 @@ def extract() -> Catalog:
             continue
         catalog.add(message, locations=[(f"app/{filename}", lineno)], auto_comments=comments,
                     context=context)
-    engine = [(t, "engine/notes.py") for t in notes.TEMPLATES]
+    engine = [(t, "engine/notes.py") for t in notes.TEMPLATES.values()]
     engine += [(k.value, "engine/steps.py") for k in StepKind]
     engine += [(meaning, "engine/quants") for kind in QUANT_KINDS.values() for _field, meaning in kind.fields]
     engine += [(p.teaches, f"engine/programs/{p.module}.py") for p in PROGRAMS.values()]

@@ -19,6 +19,7 @@ from app.i18n import _
 from app.objects import SharedStore
 from app.sandbox.boundary import BoundaryMissing, boundary
 from app.sandbox.run import Limits, ProgramFailed, run_program
+from engine.notes import Note
 from engine.steps import Step, StepKind
 from engine.trace import Trace
 
@@ -92,5 +93,5 @@ class ProgramStore:
 
 def failed_trace(source: str, threads: int, message: str) -> Trace:
     trace = Trace("program", source, threads, error=message)
-    trace.steps.append(Step(0, StepKind.ERROR, "", 1, message))
+    trace.steps.append(Step(0, StepKind.ERROR, "", 1, (Note.verbatim(message),)))
     return trace

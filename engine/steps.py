@@ -15,8 +15,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from engine import notes
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.notes import Note, tell
 
 
 class StepKind(StrEnum):
@@ -155,7 +155,7 @@ class ThreadShare:
     # rows (first, end), blocks, single indices, or mul_mat chunks (chunk, (ir0, ir1), (ir10, ir11))
     ranges: tuple[int | tuple[int | str | tuple[int, ...], ...], ...]
     seconds: float
-    note: str
+    notes: tuple[Note, ...]  # how the kernel split the node, when its kind does not say all
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +164,7 @@ class Step:
     kind: StepKind
     call: str  # the call as the program wrote it (or the node's description)
     line: int  # the program's line
-    note: str  # what happened, in plain words
+    notes: tuple[Note, ...]  # what happened, in plain words (engine/notes.py tells them)
     parent: int | None = None  # the call step a visit or node belongs to
     objects: tuple[ObjectAdded, ...] = ()
     fields: tuple[FieldWrite, ...] = ()
@@ -193,9 +193,9 @@ class Step:
                   sorted(repr(r) for t in self.threads for r in t.ranges))
         data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in self.patches] \
             if self.same_on_every_cpu else sorted({p.ctx for p in self.patches})
-        # (kind, contexts and plan as the plain values they were before they were records, so
-        # hashes and golden traces stay as they were)
-        out = repr((self.index, self.kind.value, self.call, self.line, self.note, self.parent,
+        # (kind, contexts, plan and notes as the plain values they were before they were records,
+        # so hashes and golden traces stay as they were)
+        out = repr((self.index, self.kind.value, self.call, self.line, tell(self.notes), self.parent,
                     self.objects, self.fields, data, tuple(c.astuple() for c in self.contexts),
                     self.tensor, shares, self.plan.astuple() if self.plan else ())).encode()
         if self.buffers or self.placements or self.decision or self.split:  # backend programs
@@ -230,33 +230,34 @@ def field_text(v) -> str:
 MANY_OBJECTS = 4  # a step that makes more objects than this says so in one sentence
 
 
-def describe_changes(call: str, objects, fields, patches) -> str:
+def describe_changes(call: str, objects, fields, patches) -> tuple[Note, ...]:
     """A plain-words summary of a step's changes."""
     fn = call.split("(")[0].split("=")[-1].strip()
     parts = []
     if len(objects) > MANY_OBJECTS:  # (a file's tensors loaded at once: one sentence, not hundreds)
         tensors = [o for o in objects if o.type == "TENSOR"]
-        parts.append(notes.RESERVED_MANY.format(
-            fn=fn, n=len(objects), first=f"{min(o.header for o in objects):#x}",
+        parts.append(Note.of(
+            "reserved_many", fn=fn, n=len(objects), first=f"{min(o.header for o in objects):#x}",
             end=f"{max(o.offs + o.size for o in objects):#x}", tensors=len(tensors), struct=GGML_TENSOR_SIZE,
             header=GGML_OBJECT_SIZE, data=sum(o.size - GGML_TENSOR_SIZE for o in tensors),
             graphs=sum(o.type == "GRAPH" for o in objects), work=sum(o.type == "WORK_BUFFER" for o in objects)))
     for o in objects if len(objects) <= MANY_OBJECTS else ():
         if o.type == "TENSOR":
             data = o.size - GGML_TENSOR_SIZE
-            parts.append((notes.RESERVED_TENSOR if data > 0 else notes.RESERVED_TENSOR_NO_DATA).format(
-                fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE, data=data, offset=f"{o.header:#x}"))
+            sizes = dict(fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE, offset=f"{o.header:#x}")
+            parts.append(Note.of("reserved_tensor", data=data, **sizes) if data > 0 else
+                         Note.of("reserved_tensor_no_data", **sizes))
         elif o.type == "GRAPH":
-            parts.append(notes.RESERVED_GRAPH.format(fn=fn, size=o.size, offset=f"{o.offs:#x}"))
+            parts.append(Note.of("reserved_graph", fn=fn, size=o.size, offset=f"{o.offs:#x}"))
         else:
-            parts.append(notes.RESERVED_WORK.format(fn=fn, size=o.size, offset=f"{o.offs:#x}"))
+            parts.append(Note.of("reserved_work", fn=fn, size=o.size, offset=f"{o.offs:#x}"))
     for f in fields[:6]:
-        parts.append(notes.SET_FIELD.format(field=f.field, tensor=f.tensor, old=f.old, new=f.new))
+        parts.append(Note.of("set_field", field=f.field, tensor=f.tensor, old=f.old, new=f.new))
     if len(fields) > 6:
-        parts.append(notes.MORE_FIELDS.format(n=len(fields) - 6))
+        parts.append(Note.of("more_fields", n=len(fields) - 6))
     if not objects and not fields and patches:
-        parts.append(notes.WROTE.format(n=sum(len(p.data) for p in patches)))
-    return "; ".join(parts) or notes.NOTHING.format(fn=fn)
+        parts.append(Note.of("wrote", n=sum(len(p.data) for p in patches)))
+    return tuple(parts) or (Note.of("nothing", fn=fn),)
 
 
 ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][\w, ]*?)\s*=[^=]")

@@ -22,14 +22,13 @@ import json
 import sys
 import time
 from operator import attrgetter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from engine import ggml as G
-from engine import notes
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_opt as GO
@@ -43,6 +42,7 @@ from engine.errors import ProgramStopped, StepCapReached, program_line
 from engine.graph import Graph
 from engine.infos import TensorInfo, ggml_tensor_infos
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
+from engine.notes import Note, tell
 from engine.optable import GGMLOp
 from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                           ThreadShare, assigned_names, describe_changes, field_text, statement_spans)
@@ -58,6 +58,7 @@ from engine.types import TYPE_TRAITS
 STEP_CAP = 20_000
 DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
                 *BACKEND_DATA_WRITERS)  # a runaway program ends with a clear final step instead of a hang
+UNNAMED = "(unnamed)"  # a note's words for a tensor with no name: `a (unnamed)`, after its variable
 
 # facade functions that are not steps (pure queries change nothing)
 QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_dims", "ggml_is_",
@@ -200,9 +201,10 @@ class Trace:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
                 "error": self.error,
                 "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
-                           "note": s.note, "parent": s.parent, "changes": s.changes(),
+                           "note": tell(s.notes), "parent": s.parent, "changes": s.changes(),
                            "same_on_every_cpu": s.same_on_every_cpu,
-                           "threads": [asdict(t) for t in s.threads]} for s in self.steps],
+                           "threads": [{"ith": t.ith, "kind": t.kind, "ranges": t.ranges, "seconds": t.seconds,
+                                        "note": tell(t.notes)} for t in s.threads]} for s in self.steps],
                 "outputs": self.outputs}
 
 
@@ -324,7 +326,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                         # the call comes first; each tensor it visits is a step inside it
                         self.call_step = self.emit(
                             StepKind.CALL, self.source(self.line),
-                            notes.BUILD_FORWARD, []).index
+                            (Note("build_forward"),), []).index
         elif event == "return" and frame is self.active:
             self.active = None
             self.finish_call(self.codes[frame.f_code], arg)
@@ -464,9 +466,10 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         return tuple(changed)
 
     # --- steps ------------------------------------------------------------------------------
-    def emit(self, kind: StepKind, call: str, note: str, things: list[Any], skip_if_empty: bool = False,
-             fn: str = "", **kw) -> Step | None:
-        """Record a step (`fn`: the facade function a call step is for, which its note names)."""
+    def emit(self, kind: StepKind, call: str, notes: tuple[Note, ...], things: list[Any],
+             skip_if_empty: bool = False, fn: str = "", **kw) -> Step | None:
+        """Record a step (no `notes`: its changes described; `fn`: the facade function a call step
+        is for, which those notes name)."""
         if len(self.steps) >= self.step_cap:
             raise StepCapReached(self.step_cap)
         self.track_buffers()
@@ -475,8 +478,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
-        step = Step(len(self.steps), kind, call, self.line, note or describe_changes(fn or call, objects, fields,
-                                                                          patches),
+        step = Step(len(self.steps), kind, call, self.line,
+                    notes or describe_changes(fn or call, objects, fields, patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers,
                     **self.marks_for(kind, kw.get("tensor"), call), **kw)
@@ -514,16 +517,16 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         if name.startswith("ggml_opt_"):  # it writes tensors the program never named (weights,
             things.append("all memory")  # gradients, moments, batches): every byte is compared
         tensor = _ref(result) if isinstance(result, Tensor) else None
-        note = ""
+        notes: tuple[Note, ...] = ()
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
-            note = notes.WROTE_DATA.format(fn=name, name=self.tensor_words(t), n=ggml_nbytes(t),
-                                           addr=f"{t.data:#x}")
+            notes = (Note.of("wrote_data", fn=name, name=self.tensor_words(t), n=ggml_nbytes(t),
+                             addr=f"{t.data:#x}"),)
         elif name == "ggml_init" and isinstance(result, Context):
-            note = (notes.INIT_NO_ALLOC if result.no_alloc else notes.INIT).format(
-                size=result.mem_size, addr=f"{result.base:#x}", id=result.id)
+            notes = (Note.of("init_no_alloc" if result.no_alloc else "init", size=result.mem_size,
+                             addr=f"{result.base:#x}", id=result.id),)
         # after visits or nodes, the call's own step is only needed for changes not yet shown
-        step = self.emit(StepKind.CALL, self.source(self.line), note, things, tensor=tensor,
+        step = self.emit(StepKind.CALL, self.source(self.line), notes, things, tensor=tensor,
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
         self.after_backend_call(self.call_step if step is None else step.index)
 
@@ -533,7 +536,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         if t.name:
             return f"'{t.name}'"
         var = self.variables.get(_ref(t))
-        return f"{var} {notes.UNNAMED}" if var else notes.UNNAMED
+        return f"{var} {UNNAMED}" if var else UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
@@ -543,8 +546,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         words = self.tensor_words(node)
         self.emit(StepKind.VISIT, f"visit {words}",
-                  (notes.VISIT_LEAF if is_leaf else notes.VISIT_NODE).format(
-                      name=words, op=GGMLOp(node.op).name, slot=slot),
+                  (Note.of("visit_leaf" if is_leaf else "visit_node", name=words, op=GGMLOp(node.op).name,
+                           slot=slot),),
                   [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
                   parent=self.call_step, tensor=_ref(node))
         self.visiting = []
@@ -564,15 +567,15 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                                          self.compute_threads())
                 self.call_step = self.emit(
                     StepKind.CALL, self.source(self.line),
-                    notes.PLANNED.format(n=plan.n_threads, size=plan.work_size) + "; "
-                    + notes.WALK_TOGETHER, ["all memory"] if fn.startswith("ggml_opt_") else [],
+                    (Note.of("planned", n=plan.n_threads, size=plan.work_size), Note("walk_together")),
+                    ["all memory"] if fn.startswith("ggml_opt_") else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
-        threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.note)
+        threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.notes)
                         for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
         same = self.note_cpu_dependence(node)
-        self.emit(StepKind.NODE, desc, notes.COMPUTED.format(desc=desc, n=len(threads)),
+        self.emit(StepKind.NODE, desc, (Note.of("computed", desc=desc, n=len(threads)),),
                   [node, "work buffers", *_written_sources(node)], parent=self.call_step, tensor=_ref(node),
                   threads=threads, same_on_every_cpu=same)
         return True
@@ -663,14 +666,14 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
                     not (last.patches or last.objects or last.fields):
                 rec.steps.pop()  # the call that raised, seen returning: it did nothing
             rec.steps.append(Step(len(rec.steps), StepKind.CAP if stopped else StepKind.ERROR,
-                                  rec.source(line), line, trace.error))
+                                  rec.source(line), line, (Note.verbatim(trace.error),)))
         finally:
             sys.setprofile(prev)
             COMPUTE_OBSERVER.reset(token)
             COPY_OBSERVER.reset(copy_token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
     if trace.error is None:
-        rec.emit(StepKind.END, "", notes.RETURNED, [])
+        rec.emit(StepKind.END, "", (Note("returned"),), [])
     trace.steps = rec.steps
     return trace
 

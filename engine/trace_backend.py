@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from engine import notes
 from engine.backend.buffer import _BUFFERS, Buffer
 from engine.backend.device import Backend
 from engine.backend.sched import Sched
 from engine.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.graph import Graph
+from engine.notes import Note, tell
 from engine.optable import GGMLOp
 from engine.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
 from engine.tensor import Tensor, ggml_nbytes
@@ -119,17 +119,17 @@ class BackendRecording:
         tensors will go), so each step says what was decided and why."""
         names = [b.name for b in galloc.bufts]
         for d in galloc.plan.decisions:
-            where = notes.WHERE.format(id=d.buffer_id, name=names[d.buffer_id], chunk=d.chunk, offset=d.offset)
+            where = Note.of("where", id=d.buffer_id, name=names[d.buffer_id], chunk=d.chunk, offset=d.offset)
             if d.kind == "alloc":
-                note = notes.GALLOCR_GETS.format(name=d.tensor.name, size=d.size, where=where)
+                note = Note.of("gallocr_gets", name=d.tensor.name, size=d.size, where=where)
             elif d.kind == "inplace":
-                note = notes.GALLOCR_INPLACE.format(name=d.tensor.name, parent=d.parent.name, parent2=d.parent.name,
-                                                    op=GGMLOp(d.tensor.op).name, where=where)
+                note = Note.of("gallocr_inplace", name=d.tensor.name, parent=d.parent.name,
+                               op=GGMLOp(d.tensor.op).name, where=where)
             else:
-                note = notes.GALLOCR_FREES.format(name=d.tensor.name, size=d.size, where=where)
+                note = Note.of("gallocr_frees", name=d.tensor.name, size=d.size, where=where)
             decision = AllocDecision(d.kind, _ref(d.tensor), d.buffer_id, names[d.buffer_id], d.chunk, d.offset,
                                      d.size, d.node, None if d.parent is None else _ref(d.parent))
-            self.emit(StepKind.ALLOC, f"{d.kind} '{d.tensor.name}'", note, [], parent=parent,
+            self.emit(StepKind.ALLOC, f"{d.kind} '{d.tensor.name}'", (note,), [], parent=parent,
                       tensor=_ref(d.tensor), decision=decision)
 
     def sched_steps(self, sched: Sched, parent: int | None) -> None:
@@ -139,25 +139,24 @@ class BackendRecording:
                 continue
             placements = tuple(Placement(_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
                                for a in assigned)
-            counts = ", ".join(notes.PASS_COUNT.format(n=sum(1 for a in assigned if a.backend_id == b), b=b,
-                                                       name=be.name)
-                               for b, be in enumerate(sched.backends) if any(a.backend_id == b for a in assigned))
-            self.emit(StepKind.PASS, f"pass {title}", notes.SCHED_PASS.format(title=title, counts=counts), [],
-                      parent=parent, placements=placements)
+            counts = tuple(Note.of("pass_count", n=n, b=b, name=be.name) for b, be in enumerate(sched.backends)
+                           if (n := sum(1 for a in assigned if a.backend_id == b)))
+            self.emit(StepKind.PASS, f"pass {tell([title])}", (Note.of("sched_pass", title=title, counts=counts),),
+                      [], parent=parent, placements=placements)
         for i, split in enumerate(sched.splits):
             ins = ", ".join(f"'{t.name}'" for t in split.inputs)
             info = SplitInfo(i, split.backend_id, sched.backends[split.backend_id].name, split.i_start, split.i_end,
                              tuple(_ref(t) for t in split.inputs))
             self.emit(StepKind.SPLIT, f"split {i} on {names[split.backend_id]}",
-                      notes.SPLIT.format(i=i, first=split.i_start, last=split.i_end - 1, b=split.backend_id,
-                                         name=sched.backends[split.backend_id].name) + "; "
-                      + (notes.SPLIT_INPUTS.format(inputs=ins) if ins else notes.SPLIT_NO_INPUTS), [],
+                      (Note.of("split", i=i, first=split.i_start, last=split.i_end - 1, b=split.backend_id,
+                               name=sched.backends[split.backend_id].name),
+                       Note.of("split_inputs", inputs=ins) if ins else Note("split_no_inputs")), [],
                       parent=parent, split=info)
 
     def on_copy(self, inp: Tensor, cpy: Tensor, src_backend: Backend, dst_backend: Backend) -> None:
         self.emit(StepKind.COPY, f"copy '{inp.name}' -> '{cpy.name}'",
-                  notes.COPIED.format(name=inp.name, size=ggml_nbytes(inp), src=src_backend.name,
-                                      dst=dst_backend.name, copy=cpy.name), [cpy], parent=self.call_step, tensor=_ref(cpy))
+                  (Note.of("copied", name=inp.name, size=ggml_nbytes(inp), src=src_backend.name,
+                           dst=dst_backend.name, copy=cpy.name),), [cpy], parent=self.call_step, tensor=_ref(cpy))
 
     def compute_threads(self) -> int:
         """The thread count a compute call plans with: the backend's (the first split's, for a

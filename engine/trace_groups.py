@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine import notes
 from engine.memo import Memo
+from engine.notes import Note, tell
 from engine.steps import Step, StepKind
 
 FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
@@ -71,8 +71,8 @@ def layer_loops(source: str) -> list[tuple[int, int]]:
 
 @dataclass
 class StepGroup:
-    kind: str  # "pass", "layer" or "steps"
-    label: str
+    kind: str  # "pass", "layer" or "call"
+    label: Note  # a call group's: the call, verbatim
     first: int  # step indices, inclusive
     last: int
     children: list["StepGroup"] = field(default_factory=list)
@@ -97,8 +97,8 @@ def _layers(steps: list[Step]) -> list[StepGroup]:
     groups = []
     runs = _runs(steps, lambda s: s.layer)
     for layer, a, b in runs:
-        label = notes.GROUP_LAYER.format(layer=layer) if layer is not None else \
-            (notes.GROUP_OUTSIDE if len(runs) > 1 else notes.GROUP_STEPS)
+        label = Note.of("group_layer", layer=layer) if layer is not None else \
+            Note("group_outside" if len(runs) > 1 else "group_steps")
         groups.append(StepGroup("layer", label, a, b))
     return groups
 
@@ -124,7 +124,7 @@ def _phases(steps: list[Step]) -> list[StepGroup]:
         s = steps[i]
         if s.index in last_child:
             end = min(last_child[s.index], steps[-1].index)
-            label = s.call if len(s.call) <= 72 else s.call[:69] + "..."
+            label = Note.verbatim(s.call if len(s.call) <= 72 else s.call[:69] + "...")
             out.append(StepGroup("call", label, s.index, end, _layers(steps[i + 1:end - base + 1])))
             i = end - base + 1
         else:
@@ -163,7 +163,7 @@ def _step_groups(steps: list[Step]) -> list[StepGroup]:
     if any(s.n_past is not None for s in steps):
         out = []
         for n_past, a, b in _runs(steps, lambda s: s.n_past):
-            label = notes.GROUP_PASS.format(n_past=n_past) if n_past is not None else notes.GROUP_SETUP
+            label = Note.of("group_pass", n_past=n_past) if n_past is not None else Note("group_setup")
             out.append(StepGroup("pass", label, a, b, _phases(steps[a:b + 1])))
         return out
     return _phases(steps)
@@ -190,7 +190,7 @@ def find_steps(steps: list[Step], text: str, names: dict[tuple[int, int], str], 
     out = []
     for s in steps:
         name = names.get(s.tensor, "") if s.tensor is not None else ""
-        if q in s.call.lower() or q in s.note.lower() or q in name.lower():
+        if q in s.call.lower() or q in tell(s.notes).lower() or q in name.lower():
             out.append(s.index)
             if len(out) >= limit:
                 break

@@ -14,8 +14,10 @@ A Head says whether the run gave a trace (`ok`) or why not (`message`), and hold
 steps as the engine's own records (engine/steps.py), their patches' places (`patches[k]` for
 step k: the context or buffer id, the offset in it, the number of bytes), and the program's
 outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks the types of every
-field; then `trace_from_head` checks the trace's shape: step indices in order, every patch and
-tensor reference inside a pool the steps made, the pools' total size under Limits.pools.
+field, and that each note names one of the engine's templates and fills exactly its placeholders
+(`Note.__post_init__`); then `trace_from_head` checks the trace's shape: step indices in order,
+every patch and tensor reference inside a pool the steps made, the pools' total size under
+Limits.pools.
 """
 
 from __future__ import annotations

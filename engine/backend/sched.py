@@ -25,7 +25,6 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine import notes
 from engine.backend.alloc import GraphAllocator, ggml_gallocr_alloc_graph, ggml_gallocr_free, \
     ggml_gallocr_get_buffer_size
 from engine.backend.buffer import (
@@ -46,6 +45,7 @@ from engine.backend.device import (
 from engine.context import ggml_free, ggml_init, ggml_init_params
 from engine.errors import ggml_abort, ggml_assert
 from engine.graph import ggml_graph_overhead_custom, ggml_graph_view
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import (
     GGML_TENSOR_FLAG_INPUT,
@@ -135,7 +135,7 @@ class Sched:
         self.cur_copy = self.next_copy = 0
         self.ctx = None
         self.callback_eval: Callable | None = None
-        self.history: list[tuple[str, list[Assignment]]] = []  # each pass's assignments, for replay
+        self.history: list[tuple[Note, list[Assignment]]] = []  # each pass (its title) and its assignments
         self.is_reset = False
         self.is_alloc = False
         self.n_split_calls = 0  # how many times the graph was split (the tracer shows each new split)
@@ -214,9 +214,9 @@ class Sched:
         if ggml_backend_supports_op(self.backends[backend_id], node):
             self.set_tid(node, backend_id, cause)
 
-    def _begin(self, name: str) -> None:
+    def _begin(self, title: Note) -> None:
         self._pass_log: list[Assignment] = []
-        self.history.append((name, self._pass_log))
+        self.history.append((title, self._pass_log))
 
     # -- the five passes ---------------------------------------------------------------------
     def split_graph(self, graph) -> None:
@@ -232,14 +232,14 @@ class Sched:
         nodes, leafs = graph.nodes, graph.leafs
         last = len(self.backends) - 1
 
-        self._begin(notes.PASS_1)
+        self._begin(Note("pass_1"))
         for t in list(leafs) + list(nodes):
             if self.tid(t) == -1:  # keep the user's assignments
                 b, cause = self.backend_id_from_cur(t)
                 self.set_tid(t, b, cause)
 
         compute = [n for n in nodes if not _is_view_op(n)]
-        self._begin(notes.PASS_2)
+        self._begin(Note("pass_2"))
         for order, skip_cpu in ((compute, True), (compute[::-1], True), (compute, False), (compute[::-1], False)):
             cur = -1
             for node in order:
@@ -249,7 +249,7 @@ class Sched:
                 elif cur != -1:
                     self.set_if_supported(node, cur)
 
-        self._begin(notes.PASS_3)
+        self._begin(Note("pass_3"))
         for node in compute:
             b = self.tid(node)
             if b == -1:
@@ -269,7 +269,7 @@ class Sched:
                             self.set_tid(node, c, "3.upg")
                             break
 
-        self._begin(notes.PASS_4)
+        self._begin(Note("pass_4"))
         for node in nodes:
             if node.view_src is not None and self.tid(node) == -1:
                 self.set_tid(node, self.tid(node.view_src), "4.vsrc")
@@ -287,7 +287,7 @@ class Sched:
             ggml_assert(self.tid(node) != -1, "*cur_backend_id != -1", "ggml_backend_sched_split_graph",
                         f"no backend supports {node.name} ({GGMLOp(node.op).name})")
 
-        self._begin(notes.PASS_5)
+        self._begin(Note("pass_5"))
         self._pass5(graph)
         self._build_graph_copy(graph)
 

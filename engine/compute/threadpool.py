@@ -31,6 +31,7 @@ from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.context import Context, ggml_new_buffer
 from engine.errors import ggml_assert
 from engine.graph import Graph
+from engine.notes import Note
 from engine.optable import VIEW_OPS, GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.types import GGMLType
 from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
@@ -48,7 +49,7 @@ class Share:
     kind: str  # "rows", "chunks", "blocks", "all", "idle", ...
     ranges: tuple  # e.g. ((ir0, ir1),) for rows, or chunk tuples for mul_mat
     seconds: float
-    note: str = ""
+    notes: tuple[Note, ...] = ()
 
 
 @dataclass(slots=True)
@@ -68,14 +69,15 @@ class ComputeParams:
     cores: int = 1  # the compute's thread count (nth is 1 when thread 0 computes a node in one share)
     _kind: str = "idle"
     _ranges: list = field(default_factory=list)
-    _note: str = ""
+    _notes: tuple[Note, ...] = ()
 
-    def took(self, kind: str, *ranges: Any, note: str = "") -> None:
-        """Record this thread's share of the current node (for the observer)."""
+    def took(self, kind: str, *ranges: Any, note: Note | tuple[Note, ...] = ()) -> None:
+        """Record this thread's share of the current node (for the observer), and a note (or
+        notes) on how the kernel split it."""
         self._kind = kind
         self._ranges.extend(ranges)
         if note:
-            self._note = note
+            self._notes = (note,) if isinstance(note, Note) else note
 
 
 Observer = Callable[..., bool]
@@ -215,7 +217,7 @@ class _Run:
         if not ggml_is_empty(node):
             self.compute_forward(params, node)
         self.shares[node_n][ith] = Share(ith, self.nth, params._kind, tuple(params._ranges),
-                                         time.perf_counter() - t0, params._note)
+                                         time.perf_counter() - t0, params._notes)
 
     def _after(self, node_n: int, node: Tensor) -> None:
         """Thread 0, after a node: tell the observer, poll the abort callback."""

@@ -94,7 +94,7 @@ def test_flash_attn_tiled(kv_type):
     check_op(fa(0.17), leaves, 2, max_nmse=1e-7)
     shares = engine_shares(fa(0.17), leaves, 3, GGMLOp.FLASH_ATTN_EXT)[0]
     check_fa_chunks(shares, 70 * 2, 3)
-    assert "tiled" in shares[0].note
+    assert [n.key for n in shares[0].notes] == ["fa_tiled"]
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 4])

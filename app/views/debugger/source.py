@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.notes import Note
 from engine.steps import MANY_OBJECTS, ObjectAdded
 from engine.trace import FieldWrite, Step, StepKind, Trace
 
@@ -19,7 +20,7 @@ class SourceLine:
 class Source:
     lines: list[SourceLine]
     call: str
-    note: str
+    notes: tuple[Note, ...]  # told in the request's language by the template
     fields: list[FieldWrite]
     parent_call: str | None  # the call a visit or node step belongs to
     error: bool  # the step is the error (or the limit) that stopped the program, at its line
@@ -31,6 +32,6 @@ def source(trace: Trace, step: Step) -> Source:
     lines = trace.source.splitlines()
     parent = trace.steps[step.parent].call if step.parent is not None else None
     return Source([SourceLine(i + 1, text, i + 1 == step.line) for i, text in enumerate(lines)],
-                  step.call, step.note, list(step.fields), parent,
+                  step.call, step.notes, list(step.fields), parent,
                   step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed,
                   list(step.objects) if len(step.objects) > MANY_OBJECTS else [])

@@ -46,7 +46,7 @@ class StepsView:
 
 def _text(s) -> str:
     t = s.call if len(s.call) <= 64 else s.call[:61] + "..."
-    return t or note(s.note)[:64]
+    return t or note(s.notes)[:64]
 
 
 def _view(trace: Trace, g: StepGroup, where: Where, k: int) -> GroupView:
@@ -59,7 +59,7 @@ def _view(trace: Trace, g: StepGroup, where: Where, k: int) -> GroupView:
         before, after = a > g.first, b < g.last
         steps = [StepLink(i, str(trace.steps[i].kind), _text(trace.steps[i]), where.url(step=i, tensor=None), i == k)
                  for i in range(a, b + 1)]
-    return GroupView(g.kind, g.label if g.kind == "call" else note(g.label), g.first, g.last, where.url(step=g.first, tensor=None), is_open, children,
+    return GroupView(g.kind, note([g.label]), g.first, g.last, where.url(step=g.first, tensor=None), is_open, children,
                      steps, before, after)
 
 

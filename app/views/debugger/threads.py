@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import _
+from engine.notes import Note
 from engine.trace import ComputePlan, Step, StepKind, Trace
 
 
@@ -15,7 +16,7 @@ class Share:
     ranges: str
     us: float  # microseconds
     width: float  # percent of the longest share
-    note: str
+    notes: tuple[Note, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,7 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
     plan = step.plan or (parent.plan if parent is not None else None)
     longest = max((t.seconds for t in step.threads), default=0) or 1
     shares = [Share(t.ith, t.kind, ranges_text(t.kind, t.ranges), t.seconds * 1e6,
-                    100 * t.seconds / longest, t.note) for t in step.threads]
+                    100 * t.seconds / longest, t.notes) for t in step.threads]
     return ThreadsView(plan, step.call if step.kind == StepKind.NODE else None, shares)
 
 

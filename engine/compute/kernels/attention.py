@@ -37,6 +37,7 @@ from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.ops_nn import GGML_PREC_DEFAULT, GGML_PREC_F32
 from engine.optable import GGMLOp
 from engine.tensor import Tensor
@@ -215,8 +216,8 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
             st.d4[iq3, a:b, iq2] = _finish(S, vkq)  # permute(0, 2, 1, 3)
         done.append((chunk, (ir0, ir1)))
         chunk = next(params.shared["chunk"])
-    params.took("chunks", *done, note=f"{nchunk} chunks of {dr} q rows, "
-                + ("tiled" if tiled else "one_chunk") + " path")
+    params.took("chunks", *done,
+                note=Note.of("fa_tiled" if tiled else "fa_one_chunk", nchunk=nchunk, dr=dr))
 
 
 def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
@@ -252,4 +253,4 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
             if s_fin != 0:
                 acc = acc * (F32(1) / s_fin)
             st.d4[0, 0, h] = acc
-    params.took("kv", (ic0, ic1), note=f"KV chunk for every head, then merges heads {heads}")
+    params.took("kv", (ic0, ic1), note=Note.of("fa_kv", heads=str(heads)))

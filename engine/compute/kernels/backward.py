@@ -31,6 +31,7 @@ from engine.compute.kernels.softmax import soft_max_rows
 from engine.compute.kernels.vecdot import vec_dot_f32_rows
 from engine.compute.kernels.views import flat_rows, strided
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
     ggml_nbytes, ggml_nelements, ggml_nrows
@@ -144,7 +145,7 @@ def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
             rrms = F32(1) / np.sqrt(mean_eps)
             scale_x = (-sum_xdz).astype(F32) / sum_eps
             view4(dst)[:, :, sl] = fmaf(x, scale_x, dz) * rrms
-    params.took("interleaved", *rows.tolist(), note="rows i01 of every (i02, i03)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i01"))
 
 
 # --- soft_max_back, cross_entropy_loss_back --------------------------------------------------
@@ -298,7 +299,7 @@ def compute_forward_im2col_back(params, dst: Tensor) -> None:
         out = strided(dst, (n, len(chans), ih * iw), (ofs0, ofs1 * params.nth, 4), dtype=F32,
                       offset=params.ith * ofs1)
         out[:] = acc.reshape(n, len(chans), ih * iw)
-    params.took("interleaved", *chans.tolist(), note="input channels")
+    params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
 @kernel(GGMLOp.POOL_2D_BACK)

@@ -28,6 +28,7 @@ from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import fp16_round
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.ops_nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nrows
@@ -88,7 +89,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
         vals = np.where(ok, vals, np.zeros((), vals.dtype))
         out = view4(dst).reshape(N, OH, OW, IC, KH, KW)
         out[:, :, :, chans] = vals.transpose(0, 2, 3, 1, 4, 5)
-    params.took("interleaved", *chans.tolist(), note="input channels")
+    params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
 @uses_blas(GGMLOp.CONV_2D)
@@ -139,8 +140,7 @@ def compute_forward_conv_2d(params, dst: Tensor) -> None:
             patches = fp16_round(patches)
         out = (patches.astype(np.float64) @ weights.astype(np.float64).T).astype(F32)
         d4[n[:, None], np.arange(c_out)[None, :], oy[:, None], ox[:, None]] = out
-    params.took("rows", *done, note=f"patches of each batch of {per_batch} (im2col and scatter); "
-                "ggml splits the GEMM between them as mul_mat does")
+    params.took("rows", *done, note=(Note.of("conv_patches", n=per_batch), Note("conv_gemm")))
 
 
 def _pool_src_rows(dst: Tensor, src: Tensor, n_rows: int, row_stride: int) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nelements
 from engine.types import GGMLType, TYPE_TRAITS
@@ -69,7 +70,7 @@ def compute_forward_dup(params, dst: Tensor) -> None:
                 vals = rows if st == dt else from_f32(to_f32(rows, st), dt)
                 k0 = ((i03 * ne02 + i02) * ne01 + ir0) * ne00
                 _write_flat(dst, d4, k0, np.ascontiguousarray(vals).reshape(-1))
-    params.took("rows", (ir0, ir1), note="rows of src0 dim 1, for every i2, i3")
+    params.took("rows", (ir0, ir1), note=Note("rows_src0"))
 
 
 def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:

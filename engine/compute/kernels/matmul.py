@@ -39,6 +39,7 @@ from engine.compute.kernels.vecdot import EXACT_MACS, EXACT_QUANT, vec_dot_f16, 
     vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
@@ -183,8 +184,8 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
             break
         # one thread running the shares in turn takes the chunks as threads of equal speed would
         chunk = chunk + params.nth if params.alone else next(params.shared["chunk"])
-    params.took("chunks", *done, note=f"{nchunk0}x{nchunk1} chunks of {dr0}x{dr1}"
-                + (" (values: llamafile's tinyBLAS)" if tiny else ""))
+    params.took("chunks", *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks", n0=nchunk0,
+                                              n1=nchunk1, d0=dr0, d1=dr1))
 
 
 def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,

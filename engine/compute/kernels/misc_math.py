@@ -22,6 +22,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
     ggml_is_scalar, ggml_nbytes, ggml_nelements, ggml_nrows
@@ -106,8 +107,7 @@ def _src1_rows(params, dst: Tensor):
 def _took_after_copy(params, dst: Tensor, ir0: int, ir1: int) -> None:
     first = params.ith == 0 and not int(dst.op_params[4])
     params.took("rows", (ir0, ir1),
-                note="rows of src1 (thread 0 first copied src0 into dst)" if first else
-                "rows of src1")
+                note=Note("rows_src1_after_copy" if first else "rows_src1"))
 
 
 @kernel(GGMLOp.ACC)
@@ -177,7 +177,7 @@ def compute_forward_clamp(params, dst: Tensor) -> None:
         x = to_f32(flat_rows(src0)[rows], src0.type)
         t = np.where(x < hi, x, hi)  # MIN(x, max): a NaN becomes max
         flat_rows(dst)[rows] = from_f32(np.where(t > lo, t, lo), dst.type)
-    params.took("interleaved", *rows.tolist(), note="flat rows")
+    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
 @kernel(GGMLOp.LEAKY_RELU)
@@ -249,7 +249,7 @@ def compute_forward_concat(params, dst: Tensor) -> None:
             out[tuple(head)] = s0[:, i2s]
             out[tuple(tail)] = s1[:, i2s]
             d4[:, i2s] = out
-    params.took("interleaved", *i2s.tolist(), note="i2 of every i3")
+    params.took("interleaved", *i2s.tolist(), note=Note("i2_of_every_i3"))
 
 
 # --- out_prod --------------------------------------------------------------------------------
@@ -291,8 +291,8 @@ def compute_forward_out_prod(params, dst: Tensor) -> None:
             for k in range(ne01):
                 acc = fm.fmaf(a[:, k], v[:, k, None], acc)
         d4[i3, i2, i1] = acc
-    params.took("rows", (ir0, ir1), note="dst rows (i1, i2, i3)" +
-                ("; thread 0 first zeroed dst" if params.ith == 0 else ""))
+    params.took("rows", (ir0, ir1), note=(Note("dst_rows"), Note("zeroed_dst")) if params.ith == 0 else
+                Note("dst_rows"))
 
 
 # --- arange ----------------------------------------------------------------------------------
@@ -310,4 +310,4 @@ def compute_forward_arange(params, dst: Tensor) -> None:
     ggml_assert(ggml_nelements(dst) == steps, "ggml_nelements(dst) == steps", fn)
     i = np.arange(params.ith, steps, params.nth)
     strided(dst, (steps,), (4,))[i] = fm.fmaf(step, i.astype(F32), start)
-    params.took("interleaved", *i.tolist(), note="elements")
+    params.took("interleaved", *i.tolist(), note=Note("elements"))

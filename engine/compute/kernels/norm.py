@@ -21,6 +21,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape
 from engine.types import GGMLType
@@ -96,7 +97,7 @@ def compute_forward_norm(params, dst: Tensor) -> None:
             variance = variance / F32(ne00)
             scale = F32(1) / np.sqrt(variance + eps)
             view4(dst)[:, :, rows] = v * scale[..., None]
-    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.RMS_NORM)
@@ -115,7 +116,7 @@ def compute_forward_rms_norm(params, dst: Tensor) -> None:
         for x, y in _my_rows(params, src0, dst):
             mean = ((x * x).sum(axis=-1, dtype=F64) / ne00).astype(F32)
             np.multiply(x, (F32(1) / np.sqrt(mean + eps))[:, None], out=y)
-    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.L2_NORM)
@@ -132,7 +133,7 @@ def compute_forward_l2_norm(params, dst: Tensor) -> None:
         for x, y in _my_rows(params, src0, dst):
             ss = (x * x).sum(axis=-1, dtype=F64).astype(F32)
             y[:] = x * (F32(1) / np.fmax(np.sqrt(ss), eps))[:, None]
-    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.GROUP_NORM)
@@ -166,4 +167,4 @@ def compute_forward_group_norm(params, dst: Tensor) -> None:
                 variance = F32((v * v).sum(axis=-1, dtype=F64).sum() / n)
                 scale = F32(1) / np.sqrt(variance + eps)
                 d4[i3, start:end] = v * scale
-    params.took("interleaved", *groups, note="groups of channels")
+    params.took("interleaved", *groups, note=Note("channel_groups"))

@@ -16,6 +16,7 @@ import numpy as np
 from engine.compute.kernels import not_supported
 from engine.compute.kernels.common import thread_range, to_f32, view4
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.quants import dequantize, from_float
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous, ggml_nelements, \
     ggml_nrows
@@ -52,7 +53,7 @@ def _dup_to_q(params, dst: Tensor, src0: Tensor) -> None:
                 q = from_float(dst.type, rows).reshape(-1)
                 start = off + ((i03 * ne02 + i02) * ne01 + ir0) * rs
                 pool[start:start + q.size] = q
-    params.took("rows", (ir0, ir1), note="rows of src0 dim 1, for every i2, i3")
+    params.took("rows", (ir0, ir1), note=Note("rows_src0"))
 
 
 def _dup_from_q(params, dst: Tensor, src0: Tensor) -> None:

@@ -25,6 +25,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_scalar, ggml_nbytes, ggml_nrows
 from engine.types import GGMLType, TYPE_TRAITS
@@ -168,7 +169,7 @@ def compute_forward_count_equal(params, dst: Tensor) -> None:
     if params.ith == 0:
         total = count + int(sums[1:params.nth].sum())
         strided(dst, (1,), (8,))[0] = total
-        params.took("rows", (ir0, ir1), note="then thread 0 adds the other threads' counts")
+        params.took("rows", (ir0, ir1), note=Note("adds_counts"))
     else:
         params.took("rows", (ir0, ir1))
 
@@ -193,7 +194,7 @@ def compute_forward_argsort(params, dst: Tensor) -> None:
     if len(rows):
         idx = np.argsort(x if order == 0 else -x, axis=-1, kind="stable")
         flat_rows(dst)[rows] = idx
-    params.took("interleaved", *rows.tolist(), note="flat rows")
+    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
 @kernel(GGMLOp.TOP_K)
@@ -207,7 +208,7 @@ def compute_forward_top_k(params, dst: Tensor) -> None:
         if k > 1:
             idx[:, [0, 1]] = idx[:, [1, 0]]
         flat_rows(dst)[rows] = idx
-    params.took("interleaved", *rows.tolist(), note="flat rows")
+    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
 @kernel(GGMLOp.CROSS_ENTROPY_LOSS)
@@ -248,6 +249,6 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     if params.ith == 0:
         total = F32(sums[:nth].astype(F64).sum())
         strided(dst, (1,), (4,))[0] = total * (F32(-1) / F32(nr))
-        params.took("rows", (ir0, ir1), note="then thread 0 adds the threads' partial sums")
+        params.took("rows", (ir0, ir1), note=Note("adds_sums"))
     else:
         params.took("rows", (ir0, ir1))

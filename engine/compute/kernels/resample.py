@@ -23,6 +23,7 @@ from engine.compute.kernels.common import view4
 from engine.compute.kernels.nn_util import cosf, expf, logf, sinf
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.ops_nn import GGML_SCALE_FLAG_ALIGN_CORNERS, GGML_SCALE_FLAG_ANTIALIAS, \
     GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR, GGML_SCALE_MODE_NEAREST
 from engine.optable import GGMLOp
@@ -116,7 +117,7 @@ def compute_forward_upscale(params, dst: Tensor) -> None:
                 rows.append(acc)
             out[...] = (rows[0] * wy[0][:, None] + rows[1] * wy[1][:, None]
                         + rows[2] * wy[2][:, None] + rows[3] * wy[3][:, None])
-    params.took("interleaved", *planes.tolist(), note="dst planes i2, for every i3")
+    params.took("interleaved", *planes.tolist(), note=Note("dst_planes"))
 
 
 @kernel(GGMLOp.PAD)
@@ -147,7 +148,7 @@ def compute_forward_pad(params, dst: Tensor) -> None:
         out = strided(dst, (ne[3], ne[2], ne[1], ne[0]),
                       (4 * ne[0] * ne[1] * ne[2], 4 * ne[0] * ne[1], 4 * ne[0], 4), dtype=F32)
         out[:, :, params.ith::params.nth, :] = np.where(mask, vals, F32(0))
-    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.TIMESTEP_EMBEDDING)
@@ -171,4 +172,4 @@ def compute_forward_timestep_embedding(params, dst: Tensor) -> None:
         out[:, js + half] = sinf(arg)
     if dim % 2 != 0 and params.ith == 0:
         out[:, 2 * half] = 0
-    params.took("interleaved", *js.tolist(), note="frequencies j (and j + half), every timestep")
+    params.took("interleaved", *js.tolist(), note=Note("frequencies"))

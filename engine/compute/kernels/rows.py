@@ -18,6 +18,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_nelements
 from engine.types import GGMLType, TYPE_TRAITS
@@ -59,7 +60,7 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
             if src0.type in (GGMLType.F16, GGMLType.BF16):
                 rows = to_f32(rows, src0.type)
         d4[i12, i11, i10] = rows
-    params.took("rows", (ir0, ir1), note="flat elements of src1 (one index, one row each)")
+    params.took("rows", (ir0, ir1), note=Note("index_rows"))
 
 
 @kernel(GGMLOp.SET_ROWS)
@@ -98,4 +99,4 @@ def compute_forward_set_rows(params, dst: Tensor) -> None:
                     out[i03, i02, idx] = from_float(dst.type, rows).reshape(len(idx), -1)
                 else:
                     out[i03, i02, idx] = from_f32(rows, dst.type)
-    params.took("rows", (ir0, ir1), note="rows of src0 dim 1, for every i2, i3")
+    params.took("rows", (ir0, ir1), note=Note("rows_src0"))

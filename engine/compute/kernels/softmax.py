@@ -28,6 +28,7 @@ from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
 from engine.errors import ggml_assert
 from engine.lanes import lanes, twin
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
 from engine.types import GGMLType
@@ -101,7 +102,7 @@ def compute_forward_soft_max(params, dst: Tensor) -> None:
         with np.errstate(divide="ignore"):
             inv = (1.0 / total).astype(F32)
         np.multiply(y, inv, out=d4[i3, i2, sl])
-    params.took("interleaved", *rows.tolist(), note="rows i1 of every (i2, i3)")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
 def _diag_mask(params, dst: Tensor, value: float) -> None:
@@ -131,7 +132,7 @@ def _diag_mask(params, dst: Tensor, value: float) -> None:
         d = strided(dst, (nz, nr, nc), (int(dst.nb[2]), int(dst.nb[1]), 4), dtype=F32)
         sub = d[:, params.ith::params.nth, :]
         sub[:, np.arange(nc)[None, :] > (n_past + rows)[:, None]] = value
-    params.took("interleaved", *rows.tolist(), note="rows j of every matrix")
+    params.took("interleaved", *rows.tolist(), note=Note("rows_j"))
 
 
 @kernel(GGMLOp.DIAG_MASK_INF)

@@ -35,6 +35,7 @@ from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, logf, mac_in_order
 from engine.compute.kernels.vecdot import EPR, STEP, lanes32, vec_dot_f32_rows
 from engine.errors import ggml_assert
+from engine.notes import Note
 from engine.optable import GGMLOp
 from engine.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_rows
 from engine.types import GGMLType
@@ -170,7 +171,7 @@ def _tokens(params, dst: Tensor, state_src: Tensor, step, fn: str, zeroed: bool)
     n_seqs = int(state_src.ne[1])
     T, H, S, per_seq, out, states = _wkv_layout(dst, n_seqs, fn)
     h0, h1 = _head_range(H, params.ith, params.nth)
-    params.took("rows", (h0, h1), note="thread 0 first zeroed dst" if zeroed and params.ith == 0 else "")
+    params.took("rows", (h0, h1), note=Note("zeroed_dst") if zeroed and params.ith == 0 else ())
     if h0 >= h1:
         return
     s_in = _flat(state_src).reshape(n_seqs, H, S, S)

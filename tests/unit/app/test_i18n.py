@@ -13,7 +13,8 @@ from jinja2 import Environment
 from app import i18n
 from app.messages import extract, po_path
 from app.settings import PACKAGE
-from engine import notes
+from engine.notes import Note, tell
+from engine.trace import record
 
 TEMPLATES = sorted((PACKAGE / "templates").rglob("*.html"))
 PLACEHOLDER = re.compile(r"%\((\w+)\)[sd]|\{(\w+)\}")
@@ -106,19 +107,52 @@ def test_the_language_of_a_request(query, cookie, accept, want):
     assert i18n.pick(query, cookie, accept) == want
 
 
-def test_engine_notes_are_told_in_chinese():
-    where = notes.WHERE.format(id=0, name="CPU", chunk=0, offset=64)
-    text = notes.GALLOCR_GETS.format(name="kq-0", size=4096, where=where) + "; " + notes.RETURNED
+@pytest.fixture
+def zh():
     token = i18n.use("zh")
-    try:
-        said = i18n.note(text)
-    finally:
-        i18n._current.reset(token)
-    assert CJK.search(said) and "kq-0" in said and "4096" in said and "CPU" in said and "64" in said
-    assert "gallocr: 'kq-0' gets" not in said and "the program returned" not in said
-    assert i18n.note(text) == text  # English stays as the engine wrote it
-    token = i18n.use("zh")
-    try:
-        assert i18n.note("x = ggml_add(ctx, a, b); y = 2") == "x = ggml_add(ctx, a, b); y = 2"
-    finally:
-        i18n._current.reset(token)
+    yield
+    i18n._current.reset(token)
+
+
+def test_engine_notes_are_told_in_chinese(zh):
+    where = Note.of("where", id=0, name="CPU", chunk=0, offset=64)
+    parts = (Note.of("gallocr_gets", name="kq-0", size=4096, where=where), Note("returned"))
+    assert i18n.note(parts) == "gallocr：“kq-0”在缓冲区 0（CPU），分块 0，偏移 64处获得 4096 字节; 程序已返回"
+    passed = Note.of("sched_pass", title=Note("pass_4"), counts=(Note.of("pass_count", n=3, b=0, name="CPU"),
+                                                                 Note.of("pass_count", n=1, b=1, name="GPU0")))
+    said = i18n.note([passed])
+    assert CJK.search(said) and "，" in said and "to backend" not in said and "follow their nodes" not in said
+    # ggml's own words stay as they are
+    assert i18n.note([Note.verbatim("x = ggml_add(ctx, a, b); y = 2")]) == "x = ggml_add(ctx, a, b); y = 2"
+
+
+def test_engine_notes_stay_english_in_english():
+    parts = (Note.of("gallocr_gets", name="kq-0", size=4096, where=Note.of("where", id=0, name="CPU", chunk=0,
+                                                                           offset=64)), Note("returned"))
+    assert i18n.note(parts) == tell(parts) == \
+        "gallocr: 'kq-0' gets 4096 bytes at buffer 0 (CPU), chunk 0, offset 64; the program returned"
+
+
+PROGRAM = """
+from engine.ggml import *
+
+
+def run(n_threads=1):
+    ctx = ggml_init(ggml_init_params(mem_size=1 << 16, mem_buffer=None, no_alloc=False))
+    kv = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 4)
+    ggml_set_name(kv, "k; v")
+    return {}
+"""
+
+
+def test_a_tensor_named_with_the_parts_separator_is_told_in_chinese(tmp_path, zh):
+    """A note is data: a name holding "; " (the English parts' separator) is one value, not two
+    parts of a sentence."""
+    path = tmp_path / "kv_program.py"
+    path.write_text(PROGRAM)
+    namespace: dict = {}
+    exec(compile(PROGRAM, str(path), "exec"), namespace)
+    trace = record(namespace["run"], str(path), "kv")
+    (named,) = [s for s in trace.steps if "ggml_set_name" in s.call]
+    assert tell(named.notes) == "set name of 'k; v' from '' to 'k; v'"
+    assert i18n.note(named.notes) == "把“k; v”的 name 从 '' 改为 'k; v'"

@@ -216,13 +216,13 @@ HOSTILE = {
     "a patch outside its pool": (
         "from app.sandbox.wire import Head, PatchRef, _frame\n"
         "from engine.steps import ContextMeta, Step, StepKind\n"
-        "step = Step(0, StepKind.CALL, 'x', 1, 'x', contexts=(ContextMeta(1, 4096, 64, None, False),))\n"
+        "step = Step(0, StepKind.CALL, 'x', 1, (), contexts=(ContextMeta(1, 4096, 64, None, False),))\n"
         "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[PatchRef(1, 1 << 40, 16)]]), [b'y' * 16]))\n"
         "os._exit(0)"),
     "pools of a terabyte": (
         "from app.sandbox.wire import Head, _frame\n"
         "from engine.steps import ContextMeta, Step, StepKind\n"
-        "step = Step(0, StepKind.CALL, 'x', 1, 'x', contexts=(ContextMeta(1, 4096, 1 << 40, None, False),))\n"
+        "step = Step(0, StepKind.CALL, 'x', 1, (), contexts=(ContextMeta(1, 4096, 1 << 40, None, False),))\n"
         "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[]]), []))\nos._exit(0)"),
 }
 

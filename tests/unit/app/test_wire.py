@@ -10,12 +10,14 @@ import pickle
 import struct
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import MAGIC, Head, MalformedResult, PatchRef, _frame, decode, encode_failure, encode_trace
+from engine.notes import Note, tell
 from engine.programs import PROGRAMS, trace_program
 from engine.steps import ContextMeta, ObjectAdded, Step, StepKind
 
@@ -34,6 +36,7 @@ def test_every_walkthrough_crosses_the_format_unchanged(name):
     assert repr(back.outputs) == repr(trace.outputs)  # (repr: NaN equals itself there)
     assert back.printed == trace.printed and back.error == trace.error
     assert [s.threads for s in back.steps] == [s.threads for s in trace.steps]
+    assert [s.notes for s in back.steps] == [s.notes for s in trace.steps]
     k = len(trace.steps) - 1
     a, b = trace.state_at(k), back.state_at(k)
     assert {c: bytes(x.pool.data) for c, x in a.contexts.items()} == {c: bytes(x.pool.data) for c, x in b.contexts.items()}
@@ -63,7 +66,7 @@ def test_a_pickle_that_would_run_code_is_refused_as_malformed():
 
 
 def _one_step(*refs: PatchRef, mem_size: int = 64, **step) -> tuple[Head, list[bytes]]:
-    s = Step(0, StepKind.CALL, "x", 1, "x", contexts=(ContextMeta(1, 4096, mem_size, None, False),), **step)
+    s = Step(0, StepKind.CALL, "x", 1, (), contexts=(ContextMeta(1, 4096, mem_size, None, False),), **step)
     return Head(ok=True, steps=[s], patches=[list(refs)]), [b"y" * r.size for r in refs]
 
 
@@ -89,9 +92,47 @@ def test_sizes_are_checked_before_anything_is_allocated():
     good = _frame(head, blobs)
     with pytest.raises(MalformedResult, match="says"):  # a data section of an exabyte claimed
         decode(good[:-16] + struct.pack("<Q", 1 << 60) + good[-8:], Limits())
-    steps = [Step(k, StepKind.CALL, "x", 1, "x") for k in range(20)]
+    steps = [Step(k, StepKind.CALL, "x", 1, ()) for k in range(20)]
     with pytest.raises(MalformedResult, match="steps"):
         decode(_frame(Head(ok=True, steps=steps, patches=[[]] * 20), []), Limits(steps=10))
+
+
+def _with_note(note) -> bytes:
+    """A one-step result whose step's note is `note`, as a worker could write it (plain data, or
+    msgpack bytes)."""
+    raw = msgspec.msgpack.decode(msgspec.msgpack.encode(_one_step()[0]))
+    raw["steps"][0]["notes"] = ["@note"]
+    h = msgspec.msgpack.encode(raw)
+    note = note if isinstance(note, bytes) else msgspec.msgpack.encode(note)
+    h = h.replace(msgspec.msgpack.encode("@note"), note)
+    return MAGIC + struct.pack("<I", len(h)) + h + struct.pack("<Q", 0)
+
+
+def _nested(depth: int) -> bytes:
+    """A note nested `depth` deep, as msgpack (spliced: msgspec would not encode it that deep)."""
+    level = msgspec.msgpack.encode({"key": "gallocr_gets", "args": [["name", "x"], ["size", 1], ["where", "@"]]})
+    head, tail = level.split(msgspec.msgpack.encode("@"))
+    return head * depth + msgspec.msgpack.encode({"key": "verbatim", "args": [["text", "x"]]}) + tail * depth
+
+
+@pytest.mark.parametrize("note, rule", [
+    ({"key": "gallocr_gets", "args": [["name", "k; v"], ["size", 64], ["where", Note.verbatim("x")]]}, None),
+    ({"key": "no_such_template", "args": []}, "one of engine/notes.py's templates"),
+    ({"key": "wrote", "args": []}, r"fills \['n'\]"),
+    ({"key": "wrote", "args": [["n", 1], ["m", 2]]}, r"fills \['n'\]"),
+    ({"key": "wrote", "args": [["n", [1, 2]]]}, "Expected"),
+    ({"key": "wrote", "args": [["n", {"a": 1}]]}, "Object missing required field `key`"),
+    ({"key": "verbatim", "args": [["text", 3]]}, "value of type int"),
+    (_nested(2), "nests a note that holds notes"),
+    (_nested(5000), "not a result"),
+])
+def test_a_note_is_a_template_with_its_values_or_refused(note, rule):
+    if rule is None:
+        (step,) = decode(_with_note(note), Limits()).steps
+        assert tell(step.notes) == "gallocr: 'k; v' gets 64 bytes at x"
+        return
+    with pytest.raises(MalformedResult, match=rule):
+        decode(_with_note(note), Limits())
 
 
 def test_a_failure_is_its_message():
@@ -114,6 +155,10 @@ def test_any_damage_to_a_result_is_malformed_or_a_checked_trace(data):
     except MalformedResult:
         return
     assert isinstance(out, str) or out.steps
+    for s in [] if isinstance(out, str) else out.steps:  # and every note it holds can be told
+        tell(s.notes)
+        for t in s.threads:
+            tell(t.notes)
 
 
 _RESULT = encode_trace(dataclasses.replace(trace_program("views-and-permute")))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.notes import tell
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import record
 
@@ -104,7 +105,7 @@ def test_steps_say_what_changed():
     assert kinds[0] == "call" and kinds[-1] == "end"
     new_a = trace.steps[1]
     assert new_a.call.startswith("a = ggml_new_tensor_2d(")
-    assert new_a.note == ("ggml_new_tensor_2d reserved 32 bytes of header, 336 of tensor struct "
+    assert tell(new_a.notes) == ("ggml_new_tensor_2d reserved 32 bytes of header, 336 of tensor struct "
                           "and 32 of data at offset 0x0")
     assert [(o.header, o.offs, o.size) for o in new_a.objects] == [(0, 32, 368)]
     visits = [s for s in trace.steps if s.kind == "visit"]

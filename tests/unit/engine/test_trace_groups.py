@@ -3,6 +3,7 @@ forward passes from n_past, calls with steps inside them; layer jumps; search.""
 
 from __future__ import annotations
 
+from engine.notes import tell
 from engine.programs import trace_program
 from engine.steps import StepKind
 from engine.trace_groups import find_steps, layer_jump, step_groups
@@ -12,11 +13,11 @@ def test_minilm_groups_are_its_calls_and_layers():
     trace = trace_program("minilm")
     groups = step_groups(trace.steps)
     calls = [g for g in groups if g.kind == "call"]
-    assert [g.label.split("(")[0] for g in calls] == ["ggml_build_forward_expand",
+    assert [tell([g.label]).split("(")[0] for g in calls] == ["ggml_build_forward_expand",
                                                       "ggml_gallocr_alloc_graph",
                                                       "ggml_backend_graph_compute"]
     compute = calls[2]
-    layers = [c.label for c in compute.children if c.label.startswith("layer")]
+    layers = [tell([c.label]) for c in compute.children if c.label.key == "group_layer"]
     assert layers == [f"layer {i}" for i in range(6)]  # nodes computed layer after layer
     # every group covers consecutive steps, children inside their parent, no gaps
     assert groups[0].first == 0 and groups[-1].last == len(trace.steps) - 1
@@ -46,9 +47,10 @@ def test_layer_jumps():
 
 def test_tiny_llama_passes_by_n_past():
     groups = step_groups(trace_program("tiny-llama").steps)
-    assert [g.label for g in groups] == ["setting up", "forward pass at n_past = 0", "forward pass at n_past = 4"]
+    assert [tell([g.label]) for g in groups] == ["setting up", "forward pass at n_past = 0",
+                                                 "forward pass at n_past = 4"]
     second = groups[2]
-    assert any(c.kind == "call" and c.label.startswith("ggml_backend_graph_compute")
+    assert any(c.kind == "call" and tell([c.label]).startswith("ggml_backend_graph_compute")
                for c in second.children)
 
 
@@ -63,9 +65,9 @@ def test_find_steps_by_text_and_tensor_name():
     state = trace.state_at(len(trace.steps) - 1)
     names = {(t.ctx.id, t.offs): t.name for t in state.tensors()}
     hits = find_steps(trace.steps, "blk.3.ffn_up", names)
-    assert hits and all("blk.3.ffn_up" in trace.steps[i].call + trace.steps[i].note
+    assert hits and all("blk.3.ffn_up" in trace.steps[i].call + tell(trace.steps[i].notes)
                         + names.get(trace.steps[i].tensor, "") for i in hits)
     assert any("blk.3.ffn_up" in trace.steps[i].call for i in hits)  # the layer's own lines
     assert find_steps(trace.steps, "GELU", names) == [s.index for s in trace.steps
-                                                      if "gelu" in (s.call + s.note).lower()]
+                                                      if "gelu" in (s.call + tell(s.notes)).lower()]
     assert find_steps(trace.steps, "   ", names) == []
