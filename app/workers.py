@@ -77,6 +77,10 @@ class RedisJobs:
         """The job recording `key`: the one some process queued, or a new one (QueueFull when
         there is no room, or this client already has per_client jobs)."""
         digest = key.digest
+        old = self._job(RemoteJob(digest))
+        if old is not None and old.get_status(refresh=False) not in ACTIVE:
+            # it ended, yet its trace is asked for again: the trace was evicted (or it failed)
+            self.redis.delete(CLAIM + digest)
         if self.redis.set(CLAIM + digest, time.time(), nx=True, ex=CLAIM_TTL):
             try:
                 self._room(client)
@@ -176,12 +180,12 @@ PROGRESS_EVERY = 0.5  # s between the progress a recording reports
 
 
 def record_job(recipe: dict) -> dict:
-    """A job: record the recipe's trace into the trace files; {"ok": true}, or {"error": …}
-    for a bad input (the learner's page says it)."""
+    """A job: record the recipe's trace into the trace files: {"recorded": true}, or false when
+    another job wrote it meanwhile; {"error": …} for a bad input (the learner's page says it)."""
     assert _cache is not None and _cache.files is not None, "record_job runs in `ggml-lens worker`"
     key = msgspec.convert(recipe, Recipe)
     if _cache.files.has(key.digest):
-        return {"ok": True}
+        return {"recorded": False}
     job, steps, last = get_current_job(), 0, time.monotonic()
 
     def on_step(*_: Any) -> None:
@@ -196,7 +200,7 @@ def record_job(recipe: dict) -> dict:
         _cache.record(key, on_step=on_step)
     except (ValueError, KeyError) as e:
         return {"error": str(e)}
-    return {"ok": True}
+    return {"recorded": True}
 
 
 class LensWorker(Worker):
