@@ -4,8 +4,8 @@ may have only a few queued or running at once, and a full queue answers at once 
 the seconds to wait before trying again) instead of making anyone wait.
 
 This is the embedded queue (`make run`); app/workers.py is the same interface on a Redis queue
-whose workers may be on other machines: `submit(key, client)`, `wait(job, seconds)`,
-`progress(job)`.
+whose workers may be on other machines: `find(key)`, `submit(key, client)`, `wait(job,
+seconds)`, `progress(job)`.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class Progress:
 class Queue(Protocol):
     """What the app asks of a job queue: this module's JobQueue, or app/workers.py's RedisJobs."""
 
+    def find(self, key: Any) -> Any: ...  # the job queued or running for key, or None
     def submit(self, key: Any, client: str) -> Any: ...  # the job recording key (QueueFull: no room)
     def wait(self, job: Any, seconds: float) -> Any: ...  # not None once it ended (raises its error)
     def progress(self, job: Any) -> Progress: ...
@@ -113,7 +114,8 @@ class JobQueue:
             self._ready.notify()
             return job
 
-    def get(self, key: Hashable) -> Job | None:
+    def find(self, key: Hashable) -> Job | None:
+        """The job queued or running for key, or None."""
         with self._lock:
             return self._jobs.get(key)
 

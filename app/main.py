@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +23,15 @@ from engine.lanes import use_numpy
 
 
 _TUNED = False
+# threads for the routes (anyio's default is 40): a request that waits a moment for a recording
+# sleeps in its thread, and a class that arrives at once must not queue behind those
+REQUEST_THREADS = 200
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
+    yield
 
 
 def _tune_collector() -> None:
@@ -41,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     if settings.pure_numpy:
         use_numpy(True)
-    app = FastAPI(title="ggml-lens", docs_url=None, redoc_url=None)
+    app = FastAPI(title="ggml-lens", docs_url=None, redoc_url=None, lifespan=_lifespan)
     deps.install(app, settings)
     app.add_middleware(LocaleMiddleware)
     app.add_middleware(ServerTiming)

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 
@@ -74,17 +75,27 @@ class TraceCache:
 
     # --- finding a trace ------------------------------------------------------------------------
 
-    def trace(self, recipe: Recipe, client: str, wait: float | None = None) -> Trace | object:
-        """The recipe's trace: kept here, else written by another process, else recorded as a job
-        of the queue: the trace if that is done within `wait` seconds (QUICK by default), else
-        the job (its page follows it). QueueFull when it cannot be queued; the job's own error
-        (a bad input) is raised here. Without a queue it is recorded here and now."""
-        trace = self.kept(recipe) or self.shared(recipe)
+    def trace(self, recipe: Recipe, client: str, wait: float | None = None,
+              check: Callable[[], None] | None = None) -> Trace | object:
+        """The recipe's trace: kept here, else the job recording it (queued or running in any
+        process), else written by another process, else recorded as a new job (`check` first
+        says whether it may be: it raises if not): the trace if its job is done within `wait`
+        seconds (QUICK by default), else the job (its page follows it). QueueFull when it cannot
+        be queued; the job's own error (a bad input) is raised here. Without a queue it is
+        recorded here and now."""
+        trace = self.kept(recipe)
         if trace is not None:
             return trace
-        if self.jobs is None:
-            return self.record(recipe)
-        job = self.jobs.submit(recipe, client)
+        job = self.jobs.find(recipe) if self.jobs is not None else None
+        if job is None:  # (a recording page's poll looks no further than its job)
+            trace = self.shared(recipe)
+            if trace is not None:
+                return trace
+            if check is not None:
+                check()
+            if self.jobs is None:
+                return self.record(recipe)
+            job = self.jobs.submit(recipe, client)
         done = self.jobs.wait(job, QUICK if wait is None else wait)
         if done is None:
             return job

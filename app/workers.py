@@ -73,6 +73,11 @@ class RedisJobs:
         self.queue = Queue(QUEUE, connection=self.redis, serializer=JSONSerializer)
         self.capacity, self.per_client = capacity, per_client
 
+    def find(self, key: Recipe) -> RemoteJob | None:
+        """The job queued or running for key (in any process), or None."""
+        found = self._job(RemoteJob(key.digest))
+        return RemoteJob(key.digest) if found is not None and found.get_status(refresh=False) in ACTIVE else None
+
     def submit(self, key: Recipe, client: str) -> RemoteJob:
         """The job recording `key`: the one some process queued, or a new one (QueueFull when
         there is no room, or this client already has per_client jobs)."""

@@ -130,17 +130,15 @@ def trace_or_job(programs: ProgramStore, cache: TraceCache, digest: str, threads
     """The program's trace (kept, or written by another process), or the job recording it in
     the sandbox (queued now if there was none): 503 with Retry-After when the queue is full, 429
     when this client has enough programs queued."""
-    key = cache.program_key(digest, threads)
-    trace = cache.kept(key) or cache.shared(key)
-    if trace is not None:
-        return trace
-    missing = programs.boundary_missing()
-    if missing is not None:
-        raise HTTPException(503, _("Programs cannot run on this server: {why}").format(why=missing))
-    if programs.load(digest) is None:
-        raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=digest))
+    def check() -> None:
+        missing = programs.boundary_missing()
+        if missing is not None:
+            raise HTTPException(503, _("Programs cannot run on this server: {why}").format(why=missing))
+        if programs.load(digest) is None:
+            raise HTTPException(404, _("No program with hash {name} is stored here.").format(name=digest))
+
     try:
-        return cache.trace(key, client, wait=wait)
+        return cache.trace(cache.program_key(digest, threads), client, wait=wait, check=check)
     except QueueFull as e:
         raise busy(e) from None
 

@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 
 from app.programs import ProgramStore
 from app.routes.programs import STARTER
-from app.traces import Recipe
+from app.traces import Recipe, TraceCache
 from app.workers import RETRIES
 from engine.programs import PROGRAMS
 from tests.support.classroom import Classroom
@@ -55,13 +55,14 @@ def test_a_program_submitted_to_one_web_process_opens_by_its_permalink_on_the_ot
     with client(1) as c:
         r = c.post(room.web(0) + "/programs", data={"source": source, "threads": "1"})
     assert r.status_code == 303 and r.headers["location"].startswith(f"/programs/{digest}/run")
-    assert not (room.root / "web1" / "programs" / f"{digest}.py").exists()
+    trace_file = room.root / "web1" / "traces" / f"{TraceCache.program_key(digest, 1).digest}.trace"
+    assert not trace_file.exists()
     report = Report()
     with client(2) as c:
         page = open_page(c, "GET", room.web(1) + f"/programs/{digest}/steps/3", report)
     _ok(report)
     assert f"/programs/{digest}/steps/3" in str(page.url) and "ggml_add" in page.text
-    assert (room.root / "web1" / "programs" / f"{digest}.py").read_text() == source  # from the store
+    assert trace_file.is_file()  # the trace web 1 read from the store
 
 
 def test_the_same_prompt_asked_for_by_twenty_learners_at_once_records_once(room):

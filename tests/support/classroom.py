@@ -86,10 +86,14 @@ class Classroom:
                       "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                       "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _start(self, name: str, argv: list[str], nice: int = 0) -> subprocess.Popen:
+        def child() -> None:
+            _die_with_parent()
+            os.nice(nice)
+
         log = open(self.logs / f"{name}.log", "ab")
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env or self._env(name),
-                                start_new_session=True, preexec_fn=_die_with_parent, cwd=self.root)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(name),
+                                start_new_session=True, preexec_fn=child, cwd=self.root)
         self.procs[name] = proc
         return proc
 
@@ -100,7 +104,8 @@ class Classroom:
 
     def start_s3(self) -> None:
         moto = shutil.which("moto_server", path=str(Path(sys.executable).parent))
-        proc = self._start("s3", [moto, "-H", "127.0.0.1", "-p", str(self.s3_port)])
+        # (below the web processes' priority: the object store stands for a service of its own)
+        proc = self._start("s3", [moto, "-H", "127.0.0.1", "-p", str(self.s3_port)], nice=10)
         _wait("moto_server", lambda: _listens(self.s3_port), proc)
         httpx.put(f"http://127.0.0.1:{self.s3_port}/{BUCKET}").raise_for_status()
 
