@@ -3,7 +3,8 @@
  * The float and quantized dot products of mul_mat (ggml_vec_dot_f32, _f16, llamafile's tinyBLAS,
  * and the AVX2 vec_dot of Q4_0/Q5_0/Q8_0 by Q8_0 and Q4_K/Q6_K by Q8_K: integer lane sums, one
  * fused multiply-add per block and lane, acc[l] = fmaf((float)lane[l], d, acc[l])), ggml_v_expf
- * and ggml_v_silu, the soft_max rows, quantize_row_q8_0 and a few to_float converters. Each
+ * and ggml_v_silu, the soft_max rows, quantize_row_q8_0, a few to_float converters, and fmaf over
+ * whole buffers (the fused multiply-adds of ggml's -mfma build, element by element). Each
  * function here has a numpy twin beside the kernel that calls it (engine/lanes.py registers
  * them; tests/unit/engine/test_twins.py holds them equal bit for bit), which says the same
  * thing for reading and runs in pure-numpy mode. fmaf is correctly rounded by definition, so the
@@ -966,6 +967,73 @@ static PyObject *py_soft_max(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* fmaf over buffers, step after step: out = c, then out[i] = fmaf(a[k][i], b[k][i], out[i]) for
+ * each step k, correctly rounded (what the -mfma build's fused multiply-adds compute, as
+ * ggml_vec_mad_f32 accumulates). A NaN operand's NaN comes out quiet, b's first, then a's, then
+ * c's, whatever the instruction keeps: its numpy twin says the same. */
+static inline float quiet(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u |= 0x00400000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+#define FMAF_LOOP(name, attr)                                                                  \
+    attr static void name(const float *restrict a, const float *restrict b, const float *c,     \
+                          float *out, Py_ssize_t n)                                              \
+    {                                                                                            \
+        for (Py_ssize_t i = 0; i < n; i++)                                                       \
+            out[i] = fmaf(a[i], b[i], c[i]);                                                     \
+    }
+
+FMAF_LOOP(fmaf_loop, )
+#ifdef HAVE_FMA_TARGET
+FMAF_LOOP(fmaf_loop_fma, __attribute__((target("avx2,fma"))))  /* vfmadd on 8 lanes at once */
+#endif
+
+static void fmaf_nans(const float *a, const float *b, float *out, Py_ssize_t n)
+{
+    /* (c's NaN, the only one, is the one every fused multiply-add gives: already there) */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (isnan(out[i]) && (isnan(a[i]) || isnan(b[i])))
+            out[i] = isnan(b[i]) ? quiet(b[i]) : quiet(a[i]);
+}
+
+static PyObject *py_fmaf(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer a, b, c, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &a, &b, &c, &out))
+        return NULL;
+    const Py_ssize_t n = out.len / 4;
+    int ok = out.len % 4 == 0 && check(&c, out.len, "c") == 0 && check(&b, a.len, "b") == 0;
+    if (ok && (n ? a.len % out.len != 0 : a.len != 0)) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: a is not whole steps of out's size");
+        ok = 0;
+    }
+    if (ok) {
+        const Py_ssize_t steps = n ? a.len / out.len : 0;
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        memmove(out.buf, c.buf, (size_t)out.len);
+        for (Py_ssize_t k = 0; k < steps; k++) {
+            const float *ak = (const float *)a.buf + k * n, *bk = (const float *)b.buf + k * n;
+            PICK(fmaf_loop, hw)(ak, bk, out.buf, out.buf, n);
+            fmaf_nans(ak, bk, out.buf, n);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_v_expf(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 0); }
 static PyObject *py_v_silu(PyObject *self, PyObject *args) { (void)self; return py_v_math(args, 1); }
 
@@ -992,6 +1060,10 @@ static PyMethodDef methods[] = {
     {"float_dot", py_float_dot, METH_VARARGS,
      "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
      "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
+    {"fmaf", py_fmaf, METH_VARARGS,
+     "fmaf(a, b, c, out): out = c, then out[i] = fmaf(a[k, i], b[k, i], out[i]) for each step k "
+     "of a and b (contiguous float32, whole steps of out's size), an operand's NaN (b's, a's, "
+     "then c's) quiet"},
     {"dot_f32", py_dot_f32, METH_VARARGS,
      "dot_f32(w, x, out, n0, n1, k, pairs=False): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w "
      "(n0, k) and row i1 of x (n1, k), float32; with pairs (n1 == n0), out[i] of rows i alone"},

@@ -55,7 +55,38 @@ def _flat_at(v, shape: tuple, i: np.ndarray) -> np.ndarray:
 
 
 def fmaf(a, b, c) -> np.ndarray:
-    """fmaf(a, b, c): a*b + c with a single rounding to float32, correctly rounded.
+    """fmaf(a, b, c) of float32 operands (broadcast together): a*b + c with a single rounding to
+    float32, correctly rounded, as the -mfma build's fused multiply-adds compute it, element by
+    element."""
+    return fmaf_steps(np.asarray(a, F32)[None], np.asarray(b, F32)[None], c)
+
+
+def fmaf_steps(a, b, acc) -> np.ndarray:
+    """acc = fmaf(a[k], b[k], acc) for k = 0, 1, ... in order (ggml_vec_mad_f32 called step
+    after step): a and b have the steps first, then broadcast with acc. The C loop `lanes.fmaf`,
+    or its twin `fmaf_into`."""
+    a, b, acc = (np.asarray(v, F32) for v in (a, b, acc))
+    shape = np.broadcast_shapes(a.shape[1:], b.shape[1:], acc.shape)
+    steps = (max(a.shape[0], b.shape[0]), *shape)
+    out = np.empty(shape, F32)
+    if out.size:
+        lanes.fmaf(*(np.ascontiguousarray(np.broadcast_to(v, s)).reshape(-1)
+                     for v, s in ((a, steps), (b, steps), (acc, shape))), out.reshape(-1))
+    return out
+
+
+@twin("fmaf")
+def fmaf_into(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> None:
+    """out = c, then out = fmaf(a[k], b[k], out) for each step k of the flat float32 buffers a
+    and b (whole steps of out's size)."""
+    n = out.size
+    out[:] = c
+    for k in range(a.size // n if n else 0):
+        out[:] = fmaf_exact(a[k * n:(k + 1) * n], b[k * n:(k + 1) * n], out)
+
+
+def fmaf_exact(a, b, c) -> np.ndarray:
+    """fmaf(a, b, c) in numpy, with a single rounding, correctly rounded.
 
     The product of two floats is exact in a double, and the double sum s rounded to float is
     the exact value rounded to float unless s landed on a midpoint between two floats (or in

@@ -286,10 +286,9 @@ def compute_forward_out_prod(params, dst: Tensor) -> None:
         i2, i1 = np.divmod(rest, ne1)
         a = view4(src0)[i3 // (ne3 // ne03), i2 // (ne2 // ne02)]  # (rows, ne01, ne00)
         v = view4(src1)[i3, i2, :, i1]  # (rows, ne11)
-        acc = np.zeros((len(ir), ne0), F32)
-        with np.errstate(all="ignore"):
-            for k in range(ne01):
-                acc = fm.fmaf(a[:, k], v[:, k, None], acc)
+        with np.errstate(all="ignore"):  # (k by k: acc = fmaf(a[:, k], v[:, k], acc))
+            acc = fm.fmaf_steps(np.moveaxis(a, 1, 0), np.moveaxis(v[:, :ne01], 1, 0)[..., None],
+                                np.zeros((len(ir), ne0), F32))
         d4[i3, i2, i1] = acc
     params.took("rows", (ir0, ir1), note=(Note("dst_rows"), Note("zeroed_dst")) if params.ith == 0 else
                 Note("dst_rows"))

@@ -1,6 +1,7 @@
 """Every note the recorder and the kernels write is one of engine/notes.py's templates with its
-values: each note of each step and of each thread's share, in every walkthrough at 1 and 3 threads
-(the model one at 1), has a known key and fills exactly its template's placeholders (a verbatim
+values: each note of each step and of each thread's share, in every walkthrough at its own thread
+count and at 3 threads (the model one at its own), has a known key and fills exactly its template's
+placeholders (a verbatim
 note, ggml's own words, is for the step that stopped a program: none of these stops)."""
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import pytest
 
 from engine import notes
 from engine.notes import Note, tell
-from engine.programs import PROGRAMS, trace_program
+from engine.programs import PROGRAMS
+from tests.support.recorded import recorded
 
-# the 3,000-step model walkthrough at its own thread count only
-CASES = [(name, n) for name in sorted(PROGRAMS) for n in (1, 3) if not (name == "gemma3" and n == 3)]
+# (its own count: the recording the golden test reads too; the 3,000-step model walkthrough at that only)
+CASES = [(name, n) for name, p in sorted(PROGRAMS.items())
+         for n in sorted({p.threads} | ({3} if not p.model else set()))]
 
 
 def placeholders(template: str) -> set[str]:
@@ -32,7 +35,7 @@ def with_nested(n: Note):
 
 @pytest.mark.parametrize("name,n_threads", CASES)
 def test_every_note_of_a_walkthrough_fills_a_template(name, n_threads):
-    trace = trace_program(name, n_threads)
+    trace = recorded(name, n_threads)
     assert trace.error is None
     used = [n for s in trace.steps for top in s.notes for n in with_nested(top)]
     used += [n for s in trace.steps for t in s.threads for top in t.notes for n in with_nested(top)]

@@ -17,7 +17,7 @@ import pytest
 import engine.compute.kernels  # noqa: F401 (registers the kernels' twins)
 import engine.quants  # noqa: F401 (registers the block converters' twins)
 from engine import libm
-from engine.compute.kernels.floatmath import fmaf
+from engine.compute.kernels.floatmath import fmaf, fmaf_steps
 from engine.lanes import NAMES, TWINS, compiled
 from engine.types import GGMLType, fp32_to_fp16_bits
 
@@ -293,6 +293,23 @@ def test_fmaf_is_the_c_library_s():
     want = np.array([c_fmaf(*v) for v in zip(x.ravel().tolist(), y.ravel().tolist(),
                                               z.ravel().tolist())], F32).reshape(got.shape)
     assert same_bits(want, got)
+
+
+def test_fmaf_over_buffers():
+    """The C loop and its twin on random bit patterns and ordinary values: the same bits, NaN
+    payloads included (both give an operand's NaN, b's, a's, then c's, quiet)."""
+    rng = np.random.default_rng(5)
+    for make in (bit_patterns, ordinary_floats):
+        a, b, c = (make(rng, 30_000) for _ in range(3))
+        got_c, got_twin = run_both("fmaf", (a, b, c, OUT), a.size)
+        assert same_bits(got_c, got_twin)
+        # step after step: a and b hold 6 steps of 5,000, each accumulated into the last
+        got_c, got_twin = run_both("fmaf", (a, b, c[:5000], OUT), 5000)
+        assert same_bits(got_c, got_twin)
+    acc = c[:5000]
+    for k in range(6):
+        acc = fmaf(a[k * 5000:(k + 1) * 5000], b[k * 5000:(k + 1) * 5000], acc)
+    assert same_bits(fmaf_steps(a.reshape(6, 5000), b.reshape(6, 5000), c[:5000]), acc)
 
 
 def test_libm_without_the_extension():

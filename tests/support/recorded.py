@@ -1,0 +1,21 @@
+"""Walkthrough traces recorded once per test process: the tests that only read a walkthrough's
+trace (its notes, its golden data) share one recording instead of each making its own. The model
+walkthrough is recorded afresh each time (its trace holds hundreds of MB)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from engine.programs import PROGRAMS, trace_program
+from engine.trace import Trace
+
+
+def recorded(name: str, n_threads: int | None = None) -> Trace:
+    """The walkthrough's trace at n_threads (its own count by default). Read it, never change it."""
+    n = n_threads or PROGRAMS[name].threads
+    return trace_program(name, n) if PROGRAMS[name].model else _recorded(name, n)
+
+
+@cache
+def _recorded(name: str, n_threads: int) -> Trace:
+    return trace_program(name, n_threads)
