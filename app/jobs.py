@@ -57,7 +57,7 @@ class Progress:
 class Queue(Protocol):
     """What the app asks of a job queue: this module's JobQueue, or app/workers.py's RedisJobs."""
 
-    def find(self, key: Any) -> Any: ...  # the job queued or running for key, or None
+    def find(self, key: Any, client: str) -> Any: ...  # the job queued or running for key, or None
     def submit(self, key: Any, client: str) -> Any: ...  # the job recording key (QueueFull: no room)
     def wait(self, job: Any, seconds: float) -> Any: ...  # not None once it ended (raises its error)
     def progress(self, job: Any) -> Progress: ...
@@ -114,7 +114,7 @@ class JobQueue:
             self._ready.notify()
             return job
 
-    def find(self, key: Hashable) -> Job | None:
+    def find(self, key: Hashable, client: str = "") -> Job | None:
         """The job queued or running for key, or None."""
         with self._lock:
             return self._jobs.get(key)

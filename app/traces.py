@@ -86,7 +86,7 @@ class TraceCache:
         trace = self.kept(recipe)
         if trace is not None:
             return trace
-        job = self.jobs.find(recipe) if self.jobs is not None else None
+        job = self.jobs.find(recipe, client) if self.jobs is not None else None
         if job is None:  # (a recording page's poll looks no further than its job)
             trace = self.shared(recipe)
             if trace is not None:

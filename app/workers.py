@@ -62,6 +62,8 @@ class RemoteJob:
     """A job of the Redis queue, as a web process follows it."""
 
     id: str  # the recipe's digest
+    recipe: Recipe
+    client: str  # who asked
 
 
 class RedisJobs:
@@ -73,16 +75,17 @@ class RedisJobs:
         self.queue = Queue(QUEUE, connection=self.redis, serializer=JSONSerializer)
         self.capacity, self.per_client = capacity, per_client
 
-    def find(self, key: Recipe) -> RemoteJob | None:
-        """The job queued or running for key (in any process), or None."""
-        found = self._job(RemoteJob(key.digest))
-        return RemoteJob(key.digest) if found is not None and found.get_status(refresh=False) in ACTIVE else None
+    def find(self, key: Recipe, client: str) -> RemoteJob | None:
+        """The job queued or running for key (in any process), or None; followed for client."""
+        job = RemoteJob(key.digest, key, client)
+        found = self._job(job)
+        return job if found is not None and found.get_status(refresh=False) in ACTIVE else None
 
     def submit(self, key: Recipe, client: str) -> RemoteJob:
         """The job recording `key`: the one some process queued, or a new one (QueueFull when
         there is no room, or this client already has per_client jobs)."""
         digest = key.digest
-        old = self._job(RemoteJob(digest))
+        old = self._job(RemoteJob(digest, key, client))
         if old is not None and old.get_status(refresh=False) not in ACTIVE:
             # it ended, yet its trace is asked for again: the trace was evicted (or it failed)
             self.redis.delete(CLAIM + digest)
@@ -97,7 +100,7 @@ class RedisJobs:
                 raise
             with self.redis.pipeline() as p:
                 p.sadd(CLIENT + client, digest).expire(CLIENT + client, CLAIM_TTL).execute()
-        return RemoteJob(digest)
+        return RemoteJob(digest, key, client)
 
     def _room(self, client: str) -> None:
         if self.queue.count >= self.capacity:
@@ -125,7 +128,7 @@ class RedisJobs:
     def wait(self, job: RemoteJob, seconds: float) -> bool | None:
         """True once the job has written its trace, within `seconds`; else None. A bad input
         raises ValueError, a job that ended without a trace RecordingLost (and asking again
-        records it again)."""
+        records it again); a job that is not in Redis and no one is queueing is queued again."""
         deadline = time.monotonic() + seconds
         while True:
             found = self._job(job)
@@ -136,26 +139,29 @@ class RedisJobs:
                     self.redis.delete(CLAIM + job.id)
                     raise ValueError(str(result["error"])[:2000])
                 return True
-            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED) or \
-                    found is None and self._lost(job):
+            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
                 self.redis.delete(CLAIM + job.id)
                 raise RecordingLost(self._why(found))
+            if found is None and self._unqueued(job):
+                self.submit(job.recipe, job.client)  # (QueueFull if there is still no room)
             if time.monotonic() >= deadline:
                 return None
             if status == JobStatus.STARTED:
                 StartedJobRegistry(queue=self.queue).cleanup()  # (its worker may have died)
             time.sleep(POLL)
 
-    def _lost(self, job: RemoteJob) -> bool:
-        """True for a job Redis does not hold although its digest was claimed more than a
-        moment ago (the claimer enqueues right after claiming), or not claimed at all."""
+    def _unqueued(self, job: RemoteJob) -> bool:
+        """True for a job Redis does not hold and no one is about to queue: not claimed (its
+        claimer found no room in the queue), or claimed more than a moment ago (the claimer
+        queues right after claiming: Redis lost it). Its claim is dropped."""
         claimed = self.redis.get(CLAIM + job.id)
-        return claimed is None or time.time() - float(claimed) > 10
+        if claimed is not None and time.time() - float(claimed) <= 10:
+            return False
+        self.redis.delete(CLAIM + job.id)
+        return True
 
     @staticmethod
-    def _why(found: RQJob | None) -> str:
-        if found is None:
-            return _("The queue lost this recording; reload the page to record it again.")
+    def _why(found: RQJob) -> str:
         failure = found.latest_result()
         text = failure.exc_string if failure is not None and failure.exc_string else ""
         if "AbandonedJobError" in text:

@@ -8,9 +8,14 @@ tests); `make load` runs the load at a larger size and prints the step pages' p9
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -25,7 +30,8 @@ from app.routes.programs import STARTER
 from app.traces import Recipe, TraceCache
 from app.workers import RETRIES
 from engine.programs import PROGRAMS
-from tests.support.classroom import Classroom
+from tests.support.classroom import Classroom, _descendants, _listens, _wait
+from tests.support.rpc_server import _die_with_parent, _free_port
 from tests.support.load import Report, client, open_page, run_load
 
 
@@ -150,3 +156,27 @@ def test_a_hundred_learners_step_through_every_walkthrough_and_twenty_programs_w
           f"p95 {report.p95() * 1000:.0f} ms")
     _ok(report)
     assert report.pages >= 100 * 5
+
+
+def test_serve_with_workers_runs_web_processes_that_share_their_traces(tmp_path):
+    """`ggml-lens serve --workers 2` without a queue: two web processes, each recording on its
+    own threads, sharing the traces they record through the data directory."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGML_LENS_")} | {"GGML_LENS_DATA": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "2"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_die_with_parent)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait("serve --workers 2", lambda: _listens(port), proc)
+        report = Report()
+        pages = [open_page(client(60 + n), "GET", base + "/walkthroughs/simple-ctx/steps/2?threads=2", report)
+                 for n in range(8)]
+        _ok(report)
+        assert len({p.text.count("ggml_") for p in pages}) == 1
+        assert len(list((tmp_path / "traces").glob("*.trace"))) == 1  # written once, for both
+        assert len([p for p in _descendants(proc.pid) if "multiprocessing" in Path(f"/proc/{p}/cmdline")
+                    .read_bytes().decode(errors="replace")]) >= 2  # the two web processes
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
