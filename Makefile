@@ -110,8 +110,8 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 # and a server waiting on its pages, which the pass's workers leave room for)
 test: setup-test
 	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom tests
-	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom
-	@$(MAKE) --no-print-directory test-load
+	@$(MAKE) --no-print-directory -j3 test-numpy package-check package-check-nocc
+	@$(MAKE) --no-print-directory test-classroom test-load
 
 test-numpy:
 	@echo "== the exact tests again in pure-numpy mode, numpy's SIMD dispatch lowered to its baseline"
@@ -126,7 +126,8 @@ test-load: setup-test
 
 # A classroom on this machine: a real Redis (Debian's redis-server), a local S3 server (moto), two
 # web processes and two workers sharing only those (tests/support/classroom.py); its own processes
-# serve all its tests, so it runs on its own, not among the pytest workers
+# serve all its tests, so it runs on its own, not among the pytest workers (nor beside the CPU-bound
+# passes: its load test's steps are timed)
 test-classroom: setup-test
 	@echo "== a classroom: Redis, an S3 server, two web processes, two workers"
 	$(PY) -m pytest -q -p no:cacheprovider tests/classroom
