@@ -20,7 +20,7 @@ from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Cont
     ggml_used_mem
 from engine.graph import ggml_graph_nbytes
 from engine.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, record
-from engine.infos import TensorInfo, ggml_tensor_infos
+from engine.infos import TensorInfo, tensor_infos
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,8 @@ class MemAccount:
 
 def account(ctx: Context, infos: list[TensorInfo] | None = None) -> MemAccount:
     """Split ctx's used bytes by what they hold (see the module docstring). `infos`: ctx's
-    ggml_tensor_infos, if the caller has them already."""
-    tensors_at = {t.offs: t for t in (ggml_tensor_infos(ctx) if infos is None else infos)}
+    tensor_infos, if the caller has them already."""
+    tensors_at = {t.offs: t for t in (tensor_infos(ctx) if infos is None else infos)}
     objects = []
     for o in ctx.objects():
         if o.type == GGML_OBJECT_TYPE_TENSOR:

@@ -2,10 +2,10 @@
 
 Not a ggml API: ggml walks `ggml_get_first_tensor` / `ggml_get_next_tensor` and reads each struct.
 A debugger showing a pool of a thousand tensors at every step wants them in one gather instead, so
-`ggml_tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
+`tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
-`ggml_graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
-`ggml_layout_digest` and `ggml_graph_digest` tell whether two states of a pool hold the same
+`graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
+`layout_digest` and `graph_digest` tell whether two states of a pool hold the same
 objects, or of a graph draw the same.
 """
 
@@ -45,7 +45,7 @@ class TensorInfo:
         return self.view_src != 0
 
 
-def ggml_tensor_infos(ctx: Context) -> list[TensorInfo]:
+def tensor_infos(ctx: Context) -> list[TensorInfo]:
     """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised)."""
     offsets = [o.offs for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR]
     if not offsets:
@@ -72,7 +72,7 @@ def _structs(pool: np.ndarray, offsets: list[int]) -> bytes:
     return pool[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(GGML_TENSOR_SIZE)].tobytes()
 
 
-def ggml_layout_digest(ctx: Context) -> bytes:
+def layout_digest(ctx: Context) -> bytes:
     """A digest of ctx's object headers and tensor structs, not of any data: two states of a
     pool with the same digest hold the same objects and tensors (names, shapes, pointers)."""
     objs = list(ctx.objects())
@@ -86,7 +86,7 @@ def ggml_layout_digest(ctx: Context) -> bytes:
     return h.digest()
 
 
-def ggml_graph_digest(g: Graph) -> bytes:
+def graph_digest(g: Graph) -> bytes:
     """A digest of what a drawing of g reads (ggml_graph_dump_dot): its nodes and leafs in order,
     each one's address and struct (name, op, shape, sources), and its gradients' slots."""
     h = hashlib.blake2b(digest_size=16)
@@ -111,7 +111,7 @@ class GraphEdge:
     slot: int
 
 
-def ggml_graph_edges(g: Graph) -> list[GraphEdge]:
+def graph_edges(g: Graph) -> list[GraphEdge]:
     """The src links of a graph's nodes, in node order, then slot order."""
     return [GraphEdge(int(a), t.address, j) for t in g.nodes
             for j, a in enumerate(t._r["src"][0]) if a]

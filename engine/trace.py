@@ -40,7 +40,7 @@ from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
                             current_address_space, fresh_address_space, ggml_used_mem)
 from engine.errors import ProgramStopped, StepCapReached, program_line
 from engine.graph import Graph
-from engine.infos import TensorInfo, ggml_tensor_infos
+from engine.infos import TensorInfo, tensor_infos
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.notes import Note, tell
 from engine.optable import GGMLOp
@@ -225,9 +225,9 @@ class State:
         self._graphs: list[Graph] | None = None
 
     def tensor_infos(self, cid: int) -> list[TensorInfo]:
-        """ggml_tensor_infos of context cid, read once: a state's pools never change."""
+        """tensor_infos of context cid, read once: a state's pools never change."""
         if cid not in self._infos:
-            self._infos[cid] = ggml_tensor_infos(self.contexts[cid])
+            self._infos[cid] = tensor_infos(self.contexts[cid])
         return self._infos[cid]
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:

@@ -15,7 +15,7 @@ from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
 from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
-from engine.infos import ggml_graph_digest, ggml_graph_edges
+from engine.infos import graph_digest, graph_edges
 from engine.memo import Memo
 from engine.tensor import Tensor
 from engine.trace import State
@@ -63,7 +63,7 @@ def find_layer(state: State, query: str) -> str | None:
     if not graphs or graphs[-1].n_nodes <= FOLD_OVER:
         return None
     g = graphs[-1]
-    layers = _DRAWINGS.get(("layers", ggml_graph_digest(g)), lambda: (_layers(g), backward_nodes(g)))[0]
+    layers = _DRAWINGS.get(("layers", graph_digest(g)), lambda: (_layers(g), backward_nodes(g)))[0]
     q = query.strip().lower()
     return next((layers[t.address] for t in g.leafs + g.nodes
                  if t.address in layers and q in t.name.lower()), None)
@@ -85,7 +85,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
         return None
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
-    shape = ggml_graph_digest(g)
+    shape = graph_digest(g)
     layers, backward = _DRAWINGS.get(("layers", shape), lambda: (
         _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)))
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
@@ -177,7 +177,7 @@ def _layers(g: Graph) -> dict[int, str]:
         if n is not None:
             out[t.address] = str(n)
     srcs: dict[int, list[int]] = {}
-    for e in ggml_graph_edges(g):
+    for e in graph_edges(g):
         srcs.setdefault(e.dst, []).append(e.src)
     for t in g.nodes:
         found = [int(out[a]) for a in srcs.get(t.address, ()) if a in out]

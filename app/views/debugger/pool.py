@@ -13,7 +13,7 @@ from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, ref_key
 from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
-from engine.infos import ggml_layout_digest
+from engine.infos import layout_digest
 from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.memo import Memo
 from engine.trace import State, Step
@@ -89,7 +89,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
 def _layout_key(ctx, cid: int) -> tuple:
     """What a bar is made from: the object headers and tensor structs (not the data), and the
     labels' language."""
-    return (cid, ctx.mem_size, ggml_layout_digest(ctx), i18n.current())
+    return (cid, ctx.mem_size, layout_digest(ctx), i18n.current())
 
 
 def _bar(state: State, cid: int) -> _Bar:

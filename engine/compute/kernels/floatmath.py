@@ -23,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-from engine.lanes import lanes, twin
+from engine.lanes import lanes, pure_numpy, twin
 from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
     tanhf  # noqa: F401 (re-exported)
 from engine.types import fp16_bits_to_fp32, fp32_to_fp16_bits
@@ -58,6 +58,8 @@ def fmaf(a, b, c) -> np.ndarray:
     """fmaf(a, b, c) of float32 operands (broadcast together): a*b + c with a single rounding to
     float32, correctly rounded, as the -mfma build's fused multiply-adds compute it, element by
     element."""
+    if pure_numpy():  # (the twin's arithmetic on the operands as they are: no flat copies)
+        return fmaf_exact(*(np.asarray(v, F32) for v in (a, b, c)))
     return fmaf_steps(np.asarray(a, F32)[None], np.asarray(b, F32)[None], c)
 
 
@@ -68,6 +70,11 @@ def fmaf_steps(a, b, acc) -> np.ndarray:
     a, b, acc = (np.asarray(v, F32) for v in (a, b, acc))
     shape = np.broadcast_shapes(a.shape[1:], b.shape[1:], acc.shape)
     steps = (max(a.shape[0], b.shape[0]), *shape)
+    if pure_numpy():
+        out = np.broadcast_to(acc, shape).astype(F32)
+        for k in range(steps[0]):
+            out = fmaf_exact(a[k if len(a) > 1 else 0], b[k if len(b) > 1 else 0], out)
+        return out
     out = np.empty(shape, F32)
     if out.size:
         lanes.fmaf(*(np.ascontiguousarray(np.broadcast_to(v, s)).reshape(-1)

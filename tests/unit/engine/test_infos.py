@@ -7,7 +7,7 @@ import pytest
 
 from engine.context import GGML_OBJECT_TYPE_TENSOR
 from engine.graph import DotStyle, ggml_graph_dump_dot
-from engine.infos import ggml_graph_edges, ggml_tensor_infos
+from engine.infos import graph_edges, tensor_infos
 from engine.programs import trace_program
 from engine.tensor import Tensor, ggml_nbytes
 
@@ -24,7 +24,7 @@ def state(request):
 def test_tensor_infos_equal_each_tensor(state):
     for ctx in state.contexts.values():
         handles = [Tensor(ctx, o.offs) for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR]
-        infos = ggml_tensor_infos(ctx)
+        infos = tensor_infos(ctx)
         assert len(infos) == len(handles) > 0 or not handles
         for info, t in zip(infos, handles):
             assert (info.offs, info.address, info.name, info.type, info.op, info.flags) == \
@@ -39,7 +39,7 @@ def test_graph_edges_are_the_srcs(state):
     for g in state.graphs():
         want = [(s.address, n.address, j) for n in g.nodes for j, s in enumerate(n.src)
                 if s is not None]
-        assert [(e.src, e.dst, e.slot) for e in ggml_graph_edges(g)] == want
+        assert [(e.src, e.dst, e.slot) for e in graph_edges(g)] == want
 
 
 def test_dump_dot_decorations(state):
@@ -79,21 +79,21 @@ def test_dump_dot_escapes_names_only_when_decorating():
 
 
 def test_digests_follow_structs_not_data():
-    """ggml_layout_digest and ggml_graph_digest: the same for two states of a graph's compute
+    """layout_digest and graph_digest: the same for two states of a graph's compute
     (only data written), different once a struct is (a tensor named), different between graphs."""
     from engine import ggml as G
-    from engine.infos import ggml_graph_digest, ggml_layout_digest
+    from engine.infos import graph_digest, layout_digest
 
     trace = trace_program("simple-ctx")
     computed = [k for k, s in enumerate(trace.steps) if s.kind.value == "node"]
     before, after = trace.state_at(computed[0] - 1), trace.state_at(len(trace.steps) - 1)
     for cid in before.contexts:
-        assert ggml_layout_digest(before.contexts[cid]) == ggml_layout_digest(after.contexts[cid])
-    assert ggml_graph_digest(before.graphs()[-1]) == ggml_graph_digest(after.graphs()[-1])
+        assert layout_digest(before.contexts[cid]) == layout_digest(after.contexts[cid])
+    assert graph_digest(before.graphs()[-1]) == graph_digest(after.graphs()[-1])
     ctx = after.contexts[min(after.contexts)]
-    digest, drawn = ggml_layout_digest(ctx), ggml_graph_digest(after.graphs()[-1])
+    digest, drawn = layout_digest(ctx), graph_digest(after.graphs()[-1])
     node = after.graphs()[-1].nodes[-1]
     G.ggml_set_name(node, "renamed")
-    assert ggml_layout_digest(ctx) != digest and ggml_graph_digest(after.graphs()[-1]) != drawn
+    assert layout_digest(ctx) != digest and graph_digest(after.graphs()[-1]) != drawn
     other = trace_program("views-and-permute")
-    assert ggml_graph_digest(other.state_at(len(other.steps) - 1).graphs()[-1]) != drawn
+    assert graph_digest(other.state_at(len(other.steps) - 1).graphs()[-1]) != drawn
