@@ -29,9 +29,9 @@ class Settings:
     fixtures_dir: Path = field(default=FIXTURES_DIR)  # the GGUF examples, served like uploads
     programs: bool = False  # the playground: learners' programs run (in a sandbox) on this server
     unconfined_programs: bool = False  # ... without the kernel boundary (localhost only; tests)
-    runs_at_once: int = 2  # programs recorded at the same time (each takes a core)
-    run_queue: int = 16  # programs that may wait for a free worker
-    runs_per_client: int = 2  # programs one client may have waiting or running
+    runs_at_once: int = 2  # recordings made at the same time by the embedded queue (each takes a core)
+    run_queue: int = 16  # recordings that may wait for a free worker
+    runs_per_client: int = 2  # recordings one client (address) may have waiting or running
     pure_numpy: bool = False  # the engine runs the numpy twins of its C loops (engine/lanes.py)
     models_dir: Path | None = None  # a folder of GGUF files opened in place (default: the
     # data directory's models/, where the bundled Gemma 3 270M is installed)
@@ -54,7 +54,8 @@ class Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
         without the kernel boundary), _PURE_NUMPY ("1": the numpy twins), _MODELS, _QUEUE, _STORE,
-        _SHARE_TRACES ("1") and _TRACES_LIMIT, each falling back to the default above."""
+        _SHARE_TRACES ("1"), _TRACES_LIMIT, _RUN_QUEUE and _RUNS_PER_CLIENT, each falling back to
+        the default above."""
         env = os.environ if env is None else env
         d = cls()
         data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
@@ -72,4 +73,6 @@ class Settings:
                    queue=env.get("GGML_LENS_QUEUE") or None,
                    store=env.get("GGML_LENS_STORE") or None,
                    share_traces=env.get("GGML_LENS_SHARE_TRACES", "") not in ("", "0"),
-                   traces_limit=int(env.get("GGML_LENS_TRACES_LIMIT", d.traces_limit)))
+                   traces_limit=int(env.get("GGML_LENS_TRACES_LIMIT", d.traces_limit)),
+                   run_queue=int(env.get("GGML_LENS_RUN_QUEUE", d.run_queue)),
+                   runs_per_client=int(env.get("GGML_LENS_RUNS_PER_CLIENT", d.runs_per_client)))

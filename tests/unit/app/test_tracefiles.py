@@ -16,6 +16,7 @@ from app.programs import ProgramStore
 from app.routes.programs import STARTER
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import MalformedResult
+from app.settings import Settings
 from app.store import UploadStore
 from app.tracefiles import TraceFiles
 from app.traces import Recipe, TraceCache
@@ -101,3 +102,13 @@ def test_an_object_larger_than_allowed_is_not_fetched(tmp_path, shared):
         shared.fetch("big", tmp_path / "big", 4096)
     assert not (tmp_path / "big").exists() and not list(tmp_path.iterdir())
     assert shared.fetch("missing", tmp_path / "m", 4096) is False
+
+
+def test_a_classroom_is_configured_from_the_environment():
+    s = Settings.from_env({"GGML_LENS_QUEUE": "redis://q:6379/0", "GGML_LENS_STORE": "s3://b/p",
+                           "GGML_LENS_RUNS_PER_CLIENT": "40", "GGML_LENS_RUN_QUEUE": "100",
+                           "GGML_LENS_TRACES_LIMIT": "1000"})
+    assert (s.queue, s.store, s.runs_per_client, s.run_queue, s.traces_limit) == \
+        ("redis://q:6379/0", "s3://b/p", 40, 100, 1000)
+    assert s.shares_traces and not Settings.from_env({}).shares_traces
+    assert Settings.from_env({"GGML_LENS_SHARE_TRACES": "1"}).shares_traces
