@@ -134,29 +134,9 @@ class UploadStore:
 
     def evict(self, keep: Path | None = None) -> list[Path]:
         """Delete the oldest files until the store fits `store_limit`; also stale temp files."""
-        files, now = [], time.time()
-        for p in self.root.iterdir():
-            try:
-                st = p.stat()
-            except FileNotFoundError:  # another worker deleted it meanwhile
-                continue
-            if p.name.endswith(PART_SUFFIX):
-                if now - st.st_mtime > STALE_PART_SECONDS:
-                    p.unlink(missing_ok=True)
-            elif p.suffix == SUFFIX and HASH_RE.fullmatch(p.stem):
-                # a header-only file is sparse: count the disk it uses, not its size
-                files.append((st.st_mtime, min(st.st_size, st.st_blocks * 512), p))
-        total = sum(size for _, size, _ in files)
-        gone = []
-        for _mtime, size, p in sorted(files):
-            if total <= self.store_limit:
-                break
-            if p == keep:
-                continue
-            p.unlink(missing_ok=True)
+        gone = evict_oldest(self.root, SUFFIX, self.store_limit, keep)
+        for p in gone:
             p.with_suffix(HAVE_SUFFIX).unlink(missing_ok=True)
-            total -= size
-            gone.append(p)
         return gone
 
     # --- finding ----------------------------------------------------------------------------
@@ -250,6 +230,33 @@ class UploadStore:
             self._readers.move_to_end(key)
             while len(self._readers) > READER_CACHE:
                 self._readers.popitem(last=False)  # its mapping closes when unused
+
+
+def evict_oldest(root: Path, suffix: str, limit: int, keep: Path | None = None) -> list[Path]:
+    """Delete the least recently used `<sha256><suffix>` files of root (but `keep`) until the
+    rest hold at most `limit` bytes, and the temporary files a writer that died left behind;
+    the files deleted. A sparse file (a header-only upload) counts the disk it uses."""
+    files, now = [], time.time()
+    for p in root.iterdir():
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # another process deleted it meanwhile
+            continue
+        if p.name.endswith(PART_SUFFIX):
+            if now - st.st_mtime > STALE_PART_SECONDS:
+                p.unlink(missing_ok=True)
+        elif p.suffix == suffix and HASH_RE.fullmatch(p.stem):
+            files.append((st.st_mtime, min(st.st_size, st.st_blocks * 512), p))
+    total = sum(size for _, size, _ in files)
+    gone = []
+    for _mtime, size, p in sorted(files):
+        if total <= limit:
+            break
+        if p != keep:
+            p.unlink(missing_ok=True)
+            total -= size
+            gone.append(p)
+    return gone
 
 
 _fixture_hashes: dict[tuple[str, int, int], str] = {}

@@ -5,23 +5,22 @@ Not part of ggml: this is the web app's storage. A file holds a trace in the san
 format (app/sandbox/wire.py) and is decoded by the reader with every count and size capped: a
 file here is no more trusted than a worker's output. The files live in the data directory's
 traces/ (shared by the processes of one machine, or by a shared filesystem) and, with --store,
-in the shared object store too (app/objects.py); past `limit` bytes the oldest go first.
+in the shared object store too (app/objects.py); past `limit` bytes the least recently read go
+first (app/store.py's evict_oldest, as uploads do).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
-import time
 from pathlib import Path
 
 from app.objects import SharedStore
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import MalformedResult, decode, encode_trace
+from app.store import HASH_RE, PART_SUFFIX, evict_oldest
 from engine.trace import Trace
 
-DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 SUFFIX = ".trace"
 # a trace read back: its steps and bytes bounded (a gemma3 walkthrough's is ~3,000 steps and
 # ~270 MB; its pools ~0.6 GB), before anything it sizes is allocated
@@ -34,14 +33,14 @@ class TraceFiles:
         root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
-        if not DIGEST_RE.fullmatch(digest):
+        if not HASH_RE.fullmatch(digest):
             raise ValueError(f"not a trace digest: {digest!r}")
         return self.root / f"{digest}{SUFFIX}"
 
     def put(self, digest: str, trace: Trace) -> None:
         """Write the trace (to a temporary file, then renamed), share it, then evict."""
         path = self._path(digest)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix="trace-", suffix=".part")
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix="trace-", suffix=PART_SUFFIX)
         with os.fdopen(fd, "wb") as f:
             f.write(encode_trace(trace))
         os.replace(tmp, path)
@@ -68,22 +67,5 @@ class TraceFiles:
         return trace
 
     def evict(self, keep: Path | None = None) -> None:
-        """Delete the least recently used files until the rest fit `limit` (and any temporary
-        file an interrupted writer left an hour ago)."""
-        files, now = [], time.time()
-        for p in self.root.iterdir():
-            try:
-                st = p.stat()
-            except FileNotFoundError:
-                continue
-            if p.suffix == ".part" and now - st.st_mtime > 3600:
-                p.unlink(missing_ok=True)
-            elif p.suffix == SUFFIX:
-                files.append((st.st_mtime, st.st_size, p))
-        total = sum(size for _, size, _ in files)
-        for _, size, p in sorted(files):
-            if total <= self.limit:
-                break
-            if p != keep:
-                p.unlink(missing_ok=True)
-                total -= size
+        """Delete the least recently used files until the rest fit `limit`."""
+        evict_oldest(self.root, SUFFIX, self.limit, keep)

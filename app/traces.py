@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +43,7 @@ class Recipe:
     threads: int
     file: str | None = None  # the input GGUF by its hash (None: the walkthrough's own fixture or model)
     prompt: str | None = None  # None: the walkthrough's own
-    then: tuple[int, ...] = field(default=())  # token ids appended after the prompt, one pass each
+    then: tuple[int, ...] = ()  # token ids appended after the prompt, one pass each
 
     @property
     def program(self) -> str | None:
