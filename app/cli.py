@@ -94,7 +94,7 @@ def _trace(args: argparse.Namespace) -> int:
     import json
 
     from app.settings import Settings
-    from engine.notes import tell
+    from engine.core.notes import tell
     from engine.programs import PROGRAMS, trace_program
 
     if args.program not in PROGRAMS:
@@ -116,7 +116,7 @@ def _trace(args: argparse.Namespace) -> int:
             return 2
         inputs["prompt"] = args.prompt
     if args.eval_callback:  # run it (no recording), printing nodes as llama.cpp's callback does
-        from engine.evaldump import eval_dump
+        from engine.trace.evaldump import eval_dump
 
         sys.stdout.write(eval_dump(prog.load().run, n_threads=args.threads or prog.threads,
                                    **inputs))
@@ -136,7 +136,7 @@ def _trace(args: argparse.Namespace) -> int:
         text = str(value)
         print(f"{name} = {text if len(text) < 300 else text[:300] + ' ...'}")
     if args.accountant:
-        from engine.accountant import account, format_account
+        from engine.core.accountant import account, format_account
 
         state = trace.state_at(len(trace.steps) - 1)
         for cid, ctx in state.contexts.items():
@@ -148,7 +148,7 @@ def _trace(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from engine.evaldump import diff_dumps, parse_dump
+    from engine.trace.evaldump import diff_dumps, parse_dump
 
     a, b = (parse_dump(Path(p).read_text()) for p in (args.a, args.b))
     result = diff_dumps(a, b, args.abs, args.rel)

@@ -10,7 +10,7 @@ else the cookie, else the browser's Accept-Language, else English. It lives in a
 for the request, so views and templates translate without passing it around.
 
 The engine records its step and thread notes as data, a template's key and its values
-(engine/notes.py); `note()` tells them with the translated templates.
+(engine/core/notes.py); `note()` tells them with the translated templates.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.settings import PACKAGE
-from engine.notes import Note, tell
+from engine.core.notes import Note, tell
 
 LOCALES = {"en": "English", "zh": "简体中文"}
 HTML_LANG = {"en": "en", "zh": "zh-Hans"}

@@ -3,7 +3,7 @@
     python -m app.messages      # (or `make messages`) brings app/locale/*/messages.po up to date
 
 Gathers `_()`, `N_()` and `ngettext()` in app/ (Python and templates, with Babel), the engine's
-note templates (engine/notes.py), its step kinds, and the meaning of each field of each quantized
+note templates (engine/core/notes.py), its step kinds, and the meaning of each field of each quantized
 block (the block explainer shows them) and what each walkthrough teaches (the first line of its
 docstring, on the home page). New strings join each .po file untranslated; strings no
 longer in the code are dropped. tests/unit/app/test_i18n.py fails while any is untranslated.
@@ -19,10 +19,10 @@ from babel.messages.pofile import read_po, write_po
 
 from app.i18n import DEFAULT, LOCALE_DIR, LOCALES
 from app.settings import PACKAGE
-from engine import notes
+from engine.core import notes
 from engine.programs import PROGRAMS
 from engine.quants import QUANT_KINDS
-from engine.steps import StepKind
+from engine.trace.steps import StepKind
 
 METHODS = [("**/templates/**.html", "jinja2.ext:babel_extract"), ("**.py", "python")]
 OPTIONS = {"**/templates/**.html": {"extensions": "jinja2.ext.i18n", "newstyle_gettext": "true"}}
@@ -41,8 +41,8 @@ def extract() -> Catalog:
             continue
         catalog.add(message, locations=[(f"app/{filename}", lineno)], auto_comments=comments,
                     context=context)
-    engine = [(t, "engine/notes.py") for t in notes.TEMPLATES.values()]
-    engine += [(k.value, "engine/steps.py") for k in StepKind]
+    engine = [(t, "engine/core/notes.py") for t in notes.TEMPLATES.values()]
+    engine += [(k.value, "engine/trace/steps.py") for k in StepKind]
     engine += [(meaning, "engine/quants") for kind in QUANT_KINDS.values() for _field, meaning in kind.fields]
     engine += [(p.teaches, f"engine/programs/{p.module}.py") for p in PROGRAMS.values()]
     for text, where in engine:

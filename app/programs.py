@@ -19,8 +19,8 @@ from app.i18n import _
 from app.objects import SharedStore
 from app.sandbox.boundary import BoundaryMissing, boundary
 from app.sandbox.run import Limits, ProgramFailed, run_program
-from engine.notes import Note
-from engine.steps import Step, StepKind
+from engine.core.notes import Note
+from engine.trace.steps import Step, StepKind
 from engine.trace import Trace
 
 PROGRAM_RE = re.compile(r"[0-9a-f]{64}")

@@ -25,7 +25,7 @@ from app.settings import MAX_THREADS
 from app.store import UploadStore
 from app.sandbox.wire import MalformedResult
 from app.tracefiles import TraceFiles
-from engine.evaldump import eval_dump
+from engine.trace.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 

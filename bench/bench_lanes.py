@@ -11,7 +11,7 @@ import engine.quants  # noqa: F401
 from bench.bench_compute import Graphs
 from bench.common import best_time
 from engine.lanes import TWINS, compiled, use_numpy
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 ROWS, K = 1024, 4096  # weight rows and row length of the products
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from bench.bench_compute import Graphs
 from bench.common import best_time
-from engine.errors import GGMLNotSupportedError
+from engine.core.errors import GGMLNotSupportedError
 
 ROWS = COLS = 4096
 MEM = 5 * ROWS * COLS * 4 + (16 << 20)

@@ -12,7 +12,7 @@ import numpy as np
 from bench.bench_compute import Graphs
 from bench.common import best_time
 from engine.quants import QUANT_KINDS, dequantize
-from engine.types import GGMLType as T, traits
+from engine.core.types import GGMLType as T, traits
 
 N_DEQ = 1 << 20  # elements per dequantize call
 MM_K, MM_N0, MM_THREADS = 4096, 4096, 2

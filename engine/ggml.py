@@ -18,24 +18,24 @@ the bytes a `void *` would point at (pointers themselves are simulated addresses
 
 from __future__ import annotations
 
-from engine.layout import (
+from engine.core.layout import (
     GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_MEM_ALIGN,
     GGML_OBJECT_SIZE, GGML_PAD, GGML_TENSOR_SIZE,
 )
-from engine.errors import (
+from engine.core.errors import (
     GGMLAssertionError, GGMLNotSupportedError, GGMLPoolError, ggml_assert,
 )
-from engine.types import (
+from engine.core.types import (
     GGMLType, GGML_TYPE_COUNT, ggml_blck_size, ggml_is_quantized, ggml_row_size, ggml_type_name,
     ggml_type_size,
 )
-from engine.context import (
+from engine.core.context import (
     Context, GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER,
     ggml_free, ggml_get_mem_buffer, ggml_get_mem_size, ggml_get_no_alloc, ggml_init,
     ggml_init_params, ggml_new_buffer, ggml_new_object, ggml_print_object, ggml_print_objects, ggml_reset,
     ggml_set_no_alloc, ggml_tensor_overhead, ggml_used_mem,
 )
-from engine.tensor import (
+from engine.core.tensor import (
     GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_LOSS,
     GGML_TENSOR_FLAG_OUTPUT, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape,
     ggml_are_same_stride, ggml_can_repeat, ggml_can_repeat_rows, ggml_dup_tensor, ggml_element_size,
@@ -48,11 +48,11 @@ from engine.tensor import (
     ggml_new_tensor_3d, ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_nrows, ggml_set_input,
     ggml_set_loss, ggml_set_name, ggml_set_output, ggml_set_param, ggml_view_tensor,
 )
-from engine.tensor_data import (
+from engine.core.tensor_data import (
     data_bytes, ggml_get_data_f32, ggml_get_f32_1d, ggml_get_i32_1d, ggml_new_f32, ggml_new_i32,
     ggml_set_f32, ggml_set_f32_1d, ggml_set_i32, ggml_set_i32_1d, set_data, to_numpy,
 )
-from engine.ops import (
+from engine.ops.base import (
     ggml_add, ggml_add_inplace, ggml_can_mul_mat, ggml_cast, ggml_cont, ggml_cont_1d, ggml_cont_2d,
     ggml_cont_3d, ggml_cont_4d, ggml_cpy, ggml_div, ggml_div_inplace, ggml_dup, ggml_dup_inplace,
     ggml_get_op_params_f32, ggml_get_op_params_i32, ggml_mul, ggml_mul_inplace, ggml_mul_mat,
@@ -62,7 +62,7 @@ from engine.ops import (
     ggml_set_op_params_i32, ggml_sub, ggml_sub_inplace, ggml_transpose, ggml_view_1d, ggml_view_2d,
     ggml_view_3d, ggml_view_4d,
 )
-from engine.ops_math import (
+from engine.ops.math import (
     GGML_SORT_ORDER_ASC, GGML_SORT_ORDER_DESC, ggml_acc, ggml_acc_inplace, ggml_add1,
     ggml_add1_inplace, ggml_arange, ggml_argmax, ggml_argsort, ggml_argsort_top_k,
     ggml_can_out_prod, ggml_concat, ggml_count_equal, ggml_cross_entropy_loss, ggml_group_norm,
@@ -72,7 +72,7 @@ from engine.ops_math import (
     ggml_set, ggml_set_1d, ggml_set_1d_inplace, ggml_set_2d, ggml_set_2d_inplace, ggml_set_inplace,
     ggml_sum, ggml_sum_rows, ggml_top_k,
 )
-from engine.ops_unary import (
+from engine.ops.unary import (
     ggml_abs, ggml_abs_inplace, ggml_ceil, ggml_ceil_inplace, ggml_clamp, ggml_compute_softplus_f32,
     ggml_cos, ggml_cos_inplace, ggml_elu, ggml_elu_inplace, ggml_exp, ggml_exp_inplace, ggml_expm1,
     ggml_expm1_inplace, ggml_floor, ggml_floor_inplace, ggml_geglu, ggml_geglu_erf,
@@ -88,7 +88,7 @@ from engine.ops_unary import (
     ggml_tanh, ggml_tanh_inplace, ggml_trunc, ggml_trunc_inplace, ggml_unary, ggml_unary_inplace,
     ggml_xielu,
 )
-from engine.ops_misc import (
+from engine.ops.misc import (
     GGML_TRI_TYPE_LOWER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_UPPER_DIAG,
     ggml_add_cast, ggml_add_id, ggml_add_rel_pos, ggml_add_rel_pos_inplace, ggml_col2im_1d,
     ggml_conv_1d_dw, ggml_conv_1d_dw_ph, ggml_conv_1d_ph, ggml_conv_2d_dw, ggml_conv_2d_dw_direct,
@@ -97,7 +97,7 @@ from engine.ops_misc import (
     ggml_pad_reflect_1d, ggml_roll, ggml_rope_custom, ggml_rope_custom_inplace, ggml_solve_tri,
     ggml_tri, ggml_win_part, ggml_win_unpart,
 )
-from engine.ops_nn import (
+from engine.ops.nn import (
     GGML_MROPE_SECTIONS, GGML_OP_POOL_AVG, GGML_OP_POOL_COUNT, GGML_OP_POOL_MAX, GGML_PREC_DEFAULT,
     GGML_PREC_F32, GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX,
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, GGML_SCALE_FLAG_ALIGN_CORNERS,
@@ -113,25 +113,25 @@ from engine.ops_nn import (
     ggml_soft_max_ext, ggml_soft_max_ext_inplace, ggml_soft_max_inplace, ggml_timestep_embedding,
     ggml_upscale, ggml_upscale_ext,
 )
-from engine.ops_back import (
+from engine.ops.backward import (
     ggml_cross_entropy_loss_back, ggml_flash_attn_back, ggml_get_rows_back, ggml_im2col_back, ggml_opt_step_adamw,
     ggml_opt_step_sgd, ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back,
     ggml_rope_multi_back, ggml_silu_back, ggml_soft_max_ext_back, ggml_soft_max_ext_back_inplace,
 )
-from engine.ops_custom import (
+from engine.ops.custom import (
     ggml_custom_4d, ggml_custom_inplace, ggml_map_custom1, ggml_map_custom1_inplace,
     ggml_map_custom2, ggml_map_custom2_inplace, ggml_map_custom3, ggml_map_custom3_inplace,
     GGML_N_TASKS_MAX,
 )
-from engine.ops_ssm import (
+from engine.ops.ssm import (
     ggml_gated_delta_net, ggml_gated_linear_attn, ggml_rwkv_wkv6, ggml_rwkv_wkv7, ggml_ssm_conv,
     ggml_ssm_scan,
 )
-from engine.optable import (
+from engine.core.optable import (
     GGMLGluOp, GGMLOp, GGMLUnaryOp, GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_UNARY_OP_COUNT,
     ggml_glu_op_name, ggml_op_name, ggml_op_symbol, ggml_unary_op_name,
 )
-from engine.graph import (
+from engine.core.graph import (
     GGML_DEFAULT_GRAPH_SIZE, GGML_HASHSET_ALREADY_EXISTS, GGML_HASHSET_FULL, Graph,
     ggml_build_forward_expand, ggml_build_forward_select, ggml_graph_add_node, ggml_graph_clear,
     ggml_graph_cpy, ggml_graph_dump_dot, ggml_graph_get_grad, ggml_graph_get_grad_acc,

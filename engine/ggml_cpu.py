@@ -3,7 +3,7 @@
 The row converters return the converted array (C writes into y).
 """
 
-from engine.cpu_api import (
+from engine.compute.cpu_api import (
     ggml_cpu_bf16_to_fp32,
     ggml_cpu_fp16_to_fp32,
     ggml_cpu_fp32_to_bf16,
@@ -69,7 +69,7 @@ from engine.backend import (
     ggml_backend_cpu_buffer_type,
     ggml_backend_cpu_buffer_from_ptr,
 )
-from engine.tensor_data import (
+from engine.core.tensor_data import (
     ggml_new_i32,
     ggml_new_f32,
     ggml_set_i32,

@@ -15,12 +15,12 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS
-from engine.errors import GGMLAbortError, ggml_assert
-from engine.graph import Graph
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp, ggml_glu_op_name, ggml_op_name, ggml_unary_op_name
+from engine.core.errors import GGMLAbortError, ggml_assert
+from engine.core.graph import Graph
+from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp, ggml_glu_op_name, ggml_op_name, ggml_unary_op_name
 from engine.quants import QUANT_KINDS
-from engine.tensor import Tensor
-from engine.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
+from engine.core.tensor import Tensor
+from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
     fp32_to_bf16_bits, fp32_to_fp16_bits
 
 GGML_VERSION = "0.15.3"  # the version of the ggml the engine is checked against (the oracle's)

@@ -37,7 +37,7 @@ from app.views.debugger.values import gradient_of, values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
 from app.web import client_of, go_to, recording_page, templates
 from engine.programs import PROGRAMS
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 from engine.trace import State, Step, Trace
 
 router = APIRouter()

@@ -11,7 +11,7 @@ The format (all integers little-endian):
     data                         the patches' bytes, in the order of Head.patches
 
 A Head says whether the run gave a trace (`ok`) or why not (`message`), and holds the trace: the
-steps as the engine's own records (engine/steps.py), their patches' places (`patches[k]` for
+steps as the engine's own records (engine/trace/steps.py), their patches' places (`patches[k]` for
 step k: the context or buffer id, the offset in it, the number of bytes), and the program's
 outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks the types of every
 field, and that each note names one of the engine's templates and fills exactly its placeholders
@@ -31,8 +31,8 @@ import msgspec
 import numpy as np
 
 from app.sandbox.boundary import Limits
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
-from engine.steps import Patch, Step
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.trace.steps import Patch, Step
 from engine.trace import Trace
 
 MAGIC = b"GGML-LENS-RESULT/1\n"

@@ -43,9 +43,9 @@ import numpy as np
 import engine
 from app.sandbox.check import REFUSED_ATTRIBUTES, REFUSED_NAMES, check_program, importable, is_module
 from app.sandbox.wire import encode_failure, encode_trace
-from engine.errors import ProgramStopped
+from engine.core.errors import ProgramStopped
 from engine.models import bundled
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 
 PROGRAM_FILE = "program.py"
 NUMPY_SUBMODULES = ("random", "linalg", "fft")

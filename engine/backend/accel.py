@@ -24,7 +24,7 @@ from engine.backend.device import (
     Registry,
     ggml_backend_device_register,
 )
-from engine.optable import GGMLOp
+from engine.core.optable import GGMLOp
 
 _ACCEL_REG = Registry("ACCEL")
 

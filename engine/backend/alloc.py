@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 
 from engine.backend import buffer as be
 from engine.backend.device import ggml_backend_get_default_buffer_type
-from engine.errors import ggml_assert
-from engine.optable import GGMLOp
-from engine.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
+from engine.core.errors import ggml_assert
+from engine.core.optable import GGMLOp
+from engine.core.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
 
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
@@ -405,7 +405,7 @@ class Bar:
 def memory_plan(plan, n_nodes: int) -> list[Bar]:
     """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
     (x: node order, y: offset). `plan` is a GraphPlan or its decisions as recorded in a trace
-    (engine.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""
+    (engine.trace.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""
     decisions = plan.decisions if isinstance(plan, GraphPlan) else plan
     open_: dict = {}
     bars: list[Bar] = []
@@ -543,7 +543,7 @@ def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
 
 
 def _ctx_tensors(ctx):
-    from engine.tensor import ggml_get_first_tensor, ggml_get_next_tensor
+    from engine.core.tensor import ggml_get_first_tensor, ggml_get_next_tensor
     t = ggml_get_first_tensor(ctx)
     while t is not None:
         yield t

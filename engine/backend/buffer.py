@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.context import current_address_space
-from engine.errors import ggml_assert
-from engine.tensor import Tensor, ggml_nbytes
+from engine.core.context import current_address_space
+from engine.core.errors import ggml_assert
+from engine.core.tensor import Tensor, ggml_nbytes
 
 TENSOR_ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp)
 SIZE_MAX = (1 << 64) - 1

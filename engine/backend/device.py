@@ -25,9 +25,9 @@ from engine.backend.buffer import (
     ggml_backend_tensor_set,
     ggml_backend_tensor_set_2d,
 )
-from engine.errors import ggml_assert
-from engine.optable import GGMLOp
-from engine.types import GGMLType, ggml_is_quantized, traits
+from engine.core.errors import ggml_assert
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType, ggml_is_quantized, traits
 
 GGML_BACKEND_DEVICE_TYPE_CPU = 0
 GGML_BACKEND_DEVICE_TYPE_GPU = 1
@@ -469,7 +469,7 @@ def ggml_backend_reg_get_proc_address(reg: Registry, name: str):
     None for any other name, as in ggml."""
     if reg is not _CPU_REG:
         return None
-    from engine import cpu_api
+    from engine.compute import cpu_api
     procs = {"ggml_backend_set_n_threads": ggml_backend_cpu_set_n_threads,
              "ggml_backend_cpu_numa_init": cpu_api.ggml_numa_init,
              "ggml_backend_cpu_is_numa": cpu_api.ggml_is_numa,

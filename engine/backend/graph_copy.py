@@ -16,11 +16,11 @@ from typing import Callable
 from engine.backend.alloc import ggml_backend_alloc_ctx_tensors
 from engine.backend.buffer import Buffer, ggml_backend_buffer_free, ggml_backend_tensor_copy, ggml_backend_view_init
 from engine.backend.device import Backend, ggml_backend_graph_compute
-from engine.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
-from engine.errors import ggml_assert
-from engine.graph import Graph, ggml_graph_overhead_custom, ggml_graph_view, ggml_new_graph_custom
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_dup_tensor, ggml_set_name
+from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
+from engine.core.errors import ggml_assert
+from engine.core.graph import Graph, ggml_graph_overhead_custom, ggml_graph_view, ggml_new_graph_custom
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_dup_tensor, ggml_set_name
 
 VIEW_OPS = frozenset((GGMLOp.VIEW, GGMLOp.RESHAPE, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE))
 

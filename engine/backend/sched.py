@@ -42,12 +42,12 @@ from engine.backend.device import (
     ggml_backend_supports_op,
     ggml_backend_synchronize,
 )
-from engine.context import ggml_free, ggml_init, ggml_init_params
-from engine.errors import ggml_abort, ggml_assert
-from engine.graph import ggml_graph_overhead_custom, ggml_graph_view
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import (
+from engine.core.context import ggml_free, ggml_init, ggml_init_params
+from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import (
     GGML_TENSOR_FLAG_INPUT,
     GGML_TENSOR_SIZE,
     Tensor,

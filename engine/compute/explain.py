@@ -22,11 +22,11 @@ from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.quants import from_float
 from engine.quants.explain import BlockExplanation, explain_block
-from engine.tensor import Tensor
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.tensor import Tensor
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 F32 = np.float32
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the engine package

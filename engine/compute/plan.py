@@ -11,11 +11,11 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from engine.graph import Graph
-from engine.ops_custom import GGML_N_TASKS_MAX
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.tensor import Tensor, ggml_is_empty, ggml_nelements, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS, ggml_row_size
+from engine.core.graph import Graph
+from engine.ops.custom import GGML_N_TASKS_MAX
+from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.tensor import Tensor, ggml_is_empty, ggml_nelements, ggml_nrows
+from engine.core.types import GGMLType, TYPE_TRAITS, ggml_row_size
 
 GGML_DEFAULT_N_THREADS = 4
 CACHE_LINE_SIZE = 64  # x86-64

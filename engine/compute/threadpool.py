@@ -28,13 +28,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine.compute.plan import CPlan, ggml_graph_plan
-from engine.context import Context, ggml_new_buffer
-from engine.errors import ggml_assert
-from engine.graph import Graph
-from engine.notes import Note
-from engine.optable import VIEW_OPS, GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.types import GGMLType
-from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
+from engine.core.context import Context, ggml_new_buffer
+from engine.core.errors import ggml_assert
+from engine.core.graph import Graph
+from engine.core.notes import Note
+from engine.core.optable import VIEW_OPS, GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.types import GGMLType
+from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
 
 GGML_STATUS_SUCCESS = 0
 GGML_STATUS_ABORTED = 1

@@ -427,7 +427,7 @@ def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
     Also takes what C reads from the tensor directly: gguf_add_tensor(ctx, name, type, ne, data).
     """
     if type_ is None:  # a ggml_tensor, as gguf.h has it
-        from engine.tensor_data import data_bytes
+        from engine.core.tensor_data import data_bytes
 
         t = tensor
         raw = data_bytes(t).tobytes() if t.data is not None else None

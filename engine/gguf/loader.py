@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 # the layers below the facade (engine.ggml imports this package)
-from engine.context import (Context, ggml_free, ggml_init, ggml_init_params, ggml_set_no_alloc,
+from engine.core.context import (Context, ggml_free, ggml_init, ggml_init_params, ggml_set_no_alloc,
                             ggml_tensor_overhead)
-from engine.tensor import ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
-from engine.tensor_data import data_bytes
-from engine.types import GGMLType
+from engine.core.tensor import ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
+from engine.core.tensor_data import data_bytes
+from engine.core.types import GGMLType
 
 from .format import SIZE_MAX, GGUFError
 from .reader import GGUFReader

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.types import GGML_TYPE_COUNT, NUMPY_DTYPE, GGMLType, traits
+from engine.core.types import GGML_TYPE_COUNT, NUMPY_DTYPE, GGMLType, traits
 
 from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
                      GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC, GGUF_MAX_ARRAY_ELEMENTS,

@@ -21,8 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from engine.errors import ggml_abort, ggml_assert
-from engine.types import GGML_TYPE_COUNT, GGMLType, traits
+from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.types import GGML_TYPE_COUNT, GGMLType, traits
 
 from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
                      GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, TYPE_NAME, GGUFError,

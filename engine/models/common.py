@@ -33,7 +33,7 @@ from engine.gguf import GGUFError, GGUFReader
 from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
                              gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
                              gguf_init_params)
-from engine.types import NUMPY_DTYPE
+from engine.core.types import NUMPY_DTYPE
 
 
 class ModelError(ValueError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine import libm
-from engine.cxxrandom import Mt19937
+from engine.core.cxxrandom import Mt19937
 
 F32 = np.float32
 

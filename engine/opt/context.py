@@ -24,9 +24,9 @@ from engine.backend.sched import (
     ggml_backend_sched_graph_compute,
     ggml_backend_sched_reset,
 )
-from engine.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
-from engine.cxxrandom import Mt19937
-from engine.errors import ggml_abort, ggml_assert
+from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
+from engine.core.cxxrandom import Mt19937
+from engine.core.errors import ggml_abort, ggml_assert
 from engine.ggml import (
     GGML_DEFAULT_GRAPH_SIZE,
     GGML_MAX_DIMS,
@@ -62,7 +62,7 @@ from engine.ggml import (
     ggml_sub,
     ggml_sum,
 )
-from engine.graph import GGML_HASHSET_FULL, Graph
+from engine.core.graph import GGML_HASHSET_FULL, Graph
 from engine.opt.params import (
     GGML_OPT_BUILD_TYPE_FORWARD,
     GGML_OPT_BUILD_TYPE_GRAD,
@@ -76,7 +76,7 @@ from engine.opt.params import (
     ggml_opt_optimizer_name,
     ggml_opt_params,
 )
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 
 if TYPE_CHECKING:
     from engine.opt.results import OptResult

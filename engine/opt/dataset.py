@@ -13,9 +13,9 @@ from engine.backend.buffer import (
     ggml_backend_tensor_get,
     ggml_backend_tensor_set,
 )
-from engine.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
-from engine.errors import ggml_assert
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_new_tensor_2d
+from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
+from engine.core.errors import ggml_assert
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_new_tensor_2d
 
 if TYPE_CHECKING:
     from engine.opt.context import OptContext

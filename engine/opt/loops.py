@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import ggml_assert
+from engine.core.errors import ggml_assert
 from engine.ggml import ggml_time_init, ggml_time_us
 from engine.opt.context import (
     OptContext,
@@ -25,7 +25,7 @@ from engine.opt.dataset import Dataset, ggml_opt_dataset_data, ggml_opt_dataset_
 from engine.opt.params import ggml_opt_default_params
 from engine.opt.results import OptResult, ggml_opt_result_accuracy, ggml_opt_result_init, ggml_opt_result_loss, \
     ggml_opt_result_reset
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 
 F32 = np.float32
 

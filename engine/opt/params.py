@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 
 GGML_OPT_LOSS_TYPE_MEAN = 0
 GGML_OPT_LOSS_TYPE_SUM = 1

@@ -14,10 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import GGMLAssertionError, ggml_assert
+from engine.core.errors import GGMLAssertionError, ggml_assert
 from engine.quants import fp4, iq4, iqgrid, kquants, legacy, ternary
 from engine.quants.common import QuantKind
-from engine.types import (GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits,
+from engine.core.types import (GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits,
                           fp32_to_fp16_bits, traits)
 
 QUANT_KINDS: dict[GGMLType, QuantKind] = {

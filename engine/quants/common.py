@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from engine.lanes import lanes, twin
-from engine.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits, traits
+from engine.core.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits, traits
 
 F32 = np.float32
 QK_K = 256

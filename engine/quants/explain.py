@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine.quants.common import KVALUES_IQ4NL, KVALUES_MXFP4, SubScales, h2f
-from engine.types import GGMLType as T, traits
+from engine.core.types import GGMLType as T, traits
 
 _FP16_FIELDS = {"d", "dmin", "m", "s"}
 

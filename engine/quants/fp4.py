@@ -15,7 +15,7 @@ from engine.libm import log2f
 from engine.quants.common import (F32, KVALUES_MXFP4, QuantKind, block_dtype, byte_rows, c_int,
                                   f32, nibbles, pack_nibbles, scaled, SubScales,
                                   unpack_nibbles)
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 BLOCK_MXFP4 = block_dtype(("e", "u1"), ("qs", "u1", 16))
 BLOCK_NVFP4 = block_dtype(("d", "u1", 4), ("qs", "u1", 32))

@@ -16,7 +16,7 @@ from engine.quants.common import (F32, KVALUES_IQ4NL, QuantKind, absmax_signed, 
                                   block_dtype, byte_rows, f2h, h2f, nearest_int, nibbles,
                                   pack_nibbles, safe_inv, scaled, seq_sum, SubScales,
                                   unpack_nibbles)
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 BLOCK_IQ4_NL = block_dtype(("d", "<u2"), ("qs", "u1", 16))
 BLOCK_IQ4_XS = block_dtype(("d", "<u2"), ("scales_h", "<u2"), ("scales_l", "u1", 4),

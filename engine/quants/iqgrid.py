@@ -19,7 +19,7 @@ from engine.quants.common import F32, QuantKind, copy_runs, flip_nan_signs, h2f,
 from engine.quants.iq_blocks import (BLOCK_IQ1_M, BLOCK_IQ1_S, BLOCK_IQ2_S, BLOCK_IQ2_XS,
                                      BLOCK_IQ2_XXS, BLOCK_IQ3_S, BLOCK_IQ3_XXS)
 from engine.quants.iqsearch import quantize_iq1_m, quantize_iq2_s, quantize_iq3_s, quantize_iq3_xxs
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 IQ1S_DELTA = F32(0.125)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 from engine.quants import grids_iq1_iq3, grids_iq2
 from engine.quants.common import F32, f2h, nearest_int
 from engine.quants.iq_blocks import BLOCK_IQ1_M, BLOCK_IQ2_S, BLOCK_IQ3_S, BLOCK_IQ3_XXS

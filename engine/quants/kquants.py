@@ -16,7 +16,7 @@ from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, blo
                                   byte_rows, copy_runs, dequantize_by_lanes, f2h, f32, first_max,
                                   first_min, get_scale_min_k4, h2f, nearest_int, nibbles,
                                   scale_words, scaled, seq_sum, SubScales, unpack_2bit)
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
 BLOCK_Q3_K = block_dtype(("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12),

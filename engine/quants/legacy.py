@@ -15,7 +15,7 @@ from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, by
                                   c_int8, copy_runs, dequantize_by_lanes, f2h, first_max, first_min,
                                   flip_nan_signs, h2f, nibbles, pack_nibbles, round_away, safe_inv,
                                   scaled, seq_sum, unpack_nibbles)
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
 BLOCK_Q4_1 = block_dtype(("d", "<u2"), ("m", "<u2"), ("qs", "u1", 16))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants.common import F32, get_scale_min_k4, h2f
-from engine.types import GGMLType, traits
+from engine.core.types import GGMLType, traits
 
 _CHUNK_BYTES = 4 << 20  # dequantize at most this many float32 bytes of weights at a time
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from engine.quants.common import (QuantKind, block_dtype, dequantize_by_lanes, f2h, h2f, round_away,
                                   safe_inv, scaled, unpack_2bit)
-from engine.types import GGMLType as T
+from engine.core.types import GGMLType as T
 
 BLOCK_TQ1_0 = block_dtype(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<u2"))
 BLOCK_TQ2_0 = block_dtype(("qs", "u1", 64), ("d", "<u2"))

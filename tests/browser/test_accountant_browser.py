@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from engine.accountant import account
+from engine.core.accountant import account
 from engine.programs import trace_program
 
 pytestmark = pytest.mark.browser

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.accountant import account, format_account
-from engine.errors import GGMLPoolError
+from engine.core.accountant import account, format_account
+from engine.core.errors import GGMLPoolError
 
 
 def simple_ctx(api, mem_size: int):

@@ -19,7 +19,7 @@ import pytest
 from engine.backend import alloc
 from engine import backend as be
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 
 MEM = 64 * 1024 * 1024
 F32 = 0

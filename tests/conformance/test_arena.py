@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 from tests.support.pools import run_both
 
 MB = 1 << 20

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError
-from engine.types import GGMLType
+from engine.core.errors import GGMLAssertionError
+from engine.core.types import GGMLType
 from tests.support.graphs import MEM, Leaf, _new_leaf, _result, _write, leaf_bytes, nmse, values
 
 F32, I32 = GGMLType.F32, GGMLType.I32

@@ -17,7 +17,7 @@ import pytest
 from engine.backend import alloc
 from engine import backend as be
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 
 F32 = 0
 A = np.array([2, 8, 5, 1, 4, 2, 8, 6], dtype=np.float32)  # 4 x 2, as in simple-backend.cpp

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 from tests.support.graphs import Leaf, check_op
 
 F32, F16, BF16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32
@@ -100,7 +100,7 @@ def test_quantized_decode_of_a_large_matrix_is_bit_exact():
 @pytest.mark.parametrize("n_threads", [1, 4])
 def test_mul_mat_q8_0_is_bit_exact(n_threads):
     """Q8_0 weights with Q8_0 activations follow ggml_vec_dot_q8_0_q8_0 (AVX2) exactly."""
-    from engine.types import GGMLType
+    from engine.core.types import GGMLType
 
     # the last pair makes the emulation split 300 weight rows into units of 131 (EXACT_UNIT_PAIRS)
     for ne_a, ne_b in [((64, 33), (64, 7)), ((384, 40), (384, 13)), ((1536, 24), (1536, 5)),
@@ -156,7 +156,7 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
 
     from engine.compute.kernels.vecdot import vec_dot_quant
     from engine.quants import QUANT_KINDS, from_float
-    from engine.types import TYPE_TRAITS
+    from engine.core.types import TYPE_TRAITS
 
     rng = np.random.default_rng(int(wtype))
     ts = TYPE_TRAITS[wtype]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.quants import QUANT_KINDS
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 from tests.support.graphs import Leaf, check_op, values
 
 F32, F16 = GGMLType.F32, GGMLType.F16

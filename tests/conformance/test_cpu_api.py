@@ -10,7 +10,7 @@ import pytest
 
 from engine import ggml as eng
 from engine import ggml_cpu
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 real.ggml_cpu_init()  # ggml-cpu's fp16 table, which real ggml's scalar paths read (else zeros)
 

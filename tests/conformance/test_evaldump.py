@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evaldump import diff_dumps, dumping, parse_dump
+from engine.trace.evaldump import diff_dumps, dumping, parse_dump
 from engine.models import load_model
 from engine.programs import FIXTURES_DIR
 from tests.support.llamacpp_dump import llama_cpp_embed_dump

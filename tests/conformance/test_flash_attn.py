@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.optable import GGMLOp
-from engine.types import GGMLType
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType
 from tests.support.graphs import Leaf, check_op, engine_result, engine_shares
 
 F32, F16 = GGMLType.F32, GGMLType.F16

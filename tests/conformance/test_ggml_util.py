@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAbortError, GGMLAssertionError
+from engine.core.errors import GGMLAbortError, GGMLAssertionError
 from engine.quants import QUANT_KINDS
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -2.5, 65504.0, 65520.0, 1e-8, 6e-8, -1e-5, 3.0e38, np.inf, -np.inf,
                     np.nan, 1.00048828125, 2.0 ** -24, 0.1], dtype=np.float32)

@@ -8,11 +8,11 @@ import ctypes
 import ggml as real
 import pytest
 
-from engine.errors import GGMLAbortError, GGMLAssertionError
+from engine.core.errors import GGMLAbortError, GGMLAssertionError
 from engine.gguf import api
 from engine.gguf.format import GGUFError
 from engine.programs import FIXTURES_DIR
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 FILES = [FIXTURES_DIR / "minilm-q8_0.gguf", FIXTURES_DIR / "ggml-vocab-llama-spm.gguf"]
 

@@ -18,7 +18,7 @@ import pytest
 from engine.ggml import ggml_free, ggml_get_first_tensor, ggml_get_next_tensor, ggml_used_mem
 from engine.gguf import GGUFReader, api
 from engine.gguf.writer import GGUFContext
-from engine.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS
 from tests.support.gguf_oracle import (oracle_context, oracle_meta, oracle_summary,
                                        ours_summary)
 from tests.support.vocab import vocab_files

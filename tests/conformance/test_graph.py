@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.graph import ggml_graph_nbytes, ggml_hash_size
-from engine.types import GGMLType
+from engine.core.graph import ggml_graph_nbytes, ggml_hash_size
+from engine.core.types import GGMLType
 from tests.conformance.test_arena import assert_same_run
 from tests.support.pools import run_both
 

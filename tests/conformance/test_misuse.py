@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError, GGMLPoolError
+from engine.core.errors import GGMLAssertionError, GGMLPoolError
 
 F32, F16 = int(eng.GGML_TYPE_F32), int(eng.GGML_TYPE_F16)
 

@@ -10,9 +10,9 @@ import pytest
 
 from engine import ggml as eng
 from engine.compute.kernels.matmul import chunking
-from engine.errors import GGMLAssertionError
-from engine.optable import GGMLOp
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.errors import GGMLAssertionError
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType, TYPE_TRAITS
 from tests.support.graphs import Leaf, check_op, engine_result, engine_shares
 
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32

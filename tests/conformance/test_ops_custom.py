@@ -1,4 +1,4 @@
-"""User ops (engine/ops_custom.py) against real ggml: the same Python function behind
+"""User ops (engine/ops/custom.py) against real ggml: the same Python function behind
 ggml_map_custom1/2/3, ggml_custom_4d and ggml_custom_inplace on both engines (a ctypes callback
 for real ggml), called once per thread with the same ith and nth, giving the same bytes."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 
 F32 = 0
 ROWS, COLS = 7, 5

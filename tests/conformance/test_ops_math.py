@@ -1,4 +1,4 @@
-"""The math and activation ops (engine/ops_math.py and their kernels) against real ggml.
+"""The math and activation ops (engine/ops/math.py and their kernels) against real ggml.
 
 Each op is built on both engines from the same seeded leaves; the result's type, ne, nb, op,
 op_params, name and the context's used memory must be identical, and the values bit-identical
@@ -17,9 +17,9 @@ import pytest
 
 from engine import ggml as eng
 from engine.compute.kernels import floatmath as fm
-from engine.errors import GGMLAssertionError, GGMLNotSupportedError
-from engine.optable import GGMLOp
-from engine.types import GGMLType, fp16_bits_to_fp32
+from engine.core.errors import GGMLAssertionError, GGMLNotSupportedError
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType, fp16_bits_to_fp32
 from tests.conformance.test_misuse import real_ggml_failure
 from tests.support import graphs
 from tests.support.graphs import Leaf, check_op, leaf_bytes, run, values

@@ -1,4 +1,4 @@
-"""The small ops (engine/ops_misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
+"""The small ops (engine/ops/misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
 tri, fill, roll, add_id, add_cast, pad_reflect_1d, solve_tri, Segment Anything's window and
 relative-position ops, the composed convolutions and the rope_custom wrappers — results bit for bit
 at 1 and 3 threads, each thread's rows as ggml splits them, and ggml's asserts."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError
-from engine.optable import GGMLOp
-from engine.types import GGMLType
+from engine.core.errors import GGMLAssertionError
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType
 from tests.support.graphs import Leaf, check_op, engine_shares
 
 F32, F16, I32, Q8_0 = GGMLType.F32, GGMLType.F16, GGMLType.I32, GGMLType.Q8_0

@@ -1,4 +1,4 @@
-"""The neural-network ops (engine/ops_nn.py and their kernels) against real ggml.
+"""The neural-network ops (engine/ops/nn.py and their kernels) against real ggml.
 
 Each op is built on both engines from the same seeded leaves; the result's type, ne, nb, op,
 op_params, name and the context's used memory must be identical, and the values within the NMSE
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.errors import GGMLAssertionError, GGMLNotSupportedError
-from engine.optable import GGMLOp
-from engine.types import GGMLType
+from engine.core.errors import GGMLAssertionError, GGMLNotSupportedError
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType
 from tests.support.graphs import Leaf, check_op, engine_result, engine_shares, values
 
 F32, F16, BF16, I32, I64 = GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.I32, GGMLType.I64

@@ -1,4 +1,4 @@
-"""The state-space and linear-attention ops (engine/ops_ssm.py, kernels/ssm.py) against real ggml:
+"""The state-space and linear-attention ops (engine/ops/ssm.py, kernels/ssm.py) against real ggml:
 SSM_CONV, SSM_SCAN (Mamba-1 and Mamba-2), RWKV_WKV6, GATED_LINEAR_ATTN, RWKV_WKV7 and
 GATED_DELTA_NET, bit for bit at 1 and several threads, each thread's share as ggml splits the work,
 and ggml's asserts."""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine import ops_ssm
-from engine.errors import GGMLAssertionError, GGMLNotSupportedError
-from engine.optable import GGMLOp
-from engine.types import GGMLType
+from engine.ops import ssm as ops_ssm
+from engine.core.errors import GGMLAssertionError, GGMLNotSupportedError
+from engine.core.optable import GGMLOp
+from engine.core.types import GGMLType
 from tests.support.graphs import Leaf, check_op, engine_shares
 
 F32, F16, I32 = GGMLType.F32, GGMLType.F16, GGMLType.I32
@@ -46,7 +46,7 @@ def test_ssm_conv_asserts():
         eng.ggml_ssm_conv(ctx, eng.ggml_new_tensor_3d(ctx, F32, 6, 8, 1), eng.ggml_new_tensor_3d(ctx, F32, 4, 8, 2))
 
 
-# --- the ops after SSM_CONV: the engine side calls engine.ops_ssm, real ggml its own binding ---
+# --- the ops after SSM_CONV: the engine side calls engine.ops.ssm, real ggml its own binding ---
 
 def api(g):
     return ops_ssm if g is eng else g

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from engine import ggml_opt as eo
-from engine.cxxrandom import Mt19937
+from engine.core.cxxrandom import Mt19937
 from engine.opt.loops import progress_bar_line
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 from tests.support.training import Case, EngineSide, RealSide, case_data, new_weights, train
 
 CASES = {
@@ -303,7 +303,7 @@ def test_flash_attn_back_aborts_as_ggml_does():
     assert child.returncode != 0 and "built" not in child.stdout
     assert "TODO: adapt to ggml_flash_attn_ext() changes" in child.stderr
     from engine import ggml as eng
-    from engine.errors import GGMLAbortError
+    from engine.core.errors import GGMLAbortError
     ctx = eng.ggml_init(eng.ggml_init_params(1 << 20))
     q, k, v, d = (eng.ggml_new_tensor_2d(ctx, 0, 8, 4) for _ in range(4))
     with pytest.raises(GGMLAbortError, match=r"TODO: adapt to ggml_flash_attn_ext\(\) changes"):

@@ -14,7 +14,7 @@ import pytest
 
 from engine.quants import (QUANT_KINDS, dequantize, from_float, ggml_get_type_traits,
                            ggml_quantize_chunk, ggml_quantize_requires_imatrix, quantize)
-from engine.types import GGMLType as T, traits
+from engine.core.types import GGMLType as T, traits
 
 FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
@@ -135,7 +135,7 @@ def test_grid_search_quantizers_match_ggml(t):
 def test_grid_search_quantizers_assert_on_overflow_like_ggml(t):
     """1e30 squares to inf, so no grid neighbour has a finite error: ggml aborts on
     GGML_ASSERT(grid_index >= 0) (which the oracle cannot show without dying); we raise."""
-    from engine.errors import GGMLAssertionError
+    from engine.core.errors import GGMLAssertionError
     with pytest.raises(GGMLAssertionError, match="grid_index"):
         quantize(t, INPUTS["large"][:1, :256])
 

@@ -10,7 +10,7 @@ import pytest
 
 from engine.quants import QUANT_KINDS, from_float, quantize
 from engine.quants.matmul import mul_mat_quant, vec_dot_ref
-from engine.types import GGMLType as T, traits
+from engine.core.types import GGMLType as T, traits
 
 K = 512
 TYPES = [t for t, kind in QUANT_KINDS.items()

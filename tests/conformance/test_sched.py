@@ -23,7 +23,7 @@ import pytest
 from engine.backend import alloc
 from engine import ggml as eng
 from engine.backend import accel, buffer as ebuf, device as edev, sched as esched
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 from tests.support.real_facade import RealTensor, real_namespace
 from tests.support.rpc_server import rpc_server
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.optable import GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_UNARY_OP_COUNT, OP_TABLE, \
+from engine.core.optable import GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_UNARY_OP_COUNT, OP_TABLE, \
     GLU_OPS, UNARY_OPS
-from engine.types import GGML_TYPE_COUNT, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, \
+from engine.core.types import GGML_TYPE_COUNT, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, \
     fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 F32P = ctypes.POINTER(ctypes.c_float)

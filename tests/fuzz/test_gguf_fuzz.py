@@ -43,7 +43,7 @@ def _seed_files() -> list[bytes]:
     api.gguf_set_val_u32(ctx, "general.alignment", 16)
     for i, (t, ne) in enumerate([(0, (3, 2)), (8, (32, 1)), (12, (256,)), (1, (2, 1, 2)),
                                  (30, (1, 1, 1, 3))]):
-        from engine.types import TYPE_TRAITS
+        from engine.core.types import TYPE_TRAITS
         tr = TYPE_TRAITS[t]
         n = int(np.prod(ne)) // tr.blck_size * tr.type_size
         api.gguf_add_tensor(ctx, f"blk.{i}.w", t, ne, rng.integers(0, 256, n, np.uint8))

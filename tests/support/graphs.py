@@ -20,7 +20,7 @@ import ggml as real
 import numpy as np
 
 from engine import ggml as eng
-from engine.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
+from engine.core.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 MEM = 256 * 1024 * 1024
 

@@ -2,8 +2,8 @@
 
 llama-cpp-python has no option for the callback, so `llama_cpp_dump` sets `cb_eval` in the
 context parameters llama_cpp.Llama asks for, reads each computed tensor from llama.cpp's own
-memory (the ggml_tensor struct has the layout engine/layout.py describes; names of ops and types
-come from llama.cpp's libggml-base), and formats it with engine.evaldump.format_node.
+memory (the ggml_tensor struct has the layout engine/core/layout.py describes; names of ops and types
+come from llama.cpp's libggml-base), and formats it with engine.trace.evaldump.format_node.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.evaldump import NodeFields, format_node
-from engine.layout import TENSOR
-from engine.types import TYPE_TRAITS, GGMLType
+from engine.trace.evaldump import NodeFields, format_node
+from engine.core.layout import TENSOR
+from engine.core.types import TYPE_TRAITS, GGMLType
 
 
 def _lib(llama_cpp):

@@ -16,7 +16,7 @@ import ggml as real_ggml
 import numpy as np
 
 from engine import ggml as eng
-from engine.layout import CGRAPH, OBJECT, POINTER_FIELDS, TENSOR
+from engine.core.layout import CGRAPH, OBJECT, POINTER_FIELDS, TENSOR
 
 OBJ_TENSOR, OBJ_GRAPH = 0, 1
 

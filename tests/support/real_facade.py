@@ -15,7 +15,7 @@ import ggml as real
 import numpy as np
 from ggml.utils import to_numpy as real_to_numpy
 
-from engine.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
+from engine.core.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 # ggml-python 0.0.45 declares these functions' pointer results with a NewType of int, which ctypes
 # reads as a 32-bit C int (the pointer is cut in half and crashes when used): read them as pointers.

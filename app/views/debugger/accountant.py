@@ -1,7 +1,7 @@
 """The mem_size accountant panel: for each context, what the program asked for against what it
 used, split the way ggml's formulas count it, and what a smaller pool would have failed on.
 
-Every number comes from engine.accountant, which reads the pool rebuilt at this step.
+Every number comes from engine.core.accountant, which reads the pool rebuilt at this step.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import _
-from engine.accountant import MemAccount, ObjectCost, account
-from engine.context import ggml_tensor_overhead
-from engine.errors import GGMLPoolError
-from engine.graph import ggml_graph_overhead
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.core.accountant import MemAccount, ObjectCost, account
+from engine.core.context import ggml_tensor_overhead
+from engine.core.errors import GGMLPoolError
+from engine.core.graph import ggml_graph_overhead
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.trace import State
 
 

@@ -14,10 +14,10 @@ from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from app.views.format import layer_of
-from engine.graph import DotStyle, Graph, ggml_graph_dump_dot
-from engine.infos import graph_digest, graph_edges
+from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
+from engine.core.infos import graph_digest, graph_edges
 from engine.memo import Memo
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 from engine.trace import State
 
 if TYPE_CHECKING:

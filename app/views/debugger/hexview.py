@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.i18n import _
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
-from engine.tensor import Tensor, ggml_nbytes
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
+from engine.core.tensor import Tensor, ggml_nbytes
 from engine.trace import Step
-from engine.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS
 
 DATA_BYTES = 512  # bytes of data shown at most
 

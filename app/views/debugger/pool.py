@@ -12,9 +12,9 @@ from markupsafe import Markup, escape
 from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, ref_key
-from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
-from engine.infos import layout_digest
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
+from engine.core.infos import layout_digest
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.memo import Memo
 from engine.trace import State, Step
 

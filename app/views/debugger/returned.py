@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from app.views.format import fmt_short, visible_text
-from engine.steps import assigned_names
+from engine.trace.steps import assigned_names
 from engine.trace import Step, StepKind, Trace
 
 SHOWN = 8  # outputs shown

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.i18n import _
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 from engine.trace import State, Step, StepKind, Trace
 
 COLORS = ("#bfe3b4", "#f6d7a7", "#e3c9f2", "#f7c6c6")  # accelerators, by priority

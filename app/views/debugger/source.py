@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.notes import Note
-from engine.steps import MANY_OBJECTS, ObjectAdded
+from engine.core.notes import Note
+from engine.trace.steps import MANY_OBJECTS, ObjectAdded
 from engine.trace import FieldWrite, Step, StepKind, Trace
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from app.i18n import note
 from app.views.debugger.where import Where
 from engine.trace import Trace
-from engine.trace_groups import StepGroup, find_steps, layer_jump, step_groups
+from engine.trace.groups import StepGroup, find_steps, layer_jump, step_groups
 
 AROUND = 12  # steps listed on each side of the current one in its open group
 

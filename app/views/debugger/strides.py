@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from app.i18n import _
 from app.views.debugger.values import elements
 from app.views.format import fmt_short
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements
-from engine.types import TYPE_TRAITS
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements
+from engine.core.types import TYPE_TRAITS
 
 GRID_ROWS, GRID_COLS = 8, 12  # elements shown of a 2-d slice
 WINDOW_BYTES = 512  # bytes of a view's parent drawn at most

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from engine.ggml import format_tensor
-from engine.tensor import Tensor
+from engine.core.tensor import Tensor
 
 
 @dataclass(frozen=True, slots=True)

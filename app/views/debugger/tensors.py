@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from app.i18n import _
 from app.views.debugger.where import Where, ref_key
-from engine.optable import GGMLOp
-from engine.tensor import Tensor
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor
 from engine.trace import State
-from engine.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import _
-from engine.notes import Note
+from engine.core.notes import Note
 from engine.trace import ComputePlan, Step, StepKind, Trace
 
 

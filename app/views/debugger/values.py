@@ -13,8 +13,8 @@ from app.views.debugger.where import Where
 from app.views.format import fmt_short
 from engine.compute.kernels.common import to_f32, view4
 from engine.quants.explain import BlockExplanation, explain_block
-from engine.tensor import Tensor
-from engine.types import TYPE_TRAITS
+from engine.core.tensor import Tensor
+from engine.core.types import TYPE_TRAITS
 
 TABLE_MAX = 96  # values shown as a table at most; more become a heatmap
 HEAT_CELLS = 48  # the heatmap's cells per side, at most

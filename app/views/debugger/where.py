@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from engine.context import GGML_OBJECT_TYPE_TENSOR
-from engine.tensor import Tensor
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR
+from engine.core.tensor import Tensor
 from engine.trace import State, Step, StepKind
 
 

@@ -16,7 +16,7 @@ from app.views.gguf.state import tensor_url
 from engine.gguf import GGUFReader, TensorInfo
 from engine.quants import QUANT_KINDS
 from engine.quants.explain import explain_block
-from engine.types import traits
+from engine.core.types import traits
 
 PLAIN_CHUNK = 16  # elements per "block" of an unquantized tensor in the explainer
 

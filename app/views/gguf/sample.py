@@ -13,7 +13,7 @@ from app.views.gguf.file import Fact
 from app.views.png import png_rgb
 from engine.gguf import GGUFReader, TensorInfo
 from engine.quants import QUANT_KINDS, dequantize
-from engine.types import NUMPY_DTYPE, GGMLType, bf16_bits_to_fp32, traits
+from engine.core.types import NUMPY_DTYPE, GGMLType, bf16_bits_to_fp32, traits
 
 SAMPLE_VALUES = 1 << 18  # values read from a tensor for its statistics and pictures
 HEAT_ROWS, HEAT_COLS = 64, 128  # the heatmap's size in cells, at most

@@ -14,7 +14,7 @@ from app.views.gguf.sample import SampleView, nrows, read_ranges, sample_view
 from app.views.gguf.state import FileState, file_url
 from app.views.gguf.tensors_table import fmt_bpw, layer_name
 from engine.gguf import GGUFReader, TensorInfo
-from engine.types import traits
+from engine.core.types import traits
 
 @dataclass(frozen=True, slots=True)
 class TensorView:

@@ -13,9 +13,9 @@ import importlib
 import pkgutil
 from typing import Callable
 
-from engine.errors import GGMLNotSupportedError
-from engine.optable import GGMLOp
-from engine.types import TYPE_TRAITS
+from engine.core.errors import GGMLNotSupportedError
+from engine.core.optable import GGMLOp
+from engine.core.types import TYPE_TRAITS
 
 Kernel = Callable[..., None]
 KERNELS: dict[int, Kernel] = {}

@@ -36,12 +36,12 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.ops_nn import GGML_PREC_DEFAULT, GGML_PREC_F32
-from engine.optable import GGMLOp
-from engine.tensor import Tensor
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.ops.nn import GGML_PREC_DEFAULT, GGML_PREC_F32
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 F32, F64 = np.float32, np.float64
 Q_TILE, KV_TILE = 64, 64

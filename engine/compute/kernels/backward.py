@@ -30,12 +30,12 @@ from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.softmax import soft_max_rows
 from engine.compute.kernels.vecdot import vec_dot_f32_rows
 from engine.compute.kernels.views import flat_rows, strided
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
     ggml_nbytes, ggml_nelements, ggml_nrows
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 F32, F64 = np.float32, np.float64
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, prepared, row_blocks, thread_range, to_f32, view4
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_nrows
-from engine.errors import ggml_assert
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_nrows
+from engine.core.errors import ggml_assert
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 F32, F16, BF16 = GGMLType.F32, GGMLType.F16, GGMLType.BF16
 SUPPORTED = {(F32, F32, F32), (F16, F16, F16), (BF16, BF16, BF16), (BF16, F32, BF16),

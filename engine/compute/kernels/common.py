@@ -6,8 +6,8 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.tensor import Tensor
-from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
+from engine.core.tensor import Tensor
+from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
     fp32_to_bf16_bits, fp32_to_fp16_bits
 
 

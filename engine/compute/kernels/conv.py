@@ -27,12 +27,12 @@ from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import fp16_round
 from engine.compute.kernels.views import strided
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.ops_nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nrows
-from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.ops.nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nrows
+from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS
 
 F32 = np.float32
 FLT_MAX = np.finfo(F32).max

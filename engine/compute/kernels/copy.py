@@ -14,10 +14,10 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nelements
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 _FLOAT_PAIRS = {(a, b) for a in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
                 for b in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)}

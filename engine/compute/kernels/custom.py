@@ -4,9 +4,9 @@ ith and nth; what a thread computes is the function's business, as in C."""
 from __future__ import annotations
 
 from engine.compute.kernels import kernel
-from engine.ops_custom import custom_params
-from engine.optable import GGMLOp
-from engine.tensor import Tensor
+from engine.ops.custom import custom_params
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor
 
 
 @kernel(GGMLOp.MAP_CUSTOM1, GGMLOp.MAP_CUSTOM2, GGMLOp.MAP_CUSTOM3)

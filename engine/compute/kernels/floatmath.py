@@ -26,7 +26,7 @@ import numpy as np
 from engine.lanes import lanes, pure_numpy, twin
 from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
     tanhf  # noqa: F401 (re-exported)
-from engine.types import fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.core.types import fp16_bits_to_fp32, fp32_to_fp16_bits
 
 F32, F64 = np.float32, np.float64
 SIMD_LANES = 8  # AVX2: ggml_vec_silu_f32 and friends take 8 floats at a time

@@ -20,10 +20,10 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range
 from engine.compute.kernels.unary import f16_table_times
 from engine.compute.kernels.views import flat_rows
-from engine.errors import ggml_assert
-from engine.optable import GGMLGluOp as G, GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous_1, ggml_nrows
-from engine.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.core.errors import ggml_assert
+from engine.core.optable import GGMLGluOp as G, GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous_1, ggml_nrows
+from engine.core.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits
 
 F32 = np.float32
 

@@ -38,13 +38,13 @@ from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_MACS, EXACT_QUANT, vec_dot_f16, vec_dot_f32, \
     vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
-from engine.tensor import Tensor, ggml_is_contiguous
-from engine.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
+from engine.core.tensor import Tensor, ggml_is_contiguous
+from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache

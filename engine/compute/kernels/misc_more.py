@@ -18,10 +18,10 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf, mac_in_order
 from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
-from engine.errors import ggml_assert
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.errors import ggml_assert
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_nrows
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 
 def _rows(t: Tensor) -> np.ndarray:

@@ -13,8 +13,8 @@ from engine import libm
 from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf, \
     v_expf  # noqa: F401 (re-exported)
 from engine.compute.kernels.views import strided
-from engine.tensor import Tensor
-from engine.types import TYPE_TRAITS
+from engine.core.tensor import Tensor
+from engine.core.types import TYPE_TRAITS
 
 F32, F64 = np.float32, np.float64
 

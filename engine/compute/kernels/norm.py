@@ -20,11 +20,11 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_are_same_shape
-from engine.types import GGMLType
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_are_same_shape
+from engine.core.types import GGMLType
 
 F32, F64 = np.float32, np.float64
 ROW_CHUNK = 1 << 18  # elements per block of rows (norms do few numpy calls per row)

@@ -15,12 +15,12 @@ import numpy as np
 
 from engine.compute.kernels import not_supported
 from engine.compute.kernels.common import thread_range, to_f32, view4
-from engine.errors import ggml_assert
-from engine.notes import Note
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
 from engine.quants import dequantize, from_float
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous, ggml_nelements, \
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous, ggml_nelements, \
     ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS, ggml_row_size
+from engine.core.types import GGMLType, TYPE_TRAITS, ggml_row_size
 
 
 def _pool(t: Tensor) -> tuple[np.ndarray, int]:

@@ -24,11 +24,11 @@ from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_scalar, ggml_nbytes, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_scalar, ggml_nbytes, ggml_nrows
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 F32, F64 = np.float32, np.float64
 T = GGMLType

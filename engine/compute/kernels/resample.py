@@ -22,13 +22,13 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.nn_util import cosf, expf, logf, sinf
 from engine.compute.kernels.views import strided
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.ops_nn import GGML_SCALE_FLAG_ALIGN_CORNERS, GGML_SCALE_FLAG_ANTIALIAS, \
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.ops.nn import GGML_SCALE_FLAG_ALIGN_CORNERS, GGML_SCALE_FLAG_ANTIALIAS, \
     GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR, GGML_SCALE_MODE_NEAREST
-from engine.optable import GGMLOp
-from engine.tensor import Tensor
-from engine.types import GGMLType
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor
+from engine.core.types import GGMLType
 
 F32 = np.float32
 

@@ -24,13 +24,13 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
-from engine.errors import ggml_assert
+from engine.core.errors import ggml_assert
 from engine.memo import Memo
-from engine.ops_nn import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
+from engine.ops.nn import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_nrows
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 F32 = np.float32
 FN = "ggml_compute_forward_rope_flt"

@@ -17,11 +17,11 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_nelements
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_nelements
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 
 @kernel(GGMLOp.GET_ROWS)

@@ -26,12 +26,12 @@ from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
-from engine.errors import ggml_assert
+from engine.core.errors import ggml_assert
 from engine.lanes import lanes, twin
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
-from engine.types import GGMLType
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements, ggml_nrows
+from engine.core.types import GGMLType
 
 F32, F64 = np.float32, np.float64
 

@@ -34,11 +34,11 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, logf, mac_in_order
 from engine.compute.kernels.vecdot import EPR, STEP, lanes32, vec_dot_f32_rows
-from engine.errors import ggml_assert
-from engine.notes import Note
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_rows
-from engine.types import GGMLType
+from engine.core.errors import ggml_assert
+from engine.core.notes import Note
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_rows
+from engine.core.types import GGMLType
 
 F32 = np.float32
 

@@ -19,11 +19,11 @@ import numpy as np
 from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
-from engine.errors import ggml_assert
-from engine.optable import GGMLOp, GGMLUnaryOp as U
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous_1, \
+from engine.core.errors import ggml_assert
+from engine.core.optable import GGMLOp, GGMLUnaryOp as U
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous_1, \
     ggml_is_contiguous_rows, ggml_nrows
-from engine.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32, fp32_to_fp16_bits
 
 F32 = np.float32
 T = GGMLType

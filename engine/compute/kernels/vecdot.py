@@ -36,7 +36,7 @@ from engine.compute.kernels.floatmath import fmaf
 from engine.lanes import lanes, twin
 from engine.quants.common import get_scale_min_k4, half_at, nibbles, unpack_2bit
 from engine.quants.legacy import nibbles_with_qh
-from engine.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
+from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
 F32, F64 = np.float32, np.float64
 EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly

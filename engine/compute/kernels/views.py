@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import GGMLNotSupportedError
-from engine.tensor import Tensor, ggml_nrows
-from engine.types import NUMPY_DTYPE, GGMLType
+from engine.core.errors import GGMLNotSupportedError
+from engine.core.tensor import Tensor, ggml_nrows
+from engine.core.types import NUMPY_DTYPE, GGMLType
 
 
 def strided(t: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0,

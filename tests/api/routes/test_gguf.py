@@ -18,7 +18,7 @@ from app.settings import Settings
 from app.store import UploadStore, UploadTooLarge
 from engine.gguf import GGUFReader
 from engine.quants import dequantize
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 from engine.programs import FIXTURES_DIR
 
 FIXTURES = FIXTURES_DIR
@@ -294,7 +294,7 @@ def odd_file() -> bytes:
     (NaN and inf scales included), an empty tensor, a 3-d tensor, control characters."""
     from engine.gguf.format import GGUFValueType as VT
     from engine.gguf.writer import GGUFContext
-    from engine.types import traits
+    from engine.core.types import traits
 
     rng = np.random.default_rng(7)
     ctx = GGUFContext()

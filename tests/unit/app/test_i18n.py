@@ -13,7 +13,7 @@ from jinja2 import Environment
 from app import i18n
 from app.messages import extract, po_path
 from app.settings import PACKAGE
-from engine.notes import Note, tell
+from engine.core.notes import Note, tell
 from engine.trace import record
 
 TEMPLATES = sorted((PACKAGE / "templates").rglob("*.html"))

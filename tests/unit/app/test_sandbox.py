@@ -215,13 +215,13 @@ HOSTILE = {
     "a head that claims 4 GB": "from app.sandbox.wire import MAGIC\nos.write(1, MAGIC + b'\\xff' * 12)\nos._exit(0)",
     "a patch outside its pool": (
         "from app.sandbox.wire import Head, PatchRef, _frame\n"
-        "from engine.steps import ContextMeta, Step, StepKind\n"
+        "from engine.trace.steps import ContextMeta, Step, StepKind\n"
         "step = Step(0, StepKind.CALL, 'x', 1, (), contexts=(ContextMeta(1, 4096, 64, None, False),))\n"
         "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[PatchRef(1, 1 << 40, 16)]]), [b'y' * 16]))\n"
         "os._exit(0)"),
     "pools of a terabyte": (
         "from app.sandbox.wire import Head, _frame\n"
-        "from engine.steps import ContextMeta, Step, StepKind\n"
+        "from engine.trace.steps import ContextMeta, Step, StepKind\n"
         "step = Step(0, StepKind.CALL, 'x', 1, (), contexts=(ContextMeta(1, 4096, 1 << 40, None, False),))\n"
         "os.write(1, _frame(Head(ok=True, steps=[step], patches=[[]]), []))\nos._exit(0)"),
 }

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import MAGIC, Head, MalformedResult, PatchRef, _frame, decode, encode_failure, encode_trace
-from engine.notes import Note, tell
+from engine.core.notes import Note, tell
 from engine.programs import PROGRAMS, trace_program
-from engine.steps import ContextMeta, ObjectAdded, Step, StepKind
+from engine.trace.steps import ContextMeta, ObjectAdded, Step, StepKind
 
 BIG = Limits(trace=1 << 30, steps=100_000, pools=4 << 30)
 MARKER = Path("/tmp/ggml-lens-wire-executed")
@@ -117,7 +117,7 @@ def _nested(depth: int) -> bytes:
 
 @pytest.mark.parametrize("note, rule", [
     ({"key": "gallocr_gets", "args": [["name", "k; v"], ["size", 64], ["where", Note.verbatim("x")]]}, None),
-    ({"key": "no_such_template", "args": []}, "one of engine/notes.py's templates"),
+    ({"key": "no_such_template", "args": []}, "one of engine/core/notes.py's templates"),
     ({"key": "wrote", "args": []}, r"fills \['n'\]"),
     ({"key": "wrote", "args": [["n", 1], ["m", 2]]}, r"fills \['n'\]"),
     ({"key": "wrote", "args": [["n", [1, 2]]]}, "Expected"),

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import trace as T
-from engine.steps import ContextMeta, Patch, Step, StepKind
+import engine.trace.recorder as T
+from engine.trace.steps import ContextMeta, Patch, Step, StepKind
 
 
 def _trace(pool: int, steps: int, write: int) -> T.Trace:

@@ -1,15 +1,15 @@
-"""engine.infos (bulk tensor infos and graph edges) and ggml_graph_dump_dot's decorations,
+"""engine.core.infos (bulk tensor infos and graph edges) and ggml_graph_dump_dot's decorations,
 checked against the engine's one-tensor-at-a-time functions on real walkthroughs."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.context import GGML_OBJECT_TYPE_TENSOR
-from engine.graph import DotStyle, ggml_graph_dump_dot
-from engine.infos import graph_edges, tensor_infos
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR
+from engine.core.graph import DotStyle, ggml_graph_dump_dot
+from engine.core.infos import graph_edges, tensor_infos
 from engine.programs import trace_program
-from engine.tensor import Tensor, ggml_nbytes
+from engine.core.tensor import Tensor, ggml_nbytes
 
 PROGRAMS = ("simple-ctx", "views-and-permute", "quantized-tensor", "attention-block",
             "mnist-style")
@@ -82,7 +82,7 @@ def test_digests_follow_structs_not_data():
     """layout_digest and graph_digest: the same for two states of a graph's compute
     (only data written), different once a struct is (a tensor named), different between graphs."""
     from engine import ggml as G
-    from engine.infos import graph_digest, layout_digest
+    from engine.core.infos import graph_digest, layout_digest
 
     trace = trace_program("simple-ctx")
     computed = [k for k, s in enumerate(trace.steps) if s.kind.value == "node"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine.compute.kernels import KERNELS, NOT_SUPPORTED, compute_forward
-from engine.errors import GGMLNotSupportedError
-from engine.optable import VIEW_OPS, GGMLOp
+from engine.core.errors import GGMLNotSupportedError
+from engine.core.optable import VIEW_OPS, GGMLOp
 
 
 def test_every_op_has_a_kernel_or_a_reason():

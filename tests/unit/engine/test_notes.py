@@ -1,4 +1,4 @@
-"""Every note the recorder and the kernels write is one of engine/notes.py's templates with its
+"""Every note the recorder and the kernels write is one of engine/core/notes.py's templates with its
 values: each note of each step and of each thread's share, in every walkthrough at its own thread
 count and at 3 threads (the model one at its own), has a known key and fills exactly its template's
 placeholders (a verbatim
@@ -10,8 +10,8 @@ import string
 
 import pytest
 
-from engine import notes
-from engine.notes import Note, tell
+from engine.core import notes
+from engine.core.notes import Note, tell
 from engine.programs import PROGRAMS
 from tests.support.recorded import recorded
 
@@ -58,7 +58,7 @@ def test_english_is_the_templates_filled_and_joined():
 
 
 @pytest.mark.parametrize("make, rule", [
-    (lambda: Note("no such template"), "one of engine/notes.py's templates"),
+    (lambda: Note("no such template"), "one of engine/core/notes.py's templates"),
     (lambda: Note.of("wrote"), r"fills \['n'\]"),
     (lambda: Note.of("wrote", n=1, m=2), r"fills \['n'\]"),
     (lambda: Note("wrote", (("n", 1), ("n", 2))), r"fills \['n'\]"),

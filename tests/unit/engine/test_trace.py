@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.notes import tell
+from engine.core.notes import tell
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import record
 from tests.support.recorded import recorded
@@ -143,7 +143,7 @@ def test_program_error_is_the_last_step(tmp_path):
 
 
 def test_step_cap_ends_a_runaway_program(tmp_path, monkeypatch):
-    import engine.trace as T
+    import engine.trace.recorder as T
 
     monkeypatch.setattr(T, "STEP_CAP", 50)
     src = tmp_path / "loop.py"
@@ -215,7 +215,7 @@ def test_blas_values_are_marked_and_left_out_of_the_hash(tmp_path, monkeypatch):
 
 def test_checkpoints_rebuild_the_same_state(monkeypatch):
     """A state rebuilt from a checkpoint and the patches after it equals one rebuilt from step 0."""
-    import engine.trace as T
+    import engine.trace.recorder as T
 
     plain = trace_program("tiny-llama")
     monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 4096)

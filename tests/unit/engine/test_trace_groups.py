@@ -3,10 +3,10 @@ forward passes from n_past, calls with steps inside them; layer jumps; search.""
 
 from __future__ import annotations
 
-from engine.notes import tell
+from engine.core.notes import tell
 from engine.programs import trace_program
-from engine.steps import StepKind
-from engine.trace_groups import find_steps, layer_jump, step_groups
+from engine.trace.steps import StepKind
+from engine.trace.groups import find_steps, layer_jump, step_groups
 
 
 def test_minilm_groups_are_its_calls_and_layers():

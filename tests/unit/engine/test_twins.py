@@ -19,7 +19,7 @@ import engine.quants  # noqa: F401 (registers the block converters' twins)
 from engine import libm
 from engine.compute.kernels.floatmath import fmaf, fmaf_steps
 from engine.lanes import NAMES, TWINS, compiled
-from engine.types import GGMLType, fp32_to_fp16_bits
+from engine.core.types import GGMLType, fp32_to_fp16_bits
 
 F32 = np.float32
 C = compiled()

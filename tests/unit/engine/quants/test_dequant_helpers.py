@@ -9,7 +9,7 @@ import pytest
 from engine.quants import iqgrid, kquants
 from engine.quants.common import (F32, KVALUES_IQ4NL, byte_table, copy_runs, flip_nan_signs, h2f,
                                   nibbles, scaled, unpack_2bit, unpack_nibbles)
-from engine.types import fp16_bits_to_fp32
+from engine.core.types import fp16_bits_to_fp32
 
 RNG = np.random.default_rng(7)
 

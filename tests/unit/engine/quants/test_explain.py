@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.errors import GGMLAssertionError
+from engine.core.errors import GGMLAssertionError
 from engine.quants import QUANT_KINDS, dequantize, ggml_quantize_chunk, quantize
 from engine.quants.explain import dequantize_block_ref, explain_block
-from engine.types import GGMLType as T, traits
+from engine.core.types import GGMLType as T, traits
 
 REF_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.IQ4_NL, T.MXFP4, T.TQ2_0, T.Q2_K, T.Q4_K, T.Q6_K]
 X = np.random.default_rng(5).standard_normal((2, 512)).astype(np.float32)

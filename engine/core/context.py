@@ -21,8 +21,8 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.errors import GGMLPoolError, ggml_assert
-from engine.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
+from engine.core.errors import GGMLPoolError, ggml_assert
+from engine.core.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
 
 _OBJECT_STRUCT = struct.Struct("<QQQi")  # OBJECT's offs, size, next, type (layout.py)
 

@@ -4,7 +4,7 @@ resampling, padding, timestep embedding and flash attention.
 Mirrors the corresponding graph-building functions of ggml.c (oracle version 0.15.3): the result's
 shape and type, `op_params` packed exactly as ggml packs them, the `src` slots (set_rows' odd
 order included), automatic names, and ggml's GGML_ASSERTs with their condition text. As in
-engine/ops.py, nothing here computes; the kernels live in engine/compute/kernels/.
+engine/ops/base.py, nothing here computes; the kernels live in engine/compute/kernels/.
 
 Leaves out: the backward ops (get_rows_back, soft_max_ext_back, im2col_back, pool_2d_back),
 im2col_3d / conv_3d, depthwise and transposed convolutions, pad_reflect_1d and roll.
@@ -18,14 +18,14 @@ import struct
 import numpy as np
 
 from engine import libm
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.ops import _ne, _record, ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.ops.base import _ne, _record, ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, \
     ggml_reshape_3d, ggml_reshape_4d, ggml_set_op_params, ggml_set_op_params_i32
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_dup_tensor, ggml_is_contiguous, ggml_is_contiguous_rows, \
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_dup_tensor, ggml_is_contiguous, ggml_is_contiguous_rows, \
     ggml_is_vector, ggml_new_tensor, ggml_new_tensor_2d, ggml_new_tensor_4d, ggml_view_tensor
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 # --- constants of ggml.h used by these ops ----------------------------------------------------
 

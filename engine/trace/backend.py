@@ -18,12 +18,12 @@ import numpy as np
 from engine.backend.buffer import _BUFFERS, Buffer
 from engine.backend.device import Backend
 from engine.backend.sched import Sched
-from engine.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
-from engine.graph import Graph
-from engine.notes import Note, tell
-from engine.optable import GGMLOp
-from engine.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
-from engine.tensor import Tensor, ggml_nbytes
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
+from engine.core.graph import Graph
+from engine.core.notes import Note, tell
+from engine.core.optable import GGMLOp
+from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
+from engine.core.tensor import Tensor, ggml_nbytes
 
 # ggml-backend / ggml-alloc functions that are queries (they change nothing: no step)
 BACKEND_QUERIES = (

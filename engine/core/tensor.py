@@ -2,7 +2,7 @@
 
 Mirrors ggml_new_tensor_impl and the tensor helpers of ggml.c (names, sizes, contiguity
 predicates). A `Tensor` holds nothing but its context and the offset of its 336-byte struct; every
-field read or write goes to the pool. The data behind it: engine/tensor_data.py.
+field read or write goes to the pool. The data behind it: engine/core/tensor_data.py.
 
 The `buffer` field is set by ggml-backend (engine/backend/buffer.py); `extra` stays NULL.
 """
@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 
-from engine.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
-from engine.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
+from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
 GGML_TENSOR_FLAG_INPUT = 1
 GGML_TENSOR_FLAG_OUTPUT = 2

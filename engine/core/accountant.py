@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Context, \
+from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Context, \
     ggml_used_mem
-from engine.graph import ggml_graph_nbytes
-from engine.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, record
-from engine.infos import TensorInfo, tensor_infos
+from engine.core.graph import ggml_graph_nbytes
+from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, record
+from engine.core.infos import TensorInfo, tensor_infos
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.memo import Memo
-from engine.notes import Note, tell
-from engine.steps import Step, StepKind
+from engine.core.notes import Note, tell
+from engine.trace.steps import Step, StepKind
 
 FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
 BLK = re.compile(r"'blk\.(\d+)\.")

@@ -15,8 +15,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
-from engine.notes import Note, tell
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.core.notes import Note, tell
 
 
 class StepKind(StrEnum):
@@ -164,7 +164,7 @@ class Step:
     kind: StepKind
     call: str  # the call as the program wrote it (or the node's description)
     line: int  # the program's line
-    notes: tuple[Note, ...]  # what happened, in plain words (engine/notes.py tells them)
+    notes: tuple[Note, ...]  # what happened, in plain words (engine/core/notes.py tells them)
     parent: int | None = None  # the call step a visit or node belongs to
     objects: tuple[ObjectAdded, ...] = ()
     fields: tuple[FieldWrite, ...] = ()

@@ -10,14 +10,14 @@ import struct
 
 import numpy as np
 
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_DIMS, GGML_MAX_OP_PARAMS
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_can_repeat, ggml_dup_tensor, ggml_format_name, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_OP_PARAMS
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_can_repeat, ggml_dup_tensor, ggml_format_name, \
     ggml_is_contiguous, ggml_is_transposed, ggml_nelements, ggml_new_tensor, ggml_new_tensor_4d, \
     ggml_new_tensor_impl, ggml_view_tensor
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 # --- op_params -------------------------------------------------------------------------------
 

@@ -10,14 +10,14 @@ the kernel (engine/compute/kernels/ssm.py) computes.
 
 from __future__ import annotations
 
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.ops import _ne, _record, ggml_set_op_params_f32, ggml_set_op_params_i32
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_is_3d, ggml_is_contiguous, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.ops.base import _ne, _record, ggml_set_op_params_f32, ggml_set_op_params_i32
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_3d, ggml_is_contiguous, \
     ggml_is_contiguous_rows, ggml_is_matrix, ggml_is_vector, ggml_nelements, ggml_new_tensor, \
     ggml_new_tensor_1d, ggml_new_tensor_3d
-from engine.types import GGMLType, ggml_type_size
+from engine.core.types import GGMLType, ggml_type_size
 
 
 def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import struct
 
-from engine.context import Context
-from engine.errors import ggml_abort, ggml_assert
-from engine.layout import GGML_MAX_DIMS
-from engine.ops import _ne, _record, ggml_set_op_params
-from engine.ops_nn import ggml_rope_multi
-from engine.optable import GGMLOp
-from engine.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
+from engine.core.context import Context
+from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.layout import GGML_MAX_DIMS
+from engine.ops.base import _ne, _record, ggml_set_op_params
+from engine.ops.nn import ggml_rope_multi
+from engine.core.optable import GGMLOp
+from engine.core.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
     ggml_dup_tensor, ggml_is_matrix, ggml_is_scalar, ggml_is_vector, ggml_nelements, \
     ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
-from engine.types import GGMLType
+from engine.core.types import GGMLType
 
 
 def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:

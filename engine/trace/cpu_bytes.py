@@ -3,8 +3,8 @@ one): the recorder marks them as steps write them, and the trace's hash leaves t
 
 from __future__ import annotations
 
-from engine.steps import Step
-from engine.tensor import Tensor, ggml_nbytes
+from engine.trace.steps import Step
+from engine.core.tensor import Tensor, ggml_nbytes
 
 
 class CpuDependence:

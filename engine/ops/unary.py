@@ -12,13 +12,13 @@ import struct
 import numpy as np
 
 from engine import libm
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_DIMS
-from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_DIMS
+from engine.ops.base import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_dup_tensor, ggml_is_contiguous_1, \
+from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_dup_tensor, ggml_is_contiguous_1, \
     ggml_is_contiguous_rows, ggml_new_tensor_impl, ggml_view_tensor
 
 

@@ -22,10 +22,10 @@ from typing import Callable
 import numpy as np
 
 from engine.compute.threadpool import COMPUTE_OBSERVER
-from engine.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.tensor import Tensor, ggml_nbytes
-from engine.tensor_data import data_bytes
-from engine.types import TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32
+from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.tensor import Tensor, ggml_nbytes
+from engine.core.tensor_data import data_bytes
+from engine.core.types import TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32
 
 PREFIX = "common_debug_cb_eval"
 N_EDGE = 3  # values shown at each end of every dimension

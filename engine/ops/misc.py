@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import struct
 
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_DIMS
-from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_DIMS
+from engine.ops.base import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32
-from engine.ops import ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, \
+from engine.ops.base import ggml_cont, ggml_mul_mat, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, \
     ggml_reshape_4d
-from engine.ops_nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, \
+from engine.ops.nn import ggml_conv_1d, ggml_im2col, ggml_rope_ext, ggml_rope_ext_inplace
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_can_repeat_rows, ggml_dup_tensor, ggml_is_contiguous, \
     ggml_is_contiguous_channels, ggml_is_matrix, ggml_new_tensor, ggml_new_tensor_4d
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 
 # enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import ggml_assert
-from engine.tensor import Tensor
-from engine.tensor_data import _element_view, _from_f32, _to_f32
-from engine.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
+from engine.core.errors import ggml_assert
+from engine.core.tensor import Tensor
+from engine.core.tensor_data import _element_view, _from_f32, _to_f32
+from engine.core.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
 def ggml_cpu_has_sse3() -> int:

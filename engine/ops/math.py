@@ -1,5 +1,5 @@
 """Op constructors for arithmetic, reductions and norms; each only records (activations:
-engine/ops_unary.py).
+engine/ops/unary.py).
 
 Mirrors the graph-building functions of ggml.c for ADD1, ACC, SUM, SUM_ROWS, MEAN, ARGMAX,
 COUNT_EQUAL, REPEAT, CONCAT, NORM, RMS_NORM, GROUP_NORM, L2_NORM, OUT_PROD, SCALE, SET, ARANGE,
@@ -15,16 +15,16 @@ import struct
 
 import numpy as np
 
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_DIMS
-from engine.ops import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_DIMS
+from engine.ops.base import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32, ggml_view_4d
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
     ggml_is_empty, ggml_is_matrix, ggml_is_scalar, ggml_is_transposed, ggml_nelements, \
     ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_4d
-from engine.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 GGML_SORT_ORDER_ASC = 0
 GGML_SORT_ORDER_DESC = 1

@@ -156,7 +156,7 @@ NUMPY_DTYPE: dict[GGMLType, np.dtype] = {
 def traits(type_: int) -> TypeTraits:
     """The traits row of a ggml_type, checking the range as ggml does."""
     if not 0 <= int(type_) < GGML_TYPE_COUNT:
-        from engine.errors import GGMLAssertionError
+        from engine.core.errors import GGMLAssertionError
 
         raise GGMLAssertionError("type >= 0 && type < GGML_TYPE_COUNT", "ggml_get_type_traits",
                                  f"type {int(type_)}")
@@ -186,7 +186,7 @@ def ggml_is_quantized(type_: int) -> bool:
 def ggml_row_size(type_: int, ne: int) -> int:
     """ggml_row_size: bytes of `ne` elements of `type_` (type_size * ne / blck_size)."""
     tr = traits(type_)
-    from engine.errors import ggml_assert
+    from engine.core.errors import ggml_assert
 
     ggml_assert(tr.blck_size > 0 and ne % tr.blck_size == 0, "ne % ggml_blck_size(type) == 0",
                 "ggml_row_size", f"{ne} elements of {tr.type_name} (block size {tr.blck_size})")

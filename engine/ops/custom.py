@@ -17,12 +17,12 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
-from engine.context import Context
-from engine.errors import ggml_assert
-from engine.layout import GGML_MAX_SRC
-from engine.ops import _dup_or_view, _record, ggml_set_op_params
-from engine.optable import GGMLOp
-from engine.tensor import Tensor, ggml_new_tensor_4d, ggml_view_tensor
+from engine.core.context import Context
+from engine.core.errors import ggml_assert
+from engine.core.layout import GGML_MAX_SRC
+from engine.ops.base import _dup_or_view, _record, ggml_set_op_params
+from engine.core.optable import GGMLOp
+from engine.core.tensor import Tensor, ggml_new_tensor_4d, ggml_view_tensor
 
 GGML_N_TASKS_MAX = -1
 

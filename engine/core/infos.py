@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.context import GGML_OBJECT_TYPE_TENSOR, Context
-from engine.graph import Graph
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR
-from engine.types import TYPE_TRAITS
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context
+from engine.core.graph import Graph
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR
+from engine.core.types import TYPE_TRAITS
 
 _BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
 _TSIZE = np.array([tr.type_size for tr in TYPE_TRAITS], dtype=np.int64)

@@ -17,13 +17,13 @@ from typing import Callable
 
 import numpy as np
 
-from engine.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
-from engine.errors import ggml_assert
-from engine.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
-from engine.optable import ggml_op_name, ggml_op_symbol
-from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
+from engine.core.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
+from engine.core.errors import ggml_assert
+from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
+from engine.core.optable import ggml_op_name, ggml_op_symbol
+from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
     ggml_is_matrix, ggml_nelements
-from engine.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 GGML_HASHSET_FULL = (1 << 64) - 1

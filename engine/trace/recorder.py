@@ -35,25 +35,25 @@ from engine import ggml_opt as GO
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
+from engine.core.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
                             GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
                             current_address_space, fresh_address_space, ggml_used_mem)
-from engine.errors import ProgramStopped, StepCapReached, program_line
-from engine.graph import Graph
-from engine.infos import TensorInfo, tensor_infos
-from engine.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
-from engine.notes import Note, tell
-from engine.optable import GGMLOp
-from engine.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
+from engine.core.errors import ProgramStopped, StepCapReached, program_line
+from engine.core.graph import Graph
+from engine.core.infos import TensorInfo, tensor_infos
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
+from engine.core.notes import Note, tell
+from engine.core.optable import GGMLOp
+from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                           ThreadShare, assigned_names, describe_changes, field_text, statement_spans)
-from engine.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
-from engine.trace_cpu import CpuDependence
-from engine.trace_opt import OPT_LOOPS, OPT_QUERIES, OPT_STRUCT_WRITERS, opt_parts
-from engine.trace_groups import ProgramMarks
-from engine.trace_pools import changed_runs, fresh_pool, frozen
-from engine.trace_backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
+from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
+from engine.trace.cpu_bytes import CpuDependence
+from engine.trace.opt import OPT_LOOPS, OPT_QUERIES, OPT_STRUCT_WRITERS, opt_parts
+from engine.trace.groups import ProgramMarks
+from engine.trace.pools import changed_runs, fresh_pool, frozen
+from engine.trace.backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
                                   restored_buffers)
-from engine.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS
 
 STEP_CAP = 20_000
 DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
@@ -242,7 +242,7 @@ class State:
 
     def graphs(self) -> list[Graph]:
         """The graphs in the state's pools (found once: a state's pools never change)."""
-        from engine.layout import CGRAPH, record
+        from engine.core.layout import CGRAPH, record
 
         if self._graphs is None:
             out = []

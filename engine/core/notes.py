@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 TEMPLATES: dict[str, str] = {
-    # --- what a call reserved and set (engine/steps.py describe_changes) ---------------------
+    # --- what a call reserved and set (engine/trace/steps.py describe_changes) ---------------------
     "reserved_many": ("{fn} made {n} objects from offset {first} to {end}: {tensors} tensor structs of {struct} "
                       "bytes (each behind a {header}-byte object header) with {data} bytes of their data, {graphs} "
                       "graphs and {work} work buffers"),
@@ -30,7 +30,7 @@ TEMPLATES: dict[str, str] = {
     "more_fields": "and {n} more fields",
     "wrote": "wrote {n} bytes",
     "nothing": "{fn} changed nothing in the pools",
-    # --- the recorder (engine/trace.py) -------------------------------------------------------
+    # --- the recorder (engine/trace/recorder.py) -------------------------------------------------------
     "wrote_data": "{fn} wrote the data of {name}: {n} bytes at {addr}",  # name: 'a', or a (unnamed)
     "init": "ggml_init allocated a pool of {size} bytes at {addr} (context {id})",
     "init_no_alloc": "ggml_init allocated a pool of {size} bytes at {addr} (context {id}), no_alloc",
@@ -41,7 +41,7 @@ TEMPLATES: dict[str, str] = {
     "walk_together": "all threads now walk the nodes together",
     "computed": "computed {desc} on {n} thread(s), then the barrier",
     "returned": "the program returned",
-    # --- ggml-alloc and the scheduler (engine/trace_backend.py) -------------------------------
+    # --- ggml-alloc and the scheduler (engine/trace/backend.py) -------------------------------
     "where": "buffer {id} ({name}), chunk {chunk}, offset {offset}",
     "gallocr_gets": "gallocr: '{name}' gets {size} bytes at {where}",  # where: a "where" note
     "gallocr_inplace": ("gallocr: '{name}' reuses the bytes of '{parent}' in place ({op} can overwrite its "
@@ -58,7 +58,7 @@ TEMPLATES: dict[str, str] = {
     "split_inputs": "inputs copied in: {inputs}",
     "split_no_inputs": "inputs copied in: none",
     "copied": "the scheduler copied '{name}' ({size} bytes) from {src} to {dst} as '{copy}'",
-    # --- the groups of the step list (engine/trace_groups.py) --------------------------------
+    # --- the groups of the step list (engine/trace/groups.py) --------------------------------
     "group_layer": "layer {layer}",
     "group_outside": "outside the layers",
     "group_steps": "steps",
@@ -109,7 +109,7 @@ class Note:
     def __post_init__(self) -> None:
         # the rules a note read from a sandbox's worker is held to too (msgspec runs this)
         if self.key not in FIELDS:
-            raise ValueError(f"a note's key is one of engine/notes.py's templates, not {self.key[:40]!r}")
+            raise ValueError(f"a note's key is one of engine/core/notes.py's templates, not {self.key[:40]!r}")
         if {k for k, _ in self.args} != FIELDS[self.key] or len(self.args) != len(FIELDS[self.key]):
             raise ValueError(f"the note {self.key!r} fills {sorted(FIELDS[self.key])}, not "
                              f"{[k[:40] for k, _ in self.args][:12]}")
