@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS
+from engine.core.api import query
 from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.core.graph import Graph
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp, ggml_glu_op_name, ggml_op_name, ggml_unary_op_name
@@ -151,18 +152,21 @@ def ggml_status_to_string(status: int) -> str:
 
 # --- tensors and graphs --------------------------------------------------------------------------
 
+@query
 def ggml_get_unary_op(t: Tensor) -> GGMLUnaryOp:
     """ggml_get_unary_op: op_params[0] of a UNARY node."""
     ggml_assert(t.op == GGMLOp.UNARY, "tensor->op == GGML_OP_UNARY", "ggml_get_unary_op")
     return GGMLUnaryOp(int(t.op_params[0]))
 
 
+@query
 def ggml_get_glu_op(t: Tensor) -> GGMLGluOp:
     """ggml_get_glu_op: op_params[0] of a GLU node."""
     ggml_assert(t.op == GGMLOp.GLU, "tensor->op == GGML_OP_GLU", "ggml_get_glu_op")
     return GGMLGluOp(int(t.op_params[0]))
 
 
+@query
 def ggml_op_desc(t: Tensor) -> str:
     """ggml_op_desc: the unary or GLU op's name for those nodes, else the op's name."""
     if t.op == GGMLOp.UNARY:
@@ -172,6 +176,7 @@ def ggml_op_desc(t: Tensor) -> str:
     return ggml_op_name(t.op)
 
 
+@query
 def ggml_is_view(t: Tensor) -> bool:
     """ggml_is_view: does the tensor look into another's data (view_src set)?"""
     return t.view_src is not None
@@ -187,11 +192,13 @@ def ggml_unravel_index(t: Tensor, i: int) -> tuple[int, int, int, int]:
     return i0, i1, i2, i3
 
 
+@query
 def ggml_get_data(t: Tensor) -> int | None:
     """ggml_get_data: the data pointer (a simulated address; None for NULL)."""
     return t.data
 
 
+@query
 def ggml_graph_nodes(graph: Graph) -> list[Tensor]:
     """ggml_graph_nodes: the graph's nodes array (its first n_nodes entries)."""
     return list(graph.nodes)
@@ -209,6 +216,7 @@ def ggml_ftype_to_ggml_type(ftype: int) -> GGMLType:
     return _FTYPE_TYPE[int(ftype)]
 
 
+@query
 def ggml_type_sizef(type_: int) -> float:
     """ggml_type_sizef: bytes per element, as a double (type_size / blck_size)."""
     tr = TYPE_TRAITS[type_]

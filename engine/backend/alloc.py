@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from engine.backend import buffer as be
 from engine.backend.device import ggml_backend_get_default_buffer_type
+from engine.core.api import query
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
@@ -473,6 +474,7 @@ def ggml_gallocr_reserve_n_size(galloc: GraphAllocator, graph, node_buffer_ids, 
     return [sum(c.max_size for c in t.chunks) for t in galloc.tallocs]
 
 
+@query
 def ggml_gallocr_get_buffer_size(galloc: GraphAllocator, buffer_id: int) -> int:
     ggml_assert(0 <= buffer_id < len(galloc.bufts), "buffer_id >= 0 && buffer_id < galloc->n_buffers",
                 "ggml_gallocr_get_buffer_size")
@@ -578,6 +580,7 @@ def _ctx_ranges(ctx, buft):
     return ranges
 
 
+@query
 def ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
     return sum(size for _, size in _ctx_ranges(ctx, buft))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import current_address_space
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor, ggml_nbytes
@@ -97,22 +98,27 @@ def ggml_backend_cpu_buffer_type() -> BufferType:
     return _CPU_BUFT
 
 
+@query
 def ggml_backend_buft_name(buft: BufferType) -> str:
     return buft.name
 
 
+@query
 def ggml_backend_buft_get_alignment(buft: BufferType) -> int:
     return buft.alignment
 
 
+@query
 def ggml_backend_buft_get_max_size(buft: BufferType) -> int:
     return buft.max_size
 
 
+@query
 def ggml_backend_buft_get_alloc_size(buft: BufferType, t: Tensor) -> int:
     return buft.alloc_size(t)
 
 
+@query
 def ggml_backend_buft_is_host(buft: BufferType) -> bool:
     return buft.is_host
 
@@ -123,34 +129,42 @@ def ggml_backend_buft_alloc_buffer(buft: BufferType, size: int) -> Buffer:
 
 # --- buffers ----------------------------------------------------------------------------------
 
+@query
 def ggml_backend_buffer_name(buf: Buffer) -> str:
     return buf.buft.name
 
 
+@query
 def ggml_backend_buffer_get_base(buf: Buffer) -> int:
     return buf.base
 
 
+@query
 def ggml_backend_buffer_get_size(buf: Buffer) -> int:
     return buf.size
 
 
+@query
 def ggml_backend_buffer_get_alignment(buf: Buffer) -> int:
     return buf.buft.alignment
 
 
+@query
 def ggml_backend_buffer_get_max_size(buf: Buffer) -> int:
     return buf.buft.max_size
 
 
+@query
 def ggml_backend_buffer_get_alloc_size(buf: Buffer, t: Tensor) -> int:
     return buf.buft.alloc_size(t)
 
 
+@query
 def ggml_backend_buffer_get_type(buf: Buffer) -> BufferType:
     return buf.buft
 
 
+@query
 def ggml_backend_buffer_is_host(buf: Buffer) -> bool:
     return buf.buft.is_host
 
@@ -161,6 +175,7 @@ def ggml_backend_buffer_set_usage(buf: Buffer, usage: int) -> None:
     buf.usage = usage
 
 
+@query
 def ggml_backend_buffer_get_usage(buf: Buffer) -> int:
     return buf.usage
 
@@ -247,6 +262,7 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
     _tensor_bytes(t, offset, size, "ggml_backend_tensor_set")[:] = src[:size]
 
 
+@query
 def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
     if size == 0:
         return b""
@@ -267,6 +283,7 @@ def ggml_backend_tensor_set_2d(t: Tensor, data: bytes | np.ndarray, offset: int,
         ggml_backend_tensor_set(t, raw[i * stride_data:i * stride_data + size], offset + i * stride_tensor, size)
 
 
+@query
 def ggml_backend_tensor_get_2d(t: Tensor, offset: int, size: int, n_copies: int, stride_tensor: int,
                                stride_data: int) -> bytes:
     """The rows ggml_backend_tensor_get_2d writes, laid out stride_data apart (gaps zero)."""
@@ -337,5 +354,6 @@ def ggml_backend_multi_buffer_alloc_buffer(buffers: list[Buffer], n_buffers: int
     return MultiBuffer(buffers[:n_buffers] if n_buffers is not None else buffers)
 
 
+@query
 def ggml_backend_buffer_is_multi_buffer(buf) -> bool:
     return isinstance(buf, MultiBuffer)

@@ -25,6 +25,7 @@ from engine.backend.buffer import (
     ggml_backend_tensor_set,
     ggml_backend_tensor_set_2d,
 )
+from engine.core.api import query
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.types import GGMLType, ggml_is_quantized, traits
@@ -160,10 +161,12 @@ def ggml_backend_cpu_init() -> Backend:
     return Backend(_CPU_DEV)
 
 
+@query
 def ggml_backend_name(backend: Backend) -> str:
     return backend.name
 
 
+@query
 def ggml_backend_is_cpu(backend: Backend | None) -> bool:
     return isinstance(backend, Backend) and backend.device is _CPU_DEV
 
@@ -173,14 +176,17 @@ def ggml_backend_cpu_set_n_threads(backend: Backend, n_threads: int) -> None:
     backend.n_threads = n_threads
 
 
+@query
 def ggml_backend_get_default_buffer_type(backend: Backend) -> BufferType:
     return backend.device.buft
 
 
+@query
 def ggml_backend_get_alignment(backend: Backend) -> int:
     return backend.device.buft.alignment
 
 
+@query
 def ggml_backend_get_max_size(backend: Backend) -> int:
     return backend.device.buft.max_size
 
@@ -220,14 +226,17 @@ def ggml_backend_free(backend: Backend | None) -> None:
         backend.freed = True
 
 
+@query
 def ggml_backend_supports_op(backend: Backend, op) -> bool:
     return backend.device.supports_op(op)
 
 
+@query
 def ggml_backend_supports_buft(backend: Backend, buft: BufferType) -> bool:
     return backend.device.supports_buft(buft)
 
 
+@query
 def ggml_backend_offload_op(backend: Backend, op) -> bool:
     return backend.device.offload_op(op)
 
@@ -237,6 +246,7 @@ def ggml_backend_tensor_set_async(backend: Backend, t, data, offset: int, size: 
     ggml_backend_tensor_set(t, data, offset, size)
 
 
+@query
 def ggml_backend_tensor_get_async(backend: Backend, t, offset: int, size: int) -> bytes:
     return ggml_backend_tensor_get(t, offset, size)
 
@@ -246,6 +256,7 @@ def ggml_backend_tensor_set_2d_async(backend: Backend, t, data, offset: int, siz
     ggml_backend_tensor_set_2d(t, data, offset, size, n_copies, stride_tensor, stride_data)
 
 
+@query
 def ggml_backend_tensor_get_2d_async(backend: Backend, t, offset: int, size: int, n_copies: int,
                                      stride_tensor: int, stride_data: int) -> bytes:
     return ggml_backend_tensor_get_2d(t, offset, size, n_copies, stride_tensor, stride_data)
@@ -255,6 +266,7 @@ def ggml_backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, s
     ggml_backend_tensor_copy(src, dst)
 
 
+@query
 def ggml_backend_guid(backend: Backend) -> bytes:
     """The backend's 16-byte guid (the CPU's is ggml_backend_cpu_guid)."""
     return backend.device.guid
@@ -289,27 +301,33 @@ def ggml_backend_cpu_reg() -> Registry:
     return _CPU_REG
 
 
+@query
 def ggml_backend_reg_count() -> int:
     return len(_REGS)
 
 
+@query
 def ggml_backend_reg_get(index: int) -> Registry:
     ggml_assert(0 <= index < len(_REGS), "index < ggml_backend_reg_count()", "ggml_backend_reg_get")
     return _REGS[index]
 
 
+@query
 def ggml_backend_reg_by_name(name: str) -> Registry | None:
     return next((r for r in _REGS if r.name.lower() == str(name).lower()), None)
 
 
+@query
 def ggml_backend_reg_name(reg: Registry) -> str:
     return reg.name
 
 
+@query
 def ggml_backend_reg_dev_count(reg: Registry) -> int:
     return len(reg.devices)
 
 
+@query
 def ggml_backend_reg_dev_get(reg: Registry, index: int) -> Device:
     ggml_assert(0 <= index < len(reg.devices), "index < ggml_backend_reg_dev_count(reg)", "ggml_backend_reg_dev_get")
     return reg.devices[index]
@@ -319,36 +337,44 @@ def _devices() -> list[Device]:
     return [d for r in _REGS for d in r.devices]
 
 
+@query
 def ggml_backend_dev_count() -> int:
     return len(_devices())
 
 
+@query
 def ggml_backend_dev_get(index: int) -> Device:
     devs = _devices()
     ggml_assert(0 <= index < len(devs), "index < ggml_backend_dev_count()", "ggml_backend_dev_get")
     return devs[index]
 
 
+@query
 def ggml_backend_dev_by_name(name: str) -> Device | None:
     return next((d for d in _devices() if d.name.lower() == str(name).lower()), None)
 
 
+@query
 def ggml_backend_dev_by_type(type_: int) -> Device | None:
     return next((d for d in _devices() if d.type == type_), None)
 
 
+@query
 def ggml_backend_dev_name(dev: Device) -> str:
     return dev.name
 
 
+@query
 def ggml_backend_dev_description(dev: Device) -> str:
     return dev.description
 
 
+@query
 def ggml_backend_dev_type(dev: Device) -> int:
     return dev.type
 
 
+@query
 def ggml_backend_dev_memory(dev: Device) -> tuple[int, int]:
     """(free, total) bytes (C writes them through two pointers)."""
     return dev._memory()
@@ -366,49 +392,60 @@ class DeviceProps:
         self.caps_buffer_from_host_ptr = is_cpu
 
 
+@query
 def ggml_backend_dev_get_props(dev: Device) -> DeviceProps:
     return DeviceProps(dev)
 
 
+@query
 def ggml_backend_dev_backend_reg(dev: Device) -> Registry:
     return dev.reg
 
 
+@query
 def ggml_backend_dev_buffer_type(dev: Device) -> BufferType:
     return dev.buft
 
 
+@query
 def ggml_backend_dev_host_buffer_type(dev: Device) -> BufferType | None:
     """None: no device here has a pinned host buffer type (ggml's CPU has none either)."""
     return None
 
 
+@query
 def ggml_backend_dev_init(dev: Device, params: str | None = None) -> Backend:
     return Backend(dev)
 
 
+@query
 def ggml_backend_dev_supports_op(dev: Device, op) -> bool:
     return dev.supports_op(op)
 
 
+@query
 def ggml_backend_dev_supports_buft(dev: Device, buft: BufferType) -> bool:
     return dev.supports_buft(buft)
 
 
+@query
 def ggml_backend_dev_offload_op(dev: Device, op) -> bool:
     return dev.offload_op(op)
 
 
+@query
 def ggml_backend_dev_buffer_from_host_ptr(dev: Device, data, size: int, max_tensor_size: int = 0) -> Buffer:
     ggml_assert(dev.type == GGML_BACKEND_DEVICE_TYPE_CPU, "device->iface.buffer_from_host_ptr != NULL",
                 "ggml_backend_dev_buffer_from_host_ptr")
     return ggml_backend_cpu_buffer_from_ptr(data, size)
 
 
+@query
 def ggml_backend_get_device(backend: Backend) -> Device:
     return backend.device
 
 
+@query
 def ggml_backend_buft_get_device(buft: BufferType) -> Device:
     return buft.device
 
@@ -464,6 +501,7 @@ def ggml_backend_graph_plan_free(backend: Backend, plan: GraphPlan) -> None:
     plan.work = None
 
 
+@query
 def ggml_backend_reg_get_proc_address(reg: Registry, name: str):
     """The functions a registry hands out by name (the CPU's: set_n_threads, numa, threadpools);
     None for any other name, as in ggml."""

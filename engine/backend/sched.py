@@ -42,6 +42,7 @@ from engine.backend.device import (
     ggml_backend_supports_op,
     ggml_backend_synchronize,
 )
+from engine.core.api import query
 from engine.core.context import ggml_free, ggml_init, ggml_init_params
 from engine.core.errors import ggml_abort, ggml_assert
 from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
@@ -546,27 +547,33 @@ def ggml_backend_sched_set_eval_callback(sched: Sched, callback: Callable | None
     sched.callback_eval = callback
 
 
+@query
 def ggml_backend_sched_get_n_splits(sched: Sched) -> int:
     return len(sched.splits)
 
 
+@query
 def ggml_backend_sched_get_n_copies(sched: Sched) -> int:
     return sched.n_copies
 
 
+@query
 def ggml_backend_sched_get_n_backends(sched: Sched) -> int:
     return len(sched.backends)
 
 
+@query
 def ggml_backend_sched_get_backend(sched: Sched, i: int) -> Backend:
     ggml_assert(0 <= i < len(sched.backends), "i >= 0 && i < sched->n_backends", "ggml_backend_sched_get_backend")
     return sched.backends[i]
 
 
+@query
 def ggml_backend_sched_get_buffer_type(sched: Sched, backend: Backend) -> BufferType:
     return sched.bufts[_id_of(sched, backend, "ggml_backend_sched_get_buffer_type")]
 
 
+@query
 def ggml_backend_sched_get_buffer_size(sched: Sched, backend: Backend) -> int:
     return ggml_gallocr_get_buffer_size(sched.galloc, _id_of(sched, backend, "ggml_backend_sched_get_buffer_size"))
 
@@ -577,6 +584,7 @@ def ggml_backend_sched_set_tensor_backend(sched: Sched, node: Tensor, backend: B
     sched.is_reset = False
 
 
+@query
 def ggml_backend_sched_get_tensor_backend(sched: Sched, node: Tensor) -> Backend | None:
     b = sched.tid(node)
     return None if b == -1 else sched.backends[b]

@@ -11,6 +11,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from engine.core.api import query
 from engine.core.graph import Graph
 from engine.ops.custom import GGML_N_TASKS_MAX
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
@@ -44,6 +45,7 @@ _UNARY_ALL_THREADS = {GGMLUnaryOp.GELU, GGMLUnaryOp.GELU_ERF, GGMLUnaryOp.GELU_Q
                       GGMLUnaryOp.SILU, GGMLUnaryOp.XIELU}
 
 
+@query
 def ggml_get_n_tasks(node: Tensor, n_threads: int) -> int:
     """ggml_get_n_tasks: how many threads this node's op can use."""
     if ggml_is_empty(node):

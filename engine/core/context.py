@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.errors import GGMLPoolError, ggml_assert
 from engine.core.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
 
@@ -231,6 +232,7 @@ def ggml_new_object(ctx: Context, type_: int, size: int) -> int:
     return cur_end + GGML_OBJECT_SIZE
 
 
+@query
 def ggml_used_mem(ctx: Context) -> int:
     """ggml_used_mem: end of the last object's payload (headers included), 0 if empty."""
     if ctx.objects_end is None:
@@ -239,11 +241,13 @@ def ggml_used_mem(ctx: Context) -> int:
     return int(last["offs"]) + int(last["size"])
 
 
+@query
 def ggml_get_mem_buffer(ctx: Context) -> int:
     """ggml_get_mem_buffer: the pool's (simulated) address. The bytes are `ctx.pool`."""
     return ctx.base
 
 
+@query
 def ggml_get_mem_size(ctx: Context) -> int:
     """ggml_get_mem_size."""
     return ctx.mem_size
@@ -254,11 +258,13 @@ def ggml_set_no_alloc(ctx: Context, no_alloc: bool) -> None:
     ctx.no_alloc = bool(no_alloc)
 
 
+@query
 def ggml_get_no_alloc(ctx: Context) -> bool:
     """ggml_get_no_alloc."""
     return ctx.no_alloc
 
 
+@query
 def ggml_tensor_overhead() -> int:
     """ggml_tensor_overhead: one object header plus one tensor struct (368 bytes)."""
     return GGML_OBJECT_SIZE + GGML_TENSOR_SIZE
@@ -300,6 +306,7 @@ def ggml_print_object(obj) -> str:
     return line
 
 
+@query
 def ggml_print_objects(ctx: Context) -> str:
     """ggml_print_objects: the object list, one line per object (returned, and printed)."""
     lines = [f"ggml_print_objects: objects in context {ctx.id}:"]

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
@@ -35,6 +36,7 @@ _PRIMES = (2, 3, 5, 11, 17, 37, 67, 131, 257, 521, 1031, 2053, 4099, 8209, 16411
            67108879, 134217757, 268435459, 536870923, 1073741827, 2147483659)
 
 
+@query
 def ggml_hash_size(min_sz: int) -> int:
     """ggml_hash_size: the smallest prime of ggml's table >= min_sz (or min_sz | 1 beyond it)."""
     i = bisect_left(_PRIMES, min_sz)
@@ -61,16 +63,19 @@ def _graph_layout(size: int, grads: bool) -> tuple[dict[str, int], int]:
     return offsets, p
 
 
+@query
 def ggml_graph_nbytes(size: int, grads: bool) -> int:
     """ggml_graph_nbytes: bytes of a graph of `size` nodes (struct and arrays)."""
     return _graph_layout(size, grads)[1]
 
 
+@query
 def ggml_graph_overhead_custom(size: int, grads: bool) -> int:
     """ggml_graph_overhead_custom: object header plus the padded graph."""
     return GGML_OBJECT_SIZE + GGML_PAD(ggml_graph_nbytes(size, grads), GGML_MEM_ALIGN)
 
 
+@query
 def ggml_graph_overhead() -> int:
     """ggml_graph_overhead: a default-sized graph (2048 nodes, no grads)."""
     return ggml_graph_overhead_custom(GGML_DEFAULT_GRAPH_SIZE, False)
@@ -311,16 +316,19 @@ def ggml_build_forward_select(g: Graph, tensors: list[Tensor], idx: int) -> Tens
     return tensors[idx]
 
 
+@query
 def ggml_graph_size(g: Graph) -> int:
     """ggml_graph_size."""
     return g.size
 
 
+@query
 def ggml_graph_n_nodes(g: Graph) -> int:
     """ggml_graph_n_nodes."""
     return g.n_nodes
 
 
+@query
 def ggml_graph_node(g: Graph, i: int) -> Tensor:
     """ggml_graph_node: the i-th node; negative i counts from the end (-1 is the last)."""
     if i < 0:
@@ -392,6 +400,7 @@ def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
             dst.grad_acc_addresses[i_dst] = src.grad_acc_addresses[i_src]
 
 
+@query
 def ggml_graph_print(g: Graph) -> str:
     """ggml_graph_print: the node and leaf lists (returned, and printed)."""
     lines = ["=== GRAPH ===", f"n_nodes = {g.n_nodes}"]
@@ -444,6 +453,7 @@ def _dot_escape(s: str) -> str:
     return s
 
 
+@query
 def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | None = None,
                         decorate: Callable[[Tensor], DotStyle | None] | None = None,
                         extra: tuple[str, ...] = ()) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from engine.core.api import query
+
 # (NAME, symbol) in enum order
 OP_TABLE: tuple[tuple[str, str], ...] = (
     ('NONE', 'none'),
@@ -128,21 +130,25 @@ GGML_GLU_OP_COUNT = len(GLU_OPS)
 VIEW_OPS = frozenset({GGMLOp.NONE, GGMLOp.RESHAPE, GGMLOp.VIEW, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE})
 
 
+@query
 def ggml_op_name(op: int) -> str:
     """ggml_op_name."""
     return OP_TABLE[op][0]
 
 
+@query
 def ggml_op_symbol(op: int) -> str:
     """ggml_op_symbol: the short form ggml_graph_dump_dot prints."""
     return OP_TABLE[op][1]
 
 
+@query
 def ggml_unary_op_name(op: int) -> str:
     """ggml_unary_op_name."""
     return UNARY_OPS[op]
 
 
+@query
 def ggml_glu_op_name(op: int) -> str:
     """ggml_glu_op_name."""
     return GLU_OPS[op]

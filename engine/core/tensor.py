@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
@@ -285,6 +286,7 @@ def ggml_set_name(t: Tensor, name: str | bytes) -> Tensor:
     return t
 
 
+@query
 def ggml_get_name(t: Tensor) -> str:
     """ggml_get_name."""
     return t.name
@@ -298,11 +300,13 @@ def ggml_format_name(t: Tensor, fmt: str | bytes, *args) -> Tensor:
     return t
 
 
+@query
 def ggml_get_first_tensor(ctx: Context) -> Tensor | None:
     """ggml_get_first_tensor."""
     return next(_tensors(ctx), None)
 
 
+@query
 def ggml_get_next_tensor(ctx: Context, t: Tensor) -> Tensor | None:
     """ggml_get_next_tensor: follow the object list from t's header."""
     found = False
@@ -313,6 +317,7 @@ def ggml_get_next_tensor(ctx: Context, t: Tensor) -> Tensor | None:
     return None
 
 
+@query
 def ggml_get_tensor(ctx: Context, name: str) -> Tensor | None:
     """ggml_get_tensor: the first tensor (in creation order) with this name."""
     return next((t for t in _tensors(ctx) if t.name == name), None)
@@ -322,6 +327,7 @@ def _tensors(ctx: Context):
     return (Tensor(ctx, o.offs) for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR)
 
 
+@query
 def ggml_get_max_tensor_size(ctx: Context) -> int:
     """ggml_get_max_tensor_size: the largest ggml_nbytes of the context's tensors."""
     return max((ggml_nbytes(t) for t in _tensors(ctx)), default=0)
@@ -357,17 +363,20 @@ def ggml_set_loss(t: Tensor) -> None:
 
 # --- sizes and shapes ------------------------------------------------------------------------
 
+@query
 def ggml_nelements(t: Tensor) -> int:
     """ggml_nelements."""
     return math.prod(t.ne.tolist())
 
 
+@query
 def ggml_nrows(t: Tensor) -> int:
     """ggml_nrows: ne1*ne2*ne3."""
     ne = t.ne
     return int(ne[1]) * int(ne[2]) * int(ne[3])
 
 
+@query
 def ggml_nbytes(t: Tensor) -> int:
     """ggml_nbytes: the byte span from the first element to the end of the last one."""
     ne = [int(n) for n in t.ne]
@@ -386,16 +395,19 @@ def ggml_nbytes(t: Tensor) -> int:
     return nbytes
 
 
+@query
 def ggml_nbytes_pad(t: Tensor) -> int:
     """ggml_nbytes_pad."""
     return GGML_PAD(ggml_nbytes(t), GGML_MEM_ALIGN)
 
 
+@query
 def ggml_element_size(t: Tensor) -> int:
     """ggml_element_size: bytes per block of t's type."""
     return TYPE_TRAITS[t.type].type_size
 
 
+@query
 def ggml_n_dims(t: Tensor) -> int:
     """ggml_n_dims: 1 + the highest dimension with more than one element (at least 1)."""
     for i in range(GGML_MAX_DIMS - 1, 0, -1):
@@ -404,26 +416,31 @@ def ggml_n_dims(t: Tensor) -> int:
     return 1
 
 
+@query
 def ggml_is_empty(t: Tensor) -> bool:
     """ggml_is_empty."""
     return 0 in t.ne.tolist()
 
 
+@query
 def ggml_is_scalar(t: Tensor) -> bool:
     """ggml_is_scalar."""
     return all(int(n) == 1 for n in t.ne)
 
 
+@query
 def ggml_is_vector(t: Tensor) -> bool:
     """ggml_is_vector."""
     return all(int(n) == 1 for n in t.ne[1:])
 
 
+@query
 def ggml_is_matrix(t: Tensor) -> bool:
     """ggml_is_matrix."""
     return int(t.ne[2]) == 1 and int(t.ne[3]) == 1
 
 
+@query
 def ggml_is_3d(t: Tensor) -> bool:
     """ggml_is_3d."""
     return int(t.ne[3]) == 1
@@ -448,65 +465,77 @@ def _is_contiguous_n(t: Tensor, n: int) -> bool:
     return True
 
 
+@query
 def ggml_is_contiguous(t: Tensor) -> bool:
     """ggml_is_contiguous: fully packed, ignoring dimensions of size 1."""
     return _is_contiguous_n(t, 0)
 
 
+@query
 def ggml_is_contiguous_0(t: Tensor) -> bool:
     """ggml_is_contiguous_0."""
     return _is_contiguous_n(t, 0)
 
 
+@query
 def ggml_is_contiguous_1(t: Tensor) -> bool:
     """ggml_is_contiguous_1: contiguous for dims >= 1."""
     return _is_contiguous_n(t, 1)
 
 
+@query
 def ggml_is_contiguous_2(t: Tensor) -> bool:
     """ggml_is_contiguous_2: contiguous for dims >= 2."""
     return _is_contiguous_n(t, 2)
 
 
+@query
 def ggml_is_contiguously_allocated(t: Tensor) -> bool:
     """ggml_is_contiguously_allocated: no gaps, though the dimensions may be permuted."""
     tr = TYPE_TRAITS[t.type]
     return ggml_nbytes(t) == ggml_nelements(t) * tr.type_size // tr.blck_size
 
 
+@query
 def ggml_is_contiguous_channels(t: Tensor) -> bool:
     """ggml_is_contiguous_channels."""
     nb = [int(x) for x in t.nb]
     return nb[0] > nb[2] and nb[1] > nb[0] and nb[2] == TYPE_TRAITS[t.type].type_size
 
 
+@query
 def ggml_is_contiguous_rows(t: Tensor) -> bool:
     """ggml_is_contiguous_rows: elements within a row are packed."""
     tr = TYPE_TRAITS[t.type]
     return int(t.ne[0]) == tr.blck_size or int(t.nb[0]) == tr.type_size
 
 
+@query
 def ggml_is_transposed(t: Tensor) -> bool:
     """ggml_is_transposed: nb[0] > nb[1]."""
     return int(t.nb[0]) > int(t.nb[1])
 
 
+@query
 def ggml_is_permuted(t: Tensor) -> bool:
     """ggml_is_permuted: strides out of increasing order."""
     nb = [int(x) for x in t.nb]
     return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
 
 
+@query
 def ggml_are_same_shape(a: Tensor, b: Tensor) -> bool:
     """ggml_are_same_shape."""
     return all(int(x) == int(y) for x, y in zip(a.ne, b.ne))
 
 
+@query
 def ggml_are_same_stride(a: Tensor, b: Tensor) -> bool:
     """ggml_are_same_stride."""
     return all(int(x) == int(y) for x, y in zip(a.nb, b.nb))
 
 
+@query
 def ggml_can_repeat(t0: Tensor, t1: Tensor) -> bool:
     """ggml_can_repeat: t1's shape is a whole multiple of t0's in every dimension."""
     if ggml_is_empty(t0):
@@ -514,6 +543,7 @@ def ggml_can_repeat(t0: Tensor, t1: Tensor) -> bool:
     return all(int(b) % int(a) == 0 for a, b in zip(t0.ne, t1.ne))
 
 
+@query
 def ggml_can_repeat_rows(t0: Tensor, t1: Tensor) -> bool:
     """ggml_can_repeat_rows: same ne[0], and repeatable."""
     return int(t0.ne[0]) == int(t1.ne[0]) and ggml_can_repeat(t0, t1)

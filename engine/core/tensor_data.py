@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import Context
 from engine.core.errors import GGMLAssertionError, ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_n_dims, ggml_nbytes, ggml_nelements, \
@@ -139,6 +140,7 @@ def _element(t: Tensor, i: int, fn: str) -> tuple[np.ndarray, tuple]:
     return np.ndarray((1,), dtype=dtype, buffer=ctx.pool.data, offset=off + addr), (0,)
 
 
+@query
 def ggml_get_f32_1d(t: Tensor, i: int) -> float:
     """ggml_get_f32_1d."""
     arr, idx = _element(t, i, "ggml_get_f32_1d")
@@ -151,6 +153,7 @@ def ggml_set_f32_1d(t: Tensor, i: int, value: float) -> None:
     arr[idx] = _from_f32(t.type, value)
 
 
+@query
 def ggml_get_i32_1d(t: Tensor, i: int) -> int:
     """ggml_get_i32_1d."""
     arr, idx = _element(t, i, "ggml_get_i32_1d")
@@ -168,6 +171,7 @@ def ggml_set_i32_1d(t: Tensor, i: int, value: int) -> None:
         arr[idx] = np.array(value).astype(arr.dtype)
 
 
+@query
 def ggml_get_data_f32(t: Tensor) -> np.ndarray:
     """ggml_get_data_f32: t's data as float32 (t must be F32)."""
     ggml_assert(t.type == GGMLType.F32, "tensor->type == GGML_TYPE_F32", "ggml_get_data_f32")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.api import query
+
 
 class GGMLType(enum.IntEnum):
     """enum ggml_type, with the oracle's numbering."""
@@ -163,26 +165,31 @@ def traits(type_: int) -> TypeTraits:
     return TYPE_TRAITS[int(type_)]
 
 
+@query
 def ggml_type_name(type_: int) -> str:
     """ggml_type_name: the type's short name ("f32", "q4_K", ...)."""
     return traits(type_).type_name
 
 
+@query
 def ggml_blck_size(type_: int) -> int:
     """ggml_blck_size: elements per block."""
     return traits(type_).blck_size
 
 
+@query
 def ggml_type_size(type_: int) -> int:
     """ggml_type_size: bytes per block."""
     return traits(type_).type_size
 
 
+@query
 def ggml_is_quantized(type_: int) -> bool:
     """ggml_is_quantized."""
     return traits(type_).is_quantized
 
 
+@query
 def ggml_row_size(type_: int, ne: int) -> int:
     """ggml_row_size: bytes of `ne` elements of `type_` (type_size * ne / blck_size)."""
     tr = traits(type_)

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.api import query
+
 from .format import (GGUF_DEFAULT_ALIGNMENT, GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC,
                      GGUF_VERSION, GGUFError, GGUFValueType, gguf_type_name, gguf_type_size)
 from .loader import load_into_context
@@ -131,26 +133,31 @@ def gguf_free(ctx: GGUFContext) -> None:
         ctx.reader.close()
 
 
+@query
 def gguf_get_version(ctx: GGUFContext) -> int:
     """gguf_get_version."""
     return ctx.version
 
 
+@query
 def gguf_get_alignment(ctx: GGUFContext) -> int:
     """gguf_get_alignment."""
     return ctx.alignment
 
 
+@query
 def gguf_get_data_offset(ctx: GGUFContext) -> int:
     """gguf_get_data_offset: where the data section starts in the file read (0 if none)."""
     return ctx.offset
 
 
+@query
 def gguf_get_n_kv(ctx: GGUFContext) -> int:
     """gguf_get_n_kv."""
     return len(ctx.kv)
 
 
+@query
 def gguf_find_key(ctx: GGUFContext, key: str) -> int:
     """gguf_find_key: the key's index, -1 when missing."""
     return ctx.find_key(key)
@@ -163,17 +170,20 @@ def _kv(ctx: GGUFContext, key_id: int, fn: str):
     return ctx.kv[key_id]
 
 
+@query
 def gguf_get_key(ctx: GGUFContext, key_id: int) -> str:
     """gguf_get_key."""
     return _kv(ctx, key_id, "gguf_get_key").key
 
 
+@query
 def gguf_get_kv_type(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_kv_type: GGUF_TYPE_ARRAY for an array, else the value's type."""
     kv = _kv(ctx, key_id, "gguf_get_kv_type")
     return T.ARRAY if kv.is_array else kv.type
 
 
+@query
 def gguf_get_arr_type(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_arr_type: an array's element type."""
     kv = _kv(ctx, key_id, "gguf_get_arr_type")
@@ -181,11 +191,13 @@ def gguf_get_arr_type(ctx: GGUFContext, key_id: int) -> int:
     return kv.type
 
 
+@query
 def gguf_get_arr_n(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_arr_n: the element count (1 for a scalar, as in C)."""
     return _kv(ctx, key_id, "gguf_get_arr_n").n
 
 
+@query
 def gguf_get_arr_data(ctx: GGUFContext, key_id: int) -> np.ndarray:
     """gguf_get_arr_data: the elements of a non-string array, as a numpy array."""
     kv = _kv(ctx, key_id, "gguf_get_arr_data")
@@ -194,6 +206,7 @@ def gguf_get_arr_data(ctx: GGUFContext, key_id: int) -> np.ndarray:
     return kv.value if kv.is_array else np.array([kv.value])
 
 
+@query
 def gguf_get_arr_str(ctx: GGUFContext, key_id: int, i: int) -> str:
     """gguf_get_arr_str: string i of a string array."""
     kv = _kv(ctx, key_id, "gguf_get_arr_str")
@@ -224,66 +237,79 @@ def _check(ok: bool, ctx: GGUFContext, key_id: int, fn: str, condition: str) -> 
         raise GGUFError(f"key {key_id} '{kv.key}'", at, f"{fn}: GGML_ASSERT({condition}) failed")
 
 
+@query
 def gguf_get_val_u8(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_u8."""
     return _get_val(ctx, key_id, T.UINT8)
 
 
+@query
 def gguf_get_val_i8(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_i8."""
     return _get_val(ctx, key_id, T.INT8)
 
 
+@query
 def gguf_get_val_u16(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_u16."""
     return _get_val(ctx, key_id, T.UINT16)
 
 
+@query
 def gguf_get_val_i16(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_i16."""
     return _get_val(ctx, key_id, T.INT16)
 
 
+@query
 def gguf_get_val_u32(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_u32."""
     return _get_val(ctx, key_id, T.UINT32)
 
 
+@query
 def gguf_get_val_i32(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_i32."""
     return _get_val(ctx, key_id, T.INT32)
 
 
+@query
 def gguf_get_val_f32(ctx: GGUFContext, key_id: int) -> float:
     """gguf_get_val_f32."""
     return _get_val(ctx, key_id, T.FLOAT32)
 
 
+@query
 def gguf_get_val_u64(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_u64."""
     return _get_val(ctx, key_id, T.UINT64)
 
 
+@query
 def gguf_get_val_i64(ctx: GGUFContext, key_id: int) -> int:
     """gguf_get_val_i64."""
     return _get_val(ctx, key_id, T.INT64)
 
 
+@query
 def gguf_get_val_f64(ctx: GGUFContext, key_id: int) -> float:
     """gguf_get_val_f64."""
     return _get_val(ctx, key_id, T.FLOAT64)
 
 
+@query
 def gguf_get_val_bool(ctx: GGUFContext, key_id: int) -> bool:
     """gguf_get_val_bool."""
     return bool(_get_val(ctx, key_id, T.BOOL))
 
 
+@query
 def gguf_get_val_str(ctx: GGUFContext, key_id: int) -> str:
     """gguf_get_val_str."""
     return _get_val(ctx, key_id, T.STRING)
 
 
+@query
 def gguf_get_val_data(ctx: GGUFContext, key_id: int) -> bytes:
     """gguf_get_val_data: a non-string scalar's bytes, little-endian."""
     kv = _kv(ctx, key_id, "gguf_get_val_data")
@@ -295,11 +321,13 @@ def gguf_get_val_data(ctx: GGUFContext, key_id: int) -> bytes:
     return _kv_bytes(kv)[-1][-gguf_type_size(kv.type):]
 
 
+@query
 def gguf_get_n_tensors(ctx: GGUFContext) -> int:
     """gguf_get_n_tensors."""
     return len(ctx.info)
 
 
+@query
 def gguf_find_tensor(ctx: GGUFContext, name: str) -> int:
     """gguf_find_tensor: the tensor's index, -1 when missing."""
     return ctx.find_tensor(name)
@@ -312,22 +340,26 @@ def _info(ctx: GGUFContext, tensor_id: int, fn: str):
     return ctx.info[tensor_id]
 
 
+@query
 def gguf_get_tensor_offset(ctx: GGUFContext, tensor_id: int) -> int:
     """gguf_get_tensor_offset: bytes from the start of the data section."""
     _info(ctx, tensor_id, "gguf_get_tensor_offset")
     return ctx.tensor_offsets()[tensor_id]
 
 
+@query
 def gguf_get_tensor_name(ctx: GGUFContext, tensor_id: int) -> str:
     """gguf_get_tensor_name."""
     return _info(ctx, tensor_id, "gguf_get_tensor_name").name
 
 
+@query
 def gguf_get_tensor_type(ctx: GGUFContext, tensor_id: int) -> int:
     """gguf_get_tensor_type: the ggml_type."""
     return _info(ctx, tensor_id, "gguf_get_tensor_type").type
 
 
+@query
 def gguf_get_tensor_size(ctx: GGUFContext, tensor_id: int) -> int:
     """gguf_get_tensor_size: ggml_nbytes of the tensor."""
     return _info(ctx, tensor_id, "gguf_get_tensor_size").nbytes
@@ -447,6 +479,7 @@ def gguf_set_tensor_data(ctx: GGUFContext, name: str, data: Any) -> None:
     ctx.set_tensor_data(name, data)
 
 
+@query
 def gguf_get_tensor_ne(ctx: GGUFContext, tensor_id: int) -> tuple[int, int, int, int]:
     """Not in gguf.h: a tensor's ne, which gguf.cpp reads from its info (info.t.ne) when it
     creates the context's tensors."""
@@ -459,11 +492,13 @@ def gguf_write_to_file(ctx: GGUFContext, fname: str | os.PathLike, only_meta: bo
     return ctx.write_to_file(fname, only_meta)
 
 
+@query
 def gguf_get_meta_size(ctx: GGUFContext) -> int:
     """gguf_get_meta_size: bytes of the metadata, padding to the alignment included."""
     return ctx.meta_size()
 
 
+@query
 def gguf_get_meta_data(ctx: GGUFContext) -> bytes:
     """gguf_get_meta_data: the metadata bytes (C copies them into a caller's buffer)."""
     return ctx.to_bytes(only_meta=True)

@@ -10,6 +10,7 @@ import struct
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_OP_PARAMS
@@ -33,6 +34,7 @@ def ggml_set_op_params_i32(t: Tensor, i: int, value: int) -> None:
     t.op_params[i] = value
 
 
+@query
 def ggml_get_op_params_i32(t: Tensor, i: int) -> int:
     """ggml_get_op_params_i32."""
     return int(t.op_params[i])
@@ -43,6 +45,7 @@ def ggml_set_op_params_f32(t: Tensor, i: int, value: float) -> None:
     t.op_params.view(np.float32)[i] = value
 
 
+@query
 def ggml_get_op_params_f32(t: Tensor, i: int) -> float:
     """ggml_get_op_params_f32."""
     return float(t.op_params.view(np.float32)[i])
@@ -289,6 +292,7 @@ def ggml_div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, a, b, GGMLOp.DIV, True, "ggml_div_inplace")
 
 
+@query
 def ggml_can_mul_mat(a: Tensor, b: Tensor) -> bool:
     """ggml_can_mul_mat: same row length; b's matrices are a whole multiple of a's."""
     return (int(a.ne[0]) == int(b.ne[0]) and int(b.ne[2]) % int(a.ne[2]) == 0

@@ -15,6 +15,7 @@ import struct
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
@@ -38,6 +39,7 @@ def _int32(v: int) -> int:
 
 
 
+@query
 def ggml_is_padded_1d(t: Tensor) -> bool:
     """ggml_is_padded_1d: rows packed, and dims 2 and 3 packed after them (dim 1 may be padded)."""
     ne, nb = _ne(t), [int(x) for x in t.nb]
@@ -286,6 +288,7 @@ def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int, eps: float) 
 
 # --- out_prod --------------------------------------------------------------------------------
 
+@query
 def ggml_can_out_prod(t0: Tensor, t1: Tensor) -> bool:
     """ggml_can_out_prod: same ne1; t1's dims 2 and 3 whole multiples of t0's."""
     return (int(t0.ne[1]) == int(t1.ne[1]) and int(t1.ne[2]) % int(t0.ne[2]) == 0

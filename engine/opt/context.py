@@ -24,6 +24,7 @@ from engine.backend.sched import (
     ggml_backend_sched_graph_compute,
     ggml_backend_sched_reset,
 )
+from engine.core.api import query
 from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.cxxrandom import Mt19937
 from engine.core.errors import ggml_abort, ggml_assert
@@ -361,38 +362,47 @@ def ggml_opt_reset(opt_ctx: OptContext, optimizer: bool) -> None:
         ggml_graph_reset(opt_ctx.gb_grad)
 
 
+@query
 def ggml_opt_static_graphs(opt_ctx: OptContext) -> bool:
     return opt_ctx.static_graphs
 
 
+@query
 def ggml_opt_inputs(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.inputs
 
 
+@query
 def ggml_opt_outputs(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.outputs
 
 
+@query
 def ggml_opt_labels(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.labels
 
 
+@query
 def ggml_opt_loss(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.loss
 
 
+@query
 def ggml_opt_pred(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.pred
 
 
+@query
 def ggml_opt_ncorrect(opt_ctx: OptContext) -> Tensor | None:
     return opt_ctx.ncorrect
 
 
+@query
 def ggml_opt_grad_acc(opt_ctx: OptContext, node: Tensor) -> Tensor | None:
     return ggml_graph_get_grad_acc(opt_ctx.gb_opt, node)
 
 
+@query
 def ggml_opt_context_optimizer_type(opt_ctx: OptContext) -> int:
     return opt_ctx.optimizer
 

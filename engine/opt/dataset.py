@@ -13,6 +13,7 @@ from engine.backend.buffer import (
     ggml_backend_tensor_get,
     ggml_backend_tensor_set,
 )
+from engine.core.api import query
 from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_new_tensor_2d
@@ -57,14 +58,17 @@ def ggml_opt_dataset_free(dataset: Dataset) -> None:
     ggml_free(dataset.ctx)
 
 
+@query
 def ggml_opt_dataset_ndata(dataset: Dataset) -> int:
     return dataset.ndata
 
 
+@query
 def ggml_opt_dataset_data(dataset: Dataset) -> Tensor:
     return dataset.data
 
 
+@query
 def ggml_opt_dataset_labels(dataset: Dataset) -> Tensor | None:
     return dataset.labels
 
@@ -124,6 +128,7 @@ def ggml_opt_dataset_get_batch(dataset: Dataset, data_batch: Tensor, labels_batc
             ggml_backend_tensor_set(labels_batch, labels, k * dataset.nbs_labels, dataset.nbs_labels)
 
 
+@query
 def ggml_opt_dataset_get_batch_host(dataset: Dataset, data_batch, nb_data_batch: int, labels_batch,
                                     ibatch: int) -> None:
     """Copy batch ibatch into host memory: writable buffers (bytearray, numpy array) as C's pointers."""

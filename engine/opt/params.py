@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.core.api import query
 from engine.core.tensor import Tensor
 
 GGML_OPT_LOSS_TYPE_MEAN = 0
@@ -43,10 +44,12 @@ class ggml_opt_optimizer_params:
     sgd: ggml_opt_optimizer_params_sgd = field(default_factory=ggml_opt_optimizer_params_sgd)
 
 
+@query
 def ggml_opt_get_default_optimizer_params(userdata=None) -> ggml_opt_optimizer_params:
     return ggml_opt_optimizer_params()
 
 
+@query
 def ggml_opt_get_constant_optimizer_params(userdata: ggml_opt_optimizer_params) -> ggml_opt_optimizer_params:
     """The parameters userdata points to (ggml_opt_params.get_opt_pars_ud)."""
     return userdata
@@ -66,9 +69,11 @@ class ggml_opt_params:
     optimizer: int = GGML_OPT_OPTIMIZER_TYPE_ADAMW
 
 
+@query
 def ggml_opt_default_params(backend_sched, loss_type: int) -> ggml_opt_params:
     return ggml_opt_params(backend_sched, loss_type=loss_type)
 
 
+@query
 def ggml_opt_optimizer_name(o: int) -> str:
     return {GGML_OPT_OPTIMIZER_TYPE_ADAMW: "adamw", GGML_OPT_OPTIMIZER_TYPE_SGD: "sgd"}.get(o, "undefined")

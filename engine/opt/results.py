@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.core.api import query
+
 F32 = np.float32
 
 @dataclass(eq=False)
@@ -20,14 +22,17 @@ class OptResult:
     loss_per_datapoint: bool = False
 
 
+@query
 def ggml_opt_result_init() -> OptResult:
     return OptResult()
 
 
+@query
 def ggml_opt_result_free(result: OptResult) -> None:
     """Nothing to release: the result is garbage collected."""
 
 
+@query
 def ggml_opt_result_reset(result: OptResult) -> None:
     result.ndata = 0
     result.loss.clear()
@@ -35,10 +40,12 @@ def ggml_opt_result_reset(result: OptResult) -> None:
     result.ncorrect = 0
 
 
+@query
 def ggml_opt_result_ndata(result: OptResult) -> int:
     return result.ndata
 
 
+@query
 def ggml_opt_result_loss(result: OptResult) -> tuple[float, float]:
     """(the loss: the mean per batch, or the sum for a SUM loss; its uncertainty)."""
     nbatches = len(result.loss)
@@ -60,10 +67,12 @@ def ggml_opt_result_loss(result: OptResult) -> tuple[float, float]:
     return loss, unc
 
 
+@query
 def ggml_opt_result_pred(result: OptResult) -> list[int]:
     return list(result.pred)
 
 
+@query
 def ggml_opt_result_accuracy(result: OptResult) -> tuple[float, float]:
     """(correct / evaluated, its binomial uncertainty); NaN when no ncorrect was computed."""
     accuracy = result.ncorrect / result.ndata if result.ncorrect >= 0 and result.ndata else math.nan

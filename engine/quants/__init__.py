@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.core.api import query
 from engine.core.errors import GGMLAssertionError, ggml_assert
 from engine.quants import fp4, iq4, iqgrid, kquants, legacy, ternary
 from engine.quants.common import QuantKind
@@ -150,6 +151,7 @@ class TypeTraits:
     from_float_ref: Callable[[np.ndarray], np.ndarray] | None  # float32 (k,) -> uint8 bytes
 
 
+@query
 def ggml_get_type_traits(type_: int) -> TypeTraits:
     """ggml_get_type_traits: name, block geometry and the to_float / from_float_ref functions."""
     t = GGMLType(type_)

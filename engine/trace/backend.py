@@ -25,13 +25,6 @@ from engine.core.optable import GGMLOp
 from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
 from engine.core.tensor import Tensor, ggml_nbytes
 
-# ggml-backend / ggml-alloc functions that are queries (they change nothing: no step)
-BACKEND_QUERIES = (
-    "ggml_backend_buft_get_", "ggml_backend_buft_name", "ggml_backend_buft_is_", "ggml_backend_buffer_get_",
-    "ggml_backend_buffer_name", "ggml_backend_buffer_is_", "ggml_backend_get_", "ggml_backend_name",
-    "ggml_backend_guid", "ggml_backend_is_", "ggml_backend_supports_", "ggml_backend_offload_op",
-    "ggml_backend_dev_", "ggml_backend_reg_", "ggml_backend_sched_get_", "ggml_backend_tensor_get",
-    "ggml_gallocr_get_", "ggml_backend_alloc_ctx_tensors_from_buft_size")
 # calls that write the `buffer` and `data` fields of many tensor structs
 STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tensors_from_buft",
                   "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",

@@ -15,13 +15,6 @@ from typing import Any
 from engine.opt.context import OptContext
 from engine.opt.dataset import Dataset
 
-# ggml-opt.h functions that change nothing
-OPT_QUERIES = ("ggml_opt_inputs", "ggml_opt_outputs", "ggml_opt_labels", "ggml_opt_loss", "ggml_opt_pred",
-               "ggml_opt_ncorrect", "ggml_opt_grad_acc", "ggml_opt_static_graphs", "ggml_opt_dataset_data",
-               "ggml_opt_dataset_labels", "ggml_opt_dataset_ndata", "ggml_opt_result_ndata",
-               "ggml_opt_result_loss", "ggml_opt_result_pred", "ggml_opt_result_accuracy",
-               "ggml_opt_context_optimizer_type", "ggml_opt_optimizer_name", "ggml_opt_get_",
-               "ggml_opt_default_params", "ggml_opt_dataset_get_batch_host", "ggml_opt_result_")
 # calls that place tensors (their structs' buffer and data fields change)
 OPT_STRUCT_WRITERS = ("ggml_opt_dataset_init", "ggml_opt_init", "ggml_opt_alloc", "ggml_opt_eval",
                       "ggml_opt_epoch", "ggml_opt_fit")

@@ -38,6 +38,7 @@ from engine.compute.threadpool import COMPUTE_OBSERVER, Share
 from engine.core.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
                             GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
                             current_address_space, fresh_address_space, ggml_used_mem)
+from engine.core.api import is_query
 from engine.core.errors import ProgramStopped, StepCapReached, program_line
 from engine.core.graph import Graph
 from engine.core.infos import TensorInfo, tensor_infos
@@ -48,10 +49,10 @@ from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdde
                           ThreadShare, assigned_names, describe_changes, field_text, statement_spans)
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
 from engine.trace.cpu_bytes import CpuDependence
-from engine.trace.opt import OPT_LOOPS, OPT_QUERIES, OPT_STRUCT_WRITERS, opt_parts
+from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
 from engine.trace.groups import ProgramMarks
 from engine.trace.pools import changed_runs, fresh_pool, frozen
-from engine.trace.backend import (BACKEND_DATA_WRITERS, BACKEND_QUERIES, STRUCT_WRITERS, BackendRecording,
+from engine.trace.backend import (BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRecording,
                                   restored_buffers)
 from engine.core.types import TYPE_TRAITS
 
@@ -59,16 +60,6 @@ STEP_CAP = 20_000
 DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
                 *BACKEND_DATA_WRITERS)  # a runaway program ends with a clear final step instead of a hang
 UNNAMED = "(unnamed)"  # a note's words for a tensor with no name: `a (unnamed)`, after its variable
-
-# facade functions that are not steps (pure queries change nothing)
-QUERIES = ("ggml_get_", "ggml_nbytes", "ggml_nelements", "ggml_nrows", "ggml_n_dims", "ggml_is_",
-           "ggml_are_", "ggml_can_", "ggml_type_", "ggml_blck_size", "ggml_row_size",
-           "ggml_element_size", "ggml_op_", "ggml_tensor_overhead", "ggml_graph_overhead",
-           "ggml_graph_n_nodes", "ggml_graph_size", "ggml_graph_node", "ggml_used_mem",
-           "ggml_graph_print", "ggml_graph_dump_dot", "ggml_print_objects", "ggml_unary_op_name",
-           "ggml_glu_op_name", "ggml_hash_size", "ggml_graph_nbytes", "to_numpy", "format_tensor",
-           "gguf_get_", "gguf_find_", *BACKEND_QUERIES, *OPT_QUERIES)
-
 
 @dataclass
 class Trace:
@@ -267,14 +258,14 @@ def _readable(g: Graph) -> bool:
 # --- recording -------------------------------------------------------------------------------
 
 def _facade_codes() -> dict[Any, str]:
-    """The code objects of the facade's functions that make steps."""
+    """The code objects of the facade's functions that make steps (all but the queries)."""
     codes = {}
     for module in (G, GB, GA, GO):  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h
         for name in dir(module):
             fn = getattr(module, name)
             if callable(fn) and hasattr(fn, "__code__") and (
                     name.startswith(("ggml_", "gguf_")) or name == "set_data"):
-                if not name.startswith(QUERIES):
+                if not is_query(fn):
                     codes[fn.__code__] = name
     return codes
 

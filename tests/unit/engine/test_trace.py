@@ -127,6 +127,26 @@ def test_thread_shares_recorded_per_node():
     assert chunks == list(range(18))  # 96 x 40 output in 16 x 16 chunks: 6 x 3
 
 
+def test_calls_that_make_tensors_are_steps_and_queries_are_not(tmp_path):
+    """A facade call is a step unless its function is declared a query (engine.core.api.query):
+    ggml_get_rows makes a tensor, however its name begins; ggml_nbytes and ggml_get_name only read."""
+    src = tmp_path / "rows.py"
+    src.write_text(
+        "from engine.ggml import *\n"
+        "def run(n_threads=1):\n"
+        "    ctx = ggml_init(ggml_init_params(mem_size=1 << 16))\n"
+        "    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)\n"
+        "    ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 2)\n"
+        "    n = ggml_nbytes(a) + len(ggml_get_name(a))\n"
+        "    rows = ggml_get_rows(ctx, a, ids)\n")
+    ns: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), ns)
+    trace = record(ns["run"], str(src), "rows")
+    calls = [s for s in trace.steps if s.kind == "call"]
+    assert [s.line for s in calls] == [3, 4, 5, 7]
+    assert [o.size for o in calls[-1].objects] == [336 + 2 * 4 * 4]
+
+
 def test_program_error_is_the_last_step(tmp_path):
     src = tmp_path / "bad.py"
     src.write_text(
