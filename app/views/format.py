@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import re
-
 SHOW_CHARS = 160  # a string value is cut after this many characters
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 def human_bytes(n: int) -> str:
@@ -56,9 +53,3 @@ def token_text(piece: str) -> str:
 def shape_text(ne: tuple[int, ...]) -> str:
     """(4096, 32000) -> '[4,096, 32,000]'."""
     return "[" + ", ".join(f"{x:,}" for x in ne) + "]"
-
-
-def layer_of(name: str) -> int | None:
-    """N for a tensor named "blk.N.…" (a transformer layer's weights), else None."""
-    m = _LAYER.match(name)
-    return int(m.group(1)) if m else None

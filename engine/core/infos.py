@@ -6,12 +6,15 @@ A debugger showing a pool of a thousand tensors at every step wants them in one 
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
 `graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
 `layout_digest` and `graph_digest` tell whether two states of a pool hold the same
-objects, or of a graph draw the same.
+objects, or of a graph draw the same; `layer_of` and `graph_layers` say which transformer layer a
+tensor belongs to (the recorder's step marks, the DAG's folded layers and the GGUF tensor table
+all ask them).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,3 +118,31 @@ def graph_edges(g: Graph) -> list[GraphEdge]:
     """The src links of a graph's nodes, in node order, then slot order."""
     return [GraphEdge(int(a), t.address, j) for t in g.nodes
             for j, a in enumerate(t._r["src"][0]) if a]
+
+
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def layer_of(name: str) -> int | None:
+    """N for a tensor named "blk.N.…" (GGUF's name for layer N's weights), else None."""
+    m = _BLK.match(name)
+    return int(m.group(1)) if m else None
+
+
+def graph_layers(g: Graph) -> dict[int, int]:
+    """The layer of each tensor of g that has one, by address: a "blk.N." weight is in layer N, a
+    node in the highest layer among its sources (nodes come in dependency order, so their sources'
+    layers are known first)."""
+    out: dict[int, int] = {}
+    for t in g.leafs + g.nodes:
+        n = layer_of(t.name)
+        if n is not None:
+            out[t.address] = n
+    srcs: dict[int, list[int]] = {}
+    for e in graph_edges(g):
+        srcs.setdefault(e.dst, []).append(e.src)
+    for t in g.nodes:
+        found = [out[a] for a in srcs.get(t.address, ()) if a in out]
+        if found and t.address not in out:
+            out[t.address] = max(found)
+    return out

@@ -22,7 +22,8 @@ from engine.core.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
 from engine.core.notes import Note, tell
 from engine.core.optable import GGMLOp
-from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind
+from engine.trace.pools import StructOf
+from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind, tensor_ref
 from engine.core.tensor import Tensor, ggml_nbytes
 
 # calls that write the `buffer` and `data` fields of many tensor structs
@@ -30,10 +31,6 @@ STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tens
                   "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",
                   "ggml_backend_sched_graph_compute_async")
 BACKEND_DATA_WRITERS = ("ggml_backend_tensor_set", "ggml_backend_tensor_memset")
-
-
-def _ref(t: Tensor) -> tuple[int, int]:
-    return (t.ctx.id, t.offs)
 
 
 class RestoredBuffer:
@@ -49,12 +46,13 @@ class RestoredBuffer:
         return f"<buffer {self.id} {self.name} size={self.size}>"
 
 
-class BackendRecording:
-    """The Recorder's part for backend buffers, the graph allocator and the scheduler (a mixin:
-    it uses the recorder's emit, track, objects_of, args, call_step and n_threads_arg)."""
+class BackendRecorder:
+    """The recorder's part for backend buffers, the graph allocator and the scheduler: it finds
+    buffers, diffs them through the recorder, and records the allocator's and the scheduler's
+    decisions as steps of their own."""
 
-    def init_backend_recording(self) -> None:
-        self.space: AddressSpace | None = None  # the recording's address space (set by record)
+    def __init__(self, rec: Any) -> None:
+        self.rec = rec  # the Recorder: its emit, track, objects_of, args, call_step and space
         self.buffers: list[Buffer] = []  # backend buffers, found as they appear
         self.buffer_meta: dict[int, BufferMeta] = {}
         # gallocr plans already shown as steps, and per scheduler the split it last showed; keyed
@@ -64,9 +62,9 @@ class BackendRecording:
 
     def track_buffers(self) -> None:
         for buf in list(_BUFFERS.values()):
-            if buf.space is self.space and buf.id not in self.shadow:
+            if buf.space is self.rec.space and buf.id not in self.rec.shadow:
                 self.buffers.append(buf)
-                self.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)
+                self.rec.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)
 
     def work_buffer_regions(self) -> list[tuple[Buffer, int, int]]:
         return [(buf, 0, buf.mem_size) for buf in self.buffers if buf.is_work and not buf.freed]
@@ -83,25 +81,25 @@ class BackendRecording:
     def struct_writes(self) -> list:
         """The tensor structs a call that allocates many tensors may have written."""
         out: list = []
-        for a in self.args:
+        for a in self.rec.args:
             if isinstance(a, Context):
-                out += [("struct", Tensor(a, o.offs)) for o in self.objects_of(a) if o.type == GGML_OBJECT_TYPE_TENSOR]
+                out += [StructOf(Tensor(a, o.offs)) for o in self.rec.objects_of(a) if o.type == GGML_OBJECT_TYPE_TENSOR]
             elif isinstance(a, Graph):
                 for n in a.nodes + a.leafs:
-                    out += [("struct", n)] + [("struct", x) for x in n.src if x is not None]
+                    out += [StructOf(n)] + [StructOf(x) for x in n.src if x is not None]
             elif isinstance(a, Sched):
                 if a.ctx is not None:
-                    self.track(a.ctx)
-                out += [("struct", t) for t in a.graph.nodes + a.graph.leafs]
+                    self.rec.track(a.ctx)
+                out += [StructOf(t) for t in a.graph.nodes + a.graph.leafs]
         return out
 
-    def after_backend_call(self, parent: int | None) -> None:
+    def after_call(self, parent: int | None) -> None:
         """The scheduler's and the allocator's steps, if the call split or planned a graph."""
-        sched = next((a for a in self.args if isinstance(a, Sched)), None)
+        sched = next((a for a in self.rec.args if isinstance(a, Sched)), None)
         if sched is not None and self.splits_seen.get(id(sched)) != (sched, sched.n_split_calls):
             self.splits_seen[id(sched)] = (sched, sched.n_split_calls)
             self.sched_steps(sched, parent)
-        galloc = next((a for a in self.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
+        galloc = next((a for a in self.rec.args if hasattr(a, "plan") and hasattr(a, "tallocs")), None)
         galloc = galloc or (sched.galloc if sched is not None else None)
         if galloc is not None and galloc.plan is not None and id(galloc.plan) not in self.plans_seen:
             self.plans_seen[id(galloc.plan)] = galloc.plan
@@ -120,46 +118,46 @@ class BackendRecording:
                                op=GGMLOp(d.tensor.op).name, where=where)
             else:
                 note = Note.of("gallocr_frees", name=d.tensor.name, size=d.size, where=where)
-            decision = AllocDecision(d.kind, _ref(d.tensor), d.buffer_id, names[d.buffer_id], d.chunk, d.offset,
-                                     d.size, d.node, None if d.parent is None else _ref(d.parent))
-            self.emit(StepKind.ALLOC, f"{d.kind} '{d.tensor.name}'", (note,), [], parent=parent,
-                      tensor=_ref(d.tensor), decision=decision)
+            decision = AllocDecision(d.kind, tensor_ref(d.tensor), d.buffer_id, names[d.buffer_id], d.chunk, d.offset,
+                                     d.size, d.node, None if d.parent is None else tensor_ref(d.parent))
+            self.rec.emit(StepKind.ALLOC, f"{d.kind} '{d.tensor.name}'", (note,), [], parent=parent,
+                      tensor=d.tensor, decision=decision)
 
     def sched_steps(self, sched: Sched, parent: int | None) -> None:
         names = [f"backend {i} ({b.name})" for i, b in enumerate(sched.backends)]
         for title, assigned in sched.history:
             if not assigned:
                 continue
-            placements = tuple(Placement(_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
+            placements = tuple(Placement(tensor_ref(a.tensor), a.backend_id, sched.backends[a.backend_id].name, a.cause)
                                for a in assigned)
             counts = tuple(Note.of("pass_count", n=n, b=b, name=be.name) for b, be in enumerate(sched.backends)
                            if (n := sum(1 for a in assigned if a.backend_id == b)))
-            self.emit(StepKind.PASS, f"pass {tell([title])}", (Note.of("sched_pass", title=title, counts=counts),),
+            self.rec.emit(StepKind.PASS, f"pass {tell([title])}", (Note.of("sched_pass", title=title, counts=counts),),
                       [], parent=parent, placements=placements)
         for i, split in enumerate(sched.splits):
             ins = ", ".join(f"'{t.name}'" for t in split.inputs)
             info = SplitInfo(i, split.backend_id, sched.backends[split.backend_id].name, split.i_start, split.i_end,
-                             tuple(_ref(t) for t in split.inputs))
-            self.emit(StepKind.SPLIT, f"split {i} on {names[split.backend_id]}",
+                             tuple(tensor_ref(t) for t in split.inputs))
+            self.rec.emit(StepKind.SPLIT, f"split {i} on {names[split.backend_id]}",
                       (Note.of("split", i=i, first=split.i_start, last=split.i_end - 1, b=split.backend_id,
                                name=sched.backends[split.backend_id].name),
                        Note.of("split_inputs", inputs=ins) if ins else Note("split_no_inputs")), [],
                       parent=parent, split=info)
 
     def on_copy(self, inp: Tensor, cpy: Tensor, src_backend: Backend, dst_backend: Backend) -> None:
-        self.emit(StepKind.COPY, f"copy '{inp.name}' -> '{cpy.name}'",
+        self.rec.emit(StepKind.COPY, f"copy '{inp.name}' -> '{cpy.name}'",
                   (Note.of("copied", name=inp.name, size=ggml_nbytes(inp), src=src_backend.name,
-                           dst=dst_backend.name, copy=cpy.name),), [cpy], parent=self.call_step, tensor=_ref(cpy))
+                           dst=dst_backend.name, copy=cpy.name),), [cpy], parent=self.rec.call_step, tensor=cpy)
 
     def compute_threads(self) -> int:
         """The thread count a compute call plans with: the backend's (the first split's, for a
         scheduler), else the program's argument."""
-        for a in self.args:
+        for a in self.rec.args:
             if isinstance(a, Sched) and a.splits:
                 return a.backends[a.splits[0].backend_id].n_threads
             if isinstance(a, Backend):
                 return a.n_threads
-        return self.n_threads_arg()
+        return self.rec.n_threads_arg()
 
 
 def restored_buffers(space: AddressSpace, metas: dict[int, Any], pools: dict) -> dict[int, RestoredBuffer]:

@@ -10,28 +10,29 @@ neither is one group. `find_steps` searches the steps' text and their tensors' n
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.memo import Memo
+from engine.core.infos import layer_of
 from engine.core.notes import Note, tell
-from engine.trace.steps import Step, StepKind
+from engine.core.tensor import Tensor
+from engine.trace.steps import Step, StepKind, tensor_ref
 
 FOLLOW_TENSOR = (StepKind.NODE, StepKind.VISIT, StepKind.ALLOC, StepKind.COPY)
-BLK = re.compile(r"'blk\.(\d+)\.")
 
 
 class ProgramMarks:
-    """The Recorder's part that reads the program's loop variables (a mixin)."""
+    """Where the program is at each call: the layer and the pass, read from its loop variables;
+    and the layer each tensor was made in."""
 
-    def init_marks(self, source: str) -> None:
+    def __init__(self, source: str) -> None:
         self.layer: int | None = None
         self.n_past: int | None = None
         self.tensor_layer: dict[tuple[int, int], int] = {}  # the layer each tensor was made in
         self.layer_loops = layer_loops(source)
 
-    def read_marks(self, frame: Any) -> None:
+    def read(self, frame: Any) -> None:
         """At a call from `frame` (the program's): the layer if the line is inside a `for il in
         ...` loop (after the loop `il` keeps its last value, which is not a layer any more), and
         the pass. A helper of the program's own (llama.cpp's `cb`) called from such a loop is in
@@ -48,18 +49,19 @@ class ProgramMarks:
                 self.n_past = n_past
             frame = frame.f_back
 
-    def marks_for(self, kind: StepKind, tensor: tuple[int, int] | None, call: str) -> dict[str, int | None]:
+    def for_step(self, kind: StepKind, tensor: Tensor | None) -> dict[str, int | None]:
+        """The marks of a step about to be recorded (`tensor`: the one it made or computed)."""
+        ref = None if tensor is None else tensor_ref(tensor)
         if kind == StepKind.VISIT and self.layer is not None:
             layer = self.layer  # a graph walked inside a layer's loop: that layer
         elif kind in FOLLOW_TENSOR:
-            layer = self.tensor_layer.get(tensor) if tensor is not None else None
-            if layer is None:  # a weight of a layer, named as llama.cpp names them: blk.N.<name>
-                m = BLK.search(call)
-                layer = int(m.group(1)) if m else None
+            layer = self.tensor_layer.get(ref) if ref is not None else None
+            if layer is None and tensor is not None:  # a layer's weight, named as GGUF names them
+                layer = layer_of(tensor.name)
         else:
             layer = self.layer
-            if tensor is not None and layer is not None and kind == StepKind.CALL:
-                self.tensor_layer.setdefault(tensor, layer)
+            if ref is not None and layer is not None and kind == StepKind.CALL:
+                self.tensor_layer.setdefault(ref, layer)
         return {"layer": layer, "n_past": self.n_past}
 
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
+from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
+
+from engine.core.tensor import Tensor
 
 
 # pools from this size up are mapped, not copied: a state's private copy of a checkpoint shares
@@ -27,6 +31,20 @@ class _Checkpoint(mmap.mmap):
     the states rebuilt from it. `fd` stays open while the mapping lives."""
 
     fd: int
+
+
+class Region(Enum):
+    """Memory a step may have written besides its tensors and graphs."""
+
+    WORK_BUFFERS = "work buffers"  # the kernels' scratch data (rows converted for a product)
+    ALL_MEMORY = "all memory"  # every pool and buffer (a call that writes tensors nobody named)
+
+
+@dataclass(frozen=True)
+class StructOf:
+    """Only the struct of a tensor (its fields changed; its data did not)."""
+
+    tensor: Tensor
 
 
 def frozen(a: np.ndarray) -> np.ndarray:

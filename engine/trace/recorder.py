@@ -4,25 +4,26 @@ A step is one facade call made by the program (ggml_init, each tensor, each op, 
 writes, graph building, planning, compute), a tensor visited while a graph is built, or a node
 computed — with each thread's share of it. Each step keeps what it changed: objects added to a pool,
 struct fields written (old -> new), byte ranges written and their new bytes. From those patches the
-pools at any step are rebuilt without running anything (`Trace.state_at`), forwards or backwards.
+pools at any step are rebuilt without running anything (`Trace.state_at`, states.py), forwards or backwards.
 
 How it watches: `sys.setprofile` sees every call of a facade function made from the program's own
 file (calls inside the engine are not steps); graph visits come through the graph's visit hook and
 nodes through the compute observer. The program runs in a fresh address space, so the same program
 and inputs give the same steps, addresses and hash.
 
+Its collaborators: the program's marks (groups.ProgramMarks: layer and pass), the CPU-dependent
+bytes (cpu_bytes.CpuBytes), and backend buffers with the allocator's and scheduler's decisions
+(backend.BackendRecorder). The trace it returns, and the states rebuilt from it: states.py.
+
 Leaves out: writes the program makes with raw numpy on a data view (use `set_data`, ggml's memcpy).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-import hashlib
-import json
 import sys
 import time
+from bisect import bisect_right
 from operator import attrgetter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,227 +34,31 @@ from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_opt as GO
 from engine.backend.sched import COPY_OBSERVER
-from engine.compute.kernels import same_bits_on_every_cpu
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.core.context import (GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
-                            GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context, ObjectInfo,
-                            current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.api import is_query
+from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
+                                 ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.errors import ProgramStopped, StepCapReached, program_line
 from engine.core.graph import Graph
-from engine.core.infos import TensorInfo, tensor_infos
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
-from engine.core.notes import Note, tell
+from engine.core.notes import Note
 from engine.core.optable import GGMLOp
-from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
-                          ThreadShare, assigned_names, describe_changes, field_text, statement_spans)
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
-from engine.trace.cpu_bytes import CpuDependence
-from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
-from engine.trace.groups import ProgramMarks
-from engine.trace.pools import changed_runs, fresh_pool, frozen
-from engine.trace.backend import (BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRecording,
-                                  restored_buffers)
 from engine.core.types import TYPE_TRAITS
+from engine.trace.backend import BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRecorder
+from engine.trace.cpu_bytes import CpuBytes, written_sources
+from engine.trace.groups import ProgramMarks
+from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
+from engine.trace.pools import Region, StructOf, changed_runs
+from engine.trace.states import Trace
+from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
+                                ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
+                                tensor_ref)
 
 STEP_CAP = 20_000
 DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
                 *BACKEND_DATA_WRITERS)  # a runaway program ends with a clear final step instead of a hang
 UNNAMED = "(unnamed)"  # a note's words for a tensor with no name: `a (unnamed)`, after its variable
-
-@dataclass
-class Trace:
-    program: str
-    source: str
-    n_threads: int
-    steps: list[Step] = field(default_factory=list)
-    outputs: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    printed: str = ""  # what the program printed (a learner's program in the playground)
-
-    @property
-    def hash(self) -> str:
-        """Content hash over everything but timings and which thread took which chunk."""
-        cached = self.__dict__.get("_hash")
-        if cached is not None and cached[0] == len(self.steps):
-            return cached[1]
-        h = hashlib.sha256()
-        h.update(self.program.encode())
-        h.update(str(self.n_threads).encode())
-        for s in self.steps:
-            h.update(s.hash_bytes())
-        self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
-        return self.__dict__["_hash"][1]
-
-    # --- rebuilding a state -----------------------------------------------------------------
-    @property
-    def recorded_bytes(self) -> int:
-        """The bytes the steps' patches hold (what keeping this trace costs)."""
-        self._flat_patches()
-        return self._flat[3]
-
-    def state_at(self, k: int) -> "State":
-        """The pools after step k: the last checkpoint at or before k, then the patches of the
-        steps after it (from step 0 when there is none)."""
-        k = max(0, min(k, len(self.steps) - 1))
-        metas: dict[int, ContextMeta] = {}
-        buffers: dict[int, Any] = {}
-        for s in self.steps[:k + 1]:
-            for c in s.contexts:
-                metas[c.id] = c
-            for b in s.buffers:
-                buffers[b.id] = b
-        metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
-        flat, ends = self._flat_patches()
-        start, saved = 0, {}
-        for index, pools_then in self._checkpoints():
-            if index > ends[k]:
-                break
-            start, saved = index, pools_then
-        # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
-        # a loaded model's weights are not copied for every step a learner opens
-        touched = {p[0] for p in flat[start:ends[k]]}
-        sizes = {**{cid: m.mem_size for cid, m in metas.items()},
-                 **{bid: m.size for bid, m in buffers.items()}}
-        pools = {cid: saved[cid] if cid in saved and cid not in touched
-                 else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
-        views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
-        for cid, a, b, data in flat[start:ends[k]]:
-            view = views.get(cid)
-            if view is not None:
-                view[a:b] = data
-        return State(self, k, metas, pools, buffers)
-
-    def _checkpoints(self) -> list[tuple[int, dict[int, np.ndarray]]]:
-        """Copies of every pool at some step boundaries, as (patches before it, pools): one each
-        time the patches since the last reach the pools' total size, so a rebuild copies one
-        checkpoint and replays at most that many bytes. Made once, on the first rebuild."""
-        cached = getattr(self, "_cps", None)
-        if cached is not None and cached[0] == len(self.steps):
-            return cached[1]
-        flat, ends = self._flat_patches()
-        sizes: dict[int, int] = {}
-        for s in self.steps:
-            for c in s.contexts:
-                sizes[c.id] = c.mem_size
-            for b in s.buffers:
-                sizes[b.id] = b.size
-        checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES):
-            pools: dict[int, np.ndarray] = {}
-            dirty: set[int] = set()  # pools written since the last checkpoint
-            since, done, spent = 0, 0, 0
-            for k, s in enumerate(self.steps):
-                for c in s.contexts:
-                    if c.freed:
-                        pools.pop(c.id, None)
-                    else:
-                        pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
-                for b in s.buffers:
-                    pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
-                step_bytes = 0
-                for cid, a, b, data in flat[done:ends[k]]:
-                    if cid in pools:
-                        pools[cid][a:b] = np.frombuffer(data, np.uint8)
-                        dirty.add(cid)
-                    step_bytes += b - a
-                since += step_bytes
-                done = ends[k]
-                # also right after a step that writes a lot (a model's weights loaded): the
-                # states after it share that checkpoint's pool instead of rebuilding it
-                cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
-                if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps) \
-                        and spent + cost <= CHECKPOINT_BYTES:
-                    last = checkpoints[-1][1] if checkpoints else {}
-                    # a pool nothing wrote since the last checkpoint is that checkpoint's copy
-                    checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
-                                               else frozen(a) for cid, a in pools.items()}))
-                    since, dirty, spent = 0, set(), spent + cost
-        self._cps = (len(self.steps), checkpoints)
-        self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
-        return checkpoints
-
-    @property
-    def held_bytes(self) -> int:
-        """What keeping this trace costs: its patches, and its checkpoints once a rebuild made them."""
-        return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
-
-    def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
-        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
-        if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
-            flat, ends = [], []
-            for s in self.steps:
-                flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
-                ends.append(len(flat))
-            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat))
-        return self._flat[0], self._flat[1]
-
-    def to_json(self) -> dict:
-        return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
-                "error": self.error,
-                "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
-                           "note": tell(s.notes), "parent": s.parent, "changes": s.changes(),
-                           "same_on_every_cpu": s.same_on_every_cpu,
-                           "threads": [{"ith": t.ith, "kind": t.kind, "ranges": t.ranges, "seconds": t.seconds,
-                                        "note": tell(t.notes)} for t in s.threads]} for s in self.steps],
-                "outputs": self.outputs}
-
-
-class State:
-    """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
-
-    def __init__(self, trace: Trace, k: int, metas: dict[int, ContextMeta], pools: dict,
-                 buffers: dict | None = None) -> None:
-        self.trace, self.k = trace, k
-        self.space = AddressSpace(weak=True)  # the state holds the contexts
-        self.contexts = {cid: Context.restored(self.space, cid, m.base, pools[cid],
-                                               m.objects_end, m.no_alloc)
-                         for cid, m in sorted(metas.items())}
-        self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
-        # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
-        self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
-        self._infos: dict[int, list[TensorInfo]] = {}
-        self._graphs: list[Graph] | None = None
-
-    def tensor_infos(self, cid: int) -> list[TensorInfo]:
-        """tensor_infos of context cid, read once: a state's pools never change."""
-        if cid not in self._infos:
-            self._infos[cid] = tensor_infos(self.contexts[cid])
-        return self._infos[cid]
-
-    def tensor(self, ref: tuple[int, int]) -> Tensor:
-        return Tensor(self.contexts[ref[0]], ref[1])
-
-    def tensors(self) -> list[Tensor]:
-        out = []
-        for ctx in self.contexts.values():
-            out += [Tensor(ctx, o.offs) for o in ctx.objects()
-                    if o.type == GGML_OBJECT_TYPE_TENSOR]
-        return out
-
-    def graphs(self) -> list[Graph]:
-        """The graphs in the state's pools (found once: a state's pools never change)."""
-        from engine.core.layout import CGRAPH, record
-
-        if self._graphs is None:
-            out = []
-            for ctx in self.contexts.values():
-                out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
-                        for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
-            self._graphs = [g for g in out if _readable(g)]
-        return list(self._graphs)
-
-
-def _readable(g: Graph) -> bool:
-    """A graph whose nodes and leafs all still exist: one whose tensors were in a context freed
-    since holds dangling pointers (in C too), and is not shown."""
-    try:
-        for t in g.nodes + g.leafs:
-            t.src  # noqa: B018 - resolving the sources' addresses is the test
-        return True
-    except ValueError:
-        return False
-
 
 # --- recording -------------------------------------------------------------------------------
 
@@ -270,7 +75,7 @@ def _facade_codes() -> dict[Any, str]:
     return codes
 
 
-class Recorder(BackendRecording, CpuDependence, ProgramMarks):
+class Recorder:
     """Watches one program run and turns what it does into steps."""
 
     def __init__(self, source_file: str, n_threads: int,
@@ -284,7 +89,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
         self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
-        self.cpu_dependent: dict[int, list[tuple[int, int]]] = {}  # byte ranges, per context
+        self.cpu = CpuBytes()  # which bytes hold values that depend on the CPU
         self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
         self.active: Any = None  # the frame of the facade call in progress
@@ -298,8 +103,9 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
         self.t_start = time.perf_counter()
-        self.init_backend_recording()
-        self.init_marks(text)
+        self.marks = ProgramMarks(text)  # the layer and pass of each call
+        self.space: AddressSpace | None = None  # the recording's address space (set by record)
+        self.backend = BackendRecorder(self)
 
     # the profile hook: only calls from the program's own file into the facade are steps
     def profile(self, frame, event: str, arg) -> None:
@@ -309,7 +115,7 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                 if caller is not None and caller.f_code.co_filename == self.file:
                     self.active = frame
                     self.line = caller.f_lineno
-                    self.read_marks(caller)
+                    self.marks.read(caller)
                     self.raw_args = tuple(frame.f_locals.values())
                     self.args = self.raw_args + tuple(opt_parts(self.raw_args))
                     self.call_step = None
@@ -347,16 +153,16 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
             elif new_end < old_end:  # ggml_reset: the list restarts at 0
                 out.append((ctx, 0, min(old_end, ctx.mem_size)))
         for t in things:
-            if isinstance(t, str) and t == "work buffers":  # kernels write scratch data (converted rows) there
+            if t is Region.WORK_BUFFERS:
                 for ctx in self.contexts:
                     if not ctx.freed:
                         out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
                                 if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size]
-                out += self.work_buffer_regions()
-            elif isinstance(t, str) and t == "all memory":
-                out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.buffers] if not c.freed]
-            elif isinstance(t, tuple) and t[0] == "struct":  # only the struct of a tensor
-                out.append((t[1].ctx, t[1].offs, t[1].offs + GGML_TENSOR_SIZE))
+                out += self.backend.work_buffer_regions()
+            elif t is Region.ALL_MEMORY:
+                out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
+            elif isinstance(t, StructOf):
+                out.append((t.tensor.ctx, t.tensor.offs, t.tensor.offs + GGML_TENSOR_SIZE))
             elif isinstance(t, Tensor):
                 chain = [t] + ([t.view_src] if t.view_src is not None else [])
                 for x in chain:
@@ -458,14 +264,16 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
 
     # --- steps ------------------------------------------------------------------------------
     def emit(self, kind: StepKind, call: str, notes: tuple[Note, ...], things: list[Any],
-             skip_if_empty: bool = False, fn: str = "", **kw) -> Step | None:
+             skip_if_empty: bool = False, fn: str = "", tensor: Tensor | None = None, **kw) -> Step | None:
         """Record a step (no `notes`: its changes described; `fn`: the facade function a call step
-        is for, which those notes name)."""
+        is for, which those notes name; `tensor`: the one it made or computed). `things` are what
+        it may have written: tensors, graphs, StructOf and Region (regions() reads them); the
+        call's other arguments are passed along and ignored."""
         if len(self.steps) >= self.step_cap:
             raise StepCapReached(self.step_cap)
-        self.track_buffers()
+        self.backend.track_buffers()
         patches, fields, objects = self.diff(things)
-        buffers = self.snapshot_buffers()
+        buffers = self.backend.snapshot_buffers()
         if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
@@ -473,16 +281,17 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                     notes or describe_changes(fn or call, objects, fields, patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers,
-                    **self.marks_for(kind, kw.get("tensor"), call), **kw)
+                    tensor=None if tensor is None else tensor_ref(tensor),
+                    **self.marks.for_step(kind, tensor), **kw)
         self.steps.append(step)
-        self.mark_cpu_dependent(step)
+        self.cpu.after_step(step)
         if self.on_step is not None:
-            self.on_step(step, [*self.contexts, *self.buffers])
+            self.on_step(step, [*self.contexts, *self.backend.buffers])
         return step
 
     def finish_call(self, name: str, result: Any) -> None:
         if isinstance(result, Tensor) and len(names := assigned_names(self.source(self.line))) == 1:
-            self.variables[_ref(result)] = names[0]  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
+            self.variables[tensor_ref(result)] = names[0]  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
         if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
             self.args = self.raw_args + tuple(opt_parts((*self.raw_args, result)))
             for part in self.args:
@@ -499,15 +308,15 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
                 g.visit_hook, g.enter_hook = self.on_visit, self.on_enter
         things = list(self.args) + ([result] if result is not None else [])
         if name.startswith("ggml_build_forward"):  # flags may have changed on any tensor reached
-            things += [("struct", t) for g in self.args if isinstance(g, Graph)
+            things += [StructOf(t) for g in self.args if isinstance(g, Graph)
                        for t in g.nodes + g.leafs]
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
-            things += self.struct_writes()
+            things += self.backend.struct_writes()
         if name.startswith("ggml_opt_"):  # it writes tensors the program never named (weights,
-            things.append("all memory")  # gradients, moments, batches): every byte is compared
-        tensor = _ref(result) if isinstance(result, Tensor) else None
+            things.append(Region.ALL_MEMORY)  # gradients, moments, batches): every byte is compared
+        tensor = result if isinstance(result, Tensor) else None
         notes: tuple[Note, ...] = ()
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
             t = self.args[0]
@@ -519,14 +328,14 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         # after visits or nodes, the call's own step is only needed for changes not yet shown
         step = self.emit(StepKind.CALL, self.source(self.line), notes, things, tensor=tensor,
                          parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
-        self.after_backend_call(self.call_step if step is None else step.index)
+        self.backend.after_call(self.call_step if step is None else step.index)
 
     def tensor_words(self, t: Tensor) -> str:
         """How a note names a tensor: its name in quotes; when it has none, the program's
         variable it was made into (`a (unnamed)`), else `(unnamed)`."""
         if t.name:
             return f"'{t.name}'"
-        var = self.variables.get(_ref(t))
+        var = self.variables.get(tensor_ref(t))
         return f"{var} {UNNAMED}" if var else UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
@@ -539,8 +348,8 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         self.emit(StepKind.VISIT, f"visit {words}",
                   (Note.of("visit_leaf" if is_leaf else "visit_node", name=words, op=GGMLOp(node.op).name,
                            slot=slot),),
-                  [node, *(("struct", t) for t in self.visiting)] + self.graph_args(),
-                  parent=self.call_step, tensor=_ref(node))
+                  [node, *(StructOf(t) for t in self.visiting)] + self.graph_args(),
+                  parent=self.call_step, tensor=node)
         self.visiting = []
 
     def graph_args(self) -> list[Graph]:
@@ -550,70 +359,35 @@ class Recorder(BackendRecording, CpuDependence, ProgramMarks):
         fn = self.codes[self.active.f_code] if self.active is not None else ""
         if fn in OPT_LOOPS:
             if not ask:  # a training loop is one step: its nodes compute unwatched
-                self.note_cpu_dependence(node)
+                self.cpu.node(node)
             return True
         if ask:
             if self.call_step is None:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
-                                         self.compute_threads())
+                                         self.backend.compute_threads())
                 self.call_step = self.emit(
                     StepKind.CALL, self.source(self.line),
                     (Note.of("planned", n=plan.n_threads, size=plan.work_size), Note("walk_together")),
-                    ["all memory"] if fn.startswith("ggml_opt_") else [],
+                    [Region.ALL_MEMORY] if fn.startswith("ggml_opt_") else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.notes)
                         for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
-        same = self.note_cpu_dependence(node)
+        same = self.cpu.node(node)
         self.emit(StepKind.NODE, desc, (Note.of("computed", desc=desc, n=len(threads)),),
-                  [node, "work buffers", *_written_sources(node)], parent=self.call_step, tensor=_ref(node),
+                  [node, Region.WORK_BUFFERS, *written_sources(node)], parent=self.call_step, tensor=node,
                   threads=threads, same_on_every_cpu=same)
         return True
-
-    def note_cpu_dependence(self, node: Tensor) -> bool:
-        """Does node's result have the same bits on every CPU? If not, all of its bytes (even
-        those that happened not to change) are marked as depending on the CPU."""
-        same = same_bits_on_every_cpu(node) and not any(
-            self.depends_on_cpu(s) for s in node.src if s is not None)
-        if not same:
-            for t in (node, *_written_sources(node)):
-                self.cpu_dependent_ranges(*self.data_range(t), add=True)
-        return same
 
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
         return ints[-1] if ints else self.n_threads
 
 
-CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
-BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
-CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
-
-
-def checkpoint_every(dirty_bytes: int) -> int:
-    """Patch bytes after which a checkpoint is made, when the pools written since the last one
-    total dirty_bytes (what the checkpoint copies): a state replays at most that many bytes, and
-    the checkpoints together copy at most ~4 times the bytes the steps wrote."""
-    return max(CHECKPOINT_MIN_BYTES, dirty_bytes // 4)
-
-
 def _end_of(ctx: Context, header: int) -> int:
     obj = ctx.object_header(header)[0]
     return int(obj["offs"]) + int(obj["size"])
-
-
-def _written_sources(node: Tensor) -> list[Tensor]:
-    """The sources an optimizer step overwrites in place: the parameter, and AdamW's moments."""
-    if node.op == GGMLOp.OPT_STEP_ADAMW:
-        return [node.src[0], node.src[2], node.src[3]]
-    if node.op == GGMLOp.OPT_STEP_SGD:
-        return [node.src[0]]
-    return []
-
-
-def _ref(t: Tensor) -> tuple[int, int]:
-    return (t.ctx.id, t.offs)
 
 
 def _dedupe(items: list) -> list:
@@ -638,7 +412,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     trace = Trace(name, Path(source_file).read_text(), n_threads)
     outputs: dict = {}
     token = COMPUTE_OBSERVER.set(rec.on_node)
-    copy_token = COPY_OBSERVER.set(rec.on_copy)
+    copy_token = COPY_OBSERVER.set(rec.backend.on_copy)
     with fresh_address_space():
         rec.space = current_address_space()
         prev = sys.getprofile()
@@ -676,7 +450,3 @@ def _plain(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     return v
-
-
-def dumps(trace: Trace) -> str:
-    return json.dumps(trace.to_json())

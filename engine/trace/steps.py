@@ -17,6 +17,13 @@ import numpy as np
 
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.core.notes import Note, tell
+from engine.core.tensor import Tensor
+
+TensorRef = tuple[int, int]  # a tensor as steps name it: (context or buffer id, struct offset)
+
+
+def tensor_ref(t: Tensor) -> TensorRef:
+    return (t.ctx.id, t.offs)
 
 
 class StepKind(StrEnum):

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
-from app.views.format import layer_of
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
-from engine.core.infos import graph_digest, graph_edges
+from engine.core.infos import graph_digest, graph_layers
 from engine.memo import Memo
 from engine.core.tensor import Tensor
 from engine.trace import State
@@ -169,21 +168,7 @@ def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[st
 
 
 def _layers(g: Graph) -> dict[int, str]:
-    """Layer of each tensor by address: "blk.N." weights are in layer N; a node is in the highest
-    layer among its sources (nodes come in dependency order, so sources are known first)."""
-    out: dict[int, str] = {}
-    for t in g.leafs + g.nodes:
-        n = layer_of(t.name)
-        if n is not None:
-            out[t.address] = str(n)
-    srcs: dict[int, list[int]] = {}
-    for e in graph_edges(g):
-        srcs.setdefault(e.dst, []).append(e.src)
-    for t in g.nodes:
-        found = [int(out[a]) for a in srcs.get(t.address, ()) if a in out]
-        if found and t.address not in out:
-            out[t.address] = str(max(found))
-    return out
+    return {address: str(n) for address, n in graph_layers(g).items()}
 
 
 DOT_SECONDS = 20  # graphviz's time to draw one graph; past it, the drawing is a message

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import N_, _
-from app.views.format import human_bytes, layer_of, shape_text
+from app.views.format import human_bytes, shape_text
 from app.views.gguf.state import FileState, file_url, tensor_url
+from engine.core.infos import layer_of
 from engine.gguf import GGUFReader, TensorInfo
 
 TENSOR_ROWS_MAX = 2000

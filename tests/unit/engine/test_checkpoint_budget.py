@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import engine.trace.recorder as T
+import engine.trace.states as T
 from engine.trace.steps import ContextMeta, Patch, Step, StepKind
 
 

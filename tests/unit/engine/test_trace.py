@@ -235,7 +235,7 @@ def test_blas_values_are_marked_and_left_out_of_the_hash(tmp_path, monkeypatch):
 
 def test_checkpoints_rebuild_the_same_state(monkeypatch):
     """A state rebuilt from a checkpoint and the patches after it equals one rebuilt from step 0."""
-    import engine.trace.recorder as T
+    import engine.trace.states as T
 
     plain = trace_program("tiny-llama")
     monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 4096)

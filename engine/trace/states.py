@@ -1,0 +1,237 @@
+"""A recorded trace and the states rebuilt from it.
+
+A `Trace` holds the program's steps; each step keeps its patches (the bytes it wrote). The pools
+at any step are rebuilt without running anything (`Trace.state_at`): the last checkpoint at or
+before the step, then the patches after it. Checkpoints (copies of the pools at some step
+boundaries) are made on the first rebuild, within a budget, so a state of a big trace replays a
+bounded number of bytes. A `State` puts the engine's objects (contexts, tensors, graphs, backend
+buffers) over the rebuilt pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
+from engine.core.graph import Graph
+from engine.core.infos import TensorInfo, tensor_infos
+from engine.core.layout import CGRAPH, record
+from engine.core.notes import tell
+from engine.core.tensor import Tensor
+from engine.trace.backend import restored_buffers
+from engine.trace.pools import fresh_pool, frozen
+from engine.trace.steps import ContextMeta, Step
+
+
+CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
+BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
+CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
+
+
+def checkpoint_every(dirty_bytes: int) -> int:
+    """Patch bytes after which a checkpoint is made, when the pools written since the last one
+    total dirty_bytes (what the checkpoint copies): a state replays at most that many bytes, and
+    the checkpoints together copy at most ~4 times the bytes the steps wrote."""
+    return max(CHECKPOINT_MIN_BYTES, dirty_bytes // 4)
+
+
+@dataclass
+class Trace:
+    program: str
+    source: str
+    n_threads: int
+    steps: list[Step] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    printed: str = ""  # what the program printed (a learner's program in the playground)
+
+    @property
+    def hash(self) -> str:
+        """Content hash over everything but timings and which thread took which chunk."""
+        cached = self.__dict__.get("_hash")
+        if cached is not None and cached[0] == len(self.steps):
+            return cached[1]
+        h = hashlib.sha256()
+        h.update(self.program.encode())
+        h.update(str(self.n_threads).encode())
+        for s in self.steps:
+            h.update(s.hash_bytes())
+        self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
+        return self.__dict__["_hash"][1]
+
+    # --- rebuilding a state -----------------------------------------------------------------
+    @property
+    def recorded_bytes(self) -> int:
+        """The bytes the steps' patches hold (what keeping this trace costs)."""
+        self._flat_patches()
+        return self._flat[3]
+
+    def state_at(self, k: int) -> "State":
+        """The pools after step k: the last checkpoint at or before k, then the patches of the
+        steps after it (from step 0 when there is none)."""
+        k = max(0, min(k, len(self.steps) - 1))
+        metas: dict[int, ContextMeta] = {}
+        buffers: dict[int, Any] = {}
+        for s in self.steps[:k + 1]:
+            for c in s.contexts:
+                metas[c.id] = c
+            for b in s.buffers:
+                buffers[b.id] = b
+        metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
+        flat, ends = self._flat_patches()
+        start, saved = 0, {}
+        for index, pools_then in self._checkpoints():
+            if index > ends[k]:
+                break
+            start, saved = index, pools_then
+        # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
+        # a loaded model's weights are not copied for every step a learner opens
+        touched = {p[0] for p in flat[start:ends[k]]}
+        sizes = {**{cid: m.mem_size for cid, m in metas.items()},
+                 **{bid: m.size for bid, m in buffers.items()}}
+        pools = {cid: saved[cid] if cid in saved and cid not in touched
+                 else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
+        views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
+        for cid, a, b, data in flat[start:ends[k]]:
+            view = views.get(cid)
+            if view is not None:
+                view[a:b] = data
+        return State(self, k, metas, pools, buffers)
+
+    def _checkpoints(self) -> list[tuple[int, dict[int, np.ndarray]]]:
+        """Copies of every pool at some step boundaries, as (patches before it, pools): one each
+        time the patches since the last reach the pools' total size, so a rebuild copies one
+        checkpoint and replays at most that many bytes. Made once, on the first rebuild."""
+        cached = getattr(self, "_cps", None)
+        if cached is not None and cached[0] == len(self.steps):
+            return cached[1]
+        flat, ends = self._flat_patches()
+        sizes: dict[int, int] = {}
+        for s in self.steps:
+            for c in s.contexts:
+                sizes[c.id] = c.mem_size
+            for b in s.buffers:
+                sizes[b.id] = b.size
+        checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
+        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES):
+            pools: dict[int, np.ndarray] = {}
+            dirty: set[int] = set()  # pools written since the last checkpoint
+            since, done, spent = 0, 0, 0
+            for k, s in enumerate(self.steps):
+                for c in s.contexts:
+                    if c.freed:
+                        pools.pop(c.id, None)
+                    else:
+                        pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
+                for b in s.buffers:
+                    pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
+                step_bytes = 0
+                for cid, a, b, data in flat[done:ends[k]]:
+                    if cid in pools:
+                        pools[cid][a:b] = np.frombuffer(data, np.uint8)
+                        dirty.add(cid)
+                    step_bytes += b - a
+                since += step_bytes
+                done = ends[k]
+                # also right after a step that writes a lot (a model's weights loaded): the
+                # states after it share that checkpoint's pool instead of rebuilding it
+                cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
+                if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps) \
+                        and spent + cost <= CHECKPOINT_BYTES:
+                    last = checkpoints[-1][1] if checkpoints else {}
+                    # a pool nothing wrote since the last checkpoint is that checkpoint's copy
+                    checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
+                                               else frozen(a) for cid, a in pools.items()}))
+                    since, dirty, spent = 0, set(), spent + cost
+        self._cps = (len(self.steps), checkpoints)
+        self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
+        return checkpoints
+
+    @property
+    def held_bytes(self) -> int:
+        """What keeping this trace costs: its patches, and its checkpoints once a rebuild made them."""
+        return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
+
+    def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
+        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
+        if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
+            flat, ends = [], []
+            for s in self.steps:
+                flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
+                ends.append(len(flat))
+            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat))
+        return self._flat[0], self._flat[1]
+
+    def to_json(self) -> dict:
+        return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
+                "error": self.error,
+                "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
+                           "note": tell(s.notes), "parent": s.parent, "changes": s.changes(),
+                           "same_on_every_cpu": s.same_on_every_cpu,
+                           "threads": [{"ith": t.ith, "kind": t.kind, "ranges": t.ranges, "seconds": t.seconds,
+                                        "note": tell(t.notes)} for t in s.threads]} for s in self.steps],
+                "outputs": self.outputs}
+
+
+class State:
+    """The engine's objects over rebuilt pools: contexts, tensors and graphs as they were."""
+
+    def __init__(self, trace: Trace, k: int, metas: dict[int, ContextMeta], pools: dict,
+                 buffers: dict | None = None) -> None:
+        self.trace, self.k = trace, k
+        self.space = AddressSpace(weak=True)  # the state holds the contexts
+        self.contexts = {cid: Context.restored(self.space, cid, m.base, pools[cid],
+                                               m.objects_end, m.no_alloc)
+                         for cid, m in sorted(metas.items())}
+        self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
+        # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
+        self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
+        self._infos: dict[int, list[TensorInfo]] = {}
+        self._graphs: list[Graph] | None = None
+
+    def tensor_infos(self, cid: int) -> list[TensorInfo]:
+        """tensor_infos of context cid, read once: a state's pools never change."""
+        if cid not in self._infos:
+            self._infos[cid] = tensor_infos(self.contexts[cid])
+        return self._infos[cid]
+
+    def tensor(self, ref: tuple[int, int]) -> Tensor:
+        return Tensor(self.contexts[ref[0]], ref[1])
+
+    def tensors(self) -> list[Tensor]:
+        out = []
+        for ctx in self.contexts.values():
+            out += [Tensor(ctx, o.offs) for o in ctx.objects()
+                    if o.type == GGML_OBJECT_TYPE_TENSOR]
+        return out
+
+    def graphs(self) -> list[Graph]:
+        """The graphs in the state's pools (found once: a state's pools never change)."""
+        if self._graphs is None:
+            out = []
+            for ctx in self.contexts.values():
+                out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
+                        for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
+            self._graphs = [g for g in out if _readable(g)]
+        return list(self._graphs)
+
+
+def _readable(g: Graph) -> bool:
+    """A graph whose nodes and leafs all still exist: one whose tensors were in a context freed
+    since holds dangling pointers (in C too), and is not shown."""
+    try:
+        for t in g.nodes + g.leafs:
+            t.src  # noqa: B018 - resolving the sources' addresses is the test
+        return True
+    except ValueError:
+        return False
+
+
+
+def dumps(trace: Trace) -> str:
+    return json.dumps(trace.to_json())
