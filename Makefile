@@ -69,10 +69,10 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
 	$(PIP) install --quiet -e '.[test,model]'
 	touch $@
 
-# engine/_libm.c (the C library's float functions, as ggml calls them) and engine/_lanes.c (the
-# lane loop of the quantized dot products) are compiled by the install; this rebuilds them when
+# engine/_libm.c (the C library's float functions, as ggml calls them) and engine/_lanes*.c with
+# engine/_lanes.h (ggml's hottest inner loops) are compiled by the install; this rebuilds them when
 # they change
-$(VENV)/.libm: engine/_libm.c engine/_lanes.c | $(VENV)/.installed
+$(VENV)/.libm: engine/_libm.c $(wildcard engine/_lanes*.c) engine/_lanes.h | $(VENV)/.installed
 	$(PIP) install --quiet --no-deps -e .
 	touch $@
 
@@ -87,7 +87,7 @@ run: setup
 
 # The tests whose results must not depend on the CPU (op conformance, quantization, the model
 # comparisons, golden traces, libm, the C loops' twins), run a second time in pure-numpy mode
-# (every C loop of engine/_lanes.c replaced by its numpy twin) with numpy's SIMD dispatch lowered
+# (every C loop of engine._lanes replaced by its numpy twin) with numpy's SIMD dispatch lowered
 # to its baseline: the engine's bits depend neither on its C loops nor on which SIMD path numpy
 # picks (README: "How it is checked"). The first run covers the C loops at numpy's own dispatch.
 EXACT_TESTS := tests/conformance/test_ops_math.py tests/conformance/test_ops_nn.py \

@@ -18,22 +18,23 @@ from engine.core.errors import ggml_assert
 from engine.core.graph import GGML_HASHSET_FULL, Graph, ggml_build_forward_expand, ggml_graph_cpy, \
     ggml_graph_get_grad, ggml_graph_get_grad_acc, ggml_new_graph_custom
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_SRC
-from engine.ops.base import ggml_add, ggml_add_inplace, ggml_cont, ggml_div, ggml_get_op_params_i32, \
-    ggml_mul, ggml_permute, ggml_reshape, ggml_sub, ggml_sub_inplace, ggml_transpose, ggml_view_4d
-from engine.ops.backward import ggml_cross_entropy_loss_back, ggml_get_rows_back, ggml_im2col_back, \
-    ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back, ggml_rope_multi_back, \
-    ggml_silu_back, ggml_soft_max_ext_back
-from engine.ops.math import ggml_acc, ggml_acc_inplace, ggml_add1, ggml_add1_inplace, ggml_mean, \
-    ggml_out_prod, ggml_repeat, ggml_scale
-from engine.ops.unary import ggml_cos, ggml_exp, ggml_neg, ggml_sgn, ggml_sigmoid, ggml_silu, ggml_sin, \
-    ggml_step
-from engine.ops.nn import ggml_diag_mask_zero, ggml_rope_ext_back
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.core.tensor import GGML_TENSOR_FLAG_LOSS, GGML_TENSOR_FLAG_PARAM, Tensor, \
     ggml_are_same_shape, ggml_element_size, ggml_format_name, ggml_is_contiguous, ggml_is_scalar, \
     ggml_nbytes, ggml_nelements, ggml_new_tensor
 from engine.core.tensor_data import data_bytes
 from engine.core.types import GGMLType
+from engine.ops.backward import ggml_cross_entropy_loss_back, ggml_get_rows_back, ggml_im2col_back, \
+    ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back, ggml_silu_back, ggml_soft_max_ext_back
+from engine.ops.base import ggml_get_op_params_i32
+from engine.ops.math import ggml_acc, ggml_acc_inplace, ggml_add, ggml_add1, ggml_add1_inplace, \
+    ggml_add_inplace, ggml_div, ggml_mean, ggml_mul, ggml_repeat, ggml_scale, ggml_sub, ggml_sub_inplace
+from engine.ops.matmul import ggml_out_prod
+from engine.ops.nn import ggml_diag_mask_zero
+from engine.ops.rope import ggml_rope_ext_back, ggml_rope_multi_back
+from engine.ops.unary import ggml_cos, ggml_exp, ggml_neg, ggml_sgn, ggml_sigmoid, ggml_silu, ggml_sin, \
+    ggml_step
+from engine.ops.views import ggml_cont, ggml_permute, ggml_reshape, ggml_transpose, ggml_view_4d
 
 O = GGMLOp
 U = GGMLUnaryOp

@@ -53,28 +53,35 @@ from engine.core.tensor_data import (
     ggml_set_f32, ggml_set_f32_1d, ggml_set_i32, ggml_set_i32_1d, set_data, to_numpy,
 )
 from engine.ops.base import (
-    ggml_add, ggml_add_inplace, ggml_can_mul_mat, ggml_cast, ggml_cont, ggml_cont_1d, ggml_cont_2d,
-    ggml_cont_3d, ggml_cont_4d, ggml_cpy, ggml_div, ggml_div_inplace, ggml_dup, ggml_dup_inplace,
-    ggml_get_op_params_f32, ggml_get_op_params_i32, ggml_mul, ggml_mul_inplace, ggml_mul_mat,
-    GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD, ggml_mul_mat_id, ggml_mul_mat_set_hint,
-    ggml_mul_mat_set_prec, ggml_permute, ggml_reshape, ggml_reshape_1d, ggml_reshape_2d,
-    ggml_reshape_3d, ggml_reshape_4d, ggml_set_op_params, ggml_set_op_params_f32,
-    ggml_set_op_params_i32, ggml_sub, ggml_sub_inplace, ggml_transpose, ggml_view_1d, ggml_view_2d,
-    ggml_view_3d, ggml_view_4d,
+    ggml_get_op_params_f32, ggml_get_op_params_i32, ggml_set_op_params, ggml_set_op_params_f32,
+    ggml_set_op_params_i32,
+)
+from engine.ops.views import (
+    ggml_cast, ggml_cont, ggml_cont_1d, ggml_cont_2d, ggml_cont_3d, ggml_cont_4d, ggml_cpy,
+    ggml_dup, ggml_dup_inplace, ggml_permute, ggml_reshape, ggml_reshape_1d, ggml_reshape_2d,
+    ggml_reshape_3d, ggml_reshape_4d, ggml_transpose, ggml_view_1d, ggml_view_2d, ggml_view_3d,
+    ggml_view_4d,
 )
 from engine.ops.math import (
-    GGML_SORT_ORDER_ASC, GGML_SORT_ORDER_DESC, ggml_acc, ggml_acc_inplace, ggml_add1,
-    ggml_add1_inplace, ggml_arange, ggml_argmax, ggml_argsort, ggml_argsort_top_k,
-    ggml_can_out_prod, ggml_concat, ggml_count_equal, ggml_cross_entropy_loss, ggml_group_norm,
-    ggml_group_norm_inplace, ggml_is_padded_1d, ggml_l2_norm, ggml_l2_norm_inplace, ggml_mean,
-    ggml_norm, ggml_norm_inplace, ggml_out_prod, ggml_repeat, ggml_repeat_4d, ggml_rms_norm,
-    ggml_rms_norm_inplace, ggml_scale, ggml_scale_bias, ggml_scale_bias_inplace, ggml_scale_inplace,
-    ggml_set, ggml_set_1d, ggml_set_1d_inplace, ggml_set_2d, ggml_set_2d_inplace, ggml_set_inplace,
-    ggml_sum, ggml_sum_rows, ggml_top_k,
+    ggml_acc, ggml_acc_inplace, ggml_add, ggml_add1, ggml_add1_inplace, ggml_add_cast, ggml_add_id,
+    ggml_add_inplace, ggml_arange, ggml_argmax, ggml_argsort, ggml_argsort_top_k, ggml_concat,
+    ggml_count_equal, ggml_cross_entropy_loss, ggml_cumsum, ggml_diag, ggml_div, ggml_div_inplace,
+    ggml_fill, ggml_fill_inplace, ggml_group_norm, ggml_group_norm_inplace, ggml_is_padded_1d,
+    ggml_l2_norm, ggml_l2_norm_inplace, ggml_mean, ggml_mul, ggml_mul_inplace, ggml_norm,
+    ggml_norm_inplace, ggml_repeat, ggml_repeat_4d, ggml_rms_norm, ggml_rms_norm_inplace,
+    ggml_scale, ggml_scale_bias, ggml_scale_bias_inplace, ggml_scale_inplace, ggml_set, ggml_set_1d,
+    ggml_set_1d_inplace, ggml_set_2d, ggml_set_2d_inplace, ggml_set_inplace, GGML_SORT_ORDER_ASC,
+    GGML_SORT_ORDER_DESC, ggml_sub, ggml_sub_inplace, ggml_sum, ggml_sum_rows, ggml_top_k, ggml_tri,
+    GGML_TRI_TYPE_LOWER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_UPPER_DIAG,
+)
+from engine.ops.matmul import (
+    ggml_can_mul_mat, ggml_can_out_prod, GGML_HINT_NONE, GGML_HINT_SRC0_IS_HADAMARD, ggml_mul_mat,
+    ggml_mul_mat_id, ggml_mul_mat_set_hint, ggml_mul_mat_set_prec, ggml_out_prod, GGML_PREC_DEFAULT,
+    GGML_PREC_F32, ggml_solve_tri,
 )
 from engine.ops.unary import (
-    ggml_abs, ggml_abs_inplace, ggml_ceil, ggml_ceil_inplace, ggml_clamp, ggml_compute_softplus_f32,
-    ggml_cos, ggml_cos_inplace, ggml_elu, ggml_elu_inplace, ggml_exp, ggml_exp_inplace, ggml_expm1,
+    ggml_abs, ggml_abs_inplace, ggml_ceil, ggml_ceil_inplace, ggml_clamp, ggml_cos,
+    ggml_cos_inplace, ggml_elu, ggml_elu_inplace, ggml_exp, ggml_exp_inplace, ggml_expm1,
     ggml_expm1_inplace, ggml_floor, ggml_floor_inplace, ggml_geglu, ggml_geglu_erf,
     ggml_geglu_erf_split, ggml_geglu_erf_swapped, ggml_geglu_quick, ggml_geglu_quick_split,
     ggml_geglu_quick_swapped, ggml_geglu_split, ggml_geglu_swapped, ggml_gelu, ggml_gelu_erf,
@@ -88,35 +95,34 @@ from engine.ops.unary import (
     ggml_tanh, ggml_tanh_inplace, ggml_trunc, ggml_trunc_inplace, ggml_unary, ggml_unary_inplace,
     ggml_xielu,
 )
-from engine.ops.misc import (
-    GGML_TRI_TYPE_LOWER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_UPPER_DIAG,
-    ggml_add_cast, ggml_add_id, ggml_add_rel_pos, ggml_add_rel_pos_inplace, ggml_col2im_1d,
-    ggml_conv_1d_dw, ggml_conv_1d_dw_ph, ggml_conv_1d_ph, ggml_conv_2d_dw, ggml_conv_2d_dw_direct,
-    ggml_conv_3d, ggml_conv_3d_direct, ggml_conv_transpose_1d, ggml_conv_transpose_2d_p0,
-    ggml_cumsum, ggml_diag, ggml_fill, ggml_fill_inplace, ggml_get_rel_pos, ggml_im2col_3d,
-    ggml_pad_reflect_1d, ggml_roll, ggml_rope_custom, ggml_rope_custom_inplace, ggml_solve_tri,
-    ggml_tri, ggml_win_part, ggml_win_unpart,
+from engine.ops.rope import (
+    GGML_MROPE_SECTIONS, ggml_rope, ggml_rope_custom, ggml_rope_custom_inplace, ggml_rope_ext,
+    ggml_rope_ext_back, ggml_rope_ext_inplace, ggml_rope_inplace, ggml_rope_multi,
+    ggml_rope_multi_back, ggml_rope_multi_inplace, GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE,
+    GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims,
+)
+from engine.ops.conv import (
+    ggml_col2im_1d, ggml_conv_1d, ggml_conv_1d_dw, ggml_conv_1d_dw_ph, ggml_conv_1d_ph,
+    ggml_conv_2d, ggml_conv_2d_direct, ggml_conv_2d_dw, ggml_conv_2d_dw_direct, ggml_conv_2d_s1_ph,
+    ggml_conv_2d_sk_p0, ggml_conv_3d, ggml_conv_3d_direct, ggml_conv_transpose_1d,
+    ggml_conv_transpose_2d_p0, ggml_im2col, ggml_im2col_3d,
 )
 from engine.ops.nn import (
-    GGML_MROPE_SECTIONS, GGML_OP_POOL_AVG, GGML_OP_POOL_COUNT, GGML_OP_POOL_MAX, GGML_PREC_DEFAULT,
-    GGML_PREC_F32, GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX,
-    GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, GGML_SCALE_FLAG_ALIGN_CORNERS,
-    GGML_SCALE_FLAG_ANTIALIAS, GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR,
-    GGML_SCALE_MODE_COUNT, GGML_SCALE_MODE_NEAREST, ggml_conv_1d, ggml_conv_2d, ggml_conv_2d_direct,
-    ggml_conv_2d_s1_ph, ggml_conv_2d_sk_p0, ggml_diag_mask_inf, ggml_diag_mask_inf_inplace,
+    ggml_add_rel_pos, ggml_add_rel_pos_inplace, ggml_diag_mask_inf, ggml_diag_mask_inf_inplace,
     ggml_diag_mask_zero, ggml_diag_mask_zero_inplace, ggml_flash_attn_ext,
     ggml_flash_attn_ext_add_sinks, ggml_flash_attn_ext_get_prec, ggml_flash_attn_ext_set_prec,
-    ggml_get_rows, ggml_im2col, ggml_interpolate, ggml_pad, ggml_pad_circular, ggml_pad_ext,
-    ggml_pad_ext_circular, ggml_pool_1d, ggml_pool_2d, ggml_rope, ggml_rope_ext, ggml_rope_ext_back,
-    ggml_rope_ext_inplace, ggml_rope_inplace, ggml_rope_multi, ggml_rope_multi_inplace,
-    ggml_rope_yarn_corr_dims, ggml_set_rows, ggml_soft_max, ggml_soft_max_add_sinks,
-    ggml_soft_max_ext, ggml_soft_max_ext_inplace, ggml_soft_max_inplace, ggml_timestep_embedding,
-    ggml_upscale, ggml_upscale_ext,
+    ggml_get_rel_pos, ggml_get_rows, ggml_interpolate, GGML_OP_POOL_AVG, GGML_OP_POOL_COUNT,
+    GGML_OP_POOL_MAX, ggml_pad, ggml_pad_circular, ggml_pad_ext, ggml_pad_ext_circular,
+    ggml_pad_reflect_1d, ggml_pool_1d, ggml_pool_2d, ggml_roll, GGML_SCALE_FLAG_ALIGN_CORNERS,
+    GGML_SCALE_FLAG_ANTIALIAS, GGML_SCALE_MODE_BICUBIC, GGML_SCALE_MODE_BILINEAR,
+    GGML_SCALE_MODE_COUNT, GGML_SCALE_MODE_NEAREST, ggml_set_rows, ggml_soft_max,
+    ggml_soft_max_add_sinks, ggml_soft_max_ext, ggml_soft_max_ext_inplace, ggml_soft_max_inplace,
+    ggml_timestep_embedding, ggml_upscale, ggml_upscale_ext, ggml_win_part, ggml_win_unpart,
 )
 from engine.ops.backward import (
-    ggml_cross_entropy_loss_back, ggml_flash_attn_back, ggml_get_rows_back, ggml_im2col_back, ggml_opt_step_adamw,
-    ggml_opt_step_sgd, ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back,
-    ggml_rope_multi_back, ggml_silu_back, ggml_soft_max_ext_back, ggml_soft_max_ext_back_inplace,
+    ggml_cross_entropy_loss_back, ggml_flash_attn_back, ggml_get_rows_back, ggml_im2col_back,
+    ggml_opt_step_adamw, ggml_opt_step_sgd, ggml_pool_2d_back, ggml_repeat_back, ggml_rms_norm_back,
+    ggml_silu_back, ggml_soft_max_ext_back, ggml_soft_max_ext_back_inplace,
 )
 from engine.ops.custom import (
     ggml_custom_4d, ggml_custom_inplace, ggml_map_custom1, ggml_map_custom1_inplace,
@@ -127,6 +133,7 @@ from engine.ops.ssm import (
     ggml_gated_delta_net, ggml_gated_linear_attn, ggml_rwkv_wkv6, ggml_rwkv_wkv7, ggml_ssm_conv,
     ggml_ssm_scan,
 )
+from engine.compute.kernels.floatmath import ggml_compute_softplus_f32
 from engine.core.optable import (
     GGMLGluOp, GGMLOp, GGMLUnaryOp, GGML_GLU_OP_COUNT, GGML_OP_COUNT, GGML_UNARY_OP_COUNT,
     ggml_glu_op_name, ggml_op_name, ggml_op_symbol, ggml_unary_op_name,

@@ -1,11 +1,11 @@
 """Op constructors of the backward pass and the optimizer steps; each only records.
 
 Mirrors the graph-building functions of ggml.c for REPEAT_BACK, SILU_BACK, RMS_NORM_BACK,
-GET_ROWS_BACK, SOFT_MAX_BACK, ROPE_BACK (multi), IM2COL_BACK, POOL_2D_BACK,
-CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW and OPT_STEP_SGD: result shape and type, op_params, src
-slots and the GGML_ASSERTs with ggml's condition text. `engine.autodiff` builds them into a graph;
-the kernels are in engine/compute/kernels/backward.py. FLASH_ATTN_BACK's constructor aborts, as
-ggml 0.15.3's does before it builds anything.
+GET_ROWS_BACK, SOFT_MAX_BACK, IM2COL_BACK, POOL_2D_BACK, CROSS_ENTROPY_LOSS_BACK, OPT_STEP_ADAMW
+and OPT_STEP_SGD: result shape and type, op_params, src slots and the GGML_ASSERTs with ggml's
+condition text (ROPE_BACK is with the other RoPE constructors, in rope.py). `engine.autodiff`
+builds them into a graph; the kernels are in engine/compute/kernels/backward.py.
+FLASH_ATTN_BACK's constructor aborts, as ggml 0.15.3's does before it builds anything.
 """
 
 from __future__ import annotations
@@ -15,32 +15,31 @@ import struct
 from engine.core.context import Context
 from engine.core.errors import ggml_abort, ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
-from engine.ops.base import _ne, _record, ggml_set_op_params
-from engine.ops.nn import ggml_rope_multi
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
     ggml_dup_tensor, ggml_is_matrix, ggml_is_scalar, ggml_is_vector, ggml_nelements, \
     ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
 from engine.core.types import GGMLType
+from engine.ops.base import dup_or_view, ggml_set_op_params, record, shape_of
 
 
 def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_repeat_back: sum a's repetitions back into b's shape (the gradient of REPEAT)."""
     ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", "ggml_repeat_back",
-                f"b {_ne(b)} does not tile a {_ne(a)}")
-    return _record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, _ne(b)), GGMLOp.REPEAT_BACK, a)
+                f"b {shape_of(b)} does not tile a {shape_of(a)}")
+    return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, shape_of(b)), GGMLOp.REPEAT_BACK, a)
 
 
 def ggml_silu_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_silu_back: a = the gradient of silu's output, b = silu's input."""
-    return _record(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
+    return record(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
 
 
 def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor:
     """ggml_rms_norm_back: a = the gradient of rms_norm's output, b = its input; op_params eps."""
     result = ggml_dup_tensor(ctx, a)
     ggml_set_op_params(result, struct.pack("<f", eps))
-    return _record(result, GGMLOp.RMS_NORM_BACK, a, b)
+    return record(result, GGMLOp.RMS_NORM_BACK, a, b)
 
 
 def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
@@ -51,14 +50,14 @@ def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     ggml_assert(ggml_is_matrix(c) and int(a.ne[0]) == int(c.ne[0]),
                 "ggml_is_matrix(c) && (a->ne[0] == c->ne[0])", fn)
     result = ggml_new_tensor_2d(ctx, GGMLType.F32, int(c.ne[0]), int(c.ne[1]))
-    return _record(result, GGMLOp.GET_ROWS_BACK, a, b)
+    return record(result, GGMLOp.GET_ROWS_BACK, a, b)
 
 
 def _soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float,
                        inplace: bool) -> Tensor:
-    result = ggml_view_tensor(ctx, a) if inplace else ggml_dup_tensor(ctx, a)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<2f", scale, max_bias))
-    return _record(result, GGMLOp.SOFT_MAX_BACK, a, b)
+    return record(result, GGMLOp.SOFT_MAX_BACK, a, b)
 
 
 def ggml_soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float,
@@ -73,33 +72,22 @@ def ggml_soft_max_ext_back_inplace(ctx: Context, a: Tensor, b: Tensor, scale: fl
     return _soft_max_ext_back(ctx, a, b, scale, max_bias, True)
 
 
-def ggml_rope_multi_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
-                         sections: list[int], mode: int, n_ctx_orig: int, freq_base: float,
-                         freq_scale: float, ext_factor: float, attn_factor: float,
-                         beta_fast: float, beta_slow: float) -> Tensor:
-    """ggml_rope_multi_back: ggml_rope_multi recorded as ROPE_BACK (the inverse rotation)."""
-    result = ggml_rope_multi(ctx, a, b, c, n_dims, sections, mode, n_ctx_orig, freq_base,
-                             freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
-    result.op = GGMLOp.ROPE_BACK
-    return result
-
-
 def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int, s1: int,
                      p0: int, p1: int, d0: int, d1: int, is_2D: bool) -> Tensor:  # noqa: N803
     """ggml_im2col_back: the gradient of im2col (a) folded back into an F32 image of shape ne;
     b is im2col's kernel (only its shape is used)."""
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [int(x) for x in ne])
     ggml_set_op_params(result, struct.pack("<7i", s0, s1, p0, p1, d0, d1, 1 if is_2D else 0))
-    return _record(result, GGMLOp.IM2COL_BACK, a, b)
+    return record(result, GGMLOp.IM2COL_BACK, a, b)
 
 
 def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: int, k0: int, k1: int, s0: int,
                       s1: int, p0: float, p1: float) -> Tensor:
     """ggml_pool_2d_back: the gradient of pool_2d (a) spread over the input af's shape; the
     paddings are stored as int32, as ggml stores them."""
-    result = ggml_new_tensor(ctx, GGMLType.F32, 4, _ne(af))
+    result = ggml_new_tensor(ctx, GGMLType.F32, 4, shape_of(af))
     ggml_set_op_params(result, struct.pack("<7i", op, k0, k1, s0, s1, int(p0), int(p1)))
-    return _record(result, GGMLOp.POOL_2D_BACK, a, af)
+    return record(result, GGMLOp.POOL_2D_BACK, a, af)
 
 
 def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
@@ -108,7 +96,7 @@ def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) 
     fn = "ggml_cross_entropy_loss_back"
     ggml_assert(ggml_is_scalar(a), "ggml_is_scalar(a)", fn)
     ggml_assert(ggml_are_same_shape(b, c), "ggml_are_same_shape(b, c)", fn)
-    return _record(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
+    return record(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
 
 
 def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Tensor,
@@ -122,7 +110,7 @@ def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Ten
     ggml_assert(ggml_are_same_shape(a, v), "ggml_are_same_shape(a, v)", fn)
     ggml_assert(adamw_params.type == GGMLType.F32, "adamw_params->type == GGML_TYPE_F32", fn)
     ggml_assert(ggml_nelements(adamw_params) == 7, "ggml_nelements(adamw_params) == 7", fn)
-    return _record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
+    return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
 
 
 def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> Tensor:
@@ -132,7 +120,7 @@ def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> 
     ggml_assert(ggml_are_same_shape(a, grad), "ggml_are_same_shape(a, grad)", fn)
     ggml_assert(params.type == GGMLType.F32, "params->type == GGML_TYPE_F32", fn)
     ggml_assert(ggml_nelements(params) == 2, "ggml_nelements(params) == 2", fn)
-    return _record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
+    return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
 
 
 def ggml_flash_attn_back(ctx: Context, q: Tensor, k: Tensor, v: Tensor, d: Tensor, masked: bool) -> Tensor:

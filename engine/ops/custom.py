@@ -20,9 +20,9 @@ from typing import Any, Callable
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_SRC
-from engine.ops.base import _dup_or_view, _record, ggml_set_op_params
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_new_tensor_4d, ggml_view_tensor
+from engine.ops.base import dup_or_view, ggml_set_op_params, record
 
 GGML_N_TASKS_MAX = -1
 
@@ -58,9 +58,9 @@ def _map_custom(ctx: Context, op: GGMLOp, srcs: tuple[Tensor, ...], fun: Callabl
     ggml_assert(n_tasks == GGML_N_TASKS_MAX or n_tasks > 0, "n_tasks == GGML_N_TASKS_MAX || n_tasks > 0",
                 fn, f"n_tasks = {n_tasks}")
     ggml_assert(callable(fun), "fun", fn, "fun must be callable")
-    result = _dup_or_view(ctx, srcs[0], inplace)
+    result = dup_or_view(ctx, srcs[0], inplace)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return _record(result, op, *srcs)
+    return record(result, op, *srcs)
 
 
 def ggml_map_custom1(ctx: Context, a: Tensor, fun: Callable, n_tasks: int, userdata: Any) -> Tensor:
@@ -105,7 +105,7 @@ def ggml_custom_4d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int, ne3: 
     ggml_assert(n_args < GGML_MAX_SRC, "n_args < GGML_MAX_SRC", "ggml_custom_4d", f"n_args = {n_args}")
     result = ggml_new_tensor_4d(ctx, type_, ne0, ne1, ne2, ne3)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return _record(result, GGMLOp.CUSTOM, *list(args)[:n_args])
+    return record(result, GGMLOp.CUSTOM, *list(args)[:n_args])
 
 
 def ggml_custom_inplace(ctx: Context, a: Tensor, args: list[Tensor], n_args: int, fun: Callable, n_tasks: int,
@@ -115,4 +115,4 @@ def ggml_custom_inplace(ctx: Context, a: Tensor, args: list[Tensor], n_args: int
                 f"n_args = {n_args}")
     result = ggml_view_tensor(ctx, a)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return _record(result, GGMLOp.CUSTOM, a, *list(args)[:n_args])
+    return record(result, GGMLOp.CUSTOM, a, *list(args)[:n_args])

@@ -1,12 +1,12 @@
-"""Op constructors for arithmetic, reductions and norms; each only records (activations:
-engine/ops/unary.py).
+"""Arithmetic op constructors: element-wise ADD, SUB, MUL, DIV (and ADD_ID, add_cast), ADD1, ACC,
+SET, SCALE, FILL; reductions and scans (SUM, SUM_ROWS, MEAN, ARGMAX, COUNT_EQUAL, CUMSUM); REPEAT,
+CONCAT; the norms (NORM, RMS_NORM, GROUP_NORM, L2_NORM); DIAG and TRI; ARANGE, ARGSORT, TOP_K
+and CROSS_ENTROPY_LOSS. Activations are in unary.py, matrix products in matmul.py.
 
-Mirrors the graph-building functions of ggml.c for ADD1, ACC, SUM, SUM_ROWS, MEAN, ARGMAX,
-COUNT_EQUAL, REPEAT, CONCAT, NORM, RMS_NORM, GROUP_NORM, L2_NORM, OUT_PROD, SCALE, SET, ARANGE,
-ARGSORT, TOP_K and CROSS_ENTROPY_LOSS: result shape and type, op_params, src slots, automatic names, and
-the GGML_ASSERTs with ggml's condition text. Computing is the kernels' business.
-
-Leaves out: the backward ops (silu_back, rms_norm_back, repeat_back, cross_entropy_loss_back).
+Mirrors ggml.c's graph-building functions: result shape and type, op_params, src slots, automatic
+names, and the GGML_ASSERTs with ggml's condition text. Each only records; the kernels compute.
+Leaves out: the backward ops (silu_back, rms_norm_back, repeat_back, cross_entropy_loss_back:
+backward.py).
 """
 
 from __future__ import annotations
@@ -19,18 +19,20 @@ from engine.core.api import query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
-from engine.ops.base import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
-    ggml_set_op_params_i32, ggml_view_4d
 from engine.core.optable import GGMLOp
-from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_is_contiguous, \
-    ggml_is_empty, ggml_is_matrix, ggml_is_scalar, ggml_is_transposed, ggml_nelements, \
-    ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_4d
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_can_repeat_rows, \
+    ggml_dup_tensor, ggml_is_contiguous, ggml_is_empty, ggml_is_matrix, ggml_is_scalar, \
+    ggml_nelements, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_4d
 from engine.core.types import GGMLType, TYPE_TRAITS
+from engine.ops.base import dup_or_view, ggml_set_op_params, ggml_set_op_params_f32, \
+    ggml_set_op_params_i32, record, shape_of
+from engine.ops.views import ggml_view_4d
 
 GGML_SORT_ORDER_ASC = 0
 GGML_SORT_ORDER_DESC = 1
+# enum ggml_tri_type: which triangle (with or without the diagonal) ggml_tri keeps
+GGML_TRI_TYPE_UPPER_DIAG, GGML_TRI_TYPE_UPPER, GGML_TRI_TYPE_LOWER_DIAG, GGML_TRI_TYPE_LOWER = 0, 1, 2, 3
 INT32_MAX = 2**31 - 1
-
 
 
 def _int32(v: int) -> int:
@@ -38,21 +40,90 @@ def _int32(v: int) -> int:
     return (int(v) + 2**31) % 2**32 - 2**31
 
 
-
 @query
 def ggml_is_padded_1d(t: Tensor) -> bool:
     """ggml_is_padded_1d: rows packed, and dims 2 and 3 packed after them (dim 1 may be padded)."""
-    ne, nb = _ne(t), [int(x) for x in t.nb]
+    ne, nb = shape_of(t), [int(x) for x in t.nb]
     return (nb[0] == TYPE_TRAITS[t.type].type_size and nb[2] == nb[1] * ne[1]
             and nb[3] == nb[2] * ne[2])
 
 
-# --- add1, acc, set --------------------------------------------------------------------------
+# --- add, sub, mul, div ----------------------------------------------------------------------
+
+def _binary(ctx: Context, a: Tensor, b: Tensor, op: GGMLOp, inplace: bool, fn: str) -> Tensor:
+    """ggml_add_impl and friends: b is broadcast onto a (by modulo) at compute time."""
+    ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", fn,
+                f"b {shape_of(b)} does not tile a {shape_of(a)}")
+    return record(dup_or_view(ctx, a, inplace), op, a, b)
+
+
+def ggml_add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_add: a + b."""
+    return _binary(ctx, a, b, GGMLOp.ADD, False, "ggml_add")
+
+
+def ggml_add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_add_inplace: a += b (the result is a view of a)."""
+    return _binary(ctx, a, b, GGMLOp.ADD, True, "ggml_add_inplace")
+
+
+def ggml_sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_sub: a - b."""
+    return _binary(ctx, a, b, GGMLOp.SUB, False, "ggml_sub")
+
+
+def ggml_sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_sub_inplace."""
+    return _binary(ctx, a, b, GGMLOp.SUB, True, "ggml_sub_inplace")
+
+
+def ggml_mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul: a * b, element-wise."""
+    return _binary(ctx, a, b, GGMLOp.MUL, False, "ggml_mul")
+
+
+def ggml_mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_mul_inplace."""
+    return _binary(ctx, a, b, GGMLOp.MUL, True, "ggml_mul_inplace")
+
+
+def ggml_div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_div: a / b, element-wise."""
+    return _binary(ctx, a, b, GGMLOp.DIV, False, "ggml_div")
+
+
+def ggml_div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """ggml_div_inplace."""
+    return _binary(ctx, a, b, GGMLOp.DIV, True, "ggml_div_inplace")
+
+
+def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_add_id: a [n, n_used, n_tokens] plus, for each (slot, token), the row of b that
+    ids[slot, token] picks (mixture of experts: each chosen expert's bias)."""
+    fn = "ggml_add_id"
+    ggml_assert(int(a.ne[0]) == int(b.ne[0]), "a->ne[0] == b->ne[0]", fn)
+    ggml_assert(int(a.ne[1]) == int(ids.ne[0]), "a->ne[1] == ids->ne[0]", fn)
+    ggml_assert(int(a.ne[2]) == int(ids.ne[1]), "a->ne[2] == ids->ne[1]", fn)
+    ggml_assert(ids.type == GGMLType.I32, "ids->type == GGML_TYPE_I32", fn)
+    return record(ggml_dup_tensor(ctx, a), GGMLOp.ADD_ID, a, b, ids)
+
+
+def ggml_add_cast(ctx: Context, a: Tensor, b: Tensor, type_: int) -> Tensor:
+    """ggml_add_cast: ADD whose result has another type (a quantized, F16 or BF16 a)."""
+    fn = "ggml_add_cast_impl"
+    ggml_assert(ggml_can_repeat_rows(b, a), "ggml_can_repeat_rows(b, a)", fn)
+    ggml_assert(TYPE_TRAITS[a.type].is_quantized or a.type in (GGMLType.F16, GGMLType.BF16),
+                "ggml_is_quantized(a->type) || a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16", fn)
+    result = ggml_new_tensor(ctx, type_, GGML_MAX_DIMS, a.ne)
+    return record(result, GGMLOp.ADD, a, b)
+
+
+# --- add1, acc, set, scale, fill -------------------------------------------------------------
 
 def _add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool, fn: str) -> Tensor:
-    ggml_assert(ggml_is_scalar(b), "ggml_is_scalar(b)", fn, f"b has ne {_ne(b)}")
+    ggml_assert(ggml_is_scalar(b), "ggml_is_scalar(b)", fn, f"b has ne {shape_of(b)}")
     ggml_assert(ggml_is_padded_1d(a), "ggml_is_padded_1d(a)", fn, f"a has nb {list(a.nb)}")
-    return _record(_dup_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
+    return record(dup_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
 
 
 def ggml_add1(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -72,10 +143,10 @@ def _acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
     ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
     ggml_assert(b.type == GGMLType.F32, "b->type == GGML_TYPE_F32", fn)
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     params = [_int32(v) for v in (nb1, nb2, nb3, offset, 1 if inplace else 0)]
     ggml_set_op_params(result, struct.pack("<5i", *params))
-    return _record(result, GGMLOp.ACC, a, b)
+    return record(result, GGMLOp.ACC, a, b)
 
 
 def ggml_acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
@@ -94,11 +165,11 @@ def _set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
          inplace: bool, fn: str) -> Tensor:
     ggml_assert(ggml_nelements(a) >= ggml_nelements(b), "ggml_nelements(a) >= ggml_nelements(b)",
                 fn, f"{ggml_nelements(a)} < {ggml_nelements(b)}")
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_assert(offset < (1 << 30), "offset < (size_t)(1 << 30)", fn, f"offset {offset}")
     params = [_int32(v) for v in (nb1, nb2, nb3, offset, 1 if inplace else 0)]
     ggml_set_op_params(result, struct.pack("<5i", *params))
-    return _record(result, GGMLOp.SET, a, b)
+    return record(result, GGMLOp.SET, a, b)
 
 
 def ggml_set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
@@ -136,9 +207,9 @@ def ggml_set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: in
 
 def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) -> Tensor:
     ggml_assert(ggml_is_padded_1d(a), "ggml_is_padded_1d(a)", fn, f"a has nb {list(a.nb)}")
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<2f", s, b))
-    return _record(result, GGMLOp.SCALE, a)
+    return record(result, GGMLOp.SCALE, a)
 
 
 def ggml_scale(ctx: Context, a: Tensor, s: float) -> Tensor:
@@ -161,37 +232,63 @@ def ggml_scale_bias_inplace(ctx: Context, a: Tensor, s: float, b: float) -> Tens
     return _scale(ctx, a, s, b, True, "ggml_scale_bias_inplace")
 
 
+def _fill(ctx: Context, a: Tensor, c: float, inplace: bool) -> Tensor:
+    fn = "ggml_fill_impl"
+    ggml_assert(a.type in (GGMLType.F32, GGMLType.F16), "a->type == GGML_TYPE_F32 || a->type == GGML_TYPE_F16",
+                fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    result = dup_or_view(ctx, a, inplace)
+    ggml_set_op_params_f32(result, 0, c)
+    return record(result, GGMLOp.FILL, a)
+
+
+def ggml_fill(ctx: Context, a: Tensor, c: float) -> Tensor:
+    """ggml_fill: a tensor like a with every element c; op_params[0] = c (f32)."""
+    return _fill(ctx, a, c, False)
+
+
+def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
+    """ggml_fill_inplace: the same, into a view of a."""
+    return _fill(ctx, a, c, True)
+
+
 # --- reductions ------------------------------------------------------------------------------
 
 def ggml_sum(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum: every element summed into a 1-element tensor of a's type."""
-    return _record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.SUM, a)
+    return record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.SUM, a)
 
 
 def ggml_sum_rows(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum_rows: [1, ne1, ne2, ne3] of a's type, each the sum of one row."""
-    ne = [1] + _ne(a)[1:]
-    return _record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne), GGMLOp.SUM_ROWS, a)
+    ne = [1] + shape_of(a)[1:]
+    return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne), GGMLOp.SUM_ROWS, a)
 
 
 def ggml_mean(ctx: Context, a: Tensor) -> Tensor:
     """ggml_mean: F32 [1, ne1, ne2, ne3], each the mean of one row."""
-    ne = [1] + _ne(a)[1:]
-    return _record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.MEAN, a)
+    ne = [1] + shape_of(a)[1:]
+    return record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.MEAN, a)
 
 
 def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
     """ggml_argmax: I32 [ne1], the index of each row's maximum (a must be a matrix)."""
-    ggml_assert(ggml_is_matrix(a), "ggml_is_matrix(a)", "ggml_argmax", f"a has ne {_ne(a)}")
+    ggml_assert(ggml_is_matrix(a), "ggml_is_matrix(a)", "ggml_argmax", f"a has ne {shape_of(a)}")
     ggml_assert(int(a.ne[0]) <= INT32_MAX, "a->ne[0] <= INT32_MAX", "ggml_argmax")
-    return _record(ggml_new_tensor_1d(ctx, GGMLType.I32, int(a.ne[1])), GGMLOp.ARGMAX, a)
+    return record(ggml_new_tensor_1d(ctx, GGMLType.I32, int(a.ne[1])), GGMLOp.ARGMAX, a)
 
 
 def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_count_equal: I64 [1], how many elements of a and b are equal."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_count_equal",
-                f"{_ne(a)} vs {_ne(b)}")
-    return _record(ggml_new_tensor_1d(ctx, GGMLType.I64, 1), GGMLOp.COUNT_EQUAL, a, b)
+                f"{shape_of(a)} vs {shape_of(b)}")
+    return record(ggml_new_tensor_1d(ctx, GGMLType.I64, 1), GGMLOp.COUNT_EQUAL, a, b)
+
+
+def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
+    """ggml_cumsum: each row's running sum along dim 0 (F32)."""
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_cumsum")
+    return record(ggml_dup_tensor(ctx, a), GGMLOp.CUMSUM, a)
 
 
 # --- repeat, concat --------------------------------------------------------------------------
@@ -199,17 +296,17 @@ def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_repeat: a tiled to b's shape (a's type)."""
     ggml_assert(ggml_can_repeat(a, b), "ggml_can_repeat(a, b)", "ggml_repeat",
-                f"a {_ne(a)} does not tile b {_ne(b)}")
+                f"a {shape_of(a)} does not tile b {shape_of(b)}")
     result = ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, b.ne)
-    return _record(result, GGMLOp.REPEAT, a)
+    return record(result, GGMLOp.REPEAT, a)
 
 
 def ggml_repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """ggml_repeat_4d: a tiled to [ne0, ne1, ne2, ne3]."""
     ne = (ne0, ne1, ne2, ne3)
     can_repeat = ggml_is_empty(a) or all(n % int(m) == 0 for n, m in zip(ne, a.ne))
-    ggml_assert(can_repeat, "can_repeat", "ggml_repeat_4d", f"a {_ne(a)} does not tile {ne}")
-    return _record(ggml_new_tensor_4d(ctx, a.type, *ne), GGMLOp.REPEAT, a)
+    ggml_assert(can_repeat, "can_repeat", "ggml_repeat_4d", f"a {shape_of(a)} does not tile {ne}")
+    return record(ggml_new_tensor_4d(ctx, a.type, *ne), GGMLOp.REPEAT, a)
 
 
 def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
@@ -227,15 +324,15 @@ def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
         ne.append(int(a.ne[d]))
     result = ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne)
     ggml_set_op_params_i32(result, 0, dim)
-    return _record(result, GGMLOp.CONCAT, a, b)
+    return record(result, GGMLOp.CONCAT, a, b)
 
 
 # --- norms -----------------------------------------------------------------------------------
 
 def _eps_op(op: GGMLOp, ctx: Context, a: Tensor, eps: float, inplace: bool) -> Tensor:
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<f", eps))
-    return _record(result, op, a)
+    return record(result, op, a)
 
 
 def ggml_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
@@ -269,10 +366,10 @@ def ggml_l2_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
 
 
 def _group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float, inplace: bool) -> Tensor:
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_i32(result, 0, n_groups)
     ggml_set_op_params_f32(result, 1, eps)
-    return _record(result, GGMLOp.GROUP_NORM, a)
+    return record(result, GGMLOp.GROUP_NORM, a)
 
 
 def ggml_group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
@@ -286,22 +383,25 @@ def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int, eps: float) 
     return _group_norm(ctx, a, n_groups, eps, True)
 
 
-# --- out_prod --------------------------------------------------------------------------------
+# --- diag, tri -------------------------------------------------------------------------------
 
-@query
-def ggml_can_out_prod(t0: Tensor, t1: Tensor) -> bool:
-    """ggml_can_out_prod: same ne1; t1's dims 2 and 3 whole multiples of t0's."""
-    return (int(t0.ne[1]) == int(t1.ne[1]) and int(t1.ne[2]) % int(t0.ne[2]) == 0
-            and int(t1.ne[3]) % int(t0.ne[3]) == 0)
+def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
+    """ggml_diag: a row vector [n, 1, ne2, ne3] made the diagonal of [n, n, ne2, ne3]."""
+    ggml_assert(int(a.ne[1]) == 1, "a->ne[1] == 1", "ggml_diag", f"ne = {shape_of(a)}")
+    ne = [int(a.ne[0]), int(a.ne[0]), int(a.ne[2]), int(a.ne[3])]
+    return record(ggml_new_tensor(ctx, a.type, 4, ne), GGMLOp.DIAG, a)
 
 
-def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """ggml_out_prod: F32 [a.ne0, b.ne0, b.ne2, b.ne3] = Σ_k a[:, k] ⊗ b[:, k] (a broadcast)."""
-    ggml_assert(ggml_can_out_prod(a, b), "ggml_can_out_prod(a, b)", "ggml_out_prod",
-                f"a {_ne(a)}, b {_ne(b)}")
-    ggml_assert(not ggml_is_transposed(a), "!ggml_is_transposed(a)", "ggml_out_prod")
-    ne = [int(a.ne[0]), int(b.ne[0]), int(b.ne[2]), int(b.ne[3])]
-    return _record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.OUT_PROD, a, b)
+def ggml_tri(ctx: Context, a: Tensor, type_: int) -> Tensor:
+    """ggml_tri: a square F32 matrix with one triangle kept (GGML_TRI_TYPE_*), the rest 0;
+    op_params[0] = the triangle."""
+    fn = "ggml_tri"
+    ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
+    ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
+    ggml_assert(int(a.ne[0]) == int(a.ne[1]), "a->ne[0] == a->ne[1]", fn, f"ne = {shape_of(a)}")
+    result = ggml_dup_tensor(ctx, a)
+    ggml_set_op_params_i32(result, 0, int(type_))
+    return record(result, GGMLOp.TRI, a)
 
 
 # --- arange, argsort, top_k ------------------------------------------------------------------
@@ -325,7 +425,7 @@ def ggml_argsort(ctx: Context, a: Tensor, order: int) -> Tensor:
     ggml_assert(int(a.ne[0]) <= INT32_MAX, "a->ne[0] <= INT32_MAX", "ggml_argsort")
     result = ggml_new_tensor(ctx, GGMLType.I32, GGML_MAX_DIMS, a.ne)
     ggml_set_op_params_i32(result, 0, int(order))
-    return _record(result, GGMLOp.ARGSORT, a)
+    return record(result, GGMLOp.ARGSORT, a)
 
 
 def ggml_argsort_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
@@ -340,7 +440,7 @@ def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
     """ggml_top_k: I32 [k, ne1, ne2, ne3], the indices of each row's k largest (unordered)."""
     ggml_assert(int(a.ne[0]) >= k, "a->ne[0] >= k", "ggml_top_k", f"k = {k} > ne0 = {int(a.ne[0])}")
     result = ggml_new_tensor_4d(ctx, GGMLType.I32, k, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
-    return _record(result, GGMLOp.TOP_K, a)
+    return record(result, GGMLOp.TOP_K, a)
 
 
 # --- loss ------------------------------------------------------------------------------------
@@ -348,5 +448,5 @@ def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
 def ggml_cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_cross_entropy_loss: [1] of a's type, -mean over rows of Σ b·log_softmax(a)."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_cross_entropy_loss",
-                f"{_ne(a)} vs {_ne(b)}")
-    return _record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.CROSS_ENTROPY_LOSS, a, b)
+                f"{shape_of(a)} vs {shape_of(b)}")
+    return record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.CROSS_ENTROPY_LOSS, a, b)

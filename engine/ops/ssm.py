@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
-from engine.ops.base import _ne, _record, ggml_set_op_params_f32, ggml_set_op_params_i32
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_3d, ggml_is_contiguous, \
     ggml_is_contiguous_rows, ggml_is_matrix, ggml_is_vector, ggml_nelements, ggml_new_tensor, \
     ggml_new_tensor_1d, ggml_new_tensor_3d
 from engine.core.types import GGMLType, ggml_type_size
+from engine.ops.base import ggml_set_op_params_f32, ggml_set_op_params_i32, record, shape_of
 
 
 def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
@@ -25,14 +25,14 @@ def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
     holds each channel's last d_conv - 1 inputs then the new n_t; c [d_conv, d_inner] the kernels;
     F32 [d_inner, n_t, n_s] with result[i, t, s] = Σ_k sx[t + k, i, s] · c[k, i]."""
     fn = "ggml_ssm_conv"
-    ggml_assert(ggml_is_3d(sx), "ggml_is_3d(sx)", fn, f"sx ne = {_ne(sx)}")
-    ggml_assert(ggml_is_matrix(c), "ggml_is_matrix(c)", fn, f"c ne = {_ne(c)}")
+    ggml_assert(ggml_is_3d(sx), "ggml_is_3d(sx)", fn, f"sx ne = {shape_of(sx)}")
+    ggml_assert(ggml_is_matrix(c), "ggml_is_matrix(c)", fn, f"c ne = {shape_of(c)}")
     d_conv, d_inner = int(c.ne[0]), int(c.ne[1])
     n_t, n_s = int(sx.ne[0]) - d_conv + 1, int(sx.ne[2])
     ggml_assert(int(sx.ne[1]) == d_inner, "sx->ne[1] == d_inner", fn, f"{int(sx.ne[1])} channels, c has {d_inner}")
     ggml_assert(n_t >= 0, "n_t >= 0", fn, f"sx holds {int(sx.ne[0])} steps for a kernel of {d_conv}")
     result = ggml_new_tensor_3d(ctx, GGMLType.F32, d_inner, n_t, n_s)
-    return _record(result, GGMLOp.SSM_CONV, sx, c)
+    return record(result, GGMLOp.SSM_CONV, sx, c)
 
 
 def _assert_contiguous(fn: str, **tensors: Tensor) -> None:
@@ -54,7 +54,7 @@ def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: 
     for name, t in (("x", x), ("B", B), ("C", C)):
         ggml_assert(int(t.nb[1]) == int(t.ne[0]) * int(t.nb[0]),
                     f"{name}->nb[1] == {name}->ne[0]*{name}->nb[0]", fn)
-    ggml_assert(ggml_are_same_shape(B, C), "ggml_are_same_shape(B, C)", fn, f"B {_ne(B)}, C {_ne(C)}")
+    ggml_assert(ggml_are_same_shape(B, C), "ggml_are_same_shape(B, C)", fn, f"B {shape_of(B)}, C {shape_of(C)}")
     ggml_assert(ids.type == GGMLType.I32, "ids->type == GGML_TYPE_I32", fn)
     d_state, head_dim, n_head = int(s.ne[0]), int(x.ne[0]), int(x.ne[1])
     n_seq_tokens, n_seqs = int(x.ne[2]), int(x.ne[3])
@@ -76,10 +76,10 @@ def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: 
     )
     for ok, cond in checks:
         ggml_assert(ok, cond, fn,
-                    f"s {_ne(s)}, x {_ne(x)}, dt {_ne(dt)}, A {_ne(A)}, B {_ne(B)}, ids {_ne(ids)}")
+                    f"s {shape_of(s)}, x {shape_of(x)}, dt {shape_of(dt)}, A {shape_of(A)}, B {shape_of(B)}, ids {shape_of(ids)}")
     n = ggml_nelements(x) + d_state * head_dim * n_head * int(ids.ne[0])
     result = ggml_new_tensor_1d(ctx, GGMLType.F32, n)
-    return _record(result, GGMLOp.SSM_SCAN, s, x, dt, A, B, C, ids)
+    return record(result, GGMLOp.SSM_SCAN, s, x, dt, A, B, C, ids)
 
 
 def _linear_attn(ctx: Context, fn: str, op: GGMLOp, lead: Tensor, same: dict, state: Tensor,
@@ -92,11 +92,11 @@ def _linear_attn(ctx: Context, fn: str, op: GGMLOp, lead: Tensor, same: dict, st
     for name, t in same.items():
         ggml_assert(int(t.ne[0]) == S and int(t.ne[1]) == H and int(t.ne[2]) == n_tokens,
                     f"{name}->ne[0] == S && {name}->ne[1] == H && {name}->ne[2] == n_tokens", fn,
-                    f"{name} ne = {_ne(t)}, S = {S}, H = {H}, n_tokens = {n_tokens}")
+                    f"{name} ne = {shape_of(t)}, S = {S}, H = {H}, n_tokens = {n_tokens}")
     ggml_assert(ggml_nelements(state) == S * S * H * n_seqs, "ggml_nelements(state) == S * S * H * n_seqs",
-                fn, f"state ne = {_ne(state)}")
+                fn, f"state ne = {shape_of(state)}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [S * H, n_tokens + S * n_seqs, 1, 1])
-    return _record(result, op, *srcs)
+    return record(result, op, *srcs)
 
 
 def ggml_rwkv_wkv6(ctx: Context, k: Tensor, v: Tensor, r: Tensor, tf: Tensor, td: Tensor,
@@ -145,11 +145,11 @@ def ggml_gated_delta_net(ctx: Context, q: Tensor, k: Tensor, v: Tensor, g: Tenso
         ggml_assert(t.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
     S_v, H, n_tokens, n_seqs = (int(n) for n in v.ne)
     ggml_assert(int(g.ne[0]) == 1 or int(g.ne[0]) == S_v, "g->ne[0] == 1 || g->ne[0] == S_v", fn,
-                f"g ne = {_ne(g)}")
-    ggml_assert(int(beta.ne[0]) == 1, "beta->ne[0] == 1", fn, f"beta ne = {_ne(beta)}")
+                f"g ne = {shape_of(g)}")
+    ggml_assert(int(beta.ne[0]) == 1, "beta->ne[0] == 1", fn, f"beta ne = {shape_of(beta)}")
     for i, want, name in ((0, S_v, "S_v"), (1, S_v, "S_v"), (2, H, "H"), (3, n_seqs, "n_seqs")):
-        ggml_assert(int(state.ne[i]) == want, f"state->ne[{i}] == {name}", fn, f"state ne = {_ne(state)}")
+        ggml_assert(int(state.ne[i]) == want, f"state->ne[{i}] == {name}", fn, f"state ne = {shape_of(state)}")
     ggml_assert(K >= 1, "K >= 1", fn, f"K = {K}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [S_v * H, n_tokens * n_seqs + K * S_v * n_seqs, 1, 1])
     ggml_set_op_params_i32(result, 0, int(K))
-    return _record(result, GGMLOp.GATED_DELTA_NET, q, k, v, g, beta, state)
+    return record(result, GGMLOp.GATED_DELTA_NET, q, k, v, g, beta, state)

@@ -11,21 +11,21 @@ import struct
 
 import numpy as np
 
-from engine import libm
+from engine.compute.kernels.floatmath import ggml_compute_softplus_f32
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
-from engine.ops.base import _dup_or_view, _ne, _record, ggml_set_op_params, ggml_set_op_params_f32, \
-    ggml_set_op_params_i32
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_dup_tensor, ggml_is_contiguous_1, \
     ggml_is_contiguous_rows, ggml_new_tensor_impl, ggml_view_tensor
+from engine.ops.base import dup_or_view, ggml_set_op_params, ggml_set_op_params_f32, \
+    ggml_set_op_params_i32, record, shape_of
 
 
 # --- element-wise ops with their own op (not UNARY) ------------------------------------------
 
 def _simple(ctx: Context, a: Tensor, op: GGMLOp, inplace: bool) -> Tensor:
-    return _record(_dup_or_view(ctx, a, inplace), op, a)
+    return record(dup_or_view(ctx, a, inplace), op, a)
 
 
 def ggml_sqr(ctx: Context, a: Tensor) -> Tensor:
@@ -80,16 +80,16 @@ def ggml_cos_inplace(ctx: Context, a: Tensor) -> Tensor:
 
 def ggml_leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool) -> Tensor:
     """ggml_leaky_relu: max(x, 0) + slope·min(x, 0); op_params[0] = slope (f32)."""
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<f", negative_slope))
-    return _record(result, GGMLOp.LEAKY_RELU, a)
+    return record(result, GGMLOp.LEAKY_RELU, a)
 
 
 def ggml_clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:  # noqa: A002
     """ggml_clamp: always in place (a view of a); op_params = {min, max} (f32)."""
     result = ggml_view_tensor(ctx, a)
     ggml_set_op_params(result, struct.pack("<2f", min, max))
-    return _record(result, GGMLOp.CLAMP, a)
+    return record(result, GGMLOp.CLAMP, a)
 
 
 # --- unary -----------------------------------------------------------------------------------
@@ -98,9 +98,9 @@ def _unary(ctx: Context, a: Tensor, op: int, inplace: bool, fn: str) -> Tensor:
     """ggml_unary_impl: dup(a) or view(a), op UNARY, op_params[0] = the unary op."""
     ggml_assert(ggml_is_contiguous_rows(a), "ggml_is_contiguous_rows(a)", fn,
                 f"'{a.name}' has nb[0] = {int(a.nb[0])}")
-    result = _dup_or_view(ctx, a, inplace)
+    result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_i32(result, 0, int(op))
-    return _record(result, GGMLOp.UNARY, a)
+    return record(result, GGMLOp.UNARY, a)
 
 
 def ggml_unary(ctx: Context, a: Tensor, op: int) -> Tensor:
@@ -316,27 +316,17 @@ def ggml_trunc_inplace(ctx: Context, a: Tensor) -> Tensor:
     return _unary(ctx, a, GGMLUnaryOp.TRUNC, True, "ggml_unary_inplace")
 
 
-def ggml_compute_softplus_f32(x: float) -> float:
-    """ggml_compute_softplus_f32: x above 20, else logf(1 + expf(x)), with the C library's
-    float functions (the value is stored in op_params, so it must match to the bit)."""
-    x = float(np.float32(x))
-    if x > 20.0:
-        return x
-    return float(libm.scalar(libm.logf, np.float32(1) + libm.scalar(libm.expf, x)))
-
-
 def ggml_xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: float,
                eps: float) -> Tensor:
     """ggml_xielu: UNARY XIELU with op_params {op, beta + softplus(alpha_n), softplus(alpha_p),
     beta, eps}. Unlike ggml_unary it does not check a's rows."""
     result = ggml_dup_tensor(ctx, a)
     ggml_set_op_params_i32(result, 0, int(GGMLUnaryOp.XIELU))
-    ggml_set_op_params_f32(result, 1, float(np.float32(beta)
-                                            + np.float32(ggml_compute_softplus_f32(alpha_n))))
-    ggml_set_op_params_f32(result, 2, ggml_compute_softplus_f32(alpha_p))
+    ggml_set_op_params_f32(result, 1, float(np.float32(beta) + ggml_compute_softplus_f32(alpha_n)))
+    ggml_set_op_params_f32(result, 2, float(ggml_compute_softplus_f32(alpha_p)))
     ggml_set_op_params_f32(result, 3, beta)
     ggml_set_op_params_f32(result, 4, eps)
-    return _record(result, GGMLOp.UNARY, a)
+    return record(result, GGMLOp.UNARY, a)
 
 
 # --- glu -------------------------------------------------------------------------------------
@@ -348,13 +338,13 @@ def _glu(ctx: Context, a: Tensor, b: Tensor | None, op: int, swapped: bool) -> T
     if b is not None:
         ggml_assert(ggml_is_contiguous_1(b), "ggml_is_contiguous_1(b)", fn)
         ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", fn,
-                    f"{_ne(a)} vs {_ne(b)}")
+                    f"{shape_of(a)} vs {shape_of(b)}")
         ggml_assert(a.type == b.type, "a->type == b->type", fn)
-    ne = _ne(a) if b is not None else [int(a.ne[0]) // 2] + _ne(a)[1:]
+    ne = shape_of(a) if b is not None else [int(a.ne[0]) // 2] + shape_of(a)[1:]
     result = ggml_new_tensor_impl(ctx, a.type, GGML_MAX_DIMS, ne, None, 0)
     ggml_set_op_params_i32(result, 0, int(op))
     ggml_set_op_params_i32(result, 1, int(bool(swapped)))
-    return _record(result, GGMLOp.GLU, a, b)
+    return record(result, GGMLOp.GLU, a, b)
 
 
 def ggml_glu(ctx: Context, a: Tensor, op: int, swapped: bool) -> Tensor:

@@ -338,7 +338,7 @@ def dequantize_blocks(type_: int, raw, out) -> None:
 
 
 def dequantize_by_lanes(type_: int):
-    """A QuantKind dequantizer run by lanes.dequantize (engine/_lanes.c, or its twin
+    """A QuantKind dequantizer run by lanes.dequantize (engine/_lanes_blocks.c, or its twin
     dequantize_blocks): structured blocks (nb,) -> float32 (nb, block size), the same bits as
     ggml's to_float."""
 

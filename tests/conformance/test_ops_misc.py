@@ -1,7 +1,7 @@
-"""The small ops (engine/ops/misc.py and kernels/misc_more.py) against real ggml: cumsum, diag,
-tri, fill, roll, add_id, add_cast, pad_reflect_1d, solve_tri, Segment Anything's window and
-relative-position ops, the composed convolutions and the rope_custom wrappers — results bit for bit
-at 1 and 3 threads, each thread's rows as ggml splits them, and ggml's asserts."""
+"""The small ops against real ggml: cumsum, diag, tri, fill, roll, add_id, add_cast, pad_reflect_1d,
+solve_tri, Segment Anything's window and relative-position ops, the composed and transposed
+convolutions and the rope_custom wrappers — results bit for bit at 1 and 3 threads, each thread's
+rows as ggml splits them, and ggml's asserts."""
 
 from __future__ import annotations
 

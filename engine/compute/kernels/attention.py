@@ -38,7 +38,7 @@ from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
-from engine.ops.nn import GGML_PREC_DEFAULT, GGML_PREC_F32
+from engine.ops.matmul import GGML_PREC_DEFAULT, GGML_PREC_F32
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
 from engine.core.types import GGMLType, TYPE_TRAITS

@@ -1,8 +1,9 @@
-"""ADD, SUB, MUL, DIV: element-wise with src1 broadcast by modulo (ggml-cpu/binary-ops.cpp).
+"""ADD, SUB, MUL, DIV: element-wise with src1 broadcast by modulo (ggml-cpu/binary-ops.cpp), and
+ADD_ID: each row plus the row of src1 that ids names (ggml-cpu/ops.cpp).
 
 Each thread takes the generic row range of dst; src1's row is (i1 % ne11, i2 % ne12, i3 % ne13) and
 repeats along dimension 0 when ne10 divides ne00. Values are computed in f32 and rounded to dst's
-type, so f32 results are bit-exact with ggml.
+type, so f32 results are bit-exact with ggml. ADD_ID is F32 only.
 
 Numerics: IEEE operations only (ggml's own arithmetic): the same bits as ggml on every CPU.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import from_f32, prepared, row_blocks, thread_range, to_f32, view4
+from engine.compute.kernels.common import from_f32, prepared, row_blocks, row_index, thread_range, to_f32, \
+    view4
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nrows
 from engine.core.errors import ggml_assert
@@ -98,4 +100,26 @@ def _binary(params, dst: Tensor) -> None:
             x = to_f32(s0[i3, i2, a:b], src0.type)
             y = to_f32(src1_rows(s1, i3, i2, a, b, ne0), src1.type)
             d4[i3, i2, a:b] = from_f32(fn(x, y, dtype=np.float32), dst.type)
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.ADD_ID)
+def compute_forward_add_id(params, dst: Tensor) -> None:
+    """ggml_compute_forward_add_id_f32: row (i1, i2) of a plus the row of b that ids[i1, i2] names."""
+    a, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    fn = "ggml_compute_forward_add_id_f32"
+    if a.type != GGMLType.F32:
+        raise not_supported(dst)
+    ggml_assert(dst.type == GGMLType.F32, "dst->type  == GGML_TYPE_F32", fn)
+    ggml_assert(b.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+    ggml_assert(ids.type == GGMLType.I32, "src2->type == GGML_TYPE_I32", fn)
+    ggml_assert(int(a.nb[0]) == 4 and int(b.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
+    ir0, ir1 = thread_range(ggml_nrows(a), params.ith, params.nth)
+    a4, b4, d4, id4 = view4(a), view4(b), view4(dst), view4(ids)
+    ne11 = int(b.ne[1])
+    for ir in range(ir0, ir1):
+        i3, i2, i1 = row_index(ir, a)
+        i11 = int(id4[0, 0, i2, i1])
+        ggml_assert(0 <= i11 < ne11, "i11 >= 0 && i11 < ne11", fn, f"id {i11} of {ne11} rows")
+        d4[i3, i2, i1] = a4[i3, i2, i1] + b4[0, 0, i11]
     params.took("rows", (ir0, ir1))

@@ -104,3 +104,9 @@ def row_blocks(ne1: int, ne2: int, ir0: int, ir1: int) -> Iterator[tuple[int, in
         end = min(ir1, ir - i1 + ne1)
         yield i3, i2, i1, i1 + (end - ir)
         ir = end
+
+
+def row_index(ir: int, t: Tensor) -> tuple[int, int, int]:
+    """(i3, i2, i1) of t's flat row ir (row = (i3*ne2 + i2)*ne1 + i1)."""
+    ne1, ne2 = int(t.ne[1]), int(t.ne[2])
+    return ir // (ne2 * ne1), ir // ne1 % ne2, ir % ne1

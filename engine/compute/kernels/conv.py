@@ -1,22 +1,29 @@
-"""IM2COL, CONV_2D (direct), POOL_1D and POOL_2D (ggml-cpu/ops.cpp).
+"""The convolution kernels: IM2COL, IM2COL_3D, COL2IM_1D, CONV_2D (direct), CONV_2D_DW, CONV_3D,
+CONV_TRANSPOSE_1D and CONV_TRANSPOSE_2D, and POOL_1D and POOL_2D (ggml-cpu/ops.cpp).
 
 im2col:
     dst[n, oh, ow, ic·KH·KW + kh·KW + kw] = src[n, ic, oh·s1 + kh·d1 - p1, ow·s0 + kw·d0 - p0]
 (0 outside the image). Threads take input channels in turn (ic = ith, ith + nth, ...). Within a
 channel the source plane is read as packed rows of IW elements, from the batch and channel strides
-only.
+only. im2col_3d is the same over volumes.
 
 conv_2d (direct): output pixels ("patches") are processed in batches sized by the work buffer;
 in each batch thread ith im2cols its dr range of patches (converted to the kernel's type), a GEMM
 with the kernel follows (ggml splits it as mul_mat does), then the same thread range scatters the
-results to dst. Here each thread computes the GEMM rows of its own patches.
+results to dst. Here each thread computes the GEMM rows of its own patches. conv_3d batches its
+patches the same way, its product being ggml's vec_dot.
+
+conv_2d_dw: each output pixel a chain of fused multiply-adds over the kernel's taps.
+conv_transpose_1d/2d: thread 0 lays kernel and input out in the work buffer; each thread then
+scatters the vec_dots of its output channels. col2im_1d: each thread its stretch of output times.
 
 pool_1d / pool_2d: thread 0 alone. Out-of-range taps are skipped; pool_1d averages over the taps
 it used, pool_2d divides by k0·k1 always. Max starts from -FLT_MAX.
 
-Numerics: im2col and the pools are copies and IEEE operations (ggml's bits on every CPU);
-conv_2d's GEMM is a float64 BLAS product rounded to float: ggml's result to rounding, its last
-bits the CPU's BLAS kernel's (registered in BLAS_PATHS).
+Numerics: im2col, col2im and the pools are copies and IEEE operations, the others ggml's own
+vec_dot and fmaf (ggml's bits on every CPU); conv_2d's GEMM is a float64 BLAS product rounded to
+float: ggml's result to rounding, its last bits the CPU's BLAS kernel's (registered in
+BLAS_PATHS).
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported, uses_blas
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.nn_util import fp16_round
+from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
 from engine.compute.kernels.views import strided
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.ops.nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
 from engine.core.optable import GGMLOp
-from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nrows
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_nbytes, \
+    ggml_nrows
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS
 
 F32 = np.float32
@@ -141,6 +151,260 @@ def compute_forward_conv_2d(params, dst: Tensor) -> None:
         out = (patches.astype(np.float64) @ weights.astype(np.float64).T).astype(F32)
         d4[n[:, None], np.arange(c_out)[None, :], oy[:, None], ox[:, None]] = out
     params.took("rows", *done, note=(Note.of("conv_patches", n=per_batch), Note("conv_gemm")))
+
+
+@kernel(GGMLOp.CONV_2D_DW)
+def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_2d_dw: each output pixel of each channel the sum over the kernel's
+    taps inside the image, in tap order (row by row), as a chain of fused multiply-adds. A
+    contiguous (WHCN) image: the threads split the (channel, image) planes; a channels-first
+    (CWHN) one: the (output row, image) rows."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_2d_dw"
+    if src.type != GGMLType.F32 or knl.type != GGMLType.F32:
+        raise not_supported(dst)
+    c, n = int(src.ne[2]), int(src.ne[3])
+    ggml_assert(int(knl.ne[3]) == c, "kernel->ne[3] == p.channels", fn)
+    ggml_assert(int(dst.ne[3]) == n, "dst->ne[3] == p.batch", fn)
+    sx, sy, px, py, dx, dy = (int(v) for v in dst.op_params[:6])
+    kw, kh = int(knl.ne[0]), int(knl.ne[1])
+    w, h, ow, oh = int(src.ne[0]), int(src.ne[1]), int(dst.ne[0]), int(dst.ne[1])
+    whcn = ggml_is_contiguous(src)
+    ggml_assert(whcn or ggml_is_contiguous_channels(src), "contiguous or channels-first src", fn,
+                "non-contiguous memory layout not supported")
+    if not whcn:  # the kernel must have its channels most contiguous too
+        ggml_assert(int(knl.nb[0]) >= int(knl.nb[2]) and int(knl.nb[1]) >= int(knl.nb[0]),
+                    "kernel->nb[0] >= kernel->nb[2] && kernel->nb[1] >= kernel->nb[0]", fn)
+    src4, k4, d4 = view4(src), view4(knl), view4(dst)  # (N, C, H, W), (C, 1, KH, KW), (N, C, OH, OW)
+    if whcn:
+        total = c * n
+        per = -(-total // params.nth)
+        start, end = params.ith * per, min(params.ith * per + per, total)
+        planes = [(i // c, i % c) for i in range(start, end)]
+        rows = None
+    else:
+        total = oh * n
+        per = -(-total // params.nth)
+        start, end = params.ith * per, min(params.ith * per + per, total)
+        planes, rows = None, [(r // oh, r % oh) for r in range(start, end)]
+    ys = np.arange(oh)[:, None] * sy
+    xs = np.arange(ow)[None, :] * sx
+    for img, ch in planes or []:  # WHCN: whole planes
+        acc = np.zeros((oh, ow), np.float32)
+        for ky in range(kh):
+            y = ys + ky * dy - py
+            for kx in range(kw):
+                x = xs + kx * dx - px
+                ok = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+                val = src4[img, ch][np.clip(y, 0, h - 1), np.clip(x, 0, w - 1)]
+                acc = np.where(ok, fmaf(k4[ch, 0, ky, kx], val, acc), acc)
+        d4[img, ch] = acc
+    for img, oy in rows or []:  # CWHN: one output row of every channel
+        acc = np.zeros((c, ow), np.float32)
+        for ky in range(kh):
+            y = oy * sy + ky * dy - py
+            if y < 0 or y >= h:
+                continue
+            for kx in range(kw):
+                x = xs[0] + kx * dx - px
+                ok = (x >= 0) & (x < w)
+                val = src4[img, :, y][:, np.clip(x, 0, w - 1)]
+                acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
+        d4[img, :, oy] = acc
+    params.took("rows", (start, max(start, end)))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_1D)
+def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_transpose_1d_f32/f16: thread 0 lays the kernel out as (C_out, K,
+    C_in) and the input as (L, C_in) in the work buffer (F16 for an F16 kernel) and zeroes dst;
+    barrier; then each thread its output channels: for input position l and tap k, the vec_dot over
+    C_in is added to dst[l·s0 + k], l by l."""
+    w, x = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_transpose_1d"
+    if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(w.nb[0]) == TYPE_TRAITS[w.type].type_size, "nb00 == ggml_type_size(src0)", fn)
+    ggml_assert(int(x.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    k, c_out, c_in = (int(v) for v in w.ne[:3])
+    length = int(x.ne[0])
+    half = w.type == GGMLType.F16
+    kern = view4(w)[0].transpose(1, 2, 0)  # (C_out, K, C_in)
+    inp = view4(x)[0, 0].T  # (L, C_in)
+    if params.ith == 0:
+        store = np.float16 if half else np.float32
+        nk = k * c_out * c_in
+        buf = params.wdata[:params.wsize].view(store)
+        buf[:nk] = np.ascontiguousarray(kern, store).reshape(-1)
+        buf[nk:nk + length * c_in] = np.asarray(inp, np.float32).astype(store).reshape(-1)
+        view4(dst)[...] = 0
+    params.barrier()
+    s0 = int(dst.op_params[0])
+    ir0, ir1 = thread_range(int(dst.ne[1]), params.ith, params.nth)
+    d = view4(dst)[0, 0]  # (C_out, OL)
+    xs = np.asarray(inp, np.float32)
+    if half:
+        xs = xs.astype(np.float16).astype(np.float32)  # the input rounded to F16, as ggml converts it
+    for i1 in range(ir0, ir1):
+        kw = np.asarray(kern[i1], np.float32)  # (K, C_in)
+        v = vec_dot_f16(kw, xs) if half else vec_dot_f32(kw, xs)  # (L, K)
+        row = d[i1]
+        for i10 in range(length):
+            row[i10 * s0:i10 * s0 + k] += v[i10]
+    params.took("rows", (ir0, ir1))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_2D)
+def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_transpose_2d: thread 0 lays the kernel (C_in innermost) and the
+    first image (C_in innermost; F16 for an F16 kernel) out in the work buffer and zeroes dst;
+    barrier; each thread its output channels: for each input pixel, in order, each tap's vec_dot
+    over C_in is added to dst[y·s + ky, x·s + kx]. (ggml computes the first image only.)"""
+    w, x = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_transpose_2d"
+    if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(w.nb[0]) == TYPE_TRAITS[w.type].type_size, "nb00 == ggml_type_size(src0->type)", fn)
+    ggml_assert(int(x.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    kw, kh, c_out, c_in = (int(v) for v in w.ne)
+    iw, ih = int(x.ne[0]), int(x.ne[1])
+    half = w.type == GGMLType.F16
+    kern = view4(w).transpose(1, 2, 3, 0)  # (C_out, KH, KW, C_in)
+    img = view4(x)[0].transpose(1, 2, 0)  # (H, W, C_in): the first image
+    if params.ith == 0:
+        store = np.float16 if half else np.float32
+        nk = kw * kh * c_out * c_in
+        buf = params.wdata[:params.wsize].view(store)
+        buf[:nk] = np.ascontiguousarray(kern, store).reshape(-1)
+        buf[nk:nk + ih * iw * c_in] = np.asarray(img, np.float32).astype(store).reshape(-1)
+        view4(dst)[...] = 0
+    params.barrier()
+    s = int(dst.op_params[0])
+    ip0, ip1 = thread_range(c_out, params.ith, params.nth)
+    pixels = np.asarray(img, np.float32).reshape(ih * iw, c_in)
+    if half:
+        pixels = pixels.astype(np.float16).astype(np.float32)
+    d = view4(dst)[0]  # (C_out, OH, OW)
+    for oc in range(ip0, ip1):
+        taps = np.asarray(kern[oc], np.float32).reshape(kh * kw, c_in)
+        v = (vec_dot_f16(taps, pixels) if half else vec_dot_f32(taps, pixels)).reshape(ih, iw, kh, kw)
+        plane = d[oc]
+        for y in range(ih):
+            for xx in range(iw):
+                plane[y * s:y * s + kh, xx * s:xx * s + kw] += v[y, xx]
+    params.took("rows", (ip0, ip1))
+
+
+@kernel(GGMLOp.COL2IM_1D)
+def compute_forward_col2im_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_col2im_1d: each thread its stretch of output times (dr = ceil(T/nth));
+    out[t, oc] = the taps (t_in, k) with t_in·s0 + k = t + p0, summed in t_in order (in float,
+    then stored in the tensor's type)."""
+    col = dst.src[0]
+    fn = "ggml_compute_forward_col2im_1d"
+    if col.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
+        raise not_supported(dst)
+    ggml_assert(ggml_is_contiguous(col), "ggml_is_contiguous(src)", fn)
+    ggml_assert(ggml_is_contiguous(dst), "ggml_is_contiguous(dst)", fn)
+    s0, oc, p0 = (int(v) for v in dst.op_params[:3])
+    k_oc, t_in = int(col.ne[0]), int(col.ne[1])
+    k, t_out = k_oc // oc, int(dst.ne[0])
+    it0, it1 = thread_range(t_out, params.ith, params.nth)
+    x = to_f32(view4(col)[0, 0], col.type).reshape(t_in, oc, k)  # [t_in][oc][k]
+    out = np.zeros((oc, max(it1 - it0, 0)), np.float32)
+    for j, t in enumerate(range(it0, it1)):
+        t_abs = t + p0
+        lo, hi = max(0, -(-(t_abs - k + 1) // s0)), min(t_abs // s0, t_in - 1)
+        acc = np.zeros(oc, np.float32)
+        for ti in range(lo, hi + 1):
+            kk = t_abs - ti * s0
+            if 0 <= kk < k:
+                acc = acc + x[ti, :, kk]
+        out[:, j] = acc
+    if it1 > it0:
+        view4(dst)[0, 0, :, it0:it1] = from_f32(out, dst.type)
+    params.took("rows", (it0, max(it0, it1)))
+
+
+@kernel(GGMLOp.IM2COL_3D)
+def compute_forward_im2col_3d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_im2col_3d_f32/f16: threads take input channels in turn (ic = ith,
+    ith + nth, ...); each output position's patch [IC, KD, KH, KW], zeros outside the volume."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_im2col_3d"
+    ggml_assert(src.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
+    if dst.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst)
+    ggml_assert(int(src.nb[0]) == 4, "nb10 == sizeof(float)", fn)
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, ic = (int(v) for v in dst.op_params[:10])
+    kw, kh, kd = int(knl.ne[0]), int(knl.ne[1]), int(knl.ne[2])
+    iw, ih, idd = int(src.ne[0]), int(src.ne[1]), int(src.ne[2])
+    n = int(src.ne[3]) // ic
+    ow, oh, od = int(dst.ne[1]), int(dst.ne[2]), int(dst.ne[3]) // n
+    vol = view4(src)  # (N·IC, D, H, W)
+    out = view4(dst).reshape(n, od, oh, ow, ic, kd, kh, kw)
+    zz, okz = _taps(od, kd, s2, d2, p2, idd)  # (OD, KD)
+    yy, oky = _taps(oh, kh, s1, d1, p1, ih)
+    xx, okx = _taps(ow, kw, s0, d0, p0, iw)
+    chans = list(range(params.ith, ic, params.nth))
+    for b in range(n):
+        for c in chans:
+            v = vol[b * ic + c]
+            g = v[zz[:, None, None, :, None, None], yy[None, :, None, None, :, None], xx[None, None, :, None, None, :]]
+            ok = okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None] & okx[None, None, :, None, None, :]
+            out[b, :, :, :, c] = from_f32(np.where(ok, g, np.float32(0)), dst.type)
+    params.took("interleaved", *chans)
+
+
+@kernel(GGMLOp.CONV_3D)
+def compute_forward_conv_3d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_conv_3d: the output positions ("patches") in batches sized by the work
+    buffer; in each batch each thread gathers its share of patches (in the kernel's type), then the
+    batch is one mul_mat with the kernels (ggml's vec_dot, F32 or F16) and each thread scatters its
+    share into dst."""
+    knl, src = dst.src[0], dst.src[1]
+    fn = "ggml_compute_forward_conv_3d_impl"
+    ggml_assert(ggml_is_contiguous(knl), "ggml_is_contiguous(kernel)", fn)
+    ggml_assert(knl.type in (GGMLType.F16, GGMLType.F32), "kernel_type == GGML_TYPE_F16 || kernel_type == GGML_TYPE_F32", fn)
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc = (int(v) for v in dst.op_params[:12])
+    kw, kh, kd = int(knl.ne[0]), int(knl.ne[1]), int(knl.ne[2])
+    sw, sh, sd = int(src.ne[0]), int(src.ne[1]), int(src.ne[2])
+    ow, oh, od = int(dst.ne[0]), int(dst.ne[1]), int(dst.ne[2])
+    k_total = kw * kh * kd * c
+    total = n * ow * oh * od
+    ts = TYPE_TRAITS[knl.type].type_size
+    batch_size = params.wsize // (k_total * ts + oc * 4)
+    per_batch = (batch_size // 8) * 8 if batch_size > 8 else batch_size
+    ggml_assert(per_batch > 0 and batch_size >= 1, "patches_per_batch > 0 && batch_size >= 1", fn)
+    half = knl.type == GGMLType.F16
+    weights = to_f32(view4(knl), knl.type).reshape(oc, k_total)
+    vol, d4 = view4(src), view4(dst)  # (C·N, D, H, W), (OC·N, OD, OH, OW)
+    done = []
+    for start in range(0, total, per_batch):
+        end = min(start + per_batch, total)
+        a, b = thread_range(end - start, params.ith, params.nth)
+        done.append((start + a, start + max(a, b)))
+        if a >= b:
+            continue
+        p = np.arange(start + a, start + b)
+        img, rem = p // (ow * oh * od), p % (ow * oh * od)
+        z, y, x = rem // (ow * oh), rem % (ow * oh) // ow, rem % ow
+        zz = z[:, None] * s2 + np.arange(kd)[None, :] * d2 - p2  # (P, KD)
+        yy = y[:, None] * s1 + np.arange(kh)[None, :] * d1 - p1
+        xx = x[:, None] * s0 + np.arange(kw)[None, :] * d0 - p0
+        ok = (((zz >= 0) & (zz < sd))[:, None, :, None, None] & ((yy >= 0) & (yy < sh))[:, None, None, :, None]
+              & ((xx >= 0) & (xx < sw))[:, None, None, None, :])
+        g = vol[(img[:, None] * c + np.arange(c)[None, :])[:, :, None, None, None],
+                np.clip(zz, 0, sd - 1)[:, None, :, None, None], np.clip(yy, 0, sh - 1)[:, None, None, :, None],
+                np.clip(xx, 0, sw - 1)[:, None, None, None, :]]
+        patches = np.where(ok, g, np.float32(0)).reshape(len(p), k_total)
+        if half:
+            patches = patches.astype(np.float16).astype(np.float32)
+        out = vec_dot_f16(weights, patches) if half else vec_dot_f32(weights, patches)  # (P, OC)
+        d4[(img[:, None] * oc + np.arange(oc)[None, :]), z[:, None], y[:, None], x[:, None]] = out
+    params.took("rows", *done)
 
 
 def _pool_src_rows(dst: Tensor, src: Tensor, n_rows: int, row_stride: int) -> np.ndarray:

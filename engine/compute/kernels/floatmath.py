@@ -249,6 +249,15 @@ def silu_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+
+def ggml_compute_softplus_f32(x) -> np.ndarray:
+    """ggml_compute_softplus_f32 (ggml-impl.h) of each element: x above 20, else
+    logf(1 + expf(x)) with the C library's functions. SOFTPLUS, Mamba-2's scan and the op_params
+    ggml_xielu stores all use it."""
+    x = np.asarray(x, F32)
+    with np.errstate(over="ignore"):
+        return np.where(x > F32(20), x, logf(F32(1) + expf(x))).astype(F32)
+
 # --- the fp16 tables of ggml_cpu_init -------------------------------------------------------
 
 def gelu_f32(x: np.ndarray) -> np.ndarray:

@@ -1,11 +1,14 @@
-"""UPSCALE (interpolate), PAD and TIMESTEP_EMBEDDING, F32 (ggml-cpu/ops.cpp).
+"""UPSCALE (interpolate), PAD, PAD_REFLECT_1D, ROLL and TIMESTEP_EMBEDDING, F32 (ggml-cpu/ops.cpp).
 
 upscale: threads take dst planes i2 in turn, for every i3. With sf = ne/ne_src per dim (float),
 nearest reads src[(int)(i/sf)]; bilinear samples at (i + 0.5)/sf - 0.5 (pixel_offset 0 and
 sf = (ne-1)/(ne_src-1) with ALIGN_CORNERS) from the clamped 2x2 neighbours; bicubic uses the
 a = -0.75 kernel on the clamped 4x4 neighbours. Dims 2 and 3 are always nearest.
 pad: threads take rows i1 in turn in every (i2, i3); zero outside [lp, ne - rp), or wrap around
-when circular.
+when circular. pad_reflect_1d takes rows i1 = ith, ith + nth, ... of every (i2, i3), each row
+mirrored on both sides.
+roll: rows split with per_thread = (rows + nth) / nth; each row comes from the row shifted back
+(wrapped) in dims 1-3, rotated by the shift in dim 0.
 timestep_embedding: for each timestep t, freq_j = exp(-ln(max_period)·j/half),
 dst[j] = cos(t·freq_j), dst[j + half] = sin(t·freq_j); threads take j in turn.
 Leaves out: bilinear with GGML_SCALE_FLAG_ANTIALIAS.
@@ -149,6 +152,47 @@ def compute_forward_pad(params, dst: Tensor) -> None:
                       (4 * ne[0] * ne[1] * ne[2], 4 * ne[0] * ne[1], 4 * ne[0], 4), dtype=F32)
         out[:, :, params.ith::params.nth, :] = np.where(mask, vals, F32(0))
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+
+
+@kernel(GGMLOp.PAD_REFLECT_1D)
+def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
+    """ggml_compute_forward_pad_reflect_1d: the row copied in after p0, mirrored on both sides."""
+    src = dst.src[0]
+    fn = "ggml_compute_forward_pad_reflect_1d"
+    ggml_assert(src.type == GGMLType.F32, "src0->type == GGML_TYPE_F32", fn)
+    ggml_assert(dst.type == GGMLType.F32, "dst->type == GGML_TYPE_F32", fn)
+    p0, p1 = int(dst.op_params[0]), int(dst.op_params[1])
+    s4, d4 = view4(src), view4(dst)
+    n, ne0 = int(src.ne[0]), int(dst.ne[0])
+    rows = list(range(params.ith, int(dst.ne[1]), params.nth))
+    for i1 in rows:
+        row = s4[:, :, i1]
+        d4[:, :, i1, p0:p0 + n] = row
+        d4[:, :, i1, :p0] = row[:, :, p0 - np.arange(p0)]  # dst[p0 - k] = row[k]
+        d4[:, :, i1, ne0 - p1:] = row[:, :, n - 2 - np.arange(p1)]  # dst[p0 + n - 1 + k] = row[n - 1 - k]
+    params.took("interleaved", *rows)
+
+
+@kernel(GGMLOp.ROLL)
+def compute_forward_roll(params, dst: Tensor) -> None:
+    """ggml_compute_forward_roll_f32: dst row (i1, i2, i3) is src row (i1 - s1, i2 - s2, i3 - s3)
+    (wrapped), rotated by s0."""
+    src = dst.src[0]
+    if src.type != GGMLType.F32:
+        raise not_supported(dst)
+    s0, s1, s2, s3 = (int(x) for x in dst.op_params[:4])
+    ne1, ne2, ne3 = (int(x) for x in dst.ne[1:])
+    total = ne1 * ne2 * ne3
+    per = (total + params.nth) // params.nth
+    start, end = params.ith * per, min(params.ith * per + per, total)
+    s4, d4 = view4(src), view4(dst)
+    ne00 = int(src.ne[0])
+    s = (-s0) % ne00  # ggml_wrap_index(-s0): the source element that comes first
+    for i in range(start, end):
+        i1, i2, i3 = i % ne1, i // ne1 % ne2, i // (ne2 * ne1)
+        row = s4[(i3 - s3) % ne3, (i2 - s2) % ne2, (i1 - s1) % ne1]
+        d4[i3, i2, i1] = np.concatenate([row[s:], row[:s]])
+    params.took("rows", (start, max(start, end)))
 
 
 @kernel(GGMLOp.TIMESTEP_EMBEDDING)

@@ -26,7 +26,7 @@ from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
 from engine.core.errors import ggml_assert
 from engine.memo import Memo
-from engine.ops.nn import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
+from engine.ops.rope import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nrows

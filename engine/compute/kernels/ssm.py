@@ -32,7 +32,7 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range, view4
-from engine.compute.kernels.floatmath import expf, fmaf, logf, mac_in_order
+from engine.compute.kernels.floatmath import expf, fmaf, ggml_compute_softplus_f32, mac_in_order
 from engine.compute.kernels.vecdot import EPR, STEP, lanes32, vec_dot_f32_rows
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -73,12 +73,6 @@ def compute_forward_ssm_conv(params, dst: Tensor) -> None:
 def _flat(t: Tensor) -> np.ndarray:
     """A contiguous tensor's elements as one float32 row."""
     return view4(t).reshape(-1)
-
-
-def _softplus(x: np.ndarray) -> np.ndarray:
-    """ggml_compute_softplus_f32: x above 20, else logf(1 + expf(x))."""
-    with np.errstate(over="ignore"):
-        return np.where(x > F32(20), x, logf(F32(1) + expf(x))).astype(F32)
 
 
 def _head_range(n_head: int, ith: int, nth: int) -> tuple[int, int]:
@@ -127,7 +121,7 @@ def compute_forward_ssm_scan(params, dst: Tensor) -> None:
         for i3 in range(ns):
             state = s4[int(seq[i3]), h0:h1]  # (heads, dim, d_state)
             for i2 in range(nt):
-                dt_sp = _softplus(dt4[i3, i2, h0:h1])
+                dt_sp = ggml_compute_softplus_f32(dt4[i3, i2, h0:h1])
                 x_dt = x4[i3, i2, h0:h1] * dt_sp[:, None]  # (heads, dim)
                 bg, cg = B4[i3, i2][g][:, None, :], C4[i3, i2][g][:, None, :]  # (heads, 1, d_state)
                 if mamba2:

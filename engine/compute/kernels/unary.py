@@ -55,7 +55,7 @@ ELEMENT_FNS = {
     U.HARDSIGMOID: _hardsigmoid,
     U.EXP: fm.expf,
     U.EXPM1: lambda x: fm.expf(x) - F32(1),  # op_expm1 is expf(x) - 1, not expm1f
-    U.SOFTPLUS: lambda x: np.where(x > F32(20), x, fm.logf(F32(1) + fm.expf(x))),
+    U.SOFTPLUS: fm.ggml_compute_softplus_f32,
     U.FLOOR: np.floor,
     U.CEIL: np.ceil,
     U.ROUND: _round_half_away,

@@ -8,7 +8,7 @@ They cost more than BLAS, so mul_mat uses them for products up to EXACT_MACS mul
 rows of at most 1024 (F32, F16) or 4096 (quantized) elements; larger products use BLAS, within
 rounding.
 
-The loops over rows and blocks run in C (engine/_lanes.c: dot_f32, float_dot, quant_dot, called
+The loops over rows and blocks run in C (engine._lanes: dot_f32, float_dot, quant_dot, called
 as `lanes.<name>`); each has its numpy twin here, the same bits, written for reading (and run in
 pure-numpy mode, engine/lanes.py):
 
@@ -162,9 +162,9 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
-    """lanes.float_dot (engine/_lanes.c, or the twin float_dot): every pair's product, (n1, n0)
-    float32. Half weights whose rows are contiguous (a KV cache's view) go as they lie: the loop
-    widens them, row stride and all."""
+    """lanes.float_dot (engine/_lanes_float.c, or the twin float_dot): every pair's product,
+    (n1, n0) float32. Half weights whose rows are contiguous (a KV cache's view) go as they lie:
+    the loop widens them, row stride and all."""
     x = np.ascontiguousarray(x, F32)
     n0, k = w.shape
     out = np.empty((x.shape[0], n0), F32)
@@ -216,7 +216,7 @@ K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})  # with Q8_K activations (Q
 
 
 class Decoded(NamedTuple):
-    """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes.c `decode`)."""
+    """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c `decode`)."""
 
     q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's times their run's six-bit scale,
     #                Q6_K's (unsigned) times the int8 scale of their 16
@@ -270,8 +270,8 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     min_lanes int32 (..., 4) or None, min_scale float32 (...) or None).
 
     Lane l sums the products of elements 4l..4l+3 of every run of 32 (exact integers, so their
-    order is free; here as engine/_lanes.c's lane_sums: s[e] = element e's products summed over
-    the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
+    order is free; here as engine/_lanes_quant.c's lane_sums: s[e] = element e's products summed
+    over the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
     32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q4_K's mins: the 16
     block sums added in pairs into int16 (_mm256_hadd_epi16, wrapping), min lane l =
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin."""

@@ -1,4 +1,4 @@
-"""Every C loop of engine/_lanes.c against its numpy twin (engine/lanes.py): the same bits on
+"""Every C loop of engine._lanes against its numpy twin (engine/lanes.py): the same bits on
 random values and on random bit patterns (NaN with any payload, infinities, subnormals, ±0, huge
 values), one test per exported function, and a test that every export has its twin.
 
@@ -50,9 +50,9 @@ def assert_same_bits(c: np.ndarray, t: np.ndarray, what: str) -> None:
     """The twin's float32 result t has the bits of C's c; where c is a NaN, t only has to be a
     NaN. When two NaNs meet in an operation, the payload (and sign) that comes out is the machine
     code's choice, not the formula's: x86 returns the first operand's, gcc orders the operands of
-    a commutative operation as it likes (engine/_lanes.c's AVX2 and portable quant_dot loops give
-    different NaNs for `y.d * x.d`), and numpy's AVX-512 loops return the first operand's in
-    whole vectors but the second's in an array's remainder (measured)."""
+    a commutative operation as it likes (engine/_lanes_quant.c's AVX2 and portable quant_dot
+    loops give different NaNs for `y.d * x.d`), and numpy's AVX-512 loops return the first
+    operand's in whole vectors but the second's in an array's remainder (measured)."""
     cb, tb = c.view(np.uint32), t.view(np.uint32)
     same = (cb == tb) | (np.isnan(c) & np.isnan(t))
     bad = np.flatnonzero(~same)
@@ -224,7 +224,7 @@ def test_every_c_function_has_a_twin():
     c = compiled()
     assert c is not None, "engine._lanes is not built: `make setup` compiles it"
     exported = {n for n in dir(c) if not n.startswith("_") and callable(getattr(c, n))}
-    assert exported == set(NAMES), "engine.lanes.NAMES lists what engine/_lanes.c exports"
+    assert exported == set(NAMES), "engine.lanes.NAMES lists what engine._lanes exports"
     assert set(TWINS) == set(NAMES), f"no twin for {set(NAMES) - set(TWINS)}"
 
 

@@ -1,0 +1,92 @@
+/* engine/_lanes.h: what the C files of the engine._lanes extension share (not a public API).
+ *
+ * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
+ * quantized dot products), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
+ * the soft_max rows, fmaf over buffers), _lanes_blocks.c (the block converters). A function one
+ * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
+ * PyInit__lanes leaves the shared object, and no name can meet one of libm's or numpy's.
+ */
+#ifndef GGML_LENS_LANES_H
+#define GGML_LENS_LANES_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES_HIDDEN __attribute__((visibility("hidden")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* the ggml types (enum ggml_type) these loops read or write */
+enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, TQ1_0 = 34 };
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_FMA_TARGET 1
+#endif
+
+/* fn's FMA build where the CPU has the instruction, else fn (the same bits) */
+#ifdef HAVE_FMA_TARGET
+#define PICK(fn, hw) ((hw) ? fn##_fma : fn)
+#else
+#define PICK(fn, hw) fn
+#endif
+
+INLINE uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* IEEE half -> float (every half is exactly a float) */
+static inline float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* get_scale_min_k4: the six-bit scale and min of sub-block j from a K-quant's 12 scale bytes */
+INLINE void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
+{
+    *sc = j < 4 ? (s[j] & 63) : ((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+    *m = j < 4 ? (s[j + 4] & 63) : ((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+}
+
+/* the FMA instruction where the CPU has it; libm's fmaf otherwise (the same bits) */
+static inline int fma_hw(void)
+{
+#ifdef HAVE_FMA_TARGET
+    return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+/* buf->len == want, else a ValueError naming what (-1) */
+LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
+
+/* the methods of the module table (_lanes.c), each defined in its family's file */
+LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
+
+#endif

@@ -1,0 +1,169 @@
+/* engine._lanes (_lanes.c): the block converters, ggml's to_float of Q8_0, Q4_K, Q5_K and TQ1_0
+ * blocks and quantize_row_q8_0, block by block without the GIL. */
+#include "_lanes.h"
+
+/* to_float (dequantize_row_*) for the types whose numpy form cost most: block by block, the
+ * same float operations in the same order as ggml's C (each product and difference rounded to
+ * float; nothing fused):
+ *   Q8_0   y = q * d
+ *   Q4_K   y = (d * sc) * q - (dmin * m), sub-block j of 32 from get_scale_min_k4(j)
+ *   Q5_K   the same with q = nibble + 16 * (bit j of qh[e])
+ *   TQ1_0  y = (trit - 1) * d; trit n of byte q is ((uint8_t)(q * 3^n) * 3) >> 8: elements
+ *          32n + m from qs[m] (n < 5), 160 + 16n + m from qs[32 + m], 240 + 4n + m from qh[m] */
+
+static void dequantize_blocks(int type, const void *raw_, void *y_, Py_ssize_t nb)
+{
+    const uint8_t *raw = raw_;
+    float *y = y_;
+    static const uint8_t pow3[6] = {1, 3, 9, 27, 81, 243};
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        switch (type) {
+        case Q8_0: {
+            const uint8_t *blk = raw + b * 34;
+            const float d = half_to_float(u16(blk));
+            const int8_t *qs = (const int8_t *)(blk + 2);
+            for (int e = 0; e < 32; e++)
+                y[32 * b + e] = (float)qs[e] * d;
+            break;
+        }
+        case Q4_K:
+        case Q5_K: {
+            const int five = type == Q5_K;
+            const uint8_t *blk = raw + b * (five ? 176 : 144);
+            const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+            const float d = half_to_float(u16(blk)), dmin = half_to_float(u16(blk + 2));
+            float *out = y + 256 * b;
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                scale_min_k4(blk + 4, j, &sc, &m);
+                const float d1 = d * (float)sc, m1 = dmin * (float)m;
+                const uint8_t *run = qs + 32 * (j / 2);
+                const int shift = (j & 1) * 4;
+                for (int e = 0; e < 32; e++) {
+                    int q = (run[e] >> shift) & 0x0F;
+                    if (five)
+                        q += ((qh[e] >> j) & 1) << 4;
+                    out[32 * j + e] = d1 * (float)q - m1;
+                }
+            }
+            break;
+        }
+        default: { /* TQ1_0 */
+            const uint8_t *blk = raw + b * 54, *qs = blk, *qh = blk + 48;
+            const float d = half_to_float(u16(blk + 52));
+            float *out = y + 256 * b;
+#define TRIT(byte, n) ((float)((int)(((unsigned)(uint8_t)((byte) * pow3[n]) * 3) >> 8) - 1) * d)
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 32; m++)
+                    out[32 * n + m] = TRIT(qs[m], n);
+            for (int n = 0; n < 5; n++)
+                for (int m = 0; m < 16; m++)
+                    out[160 + 16 * n + m] = TRIT(qs[32 + m], n);
+            for (int n = 0; n < 4; n++)
+                for (int m = 0; m < 4; m++)
+                    out[240 + 4 * n + m] = TRIT(qh[m], n);
+#undef TRIT
+            break;
+        }
+        }
+    }
+}
+
+/* The block converters' shared part: `in` holds whole blocks of in_size bytes, `out` room for as
+ * many of out_size; convert(type, in, out, nb) runs without the GIL. */
+static PyObject *convert_blocks(int type, Py_buffer *in, Py_buffer *out, Py_ssize_t in_size,
+                                Py_ssize_t out_size, void (*convert)(int, const void *, void *, Py_ssize_t),
+                                const char *bad)
+{
+    const Py_ssize_t nb = in_size > 0 ? in->len / in_size : 0;
+    int ok = in_size > 0 && in->len % in_size == 0 && lanes_check(out, nb * out_size, "out") == 0;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        convert(type, in->buf, out->buf, nb);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, bad);
+    }
+    PyBuffer_Release(in);
+    PyBuffer_Release(out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer raw, out;
+    int type;
+    if (!PyArg_ParseTuple(args, "iy*w*", &type, &raw, &out))
+        return NULL;
+    const Py_ssize_t bsize = type == Q8_0 ? 34 : type == Q4_K ? 144 : type == Q5_K ? 176 : type == TQ1_0 ? 54 : 0;
+    const Py_ssize_t belems = type == Q8_0 ? 32 : 256;
+    return convert_blocks(type, &raw, &out, bsize, belems * 4, dequantize_blocks,
+                          "_lanes: no such type, or not whole blocks");
+}
+
+/* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
+ * becomes the quiet NaN 0x7E00 with its sign (engine.types.fp32_to_fp16_bits) */
+static uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7FFFFFFF;
+    if (ax > 0x7F800000)
+        return sign | 0x7E00;
+    if (ax >= 0x477FF000)  /* 65520 and up (infinity too) round to infinity */
+        return sign | 0x7C00;
+    if (ax < 0x38800000) {  /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)rintf(a * 16777216.0f);
+    }
+    uint32_t h = ((ax >> 23) - 112) << 10 | (ax & 0x7FFFFF) >> 13;
+    const uint32_t rest = ax & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++;  /* a carry into the exponent is the right result */
+    return sign | (uint16_t)h;
+}
+
+/* quantize_row_q8_0 of ggml's AVX2 build, block by block (32 floats -> 34 bytes): amax = max |x|
+ * (a NaN anywhere makes it NaN), d = amax / 127, id = 127 / amax (0 when amax is 0), each
+ * q = x * id rounded to nearest even, converted as _mm256_cvtps_epi32 does (out of range or NaN:
+ * INT_MIN), then saturated to int8 as the packs do; d stored as a half */
+static void quantize_q8_0_blocks(int type, const void *x_, void *y_, Py_ssize_t nb)
+{
+    (void)type;  /* Q8_0: the converters' shared signature */
+    const float *x = x_;
+    uint8_t *y = y_;
+    for (Py_ssize_t b = 0; b < nb; b++, x += 32, y += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(x[i]);
+            if (a != a || amax != amax)
+                amax = NAN;
+            else if (a > amax)
+                amax = a;
+        }
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const uint16_t dh = float_to_half(d);
+        memcpy(y, &dh, 2);
+        for (int i = 0; i < 32; i++) {
+            const float r = rintf(x[i] * id);
+            const int32_t q = fabsf(r) < 2147483648.0f ? (int32_t)r : INT32_MIN;
+            y[2 + i] = (uint8_t)(int8_t)(q < -128 ? -128 : q > 127 ? 127 : q);
+        }
+    }
+}
+
+LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    return convert_blocks(Q8_0, &x, &out, 32 * 4, 34, quantize_q8_0_blocks,
+                          "_lanes: x is not whole blocks of 32 floats");
+}

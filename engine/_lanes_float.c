@@ -1,0 +1,382 @@
+/* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32, _f16
+ * and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max rows, and fmaf over whole
+ * buffers; each also built for the FMA instruction, picked where the CPU has it. */
+#include "_lanes.h"
+
+/* Float dot products of rows a and b of k floats, as ggml's AVX2 builds compute them:
+ * lanes32: ggml's SIMD loop over the first np = k & ~31 elements: 4 accumulators of 8 lanes, one
+ *   fmaf per element, reduced (a0 + a2) + (a1 + a3), then lanes (l + l+4), then
+ *   (r0 + r1) + (r2 + r3).
+ * f32_row: ggml_vec_dot_f32: lanes32, then the leftovers as gcc compiled `sumf += x[i]*y[i]`: a
+ *   run of 8 (or one of 4) as a vector product, each product rounded, added to sumf in order;
+ *   the last ones (up to 3) by fmaf.
+ * f16_row: ggml_vec_dot_f16 of the F16C build (the halves widened to float): lanes32, then the
+ *   leftover products, each rounded to float, summed in double.
+ * tiny_row: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
+ *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3).
+ * ALL_PAIRS makes, from a row function, NAME(w, x, out, n0, n1, k): out[i1, i0] = row(w[i0],
+ * x[i1]) for every pair of rows of w (n0, k) and x (n1, k); ROW_PAIRS NAME(a, b, out, n, k):
+ * out[i] = row(a[i], b[i]). */
+#define FLOAT_ROWS(S, ATTR)                                                                  \
+    ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
+    {                                                                                        \
+        float acc[4][8] = {{0}};                                                             \
+        for (Py_ssize_t s = 0; s < np; s += 32)                                              \
+            for (int j = 0; j < 4; j++)                                                      \
+                for (int l = 0; l < 8; l++)                                                  \
+                    acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]);         \
+        float v[8], t[4];                                                                    \
+        for (int l = 0; l < 8; l++)                                                          \
+            v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                        \
+        for (int l = 0; l < 4; l++)                                                          \
+            t[l] = v[l] + v[l + 4];                                                          \
+        return (t[0] + t[1]) + (t[2] + t[3]);                                                \
+    }                                                                                        \
+    ATTR static inline float f32_row##S(const float *a, const float *b, Py_ssize_t k)       \
+    {                                                                                        \
+        Py_ssize_t i = k & ~(Py_ssize_t)31;                                                  \
+        float sumf = lanes32##S(a, b, i);                                                    \
+        while (k - i >= 4) {                                                                 \
+            const Py_ssize_t step = k - i >= 8 ? 8 : 4;                                      \
+            float p[8];                                                                      \
+            for (Py_ssize_t e = 0; e < step; e++)                                            \
+                p[e] = a[i + e] * b[i + e];                                                  \
+            for (Py_ssize_t e = 0; e < step; e++)                                            \
+                sumf = sumf + p[e];                                                          \
+            i += step;                                                                       \
+            if (step == 4)                                                                   \
+                break;                                                                       \
+        }                                                                                    \
+        for (; i < k; i++)                                                                   \
+            sumf = fmaf(a[i], b[i], sumf);                                                   \
+        return sumf;                                                                         \
+    }                                                                                        \
+    ATTR static inline float f16_row##S(const float *a, const float *b, Py_ssize_t k)       \
+    {                                                                                        \
+        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
+        double sumf = (double)lanes32##S(a, b, np);                                          \
+        for (Py_ssize_t i = np; i < k; i++) {                                                \
+            const float p = a[i] * b[i];                                                     \
+            sumf += (double)p;                                                               \
+        }                                                                                    \
+        return (float)sumf;                                                                  \
+    }                                                                                        \
+    ATTR static inline float tiny_row##S(const float *a, const float *b, Py_ssize_t k)      \
+    {                                                                                        \
+        float acc[8] = {0};                                                                  \
+        for (Py_ssize_t s = 0; s < k; s += 8)                                                \
+            for (int l = 0; l < 8; l++)                                                      \
+                acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                                   \
+        float r[4];                                                                          \
+        for (int l = 0; l < 4; l++)                                                          \
+            r[l] = acc[l + 4] + acc[l];                                                      \
+        return (r[0] + r[2]) + (r[1] + r[3]);                                                \
+    }
+
+#define ALL_PAIRS(NAME, ROW, ATTR)                                                           \
+    ATTR static void NAME(const float *w, const float *x, float *out, Py_ssize_t n0,         \
+                          Py_ssize_t n1, Py_ssize_t k)                                       \
+    {                                                                                        \
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++)                                               \
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++)                                           \
+                out[i1 * n0 + i0] = ROW(w + i0 * k, x + i1 * k, k);                          \
+    }
+#define ROW_PAIRS(NAME, ROW, ATTR)                                                           \
+    ATTR static void NAME(const float *a, const float *b, float *out, Py_ssize_t n,          \
+                          Py_ssize_t k)                                                      \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = ROW(a + i * k, b + i * k, k);                                           \
+    }
+
+FLOAT_ROWS(, )
+ALL_PAIRS(dot_f32, f32_row, )
+ROW_PAIRS(dot_f32_pairs, f32_row, )
+ALL_PAIRS(dot_f16, f16_row, )
+ALL_PAIRS(dot_tiny, tiny_row, )
+#ifdef HAVE_FMA_TARGET
+#define FMA __attribute__((target("fma")))
+FLOAT_ROWS(_fma, FMA)
+ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
+ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
+ALL_PAIRS(dot_f16_fma, f16_row_fma, FMA)
+ALL_PAIRS(dot_tiny_fma, tiny_row_fma, FMA)
+#endif
+
+LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, out;
+    Py_ssize_t n0, n1, k, ldw = -1;
+    int tiny;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnnp|n", &w, &x, &out, &n0, &n1, &k, &tiny, &ldw))
+        return NULL;
+    /* ldw >= 0: w holds halves, row i0 at element i0 * ldw (widened here, once) */
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) &&
+             (ldw < 0 ? lanes_check(&w, n0 * k * 4, "w") == 0
+                      : (ldw >= k && w.len >= ((n0 > 0 ? (n0 - 1) * ldw : 0) + k) * 2)) &&
+             lanes_check(&x, n1 * k * 4, "x") == 0 && lanes_check(&out, n0 * n1 * 4, "out") == 0;
+    float *wide = NULL;
+    if (ok && ldw >= 0) {
+        if (!(wide = PyMem_RawMalloc((size_t)(n0 * k + 1) * sizeof(float)))) {
+            PyErr_NoMemory();
+            ok = 0;
+        } else {
+            const uint16_t *h = w.buf;
+            for (Py_ssize_t i0 = 0; i0 < n0; i0++)
+                for (Py_ssize_t t = 0; t < k; t++)
+                    wide[i0 * k + t] = half_to_float(h[i0 * ldw + t]);
+        }
+    }
+    if (ok) {
+        const float *wf = wide ? wide : w.buf;
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        (tiny ? PICK(dot_tiny, hw) : PICK(dot_f16, hw))(wf, x.buf, out.buf, n0, n1, k);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    PyMem_RawFree(wide);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, out;
+    Py_ssize_t n0, n1, k;
+    int pairs = 0;
+    if (!PyArg_ParseTuple(args, "y*y*w*nnn|p", &w, &x, &out, &n0, &n1, &k, &pairs))
+        return NULL;
+    /* pairs: w and x both (n0, k), out (n0) */
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!pairs || n1 == n0) &&
+             lanes_check(&w, n0 * k * 4, "w") == 0 && lanes_check(&x, n1 * k * 4, "x") == 0 &&
+             lanes_check(&out, (pairs ? n0 : n0 * n1) * 4, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        if (pairs)
+            PICK(dot_f32_pairs, hw)(w.buf, x.buf, out.buf, n0, k);
+        else
+            PICK(dot_f32, hw)(w.buf, x.buf, out.buf, n0, n1, k);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ggml_v_expf and ggml_v_silu, ggml's AVX2 polynomial, one lane at a time: exp(x) as 2^n * p(b)
+ * with n = round(x * log2 e) (by adding and subtracting 1.5 * 2^23), b = x - n * ln 2 in two
+ * parts, p a degree-5 polynomial in b, and 2^n built in the exponent bits; where |n| > 126 the
+ * scale is split in two factors (s1, s2) so that it neither overflows nor underflows early, and
+ * where |n| > 192 the result is s1 * s1 (0 or infinity). Each vector operation is one IEEE
+ * operation on each lane, so a lane alone gives the vector's bits; the fused multiply-adds are
+ * fmaf (one rounding), the integer operations wrap as the vector instructions do. */
+#define V_MATH(EXPF, SILU, ATTR)                                                             \
+    ATTR static inline float EXPF##_1(float x)                                               \
+    {                                                                                        \
+        const float shift = 0x1.8p23f;                                                       \
+        const float z = fmaf(x, 0x1.715476p+0f, shift);                                      \
+        const float n = z - shift;                                                           \
+        const float b = fmaf(n, -0x1.7f7d1cp-20f, fmaf(n, -0x1.62e4p-1f, x));                \
+        uint32_t zb;                                                                         \
+        memcpy(&zb, &z, 4);                                                                  \
+        const uint32_t e = zb << 23, kb = e + 0x3f800000u;                                   \
+        const float u = b * b;                                                               \
+        const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,                \
+                                  fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),                  \
+                             u, 0x1.ffffecp-1f * b);                                         \
+        const float an = fabsf(n);                                                           \
+        const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;                                     \
+        const uint32_t s1b = g + 0x7f000000u, s2b = e - g;                                   \
+        float k, s1, s2;                                                                     \
+        memcpy(&k, &kb, 4);                                                                  \
+        memcpy(&s1, &s1b, 4);                                                                \
+        memcpy(&s2, &s2b, 4);                                                                \
+        /* every lane's three results, then the one its |n| picks (as the vector code's   */ \
+        /* masks do): no branch, so the compiler can run the loop 8 lanes at a time       */ \
+        const float normal = fmaf(k, j, k), scaled = fmaf(s2, j, s2) * s1, huge = s1 * s1;   \
+        return an > 192.0f ? huge : an > 126.0f ? scaled : normal;                           \
+    }                                                                                        \
+    ATTR static void EXPF(const float *x, float *out, Py_ssize_t n)        \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = EXPF##_1(x[i]);                                                         \
+    }                                                                                        \
+    ATTR static void SILU(const float *x, float *out, Py_ssize_t n)        \
+    {                                                                                        \
+        for (Py_ssize_t i = 0; i < n; i++)                                                   \
+            out[i] = x[i] / (1.0f + EXPF##_1(0.0f - x[i]));                                  \
+    }                                                                                        \
+    /* ggml_vec_soft_max_f32 on `rows` rows of n: y = exp(w - max), v_expf on whole groups  \
+     * of 8 and libm's expf on the rest; each group's lanes summed in float as the SSE      \
+     * shuffles add them, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)), then every group's sum and \
+     * every tail value added in double, left to right */                                   \
+    ATTR static void EXPF##_softmax(const float *w, const float *mx, float *y, double *sums, \
+                                    Py_ssize_t rows, Py_ssize_t n)                           \
+    {                                                                                        \
+        const Py_ssize_t n8 = n - n % 8;                                                     \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                              \
+            const float *wr = w + r * n, m = mx[r];                                          \
+            float *yr = y + r * n;                                                           \
+            for (Py_ssize_t i = 0; i < n8; i++)                                              \
+                yr[i] = EXPF##_1(wr[i] - m);                                                 \
+            double sum = 0.0;                                                                \
+            for (Py_ssize_t i = 0; i < n8; i += 8) {                                         \
+                const float *v = yr + i;                                                     \
+                const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6],            \
+                            h3 = v[3] + v[7];                                                \
+                sum += (double)((h0 + h2) + (h1 + h3));                                      \
+            }                                                                                \
+            for (Py_ssize_t i = n8; i < n; i++) {                                            \
+                yr[i] = expf(wr[i] - m);                                                     \
+                sum += (double)yr[i];                                                        \
+            }                                                                                \
+            sums[r] = sum;                                                                   \
+        }                                                                                    \
+    }
+
+V_MATH(v_expf, v_silu, )
+#ifdef HAVE_FMA_TARGET
+V_MATH(v_expf_fma, v_silu_fma, __attribute__((target("avx2,fma"))))
+#endif
+
+static PyObject *py_v_math(PyObject *args, int silu)
+{
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        (silu ? PICK(v_silu, hw) : PICK(v_expf, hw))(x.buf, out.buf, x.len / 4);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, mx, y, sums;
+    Py_ssize_t rows, n;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*nn", &w, &mx, &y, &sums, &rows, &n))
+        return NULL;
+    int ok = rows >= 0 && n >= 0 && lanes_check(&w, rows * n * 4, "w") == 0 &&
+             lanes_check(&mx, rows * 4, "mx") == 0 && lanes_check(&y, rows * n * 4, "y") == 0 &&
+             lanes_check(&sums, rows * 8, "sums") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+#ifdef HAVE_FMA_TARGET
+        (hw ? v_expf_fma_softmax : v_expf_softmax)(w.buf, mx.buf, y.buf, sums.buf, rows, n);
+#else
+        (void)hw;
+        v_expf_softmax(w.buf, mx.buf, y.buf, sums.buf, rows, n);
+#endif
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&mx);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&sums);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* fmaf over buffers, step after step: out = c, then out[i] = fmaf(a[k][i], b[k][i], out[i]) for
+ * each step k, correctly rounded (what the -mfma build's fused multiply-adds compute, as
+ * ggml_vec_mad_f32 accumulates). A NaN operand's NaN comes out quiet, b's first, then a's, then
+ * c's, whatever the instruction keeps: its numpy twin says the same. */
+static inline float quiet(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    u |= 0x00400000u;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+#define FMAF_LOOP(name, attr)                                                                  \
+    attr static void name(const float *restrict a, const float *restrict b, const float *c,     \
+                          float *out, Py_ssize_t n)                                              \
+    {                                                                                            \
+        for (Py_ssize_t i = 0; i < n; i++)                                                       \
+            out[i] = fmaf(a[i], b[i], c[i]);                                                     \
+    }
+
+FMAF_LOOP(fmaf_loop, )
+#ifdef HAVE_FMA_TARGET
+FMAF_LOOP(fmaf_loop_fma, __attribute__((target("avx2,fma"))))  /* vfmadd on 8 lanes at once */
+#endif
+
+static void fmaf_nans(const float *a, const float *b, float *out, Py_ssize_t n)
+{
+    /* (c's NaN, the only one, is the one every fused multiply-add gives: already there) */
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (isnan(out[i]) && (isnan(a[i]) || isnan(b[i])))
+            out[i] = isnan(b[i]) ? quiet(b[i]) : quiet(a[i]);
+}
+
+LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer a, b, c, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &a, &b, &c, &out))
+        return NULL;
+    const Py_ssize_t n = out.len / 4;
+    int ok = out.len % 4 == 0 && lanes_check(&c, out.len, "c") == 0 && lanes_check(&b, a.len, "b") == 0;
+    if (ok && (n ? a.len % out.len != 0 : a.len != 0)) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: a is not whole steps of out's size");
+        ok = 0;
+    }
+    if (ok) {
+        const Py_ssize_t steps = n ? a.len / out.len : 0;
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        memmove(out.buf, c.buf, (size_t)out.len);
+        for (Py_ssize_t k = 0; k < steps; k++) {
+            const float *ak = (const float *)a.buf + k * n, *bk = (const float *)b.buf + k * n;
+            PICK(fmaf_loop, hw)(ak, bk, out.buf, out.buf, n);
+            fmaf_nans(ak, bk, out.buf, n);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return py_v_math(args, 0);
+}
+
+LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args)
+{
+    (void)self;
+    return py_v_math(args, 1);
+}

@@ -1,0 +1,428 @@
+/* engine._lanes (_lanes.c): ggml's quantized dot products (AVX2 builds) of raw weight blocks
+ * with raw activation blocks, in portable C and with AVX2 intrinsics (the same bits), the weight
+ * rows shared out between threads.
+ *
+ * Each block's integers are decoded once per weight row and multiplied with each activation row
+ * (n1 of them): lane l of a block sums the products of bytes 4l..4l+3 of every run of 32 elements
+ * (exact 32-bit integers, so their order is free), then acc[l] = fmaf((float)lane, x.d * y.d,
+ * acc[l]) block after block, and the row's result is hsum_float_8(acc):
+ *   Q4_0  nibbles (low: elements 0-15, high: 16-31) minus 8
+ *   Q5_0  nibbles plus 16 * their qh bit, minus 16
+ *   Q8_0  the int8 quants
+ *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
+ *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
+ *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
+ *         to the result as (m0 + m2) + (m1 + m3)
+ *   Q6_K  the unsigned 6-bit values times the int8 scale of their 16, minus 32 * (bsums[2l] *
+ *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
+ * Activations are Q8_0 blocks (fp16 d, 32 int8) for the first three, Q8_K (f32 d, 256 int8,
+ * 16 int16 block sums) for the K-quants. */
+#include <pthread.h>
+
+#include "_lanes.h"
+
+INLINE float hsum8(const float *a)
+{
+    float r[4];
+    for (int l = 0; l < 4; l++)
+        r[l] = a[l + 4] + a[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+/* the 8 lane sums of `runs` runs of 32 weight integers q and activation bytes y */
+INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane)
+{
+    int32_t s[32] = {0};
+    for (int r = 0; r < runs; r++)
+        for (int e = 0; e < 32; e++)
+            s[e] += (int32_t)q[32 * r + e] * (int32_t)y[32 * r + e];
+    for (int l = 0; l < 8; l++)
+        lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
+}
+
+/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K dmin and
+ * the mins, for Q6_K the scales */
+INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
+{
+    switch (type) {
+    case Q4_0: {
+        const uint8_t *qs = blk + 2;
+        for (int e = 0; e < 16; e++) {
+            q[e] = (int16_t)((qs[e] & 0x0F) - 8);
+            q[e + 16] = (int16_t)((qs[e] >> 4) - 8);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q5_0: {
+        const uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 |
+                            (uint32_t)blk[5] << 24;
+        const uint8_t *qs = blk + 6;
+        for (int e = 0; e < 16; e++) {
+            q[e] = (int16_t)((qs[e] & 0x0F) + 16 * (int)((qh >> e) & 1) - 16);
+            q[e + 16] = (int16_t)((qs[e] >> 4) + 16 * (int)((qh >> (e + 16)) & 1) - 16);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q8_0: {
+        const int8_t *qs = (const int8_t *)(blk + 2);
+        for (int e = 0; e < 32; e++)
+            q[e] = qs[e];
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q4_K: {
+        const uint8_t *qs = blk + 16;
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            scale_min_k4(blk + 4, j, &s, &m);
+            aux[j] = (int16_t)m;
+            const uint8_t *run = qs + 32 * (j / 2);
+            for (int e = 0; e < 32; e++)
+                q[32 * j + e] = (int16_t)(s * ((j & 1) ? run[e] >> 4 : run[e] & 0x0F));
+        }
+        *d = half_to_float(u16(blk));
+        *dmin = half_to_float(u16(blk + 2));
+        break;
+    }
+    default: { /* Q6_K */
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *l = ql + 64 * h, *hb = qh + 32 * h;
+            int16_t *o = q + 128 * h;
+            for (int t = 0; t < 32; t++) {
+                o[t] = (int16_t)((l[t] & 0x0F) | ((hb[t] & 0x03) << 4));
+                o[t + 32] = (int16_t)((l[t + 32] & 0x0F) | ((hb[t] & 0x0C) << 2));
+                o[t + 64] = (int16_t)((l[t] >> 4) | (hb[t] & 0x30));
+                o[t + 96] = (int16_t)((l[t + 32] >> 4) | ((hb[t] & 0xC0) >> 2));
+            }
+        }
+        for (int e = 0; e < 256; e++)
+            q[e] = (int16_t)(q[e] * sc[e / 16]);
+        for (int j = 0; j < 16; j++)
+            aux[j] = sc[j];
+        *d = half_to_float(u16(blk + 208));
+        break;
+    }
+    }
+}
+
+/* out[i1 * ldo + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
+ * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * 12 floats */
+INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                           Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
+                           Py_ssize_t nb, float *acc)
+{
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const int runs = k_quant ? 8 : 1;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    int16_t q[256], aux[16];
+    int32_t lane[8];
+    for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
+        memset(acc, 0, (size_t)n1 * 12 * sizeof(float));
+        const uint8_t *wr = w + i0 * ldw;
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            float xd, xdmin = 0.0f;
+            decode(type, wr + b * wsize, q, &xd, &xdmin, aux);
+            for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+                const uint8_t *yb = x + i1 * ldx + b * ysize;
+                float yd;
+                if (k_quant)
+                    memcpy(&yd, yb, 4);
+                else
+                    yd = half_to_float(u16(yb));
+                const int8_t *yq = (const int8_t *)(yb + (k_quant ? 4 : 2));
+                lane_sums(q, yq, runs, lane);
+                float *a = acc + i1 * 12;
+                if (type == Q6_K)
+                    for (int l = 0; l < 8; l++) {
+                        const uint8_t *bs = yb + 260 + 4 * l;
+                        const int32_t s0 = (int16_t)u16(bs), s1 = (int16_t)u16(bs + 2);
+                        lane[l] -= 32 * (s0 * aux[2 * l] + s1 * aux[2 * l + 1]);
+                    }
+                const float scale = yd * xd;
+                for (int l = 0; l < 8; l++)
+                    a[l] = fmaf((float)lane[l], scale, a[l]);
+                if (type == Q4_K) {
+                    const uint8_t *bs = yb + 260;
+                    int16_t q8s[8];  /* hadd_epi16 of the block sums */
+                    for (int h = 0; h < 8; h++)
+                        q8s[h] = (int16_t)((int16_t)u16(bs + 4 * h) + (int16_t)u16(bs + 4 * h + 2));
+                    const float mscale = -yd * xdmin;
+                    for (int l = 0; l < 4; l++) {
+                        const int32_t s = (int32_t)aux[2 * l] * q8s[2 * l] +
+                                          (int32_t)aux[2 * l + 1] * q8s[2 * l + 1];
+                        a[8 + l] = fmaf((float)s, mscale, a[8 + l]);
+                    }
+                }
+            }
+        }
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+            const float *a = acc + i1 * 12;
+            float r = hsum8(a);
+            if (type == Q4_K)
+                r += (a[8] + a[10]) + (a[9] + a[11]);
+            out[i1 * ldo + i0] = r;
+        }
+    }
+}
+
+static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
+                      float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
+                      float *acc)
+{
+    switch (type) {  /* one copy of the loop per type, its constants folded in */
+    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    }
+}
+#ifdef HAVE_FMA_TARGET
+#include <immintrin.h>
+#define AVX2 static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* The same products with AVX2: the lane sums by vector integer instructions (exact, so equal
+ * to the scalar ones: unsigned 4- and 6-bit weights by maddubs, which cannot saturate on them;
+ * signed 8-bit ones widened to 16 bits first), the fma and the sums in the same order. For the
+ * 32-element types the 8 lane sums come out as lanes 0 1 4 5 2 3 6 7 (hadd works within
+ * halves); their accumulators stay in that order and are put back before the final sum. */
+AVX2 __m256i legacy_weights(int type, const uint8_t *blk)
+{
+    if (type == Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(blk + (type == Q5_0 ? 6 : 2)));
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m4), _mm_and_si128(t, m4));
+    if (type == Q4_0)
+        return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+    uint32_t qh;  /* Q5_0: or 0xF0 (minus 16) into each element whose bit is clear */
+    memcpy(&qh, blk + 2, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+}
+
+AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
+{
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)yq);
+    const __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx)),
+                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qy)));
+    const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1)),
+                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1)));
+    return _mm256_hadd_epi32(lo, hi);  /* lanes 0 1 4 5 2 3 6 7 */
+}
+
+AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_and_si256(bits, m4),
+                                                _mm256_loadu_si256((const __m256i *)(yq + 64 * j)));
+        const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                                                _mm256_loadu_si256((const __m256i *)(yq + 64 * j + 32)));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
+                                                     _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
+    }
+    return sum;
+}
+
+AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsums)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    __m256i sum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(0x03)), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8(0x0C)), 2));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_srli_epi16(_mm256_and_si256(hb, _mm256_set1_epi8((char)0xC0)), 2));
+        for (int r = 0; r < 4; r++) {
+            const int run = 4 * h + r;
+            const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256((const __m256i *)(yq + 32 * run)));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * run + 1]), _mm_set1_epi16(sc[2 * run]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s));
+        }
+    }
+    const __m256i corr = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums),
+                                           _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
+    return _mm256_sub_epi32(sum, _mm256_slli_epi32(corr, 5));
+}
+
+AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
+
+AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                              Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
+                              Py_ssize_t n1, Py_ssize_t nb)
+{
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
+        const uint8_t *wr = w + i0 * ldw;
+        for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
+            const uint8_t *yr = x + i1 * ldx;
+            __m256 acc = _mm256_setzero_ps();
+            float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (Py_ssize_t b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
+                __m256i lanes;
+                float d;
+                if (!k_quant) {
+                    d = half_f16c(yb) * half_f16c(blk);
+                    lanes = legacy_lanes(legacy_weights(type, blk), yb + 2);
+                } else {
+                    float yd;
+                    memcpy(&yd, yb, 4);
+                    if (type == Q4_K) {
+                        const uint8_t *bs = yb + 260;
+                        int16_t sc[8], mn[8];
+                        for (int j = 0; j < 8; j++) {
+                            int s, m;
+                            scale_min_k4(blk + 4, j, &s, &m);
+                            sc[j] = (int16_t)s;
+                            mn[j] = (int16_t)m;
+                        }
+                        lanes = q4_k_lanes(blk + 16, sc, (const int8_t *)(yb + 4));
+                        const float mscale = -yd * half_f16c(blk + 2);
+                        for (int l = 0; l < 4; l++) {
+                            const int32_t s0 = (int16_t)((int16_t)u16(bs + 8 * l) + (int16_t)u16(bs + 8 * l + 2));
+                            const int32_t s1 = (int16_t)((int16_t)u16(bs + 8 * l + 4) + (int16_t)u16(bs + 8 * l + 6));
+                            acc_m[l] = fmaf((float)(mn[2 * l] * s0 + mn[2 * l + 1] * s1), mscale, acc_m[l]);
+                        }
+                        d = yd * half_f16c(blk);
+                    } else {
+                        lanes = q6_k_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
+                        d = yd * half_f16c(blk + 208);
+                    }
+                }
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
+            }
+            float a[8];
+            _mm256_storeu_ps(a, acc);
+            if (!k_quant) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
+                float t;
+                t = a[2], a[2] = a[4], a[4] = t;
+                t = a[3], a[3] = a[5], a[5] = t;
+            }
+            float r = hsum8(a);
+            if (type == Q4_K)
+                r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+            out[i1 * ldo + i0] = r;
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, const uint8_t *w,
+    Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
+    Py_ssize_t n1, Py_ssize_t nb)
+{
+    switch (type) {
+    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    }
+}
+#endif
+
+/* One thread's rows [i0, i0 + n0) of a quant_dot: each output is one row's own sum, so how the
+ * rows are split between threads never changes a bit. */
+typedef struct {
+    int type, hw;
+    const uint8_t *w, *x;
+    Py_ssize_t ldw, ldx, n0, n1, nb;
+    float *out, *acc;  /* out: this thread's first column; rows n0 (all threads') apart */
+    Py_ssize_t ldo;
+} QuantRows;
+
+static void *quant_rows(void *arg)
+{
+    const QuantRows *j = arg;
+#ifdef HAVE_FMA_TARGET
+    if (j->hw) {
+        quant_dot_fma(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb);
+        return NULL;
+    }
+#endif
+    quant_dot(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb, j->acc);
+    return NULL;
+}
+
+enum { MAX_SPLIT = 64 };
+/* block products below which a second thread costs more to start than it saves (~100 us) */
+#define SPLIT_BLOCKS ((Py_ssize_t)1 << 14)
+
+LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer w, x, out;
+    int type, portable = 0, threads = 1;
+    Py_ssize_t ldw, ldx, n0, n1, nb;
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pi", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+                          &portable, &threads))
+        return NULL;
+    const int k_quant = type == Q4_K || type == Q6_K;
+    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34
+                           : type == Q4_K ? 144 : type == Q6_K ? 210 : 0;
+    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    /* w: n0 rows of nb blocks, ldw bytes apart (the last one may end the buffer); x likewise */
+    int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
+             w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&
+             x.len >= (n1 > 0 ? (n1 - 1) * ldx + nb * ysize : 0) &&
+             lanes_check(&out, n0 * n1 * 4, "out") == 0;
+    /* the rows shared out: as many threads as asked, each with enough work to be worth its start */
+    Py_ssize_t parts = threads < 1 ? 1 : threads > MAX_SPLIT ? MAX_SPLIT : threads;
+    while (parts > 1 && (n0 < parts || n0 * n1 * nb / parts < SPLIT_BLOCKS))
+        parts--;
+    float *acc = NULL;
+    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * 12 * sizeof(float)))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const int hw = !portable && fma_hw();
+        QuantRows jobs[MAX_SPLIT];
+        pthread_t tids[MAX_SPLIT];
+        int started[MAX_SPLIT] = {0};
+        for (Py_ssize_t p = 0; p < parts; p++) {
+            const Py_ssize_t a = p * n0 / parts, b = (p + 1) * n0 / parts;
+            jobs[p] = (QuantRows){type, hw, (const uint8_t *)w.buf + a * ldw, x.buf, ldw, ldx, b - a,
+                                  n1, nb, (float *)out.buf + a, acc + p * (n1 + 1) * 12, n0};
+        }
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t p = 1; p < parts; p++)  /* a thread that cannot start: its rows run here */
+            started[p] = pthread_create(&tids[p], NULL, quant_rows, &jobs[p]) == 0;
+        quant_rows(&jobs[0]);
+        for (Py_ssize_t p = 1; p < parts; p++) {
+            if (started[p])
+                pthread_join(tids[p], NULL);
+            else
+                quant_rows(&jobs[p]);
+        }
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad type, sizes or strides");
+    }
+    PyMem_RawFree(acc);
+    PyBuffer_Release(&w);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
