@@ -16,14 +16,14 @@ it used, pool_2d divides by k0·k1 always. Max starts from -FLT_MAX.
 
 Numerics: im2col and the pools are copies and IEEE operations (ggml's bits on every CPU);
 conv_2d's GEMM is a float64 BLAS product rounded to float: ggml's result to rounding, its last
-bits the CPU's BLAS kernel's (registered in BLAS_PATHS).
+bits the CPU's BLAS kernel's (registered with blas=True).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, uses_blas
+from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import fp16_round
 from engine.compute.kernels.views import strided
@@ -92,12 +92,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
     params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
-@uses_blas(GGMLOp.CONV_2D)
-def _conv_2d_uses_blas(dst: Tensor) -> bool:
-    return True  # the GEMM with the kernel is a float64 BLAS product rounded to float
-
-
-@kernel(GGMLOp.CONV_2D)
+@kernel(GGMLOp.CONV_2D, blas=True)
 def compute_forward_conv_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_2d: im2col by patch batches, GEMM with the kernel, scatter."""
     kern, src = dst.src[0], dst.src[1]

@@ -29,7 +29,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, uses_blas
+from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, vec_dot_f16, vec_dot_f32, vec_dot_quant, \
     vec_dot_tinyblas
@@ -39,7 +39,7 @@ from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
-from engine.core.tensor import Tensor, ggml_is_contiguous
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
@@ -50,6 +50,8 @@ DECODE_ROWS = 8  # activation rows (see emulates_vec_dot)
 SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
 SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src1 (the others
 # would only wait for the interpreter lock)
+SMALL_MUL_MAT = 1 << 23  # multiply-adds: a node of at most this many is computed by thread 0
+# alone when several threads run (its products take less time than waking the others for them)
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -131,13 +133,16 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
     return src0.type == GGMLType.F16 and src1.type in (GGMLType.F32, GGMLType.F16)
 
 
-@uses_blas(GGMLOp.MUL_MAT)
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
     src1 = dst.src[1]
     return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
-@kernel(GGMLOp.MUL_MAT)
+def _small_mul_mat(dst: Tensor) -> bool:
+    return int(dst.src[0].ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
+
+
+@kernel(GGMLOp.MUL_MAT, alone_when=_small_mul_mat, blas=_mul_mat_uses_blas)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -252,7 +257,6 @@ def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
 
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
 
-@uses_blas(GGMLOp.MUL_MAT_ID)
 def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
     return not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
 
@@ -292,7 +296,7 @@ def _write_row_groups(params, groups: list[list[tuple[int, int]]], start: int, n
     params.wdata[at:at + rows.nbytes] = rows.view(np.uint8).reshape(-1)
 
 
-@kernel(GGMLOp.MUL_MAT_ID)
+@kernel(GGMLOp.MUL_MAT_ID, blas=_mul_mat_id_uses_blas)
 def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat_id: src1 converted to the vec_dot type as for mul_mat; thread 0
     groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's
