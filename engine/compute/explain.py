@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.compute.kernels import KERNELS, same_bits_on_every_cpu
+from engine.compute.kernels import KERNELS, KernelInfo, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
-from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.explain import BlockExplanation, explain_block
 from engine.core.tensor import Tensor
@@ -84,8 +84,9 @@ def _helpers(fn) -> list:
             if inspect.isfunction(f) and f is not fn and f.__module__ == module.__name__]
 
 
-def _inner(dst: Tensor) -> tuple[str | None, str | None]:
-    """ggml's inner function for this node and the engine._lanes loop that runs it, if any."""
+def _inner(dst: Tensor, info: KernelInfo) -> tuple[str | None, str | None]:
+    """ggml's inner function for this node and the engine._lanes loop that runs it, if any: a
+    product's vec_dot, or the loop in C its kernel's registration names."""
     op, src0 = GGMLOp(dst.op), dst.src[0]
     if op in (GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID):
         vdt = vec_dot_type(src0.type)
@@ -96,22 +97,17 @@ def _inner(dst: Tensor) -> tuple[str | None, str | None]:
         lane = "quant_dot" if src0.type in EXACT_QUANT else "float_dot" \
             if src0.type == GGMLType.F16 else "dot_f32" if src0.type == GGMLType.F32 else None
         return name, lane
-    if op == GGMLOp.SOFT_MAX:
-        return "ggml_vec_soft_max_f32", "soft_max"
-    if op == GGMLOp.UNARY and int(dst.op_params.view(np.int32)[0]) == GGMLUnaryOp.SILU:
-        return "ggml_vec_silu_f32", "v_silu"
-    if op == GGMLOp.GLU and int(dst.op_params.view(np.int32)[0]) == GGMLGluOp.SWIGLU:
-        return "ggml_vec_swiglu_f32", "v_silu"
-    return None, None
+    loop = info.loop_in_c(dst)
+    return (None, None) if loop is None else (loop.ggml, loop.lane)
 
 
 def kernel_card(dst: Tensor) -> KernelCard | None:
     """The kernel of a computed node (None for a view op or an op with no kernel)."""
-    fn = KERNELS.get(dst.op)
-    if fn is None:
+    info = KERNELS.get(dst.op)
+    if info is None:
         return None
-    op = GGMLOp(dst.op)
-    inner, lane = _inner(dst)
+    fn, op = info.fn, GGMLOp(dst.op)
+    inner, lane = _inner(dst, info)
     code = [_code(fn, "kernel")] + [_code(f, "helper") for f in _helpers(fn)]
     if lane is not None:
         if lane == "quant_dot":

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 from engine.core.api import query
 from engine.core.graph import Graph
 from engine.ops.custom import GGML_N_TASKS_MAX
-from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
+from engine.core.optable import GGMLOp, GGMLUnaryOp
 from engine.core.tensor import Tensor, ggml_is_empty, ggml_nelements, ggml_nrows
 from engine.core.types import GGMLType, TYPE_TRAITS, ggml_row_size
 

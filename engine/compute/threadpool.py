@@ -7,8 +7,9 @@ the next. The pool persists across graphs (the calling thread is worker 0), like
 
 One liberty, for speed: Python threads share one interpreter lock, so waking a second thread for
 a node of a few thousand elements costs more than the node. Small nodes of ops whose kernels never
-wait at a barrier (NO_BARRIER_OPS) are computed by thread 0 alone, each thread's share in turn:
-the same shares and the same bytes, which the observer and the trace see as before.
+wait at a barrier (registered with barrier=False: engine.compute.kernels.KernelInfo) are computed
+by thread 0 alone, each thread's share in turn: the same shares and the same bytes, which the
+observer and the trace see as before.
 
 An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
 ask=True, told after with ask=False; returning False after a node stops the run) also receives every
@@ -32,8 +33,7 @@ from engine.core.context import Context, ggml_new_buffer
 from engine.core.errors import ggml_assert
 from engine.core.graph import Graph
 from engine.core.notes import Note
-from engine.core.optable import VIEW_OPS, GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.core.types import GGMLType
+from engine.core.optable import VIEW_OPS
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, ggml_nelements
 
 GGML_STATUS_SUCCESS = 0
@@ -231,57 +231,39 @@ class _Run:
 
 
 def _no_barrier() -> None:
-    raise AssertionError("a kernel that waits at a barrier was run by one thread alone "
-                         "(its op is missing from threadpool.NO_BARRIER_OPS' exclusions)")
+    raise AssertionError("a kernel that waits at a barrier was run by one thread alone (its "
+                         "@kernel registration must not say barrier=False, nor its alone_when "
+                         "pick this node)")
 
 
 _SKIP, _ALONE, _TOGETHER = "skip", "alone", "together"
-# ops whose kernels never wait at a barrier: a small node of one of these is computed by thread 0
-# alone, share after share, when several threads run (waking the others costs more than the node)
-NO_BARRIER_OPS = frozenset({
-    GGMLOp.DUP, GGMLOp.ADD, GGMLOp.ADD1, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, GGMLOp.SQR,
-    GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS, GGMLOp.SUM, GGMLOp.SUM_ROWS, GGMLOp.MEAN,
-    GGMLOp.ARGMAX, GGMLOp.REPEAT, GGMLOp.REPEAT_BACK, GGMLOp.CONCAT, GGMLOp.SILU_BACK,
-    GGMLOp.NORM, GGMLOp.RMS_NORM, GGMLOp.RMS_NORM_BACK, GGMLOp.GROUP_NORM, GGMLOp.L2_NORM,
-    GGMLOp.SCALE, GGMLOp.CPY, GGMLOp.CONT, GGMLOp.GET_ROWS, GGMLOp.GET_ROWS_BACK,
-    GGMLOp.SET_ROWS, GGMLOp.SOFT_MAX, GGMLOp.SOFT_MAX_BACK, GGMLOp.ROPE, GGMLOp.ROPE_BACK,
-    GGMLOp.CLAMP, GGMLOp.LEAKY_RELU, GGMLOp.UNARY, GGMLOp.GLU, GGMLOp.ARGSORT,
-    GGMLOp.CROSS_ENTROPY_LOSS_BACK, GGMLOp.OPT_STEP_ADAMW, GGMLOp.OPT_STEP_SGD,
-})
-SMALL_NODE = 1 << 16  # elements: below this a node is computed by one thread
-# a MUL_MAT of at most this many multiply-adds too (its kernel skips its barrier when alone): its
-# products take less time than waking the other threads for them
-SMALL_MUL_MAT = 1 << 23
-# ... and these at any size: their kernels run many short numpy passes (fmas emulated in
-# float64, table lookups) that hold the interpreter lock, so a second thread only waits for it;
-# but not the f32 SILU and SWIGLU, whose polynomial runs in C without the lock (_RUN_IN_C), nor
-# SOFT_MAX, whose rows are computed in C
-ALWAYS_ALONE_OPS = frozenset({GGMLOp.UNARY, GGMLOp.GLU})
-_RUN_IN_C = {GGMLOp.UNARY: int(GGMLUnaryOp.SILU), GGMLOp.GLU: int(GGMLGluOp.SWIGLU)}
+SMALL_NODE = 1 << 16  # elements: below this a node of a kernel without barriers is computed by
+# thread 0 alone, share after share, when several threads run (waking the others costs more)
 
 
-def _alone_at_any_size(node: Tensor) -> bool:
-    if node.op not in ALWAYS_ALONE_OPS:
+def _computed_alone(node: Tensor, info) -> bool:
+    """Does thread 0 compute this node (of this KernelInfo) alone when several threads run? A
+    small node of a kernel without barriers, a node its kernel's alone_when picks, or any node of
+    a kernel whose numpy holds the interpreter lock (a second thread would only wait for it) but
+    for its loop in C."""
+    if info is None:
         return False
-    in_c = _RUN_IN_C.get(node.op)
-    return not (in_c is not None and int(node.op_params[0]) == in_c and node.type == GGMLType.F32)
-
-
-def _mul_mat_macs(node: Tensor) -> int:
-    return int(node.src[0].ne[0]) * ggml_nelements(node)
+    if info.alone_when is not None:
+        return info.alone_when(node)
+    return not info.barrier and (ggml_nelements(node) <= SMALL_NODE
+                                 or (info.holds_gil and info.loop_in_c(node) is None))
 
 
 def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
     """How each node is computed: skipped (views, nodes not marked for compute), by thread 0
-    alone (small nodes of NO_BARRIER_OPS, and ALWAYS_ALONE_OPS, when several threads run), or by
-    all threads."""
+    alone (when several threads run: _computed_alone), or by all threads."""
+    from engine.compute.kernels import KERNELS
+
     modes = []
     for node in nodes:
         if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             modes.append(_SKIP)
-        elif nth > 1 and ((node.op in NO_BARRIER_OPS and (ggml_nelements(node) <= SMALL_NODE
-                                                          or _alone_at_any_size(node)))
-                          or (node.op == GGMLOp.MUL_MAT and _mul_mat_macs(node) <= SMALL_MUL_MAT)):
+        elif nth > 1 and _computed_alone(node, KERNELS.get(node.op)):
             modes.append(_ALONE)
         else:
             modes.append(_TOGETHER)

@@ -3,10 +3,13 @@
 Mirrors ggml_new_graph_custom / ggml_graph_nbytes (one GRAPH object: the 96-byte struct, then the
 nodes, leafs, use_counts, hash keys, optional grads and grad_accs, and the `used` bitset), the visited
 hash set (keyed by tensor address >> 4, linear probing), ggml_visit_parents (post-order DFS, leaf vs
-node, default names, use counts), ggml_graph_print and ggml_graph_dump_dot.
+node, default names, use counts) under ggml_build_forward_expand and _select, the graph's accessors,
+ggml_graph_view and ggml_graph_cpy, ggml_graph_get_grad and _grad_acc, ggml_graph_print and
+ggml_graph_dump_dot.
 
-The backward pass (ggml_build_backward_expand, the gradients) is engine/autodiff.py's. An observer
-may watch ggml_build_forward_expand visit tensors through `visit_hook`.
+The backward pass (ggml_build_backward_expand, which fills grads and grad_accs, and
+ggml_graph_reset) is engine/autodiff.py's. Observers may watch ggml_build_forward_expand walk the
+graph through `visit_hook` and `enter_hook`.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class Step:
     threads: tuple[ThreadShare, ...] = ()
     plan: ComputePlan | None = None  # for the step that planned a compute
     # False for a node whose values depend on the CPU: computed by a BLAS product, or from such
-    # values (see engine.compute.kernels.BLAS_PATHS); the hash leaves its bytes out
+    # values (see KernelInfo.blas, engine.compute.kernels); the hash leaves its bytes out
     same_on_every_cpu: bool = True
     buffers: tuple[BufferMeta, ...] = ()  # the backend buffers whose metadata the step changed
     placements: tuple[Placement, ...] = ()  # a scheduler pass's assignments

@@ -5,20 +5,63 @@ Mirrors the switch in ggml_compute_forward (ggml-cpu.c). Kernel modules register
 or has an entry in NOT_SUPPORTED saying why (tests/unit/engine/test_kernels.py holds this), and a
 kernel that meets a type combination it does not handle raises GGMLNotSupportedError: never a silent
 wrong result.
+
+A kernel declares its own facts where it is registered (KernelInfo), for the thread pool and the
+debugger to read: whether it waits at a barrier, whether its numpy holds the interpreter lock, which
+loop of it runs in C, and which of its nodes take a BLAS product, e.g.
+`@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"))`.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 from typing import Callable
 
 from engine.core.errors import GGMLNotSupportedError
 from engine.core.optable import GGMLOp
-from engine.core.types import TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS
 
 Kernel = Callable[..., None]
-KERNELS: dict[int, Kernel] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class CLoop:
+    """A kernel's inner loop that runs in C (engine._lanes) without the interpreter lock, for its
+    F32 nodes (those of one sub-op, when one is named)."""
+
+    lane: str  # the engine._lanes function: "v_silu"
+    ggml: str  # ggml's function it mirrors: "ggml_vec_silu_f32"
+    sub_op: int | None = None  # the ggml_unary_op or ggml_glu_op (op_params[0]); None: every node
+
+
+@dataclass(frozen=True, slots=True)
+class KernelInfo:
+    """A registered kernel, and what it declares of itself for the thread pool and the debugger."""
+
+    fn: Kernel
+    barrier: bool = True  # it may wait at a barrier (False: never, so thread 0 may compute a
+    # small node alone, each thread's share in turn)
+    alone_when: Callable[..., bool] | None = None  # for a kernel that waits at its barriers only
+    # when not params.alone: the nodes thread 0 computes alone when several threads run
+    holds_gil: bool = False  # its numpy passes hold the interpreter lock (in_c's loop aside): a
+    # second thread would only wait for it, so thread 0 computes its nodes alone at any size
+    in_c: CLoop | None = None
+    blas: Callable[..., bool] | None = None  # which nodes take a BLAS product instead of ggml's
+    # own order of operations: such a result agrees with ggml to rounding, and its last bits
+    # depend on which kernel the CPU's BLAS library picks
+
+    def loop_in_c(self, dst) -> CLoop | None:
+        """The loop of this node that runs in C (None: its kernel's numpy runs it all)."""
+        loop = self.in_c
+        if loop is None or dst.type != GGMLType.F32 or (
+                loop.sub_op is not None and int(dst.op_params[0]) != loop.sub_op):
+            return None
+        return loop
+
+
+KERNELS: dict[int, KernelInfo] = {}
 
 # ops this engine does not compute, with the reason shown to the user
 NOT_SUPPORTED: dict[int, str] = {
@@ -27,37 +70,29 @@ NOT_SUPPORTED: dict[int, str] = {
 }
 
 
-def kernel(*ops: GGMLOp) -> Callable[[Kernel], Kernel]:
-    """Register a compute_forward_<op> function for these ops."""
+def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] | None = None,
+           holds_gil: bool = False, in_c: CLoop | None = None,
+           blas: bool | Callable[..., bool] = False) -> Callable[[Kernel], Kernel]:
+    """Register a compute_forward_<op> function for these ops, with the facts of KernelInfo
+    (blas=True: every node takes a BLAS product)."""
+    assert not (holds_gil and barrier), "a kernel computed alone at any size waits at no barrier"
+    takes_blas = (lambda dst: True) if blas is True else blas or None
+
     def register(fn: Kernel) -> Kernel:
         for op in ops:
             assert op not in KERNELS, f"two kernels for {op.name}"
-            KERNELS[op] = fn
-        return fn
-    return register
-
-
-# Ops that compute some of their nodes with a BLAS product instead of ggml's own order of
-# operations: such a result agrees with ggml to rounding, and its last bits depend on which
-# kernel the CPU's BLAS library picks. op -> does this node take that path? No other kernel's
-# bits depend on the CPU: the C library is called as ggml calls it (engine.libm), ggml's own
-# arithmetic is emulated with IEEE operations, and numpy's reductions have a fixed order.
-BLAS_PATHS: dict[int, Callable[..., bool]] = {}
-
-
-def uses_blas(*ops: GGMLOp) -> Callable:
-    """Register the predicate telling which nodes of these ops take a BLAS product."""
-    def register(fn: Callable[..., bool]) -> Callable[..., bool]:
-        for op in ops:
-            BLAS_PATHS[op] = fn
+            KERNELS[op] = KernelInfo(fn, barrier, alone_when, holds_gil, in_c, takes_blas)
         return fn
     return register
 
 
 def same_bits_on_every_cpu(dst) -> bool:
-    """Does this node's result have the same bits on every CPU (given such inputs)?"""
-    takes_blas = BLAS_PATHS.get(dst.op)
-    return takes_blas is None or not takes_blas(dst)
+    """Does this node's result have the same bits on every CPU (given such inputs)? Only a BLAS
+    product's bits depend on the CPU: the C library is called as ggml calls it (engine.libm),
+    ggml's own arithmetic is emulated with IEEE operations, and numpy's reductions have a fixed
+    order."""
+    info = KERNELS.get(dst.op)
+    return info is None or info.blas is None or not info.blas(dst)
 
 
 def not_supported(dst, why: str = "") -> GGMLNotSupportedError:
@@ -70,10 +105,10 @@ def not_supported(dst, why: str = "") -> GGMLNotSupportedError:
 
 def compute_forward(params, dst) -> None:
     """ggml_compute_forward: dispatch a node to its kernel."""
-    fn = KERNELS.get(dst.op)
-    if fn is None:
+    info = KERNELS.get(dst.op)
+    if info is None:
         raise not_supported(dst, NOT_SUPPORTED.get(dst.op, "no kernel"))
-    fn(params, dst)
+    info.fn(params, dst)
 
 
 for _m in pkgutil.iter_modules(__path__):

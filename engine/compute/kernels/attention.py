@@ -24,7 +24,7 @@ does; `params.use_ref` forces one_chunk. Leaves out: quantized K/V.
 Numerics: expf and tanhf are the C library's (engine.libm), the fp16 roundings and the online
 softmax ggml's own, emulated with IEEE operations; but KQ and VKQ are float64 BLAS products
 rounded to float, so results agree with ggml to rounding and their last bits depend on the CPU's
-BLAS kernel (registered in BLAS_PATHS).
+BLAS kernel (registered with blas=True).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, uses_blas
+from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
 from engine.core.errors import ggml_assert
@@ -155,12 +155,7 @@ def _finish(S: np.ndarray, vkq: np.ndarray) -> np.ndarray:
     return vkq * inv[:, None]
 
 
-@uses_blas(GGMLOp.FLASH_ATTN_EXT)
-def _flash_attn_uses_blas(dst: Tensor) -> bool:
-    return True  # KQ and VKQ are float64 BLAS products rounded to float
-
-
-@kernel(GGMLOp.FLASH_ATTN_EXT)
+@kernel(GGMLOp.FLASH_ATTN_EXT, blas=True)
 def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
     """ggml_compute_forward_flash_attn_ext (F32 q; F32/F16 K and V)."""
     q, k, v = dst.src[0], dst.src[1], dst.src[2]

@@ -43,7 +43,7 @@ def src1_rows(s1: np.ndarray, i3: int, i2: int, a: int, b: int, ne0: int) -> np.
     return rows
 
 
-@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV)
+@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, barrier=False)
 def compute_forward_binary(params, dst: Tensor) -> None:
     """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
     call = prepared(params, dst, lambda: _prepare_f32(params, dst))

@@ -22,15 +22,14 @@ it used, pool_2d divides by k0·k1 always. Max starts from -FLT_MAX.
 
 Numerics: im2col, col2im and the pools are copies and IEEE operations, the others ggml's own
 vec_dot and fmaf (ggml's bits on every CPU); conv_2d's GEMM is a float64 BLAS product rounded to
-float: ggml's result to rounding, its last bits the CPU's BLAS kernel's (registered in
-BLAS_PATHS).
+float: ggml's result to rounding, its last bits the CPU's BLAS kernel's (registered with blas=True).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, uses_blas
+from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.nn_util import fp16_round
@@ -102,12 +101,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
     params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
-@uses_blas(GGMLOp.CONV_2D)
-def _conv_2d_uses_blas(dst: Tensor) -> bool:
-    return True  # the GEMM with the kernel is a float64 BLAS product rounded to float
-
-
-@kernel(GGMLOp.CONV_2D)
+@kernel(GGMLOp.CONV_2D, blas=True)
 def compute_forward_conv_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_2d: im2col by patch batches, GEMM with the kernel, scatter."""
     kern, src = dst.src[0], dst.src[1]

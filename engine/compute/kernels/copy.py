@@ -33,7 +33,7 @@ def _write_flat(dst: Tensor, d4: np.ndarray, k0: int, values: np.ndarray) -> Non
         d4[idx] = values
 
 
-@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT)
+@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT, barrier=False)
 def compute_forward_dup(params, dst: Tensor) -> None:
     """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
     src0 = dst.src[0]

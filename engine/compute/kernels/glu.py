@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, not_supported
 from engine.compute.kernels.common import thread_range
 from engine.compute.kernels.unary import f16_table_times
 from engine.compute.kernels.views import flat_rows
@@ -71,7 +71,8 @@ F16_FNS = {
 F16_TABLES = {G.GEGLU: fm.gelu_table, G.GEGLU_QUICK: fm.gelu_quick_table}
 
 
-@kernel(GGMLOp.GLU)
+@kernel(GGMLOp.GLU, barrier=False, holds_gil=True,
+        in_c=CLoop("v_silu", "ggml_vec_swiglu_f32", G.SWIGLU))
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
     src0, src1 = dst.src[0], dst.src[1]

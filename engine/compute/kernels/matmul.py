@@ -11,20 +11,16 @@ node's products are computed in units -- up to UNIT_ROWS weight rows of one matr
 of its src1 rows -- and the threads share the units out statically (unit u to thread u % nth),
 each writing its units straight into dst.
 A unit is one BLAS product (float weights) or one block product of dequantized weights (quantized
-weights; engine.quants.matmul), and its shape never depends on nth. Small F32 and F16 products,
-and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K ones, instead emulate ggml's vec_dot operation by operation
-(bit-exact; kernels/vecdot.py), in units of
-about ne01/nth rows: each output's value is then fixed whatever the units. The chunk loop then
-takes ggml's chunks from the shared counter, which is what the trace shows as each thread's
-share (the values are already in place).
+weights; engine.quants.matmul), and its shape never depends on nth. Products that emulate ggml's
+vec_dot instead (kernels/vecdot.py) go in units of about ne01/nth rows: each output's value is
+then fixed whatever the units. The chunk loop then takes ggml's chunks from the shared counter,
+which is what the trace shows as each thread's share (the values are already in place).
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 
-Numerics: F32 and F16 rows up to 1024 elements, and Q4_0, Q5_0, Q8_0, Q4_K and Q6_K products
-(up to EXACT_MACS, or of any size for a few activation rows), emulate ggml's vec_dot operation by
-operation: ggml's bits on every CPU. Other products are BLAS
-products: ggml's result to rounding, their last bits the CPU's BLAS kernel's (BLAS_PATHS says
-which nodes; the trace marks them).
+Numerics: which products emulate ggml's vec_dot operation by operation (ggml's bits on every CPU)
+and which are BLAS products (ggml's result to rounding, their last bits the CPU's BLAS kernel's)
+is emulates_vec_dot's rule, stated there; the trace marks the BLAS nodes.
 """
 
 from __future__ import annotations
@@ -33,26 +29,29 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, uses_blas
+from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_MACS, EXACT_QUANT, vec_dot_f16, vec_dot_f32, \
-    vec_dot_quant, vec_dot_tinyblas
+from engine.compute.kernels.vecdot import EXACT_QUANT, vec_dot_f16, vec_dot_f32, vec_dot_quant, \
+    vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
-from engine.core.tensor import Tensor, ggml_is_contiguous
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
-DECODE_ROWS = 8  # quantized products with this few activation rows are always exact
+EXACT_MACS = 1 << 25  # multiply-adds (see emulates_vec_dot)
+DECODE_ROWS = 8  # activation rows (see emulates_vec_dot)
 SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
 SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src1 (the others
 # would only wait for the interpreter lock)
+SMALL_MUL_MAT = 1 << 23  # multiply-adds: a node of at most this many is computed by thread 0
+# alone when several threads run (its products take less time than waking the others for them)
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -101,12 +100,16 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
-    """Are this node's products ggml's vec_dot emulated operation by operation (bit-exact on
-    every CPU), rather than a BLAS product (ggml's to rounding, its last bits the CPU's BLAS's)?
+    """Are this node's products ggml's vec_dot emulated operation by operation (kernels/vecdot.py:
+    ggml's bits on every CPU), rather than BLAS products (ggml's result to rounding, their last
+    bits the CPU's BLAS kernel's)? The emulation costs more than BLAS, so it takes
 
-    F32 and F16 rows up to 1024 elements, up to EXACT_MACS multiply-adds. The quantized types of
-    vecdot.EXACT_QUANT (their raw blocks read by C) up to EXACT_MACS, and for any size
-    when at most DECODE_ROWS activation rows are multiplied (token-by-token generation).
+    - F32 and F16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds;
+    - the quantized types of vecdot.EXACT_QUANT (their raw blocks read by C): up to EXACT_MACS
+      multiply-adds, and any size when at most DECODE_ROWS activation rows are multiplied
+      (token-by-token generation);
+    - no other type.
+
     (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     macs = ne00 * ne01 * n_src1_rows
@@ -130,13 +133,16 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
     return src0.type == GGMLType.F16 and src1.type in (GGMLType.F32, GGMLType.F16)
 
 
-@uses_blas(GGMLOp.MUL_MAT)
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
     src1 = dst.src[1]
     return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
-@kernel(GGMLOp.MUL_MAT)
+def _small_mul_mat(dst: Tensor) -> bool:
+    return int(dst.src[0].ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
+
+
+@kernel(GGMLOp.MUL_MAT, alone_when=_small_mul_mat, blas=_mul_mat_uses_blas)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -251,7 +257,6 @@ def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
 
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
 
-@uses_blas(GGMLOp.MUL_MAT_ID)
 def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
     return not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
 
@@ -291,7 +296,7 @@ def _write_row_groups(params, groups: list[list[tuple[int, int]]], start: int, n
     params.wdata[at:at + rows.nbytes] = rows.view(np.uint8).reshape(-1)
 
 
-@kernel(GGMLOp.MUL_MAT_ID)
+@kernel(GGMLOp.MUL_MAT_ID, blas=_mul_mat_id_uses_blas)
 def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat_id: src1 converted to the vec_dot type as for mul_mat; thread 0
     groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's

@@ -41,7 +41,7 @@ def _dst_bytes(dst: Tensor) -> np.ndarray:
 ADD1_TYPES = {(T.F32, T.F32), (T.F16, T.F16), (T.F16, T.F32), (T.BF16, T.BF16), (T.BF16, T.F32)}
 
 
-@kernel(GGMLOp.ADD1)
+@kernel(GGMLOp.ADD1, barrier=False)
 def compute_forward_add1(params, dst: Tensor) -> None:
     """ggml_compute_forward_add1: y = x + v, v the scalar src1 (read in its own type)."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -137,7 +137,7 @@ def compute_forward_set(params, dst: Tensor) -> None:
 
 # --- scale, clamp, leaky_relu ----------------------------------------------------------------
 
-@kernel(GGMLOp.SCALE)
+@kernel(GGMLOp.SCALE, barrier=False)
 def compute_forward_scale(params, dst: Tensor) -> None:
     """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
     FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
@@ -160,7 +160,7 @@ def compute_forward_scale(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.CLAMP)
+@kernel(GGMLOp.CLAMP, barrier=False)
 def compute_forward_clamp(params, dst: Tensor) -> None:
     """ggml_compute_forward_clamp: y = MAX(MIN(x, max), min), rows interleaved (F32, F16)."""
     src0 = dst.src[0]
@@ -180,7 +180,7 @@ def compute_forward_clamp(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
-@kernel(GGMLOp.LEAKY_RELU)
+@kernel(GGMLOp.LEAKY_RELU, barrier=False)
 def compute_forward_leaky_relu(params, dst: Tensor) -> None:
     """ggml_compute_forward_leaky_relu: y = (x > 0 ? x : 0) + slope·(x < 0 ? x : 0), thread 0."""
     src0 = dst.src[0]
@@ -198,7 +198,7 @@ def compute_forward_leaky_relu(params, dst: Tensor) -> None:
 
 # --- repeat, concat --------------------------------------------------------------------------
 
-@kernel(GGMLOp.REPEAT)
+@kernel(GGMLOp.REPEAT, barrier=False)
 def compute_forward_repeat(params, dst: Tensor) -> None:
     """ggml_compute_forward_repeat: tile src0 over dst (thread 0); elements copied as bits, so
     F32/I32 and F16/BF16/I16 alike."""
@@ -221,7 +221,7 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.CONCAT)
+@kernel(GGMLOp.CONCAT, barrier=False)
 def compute_forward_concat(params, dst: Tensor) -> None:
     """ggml_compute_forward_concat: dst[i] = src0[i] inside src0's extent, else src1[i - o] with
     o[dim] = src0.ne[dim]; threads take i2 interleaved. Any non-quantized type (copied as bits)."""

@@ -67,7 +67,7 @@ def cvar_avx2(v: np.ndarray) -> np.ndarray:
     return blocks.sum(axis=-1, dtype=F64) + sq[..., nv:].sum(axis=-1, dtype=F64)
 
 
-@kernel(GGMLOp.NORM)
+@kernel(GGMLOp.NORM, barrier=False)
 def compute_forward_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
     _f32_only(dst)
@@ -100,7 +100,7 @@ def compute_forward_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.RMS_NORM)
+@kernel(GGMLOp.RMS_NORM, barrier=False)
 def compute_forward_rms_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
     _f32_only(dst)
@@ -119,7 +119,7 @@ def compute_forward_rms_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.L2_NORM)
+@kernel(GGMLOp.L2_NORM, barrier=False)
 def compute_forward_l2_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_l2_norm_f32: y = x / max(sqrtf(Σx²), eps), the sum in double."""
     _f32_only(dst)
@@ -136,7 +136,7 @@ def compute_forward_l2_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.GROUP_NORM)
+@kernel(GGMLOp.GROUP_NORM, barrier=False)
 def compute_forward_group_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_group_norm_f32: each group of channels (dim 2) of each i3 is
     normalised over all its ne0·ne1·step elements; threads take groups interleaved."""

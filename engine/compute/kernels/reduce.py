@@ -58,7 +58,7 @@ def float_sum_lr(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x, axis=-1, dtype=F32)[..., -1]
 
 
-@kernel(GGMLOp.SUM)
+@kernel(GGMLOp.SUM, barrier=False)
 def compute_forward_sum(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum: all elements into dst[0] (thread 0)."""
     src0 = dst.src[0]
@@ -85,7 +85,7 @@ def _row_sums(params, dst: Tensor) -> np.ndarray | None:
     return _ggml_rows(src0).sum(axis=-1, dtype=F64).astype(F32)  # ggml_vec_sum_f32: double
 
 
-@kernel(GGMLOp.SUM_ROWS)
+@kernel(GGMLOp.SUM_ROWS, barrier=False)
 def compute_forward_sum_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum_rows_f32: dst[0, i1, i2, i3] = Σ row (thread 0)."""
     src0 = dst.src[0]
@@ -102,7 +102,7 @@ def compute_forward_sum_rows(params, dst: Tensor) -> None:
         params.took("all")
 
 
-@kernel(GGMLOp.MEAN)
+@kernel(GGMLOp.MEAN, barrier=False)
 def compute_forward_mean(params, dst: Tensor) -> None:
     """ggml_compute_forward_mean_f32: row sum (double, to float) / (float)ne00 (thread 0)."""
     sums = _row_sums(params, dst)
@@ -111,7 +111,7 @@ def compute_forward_mean(params, dst: Tensor) -> None:
         params.took("all")
 
 
-@kernel(GGMLOp.ARGMAX)
+@kernel(GGMLOp.ARGMAX, barrier=False)
 def compute_forward_argmax(params, dst: Tensor) -> None:
     """ggml_compute_forward_argmax_f32: per row, the last index holding the maximum (thread 0)."""
     src0 = dst.src[0]
@@ -184,7 +184,7 @@ def _sorted_rows(params, dst: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return rows, flat_rows(src0)[rows]
 
 
-@kernel(GGMLOp.ARGSORT)
+@kernel(GGMLOp.ARGSORT, barrier=False)
 def compute_forward_argsort(params, dst: Tensor) -> None:
     """ggml_compute_forward_argsort_f32: each row's sorting indices; op_params[0] = order."""
     order = int(dst.op_params[0])

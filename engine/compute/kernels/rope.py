@@ -198,13 +198,13 @@ def _rope(params, dst: Tensor, forward: bool) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.ROPE)
+@kernel(GGMLOp.ROPE, barrier=False)
 def compute_forward_rope(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope."""
     _rope(params, dst, True)
 
 
-@kernel(GGMLOp.ROPE_BACK)
+@kernel(GGMLOp.ROPE_BACK, barrier=False)
 def compute_forward_rope_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope_back: the same rotation with sin negated."""
     _rope(params, dst, False)

@@ -24,7 +24,7 @@ from engine.core.tensor import Tensor, ggml_nelements
 from engine.core.types import GGMLType, TYPE_TRAITS
 
 
-@kernel(GGMLOp.GET_ROWS)
+@kernel(GGMLOp.GET_ROWS, barrier=False)
 def compute_forward_get_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows:
     dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
@@ -63,7 +63,7 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1), note=Note("index_rows"))
 
 
-@kernel(GGMLOp.SET_ROWS)
+@kernel(GGMLOp.SET_ROWS, barrier=False)
 def compute_forward_set_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_rows (f32 rows):
     dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""

@@ -21,7 +21,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, not_supported
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
@@ -72,7 +72,7 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
     np.frombuffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
 
 
-@kernel(GGMLOp.SOFT_MAX)
+@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"))
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
     src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp, GGMLUnaryOp as U
@@ -138,7 +138,8 @@ def _gelu_erf_f32(x: np.ndarray) -> np.ndarray:
     return F32(0.5) * x * (F32(1) + fm.erff(x * fm.SQRT_2_INV))
 
 
-@kernel(GGMLOp.UNARY)
+@kernel(GGMLOp.UNARY, barrier=False, holds_gil=True,
+        in_c=CLoop("v_silu", "ggml_vec_silu_f32", U.SILU))
 def compute_forward_unary(params, dst: Tensor) -> None:
     """ggml_compute_forward_unary: dispatch on op_params[0] (the ggml_unary_op)."""
     op = int(dst.op_params[0])
@@ -163,7 +164,7 @@ def compute_forward_unary(params, dst: Tensor) -> None:
     raise not_supported(dst, f"unknown unary op {op}")
 
 
-@kernel(GGMLOp.SQR, GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS)
+@kernel(GGMLOp.SQR, GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS, barrier=False)
 def compute_forward_sqr(params, dst: Tensor) -> None:
     """ggml_compute_forward_sqr / _sqrt / _log / _sin / _cos: unary_op with x², √x, ..."""
     _unary_op(params, dst, OP_FNS[GGMLOp(dst.op)])

@@ -1,12 +1,11 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
 quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_K and Q6_K (with Q8_K activations).
 
-Each output of mul_mat is one `ggml_vec_dot_*` call, and these emulate that call's arithmetic for
-whole tiles at once: the same lanes, the same fused multiply-adds, the same horizontal sums. Their
-results equal real ggml's bit for bit (tested), where a BLAS product only agrees to rounding.
-They cost more than BLAS, so mul_mat uses them for products up to EXACT_MACS multiply-adds with
-rows of at most 1024 (F32, F16) or 4096 (quantized) elements; larger products use BLAS, within
-rounding.
+Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
+soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
+arithmetic for whole tiles at once: the same lanes, the same fused multiply-adds, the same
+horizontal sums. Their results equal real ggml's bit for bit (tested), where a BLAS product only
+agrees to rounding; which products mul_mat gives them is matmul.emulates_vec_dot's rule.
 
 The loops over rows and blocks run in C (engine._lanes: dot_f32, float_dot, quant_dot, called
 as `lanes.<name>`); each has its numpy twin here, the same bits, written for reading (and run in
@@ -39,7 +38,6 @@ from engine.quants.legacy import nibbles_with_qh
 from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
 F32, F64 = np.float32, np.float64
-EXACT_MACS = 1 << 25  # mul_mats up to this many multiply-adds follow ggml's vec_dot exactly
 EPR, ARR = 8, 4  # AVX2: floats per vector, accumulators per step (GGML_F32_STEP = 32)
 STEP = EPR * ARR
 PAIRS = 1 << 12  # the float twins: this many pairs of rows at a time (in the CPU's cache)

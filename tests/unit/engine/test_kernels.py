@@ -61,3 +61,20 @@ def test_a_prepared_node_follows_its_inputs_and_its_structs():
     g.ggml_graph_compute_with_ctx(ctx, gf, 2, observer)
     np.testing.assert_array_equal(data(y), data(a) + data(c))
     assert seen == [[((0, 3),), ((3, 6),)]] * 3
+
+
+def test_a_kernel_names_its_loop_in_c_for_the_nodes_that_run_it():
+    """KernelInfo.in_c (what the thread pool and the Kernel tab read): a loop of engine._lanes
+    with its numpy twin, run for F32 nodes of its sub-op only (F16 SILU is numpy's)."""
+    from engine import ggml as g
+    from engine.lanes import TWINS
+
+    loops = [info.in_c for info in KERNELS.values() if info.in_c is not None]
+    assert loops and all(loop.lane in TWINS for loop in loops)
+    ctx = g.ggml_init(g.ggml_init_params(1 << 20))
+    f32, f16 = (g.ggml_new_tensor_1d(ctx, t, 8) for t in (g.GGML_TYPE_F32, g.GGML_TYPE_F16))
+    unary = KERNELS[GGMLOp.UNARY]
+    assert unary.loop_in_c(g.ggml_silu(ctx, f32)).lane == "v_silu"
+    assert unary.loop_in_c(g.ggml_silu(ctx, f16)) is None
+    assert unary.loop_in_c(g.ggml_gelu(ctx, f32)) is None
+    assert KERNELS[GGMLOp.SOFT_MAX].loop_in_c(g.ggml_soft_max(ctx, f32)).lane == "soft_max"
