@@ -19,12 +19,8 @@ from app.store import UploadStore
 from app.tracefiles import TraceFiles
 from app.workers import RedisJobs
 from app.traces import TraceCache
-from engine.memo import Memo
+from app.views.debugger.graph import SvgCache, svg_cache
 from engine.models.bundled import model_path
-
-
-class SvgCache(Memo):
-    """Rendered SVGs by the hash of their DOT (an LRU): a graph drawn once is not drawn again."""
 
 
 def traces(settings: Settings, programs: bool) -> TraceCache:
@@ -47,7 +43,7 @@ def install(app: FastAPI, settings: Settings) -> None:
     app.state.settings = settings
     app.state.traces = cache = traces(settings, settings.programs)
     app.state.store, app.state.programs = cache.uploads, cache.programs
-    app.state.svgs = SvgCache(settings.svg_cache)
+    app.state.svgs = svg_cache(settings.svg_cache)
     if cache.programs is not None:  # the boundary's probe now, not in a learner's request
         threading.Thread(target=cache.programs.boundary_missing, daemon=True).start()
     if settings.queue:

@@ -25,9 +25,10 @@ import re
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+
+from cachetools import LRUCache, cachedmethod
 
 from app.i18n import N_, _
 from app.objects import SharedStore, TooLarge
@@ -119,7 +120,7 @@ class UploadStore:
         self.store_limit = store_limit
         self.fixtures_dir = fixtures_dir
         self.root.mkdir(parents=True, exist_ok=True)
-        self._readers: OrderedDict[tuple[str, int], GGUFReader] = OrderedDict()
+        self._readers: LRUCache = LRUCache(READER_CACHE)  # a dropped file's mapping closes when unused
         self._lock = threading.Lock()
 
     @classmethod
@@ -214,22 +215,12 @@ class UploadStore:
         path = self.path(digest)
         if path is None:
             return None
-        key = (str(path), path.stat().st_mtime_ns)
-        with self._lock:
-            reader = self._readers.get(key)
-            if reader is not None:
-                self._readers.move_to_end(key)
-                return reader
-        reader = GGUFReader(path)
-        self.remember(key, reader)
-        return reader
+        return self._parsed(path, path.stat().st_mtime_ns)
 
-    def remember(self, key: tuple[str, int], reader: GGUFReader) -> None:
-        with self._lock:
-            self._readers[key] = reader
-            self._readers.move_to_end(key)
-            while len(self._readers) > READER_CACHE:
-                self._readers.popitem(last=False)  # its mapping closes when unused
+    @cachedmethod(lambda self: self._readers, lock=lambda self: self._lock)
+    def _parsed(self, path: Path, mtime_ns: int) -> GGUFReader:
+        """The file parsed, kept by path and modification time (parsed outside the lock)."""
+        return GGUFReader(path)
 
 
 def evict_oldest(root: Path, suffix: str, limit: int, keep: Path | None = None) -> list[Path]:

@@ -10,13 +10,14 @@ read back by any process; the queue runs a recipe asked for twice once.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import msgspec
+from cachetools import FIFOCache, LRUCache, cachedmethod
 
 from app.i18n import _
 from app.jobs import Queue, RecordingLost
@@ -65,12 +66,13 @@ class TraceCache:
         self.uploads = uploads  # the input files named by hash
         self.programs = programs  # learners' programs (None: the playground is off)
         self.files = files  # traces shared with other processes (None: this process alone)
-        self._traces: OrderedDict[Recipe, Trace] = OrderedDict()
+        # LRUs that count the bytes their items hold; _keep and state() drop the least recently used
+        self._traces = LRUCache(math.inf, getsizeof=lambda t: t.held_bytes)  # by Recipe
         self._recipes: dict[int, Recipe] = {}  # id of a kept trace -> its recipe
-        self._states: OrderedDict[tuple[Recipe, int], State] = OrderedDict()
+        self._states = LRUCache(math.inf, getsizeof=lambda s: s.nbytes)  # by (Recipe, step)
         self._lock = threading.Lock()
         self._reading: dict[Recipe, threading.Lock] = {}  # one read of a shared file at a time
-        self._dumps: dict[Recipe, str] = {}
+        self._dumps = FIFOCache(size)  # by Recipe
         self.jobs: Queue | None = None  # records what no request should wait for
 
     # --- finding a trace ------------------------------------------------------------------------
@@ -107,10 +109,7 @@ class TraceCache:
     def kept(self, recipe: Recipe) -> Trace | None:
         """The trace kept in this process, without recording it."""
         with self._lock:
-            trace = self._traces.get(recipe)
-            if trace is not None:
-                self._traces.move_to_end(recipe)
-            return trace
+            return self._traces.get(recipe)
 
     def shared(self, recipe: Recipe) -> Trace | None:
         """The trace another process wrote to the shared files (then kept here too), or None."""
@@ -165,12 +164,9 @@ class TraceCache:
     def _keep(self, recipe: Recipe, trace: Trace) -> None:
         """Keep the trace, then let the oldest go while the traces hold more than BYTES_KEPT
         (their patches and their checkpoints) or there are more than `size` of them."""
-        self._traces[recipe] = trace
-        self._traces.move_to_end(recipe)
+        self._traces[recipe] = trace  # (again: its size counted anew)
         self._recipes[id(trace)] = recipe
-        while len(self._traces) > 1 and (len(self._traces) > self.size or sum(
-                t.held_bytes for t in self._traces.values()) > BYTES_KEPT):
-            old_recipe, old = self._traces.popitem(last=False)
+        for old_recipe, old in _shed(self._traces, self.size, BYTES_KEPT):
             self._recipes.pop(id(old), None)
             for k in [k for k in self._states if k[0] == old_recipe]:
                 del self._states[k]
@@ -218,35 +214,35 @@ class TraceCache:
 
     # --- what pages read besides the trace ------------------------------------------------------
 
+    @cachedmethod(lambda self: self._dumps, lock=lambda self: self._lock)
     def eval_dump(self, recipe: Recipe) -> str:
         """The walkthrough's computed nodes as llama.cpp's eval callback prints them (a run
-        without recording), kept like the traces."""
-        with self._lock:
-            if recipe in self._dumps:
-                return self._dumps[recipe]
-        text = eval_dump(PROGRAMS[recipe.name].load().run, n_threads=recipe.threads, **self._inputs(recipe))
-        with self._lock:
-            self._dumps[recipe] = text
-            while len(self._dumps) > self.size:
-                self._dumps.pop(next(iter(self._dumps)))
-        return text
+        without recording), the last `size` kept."""
+        return eval_dump(PROGRAMS[recipe.name].load().run, n_threads=recipe.threads, **self._inputs(recipe))
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
         with self._lock:
             key = (self._recipes.get(id(trace), Recipe("", 0, trace.hash)), k)
-            if key in self._states:
-                self._states.move_to_end(key)
-                return self._states[key]
+            state = self._states.get(key)
+            if state is not None:
+                return state
         state = trace.state_at(k)
         with self._lock:
             if key[0] in self._traces:  # its first rebuild made its checkpoints: count them
                 self._keep(key[0], trace)
             self._states[key] = state
-            while len(self._states) > 1 and (len(self._states) > 2 * self.size or sum(
-                    s.nbytes for s in self._states.values()) > STATE_BYTES_KEPT):
-                self._states.popitem(last=False)
+            _shed(self._states, 2 * self.size, STATE_BYTES_KEPT)
         return state
+
+
+def _shed(cache: LRUCache, most: int, most_bytes: int) -> list[tuple]:
+    """Drop the least recently used items while more than one is kept and there are more than
+    `most` of them or they hold more than `most_bytes`; the items dropped."""
+    dropped = []
+    while len(cache) > 1 and (len(cache) > most or cache.currsize > most_bytes):
+        dropped.append(cache.popitem())
+    return dropped
 
 
 def _threads(n: int) -> int:

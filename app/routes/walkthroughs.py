@@ -199,8 +199,7 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, program
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     graph = model["graph"]
-    model["graph_svg"] = svgs.get(graph.key, lambda: G.render_svg(graph.dot)) \
-        if graph is not None and not htmx else None
+    model["graph_svg"] = svgs(graph.key, lambda: graph.dot) if graph is not None and not htmx else None
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
     response.headers["Vary"] = "HX-Request, HX-History-Restore-Request"
@@ -217,7 +216,7 @@ def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, program
               expand: str | None = Expand, prompt: Prompt = None, then: Then = None) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
-    def render() -> str:
+    def dot() -> str:
         where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
         trace, step, state = _at(cache, store, where, programs, client_of(request))
         graph = G.graph_view(state, where, current_node(state, step),
@@ -226,9 +225,9 @@ def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, program
         if graph is None or graph.key != key:
             raise HTTPException(404, _("Step {n} of '{name}' draws no graph with key {key}.").format(
                 n=n, name=name, key=key))
-        return G.render_svg(graph.dot)
+        return graph.dot
 
-    return Response(svgs.get(key, render), media_type="image/svg+xml",
+    return Response(svgs(key, dot), media_type="image/svg+xml",
                     headers={"Cache-Control": IMMUTABLE})
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from engine.compute.plan import llamafile_build
 from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_tensor,
@@ -193,16 +194,14 @@ class Passes:
     while its shape stays, a model builds and allocates a graph once per shape."""
 
     def __init__(self, kept: int) -> None:
-        self.kept = kept
-        self._passes: dict = {}
+        self._passes = LRUCache(kept)
 
     def get(self, key, backend, graph_size: int, build) -> Pass:
-        p = self._passes.pop(key, None)
+        p = self._passes.get(key)
         if p is None:
-            while len(self._passes) >= self.kept:
-                self._passes.pop(next(iter(self._passes))).free()
-            p = Pass(backend, graph_size, build)
-        self._passes[key] = p  # the most recently used last
+            while len(self._passes) >= self._passes.maxsize:  # freed before the new one is built
+                self._passes.popitem()[1].free()
+            p = self._passes[key] = Pass(backend, graph_size, build)
         return p
 
 

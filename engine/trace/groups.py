@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+from functools import wraps
+from threading import Lock
 from typing import Any
 
-from engine.memo import Memo
+from cachetools import LRUCache, cached
+
 from engine.core.infos import layer_of
 from engine.core.notes import Note, tell
 from engine.core.tensor import Tensor
@@ -138,28 +141,25 @@ def _phases(steps: list[Step]) -> list[StepGroup]:
     return out
 
 
-class _StepsMemo:
-    """What a recorded trace's steps give, made once: the debugger asks on every page. Keyed by
-    the list itself and its length (a list still being recorded grows); a few traces kept."""
-
-    def __init__(self, size: int = 16) -> None:
-        self._memo = Memo(size)
-
-    def get(self, what: str, steps: list[Step], make) -> Any:
-        # the list is kept with its value, so no other list takes its id while the key lives
-        return self._memo.get((what, id(steps), len(steps)), lambda: (steps, make()))[1]
+_BY_STEPS = LRUCache(16)  # what a few recorded traces' steps give (below)
+_BY_STEPS_LOCK = Lock()
 
 
-_MEMO = _StepsMemo()
+def _per_steps(what: str):
+    """f(steps) made once per list of steps, the debugger asks on every page: keyed by the list
+    itself and its length (a list still being recorded grows). The list is kept with its value,
+    so no other list takes its id while the key lives."""
+    def wrap(f):
+        kept = cached(_BY_STEPS, key=lambda steps: (what, id(steps), len(steps)),
+                      lock=_BY_STEPS_LOCK)(lambda steps: (steps, f(steps)))
+        return wraps(f)(lambda steps: kept(steps)[1])
+    return wrap
 
 
+@_per_steps("groups")
 def step_groups(steps: list[Step]) -> list[StepGroup]:
     """Forward passes (by n_past), each with its phases (calls with steps inside them, by layer);
     a trace without passes is its phases."""
-    return _MEMO.get("groups", steps, lambda: _step_groups(steps))
-
-
-def _step_groups(steps: list[Step]) -> list[StepGroup]:
     if not steps:
         return []
     if any(s.n_past is not None for s in steps):
@@ -171,10 +171,15 @@ def _step_groups(steps: list[Step]) -> list[StepGroup]:
     return _phases(steps)
 
 
+@_per_steps("layers")
+def _layer_runs(steps: list[Step]) -> list[tuple[int, int]]:
+    """(layer, first step) of each run of steps in one layer."""
+    return [(v, a) for v, a, _ in _runs(steps, lambda s: s.layer) if v is not None]
+
+
 def layer_jump(steps: list[Step], k: int, direction: int) -> int | None:
     """The first step of the next (direction 1) or the previous (-1) layer run from step k."""
-    runs = _MEMO.get("layers", steps, lambda: [(v, a) for v, a, _ in _runs(steps, lambda s: s.layer)
-                                                if v is not None])
+    runs = _layer_runs(steps)
     if direction > 0:
         return next((a for _, a in runs if a > k), None)
     cur = next((a for v, a in reversed(runs) if a <= k), None)

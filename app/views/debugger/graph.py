@@ -8,14 +8,16 @@ import hashlib
 import subprocess
 from dataclasses import dataclass, replace
 from html import escape
-from typing import TYPE_CHECKING
+from threading import Lock
+from typing import TYPE_CHECKING, Callable
+
+from cachetools import LRUCache, cached
 
 from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.core.infos import graph_digest, graph_layers
-from engine.memo import Memo
 from engine.core.tensor import Tensor
 from engine.trace import State
 
@@ -62,7 +64,7 @@ def find_layer(state: State, query: str) -> str | None:
     if not graphs or graphs[-1].n_nodes <= FOLD_OVER:
         return None
     g = graphs[-1]
-    layers = _DRAWINGS.get(("layers", graph_digest(g)), lambda: (_layers(g), backward_nodes(g)))[0]
+    layers = _layer_map(graph_digest(g), g)[0]
     q = query.strip().lower()
     return next((layers[t.address] for t in g.leafs + g.nodes
                  if t.address in layers and q in t.name.lower()), None)
@@ -77,7 +79,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     holding the current or selected tensor is drawn in full, as is the one named by `expand`.
 
     The drawing does not depend on the step, only on the graph's bytes and what is folded, so
-    stepping through a graph's nodes draws it once (`_DRAWINGS`, keyed by those bytes).
+    stepping through a graph's nodes draws it once (`_DRAWINGS`, keyed by those bytes' digest).
     """
     graphs = state.graphs()
     if not graphs:
@@ -85,14 +87,9 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
     shape = graph_digest(g)
-    layers, backward = _DRAWINGS.get(("layers", shape), lambda: (
-        _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)))
+    layers, backward = _layer_map(shape, g)
     open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
-    key = ("view", shape, frozenset(open_layers), where.query(tensor=None), i18n.current(),
-           None if sched is None else (tuple(sched.color.items()), tuple(
-               (label, tuple(m)) for label, m in sched.clusters),
-               tuple((c.address, i) for c, i in sched.copies)))
-    view = _DRAWINGS.get(key, lambda: _drawing(g, where, layers, backward, open_layers, sched))
+    view = _drawing(shape, g, where, layers, backward, open_layers, sched)
     highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
                  if t is not None]
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
@@ -100,7 +97,29 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     return replace(view, highlight=highlight, layers=links)
 
 
-def _drawing(g: Graph, where: Where, layers: dict[int, str], backward: set[int],
+_DRAWINGS = LRUCache(128)  # what a graph's drawing costs to make, shared by every request
+_DRAWINGS_LOCK = Lock()
+
+
+@cached(_DRAWINGS, key=lambda shape, g: ("layers", shape), lock=_DRAWINGS_LOCK)
+def _layer_map(shape: bytes, g: Graph) -> tuple[dict[int, str], set[int]]:
+    """Each tensor's layer by address (none where the graph is drawn whole) and the backward
+    pass's nodes, of the graph g whose digest is `shape`."""
+    return _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)
+
+
+def _drawing_key(shape: bytes, g: Graph, where: Where, layers: dict[int, str], backward: set[int],
+                 open_layers: set[str | None], sched: SchedView | None) -> tuple:
+    """What a drawing is made from: the graph, the layers open, the links' query, the language and
+    the scheduler's colours and splits."""
+    return ("view", shape, frozenset(open_layers), where.query(tensor=None), i18n.current(),
+            None if sched is None else (tuple(sched.color.items()), tuple(
+                (label, tuple(m)) for label, m in sched.clusters),
+                tuple((c.address, i) for c, i in sched.copies)))
+
+
+@cached(_DRAWINGS, key=_drawing_key, lock=_DRAWINGS_LOCK)
+def _drawing(shape: bytes, g: Graph, where: Where, layers: dict[int, str], backward: set[int],
              open_layers: set[str | None], sched: SchedView | None) -> GraphView:
     folded: dict[str, int] = {}
     for t in g.nodes + g.leafs:
@@ -131,9 +150,6 @@ def _drawing(g: Graph, where: Where, layers: dict[int, str], backward: set[int],
     dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
     return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], [], [],
                      g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else (), bool(backward))
-
-
-_DRAWINGS = Memo(128)  # what a graph's drawing costs to make, shared by every request
 
 
 def backward_nodes(g: Graph) -> set[int]:
@@ -191,6 +207,18 @@ def render_svg(dot: str) -> str:
             error=e.stderr.decode("utf-8", "replace")[:300]))
     svg = done.stdout.decode()
     return svg[svg.index("<svg"):]
+
+
+SvgCache = Callable[[str, Callable[[], str]], str]
+
+
+def svg_cache(size: int) -> SvgCache:
+    """svg(key, dot): the SVG of the drawing whose hash is `key`, rendered from dot() unless it is
+    among the last `size` drawn (an app's LRU, shared by its requests)."""
+    @cached(LRUCache(size), key=lambda key, dot: key, lock=Lock())
+    def svg(key: str, dot: Callable[[], str]) -> str:
+        return render_svg(dot())
+    return svg
 
 
 def _message_svg(text: str) -> str:

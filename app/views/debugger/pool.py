@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
+from threading import Lock
 
+from cachetools import LRUCache, cached
 from markupsafe import Markup, escape
 
 from app import i18n
@@ -15,7 +17,6 @@ from app.views.debugger.where import Where, ref_key
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
 from engine.core.infos import layout_digest
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
-from engine.memo import Memo
 from engine.trace import State, Step
 
 
@@ -60,7 +61,6 @@ class _Bar:
     n_objects: int
 
 
-_BARS = Memo(64)
 _HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a patch writes them
 
 
@@ -69,7 +69,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
              for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
     views = []
     for cid, ctx in state.contexts.items():
-        bar = _BARS.get(_layout_key(ctx, cid), lambda: _bar(state, cid))
+        bar = _bar(state, cid)
         marks: set[int] = set()
         for p in step.patches:
             if p.ctx == cid:
@@ -86,12 +86,14 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
     return views
 
 
-def _layout_key(ctx, cid: int) -> tuple:
+def _layout_key(state: State, cid: int) -> tuple:
     """What a bar is made from: the object headers and tensor structs (not the data), and the
     labels' language."""
+    ctx = state.contexts[cid]
     return (cid, ctx.mem_size, layout_digest(ctx), i18n.current())
 
 
+@cached(LRUCache(64), key=_layout_key, lock=Lock())  # a pool's bar is made once per layout
 def _bar(state: State, cid: int) -> _Bar:
     ctx = state.contexts[cid]
     header_label = _("ggml_object header ({type})")

@@ -19,13 +19,15 @@ operations: ggml's bits on every CPU.
 
 from __future__ import annotations
 
+from threading import Lock
+
 import numpy as np
+from cachetools import LRUCache, cached
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
 from engine.core.errors import ggml_assert
-from engine.memo import Memo
 from engine.ops.rope import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
 from engine.core.optable import GGMLOp
@@ -55,9 +57,15 @@ def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
     return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
 
 
-_CACHES = Memo(16)  # recent rope caches (q and k, every layer)
+def _made_from(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
+    """What a rope cache is made from (its key): the positions, the dims, θ's scale and factors,
+    yarn's parameters."""
+    ff = None if freq_factors is None else np.asarray(freq_factors[:(ne0 + 1) // 2], F32).tobytes()
+    return (p.tobytes(), ne0, float(theta_scale), ff,
+            tuple(float(x) if np.ndim(x) == 0 else tuple(x) for x in yarn))
 
 
+@cached(LRUCache(16), key=_made_from, lock=Lock())  # recent rope caches (q and k, every layer)
 def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
     """ggml_rope_cache_init for positions p (vector): cos, sin arrays (len(p), ceil(ne0/2)).
 
@@ -66,12 +74,6 @@ def rope_cache(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tupl
     and parameters give the same cache (every layer's Q and K): the last few are kept."""
     n = (ne0 + 1) // 2
     ff = None if freq_factors is None else np.asarray(freq_factors[:n], F32)
-    key = (p.tobytes(), ne0, float(theta_scale), None if ff is None else ff.tobytes(),
-           tuple(float(x) if np.ndim(x) == 0 else tuple(x) for x in yarn))
-    return _CACHES.get(key, lambda: _rope_cache(p, n, theta_scale, ff, yarn))
-
-
-def _rope_cache(p: np.ndarray, n: int, theta_scale, ff, yarn) -> tuple:
     steps = np.empty((len(p), n), F32)
     steps[:, 0] = p.astype(F32)
     steps[:, 1:] = F32(theta_scale)
