@@ -1,12 +1,16 @@
-"""The walkthrough debugger: /walkthroughs/{name}/steps/{n}, one permalink per step, and the
-graph drawn at a step as its own immutable SVG."""
+"""The debugger: /walkthroughs/{name}/steps/{n}, one permalink per step, and the graph drawn at a
+step as its own immutable SVG. The same routes serve a learner's program's trace at
+/programs/{hash}/…: the path's first segment is the route's `kind` parameter, and one dependency
+reads a route's parameters into its `Where`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.convertors import Convertor, register_url_convertor
 
 from app.deps import PLAYGROUND_OFF, FileHash, Jobs, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
@@ -14,7 +18,7 @@ from app.jobs import Pending, QueueFull, busy
 from app.programs import ProgramStore
 from app.routes.programs import run_url, trace_or_job
 from app.store import UploadStore
-from app.traces import TraceCache
+from app.traces import Recipe, TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
 from app.views.debugger.kernel import kernel
@@ -45,22 +49,61 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 Prompt = Annotated[str | None, Query(max_length=400, description="the prompt a model reads")]
 Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
                                    description="token ids appended after the prompt")]
+TensorKey = Annotated[str | None, Query(pattern=r"^\d+\.\d+$", description="the selected tensor")]
+Expand = Annotated[str | None, Query(pattern=r"^\d{1,4}$", description="a folded layer drawn in full")]
 
 
-def _kind(request: Request) -> str:
-    """Which debugger a request is for: a walkthrough's, or a learner's program's (the same
-    routes serve /walkthroughs/<name>/… and /programs/<hash>/…)."""
-    return "programs" if request.url.path.startswith("/programs/") else "walkthroughs"
+class _Kind(Convertor):
+    """A debugger path's first segment, the route's `kind`: whose trace it shows. No other first
+    segment matches the debugger's routes."""
+
+    regex = "walkthroughs|programs"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
 
 
-def _where(request: Request, name: str, step: int, *args, **kw) -> Where:
-    kind = _kind(request)
-    if kind == "programs":
-        if any(kw.get(k) for k in ("file", "prompt", "then")):
-            raise HTTPException(422, _("a program of yours reads no file and no prompt"))
-    else:
-        _program(name)
-    return Where(name, step, *args, kind=kind, **kw)
+register_url_convertor("debugger", _Kind())
+DEBUGGER = "/{kind:debugger}/{name}"  # /walkthroughs/<name>, or /programs/<hash of a learner's program>
+
+
+# --- a route's Where, from its parameters -------------------------------------------------------
+
+def _inputs(name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
+            then: Then = None) -> Where:
+    """The trace a URL names, at step 0 (a blank prompt is the program's own)."""
+    return Where(name, 0, threads, file=file, prompt=prompt if prompt and prompt.strip() else None, then=then)
+
+
+def _walkthrough(where: Annotated[Where, Depends(_inputs)]) -> Where:
+    """A walkthrough's trace (404 for an unknown name)."""
+    _program(where.name)
+    return where
+
+
+def _debugger(kind: Literal["walkthroughs", "programs"], where: Annotated[Where, Depends(_inputs)]) -> Where:
+    """A walkthrough's or a learner's program's trace, as the route's kind says."""
+    if kind == "walkthroughs":
+        return _walkthrough(where)
+    if where.file or where.prompt or where.then:
+        raise HTTPException(422, _("a program of yours reads no file and no prompt"))
+    return replace(where, kind=kind)
+
+
+def _at_step(where: Annotated[Where, Depends(_debugger)], n: int, t: TensorKey = None, row: int = 0,
+             block: int = 0, hex: Annotated[str, Query(pattern="^(struct|data)$")] = "struct",
+             ith: Annotated[int, Query(ge=0, le=255)] = 0) -> Where:
+    """Step n of the trace, with what its panels show: the selected tensor, the quantized row and
+    block, the Bytes panel's view, the thread whose share the kernel panel shows."""
+    return replace(where, step=n, tensor=t, row=row, block=block, hex=hex, ith=ith)
+
+
+Walkthrough = Annotated[Where, Depends(_walkthrough)]
+Debugger = Annotated[Where, Depends(_debugger)]
+AtStep = Annotated[Where, Depends(_at_step)]
 
 
 def _program(name: str) -> str:
@@ -70,26 +113,15 @@ def _program(name: str) -> str:
     return name
 
 
-def _prompt(name: str, prompt: str | None) -> str | None:
-    """The prompt, blank meaning the program's own."""
-    return prompt if prompt and prompt.strip() else None
+@router.get(DEBUGGER)
+def start(where: Debugger) -> RedirectResponse:
+    return RedirectResponse(where.url(), status_code=303)
 
 
-@router.get("/walkthroughs/{name}")
-@router.get("/programs/{name}")
-def start(request: Request, name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
-          then: Then = None) -> RedirectResponse:
-    return RedirectResponse(_where(request, name, 0, threads, file=file, prompt=_prompt(name, prompt),
-                                   then=then).url(), status_code=303)
-
-
-@router.get("/walkthroughs/{name}/goto")
-@router.get("/programs/{name}/goto")
-def goto(request: Request, name: str, step: int = 0, threads: Threads = None, file: FileHash = None,
-         prompt: Prompt = None, then: Then = None) -> RedirectResponse:
+@router.get(DEBUGGER + "/goto")
+def goto(where: Debugger, step: int = 0) -> RedirectResponse:
     """The scrubber's form target without JavaScript: go to step n."""
-    return RedirectResponse(_where(request, name, step, threads, file=file, prompt=_prompt(name, prompt),
-                                   then=then).url(), status_code=303)
+    return RedirectResponse(where.url(step=step), status_code=303)
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
@@ -113,15 +145,19 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     return file
 
 
+def _recipe(cache: TraceCache, store: UploadStore, where: Where) -> Recipe:
+    """The recipe of the walkthrough's trace `where` names (ValueError for bad threads or inputs)."""
+    return cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
+                     where.prompt, where.then_ids)
+
+
 def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where,
            client: str) -> Trace:
     """The trace `where` names, a walkthrough's or a learner's program's; when no trace of it is
     kept here it is recorded as a job (Pending, with the recording's page, when that takes more
     than a moment; a program's always runs as a job, in the sandbox)."""
     if not where.is_program:
-        key = cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
-                        where.prompt, where.then_ids)
-        found = cache.trace(key, client)
+        found = cache.trace(_recipe(cache, store, where), client)
         if not isinstance(found, Trace):
             raise Pending(where.base + "/recording" + where.query(tensor=None) + f"&step={where.step}")
         return found
@@ -148,26 +184,46 @@ def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramSt
     return trace, trace.steps[where.step], cache.state(trace, where.step)
 
 
+# --- the debugger at a step and its graph, from a route's parameters ------------------------------
 
-def _select(state: State, where: Where, step: Step) -> Tensor | None:
-    """The selected tensor; `where` names it from now on if the URL did not."""
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The debugger at one step: the trace, the step, the state rebuilt after it, the selected
+    tensor, and `where`, which names that tensor from now on when the URL did not."""
+
+    where: Where
+    trace: Trace
+    step: Step
+    state: State
+    selected: Tensor | None
+
+
+def _stop(request: Request, where: AtStep, cache: Traces, store: Store, programs: Programs) -> Stop:
+    """The step `where` names, loaded (recorded first if need be), its tensor selected."""
+    trace, step, state = _at(cache, store, where, programs, client_of(request))
     sel = selected_tensor(state, where, step)
     if sel is not None and where.tensor is None:
-        where.tensor = tensor_key(sel)
-    return sel
+        where = replace(where, tensor=tensor_key(sel))
+    return Stop(where, trace, step, state, sel)
 
 
-def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str | None = None,
-               programs: ProgramStore | None = None, client: str = "?") -> dict[str, Any]:
+def _graph(stop: Annotated[Stop, Depends(_stop)], expand: Expand = None) -> G.GraphView | None:
+    """The step's newest graph, drawn with the layer `expand` open."""
+    return G.graph_view(stop.state, stop.where, current_node(stop.state, stop.step), stop.selected, expand,
+                        lambda nodes: sched_view(stop.trace, stop.step, stop.state, nodes))
+
+
+AtStop = Annotated[Stop, Depends(_stop)]
+Graph = Annotated[G.GraphView | None, Depends(_graph)]
+
+
+def step_model(stop: Stop, graph: G.GraphView | None, playground: bool) -> dict[str, Any]:
     """Every panel's view-model at one step."""
-    trace, step, state = _at(cache, store, where, programs, client)
-    sel = _select(state, where, step)
+    where, trace, step, state, sel = stop.where, stop.trace, stop.step, stop.state, stop.selected
     shares = threads(trace, step)
-    graph = G.graph_view(state, where, current_node(state, step), sel, expand,
-                         lambda nodes: sched_view(trace, step, state, nodes))
     return {
         "program": None if where.is_program else PROGRAMS[where.name], "where": where,
-        "playground": programs is not None, "step": step, "expand": expand,
+        "playground": playground, "step": step,
         "nav": nav(trace, where), "source": source(trace, step), "returned": returned(trace, step),
         "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
         "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
@@ -180,25 +236,15 @@ def step_model(cache: TraceCache, store: UploadStore, where: Where, expand: str 
     }
 
 
-TensorKey = Query(None, pattern=r"^\d+\.\d+$")
-Expand = Query(None, pattern=r"^\d{1,4}$")
+# --- the routes -------------------------------------------------------------------------------
 
-
-@router.get("/walkthroughs/{name}/steps/{n}", response_class=HTMLResponse)
-@router.get("/programs/{name}/steps/{n}", response_class=HTMLResponse)
-def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, programs: Programs, name: str, n: int,
-              threads: Threads = None, t: str | None = TensorKey, row: int = 0, block: int = 0,
-              file: FileHash = None, expand: str | None = Expand,
-              hex: str = Query("struct", pattern="^(struct|data)$"), prompt: Prompt = None,
-              then: Then = None, ith: int = Query(0, ge=0, le=255)) -> HTMLResponse:
+@router.get(DEBUGGER + "/steps/{n}", response_class=HTMLResponse)
+def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs: Programs) -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
-    where = _where(request, name, n, threads, t, row, block, file, hex, _prompt(name, prompt), then,
-                   ith=ith)
-    model = step_model(cache, store, where, expand, programs, client_of(request))
+    model = step_model(stop, graph, programs is not None)
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
-    graph = model["graph"]
     model["graph_svg"] = svgs(graph.key, lambda: graph.dot) if graph is not None and not htmx else None
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
@@ -208,39 +254,52 @@ def step_page(request: Request, cache: Traces, store: Store, svgs: Svgs, program
     return response
 
 
-@router.get("/walkthroughs/{name}/steps/{n}/graph/{key}.svg")
-@router.get("/programs/{name}/steps/{n}/graph/{key}.svg")
-def graph_svg(request: Request, cache: Traces, store: Store, svgs: Svgs, programs: Programs, name: str, n: int,
-              key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
-              threads: Threads = None, t: str | None = TensorKey, file: FileHash = None,
-              expand: str | None = Expand, prompt: Prompt = None, then: Then = None) -> Response:
+@router.get(DEBUGGER + "/steps/{n}/graph/{key}.svg")
+def graph_svg(request: Request, where: AtStep, key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
+              cache: Traces, store: Store, svgs: Svgs, programs: Programs, expand: Expand = None) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
     bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
     def dot() -> str:
-        where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
-        trace, step, state = _at(cache, store, where, programs, client_of(request))
-        graph = G.graph_view(state, where, current_node(state, step),
-                             _select(state, where, step), expand,
-                             lambda nodes: sched_view(trace, step, state, nodes))
+        graph = _graph(_stop(request, where, cache, store, programs), expand)
         if graph is None or graph.key != key:
             raise HTTPException(404, _("Step {n} of '{name}' draws no graph with key {key}.").format(
-                n=n, name=name, key=key))
+                n=where.step, name=where.name, key=key))
         return graph.dot
 
-    return Response(svgs(key, dot), media_type="image/svg+xml",
-                    headers={"Cache-Control": IMMUTABLE})
+    return Response(svgs(key, dot), media_type="image/svg+xml", headers={"Cache-Control": IMMUTABLE})
+
+
+@router.get(DEBUGGER + "/steps/{n}/graph/find")
+def graph_find(request: Request, where: AtStep, cache: Traces, store: Store, programs: Programs,
+               q: Annotated[str, Query(min_length=1, max_length=200)]) -> JSONResponse:
+    """Where the graph's search finds a tensor drawn inside a folded layer: the step's URL with
+    that layer opened ({"url": null} when no folded layer holds one)."""
+    _, _, state = _at(cache, store, where, programs, client_of(request))
+    layer = G.find_layer(state, q)
+    url = None if layer is None else f"{where.base}/steps/{where.step}" + where.query(expand=layer)
+    return JSONResponse({"url": url, "layer": layer})
+
+
+@router.get(DEBUGGER + "/search", response_class=HTMLResponse)
+def search_page(request: Request, where: Debugger, cache: Traces, store: Store, programs: Programs,
+                q: str = Query("", max_length=200)) -> HTMLResponse:
+    """Steps whose call, note or tensor's name contains q: each a link to its step."""
+    trace, _, state = _at(cache, store, where, programs, client_of(request))
+    final = cache.state(trace, len(trace.steps) - 1)
+    names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}
+    results = search_results(trace, where, names, q)
+    return templates.TemplateResponse(request, "pages/search.html",
+                                      {"where": where, "q": q, "results": results, "n_steps": len(trace.steps)})
 
 
 @router.get("/walkthroughs/{name}/recording")
-def recording(request: Request, cache: Traces, store: Store, jobs: Jobs, name: str,
-                   step: Annotated[int, Query(ge=0)] = 0, threads: Threads = None, file: FileHash = None,
-                   prompt: Prompt = None, then: Then = None) -> Response:
+def recording(request: Request, where: Walkthrough, cache: Traces, store: Store, jobs: Jobs,
+              step: Annotated[int, Query(ge=0)] = 0) -> Response:
     """A walkthrough being recorded (a new prompt, a model file, a long training run): its place
     in the queue or the steps recorded so far; the debugger at `step` once the trace is kept
     (htmx polls this page)."""
-    where = _where(request, name, step, threads, file=file, prompt=_prompt(name, prompt), then=then)
     try:
-        key = cache.key(name, where.threads, _input_file(store, name, where.file), where.prompt, where.then_ids)
+        key = _recipe(cache, store, where)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     try:
@@ -251,51 +310,17 @@ def recording(request: Request, cache: Traces, store: Store, jobs: Jobs, name: s
         raise HTTPException(422, str(e)) from None
     if isinstance(found, Trace):
         return go_to(request, where.url(step=min(step, len(found.steps) - 1)))
-    return recording_page(request, jobs.progress(found), what=name, limits=None, back=None,
+    return recording_page(request, jobs.progress(found), what=where.name, limits=None, back=None,
                           url=f"{request.url.path}?{request.url.query}")
 
 
-@router.get("/walkthroughs/{name}/steps/{n}/graph/find")
-@router.get("/programs/{name}/steps/{n}/graph/find")
-def graph_find(request: Request, cache: Traces, store: Store, programs: Programs, name: str, n: int,
-               q: Annotated[str, Query(min_length=1, max_length=200)], threads: Threads = None,
-               t: str | None = TensorKey, file: FileHash = None, prompt: Prompt = None,
-               then: Then = None) -> JSONResponse:
-    """Where the graph's search finds a tensor drawn inside a folded layer: the step's URL with
-    that layer opened ({"url": null} when no folded layer holds one)."""
-    where = _where(request, name, n, threads, t, file=file, prompt=_prompt(name, prompt), then=then)
-    _, _, state = _at(cache, store, where, programs, client_of(request))
-    layer = G.find_layer(state, q)
-    url = None if layer is None else f"{where.base}/steps/{where.step}" + where.query(expand=layer)
-    return JSONResponse({"url": url, "layer": layer})
-
-
 @router.get("/walkthroughs/{name}/eval-callback.txt")
-def eval_callback_dump(cache: Traces, store: Store, name: str, threads: Threads = None,
-                       file: FileHash = None, prompt: Prompt = None,
-                       then: Then = None) -> Response:
+def eval_callback_dump(where: Walkthrough, cache: Traces, store: Store) -> Response:
     """Every node the program computes, as llama.cpp's llama-eval-callback prints it: a file to
     compare with a real llama.cpp run (`ggml-lens diff`)."""
-    where = Where(name, 0, threads, file=file, prompt=_prompt(name, prompt), then=then)
     try:
-        text = cache.eval_dump(cache.key(_program(name), threads, _input_file(store, name, file),
-                                         where.prompt, where.then_ids))
+        text = cache.eval_dump(_recipe(cache, store, where))
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     return Response(text, media_type="text/plain; charset=utf-8", headers={
-        "Content-Disposition": f'attachment; filename="{name}-eval-callback.txt"'})
-
-
-@router.get("/walkthroughs/{name}/search", response_class=HTMLResponse)
-@router.get("/programs/{name}/search", response_class=HTMLResponse)
-def search_page(request: Request, cache: Traces, store: Store, programs: Programs, name: str,
-                q: str = Query("", max_length=200), threads: Threads = None,
-                file: FileHash = None, prompt: Prompt = None, then: Then = None) -> HTMLResponse:
-    """Steps whose call, note or tensor's name contains q: each a link to its step."""
-    where = _where(request, name, 0, threads, None, file=file, prompt=_prompt(name, prompt), then=then)
-    trace, _, state = _at(cache, store, where, programs, client_of(request))
-    final = cache.state(trace, len(trace.steps) - 1)
-    names = {(t.ctx.id, t.offs): t.name for t in final.tensors()}
-    results = search_results(trace, where, names, q)
-    return templates.TemplateResponse(request, "pages/search.html",
-                                      {"where": where, "q": q, "results": results, "n_steps": len(trace.steps)})
+        "Content-Disposition": f'attachment; filename="{where.name}-eval-callback.txt"'})

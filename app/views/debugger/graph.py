@@ -46,6 +46,7 @@ class GraphView:
     n_leafs: int
     backends: tuple[tuple[str, str], ...] = ()  # (backend, colour) when the scheduler coloured it
     backward: bool = False  # the graph has a backward pass (its nodes are outlined in purple)
+    svg_url: str = ""  # the drawing's own URL at this step, for a page that does not inline it
 
 
 def node_id(t: Tensor) -> str:
@@ -94,7 +95,8 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
                  if t is not None]
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
              for name in sorted(set(layers.values()), key=int)]
-    return replace(view, highlight=highlight, layers=links)
+    svg_url = f"{where.base}/steps/{where.step}/graph/{view.key}.svg" + where.query(expand=expand)
+    return replace(view, highlight=highlight, layers=links, svg_url=svg_url)
 
 
 _DRAWINGS = LRUCache(128)  # what a graph's drawing costs to make, shared by every request
