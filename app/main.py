@@ -35,11 +35,9 @@ async def _lifespan(app: FastAPI):
 
 
 def _tune_collector() -> None:
-    """Once per process, the cyclic garbage collector set for a server: the objects alive when
-    the first app is made (modules, functions, classes) are moved out of its sight, and it runs
-    a young collection every 10,000 net allocations, not every 700, so that the short-lived
-    objects of a step page are not promoted mid-request into costly full collections. (Traces
-    and rebuilt states hold no cycles: counting frees them.)"""
+    """Once per process: what exists when the first app is made is frozen out of the cyclic
+    collector's sight, and young collections run every 10,000 allocations, so that a step page's
+    short-lived objects are not promoted into full collections mid-request."""
     global _TUNED
     if not _TUNED:
         _TUNED = True
