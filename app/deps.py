@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from app.i18n import N_
 from app.jobs import JobQueue, Queue
 from app.objects import SharedStore
-from app.programs import ProgramStore
+from app.playground import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
 from app.tracefiles import TraceFiles

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import deps
 from app.i18n import LocaleMiddleware, _
 from app.jobs import Pending, RecordingLost
-from app.routes import gguf, home, programs, walkthroughs
+from app.routes import gguf, home, playground, walkthroughs
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
 from engine.lanes import use_numpy
@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(home.router)
     app.include_router(walkthroughs.router)
     app.include_router(gguf.router)
-    app.include_router(programs.router)
+    app.include_router(playground.router)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:

@@ -21,7 +21,7 @@ from cachetools import FIFOCache, LRUCache, cachedmethod
 
 from app.i18n import _
 from app.jobs import Queue, RecordingLost
-from app.programs import ProgramStore, failed_trace
+from app.playground import ProgramStore, failed_trace
 from app.settings import MAX_THREADS
 from app.store import UploadStore
 from app.sandbox.wire import MalformedResult

@@ -15,8 +15,8 @@ from starlette.convertors import Convertor, register_url_convertor
 from app.deps import PLAYGROUND_OFF, FileHash, Jobs, Programs, Store, Svgs, Threads, Traces
 from app.i18n import _
 from app.jobs import Pending, QueueFull, busy
-from app.programs import ProgramStore
-from app.routes.programs import run_url, trace_or_job
+from app.playground import ProgramStore
+from app.routes.playground import run_url, trace_or_job
 from app.store import UploadStore
 from app.traces import Recipe, TraceCache
 from app.views.debugger import graph as G

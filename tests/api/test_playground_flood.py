@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from app.main import create_app
-from app.routes.programs import STARTER
+from app.routes.playground import STARTER
 from app.sandbox.run import Limits
 from app.settings import Settings
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from app.routes.programs import STARTER
+from app.routes.playground import STARTER
 
 pytestmark = pytest.mark.browser
 

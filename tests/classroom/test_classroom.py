@@ -28,8 +28,8 @@ from rq.job import Job as RQJob
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
-from app.programs import ProgramStore
-from app.routes.programs import STARTER
+from app.playground import ProgramStore
+from app.routes.playground import STARTER
 from app.traces import Recipe, TraceCache
 from app.workers import RETRIES
 from engine.programs import PROGRAMS

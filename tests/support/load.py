@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from app.routes.programs import STARTER
+from app.routes.playground import STARTER
 from engine.programs import PROGRAMS
 
 WAIT = 240.0  # seconds a learner waits for one page (a recording included)

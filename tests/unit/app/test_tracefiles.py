@@ -12,8 +12,8 @@ import pytest
 from app import tracefiles
 from app.jobs import RecordingLost
 from app.objects import SharedStore, TooLarge
-from app.programs import ProgramStore
-from app.routes.programs import STARTER
+from app.playground import ProgramStore
+from app.routes.playground import STARTER
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import MalformedResult
 from app.settings import Settings

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app.deps import PLAYGROUND_OFF, Jobs, Programs, Threads, Traces
 from app.i18n import _
 from app.jobs import QueueFull, busy
-from app.programs import MAX_PROGRAM, ProgramStore
+from app.playground import MAX_PROGRAM, ProgramStore
 from app.settings import MAX_THREADS
 from app.sandbox.check import ProgramRefused, Refusal, check_program
 from app.sandbox.run import Limits

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.programs import ProgramStore
-from app.routes.programs import STARTER
+from app.playground import ProgramStore
+from app.routes.playground import STARTER
 from app.sandbox.run import Limits
 from app.settings import Settings
 from engine.models import bundled

@@ -1,4 +1,4 @@
-"""Learners' programs, kept by the sha256 of their text in a directory every worker shares, and
+"""The playground's programs (a learner's own; engine/programs holds the walkthroughs'), kept by the sha256 of their text in a directory every worker shares, and
 recorded in the sandbox (app/sandbox/) by the job queue (app/jobs.py) when a worker has no trace
 of them.
 
