@@ -36,6 +36,16 @@ def normalised(trace) -> list[dict]:
     return out
 
 
+def record_source(tmp_path: Path, name: str, text: str):
+    """The trace of a program's text, written to a file of its own (the recorder follows the
+    calls made from that file)."""
+    src = tmp_path / f"{name}.py"
+    src.write_text(text)
+    ns: dict = {}
+    exec(compile(text, str(src), "exec"), ns)
+    return record(ns["run"], str(src), name)
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_same_program_same_hash(name):
     a, b = recorded(name), trace_program(name)  # (two recordings: the first may be another test's)
@@ -130,8 +140,7 @@ def test_thread_shares_recorded_per_node():
 def test_calls_that_make_tensors_are_steps_and_queries_are_not(tmp_path):
     """A facade call is a step unless its function is declared a query (engine.core.api.query):
     ggml_get_rows makes a tensor, however its name begins; ggml_nbytes and ggml_get_name only read."""
-    src = tmp_path / "rows.py"
-    src.write_text(
+    trace = record_source(tmp_path, "rows",
         "from engine.ggml import *\n"
         "def run(n_threads=1):\n"
         "    ctx = ggml_init(ggml_init_params(mem_size=1 << 16))\n"
@@ -139,25 +148,18 @@ def test_calls_that_make_tensors_are_steps_and_queries_are_not(tmp_path):
         "    ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 2)\n"
         "    n = ggml_nbytes(a) + len(ggml_get_name(a))\n"
         "    rows = ggml_get_rows(ctx, a, ids)\n")
-    ns: dict = {}
-    exec(compile(src.read_text(), str(src), "exec"), ns)
-    trace = record(ns["run"], str(src), "rows")
     calls = [s for s in trace.steps if s.kind == "call"]
     assert [s.line for s in calls] == [3, 4, 5, 7]
     assert [o.size for o in calls[-1].objects] == [336 + 2 * 4 * 4]
 
 
 def test_program_error_is_the_last_step(tmp_path):
-    src = tmp_path / "bad.py"
-    src.write_text(
+    trace = record_source(tmp_path, "bad",
         "from engine.ggml import *\n"
         "def run(n_threads=1):\n"
         "    ctx = ggml_init(ggml_init_params(mem_size=1024))\n"
         "    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 4, 3)\n"
         "    ggml_reshape_2d(ctx, a, 5, 2)\n")
-    ns: dict = {}
-    exec(compile(src.read_text(), str(src), "exec"), ns)
-    trace = record(ns["run"], str(src), "bad")
     assert trace.steps[-1].kind == "error" and trace.steps[-1].line == 5
     assert "GGML_ASSERT(ggml_nelements(a) == ne0*ne1)" in trace.error
 
@@ -166,16 +168,12 @@ def test_step_cap_ends_a_runaway_program(tmp_path, monkeypatch):
     import engine.trace.recorder as T
 
     monkeypatch.setattr(T, "STEP_CAP", 50)
-    src = tmp_path / "loop.py"
-    src.write_text(
+    trace = record_source(tmp_path, "loop",
         "from engine.ggml import *\n"
         "def run(n_threads=1):\n"
         "    ctx = ggml_init(ggml_init_params(mem_size=1 << 20))\n"
         "    while True:\n"
         "        ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1)\n")
-    ns: dict = {}
-    exec(compile(src.read_text(), str(src), "exec"), ns)
-    trace = record(ns["run"], str(src), "loop")
     assert len(trace.steps) == 51 and trace.steps[-1].kind == "cap"
     assert trace.error == "stopped after 50 steps"
 
