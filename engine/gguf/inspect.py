@@ -9,18 +9,18 @@ Leaves out: tensor values (the web UI shows blocks and values on demand).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+
+from engine.core.infos import layer_of
 
 from .format import TYPE_NAME, GGUFValueType
 from .reader import KV, GGUFReader, Span, StringArray, TensorInfo
 
 SHOW_ITEMS = 8  # elements of a long array kept in a report
 SHOW_CHARS = 80  # characters of a long string kept in the text report
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 def inspect_json(reader: GGUFReader) -> dict[str, Any]:
@@ -73,14 +73,12 @@ def inspect_text(reader: GGUFReader, show_kv: bool = True, show_tensors: bool = 
 
 def layer_totals(tensors: Iterable[TensorInfo]) -> list[dict[str, Any]]:
     """Tensor counts, elements and bytes per `blk.N` layer (in N order), then the rest."""
-    groups: dict[str, list[TensorInfo]] = {}
+    groups: dict[int | None, list[TensorInfo]] = {}
     for t in tensors:
-        m = _LAYER.match(t.name)
-        groups.setdefault(f"blk.{m.group(1)}" if m else "", []).append(t)
-    order = sorted((k for k in groups if k), key=lambda k: int(k[4:]))
-    rows = [_totals(k, groups[k]) for k in order]
-    if "" in groups:
-        rows.append(_totals("(not in a layer)", groups[""]))
+        groups.setdefault(layer_of(t.name), []).append(t)
+    rows = [_totals(f"blk.{n}", groups[n]) for n in sorted(n for n in groups if n is not None)]
+    if None in groups:
+        rows.append(_totals("(not in a layer)", groups[None]))
     return rows
 
 
