@@ -250,3 +250,17 @@ def test_conv_3d_direct(t, n_threads):
     for args in [(1, 1, 1, 0, 0, 0, 1, 1, 1), (2, 1, 1, 1, 1, 0, 1, 1, 1), (1, 2, 1, 1, 0, 1, 2, 1, 1)]:
         check_op(lambda g, ctx, a, b: g.ggml_conv_3d_direct(ctx, a, b, *args, c, n, oc), [kernel, volume], n_threads,
                  exact=True)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_a_kernel_overhanging_the_input_by_less_than_a_stride(n_threads):
+    """ggml sizes a convolution's output with C's division, which truncates toward zero: a kernel
+    one element wider than the (padded) input, at stride 2, gives one output, not zero."""
+    check_op(dw_direct(2, 0, 1), [Leaf(F32, (6, 6, 1, 4)), Leaf(F32, (5, 5, 4, 1))], n_threads, exact=True)
+    c, n, oc = 2, 1, 2
+    kernel, volume = Leaf(F32, (7, 2, 2, c * oc)), Leaf(F32, (6, 5, 4, c * n))
+    args = (2, 1, 1, 0, 0, 0, 1, 1, 1)
+    check_op(lambda g, ctx, a, b: g.ggml_conv_3d_direct(ctx, a, b, *args, c, n, oc), [kernel, volume], n_threads,
+             exact=True)
+    check_op(lambda g, ctx, a, b: g.ggml_im2col_3d(ctx, a, b, c, *args, int(F32)), [kernel, volume], n_threads,
+             exact=True)
