@@ -45,9 +45,11 @@ static PyMethodDef methods[] = {
     {"dequantize", lanes_dequantize, METH_VARARGS,
      "dequantize(type, raw, out): ggml's to_float of whole Q8_0, Q4_K, Q5_K or TQ1_0 blocks into "
      "float32 out"},
-    {"float_dot", lanes_float_dot, METH_VARARGS,
-     "float_dot(w, x, out, n0, n1, k, tiny): out[i1, i0] = ggml_vec_dot_f16 (tiny: llamafile's "
-     "tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32"},
+    {"float_dot", (PyCFunction)(void (*)(void))lanes_float_dot, METH_VARARGS | METH_KEYWORDS,
+     "float_dot(w, x, out, n0, n1, k, tiny, ldw=-1, threads=1): out[i1, i0] = ggml_vec_dot_f16 "
+     "(tiny: llamafile's tinyBLAS) of row i0 of w (n0, k) and row i1 of x (n1, k), float32; "
+     "ldw >= 0: w holds halves, row i0 at element i0 * ldw; threads: the rows of w shared out "
+     "between up to that many threads (the same bits)"},
     {"fmaf", lanes_fmaf, METH_VARARGS,
      "fmaf(a, b, c, out): out = c, then out[i] = fmaf(a[k, i], b[k, i], out[i]) for each step k "
      "of a and b (contiguous float32, whole steps of out's size), an operand's NaN (b's, a's, "

@@ -2,7 +2,8 @@
  *
  * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
  * quantized dot products), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
- * the soft_max rows, fmaf over buffers), _lanes_blocks.c (the block converters). A function one
+ * the soft_max rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
+ * _lanes_pool.c (the threads that share a product's rows). A function one
  * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
  * PyInit__lanes leaves the shared object, and no name can meet one of libm's or numpy's.
  */
@@ -75,6 +76,22 @@ static inline int fma_hw(void)
 #endif
 }
 
+/* rows [a, b) of a job, computed by `worker` (0: the calling thread, 1 .. threads - 1: the pool's) */
+typedef void (*lanes_rows_fn)(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b);
+
+enum { LANES_POOL_MAX = 64 };  /* threads a job may ask for (more are taken as this many) */
+
+/* multiply-adds a thread's share of a product must have to pay for waking it (~15 us measured
+ * on a CPU shared with other work): ~20 us of Q4_0 rows, ~12 us of Q4_K ones; fewer threads
+ * below that */
+#define LANES_SPLIT_MACS ((Py_ssize_t)1 << 18)
+
+/* fn over rows [0, n) in chunks of `chunk`, shared between the calling thread and up to
+ * threads - 1 parked workers (fewer if the pool is busy or a worker cannot start); returns when
+ * every row is done. Called without the GIL. */
+LANES_HIDDEN void lanes_pool_run(lanes_rows_fn fn, void *ctx, Py_ssize_t n, Py_ssize_t chunk,
+                                 int threads);
+
 /* buf->len == want, else a ValueError naming what (-1) */
 LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
 
@@ -82,7 +99,7 @@ LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args);
-LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject *kwargs);
 LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args);

@@ -16,7 +16,8 @@
  *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3).
  * ALL_PAIRS makes, from a row function, NAME(w, x, out, n0, n1, k): out[i1, i0] = row(w[i0],
  * x[i1]) for every pair of rows of w (n0, k) and x (n1, k); ROW_PAIRS NAME(a, b, out, n, k):
- * out[i] = row(a[i], b[i]). */
+ * out[i] = row(a[i], b[i]); FLOAT_JOB the same as ALL_PAIRS for some weight rows of a float_dot,
+ * which the pool shares out (_lanes_pool.c). */
 #define FLOAT_ROWS(S, ATTR)                                                                  \
     ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
     {                                                                                        \
@@ -89,55 +90,108 @@
             out[i] = ROW(a + i * k, b + i * k, k);                                           \
     }
 
+/* float_dot's rows: weight rows [a, b) (halves widened into buf first, a row at a time) by
+ * every activation row */
+typedef struct {
+    const void *w;         /* floats (n0, k), or halves, row i0 at element i0 * ldw */
+    const float *x;        /* (n1, k) */
+    float *out, *buf;      /* out (n1, n0); buf: each worker's room for a widened row */
+    Py_ssize_t n0, n1, k, ldw;  /* ldw < 0: w holds floats */
+    int tiny, hw;
+} FloatJob;
+
+#define FLOAT_JOB(NAME, F16, TINY, WIDEN, ATTR)                                              \
+    ATTR static void NAME(const FloatJob *j, float *buf, Py_ssize_t a, Py_ssize_t b)        \
+    {                                                                                        \
+        const Py_ssize_t k = j->k;                                                           \
+        for (Py_ssize_t i0 = a; i0 < b; i0++) {                                              \
+            const float *wr = (const float *)j->w + i0 * k;                                  \
+            if (j->ldw >= 0) {                                                               \
+                WIDEN((const uint16_t *)j->w + i0 * j->ldw, buf, k);                        \
+                wr = buf;                                                                    \
+            }                                                                                \
+            for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                        \
+                j->out[i1 * j->n0 + i0] = (j->tiny ? TINY : F16)(wr, j->x + i1 * k, k);      \
+        }                                                                                    \
+    }
+
+static void widen(const uint16_t *h, float *f, Py_ssize_t k)
+{
+    for (Py_ssize_t t = 0; t < k; t++)
+        f[t] = half_to_float(h[t]);
+}
+
 FLOAT_ROWS(, )
 ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
-ALL_PAIRS(dot_f16, f16_row, )
-ALL_PAIRS(dot_tiny, tiny_row, )
+FLOAT_JOB(float_rows, f16_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
+#include <immintrin.h>
 #define FMA __attribute__((target("fma")))
+#define F16C __attribute__((target("avx2,fma,f16c")))
+
+/* halves to floats by F16C, 8 at a time (every half is exactly a float: the same values) */
+F16C static inline void widen_f16c(const uint16_t *h, float *f, Py_ssize_t k)
+{
+    Py_ssize_t t = 0;
+    for (; t + 8 <= k; t += 8)
+        _mm256_storeu_ps(f + t, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + t))));
+    for (; t < k; t++)
+        f[t] = _cvtsh_ss(h[t]);
+}
+
 FLOAT_ROWS(_fma, FMA)
 ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
 ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
-ALL_PAIRS(dot_f16_fma, f16_row_fma, FMA)
-ALL_PAIRS(dot_tiny_fma, tiny_row_fma, FMA)
+FLOAT_JOB(float_rows_fma, f16_row_fma, tiny_row_fma, widen_f16c, F16C)
 #endif
 
-LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args)
+static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const FloatJob *j = ctx;
+    float *buf = j->buf ? j->buf + (Py_ssize_t)worker * j->k : NULL;
+#ifdef HAVE_FMA_TARGET
+    if (j->hw) {
+        float_rows_fma(j, buf, a, b);
+        return;
+    }
+#endif
+    float_rows(j, buf, a, b);
+}
+
+LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
+    static char *names[] = {"w", "x", "out", "n0", "n1", "k", "tiny", "ldw", "threads", NULL};
     Py_buffer w, x, out;
     Py_ssize_t n0, n1, k, ldw = -1;
-    int tiny;
-    if (!PyArg_ParseTuple(args, "y*y*w*nnnp|n", &w, &x, &out, &n0, &n1, &k, &tiny, &ldw))
+    int tiny, threads = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*w*nnnp|ni", names, &w, &x, &out, &n0, &n1,
+                                     &k, &tiny, &ldw, &threads))
         return NULL;
-    /* ldw >= 0: w holds halves, row i0 at element i0 * ldw (widened here, once) */
+    /* ldw >= 0: w holds halves, row i0 at element i0 * ldw (widened a row at a time) */
     int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) &&
              (ldw < 0 ? lanes_check(&w, n0 * k * 4, "w") == 0
                       : (ldw >= k && w.len >= ((n0 > 0 ? (n0 - 1) * ldw : 0) + k) * 2)) &&
              lanes_check(&x, n1 * k * 4, "x") == 0 && lanes_check(&out, n0 * n1 * 4, "out") == 0;
-    float *wide = NULL;
-    if (ok && ldw >= 0) {
-        if (!(wide = PyMem_RawMalloc((size_t)(n0 * k + 1) * sizeof(float)))) {
-            PyErr_NoMemory();
-            ok = 0;
-        } else {
-            const uint16_t *h = w.buf;
-            for (Py_ssize_t i0 = 0; i0 < n0; i0++)
-                for (Py_ssize_t t = 0; t < k; t++)
-                    wide[i0 * k + t] = half_to_float(h[i0 * ldw + t]);
-        }
+    Py_ssize_t parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
+    while (parts > 1 && (n0 < parts || n0 * n1 * k / parts < LANES_SPLIT_MACS))
+        parts--;
+    float *buf = NULL;
+    if (ok && ldw >= 0 && !(buf = PyMem_RawMalloc((size_t)(parts * k + 1) * sizeof(float)))) {
+        PyErr_NoMemory();
+        ok = 0;
     }
     if (ok) {
-        const float *wf = wide ? wide : w.buf;
-        const int hw = fma_hw();
+        FloatJob job = {w.buf, x.buf, out.buf, buf, n0, n1, k, ldw, tiny, fma_hw()};
         Py_BEGIN_ALLOW_THREADS
-        (tiny ? PICK(dot_tiny, hw) : PICK(dot_f16, hw))(wf, x.buf, out.buf, n0, n1, k);
+        lanes_pool_run(float_job, &job, n0, parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0,
+                       (int)parts);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
     }
-    PyMem_RawFree(wide);
+    PyMem_RawFree(buf);
     PyBuffer_Release(&w);
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);

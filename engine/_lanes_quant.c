@@ -1,6 +1,6 @@
 /* engine._lanes (_lanes.c): ggml's quantized dot products (AVX2 builds) of raw weight blocks
  * with raw activation blocks, in portable C and with AVX2 intrinsics (the same bits), the weight
- * rows shared out between threads.
+ * rows shared out between the pool's threads (_lanes_pool.c).
  *
  * Each block's integers are decoded once per weight row and multiplied with each activation row
  * (n1 of them): lane l of a block sums the products of bytes 4l..4l+3 of every run of 32 elements
@@ -17,8 +17,6 @@
  *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for the first three, Q8_K (f32 d, 256 int8,
  * 16 int16 block sums) for the K-quants. */
-#include <pthread.h>
-
 #include "_lanes.h"
 
 INLINE float hsum8(const float *a)
@@ -340,32 +338,28 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
 }
 #endif
 
-/* One thread's rows [i0, i0 + n0) of a quant_dot: each output is one row's own sum, so how the
- * rows are split between threads never changes a bit. */
+/* A quant_dot's rows shared out by the pool (_lanes_pool.c): weight rows [a, b) of every
+ * activation row. Each output is one row's own sum, so the split never changes a bit. */
 typedef struct {
     int type, hw;
     const uint8_t *w, *x;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    float *out, *acc;  /* out: this thread's first column; rows n0 (all threads') apart */
-    Py_ssize_t ldo;
-} QuantRows;
+    float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * 12 floats */
+} QuantJob;
 
-static void *quant_rows(void *arg)
+static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 {
-    const QuantRows *j = arg;
+    const QuantJob *j = ctx;
+    const uint8_t *w = j->w + a * j->ldw;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
-        quant_dot_fma(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb);
-        return NULL;
+        quant_dot_fma(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
+        return;
     }
 #endif
-    quant_dot(j->type, j->w, j->ldw, j->x, j->ldx, j->out, j->ldo, j->n0, j->n1, j->nb, j->acc);
-    return NULL;
+    quant_dot(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb,
+              j->acc + (Py_ssize_t)worker * (j->n1 + 1) * 12);
 }
-
-enum { MAX_SPLIT = 64 };
-/* block products below which a second thread costs more to start than it saves (~100 us) */
-#define SPLIT_BLOCKS ((Py_ssize_t)1 << 14)
 
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
 {
@@ -385,35 +379,22 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
              w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&
              x.len >= (n1 > 0 ? (n1 - 1) * ldx + nb * ysize : 0) &&
              lanes_check(&out, n0 * n1 * 4, "out") == 0;
-    /* the rows shared out: as many threads as asked, each with enough work to be worth its start */
-    Py_ssize_t parts = threads < 1 ? 1 : threads > MAX_SPLIT ? MAX_SPLIT : threads;
-    while (parts > 1 && (n0 < parts || n0 * n1 * nb / parts < SPLIT_BLOCKS))
+    /* as many threads as asked, each with enough work to pay for its wake-up; ggml's 4 chunks
+     * a thread, so that one that runs faster takes more */
+    Py_ssize_t parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
+    const Py_ssize_t macs = n0 * n1 * nb * (k_quant ? 256 : 32);
+    while (parts > 1 && (n0 < parts || macs / parts < LANES_SPLIT_MACS))
         parts--;
+    const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
     float *acc = NULL;
     if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * 12 * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        const int hw = !portable && fma_hw();
-        QuantRows jobs[MAX_SPLIT];
-        pthread_t tids[MAX_SPLIT];
-        int started[MAX_SPLIT] = {0};
-        for (Py_ssize_t p = 0; p < parts; p++) {
-            const Py_ssize_t a = p * n0 / parts, b = (p + 1) * n0 / parts;
-            jobs[p] = (QuantRows){type, hw, (const uint8_t *)w.buf + a * ldw, x.buf, ldw, ldx, b - a,
-                                  n1, nb, (float *)out.buf + a, acc + p * (n1 + 1) * 12, n0};
-        }
+        QuantJob job = {type, !portable && fma_hw(), w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t p = 1; p < parts; p++)  /* a thread that cannot start: its rows run here */
-            started[p] = pthread_create(&tids[p], NULL, quant_rows, &jobs[p]) == 0;
-        quant_rows(&jobs[0]);
-        for (Py_ssize_t p = 1; p < parts; p++) {
-            if (started[p])
-                pthread_join(tids[p], NULL);
-            else
-                quant_rows(&jobs[p]);
-        }
+        lanes_pool_run(quant_rows, &job, n0, chunk, (int)parts);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad type, sizes or strides");

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import select
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -184,6 +188,126 @@ def test_dot_f32(wild: bool):
         b = float_rows(rng, n0, k, wild)
         c, t = run_both("dot_f32", (w, b, OUT, n0, n0, k, True), n0)
         assert_same_bits(c, t, f"dot_f32 pairs k={k}")
+
+
+# --- the pool: rows shared out between threads ------------------------------------------------
+
+THREADS = (2, 3, 7)
+
+
+def pool_workers() -> int:
+    """The pool's worker threads in this process (engine/_lanes_pool.c names them)."""
+    tasks = "/proc/self/task"
+    return sum(open(f"{tasks}/{t}/comm").read().strip() == "lanes-pool" for t in os.listdir(tasks))
+
+
+def quant_dot_case(rng: np.random.Generator, type_: GGMLType, n0: int, n1: int, nb: int,
+                   wild: bool = False) -> tuple:
+    """quant_dot's arguments (OUT for the output) for n0 weight rows and n1 activation rows."""
+    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}.get(type_, (0,))
+    w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
+    x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
+    return (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb)
+
+
+def run_c(name: str, args: tuple, n_out: int, **kwargs) -> np.ndarray:
+    """engine._lanes.<name>(*args) with OUT a fresh buffer of n_out floats -> that buffer."""
+    out = np.full(n_out, 0xA5A5A5A5, np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        getattr(C, name)(*(out if a is OUT else a for a in args), **kwargs)
+    return out
+
+
+# (n0, n1, nb) big enough for 7 threads' shares, and 3 weight rows, fewer than the threads
+QUANT_SPLITS = {32: ((301, 4, 48), (3, 64, 128)), 256: ((301, 2, 12), (3, 32, 16))}
+
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("type_", list(QUANT_DOT), ids=lambda t: t.name)
+def test_quant_dot_threads(type_: GGMLType, wild: bool):
+    """The rows shared out between 2, 3 and 7 threads (the pool's workers do start): the bytes
+    of one thread, and the twin's bits; the portable loop likewise."""
+    rng = np.random.default_rng([int(type_), wild, 11])
+    elems = 256 if type_ in (GGMLType.Q4_K, GGMLType.Q6_K) else 32
+    for n0, n1, nb in QUANT_SPLITS[elems]:
+        args = quant_dot_case(rng, type_, n0, n1, nb, wild)
+        for portable in (False, True):
+            one = run_c("quant_dot", args + (portable, 1), n0 * n1)
+            for threads in THREADS:
+                many = run_c("quant_dot", args + (portable, threads), n0 * n1)
+                assert one.tobytes() == many.tobytes(), f"{type_.name} {n0}x{n1}x{nb} {threads}"
+        c, t = run_both("quant_dot", args, n0 * n1)
+        assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+    assert pool_workers() >= max(THREADS) - 1
+
+
+@pytest.mark.parametrize("halves_", [False, True], ids=["f32", "f16"])
+@pytest.mark.parametrize("tiny", [False, True], ids=["f16", "tiny"])
+def test_float_dot_threads(tiny: bool, halves_: bool):
+    """float_dot's weight rows shared out between 2, 3 and 7 threads: one thread's bytes, the
+    twin's bits; also 3 rows for 7 threads, and threads by keyword."""
+    rng = np.random.default_rng([tiny, halves_, 12])
+    for n0, n1, k in ((301, 3, 2048), (3, 64, 4096), (67, 2, 4096 if tiny else 4101)):
+        x = float_rows(rng, n1, k, True)
+        if halves_:
+            ldw = k + 5
+            w = halves(rng, (n0, ldw), True).reshape(-1)[:(n0 - 1) * ldw + k]
+            args = (w, x, OUT, n0, n1, k, tiny, ldw)
+        else:
+            args = (float_rows(rng, n0, k, True), x, OUT, n0, n1, k, tiny)
+        one = run_c("float_dot", args, n0 * n1)
+        for threads in THREADS:
+            many = run_c("float_dot", args, n0 * n1, threads=threads)
+            assert one.tobytes() == many.tobytes(), f"float_dot {n0}x{n1}x{k} {threads}"
+        c, t = run_both("float_dot", args, n0 * n1)
+        assert_same_bits(c, t, f"float_dot {n0}x{n1}x{k}")
+    assert pool_workers() >= max(THREADS) - 1
+
+
+def test_pool_busy():
+    """Products asked from several Python threads at once: the pool runs one, the others run on
+    their own threads, all with one thread's bytes."""
+    args = quant_dot_case(np.random.default_rng(13), GGMLType.Q4_0, 301, 4, 48)
+    want = run_c("quant_dot", args + (False, 1), 301 * 4)
+    got = [None] * 6
+
+    def product(i: int) -> None:
+        got[i] = [run_c("quant_dot", args + (False, 3), 301 * 4).tobytes() for _ in range(5)]
+
+    threads = [threading.Thread(target=product, args=(i,)) for i in range(len(got))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g == [want.tobytes()] * 5 for g in got)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_pool_after_fork():
+    """A forked child has none of its parent's workers: its pool starts again, the products
+    finish (not waiting on threads that are not there) with the parent's bytes."""
+    args = quant_dot_case(np.random.default_rng(14), GGMLType.Q4_0, 301, 4, 48)
+    want = run_c("quant_dot", args + (False, 7), 301 * 4).tobytes()
+    assert pool_workers() >= 6
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread
+        try:
+            ok = pool_workers() == 0
+            ok &= all(run_c("quant_dot", args + (False, 3), 301 * 4).tobytes() == want
+                      for _ in range(3))
+            ok &= pool_workers() == 2
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready = select.select([read], [], [], 30)[0]
+    answer = os.read(read, 2) if ready else b"hung"
+    os.close(read)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert answer == b"ok"
 
 
 # --- dequantize --------------------------------------------------------------------------------
