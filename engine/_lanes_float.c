@@ -3,6 +3,10 @@
  * buffers; each also built for the FMA instruction, picked where the CPU has it. */
 #include "_lanes.h"
 
+#ifdef HAVE_FMA_TARGET
+#include <immintrin.h>
+#endif
+
 /* Float dot products of rows a and b of k floats, as ggml's AVX2 builds compute them:
  * lanes32: ggml's SIMD loop over the first np = k & ~31 elements: 4 accumulators of 8 lanes, one
  *   fmaf per element, reduced (a0 + a2) + (a1 + a3), then lanes (l + l+4), then
@@ -126,7 +130,6 @@ ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
 FLOAT_JOB(float_rows, f16_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
-#include <immintrin.h>
 #define FMA __attribute__((target("fma")))
 #define F16C __attribute__((target("avx2,fma,f16c")))
 
@@ -236,8 +239,8 @@ LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args)
  * where |n| > 192 the result is s1 * s1 (0 or infinity). Each vector operation is one IEEE
  * operation on each lane, so a lane alone gives the vector's bits; the fused multiply-adds are
  * fmaf (one rounding), the integer operations wrap as the vector instructions do. */
-#define V_MATH(EXPF, SILU, ATTR)                                                             \
-    ATTR static inline float EXPF##_1(float x)                                               \
+#define V_EXPF_LANE(NAME, ATTR)                                                              \
+    ATTR static inline float NAME(float x)                                                   \
     {                                                                                        \
         const float shift = 0x1.8p23f;                                                       \
         const float z = fmaf(x, 0x1.715476p+0f, shift);                                      \
@@ -257,52 +260,132 @@ LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args)
         memcpy(&k, &kb, 4);                                                                  \
         memcpy(&s1, &s1b, 4);                                                                \
         memcpy(&s2, &s2b, 4);                                                                \
-        /* every lane's three results, then the one its |n| picks (as the vector code's   */ \
-        /* masks do): no branch, so the compiler can run the loop 8 lanes at a time       */ \
+        /* the three results, then the one |n| picks (as the vector code's masks do) */      \
         const float normal = fmaf(k, j, k), scaled = fmaf(s2, j, s2) * s1, huge = s1 * s1;   \
         return an > 192.0f ? huge : an > 126.0f ? scaled : normal;                           \
-    }                                                                                        \
-    ATTR static void EXPF(const float *x, float *out, Py_ssize_t n)        \
-    {                                                                                        \
-        for (Py_ssize_t i = 0; i < n; i++)                                                   \
-            out[i] = EXPF##_1(x[i]);                                                         \
-    }                                                                                        \
-    ATTR static void SILU(const float *x, float *out, Py_ssize_t n)        \
-    {                                                                                        \
-        for (Py_ssize_t i = 0; i < n; i++)                                                   \
-            out[i] = x[i] / (1.0f + EXPF##_1(0.0f - x[i]));                                  \
-    }                                                                                        \
-    /* ggml_vec_soft_max_f32 on `rows` rows of n: y = exp(w - max), v_expf on whole groups  \
-     * of 8 and libm's expf on the rest; each group's lanes summed in float as the SSE      \
-     * shuffles add them, ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)), then every group's sum and \
-     * every tail value added in double, left to right */                                   \
-    ATTR static void EXPF##_softmax(const float *w, const float *mx, float *y, double *sums, \
-                                    Py_ssize_t rows, Py_ssize_t n)                           \
-    {                                                                                        \
-        const Py_ssize_t n8 = n - n % 8;                                                     \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                              \
-            const float *wr = w + r * n, m = mx[r];                                          \
-            float *yr = y + r * n;                                                           \
-            for (Py_ssize_t i = 0; i < n8; i++)                                              \
-                yr[i] = EXPF##_1(wr[i] - m);                                                 \
-            double sum = 0.0;                                                                \
-            for (Py_ssize_t i = 0; i < n8; i += 8) {                                         \
-                const float *v = yr + i;                                                     \
-                const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6],            \
-                            h3 = v[3] + v[7];                                                \
-                sum += (double)((h0 + h2) + (h1 + h3));                                      \
-            }                                                                                \
-            for (Py_ssize_t i = n8; i < n; i++) {                                            \
-                yr[i] = expf(wr[i] - m);                                                     \
-                sum += (double)yr[i];                                                        \
-            }                                                                                \
-            sums[r] = sum;                                                                   \
-        }                                                                                    \
     }
 
-V_MATH(v_expf, v_silu, )
+V_EXPF_LANE(v_expf_1, )
+
+static void v_expf(const float *x, float *out, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = v_expf_1(x[i]);
+}
+
+static void v_silu(const float *x, float *out, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = x[i] / (1.0f + v_expf_1(0.0f - x[i]));
+}
+
+/* ggml_vec_soft_max_f32 on `rows` rows of n: y = exp(w - max), v_expf on whole groups of 8 and
+ * libm's expf on the rest; each group's lanes summed in float as the SSE shuffles add them,
+ * ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)), then every group's sum and every tail value added in
+ * double, left to right */
+static void v_softmax(const float *w, const float *mx, float *y, double *sums, Py_ssize_t rows,
+                      Py_ssize_t n)
+{
+    const Py_ssize_t n8 = n - n % 8;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *wr = w + r * n, m = mx[r];
+        float *yr = y + r * n;
+        for (Py_ssize_t i = 0; i < n8; i++)
+            yr[i] = v_expf_1(wr[i] - m);
+        double sum = 0.0;
+        for (Py_ssize_t i = 0; i < n8; i += 8) {
+            const float *v = yr + i;
+            const float h0 = v[0] + v[4], h1 = v[1] + v[5], h2 = v[2] + v[6], h3 = v[3] + v[7];
+            sum += (double)((h0 + h2) + (h1 + h3));
+        }
+        for (Py_ssize_t i = n8; i < n; i++) {
+            yr[i] = expf(wr[i] - m);
+            sum += (double)yr[i];
+        }
+        sums[r] = sum;
+    }
+}
+
 #ifdef HAVE_FMA_TARGET
-V_MATH(v_expf_fma, v_silu_fma, __attribute__((target("avx2,fma"))))
+#define AVX2_FMA __attribute__((target("avx2,fma")))
+V_EXPF_LANE(v_expf_1_fma, AVX2_FMA)
+
+/* The same lanes 8 at a time with AVX2 and FMA intrinsics, as ggml's vector code runs them:
+ * when no lane's |n| exceeds 126 (nearly always) only the plain result is computed. Each
+ * instruction is the scalar lane's operation (the fma's operands in the same order), so the
+ * bits are v_expf_1's; a tail shorter than 8 goes through v_expf_1_fma. */
+AVX2_FMA static inline __m256 v_expf8(__m256 x)
+{
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fmadd_ps(n, _mm256_set1_ps(-0x1.7f7d1cp-20f),
+                                     _mm256_fmadd_ps(n, _mm256_set1_ps(-0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f800000)));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)),
+                        u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 normal = _mm256_fmadd_ps(k, j, k);
+    const __m256 an = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 big = _mm256_cmp_ps(an, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    if (!_mm256_movemask_ps(big))
+        return normal;
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    const __m256 huge = _mm256_cmp_ps(an, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    return _mm256_blendv_ps(_mm256_blendv_ps(normal, scaled, big), _mm256_mul_ps(s1, s1), huge);
+}
+
+AVX2_FMA static void v_expf_fma(const float *x, float *out, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, v_expf8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        out[i] = v_expf_1_fma(x[i]);
+}
+
+AVX2_FMA static void v_silu_fma(const float *x, float *out, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = v_expf8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(out + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
+    for (; i < n; i++)
+        out[i] = x[i] / (1.0f + v_expf_1_fma(0.0f - x[i]));
+}
+
+AVX2_FMA static void v_softmax_fma(const float *w, const float *mx, float *y, double *sums,
+                                   Py_ssize_t rows, Py_ssize_t n)
+{
+    const Py_ssize_t n8 = n - n % 8;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const float *wr = w + r * n;
+        float *yr = y + r * n;
+        const __m256 m = _mm256_set1_ps(mx[r]);
+        double sum = 0.0;
+        for (Py_ssize_t i = 0; i < n8; i += 8) {
+            const __m256 v = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(wr + i), m));
+            _mm256_storeu_ps(yr + i, v);
+            const __m128 h = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+            const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));  /* h0 + h2, h1 + h3 */
+            sum += (double)_mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+        }
+        for (Py_ssize_t i = n8; i < n; i++) {
+            yr[i] = expf(wr[i] - mx[r]);
+            sum += (double)yr[i];
+        }
+        sums[r] = sum;
+    }
+}
 #endif
 
 static PyObject *py_v_math(PyObject *args, int silu)
@@ -339,12 +422,7 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
     if (ok) {
         const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_TARGET
-        (hw ? v_expf_fma_softmax : v_expf_softmax)(w.buf, mx.buf, y.buf, sums.buf, rows, n);
-#else
-        (void)hw;
-        v_expf_softmax(w.buf, mx.buf, y.buf, sums.buf, rows, n);
-#endif
+        PICK(v_softmax, hw)(w.buf, mx.buf, y.buf, sums.buf, rows, n);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&w);
@@ -369,26 +447,41 @@ static inline float quiet(float v)
     return v;
 }
 
-#define FMAF_LOOP(name, attr)                                                                  \
-    attr static void name(const float *restrict a, const float *restrict b, const float *c,     \
-                          float *out, Py_ssize_t n)                                              \
-    {                                                                                            \
-        for (Py_ssize_t i = 0; i < n; i++)                                                       \
-            out[i] = fmaf(a[i], b[i], c[i]);                                                     \
-    }
+/* the NaN of lane i, where a or b has one: b's first, then a's, quiet */
+static inline float operand_nan(float a, float b) { return isnan(b) ? quiet(b) : quiet(a); }
 
-FMAF_LOOP(fmaf_loop, )
-#ifdef HAVE_FMA_TARGET
-FMAF_LOOP(fmaf_loop_fma, __attribute__((target("avx2,fma"))))  /* vfmadd on 8 lanes at once */
-#endif
-
-static void fmaf_nans(const float *a, const float *b, float *out, Py_ssize_t n)
+/* one step: out[i] = fmaf(a[i], b[i], out[i]), then each NaN made from a NaN of a or b made
+ * that operand's (c's NaN, the only one, is the one every fused multiply-add gives) */
+static void fmaf_step(const float *a, const float *b, float *out, Py_ssize_t n)
 {
-    /* (c's NaN, the only one, is the one every fused multiply-add gives: already there) */
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = fmaf(a[i], b[i], out[i]);
     for (Py_ssize_t i = 0; i < n; i++)
         if (isnan(out[i]) && (isnan(a[i]) || isnan(b[i])))
-            out[i] = isnan(b[i]) ? quiet(b[i]) : quiet(a[i]);
+            out[i] = operand_nan(a[i], b[i]);
 }
+
+#ifdef HAVE_FMA_TARGET
+/* the same, 8 lanes an instruction, the NaN lanes looked at only in a vector that has one */
+AVX2_FMA static void fmaf_step_fma(const float *a, const float *b, float *out, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 va = _mm256_loadu_ps(a + i), vb = _mm256_loadu_ps(b + i);
+        const __m256 r = _mm256_fmadd_ps(va, vb, _mm256_loadu_ps(out + i));
+        _mm256_storeu_ps(out + i, r);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(r, r, _CMP_UNORD_Q)))
+            for (Py_ssize_t l = i; l < i + 8; l++)
+                if (isnan(out[l]) && (isnan(a[l]) || isnan(b[l])))
+                    out[l] = operand_nan(a[l], b[l]);
+    }
+    for (; i < n; i++) {
+        out[i] = fmaf(a[i], b[i], out[i]);
+        if (isnan(out[i]) && (isnan(a[i]) || isnan(b[i])))
+            out[i] = operand_nan(a[i], b[i]);
+    }
+}
+#endif
 
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args)
 {
@@ -409,8 +502,7 @@ LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args)
         memmove(out.buf, c.buf, (size_t)out.len);
         for (Py_ssize_t k = 0; k < steps; k++) {
             const float *ak = (const float *)a.buf + k * n, *bk = (const float *)b.buf + k * n;
-            PICK(fmaf_loop, hw)(ak, bk, out.buf, out.buf, n);
-            fmaf_nans(ak, bk, out.buf, n);
+            PICK(fmaf_step, hw)(ak, bk, out.buf, n);
         }
         Py_END_ALLOW_THREADS
     }
