@@ -42,6 +42,9 @@ static PyMethodDef methods[] = {
     {"quantize_q8_0", lanes_quantize_q8_0, METH_VARARGS,
      "quantize_q8_0(x, out): quantize_row_q8_0 of ggml's AVX2 build: float32 blocks of 32 -> "
      "34-byte blocks (the half d, 32 int8)"},
+    {"quantize_q8_k", lanes_quantize_q8_k, METH_VARARGS,
+     "quantize_q8_k(x, out): quantize_row_q8_K_ref: float32 blocks of 256 -> 292-byte blocks "
+     "(the float d, 256 int8, 16 int16 sums)"},
     {"dequantize", lanes_dequantize, METH_VARARGS,
      "dequantize(type, raw, out): ggml's to_float of whole Q8_0, Q4_K, Q5_K or TQ1_0 blocks into "
      "float32 out"},

@@ -20,7 +20,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* the ggml types (enum ggml_type) these loops read or write */
-enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, TQ1_0 = 34 };
+enum { Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15, TQ1_0 = 34 };
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1
@@ -99,6 +99,7 @@ LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject *kwargs);
 LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);

@@ -167,3 +167,54 @@ LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args)
     return convert_blocks(Q8_0, &x, &out, 32 * 4, 34, quantize_q8_0_blocks,
                           "_lanes: x is not whole blocks of 32 floats");
 }
+
+/* quantize_row_q8_K_ref, block by block (256 floats -> 292 bytes: float d, 256 int8, 16 int16
+ * sums): max = the first x of the largest |x| (`if (amax < fabsf(v))`, so NaNs are passed by),
+ * iscale = -127 / max, q = min(127, nearest_int(iscale * x)) by the 1.5 * 2^23 trick, d = 1 /
+ * iscale, and each run of 16 q's sum; an all-zero block is d = 0 and zeros (ggml leaves its
+ * sums as they were; here they are zero, engine.quants.kquants.quantize_q8_k) */
+static void quantize_q8_k_blocks(int type, const void *x_, void *y_, Py_ssize_t nb)
+{
+    (void)type;
+    const float *x = x_;
+    uint8_t *y = y_;
+    for (Py_ssize_t b = 0; b < nb; b++, x += 256, y += 292) {
+        float amax = 0.0f, max = 0.0f;
+        for (int i = 0; i < 256; i++) {
+            const float a = fabsf(x[i]);
+            if (amax < a) {
+                amax = a;
+                max = x[i];
+            }
+        }
+        int8_t *qs = (int8_t *)(y + 4);
+        int16_t sums[16] = {0};
+        float d = 0.0f;
+        if (amax == 0.0f) {
+            memset(qs, 0, 256);
+        } else {
+            const float iscale = -127.0f / max;
+            for (int i = 0; i < 256; i++) {
+                const float v = iscale * x[i] + 12582912.0f;  /* (no contraction: -ffp-contract=off) */
+                int32_t bits;
+                memcpy(&bits, &v, 4);
+                const int32_t q = (bits & 0x007FFFFF) - 0x00400000;
+                qs[i] = (int8_t)(q < 127 ? q : 127);
+                sums[i / 16] += qs[i];
+            }
+            d = 1.0f / iscale;
+        }
+        memcpy(y, &d, 4);
+        memcpy(y + 4 + 256, sums, sizeof sums);
+    }
+}
+
+LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    return convert_blocks(Q8_K, &x, &out, 256 * 4, 292, quantize_q8_k_blocks,
+                          "_lanes: x is not whole blocks of 256 floats");
+}

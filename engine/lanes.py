@@ -26,8 +26,8 @@ except ImportError:  # installed without a C compiler: the twins do the work
           "its numpy twins, the same bits, slower", file=sys.stderr)
 
 # the names engine._lanes exports (the method table in engine/_lanes.c), each a twin's name
-NAMES = ("v_expf", "v_silu", "soft_max", "quant_dot", "quantize_q8_0", "dequantize", "float_dot",
-         "dot_f32", "fmaf")
+NAMES = ("v_expf", "v_silu", "soft_max", "quant_dot", "quantize_q8_0", "quantize_q8_k", "dequantize",
+         "float_dot", "dot_f32", "fmaf")
 TWINS: dict[str, Callable] = {}
 _pure = os.environ.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0")
 

@@ -11,6 +11,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from engine.compute.compiled import remembered
 from engine.core.api import query
 from engine.core.graph import Graph
 from engine.ops.custom import GGML_N_TASKS_MAX
@@ -182,6 +183,12 @@ def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,
     plus one cache line per thread."""
     if n_threads <= 0:  # a threadpool's thread count when one is given
         n_threads = threadpool.n_threads if threadpool is not None else GGML_DEFAULT_N_THREADS
+    work_size, n_threads, per_node = remembered(cgraph, ("plan", n_threads),
+                                                lambda: _plan(cgraph, n_threads))
+    return CPlan(work_size=work_size, n_threads=n_threads, n_tasks=list(per_node))
+
+
+def _plan(cgraph: Graph, n_threads: int) -> tuple[int, int, list[int]]:
     work_size, max_tasks, per_node = 0, 1, []
     for node in cgraph.nodes:
         n_tasks = ggml_get_n_tasks(node, n_threads)
@@ -190,4 +197,4 @@ def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,
         work_size = max(work_size, node_work_size(node, n_tasks))
     if work_size > 0:
         work_size += CACHE_LINE_SIZE * n_threads
-    return CPlan(work_size=work_size, n_threads=min(max_tasks, n_threads), n_tasks=per_node)
+    return work_size, min(max_tasks, n_threads), per_node

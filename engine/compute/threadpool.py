@@ -11,6 +11,12 @@ wait at a barrier (registered with barrier=False: engine.compute.kernels.KernelI
 by thread 0 alone, each thread's share in turn: the same shares and the same bytes, which the
 observer and the trace see as before.
 
+Unwatched (no observer), a graph computed again runs prepared steps (engine.compute.compiled): a
+node whose kernel registered `prepare=` is one ready call, made once from the structs, run by
+thread 0 while the others wait at the next barrier; its C loop shares the rows out between the
+compute's threads in C (engine/_lanes_pool.c), so Python threads and C threads never compete for
+the cores. Watched, every node takes its kernel's general path, thread by thread, as below.
+
 An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
 ask=True, told after with ask=False; returning False after a node stops the run) also receives every
 thread's share of the node: which rows or chunks it computed, and how long it took.
@@ -28,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from engine.compute.compiled import remembered
 from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.core.context import Context, ggml_new_buffer
 from engine.core.errors import ggml_assert
@@ -140,13 +147,32 @@ class _Run:
         self.barrier = threading.Barrier(self.nth)
         self.stopping = False  # set by thread 0 (observer or abort callback); read after barriers
         self.status = GGML_STATUS_SUCCESS
-        self.modes = node_modes(self.nodes, self.nth)
         self.wdata = None
         if cplan.work_size > 0:
             ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
             self.wdata = ctx.pool[off:off + cplan.work_size]
+        key = ("steps", self.nth, observer is not None, cplan.llamafile, cplan.use_ref,
+               cplan.work_data, cplan.work_size)
+        self.steps = remembered(cgraph, key, lambda: [self._prepare(node) for node in self.nodes])
         self.shared: list[dict] = [{} for _ in self.nodes]
         self.shares: list[list[Share | None]] = [[None] * self.nth for _ in self.nodes]
+
+    def _prepare(self, node: Tensor) -> tuple[str, Callable[[], None] | None]:
+        """How a node is computed (node_mode), and, unwatched, its kernel's prepared call for the
+        whole node (thread 0 runs it; its C loop shares the rows out between the compute's
+        threads)."""
+        from engine.compute.kernels import KERNELS
+
+        mode = node_mode(node, self.nth)
+        info = KERNELS.get(node.op)
+        if mode is _SKIP or self.observer is not None or info is None or info.prepare is None \
+                or ggml_is_empty(node):
+            return mode, None
+        params = ComputeParams(0, 1, self.cplan.work_size, self.wdata, _no_barrier, {},
+                               self.cplan.use_ref, self.cplan.llamafile, alone=True, watched=False,
+                               cores=self.nth)
+        call = info.prepare(params, node)
+        return (mode, None) if call is None else (_PREPARED, call)
 
     def wait(self) -> None:
         if self.nth > 1:
@@ -157,7 +183,8 @@ class _Run:
 
     def thread(self, ith: int) -> None:
         try:
-            self._loop(ith)
+            with np.errstate(all="ignore"):  # (the kernels compute IEEE results: inf, nan)
+                self._loop(ith)
         except BaseException:
             self.barrier.abort()
             raise
@@ -165,9 +192,15 @@ class _Run:
     def _loop(self, ith: int) -> None:
         pending = False  # thread 0 has computed small nodes alone since the last barrier
         for node_n, node in enumerate(self.nodes):
-            mode = self.modes[node_n]
+            mode, call = self.steps[node_n]
             if mode is _SKIP:
                 continue  # nothing to compute, and no barrier
+            if mode is _PREPARED:
+                if ith == 0 and not self.stopping:
+                    call()
+                    self._after(node_n, node)
+                pending = True
+                continue
             if mode is _ALONE:
                 if ith == 0 and not self.stopping:
                     self._alone(node_n, node)
@@ -236,7 +269,7 @@ def _no_barrier() -> None:
                          "pick this node)")
 
 
-_SKIP, _ALONE, _TOGETHER = "skip", "alone", "together"
+_SKIP, _ALONE, _TOGETHER, _PREPARED = "skip", "alone", "together", "prepared"
 SMALL_NODE = 1 << 16  # elements: below this a node of a kernel without barriers is computed by
 # thread 0 alone, share after share, when several threads run (waking the others costs more)
 
@@ -254,20 +287,16 @@ def _computed_alone(node: Tensor, info) -> bool:
                                  or (info.holds_gil and info.loop_in_c(node) is None))
 
 
-def node_modes(nodes: list[Tensor], nth: int) -> list[str]:
-    """How each node is computed: skipped (views, nodes not marked for compute), by thread 0
-    alone (when several threads run: _computed_alone), or by all threads."""
+def node_mode(node: Tensor, nth: int) -> str:
+    """How a node is computed: skipped (views, nodes not marked for compute), by thread 0 alone
+    (when several threads run: _computed_alone), or by all threads."""
     from engine.compute.kernels import KERNELS
 
-    modes = []
-    for node in nodes:
-        if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
-            modes.append(_SKIP)
-        elif nth > 1 and _computed_alone(node, KERNELS.get(node.op)):
-            modes.append(_ALONE)
-        else:
-            modes.append(_TOGETHER)
-    return modes
+    if node.op in VIEW_OPS or not node.flags & GGML_TENSOR_FLAG_COMPUTE:
+        return _SKIP
+    if nth > 1 and _computed_alone(node, KERNELS.get(node.op)):
+        return _ALONE
+    return _TOGETHER
 
 
 def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = None) -> int:

@@ -136,8 +136,10 @@ def absmax_signed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` over the last axis.
 
     Returns (amax, max): the largest |x| and the signed x where it first occurs (0 if all zero).
+    A NaN is never larger (the comparison is false), so it is passed by.
     """
     ax = np.abs(x)
+    ax = np.where(ax == ax, ax, F32(0.0))  # (NaN: not chosen; numpy's argmax would choose it)
     i = np.argmax(ax, axis=-1)
     amax = np.take_along_axis(ax, i[..., None], -1)[..., 0]
     vmax = np.take_along_axis(x, i[..., None], -1)[..., 0]

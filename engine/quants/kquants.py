@@ -17,6 +17,7 @@ from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, blo
                                   first_min, get_scale_min_k4, h2f, nearest_int, nibbles,
                                   scale_words, scaled, seq_sum, SubScales, unpack_2bit)
 from engine.core.types import GGMLType as T
+from engine.lanes import lanes, twin
 
 BLOCK_Q2_K = block_dtype(("scales", "u1", 16), ("qs", "u1", 64), ("d", "<u2"), ("dmin", "<u2"))
 BLOCK_Q3_K = block_dtype(("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12),
@@ -366,11 +367,20 @@ def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
 # --- Q8_K --------------------------------------------------------------------------------------
 
 def quantize_q8_k(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_K_ref: d = -max/127 as float32, q = nearest_int(x/d), bsums per 16.
+    """quantize_row_q8_K_ref (the CPU's from_float for Q8_K too): lanes.quantize_q8_k, in C or
+    its twin quantize_q8_k_into."""
+    y = np.empty(len(x), BLOCK_Q8_K)
+    lanes.quantize_q8_k(np.ascontiguousarray(x, dtype=F32), y.view(np.uint8))
+    return y
 
-    ggml leaves bsums untouched for an all-zero block; here they are zero.
-    """
-    y = np.zeros(len(x), BLOCK_Q8_K)
+
+@twin("quantize_q8_k")
+def quantize_q8_k_into(x, out) -> None:
+    """engine._lanes.quantize_q8_k(x, out): whole blocks of 256 floats -> Q8_K blocks in out.
+    d = -max/127 as float32 (max: the signed x of the largest |x|), q = nearest_int(x/d) at most
+    127, bsums per 16. ggml leaves bsums untouched for an all-zero block; here they are zero."""
+    x = np.frombuffer(x, F32).reshape(-1, 256)
+    y = np.frombuffer(out, BLOCK_Q8_K)
     amax, vmax = absmax_signed(x)
     ok = amax != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -379,7 +389,6 @@ def quantize_q8_k(x: np.ndarray) -> np.ndarray:
         y["d"] = np.where(ok, F32(1) / iscale, F32(0))
     y["qs"] = q
     y["bsums"] = q.reshape(-1, 16, 16).sum(axis=-1)
-    return y
 
 
 def dequantize_q8_k(b: np.ndarray) -> np.ndarray:

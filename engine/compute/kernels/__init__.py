@@ -51,6 +51,9 @@ class KernelInfo:
     blas: Callable[..., bool] | None = None  # which nodes take a BLAS product instead of ggml's
     # own order of operations: such a result agrees with ggml to rounding, and its last bits
     # depend on which kernel the CPU's BLAS library picks
+    prepare: Callable[..., Callable[[], None] | None] | None = None  # prepare(params, dst): a
+    # ready call computing the whole node (the same bytes as fn), made once for a graph computed
+    # again unwatched (engine.compute.compiled), or None where the node takes fn's path
 
     def loop_in_c(self, dst) -> CLoop | None:
         """The loop of this node that runs in C (None: its kernel's numpy runs it all)."""
@@ -72,7 +75,9 @@ NOT_SUPPORTED: dict[int, str] = {
 
 def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] | None = None,
            holds_gil: bool = False, in_c: CLoop | None = None,
-           blas: bool | Callable[..., bool] = False) -> Callable[[Kernel], Kernel]:
+           blas: bool | Callable[..., bool] = False,
+           prepare: Callable[..., Callable[[], None] | None] | None = None
+           ) -> Callable[[Kernel], Kernel]:
     """Register a compute_forward_<op> function for these ops, with the facts of KernelInfo
     (blas=True: every node takes a BLAS product)."""
     assert not (holds_gil and barrier), "a kernel computed alone at any size waits at no barrier"
@@ -81,7 +86,7 @@ def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] |
     def register(fn: Kernel) -> Kernel:
         for op in ops:
             assert op not in KERNELS, f"two kernels for {op.name}"
-            KERNELS[op] = KernelInfo(fn, barrier, alone_when, holds_gil, in_c, takes_blas)
+            KERNELS[op] = KernelInfo(fn, barrier, alone_when, holds_gil, in_c, takes_blas, prepare)
         return fn
     return register
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import from_f32, prepared, row_blocks, row_index, thread_range, to_f32, \
-    view4
+from engine.compute.kernels.common import from_f32, row_blocks, row_index, thread_range, to_f32, view4
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nrows
 from engine.core.errors import ggml_assert
@@ -43,19 +42,9 @@ def src1_rows(s1: np.ndarray, i3: int, i2: int, a: int, b: int, ne0: int) -> np.
     return rows
 
 
-@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, barrier=False)
-def compute_forward_binary(params, dst: Tensor) -> None:
-    """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
-    call = prepared(params, dst, lambda: _prepare_f32(params, dst))
-    if call is not None:
-        call(params)
-        return
-    _binary(params, dst)
-
-
 def _prepare_f32(params, dst: Tensor):
     """All-f32 nodes whose src1 rows are views (no repeat along dimension 0, no row gather):
-    this thread's rows as one ufunc call per (i3, i2) block, writing into dst."""
+    the node as one ufunc call per (i3, i2) block, writing into dst."""
     src0, src1 = dst.src[0], dst.src[1]
     if (src0.type, src1.type, dst.type) != (F32, F32, F32) or int(src0.nb[0]) != 4 \
             or int(dst.nb[0]) != 4 or int(src1.ne[0]) != int(dst.ne[0]):
@@ -71,15 +60,15 @@ def _prepare_f32(params, dst: Tensor):
             return None  # src1's rows gathered by modulo: a copy, made at each compute
         parts.append((s0[i3, i2, a:b], src1_rows(s1, i3, i2, a, b, int(dst.ne[0])), d4[i3, i2, a:b]))
 
-    def call(params) -> None:
-        with np.errstate(all="ignore"):
-            for x, y, out in parts:
-                fn(x, y, out=out)
-        params.took("rows", (ir0, ir1))
+    def call() -> None:
+        for x, y, out in parts:
+            fn(x, y, out=out)
     return call
 
 
-def _binary(params, dst: Tensor) -> None:
+@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, barrier=False, prepare=_prepare_f32)
+def compute_forward_binary(params, dst: Tensor) -> None:
+    """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
     src0, src1 = dst.src[0], dst.src[1]
     types = (src0.type, src1.type, dst.type)
     if types not in SUPPORTED:

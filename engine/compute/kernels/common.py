@@ -38,33 +38,6 @@ def view4(t: Tensor) -> np.ndarray:
     return view
 
 
-_PREPARED_MAX = 1 << 14  # prepared calls kept per context
-
-
-def prepared(params, dst: Tensor, make):
-    """This thread's share of a node as a ready call, made once and reused while the node and its
-    sources are unchanged: `make()` returns a function of the thread's params (numpy calls on views
-    into the pools, no Python work per element or per row) or None where the kernel takes its
-    general path. Kept in dst's context, keyed by the node and the thread, and checked against
-    the struct bytes of the node and of each source (their types, shapes, strides and data
-    pointers), so a graph computed again runs its nodes with almost no Python around them."""
-    calls = dst.ctx.__dict__.setdefault("_prepared", {})
-    key = (dst.offs, params.ith, params.nth)
-    hit = calls.get(key)  # (the node's struct bytes, its sources' handles, their bytes, call)
-    if hit is not None:
-        now = params.shared.get("structs")  # another thread may have read them for this compute
-        if now is None:
-            now = params.shared["structs"] = (dst._r.tobytes(), [s._r.tobytes() for s in hit[1]])
-        if hit[0] == now[0] and hit[2] == now[1]:
-            return hit[3]
-    call = make()
-    if len(calls) >= _PREPARED_MAX:
-        calls.clear()
-    srcs = [s for s in dst.src if s is not None]
-    calls[key] = (dst._r.tobytes(), srcs, [s._r.tobytes() for s in srcs], call)
-    return call
-
-
 def to_f32(a: np.ndarray, type_: int) -> np.ndarray:
     """Elements of a ggml type as float32 (exact for f16 and bf16)."""
     if type_ == GGMLType.F32:

@@ -24,18 +24,13 @@ _FLOAT_PAIRS = {(a, b) for a in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 _FLOAT_PAIRS |= {(GGMLType.F32, GGMLType.I32), (GGMLType.I32, GGMLType.F32)}
 
 
-def _write_flat(dst: Tensor, d4: np.ndarray, k0: int, values: np.ndarray) -> None:
-    """Write values to dst's elements k0, k0+1, ... in ggml order (i0 fastest)."""
-    if ggml_is_contiguous(dst):
-        d4.reshape(-1)[k0:k0 + values.size] = values
-    else:
-        idx = np.unravel_index(np.arange(k0, k0 + values.size), d4.shape)
-        d4[idx] = values
+def _same_cont(src0: Tensor, dst: Tensor) -> bool:
+    return src0.type == dst.type and ggml_is_contiguous(src0) and ggml_is_contiguous(dst)
 
 
-@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT, barrier=False)
-def compute_forward_dup(params, dst: Tensor) -> None:
-    """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
+def _dup(params, dst: Tensor):
+    """This thread's part of ggml_compute_forward_dup between non-quantized types (or the same
+    quantized type, contiguous), ready to run; None for a copy to or from a quantized type."""
     src0 = dst.src[0]
     ggml_nel = ggml_nelements(dst)
     assert ggml_nel == ggml_nelements(src0)
@@ -43,34 +38,59 @@ def compute_forward_dup(params, dst: Tensor) -> None:
     s_tr, d_tr = TYPE_TRAITS[st], TYPE_TRAITS[dt]
     if s_tr.is_quantized or d_tr.is_quantized:
         if st != dt:
-            return _compute_quant_dup(params, dst, src0)
+            return None
     elif st != dt and (st, dt) not in _FLOAT_PAIRS:
         raise not_supported(dst, f"no conversion from {s_tr.type_name} to {d_tr.type_name}")
 
     ith, nth = params.ith, params.nth
-    if st == dt and ggml_is_contiguous(src0) and ggml_is_contiguous(dst):
-        # dup_same_cont: a memcpy of this thread's range of blocks
-        nk = ggml_nel // s_tr.blck_size
-        k0, k1 = thread_range(nk, ith, nth)
-        if k0 < k1:
-            src = _bytes(src0, s_tr.type_size * k0, s_tr.type_size * k1)
-            _bytes(dst, s_tr.type_size * k0, s_tr.type_size * k1)[:] = src
-        params.took("blocks", (k0, k1))
-        return
+    if _same_cont(src0, dst):  # dup_same_cont: a memcpy of this thread's range of blocks
+        k0, k1 = thread_range(ggml_nel // s_tr.blck_size, ith, nth)
+        src = _bytes(src0, s_tr.type_size * k0, s_tr.type_size * k1)
+        out = _bytes(dst, s_tr.type_size * k0, s_tr.type_size * k1)
+
+        def memcpy() -> None:
+            out[:] = src
+        return memcpy
     if s_tr.is_quantized:  # same quantized type, not contiguous: copy whole rows of blocks
         raise not_supported(dst, "non-contiguous copy of quantized rows")
 
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ir0, ir1 = thread_range(ne01, ith, nth)  # each thread takes rows [ir0, ir1) of every i02, i03
     s4, d4 = view4(src0), view4(dst)
-    if ir0 < ir1:
-        for i03 in range(ne03):
-            for i02 in range(ne02):
-                rows = s4[i03, i02, ir0:ir1]
-                vals = rows if st == dt else from_f32(to_f32(rows, st), dt)
-                k0 = ((i03 * ne02 + i02) * ne01 + ir0) * ne00
-                _write_flat(dst, d4, k0, np.ascontiguousarray(vals).reshape(-1))
-    params.took("rows", (ir0, ir1), note=Note("rows_src0"))
+    flat = d4.reshape(-1) if ggml_is_contiguous(dst) else None
+    parts = []
+    for i03 in range(ne03 if ir0 < ir1 else 0):
+        for i02 in range(ne02):
+            k0 = ((i03 * ne02 + i02) * ne01 + ir0) * ne00
+            n = (ir1 - ir0) * ne00  # written to dst's elements k0.. in ggml order (i0 fastest)
+            at = slice(k0, k0 + n) if flat is not None else np.unravel_index(np.arange(k0, k0 + n),
+                                                                                 d4.shape)
+            parts.append((s4[i03, i02, ir0:ir1], at))
+
+    def copy() -> None:
+        for rows, at in parts:
+            vals = rows if st == dt else from_f32(to_f32(rows, st), dt)
+            if flat is not None:
+                flat[at] = vals.reshape(-1)
+            else:
+                d4[at] = np.ascontiguousarray(vals).reshape(-1)
+    return copy
+
+
+@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT, barrier=False, prepare=_dup)
+def compute_forward_dup(params, dst: Tensor) -> None:
+    """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
+    src0 = dst.src[0]
+    run = _dup(params, dst)
+    if run is None:
+        return _compute_quant_dup(params, dst, src0)
+    run()
+    if _same_cont(src0, dst):
+        params.took("blocks", thread_range(ggml_nelements(dst) // TYPE_TRAITS[dst.type].blck_size,
+                                           params.ith, params.nth))
+    else:
+        params.took("rows", thread_range(int(src0.ne[1]), params.ith, params.nth),
+                    note=Note("rows_src0"))
 
 
 def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:

@@ -71,10 +71,9 @@ F16_FNS = {
 F16_TABLES = {G.GEGLU: fm.gelu_table, G.GEGLU_QUICK: fm.gelu_quick_table}
 
 
-@kernel(GGMLOp.GLU, barrier=False, holds_gil=True,
-        in_c=CLoop("v_silu", "ggml_vec_swiglu_f32", G.SWIGLU))
-def compute_forward_glu(params, dst: Tensor) -> None:
-    """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
+def _glu(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_glu (op_params[0], the ggml_glu_op), ready to
+    run."""
     src0, src1 = dst.src[0], dst.src[1]
     op = int(dst.op_params[0])
     fn = "ggml_compute_forward_glu"
@@ -93,21 +92,32 @@ def compute_forward_glu(params, dst: Tensor) -> None:
     swapped = int(dst.op_params[1]) != 0
 
     ir0, ir1 = thread_range(nr, params.ith, params.nth)
-    if ir0 < ir1:
-        r0 = flat_rows(src0)[ir0:ir1]
-        if src1 is not None:
-            x, g = r0, flat_rows(src1)[ir0:ir1]
-        else:  # one row holds both halves
-            x, g = (r0[:, nc:2 * nc], r0[:, :nc]) if swapped else (r0[:, :nc], r0[:, nc:2 * nc])
-        out = flat_rows(dst)[ir0:ir1]
-        with np.errstate(all="ignore"):
-            if src0.type == GGMLType.F32:
-                f = _swiglu_oai(dst) if op == G.SWIGLU_OAI else F32_FNS[op]
-                out[:] = f(x, g)
-            elif op in F16_TABLES:
-                out.view(np.uint16)[:] = f16_table_times(F16_TABLES[op](), x.view(np.uint16),
-                                                         g.astype(F32))
-            else:
-                y = F16_FNS[op](x.astype(F32), g.astype(F32))
-                out.view(np.uint16)[:] = fp32_to_fp16_bits(y)
-    params.took("rows", (ir0, ir1))
+    r0 = flat_rows(src0)[ir0:ir1]
+    if src1 is not None:
+        x, g = r0, flat_rows(src1)[ir0:ir1]
+    else:  # one row holds both halves
+        x, g = (r0[:, nc:2 * nc], r0[:, :nc]) if swapped else (r0[:, :nc], r0[:, nc:2 * nc])
+    out = flat_rows(dst)[ir0:ir1]
+    f = (_swiglu_oai(dst) if op == G.SWIGLU_OAI else F32_FNS[op]) \
+        if src0.type == GGMLType.F32 else None
+
+    def run() -> None:
+        if ir0 >= ir1:
+            return
+        if f is not None:
+            out[:] = f(x, g)
+        elif op in F16_TABLES:
+            out.view(np.uint16)[:] = f16_table_times(F16_TABLES[op](), x.view(np.uint16),
+                                                     g.astype(F32))
+        else:
+            y = F16_FNS[op](x.astype(F32), g.astype(F32))
+            out.view(np.uint16)[:] = fp32_to_fp16_bits(y)
+    return run
+
+
+@kernel(GGMLOp.GLU, barrier=False, holds_gil=True,
+        in_c=CLoop("v_silu", "ggml_vec_swiglu_f32", G.SWIGLU), prepare=_glu)
+def compute_forward_glu(params, dst: Tensor) -> None:
+    """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
+    _glu(params, dst)()
+    params.took("rows", thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))

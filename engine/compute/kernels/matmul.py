@@ -41,6 +41,9 @@ from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
+from engine.lanes import lanes
+
+F32 = np.float32
 
 _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
@@ -142,7 +145,136 @@ def _small_mul_mat(dst: Tensor) -> bool:
     return int(dst.src[0].ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
 
 
-@kernel(GGMLOp.MUL_MAT, alone_when=_small_mul_mat, blas=_mul_mat_uses_blas)
+def _prepare_mul_mat(params, dst: Tensor):
+    """The node's products when they emulate ggml's vec_dot (decoding's products, the attention's
+    small ones): src1 converted into the work buffer as _convert_src1 converts it, then one C
+    loop per matrix writing straight into dst, the weight rows shared out between the compute's
+    threads (each output is one row's own sum: the same bits however they are shared). BLAS
+    products keep the general path (their units fix their shapes, and BLAS is most of their
+    time), as do the cases below that it alone handles."""
+    src0, src1 = dst.src[0], dst.src[1]
+    t0 = TYPE_TRAITS[src0.type]
+    vdt = vec_dot_type(src0.type)
+    if (src0.type not in _FLOAT and src0.type not in EXACT_QUANT) or dst.type != GGMLType.F32 \
+            or int(dst.nb[0]) != 4 or int(src0.nb[0]) != t0.type_size \
+            or int(src1.nb[0]) != TYPE_TRAITS[src1.type].type_size \
+            or (src1.type != vdt and src1.type != GGMLType.F32) or src0.type == GGMLType.BF16 \
+            or TYPE_TRAITS[src1.type].is_quantized:
+        return None
+    ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
+    ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
+    tiny = params.llamafile and llamafile_takes(src0, src1)
+    if not (tiny or emulates_vec_dot(src0, ne11 * ne12 * ne13)):
+        return None
+    xtype = src1.type
+    convert = None
+    if src1.type != vdt:
+        convert, xtype = _prepared_conversion(params, src1, vdt), vdt
+        x4 = params.wdata[:ggml_row_size(vdt, ne10) * ne11 * ne12 * ne13].reshape(ne13, ne12, ne11, -1)
+        if vdt in _FLOAT:
+            x4 = x4.view(NUMPY_DTYPE[vdt])
+    else:
+        x4 = view4(src1)
+    d4 = view4(dst)
+    r2, r3 = ne12 // ne02, ne13 // ne03
+    products = []
+    for i13 in range(ne13):
+        for i12 in range(ne12):
+            if t0.is_quantized:
+                w = quant_rows(src0, i13 // r3, i12 // r2, slice(0, ne01))
+            else:
+                w = view4(src0)[i13 // r3, i12 // r2]
+                if src0.type == GGMLType.F32 and not tiny and not w.flags.c_contiguous:
+                    return None
+            products.append(_product(src0.type, w, x4[i13, i12], xtype, d4[i13, i12], tiny,
+                                     params.cores))
+
+    def call() -> None:
+        if convert is not None:
+            convert()
+        for product in products:
+            product()
+    return call
+
+
+def _product(type_: GGMLType, w: np.ndarray, x: np.ndarray, xtype: GGMLType, out: np.ndarray,
+             tiny: bool, threads: int):
+    """One matrix's exact products w (n0 rows) · x (n1 rows) into out (n1, n0), ready to run:
+    the C loop with its buffers laid out once (out itself when its rows are packed)."""
+    n0, n1 = w.shape[0], x.shape[0]
+    packed = out.flags.c_contiguous
+    res = out if packed else np.empty(out.shape, F32)
+
+    def written() -> None:
+        if not packed:
+            out[...] = res
+    if TYPE_TRAITS[type_].is_quantized:
+        row_bytes = w.shape[1]
+        nb = row_bytes // TYPE_TRAITS[type_].type_size
+        ldw = w.strides[0] if n0 > 1 else row_bytes
+        span = np.lib.stride_tricks.as_strided(w[0], shape=((n0 - 1) * ldw + row_bytes,),
+                                               strides=(1,)) if n0 else w.reshape(-1)
+        dot = lanes.quant_dot
+
+        def run() -> None:
+            dot(int(type_), span, ldw, x, x.shape[1], res, n0, n1, nb, False, threads)
+            written()
+        return run
+    k = w.shape[1]
+    if type_ == GGMLType.F32 and not tiny:
+        dot_f32 = lanes.dot_f32
+
+        def run() -> None:
+            dot_f32(w, np.ascontiguousarray(x, F32), res, n0, n1, k)
+            written()
+        return run
+    halves = w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
+        and w.strides[0] >= 2 * k
+    float_dot = lanes.float_dot
+    if halves:
+        ld = w.strides[0] // 2
+        span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
+                                               strides=(2,))
+
+    def run() -> None:
+        xf = np.ascontiguousarray(to_f32(x, xtype), F32)
+        if halves:
+            float_dot(span, xf, res, n0, n1, k, tiny, ld, threads)
+        else:
+            float_dot(np.ascontiguousarray(w, F32), xf, res, n0, n1, k, tiny, -1, threads)
+        written()
+    return run
+
+
+def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
+    """_convert_src1 for one thread converting every row, ready to run: src1's rows (f32) to vdt,
+    into the work buffer."""
+    ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
+    nrows = ne11 * ne12 * ne13
+    rows = params.wdata[:ggml_row_size(vdt, ne10) * nrows].reshape(nrows, -1)
+    x4 = view4(src1)
+    packed = ggml_is_contiguous(src1)
+    x = x4.reshape(nrows, ne10) if packed else None
+    halves = rows.view(np.float16) if vdt == GGMLType.F16 else None
+    # the CPU's activation quantizer, writing straight into the work buffer (Q8_0 and Q8_K: the
+    # exact products' activation types; Q8_1 goes through from_float)
+    quantize = {GGMLType.Q8_0: lanes.quantize_q8_0, GGMLType.Q8_K: lanes.quantize_q8_k}.get(vdt)
+
+    def run() -> None:
+        xs = x if packed else np.ascontiguousarray(x4).reshape(nrows, ne10)
+        if halves is not None:
+            halves[...] = from_f32(xs, vdt)
+        elif vdt in _FLOAT:
+            rows[...] = from_f32(xs, vdt).view(np.uint8)
+        elif quantize is not None:
+            quantize(xs, rows)
+        else:
+            rows[...] = from_float(vdt, xs)
+    return run
+
+
+@kernel(GGMLOp.MUL_MAT, alone_when=_small_mul_mat, blas=_mul_mat_uses_blas,
+        prepare=_prepare_mul_mat)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -224,20 +356,24 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.nda
 
 
 def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
-                   exact: bool, tiny: bool, acts: dict, key, threads: int = 1) -> np.ndarray:
+                   exact: bool, tiny: bool, acts: dict, key, threads: int = 1,
+                   w: np.ndarray | None = None) -> np.ndarray:
     """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.
     x: floats of xtype, or raw vec_dot_type blocks; `acts` caches x's dequantized values by `key`;
-    `threads`: how many threads exact quantized products may share their rows out to in C."""
+    `threads`: how many threads exact quantized products may share their rows out to in C;
+    `w`: those rows of src0 already taken (exact products: raw blocks, or float elements)."""
     ne00 = int(src0.ne[0])
     quantized = TYPE_TRAITS[src0.type].is_quantized
+    if w is None and (exact or tiny):
+        w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
     if tiny:
-        return vec_dot_tinyblas(view4(src0)[i03, i02, rows], to_f32(x, xtype))
+        return vec_dot_tinyblas(w, to_f32(x, xtype))
     if exact:
         if quantized:
-            return vec_dot_quant(src0.type, quant_rows(src0, i03, i02, rows), x, threads=threads)
+            return vec_dot_quant(src0.type, w, x, threads=threads)
         if src0.type == GGMLType.F16:
-            return vec_dot_f16(view4(src0)[i03, i02, rows], to_f32(x, xtype))
-        return vec_dot_f32(view4(src0)[i03, i02, rows], x)
+            return vec_dot_f16(w, to_f32(x, xtype))
+        return vec_dot_f32(w, x)
     if quantized:
         if key not in acts:
             acts[key] = activation_values(xtype, x, ne00)

@@ -137,10 +137,8 @@ def compute_forward_set(params, dst: Tensor) -> None:
 
 # --- scale, clamp, leaky_relu ----------------------------------------------------------------
 
-@kernel(GGMLOp.SCALE, barrier=False)
-def compute_forward_scale(params, dst: Tensor) -> None:
-    """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
-    FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
+def _scale(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_scale_f32, ready to run."""
     src0 = dst.src[0]
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
@@ -150,14 +148,22 @@ def compute_forward_scale(params, dst: Tensor) -> None:
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     s, b = (F32(v) for v in dst.op_params.view(np.float32)[:2])
     ir0, ir1 = thread_range(ggml_nrows(src0), params.ith, params.nth)
-    if ir0 < ir1:
-        x, y = flat_rows(src0)[ir0:ir1], flat_rows(dst)[ir0:ir1]
-        with np.errstate(all="ignore"):
-            if b == 0:
-                np.multiply(x, s, out=y)
-            else:
-                y[:] = fm.fmaf(x, s, b)
-    params.took("rows", (ir0, ir1))
+    x, y = flat_rows(src0)[ir0:ir1], flat_rows(dst)[ir0:ir1]
+
+    def run() -> None:
+        if b == 0:
+            np.multiply(x, s, out=y)
+        else:
+            y[:] = fm.fmaf(x, s, b)
+    return run
+
+
+@kernel(GGMLOp.SCALE, barrier=False, prepare=_scale)
+def compute_forward_scale(params, dst: Tensor) -> None:
+    """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
+    FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
+    _scale(params, dst)()
+    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
 @kernel(GGMLOp.CLAMP, barrier=False)

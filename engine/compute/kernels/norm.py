@@ -100,9 +100,8 @@ def compute_forward_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.RMS_NORM, barrier=False)
-def compute_forward_rms_norm(params, dst: Tensor) -> None:
-    """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
+def _rms_norm(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_rms_norm_f32, ready to run."""
     _f32_only(dst)
     src0 = dst.src[0]
     fn = "ggml_compute_forward_rms_norm_f32"
@@ -111,12 +110,20 @@ def compute_forward_rms_norm(params, dst: Tensor) -> None:
     eps = _eps(dst)
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
-    rows = _interleaved(params, int(src0.ne[1]))
-    with np.errstate(all="ignore"):
-        for x, y in _my_rows(params, src0, dst):
+    blocks = list(_my_rows(params, src0, dst))
+
+    def run() -> None:
+        for x, y in blocks:
             mean = ((x * x).sum(axis=-1, dtype=F64) / ne00).astype(F32)
             np.multiply(x, (F32(1) / np.sqrt(mean + eps))[:, None], out=y)
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+    return run
+
+
+@kernel(GGMLOp.RMS_NORM, barrier=False, prepare=_rms_norm)
+def compute_forward_rms_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
+    _rms_norm(params, dst)()
+    params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.L2_NORM, barrier=False)

@@ -128,7 +128,9 @@ def mrope_cache(pos4: np.ndarray, ne0: int, sections, is_imrope: bool, indep_sec
     return cos, sin
 
 
-def _rope(params, dst: Tensor, forward: bool) -> None:
+def _rope(params, dst: Tensor, forward: bool = True):
+    """This thread's rows of ggml_compute_forward_rope_flt, ready to run (the cache made from the
+    positions' values when it runs)."""
     src0, src1, src2 = dst.src[0], dst.src[1], dst.src[2]
     ggml_assert(src0.type in (GGMLType.F32, GGMLType.F16),
                 "src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16", FN)
@@ -162,51 +164,62 @@ def _rope(params, dst: Tensor, forward: bool) -> None:
         ggml_assert(int(src2.ne[0]) >= n_dims // 2, "src2->ne[0] >= n_dims / 2", FN)
         freq_factors = view4(src2)[0, 0, 0]
         # the cache reads freq_factors[i0/2] for every pair of the row, as ggml does
-        if len(freq_factors) < (ne0 + 1) // 2:
-            freq_factors = np.concatenate(
-                [freq_factors, np.ones((ne0 + 1) // 2 - len(freq_factors), F32)])
+        short = (ne0 + 1) // 2 - len(freq_factors)
     if mode not in (GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX, GGML_ROPE_TYPE_MROPE,
                     GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_VISION):
         raise not_supported(dst, f"rope type {mode} not supported (ggml aborts)")
 
-    if ir0 < ir1:
-        sin_sign = F32(1) if forward else F32(-1)
-        yarn = (freq_scale, corr_dims, ext_factor, attn_factor)
-        pos = view4(src1)[0, 0, 0]
-        blocks = list(row_blocks(ne1, ne2, ir0, ir1))
-        i2s = np.array(sorted({b[1] for b in blocks}))
+    sin_sign = F32(1) if forward else F32(-1)
+    yarn = (freq_scale, corr_dims, ext_factor, attn_factor)
+    pos = view4(src1)[0, 0, 0]
+    s4, d4 = view4(src0), view4(dst)
+    blocks = list(row_blocks(ne1, ne2, ir0, ir1))
+    i2s = np.array(sorted({b[1] for b in blocks}), np.int64)
+    slot = {int(i2): j for j, i2 in enumerate(i2s)}
+    rows = [(slot[i2], s4[i3, i2, a:b], d4[i3, i2, a:b]) for i3, i2, a, b in blocks]
+    mrope_pos = [i2s + ne2 * k for k in range(4)] if mrope_used else None
+    rotated = slice(0, n_dims) if mode == GGML_ROPE_TYPE_NORMAL else None
+    h = n_dims // 2 if mode == GGML_ROPE_TYPE_NORMAL else ne0 // 2 if is_vision else n_dims // 2
+    off = n_dims if is_vision else n_dims // 2  # (the other modes: pairs (k, k + off))
+    f32 = src0.type == GGMLType.F32
+
+    def run() -> None:
+        if not rows:
+            return
+        factors = freq_factors
+        if factors is not None and short > 0:
+            factors = np.concatenate([factors, np.ones(short, F32)])
         if mrope_used:
-            cos, sin = mrope_cache(np.stack([pos[i2s + ne2 * k] for k in range(4)]), ne0,
-                                   sections, is_imrope, is_vision, theta_scale, freq_factors, yarn)
+            cos, sin = mrope_cache(np.stack([pos[i] for i in mrope_pos]), ne0, sections, is_imrope,
+                                   is_vision, theta_scale, factors, yarn)
         else:
-            cos, sin = rope_cache(pos[i2s], ne0, theta_scale, freq_factors, yarn)
+            cos, sin = rope_cache(pos[i2s], ne0, theta_scale, factors, yarn)
         sin = sin * sin_sign
-        slot = {int(i2): j for j, i2 in enumerate(i2s)}
-        s4, d4 = view4(src0), view4(dst)
-        for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
-            c, s = cos[slot[i2]], sin[slot[i2]]
-            x = to_f32(s4[i3, i2, a:b], src0.type)  # (rows, ne0)
+        for j, src, out in rows:
+            c, s = cos[j, :h], sin[j, :h]
+            x = src if f32 else to_f32(src, src0.type)  # (rows, ne0)
             y = x.copy()
-            if mode == GGML_ROPE_TYPE_NORMAL:
-                h = n_dims // 2
-                x0, x1 = x[:, 0:n_dims:2], x[:, 1:n_dims:2]
-                y[:, 0:n_dims:2], y[:, 1:n_dims:2] = _rotate(x0, x1, c[:h], s[:h])
+            if rotated is not None:
+                y[:, 0:n_dims:2], y[:, 1:n_dims:2] = _rotate(x[:, 0:n_dims:2], x[:, 1:n_dims:2], c, s)
             else:
-                h = ne0 // 2 if is_vision else n_dims // 2  # pairs rotated
-                off = n_dims if is_vision else n_dims // 2
-                x0, x1 = x[:, :h], x[:, off:off + h]
-                y[:, :h], y[:, off:off + h] = _rotate(x0, x1, c[:h], s[:h])
-            d4[i3, i2, a:b] = y if src0.type == GGMLType.F32 else from_f32(y, src0.type)
-    params.took("rows", (ir0, ir1))
+                y[:, :h], y[:, off:off + h] = _rotate(x[:, :h], x[:, off:off + h], c, s)
+            out[...] = y if f32 else from_f32(y, src0.type)
+    return run
 
 
-@kernel(GGMLOp.ROPE, barrier=False)
+def _rope_back(params, dst: Tensor):
+    return _rope(params, dst, False)
+
+
+@kernel(GGMLOp.ROPE, barrier=False, prepare=_rope)
 def compute_forward_rope(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope."""
-    _rope(params, dst, True)
+    _rope(params, dst)()
+    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
-@kernel(GGMLOp.ROPE_BACK, barrier=False)
+@kernel(GGMLOp.ROPE_BACK, barrier=False, prepare=_rope_back)
 def compute_forward_rope_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope_back: the same rotation with sin negated."""
-    _rope(params, dst, False)
+    _rope_back(params, dst)()
+    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))

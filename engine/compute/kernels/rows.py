@@ -63,10 +63,9 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1), note=Note("index_rows"))
 
 
-@kernel(GGMLOp.SET_ROWS, barrier=False)
-def compute_forward_set_rows(params, dst: Tensor) -> None:
-    """ggml_compute_forward_set_rows (f32 rows):
-    dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
+def _set_rows(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_set_rows, ready to run (the indices read when it
+    runs)."""
     src0, src1 = dst.src[0], dst.src[1]
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's set_rows takes F32 rows only")
@@ -79,24 +78,33 @@ def compute_forward_set_rows(params, dst: Tensor) -> None:
     ne11, ne12 = int(src1.ne[1]), int(src1.ne[2])
     ne1 = int(dst.ne[1])
     ir0, ir1 = thread_range(ne01, params.ith, params.nth)
-    if ir0 < ir1:
-        s4, c4 = view4(src0), view4(src1)
-        out = raw_rows4(dst) if td.is_quantized else view4(dst)
-        for i03 in range(ne03):
-            for i02 in range(ne02):
-                idx = c4[0, i03 % ne12, i02 % ne11, ir0:ir1].astype(np.int64)
-                bad = (idx < 0) | (idx >= ne1)
-                ggml_assert(not bad.any(), "i1 >= 0 && i1 < ne1",
-                            "ggml_compute_forward_set_rows",
-                            f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne1})")
-                rows = s4[i03, i02, ir0:ir1]
-                # rows are written in order: for a repeated index the last one stays
+    s4, c4 = view4(src0), view4(src1)
+    out = raw_rows4(dst) if td.is_quantized else view4(dst)
+    parts = [(c4[0, i03 % ne12, i02 % ne11, ir0:ir1], s4[i03, i02, ir0:ir1], out[i03, i02])
+             for i03 in range(ne03) for i02 in range(ne02)] if ir0 < ir1 else []
+
+    def run() -> None:
+        for at, rows, to in parts:
+            idx = at.astype(np.int64)
+            bad = (idx < 0) | (idx >= ne1)
+            ggml_assert(not bad.any(), "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
+                        f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne1})")
+            if len(idx) > 1:  # rows are written in order: for a repeated index the last one stays
                 last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
                 idx, rows = idx[last], rows[last]
-                if td.is_quantized:
-                    from engine.quants import from_float
+            if td.is_quantized:
+                from engine.quants import from_float
 
-                    out[i03, i02, idx] = from_float(dst.type, rows).reshape(len(idx), -1)
-                else:
-                    out[i03, i02, idx] = from_f32(rows, dst.type)
-    params.took("rows", (ir0, ir1), note=Note("rows_src0"))
+                to[idx] = from_float(dst.type, rows).reshape(len(idx), -1)
+            else:
+                to[idx] = from_f32(rows, dst.type)
+    return run
+
+
+@kernel(GGMLOp.SET_ROWS, barrier=False, prepare=_set_rows)
+def compute_forward_set_rows(params, dst: Tensor) -> None:
+    """ggml_compute_forward_set_rows (f32 rows):
+    dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
+    _set_rows(params, dst)()
+    params.took("rows", thread_range(int(dst.src[0].ne[1]), params.ith, params.nth),
+                note=Note("rows_src0"))

@@ -72,9 +72,8 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
     np.frombuffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
 
 
-@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"))
-def compute_forward_soft_max(params, dst: Tensor) -> None:
-    """ggml_compute_forward_soft_max (f32)."""
+def _soft_max(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_soft_max_f32, ready to run."""
     src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's soft_max computes F32 only")
@@ -82,27 +81,41 @@ def compute_forward_soft_max(params, dst: Tensor) -> None:
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     rows = np.arange(params.ith, ne01, params.nth)
     slopes = alibi_slopes(ne02, max_bias)
-    sinks_f32 = view4(sinks)[0, 0, 0, :ne02].astype(F32) if sinks is not None else None
+    sinks4 = view4(sinks) if sinks is not None else None
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
     step = max(1, BLOCK // max(1, ne00))  # rows per block: few numpy calls, temporaries in the cache
+    blocks = []
     for i3, i2, r in itertools.product(range(ne03), range(ne02), range(0, len(rows), step)):
         block = rows[r:r + step]  # rows i1 of matrix (i2, i3), ith + k*nth
         sl = slice(block[0], block[-1] + 1, params.nth)
-        w = x4[i3, i2, sl] * scale  # (rows, ne00)
-        if m4 is not None:
-            m = m4[i3 % m4.shape[0], i2 % m4.shape[1], sl]
-            w = fmaf(slopes[i2], to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
-        mx = w.max(axis=-1, keepdims=True)
-        if sinks_f32 is not None:
-            mx = np.maximum(mx, sinks_f32[i2])
-        y, total = soft_max_rows(w, mx)
-        if sinks_f32 is not None:
-            total = total + expf(sinks_f32[i2] - mx).astype(F64)
-        with np.errstate(divide="ignore"):
+        m = m4[i3 % m4.shape[0], i2 % m4.shape[1], sl] if m4 is not None else None
+        blocks.append((i2, x4[i3, i2, sl], m, d4[i3, i2, sl]))
+
+    def run() -> None:
+        sinks_f32 = sinks4[0, 0, 0, :ne02].astype(F32) if sinks4 is not None else None
+        for i2, x, m, out in blocks:
+            w = x * scale  # (rows, ne00)
+            if m is not None:
+                w = fmaf(slopes[i2], to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
+            mx = w.max(axis=-1, keepdims=True)
+            if sinks_f32 is not None:
+                mx = np.maximum(mx, sinks_f32[i2])
+            y, total = soft_max_rows(w, mx)
+            if sinks_f32 is not None:
+                total = total + expf(sinks_f32[i2] - mx).astype(F64)
             inv = (1.0 / total).astype(F32)
-        np.multiply(y, inv, out=d4[i3, i2, sl])
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+            np.multiply(y, inv, out=out)
+    return run
+
+
+@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"),
+        prepare=_soft_max)
+def compute_forward_soft_max(params, dst: Tensor) -> None:
+    """ggml_compute_forward_soft_max (f32)."""
+    _soft_max(params, dst)()
+    params.took("interleaved", *range(params.ith, int(dst.src[0].ne[1]), params.nth),
+                note=Note("rows_i1"))
 
 
 def _diag_mask(params, dst: Tensor, value: float) -> None:

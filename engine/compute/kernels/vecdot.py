@@ -124,10 +124,12 @@ def _all_pairs(row: Callable, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> 
 
 
 @twin("float_dot")
-def float_dot(w, x, out, n0: int, n1: int, k: int, tiny: bool, ldw: int = -1) -> None:
+def float_dot(w, x, out, n0: int, n1: int, k: int, tiny: bool, ldw: int = -1,
+              threads: int = 1) -> None:
     """engine._lanes.float_dot: out (n1, n0) float32 = ggml_vec_dot_f16 (f16_row; tiny:
     tinyBLAS, tiny_row) of row i0 of w (n0, k) and row i1 of x (n1, k). ldw >= 0: w holds
-    halves, row i0 at element i0 * ldw, widened to float first."""
+    halves, row i0 at element i0 * ldw, widened to float first. (`threads`: how many threads
+    the C loop shares the rows out to; here one does them all, the same bits.)"""
     if ldw < 0:
         wf = np.frombuffer(w, F32).reshape(n0, k)
     else:

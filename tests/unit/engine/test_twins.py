@@ -383,6 +383,22 @@ def test_quantize_q8_0():
     assert same_bits(want, got)
 
 
+def test_quantize_q8_k():
+    """Bit patterns of every kind (NaN and infinity among them), ordinary rows of every scale,
+    and blocks that are all zero or zero but for one value."""
+    rng = np.random.default_rng(5)
+    x = bit_patterns(rng, 256 * 400)
+    x = np.concatenate([x[: len(x) // 256 * 256],
+                        (rng.standard_normal((64, 256)) * rng.uniform(1e-3, 1e3, (64, 1))).astype(F32).reshape(-1),
+                        np.zeros(512, F32)])
+    x[-100] = F32(-3)
+    n = len(x) // 256
+    want, got = np.empty(n * 292, np.uint8), np.empty(n * 292, np.uint8)
+    compiled().quantize_q8_k(x, want)
+    TWINS["quantize_q8_k"](x, got)
+    assert same_bits(want, got)
+
+
 def _libm_function(name: str, nargs: int):
     fn = getattr(ctypes.CDLL(ctypes.util.find_library("m")), name)
     fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float] * nargs
