@@ -138,3 +138,17 @@ def test_long_hostile_texts_are_fast_and_capped():
     assert time.perf_counter() - start < 5.0
     with pytest.raises(ValueError, match="at most"):
         tok.encode("x" * (1 << 21))
+
+
+def test_thousands_as_the_regex():
+    """SuperBPE's digit split by its fast twin gives the regex's pieces (which llama.cpp runs)."""
+    from engine.models.pretokenize import THOUSANDS, _regex_split, compiled, split_thousands
+
+    rng = random.Random(7)
+    rx, _ = compiled(THOUSANDS)
+    for _ in range(300):
+        text = "".join(rng.choice("0123456789ab ١") for _ in range(rng.randint(0, 30)))
+        cpts = [ord(c) for c in text]
+        offsets = [len(cpts)] if cpts else []
+        want = [n for n in _regex_split(rx, uc.widen(cpts), offsets) if n]
+        assert split_thousands(cpts, offsets) == want, text
