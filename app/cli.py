@@ -197,6 +197,9 @@ def _tokenize(args: argparse.Namespace) -> int:
     except (ModelError, ValueError) as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
+    except OSError as err:
+        print(f"ggml-lens: cannot read {args.model}: {err.strerror}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps({"ids": result.ids,
                           "pieces": [p.decode("utf-8", "replace") for p in result.pieces]},

@@ -66,7 +66,8 @@ class SentencePiece:
 
     # --- encoding -----------------------------------------------------------------------------
 
-    def encode(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str | bytes, add_special: bool = True,
+               parse_special: bool = False) -> list[int]:
         """Token ids of `text` (llama_tokenize(vocab, text, add_special, parse_special))."""
         out: list[int] = [self.bos_id] if add_special and self.add_bos else []
         prev_special = True
