@@ -79,7 +79,13 @@ $(VENV)/.libm: engine/_libm.c $(wildcard engine/_lanes*.c) engine/_lanes.h | $(V
 setup: $(VENV)/.installed $(VENV)/.libm $(MODEL)
 	$(call apt_install,$(APT_RUN))
 
-setup-test: $(VENV)/.installed-test $(VENV)/.libm $(MODEL)
+# llama.cpp's test vocabularies with their tokenizer test vectors and Unicode tables, from the
+# llama-cpp-python sdist on PyPI (kept in ~/.cache/ggml-lens/sdist): tests never download them
+VOCAB := var/cache/llama-src/.complete-vectors
+$(VOCAB): | $(VENV)/.installed
+	$(PY) -m tests.support.vocab >/dev/null
+
+setup-test: $(VENV)/.installed-test $(VENV)/.libm $(MODEL) $(VOCAB)
 	$(call apt_install,$(APT_TEST))
 
 run: setup

@@ -182,6 +182,36 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tokenize(args: argparse.Namespace) -> int:
+    """llama-tokenize: `<id> -> '<piece>'` per token (the piece's bytes as they are)."""
+    import json
+
+    from engine.models import ModelError
+    from engine.models.common import ModelMeta
+    from engine.models.tokenize import tokenize, tokenizer_of
+
+    try:
+        meta = ModelMeta(args.model)
+        result = tokenize(tokenizer_of(meta, required=True), args.text.encode(),
+                          add_bos=not args.no_bos, parse_special=args.special)
+    except (ModelError, ValueError) as err:
+        print(f"ggml-lens: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"ggml-lens: cannot read {args.model}: {err.strerror}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"ids": result.ids,
+                          "pieces": [p.decode("utf-8", "replace") for p in result.pieces]},
+                         ensure_ascii=False))
+        return 0
+    out = sys.stdout.buffer
+    for i, piece in zip(result.ids, result.pieces):
+        out.write(b"%6d -> '" % i + piece + b"'\n")
+    out.flush()
+    return 0
+
+
 def _embed(args: argparse.Namespace) -> int:
     import json
 
@@ -413,6 +443,17 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--rel", type=float, default=1e-3, help="relative bound (values, sums)")
     diff.set_defaults(func=_diff)
     trace.set_defaults(func=_trace)
+
+    tokenize = sub.add_parser("tokenize", help="a text's tokens as llama.cpp's llama-tokenize "
+                              "prints them (WordPiece, SentencePiece and BPE vocabularies)")
+    tokenize.add_argument("model", metavar="FILE.gguf")
+    tokenize.add_argument("text")
+    tokenize.add_argument("--json", action="store_true", help='{"ids": [...], "pieces": [...]}')
+    tokenize.add_argument("--special", action="store_true",
+                          help="parse special tokens in the text (<|im_start|>, <s>, ...)")
+    tokenize.add_argument("--no-bos", action="store_true",
+                          help="no BOS (nor EOS/SEP) even where the vocabulary adds one")
+    tokenize.set_defaults(func=_tokenize)
 
     embed = sub.add_parser("embed", help="embed a text with a BERT GGUF model (e.g. MiniLM)")
     embed.add_argument("model", metavar="MODEL.gguf")

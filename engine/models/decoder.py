@@ -162,7 +162,7 @@ class Decoder:
 
     hp: object
     n_ctx: int
-    tokenizer: object | None  # SentencePiece, or None: token ids in, token ids out
+    tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
 
     def __init__(self) -> None:
@@ -213,7 +213,8 @@ class Decoder:
         if self.tokenizer is None:
             model = self.file.reader.get("tokenizer.ggml.model") or "none"
             raise ModelError(f"{self.file.path}: its tokenizer ('{model}') is not built here, "
-                             "only SentencePiece ('llama'); give the prompt as token ids")
+                             "only SentencePiece ('llama'), BPE ('gpt2', 'gemma4') and WordPiece "
+                             "('bert'); give the prompt as token ids")
         return self.tokenizer.encode(text, True, parse_special)
 
     def end_of_generation(self) -> set[int]:

@@ -28,7 +28,7 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
 from .bert import _name, attention
 from .common import ModelError, ModelFile
 from .decoder import Decoder, DecoderParams, KVCache
-from .spm import tokenizer_of
+from .tokenize import tokenizer_of
 
 SWA_PATTERN = 6  # llama.cpp's default for gemma3: layers 5, 11, 17, ... are global
 FREQ_BASE_SWA = 10000.0  # llama_hparams::rope_freq_base_train_swa's default

@@ -27,7 +27,7 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
 from .bert import _name, attention
 from .common import ModelError, ModelFile
 from .decoder import Decoded, Decoder, DecoderParams, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
-from .spm import tokenizer_of
+from .tokenize import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
 LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX  # rope on pairs (x_i, x_{i+d/2})

@@ -2,8 +2,9 @@
 
 Mirrors llama.cpp's `llm_tokenizer_spm` with the vocabulary a GGUF file carries
 (`tokenizer.ggml.tokens`, `.scores`, `.token_type`):
-1. special tokens are cut out of the text first, longest first: user-defined tokens always,
-   control and unknown ones only when `parse_special` (a chat template's `<start_of_turn>`);
+1. special tokens are cut out of the text first (engine/models/vocab.py's `partition`):
+   user-defined tokens always, control and unknown ones only when `parse_special` (a chat
+   template's `<start_of_turn>`);
 2. each remaining piece gets a leading space if the file asks (`add_space_prefix`) and the piece
    follows a special token or starts the text; spaces become '▁';
 3. the piece is split into UTF-8 characters, and the adjacent pair whose concatenation is the
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 import heapq
 
+from .vocab import (SPECIAL, TOKEN_TYPE_ATTR, TokenAttr, base_attrs, load_specials, partition,
+                    token_texts)
+
 PHANTOM = "\u2581"  # '▁'
 # token_type values (llama.cpp's LLAMA_TOKEN_TYPE_*)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -29,12 +33,14 @@ class SentencePiece:
 
     def __init__(self, tokens: list[str], scores: list[float], types: list[int], bos_id: int,
                  eos_id: int, unk_id: int, add_bos: bool = True, add_eos: bool = False,
-                 add_space_prefix: bool = True) -> None:
+                 add_space_prefix: bool = True, attrs: list[int] | None = None) -> None:
         self.tokens, self.scores, self.types = tokens, [float(s) for s in scores], list(types)
         self.ids = {t: i for i, t in enumerate(tokens)}  # the last id wins, as llama.cpp's map
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
-        special = [i for i, t in enumerate(self.types) if t in (CONTROL, USER_DEFINED, UNKNOWN)]
+        self.attrs = attrs if attrs is not None else \
+            [int(TOKEN_TYPE_ATTR.get(int(t), TokenAttr.UNDEFINED)) for t in self.types]
+        special = [i for i, a in enumerate(self.attrs) if a & SPECIAL]
         self.special = sorted(special, key=lambda i: -len(tokens[i].encode()))  # longest first
 
     @classmethod
@@ -45,23 +51,28 @@ class SentencePiece:
         model = f.key("tokenizer.ggml.model")
         if model != "llama":
             raise ModelError(f"{f.path}: tokenizer '{model}' is not SentencePiece ('llama')")
-        tokens = list(f.key("tokenizer.ggml.tokens"))
+        tokens = token_texts(f)
         scores = f.key("tokenizer.ggml.scores", [0.0] * len(tokens))
         types = f.key("tokenizer.ggml.token_type", [NORMAL] * len(tokens))
-        return cls(tokens, list(scores), list(types), int(f.key("tokenizer.ggml.bos_token_id", 1)),
-                   int(f.key("tokenizer.ggml.eos_token_id", 2)),
-                   int(f.key("tokenizer.ggml.unknown_token_id", 0)),
-                   bool(f.key("tokenizer.ggml.add_bos_token", True)),
-                   bool(f.key("tokenizer.ggml.add_eos_token", False)),
-                   bool(f.key("tokenizer.ggml.add_space_prefix", True)))
+        attrs = base_attrs(f, len(tokens))
+        specials = load_specials(f, tokens, attrs, {"bos": 1, "eos": 2, "unk": 0})
+        ids = specials.ids
+        spm = cls(tokens, list(scores), list(types), ids["bos"], ids["eos"], ids["unk"],
+                  bool(f.key("tokenizer.ggml.add_bos_token", True)),
+                  bool(f.key("tokenizer.ggml.add_eos_token", False)),
+                  bool(f.key("tokenizer.ggml.add_space_prefix", True)), attrs)
+        spm.special, spm.eog = list(specials.cache), specials.eog
+        return spm
 
     # --- encoding -----------------------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str | bytes, add_special: bool = True,
+               parse_special: bool = False) -> list[int]:
         """Token ids of `text` (llama_tokenize(vocab, text, add_special, parse_special))."""
         out: list[int] = [self.bos_id] if add_special and self.add_bos else []
         prev_special = True
-        for frag in self._partition(text.encode(), parse_special):
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        for frag in partition(data, self.special, self.tokens, self.attrs, parse_special):
             if isinstance(frag, int):
                 out.append(frag)
                 prev_special = True
@@ -72,29 +83,6 @@ class SentencePiece:
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
-
-    def _partition(self, text: bytes, parse_special: bool) -> list[bytes | int]:
-        """tokenizer_st_partition: the text cut around special tokens (ids), longest first."""
-        frags: list[bytes | int] = [text] if text else []
-        for i in self.special:
-            if not parse_special and self.types[i] in (CONTROL, UNKNOWN):
-                continue
-            needle = self.tokens[i].encode()
-            if not needle:
-                continue
-            cut: list[bytes | int] = []
-            for f in frags:
-                if isinstance(f, int) or needle not in f:
-                    cut.append(f)
-                    continue
-                parts = f.split(needle)
-                for k, p in enumerate(parts):
-                    if p:
-                        cut.append(p)
-                    if k + 1 < len(parts):
-                        cut.append(i)
-            frags = cut
-        return frags
 
     def _spm(self, text: bytes) -> list[int]:
         """llm_tokenizer_spm_session::tokenize on escaped text."""
@@ -166,15 +154,15 @@ class SentencePiece:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """token_to_piece: the bytes a token stands for."""
-        t, kind = self.tokens[token], self.types[token]
-        if kind in (CONTROL, UNKNOWN):
+        t, attr = self.tokens[token], self.attrs[token]
+        if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
             return t.encode() if special else b""
-        if kind == USER_DEFINED:
+        if attr & TokenAttr.USER_DEFINED:
             return t.encode()
-        if kind == BYTE:
-            return bytes([int(t[3:5], 16)])
-        if kind == NORMAL:
+        if attr & TokenAttr.NORMAL:
             return t.replace(PHANTOM, " ").encode()
+        if attr & TokenAttr.BYTE:
+            return bytes([int(t[3:5], 16)])
         return b""
 
     def piece_text(self, token: int) -> str:
@@ -188,11 +176,3 @@ class SentencePiece:
 def _utf8_len(first: int) -> int:
     """unicode_len_utf8: how many bytes a UTF-8 sequence starting with this byte has."""
     return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[first >> 4]
-
-
-
-def tokenizer_of(f) -> SentencePiece | None:
-    """The text tokenizer of a decoder's file: SentencePiece for a 'llama' vocabulary; None for
-    any other (none at all, GPT-2's BPE, ...): such a model takes its prompt as token ids."""
-    return SentencePiece.from_model_file(f) if f.reader.get("tokenizer.ggml.model") == "llama" \
-        else None

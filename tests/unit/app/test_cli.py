@@ -127,3 +127,35 @@ def test_unconfined_programs_are_refused_off_localhost(monkeypatch, capsys):
     assert "refused on any address but localhost" in capsys.readouterr().err
     assert main(["serve", "--allow-unconfined-programs"]) == 0
     assert os.environ["GGML_LENS_PROGRAMS"] == "unconfined"
+
+
+def test_tokenize_prints_as_llama_tokenize(capsysbinary):
+    """`<id> -> '<piece>'` per token, [CLS] ... [SEP] as the BERT vocabulary adds them."""
+    assert main(["tokenize", str(FIXTURES / "minilm-q8_0.gguf"), "Hello, world"]) == 0
+    lines = capsysbinary.readouterr().out.decode().splitlines()
+    assert lines[0] == "   101 -> '[CLS]'" and lines[-1] == "   102 -> '[SEP]'"
+    assert [line.split(" -> ")[1] for line in lines[1:-1]] == ["' hello'", "' ,'", "' world'"]
+
+
+def test_tokenize_json_no_bos_and_special(capsys):
+    path = str(FIXTURES / "minilm-q8_0.gguf")
+    assert main(["tokenize", path, "[SEP] hi", "--json", "--no-bos", "--special"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ids"][0] == 102 and doc["pieces"][0] == "[SEP]" and len(doc["ids"]) == 2
+    assert main(["tokenize", path, "[SEP] hi", "--json", "--no-bos"]) == 0
+    assert json.loads(capsys.readouterr().out)["ids"][0] != 102  # without --special: text
+
+
+def test_tokenize_unbuilt_tokenizer_and_missing_file(capsys, tmp_path):
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(tmp_path / "t5.gguf", "t5")
+    w.add_tokenizer_model("t5")
+    w.add_token_list(["<pad>", "</s>"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    assert main(["tokenize", str(tmp_path / "t5.gguf"), "hi"]) == 1
+    assert "tokenizer 't5' (tokenizer.ggml.model) is not built here" in capsys.readouterr().err
+    assert main(["tokenize", str(tmp_path / "missing.gguf"), "hi"]) == 1
+    assert "cannot read" in capsys.readouterr().err

@@ -1,0 +1,50 @@
+"""Which tokenizer a GGUF file's vocabulary asks for, and llama-tokenize's view of a text.
+
+`tokenizer.ggml.model` names the kind, as llama.cpp reads it: 'llama' is SentencePiece
+(engine/models/spm.py), 'gpt2' and 'gemma4' byte-pair encoding (engine/models/bpe.py), 'bert'
+WordPiece (engine/models/tokenizer.py). `tokenize` gives the ids and pieces llama.cpp's
+`llama-tokenize` prints.
+Leaves out: 't5' (Unigram), 'rwkv', 'plamo2' and the other kinds llama.cpp has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .bpe import BytePairEncoding
+from .spm import SentencePiece
+from .tokenizer import WordPiece
+
+# tokenizer.ggml.model -> the class that reads it
+TOKENIZERS = {"llama": SentencePiece, "gpt2": BytePairEncoding, "gemma4": BytePairEncoding,
+              "bert": WordPiece}
+
+
+def tokenizer_of(f, required: bool = False):
+    """The tokenizer of a model file's vocabulary; None for a kind not built here (a decoder
+    then takes its prompt as token ids), or an error naming it when `required`."""
+    from .common import ModelError
+
+    model = f.reader.get("tokenizer.ggml.model")
+    cls = TOKENIZERS.get(model)
+    if cls is None:
+        if required:
+            raise ModelError(f"{f.path}: tokenizer '{model or 'none'}' (tokenizer.ggml.model) "
+                             "is not built here; ggml-lens builds "
+                             + ", ".join(f"'{k}'" for k in TOKENIZERS))
+        return None
+    return cls.from_model_file(f)
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """A text as llama-tokenize shows it."""
+    ids: list  # token ids
+    pieces: list  # each token's bytes (token_to_piece with special tokens shown)
+
+
+def tokenize(tok, text: str | bytes, add_bos: bool = True,
+             parse_special: bool = False) -> Tokenized:
+    """llama-tokenize: add_special when the vocabulary adds BOS and `add_bos`, then the pieces."""
+    ids = tok.encode(text, add_special=bool(tok.add_bos and add_bos), parse_special=parse_special)
+    return Tokenized(ids, [tok.piece(i, special=True) for i in ids])
