@@ -77,9 +77,16 @@ def fmaf_steps(a, b, acc) -> np.ndarray:
         return out
     out = np.empty(shape, F32)
     if out.size:
-        lanes.fmaf(*(np.ascontiguousarray(np.broadcast_to(v, s)).reshape(-1)
-                     for v, s in ((a, steps), (b, steps), (acc, shape))), out.reshape(-1))
+        lanes.fmaf(*(_flat(v, s) for v, s in ((a, steps), (b, steps), (acc, shape))),
+                   out.reshape(-1))
     return out
+
+
+def _flat(v: np.ndarray, shape: tuple) -> np.ndarray:
+    """v broadcast to shape, as one flat float32 buffer (no broadcast_to when it has the shape)."""
+    if v.shape != shape:
+        v = np.broadcast_to(v, shape)
+    return np.ascontiguousarray(v).reshape(-1)
 
 
 @twin("fmaf")

@@ -186,22 +186,23 @@ def _prepare_mul_mat(params, dst: Tensor):
                 w = view4(src0)[i13 // r3, i12 // r2]
                 if src0.type == GGMLType.F32 and not tiny and not w.flags.c_contiguous:
                     return None
-            products.append(_product(src0.type, w, x4[i13, i12], xtype, d4[i13, i12], tiny,
-                                     params.cores))
+            products.append((i13, i12, _product(src0.type, w, d4[i13, i12], tiny, params.cores)))
+    widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
 
     def call() -> None:
         if convert is not None:
             convert()
-        for product in products:
-            product()
+        x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
+        for i13, i12, product in products:
+            product(x[i13, i12])
     return call
 
 
-def _product(type_: GGMLType, w: np.ndarray, x: np.ndarray, xtype: GGMLType, out: np.ndarray,
-             tiny: bool, threads: int):
-    """One matrix's exact products w (n0 rows) · x (n1 rows) into out (n1, n0), ready to run:
-    the C loop with its buffers laid out once (out itself when its rows are packed)."""
-    n0, n1 = w.shape[0], x.shape[0]
+def _product(type_: GGMLType, w: np.ndarray, out: np.ndarray, tiny: bool, threads: int):
+    """One matrix's exact products w (n0 rows) · x (n1 rows) into out (n1, n0), ready to run on
+    x (raw activation blocks for quantized weights, floats for the others): the C loop with its
+    buffers laid out once (out itself when its rows are packed)."""
+    n0, n1 = w.shape[0], out.shape[0]
     packed = out.flags.c_contiguous
     res = out if packed else np.empty(out.shape, F32)
 
@@ -216,7 +217,7 @@ def _product(type_: GGMLType, w: np.ndarray, x: np.ndarray, xtype: GGMLType, out
                                                strides=(1,)) if n0 else w.reshape(-1)
         dot = lanes.quant_dot
 
-        def run() -> None:
+        def run(x: np.ndarray) -> None:
             dot(int(type_), span, ldw, x, x.shape[1], res, n0, n1, nb, False, threads)
             written()
         return run
@@ -224,7 +225,7 @@ def _product(type_: GGMLType, w: np.ndarray, x: np.ndarray, xtype: GGMLType, out
     if type_ == GGMLType.F32 and not tiny:
         dot_f32 = lanes.dot_f32
 
-        def run() -> None:
+        def run(x: np.ndarray) -> None:
             dot_f32(w, np.ascontiguousarray(x, F32), res, n0, n1, k)
             written()
         return run
@@ -236,8 +237,8 @@ def _product(type_: GGMLType, w: np.ndarray, x: np.ndarray, xtype: GGMLType, out
         span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
                                                strides=(2,))
 
-    def run() -> None:
-        xf = np.ascontiguousarray(to_f32(x, xtype), F32)
+    def run(x: np.ndarray) -> None:
+        xf = np.ascontiguousarray(x, F32)
         if halves:
             float_dot(span, xf, res, n0, n1, k, tiny, ld, threads)
         else:
