@@ -75,6 +75,9 @@ def _facade_codes() -> dict[Any, str]:
     return codes
 
 
+SMALL_REGION = 4096  # bytes: a region this small is first compared whole
+
+
 class Recorder:
     """Watches one program run and turns what it does into steps."""
 
@@ -92,6 +95,7 @@ class Recorder:
         self.cpu = CpuBytes()  # which bytes hold values that depend on the CPU
         self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
+        self.work_buffer_lists: dict[int, tuple] = {}  # see work_buffers_of
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()  # the call's arguments, and what the ggml-opt objects among them hold
         self.raw_args: tuple = ()
@@ -156,8 +160,7 @@ class Recorder:
             if t is Region.WORK_BUFFERS:
                 for ctx in self.contexts:
                     if not ctx.freed:
-                        out += [(ctx, o.offs, o.offs + o.size) for o in self.objects_of(ctx)
-                                if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size]
+                        out += self.work_buffers_of(ctx)
                 out += self.backend.work_buffer_regions()
             elif t is Region.ALL_MEMORY:
                 out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
@@ -184,6 +187,8 @@ class Recorder:
             if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
                 continue  # released memory (a freed context's own pool, a freed buffer)
             cur, old = ctx.pool[a:b], self.shadow[ctx.id][a:b]
+            if b - a <= SMALL_REGION and cur.tobytes() == old.tobytes():
+                continue  # (most regions are a struct nothing wrote: one compare, no numpy passes)
             starts, ends = changed_runs(cur, old)
             for s, e in zip(starts, ends):
                 if isinstance(ctx, Context):
@@ -229,6 +234,18 @@ class Recorder:
                 if ov != nv:
                     out.append(FieldWrite(ctx.id, o.offs, name, span.name, ov, nv))
         return out
+
+    def work_buffers_of(self, ctx: Context) -> list[tuple[Context, int, int]]:
+        """The regions of ctx's work buffer objects (ggml_graph_compute_with_ctx's), found again
+        only when its object list has changed."""
+        objs = self.objects_of(ctx)
+        key = (len(objs), objs[-1].header if objs else None)
+        hit = self.work_buffer_lists.get(ctx.id)
+        if hit is None or hit[0] != key:
+            hit = self.work_buffer_lists[ctx.id] = (key, [
+                (ctx, o.offs, o.offs + o.size) for o in objs
+                if o.type == GGML_OBJECT_TYPE_WORK_BUFFER and o.size])
+        return hit[1]
 
     def objects_of(self, ctx: Context) -> list[ObjectInfo]:
         """ctx's object list, walked once and then only from its last object on: objects are
