@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from engine.programs import PROGRAMS
 
 CASES = [
     ("/", False, 200, ["simple-ctx", "GGUF inspector", "Two matrices in one context"]),
@@ -59,18 +60,16 @@ def test_routes(client, url, htmx, status, texts):
         assert "<html" not in r.text  # only the partial
 
 
-def test_every_walkthrough_renders_its_steps(client):
-    from engine.programs import PROGRAMS
-
-    for name in PROGRAMS:
-        first = client.get(f"/walkthroughs/{name}/steps/0")
-        assert first.status_code == 200
-        n = int(first.text.split('max="')[1].split('"')[0])
-        spread = 8 if name == "gemma3" else 25  # a real model's 3,000 steps: a few pages
-        steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // spread)), n})
-        for k in steps:  # every step of the small ones; 25 spread over the large ones
-            r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
-            assert r.status_code == 200, (name, k, r.text[:300])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_every_walkthrough_renders_its_steps(client, name):
+    first = client.get(f"/walkthroughs/{name}/steps/0")
+    assert first.status_code == 200
+    n = int(first.text.split('max="')[1].split('"')[0])
+    spread = 8 if name == "gemma3" else 25  # a real model's 3,000 steps: a few pages
+    steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // spread)), n})
+    for k in steps:  # every step of the small ones; 25 spread over the large ones
+        r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
+        assert r.status_code == 200, (name, k, r.text[:300])
 
 
 def test_gguf_load_reads_an_uploaded_file(client, tmp_path):
