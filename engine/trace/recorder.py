@@ -20,6 +20,7 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from bisect import bisect_right
@@ -33,6 +34,7 @@ from engine import ggml as G
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_opt as GO
+from engine import ops as ops_package
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
 from engine.core.api import is_query
@@ -78,6 +80,14 @@ def _facade_codes() -> dict[Any, str]:
 SMALL_REGION = 4096  # bytes: a region this small is first compared whole
 
 
+def _constructor_codes(codes: dict[Any, str]) -> set:
+    """The op constructors among them (engine/ops/: ggml_add, ggml_view_2d, ggml_mul_mat...):
+    they add objects and may write their arguments' structs, never a tensor's data, so their
+    steps compare structs only (a view's data can be a KV cache's megabytes)."""
+    ops_dir = os.path.dirname(ops_package.__file__)
+    return {code for code in codes if os.path.dirname(code.co_filename) == ops_dir}
+
+
 class Recorder:
     """Watches one program run and turns what it does into steps."""
 
@@ -89,6 +99,7 @@ class Recorder:
         self.file = source_file
         self.n_threads = n_threads
         self.codes = _facade_codes()
+        self.constructors = _constructor_codes(self.codes)
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
         self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
@@ -130,7 +141,7 @@ class Recorder:
                             (Note("build_forward"),), []).index
         elif event == "return" and frame is self.active:
             self.active = None
-            self.finish_call(self.codes[frame.f_code], arg)
+            self.finish_call(self.codes[frame.f_code], arg, frame.f_code in self.constructors)
 
     def source(self, line: int) -> str:
         a, b = self.statements.get(line, (line, line))
@@ -306,7 +317,7 @@ class Recorder:
             self.on_step(step, [*self.contexts, *self.backend.buffers])
         return step
 
-    def finish_call(self, name: str, result: Any) -> None:
+    def finish_call(self, name: str, result: Any, constructor: bool = False) -> None:
         if isinstance(result, Tensor) and len(names := assigned_names(self.source(self.line))) == 1:
             self.variables[tensor_ref(result)] = names[0]  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
         if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
@@ -333,6 +344,8 @@ class Recorder:
             things += self.backend.struct_writes()
         if name.startswith("ggml_opt_"):  # it writes tensors the program never named (weights,
             things.append(Region.ALL_MEMORY)  # gradients, moments, batches): every byte is compared
+        if constructor:
+            things = [StructOf(t) if isinstance(t, Tensor) else t for t in things]
         tensor = result if isinstance(result, Tensor) else None
         notes: tuple[Note, ...] = ()
         if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
