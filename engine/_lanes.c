@@ -3,8 +3,8 @@
  * The float and quantized dot products of mul_mat (ggml_vec_dot_f32, _f16, llamafile's tinyBLAS,
  * and the AVX2 vec_dot of Q4_0/Q5_0/Q8_0 by Q8_0 and Q4_K/Q6_K by Q8_K: integer lane sums, one
  * fused multiply-add per block and lane, acc[l] = fmaf((float)lane[l], d, acc[l])), ggml_v_expf
- * and ggml_v_silu, the soft_max rows, quantize_row_q8_0, a few to_float converters, and fmaf over
- * whole buffers (the fused multiply-adds of ggml's -mfma build, element by element). Each
+ * and ggml_v_silu, the soft_max and norm rows, quantize_row_q8_0, a few to_float converters, and
+ * fmaf over whole buffers (the fused multiply-adds of ggml's -mfma build, element by element). Each
  * function has a numpy twin beside the kernel that calls it (engine/lanes.py registers
  * them; tests/unit/engine/test_twins.py holds them equal bit for bit), which says the same
  * thing for reading and runs in pure-numpy mode. fmaf is correctly rounded by definition, so the
@@ -31,6 +31,11 @@ static PyMethodDef methods[] = {
     {"soft_max", lanes_soft_max, METH_VARARGS,
      "soft_max(w, mx, y, sums, rows, n): ggml_vec_soft_max_f32 of each row of w (rows, n) float32 "
      "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
+    {"norm_rows", lanes_norm_rows, METH_VARARGS,
+     "norm_rows(x, y, rows, n, ldx, ldy, eps, portable=False): ggml_compute_forward_norm_f32 of "
+     "`rows` rows of n float32 (row r at byte r * ldx of x, r * ldy of y): y = (x - mean) / "
+     "sqrtf(var + eps), the mean's and the variance's sums in double in ggml's order; portable: "
+     "without the vector instructions (the same bits)"},
     {"v_silu", lanes_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,

@@ -2,7 +2,7 @@
  *
  * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
  * quantized dot products), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
- * the soft_max rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
+ * the soft_max and norm rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
  * _lanes_pool.c (the threads that share a product's rows). A function one
  * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
  * PyInit__lanes leaves the shared object, and no name can meet one of libm's or numpy's.
@@ -106,5 +106,6 @@ LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 
 #endif

@@ -1,6 +1,6 @@
 /* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32, _f16
- * and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max rows, and fmaf over whole
- * buffers; each also built for the FMA instruction, picked where the CPU has it. */
+ * and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max and norm rows, and fmaf
+ * over whole buffers; most also built for the FMA instruction, picked where the CPU has it. */
 #include "_lanes.h"
 
 #ifdef HAVE_FMA_TARGET
@@ -429,6 +429,124 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
     PyBuffer_Release(&mx);
     PyBuffer_Release(&y);
     PyBuffer_Release(&sums);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ggml_compute_forward_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x, r * ldy
+ * of y; x and y may be the same memory): the mean is the row's sum in double, left to right,
+ * rounded to float, over (float)n; ggml_vec_cvar_f32 writes y = x - mean and sums its squares:
+ * each whole group of 8 squares added in float as the SSE shuffles add them, hi + lo lane by lane
+ * (s[l+4] + s[l]), then ((h0 + h2) + (h1 + h3)), each group's sum and then each tail square
+ * added in double, left to right; the variance is that sum over n in double, rounded to float;
+ * y *= 1.0f / sqrtf(variance + eps). Every step is one IEEE operation on one lane, so this
+ * scalar loop gives the bits of ggml's AVX2 one (the compiler may run the lanes as vectors).
+ * The sums of NORM_ROWS rows run side by side, each still in its own order: the adds of one
+ * wait for each other, those of four rows do not. */
+enum { NORM_ROWS = 4 };
+
+static void norm_cvar_scale(const float *x, float *y, Py_ssize_t n, float mean, float eps)
+{
+    const Py_ssize_t n8 = n - n % 8;
+    double sq = 0.0;
+    for (Py_ssize_t i = 0; i < n8; i += 8) {
+        float s[8];
+        for (int l = 0; l < 8; l++) {
+            const float v = x[i + l] - mean;
+            y[i + l] = v;
+            s[l] = v * v;
+        }
+        const float h0 = s[4] + s[0], h1 = s[5] + s[1], h2 = s[6] + s[2], h3 = s[7] + s[3];
+        sq += (double)((h0 + h2) + (h1 + h3));
+    }
+    for (Py_ssize_t i = n8; i < n; i++) {
+        const float v = x[i] - mean;
+        y[i] = v;
+        sq += (double)(v * v);
+    }
+    const float variance = (float)(sq / (double)n);
+    const float scale = 1.0f / sqrtf(variance + eps);
+    for (Py_ssize_t i = 0; i < n; i++)
+        y[i] = y[i] * scale;
+}
+
+typedef void (*norm_cvar_fn)(const float *x, float *y, Py_ssize_t n, float mean, float eps);
+
+static void norm_rows(const char *x, char *y, Py_ssize_t rows, Py_ssize_t n, Py_ssize_t ldx,
+                      Py_ssize_t ldy, float eps, norm_cvar_fn cvar_scale)
+{
+    for (Py_ssize_t r0 = 0; r0 < rows; r0 += NORM_ROWS) {
+        const int k = rows - r0 < NORM_ROWS ? (int)(rows - r0) : NORM_ROWS;
+        const float *xr[NORM_ROWS];
+        double sum[NORM_ROWS] = {0.0};
+        for (int j = 0; j < NORM_ROWS; j++)  /* a missing row repeats the last one */
+            xr[j] = (const float *)(x + (r0 + (j < k ? j : k - 1)) * ldx);
+        for (Py_ssize_t i = 0; i < n; i++)
+            for (int j = 0; j < NORM_ROWS; j++)
+                sum[j] += (double)xr[j][i];
+        for (int j = 0; j < k; j++)
+            cvar_scale(xr[j], (float *)(y + (r0 + j) * ldy), n, (float)sum[j] / (float)n, eps);
+    }
+}
+
+#ifdef HAVE_FMA_TARGET
+/* norm_cvar_scale with ggml's own AVX2 instructions: each one the scalar loop's operation on
+ * every lane (hi + lo, then h0 + h2 and h1 + h3, then their sum), so the same bits */
+AVX2_FMA static void norm_cvar_scale_fma(const float *x, float *y, Py_ssize_t n, float mean,
+                                         float eps)
+{
+    const __m256 m = _mm256_set1_ps(mean);
+    Py_ssize_t i = 0;
+    double sq = 0.0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+        _mm256_storeu_ps(y + i, v);
+        const __m256 s = _mm256_mul_ps(v, v);
+        const __m128 h = _mm_add_ps(_mm256_extractf128_ps(s, 1), _mm256_castps256_ps128(s));
+        const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        sq += (double)_mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
+    for (; i < n; i++) {
+        const float v = x[i] - mean;
+        y[i] = v;
+        sq += (double)(v * v);
+    }
+    const float variance = (float)(sq / (double)n);
+    const float scale = 1.0f / sqrtf(variance + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), vs));
+    for (; i < n; i++)
+        y[i] = y[i] * scale;
+}
+#endif
+
+LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, y;
+    Py_ssize_t rows, n, ldx, ldy;
+    float eps;
+    int portable = 0;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnf|p", &x, &y, &rows, &n, &ldx, &ldy, &eps, &portable))
+        return NULL;
+    /* x and y span their rows exactly: (rows - 1) row strides and one row */
+    int ok = rows >= 0 && n >= 0 && ldx >= 4 * n && ldy >= 4 * n;
+    if (ok) {
+        ok = lanes_check(&x, rows ? (rows - 1) * ldx + 4 * n : 0, "x") == 0 &&
+             lanes_check(&y, rows ? (rows - 1) * ldy + 4 * n : 0, "y") == 0;
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    if (ok) {
+        const int hw = !portable && fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        norm_rows(x.buf, y.buf, rows, n, ldx, ldy, eps, PICK(norm_cvar_scale, hw));
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;

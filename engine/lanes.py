@@ -1,7 +1,7 @@
 """ggml's inner loops, compiled or in numpy: the same bits either way.
 
 The hottest loops of ggml's CPU kernels (the quantized and float dot products, ggml_v_expf and
-ggml_v_silu, the soft_max rows, a few block converters, fused multiply-adds) run in C,
+ggml_v_silu, the soft_max and norm rows, a few block converters, fused multiply-adds) run in C,
 `engine._lanes` (engine/_lanes*.c), because numpy can only do them a block at a time. Each of them
 has a numpy twin written for reading, beside the kernel that calls it and registered here with
 `@twin("name")`; the twin computes the same bits (tests/unit/engine/test_twins.py holds every C
@@ -26,8 +26,8 @@ except ImportError:  # installed without a C compiler: the twins do the work
           "its numpy twins, the same bits, slower", file=sys.stderr)
 
 # the names engine._lanes exports (the method table in engine/_lanes.c), each a twin's name
-NAMES = ("v_expf", "v_silu", "soft_max", "quant_dot", "quantize_q8_0", "quantize_q8_k", "dequantize",
-         "float_dot", "dot_f32", "fmaf")
+NAMES = ("v_expf", "v_silu", "soft_max", "norm_rows", "quant_dot", "quantize_q8_0", "quantize_q8_k",
+         "dequantize", "float_dot", "dot_f32", "fmaf")
 TWINS: dict[str, Callable] = {}
 _pure = os.environ.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0")
 

@@ -208,6 +208,25 @@ def test_norms_non_contiguous_and_inplace():
              [Leaf(F32, (64, 5)), Leaf(F32, (64,))], 2, exact=True)
 
 
+def norm_rows_summed_in_order() -> np.ndarray:
+    """Rows (4, 4096) whose norm shows the order of ggml's double sums: 1 + 2^-24 (a tie between
+    two floats) and 4094 tiny values, which added left to right each vanish (the mean rounds to
+    even) and added pairwise add up (it rounds up); a row of -0.0 (the sum starts at +0.0); and
+    two ordinary rows."""
+    x = np.random.default_rng(9).uniform(-3, 5, (4, 4096)).astype(np.float32)
+    x[0, :2], x[0, 2:] = (1.0, 2.0 ** -24), 2.0 ** -60
+    x[1] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_norm_sums_in_order(n_threads):
+    ours, theirs = check_op(lambda g, ctx, a: g.ggml_norm(ctx, a, 1e-5),
+                            [Leaf(F32, (4096, 4), values=norm_rows_summed_in_order())],
+                            n_threads, exact=True)
+    assert ours["raw"] == theirs["raw"]  # bit for bit: the zeros' signs too
+
+
 # --- reductions, orderings -------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_threads", THREADS)

@@ -2,9 +2,10 @@
 
 Mirrors ggml-cpu/ops.cpp. Row norms take rows interleaved (i01 = ith; i01 += nth inside every
 (i02, i03)); group_norm interleaves groups. Sums are accumulated in double where ggml uses
-ggml_float. ggml adds left to right; numpy's float64 sums are pairwise. Both are far more precise
-than the float they are rounded to, so the results agree except in the rare case where the two
-double sums straddle a float rounding boundary.
+ggml_float. NORM's rows add left to right as ggml does (engine._lanes.norm_rows, or its twin
+below), so its bits are ggml's. The other norms' sums are numpy's float64 sums, which are
+pairwise: far more precise than the float they are rounded to, so the results agree with ggml's
+except in the rare case where the two double sums straddle a float rounding boundary.
 
 NORM's variance follows ggml_vec_cvar_f32 on AVX2: each 8-float group of squares is added in float
 in the order ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), then accumulated in double.
@@ -20,11 +21,13 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
+from engine.compute.kernels.views import strided
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_are_same_shape
 from engine.core.types import GGMLType
+from engine.lanes import lanes, twin
 
 F32, F64 = np.float32, np.float64
 ROW_CHUNK = 1 << 18  # elements per block of rows (norms do few numpy calls per row)
@@ -57,34 +60,81 @@ def _f32_only(dst: Tensor) -> None:
 
 
 def cvar_avx2(v: np.ndarray) -> np.ndarray:
-    """ggml_vec_cvar_f32's sum of squares of the centred rows v (last axis), as float64."""
+    """ggml_vec_cvar_f32's terms of the centred rows v (last axis), in its order, as float64: the
+    sum of each whole group of 8 squares, added in float as the SSE shuffles add them, then the
+    tail's squares."""
     n = v.shape[-1]
     nv = n - n % 8
     sq = v * v
     g = sq[..., :nv].reshape(*v.shape[:-1], nv // 8, 8)
     t = g[..., 4:] + g[..., :4]  # hi + lo
     blocks = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
-    return blocks.sum(axis=-1, dtype=F64) + sq[..., nv:].sum(axis=-1, dtype=F64)
+    return np.concatenate([blocks, sq[..., nv:]], axis=-1, dtype=F64)
 
 
-@kernel(GGMLOp.NORM, barrier=False)
-def compute_forward_norm(params, dst: Tensor) -> None:
-    """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
+def left_to_right(terms: np.ndarray) -> np.ndarray:
+    """0.0 + terms[0] + terms[1] + ... in double, in order (np.sum's order is pairwise), of each
+    row (last axis, at least one term)."""
+    return np.add.accumulate(terms, axis=-1, dtype=F64)[..., -1] + 0.0  # + 0.0: -0.0's sign
+
+
+@twin("norm_rows")
+def norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float) -> None:
+    """ggml_compute_forward_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x, at
+    r * ldy of y; x and y may be one buffer): mean = (float)(the row's sum in double, left to
+    right) / n; y = x - mean; variance = (float)(ggml_vec_cvar_f32's sum of squares / n);
+    y *= 1.0f / sqrtf(variance + eps)."""
+    if not rows or not n:
+        return
+    xs = np.ndarray((rows, n), F32, buffer=x, strides=(ldx, 4))
+    ys = np.ndarray((rows, n), F32, buffer=y, strides=(ldy, 4))
+    with np.errstate(all="ignore"):
+        mean = left_to_right(xs).astype(F32) / F32(n)
+        v = xs - mean[:, None]
+        variance = (left_to_right(cvar_avx2(v)) / n).astype(F32)
+        np.multiply(v, (F32(1) / np.sqrt(variance + F32(eps)))[:, None], out=ys)
+
+
+def _row_spans(params, src0: Tensor, dst: Tensor):
+    """This thread's rows (i1 = ith, ith + nth, ...) of every (i2, i3), a few at a time, as
+    (x bytes, y bytes, rows, ldx, ldy): the bytes from the first row to the end of the last, the
+    rows ldx and ldy bytes apart."""
+    ne00, ne01, ne02, ne03 = (int(v) for v in src0.ne)
+    nb01, nb02, nb03 = (int(v) for v in src0.nb[1:])
+    nb1, nb2, nb3 = (int(v) for v in dst.nb[1:])
+    step = params.nth * max(1, ROW_CHUNK // max(1, ne00))
+    ldx, ldy = params.nth * nb01, params.nth * nb1
+    for i3 in range(ne03):
+        for i2 in range(ne02):
+            for r in range(params.ith, ne01, step):
+                k = len(range(r, min(r + step, ne01), params.nth))
+                x = strided(src0, ((k - 1) * ldx + 4 * ne00,), (1,),
+                            i3 * nb03 + i2 * nb02 + r * nb01, np.uint8)
+                y = strided(dst, ((k - 1) * ldy + 4 * ne00,), (1,),
+                            i3 * nb3 + i2 * nb2 + r * nb1, np.uint8)
+                yield x, y, k, ldx, ldy
+
+
+def _norm(params, dst: Tensor):
+    """This thread's rows of ggml_compute_forward_norm_f32, ready to run."""
     _f32_only(dst)
     src0 = dst.src[0]
-    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", "norm")
+    fn = "ggml_compute_forward_norm_f32"
+    ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     eps = _eps(dst)
-    ggml_assert(eps >= 0, "eps >= 0.0f", "ggml_compute_forward_norm_f32", f"eps = {eps}")
+    ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
+    if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
+        spans = list(_row_spans(params, src0, dst))
+
+        def run() -> None:
+            for x, y, k, ldx, ldy in spans:
+                lanes.norm_rows(x, y, k, ne00, ldx, ldy, float(eps))
+        return run
     rows = _interleaved(params, int(src0.ne[1]))
-    with np.errstate(all="ignore"):
-        if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
-            for x, y in _my_rows(params, src0, dst):
-                mean = x.sum(axis=-1, dtype=F64).astype(F32) / F32(ne00)
-                v = x - mean[:, None]
-                variance = (cvar_avx2(v) / ne00).astype(F32)
-                y[:] = v * (F32(1) / np.sqrt(variance + eps))[:, None]
-        else:  # strided rows: float sums, left to right (measured: no fused multiply-add here)
+
+    def run_strided() -> None:  # float sums, left to right (measured: no fused multiply-add)
+        with np.errstate(all="ignore"):
             x = view4(src0)[:, :, rows]  # (ne03, ne02, my rows, ne00)
             s = np.zeros(x.shape[:-1], F32)
             for i in range(ne00):
@@ -97,7 +147,14 @@ def compute_forward_norm(params, dst: Tensor) -> None:
             variance = variance / F32(ne00)
             scale = F32(1) / np.sqrt(variance + eps)
             view4(dst)[:, :, rows] = v * scale[..., None]
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+    return run_strided
+
+
+@kernel(GGMLOp.NORM, barrier=False, prepare=_norm)
+def compute_forward_norm(params, dst: Tensor) -> None:
+    """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
+    _norm(params, dst)()
+    params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 
 def _rms_norm(params, dst: Tensor):

@@ -374,6 +374,39 @@ def test_soft_max(rows, n):
     assert same_bits(out[0][0], out[1][0]) and same_bits(out[0][1], out[1][1])
 
 
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (5, 8), (4, 37), (1, 4096), (9, 4099),
+                                    (130, 67), (2, 0), (0, 5)])
+def test_norm_rows(rows, n, wild):
+    """Rows packed, and rows further apart than a row (ldx, ldy bytes), in place and not: C's
+    AVX2 and portable loops and the twin give the same bits; rows of -0.0, of one value, of
+    values a mean's sum straddles a rounding boundary with."""
+    rng = np.random.default_rng([rows, n, wild])
+    x = float_rows(rng, rows, n, wild)
+    if rows >= 3 and n:
+        x[0] = -0.0  # the sum starts at +0.0: the mean is +0.0
+        x[1] = F32(3.5)  # no variance: y = 0 * 1/sqrtf(eps)
+        x[2, :2], x[2, 2:] = (F32(1), F32(2 ** -24)), F32(2 ** -60)  # 1 + 2^-24 is a tie
+    for ldx, ldy in ((4 * n, 4 * n), (4 * n + 12, 4 * n + 20)):
+        xb = np.zeros((rows, ldx // 4), F32)
+        xb[:, :n] = x
+        xb = xb.reshape(-1)[:max(0, (rows - 1) * ldx // 4 + n)]
+        got = []
+        for fn, extra in ((C.norm_rows, (False,)), (C.norm_rows, (True,)),
+                          (TWINS["norm_rows"], ())):
+            for inplace in (False, True):
+                y = xb.copy() if inplace else np.full(max(0, (rows - 1) * ldy // 4 + n),
+                                                      0xA5A5A5A5, np.uint32).view(F32)
+                with np.errstate(all="ignore"):
+                    fn(y if inplace else xb, y, rows, n, ldx, ldx if inplace else ldy, 1e-5,
+                       *extra)
+                got.append(y)
+        for i, g in enumerate(got[2:], 2):  # each against C's AVX2 loop, in place or not
+            assert_same_bits(got[i % 2], g, f"norm_rows {rows}x{n} ld={ldx},{ldy} run {i}")
+        if ldx == ldy:
+            assert_same_bits(got[0], got[1], f"norm_rows {rows}x{n} in place")
+
+
 def test_quantize_q8_0():
     x = bit_patterns(np.random.default_rng(2), 32 * 3000)
     x = x[: len(x) // 32 * 32]
