@@ -21,6 +21,8 @@ def test_the_tensor_list_pages_and_filters_from_the_keyboard(page: Page, server_
     # the page holding the selected tensor (the newest: on the last page)
     expect(panel.locator("p[aria-live]")).to_contain_text("Rows 101 to")
     name = panel.locator("tr.selected td a").inner_text()
+    panel.locator(".tscroll").scroll_into_view_if_needed()
+    expect(panel.locator("tr.selected")).to_be_in_viewport()  # scrolled to in its page
     url = page.url
     # page 1 by the keyboard: focus its link, Enter
     first = panel.get_by_role("link", name="page 1 of the tensor list")
