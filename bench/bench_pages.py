@@ -54,11 +54,12 @@ def _walk(report, client, name: str, query: str) -> None:
     steps = random.Random(0).sample(range(len(trace.steps)), N_STEPS)
     htmx = {"HX-Request": "true"}
     profiler = _profiler()
-    pages, swaps, servers = [], [], []
+    pages, swaps, servers, cpus = [], [], [], []
     for k in steps:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = client.get(f"{base}/{k}{q}")
         pages.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)  # the process's CPU: what a busy machine does not add
         assert r.status_code == 200, (k, r.status_code)
         servers.append(float(r.headers["Server-Timing"].split("dur=")[1]) / 1e3)
     shown = ""  # the drawing on the page: htmx keeps it (hx-preserve) while its key is the same
@@ -76,7 +77,8 @@ def _walk(report, client, name: str, query: str) -> None:
     if profiler is not None:
         profiler.stop()
         profiler.print(show_all=False)
-    report(f"{name}: a step's page, p95 of {N_STEPS} (server p95 {_p95(servers) * 1e3:.0f} ms)",
+    report(f"{name}: a step's page, p95 of {N_STEPS} (server {_p95(servers) * 1e3:.0f} ms, "
+           f"CPU {_p95(cpus) * 1e3:.0f} ms)",
            _p95(pages), None, "-")
     report(f"{name}: a step as htmx swaps it (the debugger's root), p95 of {N_STEPS}", _p95(swaps), None, "-")
     if svgs:
