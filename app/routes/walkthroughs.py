@@ -51,6 +51,8 @@ Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
                                    description="token ids appended after the prompt")]
 TensorKey = Annotated[str | None, Query(pattern=r"^\d+\.\d+$", description="the selected tensor")]
 Expand = Annotated[str | None, Query(pattern=r"^\d{1,4}$", description="a folded layer drawn in full")]
+ListPage = Annotated[int | None, Query(ge=0, le=100_000, description="the page of the tensor list shown")]
+ListFilter = Annotated[str, Query(max_length=200, description="the tensor list's filter: part of a name")]
 
 
 class _Kind(Convertor):
@@ -217,8 +219,9 @@ AtStop = Annotated[Stop, Depends(_stop)]
 Graph = Annotated[G.GraphView | None, Depends(_graph)]
 
 
-def step_model(stop: Stop, graph: G.GraphView | None, playground: bool) -> dict[str, Any]:
-    """Every panel's view-model at one step."""
+def step_model(stop: Stop, graph: G.GraphView | None, playground: bool, tp: int | None = None,
+               tq: str = "") -> dict[str, Any]:
+    """Every panel's view-model at one step (`tp`, `tq`: the tensor list's page and filter)."""
     where, trace, step, state, sel = stop.where, stop.trace, stop.step, stop.state, stop.selected
     shares = threads(trace, step)
     return {
@@ -226,7 +229,7 @@ def step_model(stop: Stop, graph: G.GraphView | None, playground: bool) -> dict[
         "playground": playground, "step": step,
         "nav": nav(trace, where), "source": source(trace, step), "returned": returned(trace, step),
         "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
-        "tensors": tensor_list(state, where, sel), "struct": struct(sel, where),
+        "tensors": tensor_list(state, where, sel, tp, tq), "struct": struct(sel, where),
         "strides": strides(sel), "values": values(sel, where),
         "grad": values(gradient_of(state, sel), where),
         "threads": shares, "kernel": kernel(step, state, where, shares.shares), "graph": graph,
@@ -239,19 +242,32 @@ def step_model(stop: Stop, graph: G.GraphView | None, playground: bool) -> dict[
 # --- the routes -------------------------------------------------------------------------------
 
 @router.get(DEBUGGER + "/steps/{n}", response_class=HTMLResponse)
-def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs: Programs) -> HTMLResponse:
+def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs: Programs,
+              tp: ListPage = None, tq: ListFilter = "") -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
-    is inlined in a page; an htmx swap keeps the one on the page while its key is the same)."""
-    model = step_model(stop, graph, programs is not None)
+    is inlined in a page when it is drawn already or quick to draw, else the page loads it; an
+    htmx swap keeps the one on the page while its key is the same)."""
+    model = step_model(stop, graph, programs is not None, tp, tq)
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
-    model["graph_svg"] = svgs(graph.key, lambda: graph.dot) if graph is not None and not htmx else None
+    model["graph_svg"] = None
+    if graph is not None and not htmx:  # a big graph's first drawing (seconds of graphviz) follows the page
+        model["graph_svg"] = svgs.drawn(graph.key) or (
+            svgs(graph.key, lambda: graph.dot) if graph.n_nodes <= G.FOLD_OVER else None)
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
     response.headers["Vary"] = "HX-Request, HX-History-Restore-Request"
     if htmx:  # the address bar shows the step shown, however it was asked for (keys, the scrubber)
         response.headers["HX-Push-Url"] = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return response
+
+
+@router.get(DEBUGGER + "/steps/{n}/tensors", response_class=HTMLResponse)
+def tensors_part(request: Request, stop: AtStop, tp: ListPage = None, tq: ListFilter = "") -> HTMLResponse:
+    """The tensors panel alone at step n: a page of the list, or the tensors a filter finds
+    (htmx swaps it in; the page's own links carry tp and tq without JavaScript)."""
+    return templates.TemplateResponse(request, "partials/debugger/tensors.html", {
+        "where": stop.where, "tensors": tensor_list(stop.state, stop.where, stop.selected, tp, tq)})
 
 
 @router.get(DEBUGGER + "/steps/{n}/graph/{key}.svg")

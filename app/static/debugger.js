@@ -88,7 +88,8 @@ document.addEventListener("input", (ev) => {
   if (r) r.closest("form").querySelector("output").textContent = `${r.value} / ${r.max}`;
 });
 
-// keep the current source line in view (inside the code panel, not the page)
+// keep the current source line in view (inside the code panel, not the page), and the current
+// step and the selected tensor in their lists
 function showCurrentLine() {
   const line = document.querySelector("#source .line.current");
   const pre = line && line.closest("pre");
@@ -96,6 +97,13 @@ function showCurrentLine() {
   const step = document.querySelector("#steps li.current");  // and the current step in the list
   const list = step && step.closest("ul.groups");
   if (list) list.scrollTop = step.offsetTop - list.offsetTop - list.clientHeight / 2;
+  showSelectedTensor();
+}
+function showSelectedTensor() {  // in the page of the tensor list that holds it (a shown tab)
+  const row = document.querySelector("#tensors tr.selected");
+  const rows = row && row.closest(".tscroll");
+  if (!rows || !rows.clientHeight) return;
+  rows.scrollTop += row.getBoundingClientRect().top - rows.getBoundingClientRect().top - rows.clientHeight / 2;
 }
 document.addEventListener("DOMContentLoaded", showCurrentLine);
 document.addEventListener("htmx:afterSettle", showCurrentLine);
@@ -109,6 +117,7 @@ function showTab(id, remember) {
   box.dataset.tab = id;
   box.querySelectorAll(".tab").forEach((t) => t.setAttribute("aria-selected", String(t.dataset.panel === id)));
   if (remember) try { localStorage.setItem("lens-tab", id); } catch (e) { /* private mode */ }
+  if (id === "tensors") showSelectedTensor();
 }
 function restoreTab() {
   let id = null;

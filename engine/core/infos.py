@@ -64,10 +64,12 @@ def tensor_infos(ctx: Context) -> list[TensorInfo]:
     spans = ((ne[:, 1:] - 1) * nb[:, 1:]).sum(axis=1)
     first = np.where(blck == 1, tsize + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // blck)
     nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
-    return [TensorInfo(o, ctx.base + o, bytes(r["name"]).split(b"\0", 1)[0].decode("utf-8", "replace"),
-                       int(types[i]), tuple(int(x) for x in ne[i]), int(r["op"]),
-                       int(r["flags"]), int(r["view_src"]), int(r["data"]), int(nbytes[i]))
-            for i, (o, r) in enumerate(zip(offsets, recs))]
+    # the fields as Python values in one conversion each, not a numpy scalar per field per tensor
+    # (a name's bytes after its first NUL are what an earlier, longer name left there)
+    names = [n.split(b"\0", 1)[0].decode("utf-8", "replace") for n in recs["name"].tolist()]
+    return [TensorInfo(o, ctx.base + o, *fields) for o, fields in zip(offsets, zip(
+        names, types.tolist(), map(tuple, ne.tolist()), recs["op"].tolist(), recs["flags"].tolist(),
+        recs["view_src"].tolist(), recs["data"].tolist(), nbytes.tolist()))]
 
 
 def _structs(pool: np.ndarray, offsets: list[int]) -> bytes:

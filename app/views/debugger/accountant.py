@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from threading import Lock
+
+from cachetools import LRUCache, cached
+
+from app import i18n
 from app.i18n import _
+from app.views.debugger.layouts import layout_key
 from engine.core.accountant import MemAccount, ObjectCost, account
 from engine.core.context import ggml_tensor_overhead
 from engine.core.errors import GGMLPoolError
@@ -49,39 +55,42 @@ def _message(acc: MemAccount, obj: ObjectCost) -> str:
 
 
 def accounts(state: State) -> list[AccountView]:
-    views = []
-    for cid, ctx in state.contexts.items():
-        acc = account(ctx, state.tensor_infos(cid))
-        n_tensors = sum(o.kind == "TENSOR" for o in acc.objects)
-        graphs = [o for o in acc.objects if o.kind == "GRAPH"]
-        parts = [Part(_("object headers"), acc.headers,
-                      f"{len(acc.objects)} × GGML_OBJECT_SIZE ({GGML_OBJECT_SIZE})", "header"),
-                 Part(_("tensor structs"), acc.structs,
-                      f"{n_tensors} × sizeof(struct ggml_tensor) ({GGML_TENSOR_SIZE})", "struct"),
-                 Part(_("graphs"), acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
-                 Part(_("tensor data"), acc.data, _("Σ ggml_nbytes of tensors that own data"), "data"),
-                 Part(_("work buffers"), acc.work, _("ggml_graph_plan's work_size"), "work"),
-                 Part(_("alignment padding"), acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
-                      "padding"),
-                 Part(_("unused (slack)"), acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
-        # the formulas a program sizes its context with, applied to what this pool holds
-        graph_overheads = sum(o.end - o.header for o in graphs)
-        formula = n_tensors * ggml_tensor_overhead() + graph_overheads + acc.data
-        text = f"{n_tensors} × ggml_tensor_overhead() ({ggml_tensor_overhead()})"
-        if graphs:
-            default = ggml_graph_overhead()
-            each = {o.end - o.header for o in graphs}
-            text += f" + {len(graphs)} × " + (f"ggml_graph_overhead() ({default})"
-                                             if each == {default} else "ggml_graph_overhead_custom(…)")
-        text += " + " + _("{n} bytes of data").format(n=acc.data)
-        works = [o for o in acc.objects if o.kind == "WORK_BUFFER"]
-        pad = sum(o.padding for o in acc.objects if o.kind == "TENSOR")
-        said = [_("{n} bytes of data padding").format(n=pad)] if pad else []
-        if works:
-            said.append(_("{n} work buffer(s) of {header} + {sizes} bytes").format(
-                n=len(works), header=GGML_OBJECT_SIZE, sizes=" + ".join(str(o.data) for o in works)))
-        failing = acc.first_to_fail(acc.used - SMALLER) if acc.objects else None
-        views.append(AccountView(cid, acc, parts, formula, text, acc.used - formula,
-                                 _(" and ").join(said), failing,
-                                 _message(acc, failing) if failing else ""))
-    return views
+    return [_account_view(state, cid) for cid in state.contexts]
+
+
+@cached(LRUCache(64), key=lambda state, cid: (layout_key(state, cid), i18n.current()), lock=Lock())
+def _account_view(state: State, cid: int) -> AccountView:
+    """A context's accounts: made once per layout (they count objects and structs, never data)."""
+    ctx = state.contexts[cid]
+    acc = account(ctx, state.tensor_infos(cid))
+    n_tensors = sum(o.kind == "TENSOR" for o in acc.objects)
+    graphs = [o for o in acc.objects if o.kind == "GRAPH"]
+    parts = [Part(_("object headers"), acc.headers,
+                  f"{len(acc.objects)} × GGML_OBJECT_SIZE ({GGML_OBJECT_SIZE})", "header"),
+             Part(_("tensor structs"), acc.structs,
+                  f"{n_tensors} × sizeof(struct ggml_tensor) ({GGML_TENSOR_SIZE})", "struct"),
+             Part(_("graphs"), acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
+             Part(_("tensor data"), acc.data, _("Σ ggml_nbytes of tensors that own data"), "data"),
+             Part(_("work buffers"), acc.work, _("ggml_graph_plan's work_size"), "work"),
+             Part(_("alignment padding"), acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
+                  "padding"),
+             Part(_("unused (slack)"), acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
+    # the formulas a program sizes its context with, applied to what this pool holds
+    graph_overheads = sum(o.end - o.header for o in graphs)
+    formula = n_tensors * ggml_tensor_overhead() + graph_overheads + acc.data
+    text = f"{n_tensors} × ggml_tensor_overhead() ({ggml_tensor_overhead()})"
+    if graphs:
+        default = ggml_graph_overhead()
+        each = {o.end - o.header for o in graphs}
+        text += f" + {len(graphs)} × " + (f"ggml_graph_overhead() ({default})"
+                                         if each == {default} else "ggml_graph_overhead_custom(…)")
+    text += " + " + _("{n} bytes of data").format(n=acc.data)
+    works = [o for o in acc.objects if o.kind == "WORK_BUFFER"]
+    pad = sum(o.padding for o in acc.objects if o.kind == "TENSOR")
+    said = [_("{n} bytes of data padding").format(n=pad)] if pad else []
+    if works:
+        said.append(_("{n} work buffer(s) of {header} + {sizes} bytes").format(
+            n=len(works), header=GGML_OBJECT_SIZE, sizes=" + ".join(str(o.data) for o in works)))
+    failing = acc.first_to_fail(acc.used - SMALLER) if acc.objects else None
+    return AccountView(cid, acc, parts, formula, text, acc.used - formula, _(" and ").join(said), failing,
+                       _message(acc, failing) if failing else "")

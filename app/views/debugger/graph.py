@@ -211,16 +211,30 @@ def render_svg(dot: str) -> str:
     return svg[svg.index("<svg"):]
 
 
-SvgCache = Callable[[str, Callable[[], str]], str]
+class SvgCache:
+    """svg(key, dot): the SVG of the drawing whose hash is `key`, rendered from dot() unless it is
+    among the last `size` drawn (an app's LRU, shared by its requests); svg.drawn(key) without
+    drawing it."""
+
+    def __init__(self, size: int) -> None:
+        self._svgs: LRUCache = LRUCache(size)
+        self._lock = Lock()
+
+    def __call__(self, key: str, dot: Callable[[], str]) -> str:
+        svg = self.drawn(key)
+        if svg is None:
+            svg = render_svg(dot())
+            with self._lock:
+                self._svgs[key] = svg
+        return svg
+
+    def drawn(self, key: str) -> str | None:
+        with self._lock:
+            return self._svgs.get(key)
 
 
 def svg_cache(size: int) -> SvgCache:
-    """svg(key, dot): the SVG of the drawing whose hash is `key`, rendered from dot() unless it is
-    among the last `size` drawn (an app's LRU, shared by its requests)."""
-    @cached(LRUCache(size), key=lambda key, dot: key, lock=Lock())
-    def svg(key: str, dot: Callable[[], str]) -> str:
-        return render_svg(dot())
-    return svg
+    return SvgCache(size)
 
 
 def _message_svg(text: str) -> str:

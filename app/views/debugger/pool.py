@@ -13,9 +13,9 @@ from markupsafe import Markup, escape
 
 from app import i18n
 from app.i18n import _
+from app.views.debugger.layouts import layout_key
 from app.views.debugger.where import Where, ref_key
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
-from engine.core.infos import layout_digest
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.trace import State, Step
 
@@ -65,8 +65,13 @@ _HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a
 
 
 def pools(state: State, step: Step, where: Where) -> list[PoolView]:
-    links = {kind: [escape(x) for x in where.tensor_url_parts(**change)]
+    """Each context's bar at this step: its elements as no step outlines them are made once per
+    layout and link query (`_plain`, each link's step-dependent start a placeholder); a step
+    makes again only the elements it outlines (changed, selected)."""
+    parts = {kind: [escape(x) for x in where.tensor_url_parts(**change)]
              for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
+    suffixes = (parts["struct"][1], parts["data"][1])
+    placed = {kind: [_PLACE[kind], suffix] for kind, (_prefix, suffix) in parts.items()}
     views = []
     for cid, ctx in state.contexts.items():
         bar = _bar(state, cid)
@@ -81,16 +86,32 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
                     i += 1
         marks.update(i for o in step.objects if o.ctx == cid for i in bar.of_object.get(o.header, ()))
         selected = set(bar.of_tensor.get(where.tensor, ()))
-        html = [_element(piece, links, i in marks, i in selected) for i, piece in enumerate(bar.pieces)]
-        views.append(PoolView(cid, ctx.base, ctx.mem_size, bar.end, Markup("".join(html)), bar.n_objects))
+        html = list(_plain(state, cid, bar, suffixes))
+        for i in marks | selected:
+            html[i] = _element(bar.pieces[i], placed, i in marks, i in selected)
+        text = "".join(html)
+        for kind, (prefix, _suffix) in parts.items():
+            text = text.replace(_PLACE[kind], prefix)
+        views.append(PoolView(cid, ctx.base, ctx.mem_size, bar.end, Markup(text), bar.n_objects))
     return views
+
+
+# where a link's step-dependent start goes in elements made for every step: NUL is in no label
+# (a tensor's name ends at its first NUL) and in no query (a prompt is %-escaped)
+_PLACE = {"struct": "\0s", "data": "\0d"}
 
 
 def _layout_key(state: State, cid: int) -> tuple:
     """What a bar is made from: the object headers and tensor structs (not the data), and the
     labels' language."""
-    ctx = state.contexts[cid]
-    return (cid, ctx.mem_size, layout_digest(ctx), i18n.current())
+    return (layout_key(state, cid), i18n.current())
+
+
+@cached(LRUCache(64), key=lambda state, cid, bar, suffixes: (_layout_key(state, cid), suffixes), lock=Lock())
+def _plain(state: State, cid: int, bar: _Bar, suffixes: tuple[str, str]) -> tuple[str, ...]:
+    """The bar's elements, none outlined, each link's start a placeholder."""
+    links = {"struct": [_PLACE["struct"], suffixes[0]], "data": [_PLACE["data"], suffixes[1]]}
+    return tuple(_element(piece, links, False, False) for piece in bar.pieces)
 
 
 @cached(LRUCache(64), key=_layout_key, lock=Lock())  # a pool's bar is made once per layout
@@ -134,14 +155,28 @@ def _bar(state: State, cid: int) -> _Bar:
         end = o.offs + o.size
     if ctx.mem_size > end:
         segs.append(("free", end, ctx.mem_size - end, _("unused"), None, None))
-    total = sum(_scaled(size) for _k, _s, size, *_r in segs) or 1
+    widths = [_scaled(size) for _k, _s, size, *_r in segs]
+    scale = 100 / (sum(widths) or 1)
     tip = _("%(label)s: offset %(start)s, %(size)s bytes")  # translated once, not per segment
-    pieces = tuple(_Piece(kind, start, start + size, key, link,
-                          f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
-                          f'" style="width:{100 * _scaled(size) / total:.3f}%" title="'
-                          f'{escape(tip % {"label": label, "start": f"{start:#x}", "size": size})}"')
-                   for kind, start, size, label, key, link in segs)
+    pieces = tuple(_Piece(kind, start, start + size, key, link, *_texts(label, start, size, tip, w * scale))
+                   for (kind, start, size, label, key, link), w in zip(segs, widths))
     return _Bar(pieces, [p.start for p in pieces], of_object, of_tensor, end, n_objects)
+
+
+_TEXTS: dict[tuple, tuple[str, str]] = {}  # a segment's texts, the same in every layout that holds it
+_TEXTS_MOST = 1 << 17  # then it starts again
+
+
+def _texts(label: str, start: int, size: int, tip: str, width: float) -> tuple[str, str]:
+    """A piece's head and tail (see _Piece), its escaped label and title made once per segment."""
+    said = _TEXTS.get((label, start, size, tip))
+    if said is None:
+        if len(_TEXTS) >= _TEXTS_MOST:
+            _TEXTS.clear()
+        said = _TEXTS[(label, start, size, tip)] = (
+            f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
+            f'{escape(tip % {"label": label, "start": f"{start:#x}", "size": size})}"')
+    return said[0], f'" style="width:{width:.3f}%" title="' + said[1]
 
 
 def _element(p: _Piece, links: dict[str, list[str]], changed: bool, selected: bool) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from engine.core.context import GGML_OBJECT_TYPE_TENSOR
+from app.views.debugger.layouts import tensor_offsets
 from engine.core.tensor import Tensor
 from engine.trace import State, Step, StepKind
 
@@ -101,9 +101,8 @@ def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:
     """The tensor the view is about: the one in the URL, else the step's own, else the newest."""
     ref = parse_key(where.tensor) or step.tensor
     if ref is not None and ref[0] in state.contexts:
-        ctx = state.contexts[ref[0]]
-        if any(o.offs == ref[1] and o.type == GGML_OBJECT_TYPE_TENSOR for o in ctx.objects()):
-            return Tensor(ctx, ref[1])
+        if ref[1] in tensor_offsets(state, ref[0]):
+            return Tensor(state.contexts[ref[0]], ref[1])
     ts = state.tensors()
     return ts[-1] if ts else None
 

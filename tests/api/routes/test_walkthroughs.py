@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -119,6 +120,56 @@ def test_graph_svg_is_sent_only_when_the_graph_changed(client, tmp_path):
     fresh = TestClient(create_app(Settings(data_dir=tmp_path)))
     assert fresh.get(url).text == svg.text
     assert fresh.get(url.replace(other_key, key)).status_code == 404
+
+
+def _tensor_rows(text: str) -> list[tuple[str, str, bool]]:
+    """The tensors panel's rows: (link, name, selected)."""
+    section = text.split('<section id="tensors"')[1].split("</section>")[0]
+    return [(html.unescape(href), html.unescape(name), "selected" in cls) for cls, href, name in
+            re.findall(r'<tr class="([^"]*)">\s*<td><a href="([^"]+)">([^<]*)</a>', section)]
+
+
+def test_the_tensor_list_is_paged_and_finds_any_tensor(client):
+    """A model's list of tensors comes a page at a time (the page holding the selected tensor);
+    a later page comes alone (htmx swaps it in), its tensors are links that select them, and
+    the filter finds a tensor by name whatever page it is on."""
+    from app.views.debugger.tensors import PAGE
+
+    first = client.get("/walkthroughs/tiny-llama/steps/0")
+    last = int(first.text.split('max="')[1].split('"')[0])
+    base = f"/walkthroughs/tiny-llama/steps/{last}"
+    page0 = client.get(f"{base}?tp=0")
+    rows0 = _tensor_rows(page0.text)
+    assert len(rows0) == PAGE and f"Rows 1 to {PAGE} shown." in page0.text
+    total = int(page0.text.split(" tensor(s) in creation order.")[0].rsplit(">", 1)[1])
+    assert total > PAGE
+    assert 'aria-label="page 2 of the tensor list"' in page0.text
+    part = client.get(f"{base}/tensors?tp=1", headers={"HX-Request": "true"})
+    assert part.status_code == 200 and part.text.lstrip().startswith('<section id="tensors"')
+    assert "<html" not in part.text and "Page:" in part.text
+    rows1 = _tensor_rows(part.text)
+    assert 0 < len(rows1) <= PAGE and not {r[0] for r in rows1} & {r[0] for r in rows0}
+    href, name, _selected = next(r for r in rows1 if r[1] != "(unnamed)")
+    # its link selects it: the step's page opens the list at the page holding it, its row marked
+    chosen = client.get(href)
+    assert chosen.status_code == 200 and href.startswith(f"{base}?")
+    assert (href, name, True) in _tensor_rows(chosen.text)
+    assert f"Rows {PAGE + 1} to " in chosen.text
+    # the filter finds it from any page, and says how many match
+    found = client.get(f"{base}/tensors", params={"tp": 0, "tq": name.upper()})
+    assert name in [r[1] for r in _tensor_rows(found.text)]
+    assert f"of {total} tensors match" in found.text
+    nothing = client.get(f"{base}/tensors", params={"tq": "no such tensor"})
+    assert not _tensor_rows(nothing.text) and "No tensor's name contains" in nothing.text
+    assert client.get(f"{base}/tensors?tp=-1").status_code == 422
+
+
+def test_the_tensor_list_is_the_same_in_chinese(client):
+    r = client.get("/walkthroughs/tiny-llama/steps/0?tp=0&lang=zh")
+    last = int(r.text.split('max="')[1].split('"')[0])
+    page = client.get(f"/walkthroughs/tiny-llama/steps/{last}?tp=0&lang=zh")
+    assert "按名称筛选" in page.text and "显示第 1 到第 100 行。" in page.text
+    client.get("/?lang=en")  # (the language is a cookie: the other tests read English)
 
 
 def test_gemma3_reads_the_learners_prompt_and_appends_tokens(client):
