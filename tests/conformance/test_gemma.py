@@ -112,6 +112,7 @@ def test_logits_within_llama_cpps_own_spread(gemma, gemma_cpp, tmp_path):
         assert nmse(ours[i], paths["plain"][i]) <= max(spread, 1e-9), i
 
 
+@pytest.mark.decoding
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_24_tokens(gemma, gemma_cpp, prompt):
     """The prompt at once, then token by token through the KV cache: the same 24 tokens as
@@ -121,6 +122,7 @@ def test_greedy_24_tokens(gemma, gemma_cpp, prompt):
     assert gemma.generate(ids, 24, n_threads=N_THREADS) == theirs
 
 
+@pytest.mark.decoding
 def test_the_capital_of_france(gemma, gemma_cpp):
     """The demo's answer. llama.cpp's two paths agree for 18 tokens, then a near tie between
     ' capital' and ' located' goes one way with repacked weights and the other without; the
@@ -133,6 +135,7 @@ def test_the_capital_of_france(gemma, gemma_cpp):
                                                  "the largest city in France. It is")
 
 
+@pytest.mark.decoding
 @pytest.mark.parametrize("params", [
     SamplerParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=42),
     SamplerParams(temp=1.5, top_k=0, top_p=0.9, min_p=0.0, seed=7),
@@ -215,6 +218,7 @@ def chat_model(gemma_path, tmp_path_factory):
     return path
 
 
+@pytest.mark.decoding
 def test_cli_generate_streams_the_answer(gemma_path):
     out = cli("generate", str(gemma_path), "The capital of France is", "-n", "8")
     assert out.returncode == 0, out.stderr
@@ -222,6 +226,7 @@ def test_cli_generate_streams_the_answer(gemma_path):
     assert "6 prompt tokens" in out.stderr and "tokens/s" in out.stderr
 
 
+@pytest.mark.decoding
 def test_cli_generate_samples_with_a_seed(gemma_path):
     args = ("generate", str(gemma_path), "Once upon a time", "-n", "6", "--temp", "0.9",
             "--seed", "42")
