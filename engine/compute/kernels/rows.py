@@ -87,8 +87,9 @@ def _set_rows(params, dst: Tensor):
         for at, rows, to in parts:
             idx = at.astype(np.int64)
             bad = (idx < 0) | (idx >= ne1)
-            ggml_assert(not bad.any(), "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
-                        f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne1})")
+            if bad.any():
+                ggml_assert(False, "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
+                            f"index {int(idx[bad][0])} outside [0, {ne1})")
             if len(idx) > 1:  # rows are written in order: for a repeated index the last one stays
                 last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
                 idx, rows = idx[last], rows[last]

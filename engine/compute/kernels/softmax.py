@@ -84,26 +84,31 @@ def _soft_max(params, dst: Tensor):
     sinks4 = view4(sinks) if sinks is not None else None
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
-    step = max(1, BLOCK // max(1, ne00))  # rows per block: few numpy calls, temporaries in the cache
+    # every head of a block of rows at once (each row's arithmetic is its own): few numpy calls,
+    # temporaries in the cache
+    step = max(1, BLOCK // max(1, ne00 * ne02))
+    heads = np.arange(ne02) % m4.shape[1] if m4 is not None else None  # each head's mask matrix
+    slope3 = slopes[:, None, None]
     blocks = []
-    for i3, i2, r in itertools.product(range(ne03), range(ne02), range(0, len(rows), step)):
-        block = rows[r:r + step]  # rows i1 of matrix (i2, i3), ith + k*nth
+    for i3, r in itertools.product(range(ne03), range(0, len(rows), step)):
+        block = rows[r:r + step]  # rows i1 of every matrix (i2, i3): ith + k*nth
         sl = slice(block[0], block[-1] + 1, params.nth)
-        m = m4[i3 % m4.shape[0], i2 % m4.shape[1], sl] if m4 is not None else None
-        blocks.append((i2, x4[i3, i2, sl], m, d4[i3, i2, sl]))
+        m = m4[i3 % m4.shape[0], :, sl] if m4 is not None else None  # (mask heads, rows, ne00)
+        blocks.append((x4[i3, :, sl], m, d4[i3, :, sl]))
 
     def run() -> None:
-        sinks_f32 = sinks4[0, 0, 0, :ne02].astype(F32) if sinks4 is not None else None
-        for i2, x, m, out in blocks:
-            w = x * scale  # (rows, ne00)
+        sinks3 = sinks4[0, 0, 0, :ne02].astype(F32)[:, None, None] if sinks4 is not None else None
+        for x, m, out in blocks:
+            w = x * scale  # (heads, rows, ne00)
             if m is not None:
-                w = fmaf(slopes[i2], to_f32(m, mask.type), w)  # wp[i] += slope*mp[i], contracted
+                mh = m if m.shape[0] in (1, ne02) else m[heads]  # (one matrix: broadcast)
+                w = fmaf(slope3, to_f32(mh, mask.type), w)  # wp[i] += slope*mp[i], contracted
             mx = w.max(axis=-1, keepdims=True)
-            if sinks_f32 is not None:
-                mx = np.maximum(mx, sinks_f32[i2])
+            if sinks3 is not None:
+                mx = np.maximum(mx, sinks3)
             y, total = soft_max_rows(w, mx)
-            if sinks_f32 is not None:
-                total = total + expf(sinks_f32[i2] - mx).astype(F64)
+            if sinks3 is not None:
+                total = total + expf(sinks3 - mx).astype(F64)
             inv = (1.0 / total).astype(F32)
             np.multiply(y, inv, out=out)
     return run
