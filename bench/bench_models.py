@@ -67,7 +67,7 @@ def run_gemma(report) -> None:
         return
     model = load_model(path)
     prompt = model.encode("The capital of France is")
-    model.generate(prompt, 2)  # the weights' prepared form, made once per process
+    model.generate(prompt, 2)  # the graphs built and their calls prepared, once per process
     try:
         import llama_cpp
     except ImportError:
