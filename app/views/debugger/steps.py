@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import note
-from app.views.debugger.where import Where
+from app.views.debugger.where import Where, ref_key
 from engine.trace import Trace
 from engine.trace.groups import StepGroup, find_steps, layer_jump, step_groups
 
@@ -72,5 +72,10 @@ def steps_view(trace: Trace, where: Where) -> StepsView:
 
 
 def search_results(trace: Trace, where: Where, names: dict, q: str) -> list[StepLink]:
-    return [StepLink(i, str(trace.steps[i].kind), _text(trace.steps[i]), where.url(step=i, tensor=None), False)
+    """Each step found, linked; a search for a tensor's whole name links the steps with that
+    tensor selected (its struct shown, the tensor list opened at its page)."""
+    wanted = q.strip().lower()
+    named = next((ref_key(*ref) for ref, name in names.items() if wanted and name.lower() == wanted),
+                 None)
+    return [StepLink(i, str(trace.steps[i].kind), _text(trace.steps[i]), where.url(step=i, tensor=named), False)
             for i in find_steps(trace.steps, q, names)]

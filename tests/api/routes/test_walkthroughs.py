@@ -164,6 +164,21 @@ def test_the_tensor_list_is_paged_and_finds_any_tensor(client):
     assert client.get(f"{base}/tensors?tp=-1").status_code == 422
 
 
+def test_a_search_for_a_tensors_name_opens_its_steps_with_it_selected(client):
+    """A step found by a tensor's whole name opens with that tensor selected, its row on the
+    tensor list's page shown (a model's list is paged: it would not be on the first page), and a
+    search for other words links the steps as they are."""
+    import re
+
+    found = client.get("/walkthroughs/tiny-llama/search", params={"q": "blk.1.ffn_up.weight"})
+    links = re.findall(r'href="(/walkthroughs/tiny-llama/steps/\d+\?[^"]*)"', found.text)
+    assert links and all("t=" in link for link in links)
+    step = client.get(links[0].replace("&amp;", "&"))
+    assert ("blk.1.ffn_up.weight", True) in [(r[1], r[2]) for r in _tensor_rows(step.text)]
+    other = client.get("/walkthroughs/tiny-llama/search", params={"q": "mul_mat"})
+    assert "t=" not in "".join(re.findall(r'href="(/walkthroughs/tiny-llama/steps/[^"]*)"', other.text))
+
+
 def test_the_tensor_list_is_the_same_in_chinese(client):
     r = client.get("/walkthroughs/tiny-llama/steps/0?tp=0&lang=zh")
     last = int(r.text.split('max="')[1].split('"')[0])
