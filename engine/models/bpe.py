@@ -22,13 +22,13 @@ import heapq
 
 from . import unicode as uc
 from .pretokenize import PRE_NAMES, PreTokenizer, split
-from .vocab import TokenAttr, base_attrs, load_specials, partition, token_texts
+from .vocab import Pieces, base_attrs, load_specials, partition, token_texts
 
 PHANTOM = "\u2581"  # '▁'
 WORD_CACHE = 4096  # words remembered with their tokens
 
 
-class BytePairEncoding:
+class BytePairEncoding(Pieces):
     """The vocabulary, the merge ranks and llama.cpp's BPE encoder and decoder."""
 
     def __init__(self, tokens: list[str], attrs: list[int], merges: list[str],
@@ -159,27 +159,10 @@ class BytePairEncoding:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """token_to_piece: the bytes a token stands for."""
-        text, attr = self.tokens[token], self.attrs[token]
-        if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
-            return text.encode("utf-8", "surrogateescape") if special else b""
-        if attr & TokenAttr.USER_DEFINED:
-            return text.encode("utf-8", "surrogateescape")
-        if attr & TokenAttr.NORMAL:
-            if self.pre.escape_whitespaces:
-                return text.replace(PHANTOM, " ").encode("utf-8", "surrogateescape")
-            return decode_text(text)
-        if attr & TokenAttr.BYTE:
-            return bytes([int(text[3:5], 16)])
-        return b""
-
-    def piece_text(self, token: int) -> str:
-        """A token as a learner reads it: its text, control tokens included."""
-        return self.piece(token, special=True).decode("utf-8", errors="replace")
-
-    def decode(self, tokens: list[int], special: bool = False) -> str:
-        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+    def normal_piece(self, text: str) -> bytes:
+        if self.pre.escape_whitespaces:
+            return text.replace(PHANTOM, " ").encode("utf-8", "surrogateescape")
+        return decode_text(text)
 
 
 def decode_text(text: str) -> bytes:

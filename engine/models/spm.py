@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 
-from .vocab import (SPECIAL, TOKEN_TYPE_ATTR, TokenAttr, base_attrs, load_specials, partition,
+from .vocab import (SPECIAL, TOKEN_TYPE_ATTR, Pieces, TokenAttr, base_attrs, load_specials, partition,
                     token_texts)
 
 PHANTOM = "\u2581"  # '▁'
@@ -28,7 +28,7 @@ PHANTOM = "\u2581"  # '▁'
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
-class SentencePiece:
+class SentencePiece(Pieces):
     """The vocabulary and llama.cpp's SPM encoder and decoder."""
 
     def __init__(self, tokens: list[str], scores: list[float], types: list[int], bos_id: int,
@@ -152,25 +152,8 @@ class SentencePiece:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """token_to_piece: the bytes a token stands for."""
-        t, attr = self.tokens[token], self.attrs[token]
-        if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
-            return t.encode() if special else b""
-        if attr & TokenAttr.USER_DEFINED:
-            return t.encode()
-        if attr & TokenAttr.NORMAL:
-            return t.replace(PHANTOM, " ").encode()
-        if attr & TokenAttr.BYTE:
-            return bytes([int(t[3:5], 16)])
-        return b""
-
-    def piece_text(self, token: int) -> str:
-        """A token as a learner reads it: its text, control tokens included ('<bos>')."""
-        return self.piece(token, special=True).decode("utf-8", errors="replace")
-
-    def decode(self, tokens: list[int], special: bool = False) -> str:
-        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+    def normal_piece(self, text: str) -> bytes:
+        return text.replace(PHANTOM, " ").encode("utf-8", "surrogateescape")
 
 
 def _utf8_len(first: int) -> int:

@@ -16,7 +16,7 @@ the string '▁the', a continuation `##ing` is 'ing'.
 from __future__ import annotations
 
 from . import unicode as uc
-from .vocab import TokenAttr, base_attrs, load_specials, partition, token_texts
+from .vocab import Pieces, TokenAttr, base_attrs, load_specials, partition, token_texts
 
 PHANTOM = "\u2581"  # '▁'
 
@@ -58,7 +58,7 @@ def basic_split(text: str | bytes, lowercase: bool = True,
     return words
 
 
-class WordPiece:
+class WordPiece(Pieces):
     """The vocabulary (id <-> string) and llama.cpp's WPM encoder and decoder."""
 
     def __init__(self, tokens: list[str], unk_id: int, bos_id: int | None = None,
@@ -133,19 +133,9 @@ class WordPiece:
                   ([self.eos_id] if self.eos_id is not None else [])
         return ids
 
-    def piece(self, token: int, special: bool = False) -> bytes:
-        """token_to_piece: a word piece with its phantom space as a space."""
-        text, attr = self.tokens[token], self.attrs[token]
-        if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
-            return text.encode("utf-8", "surrogateescape") if special else b""
-        if attr & TokenAttr.USER_DEFINED:
-            return text.encode("utf-8", "surrogateescape")
-        if attr & TokenAttr.NORMAL:
-            return text.replace(PHANTOM, " ").encode("utf-8", "surrogateescape")
-        return b""
-
-    def piece_text(self, token: int) -> str:
-        return self.piece(token, special=True).decode("utf-8", errors="replace")
+    def normal_piece(self, text: str) -> bytes:
+        """A word piece with its phantom space as a space."""
+        return text.replace(PHANTOM, " ").encode("utf-8", "surrogateescape")
 
     def decode_pieces(self, ids: list[int]) -> list[str]:
         return [self.tokens[i] for i in ids]

@@ -85,6 +85,38 @@ class Specials:
     cache: tuple  # ids with CONTROL, USER_DEFINED or UNKNOWN, longest text first
 
 
+class Pieces:
+    """What every tokenizer's token_to_piece shares (SentencePiece, BPE, WordPiece): control and
+    unknown tokens (their text only when special pieces are asked for), user-defined tokens, byte
+    tokens <0xXX>; a NORMAL token's text as the kind spells it (normal_piece)."""
+
+    tokens: list[str]
+    attrs: list[int]
+
+    def normal_piece(self, text: str) -> bytes:
+        raise NotImplementedError
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """token_to_piece: the bytes a token stands for."""
+        text, attr = self.tokens[token], self.attrs[token]
+        if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
+            return text.encode("utf-8", "surrogateescape") if special else b""
+        if attr & TokenAttr.USER_DEFINED:
+            return text.encode("utf-8", "surrogateescape")
+        if attr & TokenAttr.NORMAL:
+            return self.normal_piece(text)
+        if attr & TokenAttr.BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""
+
+    def piece_text(self, token: int) -> str:
+        """A token as a learner reads it: its text, control tokens included ('<bos>')."""
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+    def decode(self, tokens: list[int], special: bool = False) -> str:
+        return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
+
+
 def token_texts(f) -> list[str]:
     """tokenizer.ggml.tokens, an empty token spelled '[EMPTY_<id>]' as llama.cpp names it."""
     return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(f.key("tokenizer.ggml.tokens"))]
