@@ -191,14 +191,16 @@ class _Run:
 
     def _loop(self, ith: int) -> None:
         pending = False  # thread 0 has computed small nodes alone since the last barrier
-        for node_n, node in enumerate(self.nodes):
-            mode, call = self.steps[node_n]
+        told = self.observer is not None or self.cplan.abort_callback is not None
+        for node_n, (mode, call) in enumerate(self.steps):
             if mode is _SKIP:
                 continue  # nothing to compute, and no barrier
+            node = self.nodes[node_n]
             if mode is _PREPARED:
                 if ith == 0 and not self.stopping:
                     call()
-                    self._after(node_n, node)
+                    if told:  # (nobody to tell, no abort callback to poll: nothing after it)
+                        self._after(node_n, node)
                 pending = True
                 continue
             if mode is _ALONE:
