@@ -47,6 +47,10 @@ static PyMethodDef methods[] = {
     {"quantize_q8_0", lanes_quantize_q8_0, METH_VARARGS,
      "quantize_q8_0(x, out): quantize_row_q8_0 of ggml's AVX2 build: float32 blocks of 32 -> "
      "34-byte blocks (the half d, 32 int8)"},
+    {"rope_pairs", lanes_rope_pairs, METH_VARARGS,
+     "rope_pairs(x, y, cs, sn, rows, n, ldx, ldy, h, step, off): ggml's rope rotation of rows of "
+     "n floats (ldx, ldy apart): each row copied, then pair k (elements k*step and k*step + off) "
+     "rotated by cs[k], sn[k], each output one fused multiply-add"},
     {"quantize_q8_k", lanes_quantize_q8_k, METH_VARARGS,
      "quantize_q8_k(x, out): quantize_row_q8_K_ref: float32 blocks of 256 -> 292-byte blocks "
      "(the float d, 256 int8, 16 int16 sums)"},

@@ -100,6 +100,7 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_rope_pairs(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject *kwargs);
 LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);

@@ -644,3 +644,50 @@ LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args)
     (void)self;
     return py_v_math(args, 1);
 }
+
+/* ggml's rope rotation (rope_yarn's result applied, ggml-cpu/ops.cpp) on `rows` rows of n floats:
+ * each row copied to y, then for each pair k < h the elements i0 = k*step and i1 = i0 + off
+ * become (fmaf(x0, c, -(x1*s)), fmaf(x0, s, x1*c)) with c = cs[k], s = sn[k] (the -mfma build
+ * contracts each into one fused multiply-add after rounding the other product). Rows lie ldx
+ * and ldy floats apart; y may be x (each pair is read before it is written). */
+LANES_HIDDEN PyObject *lanes_rope_pairs(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, y, cs, sn;
+    Py_ssize_t rows, n, ldx, ldy, h, step, off;
+    if (!PyArg_ParseTuple(args, "y*w*y*y*nnnnnnn", &x, &y, &cs, &sn, &rows, &n, &ldx, &ldy, &h,
+                          &step, &off))
+        return NULL;
+    const Py_ssize_t last = h > 0 ? (h - 1) * step + off : 0;  /* the highest element a pair reads */
+    int ok = rows >= 0 && n >= 0 && h >= 0 && step >= 1 && off >= 1 && last < (h > 0 ? n : 1) &&
+             ldx >= n && ldy >= n &&
+             lanes_check(&x, rows > 0 ? ((rows - 1) * ldx + n) * 4 : 0, "x") == 0 &&
+             lanes_check(&y, rows > 0 ? ((rows - 1) * ldy + n) * 4 : 0, "y") == 0 &&
+             cs.len >= h * 4 && sn.len >= h * 4;
+    if (ok) {
+        const float *c = cs.buf, *sv = sn.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *xr = (const float *)x.buf + r * ldx;
+            float *yr = (float *)y.buf + r * ldy;
+            if (xr != yr)
+                memmove(yr, xr, (size_t)n * 4);
+            for (Py_ssize_t k = 0; k < h; k++) {
+                const Py_ssize_t i0 = k * step, i1 = i0 + off;
+                const float x0 = xr[i0], x1 = xr[i1];
+                yr[i0] = fmaf(x0, c[k], -(x1 * sv[k]));
+                yr[i1] = fmaf(x0, sv[k], x1 * c[k]);
+            }
+        }
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes or strides for rope_pairs");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&cs);
+    PyBuffer_Release(&sn);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}

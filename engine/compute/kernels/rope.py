@@ -27,6 +27,7 @@ from cachetools import LRUCache, cached
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
+from engine.lanes import lanes, twin
 from engine.core.errors import ggml_assert
 from engine.ops.rope import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
     GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_VISION, ggml_rope_yarn_corr_dims
@@ -55,6 +56,32 @@ def _yarn(theta_extrap: np.ndarray, i0, freq_scale, corr_dims, ext_factor, mscal
 def _rotate(x0, x1, cos, sin) -> tuple[np.ndarray, np.ndarray]:
     """(x0·cos - x1·sin, x0·sin + x1·cos), each one FMA as ggml's -mfma build contracts them."""
     return fmaf(x0, cos, -(x1 * sin)), fmaf(x0, sin, x1 * cos)
+
+
+def _span(rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """A block of float32 rows (rows, n) lying ld floats apart as one flat buffer from its first
+    element, and ld."""
+    ld = rows.strides[0] // 4 if rows.shape[0] > 1 else rows.shape[1]
+    size = (rows.shape[0] - 1) * ld + rows.shape[1] if rows.shape[0] else 0
+    return np.lib.stride_tricks.as_strided(rows, shape=(size,), strides=(4,)), ld
+
+
+@twin("rope_pairs")
+def rope_pairs_into(x, y, cs, sn, rows: int, n: int, ldx: int, ldy: int, h: int, step: int,
+                    off: int) -> None:
+    """engine._lanes.rope_pairs: each of `rows` rows of n floats (ldx, ldy apart) copied from x to
+    y, then pair k, elements (k*step, k*step + off), rotated by cs[k], sn[k] (_rotate)."""
+    if rows == 0:
+        return
+    xs = np.frombuffer(x, F32)
+    ys = np.frombuffer(y, F32)
+    X = np.lib.stride_tricks.as_strided(xs, shape=(rows, n), strides=(ldx * 4, 4))
+    Y = np.lib.stride_tricks.as_strided(ys, shape=(rows, n), strides=(ldy * 4, 4))
+    first, second = slice(0, h * step, step), slice(off, off + h * step, step)
+    r0, r1 = _rotate(X[:, first], X[:, second], np.frombuffer(cs, F32)[:h],
+                     np.frombuffer(sn, F32)[:h])
+    Y[...] = X
+    Y[:, first], Y[:, second] = r0, r1
 
 
 def _made_from(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
@@ -176,12 +203,19 @@ def _rope(params, dst: Tensor, forward: bool = True):
     blocks = list(row_blocks(ne1, ne2, ir0, ir1))
     i2s = np.array(sorted({b[1] for b in blocks}), np.int64)
     slot = {int(i2): j for j, i2 in enumerate(i2s)}
-    rows = [(slot[i2], s4[i3, i2, a:b], d4[i3, i2, a:b]) for i3, i2, a, b in blocks]
+    # F32 rows whose rows lie a whole number of floats apart go to lanes.rope_pairs as flat
+    # spans; the others are widened (copied) first
+    f32 = src0.type == GGMLType.F32 and all(
+        v[i3, i2].strides[0] % 4 == 0 and v[i3, i2].strides[0] >= 0
+        for i3, i2, _a, _b in blocks for v in (s4, d4))
+    rows = [(slot[i2], b - a, _span(s4[i3, i2, a:b]) if f32 else s4[i3, i2, a:b],
+             _span(d4[i3, i2, a:b]) if f32 else d4[i3, i2, a:b]) for i3, i2, a, b in blocks]
     mrope_pos = [i2s + ne2 * k for k in range(4)] if mrope_used else None
     rotated = slice(0, n_dims) if mode == GGML_ROPE_TYPE_NORMAL else None
     h = n_dims // 2 if mode == GGML_ROPE_TYPE_NORMAL else ne0 // 2 if is_vision else n_dims // 2
     off = n_dims if is_vision else n_dims // 2  # (the other modes: pairs (k, k + off))
-    f32 = src0.type == GGMLType.F32
+    step, pair_off = (2, 1) if rotated is not None else (1, off)  # pair k: (k*step, k*step + off)
+    rope_pairs = lanes.rope_pairs
 
     def run() -> None:
         if not rows:
@@ -194,16 +228,18 @@ def _rope(params, dst: Tensor, forward: bool = True):
                                    is_vision, theta_scale, factors, yarn)
         else:
             cos, sin = rope_cache(pos[i2s], ne0, theta_scale, factors, yarn)
-        sin = sin * sin_sign
-        for j, src, out in rows:
-            c, s = cos[j, :h], sin[j, :h]
-            x = src if f32 else to_f32(src, src0.type)  # (rows, ne0)
-            y = x.copy()
-            if rotated is not None:
-                y[:, 0:n_dims:2], y[:, 1:n_dims:2] = _rotate(x[:, 0:n_dims:2], x[:, 1:n_dims:2], c, s)
-            else:
-                y[:, :h], y[:, off:off + h] = _rotate(x[:, :h], x[:, off:off + h], c, s)
-            out[...] = y if f32 else from_f32(y, src0.type)
+        if not forward:
+            sin = sin * sin_sign
+        for j, count, src, out in rows:
+            c, s = np.ascontiguousarray(cos[j, :h]), np.ascontiguousarray(sin[j, :h])
+            if f32:
+                (x, ldx), (y, ldy) = src, out
+                rope_pairs(x, y, c, s, count, ne0, ldx, ldy, h, step, pair_off)
+                continue
+            x = to_f32(src, src0.type)  # (rows, ne0)
+            y = np.empty_like(x)
+            rope_pairs_into(x, y, c, s, len(x), ne0, ne0, ne0, h, step, pair_off)
+            out[...] = from_f32(y, src0.type)
     return run
 
 

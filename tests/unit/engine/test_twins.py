@@ -416,6 +416,30 @@ def test_quantize_q8_0():
     assert same_bits(want, got)
 
 
+@pytest.mark.parametrize("rows,n,ldx,ldy,h,step,off", [
+    (3, 64, 64, 70, 16, 2, 1),  # NORMAL: pairs (2k, 2k+1) over the first 32 dims, rows spaced
+    (4, 128, 130, 128, 32, 1, 32),  # NEOX: pairs (k, k + 32) over the first 64
+    (2, 256, 256, 256, 128, 1, 128),  # every dim rotated (vision: pairs (k, k + ne0/2))
+    (1, 10, 10, 10, 5, 1, 5), (5, 8, 8, 8, 0, 1, 1),  # a short row; nothing rotated (a copy)
+])
+def test_rope_pairs(rows, n, ldx, ldy, h, step, off):
+    """The rope rotation: every bit pattern in x and in the angles' cos and sin."""
+    rng = np.random.default_rng(rows * n + h)
+
+    def floats(k: int) -> np.ndarray:  # k of every kind of float, shuffled
+        return rng.permutation(bit_patterns(rng, max(k, 300)))[:k]
+    x = floats((rows - 1) * ldx + n)
+    cs, sn = floats(max(h, 1)), floats(max(h, 1))
+    want = np.zeros((rows - 1) * ldy + n, F32)
+    got = want.copy()
+    compiled().rope_pairs(x, want, cs, sn, rows, n, ldx, ldy, h, step, off)
+    TWINS["rope_pairs"](x, got, cs, sn, rows, n, ldx, ldy, h, step, off)
+    assert same_bits(want, got)
+    inplace = x.copy()  # y may be x: each pair is read before it is written
+    compiled().rope_pairs(inplace, inplace, cs, sn, rows, n, ldx, ldx, h, step, off)
+    assert same_bits(inplace[:n], want[:n])
+
+
 def test_quantize_q8_k():
     """Bit patterns of every kind (NaN and infinity among them), ordinary rows of every scale,
     and blocks that are all zero or zero but for one value."""
