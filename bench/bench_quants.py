@@ -16,6 +16,7 @@ from engine.core.types import GGMLType as T, traits
 
 N_DEQ = 1 << 20  # elements per dequantize call
 MM_K, MM_N0, MM_THREADS = 4096, 4096, 2
+MM_TYPES = (T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)  # mul_mat's weights
 FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
@@ -58,7 +59,7 @@ def _bench_dequantize(report) -> None:
 def _bench_mul_mat(report) -> None:
     """Both engines compute the same one-node graph with the same thread count."""
     rng = np.random.default_rng(1)
-    for t in (T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K):
+    for t in MM_TYPES:
         w = _weights(t, MM_K * MM_N0, rng).reshape(MM_N0, -1)
         for n1 in (1, 32):
             x = rng.standard_normal((n1, MM_K)).astype(np.float32)

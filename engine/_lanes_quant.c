@@ -9,15 +9,41 @@
  *   Q4_0  nibbles (low: elements 0-15, high: 16-31) minus 8
  *   Q5_0  nibbles plus 16 * their qh bit, minus 16
  *   Q8_0  the int8 quants
+ *   Q4_1  the nibbles (unsigned); the offsets apart: summs = fmaf(x.m, y.s, summs), added to the
+ *         result
+ *   Q5_1  the nibbles plus 16 * their qh bit (unsigned); the offsets as Q4_1's
  *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
  *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
  *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
  *         to the result as (m0 + m2) + (m1 + m3)
+ *   Q5_K  as Q4_K, the nibble of run r plus 16 * bit r of qh[e]; its 4 lanes of mins summed
+ *         into one integer, summs = fmaf(it, -y.d * x.dmin, summs), added to the result
  *   Q6_K  the unsigned 6-bit values times the int8 scale of their 16, minus 32 * (bsums[2l] *
  *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
- * Activations are Q8_0 blocks (fp16 d, 32 int8) for the first three, Q8_K (f32 d, 256 int8,
- * 16 int16 block sums) for the K-quants. */
+ * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0 and Q8_0, Q8_1 (fp16 d, fp16 s,
+ * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
+
+#define K_QUANT(type) ((type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
+
+/* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
+INLINE Py_ssize_t weight_size(int type)
+{
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+INLINE Py_ssize_t activation_size(int type) { return K_QUANT(type) ? 292 : OFFSET_QUANT(type) ? 36 : 34; }
 
 INLINE float hsum8(const float *a)
 {
@@ -38,8 +64,8 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
 
-/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K dmin and
- * the mins, for Q6_K the scales */
+/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K and Q5_K
+ * dmin and the mins, for Q4_1 and Q5_1 m (in dmin), for Q6_K the scales */
 INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
 {
     switch (type) {
@@ -63,6 +89,21 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         *d = half_to_float(u16(blk));
         break;
     }
+    case Q4_1:
+    case Q5_1: {
+        uint32_t qh = 0;
+        const uint8_t *qs = blk + (type == Q5_1 ? 8 : 4);
+        if (type == Q5_1)
+            qh = (uint32_t)blk[4] | (uint32_t)blk[5] << 8 | (uint32_t)blk[6] << 16 |
+                 (uint32_t)blk[7] << 24;
+        for (int e = 0; e < 16; e++) {
+            q[e] = (int16_t)((qs[e] & 0x0F) + 16 * (int)((qh >> e) & 1));
+            q[e + 16] = (int16_t)((qs[e] >> 4) + 16 * (int)((qh >> (e + 16)) & 1));
+        }
+        *d = half_to_float(u16(blk));
+        *dmin = half_to_float(u16(blk + 2));
+        break;
+    }
     case Q8_0: {
         const int8_t *qs = (const int8_t *)(blk + 2);
         for (int e = 0; e < 32; e++)
@@ -70,15 +111,20 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         *d = half_to_float(u16(blk));
         break;
     }
-    case Q4_K: {
-        const uint8_t *qs = blk + 16;
+    case Q4_K:
+    case Q5_K: {
+        const uint8_t *qs = blk + (type == Q5_K ? 48 : 16), *qh = blk + 16;
         for (int j = 0; j < 8; j++) {
             int s, m;
             scale_min_k4(blk + 4, j, &s, &m);
             aux[j] = (int16_t)m;
             const uint8_t *run = qs + 32 * (j / 2);
-            for (int e = 0; e < 32; e++)
-                q[32 * j + e] = (int16_t)(s * ((j & 1) ? run[e] >> 4 : run[e] & 0x0F));
+            for (int e = 0; e < 32; e++) {
+                int v = (j & 1) ? run[e] >> 4 : run[e] & 0x0F;
+                if (type == Q5_K)
+                    v += 16 * ((qh[e] >> j) & 1);
+                q[32 * j + e] = (int16_t)(s * v);
+            }
         }
         *d = half_to_float(u16(blk));
         *dmin = half_to_float(u16(blk + 2));
@@ -113,10 +159,9 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                            Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
                            Py_ssize_t nb, float *acc)
 {
-    const int k_quant = type == Q4_K || type == Q6_K;
+    const int k_quant = K_QUANT(type);
     const int runs = k_quant ? 8 : 1;
-    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
-    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
     int16_t q[256], aux[16];
     int32_t lane[8];
     for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
@@ -132,7 +177,7 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                     memcpy(&yd, yb, 4);
                 else
                     yd = half_to_float(u16(yb));
-                const int8_t *yq = (const int8_t *)(yb + (k_quant ? 4 : 2));
+                const int8_t *yq = (const int8_t *)(yb + (k_quant || OFFSET_QUANT(type) ? 4 : 2));
                 lane_sums(q, yq, runs, lane);
                 float *a = acc + i1 * 12;
                 if (type == Q6_K)
@@ -144,18 +189,23 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                 const float scale = yd * xd;
                 for (int l = 0; l < 8; l++)
                     a[l] = fmaf((float)lane[l], scale, a[l]);
-                if (type == Q4_K) {
+                if (type == Q4_K || type == Q5_K) {
                     const uint8_t *bs = yb + 260;
                     int16_t q8s[8];  /* hadd_epi16 of the block sums */
                     for (int h = 0; h < 8; h++)
                         q8s[h] = (int16_t)((int16_t)u16(bs + 4 * h) + (int16_t)u16(bs + 4 * h + 2));
                     const float mscale = -yd * xdmin;
-                    for (int l = 0; l < 4; l++) {
-                        const int32_t s = (int32_t)aux[2 * l] * q8s[2 * l] +
-                                          (int32_t)aux[2 * l + 1] * q8s[2 * l + 1];
-                        a[8 + l] = fmaf((float)s, mscale, a[8 + l]);
-                    }
+                    int32_t s[4];
+                    for (int l = 0; l < 4; l++)
+                        s[l] = (int32_t)aux[2 * l] * q8s[2 * l] + (int32_t)aux[2 * l + 1] * q8s[2 * l + 1];
+                    if (type == Q4_K)
+                        for (int l = 0; l < 4; l++)
+                            a[8 + l] = fmaf((float)s[l], mscale, a[8 + l]);
+                    else
+                        a[8] = fmaf((float)((s[0] + s[1]) + (s[2] + s[3])), mscale, a[8]);
                 }
+                if (OFFSET_QUANT(type))
+                    a[8] = fmaf(xdmin, half_to_float(u16(yb + 2)), a[8]);
             }
         }
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
@@ -163,6 +213,8 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
             float r = hsum8(a);
             if (type == Q4_K)
                 r += (a[8] + a[10]) + (a[9] + a[11]);
+            else if (type == Q5_K || OFFSET_QUANT(type))
+                r += a[8];
             out[i1 * ldo + i0] = r;
         }
     }
@@ -174,9 +226,12 @@ static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
 {
     switch (type) {  /* one copy of the loop per type, its constants folded in */
     case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_1: quant_dot_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_1: quant_dot_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_K: quant_dot_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }
@@ -188,7 +243,8 @@ static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
  * to the scalar ones: unsigned 4- and 6-bit weights by maddubs, which cannot saturate on them;
  * signed 8-bit ones widened to 16 bits first), the fma and the sums in the same order. For the
  * 32-element types the 8 lane sums come out as lanes 0 1 4 5 2 3 6 7 (hadd works within
- * halves); their accumulators stay in that order and are put back before the final sum. */
+ * halves); their accumulators stay in that order and are put back before the final sum. Q4_1's
+ * and Q5_1's (unsigned) by maddubs and a madd with ones, in order. */
 AVX2 __m256i legacy_weights(int type, const uint8_t *blk)
 {
     if (type == Q8_0)
@@ -205,6 +261,30 @@ AVX2 __m256i legacy_weights(int type, const uint8_t *blk)
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
     return _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xF0)));
+}
+
+/* Q4_1's and Q5_1's 32 unsigned quants: the nibbles, Q5_1's plus 16 where their qh bit is set */
+AVX2 __m256i offset_weights(int type, const uint8_t *blk)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i t = _mm_loadu_si128((const __m128i *)(blk + (type == Q5_1 ? 8 : 4)));
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m4), _mm_and_si128(t, m4));
+    if (type == Q4_1)
+        return nib;
+    uint32_t qh;
+    memcpy(&qh, blk + 4, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+}
+
+/* lane l: the products of unsigned quants qx and activation bytes 4l..4l+3, in order */
+AVX2 __m256i offset_lanes(__m256i qx, const uint8_t *yq)
+{
+    const __m256i p = _mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)yq));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
 AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
@@ -227,6 +307,27 @@ AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
                                                 _mm256_loadu_si256((const __m256i *)(yq + 64 * j)));
         const __m256i hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
                                                 _mm256_loadu_si256((const __m256i *)(yq + 64 * j + 32)));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
+                                                     _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
+    }
+    return sum;
+}
+
+AVX2 __m256i q5_k_lanes(const uint8_t *blk, const int16_t *sc, const int8_t *yq)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 16));
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 48 + 32 * j));
+        /* bit r of each qh byte, times 16 (the shifts cannot carry a bit into the next byte's) */
+        const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one), 4);
+        const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one), 4);
+        const __m256i lo = _mm256_maddubs_epi16(_mm256_or_si256(_mm256_and_si256(bits, m4), h0),
+                                                _mm256_loadu_si256((const __m256i *)(yq + 64 * j)));
+        const __m256i hi = _mm256_maddubs_epi16(
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), h1),
+            _mm256_loadu_si256((const __m256i *)(yq + 64 * j + 32)));
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi16(sc[2 * j])),
                                                      _mm256_madd_epi16(hi, _mm256_set1_epi16(sc[2 * j + 1]))));
     }
@@ -266,26 +367,29 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
 {
-    const int k_quant = type == Q4_K || type == Q6_K;
-    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34 : type == Q4_K ? 144 : 210;
-    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    const int k_quant = K_QUANT(type);
+    const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
     for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
             const uint8_t *yr = x + i1 * ldx;
             __m256 acc = _mm256_setzero_ps();
-            float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* Q4_K's mins; Q5_K, Q4_1, Q5_1: [0] */
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
                 __m256i lanes;
                 float d;
-                if (!k_quant) {
+                if (OFFSET_QUANT(type)) {
+                    d = half_f16c(yb) * half_f16c(blk);
+                    acc_m[0] = fmaf(half_f16c(blk + 2), half_f16c(yb + 2), acc_m[0]);
+                    lanes = offset_lanes(offset_weights(type, blk), yb + 4);
+                } else if (!k_quant) {
                     d = half_f16c(yb) * half_f16c(blk);
                     lanes = legacy_lanes(legacy_weights(type, blk), yb + 2);
                 } else {
                     float yd;
                     memcpy(&yd, yb, 4);
-                    if (type == Q4_K) {
+                    if (type == Q4_K || type == Q5_K) {
                         const uint8_t *bs = yb + 260;
                         int16_t sc[8], mn[8];
                         for (int j = 0; j < 8; j++) {
@@ -294,13 +398,20 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                             sc[j] = (int16_t)s;
                             mn[j] = (int16_t)m;
                         }
-                        lanes = q4_k_lanes(blk + 16, sc, (const int8_t *)(yb + 4));
+                        lanes = type == Q4_K ? q4_k_lanes(blk + 16, sc, (const int8_t *)(yb + 4))
+                                             : q5_k_lanes(blk, sc, (const int8_t *)(yb + 4));
                         const float mscale = -yd * half_f16c(blk + 2);
+                        int32_t m[4];
                         for (int l = 0; l < 4; l++) {
                             const int32_t s0 = (int16_t)((int16_t)u16(bs + 8 * l) + (int16_t)u16(bs + 8 * l + 2));
                             const int32_t s1 = (int16_t)((int16_t)u16(bs + 8 * l + 4) + (int16_t)u16(bs + 8 * l + 6));
-                            acc_m[l] = fmaf((float)(mn[2 * l] * s0 + mn[2 * l + 1] * s1), mscale, acc_m[l]);
+                            m[l] = mn[2 * l] * s0 + mn[2 * l + 1] * s1;
                         }
+                        if (type == Q4_K)
+                            for (int l = 0; l < 4; l++)
+                                acc_m[l] = fmaf((float)m[l], mscale, acc_m[l]);
+                        else
+                            acc_m[0] = fmaf((float)((m[0] + m[1]) + (m[2] + m[3])), mscale, acc_m[0]);
                         d = yd * half_f16c(blk);
                     } else {
                         lanes = q6_k_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
@@ -311,7 +422,7 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
             }
             float a[8];
             _mm256_storeu_ps(a, acc);
-            if (!k_quant) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
+            if (!k_quant && !OFFSET_QUANT(type)) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
                 float t;
                 t = a[2], a[2] = a[4], a[4] = t;
                 t = a[3], a[3] = a[5], a[5] = t;
@@ -319,6 +430,8 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
             float r = hsum8(a);
             if (type == Q4_K)
                 r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+            else if (type == Q5_K || OFFSET_QUANT(type))
+                r += acc_m[0];
             out[i1 * ldo + i0] = r;
         }
     }
@@ -330,9 +443,12 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
 {
     switch (type) {
     case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_1: quant_dot_avx2_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_1: quant_dot_avx2_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_K: quant_dot_avx2_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
@@ -370,10 +486,8 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pi", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
                           &portable, &threads))
         return NULL;
-    const int k_quant = type == Q4_K || type == Q6_K;
-    const Py_ssize_t wsize = type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q8_0 ? 34
-                           : type == Q4_K ? 144 : type == Q6_K ? 210 : 0;
-    const Py_ssize_t ysize = k_quant ? 292 : 34;
+    const int k_quant = K_QUANT(type);
+    const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
     /* w: n0 rows of nb blocks, ldw bytes apart (the last one may end the buffer); x likewise */
     int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
              w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&

@@ -19,7 +19,8 @@ from engine.compute.kernels import KERNELS, KernelInfo, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
-from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8
+from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8, \
+    min_total
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
@@ -166,7 +167,8 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
         y = from_float(vdt, to_f32(view4(src1)[0, 0, col:col + 1], src1.type)).view(np.uint8).reshape(-1)
     wb, yb = w.reshape(nb, t0.type_size), y.reshape(nb, tv.type_size)
     lanes, scale, mlanes, mscale = block_lanes(src0.type, decode_weights(src0.type, wb), yb)
-    acc, accm = np.zeros(8, F32), np.zeros(4, F32)
+    acc = np.zeros(8, F32)
+    accm = np.zeros(4 if mlanes is None else mlanes.shape[-1], F32)
     for b in range(nb):
         before = acc
         acc = fmaf(lanes[b].astype(F32), scale[b], acc)
@@ -176,7 +178,9 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
             shown, shown_m = (before, acc), accm.copy()
     result = F32(hsum8(acc))
     if mlanes is not None:
-        result = F32(result + F32((accm[0] + accm[2]) + (accm[1] + accm[3])))
+        result = F32(result + F32(min_total(src0.type, accm)))
+    if src0.type != GGMLType.Q4_K:  # the page tells Q4_K's 4 lanes of mins only
+        mlanes = None
     return WorkedBlock(t0.type_name, tv.type_name, row, col, block, nb,
                        explain_block(src0.type, w, block), explain_block(vdt, y, block),
                        tuple(int(v) for v in lanes[block]), float(scale[block]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.compute.kernels.vecdot import EXACT_QUANT
 from engine.quants import QUANT_KINDS
 from engine.core.types import GGMLType, TYPE_TRAITS
 from tests.support.graphs import Leaf, check_op, values
@@ -20,9 +21,12 @@ WEIGHTS = [t for t, k in QUANT_KINDS.items() if TYPE_TRAITS[t].vec_dot_type is n
 @pytest.mark.parametrize("batch", [1, 32])
 @pytest.mark.parametrize("wtype", WEIGHTS, ids=lambda t: TYPE_TRAITS[t].type_name)
 def test_mul_mat_quantized(wtype, batch, n_threads):
+    """The types whose vec_dot the engine emulates (vecdot.EXACT_QUANT; these products are
+    small enough for it) bit for bit, the others to rounding."""
     k = TYPE_TRAITS[wtype].blck_size * 2 if TYPE_TRAITS[wtype].blck_size > 32 else 128
     check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
-             [Leaf(wtype, (k, 24)), Leaf(F32, (k, batch))], n_threads, max_nmse=5e-4)
+             [Leaf(wtype, (k, 24)), Leaf(F32, (k, batch))], n_threads, max_nmse=5e-4,
+             exact=wtype in EXACT_QUANT)
 
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K,

@@ -31,7 +31,7 @@ def mmid(g, ctx, as_, b, ids):
 
 
 # (expert type, cols, rows, n_expert, n_ids, n_b, n_tokens, NMSE bound)
-# exact vec_dot emulation (F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K) must give ggml's bits;
+# exact vec_dot emulation (F32, F16, vecdot.EXACT_QUANT) must give ggml's bits;
 # other quantized types are BLAS products within test-backend-ops' mul_mat bound (5e-4)
 CASES = [
     (F32, 64, 20, 4, 2, 2, 5, 0.0),
@@ -42,7 +42,10 @@ CASES = [
     (T.Q5_0, 64, 8, 3, 2, 2, 3, 0.0),
     (T.Q4_K, 256, 12, 4, 2, 1, 3, 0.0),
     (T.Q6_K, 256, 9, 3, 2, 2, 2, 0.0),
-    (T.Q5_K, 256, 8, 3, 2, 1, 3, 5e-4),
+    (T.Q5_K, 256, 8, 3, 2, 1, 3, 0.0),
+    (T.Q4_1, 64, 8, 3, 2, 2, 3, 0.0),
+    (T.Q5_1, 96, 10, 4, 2, 1, 4, 0.0),
+    (T.Q2_K, 256, 8, 3, 2, 1, 3, 5e-4),
     (T.IQ4_NL, 64, 8, 4, 2, 2, 3, 5e-4),
 ]
 

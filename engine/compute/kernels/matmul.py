@@ -257,8 +257,8 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
     packed = ggml_is_contiguous(src1)
     x = x4.reshape(nrows, ne10) if packed else None
     halves = rows.view(np.float16) if vdt == GGMLType.F16 else None
-    # the CPU's activation quantizer, writing straight into the work buffer (Q8_0 and Q8_K: the
-    # exact products' activation types; Q8_1 goes through from_float)
+    # the CPU's activation quantizer, writing straight into the work buffer (Q8_0 and Q8_K; Q8_1,
+    # Q4_1's and Q5_1's, has no C loop and goes through from_float: quantize_row_q8_1's AVX2 form)
     quantize = {GGMLType.Q8_0: lanes.quantize_q8_0, GGMLType.Q8_K: lanes.quantize_q8_k}.get(vdt)
 
     def run() -> None:

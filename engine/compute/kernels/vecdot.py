@@ -1,5 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
-quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_K and Q6_K (with Q8_K activations).
+quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q4_K,
+Q5_K and Q6_K (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -19,8 +20,11 @@ pure-numpy mode, engine/lanes.py):
   8 lanes, then hsum8.
 - ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
-- ggml_vec_dot_q4_K_q8_K, ggml_vec_dot_q6_K_q8_K: per super-block, 8 integer lanes of scaled
-  products (and 4 lanes of mins for Q4_K), then the same fma and horizontal sums.
+- ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
+  fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
+- ggml_vec_dot_q{4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
+  same fma and horizontal sums; the mins apart (Q4_K: 4 lanes of their own; Q5_K: one integer,
+  summs = fmaf(-y.d * x.dmin, it, summs)).
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -33,7 +37,7 @@ import numpy as np
 
 from engine.compute.kernels.floatmath import fmaf
 from engine.lanes import lanes, twin
-from engine.quants.common import get_scale_min_k4, half_at, nibbles, unpack_2bit
+from engine.quants.common import bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
 from engine.quants.legacy import nibbles_with_qh
 from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
@@ -211,18 +215,21 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # --- quantized weights, their raw blocks ------------------------------------------------------
 
-EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K})
-K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})  # with Q8_K activations (Q8_0 the others)
+EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+                         GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})  # with Q8_K activations
+OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
 
 class Decoded(NamedTuple):
     """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c `decode`)."""
 
-    q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's times their run's six-bit scale,
-    #                Q6_K's (unsigned) times the int8 scale of their 16
+    q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's and Q5_K's times their run's
+    #                six-bit scale, Q6_K's (unsigned) times the int8 scale of their 16
     d: np.ndarray  # float32 (...): the block's scale
-    dmin: np.ndarray  # float32 (...): Q4_K's scale of the mins (0 for the other types)
-    aux: np.ndarray  # int16 (..., 8 mins of Q4_K | 16 scales of Q6_K | 0 for the others)
+    dmin: np.ndarray  # float32 (...): Q4_K's and Q5_K's scale of the mins, Q4_1's and Q5_1's m
+    #                   (0 for the other types)
+    aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 scales of Q6_K | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -235,11 +242,19 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
         q = nibbles(raw, 2, 18, 16).astype(np.int16) - 8
     elif type_ == GGMLType.Q5_0:  # nibble + 16 * its qh bit - 16
         q = nibbles_with_qh(raw, 2, 6).astype(np.int16) - 16
+    elif type_ in OFFSET_QUANTS:  # Q4_1's nibbles, Q5_1's nibble + 16 * its qh bit; m apart
+        q = (nibbles(raw, 4, 20, 16) if type_ == GGMLType.Q4_1 else
+             nibbles_with_qh(raw, 4, 8)).astype(np.int16)
+        return Decoded(q.reshape(*lead, 32), half_at(blocks, 0), half_at(blocks, 2), none)
     elif type_ == GGMLType.Q8_0:
         q = raw[:, 2:].view(np.int8).astype(np.int16)
-    elif type_ == GGMLType.Q4_K:  # each run of 32 times its six-bit scale
+    elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # each run of 32 times its six-bit scale
         sc, m = get_scale_min_k4(raw[:, 4:16])
-        q = np.multiply(nibbles(raw, 16, 144, 32).reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
+        if type_ == GGMLType.Q4_K:
+            u = nibbles(raw, 16, 144, 32)
+        else:  # Q5_K: the nibble + 16 * bit r of qh[e] (element e of run r)
+            u = nibbles(raw, 48, 176, 32) | bit_fields(raw, 16, 48, 32, 1) * np.uint8(16)
+        q = np.multiply(u.reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
         return Decoded(q.reshape(*lead, 256), half_at(blocks, 0), half_at(blocks, 2),
                        m.reshape(*lead, 8).astype(np.int16))
     else:  # Q6_K: the unsigned 6-bit values times the int8 scale of their 16
@@ -251,31 +266,44 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
     return Decoded(q.reshape(*lead, 32), half_at(blocks, 0), zeros, none)
 
 
-def decode_activations(type_: GGMLType, yblocks: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                         np.ndarray | None]:
-    """Activation blocks (..., size) uint8 for weights of type_: Q8_0 (half d, 32 int8) or, for
-    the K-quants, Q8_K (float d, 256 int8, 16 int16 sums of 16) -> d float32 (...), q int8
-    (..., 32 or 256), bsums int16 (..., 16) or None."""
+class Activations(NamedTuple):
+    """Activation blocks as ggml's vec_dot reads them."""
+
+    d: np.ndarray  # float32 (...): the block's scale
+    q: np.ndarray  # int8 (..., 32 or 256): the quants
+    bsums: np.ndarray | None  # int16 (..., 16): Q8_K's sums of 16 quants (None for the others)
+    s: np.ndarray | None  # float32 (...): Q8_1's s, d * the sum of its quants (None: others)
+
+
+def decode_activations(type_: GGMLType, yblocks: np.ndarray) -> Activations:
+    """Activation blocks (..., size) uint8 for weights of type_: Q8_0 (half d, 32 int8), Q8_1
+    for Q4_1 and Q5_1 (half d, half s, 32 int8) or Q8_K for the K-quants (float d, 256 int8, 16
+    int16 sums of 16)."""
+    if type_ in OFFSET_QUANTS:
+        return Activations(half_at(yblocks, 0), yblocks[..., 4:36].view(np.int8), None,
+                           half_at(yblocks, 2))
     if type_ not in K_QUANTS:
-        return half_at(yblocks, 0), yblocks[..., 2:34].view(np.int8), None
+        return Activations(half_at(yblocks, 0), yblocks[..., 2:34].view(np.int8), None, None)
     d = np.ascontiguousarray(yblocks[..., :4]).view(np.float32)[..., 0]
     bsums = np.ascontiguousarray(yblocks[..., 260:292]).view("<i2")
-    return d, yblocks[..., 4:260].view(np.int8), bsums
+    return Activations(d, yblocks[..., 4:260].view(np.int8), bsums, None)
 
 
 def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
         np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """One block's integer lanes and scales, for decoded weight blocks and activation blocks
     (..., size) uint8 (their leading axes broadcast) -> (lanes int32 (..., 8), scale float32 (...),
-    min_lanes int32 (..., 4) or None, min_scale float32 (...) or None).
+    min_lanes (..., 4 or 1) or None, min_scale float32 (...) or None).
 
     Lane l sums the products of elements 4l..4l+3 of every run of 32 (exact integers, so their
     order is free; here as engine/_lanes_quant.c's lane_sums: s[e] = element e's products summed
     over the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
     32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q4_K's mins: the 16
     block sums added in pairs into int16 (_mm256_hadd_epi16, wrapping), min lane l =
-    m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin."""
-    yd, yq, bsums = decode_activations(type_, yblocks)
+    m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
+    into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
+    Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total."""
+    yd, yq, bsums, ys = decode_activations(type_, yblocks)
     p = np.multiply(dec.q, yq, dtype=np.int32)
     runs = p.reshape(*p.shape[:-1], -1, 32)
     e = runs[..., 0, :]
@@ -286,24 +314,39 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     if type_ == GGMLType.Q6_K:
         corr = bsums.astype(np.int32) * dec.aux
         lane = lane - 32 * (corr[..., 0::2] + corr[..., 1::2])
-    if type_ != GGMLType.Q4_K:
+    if type_ in OFFSET_QUANTS:
+        shape = np.broadcast_shapes(dec.dmin.shape, ys.shape)
+        return lane, scale, np.broadcast_to(dec.dmin, shape)[..., None], np.broadcast_to(ys, shape)
+    if type_ not in (GGMLType.Q4_K, GGMLType.Q5_K):
         return lane, scale, None, None
     s = (bsums[..., 0::2].astype(np.int32) + bsums[..., 1::2]).astype(np.int16)
     mins = dec.aux.astype(np.int32) * s
-    return lane, scale, mins[..., 0::2] + mins[..., 1::2], -yd * dec.dmin
+    mins = mins[..., 0::2] + mins[..., 1::2]
+    if type_ == GGMLType.Q5_K:
+        mins = ((mins[..., 0] + mins[..., 1]) + (mins[..., 2] + mins[..., 3]))[..., None]
+    return lane, scale, mins, -yd * dec.dmin
+
+
+def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
+    """The mins' (or offsets') accumulators (..., 4 or 1) as ggml adds them to hsum_float_8(acc):
+    Q4_K's 4 lanes as (m0 + m2) + (m1 + m3), the others' one float as it is."""
+    if type_ == GGMLType.Q4_K:
+        return (acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3])
+    return acc_m[..., 0]
 
 
 @twin("quant_dot")
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
               portable: bool = False, threads: int = 1) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
-    _q5_0_q8_0, _q8_0_q8_0, _q4_K_q8_K, _q6_K_q8_K) of weight row i0 (nb blocks of type_ at byte
-    i0 * ldw of w) and activation row i1 (Q8_0 or Q8_K blocks at byte i1 * ldx of x).
+    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
+    row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
+    blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
-    fmaf(lanes[l], scale, acc[l]) (and Q4_K's acc_m); the result hsum8(acc) (+ (m0 + m2) +
-    (m1 + m3)). portable and threads change no bit (ignored)."""
+    fmaf(lanes[l], scale, acc[l]) (and the mins' or offsets' acc_m); the result hsum8(acc)
+    (+ min_total(acc_m)). portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks
@@ -328,10 +371,10 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
             acc_m = np.zeros(min_lanes.shape[1:], F32)
             for b in range(nb):
                 acc_m = fmaf(min_lanes[b], min_scale[b], acc_m)
-            acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4)
+            acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4 or 1)
         r = hsum8(acc)
-        if type_ == GGMLType.Q4_K:
-            r = r + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
+        if min_lanes is not None:
+            r = r + min_total(type_, acc_m)
         o[:, a:a + step] = r
 
 
@@ -343,14 +386,16 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     -> (n1, n0).
 
     Legacy types (ggml_vec_dot_q{4,5,8}_0_q8_0): lane L of each block of 32 sums the products of
-    elements 4L..4L+3; acc = fma(x.d*y.d, lanes, acc) per block.
+    elements 4L..4L+3; acc = fma(x.d*y.d, lanes, acc) per block. Q4_1 and Q5_1 (_q8_1): the same
+    lanes of the unsigned quants, and summs = fma(x.m, y.s, summs) per block.
     Q4_K (ggml_vec_dot_q4_K_q8_K): lane L of a super-block sums elements 4L..4L+3 of each of its
     8 runs of 32, times the runs' six-bit scales; acc = fma(y.d*x.d, lanes, acc); the mins go
     through 4 lanes, acc_m = fma(-y.d*x.dmin, sum of min*(q8 sums), acc_m), added as
-    (m0 + m2) + (m1 + m3).
+    (m0 + m2) + (m1 + m3). Q5_K (ggml_vec_dot_q5_K_q8_K): as Q4_K with 5-bit quants, its mins
+    one integer per super-block, summs = fma(-y.d*x.dmin, it, summs).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
-    The result is hsum_float_8(acc) (+ the mins). The lane sums are exact integers, so the
+    The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when
     two NaN scales meet: the compiler's operand order). `threads`: the weight rows shared out

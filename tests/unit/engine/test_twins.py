@@ -28,8 +28,13 @@ from engine.core.types import GGMLType, fp32_to_fp16_bits
 F32 = np.float32
 C = compiled()
 OUT = object()  # marks where the output buffer goes in an argument list
-QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q5_0: 22, GGMLType.Q8_0: 34, GGMLType.Q4_K: 144,
-             GGMLType.Q6_K: 210}  # weight block sizes; activations: Q8_0 (34) or Q8_K (292)
+QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
+             GGMLType.Q8_0: 34, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
+# (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
+K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+# the fp16 scales of a weight block: d (and m, or dmin)
+D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q4_K: (0, 2),
+        GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
               GGMLType.TQ1_0: (54, 256)}  # block size, elements
 K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
@@ -119,10 +124,12 @@ def q8_k_blocks(rng: np.random.Generator, n: int, wild: bool) -> np.ndarray:
 
 def activation_blocks(rng: np.random.Generator, type_: GGMLType, n: int,
                       wild: bool) -> np.ndarray:
-    """n activation blocks for weights of type_: Q8_K (n, 292) for the K-quants, else Q8_0
-    (n, 34)."""
-    if type_ in (GGMLType.Q4_K, GGMLType.Q6_K):
+    """n activation blocks for weights of type_: Q8_K (n, 292) for the K-quants, Q8_1 (n, 36;
+    d and s ordinary halves unless wild) for Q4_1 and Q5_1, else Q8_0 (n, 34)."""
+    if type_ in K_QUANTS:
         return q8_k_blocks(rng, n, wild)
+    if type_ in (GGMLType.Q4_1, GGMLType.Q5_1):
+        return quant_blocks(rng, n, 36, (0, 2), wild)
     return quant_blocks(rng, n, 34, (0,), wild)
 
 
@@ -143,7 +150,7 @@ def test_quant_dot(type_: GGMLType, wild: bool):
     """Every pair of weight rows (nb blocks, rows ldw bytes apart, more than a row) and activation
     rows (ldx apart); C's AVX2 and portable loops alike."""
     rng = np.random.default_rng([int(type_), wild])
-    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}.get(type_, (0,))
+    d_at = D_AT.get(type_, (0,))
     for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (0, 2, 1)):
         w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
         x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
@@ -204,7 +211,7 @@ def pool_workers() -> int:
 def quant_dot_case(rng: np.random.Generator, type_: GGMLType, n0: int, n1: int, nb: int,
                    wild: bool = False) -> tuple:
     """quant_dot's arguments (OUT for the output) for n0 weight rows and n1 activation rows."""
-    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q6_K: (208,)}.get(type_, (0,))
+    d_at = D_AT.get(type_, (0,))
     w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
     x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
     return (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb)
@@ -228,7 +235,7 @@ def test_quant_dot_threads(type_: GGMLType, wild: bool):
     """The rows shared out between 2, 3 and 7 threads (the pool's workers do start): the bytes
     of one thread, and the twin's bits; the portable loop likewise."""
     rng = np.random.default_rng([int(type_), wild, 11])
-    elems = 256 if type_ in (GGMLType.Q4_K, GGMLType.Q6_K) else 32
+    elems = 256 if type_ in K_QUANTS else 32
     for n0, n1, nb in QUANT_SPLITS[elems]:
         args = quant_dot_case(rng, type_, n0, n1, nb, wild)
         for portable in (False, True):
