@@ -31,6 +31,9 @@ static PyMethodDef methods[] = {
     {"soft_max", lanes_soft_max, METH_VARARGS,
      "soft_max(w, mx, y, sums, rows, n): ggml_vec_soft_max_f32 of each row of w (rows, n) float32 "
      "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
+    {"rms_norm_rows", lanes_rms_norm_rows, METH_VARARGS,
+     "rms_norm_rows(x, y, rows, n, ldx, ldy, eps): ggml_compute_forward_rms_norm_f32 of rows of n "
+     "floats (ldx, ldy bytes apart): the squares summed in double left to right"},
     {"norm_rows", lanes_norm_rows, METH_VARARGS,
      "norm_rows(x, y, rows, n, ldx, ldy, eps, portable=False): ggml_compute_forward_norm_f32 of "
      "`rows` rows of n float32 (row r at byte r * ldx of x, r * ldy of y): y = (x - mean) / "

@@ -109,5 +109,6 @@ LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
 
 #endif

@@ -552,6 +552,48 @@ LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ggml_compute_forward_rms_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x, at
+ * r * ldy of y; y may be x): each square rounded to float and added to a double sum, left to
+ * right from 0.0; mean = (float)(sum / n); y = x * (1.0f / sqrtf(mean + eps)) */
+LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, y;
+    Py_ssize_t rows, n, ldx, ldy;
+    float eps;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnf", &x, &y, &rows, &n, &ldx, &ldy, &eps))
+        return NULL;
+    int ok = rows >= 0 && n >= 0 && ldx >= 4 * n && ldy >= 4 * n;
+    if (ok) {
+        ok = lanes_check(&x, rows ? (rows - 1) * ldx + 4 * n : 0, "x") == 0 &&
+             lanes_check(&y, rows ? (rows - 1) * ldy + 4 * n : 0, "y") == 0;
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const float *xr = (const float *)((const char *)x.buf + r * ldx);
+            float *yr = (float *)((char *)y.buf + r * ldy);
+            double sum = 0.0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const float sq = xr[i] * xr[i];
+                sum += (double)sq;
+            }
+            const float mean = (float)(sum / (double)n);
+            const float scale = 1.0f / sqrtf(mean + eps);
+            for (Py_ssize_t i = 0; i < n; i++)
+                yr[i] = xr[i] * scale;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* fmaf over buffers, step after step: out = c, then out[i] = fmaf(a[k][i], b[k][i], out[i]) for
  * each step k, correctly rounded (what the -mfma build's fused multiply-adds compute, as
  * ggml_vec_mad_f32 accumulates). A NaN operand's NaN comes out quiet, b's first, then a's, then

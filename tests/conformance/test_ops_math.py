@@ -227,6 +227,25 @@ def test_norm_sums_in_order(n_threads):
     assert ours["raw"] == theirs["raw"]  # bit for bit: the zeros' signs too
 
 
+def rms_rows_summed_in_order() -> np.ndarray:
+    """Rows whose squares, added left to right in double as ggml adds them, give a mean that a
+    pairwise sum rounds to the next float: 1, then 2^-12 (its square 2^-24: the sum sits halfway
+    between two floats once divided), then 4094 values whose squares (2^-60) vanish one by one
+    but not summed together first; the same reversed, and an ordinary row."""
+    row = np.full(4096, 2.0 ** -30, np.float32)
+    row[0], row[1] = 1.0, 2.0 ** -12
+    ordinary = np.random.default_rng(7).standard_normal(4096).astype(np.float32)
+    return np.stack([row, row[::-1].copy(), ordinary, row * 3])
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_rms_norm_sums_in_order(n_threads):
+    ours, theirs = check_op(lambda g, ctx, a: g.ggml_rms_norm(ctx, a, 1e-6),
+                            [Leaf(F32, (4096, 4), values=rms_rows_summed_in_order())],
+                            n_threads, exact=True)
+    assert ours["raw"] == theirs["raw"]
+
+
 # --- reductions, orderings -------------------------------------------------------------------
 
 @pytest.mark.parametrize("n_threads", THREADS)

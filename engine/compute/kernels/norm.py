@@ -2,10 +2,11 @@
 
 Mirrors ggml-cpu/ops.cpp. Row norms take rows interleaved (i01 = ith; i01 += nth inside every
 (i02, i03)); group_norm interleaves groups. Sums are accumulated in double where ggml uses
-ggml_float. NORM's rows add left to right as ggml does (engine._lanes.norm_rows, or its twin
-below), so its bits are ggml's. The other norms' sums are numpy's float64 sums, which are
-pairwise: far more precise than the float they are rounded to, so the results agree with ggml's
-except in the rare case where the two double sums straddle a float rounding boundary.
+ggml_float. NORM's and RMS_NORM's rows add left to right as ggml does (engine._lanes.norm_rows
+and rms_norm_rows, or their twins below), so their bits are ggml's. L2_NORM's and GROUP_NORM's
+sums are numpy's float64 sums, which are pairwise: far more precise than the float they are
+rounded to, so the results agree with ggml's except in the rare case where the two double sums
+straddle a float rounding boundary.
 
 NORM's variance follows ggml_vec_cvar_f32 on AVX2: each 8-float group of squares is added in float
 in the order ((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7)), then accumulated in double.
@@ -157,8 +158,23 @@ def compute_forward_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 
+@twin("rms_norm_rows")
+def rms_norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float) -> None:
+    """ggml_compute_forward_rms_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x,
+    at r * ldy of y; x and y may be one buffer): mean = (float)(the squares' sum in double, left
+    to right, / n); y = x * (1.0f / sqrtf(mean + eps))."""
+    if not rows or not n:
+        return
+    xs = np.ndarray((rows, n), F32, buffer=x, strides=(ldx, 4))
+    ys = np.ndarray((rows, n), F32, buffer=y, strides=(ldy, 4))
+    with np.errstate(all="ignore"):
+        mean = (left_to_right(xs * xs) / n).astype(F32)
+        np.multiply(xs, (F32(1) / np.sqrt(mean + F32(eps)))[:, None], out=ys)
+
+
 def _rms_norm(params, dst: Tensor):
-    """This thread's rows of ggml_compute_forward_rms_norm_f32, ready to run."""
+    """This thread's rows of ggml_compute_forward_rms_norm_f32, ready to run (lanes.rms_norm_rows
+    on spans of a few rows)."""
     _f32_only(dst)
     src0 = dst.src[0]
     fn = "ggml_compute_forward_rms_norm_f32"
@@ -167,13 +183,21 @@ def _rms_norm(params, dst: Tensor):
     eps = _eps(dst)
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
+    if int(dst.nb[0]) == 4:
+        spans = list(_row_spans(params, src0, dst))
+        rms_norm_rows = lanes.rms_norm_rows
+
+        def run() -> None:
+            for x, y, k, ldx, ldy in spans:
+                rms_norm_rows(x, y, k, ne00, ldx, ldy, float(eps))
+        return run
     blocks = list(_my_rows(params, src0, dst))
 
-    def run() -> None:
+    def run_strided() -> None:  # (dst's elements apart: the same arithmetic in numpy)
         for x, y in blocks:
-            mean = ((x * x).sum(axis=-1, dtype=F64) / ne00).astype(F32)
+            mean = (left_to_right(x * x) / ne00).astype(F32)
             np.multiply(x, (F32(1) / np.sqrt(mean + eps))[:, None], out=y)
-    return run
+    return run_strided
 
 
 @kernel(GGMLOp.RMS_NORM, barrier=False, prepare=_rms_norm)

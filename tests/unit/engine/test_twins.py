@@ -414,6 +414,32 @@ def test_norm_rows(rows, n, wild):
             assert_same_bits(got[0], got[1], f"norm_rows {rows}x{n} in place")
 
 
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (4, 37), (1, 4096), (9, 4099), (130, 67),
+                                    (2, 0), (0, 5)])
+def test_rms_norm_rows(rows, n, wild):
+    """rms_norm_rows: C and the twin give the same bits, rows packed or spaced, in place or not;
+    a row whose squares' left-to-right sum is a tie a pairwise sum would break."""
+    rng = np.random.default_rng([rows, n, wild, 1])
+    x = float_rows(rng, rows, n, wild)
+    if rows >= 3 and n >= 3:
+        x[2, :2], x[2, 2:] = (F32(1), F32(2 ** -12)), F32(2 ** -30)
+    for ldx, ldy in ((4 * n, 4 * n), (4 * n + 12, 4 * n + 20)):
+        xb = np.zeros((rows, ldx // 4), F32)
+        xb[:, :n] = x
+        xb = xb.reshape(-1)[:max(0, (rows - 1) * ldx // 4 + n)]
+        got = []
+        for fn in (C.rms_norm_rows, TWINS["rms_norm_rows"]):
+            for inplace in (False, True):
+                y = xb.copy() if inplace else np.full(max(0, (rows - 1) * ldy // 4 + n),
+                                                      0xA5A5A5A5, np.uint32).view(F32)
+                with np.errstate(all="ignore"):
+                    fn(y if inplace else xb, y, rows, n, ldx, ldx if inplace else ldy, 1e-6)
+                got.append(y)
+        assert_same_bits(got[0], got[2], f"rms_norm_rows {rows}x{n} ld={ldx},{ldy}")
+        assert_same_bits(got[1], got[3], f"rms_norm_rows {rows}x{n} ld={ldx} in place")
+
+
 def test_quantize_q8_0():
     x = bit_patterns(np.random.default_rng(2), 32 * 3000)
     x = x[: len(x) // 32 * 32]
