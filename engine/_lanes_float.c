@@ -471,6 +471,19 @@ static void norm_cvar_scale(const float *x, float *y, Py_ssize_t n, float mean, 
         y[i] = y[i] * scale;
 }
 
+/* the norms' rows: x and y span them exactly, (rows - 1) row strides (ldx, ldy bytes) and one
+ * row of n floats; 0 with the error set when they do not */
+static int row_spans_ok(Py_buffer *x, Py_buffer *y, Py_ssize_t rows, Py_ssize_t n, Py_ssize_t ldx,
+                        Py_ssize_t ldy)
+{
+    if (!(rows >= 0 && n >= 0 && ldx >= 4 * n && ldy >= 4 * n)) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+        return 0;
+    }
+    return lanes_check(x, rows ? (rows - 1) * ldx + 4 * n : 0, "x") == 0 &&
+           lanes_check(y, rows ? (rows - 1) * ldy + 4 * n : 0, "y") == 0;
+}
+
 typedef void (*norm_cvar_fn)(const float *x, float *y, Py_ssize_t n, float mean, float eps);
 
 static void norm_rows(const char *x, char *y, Py_ssize_t rows, Py_ssize_t n, Py_ssize_t ldx,
@@ -531,14 +544,7 @@ LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args)
     int portable = 0;
     if (!PyArg_ParseTuple(args, "y*w*nnnnf|p", &x, &y, &rows, &n, &ldx, &ldy, &eps, &portable))
         return NULL;
-    /* x and y span their rows exactly: (rows - 1) row strides and one row */
-    int ok = rows >= 0 && n >= 0 && ldx >= 4 * n && ldy >= 4 * n;
-    if (ok) {
-        ok = lanes_check(&x, rows ? (rows - 1) * ldx + 4 * n : 0, "x") == 0 &&
-             lanes_check(&y, rows ? (rows - 1) * ldy + 4 * n : 0, "y") == 0;
-    } else {
-        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
-    }
+    const int ok = row_spans_ok(&x, &y, rows, n, ldx, ldy);
     if (ok) {
         const int hw = !portable && fma_hw();
         Py_BEGIN_ALLOW_THREADS
@@ -563,13 +569,7 @@ LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args)
     float eps;
     if (!PyArg_ParseTuple(args, "y*w*nnnnf", &x, &y, &rows, &n, &ldx, &ldy, &eps))
         return NULL;
-    int ok = rows >= 0 && n >= 0 && ldx >= 4 * n && ldy >= 4 * n;
-    if (ok) {
-        ok = lanes_check(&x, rows ? (rows - 1) * ldx + 4 * n : 0, "x") == 0 &&
-             lanes_check(&y, rows ? (rows - 1) * ldy + 4 * n : 0, "y") == 0;
-    } else {
-        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
-    }
+    const int ok = row_spans_ok(&x, &y, rows, n, ldx, ldy);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t r = 0; r < rows; r++) {

@@ -30,9 +30,8 @@ from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.core.tensor import Tensor
 from engine.lanes import pure_numpy
 
-Call = Callable[[], None]
 _MERGE_GAP = 2 * GGML_OBJECT_SIZE  # struct ranges this close are compared as one
-_KEPT = 16  # graphs' results kept per context
+_KEPT = 16  # graphs kept per context
 
 
 @dataclass(slots=True)
@@ -99,16 +98,18 @@ def fingerprint(cgraph: Graph) -> Fingerprint:
 
 def remembered(cgraph: Graph, key: tuple, make: Callable[[], Any]) -> Any:
     """make() for this graph and key, kept with the graph's context and made again only when
-    something it was made from has changed (Fingerprint). The key says what else it depends on;
-    the engine's pure-numpy switch is part of it."""
-    key = (cgraph.offs, *key, pure_numpy())
+    something it was made from has changed (one Fingerprint per graph, checked on each call, for
+    everything kept of it). The key says what else it depends on; the engine's pure-numpy switch
+    is part of it."""
     kept = cgraph.ctx.__dict__.setdefault("_remembered", {})
-    hit = kept.get(key)
-    if hit is not None and hit[0].holds(cgraph):
-        return hit[1]
-    made = fingerprint(cgraph), make()
-    if cgraph.offs is not None:  # (a graph view's struct is not in a pool: made each time)
-        if len(kept) >= _KEPT:
-            kept.clear()
-        kept[key] = made
-    return made[1]
+    entry = kept.get(cgraph.offs)
+    if entry is None or not entry[0].holds(cgraph):
+        entry = (fingerprint(cgraph), {})
+        if cgraph.offs is not None:  # (a graph view's struct is not in a pool: made each time)
+            if len(kept) >= _KEPT:
+                kept.clear()
+            kept[cgraph.offs] = entry
+    key = (*key, pure_numpy())
+    if key not in entry[1]:
+        entry[1][key] = make()
+    return entry[1][key]

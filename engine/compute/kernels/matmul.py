@@ -31,8 +31,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_QUANT, vec_dot_f16, vec_dot_f32, vec_dot_quant, \
-    vec_dot_tinyblas
+from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, float_product, quant_product, \
+    vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -83,14 +83,22 @@ def _convert_src1(params, src1: Tensor, vdt: GGMLType) -> np.ndarray:
     if b0 < b1:
         x = view4(src1).reshape(nrows, ne10) if ggml_is_contiguous(src1) else \
             np.ascontiguousarray(view4(src1)).reshape(nrows, ne10)
-        part = x[:, b0 * blck:b1 * blck].astype(np.float32)
-        if vdt in _FLOAT:
-            conv = from_f32(part, vdt).view(np.uint8)
-        else:
-            conv = from_float(vdt, part)  # the CPU's activation quantizer (Q8_0, Q8_1, Q8_K)
         bs = TYPE_TRAITS[vdt].type_size
-        rows[:, b0 * bs:b1 * bs] = conv.reshape(nrows, (b1 - b0) * bs)
+        convert_rows(x[:, b0 * blck:b1 * blck].astype(np.float32), vdt, rows[:, b0 * bs:b1 * bs])
     return rows
+
+
+def convert_rows(x: np.ndarray, vdt: GGMLType, out: np.ndarray) -> None:
+    """float32 rows x (whole blocks) converted to vdt into out (their bytes): floats rounded as
+    ggml rounds, or the CPU's activation quantizer (Q8_0, Q8_1, Q8_K); Q8_0's and Q8_K's C loops
+    write straight into out when both are packed (Q8_1, Q4_1's and Q5_1's, has no C loop:
+    from_float, quantize_row_q8_1's AVX2 form)."""
+    if vdt in _FLOAT:
+        out[...] = from_f32(x, vdt).view(np.uint8).reshape(out.shape)
+    elif vdt in (GGMLType.Q8_0, GGMLType.Q8_K) and x.flags.c_contiguous and out.flags.c_contiguous:
+        (lanes.quantize_q8_0 if vdt == GGMLType.Q8_0 else lanes.quantize_q8_k)(x, out)
+    else:
+        out[...] = from_float(vdt, x).reshape(out.shape)
 
 
 def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -180,13 +188,15 @@ def _prepare_mul_mat(params, dst: Tensor):
     products = []
     for i13 in range(ne13):
         for i12 in range(ne12):
+            out = d4[i13, i12]  # (the C loops write straight into dst, or through a buffer)
             if t0.is_quantized:
                 w = quant_rows(src0, i13 // r3, i12 // r2, slice(0, ne01))
+                product = quant_product(src0.type, w, out, threads=params.cores)
+            elif src0.type == GGMLType.F32 and not tiny:
+                product = f32_product(view4(src0)[i13 // r3, i12 // r2], out)
             else:
-                w = view4(src0)[i13 // r3, i12 // r2]
-                if src0.type == GGMLType.F32 and not tiny and not w.flags.c_contiguous:
-                    return None
-            products.append((i13, i12, _product(src0.type, w, d4[i13, i12], tiny, params.cores)))
+                product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
+            products.append((i13, i12, product))
     widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
 
     def call() -> None:
@@ -198,55 +208,6 @@ def _prepare_mul_mat(params, dst: Tensor):
     return call
 
 
-def _product(type_: GGMLType, w: np.ndarray, out: np.ndarray, tiny: bool, threads: int):
-    """One matrix's exact products w (n0 rows) · x (n1 rows) into out (n1, n0), ready to run on
-    x (raw activation blocks for quantized weights, floats for the others): the C loop with its
-    buffers laid out once (out itself when its rows are packed)."""
-    n0, n1 = w.shape[0], out.shape[0]
-    packed = out.flags.c_contiguous
-    res = out if packed else np.empty(out.shape, F32)
-
-    def written() -> None:
-        if not packed:
-            out[...] = res
-    if TYPE_TRAITS[type_].is_quantized:
-        row_bytes = w.shape[1]
-        nb = row_bytes // TYPE_TRAITS[type_].type_size
-        ldw = w.strides[0] if n0 > 1 else row_bytes
-        span = np.lib.stride_tricks.as_strided(w[0], shape=((n0 - 1) * ldw + row_bytes,),
-                                               strides=(1,)) if n0 else w.reshape(-1)
-        dot = lanes.quant_dot
-
-        def run(x: np.ndarray) -> None:
-            dot(int(type_), span, ldw, x, x.shape[1], res, n0, n1, nb, False, threads)
-            written()
-        return run
-    k = w.shape[1]
-    if type_ == GGMLType.F32 and not tiny:
-        dot_f32 = lanes.dot_f32
-
-        def run(x: np.ndarray) -> None:
-            dot_f32(w, np.ascontiguousarray(x, F32), res, n0, n1, k)
-            written()
-        return run
-    halves = w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
-        and w.strides[0] >= 2 * k
-    float_dot = lanes.float_dot
-    if halves:
-        ld = w.strides[0] // 2
-        span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
-                                               strides=(2,))
-
-    def run(x: np.ndarray) -> None:
-        xf = np.ascontiguousarray(x, F32)
-        if halves:
-            float_dot(span, xf, res, n0, n1, k, tiny, ld, threads)
-        else:
-            float_dot(np.ascontiguousarray(w, F32), xf, res, n0, n1, k, tiny, -1, threads)
-        written()
-    return run
-
-
 def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
     """_convert_src1 for one thread converting every row, ready to run: src1's rows (f32) to vdt,
     into the work buffer."""
@@ -254,23 +215,10 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
     nrows = ne11 * ne12 * ne13
     rows = params.wdata[:ggml_row_size(vdt, ne10) * nrows].reshape(nrows, -1)
     x4 = view4(src1)
-    packed = ggml_is_contiguous(src1)
-    x = x4.reshape(nrows, ne10) if packed else None
-    halves = rows.view(np.float16) if vdt == GGMLType.F16 else None
-    # the CPU's activation quantizer, writing straight into the work buffer (Q8_0 and Q8_K; Q8_1,
-    # Q4_1's and Q5_1's, has no C loop and goes through from_float: quantize_row_q8_1's AVX2 form)
-    quantize = {GGMLType.Q8_0: lanes.quantize_q8_0, GGMLType.Q8_K: lanes.quantize_q8_k}.get(vdt)
+    x = x4.reshape(nrows, ne10) if ggml_is_contiguous(src1) else None
 
     def run() -> None:
-        xs = x if packed else np.ascontiguousarray(x4).reshape(nrows, ne10)
-        if halves is not None:
-            halves[...] = from_f32(xs, vdt)
-        elif vdt in _FLOAT:
-            rows[...] = from_f32(xs, vdt).view(np.uint8)
-        elif quantize is not None:
-            quantize(xs, rows)
-        else:
-            rows[...] = from_float(vdt, xs)
+        convert_rows(x if x is not None else np.ascontiguousarray(x4).reshape(nrows, ne10), vdt, rows)
     return run
 
 

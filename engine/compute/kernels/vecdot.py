@@ -167,32 +167,53 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
     """lanes.float_dot (engine/_lanes_float.c, or the twin float_dot): every pair's product,
-    (n1, n0) float32. Half weights whose rows are contiguous (a KV cache's view) go as they lie:
-    the loop widens them, row stride and all."""
-    x = np.ascontiguousarray(x, F32)
+    (n1, n0) float32."""
+    out = np.empty((x.shape[0], w.shape[0]), F32)
+    float_product(w, out, tiny)(x)
+    return out
+
+
+def float_product(w: np.ndarray, out: np.ndarray, tiny: bool, threads: int = 1
+                  ) -> Callable[[np.ndarray], None]:
+    """_float_dot laid out once, ready to run on x (floats): out (n1, n0). Half weights whose
+    rows are contiguous (a KV cache's view) go as they lie: the loop widens them, row stride and
+    all; other weights are widened to float32 when it runs."""
     n0, k = w.shape
-    out = np.empty((x.shape[0], n0), F32)
-    if w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
-            and w.strides[0] >= 2 * k:
+    halves = w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
+        and w.strides[0] >= 2 * k
+    if halves:
         ld = w.strides[0] // 2
         span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
                                                strides=(2,))
-        lanes.float_dot(span, x, out, n0, x.shape[0], k, tiny, ld)
-        return out
-    w = np.ascontiguousarray(w, F32)
-    lanes.float_dot(w, x, out, n0, x.shape[0], k, tiny)
-    return out
+    dot = lanes.float_dot
+
+    def run(x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x, F32)
+        if halves:
+            written(out, lambda res: dot(span, x, res, n0, len(x), k, tiny, ld, threads))
+        else:
+            wf = np.ascontiguousarray(w, F32)
+            written(out, lambda res: dot(wf, x, res, n0, len(x), k, tiny, -1, threads))
+    return run
 
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """ggml_vec_dot_f32(K, w row, x row) for every pair: w (n0, K), x (n1, K) -> (n1, n0), by
     lanes.dot_f32 (in C without the GIL, or the twin dot_f32)."""
-    w = np.ascontiguousarray(w, F32)
-    x = np.ascontiguousarray(x, F32)
-    (n0, k), n1 = w.shape, x.shape[0]
-    out = np.empty((n1, n0), F32)
-    lanes.dot_f32(w, x, out, n0, n1, k)
+    out = np.empty((len(x), w.shape[0]), F32)
+    f32_product(w, out)(x)
     return out
+
+
+def f32_product(w: np.ndarray, out: np.ndarray) -> Callable[[np.ndarray], None]:
+    """vec_dot_f32 ready to run on x: out (n1, n0)."""
+    n0, k = w.shape
+    dot = lanes.dot_f32
+
+    def run(x: np.ndarray) -> None:
+        wf, xf = np.ascontiguousarray(w, F32), np.ascontiguousarray(x, F32)
+        written(out, lambda res: dot(wf, xf, res, n0, len(xf), k))
+    return run
 
 
 def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -400,15 +421,41 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when
     two NaN scales meet: the compiler's operand order). `threads`: the weight rows shared out
     between up to that many threads in C (each output is its own row's: the same bits)."""
-    ts = TYPE_TRAITS[type_]
-    n0, row_bytes = w.shape
-    nb = row_bytes // ts.type_size
-    if n0 and not (w.strides[1] == 1 and w.strides[0] >= row_bytes):
-        w = np.ascontiguousarray(w)
-    ldw = w.strides[0] if n0 > 1 else row_bytes
-    span = np.lib.stride_tricks.as_strided(w[0], shape=((n0 - 1) * ldw + row_bytes,), strides=(1,)) \
-        if n0 else w.reshape(-1)
-    x = np.ascontiguousarray(x, np.uint8)
-    out = np.empty((len(x), n0), F32)
-    lanes.quant_dot(int(type_), span, ldw, x, x.shape[1], out, n0, len(x), nb, portable, threads)
+    out = np.empty((len(x), w.shape[0]), F32)
+    quant_product(type_, w, out, portable, threads)(x)
     return out
+
+
+def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: bool = False,
+                  threads: int = 1) -> Callable[[np.ndarray], None]:
+    """vec_dot_quant laid out once, ready to run on x: out (n1, n0) = each weight row of w
+    (rows of raw blocks, lying as they lie when they can) with each row of x. The weights are
+    read when it runs."""
+    n0, row_bytes = w.shape
+    nb = row_bytes // TYPE_TRAITS[type_].type_size
+    as_they_lie = not n0 or (w.strides[1] == 1 and w.strides[0] >= row_bytes)
+    dot = lanes.quant_dot
+
+    def span(rows: np.ndarray) -> tuple[np.ndarray, int]:
+        ldw = rows.strides[0] if n0 > 1 else row_bytes
+        return (np.lib.stride_tricks.as_strided(rows[0], shape=((n0 - 1) * ldw + row_bytes,),
+                                                strides=(1,)) if n0 else rows.reshape(-1)), ldw
+    fixed = span(w) if as_they_lie else None
+
+    def run(x: np.ndarray) -> None:
+        buf, ldw = fixed if fixed is not None else span(np.ascontiguousarray(w))
+        x = np.ascontiguousarray(x, np.uint8)
+        written(out, lambda res: dot(int(type_), buf, ldw, x, x.shape[1], res, n0, len(x), nb,
+                                     portable, threads))
+    return run
+
+
+def written(out: np.ndarray, fill: Callable[[np.ndarray], None]) -> None:
+    """fill(res) writes a C loop's (n1, n0) float32 result: out itself when its rows are packed,
+    else a buffer copied into it."""
+    if out.flags.c_contiguous:
+        fill(out)
+    else:
+        res = np.empty(out.shape, F32)
+        fill(res)
+        out[...] = res
