@@ -9,7 +9,6 @@ by real ggml's ggml_quantize_chunk.
 
 from __future__ import annotations
 
-import ctypes
 import json
 from pathlib import Path
 
@@ -18,7 +17,9 @@ import pytest
 
 from engine.models import ModelError, load_model
 from engine.programs import FIXTURES_DIR
+from engine.core.types import GGMLType
 from tests.support.llamacpp_run import ask
+from tests.support.tiny_models import TinyFile, exact_types, plain_logits_many
 
 FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
@@ -148,80 +149,51 @@ def test_minilm_thread_count_does_not_change_the_result(minilm):
 E, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_VOCAB, N_CTX = 256, 4, 2, 512, 2, 320, 128
 
 
-def quantize_q4_k(rows: np.ndarray) -> np.ndarray:
-    """Real ggml's quantizer: float rows -> Q4_K blocks (uint8, one row of bytes per row)."""
-    import ggml as real
-
-    rows = np.ascontiguousarray(rows, np.float32)
-    n, k = rows.shape
-    out = np.zeros((n, k // 256 * 144), np.uint8)
-    src = rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-    real.ggml_quantize_chunk(real.GGML_TYPE_Q4_K, src, out.ctypes.data, 0, n, k, None)
-    return out
-
-
 QWEN3_HEAD = 32  # attention.key_length: Qwen3's head size need not be n_embd / n_head
 
 
-def write_tiny_llama(path: Path, quant: str, seed: int = 0, arch: str = "llama") -> None:
+def write_tiny_llama(path: Path, type_: GGMLType = GGMLType.F32, seed: int = 0,
+                     arch: str = "llama") -> None:
     """A tiny decoder of llama.cpp's `llama`, `qwen2` (Q/K/V biases, NeoX rope) or `qwen3` (QK
-    norms, its own head size) architecture, as its converter lays it out."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
+    norms, its own head size) architecture, as its converter lays it out, its weight matrices
+    in `type_`."""
     hd = QWEN3_HEAD if arch == "qwen3" else E // N_HEAD
-    w.add_context_length(N_CTX)
-    w.add_embedding_length(E)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    if arch == "qwen3":
-        w.add_key_length(hd)
-        w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(N_VOCAB)
-    w.add_tokenizer_model("none")
-    q, kv = hd * N_HEAD, hd * N_HEAD_KV
-
-    def mat(name: str, n_in: int, n_out: int) -> None:
-        a = (rng.standard_normal((n_out, n_in)) / np.sqrt(n_in)).astype(np.float32)
-        if quant == "f32" or n_in % 256:
-            w.add_tensor(name, a)
-        else:
-            qa = quantize_q4_k(a)
-            w.add_tensor(name, qa, raw_shape=qa.shape, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-
-    def vec(name: str, n: int, scale: float = 0.1, mean: float = 1.0) -> None:
-        w.add_tensor(name, (mean + scale * rng.standard_normal(n)).astype(np.float32))
-
-    mat("token_embd.weight", E, N_VOCAB)
-    for i in range(N_LAYER):
-        vec(f"blk.{i}.attn_norm.weight", E)
-        mat(f"blk.{i}.attn_q.weight", E, q)
-        mat(f"blk.{i}.attn_k.weight", E, kv)
-        mat(f"blk.{i}.attn_v.weight", E, kv)
-        if arch == "qwen2":
-            vec(f"blk.{i}.attn_q.bias", q, 0.5, 0.0)
-            vec(f"blk.{i}.attn_k.bias", kv, 0.5, 0.0)
-            vec(f"blk.{i}.attn_v.bias", kv, 0.5, 0.0)
+    with TinyFile(path, arch, type_, seed) as f:
+        w = f.w
+        w.add_context_length(N_CTX)
+        w.add_embedding_length(E)
+        w.add_block_count(N_LAYER)
+        w.add_feed_forward_length(N_FF)
+        w.add_head_count(N_HEAD)
+        w.add_head_count_kv(N_HEAD_KV)
         if arch == "qwen3":
-            vec(f"blk.{i}.attn_q_norm.weight", hd)
-            vec(f"blk.{i}.attn_k_norm.weight", hd)
-        mat(f"blk.{i}.attn_output.weight", q, E)
-        vec(f"blk.{i}.ffn_norm.weight", E)
-        mat(f"blk.{i}.ffn_gate.weight", E, N_FF)
-        mat(f"blk.{i}.ffn_up.weight", E, N_FF)
-        mat(f"blk.{i}.ffn_down.weight", N_FF, E)
-    vec("output_norm.weight", E)
-    mat("output.weight", E, N_VOCAB)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            w.add_key_length(hd)
+            w.add_value_length(hd)
+        w.add_rope_dimension_count(hd)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+        w.add_vocab_size(N_VOCAB)
+        q, kv = hd * N_HEAD, hd * N_HEAD_KV
+        f.mat("token_embd.weight", E, N_VOCAB)
+        for i in range(N_LAYER):
+            f.vec(f"blk.{i}.attn_norm.weight", E)
+            f.mat(f"blk.{i}.attn_q.weight", E, q)
+            f.mat(f"blk.{i}.attn_k.weight", E, kv)
+            f.mat(f"blk.{i}.attn_v.weight", E, kv)
+            if arch == "qwen2":
+                f.vec(f"blk.{i}.attn_q.bias", q, 0.5, 0.0)
+                f.vec(f"blk.{i}.attn_k.bias", kv, 0.5, 0.0)
+                f.vec(f"blk.{i}.attn_v.bias", kv, 0.5, 0.0)
+            if arch == "qwen3":
+                f.vec(f"blk.{i}.attn_q_norm.weight", hd)
+                f.vec(f"blk.{i}.attn_k_norm.weight", hd)
+            f.mat(f"blk.{i}.attn_output.weight", q, E)
+            f.vec(f"blk.{i}.ffn_norm.weight", E)
+            f.mat(f"blk.{i}.ffn_gate.weight", E, N_FF)
+            f.mat(f"blk.{i}.ffn_up.weight", E, N_FF)
+            f.mat(f"blk.{i}.ffn_down.weight", N_FF, E)
+        f.vec("output_norm.weight", E)
+        f.mat("output.weight", E, N_VOCAB)
 
 
 def llama_cpp_logits(llama_cpp, path: Path, tokens: list[int]) -> np.ndarray:
@@ -249,7 +221,7 @@ PROMPT = [1, 17, 42, 7, 300, 99, 5, 123]
 def tiny(request, tmp_path_factory):
     arch, quant = request.param
     path = tmp_path_factory.mktemp("tiny") / f"tiny-{arch}-{quant}.gguf"
-    write_tiny_llama(path, quant, arch=arch)
+    write_tiny_llama(path, GGMLType[quant.upper()], arch=arch)
     assert load_model(path).file.arch == arch
     return quant, path
 
@@ -279,6 +251,30 @@ def test_tiny_llama_greedy_generation_matches_llama_cpp(llama_cpp, tiny):
     quant, path = tiny
     theirs = ask(path, {"greedy": PROMPT[:4], "n": 5}, N_THREADS, n_ctx=N_CTX, **PLAIN)
     assert load_model(path).generate(PROMPT[:4], 5, n_threads=N_THREADS) == theirs["tokens"]
+
+
+# every weight type the engine computes as ggml's plain path: one file per type, one llama.cpp
+# process per architecture for all of them
+TYPES = exact_types()
+
+
+@pytest.fixture(scope="module", params=("llama", "qwen2", "qwen3"))
+def every_type(request, tmp_path_factory):
+    """{type: (file, llama.cpp's plain-path logits of PROMPT)} for one architecture."""
+    arch, tmp = request.param, tmp_path_factory.mktemp(f"types-{request.param}")
+    paths = [tmp / f"{arch}-{t.name}.gguf" for t in TYPES]
+    for t, path in zip(TYPES, paths):
+        write_tiny_llama(path, t, seed=int(t), arch=arch)
+    return dict(zip(TYPES, zip(paths, plain_logits_many(paths, PROMPT, tmp))))
+
+
+@pytest.mark.parametrize("type_", TYPES, ids=lambda t: t.name)
+def test_tiny_decoder_in_each_weight_type_matches_llama_cpp(llama_cpp, every_type, type_):
+    """Weights in each type llama-quantize writes (without an importance matrix) that the engine
+    computes exactly: llama.cpp's logits at every position, bit for bit."""
+    path, theirs = every_type[type_]
+    np.testing.assert_array_equal(load_model(path).decode(PROMPT, n_threads=N_THREADS).logits,
+                                  theirs)
 
 
 def test_tiny_llama_walkthrough_against_llama_cpp_and_the_builder(llama_cpp, tmp_path):

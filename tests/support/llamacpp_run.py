@@ -3,7 +3,7 @@
 llama-cpp-python and ggml-python each load a ggml library; in one process the second one loaded
 changes what the first computes, so the comparisons with a real model run llama.cpp here, in a
 child process that imports nothing of ggml-python, and read its answers back as JSON (logits as
-a .npy file). `ask(model, request)` is the parent's side.
+a .npy file). `ask(model, request)` is the parent's side; `ask_many` runs several in one process.
 
 `params` go to llama_cpp.Llama, except two switches for llama.cpp's other CPU code paths, whose
 spread bounds the comparisons: "extra_bufts": False turns off the extra buffer types (the
@@ -43,6 +43,22 @@ def ask(model: Path, request: dict, n_threads: int = 2, **params) -> dict:
     return json.loads(done.stdout)
 
 
+def ask_many(jobs: list[tuple[Path, dict]], n_threads: int = 2, **params) -> list[dict]:
+    """Run each (model, request) in turn in one fresh llama.cpp process (one start for many
+    small files)."""
+    cmd = [sys.executable, "-m", "tests.support.llamacpp_run", "--many", str(n_threads),
+           json.dumps(params)]
+    done = subprocess.run(cmd, input=json.dumps([[str(m), r] for m, r in jobs]),
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+_ORIGINAL_PARAMS = []  # llama_model_default_params before _serve first wrapped it
+
+
 def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     import os
 
@@ -54,7 +70,9 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     import numpy as np
 
     extra_bufts = params.pop("extra_bufts", True)  # False: no repacked weights (another path)
-    original = llama_module.llama_cpp.llama_model_default_params
+    if not _ORIGINAL_PARAMS:
+        _ORIGINAL_PARAMS.append(llama_module.llama_cpp.llama_model_default_params)
+    original = _ORIGINAL_PARAMS[0]
 
     def model_params():
         p = original()
@@ -128,4 +146,7 @@ def _sample(llama_cpp, llm, request: dict) -> list[int]:
 
 if __name__ == "__main__":
     path, threads, extra = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-    print(json.dumps(_serve(path, threads, extra, json.loads(sys.stdin.read()))))
+    if path == "--many":
+        print(json.dumps([_serve(m, threads, extra, r) for m, r in json.loads(sys.stdin.read())]))
+    else:
+        print(json.dumps(_serve(path, threads, extra, json.loads(sys.stdin.read()))))
