@@ -15,6 +15,8 @@ Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], .
 {"logits": [id, ...], "out": path} -> every position's logits saved to `out`;
 {"greedy": [id, ...], "n": k} -> {"tokens": the k most likely next tokens, one at a time};
 {"pieces": [id, ...]} -> {"pieces": each token's bytes as latin-1 text};
+{"dump": [id, ...]} -> {"dump": the eval-callback dump (llama-eval-callback's format, see
+engine/trace/evaldump.py) of decoding the tokens in one batch};
 {"sample": [id, ...], "n": k, "top_k", "top_p", "min_p", "temp", "seed"} -> {"tokens": k tokens
 drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back};
 {"chat": [{"role", "content"}, ...], "template": text} -> {"text": llama_chat_apply_template's
@@ -80,6 +82,9 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
         return p
 
     llama_module.llama_cpp.llama_model_default_params = model_params
+    dumped: list[str] = []
+    if "dump" in request:
+        _watch_nodes(llama_cpp, llama_module, dumped)
     llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
                           logits_all=bool({"logits", "greedy", "sample"} & set(request)), verbose=False,
                           **params)
@@ -89,6 +94,10 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
                            for t in request["tokenize"]]}
     if "pieces" in request:
         return {"pieces": [llm.detokenize([t]).decode("latin-1") for t in request["pieces"]]}
+    if "dump" in request:
+        dumped.clear()  # nothing from loading
+        llm.eval(request["dump"])
+        return {"dump": "".join(dumped)}
     if "logits" in request:
         tokens = request["logits"]
         llm.eval(tokens)
@@ -107,6 +116,33 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     if "sample" in request:
         return {"tokens": _sample(llama_cpp, llm, request)}
     raise ValueError(f"unknown request {sorted(request)}")
+
+
+def _watch_nodes(llama_cpp, llama_module, out: list[str]) -> None:
+    """Every node llama.cpp computes, formatted as llama-eval-callback prints it, into `out`."""
+    from engine.trace.evaldump import format_node
+    from tests.support.llamacpp_dump import _fields, _lib
+
+    lib = _lib(llama_cpp)
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def callback(t, ask, user_data):
+        if not ask:
+            out.append(format_node(_fields(lib, t)))
+        return True
+
+    original = llama_module.llama_cpp.llama_context_default_params
+
+    def with_callback():
+        p = original()
+        p.cb_eval = callback
+        return p
+
+    _KEEP.append(callback)  # (ctypes keeps no reference of its own)
+    llama_module.llama_cpp.llama_context_default_params = with_callback
+
+
+_KEEP: list = []
 
 
 def _chat(llama_cpp, llm, request: dict) -> dict:
