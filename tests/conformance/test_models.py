@@ -153,12 +153,13 @@ QWEN3_HEAD = 32  # attention.key_length: Qwen3's head size need not be n_embd / 
 
 
 def write_tiny_llama(path: Path, type_: GGMLType = GGMLType.F32, seed: int = 0,
-                     arch: str = "llama") -> None:
+                     arch: str = "llama", vocab: Path | None = None) -> None:
     """A tiny decoder of llama.cpp's `llama`, `qwen2` (Q/K/V biases, NeoX rope) or `qwen3` (QK
     norms, its own head size) architecture, as its converter lays it out, its weight matrices
-    in `type_`."""
+    in `type_`; with `vocab`'s tokenizer (its token table tied to the output head), or none."""
     hd = QWEN3_HEAD if arch == "qwen3" else E // N_HEAD
-    with TinyFile(path, arch, type_, seed) as f:
+    with TinyFile(path, arch, type_, seed, vocab) as f:
+        n_vocab = f.n_vocab or N_VOCAB
         w = f.w
         w.add_context_length(N_CTX)
         w.add_embedding_length(E)
@@ -172,9 +173,9 @@ def write_tiny_llama(path: Path, type_: GGMLType = GGMLType.F32, seed: int = 0,
         w.add_rope_dimension_count(hd)
         w.add_layer_norm_rms_eps(1e-5)
         w.add_rope_freq_base(10000.0)
-        w.add_vocab_size(N_VOCAB)
+        w.add_vocab_size(n_vocab)
         q, kv = hd * N_HEAD, hd * N_HEAD_KV
-        f.mat("token_embd.weight", E, N_VOCAB)
+        f.mat("token_embd.weight", E, n_vocab)
         for i in range(N_LAYER):
             f.vec(f"blk.{i}.attn_norm.weight", E)
             f.mat(f"blk.{i}.attn_q.weight", E, q)
@@ -193,7 +194,8 @@ def write_tiny_llama(path: Path, type_: GGMLType = GGMLType.F32, seed: int = 0,
             f.mat(f"blk.{i}.ffn_up.weight", E, N_FF)
             f.mat(f"blk.{i}.ffn_down.weight", N_FF, E)
         f.vec("output_norm.weight", E)
-        f.mat("output.weight", E, N_VOCAB)
+        if vocab is None:
+            f.mat("output.weight", E, N_VOCAB)
 
 
 def llama_cpp_logits(llama_cpp, path: Path, tokens: list[int]) -> np.ndarray:
@@ -275,6 +277,28 @@ def test_tiny_decoder_in_each_weight_type_matches_llama_cpp(llama_cpp, every_typ
     path, theirs = every_type[type_]
     np.testing.assert_array_equal(load_model(path).decode(PROMPT, n_threads=N_THREADS).logits,
                                   theirs)
+
+
+def test_bpe_llama_file_generates_as_llama_cpp(tmp_path):
+    """A Llama 3 file (llama.cpp's llama-bpe test vocabulary: byte-level BPE, 128,256 tokens, its
+    head tied to the token table) with random Q4_K weights: `ggml-lens generate FILE TEXT`
+    tokenizes the text and continues it greedily as llama.cpp does."""
+    from tests.conformance.test_gemma import cli
+    from tests.support.vocab import vocab_files
+
+    vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
+    path = tmp_path / "tiny-llama3.gguf"
+    write_tiny_llama(path, GGMLType.Q4_K, vocab=vocab)
+    text = "Hello world: 3 + 4 = 7, héllo!"
+    ids = ask(path, {"tokenize": [text]}, N_THREADS, n_ctx=N_CTX)["tokens"][0]
+    theirs = ask(path, {"greedy": ids, "n": 8}, N_THREADS, n_ctx=N_CTX, **PLAIN)["tokens"]
+    model = load_model(path)
+    assert model.encode(text) == ids
+    assert model.generate(ids, 8, n_threads=N_THREADS) == theirs
+    out = cli("generate", str(path), text, "-n", "8", "--no-stop", "--threads", str(N_THREADS))
+    assert out.returncode == 0, out.stderr
+    said = b"".join(model.tokenizer.piece(t) for t in theirs).decode("utf-8", "replace")
+    assert out.stdout == text + said + "\n"
 
 
 def test_tiny_llama_walkthrough_against_llama_cpp_and_the_builder(llama_cpp, tmp_path):

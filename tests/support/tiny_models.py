@@ -63,9 +63,12 @@ def quantize_rows(type_: GGMLType, rows: np.ndarray) -> np.ndarray:
 
 
 class TinyFile:
-    """A GGUF file being written: `with TinyFile(path, arch, type_, seed) as f: f.mat(...)`."""
+    """A GGUF file being written: `with TinyFile(path, arch, type_, seed) as f: f.mat(...)`.
+    Its vocabulary is none (prompts are token ids), or `vocab`'s: every tokenizer.* key of that
+    GGUF file (one of llama.cpp's ggml-vocab-*.gguf, say)."""
 
-    def __init__(self, path: Path, arch: str, type_: GGMLType = GGMLType.F32, seed: int = 0) -> None:
+    def __init__(self, path: Path, arch: str, type_: GGMLType = GGMLType.F32, seed: int = 0,
+                 vocab: Path | None = None) -> None:
         import gguf
 
         self.gguf = gguf
@@ -73,7 +76,16 @@ class TinyFile:
         self.type = type_
         self.rng = np.random.default_rng(seed)
         self.w = gguf.GGUFWriter(str(path), arch)
-        self.w.add_tokenizer_model("none")
+        if vocab is None:
+            self.w.add_tokenizer_model("none")
+            self.n_vocab = None
+        else:
+            fields = gguf.GGUFReader(str(vocab)).fields
+            for key, field in fields.items():
+                if key.startswith("tokenizer."):
+                    sub = field.types[1] if len(field.types) > 1 else None
+                    self.w.add_key_value(key, field.contents(), field.types[0], sub)
+            self.n_vocab = len(fields["tokenizer.ggml.tokens"].data)
 
     def mat(self, name: str, *ne: int) -> None:
         """A weight of ggml shape `ne` (ne[0] inputs per row), random with unit-variance outputs."""
