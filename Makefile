@@ -10,7 +10,7 @@ APT_RUN  := graphviz fonts-wqy-zenhei bubblewrap libseccomp2
 # redis-server: the classroom test's queue (a class's own Redis may be anywhere)
 APT_TEST := $(APT_RUN) chromium stress-ng redis-server
 
-.PHONY: run test test-numpy test-load test-classroom load test-models package-check package-check-nocc screenshots messages bench size setup setup-test clean
+.PHONY: run test test-numpy test-load test-classroom load test-models test-sweep package-check package-check-nocc screenshots messages bench size setup setup-test clean
 
 $(VENV)/bin/activate:
 	python3 -m venv $(VENV)
@@ -172,6 +172,10 @@ screenshots: setup-test
 # i18n tests fail until they are translated), strings gone from the code leave it.
 messages: setup
 	$(PY) -m app.messages
+
+# The bundled Gemma against llama.cpp on all 50 prompts of the sweep (make test runs every tenth)
+test-sweep: setup-test
+	GGML_LENS_SWEEP=all $(PY) -m pytest -q -p no:cacheprovider tests/conformance/test_gemma_sweep.py
 
 # Only the comparisons with real llama.cpp (the `llamacpp` marker).
 test-models: setup-test

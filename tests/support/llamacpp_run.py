@@ -14,6 +14,8 @@ llamafile's sgemm, which the engine follows inside engine.compute.plan.llamafile
 Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], ...]};
 {"logits": [id, ...], "out": path} -> every position's logits saved to `out`;
 {"greedy": [id, ...], "n": k} -> {"tokens": the k most likely next tokens, one at a time};
+{"sweep": [[id, ...], ...], "n": k} -> {"prompts": per prompt, from an empty cache, "digests":
+row_digests of every position's logits and of each greedy step's, "tokens": the k greedy tokens};
 {"pieces": [id, ...]} -> {"pieces": each token's bytes as latin-1 text};
 {"dump": [id, ...]} -> {"dump": the eval-callback dump (llama-eval-callback's format, see
 engine/trace/evaldump.py) of decoding the tokens in one batch};
@@ -86,7 +88,7 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     if "dump" in request:
         _watch_nodes(llama_cpp, llama_module, dumped)
     llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
-                          logits_all=bool({"logits", "greedy", "sample"} & set(request)), verbose=False,
+                          logits_all=bool({"logits", "greedy", "sample", "sweep"} & set(request)), verbose=False,
                           **params)
     if "tokenize" in request:
         special = bool(request.get("special", False))
@@ -103,6 +105,8 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
         llm.eval(tokens)
         np.save(request["out"], np.array(llm.scores[:len(tokens)], dtype=np.float32))
         return {"saved": request["out"]}
+    if "sweep" in request:
+        return {"prompts": [_sweep(llm, ids, int(request["n"])) for ids in request["sweep"]]}
     if "greedy" in request:
         tokens, out = list(request["greedy"]), []
         llm.eval(tokens)
@@ -116,6 +120,34 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     if "sample" in request:
         return {"tokens": _sample(llama_cpp, llm, request)}
     raise ValueError(f"unknown request {sorted(request)}")
+
+
+def row_digests(rows) -> list[str]:
+    """Each row of float32 logits as a short sha256 of its bytes (bit-for-bit comparisons
+    without carrying 262,144 floats a position between processes)."""
+    import hashlib
+
+    import numpy as np
+
+    return [hashlib.sha256(np.ascontiguousarray(r, np.float32).tobytes()).hexdigest()[:16]
+            for r in rows]
+
+
+def _sweep(llm, ids: list[int], n: int) -> dict:
+    """A fresh sequence: every position's logits of the prompt (digests), then n greedy tokens,
+    each fed back, with the digest of the logits that chose it."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(list(ids))
+    digests = row_digests(llm.scores[:len(ids)])
+    tokens = []
+    for _ in range(n):
+        last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        tokens.append(int(np.argmax(last)))
+        llm.eval([tokens[-1]])
+        digests += row_digests([llm.scores[llm.n_tokens - 1]])
+    return {"digests": digests, "tokens": tokens}
 
 
 def _watch_nodes(llama_cpp, llama_module, out: list[str]) -> None:

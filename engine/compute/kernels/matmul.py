@@ -49,7 +49,6 @@ _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 EXACT_MACS = 1 << 25  # multiply-adds (see emulates_vec_dot)
-DECODE_ROWS = 8  # activation rows (see emulates_vec_dot)
 SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
 SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src1 (the others
 # would only wait for the interpreter lock)
@@ -113,19 +112,20 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     """Are this node's products ggml's vec_dot emulated operation by operation (kernels/vecdot.py:
     ggml's bits on every CPU), rather than BLAS products (ggml's result to rounding, their last
-    bits the CPU's BLAS kernel's)? The emulation costs more than BLAS, so it takes
+    bits the CPU's BLAS kernel's)? It takes
 
-    - F32 and F16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds;
-    - the quantized types of vecdot.EXACT_QUANT (their raw blocks read by C): up to EXACT_MACS
-      multiply-adds, and any size when at most DECODE_ROWS activation rows are multiplied
-      (token-by-token generation);
+    - the quantized types of vecdot.EXACT_QUANT, at any size: their raw blocks are read by C
+      about as fast as BLAS multiplies the dequantized rows, and a model's long prompt gives
+      llama.cpp's logits only this way;
+    - F32 and F16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds (the
+      float emulation costs more than BLAS);
     - no other type.
 
     (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
+    if src0.type in EXACT_QUANT:
+        return True
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     macs = ne00 * ne01 * n_src1_rows
-    if src0.type in EXACT_QUANT:
-        return macs <= EXACT_MACS or n_src1_rows <= DECODE_ROWS
     return src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024 and macs <= EXACT_MACS
 
 
