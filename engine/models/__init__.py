@@ -21,6 +21,7 @@ BUILDERS = {
     "llama": ("llama", "Llama"),
     "qwen2": ("llama", "Qwen2"),
     "qwen3": ("llama", "Qwen3"),
+    "qwen3moe": ("llama", "Qwen3Moe"),
     "gemma3": ("gemma3", "Gemma3"),
 }
 ARCHITECTURES = tuple(BUILDERS)
