@@ -23,6 +23,7 @@ BUILDERS = {
     "qwen3": ("llama", "Qwen3"),
     "qwen3moe": ("llama", "Qwen3Moe"),
     "gemma3": ("gemma3", "Gemma3"),
+    "mamba": ("mamba", "Mamba"),
 }
 ARCHITECTURES = tuple(BUILDERS)
 
