@@ -1,4 +1,4 @@
-"""LLaMA, Qwen2 and Qwen3: next-token logits with a KV cache, built as llama.cpp builds them.
+"""LLaMA, Qwen2, Qwen3 and Qwen3-MoE: next-token logits with a KV cache, as llama.cpp builds them.
 
 Mirrors llama.cpp's `llama` architecture (src/models/llama.cpp) with its tensor and key names: per
 layer an RMS norm, Q/K/V projections (with their biases when the file has them), rope on Q and K,
@@ -7,10 +7,16 @@ mask, 1/sqrt(head_dim)), the output projection and residual; an RMS norm and a S
 feed-forward (silu(gate)·up, down) and residual; then the final RMS norm and the output head.
 `qwen2` (src/models/qwen2.cpp) is the same graph with rope in NeoX mode (pairs (x_i, x_{i+d/2}));
 `qwen3` (qwen3.cpp) adds an RMS norm of each head of Q and of K before rope (QK norms) and takes
-its head size from attention.key_length. The KV cache (engine/models/decoder.py) is llama.cpp's:
+its head size from attention.key_length. `qwen3moe` (qwen3moe.cpp) is Qwen3 with a mixture of
+experts in place of the feed-forward (llama-graph.cpp's build_moe_ffn: a router ffn_gate_inp, a
+softmax, the expert_used_count most probable experts by argsort, their probabilities renormalised
+to sum 1, each chosen expert's SwiGLU by ggml_mul_mat_id over the 3-D ffn_{gate,up,down}_exps,
+the weighted outputs summed). The KV cache (engine/models/decoder.py) is llama.cpp's:
 one F16 K and one F16 V tensor per layer in a CPU buffer, V kept transposed, new rows written by
 ggml_set_rows at cells that are graph inputs.
-Leaves out: flash attention, MoE layers, rope scaling other than linear, several sequences.
+Leaves out: flash attention, rope scaling other than linear, several sequences; for MoE, expert
+groups, per-layer expert counts, shared experts and the other gating functions (sigmoid, ...),
+which qwen3moe does not use.
 """
 
 from __future__ import annotations
