@@ -70,8 +70,8 @@ class RecurrentState:
     the tokens the states have seen; 0 means a new sequence, whose cell the next graph zeroes."""
 
     def __init__(self, hp: MambaParams, backend) -> None:
-        self.ctx = ggml_init(ggml_init_params(mem_size=(2 * hp.n_layer + 1) * ggml_tensor_overhead(),
-                                              mem_buffer=None, no_alloc=True))
+        size = (2 * hp.n_layer + 1) * ggml_tensor_overhead()
+        self.ctx = ggml_init(ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
         self.size, self.n_past = 1, 0
         self.r, self.s = [], []
         for il in range(hp.n_layer):
