@@ -77,12 +77,14 @@ class AddressSpace:
         del self._bases[i], self._owners[i]
 
     def resolve(self, address: int) -> tuple["Context", int]:
-        """The context whose pool holds `address`, and the offset in that pool."""
+        """The context whose pool holds `address`, and the offset in that pool. The address
+        one past a pool's end resolves too: an empty tensor at the end of a buffer points there
+        (llama.cpp's recurrent memory views 0 rows after its last state)."""
         i = bisect_right(self._bases, address) - 1
         if i >= 0:
             ctx = self._owner(i)
             offset = address - self._bases[i]
-            if ctx is not None and offset < ctx.mem_size:
+            if ctx is not None and offset <= ctx.mem_size:
                 return ctx, offset
         raise ValueError(f"address {address:#x} is in no live ggml_context pool")
 

@@ -1,9 +1,11 @@
 """Real models end to end: graph builders that read a GGUF file and build llama.cpp's graph.
 
 `load_model(path)` opens a GGUF file and picks the builder its `general.architecture` names:
-`bert` (sentence embeddings, engine/models/bert.py); `llama`, `qwen2` and `qwen3` (next-token
-logits with a KV cache, engine/models/llama.py); `gemma3` (engine/models/gemma3.py). Decoders
-share engine/models/decoder.py (the KV cache, masks, generation), tokenize with SentencePiece
+`bert` (sentence embeddings, engine/models/bert.py); `llama`, `qwen2`, `qwen3` and `qwen3moe`
+(next-token logits with a KV cache; qwen3moe with a mixture-of-experts feed-forward,
+engine/models/llama.py); `gemma3` (engine/models/gemma3.py); `mamba` (Mamba-1, with recurrent
+states in place of a KV cache, engine/models/mamba.py). Decoders share
+engine/models/decoder.py (the memory, masks, generation), tokenize with SentencePiece
 (engine/models/spm.py) and sample with llama.cpp's sampler chain (engine/models/sampling.py).
 Tensor names, hyperparameter keys and the graph follow llama.cpp, so a node here can be held next
 to the same node in llama.cpp's graph.
@@ -21,7 +23,9 @@ BUILDERS = {
     "llama": ("llama", "Llama"),
     "qwen2": ("llama", "Qwen2"),
     "qwen3": ("llama", "Qwen3"),
+    "qwen3moe": ("llama", "Qwen3Moe"),
     "gemma3": ("gemma3", "Gemma3"),
+    "mamba": ("mamba", "Mamba"),
 }
 ARCHITECTURES = tuple(BUILDERS)
 

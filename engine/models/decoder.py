@@ -11,6 +11,8 @@ The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer
 [n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are
 written by ggml_set_rows at indices that are graph inputs, so, as in llama.cpp, one graph (and its
 compute context and plan) serves every token while the padded cell count n_kv stays the same.
+The memory is pluggable: a model with another one (Mamba's recurrent states,
+engine/models/mamba.py) overrides `memory_inputs`, `set_memory_inputs` and `memory_shape`.
 """
 
 from __future__ import annotations
@@ -158,7 +160,8 @@ class KVCache:
 
 
 class Decoder:
-    """A model with a KV cache: subclasses set hp (n_vocab, ...), cache, n_ctx and build()."""
+    """A model with a memory of the tokens decoded (a KV cache by default): subclasses set hp
+    (n_vocab, ...), cache (with n_past, the tokens it holds), n_ctx and build()."""
 
     hp: object
     n_ctx: int
@@ -171,39 +174,54 @@ class Decoder:
     def graph_size(self) -> int:
         raise NotImplementedError
 
-    def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
+    def build(self, ctx, n_tokens: int, shape, all_logits: bool = True):
+        """The graph for n_tokens new tokens: (graph, inputs by name, logits)."""
         raise NotImplementedError
 
-    def build_inputs(self, ctx, n: int, n_kv: int, all_logits: bool) -> dict[str, Tensor]:
-        """The graph's inputs, as llama.cpp makes them: inp_tokens, inp_pos, where the new K and V
-        go (one pair per cache: iswa models keep a sliding-window one), the masks [n_kv, n] and,
-        when only the last position's logits are wanted, inp_out_ids."""
+    def build_inputs(self, ctx, n: int, shape, all_logits: bool) -> dict[str, Tensor]:
+        """The graph's inputs, as llama.cpp makes them: inp_tokens, the memory's (see
+        memory_inputs) and, when only the last position's logits are wanted, inp_out_ids."""
         inputs: dict[str, Tensor] = {}
 
-        def new(name: str, type_: int, *ne: int) -> None:
+        def new(name: str, type_: int, *ne: int) -> Tensor:
             t = (ggml_new_tensor_1d if len(ne) == 1 else ggml_new_tensor_2d)(ctx, type_, *ne)
             ggml_set_name(t, name)
             ggml_set_input(t)
             inputs[name] = t
+            return t
 
         new("inp_tokens", GGML_TYPE_I32, n)
-        new("inp_pos", GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
-        for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
-            self.cache.inputs(ctx, inputs, n, name.removeprefix("attn_inp_kq_mask"))
-            new(name, GGML_TYPE_F32, n_kv, n)  # 0 where a query may look, -inf elsewhere
+        self.memory_inputs(ctx, inputs, new, n, shape)
         if not all_logits and n > 1:
             new("inp_out_ids", GGML_TYPE_I32, 1)
         return inputs
 
+    def memory_inputs(self, ctx, inputs: dict[str, Tensor], new, n: int, n_kv: int) -> None:
+        """A KV cache's inputs: inp_pos, where the new K and V go (one pair per cache: iswa
+        models keep a sliding-window one) and the masks [n_kv, n]. A model with another memory
+        (a recurrent state) overrides this, set_memory_inputs and memory_shape."""
+        new("inp_pos", GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
+        for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
+            self.cache.inputs(ctx, inputs, n, name.removeprefix("attn_inp_kq_mask"))
+            new(name, GGML_TYPE_F32, n_kv, n)  # 0 where a query may look, -inf elsewhere
+
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
         n = len(token_ids)
         set_input(inputs["inp_tokens"], np.asarray(token_ids))
+        self.set_memory_inputs(inputs, n, n_past)
+        if "inp_out_ids" in inputs:
+            set_input(inputs["inp_out_ids"], np.array([n - 1]))
+
+    def set_memory_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
         set_input(inputs["inp_pos"], np.arange(n_past, n_past + n))
         self.cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
             set_input(inputs[name], causal_mask(n, n_past, window, self.n_kv(n_past + n)))
-        if "inp_out_ids" in inputs:
-            set_input(inputs["inp_out_ids"], np.array([n - 1]))
+
+    def memory_shape(self, n_past: int, n: int):
+        """What besides the token count shapes the graph: for a KV cache, the cells attention
+        reads (n_kv)."""
+        return self.n_kv(n_past + n)
 
     def n_kv(self, n_used: int) -> int:
         return kv_cells(n_used, self.cache.n_ctx)
@@ -241,7 +259,7 @@ class Decoder:
         if n_past + len(ids) > self.n_ctx:
             raise ModelError(f"{n_past} cached + {len(ids)} new tokens do not fit this "
                              f"model's context of {self.n_ctx} tokens")
-        p = self._pass(len(ids), self.n_kv(n_past + len(ids)), all_logits)
+        p = self._pass(len(ids), self.memory_shape(n_past, len(ids)), all_logits)
         self.set_inputs(p.inputs, ids, n_past)
         t0 = time.perf_counter()
         p.compute(n_threads)
@@ -250,12 +268,12 @@ class Decoder:
         self.cache.n_past += len(ids)
         return Decoded(ids, out, seconds)
 
-    def _pass(self, n: int, n_kv: int, all_logits: bool) -> Pass:
-        """The graph for n tokens over n_kv cells: built and allocated once (the graph
-        allocator's plan in a compute buffer), then reused while the shape stays, as llama.cpp
-        reuses its graphs."""
-        return self._passes.get((n, n_kv, all_logits), self.file.backend, self.graph_size(),
-                                lambda ctx: self.build(ctx, n, n_kv, all_logits))
+    def _pass(self, n: int, shape, all_logits: bool) -> Pass:
+        """The graph for n tokens over the memory's shape (n_kv cells of a KV cache): built and
+        allocated once (the graph allocator's plan in a compute buffer), then reused while the
+        shape stays, as llama.cpp reuses its graphs."""
+        return self._passes.get((n, shape, all_logits), self.file.backend, self.graph_size(),
+                                lambda ctx: self.build(ctx, n, shape, all_logits))
 
     def stream(self, prompt: list[int], n_new: int, n_threads: int = 1,
                pick: Callable[[np.ndarray], int] | None = None,

@@ -1,4 +1,4 @@
-"""LLaMA, Qwen2 and Qwen3: next-token logits with a KV cache, built as llama.cpp builds them.
+"""LLaMA, Qwen2, Qwen3 and Qwen3-MoE: next-token logits with a KV cache, as llama.cpp builds them.
 
 Mirrors llama.cpp's `llama` architecture (src/models/llama.cpp) with its tensor and key names: per
 layer an RMS norm, Q/K/V projections (with their biases when the file has them), rope on Q and K,
@@ -7,10 +7,16 @@ mask, 1/sqrt(head_dim)), the output projection and residual; an RMS norm and a S
 feed-forward (silu(gate)·up, down) and residual; then the final RMS norm and the output head.
 `qwen2` (src/models/qwen2.cpp) is the same graph with rope in NeoX mode (pairs (x_i, x_{i+d/2}));
 `qwen3` (qwen3.cpp) adds an RMS norm of each head of Q and of K before rope (QK norms) and takes
-its head size from attention.key_length. The KV cache (engine/models/decoder.py) is llama.cpp's:
+its head size from attention.key_length. `qwen3moe` (qwen3moe.cpp) is Qwen3 with a mixture of
+experts in place of the feed-forward (llama-graph.cpp's build_moe_ffn: a router ffn_gate_inp, a
+softmax, the expert_used_count most probable experts by argsort, their probabilities renormalised
+to sum 1, each chosen expert's SwiGLU by ggml_mul_mat_id over the 3-D ffn_{gate,up,down}_exps,
+the weighted outputs summed). The KV cache (engine/models/decoder.py) is llama.cpp's:
 one F16 K and one F16 V tensor per layer in a CPU buffer, V kept transposed, new rows written by
 ggml_set_rows at cells that are graph inputs.
-Leaves out: flash attention, MoE layers, rope scaling other than linear, several sequences.
+Leaves out: flash attention, rope scaling other than linear, several sequences; for MoE, expert
+groups, per-layer expert counts, shared experts and the other gating functions (sigmoid, ...),
+which qwen3moe does not use.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import math
 import os
 from dataclasses import dataclass
 
-from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand, ggml_get_rows,
-                         ggml_mul, ggml_mul_mat, ggml_new_graph_custom, ggml_reshape_3d,
-                         ggml_rms_norm, ggml_rope_ext, ggml_set_name, ggml_set_output,
-                         ggml_swiglu_split)
+from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_argsort_top_k,
+                         ggml_build_forward_expand, ggml_clamp, ggml_cont, ggml_div, ggml_get_rows,
+                         ggml_mul, ggml_mul_mat, ggml_mul_mat_id, ggml_new_graph_custom,
+                         ggml_reshape_2d, ggml_reshape_3d, ggml_rms_norm, ggml_rope_ext,
+                         ggml_set_name, ggml_set_output, ggml_soft_max, ggml_sum_rows,
+                         ggml_swiglu_split, ggml_view_2d)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
@@ -31,6 +39,7 @@ from .tokenize import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
 LLAMA_ROPE_TYPE_NEOX = GGML_ROPE_TYPE_NEOX  # rope on pairs (x_i, x_{i+d/2})
+F16_MIN_NORMAL = 6.103515625e-5  # build_moe_ffn's floor for the sum of the experts' weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +57,7 @@ class Llama(Decoder):
 
     def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
         super().__init__()
-        f = path if isinstance(path, ModelFile) else ModelFile(path)
-        if f.arch != self.ARCH:
-            raise ModelError(f"{f.path}: architecture '{f.arch}' is not '{self.ARCH}'")
-        self.file = f
+        f = self.file = self._open(path)
         shared = f.transformer_params()
         n_embd, n_head = shared["n_embd"], shared["n_head"]
         scaling = f.key("{arch}.rope.scaling.type", "none")
@@ -93,13 +99,24 @@ class Llama(Decoder):
                 q_norm=t("attn_q_norm.weight", (hd := head_dim,)) if self.QK_NORM else None,
                 k_norm=t("attn_k_norm.weight", (hd,)) if self.QK_NORM else None,
                 ffn_norm=t("ffn_norm.weight", (E,)),
-                ffn_gate=t("ffn_gate.weight", (E, hp.n_ff)),
-                ffn_up=t("ffn_up.weight", (E, hp.n_ff)),
-                ffn_down=t("ffn_down.weight", (hp.n_ff, E)),
+                **self._ffn_tensors(t),
             ))
         self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
         self.cache = KVCache(hp, self.n_ctx, f.backend)
         self.tokenizer = tokenizer_of(f)
+
+    @classmethod
+    def _open(cls, path: str | os.PathLike | ModelFile) -> ModelFile:
+        f = path if isinstance(path, ModelFile) else ModelFile(path)
+        if f.arch != cls.ARCH:
+            raise ModelError(f"{f.path}: architecture '{f.arch}' is not '{cls.ARCH}'")
+        return f
+
+    def _ffn_tensors(self, t) -> dict:
+        """A layer's feed-forward weights; `t(name, ne)` fetches blk.<i>.<name>."""
+        E, F = self.hp.n_embd, self.hp.n_ff
+        return dict(ffn_gate=t("ffn_gate.weight", (E, F)), ffn_up=t("ffn_up.weight", (E, F)),
+                    ffn_down=t("ffn_down.weight", (F, E)))
 
     # --- the graph ----------------------------------------------------------------------------
 
@@ -167,10 +184,7 @@ class Llama(Decoder):
             ffn_inp = _name(ggml_add(ctx, cur, inp_sa), "ffn_inp", il)
             cur = _name(ggml_mul(ctx, ggml_rms_norm(ctx, ffn_inp, hp.rms_eps), L["ffn_norm"]),
                         "ffn_norm", il)
-            up = _name(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
-            gate = _name(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
-            cur = _name(ggml_swiglu_split(ctx, gate, up), "ffn_swiglu", il)  # silu(gate) * up
-            cur = _name(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
+            cur = self.ffn(ctx, gf, cur, L, il)
             x = _name(ggml_add(ctx, cur, ffn_inp), "l_out", il)
 
         x = ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), self.output_norm)
@@ -182,6 +196,13 @@ class Llama(Decoder):
         ggml_set_output(logits)
         ggml_build_forward_expand(gf, logits)
         return gf, inputs, logits
+
+    def ffn(self, ctx, gf, cur, L: dict, il: int):
+        """build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): down · (silu(gate · x) * (up · x))."""
+        up = _name(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
+        gate = _name(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
+        cur = _name(ggml_swiglu_split(ctx, gate, up), "ffn_swiglu", il)  # silu(gate) * up
+        return _name(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
 
 
 class Qwen2(Llama):
@@ -197,3 +218,94 @@ class Qwen3(Llama):
     ARCH = "qwen3"
     ROPE_MODE = LLAMA_ROPE_TYPE_NEOX
     QK_NORM = True
+
+
+@dataclass(frozen=True, slots=True)
+class MoeParams:
+    """A mixture-of-experts feed-forward's hyperparameters (llama_hparams, in part)."""
+
+    n_expert: int  # expert_count: the experts of each layer
+    n_expert_used: int  # expert_used_count: how many each token goes through
+    n_ff_exp: int  # expert_feed_forward_length (n_ff / n_expert_used when the file has none)
+
+    @classmethod
+    def read(cls, f: ModelFile) -> "MoeParams":
+        n_expert, n_used = int(f.key("{arch}.expert_count")), f.key("{arch}.expert_used_count")
+        if not isinstance(n_used, int):
+            raise ModelError(f"{f.path}: a per-layer expert_used_count is not supported")
+        if n_expert <= 0 or not 0 < n_used <= n_expert:
+            raise ModelError(f"{f.path}: expert_used_count {n_used} must lie in [1, "
+                             f"expert_count {n_expert}]")
+        if int(f.key("{arch}.expert_group_count", 0)) > 1:
+            raise ModelError(f"{f.path}: expert groups (expert_group_count) are not supported")
+        n_ff = int(f.key("{arch}.feed_forward_length"))
+        return cls(n_expert, n_used, int(f.key("{arch}.expert_feed_forward_length", 0))
+                   or n_ff // n_used)
+
+
+def moe_ffn(ctx, gf, cur, L: dict, moe: MoeParams, il: int, norm_w: bool = True):
+    """build_moe_ffn with softmax gating and SwiGLU experts, no biases, no weight scale:
+    cur [n_embd, n_tokens] -> [n_embd, n_tokens]. The router gives each token a softmax over the
+    experts; the n_expert_used most probable are chosen (argsort, descending), their
+    probabilities taken as weights (renormalised to sum 1 when norm_w), each chosen expert's
+    SwiGLU computed by ggml_mul_mat_id, and the weighted outputs summed."""
+    n_embd, n_tokens, k = int(cur.ne[0]), int(cur.ne[1]), moe.n_expert_used
+    logits = _name(ggml_mul_mat(ctx, L["ffn_gate_inp"], cur), "ffn_moe_logits", il)
+    probs = _name(ggml_soft_max(ctx, logits), "ffn_moe_probs", il)  # [n_expert, n_tokens]
+    selected = ggml_argsort_top_k(ctx, probs, k)  # [k, n_tokens]: a view of the argsort
+    _name(selected.src[0], "ffn_moe_argsort", il)
+    _name(selected, "ffn_moe_topk", il)
+    probs = ggml_reshape_3d(ctx, probs, 1, moe.n_expert, n_tokens)
+    weights = _name(ggml_get_rows(ctx, probs, selected), "ffn_moe_weights", il)  # [1, k, n]
+    if norm_w:
+        weights = ggml_reshape_2d(ctx, weights, k, n_tokens)
+        total = _name(ggml_sum_rows(ctx, weights), "ffn_moe_weights_sum", il)  # [1, n]
+        total = _name(ggml_clamp(ctx, total, F16_MIN_NORMAL, math.inf),
+                      "ffn_moe_weights_sum_clamped", il)  # no division by zero
+        weights = _name(ggml_div(ctx, weights, total), "ffn_moe_weights_norm", il)
+        weights = ggml_reshape_3d(ctx, weights, 1, k, n_tokens)
+    ggml_build_forward_expand(gf, weights)  # llama.cpp expands the weights early
+
+    cur = ggml_reshape_3d(ctx, cur, n_embd, 1, n_tokens)  # one input row for all k experts
+    up = _name(ggml_mul_mat_id(ctx, L["ffn_up_exps"], cur, selected), "ffn_moe_up", il)
+    gate = _name(ggml_mul_mat_id(ctx, L["ffn_gate_exps"], cur, selected), "ffn_moe_gate", il)
+    cur = _name(ggml_swiglu_split(ctx, gate, up), "ffn_moe_swiglu", il)  # [n_ff_exp, k, n]
+    experts = _name(ggml_mul_mat_id(ctx, L["ffn_down_exps"], cur, selected), "ffn_moe_down", il)
+    experts = _name(ggml_mul(ctx, experts, weights), "ffn_moe_weighted", il)  # [n_embd, k, n]
+    ggml_build_forward_expand(gf, experts)
+    # the k weighted outputs summed, each a view [n_embd, n_tokens]: the views first, then adds
+    views = [ggml_view_2d(ctx, experts, n_embd, n_tokens, int(experts.nb[2]),
+                          i * int(experts.nb[1])) for i in range(k)]
+    for v in views:
+        ggml_build_forward_expand(gf, v)
+    out = views[0]
+    for v in views[1:]:
+        out = ggml_add(ctx, out, v)
+        ggml_build_forward_expand(gf, out)
+    if k == 1:
+        out = ggml_cont(ctx, out)  # not a strided view
+    return _name(out, "ffn_moe_out", il)
+
+
+class Qwen3Moe(Qwen3):
+    """Qwen3-MoE: Qwen3's attention, and a mixture of experts in place of the feed-forward."""
+
+    ARCH = "qwen3moe"
+
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+        f = self._open(path)
+        self.moe = MoeParams.read(f)
+        super().__init__(f, n_ctx)
+
+    def _ffn_tensors(self, t) -> dict:
+        E, m = self.hp.n_embd, self.moe
+        return dict(ffn_gate_inp=t("ffn_gate_inp.weight", (E, m.n_expert)),
+                    ffn_gate_exps=t("ffn_gate_exps.weight", (E, m.n_ff_exp, m.n_expert)),
+                    ffn_up_exps=t("ffn_up_exps.weight", (E, m.n_ff_exp, m.n_expert)),
+                    ffn_down_exps=t("ffn_down_exps.weight", (m.n_ff_exp, E, m.n_expert)))
+
+    def graph_size(self) -> int:
+        return 64 + (40 + 24 + 2 * self.moe.n_expert_used) * self.hp.n_layer
+
+    def ffn(self, ctx, gf, cur, L: dict, il: int):
+        return moe_ffn(ctx, gf, cur, L, self.moe, il)  # qwen3moe always renormalises

@@ -1,7 +1,7 @@
 """The small ops against real ggml: cumsum, diag, tri, fill, roll, add_id, add_cast, pad_reflect_1d,
 solve_tri, Segment Anything's window and relative-position ops, the composed and transposed
 convolutions and the rope_custom wrappers — results bit for bit at 1 and 3 threads, each thread's
-rows as ggml splits them, and ggml's asserts."""
+rows as ggml splits them, and ggml's asserts; an empty view at the end of a pool."""
 
 from __future__ import annotations
 
@@ -264,3 +264,23 @@ def test_a_kernel_overhanging_the_input_by_less_than_a_stride(n_threads):
              exact=True)
     check_op(lambda g, ctx, a, b: g.ggml_im2col_3d(ctx, a, b, c, *args, int(F32)), [kernel, volume], n_threads,
              exact=True)
+
+
+def test_an_empty_view_at_the_end_of_a_buffer_computes():
+    """A view of zero rows just past a tensor that ends its pool (llama.cpp's recurrent memory
+    views its cells after the last one, none for one sequence): ggml builds and computes it, its
+    data pointer one past the pool's end; so does the engine."""
+    import ggml as real
+
+    for g in (eng, real):
+        pool = g.ggml_init(g.ggml_init_params(g.ggml_tensor_overhead() + 2 * 8 * 4, None, False))
+        a = g.ggml_new_tensor_2d(pool, int(F32), 8, 2)  # its data: the pool's last 64 bytes
+        ctx = g.ggml_init(g.ggml_init_params(8 * g.ggml_tensor_overhead()
+                                             + g.ggml_graph_overhead(), None, False))
+        empty = g.ggml_view_2d(ctx, a, 8, 0, 8 * 4, 2 * 8 * 4)
+        assert g.ggml_nbytes(empty) == 0
+        gf = g.ggml_new_graph(ctx)
+        g.ggml_build_forward_expand(gf, g.ggml_scale_inplace(ctx, empty, 0.0))
+        g.ggml_graph_compute_with_ctx(ctx, gf, 1)
+        g.ggml_free(ctx)
+        g.ggml_free(pool)
