@@ -41,6 +41,7 @@ OUTPUT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
 MAX_OUTPUT_ELEMENTS = 1 << 20
 # counts msgspec checks as it reads each container's header, before it makes the container
 MAX_STEPS, MAX_PATCHES, MAX_OUTPUTS, MAX_ITEMS = 100_000, 1 << 16, 64, 1 << 16
+MAX_FILES, MAX_FILE_TEXT = 64, 1 << 20  # a walkthrough's other files, and the text of each
 
 
 class MalformedResult(Exception):
@@ -85,6 +86,9 @@ class Head:
     n_threads: int = 1
     error: str | None = None
     printed: str = ""
+    # a walkthrough's other files (Trace.also): (path, text)
+    also: Annotated[list[tuple[str, str]], msgspec.Meta(max_length=MAX_FILES)] = \
+        dataclasses.field(default_factory=list)
     outputs: Annotated[dict[str, Output], msgspec.Meta(max_length=MAX_OUTPUTS)] = \
         dataclasses.field(default_factory=dict)
     steps: Annotated[list[Step], msgspec.Meta(max_length=MAX_STEPS)] = \
@@ -109,7 +113,7 @@ def encode_trace(trace: Trace) -> bytes:
         refs.append([PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches])
         blobs += [p.data for p in s.patches]
     head = Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
-                error=trace.error, printed=trace.printed,
+                error=trace.error, printed=trace.printed, also=[list(f) for f in trace.also],
                 outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
                 steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
     return _frame(head, blobs)
@@ -184,6 +188,8 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
         raise bad(f"a trace has 1 to {limits.steps + 2:,} steps, not {len(head.steps):,}")
     if len(head.printed) > 4 * limits.output or not 1 <= head.n_threads <= 64:
         raise bad("the printed text or the thread count is out of range")
+    if any(len(name) > 200 or len(text) > MAX_FILE_TEXT for name, text in head.also):
+        raise bad(f"a source file's name or text is too long (at most 200 and {MAX_FILE_TEXT:,} characters)")
     if sum(p.size for refs in head.patches for p in refs) != len(data):
         raise bad("the patches' sizes do not add up to the data section")
     sizes: dict[int, int] = {}  # every pool and buffer the steps made: id -> size
@@ -191,6 +197,8 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
     for k, (s, refs) in enumerate(zip(head.steps, head.patches)):
         if s.index != k or (s.parent is not None and not 0 <= s.parent < k):
             raise bad("its index or parent is out of order", k)
+        if not 0 <= s.file <= len(head.also):
+            raise bad(f"its line is in file {s.file}; the trace has {len(head.also) + 1}", k)
         for pid, size in [(c.id, c.mem_size) for c in s.contexts] + [(b.id, b.size) for b in s.buffers]:
             if size < 0 or sizes.setdefault(pid, size) != size:
                 raise bad(f"pool {pid} changes its size or has a negative one", k)
@@ -207,7 +215,8 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
                 raise bad(f"it refers to bytes {offs:,}..{offs + size:,} of pool {ctx}, outside it", k)
         steps.append(dataclasses.replace(s, patches=tuple(patches)) if patches else s)
     trace = Trace(head.program[:200], head.source, head.n_threads, steps,
-                  {k[:200]: _value(k, v) for k, v in head.outputs.items()}, head.error, head.printed)
+                  {k[:200]: _value(k, v) for k, v in head.outputs.items()}, head.error, head.printed,
+                  tuple(head.also))
     return trace
 
 

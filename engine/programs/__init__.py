@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from engine.models import ARCHITECTURES
+
 # the GGUF files the demos and tests read, shipped inside the package (engine/fixtures/README.md
 # says what they are; the web app and the command line may take another folder from app.settings)
 FIXTURES_DIR = Path(__file__).resolve().parents[1] / "fixtures"
@@ -24,6 +26,8 @@ class Program:
     model: bool = False  # it reads the bundled model (engine/models/bundled.py) by default
     prompt: str | None = None  # the text it reads when the learner gives none
     runs: tuple[str, ...] = ()  # the architectures of the files it can run ("Run it")
+    steps_into: tuple[str, ...] = ()  # packages under engine whose facade calls are steps too
+    #                                   (a model walkthrough's: the builders' own code)
 
     def load(self) -> ModuleType:
         return importlib.import_module(f"engine.programs.{self.module}")
@@ -36,6 +40,14 @@ class Program:
     @property
     def source_file(self) -> str:
         return self.load().__file__
+
+    @property
+    def also_files(self) -> tuple[str, ...]:
+        """The files of the packages it steps into (their modules, sorted)."""
+        root = Path(__file__).resolve().parents[1]
+        return tuple(str(f) for pkg in self.steps_into
+                     for f in sorted((root / pkg.replace(".", "/")).glob("*.py"))
+                     if "from engine.ggml" in f.read_text())  # (those that call ggml)
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in [
@@ -57,6 +69,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("offload", "offload", 1),
     Program("gemma3", "gemma3", 1, model=True, prompt="The capital of France is",
             runs=("gemma3",)),
+    Program("model", "model", 1, model=True, prompt="The capital of France is",
+            runs=tuple(a for a in ARCHITECTURES if a not in ("bert", "gemma3")),
+            steps_into=("models",)),
 ]}
 
 
@@ -71,4 +86,5 @@ def trace_program(name: str, n_threads: int | None = None, **inputs):
 
     prog = PROGRAMS[name]
     mod = prog.load()
-    return record(mod.run, mod.__file__, name, n_threads or prog.threads, **inputs)
+    return record(mod.run, mod.__file__, name, n_threads or prog.threads, also=prog.also_files,
+                  **inputs)

@@ -29,24 +29,25 @@ class ProgramMarks:
     """Where the program is at each call: the layer and the pass, read from its loop variables;
     and the layer each tensor was made in."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, sources: dict[str, str]) -> None:
+        """`sources`: the text of each file whose calls are steps, by file name."""
         self.layer: int | None = None
         self.n_past: int | None = None
         self.tensor_layer: dict[tuple[int, int], int] = {}  # the layer each tensor was made in
-        self.layer_loops = layer_loops(source)
+        self.layer_loops = {f: layer_loops(text) for f, text in sources.items()}
 
     def read(self, frame: Any) -> None:
         """At a call from `frame` (the program's): the layer if the line is inside a `for il in
         ...` loop (after the loop `il` keeps its last value, which is not a layer any more), and
         the pass. A helper of the program's own (llama.cpp's `cb`) called from such a loop is in
-        the loop's layer: the program's frames are read outwards until one says."""
+        the loop's layer: the frames of the program's files are read outwards until one says."""
         self.layer = self.n_past = None
-        file = frame.f_code.co_filename
-        while frame is not None and frame.f_code.co_filename == file:
+        while frame is not None and frame.f_code.co_filename in self.layer_loops:
             local_vars, line = frame.f_locals, frame.f_lineno
+            loops = self.layer_loops[frame.f_code.co_filename]
             il, n_past = local_vars.get("il"), local_vars.get("n_past")
             if self.layer is None and type(il) is int and \
-                    any(a <= line <= b for a, b in self.layer_loops):
+                    any(a <= line <= b for a, b in loops):
                 self.layer = il
             if self.n_past is None and type(n_past) is int:
                 self.n_past = n_past

@@ -64,6 +64,12 @@ UNNAMED = "(unnamed)"  # a note's words for a tensor with no name: `a (unnamed)`
 
 # --- recording -------------------------------------------------------------------------------
 
+def _shown_path(path: str, package: Path) -> str:
+    """A source file's path as the debugger names it: under the package (engine/models/llama.py)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(package)) if p.is_relative_to(package) else p.name
+
+
 def _facade_codes() -> dict[Any, str]:
     """The code objects of the facade's functions that make steps (all but the queries)."""
     codes = {}
@@ -93,10 +99,9 @@ class Recorder:
 
     def __init__(self, source_file: str, n_threads: int,
                  on_step: Callable[[Step, list[Context]], None] | None = None,
-                 step_cap: int | None = None) -> None:
+                 step_cap: int | None = None, also: tuple[str, ...] = ()) -> None:
         self.step_cap = step_cap or STEP_CAP
         self.on_step = on_step  # sees the live contexts after each step (tests compare with them)
-        self.file = source_file
         self.n_threads = n_threads
         self.codes = _facade_codes()
         self.constructors = _constructor_codes(self.codes)
@@ -110,15 +115,18 @@ class Recorder:
         self.active: Any = None  # the frame of the facade call in progress
         self.args: tuple = ()  # the call's arguments, and what the ggml-opt objects among them hold
         self.raw_args: tuple = ()
-        text = Path(source_file).read_text()
-        self.lines = text.splitlines()
-        self.statements = statement_spans(text)
+        # the files whose facade calls are steps: the program's (0), then `also`'s (1, 2, ...)
+        self.files = {f: k for k, f in enumerate((source_file, *also))}
+        texts = [Path(f).read_text() for f in self.files]
+        self.texts = [(t.splitlines(), statement_spans(t)) for t in texts]
+        self.file_no = 0  # the file of the call in progress
+        self.lines, self.statements = self.texts[0]
         self.variables: dict[tuple[int, int], str] = {}  # tensor -> the variable it was made into
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
         self.line = 0
         self.t_start = time.perf_counter()
-        self.marks = ProgramMarks(text)  # the layer and pass of each call
+        self.marks = ProgramMarks(dict(zip(self.files, texts)))  # the layer and pass of each call
         self.space: AddressSpace | None = None  # the recording's address space (set by record)
         self.backend = BackendRecorder(self)
 
@@ -127,8 +135,10 @@ class Recorder:
         if event == "call":
             if self.active is None and frame.f_code in self.codes:
                 caller = frame.f_back
-                if caller is not None and caller.f_code.co_filename == self.file:
+                if caller is not None and caller.f_code.co_filename in self.files:
                     self.active = frame
+                    self.file_no = self.files[caller.f_code.co_filename]
+                    self.lines, self.statements = self.texts[self.file_no]
                     self.line = caller.f_lineno
                     self.marks.read(caller)
                     self.raw_args = tuple(frame.f_locals.values())
@@ -310,7 +320,7 @@ class Recorder:
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers,
                     tensor=None if tensor is None else tensor_ref(tensor),
-                    **self.marks.for_step(kind, tensor), **kw)
+                    **self.marks.for_step(kind, tensor), file=self.file_no, **kw)
         self.steps.append(step)
         self.cpu.after_step(step)
         if self.on_step is not None:
@@ -431,15 +441,19 @@ def _dedupe(items: list) -> list:
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
            on_step: Callable[[Step, list[Context]], None] | None = None,
-           step_cap: int | None = None, **kwargs) -> Trace:
-    """Run `program(n_threads=..., **kwargs)` once and return its trace.
+           step_cap: int | None = None, also: tuple[str, ...] = (), **kwargs) -> Trace:
+    """Run `program(n_threads=..., **kwargs)` once and return its trace. The facade calls made
+    from the files `also` names are steps too (a model walkthrough steps through the engine's
+    model builders, engine/models/).
 
     The program returns its outputs as {name: tensor or value}; they are kept as nested lists.
     An exception it raises, or a limit that stops it (`ProgramStopped`: the step cap, a sandbox's
     limits), is the last step, at the program's line it passed through last.
     """
-    rec = Recorder(source_file, n_threads, on_step, step_cap)
-    trace = Trace(name, Path(source_file).read_text(), n_threads)
+    rec = Recorder(source_file, n_threads, on_step, step_cap, also)
+    package = Path(G.__file__).resolve().parents[1]
+    trace = Trace(name, Path(source_file).read_text(), n_threads,
+                  also=tuple((_shown_path(f, package), Path(f).read_text()) for f in also))
     outputs: dict = {}
     token = COMPUTE_OBSERVER.set(rec.on_node)
     copy_token = COPY_OBSERVER.set(rec.backend.on_copy)

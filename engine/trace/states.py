@@ -49,6 +49,9 @@ class Trace:
     outputs: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     printed: str = ""  # what the program printed (a learner's program in the playground)
+    # the walkthrough's other files whose facade calls are steps too, as (path under the
+    # package, text): Step.file k > 0 is also[k - 1]
+    also: tuple[tuple[str, str], ...] = ()
 
     @property
     def hash(self) -> str:
@@ -59,6 +62,8 @@ class Trace:
         h = hashlib.sha256()
         h.update(self.program.encode())
         h.update(str(self.n_threads).encode())
+        for name, _text in self.also:
+            h.update(name.encode())
         for s in self.steps:
             h.update(s.hash_bytes())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])

@@ -191,6 +191,9 @@ class Step:
     # a node's or visit's: the layer its tensor was made in) and the forward pass (its `n_past`)
     layer: int | None = None
     n_past: int | None = None
+    # which file `line` is in: 0 the program's, k > 0 the walkthrough's k-th other file
+    # (Trace.also[k - 1]: the engine's model builders a model walkthrough steps through)
+    file: int = 0
 
     def hash_bytes(self) -> bytes:
         """What the trace's content hash takes from this step: everything but timings, which
@@ -209,6 +212,8 @@ class Step:
             out += repr((self.buffers, self.placements, self.decision, self.split)).encode()
         if self.layer is not None or self.n_past is not None:  # programs with layers or passes
             out += repr((self.layer, self.n_past)).encode()
+        if self.file:  # a line in another file of the walkthrough
+            out += repr(("file", self.file)).encode()
         return out
 
     def changes(self) -> dict:

@@ -26,12 +26,16 @@ class Source:
     error: bool  # the step is the error (or the limit) that stopped the program, at its line
     printed: str  # what the program printed (a learner's program)
     objects: list[ObjectAdded]  # the objects a step made, when its note sums up many
+    path: str | None  # the file shown, when it is not the program's (a model builder's)
 
 
 def source(trace: Trace, step: Step) -> Source:
-    lines = trace.source.splitlines()
+    """The file the step's call was made from (the program's, or one of the files a model
+    walkthrough steps into), its line marked."""
+    path, text = trace.also[step.file - 1] if 0 < step.file <= len(trace.also) else \
+        (None, trace.source)
     parent = trace.steps[step.parent].call if step.parent is not None else None
-    return Source([SourceLine(i + 1, text, i + 1 == step.line) for i, text in enumerate(lines)],
+    return Source([SourceLine(i + 1, t, i + 1 == step.line) for i, t in enumerate(text.splitlines())],
                   step.call, step.notes, list(step.fields), parent,
                   step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed,
-                  list(step.objects) if len(step.objects) > MANY_OBJECTS else [])
+                  list(step.objects) if len(step.objects) > MANY_OBJECTS else [], path)

@@ -116,9 +116,49 @@ def test_run_it_on_model_files(client: TestClient, models: Path, gemma_path: Pat
         minilm = client.get(links["sub/minilm.gguf"]).text
         assert 'href="/walkthroughs/minilm?file=' in minilm
         big = html.unescape(client.get(links["big-40g.gguf"]).text)
-        assert ">Run it<" not in big
-        assert "Step-by-step runs take bert, gemma3 files" in big and "'llama'" in big
+        assert ">Run it<" not in big and "step-by-step runs take files up to" in big
         wrong = client.get(f"/walkthroughs/minilm/steps/0?file={digest}")
         assert wrong.status_code == 422 and "holds a 'gemma3' model" in html.unescape(wrong.text)
     finally:
         (models / "gemma.gguf").unlink()
+
+
+def test_a_llama_3_file_steps_through_its_builder(client: TestClient, models: Path,
+                                                  tmp_path: Path) -> None:
+    """A Llama 3 file (byte-level BPE; random weights) in the folder: "Run it" opens the model
+    walkthrough, whose steps are the builder's own calls, shown in engine/models/llama.py at
+    their line, and whose next-token odds are the builder's logits (its generate's)."""
+    from engine.core.types import GGMLType
+    from engine.models import load_model
+    from engine.programs import trace_program
+    from engine.programs.gemma3 import softmax
+    from tests.conformance.test_models import write_tiny_llama
+    from tests.support.vocab import vocab_files
+
+    vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
+    write_tiny_llama(models / "llama3.gguf", GGMLType.Q4_K, vocab=vocab)
+    try:
+        link = _links(client)["llama3.gguf"]
+        digest = link.rsplit("/", 1)[1]
+        assert f'href="/walkthroughs/model?file={digest}"' in client.get(link).text
+        prompt = "Hello world"
+        first = client.get(f"/walkthroughs/model?file={digest}&prompt={prompt}")
+        assert first.status_code == 200 and "Next token after the prompt" in first.text
+        trace = trace_program("model", path=str(models / "llama3.gguf"), prompt=prompt)
+        model = load_model(models / "llama3.gguf")
+        logits = model.decode(model.encode(prompt), all_logits=False).logits[-1]
+        best = int(np.argmax(logits))
+        assert tuple(trace.outputs["top10_0"][0]) == (best, model.tokenizer.piece_text(best),
+                                                      softmax(logits)[best])
+        files = [name for name, _ in trace.also]
+        k = files.index("engine/models/llama.py") + 1
+        step = next(s for s in trace.steps if s.file == k and "ggml_rms_norm" in s.call)
+        page = client.get(f"/walkthroughs/model/steps/{step.index}?file={digest}&prompt={prompt}")
+        assert page.status_code == 200
+        text = html.unescape(page.text)
+        assert "in engine/models/llama.py" in text.replace("<code>", "").replace("</code>", "")
+        line = trace.also[k - 1][1].splitlines()[step.line - 1]
+        assert f'aria-current="true"><span class="ln">{step.line}</span>{line}' in text
+    finally:
+        (models / "llama3.gguf").unlink()
+
