@@ -135,7 +135,7 @@ class Gemma2(Decoder):
         inputs = self.build_inputs(ctx, n, n_kv, all_logits)
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
         x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "inp_embd")
+        ggml_set_name(x, "embd")  # build_inp_embd's name
         x = _name(ggml_scale(ctx, x, float(np.sqrt(np.float32(hp.n_embd)))), "inp_scaled", -1)
 
         for il, L in enumerate(self.layers):

@@ -103,7 +103,7 @@ class Phi3(Decoder):
         inputs = self.build_inputs(ctx, n, n_kv, all_logits)
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
         x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "inp_embd")
+        ggml_set_name(x, "embd")  # build_inp_embd's name
         rope = dict(n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
                     freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
                     attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
