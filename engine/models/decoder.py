@@ -1,11 +1,12 @@
 """What every decoder-only model shares: feeding tokens through the graph with a KV cache.
 
 A model (engine/models/llama.py, gemma2.py, gemma3.py, phi3.py) builds llama.cpp's graph for n
-new tokens attending to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it the way llama_decode
-does: the graph's tensors placed by the graph allocator in a CPU compute buffer and run by the
-CPU backend (engine/models/common.py `Pass`), the inputs (token ids, positions, the cells the new
-K and V rows go to, the attention masks) set with ggml_backend_tensor_set, the cache growing by the
-tokens decoded, and greedy or sampled generation.
+new tokens attending to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it
+the way llama_decode does: the graph's tensors placed by the graph allocator in a CPU compute
+buffer and run by the CPU backend (engine/models/common.py `Pass`), the inputs (token ids,
+positions, the cells the new K and V rows go to, the attention masks) set with
+ggml_backend_tensor_set, the cache growing by the tokens decoded, and greedy or sampled
+generation.
 
 The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer an F16 K tensor
 [n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are

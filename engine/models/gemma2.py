@@ -98,8 +98,8 @@ class Gemma2(Decoder):
         E, Q, G = hp.n_embd, hp.head_dim * hp.n_head, hp.n_embd_gqa
         self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
         self.output_norm = f.tensor("output_norm.weight", (E,))
-        self.output = (self.OUTPUT_WEIGHT and f.optional("output.weight", (E, hp.n_vocab))
-                       or self.tok_embd)
+        head = f.optional("output.weight", (E, hp.n_vocab)) if self.OUTPUT_WEIGHT else None
+        self.output = head or self.tok_embd
         self.layers = []
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731

@@ -16,7 +16,7 @@ positions; the window is in the mask).
 
 from __future__ import annotations
 
-from .gemma2 import Gemma2, GemmaParams  # noqa: F401 - GemmaParams: this module's API
+from .gemma2 import Gemma2
 
 
 class Gemma3(Gemma2):
