@@ -93,9 +93,12 @@ def write_gemma2(path: Path, type_: GGMLType, seed: int) -> None:
         f.vec("output_norm.weight", E)
 
 
-def write_phi3(path: Path, type_: GGMLType, seed: int) -> None:
-    """A tiny `phi3` file: fused attn_qkv, ffn_up holding gate and up, rope factors."""
+def write_phi3(path: Path, type_: GGMLType, seed: int, qkv: str = "fused") -> None:
+    """A tiny `phi3` file: fused attn_qkv (as Phi-3's converter writes it; `qkv` "separate":
+    attn_q/k/v with biases, "fused+biases": attn_qkv with separate Q/K/V biases), ffn_up
+    holding gate and up, rope factors."""
     hd = E // N_HEAD
+    kv = hd * N_HEAD_KV
     with TinyFile(path, "phi3", type_, seed) as f:
         _shared_keys(f, 1e-5)
         f.w.add_rope_dimension_count(hd)
@@ -106,7 +109,15 @@ def write_phi3(path: Path, type_: GGMLType, seed: int) -> None:
         f.vec("rope_factors_short.weight", hd // 2, 0.05, 1.0)
         for i in range(N_LAYER):
             f.vec(f"blk.{i}.attn_norm.weight", E)
-            f.mat(f"blk.{i}.attn_qkv.weight", E, E + 2 * hd * N_HEAD_KV)
+            if qkv == "separate":
+                f.mat(f"blk.{i}.attn_q.weight", E, E)
+                f.mat(f"blk.{i}.attn_k.weight", E, kv)
+                f.mat(f"blk.{i}.attn_v.weight", E, kv)
+            else:
+                f.mat(f"blk.{i}.attn_qkv.weight", E, E + 2 * kv)
+            if qkv != "fused":
+                for name, size in (("q", E), ("k", kv), ("v", kv)):
+                    f.vec(f"blk.{i}.attn_{name}.bias", size, 0.5, 0.0)
             f.mat(f"blk.{i}.attn_output.weight", E, E)
             f.vec(f"blk.{i}.ffn_norm.weight", E)
             f.mat(f"blk.{i}.ffn_up.weight", E, 2 * N_FF)
@@ -184,6 +195,28 @@ def test_kv_cache_decoding_matches_llama_cpp(llama_cpp, every_type, type_):
     for pos, row in enumerate(rows):
         assert nmse(row, theirs[pos]) <= 1e-9, (pos, nmse(row, theirs[pos]))
     np.testing.assert_array_equal(np.array(rows), theirs)
+
+
+@pytest.fixture(scope="module")
+def phi3_layouts(tmp_path_factory) -> dict[str, tuple[Path, np.ndarray]]:
+    """Phi-3 files with Q/K/V laid out otherwise, and llama.cpp's logits of PROMPT for each."""
+    tmp = tmp_path_factory.mktemp("phi3-qkv")
+    paths = {qkv: tmp / f"phi3-{qkv}.gguf" for qkv in ("separate", "fused+biases")}
+    for qkv, path in paths.items():
+        write_phi3(path, GGMLType.F32, seed=7, qkv=qkv)
+    jobs = [(path, {"logits": PROMPT, "out": str(path.with_suffix(".npy"))})
+            for path in paths.values()]
+    ask_many(jobs, N_THREADS, n_ctx=N_CTX, **PLAIN)
+    return {qkv: (path, np.load(path.with_suffix(".npy"))) for qkv, path in paths.items()}
+
+
+@pytest.mark.parametrize("qkv", ["separate", "fused+biases"])
+def test_phi3_qkv_layouts_match_llama_cpp(llama_cpp, phi3_layouts, qkv):
+    """build_qkv's other paths: separate Q/K/V projections with biases, and the fused one with
+    the separate biases concatenated (Phi-3 files carry neither; other converters write them)."""
+    path, theirs = phi3_layouts[qkv]
+    np.testing.assert_array_equal(load_model(path).decode(PROMPT, n_threads=N_THREADS).logits,
+                                  theirs)
 
 
 def test_greedy_generation_matches_llama_cpp(llama_cpp, every_type):
