@@ -23,7 +23,7 @@ import pytest
 from engine.core.types import GGMLType
 from engine.models import load_model
 from engine.trace.evaldump import diff_dumps, dumping, parse_dump
-from tests.support.llamacpp_run import ask, ask_many
+from tests.support.llamacpp_run import ask_many
 from tests.support.tiny_models import N_CTX, PLAIN, TinyFile, exact_types
 
 E, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_VOCAB = 256, 4, 2, 512, 2, 320
@@ -140,6 +140,7 @@ CHARACTERISTIC = {
 
 STEPPED = (GGMLType.F32, GGMLType.Q4_K)  # the files decoded token by token too
 FIRST = 3  # the stepped decodes: FIRST tokens in one batch, then one at a time
+GREEDY_TYPE, DUMP_TYPE = GGMLType.Q8_0, GGMLType.F32  # the files greedy and dump tests run
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,8 @@ class Files:
     paths: dict[GGMLType, Path]
     logits: dict[GGMLType, np.ndarray]  # llama.cpp's, the prompt in one batch
     stepped: dict[GGMLType, np.ndarray]  # llama.cpp's, FIRST tokens then one at a time
+    greedy: list[int]  # llama.cpp's 5 most likely tokens after PROMPT[:4] (GREEDY_TYPE)
+    dump: str  # llama.cpp's eval-callback dump of PROMPT (DUMP_TYPE)
 
 
 VIEW_OPS = ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")
@@ -156,7 +159,8 @@ VIEW_OPS = ("VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")
 @pytest.fixture(scope="module", params=tuple(WRITERS))
 def every_type(request, tmp_path_factory) -> Files:
     """One file per exact weight type and llama.cpp's plain-path logits of PROMPT for each (and
-    of its stepped decode for STEPPED), all from one llama.cpp process."""
+    of its stepped decode for STEPPED), its greedy tokens and its dump, all from one llama.cpp
+    process (the dump last: its callback stays for what follows)."""
     arch = request.param
     tmp = tmp_path_factory.mktemp(f"types-{arch}")
     paths = {t: tmp / f"{arch}-{t.name}.gguf" for t in TYPES}
@@ -165,9 +169,12 @@ def every_type(request, tmp_path_factory) -> Files:
     jobs = [(paths[t], {"logits": PROMPT, "out": str(tmp / f"{t.name}.npy")}) for t in TYPES]
     jobs += [(paths[t], {"logits": PROMPT, "batch": FIRST, "out": str(tmp / f"{t.name}-1.npy")})
              for t in STEPPED]
-    ask_many(jobs, N_THREADS, n_ctx=N_CTX, **PLAIN)
+    jobs += [(paths[GREEDY_TYPE], {"greedy": PROMPT[:4], "n": 5}),
+             (paths[DUMP_TYPE], {"dump": PROMPT})]
+    *_, greedy, dump = ask_many(jobs, N_THREADS, n_ctx=N_CTX, **PLAIN)
     return Files(arch, paths, {t: np.load(tmp / f"{t.name}.npy") for t in TYPES},
-                 {t: np.load(tmp / f"{t.name}-1.npy") for t in STEPPED})
+                 {t: np.load(tmp / f"{t.name}-1.npy") for t in STEPPED}, greedy["tokens"],
+                 dump["dump"])
 
 
 @pytest.mark.parametrize("type_", TYPES, ids=lambda t: t.name)
@@ -220,17 +227,15 @@ def test_phi3_qkv_layouts_match_llama_cpp(llama_cpp, phi3_layouts, qkv):
 
 
 def test_greedy_generation_matches_llama_cpp(llama_cpp, every_type):
-    path = every_type.paths[GGMLType.Q8_0]
-    theirs = ask(path, {"greedy": PROMPT[:4], "n": 5}, N_THREADS, n_ctx=N_CTX, **PLAIN)
-    assert load_model(path).generate(PROMPT[:4], 5, n_threads=N_THREADS) == theirs["tokens"]
+    model = load_model(every_type.paths[GREEDY_TYPE])
+    assert model.generate(PROMPT[:4], 5, n_threads=N_THREADS) == every_type.greedy
 
 
 def test_node_names_and_values_are_llama_cpps(llama_cpp, every_type):
     """llama.cpp's eval-callback dump of the prompt against the engine's: every node of the same
     name and shape within the dump's bounds, the architecture's own nodes among them."""
-    arch, path = every_type.arch, every_type.paths[GGMLType.F32]
-    theirs = parse_dump(ask(path, {"dump": PROMPT}, N_THREADS, n_ctx=N_CTX,
-                            **PLAIN)["dump"])
+    arch, path = every_type.arch, every_type.paths[DUMP_TYPE]
+    theirs = parse_dump(every_type.dump)
     # llama.cpp's callback also shows the nodes that only view their source, which the engine's
     # dump leaves out (it shows what is computed); one may carry a name before the computed
     # node does (Phi-3's Q, a view of wqkv named Qcur before rope's Qcur)
