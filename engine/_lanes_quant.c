@@ -12,6 +12,10 @@
  *   Q4_1  the nibbles (unsigned); the offsets apart: summs = fmaf(x.m, y.s, summs), added to the
  *         result
  *   Q5_1  the nibbles plus 16 * their qh bit (unsigned); the offsets as Q4_1's
+ *   Q2_K  16 sub-blocks of 16 2-bit quants (element 128c + 32k + l at bits 2k of qs[32c + l]),
+ *         each times its 4-bit scale; the mins in 8 lanes of their own, lane l = m[2l] *
+ *         bsums[2l] + m[2l+1] * bsums[2l+1], fma'd into the same accumulators first: acc[l] =
+ *         fmaf(lane, -y.d * x.dmin, acc[l]), then the block's quants
  *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
  *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
  *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
@@ -24,7 +28,7 @@
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
 
-#define K_QUANT(type) ((type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#define K_QUANT(type) ((type) == Q2_K || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
 
 /* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
@@ -36,6 +40,7 @@ INLINE Py_ssize_t weight_size(int type)
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case Q2_K: return 84;
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
@@ -64,8 +69,8 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
 
-/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K and Q5_K
- * dmin and the mins, for Q4_1 and Q5_1 m (in dmin), for Q6_K the scales */
+/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q2_K, Q4_K and
+ * Q5_K dmin and the mins, for Q4_1 and Q5_1 m (in dmin), for Q6_K the scales */
 INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
 {
     switch (type) {
@@ -109,6 +114,20 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         for (int e = 0; e < 32; e++)
             q[e] = qs[e];
         *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q2_K: {
+        const uint8_t *qs = blk + 16;
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    const int e = 128 * c + 32 * k + l;
+                    q[e] = (int16_t)((blk[e / 16] & 0x0F) * ((qs[32 * c + l] >> (2 * k)) & 3));
+                }
+        for (int j = 0; j < 16; j++)
+            aux[j] = (int16_t)(blk[j] >> 4);
+        *d = half_to_float(u16(blk + 80));
+        *dmin = half_to_float(u16(blk + 82));
         break;
     }
     case Q4_K:
@@ -186,6 +205,14 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                         const int32_t s0 = (int16_t)u16(bs), s1 = (int16_t)u16(bs + 2);
                         lane[l] -= 32 * (s0 * aux[2 * l] + s1 * aux[2 * l + 1]);
                     }
+                if (type == Q2_K) {  /* the mins first, into the same accumulators */
+                    const float mscale = -yd * xdmin;
+                    for (int l = 0; l < 8; l++) {
+                        const uint8_t *bs = yb + 260 + 4 * l;
+                        const int32_t m = aux[2 * l] * (int16_t)u16(bs) + aux[2 * l + 1] * (int16_t)u16(bs + 2);
+                        a[l] = fmaf((float)m, mscale, a[l]);
+                    }
+                }
                 const float scale = yd * xd;
                 for (int l = 0; l < 8; l++)
                     a[l] = fmaf((float)lane[l], scale, a[l]);
@@ -230,6 +257,7 @@ static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
     case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_1: quant_dot_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q2_K: quant_dot_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_K: quant_dot_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
@@ -295,6 +323,31 @@ AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
     const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1)),
                                          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1)));
     return _mm256_hadd_epi32(lo, hi);  /* lanes 0 1 4 5 2 3 6 7 */
+}
+
+/* ggml_vec_dot_q2_K_q8_K's: the 2-bit quants by maddubs, each run's two halves times their
+ * 4-bit scales by madd; its mins: madd of the 16 mins with the 16 block sums (8 lanes) */
+AVX2 __m256i q2_k_lanes(const uint8_t *blk, const int8_t *yq)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 2; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+        for (int k = 0; k < 4; k++) {
+            const int sb = 8 * j + 2 * k;  /* the sub-blocks of run 4j + k's two halves */
+            const __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3),
+                                                   _mm256_loadu_si256((const __m256i *)(yq + 128 * j + 32 * k)));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk[sb + 1] & 0x0F), _mm_set1_epi16(blk[sb] & 0x0F));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s, p));
+        }
+    }
+    return sum;
+}
+
+AVX2 __m256i q2_k_min_lanes(const uint8_t *blk, const uint8_t *bsums)
+{
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)blk), 4), _mm_set1_epi8(0x0F));
+    return _mm256_madd_epi16(_mm256_cvtepi8_epi16(m), _mm256_loadu_si256((const __m256i *)bsums));
 }
 
 AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
@@ -389,7 +442,12 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                 } else {
                     float yd;
                     memcpy(&yd, yb, 4);
-                    if (type == Q4_K || type == Q5_K) {
+                    if (type == Q2_K) {
+                        const float dmin = -yd * half_f16c(blk + 82);
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(q2_k_min_lanes(blk, yb + 260)), acc);
+                        lanes = q2_k_lanes(blk, (const int8_t *)(yb + 4));
+                        d = yd * half_f16c(blk + 80);
+                    } else if (type == Q4_K || type == Q5_K) {
                         const uint8_t *bs = yb + 260;
                         int16_t sc[8], mn[8];
                         for (int j = 0; j < 8; j++) {
@@ -447,6 +505,7 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
     case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_1: quant_dot_avx2_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q2_K: quant_dot_avx2_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_K: quant_dot_avx2_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;

@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
-quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q4_K,
-Q5_K and Q6_K (with Q8_K activations).
+quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q2_K,
+Q4_K, Q5_K and Q6_K (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -22,9 +22,10 @@ pure-numpy mode, engine/lanes.py):
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
 - ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
   fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
-- ggml_vec_dot_q{4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
+- ggml_vec_dot_q{2,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
   same fma and horizontal sums; the mins apart (Q4_K: 4 lanes of their own; Q5_K: one integer,
-  summs = fmaf(-y.d * x.dmin, it, summs)).
+  summs = fmaf(-y.d * x.dmin, it, summs)), or Q2_K's 8 lanes of mins fma'd into the same
+  accumulators just before each block's quants.
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -237,8 +238,11 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --- quantized weights, their raw blocks ------------------------------------------------------
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                         GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
-K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})  # with Q8_K activations
+                         GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                         GGMLType.Q6_K})
+K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                      GGMLType.Q6_K})  # with Q8_K activations
+MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
 
@@ -246,11 +250,13 @@ class Decoded(NamedTuple):
     """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c `decode`)."""
 
     q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's and Q5_K's times their run's
-    #                six-bit scale, Q6_K's (unsigned) times the int8 scale of their 16
+    #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q6_K's (unsigned)
+    #                times the int8 scale of their 16
     d: np.ndarray  # float32 (...): the block's scale
-    dmin: np.ndarray  # float32 (...): Q4_K's and Q5_K's scale of the mins, Q4_1's and Q5_1's m
-    #                   (0 for the other types)
-    aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 scales of Q6_K | 0 for the others)
+    dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
+    #                   Q5_1's m (0 for the other types)
+    aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
+    #                  | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -269,6 +275,11 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
         return Decoded(q.reshape(*lead, 32), half_at(blocks, 0), half_at(blocks, 2), none)
     elif type_ == GGMLType.Q8_0:
         q = raw[:, 2:].view(np.int8).astype(np.int16)
+    elif type_ == GGMLType.Q2_K:  # each 16 times its 4-bit scale; the 4-bit mins apart
+        q = np.multiply(unpack_2bit(raw[:, 16:80]).reshape(-1, 16, 16), (raw[:, :16] & 0x0F)[..., None],
+                        dtype=np.int16)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 80), half_at(blocks, 82),
+                       (raw[:, :16] >> 4).reshape(*lead, 16).astype(np.int16))
     elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # each run of 32 times its six-bit scale
         sc, m = get_scale_min_k4(raw[:, 4:16])
         if type_ == GGMLType.Q4_K:
@@ -319,7 +330,9 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     Lane l sums the products of elements 4l..4l+3 of every run of 32 (exact integers, so their
     order is free; here as engine/_lanes_quant.c's lane_sums: s[e] = element e's products summed
     over the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
-    32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q4_K's mins: the 16
+    32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q2_K's mins: 8 lanes,
+    min lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1] (_mm256_madd_epi16), min_scale =
+    -y.d * x.dmin, fma'd into acc itself before the block's lanes (MINS_IN_ACC). Q4_K's mins: the 16
     block sums added in pairs into int16 (_mm256_hadd_epi16, wrapping), min lane l =
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
     into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
@@ -335,6 +348,9 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     if type_ == GGMLType.Q6_K:
         corr = bsums.astype(np.int32) * dec.aux
         lane = lane - 32 * (corr[..., 0::2] + corr[..., 1::2])
+    if type_ == GGMLType.Q2_K:
+        mins = bsums.astype(np.int32) * dec.aux
+        return lane, scale, mins[..., 0::2] + mins[..., 1::2], -yd * dec.dmin
     if type_ in OFFSET_QUANTS:
         shape = np.broadcast_shapes(dec.dmin.shape, ys.shape)
         return lane, scale, np.broadcast_to(dec.dmin, shape)[..., None], np.broadcast_to(ys, shape)
@@ -360,14 +376,16 @@ def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
               portable: bool = False, threads: int = 1) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
-    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
+    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q4_K_q8_K, _q5_K_q8_K,
+    _q6_K_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
-    fmaf(lanes[l], scale, acc[l]) (and the mins' or offsets' acc_m); the result hsum8(acc)
-    (+ min_total(acc_m)). portable and threads change no bit (ignored)."""
+    fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
+    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)). portable and threads
+    change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks
@@ -382,10 +400,17 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
         # fmaf runs over long rows of numbers (a block's scale the same for its 8 lanes)
         lane = np.ascontiguousarray(np.moveaxis(lane, (2, 3), (0, 1)), F32)  # (nb, 8, n1, rows)
         scale = np.ascontiguousarray(np.moveaxis(scale, 2, 0)[:, None])  # (nb, 1, n1, rows)
+        if type_ in MINS_IN_ACC:
+            min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
+            min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
         acc = np.zeros(lane.shape[1:], F32)
         for b in range(nb):
+            if type_ in MINS_IN_ACC:
+                acc = fmaf(min_lanes[b], min_scale[b], acc)
             acc = fmaf(lane[b], scale[b], acc)
         acc = np.moveaxis(acc, 0, -1)  # (n1, rows, 8)
+        if type_ in MINS_IN_ACC:
+            min_lanes = None
         if min_lanes is not None:
             min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
             min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
@@ -413,7 +438,9 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     8 runs of 32, times the runs' six-bit scales; acc = fma(y.d*x.d, lanes, acc); the mins go
     through 4 lanes, acc_m = fma(-y.d*x.dmin, sum of min*(q8 sums), acc_m), added as
     (m0 + m2) + (m1 + m3). Q5_K (ggml_vec_dot_q5_K_q8_K): as Q4_K with 5-bit quants, its mins
-    one integer per super-block, summs = fma(-y.d*x.dmin, it, summs).
+    one integer per super-block, summs = fma(-y.d*x.dmin, it, summs). Q2_K
+    (ggml_vec_dot_q2_K_q8_K): the 2-bit quants times their 4-bit scales; per block first acc =
+    fma(-y.d*x.dmin, 8 lanes of min*(q8 sums), acc), then the quants' fma into the same acc.
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
