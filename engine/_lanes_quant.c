@@ -16,6 +16,8 @@
  *         each times its 4-bit scale; the mins in 8 lanes of their own, lane l = m[2l] *
  *         bsums[2l] + m[2l+1] * bsums[2l+1], fma'd into the same accumulators first: acc[l] =
  *         fmaf(lane, -y.d * x.dmin, acc[l]), then the block's quants
+ *   Q3_K  as Q2_K's quants, minus 4 where their hmask bit (bit r of hmask[l] for element 32r + l)
+ *         is clear, times the six-bit scale (minus 32) of their 16; no mins
  *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
  *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
  *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
@@ -28,7 +30,7 @@
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
 
-#define K_QUANT(type) ((type) == Q2_K || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
 
 /* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
@@ -41,6 +43,7 @@ INLINE Py_ssize_t weight_size(int type)
     case Q5_1: return 24;
     case Q8_0: return 34;
     case Q2_K: return 84;
+    case Q3_K: return 110;
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
@@ -67,6 +70,19 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
             s[e] += (int32_t)q[32 * r + e] * (int32_t)y[32 * r + e];
     for (int l = 0; l < 8; l++)
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
+}
+
+/* the 16 six-bit scales of a Q3_K block, minus 32, from its 12 scale bytes (ggml's kmask1/2) */
+INLINE void q3_k_scales(const uint8_t *s, int8_t *sc)
+{
+    uint32_t a[3], w[4];
+    memcpy(a, s, 12);
+    w[0] = (a[0] & 0x0F0F0F0F) | (((a[2] >> 0) & 0x03030303) << 4);
+    w[1] = (a[1] & 0x0F0F0F0F) | (((a[2] >> 2) & 0x03030303) << 4);
+    w[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((a[2] >> 4) & 0x03030303) << 4);
+    w[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((a[2] >> 6) & 0x03030303) << 4);
+    for (int j = 0; j < 16; j++)
+        sc[j] = (int8_t)(((w[j / 4] >> (8 * (j % 4))) & 0xFF) - 32);
 }
 
 /* block b of a weight row decoded: its integers q (scales folded in), d, and for Q2_K, Q4_K and
@@ -128,6 +144,19 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
             aux[j] = (int16_t)(blk[j] >> 4);
         *d = half_to_float(u16(blk + 80));
         *dmin = half_to_float(u16(blk + 82));
+        break;
+    }
+    case Q3_K: {
+        int8_t sc[16];
+        q3_k_scales(blk + 96, sc);
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    const int e = 128 * c + 32 * k + l;
+                    const int v = ((blk[32 + 32 * c + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * c + k)) & 1 ? 0 : 4);
+                    q[e] = (int16_t)(sc[e / 16] * v);
+                }
+        *d = half_to_float(u16(blk + 108));
         break;
     }
     case Q4_K:
@@ -258,6 +287,7 @@ static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
     case Q5_1: quant_dot_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q2_K: quant_dot_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q3_K: quant_dot_body(Q3_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_K: quant_dot_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
@@ -348,6 +378,29 @@ AVX2 __m256i q2_k_min_lanes(const uint8_t *blk, const uint8_t *bsums)
 {
     const __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)blk), 4), _mm_set1_epi8(0x0F));
     return _mm256_madd_epi16(_mm256_cvtepi8_epi16(m), _mm256_loadu_si256((const __m256i *)bsums));
+}
+
+/* ggml_vec_dot_q3_K_q8_K's: the low 2 bits by maddubs, less 4 (by maddubs too, in int16) where
+ * the hmask bit is clear, each half-run times its scale by madd */
+AVX2 __m256i q3_k_lanes(const uint8_t *blk, const int8_t *sc, const int8_t *yq)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), mone = _mm256_set1_epi8(1);
+    const __m256i hbits = _mm256_loadu_si256((const __m256i *)blk);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 2; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * j));
+        for (int k = 0; k < 4; k++) {
+            const int bit = 4 * j + k, sb = 8 * j + 2 * k;
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+            const __m256i hi = _mm256_slli_epi16(
+                _mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            const __m256i y = _mm256_loadu_si256((const __m256i *)(yq + 128 * j + 32 * k));
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, y), _mm256_maddubs_epi16(hi, y));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[sb + 1]), _mm_set1_epi16(sc[sb]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s, p));
+        }
+    }
+    return sum;
 }
 
 AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
@@ -447,6 +500,11 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(q2_k_min_lanes(blk, yb + 260)), acc);
                         lanes = q2_k_lanes(blk, (const int8_t *)(yb + 4));
                         d = yd * half_f16c(blk + 80);
+                    } else if (type == Q3_K) {
+                        int8_t sc[16];
+                        q3_k_scales(blk + 96, sc);
+                        lanes = q3_k_lanes(blk, sc, (const int8_t *)(yb + 4));
+                        d = yd * half_f16c(blk + 108);
                     } else if (type == Q4_K || type == Q5_K) {
                         const uint8_t *bs = yb + 260;
                         int16_t sc[8], mn[8];
@@ -506,6 +564,7 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
     case Q5_1: quant_dot_avx2_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q2_K: quant_dot_avx2_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q3_K: quant_dot_avx2_body(Q3_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_K: quant_dot_avx2_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;

@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
 quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q2_K,
-Q4_K, Q5_K and Q6_K (with Q8_K activations).
+Q3_K, Q4_K, Q5_K and Q6_K (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -22,7 +22,7 @@ pure-numpy mode, engine/lanes.py):
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
 - ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
   fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
-- ggml_vec_dot_q{2,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
+- ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
   same fma and horizontal sums; the mins apart (Q4_K: 4 lanes of their own; Q5_K: one integer,
   summs = fmaf(-y.d * x.dmin, it, summs)), or Q2_K's 8 lanes of mins fma'd into the same
   accumulators just before each block's quants.
@@ -39,6 +39,7 @@ import numpy as np
 from engine.compute.kernels.floatmath import fmaf
 from engine.lanes import lanes, twin
 from engine.quants.common import bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
+from engine.quants.kquants import q3_k_scales
 from engine.quants.legacy import nibbles_with_qh
 from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
@@ -238,9 +239,9 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --- quantized weights, their raw blocks ------------------------------------------------------
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                         GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K,
-                         GGMLType.Q6_K})
-K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q4_K, GGMLType.Q5_K,
+                         GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K,
+                         GGMLType.Q5_K, GGMLType.Q6_K})
+K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
                       GGMLType.Q6_K})  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
@@ -250,8 +251,9 @@ class Decoded(NamedTuple):
     """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c `decode`)."""
 
     q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's and Q5_K's times their run's
-    #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q6_K's (unsigned)
-    #                times the int8 scale of their 16
+    #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q3_K's (signed, -4..3)
+    #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
+    #                int8 scale of their 16
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
@@ -280,6 +282,11 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
                         dtype=np.int16)
         return Decoded(q.reshape(*lead, 256), half_at(blocks, 80), half_at(blocks, 82),
                        (raw[:, :16] >> 4).reshape(*lead, 16).astype(np.int16))
+    elif type_ == GGMLType.Q3_K:  # the 2 low bits, minus 4 where the hmask bit is clear
+        v = unpack_2bit(raw[:, 32:96]).astype(np.int16) + 4 * bit_fields(raw, 0, 32, 32, 1) - 4
+        q = np.multiply(v.reshape(-1, 16, 16), q3_k_scales(raw[:, 96:108])[..., None], dtype=np.int16)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 108), np.zeros(lead, F32),
+                       np.zeros((*lead, 0), np.int16))
     elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # each run of 32 times its six-bit scale
         sc, m = get_scale_min_k4(raw[:, 4:16])
         if type_ == GGMLType.Q4_K:
@@ -376,8 +383,8 @@ def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
               portable: bool = False, threads: int = 1) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
-    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q4_K_q8_K, _q5_K_q8_K,
-    _q6_K_q8_K) of weight
+    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K, _q4_K_q8_K,
+    _q5_K_q8_K, _q6_K_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
@@ -440,7 +447,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     (m0 + m2) + (m1 + m3). Q5_K (ggml_vec_dot_q5_K_q8_K): as Q4_K with 5-bit quants, its mins
     one integer per super-block, summs = fma(-y.d*x.dmin, it, summs). Q2_K
     (ggml_vec_dot_q2_K_q8_K): the 2-bit quants times their 4-bit scales; per block first acc =
-    fma(-y.d*x.dmin, 8 lanes of min*(q8 sums), acc), then the quants' fma into the same acc.
+    fma(-y.d*x.dmin, 8 lanes of min*(q8 sums), acc), then the quants' fma into the same acc. Q3_K
+    (ggml_vec_dot_q3_K_q8_K): the 3-bit quants (-4..3) times their six-bit scales, no mins.
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
