@@ -26,12 +26,22 @@
  *         into one integer, summs = fmaf(it, -y.d * x.dmin, summs), added to the result
  *   Q6_K  the unsigned 6-bit values times the int8 scale of their 16, minus 32 * (bsums[2l] *
  *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
- * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0 and Q8_0, Q8_1 (fp16 d, fp16 s,
+ *   IQ4_NL kvalues_iq4nl[nibble], multiplied as ggml's mul_add_epi8 does, |q| * sign(y, q):
+ *         where q < 0 and y = -128 the product is q * 128 (the int8 negation wraps); the even
+ *         blocks into one accumulator, the odd ones into a second, hsum_float_8(acc1 + acc2); a
+ *         row's odd last block by ggml's scalar loop (the true products): fmaf(d, sum, result);
+ *         with `tiny` (llamafile's tinyBLAS, which takes it in llama.cpp's build for 2 or more
+ *         activation rows) one accumulator for every block, as the other types
+ * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
 
 #define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
+#define ACC 20  /* floats of a row pair's accumulators in the portable loop */
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1, 13, 25, 38, 53, 69, 89, 113};
 
 /* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
 INLINE Py_ssize_t weight_size(int type)
@@ -42,6 +52,7 @@ INLINE Py_ssize_t weight_size(int type)
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case IQ4_NL: return 18;
     case Q2_K: return 84;
     case Q3_K: return 110;
     case Q4_K: return 144;
@@ -68,6 +79,21 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
     for (int r = 0; r < runs; r++)
         for (int e = 0; e < 32; e++)
             s[e] += (int32_t)q[32 * r + e] * (int32_t)y[32 * r + e];
+    for (int l = 0; l < 8; l++)
+        lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
+}
+
+/* the IQ4 types' lanes: q (the non-linear values) times y as _mm256_sign_epi8 and maddubs make
+ * them (y = -128 against q < 0 counts as +128), run r's times sc[r] */
+INLINE void signed_lane_sums(const int16_t *q, const int16_t *sc, const int8_t *y, int runs,
+                             int32_t *lane)
+{
+    int32_t s[32] = {0};
+    for (int r = 0; r < runs; r++)
+        for (int e = 0; e < 32; e++) {
+            const int32_t v = q[32 * r + e], w = y[32 * r + e] == -128 && v < 0 ? 128 : y[32 * r + e];
+            s[e] += sc[r] * v * w;
+        }
     for (int l = 0; l < 8; l++)
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
@@ -129,6 +155,16 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         const int8_t *qs = (const int8_t *)(blk + 2);
         for (int e = 0; e < 32; e++)
             q[e] = qs[e];
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case IQ4_NL: {
+        const uint8_t *qs = blk + 2;
+        for (int e = 0; e < 16; e++) {
+            q[e] = kvalues_iq4nl[qs[e] & 0x0F];
+            q[e + 16] = kvalues_iq4nl[qs[e] >> 4];
+        }
+        aux[0] = 1;
         *d = half_to_float(u16(blk));
         break;
     }
@@ -202,8 +238,8 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
 }
 
 /* out[i1 * ldo + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
- * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * 12 floats */
-INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+ * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * ACC floats */
+INLINE void quant_dot_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                            Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
                            Py_ssize_t nb, float *acc)
 {
@@ -213,7 +249,7 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
     int16_t q[256], aux[16];
     int32_t lane[8];
     for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
-        memset(acc, 0, (size_t)n1 * 12 * sizeof(float));
+        memset(acc, 0, (size_t)n1 * ACC * sizeof(float));
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t b = 0; b < nb; b++) {
             float xd, xdmin = 0.0f;
@@ -226,8 +262,22 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                 else
                     yd = half_to_float(u16(yb));
                 const int8_t *yq = (const int8_t *)(yb + (k_quant || OFFSET_QUANT(type) ? 4 : 2));
-                lane_sums(q, yq, runs, lane);
-                float *a = acc + i1 * 12;
+                float *a = acc + i1 * ACC;
+                if (type == IQ4_NL) {
+                    if (paired && b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                        int32_t s = 0;
+                        for (int e = 0; e < 32; e++)
+                            s += q[e] * yq[e];
+                        a[16] = yd * xd;
+                        a[17] = (float)s;
+                        continue;
+                    }
+                    signed_lane_sums(q, aux, yq, 1, lane);
+                    if (paired)
+                        a += 8 * (b % 2);  /* the odd blocks' accumulators */
+                } else {
+                    lane_sums(q, yq, runs, lane);
+                }
                 if (type == Q6_K)
                     for (int l = 0; l < 8; l++) {
                         const uint8_t *bs = yb + 260 + 4 * l;
@@ -265,8 +315,13 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
             }
         }
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
-            const float *a = acc + i1 * 12;
+            float *a = acc + i1 * ACC;
+            if (paired)
+                for (int l = 0; l < 8; l++)
+                    a[l] += a[8 + l];
             float r = hsum8(a);
+            if (paired && nb % 2)
+                r = fmaf(a[16], a[17], r);
             if (type == Q4_K)
                 r += (a[8] + a[10]) + (a[9] + a[11]);
             else if (type == Q5_K || OFFSET_QUANT(type))
@@ -276,21 +331,27 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
     }
 }
 
-static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
-                      float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
-                      float *acc)
+static void quant_dot(int type, int tiny, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                      Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
+                      Py_ssize_t nb, float *acc)
 {
     switch (type) {  /* one copy of the loop per type, its constants folded in */
-    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q4_1: quant_dot_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_1: quant_dot_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q2_K: quant_dot_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q3_K: quant_dot_body(Q3_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_K: quant_dot_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_0: quant_dot_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_1: quant_dot_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_0: quant_dot_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_1: quant_dot_body(Q5_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q8_0: quant_dot_body(Q8_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ4_NL:
+        if (tiny)
+            quant_dot_body(IQ4_NL, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc);
+        else
+            quant_dot_body(IQ4_NL, 1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc);
+        break;
+    case Q2_K: quant_dot_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q3_K: quant_dot_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_K: quant_dot_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_K: quant_dot_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    default: quant_dot_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }
 #ifdef HAVE_FMA_TARGET
@@ -343,6 +404,18 @@ AVX2 __m256i offset_lanes(__m256i qx, const uint8_t *yq)
 {
     const __m256i p = _mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)yq));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* the IQ4 types' 32 non-linear values of a run (16 bytes of nibbles) times 32 activation bytes, as
+ * ggml's mul_add_epi8: maddubs(|q|, sign(y, q)), 16 int16 pair sums */
+AVX2 __m256i iq4_pairs(const uint8_t *qs, const uint8_t *yq)
+{
+    const __m128i values = _mm_loadu_si128((const __m128i *)kvalues_iq4nl), m4b = _mm_set1_epi8(0x0F);
+    const __m128i bits = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4b)),
+                                       _mm_shuffle_epi8(values, _mm_and_si128(bits, m4b)));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
 }
 
 AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
@@ -469,7 +542,7 @@ AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsu
 
 AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
-AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
 {
@@ -479,13 +552,29 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
             const uint8_t *yr = x + i1 * ldx;
-            __m256 acc = _mm256_setzero_ps();
+            __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();  /* IQ4_NL's odd blocks */
+            float tail = 0.0f, tail_d = 0.0f;  /* IQ4_NL's odd last block */
             float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* Q4_K's mins; Q5_K, Q4_1, Q5_1: [0] */
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
                 __m256i lanes;
                 float d;
-                if (OFFSET_QUANT(type)) {
+                if (type == IQ4_NL) {
+                    d = half_f16c(yb) * half_f16c(blk);
+                    if (paired && b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                        int32_t s = 0;
+                        for (int e = 0; e < 16; e++)
+                            s += ((const int8_t *)yb)[2 + e] * kvalues_iq4nl[blk[2 + e] & 0x0F] +
+                                 ((const int8_t *)yb)[18 + e] * kvalues_iq4nl[blk[2 + e] >> 4];
+                        tail = (float)s, tail_d = d;
+                        continue;
+                    }
+                    lanes = _mm256_madd_epi16(iq4_pairs(blk + 2, yb + 2), _mm256_set1_epi16(1));
+                    if (paired && b % 2) {
+                        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc2);
+                        continue;
+                    }
+                } else if (OFFSET_QUANT(type)) {
                     d = half_f16c(yb) * half_f16c(blk);
                     acc_m[0] = fmaf(half_f16c(blk + 2), half_f16c(yb + 2), acc_m[0]);
                     lanes = offset_lanes(offset_weights(type, blk), yb + 4);
@@ -537,13 +626,15 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
             }
             float a[8];
-            _mm256_storeu_ps(a, acc);
-            if (!k_quant && !OFFSET_QUANT(type)) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
+            _mm256_storeu_ps(a, paired ? _mm256_add_ps(acc, acc2) : acc);
+            if (!k_quant && !OFFSET_QUANT(type) && type != IQ4_NL) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
                 float t;
                 t = a[2], a[2] = a[4], a[4] = t;
                 t = a[3], a[3] = a[5], a[5] = t;
             }
             float r = hsum8(a);
+            if (paired && nb % 2)
+                r = fmaf(tail_d, tail, r);
             if (type == Q4_K)
                 r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
             else if (type == Q5_K || OFFSET_QUANT(type))
@@ -553,21 +644,27 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, const uint8_t *w,
+__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, int tiny, const uint8_t *w,
     Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
-    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q4_1: quant_dot_avx2_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_1: quant_dot_avx2_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q2_K: quant_dot_avx2_body(Q2_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q3_K: quant_dot_avx2_body(Q3_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_K: quant_dot_avx2_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_0: quant_dot_avx2_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_1: quant_dot_avx2_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_0: quant_dot_avx2_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_1: quant_dot_avx2_body(Q5_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q8_0: quant_dot_avx2_body(Q8_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ4_NL:
+        if (tiny)
+            quant_dot_avx2_body(IQ4_NL, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb);
+        else
+            quant_dot_avx2_body(IQ4_NL, 1, w, ldw, x, ldx, out, ldo, n0, n1, nb);
+        break;
+    case Q2_K: quant_dot_avx2_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q3_K: quant_dot_avx2_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_K: quant_dot_avx2_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_K: quant_dot_avx2_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    default: quant_dot_avx2_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
 #endif
@@ -575,10 +672,10 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
 /* A quant_dot's rows shared out by the pool (_lanes_pool.c): weight rows [a, b) of every
  * activation row. Each output is one row's own sum, so the split never changes a bit. */
 typedef struct {
-    int type, hw;
+    int type, hw, tiny;
     const uint8_t *w, *x;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * 12 floats */
+    float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * ACC floats */
 } QuantJob;
 
 static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
@@ -587,22 +684,22 @@ static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
     const uint8_t *w = j->w + a * j->ldw;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
-        quant_dot_fma(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
+        quant_dot_fma(j->type, j->tiny, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
         return;
     }
 #endif
-    quant_dot(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb,
-              j->acc + (Py_ssize_t)worker * (j->n1 + 1) * 12);
+    quant_dot(j->type, j->tiny, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb,
+              j->acc + (Py_ssize_t)worker * (j->n1 + 1) * ACC);
 }
 
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer w, x, out;
-    int type, portable = 0, threads = 1;
+    int type, portable = 0, threads = 1, tiny = 0;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pi", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
-                          &portable, &threads))
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+                          &portable, &threads, &tiny))
         return NULL;
     const int k_quant = K_QUANT(type);
     const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
@@ -619,12 +716,12 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
         parts--;
     const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
     float *acc = NULL;
-    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * 12 * sizeof(float)))) {
+    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * ACC * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        QuantJob job = {type, !portable && fma_hw(), w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
+        QuantJob job = {type, !portable && fma_hw(), tiny, w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
         Py_BEGIN_ALLOW_THREADS
         lanes_pool_run(quant_rows, &job, n0, chunk, (int)parts);
         Py_END_ALLOW_THREADS

@@ -29,7 +29,7 @@ F32 = np.float32
 C = compiled()
 OUT = object()  # marks where the output buffer goes in an argument list
 QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
-             GGMLType.Q8_0: 34, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
+             GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
              GGMLType.Q6_K: 210}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
 K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
@@ -160,6 +160,17 @@ def test_quant_dot(type_: GGMLType, wild: bool):
                 portable, 2)
         c, t = run_both("quant_dot", args, n0 * n1)
         assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+
+
+def test_quant_dot_tiny():
+    """IQ4_NL in llamafile's tinyBLAS order (tiny=True: one accumulator, no scalar last block):
+    C's AVX2 and portable loops against the twin, on values and bit patterns."""
+    rng = np.random.default_rng(20)
+    for wild in (False, True):
+        for n0, n1, nb in ((1, 2, 1), (37, 3, 4), (5, 9, 3), (64, 2, 5)):
+            args = quant_dot_case(rng, GGMLType.IQ4_NL, n0, n1, nb, wild)
+            c, t = run_both("quant_dot", args + (n0 % 2 == 1, 2, True), n0 * n1)
+            assert_same_bits(c, t, f"quant_dot IQ4_NL tiny {n0}x{n1}x{nb}")
 
 
 # --- float_dot, dot_f32 ------------------------------------------------------------------------
