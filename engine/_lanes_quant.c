@@ -32,11 +32,13 @@
  *         row's odd last block by ggml's scalar loop (the true products): fmaf(d, sum, result);
  *         with `tiny` (llamafile's tinyBLAS, which takes it in llama.cpp's build for 2 or more
  *         activation rows) one accumulator for every block, as the other types
+ *   IQ4_XS 8 runs of 32 of IQ4_NL's values (run r: the nibbles of qs[16r..16r+15]), multiplied
+ *         as IQ4_NL's, each run times its six-bit scale minus 32; one accumulator
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
 
-#define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
 #define ACC 20  /* floats of a row pair's accumulators in the portable loop */
 
@@ -55,6 +57,7 @@ INLINE Py_ssize_t weight_size(int type)
     case IQ4_NL: return 18;
     case Q2_K: return 84;
     case Q3_K: return 110;
+    case IQ4_XS: return 136;
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
@@ -182,6 +185,19 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         *dmin = half_to_float(u16(blk + 82));
         break;
     }
+    case IQ4_XS: {
+        const uint8_t *qs = blk + 8;
+        const int sh = u16(blk + 2);
+        for (int r = 0; r < 8; r++) {
+            for (int e = 0; e < 16; e++) {
+                q[32 * r + e] = kvalues_iq4nl[qs[16 * r + e] & 0x0F];
+                q[32 * r + e + 16] = kvalues_iq4nl[qs[16 * r + e] >> 4];
+            }
+            aux[r] = (int16_t)((((blk[4 + r / 2] >> (4 * (r % 2))) & 0x0F) | (((sh >> (2 * r)) & 3) << 4)) - 32);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
     case Q3_K: {
         int8_t sc[16];
         q3_k_scales(blk + 96, sc);
@@ -275,6 +291,8 @@ INLINE void quant_dot_body(int type, int paired, const uint8_t *w, Py_ssize_t ld
                     signed_lane_sums(q, aux, yq, 1, lane);
                     if (paired)
                         a += 8 * (b % 2);  /* the odd blocks' accumulators */
+                } else if (type == IQ4_XS) {
+                    signed_lane_sums(q, aux, yq, 8, lane);
                 } else {
                     lane_sums(q, yq, runs, lane);
                 }
@@ -349,6 +367,7 @@ static void quant_dot(int type, int tiny, const uint8_t *w, Py_ssize_t ldw, cons
         break;
     case Q2_K: quant_dot_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q3_K: quant_dot_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ4_XS: quant_dot_body(IQ4_XS, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_K: quant_dot_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_K: quant_dot_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     default: quant_dot_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
@@ -589,6 +608,20 @@ AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(q2_k_min_lanes(blk, yb + 260)), acc);
                         lanes = q2_k_lanes(blk, (const int8_t *)(yb + 4));
                         d = yd * half_f16c(blk + 80);
+                    } else if (type == IQ4_XS) {  /* ggml_vec_dot_iq4_xs_q8_K's runs, two by two */
+                        uint16_t sh = u16(blk + 2);
+                        __m256i sumi1 = _mm256_setzero_si256(), sumi2 = _mm256_setzero_si256();
+                        for (int r = 0; r < 8; r += 2) {
+                            const int16_t ls1 = (int16_t)(((blk[4 + r / 2] & 0x0F) | ((sh << 4) & 0x30)) - 32);
+                            const int16_t ls2 = (int16_t)(((blk[4 + r / 2] >> 4) | ((sh << 2) & 0x30)) - 32);
+                            sh >>= 4;
+                            sumi1 = _mm256_add_epi32(_mm256_madd_epi16(iq4_pairs(blk + 8 + 16 * r, yb + 4 + 32 * r),
+                                                                       _mm256_set1_epi16(ls1)), sumi1);
+                            sumi2 = _mm256_add_epi32(_mm256_madd_epi16(iq4_pairs(blk + 24 + 16 * r, yb + 36 + 32 * r),
+                                                                       _mm256_set1_epi16(ls2)), sumi2);
+                        }
+                        lanes = _mm256_add_epi32(sumi1, sumi2);
+                        d = half_f16c(blk) * yd;
                     } else if (type == Q3_K) {
                         int8_t sc[16];
                         q3_k_scales(blk + 96, sc);
@@ -662,6 +695,7 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, int
         break;
     case Q2_K: quant_dot_avx2_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q3_K: quant_dot_avx2_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ4_XS: quant_dot_avx2_body(IQ4_XS, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q4_K: quant_dot_avx2_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_K: quant_dot_avx2_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: quant_dot_avx2_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
