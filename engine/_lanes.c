@@ -1,7 +1,7 @@
 /* engine._lanes: ggml's hottest inner loops, which numpy can only run a block at a time.
  *
  * The float and quantized dot products of mul_mat (ggml_vec_dot_f32, _f16, llamafile's tinyBLAS,
- * and the AVX2 vec_dot of Q4_0/Q5_0/Q8_0 by Q8_0 and Q4_K/Q6_K by Q8_K: integer lane sums, one
+ * and the AVX2 vec_dot of the EXACT_QUANT types (engine/_lanes_quant.c): integer lane sums, one
  * fused multiply-add per block and lane, acc[l] = fmaf((float)lane[l], d, acc[l])), ggml_v_expf
  * and ggml_v_silu, the soft_max and norm rows, quantize_row_q8_0, a few to_float converters, and
  * fmaf over whole buffers (the fused multiply-adds of ggml's -mfma build, element by element). Each
@@ -42,11 +42,11 @@ static PyMethodDef methods[] = {
     {"v_silu", lanes_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,
-     "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1): out[i1, i0] "
-     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K blocks "
+     "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1, tiny=False): out[i1, i0] "
+     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K or Q6_K blocks "
      "at w + i0*ldw) and activation row i1 (Q8_0, Q8_1 or Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
      "instructions (the same bits); threads: the rows shared out between up to that many threads "
-     "(the same bits)"},
+     "(the same bits); tiny: IQ4_NL in llamafile's tinyBLAS order (one accumulator)"},
     {"quantize_q8_0", lanes_quantize_q8_0, METH_VARARGS,
      "quantize_q8_0(x, out): quantize_row_q8_0 of ggml's AVX2 build: float32 blocks of 32 -> "
      "34-byte blocks (the half d, 32 int8)"},

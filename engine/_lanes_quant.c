@@ -12,6 +12,12 @@
  *   Q4_1  the nibbles (unsigned); the offsets apart: summs = fmaf(x.m, y.s, summs), added to the
  *         result
  *   Q5_1  the nibbles plus 16 * their qh bit (unsigned); the offsets as Q4_1's
+ *   Q2_K  16 sub-blocks of 16 2-bit quants (element 128c + 32k + l at bits 2k of qs[32c + l]),
+ *         each times its 4-bit scale; the mins in 8 lanes of their own, lane l = m[2l] *
+ *         bsums[2l] + m[2l+1] * bsums[2l+1], fma'd into the same accumulators first: acc[l] =
+ *         fmaf(lane, -y.d * x.dmin, acc[l]), then the block's quants
+ *   Q3_K  as Q2_K's quants, minus 4 where their hmask bit (bit r of hmask[l] for element 32r + l)
+ *         is clear, times the six-bit scale (minus 32) of their 16; no mins
  *   Q4_K  8 runs of 32 (run 2j in the low nibbles of qs[32j..], 2j+1 in the high ones), each
  *         times its six-bit scale; the mins apart: 4 lanes, lane l = m[2l] * (bsums 4l, 4l+1) +
  *         m[2l+1] * (bsums 4l+2, 4l+3), acc_m[l] = fmaf(lane, -y.d * x.dmin, acc_m[l]), added
@@ -20,12 +26,24 @@
  *         into one integer, summs = fmaf(it, -y.d * x.dmin, summs), added to the result
  *   Q6_K  the unsigned 6-bit values times the int8 scale of their 16, minus 32 * (bsums[2l] *
  *         sc[2l] + bsums[2l+1] * sc[2l+1]) in lane l
- * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0 and Q8_0, Q8_1 (fp16 d, fp16 s,
+ *   IQ4_NL kvalues_iq4nl[nibble], multiplied as ggml's mul_add_epi8 does, |q| * sign(y, q):
+ *         where q < 0 and y = -128 the product is q * 128 (the int8 negation wraps); the even
+ *         blocks into one accumulator, the odd ones into a second, hsum_float_8(acc1 + acc2); a
+ *         row's odd last block by ggml's scalar loop (the true products): fmaf(d, sum, result);
+ *         with `tiny` (llamafile's tinyBLAS, which takes it in llama.cpp's build for 2 or more
+ *         activation rows) one accumulator for every block, as the other types
+ *   IQ4_XS 8 runs of 32 of IQ4_NL's values (run r: the nibbles of qs[16r..16r+15]), multiplied
+ *         as IQ4_NL's, each run times its six-bit scale minus 32; one accumulator
+ * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
 #include "_lanes.h"
 
-#define K_QUANT(type) ((type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
+#define ACC 20  /* floats of a row pair's accumulators in the portable loop */
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1, 13, 25, 38, 53, 69, 89, 113};
 
 /* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
 INLINE Py_ssize_t weight_size(int type)
@@ -36,6 +54,10 @@ INLINE Py_ssize_t weight_size(int type)
     case Q5_0: return 22;
     case Q5_1: return 24;
     case Q8_0: return 34;
+    case IQ4_NL: return 18;
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case IQ4_XS: return 136;
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
@@ -64,8 +86,36 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
 
-/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q4_K and Q5_K
- * dmin and the mins, for Q4_1 and Q5_1 m (in dmin), for Q6_K the scales */
+/* the IQ4 types' lanes: q (the non-linear values) times y as _mm256_sign_epi8 and maddubs make
+ * them (y = -128 against q < 0 counts as +128), run r's times sc[r] */
+INLINE void signed_lane_sums(const int16_t *q, const int16_t *sc, const int8_t *y, int runs,
+                             int32_t *lane)
+{
+    int32_t s[32] = {0};
+    for (int r = 0; r < runs; r++)
+        for (int e = 0; e < 32; e++) {
+            const int32_t v = q[32 * r + e], w = y[32 * r + e] == -128 && v < 0 ? 128 : y[32 * r + e];
+            s[e] += sc[r] * v * w;
+        }
+    for (int l = 0; l < 8; l++)
+        lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
+}
+
+/* the 16 six-bit scales of a Q3_K block, minus 32, from its 12 scale bytes (ggml's kmask1/2) */
+INLINE void q3_k_scales(const uint8_t *s, int8_t *sc)
+{
+    uint32_t a[3], w[4];
+    memcpy(a, s, 12);
+    w[0] = (a[0] & 0x0F0F0F0F) | (((a[2] >> 0) & 0x03030303) << 4);
+    w[1] = (a[1] & 0x0F0F0F0F) | (((a[2] >> 2) & 0x03030303) << 4);
+    w[2] = ((a[0] >> 4) & 0x0F0F0F0F) | (((a[2] >> 4) & 0x03030303) << 4);
+    w[3] = ((a[1] >> 4) & 0x0F0F0F0F) | (((a[2] >> 6) & 0x03030303) << 4);
+    for (int j = 0; j < 16; j++)
+        sc[j] = (int8_t)(((w[j / 4] >> (8 * (j % 4))) & 0xFF) - 32);
+}
+
+/* block b of a weight row decoded: its integers q (scales folded in), d, and for Q2_K, Q4_K and
+ * Q5_K dmin and the mins, for Q4_1 and Q5_1 m (in dmin), for Q6_K the scales */
 INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dmin, int16_t *aux)
 {
     switch (type) {
@@ -111,6 +161,56 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
         *d = half_to_float(u16(blk));
         break;
     }
+    case IQ4_NL: {
+        const uint8_t *qs = blk + 2;
+        for (int e = 0; e < 16; e++) {
+            q[e] = kvalues_iq4nl[qs[e] & 0x0F];
+            q[e + 16] = kvalues_iq4nl[qs[e] >> 4];
+        }
+        aux[0] = 1;
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q2_K: {
+        const uint8_t *qs = blk + 16;
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    const int e = 128 * c + 32 * k + l;
+                    q[e] = (int16_t)((blk[e / 16] & 0x0F) * ((qs[32 * c + l] >> (2 * k)) & 3));
+                }
+        for (int j = 0; j < 16; j++)
+            aux[j] = (int16_t)(blk[j] >> 4);
+        *d = half_to_float(u16(blk + 80));
+        *dmin = half_to_float(u16(blk + 82));
+        break;
+    }
+    case IQ4_XS: {
+        const uint8_t *qs = blk + 8;
+        const int sh = u16(blk + 2);
+        for (int r = 0; r < 8; r++) {
+            for (int e = 0; e < 16; e++) {
+                q[32 * r + e] = kvalues_iq4nl[qs[16 * r + e] & 0x0F];
+                q[32 * r + e + 16] = kvalues_iq4nl[qs[16 * r + e] >> 4];
+            }
+            aux[r] = (int16_t)((((blk[4 + r / 2] >> (4 * (r % 2))) & 0x0F) | (((sh >> (2 * r)) & 3) << 4)) - 32);
+        }
+        *d = half_to_float(u16(blk));
+        break;
+    }
+    case Q3_K: {
+        int8_t sc[16];
+        q3_k_scales(blk + 96, sc);
+        for (int c = 0; c < 2; c++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++) {
+                    const int e = 128 * c + 32 * k + l;
+                    const int v = ((blk[32 + 32 * c + l] >> (2 * k)) & 3) - ((blk[l] >> (4 * c + k)) & 1 ? 0 : 4);
+                    q[e] = (int16_t)(sc[e / 16] * v);
+                }
+        *d = half_to_float(u16(blk + 108));
+        break;
+    }
     case Q4_K:
     case Q5_K: {
         const uint8_t *qs = blk + (type == Q5_K ? 48 : 16), *qh = blk + 16;
@@ -154,8 +254,8 @@ INLINE void decode(int type, const uint8_t *blk, int16_t *q, float *d, float *dm
 }
 
 /* out[i1 * ldo + i0] for weight rows i0 < n0 (row i0 at w + i0 * ldw) and activation
- * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * 12 floats */
-INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+ * rows i1 < n1 (row i1 at x + i1 * ldx), nb blocks a row; acc: room for n1 * ACC floats */
+INLINE void quant_dot_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                            Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
                            Py_ssize_t nb, float *acc)
 {
@@ -165,7 +265,7 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
     int16_t q[256], aux[16];
     int32_t lane[8];
     for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
-        memset(acc, 0, (size_t)n1 * 12 * sizeof(float));
+        memset(acc, 0, (size_t)n1 * ACC * sizeof(float));
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t b = 0; b < nb; b++) {
             float xd, xdmin = 0.0f;
@@ -178,14 +278,38 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
                 else
                     yd = half_to_float(u16(yb));
                 const int8_t *yq = (const int8_t *)(yb + (k_quant || OFFSET_QUANT(type) ? 4 : 2));
-                lane_sums(q, yq, runs, lane);
-                float *a = acc + i1 * 12;
+                float *a = acc + i1 * ACC;
+                if (type == IQ4_NL) {
+                    if (paired && b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                        int32_t s = 0;
+                        for (int e = 0; e < 32; e++)
+                            s += q[e] * yq[e];
+                        a[16] = yd * xd;
+                        a[17] = (float)s;
+                        continue;
+                    }
+                    signed_lane_sums(q, aux, yq, 1, lane);
+                    if (paired)
+                        a += 8 * (b % 2);  /* the odd blocks' accumulators */
+                } else if (type == IQ4_XS) {
+                    signed_lane_sums(q, aux, yq, 8, lane);
+                } else {
+                    lane_sums(q, yq, runs, lane);
+                }
                 if (type == Q6_K)
                     for (int l = 0; l < 8; l++) {
                         const uint8_t *bs = yb + 260 + 4 * l;
                         const int32_t s0 = (int16_t)u16(bs), s1 = (int16_t)u16(bs + 2);
                         lane[l] -= 32 * (s0 * aux[2 * l] + s1 * aux[2 * l + 1]);
                     }
+                if (type == Q2_K) {  /* the mins first, into the same accumulators */
+                    const float mscale = -yd * xdmin;
+                    for (int l = 0; l < 8; l++) {
+                        const uint8_t *bs = yb + 260 + 4 * l;
+                        const int32_t m = aux[2 * l] * (int16_t)u16(bs) + aux[2 * l + 1] * (int16_t)u16(bs + 2);
+                        a[l] = fmaf((float)m, mscale, a[l]);
+                    }
+                }
                 const float scale = yd * xd;
                 for (int l = 0; l < 8; l++)
                     a[l] = fmaf((float)lane[l], scale, a[l]);
@@ -209,8 +333,13 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
             }
         }
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
-            const float *a = acc + i1 * 12;
+            float *a = acc + i1 * ACC;
+            if (paired)
+                for (int l = 0; l < 8; l++)
+                    a[l] += a[8 + l];
             float r = hsum8(a);
+            if (paired && nb % 2)
+                r = fmaf(a[16], a[17], r);
             if (type == Q4_K)
                 r += (a[8] + a[10]) + (a[9] + a[11]);
             else if (type == Q5_K || OFFSET_QUANT(type))
@@ -220,19 +349,28 @@ INLINE void quant_dot_body(int type, const uint8_t *w, Py_ssize_t ldw, const uin
     }
 }
 
-static void quant_dot(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
-                      float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb,
-                      float *acc)
+static void quant_dot(int type, int tiny, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                      Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
+                      Py_ssize_t nb, float *acc)
 {
     switch (type) {  /* one copy of the loop per type, its constants folded in */
-    case Q4_0: quant_dot_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q4_1: quant_dot_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_0: quant_dot_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_1: quant_dot_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q8_0: quant_dot_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q4_K: quant_dot_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    case Q5_K: quant_dot_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
-    default: quant_dot_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_0: quant_dot_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_1: quant_dot_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_0: quant_dot_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_1: quant_dot_body(Q5_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q8_0: quant_dot_body(Q8_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ4_NL:
+        if (tiny)
+            quant_dot_body(IQ4_NL, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc);
+        else
+            quant_dot_body(IQ4_NL, 1, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc);
+        break;
+    case Q2_K: quant_dot_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q3_K: quant_dot_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ4_XS: quant_dot_body(IQ4_XS, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q4_K: quant_dot_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case Q5_K: quant_dot_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    default: quant_dot_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }
 #ifdef HAVE_FMA_TARGET
@@ -287,6 +425,18 @@ AVX2 __m256i offset_lanes(__m256i qx, const uint8_t *yq)
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
+/* the IQ4 types' 32 non-linear values of a run (16 bytes of nibbles) times 32 activation bytes, as
+ * ggml's mul_add_epi8: maddubs(|q|, sign(y, q)), 16 int16 pair sums */
+AVX2 __m256i iq4_pairs(const uint8_t *qs, const uint8_t *yq)
+{
+    const __m128i values = _mm_loadu_si128((const __m128i *)kvalues_iq4nl), m4b = _mm_set1_epi8(0x0F);
+    const __m128i bits = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4b)),
+                                       _mm_shuffle_epi8(values, _mm_and_si128(bits, m4b)));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+}
+
 AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
 {
     const __m256i qy = _mm256_loadu_si256((const __m256i *)yq);
@@ -295,6 +445,54 @@ AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
     const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1)),
                                          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1)));
     return _mm256_hadd_epi32(lo, hi);  /* lanes 0 1 4 5 2 3 6 7 */
+}
+
+/* ggml_vec_dot_q2_K_q8_K's: the 2-bit quants by maddubs, each run's two halves times their
+ * 4-bit scales by madd; its mins: madd of the 16 mins with the 16 block sums (8 lanes) */
+AVX2 __m256i q2_k_lanes(const uint8_t *blk, const int8_t *yq)
+{
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 2; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+        for (int k = 0; k < 4; k++) {
+            const int sb = 8 * j + 2 * k;  /* the sub-blocks of run 4j + k's two halves */
+            const __m256i p = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3),
+                                                   _mm256_loadu_si256((const __m256i *)(yq + 128 * j + 32 * k)));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk[sb + 1] & 0x0F), _mm_set1_epi16(blk[sb] & 0x0F));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s, p));
+        }
+    }
+    return sum;
+}
+
+AVX2 __m256i q2_k_min_lanes(const uint8_t *blk, const uint8_t *bsums)
+{
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)blk), 4), _mm_set1_epi8(0x0F));
+    return _mm256_madd_epi16(_mm256_cvtepi8_epi16(m), _mm256_loadu_si256((const __m256i *)bsums));
+}
+
+/* ggml_vec_dot_q3_K_q8_K's: the low 2 bits by maddubs, less 4 (by maddubs too, in int16) where
+ * the hmask bit is clear, each half-run times its scale by madd */
+AVX2 __m256i q3_k_lanes(const uint8_t *blk, const int8_t *sc, const int8_t *yq)
+{
+    const __m256i m3 = _mm256_set1_epi8(3), mone = _mm256_set1_epi8(1);
+    const __m256i hbits = _mm256_loadu_si256((const __m256i *)blk);
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 2; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * j));
+        for (int k = 0; k < 4; k++) {
+            const int bit = 4 * j + k, sb = 8 * j + 2 * k;
+            const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m3);
+            const __m256i hi = _mm256_slli_epi16(
+                _mm256_srli_epi16(_mm256_andnot_si256(hbits, _mm256_slli_epi16(mone, bit)), bit), 2);
+            const __m256i y = _mm256_loadu_si256((const __m256i *)(yq + 128 * j + 32 * k));
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, y), _mm256_maddubs_epi16(hi, y));
+            const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[sb + 1]), _mm_set1_epi16(sc[sb]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s, p));
+        }
+    }
+    return sum;
 }
 
 AVX2 __m256i q4_k_lanes(const uint8_t *qs, const int16_t *sc, const int8_t *yq)
@@ -363,7 +561,7 @@ AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsu
 
 AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
-AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
 {
@@ -373,13 +571,29 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
             const uint8_t *yr = x + i1 * ldx;
-            __m256 acc = _mm256_setzero_ps();
+            __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();  /* IQ4_NL's odd blocks */
+            float tail = 0.0f, tail_d = 0.0f;  /* IQ4_NL's odd last block */
             float acc_m[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* Q4_K's mins; Q5_K, Q4_1, Q5_1: [0] */
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
                 __m256i lanes;
                 float d;
-                if (OFFSET_QUANT(type)) {
+                if (type == IQ4_NL) {
+                    d = half_f16c(yb) * half_f16c(blk);
+                    if (paired && b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                        int32_t s = 0;
+                        for (int e = 0; e < 16; e++)
+                            s += ((const int8_t *)yb)[2 + e] * kvalues_iq4nl[blk[2 + e] & 0x0F] +
+                                 ((const int8_t *)yb)[18 + e] * kvalues_iq4nl[blk[2 + e] >> 4];
+                        tail = (float)s, tail_d = d;
+                        continue;
+                    }
+                    lanes = _mm256_madd_epi16(iq4_pairs(blk + 2, yb + 2), _mm256_set1_epi16(1));
+                    if (paired && b % 2) {
+                        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc2);
+                        continue;
+                    }
+                } else if (OFFSET_QUANT(type)) {
                     d = half_f16c(yb) * half_f16c(blk);
                     acc_m[0] = fmaf(half_f16c(blk + 2), half_f16c(yb + 2), acc_m[0]);
                     lanes = offset_lanes(offset_weights(type, blk), yb + 4);
@@ -389,7 +603,31 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                 } else {
                     float yd;
                     memcpy(&yd, yb, 4);
-                    if (type == Q4_K || type == Q5_K) {
+                    if (type == Q2_K) {
+                        const float dmin = -yd * half_f16c(blk + 82);
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(q2_k_min_lanes(blk, yb + 260)), acc);
+                        lanes = q2_k_lanes(blk, (const int8_t *)(yb + 4));
+                        d = yd * half_f16c(blk + 80);
+                    } else if (type == IQ4_XS) {  /* ggml_vec_dot_iq4_xs_q8_K's runs, two by two */
+                        uint16_t sh = u16(blk + 2);
+                        __m256i sumi1 = _mm256_setzero_si256(), sumi2 = _mm256_setzero_si256();
+                        for (int r = 0; r < 8; r += 2) {
+                            const int16_t ls1 = (int16_t)(((blk[4 + r / 2] & 0x0F) | ((sh << 4) & 0x30)) - 32);
+                            const int16_t ls2 = (int16_t)(((blk[4 + r / 2] >> 4) | ((sh << 2) & 0x30)) - 32);
+                            sh >>= 4;
+                            sumi1 = _mm256_add_epi32(_mm256_madd_epi16(iq4_pairs(blk + 8 + 16 * r, yb + 4 + 32 * r),
+                                                                       _mm256_set1_epi16(ls1)), sumi1);
+                            sumi2 = _mm256_add_epi32(_mm256_madd_epi16(iq4_pairs(blk + 24 + 16 * r, yb + 36 + 32 * r),
+                                                                       _mm256_set1_epi16(ls2)), sumi2);
+                        }
+                        lanes = _mm256_add_epi32(sumi1, sumi2);
+                        d = half_f16c(blk) * yd;
+                    } else if (type == Q3_K) {
+                        int8_t sc[16];
+                        q3_k_scales(blk + 96, sc);
+                        lanes = q3_k_lanes(blk, sc, (const int8_t *)(yb + 4));
+                        d = yd * half_f16c(blk + 108);
+                    } else if (type == Q4_K || type == Q5_K) {
                         const uint8_t *bs = yb + 260;
                         int16_t sc[8], mn[8];
                         for (int j = 0; j < 8; j++) {
@@ -421,13 +659,15 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
                 acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
             }
             float a[8];
-            _mm256_storeu_ps(a, acc);
-            if (!k_quant && !OFFSET_QUANT(type)) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
+            _mm256_storeu_ps(a, paired ? _mm256_add_ps(acc, acc2) : acc);
+            if (!k_quant && !OFFSET_QUANT(type) && type != IQ4_NL) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
                 float t;
                 t = a[2], a[2] = a[4], a[4] = t;
                 t = a[3], a[3] = a[5], a[5] = t;
             }
             float r = hsum8(a);
+            if (paired && nb % 2)
+                r = fmaf(tail_d, tail, r);
             if (type == Q4_K)
                 r += (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
             else if (type == Q5_K || OFFSET_QUANT(type))
@@ -437,19 +677,28 @@ AVX2 void quant_dot_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const 
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, const uint8_t *w,
+__attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, int tiny, const uint8_t *w,
     Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
-    case Q4_0: quant_dot_avx2_body(Q4_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q4_1: quant_dot_avx2_body(Q4_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_0: quant_dot_avx2_body(Q5_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_1: quant_dot_avx2_body(Q5_1, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q8_0: quant_dot_avx2_body(Q8_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q4_K: quant_dot_avx2_body(Q4_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    case Q5_K: quant_dot_avx2_body(Q5_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
-    default: quant_dot_avx2_body(Q6_K, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_0: quant_dot_avx2_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_1: quant_dot_avx2_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_0: quant_dot_avx2_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_1: quant_dot_avx2_body(Q5_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q8_0: quant_dot_avx2_body(Q8_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ4_NL:
+        if (tiny)
+            quant_dot_avx2_body(IQ4_NL, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb);
+        else
+            quant_dot_avx2_body(IQ4_NL, 1, w, ldw, x, ldx, out, ldo, n0, n1, nb);
+        break;
+    case Q2_K: quant_dot_avx2_body(Q2_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q3_K: quant_dot_avx2_body(Q3_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ4_XS: quant_dot_avx2_body(IQ4_XS, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q4_K: quant_dot_avx2_body(Q4_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case Q5_K: quant_dot_avx2_body(Q5_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    default: quant_dot_avx2_body(Q6_K, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
 #endif
@@ -457,10 +706,10 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, con
 /* A quant_dot's rows shared out by the pool (_lanes_pool.c): weight rows [a, b) of every
  * activation row. Each output is one row's own sum, so the split never changes a bit. */
 typedef struct {
-    int type, hw;
+    int type, hw, tiny;
     const uint8_t *w, *x;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * 12 floats */
+    float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * ACC floats */
 } QuantJob;
 
 static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
@@ -469,22 +718,22 @@ static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
     const uint8_t *w = j->w + a * j->ldw;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
-        quant_dot_fma(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
+        quant_dot_fma(j->type, j->tiny, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
         return;
     }
 #endif
-    quant_dot(j->type, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb,
-              j->acc + (Py_ssize_t)worker * (j->n1 + 1) * 12);
+    quant_dot(j->type, j->tiny, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb,
+              j->acc + (Py_ssize_t)worker * (j->n1 + 1) * ACC);
 }
 
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer w, x, out;
-    int type, portable = 0, threads = 1;
+    int type, portable = 0, threads = 1, tiny = 0;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pi", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
-                          &portable, &threads))
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+                          &portable, &threads, &tiny))
         return NULL;
     const int k_quant = K_QUANT(type);
     const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
@@ -501,12 +750,12 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
         parts--;
     const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
     float *acc = NULL;
-    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * 12 * sizeof(float)))) {
+    if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * ACC * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        QuantJob job = {type, !portable && fma_hw(), w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
+        QuantJob job = {type, !portable && fma_hw(), tiny, w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
         Py_BEGIN_ALLOW_THREADS
         lanes_pool_run(quant_rows, &job, n0, chunk, (int)parts);
         Py_END_ALLOW_THREADS

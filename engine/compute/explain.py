@@ -19,8 +19,8 @@ from engine.compute.kernels import KERNELS, KernelInfo, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
-from engine.compute.kernels.vecdot import EXACT_QUANT, block_lanes, decode_weights, hsum8, \
-    min_total
+from engine.compute.kernels.vecdot import EXACT_QUANT, MINS_IN_ACC, PAIRED_BLOCKS, block_lanes, \
+    decode_weights, hsum8, min_total, paired_total, tail_sum
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
@@ -136,7 +136,8 @@ class WorkedBlock:
     activation: BlockExplanation
     lanes: tuple[int, ...]  # the 8 integer lane sums of this block
     scale: float  # x.d * y.d
-    acc_before: tuple[float, ...]  # the 8 float accumulators before this block
+    acc_before: tuple[float, ...]  # the 8 float accumulators before this block (Q2_K: after its
+    #                                mins; IQ4_NL: the block parity's own)
     acc_after: tuple[float, ...]  # after acc = fmaf(lane, scale, acc)
     min_lanes: tuple[int, ...] | None  # Q4_K: the 4 lanes of mins times block sums
     min_scale: float | None  # Q4_K: -y.d * x.dmin
@@ -166,18 +167,29 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     else:  # as mul_mat converts src1: the CPU's quantizer of its vec_dot_type
         y = from_float(vdt, to_f32(view4(src1)[0, 0, col:col + 1], src1.type)).view(np.uint8).reshape(-1)
     wb, yb = w.reshape(nb, t0.type_size), y.reshape(nb, tv.type_size)
-    lanes, scale, mlanes, mscale = block_lanes(src0.type, decode_weights(src0.type, wb), yb)
-    acc = np.zeros(8, F32)
-    accm = np.zeros(4 if mlanes is None else mlanes.shape[-1], F32)
+    dec = decode_weights(src0.type, wb)
+    lanes, scale, mlanes, mscale = block_lanes(src0.type, dec, yb)
+    acc = acc2 = np.zeros(8, F32)
+    inside = src0.type in MINS_IN_ACC  # Q2_K: the mins into acc itself, before the block's lanes
+    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL: the odd blocks into acc2; an odd last one apart
+    accm = np.zeros(4 if mlanes is None or inside else mlanes.shape[-1], F32)
     for b in range(nb):
-        before = acc
-        acc = fmaf(lanes[b].astype(F32), scale[b], acc)
-        if mlanes is not None:
+        if inside:
+            acc = fmaf(mlanes[b].astype(F32), mscale[b], acc)
+        odd = paired and b % 2
+        before = acc2 if odd else acc
+        after = before if paired and b == nb - 1 and nb % 2 else \
+            fmaf(lanes[b].astype(F32), scale[b], before)  # (that tail touches no accumulator)
+        acc2, acc = (after, acc) if odd else (acc2, after)
+        if mlanes is not None and not inside:
             accm = fmaf(mlanes[b].astype(F32), mscale[b], accm)
         if b == block:
-            shown, shown_m = (before, acc), accm.copy()
-    result = F32(hsum8(acc))
-    if mlanes is not None:
+            shown, shown_m = (before, after), accm.copy()
+    if paired:
+        result = F32(paired_total(acc, acc2, nb, scale[-1], tail_sum(dec.q[-1], yb[-1]) if nb % 2 else None))
+    else:
+        result = F32(hsum8(acc))
+    if mlanes is not None and not inside:
         result = F32(result + F32(min_total(src0.type, accm)))
     if src0.type != GGMLType.Q4_K:  # the page tells Q4_K's 4 lanes of mins only
         mlanes = None

@@ -3,10 +3,12 @@
 `load_model(path)` opens a GGUF file and picks the builder its `general.architecture` names:
 `bert` (sentence embeddings, engine/models/bert.py); `llama`, `qwen2`, `qwen3` and `qwen3moe`
 (next-token logits with a KV cache; qwen3moe with a mixture-of-experts feed-forward,
-engine/models/llama.py); `gemma3` (engine/models/gemma3.py); `mamba` (Mamba-1, with recurrent
-states in place of a KV cache, engine/models/mamba.py). Decoders share
-engine/models/decoder.py (the memory, masks, generation), tokenize with SentencePiece
-(engine/models/spm.py) and sample with llama.cpp's sampler chain (engine/models/sampling.py).
+engine/models/llama.py); `gemma2` (engine/models/gemma2.py) and `gemma3`
+(engine/models/gemma3.py, Gemma 2's frame with QK norms); `phi3` (engine/models/phi3.py);
+`mamba` (Mamba-1, with recurrent states in place of a KV cache, engine/models/mamba.py). Decoders
+share engine/models/decoder.py (the memory, masks, generation, the graph pieces llama.cpp's
+llm_graph_context shares), tokenize with SentencePiece (engine/models/spm.py) or BPE and sample
+with llama.cpp's sampler chain (engine/models/sampling.py).
 Tensor names, hyperparameter keys and the graph follow llama.cpp, so a node here can be held next
 to the same node in llama.cpp's graph.
 Leaves out: every other architecture (the error names the one found), batching.
@@ -24,7 +26,9 @@ BUILDERS = {
     "qwen2": ("llama", "Qwen2"),
     "qwen3": ("llama", "Qwen3"),
     "qwen3moe": ("llama", "Qwen3Moe"),
+    "gemma2": ("gemma2", "Gemma2"),
     "gemma3": ("gemma3", "Gemma3"),
+    "phi3": ("phi3", "Phi3"),
     "mamba": ("mamba", "Mamba"),
 }
 ARCHITECTURES = tuple(BUILDERS)

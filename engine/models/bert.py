@@ -24,7 +24,8 @@ from engine.ggml import (GGML_PREC_F32, GGML_TYPE_F32, GGML_TYPE_I32, Tensor, gg
                          ggml_l2_norm, ggml_mul, ggml_mul_mat, ggml_mul_mat_set_prec,
                          ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_norm,
                          ggml_permute, ggml_reshape_3d, ggml_set_input, ggml_set_name,
-                         ggml_set_output, ggml_soft_max_ext, ggml_transpose, ggml_view_1d)
+                         ggml_scale, ggml_set_output, ggml_soft_max_ext, ggml_tanh,
+                         ggml_transpose, ggml_view_1d)
 
 from .common import ModelError, ModelFile, Passes, get_output, set_input
 from .tokenizer import WordPiece
@@ -229,9 +230,11 @@ class Bert:
 
 
 def attention(ctx, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor | None, kq_scale: float,
-              il: int) -> Tensor:
+              il: int, softcap: float = 0.0) -> Tensor:
     """build_attn_mha without flash attention: q [d, n_head, n_q], k, v [d, n_head_kv, n_kv]
-    (V may be given already transposed, as a KV cache keeps it); returns [d * n_head, n_q]."""
+    (V may be given already transposed, as a KV cache keeps it); returns [d * n_head, n_q].
+    softcap (Gemma 2's attention logit soft-capping): KQ -> softcap * tanh(KQ / softcap) before
+    the softmax."""
     v_trans = int(v.nb[1]) > int(v.nb[2])
     q = ggml_permute(ctx, q, 0, 2, 1, 3)  # [d, n_q, n_head]: one matrix per head
     k = ggml_permute(ctx, k, 0, 2, 1, 3)  # [d, n_kv, n_head_kv]
@@ -239,6 +242,10 @@ def attention(ctx, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor | None, kq_s
     kq = ggml_mul_mat(ctx, k, q)  # [n_kv, n_q, n_head]: heads beyond n_head_kv share K (GQA)
     ggml_mul_mat_set_prec(kq, GGML_PREC_F32)
     _name(kq, "kq", il)
+    if softcap:
+        kq = _name(ggml_scale(ctx, kq, 1.0 / softcap), "kq_scaled_1", il)
+        kq = _name(ggml_tanh(ctx, kq), "kq_tanh", il)
+        kq = _name(ggml_scale(ctx, kq, softcap), "kq_scaled_2", il)
     kq = ggml_soft_max_ext(ctx, kq, kq_mask, kq_scale, 0.0)
     _name(kq, "kq_soft_max", il)
     if not v_trans:

@@ -1,11 +1,12 @@
 """What every decoder-only model shares: feeding tokens through the graph with a KV cache.
 
-A model (engine/models/llama.py, gemma3.py) builds llama.cpp's graph for n new tokens attending
-to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it the way llama_decode
-does: the graph's tensors placed by the graph allocator in a CPU compute buffer and run by the
-CPU backend (engine/models/common.py `Pass`), the inputs (token ids, positions, the cells the new
-K and V rows go to, the attention masks) set with ggml_backend_tensor_set, the cache growing by the
-tokens decoded, and greedy or sampled generation.
+A model (engine/models/llama.py, gemma2.py, gemma3.py, phi3.py) builds llama.cpp's graph for n
+new tokens attending to n_kv cache cells (`build`) and says its hyperparameters; `Decoder` runs it
+the way llama_decode does: the graph's tensors placed by the graph allocator in a CPU compute
+buffer and run by the CPU backend (engine/models/common.py `Pass`), the inputs (token ids,
+positions, the cells the new K and V rows go to, the attention masks) set with
+ggml_backend_tensor_set, the cache growing by the tokens decoded, and greedy or sampled
+generation.
 
 The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer an F16 K tensor
 [n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are
@@ -13,6 +14,10 @@ written by ggml_set_rows at indices that are graph inputs, so, as in llama.cpp, 
 compute context and plan) serves every token while the padded cell count n_kv stays the same.
 The memory is pluggable: a model with another one (Mamba's recurrent states,
 engine/models/mamba.py) overrides `memory_inputs`, `set_memory_inputs` and `memory_shape`.
+
+The graph pieces several builders take from llm_graph_context live here too: `rms_norm`
+(build_norm), `load_qkv` and `build_qkv` (the fused attn_qkv weight or separate Q, K and V), and
+`swa_layers` (which layers attend through a sliding window).
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor,
-                         ggml_build_forward_expand, ggml_cont_2d, ggml_free, ggml_init,
-                         ggml_init_params, ggml_is_contiguous, ggml_new_tensor_1d,
-                         ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size, ggml_set_input,
+                         ggml_add, ggml_build_forward_expand, ggml_concat, ggml_cont_2d,
+                         ggml_free, ggml_init, ggml_init_params, ggml_is_contiguous, ggml_mul,
+                         ggml_mul_mat,
+                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d,
+                         ggml_reshape_3d, ggml_rms_norm, ggml_row_size, ggml_set_input,
                          ggml_set_name, ggml_set_rows, ggml_tensor_overhead, ggml_view_2d,
                          ggml_view_3d)
 from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
-from .common import ModelError, Pass, Passes, get_output, set_input
+from .bert import _name
+from .common import ModelError, ModelFile, Pass, Passes, get_output, set_input
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -88,6 +96,76 @@ def causal_mask(n: int, n_past: int, window: int | None = None,
     if window is not None:
         masked |= q_pos - k_pos >= window  # llama_hparams::is_masked_swa (standard)
     return np.where(masked, -np.inf, 0.0).astype(np.float32)
+
+
+def swa_layers(f: ModelFile, n_layer: int, n_pattern: int) -> tuple[bool, ...]:
+    """llama_model_base::load_swa_pattern: per layer, whether it attends through the sliding
+    window. attention.sliding_window_pattern is one flag per layer, or a period n (layer il
+    slides when il % n < n - 1, so every n-th is global; 0: all slide); `n_pattern` when absent."""
+    value = f.key("{arch}.attention.sliding_window_pattern", n_pattern)
+    if isinstance(value, (int, np.integer)):
+        n = int(value)
+        return tuple(n == 0 or il % n < n - 1 for il in range(n_layer))
+    flags = tuple(bool(x) for x in value)
+    if len(flags) != n_layer:
+        raise ModelError(f"{f.path}: attention.sliding_window_pattern has {len(flags)} flags "
+                         f"for {n_layer} layers")
+    return flags
+
+
+def inv_sqrt_f32(x: float) -> float:
+    """1.0f / sqrtf(x) as C computes it: two float roundings (a scale such as 1/sqrt(head_dim)
+    rounded once from double can differ in its last bit)."""
+    return float(np.float32(1.0) / np.sqrt(np.float32(x)))
+
+
+def rms_norm(ctx, x: Tensor, w: Tensor, eps: float, name: str, il: int) -> Tensor:
+    """build_norm(LLM_NORM_RMS) and the builder's callback: rms_norm(x) (named 'norm') * w."""
+    return _name(ggml_mul(ctx, _name(ggml_rms_norm(ctx, x, eps), "norm", il), w), name, il)
+
+
+def load_qkv(f: ModelFile, il: int, n_embd: int, n_q: int, n_k: int, n_v: int) -> dict:
+    """create_tensor_qkv: the fused blk.il.attn_qkv (with its bias, or Q/K/V biases, when
+    present), else separate attn_q, attn_k, attn_v and their optional biases."""
+    t = lambda name, ne: f.tensor(f"blk.{il}.{name}", ne)  # noqa: E731
+    o = lambda name, ne: f.optional(f"blk.{il}.{name}", ne)  # noqa: E731
+    biases = dict(bq=o("attn_q.bias", (n_q,)), bk=o("attn_k.bias", (n_k,)),
+                  bv=o("attn_v.bias", (n_v,)))
+    wqkv = o("attn_qkv.weight", (n_embd, n_q + n_k + n_v))
+    if wqkv is not None:
+        bqkv = o("attn_qkv.bias", (n_q + n_k + n_v,))
+        return dict(wqkv=wqkv, bqkv=bqkv, **(biases if bqkv is None else {}))
+    return dict(wq=t("attn_q.weight", (n_embd, n_q)), wk=t("attn_k.weight", (n_embd, n_k)),
+                wv=t("attn_v.weight", (n_embd, n_v)), **biases)
+
+
+def build_qkv(ctx, L: dict, cur: Tensor, head_dim: int, n_head: int, n_head_kv: int,
+              il: int) -> tuple[Tensor, Tensor, Tensor]:
+    """llm_graph_context::build_qkv: Q [head_dim, n_head, n], K and V [head_dim, n_head_kv, n]
+    from the layer's weights (what load_qkv found); fused, they are views of one product."""
+    n = int(cur.ne[1])
+    n_q, n_k = head_dim * n_head, head_dim * n_head_kv
+    if L.get("wqkv") is not None:
+        qkv = _name(ggml_mul_mat(ctx, L["wqkv"], cur), "wqkv", il)  # [n_q + 2 n_k, n]
+        if L.get("bqkv") is not None:
+            qkv = _name(ggml_add(ctx, qkv, L["bqkv"]), "wqkv_b", il)
+        elif all(L.get(b) is not None for b in ("bq", "bk", "bv")):
+            b = ggml_concat(ctx, ggml_concat(ctx, L["bq"], L["bk"], 0), L["bv"], 0)
+            qkv = _name(ggml_add(ctx, qkv, b), "wqkv_b", il)
+        row, es = int(qkv.nb[1]), ggml_row_size(qkv.type, 1)
+        q = ggml_view_3d(ctx, qkv, head_dim, n_head, n, head_dim * es, row, 0)
+        k = ggml_view_3d(ctx, qkv, head_dim, n_head_kv, n, head_dim * es, row, n_q * es)
+        v = ggml_view_3d(ctx, qkv, head_dim, n_head_kv, n, head_dim * es, row, (n_q + n_k) * es)
+    else:
+        out = []
+        for w, b, name, heads in (("wq", "bq", "Qcur", n_head), ("wk", "bk", "Kcur", n_head_kv),
+                                  ("wv", "bv", "Vcur", n_head_kv)):
+            y = _name(ggml_mul_mat(ctx, L[w], cur), name, il)
+            if L.get(b) is not None:
+                y = _name(ggml_add(ctx, y, L[b]), name, il)
+            out.append((y, heads))
+        q, k, v = (ggml_reshape_3d(ctx, y, head_dim, heads, n) for y, heads in out)
+    return _name(q, "Qcur", il), _name(k, "Kcur", il), _name(v, "Vcur", il)
 
 
 class KVCache:

@@ -12,7 +12,8 @@ repacked weights); "tiled": False turns off the tiled K-quant products llama.cpp
 llamafile's sgemm, which the engine follows inside engine.compute.plan.llamafile_build).
 
 Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], ...]};
-{"logits": [id, ...], "out": path} -> every position's logits saved to `out`;
+{"logits": [id, ...], "out": path} -> every position's logits saved to `out` (with "batch": k,
+the first k tokens decoded in one batch, then the others one at a time through the cache);
 {"greedy": [id, ...], "n": k} -> {"tokens": the k most likely next tokens, one at a time};
 {"sweep": [[id, ...], ...], "n": k} -> {"prompts": per prompt, from an empty cache, "digests":
 row_digests of every position's logits and of each greedy step's, "tokens": the k greedy tokens};
@@ -102,7 +103,10 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
         return {"dump": "".join(dumped)}
     if "logits" in request:
         tokens = request["logits"]
-        llm.eval(tokens)
+        k = int(request.get("batch", len(tokens)))
+        llm.eval(tokens[:k])
+        for t in tokens[k:]:
+            llm.eval([t])
         np.save(request["out"], np.array(llm.scores[:len(tokens)], dtype=np.float32))
         return {"saved": request["out"]}
     if "sweep" in request:

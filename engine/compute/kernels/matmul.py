@@ -135,8 +135,11 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
     multiple of 8, rows a multiple of 4; F32 weights only with a contiguous F32 src1 (the call
     before the conversion), F16 weights with src1 converted to (or already) F16. Its quantized
     kernels (Q8_0, Q4_0, Q5_0 by Q8_0) sum in vec_dot's order, so they need nothing of their
-    own; K-quants it leaves to ggml."""
+    own; IQ4_NL's (two or more rows of Q8_0, converted or contiguous) has one accumulator where
+    ggml_vec_dot_iq4_nl_q8_0 has two (vecdot.quant_dot's `tiny`); K-quants it leaves to ggml."""
     ne00, ne01, ne11 = int(src0.ne[0]), int(src0.ne[1]), int(src1.ne[1])
+    if src0.type == GGMLType.IQ4_NL:
+        return ne11 >= 2 and (src1.type != GGMLType.Q8_0 or ggml_is_contiguous(src1))
     if ne11 < 2 or ne00 % 8 or ne01 % 4:
         return False
     if src0.type == GGMLType.F32:
@@ -191,7 +194,7 @@ def _prepare_mul_mat(params, dst: Tensor):
             out = d4[i13, i12]  # (the C loops write straight into dst, or through a buffer)
             if t0.is_quantized:
                 w = quant_rows(src0, i13 // r3, i12 // r2, slice(0, ne01))
-                product = quant_product(src0.type, w, out, threads=params.cores)
+                product = quant_product(src0.type, w, out, threads=params.cores, tiny=tiny)
             elif src0.type == GGMLType.F32 and not tiny:
                 product = f32_product(view4(src0)[i13 // r3, i12 // r2], out)
             else:
@@ -315,11 +318,11 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
     quantized = TYPE_TRAITS[src0.type].is_quantized
     if w is None and (exact or tiny):
         w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
-    if tiny:
+    if tiny and not quantized:
         return vec_dot_tinyblas(w, to_f32(x, xtype))
     if exact:
         if quantized:
-            return vec_dot_quant(src0.type, w, x, threads=threads)
+            return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
         if src0.type == GGMLType.F16:
             return vec_dot_f16(w, to_f32(x, xtype))
         return vec_dot_f32(w, x)

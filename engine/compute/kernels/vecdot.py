@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
-quantized Q4_0, Q5_0, Q8_0 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q4_K,
-Q5_K and Q6_K (with Q8_K activations).
+quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q2_K,
+Q3_K, IQ4_XS, Q4_K, Q5_K and Q6_K (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -20,11 +20,20 @@ pure-numpy mode, engine/lanes.py):
   8 lanes, then hsum8.
 - ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
+- ggml_vec_dot_iq4_nl_q8_0: the same lanes of kvalues_iq4nl[nibble] (ggml's mul_add_epi8, whose
+  sign trick makes a -128 activation against a negative value count as +128), the even blocks
+  into one accumulator and the odd ones into another, hsum_float_8 of their sum; a row's odd
+  last block by ggml's scalar loop (true products), fmaf(d, sum, result). llama.cpp's build
+  hands its products of 2 or more activation rows to llamafile's tinyBLAS (`tiny`): one
+  accumulator for every block, the lanes the same.
 - ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
   fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
-- ggml_vec_dot_q{4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
+- ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
   same fma and horizontal sums; the mins apart (Q4_K: 4 lanes of their own; Q5_K: one integer,
-  summs = fmaf(-y.d * x.dmin, it, summs)).
+  summs = fmaf(-y.d * x.dmin, it, summs)), or Q2_K's 8 lanes of mins fma'd into the same
+  accumulators just before each block's quants.
+- ggml_vec_dot_iq4_xs_q8_K: IQ4_NL's lanes over 8 runs of 32, each run times its six-bit scale
+  (minus 32), one accumulator.
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -37,7 +46,8 @@ import numpy as np
 
 from engine.compute.kernels.floatmath import fmaf
 from engine.lanes import lanes, twin
-from engine.quants.common import bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
+from engine.quants.common import KVALUES_IQ4NL, bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
+from engine.quants.kquants import q3_k_scales
 from engine.quants.legacy import nibbles_with_qh
 from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
 
@@ -237,8 +247,13 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # --- quantized weights, their raw blocks ------------------------------------------------------
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-                         GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
-K_QUANTS = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})  # with Q8_K activations
+                         GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
+                         GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
+                      GGMLType.Q6_K})  # with Q8_K activations
+MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
+SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS})  # lanes by _mm256_sign_epi8 (see block_lanes)
+PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
 
@@ -246,11 +261,15 @@ class Decoded(NamedTuple):
     """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c `decode`)."""
 
     q: np.ndarray  # int16 (..., 32 or 256): the integers; Q4_K's and Q5_K's times their run's
-    #                six-bit scale, Q6_K's (unsigned) times the int8 scale of their 16
+    #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q3_K's (signed, -4..3)
+    #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
+    #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
+    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux)
     d: np.ndarray  # float32 (...): the block's scale
-    dmin: np.ndarray  # float32 (...): Q4_K's and Q5_K's scale of the mins, Q4_1's and Q5_1's m
-    #                   (0 for the other types)
-    aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 scales of Q6_K | 0 for the others)
+    dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
+    #                   Q5_1's m (0 for the other types)
+    aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
+    #                  | 8 scales (minus 32) of IQ4_XS | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -269,6 +288,25 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
         return Decoded(q.reshape(*lead, 32), half_at(blocks, 0), half_at(blocks, 2), none)
     elif type_ == GGMLType.Q8_0:
         q = raw[:, 2:].view(np.int8).astype(np.int16)
+    elif type_ == GGMLType.IQ4_NL:
+        q = nibbles(raw, 2, 18, 16, KVALUES_IQ4NL).astype(np.int16)
+    elif type_ == GGMLType.Q2_K:  # each 16 times its 4-bit scale; the 4-bit mins apart
+        q = np.multiply(unpack_2bit(raw[:, 16:80]).reshape(-1, 16, 16), (raw[:, :16] & 0x0F)[..., None],
+                        dtype=np.int16)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 80), half_at(blocks, 82),
+                       (raw[:, :16] >> 4).reshape(*lead, 16).astype(np.int16))
+    elif type_ == GGMLType.IQ4_XS:  # each run's scale: 4 bits of scales_l, 2 of scales_h
+        q = nibbles(raw, 8, 136, 16, KVALUES_IQ4NL).astype(np.int16)
+        sh = raw[:, 2].astype(np.int16) | raw[:, 3].astype(np.int16) << 8
+        lo = np.stack([raw[:, 4:8] & 0x0F, raw[:, 4:8] >> 4], axis=-1).reshape(-1, 8).astype(np.int16)
+        ls = (lo | ((sh[:, None] >> (2 * np.arange(8, dtype=np.int16))) & 3) << 4) - 32
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 0), np.zeros(lead, F32),
+                       ls.reshape(*lead, 8).astype(np.int16))
+    elif type_ == GGMLType.Q3_K:  # the 2 low bits, minus 4 where the hmask bit is clear
+        v = unpack_2bit(raw[:, 32:96]).astype(np.int16) + 4 * bit_fields(raw, 0, 32, 32, 1) - 4
+        q = np.multiply(v.reshape(-1, 16, 16), q3_k_scales(raw[:, 96:108])[..., None], dtype=np.int16)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 108), np.zeros(lead, F32),
+                       np.zeros((*lead, 0), np.int16))
     elif type_ in (GGMLType.Q4_K, GGMLType.Q5_K):  # each run of 32 times its six-bit scale
         sc, m = get_scale_min_k4(raw[:, 4:16])
         if type_ == GGMLType.Q4_K:
@@ -319,13 +357,22 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     Lane l sums the products of elements 4l..4l+3 of every run of 32 (exact integers, so their
     order is free; here as engine/_lanes_quant.c's lane_sums: s[e] = element e's products summed
     over the runs, lane l = (s[4l] + s[4l+1]) + (s[4l+2] + s[4l+3])); Q6_K's lanes less
-    32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q4_K's mins: the 16
+    32 * (bsums[2l] * sc[2l] + bsums[2l+1] * sc[2l+1]). scale = y.d * x.d. Q2_K's mins: 8 lanes,
+    min lane l = m[2l] * bsums[2l] + m[2l+1] * bsums[2l+1] (_mm256_madd_epi16), min_scale =
+    -y.d * x.dmin, fma'd into acc itself before the block's lanes (MINS_IN_ACC). Q4_K's mins: the 16
     block sums added in pairs into int16 (_mm256_hadd_epi16, wrapping), min lane l =
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
     into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
-    Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total."""
+    Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
+    IQ4_NL's and IQ4_XS's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
+    their run's scale): maddubs(|q|, sign(y, q)), so a y
+    of -128 against a negative q counts as +128 (the int8 negation wraps)."""
     yd, yq, bsums, ys = decode_activations(type_, yblocks)
+    if type_ in SIGNED_LANES:  # |q| * sign(y, q): -(-128) wraps to -128 in int8
+        yq = np.where((yq == -128) & (dec.q < 0), np.int16(128), yq)
     p = np.multiply(dec.q, yq, dtype=np.int32)
+    if type_ == GGMLType.IQ4_XS:  # each run of 32 times its scale
+        p = (p.reshape(*p.shape[:-1], 8, 32) * dec.aux[..., None]).reshape(p.shape)
     runs = p.reshape(*p.shape[:-1], -1, 32)
     e = runs[..., 0, :]
     for r in range(1, runs.shape[-2]):  # s[e]: element e's products, run after run
@@ -335,6 +382,9 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     if type_ == GGMLType.Q6_K:
         corr = bsums.astype(np.int32) * dec.aux
         lane = lane - 32 * (corr[..., 0::2] + corr[..., 1::2])
+    if type_ == GGMLType.Q2_K:
+        mins = bsums.astype(np.int32) * dec.aux
+        return lane, scale, mins[..., 0::2] + mins[..., 1::2], -yd * dec.dmin
     if type_ in OFFSET_QUANTS:
         shape = np.broadcast_shapes(dec.dmin.shape, ys.shape)
         return lane, scale, np.broadcast_to(dec.dmin, shape)[..., None], np.broadcast_to(ys, shape)
@@ -348,6 +398,22 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     return lane, scale, mins, -yd * dec.dmin
 
 
+def tail_sum(q: np.ndarray, yblocks: np.ndarray) -> np.ndarray:
+    """IQ4_NL's odd last block of a row, as ggml's scalar loop sums it: the true products of its
+    values q (Decoded.q, (..., 32)) and the activation quants (no sign trick), int32 (...)."""
+    yq = decode_activations(GGMLType.IQ4_NL, yblocks).q
+    return np.multiply(q, yq, dtype=np.int32).sum(-1, dtype=np.int32)
+
+
+def paired_total(acc1: np.ndarray, acc2: np.ndarray, nb: int, scale_last: np.ndarray,
+                 tail: np.ndarray | None) -> np.ndarray:
+    """IQ4_NL's result: hsum_float_8(acc1 + acc2) (the even and the odd blocks' accumulators),
+    then for an odd number of blocks fmaf(d, (float)sum, result) with the last block's d and
+    true sum (tail_sum)."""
+    r = hsum8(acc1 + acc2)
+    return fmaf(scale_last, tail.astype(F32), r) if nb % 2 else r
+
+
 def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
     """The mins' (or offsets') accumulators (..., 4 or 1) as ggml adds them to hsum_float_8(acc):
     Q4_K's 4 lanes as (m0 + m2) + (m1 + m3), the others' one float as it is."""
@@ -358,16 +424,18 @@ def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
 
 @twin("quant_dot")
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
-              portable: bool = False, threads: int = 1) -> None:
+              portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
-    _q5_0_q8_0, _q8_0_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
+    _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
-    fmaf(lanes[l], scale, acc[l]) (and the mins' or offsets' acc_m); the result hsum8(acc)
-    (+ min_total(acc_m)). portable and threads change no bit (ignored)."""
+    fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
+    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's two accumulators
+    (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks
@@ -382,10 +450,25 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
         # fmaf runs over long rows of numbers (a block's scale the same for its 8 lanes)
         lane = np.ascontiguousarray(np.moveaxis(lane, (2, 3), (0, 1)), F32)  # (nb, 8, n1, rows)
         scale = np.ascontiguousarray(np.moveaxis(scale, 2, 0)[:, None])  # (nb, 1, n1, rows)
+        if type_ in MINS_IN_ACC:
+            min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
+            min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
         acc = np.zeros(lane.shape[1:], F32)
+        if type_ in PAIRED_BLOCKS and not tiny:  # the even blocks into acc, the odd ones into acc2
+            acc2 = acc
+            for b in range(0, nb - 1, 2):
+                acc, acc2 = fmaf(lane[b], scale[b], acc), fmaf(lane[b + 1], scale[b + 1], acc2)
+            tail = tail_sum(dec.q[:, -1], acts[:, :, -1]) if nb % 2 else None  # (n1, rows)
+            o[:, a:a + step] = paired_total(np.moveaxis(acc, 0, -1), np.moveaxis(acc2, 0, -1), nb,
+                                            scale[-1, 0], tail)
+            continue
         for b in range(nb):
+            if type_ in MINS_IN_ACC:
+                acc = fmaf(min_lanes[b], min_scale[b], acc)
             acc = fmaf(lane[b], scale[b], acc)
         acc = np.moveaxis(acc, 0, -1)  # (n1, rows, 8)
+        if type_ in MINS_IN_ACC:
+            min_lanes = None
         if min_lanes is not None:
             min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
             min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
@@ -400,7 +483,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
 
 
 def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool = False,
-                  threads: int = 1) -> np.ndarray:
+                  threads: int = 1, tiny: bool = False) -> np.ndarray:
     """ggml's AVX2 vec_dot of every weight row with every activation row, by lanes.quant_dot (in C
     without the GIL, or the twin quant_dot): w (n0, row_bytes) raw blocks of type_ (rows may lie
     any distance apart, as in a tensor's view), x (n1, row_bytes) raw blocks of its vec_dot_type
@@ -413,21 +496,28 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     8 runs of 32, times the runs' six-bit scales; acc = fma(y.d*x.d, lanes, acc); the mins go
     through 4 lanes, acc_m = fma(-y.d*x.dmin, sum of min*(q8 sums), acc_m), added as
     (m0 + m2) + (m1 + m3). Q5_K (ggml_vec_dot_q5_K_q8_K): as Q4_K with 5-bit quants, its mins
-    one integer per super-block, summs = fma(-y.d*x.dmin, it, summs).
+    one integer per super-block, summs = fma(-y.d*x.dmin, it, summs). Q2_K
+    (ggml_vec_dot_q2_K_q8_K): the 2-bit quants times their 4-bit scales; per block first acc =
+    fma(-y.d*x.dmin, 8 lanes of min*(q8 sums), acc), then the quants' fma into the same acc. Q3_K
+    (ggml_vec_dot_q3_K_q8_K): the 3-bit quants (-4..3) times their six-bit scales, no mins.
+    IQ4_NL and IQ4_XS (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K): the non-linear values by ggml's
+    sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
+    their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when
     two NaN scales meet: the compiler's operand order). `threads`: the weight rows shared out
-    between up to that many threads in C (each output is its own row's: the same bits)."""
+    between up to that many threads in C (each output is its own row's: the same bits). `tiny`:
+    IQ4_NL as llamafile's tinyBLAS computes it (llama.cpp's build, 2 or more rows)."""
     out = np.empty((len(x), w.shape[0]), F32)
-    quant_product(type_, w, out, portable, threads)(x)
+    quant_product(type_, w, out, portable, threads, tiny)(x)
     return out
 
 
 def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: bool = False,
-                  threads: int = 1) -> Callable[[np.ndarray], None]:
+                  threads: int = 1, tiny: bool = False) -> Callable[[np.ndarray], None]:
     """vec_dot_quant laid out once, ready to run on x: out (n1, n0) = each weight row of w
     (rows of raw blocks, lying as they lie when they can) with each row of x. The weights are
     read when it runs."""
@@ -446,7 +536,7 @@ def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: boo
         buf, ldw = fixed if fixed is not None else span(np.ascontiguousarray(w))
         x = np.ascontiguousarray(x, np.uint8)
         written(out, lambda res: dot(int(type_), buf, ldw, x, x.shape[1], res, n0, len(x), nb,
-                                     portable, threads))
+                                     portable, threads, tiny))
     return run
 
 

@@ -29,12 +29,14 @@ F32 = np.float32
 C = compiled()
 OUT = object()  # marks where the output buffer goes in an argument list
 QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
-             GGMLType.Q8_0: 34, GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
+             GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.IQ4_XS: 136,
+             GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
+             GGMLType.Q6_K: 210}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
-K_QUANTS = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
 # the fp16 scales of a weight block: d (and m, or dmin)
-D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q4_K: (0, 2),
-        GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
+        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
 DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
               GGMLType.TQ1_0: (54, 256)}  # block size, elements
 K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
@@ -159,6 +161,17 @@ def test_quant_dot(type_: GGMLType, wild: bool):
                 portable, 2)
         c, t = run_both("quant_dot", args, n0 * n1)
         assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+
+
+def test_quant_dot_tiny():
+    """IQ4_NL in llamafile's tinyBLAS order (tiny=True: one accumulator, no scalar last block):
+    C's AVX2 and portable loops against the twin, on values and bit patterns."""
+    rng = np.random.default_rng(20)
+    for wild in (False, True):
+        for n0, n1, nb in ((1, 2, 1), (37, 3, 4), (5, 9, 3), (64, 2, 5)):
+            args = quant_dot_case(rng, GGMLType.IQ4_NL, n0, n1, nb, wild)
+            c, t = run_both("quant_dot", args + (n0 % 2 == 1, 2, True), n0 * n1)
+            assert_same_bits(c, t, f"quant_dot IQ4_NL tiny {n0}x{n1}x{nb}")
 
 
 # --- float_dot, dot_f32 ------------------------------------------------------------------------
