@@ -178,6 +178,7 @@ class Trace:
                 "steps": [{"index": s.index, "kind": s.kind.value, "call": s.call, "line": s.line,
                            "note": tell(s.notes), "parent": s.parent, "changes": s.changes(),
                            "same_on_every_cpu": s.same_on_every_cpu,
+                           **({"file": s.file} if s.file else {}),  # (another file's line)
                            "threads": [{"ith": t.ith, "kind": t.kind, "ranges": t.ranges, "seconds": t.seconds,
                                         "note": tell(t.notes)} for t in s.threads]} for s in self.steps],
                 "outputs": self.outputs}
