@@ -70,9 +70,14 @@ class ProgramMarks:
 
 
 def layer_loops(source: str) -> list[tuple[int, int]]:
-    """The line spans of the program's `for il in ...` loops."""
+    """The line spans of the program's `for il in ...` loops (`for il, layer in enumerate(...)`
+    too, as the model builders write them)."""
+    def binds_il(target) -> bool:
+        names = target.elts if isinstance(target, ast.Tuple) else [target]
+        return any(isinstance(t, ast.Name) and t.id == "il" for t in names)
+
     return [(node.lineno, node.end_lineno or node.lineno) for node in ast.walk(ast.parse(source))
-            if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and node.target.id == "il"]
+            if isinstance(node, ast.For) and binds_il(node.target)]
 
 
 @dataclass
