@@ -1,5 +1,5 @@
-/* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32, _f16
- * and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max and norm rows, and fmaf
+/* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32, _f16,
+ * _bf16 and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max and norm rows, and fmaf
  * over whole buffers; most also built for the FMA instruction, picked where the CPU has it. */
 #include "_lanes.h"
 
@@ -16,6 +16,9 @@
  *   the last ones (up to 3) by fmaf.
  * f16_row: ggml_vec_dot_f16 of the F16C build (the halves widened to float): lanes32, then the
  *   leftover products, each rounded to float, summed in double.
+ * bf16_row: ggml_vec_dot_bf16 of the AVX2 build (bf16 widened to float): lanes32's accumulators
+ *   (gcc fuses its mul and add into one fma), reduced (a0 + a2) + (a1 + a3), then hsum as
+ *   tiny_row's; then f16_row's leftovers in double.
  * tiny_row: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
  *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3).
  * ALL_PAIRS makes, from a row function, NAME(w, x, out, n0, n1, k): out[i1, i0] = row(w[i0],
@@ -23,16 +26,28 @@
  * out[i] = row(a[i], b[i]); FLOAT_JOB the same as ALL_PAIRS for some weight rows of a float_dot,
  * which the pool shares out (_lanes_pool.c). */
 #define FLOAT_ROWS(S, ATTR)                                                                  \
-    ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
+    /* the 4 accumulators of 8 lanes over the first np elements, reduced into v */           \
+    ATTR static inline void acc32##S(const float *a, const float *b, Py_ssize_t np, float *v)\
     {                                                                                        \
         float acc[4][8] = {{0}};                                                             \
         for (Py_ssize_t s = 0; s < np; s += 32)                                              \
             for (int j = 0; j < 4; j++)                                                      \
                 for (int l = 0; l < 8; l++)                                                  \
                     acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]);         \
-        float v[8], t[4];                                                                    \
         for (int l = 0; l < 8; l++)                                                          \
             v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                        \
+    }                                                                                        \
+    ATTR static inline float hsum8##S(const float *v)                                       \
+    {                                                                                        \
+        float r[4];                                                                          \
+        for (int l = 0; l < 4; l++)                                                          \
+            r[l] = v[l + 4] + v[l];                                                          \
+        return (r[0] + r[2]) + (r[1] + r[3]);                                                \
+    }                                                                                        \
+    ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
+    {                                                                                        \
+        float v[8], t[4];                                                                    \
+        acc32##S(a, b, np, v);                                                               \
         for (int l = 0; l < 4; l++)                                                          \
             t[l] = v[l] + v[l + 4];                                                          \
         return (t[0] + t[1]) + (t[2] + t[3]);                                                \
@@ -66,16 +81,25 @@
         }                                                                                    \
         return (float)sumf;                                                                  \
     }                                                                                        \
+    ATTR static inline float bf16_row##S(const float *a, const float *b, Py_ssize_t k)      \
+    {                                                                                        \
+        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
+        float v[8];                                                                          \
+        acc32##S(a, b, np, v);                                                               \
+        double sumf = (double)hsum8##S(v);                                                   \
+        for (Py_ssize_t i = np; i < k; i++) {                                                \
+            const float p = a[i] * b[i];                                                     \
+            sumf += (double)p;                                                               \
+        }                                                                                    \
+        return (float)sumf;                                                                  \
+    }                                                                                        \
     ATTR static inline float tiny_row##S(const float *a, const float *b, Py_ssize_t k)      \
     {                                                                                        \
         float acc[8] = {0};                                                                  \
         for (Py_ssize_t s = 0; s < k; s += 8)                                                \
             for (int l = 0; l < 8; l++)                                                      \
                 acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                                   \
-        float r[4];                                                                          \
-        for (int l = 0; l < 4; l++)                                                          \
-            r[l] = acc[l + 4] + acc[l];                                                      \
-        return (r[0] + r[2]) + (r[1] + r[3]);                                                \
+        return hsum8##S(acc);                                                                \
     }
 
 #define ALL_PAIRS(NAME, ROW, ATTR)                                                           \
@@ -94,28 +118,33 @@
             out[i] = ROW(a + i * k, b + i * k, k);                                           \
     }
 
-/* float_dot's rows: weight rows [a, b) (halves widened into buf first, a row at a time) by
- * every activation row */
+/* float_dot's rows: weight rows [a, b) (halves or bf16 widened into buf first, a row at a
+ * time) by every activation row */
 typedef struct {
-    const void *w;         /* floats (n0, k), or halves, row i0 at element i0 * ldw */
+    const void *w;         /* floats (n0, k), or halves or bf16, row i0 at element i0 * ldw */
     const float *x;        /* (n1, k) */
     float *out, *buf;      /* out (n1, n0); buf: each worker's room for a widened row */
     Py_ssize_t n0, n1, k, ldw;  /* ldw < 0: w holds floats */
-    int tiny, hw;
+    int tiny, bf16, hw;    /* bf16: w holds bf16, and the row is ggml_vec_dot_bf16's */
 } FloatJob;
 
-#define FLOAT_JOB(NAME, F16, TINY, WIDEN, ATTR)                                              \
+#define FLOAT_JOB(NAME, F16, BF16, TINY, WIDEN, ATTR)                                        \
     ATTR static void NAME(const FloatJob *j, float *buf, Py_ssize_t a, Py_ssize_t b)        \
     {                                                                                        \
         const Py_ssize_t k = j->k;                                                           \
         for (Py_ssize_t i0 = a; i0 < b; i0++) {                                              \
             const float *wr = (const float *)j->w + i0 * k;                                  \
             if (j->ldw >= 0) {                                                               \
-                WIDEN((const uint16_t *)j->w + i0 * j->ldw, buf, k);                        \
+                const uint16_t *h = (const uint16_t *)j->w + i0 * j->ldw;                    \
+                if (j->bf16)                                                                 \
+                    widen_bf16(h, buf, k);                                                   \
+                else                                                                         \
+                    WIDEN(h, buf, k);                                                        \
                 wr = buf;                                                                    \
             }                                                                                \
             for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                        \
-                j->out[i1 * j->n0 + i0] = (j->tiny ? TINY : F16)(wr, j->x + i1 * k, k);      \
+                j->out[i1 * j->n0 + i0] =                                                    \
+                    (j->tiny ? TINY : j->bf16 ? BF16 : F16)(wr, j->x + i1 * k, k);           \
         }                                                                                    \
     }
 
@@ -125,10 +154,19 @@ static void widen(const uint16_t *h, float *f, Py_ssize_t k)
         f[t] = half_to_float(h[t]);
 }
 
+/* bf16 to float: the bits are the float's top half (exact, NaNs as they are) */
+static void widen_bf16(const uint16_t *h, float *f, Py_ssize_t k)
+{
+    for (Py_ssize_t t = 0; t < k; t++) {
+        const uint32_t u = (uint32_t)h[t] << 16;
+        memcpy(f + t, &u, 4);
+    }
+}
+
 FLOAT_ROWS(, )
 ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
-FLOAT_JOB(float_rows, f16_row, tiny_row, widen, )
+FLOAT_JOB(float_rows, f16_row, bf16_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
 #define FMA __attribute__((target("fma")))
 #define F16C __attribute__((target("avx2,fma,f16c")))
@@ -146,7 +184,7 @@ F16C static inline void widen_f16c(const uint16_t *h, float *f, Py_ssize_t k)
 FLOAT_ROWS(_fma, FMA)
 ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
 ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
-FLOAT_JOB(float_rows_fma, f16_row_fma, tiny_row_fma, widen_f16c, F16C)
+FLOAT_JOB(float_rows_fma, f16_row_fma, bf16_row_fma, tiny_row_fma, widen_f16c, F16C)
 #endif
 
 static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
@@ -165,15 +203,18 @@ static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     (void)self;
-    static char *names[] = {"w", "x", "out", "n0", "n1", "k", "tiny", "ldw", "threads", NULL};
+    static char *names[] = {"w", "x", "out", "n0", "n1", "k", "tiny", "ldw", "threads", "bf16",
+                            "portable", NULL};
     Py_buffer w, x, out;
     Py_ssize_t n0, n1, k, ldw = -1;
-    int tiny, threads = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*w*nnnp|ni", names, &w, &x, &out, &n0, &n1,
-                                     &k, &tiny, &ldw, &threads))
+    int tiny, threads = 1, bf16 = 0, portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*y*w*nnnp|nipp", names, &w, &x, &out, &n0,
+                                     &n1, &k, &tiny, &ldw, &threads, &bf16, &portable))
         return NULL;
-    /* ldw >= 0: w holds halves, row i0 at element i0 * ldw (widened a row at a time) */
-    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) &&
+    /* ldw >= 0: w holds halves (bf16: bf16), row i0 at element i0 * ldw (widened a row at a
+     * time); bf16 asks for them. portable: the loop of CPUs without FMA and F16C (the same
+     * bits, tested) */
+    int ok = n0 >= 0 && n1 >= 0 && k >= 0 && (!tiny || k % 8 == 0) && (!bf16 || ldw >= 0) &&
              (ldw < 0 ? lanes_check(&w, n0 * k * 4, "w") == 0
                       : (ldw >= k && w.len >= ((n0 > 0 ? (n0 - 1) * ldw : 0) + k) * 2)) &&
              lanes_check(&x, n1 * k * 4, "x") == 0 && lanes_check(&out, n0 * n1 * 4, "out") == 0;
@@ -186,7 +227,8 @@ LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject 
         ok = 0;
     }
     if (ok) {
-        FloatJob job = {w.buf, x.buf, out.buf, buf, n0, n1, k, ldw, tiny, fma_hw()};
+        FloatJob job = {w.buf, x.buf, out.buf, buf, n0, n1, k, ldw, tiny, bf16,
+                        !portable && fma_hw()};
         Py_BEGIN_ALLOW_THREADS
         lanes_pool_run(float_job, &job, n0, parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0,
                        (int)parts);

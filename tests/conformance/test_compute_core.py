@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine.core.types import GGMLType
@@ -77,6 +78,81 @@ def test_mul_mat_f16_is_bit_exact(k):
              [Leaf(F16, (k, 9, 2)), Leaf(F32, (k, 5, 4))], 3, exact=True, seed=k)
     check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
              [Leaf(F16, (k, 7)), Leaf(F16, (k, 3))], 2, exact=True, seed=k + 1)
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+@pytest.mark.parametrize("k", [1, 5, 8, 31, 32, 33, 45, 64, 100, 384])
+def test_mul_mat_bf16_is_bit_exact(k, n_threads):
+    """Small BF16 products (src1 converted to BF16 as ggml_cpu_fp32_to_bf16 rounds, or BF16
+    already) follow ggml_vec_dot_bf16 exactly: 4 accumulators of 8 lanes over widened bf16,
+    their own reduction, the leftovers in double."""
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(BF16, (k, 9, 2)), Leaf(F32, (k, 5, 4))], n_threads, exact=True, seed=k)
+    check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+             [Leaf(BF16, (k, 7)), Leaf(BF16, (k, 3))], n_threads, exact=True, seed=k + 1)
+
+
+def test_mul_mat_bf16_fuses_as_the_oracle():
+    """ggml_vec_dot_bf16 writes a mul and an add; gcc fuses them into one fma. A product is exact
+    in float, so only one that overflows tells: 2^64 · 2^64 added to -1.5 · 2^127 is 2^126
+    fused, inf apart."""
+    w = np.zeros((2, 64), np.float32)
+    w[:, 0], w[:, 32] = -2.0 ** 127, 2.0 ** 64
+    x = np.zeros((1, 64), np.float32)
+    x[0, 0], x[0, 32] = 1.5, 2.0 ** 64
+    ours, _ = check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+                       [Leaf(BF16, (64, 2), values=w), Leaf(F32, (64, 1), values=x)], 1,
+                       exact=True)
+    from tests.support.graphs import values
+    assert values(ours).ravel().tolist() == [2.0 ** 126] * 2
+
+
+# (weights, src1) shapes: llama.cpp's build sends the first three to tinyBLAS (two or more src1
+# rows, k a multiple of 8, rows a multiple of 4), the others to ggml_vec_dot_bf16
+LLAMAFILE_CASES = [((64, 32), (64, 7)), ((256, 16, 2), (256, 5, 4)), ((40, 12), (40, 3)),
+                   ((36, 12), (36, 3)), ((64, 30), (64, 3)), ((100, 32), (100, 1))]
+
+
+def test_mul_mat_bf16_in_llama_cpps_build(tmp_path):
+    """BF16 weights by F32 src1 (converted to BF16) and by BF16 src1, computed by llama.cpp's own
+    ggml (GGML_USE_LLAMAFILE) and by the engine planned as that build: the same bits, whether
+    tinyBLAS or ggml_vec_dot_bf16 takes the product, with 1 and 3 threads."""
+    from engine.core.types import fp32_to_bf16_bits
+    from tests.support.llamacpp_ggml import MulMat, mul_mat_many
+
+    rng = np.random.default_rng(8)
+    jobs = []
+    for ne_w, ne_x in LLAMAFILE_CASES:
+        w = fp32_to_bf16_bits(rng.uniform(-1, 1, tuple(reversed(ne_w))).astype(np.float32))
+        x = rng.uniform(-1, 1, tuple(reversed(ne_x))).astype(np.float32)
+        for n_threads in (1, 3):
+            jobs.append(MulMat(int(BF16), w.view(np.uint8), ne_w, x, n_threads))
+            jobs.append(MulMat(int(BF16), w.view(np.uint8), ne_w, fp32_to_bf16_bits(x),
+                               n_threads, int(BF16)))
+    for job, theirs in zip(jobs, mul_mat_many(jobs, tmp_path)):
+        ours = _llamafile_mul_mat(job)
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32),
+                                      err_msg=f"{job.ne_w} x {job.x.shape} src1 type {job.xtype}, "
+                                              f"{job.n_threads} threads")
+
+
+def _llamafile_mul_mat(job) -> np.ndarray:
+    """The engine's ggml_mul_mat of a job, planned as llama.cpp's build plans it."""
+    from engine import ggml as eng
+    from engine.compute.plan import llamafile_build
+
+    ctx = eng.ggml_init(eng.ggml_init_params(1 << 24))
+    ne_x = tuple(reversed(job.x.shape))
+    w = getattr(eng, f"ggml_new_tensor_{len(job.ne_w)}d")(ctx, job.wtype, *job.ne_w)
+    x = getattr(eng, f"ggml_new_tensor_{len(ne_x)}d")(ctx, job.xtype, *ne_x)
+    eng.data_bytes(w)[:] = job.w.reshape(-1)
+    eng.data_bytes(x)[:] = job.x.reshape(-1).view(np.uint8)
+    out = eng.ggml_mul_mat(ctx, w, x)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, out)
+    with llamafile_build():
+        eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads)
+    return np.array(eng.to_numpy(out)).reshape([int(n) for n in reversed(out.ne)])
 
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K])

@@ -32,7 +32,7 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, float_product, quant_product, \
-    vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
+    vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -117,8 +117,8 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     - the quantized types of vecdot.EXACT_QUANT, at any size: their raw blocks are read by C
       about as fast as BLAS multiplies the dequantized rows, and a model's long prompt gives
       llama.cpp's logits only this way;
-    - F32 and F16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds (the
-      float emulation costs more than BLAS);
+    - F32, F16 and BF16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds
+      (the float emulation costs more than BLAS);
     - no other type.
 
     (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
@@ -126,14 +126,15 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
         return True
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     macs = ne00 * ne01 * n_src1_rows
-    return src0.type in (GGMLType.F32, GGMLType.F16) and ne00 <= 1024 and macs <= EXACT_MACS
+    return src0.type in _FLOAT and ne00 <= 1024 and macs <= EXACT_MACS
 
 
 def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
     """Would llamafile_sgemm (GGML_USE_LLAMAFILE, AVX2 + F16C + FMA) compute this product
     instead of ggml's vec_dot loop? For float weights: two or more src1 rows per matrix, K a
     multiple of 8, rows a multiple of 4; F32 weights only with a contiguous F32 src1 (the call
-    before the conversion), F16 weights with src1 converted to (or already) F16. Its quantized
+    before the conversion), F16 and BF16 weights with an F32 src1 converted to their type (the
+    call after it) or a contiguous src1 of their type (the call before). Its quantized
     kernels (Q8_0, Q4_0, Q5_0 by Q8_0) sum in vec_dot's order, so they need nothing of their
     own; IQ4_NL's (two or more rows of Q8_0, converted or contiguous) has one accumulator where
     ggml_vec_dot_iq4_nl_q8_0 has two (vecdot.quant_dot's `tiny`); K-quants it leaves to ggml."""
@@ -144,7 +145,8 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
         return False
     if src0.type == GGMLType.F32:
         return src1.type == GGMLType.F32 and ggml_is_contiguous(src1)
-    return src0.type == GGMLType.F16 and src1.type in (GGMLType.F32, GGMLType.F16)
+    return src0.type in (GGMLType.F16, GGMLType.BF16) and (
+        src1.type == GGMLType.F32 or (src1.type == src0.type and ggml_is_contiguous(src1)))
 
 
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
@@ -169,7 +171,7 @@ def _prepare_mul_mat(params, dst: Tensor):
     if (src0.type not in _FLOAT and src0.type not in EXACT_QUANT) or dst.type != GGMLType.F32 \
             or int(dst.nb[0]) != 4 or int(src0.nb[0]) != t0.type_size \
             or int(src1.nb[0]) != TYPE_TRAITS[src1.type].type_size \
-            or (src1.type != vdt and src1.type != GGMLType.F32) or src0.type == GGMLType.BF16 \
+            or (src1.type != vdt and src1.type != GGMLType.F32) \
             or TYPE_TRAITS[src1.type].is_quantized:
         return None
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
@@ -325,6 +327,8 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
             return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
         if src0.type == GGMLType.F16:
             return vec_dot_f16(w, to_f32(x, xtype))
+        if src0.type == GGMLType.BF16:
+            return vec_dot_bf16(w, to_f32(x, xtype))
         return vec_dot_f32(w, x)
     if quantized:
         if key not in acts:

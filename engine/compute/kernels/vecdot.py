@@ -1,6 +1,6 @@
-"""ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
-quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q2_K,
-Q3_K, IQ4_XS, Q4_K, Q5_K and Q6_K (with Q8_K activations).
+"""ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and
+the quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
+activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K and Q6_K (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -16,8 +16,12 @@ pure-numpy mode, engine/lanes.py):
   pairwise (lanes32), then the leftover elements as gcc's code does them (vector products summed
   in order, the last few by fma).
 - ggml_vec_dot_f16 (f16_row): the same lanes over halves widened to float (F16C); the leftovers
-  each rounded to float and summed in double. llamafile's tinyBLAS (tiny_row): one accumulator of
-  8 lanes, then hsum8.
+  each rounded to float and summed in double.
+- ggml_vec_dot_bf16 (bf16_row; src1 converted to bf16 first): the same 4 accumulators of 8 lanes
+  over bf16 widened to float (gcc fuses the loop's mul and add), reduced (a0 + a2) + (a1 + a3)
+  and then by hsum8; the leftovers as f16_row's.
+- llamafile's tinyBLAS (tiny_row), for F32, F16 and BF16 weights alike: one accumulator of 8
+  lanes, then hsum8.
 - ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact
   integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
 - ggml_vec_dot_iq4_nl_q8_0: the same lanes of kvalues_iq4nl[nibble] (ggml's mul_add_epi8, whose
@@ -49,7 +53,8 @@ from engine.lanes import lanes, twin
 from engine.quants.common import KVALUES_IQ4NL, bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
 from engine.quants.kquants import q3_k_scales
 from engine.quants.legacy import nibbles_with_qh
-from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32
+from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, \
+    fp16_bits_to_fp32
 
 F32, F64 = np.float32, np.float64
 EPR, ARR = 8, 4  # AVX2: floats per vector, accumulators per step (GGML_F32_STEP = 32)
@@ -67,16 +72,22 @@ def hsum8(acc: np.ndarray) -> np.ndarray:
     return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
 
 
-def lanes32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The GGML_F32_VEC loop of ggml_vec_dot_f32 over the last axis (a multiple of 32; the leading
-    axes broadcast): 4 accumulators of 8 lanes, acc += a·b fused per lane, then GGML_F32x8_REDUCE
-    (acc0+acc2, acc1+acc3, their sum, low + high half, two horizontal adds) -> float32 (...)."""
+def acc32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The SIMD loop of ggml_vec_dot_f32 (and _f16, _bf16) over the last axis (a multiple of 32;
+    the leading axes broadcast): 4 accumulators of 8 lanes, acc += a·b fused per lane, reduced
+    (acc0 + acc2) + (acc1 + acc3) -> float32 (..., 8)."""
     shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
     acc = np.zeros((*shape, ARR, EPR), F32)  # accumulator j, lane l: elements 32s + 8j + l
     for i in range(0, a.shape[-1], STEP):  # the 4 accumulators' fmas of a step at once
         acc = fmaf(a[..., i:i + STEP].reshape(*a.shape[:-1], ARR, EPR),
                    b[..., i:i + STEP].reshape(*b.shape[:-1], ARR, EPR), acc)
-    v = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+    return (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+
+
+def lanes32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The GGML_F32_VEC loop of ggml_vec_dot_f32 over the last axis (a multiple of 32): acc32,
+    then the rest of GGML_F32x8_REDUCE (low + high half, two horizontal adds) -> float32 (...)."""
+    v = acc32(a, b)
     t0 = v[..., :4] + v[..., 4:]
     return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
 
@@ -104,6 +115,18 @@ def f16_row(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = a.shape[-1]
     n32 = k & ~(STEP - 1)
     sumf = lanes32(a[..., :n32], b[..., :n32]).astype(F64)
+    for i in range(n32, k):
+        sumf = sumf + (a[..., i] * b[..., i]).astype(F64)
+    return sumf.astype(F32)
+
+
+def bf16_row(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_bf16 (AVX2 build) over the last axis, bf16 widened to float: acc32 over the
+    first k & ~31 elements, its 8 lanes summed by hsum8 (ggml's _mm256 to _mm_ shuffles), then
+    the leftovers as f16_row's: each product rounded to float, added in double."""
+    k = a.shape[-1]
+    n32 = k & ~(STEP - 1)
+    sumf = hsum8(acc32(a[..., :n32], b[..., :n32])).astype(F64)
     for i in range(n32, k):
         sumf = sumf + (a[..., i] * b[..., i]).astype(F64)
     return sumf.astype(F32)
@@ -139,17 +162,21 @@ def _all_pairs(row: Callable, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> 
 
 @twin("float_dot")
 def float_dot(w, x, out, n0: int, n1: int, k: int, tiny: bool, ldw: int = -1,
-              threads: int = 1) -> None:
-    """engine._lanes.float_dot: out (n1, n0) float32 = ggml_vec_dot_f16 (f16_row; tiny:
-    tinyBLAS, tiny_row) of row i0 of w (n0, k) and row i1 of x (n1, k). ldw >= 0: w holds
-    halves, row i0 at element i0 * ldw, widened to float first. (`threads`: how many threads
-    the C loop shares the rows out to; here one does them all, the same bits.)"""
+              threads: int = 1, bf16: bool = False, portable: bool = False) -> None:
+    """engine._lanes.float_dot: out (n1, n0) float32 = ggml_vec_dot_f16 (f16_row; bf16:
+    ggml_vec_dot_bf16, bf16_row; tiny: tinyBLAS, tiny_row) of row i0 of w (n0, k) and row i1 of
+    x (n1, k). ldw >= 0: w holds halves (bf16: bf16, which asks for ldw >= 0), row i0 at element
+    i0 * ldw, widened to float first. (`threads`: how many threads the C loop shares the rows
+    out to, `portable`: its loop for CPUs without FMA; here one does them all, the same bits.)"""
+    if bf16 and ldw < 0:
+        raise ValueError("_lanes: bad sizes")
     if ldw < 0:
         wf = np.frombuffer(w, F32).reshape(n0, k)
     else:
-        wf = fp16_bits_to_fp32(_rows(w, np.uint16, n0, ldw, k))
-    _all_pairs(tiny_row if tiny else f16_row, wf, np.frombuffer(x, F32).reshape(n1, k),
-               np.frombuffer(out, F32).reshape(n1, n0))
+        widen = bf16_bits_to_fp32 if bf16 else fp16_bits_to_fp32
+        wf = widen(_rows(w, np.uint16, n0, ldw, k))
+    row = tiny_row if tiny else bf16_row if bf16 else f16_row
+    _all_pairs(row, wf, np.frombuffer(x, F32).reshape(n1, k), np.frombuffer(out, F32).reshape(n1, n0))
 
 
 @twin("dot_f32")
@@ -175,6 +202,18 @@ def vec_dot_f16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return _float_dot(w, x, False)
 
 
+def vec_dot_bf16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml_vec_dot_bf16(K, w row, x row) for every pair: w (n0, K) bf16 bits (uint16), x (n1, K)
+    bf16 values as float32 (src1 after ggml_cpu_fp32_to_bf16) -> (n1, n0).
+
+    The AVX2 build widens each 8 bf16 to floats (a shift) into 4 accumulators, their mul and
+    add fused by gcc into one fma (each product is exact in float anyway: what the fusion
+    changes is where a product overflows or underflows); reduced (c1 + c3) + (c2 + c4), then
+    hi + lo and two shuffled adds, into a double; the leftovers added in double, each product
+    rounded to float first."""
+    return _float_dot(w, x, False)
+
+
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
     """lanes.float_dot (engine/_lanes_float.c, or the twin float_dot): every pair's product,
     (n1, n0) float32."""
@@ -185,12 +224,15 @@ def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
 
 def float_product(w: np.ndarray, out: np.ndarray, tiny: bool, threads: int = 1
                   ) -> Callable[[np.ndarray], None]:
-    """_float_dot laid out once, ready to run on x (floats): out (n1, n0). Half weights whose
-    rows are contiguous (a KV cache's view) go as they lie: the loop widens them, row stride and
-    all; other weights are widened to float32 when it runs."""
+    """_float_dot laid out once, ready to run on x (floats): out (n1, n0). w: floats, halves
+    (float16), or bf16 bits (uint16: BF16 weights, ggml_vec_dot_bf16's row). Half or bf16 weights
+    whose rows are contiguous (a KV cache's view) go as they lie: the loop widens them, row
+    stride and all; other bf16 weights are packed, other weights widened to float32, when it
+    runs."""
     n0, k = w.shape
-    halves = w.dtype == np.float16 and n0 and w.strides[1] == 2 and w.strides[0] % 2 == 0 \
-        and w.strides[0] >= 2 * k
+    bf16 = w.dtype == NUMPY_DTYPE[GGMLType.BF16]
+    halves = (w.dtype == np.float16 or bf16) and n0 and w.strides[1] == 2 \
+        and w.strides[0] % 2 == 0 and w.strides[0] >= 2 * k
     if halves:
         ld = w.strides[0] // 2
         span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
@@ -200,7 +242,10 @@ def float_product(w: np.ndarray, out: np.ndarray, tiny: bool, threads: int = 1
     def run(x: np.ndarray) -> None:
         x = np.ascontiguousarray(x, F32)
         if halves:
-            written(out, lambda res: dot(span, x, res, n0, len(x), k, tiny, ld, threads))
+            written(out, lambda res: dot(span, x, res, n0, len(x), k, tiny, ld, threads, bf16))
+        elif bf16:
+            packed = np.ascontiguousarray(w)
+            written(out, lambda res: dot(packed, x, res, n0, len(x), k, tiny, k, threads, True))
         else:
             wf = np.ascontiguousarray(w, F32)
             written(out, lambda res: dot(wf, x, res, n0, len(x), k, tiny, -1, threads))
@@ -228,7 +273,8 @@ def f32_product(w: np.ndarray, out: np.ndarray) -> Callable[[np.ndarray], None]:
 
 def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """llamafile's tinyBLAS (AVX2, FMA) for every pair: w (n0, K), x (n1, K) float values (F32,
-    or F16 widened), K a multiple of 8 -> (n1, n0). One 8-lane accumulator per output, an fma
+    F16 or BF16 widened; w may be float16, or bf16 bits as uint16), K a multiple of 8 ->
+    (n1, n0). One 8-lane accumulator per output, an fma
     per 8 elements along K, then the same horizontal sum as hsum_float_8."""
     return _float_dot(w, x, True)
 

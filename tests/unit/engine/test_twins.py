@@ -23,7 +23,7 @@ import engine.quants  # noqa: F401 (registers the block converters' twins)
 from engine import libm
 from engine.compute.kernels.floatmath import fmaf, fmaf_steps
 from engine.lanes import NAMES, TWINS, compiled
-from engine.core.types import GGMLType, fp32_to_fp16_bits
+from engine.core.types import GGMLType, bf16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 F32 = np.float32
 C = compiled()
@@ -196,6 +196,48 @@ def test_float_dot(tiny: bool, wild: bool):
         assert_same_bits(c, t, f"float_dot halves tiny={tiny} k={k} ldw={ldw}")
 
 
+def bf16s(rng: np.random.Generator, shape, wild: bool) -> np.ndarray:
+    """bf16 bit patterns (uint16) of ordinary values (rounded as ggml rounds); wild: in each row,
+    at a rate of its own, any 16 bits (NaN payloads, infinities, subnormals, huge values)."""
+    shape = tuple(np.atleast_1d(shape))
+    h = fp32_to_bf16_bits(ordinary_floats(rng, int(np.prod(shape)))).reshape(shape)
+    if wild:
+        bits = rng.integers(0, 1 << 16, shape, dtype=np.uint32).astype(np.uint16)
+        rate = rng.choice([0.0, 0.01, 0.05, 0.5, 1.0], (*shape[:-1], 1))
+        h = np.where(rng.random(shape) < rate, bits, h)
+    return h
+
+
+@pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
+@pytest.mark.parametrize("tiny", [False, True], ids=["bf16", "tiny"])
+def test_float_dot_bf16(tiny: bool, wild: bool):
+    """bf16 weights whose rows lie ldw >= k elements apart (ggml_vec_dot_bf16's row, or
+    tinyBLAS's) by activations that are bf16 values (src1 converted) or any floats: every pair,
+    the vector loop and the portable one (CPUs without FMA) both the twin's bits."""
+    rng = np.random.default_rng([tiny, wild, 5])
+    for k in (8, 16, 32, 64, 96, 264) if tiny else K_VALUES:
+        n0, n1 = 9, 7
+        for ldw in (k, k + 3):
+            w = bf16s(rng, (n0, ldw), wild).reshape(-1)[:(n0 - 1) * ldw + k]
+            x = bf16_bits_to_fp32(bf16s(rng, (n1, k), wild))
+            if ldw > k:  # any floats too
+                x = float_rows(rng, n1, k, wild)
+            args = (w, x, OUT, n0, n1, k, tiny, ldw)
+            c, t = run_both("float_dot", args + (1, True), n0 * n1)
+            assert_same_bits(c, t, f"float_dot bf16 tiny={tiny} k={k} ldw={ldw}")
+            p = run_c("float_dot", args, n0 * n1, bf16=True, portable=True)
+            assert_same_bits(p, t, f"float_dot bf16 portable tiny={tiny} k={k} ldw={ldw}")
+
+
+def test_float_dot_bf16_needs_rows():
+    """bf16 weights come as bits with a row stride (ldw >= 0): asked without one, both sides
+    refuse."""
+    for fn in (C.float_dot, TWINS["float_dot"]):
+        with pytest.raises(ValueError):
+            fn(np.zeros(8, np.uint16), np.zeros(8, F32), np.zeros(1, F32), 1, 1, 8, False,
+               bf16=True)
+
+
 @pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
 def test_dot_f32(wild: bool):
     """Every pair of rows, and rows paired one to one (pairs=True)."""
@@ -261,26 +303,28 @@ def test_quant_dot_threads(type_: GGMLType, wild: bool):
     assert pool_workers() >= max(THREADS) - 1
 
 
-@pytest.mark.parametrize("halves_", [False, True], ids=["f32", "f16"])
+@pytest.mark.parametrize("weights", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("tiny", [False, True], ids=["f16", "tiny"])
-def test_float_dot_threads(tiny: bool, halves_: bool):
+def test_float_dot_threads(tiny: bool, weights: str):
     """float_dot's weight rows shared out between 2, 3 and 7 threads: one thread's bytes, the
     twin's bits; also 3 rows for 7 threads, and threads by keyword."""
-    rng = np.random.default_rng([tiny, halves_, 12])
+    rng = np.random.default_rng([tiny, ("f32", "f16", "bf16").index(weights), 12])
     for n0, n1, k in ((301, 3, 2048), (3, 64, 4096), (67, 2, 4096 if tiny else 4101)):
         x = float_rows(rng, n1, k, True)
-        if halves_:
-            ldw = k + 5
-            w = halves(rng, (n0, ldw), True).reshape(-1)[:(n0 - 1) * ldw + k]
-            args = (w, x, OUT, n0, n1, k, tiny, ldw)
-        else:
+        kw = {"bf16": True} if weights == "bf16" else {}
+        if weights == "f32":
             args = (float_rows(rng, n0, k, True), x, OUT, n0, n1, k, tiny)
-        one = run_c("float_dot", args, n0 * n1)
+        else:
+            ldw = k + 5
+            bits = bf16s if weights == "bf16" else halves
+            w = bits(rng, (n0, ldw), True).reshape(-1)[:(n0 - 1) * ldw + k]
+            args = (w, x, OUT, n0, n1, k, tiny, ldw)
+        one = run_c("float_dot", args, n0 * n1, **kw)
         for threads in THREADS:
-            many = run_c("float_dot", args, n0 * n1, threads=threads)
+            many = run_c("float_dot", args, n0 * n1, threads=threads, **kw)
             assert one.tobytes() == many.tobytes(), f"float_dot {n0}x{n1}x{k} {threads}"
-        c, t = run_both("float_dot", args, n0 * n1)
-        assert_same_bits(c, t, f"float_dot {n0}x{n1}x{k}")
+        c, t = run_both("float_dot", args + ((1, True) if kw else ()), n0 * n1)
+        assert_same_bits(c, t, f"float_dot {weights} {n0}x{n1}x{k}")
     assert pool_workers() >= max(THREADS) - 1
 
 
