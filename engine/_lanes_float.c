@@ -1,6 +1,7 @@
-/* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32, _f16,
- * _bf16 and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max and norm rows, and fmaf
- * over whole buffers; most also built for the FMA instruction, picked where the CPU has it. */
+/* engine._lanes (_lanes.c): the float loops, the dot products of mul_mat (ggml_vec_dot_f32,
+ * _f16, _bf16 and llamafile's tinyBLAS), ggml_v_expf and ggml_v_silu, the soft_max and norm
+ * rows, and fmaf over whole buffers; most also built for the FMA instruction, picked where the
+ * CPU has it. */
 #include "_lanes.h"
 
 #ifdef HAVE_FMA_TARGET

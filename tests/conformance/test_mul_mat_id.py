@@ -31,12 +31,13 @@ def mmid(g, ctx, as_, b, ids):
 
 
 # (expert type, cols, rows, n_expert, n_ids, n_b, n_tokens, NMSE bound)
-# exact vec_dot emulation (F32, F16, vecdot.EXACT_QUANT) must give ggml's bits;
+# exact vec_dot emulation (F32, F16, BF16, vecdot.EXACT_QUANT) must give ggml's bits;
 # other quantized types are BLAS products within test-backend-ops' mul_mat bound (5e-4)
 CASES = [
     (F32, 64, 20, 4, 2, 2, 5, 0.0),
     (F32, 32, 16, 6, 3, 1, 7, 0.0),   # one input row broadcast to every expert slot
     (F16, 64, 20, 4, 2, 2, 3, 0.0),
+    (T.BF16, 72, 12, 4, 2, 2, 3, 0.0),
     (T.Q4_0, 64, 24, 4, 2, 1, 6, 0.0),
     (T.Q8_0, 96, 17, 5, 2, 2, 4, 0.0),
     (T.Q5_0, 64, 8, 3, 2, 2, 3, 0.0),

@@ -46,7 +46,7 @@ def exact_types() -> tuple[GGMLType, ...]:
     from engine.compute.kernels.vecdot import EXACT_QUANT
 
     return tuple(t for t in WEIGHT_TYPES
-                 if t in EXACT_QUANT or t in (GGMLType.F32, GGMLType.F16))
+                 if t in EXACT_QUANT or t in (GGMLType.F32, GGMLType.F16, GGMLType.BF16))
 
 
 def quantize_rows(type_: GGMLType, rows: np.ndarray) -> np.ndarray:

@@ -18,9 +18,11 @@ which is what the trace shows as each thread's share (the values are already in 
 
     dst[i, j, k, l] = Σ_t src0[t, i, k / r2, l / r3] · src1[t, j, k, l]     (r2 = ne12/ne02, ...)
 
-Numerics: which products emulate ggml's vec_dot operation by operation (ggml's bits on every CPU)
-and which are BLAS products (ggml's result to rounding, their last bits the CPU's BLAS kernel's)
-is emulates_vec_dot's rule, stated there; the trace marks the BLAS nodes.
+Numerics: which products emulate ggml's vec_dot operation by operation (ggml's bits on every CPU:
+F32, F16 and BF16 weights, and the quantized types of vecdot.EXACT_QUANT, within the sizes it
+sets; in llama.cpp's build, float weights that llamafile_takes by tinyBLAS's order) and which
+are BLAS products (ggml's result to rounding, their last bits the CPU's BLAS kernel's) is
+emulates_vec_dot's rule, stated there; the trace marks the BLAS nodes.
 """
 
 from __future__ import annotations

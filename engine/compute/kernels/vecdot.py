@@ -176,7 +176,8 @@ def float_dot(w, x, out, n0: int, n1: int, k: int, tiny: bool, ldw: int = -1,
         widen = bf16_bits_to_fp32 if bf16 else fp16_bits_to_fp32
         wf = widen(_rows(w, np.uint16, n0, ldw, k))
     row = tiny_row if tiny else bf16_row if bf16 else f16_row
-    _all_pairs(row, wf, np.frombuffer(x, F32).reshape(n1, k), np.frombuffer(out, F32).reshape(n1, n0))
+    _all_pairs(row, wf, np.frombuffer(x, F32).reshape(n1, k),
+               np.frombuffer(out, F32).reshape(n1, n0))
 
 
 @twin("dot_f32")
