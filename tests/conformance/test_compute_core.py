@@ -116,7 +116,8 @@ LLAMAFILE_CASES = [((64, 32), (64, 7)), ((256, 16, 2), (256, 5, 4)), ((40, 12), 
 def test_mul_mat_bf16_in_llama_cpps_build(tmp_path):
     """BF16 weights by F32 src1 (converted to BF16) and by BF16 src1, computed by llama.cpp's own
     ggml (GGML_USE_LLAMAFILE) and by the engine planned as that build: the same bits, whether
-    tinyBLAS or ggml_vec_dot_bf16 takes the product, with 1 and 3 threads."""
+    tinyBLAS or ggml_vec_dot_bf16 takes the product, with 1 and 3 threads, on the engine's
+    prepared path (unwatched) and on its general one (watched, thread by thread)."""
     from engine.core.types import fp32_to_bf16_bits
     from tests.support.llamacpp_ggml import MulMat, mul_mat_many
 
@@ -130,14 +131,17 @@ def test_mul_mat_bf16_in_llama_cpps_build(tmp_path):
             jobs.append(MulMat(int(BF16), w.view(np.uint8), ne_w, fp32_to_bf16_bits(x),
                                n_threads, int(BF16)))
     for job, theirs in zip(jobs, mul_mat_many(jobs, tmp_path)):
-        ours = _llamafile_mul_mat(job)
-        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32),
-                                      err_msg=f"{job.ne_w} x {job.x.shape} src1 type {job.xtype}, "
-                                              f"{job.n_threads} threads")
+        for watched in (False, True):
+            ours = _llamafile_mul_mat(job, watched)
+            np.testing.assert_array_equal(
+                ours.view(np.uint32), theirs.view(np.uint32),
+                err_msg=f"{job.ne_w} x {job.x.shape} src1 type {job.xtype}, {job.n_threads} "
+                        f"threads, watched={watched}")
 
 
-def _llamafile_mul_mat(job) -> np.ndarray:
-    """The engine's ggml_mul_mat of a job, planned as llama.cpp's build plans it."""
+def _llamafile_mul_mat(job, watched: bool) -> np.ndarray:
+    """The engine's ggml_mul_mat of a job, planned as llama.cpp's build plans it; watched: with
+    an observer, which takes the kernels' general path."""
     from engine import ggml as eng
     from engine.compute.plan import llamafile_build
 
@@ -150,8 +154,9 @@ def _llamafile_mul_mat(job) -> np.ndarray:
     out = eng.ggml_mul_mat(ctx, w, x)
     gf = eng.ggml_new_graph(ctx)
     eng.ggml_build_forward_expand(gf, out)
+    observer = (lambda node, ask, shares: True) if watched else None
     with llamafile_build():
-        eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads)
+        assert eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads, observer) == 0
     return np.array(eng.to_numpy(out)).reshape([int(n) for n in reversed(out.ne)])
 
 
