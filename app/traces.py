@@ -190,21 +190,25 @@ class TraceCache:
     def program_key(digest: str, threads: int) -> Recipe:
         return Recipe(PROGRAM_PREFIX + digest, _threads(threads))
 
-    def _inputs(self, recipe: Recipe) -> dict:
-        """The keyword inputs the recipe gives its walkthrough's run(): the input file's path
-        (its stored file, else the walkthrough's fixture or the bundled model), the prompt, the
-        appended tokens."""
+    def input_path(self, recipe: Recipe) -> Path | None:
+        """The file the recipe's walkthrough reads: its stored file, else the walkthrough's
+        fixture or the bundled model (None: it reads none)."""
         prog = PROGRAMS[recipe.name]
-        path: Path | None = None
         if recipe.file is not None:
             path = self.uploads.path(recipe.file) if self.uploads is not None else None
             if path is None:
                 raise ValueError(_("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
                                    "first.").format(file=recipe.file))
-        elif prog.reads and self.fixtures_dir is not None:
-            path = self.fixtures_dir / prog.reads
-        elif prog.model:
-            path = self.model_path
+            return path
+        if prog.reads and self.fixtures_dir is not None:
+            return self.fixtures_dir / prog.reads
+        return self.model_path if prog.model else None
+
+    def _inputs(self, recipe: Recipe) -> dict:
+        """The keyword inputs the recipe gives its walkthrough's run(): the input file's path
+        (its stored file, else the walkthrough's fixture or the bundled model), the prompt, the
+        appended tokens."""
+        path = self.input_path(recipe)
         out: dict = {"path": str(path)} if path is not None else {}
         if recipe.prompt is not None:
             out["prompt"] = recipe.prompt

@@ -6,6 +6,7 @@ reads a route's parameters into its `Where`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
@@ -25,6 +26,7 @@ from app.views.debugger.kernel import kernel
 from app.views.debugger.nav import nav
 from app.views.debugger.accountant import accounts
 from app.views.debugger.answer import answer_view
+from app.views.debugger.chat import MESSAGE_CHARS, SYSTEM_CHARS, chat_prompt, chat_view
 from app.views.debugger.buffers import buffers
 from app.views.debugger.plan import plan_view
 from app.views.debugger.returned import returned
@@ -46,7 +48,8 @@ from engine.trace import State, Step, Trace
 
 router = APIRouter()
 IMMUTABLE = "public, max-age=31536000, immutable"
-Prompt = Annotated[str | None, Query(max_length=400, description="the prompt a model reads")]
+PROMPT_CHARS = 400
+Prompt = Annotated[str | None, Query(max_length=PROMPT_CHARS, description="the prompt a model reads")]
 Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
                                    description="token ids appended after the prompt")]
 TensorKey = Annotated[str | None, Query(pattern=r"^\d+\.\d+$", description="the selected tensor")]
@@ -220,8 +223,9 @@ Graph = Annotated[G.GraphView | None, Depends(_graph)]
 
 
 def step_model(stop: Stop, graph: G.GraphView | None, playground: bool, tp: int | None = None,
-               tq: str = "") -> dict[str, Any]:
-    """Every panel's view-model at one step (`tp`, `tq`: the tensor list's page and filter)."""
+               tq: str = "", path: FilePath | None = None) -> dict[str, Any]:
+    """Every panel's view-model at one step (`tp`, `tq`: the tensor list's page and filter;
+    `path`: the file the walkthrough reads, for its chat template)."""
     where, trace, step, state, sel = stop.where, stop.trace, stop.step, stop.state, stop.selected
     shares = threads(trace, step)
     return {
@@ -235,6 +239,7 @@ def step_model(stop: Stop, graph: G.GraphView | None, playground: bool, tp: int 
         "threads": shares, "kernel": kernel(step, state, where, shares.shares), "graph": graph,
         "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
         "steps": steps_view(trace, where), "answer": answer_view(trace, where),
+        "chat": chat_view(trace, where, path),
         "training": training_view(trace),
     }
 
@@ -243,11 +248,14 @@ def step_model(stop: Stop, graph: G.GraphView | None, playground: bool, tp: int 
 
 @router.get(DEBUGGER + "/steps/{n}", response_class=HTMLResponse)
 def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs: Programs,
-              tp: ListPage = None, tq: ListFilter = "") -> HTMLResponse:
+              cache: Traces, store: Store, tp: ListPage = None, tq: ListFilter = "") -> HTMLResponse:
     """The debugger at step n: the page, or for htmx only the debugger's root (the graph's SVG
     is inlined in a page when it is drawn already or quick to draw, else the page loads it; an
     htmx swap keeps the one on the page while its key is the same)."""
-    model = step_model(stop, graph, programs is not None, tp, tq)
+    where = stop.where
+    path = None if where.is_program or PROGRAMS[where.name].prompt is None else \
+        cache.input_path(_recipe(cache, store, where))
+    model = step_model(stop, graph, programs is not None, tp, tq, path)
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     model["graph_svg"] = None
@@ -260,6 +268,27 @@ def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs
     if htmx:  # the address bar shows the step shown, however it was asked for (keys, the scrubber)
         response.headers["HX-Push-Url"] = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     return response
+
+
+@router.get("/walkthroughs/{name}/chat")
+def chat(where: Walkthrough, cache: Traces, store: Store,
+         message: Annotated[str, Query(min_length=1, max_length=MESSAGE_CHARS)],
+         system: Annotated[str, Query(max_length=SYSTEM_CHARS)] = "") -> RedirectResponse:
+    """The Chat tab's form: the conversation rendered by the file's chat template becomes the
+    walkthrough's prompt (422 when the file stores none, or the prompt is too long)."""
+    from engine.models.common import ModelError
+
+    try:
+        path = cache.input_path(_recipe(cache, store, where))
+        if path is None:
+            raise ValueError(_("'{name}' reads no model file").format(name=where.name))
+        prompt = chat_prompt(path, message, system)
+    except (ValueError, ModelError) as e:
+        raise HTTPException(422, str(e)) from None
+    if len(prompt) > PROMPT_CHARS:
+        raise HTTPException(422, _("The conversation renders to {n} characters; a prompt holds {limit}.").format(
+            n=len(prompt), limit=PROMPT_CHARS))
+    return RedirectResponse(replace(where, prompt=prompt, then=None).url(), status_code=303)
 
 
 @router.get(DEBUGGER + "/steps/{n}/tensors", response_class=HTMLResponse)

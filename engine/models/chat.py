@@ -17,42 +17,47 @@ from .common import ModelError
 
 
 class ChatTemplate:
-    def __init__(self, model, source: str) -> None:
-        self.model = model
+    """A file's chat template with the tokenizer that reads what it renders."""
+
+    def __init__(self, path, source: str, tokenizer) -> None:
+        self.path, self.tokenizer = path, tokenizer
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         try:
             self.template = env.from_string(source)
         except TemplateError as e:
-            raise ModelError(f"{model.file.path}: tokenizer.chat_template does not parse: {e}")
+            raise ModelError(f"{path}: tokenizer.chat_template does not parse: {e}")
 
     @classmethod
     def of(cls, model) -> ChatTemplate:
         """The template the model's file stores; an error naming the key when there is none."""
-        source = model.file.reader.get("tokenizer.chat_template")
+        return cls.of_file(model.file, model.tokenizer)
+
+    @classmethod
+    def of_file(cls, meta, tokenizer) -> ChatTemplate:
+        """The template a file stores (`meta`: its ModelMeta or ModelFile), read by `tokenizer`."""
+        source = meta.reader.get("tokenizer.chat_template")
         if not isinstance(source, str):
-            raise ModelError(f"{model.file.path}: the file stores no chat template (key "
+            raise ModelError(f"{meta.path}: the file stores no chat template (key "
                              "'tokenizer.chat_template'); use `ggml-lens generate` with a prompt")
-        if model.tokenizer is None:
-            raise ModelError(f"{model.file.path}: its tokenizer is not built here, so its chat "
+        if tokenizer is None:
+            raise ModelError(f"{meta.path}: its tokenizer is not built here, so its chat "
                              "template cannot be tokenized")
-        return cls(model, source)
+        return cls(meta.path, source, tokenizer)
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        tok = self.model.tokenizer
+        tok = self.tokenizer
         try:
             return self.template.render(messages=messages,
                                         add_generation_prompt=add_generation_prompt,
                                         bos_token=tok.tokens[tok.bos_id],
                                         eos_token=tok.tokens[tok.eos_id])
         except TemplateError as e:
-            raise ModelError(f"{self.model.file.path}: the chat template failed: {e}") from None
+            raise ModelError(f"{self.path}: the chat template failed: {e}") from None
 
     def tokens(self, messages: list[dict]) -> list[int]:
-        tok = self.model.tokenizer
-        text = self.render(messages)
-        starts_with_bos = text.startswith(tok.tokens[tok.bos_id])
-        return tok.encode(text, add_special=not starts_with_bos, parse_special=True)
+        """The conversation's token ids, as llama.cpp reads a rendered chat."""
+        return self.tokenizer.encode_prompt(self.render(messages))
 
 
 def _raise(message: str):

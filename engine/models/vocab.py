@@ -116,6 +116,14 @@ class Pieces:
     def decode(self, tokens: list[int], special: bool = False) -> str:
         return b"".join(self.piece(t, special) for t in tokens).decode("utf-8", "replace")
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as a chat's is read: special tokens parsed (`<start_of_turn>` is one token),
+        BOS added when the vocabulary asks for it and the text does not start with it already
+        (a chat template writes it itself)."""
+        bos = getattr(self, "bos_id", None)
+        starts = bos is not None and text.startswith(self.tokens[bos])
+        return self.encode(text, add_special=not starts, parse_special=True)
+
 
 def token_texts(f) -> list[str]:
     """tokenizer.ggml.tokens, an empty token spelled '[EMPTY_<id>]' as llama.cpp names it."""

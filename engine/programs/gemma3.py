@@ -43,7 +43,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         then: tuple[int, ...] = ()) -> dict:
     path = path or bundled_model_path()  # the bundled model by default
     vocab = tokenizer(path)
-    ids = vocab.encode(prompt)  # <bos> and the prompt's pieces
+    ids = vocab.encode_prompt(prompt)  # <bos> and its pieces (special tokens read as in a chat)
     if not 1 <= len(ids) + len(then) <= N_CELLS:
         raise ValueError(f"prompt and appended tokens must fit {N_CELLS} cells")
     if any(not 0 <= t < len(vocab.tokens) for t in then):

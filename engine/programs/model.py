@@ -25,7 +25,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
     model = load_model(path or bundled_model_path(), n_ctx=N_CTX)
     if model.tokenizer is None:
         raise ValueError("this file's vocabulary has no tokenizer built here: it cannot read text")
-    ids = model.encode(prompt)
+    ids = model.tokenizer.encode_prompt(prompt)  # special tokens read as in a chat
     n_vocab = model.hp.n_vocab
     if not 1 <= len(ids) + len(then) <= N_CTX:
         raise ValueError(f"prompt and appended tokens must fit {N_CTX} cells")

@@ -1,6 +1,7 @@
 """A Llama 3 file in Debian's chromium: "Run it" in the inspector opens the model walkthrough, whose
 steps are the engine's builder's own calls (engine/models/llama.py, decoder.py, common.py), each
-shown in its file at its line; the next token's odds and "append" work as for Gemma."""
+shown in its file at its line; the next token's odds and "append" work as for Gemma; the Chat tab
+turns a message into the prompt the file's chat template renders."""
 
 from __future__ import annotations
 
@@ -24,9 +25,17 @@ RECORD_MS = 120_000  # a first visit records the trace
 def llama3(tmp_path_factory):
     """A models folder holding a Llama 3 file: llama.cpp's llama-bpe vocabulary (byte-level BPE,
     128,256 tokens), 2 layers of random Q4_K weights."""
+    from engine.gguf.api import gguf_free, gguf_init_from_file, gguf_set_val_str, gguf_write_to_file
+    from tests.api.routes.test_models_dir import LLAMA3_CHAT
+
     mine = tmp_path_factory.mktemp("my-models")
     vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
-    write_tiny_llama(mine / "llama3-tiny.gguf", GGMLType.Q4_K, vocab=vocab)
+    write_tiny_llama(mine / "plain.gguf", GGMLType.Q4_K, vocab=vocab)
+    g = gguf_init_from_file(mine / "plain.gguf")
+    gguf_set_val_str(g, "tokenizer.chat_template", LLAMA3_CHAT)  # (a Llama 3 chat template)
+    gguf_write_to_file(g, mine / "llama3-tiny.gguf")
+    gguf_free(g)
+    (mine / "plain.gguf").unlink()
     with serving(Settings(data_dir=tmp_path_factory.mktemp("data"), models_dir=mine)) as url:
         yield url, mine / "llama3-tiny.gguf"
 
@@ -62,3 +71,15 @@ def test_run_it_steps_through_the_llama_builder(page: Page, llama3, screenshot_d
     table.locator("tr").first.get_by_role("link", name="append").click()
     expect(page).to_have_url(re.compile(r"/steps/0\?.*then=\d+"), timeout=RECORD_MS)
     expect(page.locator("#answer code.tok.appended")).to_have_text(first)
+
+    page.get_by_role("tab", name="Chat").click()
+    chat = page.locator("#chat")
+    expect(chat).to_contain_text("tokenizer.chat_template")
+    chat.get_by_label("Your message").fill("What is a tensor?")
+    chat.get_by_role("button", name="Send").click()
+    expect(page).to_have_url(re.compile(r"/steps/0\?.*prompt=.*start_header_id"), timeout=RECORD_MS)
+    expect(page.locator("#answer .tokens")).to_contain_text("<|start_header_id|>")
+    expect(page.locator("#answer .tokens")).to_contain_text("assistant")
+    page.get_by_role("tab", name="Chat").click()
+    page.screenshot(path=str(screenshot_dir / "model-chat.png"))
+

@@ -162,3 +162,53 @@ def test_a_llama_3_file_steps_through_its_builder(client: TestClient, models: Pa
     finally:
         (models / "llama3.gguf").unlink()
 
+
+
+LLAMA3_CHAT = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+               "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>"
+               "\\n\\n' }}{% endif %}")
+
+
+def test_the_chat_tab_runs_a_conversation(client: TestClient, models: Path, tmp_path: Path) -> None:
+    """A Llama 3 file with its chat template: the Chat tab's message becomes the prompt the
+    template renders, read into the tokens llama.cpp's own chat formatting gives; the tokens
+    appended after it are the reply so far."""
+    from engine.core.types import GGMLType
+    from engine.gguf.api import gguf_free, gguf_init_from_file, gguf_set_val_str, gguf_write_to_file
+    from engine.models import load_model
+    from engine.programs import trace_program
+    from tests.conformance.test_models import write_tiny_llama
+    from tests.support.llamacpp_run import ask
+    from tests.support.vocab import vocab_files
+
+    vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
+    plain = tmp_path / "plain.gguf"
+    write_tiny_llama(plain, GGMLType.Q8_0, vocab=vocab)
+    g = gguf_init_from_file(plain)
+    gguf_set_val_str(g, "tokenizer.chat_template", LLAMA3_CHAT)
+    gguf_write_to_file(g, models / "llama3-chat.gguf")
+    gguf_free(g)
+    try:
+        digest = _links(client)["llama3-chat.gguf"].rsplit("/", 1)[1]
+        page = client.get(f"/walkthroughs/model/steps/0?file={digest}").text
+        assert 'id="chat"' in page and "tokenizer.chat_template" in page
+        r = client.get(f"/walkthroughs/model/chat?file={digest}&message=Hi there&system=Be brief",
+                       follow_redirects=False)
+        assert r.status_code == 303
+        first = client.get(r.headers["location"])
+        assert first.status_code == 200
+        prompt = first.url.params["prompt"]
+        msgs = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi there"}]
+        theirs = ask(models / "llama3-chat.gguf", {"chat": msgs, "template": LLAMA3_CHAT}, 2)
+        tok = load_model(models / "llama3-chat.gguf").tokenizer
+        # (the template writes BOS itself; llama.cpp's own formatting leaves it to the tokenizer)
+        assert prompt == tok.tokens[tok.bos_id] + theirs["text"]
+        trace = trace_program("model", path=str(models / "llama3-chat.gguf"), prompt=prompt)
+        assert trace.outputs["prompt_tokens"] == [tok.piece_text(i) for i in theirs["tokens"]]
+        best = trace.outputs["top10_0"][0]
+        again = client.get(f"{first.url}&then={best[0]}").text
+        assert "The reply so far:" in again and html.escape(best[1]) in again
+        assert client.get(f"/walkthroughs/model/chat?file={digest}&message=" + "x" * 301).status_code == 422
+    finally:
+        (models / "llama3-chat.gguf").unlink()
