@@ -2,7 +2,8 @@
 a MiniLM sentence embedding (tokenize, build the graph, compute, pool; the engine builds a fresh
 context and graph per call, as a learner's program would, where llama.cpp keeps its own), Gemma 3
 270M decoding token by token and generating 24 tokens greedily (both keep their graphs), the
-Python around Gemma's kernels per node, and the gemma3 walkthrough recorded and stepped.
+Python around Gemma's kernels per node, the gemma3 walkthrough recorded and stepped, and a small
+Llama decoding in each weight type.
 
 The rows with a goal (the speed issue's) are the median of three runs.
 """
@@ -42,6 +43,83 @@ def run(report) -> None:
             report(f"minilm embed {n} tokens, {n_threads} thread(s)", ours, theirs,
                    "llama.cpp" if llm is not None else "llama.cpp (not installed)", Goal(ratio=2))
     run_gemma(report)
+    run_types(report)
+
+
+def run_types(report) -> None:
+    """A Llama of random weights (1024 wide, 4 layers, 32,000 tokens) in each weight type the
+    engine computes exactly, written by gguf-py with real ggml's quantizer: one token decoded
+    at a time after an 8-token prompt, 1 thread, against llama.cpp on the same file (its
+    default path). A type off the engine's fast path shows as a ratio far above the others."""
+    import tempfile
+    import time
+
+    from tests.support.tiny_models import TinyFile, exact_types
+
+    try:
+        import llama_cpp
+    except ImportError:
+        llama_cpp = None
+    prompt, n = [1, 17, 42, 7, 300, 99, 5, 123], 16
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in exact_types():
+            path = Path(tmp) / f"llama-{t.name}.gguf"
+            _write_llama(TinyFile, path, t)
+            model = load_model(path)
+            tokens = model.generate(prompt, n)
+
+            def ours() -> float:
+                model.reset()
+                model.decode(prompt, 1, all_logits=False)
+                t0 = time.perf_counter()
+                for token in tokens:
+                    model.decode([token], 1, all_logits=False)
+                return (time.perf_counter() - t0) / n
+
+            theirs = None
+            if llama_cpp is not None:
+                llm = llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, n_threads_batch=1,
+                                      verbose=False)
+
+                def theirs_once() -> float:
+                    llm.reset()
+                    llm.eval(prompt)
+                    t0 = time.perf_counter()
+                    for token in tokens:
+                        llm.eval([token])
+                    return (time.perf_counter() - t0) / n
+                theirs = median_of(theirs_once)
+            report(f"llama 1024x4 {t.name} decode per token, 1 thread", median_of(ours), theirs,
+                   "llama.cpp" if llama_cpp is not None else "llama.cpp (not installed)",
+                   Goal(ratio=2))
+            del model
+
+
+def _write_llama(TinyFile, path: Path, type_) -> None:
+    E, F, L, V, H, HKV = 1024, 2816, 4, 32000, 16, 4
+    with TinyFile(path, "llama", type_, seed=1) as f:
+        w = f.w
+        w.add_context_length(256)
+        w.add_embedding_length(E)
+        w.add_block_count(L)
+        w.add_feed_forward_length(F)
+        w.add_head_count(H)
+        w.add_head_count_kv(HKV)
+        w.add_rope_dimension_count(E // H)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_vocab_size(V)
+        kv = E // H * HKV
+        f.mat("token_embd.weight", E, V)
+        for i in range(L):
+            f.vec(f"blk.{i}.attn_norm.weight", E)
+            for name, n_out in (("attn_q", E), ("attn_k", kv), ("attn_v", kv), ("attn_output", E)):
+                f.mat(f"blk.{i}.{name}.weight", E, n_out)
+            f.vec(f"blk.{i}.ffn_norm.weight", E)
+            f.mat(f"blk.{i}.ffn_gate.weight", E, F)
+            f.mat(f"blk.{i}.ffn_up.weight", E, F)
+            f.mat(f"blk.{i}.ffn_down.weight", F, E)
+        f.vec("output_norm.weight", E)
+        f.mat("output.weight", E, V)
 
 
 N_DECODE = 24  # tokens decoded one by one after the prompt
