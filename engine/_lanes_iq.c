@@ -1,9 +1,12 @@
-/* engine._lanes (_lanes.c): ggml's AVX2 dot product of IQ3_XXS (an IQ grid type) with Q8_K
- * activations, for quant_dot (_lanes_quant.c hands the type here), in portable C and with AVX2
- * intrinsics (the same bits):
+/* engine._lanes (_lanes.c): ggml's AVX2 dot products of the IQ grid types with Q8_K activations,
+ * for quant_dot (_lanes_quant.c hands these types here), in portable C and with AVX2 intrinsics
+ * (the same bits):
  *   IQ3_XXS (ggml_vec_dot_iq3_xxs_q8_K) per run of 32: 8 grid indices (qs[8r..8r+7], 4 values
  *           each, iq3xxs_grid) and a word of 4 seven-bit sign fields and a 4-bit scale ls (the
  *           8th sign of each 8 makes their parity even); the result 0.25f * hsum_float_8(acc)
+ *   IQ3_S   (ggml_vec_dot_iq3_s_q8_K) per run: 8 nine-bit indices (qs[8r + j] and bit j of
+ *           qh[r], iq3s_grid), a sign bit per element (bit e % 8 of signs[4r + e / 8]), ls the
+ *           nibble r % 2 of scales[r / 2]; the result hsum_float_8(acc)
  * Each value (unsigned) meets its activation byte with the sign applied to the activation,
  * ggml's _mm256_sign_epi8 or xor-and-subtract: where the sign is negative and y = -128 the
  * negation wraps, so the product is value * -128, not value * 128. maddubs cannot saturate (the
@@ -18,6 +21,7 @@ LANES_HIDDEN Py_ssize_t lanes_iq_size(int type)
 {
     switch (type) {
     case IQ3_XXS: return 2 + 96;
+    case IQ3_S: return 2 + 64 + 8 + 32 + 4;
     default: return 0;
     }
 }
@@ -37,6 +41,12 @@ INLINE void iq_run(int type, const uint8_t *blk, int r, uint8_t *g, uint8_t *sg,
             sg[k] = (uint8_t)(s7 | (__builtin_parity(s7) << 7));
         }
         sc[0] = sc[1] = (int16_t)(2 * (aux >> 28) + 1);
+    } else {  /* IQ3_S */
+        const uint8_t qh = blk[66 + r];
+        for (int j = 0; j < 8; j++)
+            memcpy(g + 4 * j, &iq3s_grid[blk[2 + 8 * r + j] | (((qh >> j) & 1) << 8)], 4);
+        memcpy(sg, blk + 74 + 4 * r, 4);
+        sc[0] = sc[1] = (int16_t)(2 * ((blk[106 + r / 2] >> (4 * (r % 2))) & 0x0F) + 1);
     }
 }
 
@@ -150,6 +160,7 @@ __attribute__((target("avx2,fma,f16c"))) static void iq_dot_fma(int type, const 
 {
     switch (type) {
     case IQ3_XXS: iq_dot_avx2_body(IQ3_XXS, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ3_S: iq_dot_avx2_body(IQ3_S, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
 #endif
@@ -167,5 +178,6 @@ LANES_HIDDEN void lanes_iq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ld
     (void)hw;
     switch (type) {  /* one copy of the loop per type, its constants folded in */
     case IQ3_XXS: iq_dot_body(IQ3_XXS, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ3_S: iq_dot_body(IQ3_S, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }

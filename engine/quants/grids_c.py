@@ -12,7 +12,7 @@ from engine.quants import grids_iq1_iq3
 
 HEADER = Path(__file__).resolve().parents[1] / "_lanes_iq_grids.h"
 # (C name, table, hex digits an entry): ggml-common.h's names
-TABLES = (("iq3xxs_grid", grids_iq1_iq3.IQ3XXS_GRID, 8),)
+TABLES = (("iq3xxs_grid", grids_iq1_iq3.IQ3XXS_GRID, 8), ("iq3s_grid", grids_iq1_iq3.IQ3S_GRID, 8))
 
 
 def header() -> str:

@@ -1,9 +1,11 @@
-"""ggml's AVX2 dot product of the IQ grid type IQ3_XXS with Q8_K activations, for vecdot.py: the numpy
+"""ggml's AVX2 dot products of the IQ grid types with Q8_K activations, for vecdot.py: the numpy
 form of engine/_lanes_iq.c (decode_weights, block_lanes and quant_dot call these).
 
 - ggml_vec_dot_iq3_xxs_q8_K: per run of 32, 8 indices into iq3xxs_grid (4 values each), 4
   seven-bit sign fields (ksigns_iq2xs: the 8th sign makes the parity even) and a 4-bit ls; the
   result 0.25f * hsum_float_8(acc).
+- ggml_vec_dot_iq3_s_q8_K: per run, 8 nine-bit indices into iq3s_grid (qs and a bit of qh), a
+  sign bit per element, ls a nibble of scales[r / 2]; the result hsum_float_8(acc).
 
 The grid values are unsigned; ggml negates the activation where the sign is set (sign_epi8, or
 xor and subtract), so a y of -128 stays -128: the product with the signed value q = -g is q * 128
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.core.types import GGMLType
-from engine.quants.grids_iq1_iq3 import IQ3XXS_GRID
+from engine.quants.grids_iq1_iq3 import IQ3S_GRID, IQ3XXS_GRID
 from engine.quants.grids_iq2 import KSIGNS_IQ2XS
 
 F32 = np.float32
@@ -32,7 +34,7 @@ class IQGrid:
     result: np.float32  # what ggml multiplies hsum_float_8(acc) by
 
 
-IQ_GRIDS = {GGMLType.IQ3_XXS: IQGrid(8, F32(0.25))}
+IQ_GRIDS = {GGMLType.IQ3_XXS: IQGrid(8, F32(0.25)), GGMLType.IQ3_S: IQGrid(8, F32(1.0))}
 
 
 def _sign_bits(signs: np.ndarray) -> np.ndarray:
@@ -51,6 +53,12 @@ def decode_iq(type_: GGMLType, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         s7 = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127  # (n, 8, 4)
         neg = _sign_bits(KSIGNS_IQ2XS[s7].reshape(n, 32))
         ls = aux >> 28
+    else:  # IQ3_S: qs 64, qh 8, signs 32, scales 4
+        hbit = (raw[:, 66:74, None] >> np.arange(8, dtype=np.uint8)) & 1  # (n, run, j)
+        idx = raw[:, 2:66].reshape(n, 8, 8).astype(np.uint16) | hbit.astype(np.uint16) << 8
+        g = IQ3S_GRID[idx].view(np.uint8).reshape(n, 256)
+        neg = _sign_bits(raw[:, 74:106])
+        ls = np.stack([raw[:, 106:110] & 0x0F, raw[:, 106:110] >> 4], axis=-1).reshape(n, 8)
     q = np.where(neg, -g.astype(np.int16), g.astype(np.int16))
     return q, (2 * ls.astype(np.int16) + 1)
 
