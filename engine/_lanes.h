@@ -22,7 +22,7 @@
 /* the ggml types (enum ggml_type) these loops read or write */
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
        Q6_K = 14, Q8_K = 15, IQ4_NL = 20, IQ4_XS = 23, TQ1_0 = 34 };
-enum { IQ3_XXS = 18, IQ3_S = 21 };  /* _lanes_iq.c's */
+enum { IQ3_XXS = 18, IQ3_S = 21, IQ2_S = 22 };  /* _lanes_iq.c's */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1

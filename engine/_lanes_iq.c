@@ -7,6 +7,10 @@
  *   IQ3_S   (ggml_vec_dot_iq3_s_q8_K) per run: 8 nine-bit indices (qs[8r + j] and bit j of
  *           qh[r], iq3s_grid), a sign bit per element (bit e % 8 of signs[4r + e / 8]), ls the
  *           nibble r % 2 of scales[r / 2]; the result hsum_float_8(acc)
+ *   IQ2_S   (ggml_vec_dot_iq2_s_q8_K) per run: 4 ten-bit indices (qs[4r + k] and bits 2k, 2k+1
+ *           of qh[r], 8 values each, iq2s_grid), sign bits as IQ3_S's (from qs[32..63]), ls the
+ *           low nibble of scales[r] for the first 16 elements and the high one for the last;
+ *           the result 0.125f * hsum_float_8(acc)
  * Each value (unsigned) meets its activation byte with the sign applied to the activation,
  * ggml's _mm256_sign_epi8 or xor-and-subtract: where the sign is negative and y = -128 the
  * negation wraps, so the product is value * -128, not value * 128. maddubs cannot saturate (the
@@ -22,6 +26,7 @@ LANES_HIDDEN Py_ssize_t lanes_iq_size(int type)
     switch (type) {
     case IQ3_XXS: return 2 + 96;
     case IQ3_S: return 2 + 64 + 8 + 32 + 4;
+    case IQ2_S: return 2 + 64 + 8 + 8;
     default: return 0;
     }
 }
@@ -41,19 +46,26 @@ INLINE void iq_run(int type, const uint8_t *blk, int r, uint8_t *g, uint8_t *sg,
             sg[k] = (uint8_t)(s7 | (__builtin_parity(s7) << 7));
         }
         sc[0] = sc[1] = (int16_t)(2 * (aux >> 28) + 1);
-    } else {  /* IQ3_S */
+    } else if (type == IQ3_S) {
         const uint8_t qh = blk[66 + r];
         for (int j = 0; j < 8; j++)
             memcpy(g + 4 * j, &iq3s_grid[blk[2 + 8 * r + j] | (((qh >> j) & 1) << 8)], 4);
         memcpy(sg, blk + 74 + 4 * r, 4);
         sc[0] = sc[1] = (int16_t)(2 * ((blk[106 + r / 2] >> (4 * (r % 2))) & 0x0F) + 1);
+    } else {  /* IQ2_S */
+        const uint8_t qh = blk[66 + r];
+        for (int k = 0; k < 4; k++)
+            memcpy(g + 8 * k, &iq2s_grid[blk[2 + 4 * r + k] | (((qh >> (2 * k)) & 3) << 8)], 8);
+        memcpy(sg, blk + 34 + 4 * r, 4);
+        sc[0] = (int16_t)(2 * (blk[74 + r] & 0x0F) + 1);
+        sc[1] = (int16_t)(2 * (blk[74 + r] >> 4) + 1);
     }
 }
 
 /* what ggml multiplies hsum_float_8(acc) by */
 INLINE float iq_result(int type, float h)
 {
-    return type == IQ3_XXS ? 0.25f * h : h;
+    return type == IQ3_XXS ? 0.25f * h : type == IQ2_S ? 0.125f * h : h;
 }
 
 INLINE float hsum8_iq(const float *a)
@@ -161,6 +173,7 @@ __attribute__((target("avx2,fma,f16c"))) static void iq_dot_fma(int type, const 
     switch (type) {
     case IQ3_XXS: iq_dot_avx2_body(IQ3_XXS, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case IQ3_S: iq_dot_avx2_body(IQ3_S, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
+    case IQ2_S: iq_dot_avx2_body(IQ2_S, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
 #endif
@@ -179,5 +192,6 @@ LANES_HIDDEN void lanes_iq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ld
     switch (type) {  /* one copy of the loop per type, its constants folded in */
     case IQ3_XXS: iq_dot_body(IQ3_XXS, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case IQ3_S: iq_dot_body(IQ3_S, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
+    case IQ2_S: iq_dot_body(IQ2_S, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     }
 }

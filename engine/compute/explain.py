@@ -188,7 +188,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
             shown, shown_m = (before, after), accm.copy()
     if paired:
         result = F32(paired_total(acc, acc2, nb, scale[-1], tail_sum(dec.q[-1], yb[-1]) if nb % 2 else None))
-    elif src0.type in IQ_GRIDS:  # IQ3_XXS's times 0.25f
+    elif src0.type in IQ_GRIDS:  # IQ3_XXS's times 0.25f, IQ2_S's times 0.125f
         result = F32(iq_result(src0.type, hsum8(acc)))
     else:
         result = F32(hsum8(acc))

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.quants import grids_iq1_iq3
+from engine.quants import grids_iq1_iq3, grids_iq2
 
 HEADER = Path(__file__).resolve().parents[1] / "_lanes_iq_grids.h"
 # (C name, table, hex digits an entry): ggml-common.h's names
-TABLES = (("iq3xxs_grid", grids_iq1_iq3.IQ3XXS_GRID, 8), ("iq3s_grid", grids_iq1_iq3.IQ3S_GRID, 8))
+TABLES = (("iq3xxs_grid", grids_iq1_iq3.IQ3XXS_GRID, 8), ("iq3s_grid", grids_iq1_iq3.IQ3S_GRID, 8),
+          ("iq2s_grid", grids_iq2.IQ2S_GRID, 16))
 
 
 def header() -> str:

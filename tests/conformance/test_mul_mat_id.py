@@ -50,6 +50,7 @@ CASES = [
     (T.IQ4_XS, 256, 9, 4, 2, 2, 3, 0.0),
     (T.IQ3_XXS, 512, 7, 3, 2, 2, 3, 0.0),
     (T.IQ3_S, 256, 9, 4, 2, 1, 4, 0.0),
+    (T.IQ2_S, 512, 8, 3, 2, 2, 3, 0.0),
     (T.IQ4_NL, 64, 8, 4, 2, 2, 3, 0.0),
     (T.IQ4_NL, 96, 7, 3, 2, 1, 4, 0.0),  # an odd number of blocks: the last by ggml's scalar loop
 ]

@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, and the
 quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations), Q2_K,
-Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, IQ3_XXS and IQ3_S (with Q8_K activations).
+Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, IQ3_XXS, IQ3_S and IQ2_S (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -34,8 +34,9 @@ pure-numpy mode, engine/lanes.py):
   accumulators just before each block's quants.
 - ggml_vec_dot_iq4_xs_q8_K: IQ4_NL's lanes over 8 runs of 32, each run times its six-bit scale
   (minus 32), one accumulator.
-- ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K (vecdot_iq.py): signed grid values by the same sign
-  trick, each run times 2 * ls + 1, one accumulator; IQ3_XXS's result 0.25f * hsum_float_8(acc).
+- ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K (vecdot_iq.py): signed grid values by the
+  same sign trick, each run (IQ2_S: each 16) times 2 * ls + 1, one accumulator; IQ3_XXS's result
+  0.25f * hsum_float_8(acc), IQ2_S's 0.125f * it.
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -252,7 +253,7 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
                          GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}) \
-    | frozenset(IQ_GRIDS)  # IQ3_XXS, IQ3_S (vecdot_iq.py)
+    | frozenset(IQ_GRIDS)  # IQ3_XXS, IQ3_S, IQ2_S (vecdot_iq.py)
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
                       GGMLType.Q6_K}) | frozenset(IQ_GRIDS)  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
@@ -274,7 +275,7 @@ class Decoded(NamedTuple):
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
     aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
-    #                  | 8 scales (minus 32) of IQ4_XS | 8 scales 2 * ls + 1 of the IQ
+    #                  | 8 scales (minus 32) of IQ4_XS | 8 or 16 scales 2 * ls + 1 of the IQ
     #                  grid types | 0 for the others)
 
 
@@ -440,7 +441,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
@@ -517,9 +518,9 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     IQ4_NL and IQ4_XS (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K): the non-linear values by ggml's
     sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
     their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
-    IQ3_XXS and IQ3_S (ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K): their signed grid values by the
-    same trick, times 2 * ls + 1 of their run; hsum_float_8(acc) times 0.25f (IQ3_XXS) or nothing
-    (IQ3_S).
+    IQ3_XXS, IQ3_S and IQ2_S (ggml_vec_dot_iq3_xxs_q8_K, ...): their signed grid values by the same
+    trick, times 2 * ls + 1 of their run (IQ2_S: of their 16); hsum_float_8(acc) times 0.25f
+    (IQ3_XXS), 0.125f (IQ2_S) or nothing (IQ3_S).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
