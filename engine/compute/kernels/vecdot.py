@@ -257,7 +257,8 @@ EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
                       GGMLType.Q6_K}) | frozenset(IQ_GRIDS)  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
-SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS}) | frozenset(IQ_GRIDS)  # lanes by _mm256_sign_epi8 (see block_lanes)
+SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS}) \
+    | frozenset(IQ_GRIDS)  # lanes by _mm256_sign_epi8 (see block_lanes)
 PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
@@ -441,7 +442,8 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of
+    weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 

@@ -33,8 +33,8 @@ QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q
              GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
              GGMLType.Q6_K: 210, GGMLType.IQ3_XXS: 98, GGMLType.IQ3_S: 110, GGMLType.IQ2_S: 82}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
-K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-            GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S)
+K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
+            GGMLType.Q6_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S)
 # the fp16 scales of a weight block: d (and m, or dmin)
 D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
         GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
