@@ -22,6 +22,7 @@
 /* the ggml types (enum ggml_type) these loops read or write */
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
        Q6_K = 14, Q8_K = 15, IQ4_NL = 20, IQ4_XS = 23, TQ1_0 = 34 };
+enum { IQ3_XXS = 18, IQ3_S = 21, IQ2_S = 22 };  /* _lanes_iq.c's */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1
@@ -95,6 +96,14 @@ LANES_HIDDEN void lanes_pool_run(lanes_rows_fn fn, void *ctx, Py_ssize_t n, Py_s
 
 /* buf->len == want, else a ValueError naming what (-1) */
 LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
+
+/* _lanes_iq.c: the bytes of a weight block of an IQ grid type that quant_dot takes (0: not one),
+ * and quant_dot's loop for them (out, rows and strides as quant_dot's; hw: the AVX2 loop, else
+ * the portable one with acc, room for n1 * 8 floats) */
+LANES_HIDDEN Py_ssize_t lanes_iq_size(int type);
+LANES_HIDDEN void lanes_iq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
+                               Py_ssize_t nb, float *acc);
 
 /* the methods of the module table (_lanes.c), each defined in its family's file */
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);

@@ -35,7 +35,8 @@
  *   IQ4_XS 8 runs of 32 of IQ4_NL's values (run r: the nibbles of qs[16r..16r+15]), multiplied
  *         as IQ4_NL's, each run times its six-bit scale minus 32; one accumulator
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
- * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants. */
+ * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants.
+ * The IQ grid types IQ3_XXS, IQ3_S and IQ2_S (Q8_K activations) are _lanes_iq.c's. */
 #include "_lanes.h"
 
 #define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
@@ -61,11 +62,11 @@ INLINE Py_ssize_t weight_size(int type)
     case Q4_K: return 144;
     case Q5_K: return 176;
     case Q6_K: return 210;
-    default: return 0;
+    default: return lanes_iq_size(type);
     }
 }
 
-INLINE Py_ssize_t activation_size(int type) { return K_QUANT(type) ? 292 : OFFSET_QUANT(type) ? 36 : 34; }
+INLINE Py_ssize_t activation_size(int type) { return K_QUANT(type) || lanes_iq_size(type) ? 292 : OFFSET_QUANT(type) ? 36 : 34; }
 
 INLINE float hsum8(const float *a)
 {
@@ -354,6 +355,7 @@ static void quant_dot(int type, int tiny, const uint8_t *w, Py_ssize_t ldw, cons
                       Py_ssize_t nb, float *acc)
 {
     switch (type) {  /* one copy of the loop per type, its constants folded in */
+    case IQ3_XXS: case IQ3_S: case IQ2_S: lanes_iq_dot(type, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_0: quant_dot_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q4_1: quant_dot_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
     case Q5_0: quant_dot_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb, acc); break;
@@ -682,6 +684,7 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, int
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
+    case IQ3_XXS: case IQ3_S: case IQ2_S: lanes_iq_dot(type, 1, w, ldw, x, ldx, out, ldo, n0, n1, nb, NULL); break;
     case Q4_0: quant_dot_avx2_body(Q4_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q4_1: quant_dot_avx2_body(Q4_1, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case Q5_0: quant_dot_avx2_body(Q5_0, 0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
@@ -745,7 +748,7 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     /* as many threads as asked, each with enough work to pay for its wake-up; ggml's 4 chunks
      * a thread, so that one that runs faster takes more */
     Py_ssize_t parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
-    const Py_ssize_t macs = n0 * n1 * nb * (k_quant ? 256 : 32);
+    const Py_ssize_t macs = n0 * n1 * nb * (k_quant || lanes_iq_size(type) ? 256 : 32);
     while (parts > 1 && (n0 < parts || macs / parts < LANES_SPLIT_MACS))
         parts--;
     const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;

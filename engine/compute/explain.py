@@ -21,6 +21,7 @@ from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, MINS_IN_ACC, PAIRED_BLOCKS, block_lanes, \
     decode_weights, hsum8, min_total, paired_total, tail_sum
+from engine.compute.kernels.vecdot_iq import IQ_GRIDS, iq_result
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
@@ -187,6 +188,8 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
             shown, shown_m = (before, after), accm.copy()
     if paired:
         result = F32(paired_total(acc, acc2, nb, scale[-1], tail_sum(dec.q[-1], yb[-1]) if nb % 2 else None))
+    elif src0.type in IQ_GRIDS:  # IQ3_XXS's times 0.25f, IQ2_S's times 0.125f
+        result = F32(iq_result(src0.type, hsum8(acc)))
     else:
         result = F32(hsum8(acc))
     if mlanes is not None and not inside:

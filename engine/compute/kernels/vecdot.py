@@ -1,6 +1,7 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and
 the quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
-activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K and Q6_K (with Q8_K activations).
+activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, IQ3_XXS, IQ3_S and IQ2_S (with Q8_K
+activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -38,6 +39,9 @@ pure-numpy mode, engine/lanes.py):
   accumulators just before each block's quants.
 - ggml_vec_dot_iq4_xs_q8_K: IQ4_NL's lanes over 8 runs of 32, each run times its six-bit scale
   (minus 32), one accumulator.
+- ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K (vecdot_iq.py): signed grid values by the
+  same sign trick, each run (IQ2_S: each 16) times 2 * ls + 1, one accumulator; IQ3_XXS's result
+  0.25f * hsum_float_8(acc), IQ2_S's 0.125f * it.
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -49,6 +53,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from engine.compute.kernels.floatmath import fmaf
+from engine.compute.kernels.vecdot_iq import IQ_GRIDS, decode_iq, iq_result, scaled_products
 from engine.lanes import lanes, twin
 from engine.quants.common import KVALUES_IQ4NL, bit_fields, get_scale_min_k4, half_at, nibbles, unpack_2bit
 from engine.quants.kquants import q3_k_scales
@@ -295,11 +300,13 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
-                         GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+                         GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}) \
+    | frozenset(IQ_GRIDS)  # IQ3_XXS, IQ3_S, IQ2_S (vecdot_iq.py)
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
-                      GGMLType.Q6_K})  # with Q8_K activations
+                      GGMLType.Q6_K}) | frozenset(IQ_GRIDS)  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
-SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS})  # lanes by _mm256_sign_epi8 (see block_lanes)
+SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS}) \
+    | frozenset(IQ_GRIDS)  # lanes by _mm256_sign_epi8 (see block_lanes)
 PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
@@ -311,12 +318,14 @@ class Decoded(NamedTuple):
     #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q3_K's (signed, -4..3)
     #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
     #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
-    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux)
+    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); the IQ grid types'
+    #                grid values with their signs (their scales in aux)
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
     aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
-    #                  | 8 scales (minus 32) of IQ4_XS | 0 for the others)
+    #                  | 8 scales (minus 32) of IQ4_XS | 8 or 16 scales 2 * ls + 1 of the IQ
+    #                  grid types | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -342,6 +351,10 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
                         dtype=np.int16)
         return Decoded(q.reshape(*lead, 256), half_at(blocks, 80), half_at(blocks, 82),
                        (raw[:, :16] >> 4).reshape(*lead, 16).astype(np.int16))
+    elif type_ in IQ_GRIDS:  # the signed grid values, their scales apart
+        q, scales = decode_iq(type_, raw)
+        return Decoded(q.reshape(*lead, 256), half_at(blocks, 0), zeros,
+                       scales.reshape(*lead, scales.shape[-1]))
     elif type_ == GGMLType.IQ4_XS:  # each run's scale: 4 bits of scales_l, 2 of scales_h
         q = nibbles(raw, 8, 136, 16, KVALUES_IQ4NL).astype(np.int16)
         sh = raw[:, 2].astype(np.int16) | raw[:, 3].astype(np.int16) << 8
@@ -413,13 +426,16 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
     IQ4_NL's and IQ4_XS's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
     their run's scale): maddubs(|q|, sign(y, q)), so a y
-    of -128 against a negative q counts as +128 (the int8 negation wraps)."""
+    of -128 against a negative q counts as +128 (the int8 negation wraps); the IQ grid types' the
+    same (their grid values unsigned, the activations signed), then times their scales."""
     yd, yq, bsums, ys = decode_activations(type_, yblocks)
     if type_ in SIGNED_LANES:  # |q| * sign(y, q): -(-128) wraps to -128 in int8
         yq = np.where((yq == -128) & (dec.q < 0), np.int16(128), yq)
     p = np.multiply(dec.q, yq, dtype=np.int32)
     if type_ == GGMLType.IQ4_XS:  # each run of 32 times its scale
         p = (p.reshape(*p.shape[:-1], 8, 32) * dec.aux[..., None]).reshape(p.shape)
+    elif type_ in IQ_GRIDS:
+        p = scaled_products(p, dec.aux)
     runs = p.reshape(*p.shape[:-1], -1, 32)
     e = runs[..., 0, :]
     for r in range(1, runs.shape[-2]):  # s[e]: element e's products, run after run
@@ -474,14 +490,16 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of
+    weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
-    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's two accumulators
+    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m); the IQ grid types':
+    iq_result); IQ4_NL's two accumulators
     (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
@@ -523,7 +541,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
             for b in range(nb):
                 acc_m = fmaf(min_lanes[b], min_scale[b], acc_m)
             acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4 or 1)
-        r = hsum8(acc)
+        r = hsum8(acc) if type_ not in IQ_GRIDS else iq_result(type_, hsum8(acc))
         if min_lanes is not None:
             r = r + min_total(type_, acc_m)
         o[:, a:a + step] = r
@@ -550,6 +568,9 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     IQ4_NL and IQ4_XS (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K): the non-linear values by ggml's
     sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
     their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
+    IQ3_XXS, IQ3_S and IQ2_S (ggml_vec_dot_iq3_xxs_q8_K, ...): their signed grid values by the same
+    trick, times 2 * ls + 1 of their run (IQ2_S: of their 16); hsum_float_8(acc) times 0.25f
+    (IQ3_XXS), 0.125f (IQ2_S) or nothing (IQ3_S).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the

@@ -31,9 +31,10 @@ OUT = object()  # marks where the output buffer goes in an argument list
 QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
              GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.IQ4_XS: 136,
              GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
-             GGMLType.Q6_K: 210}
+             GGMLType.Q6_K: 210, GGMLType.IQ3_XXS: 98, GGMLType.IQ3_S: 110, GGMLType.IQ2_S: 82}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
-K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K)
+K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
+            GGMLType.Q6_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S)
 # the fp16 scales of a weight block: d (and m, or dmin)
 D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
         GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
@@ -161,6 +162,13 @@ def test_quant_dot(type_: GGMLType, wild: bool):
                 portable, 2)
         c, t = run_both("quant_dot", args, n0 * n1)
         assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+
+
+def test_iq_grids_header():
+    """engine/_lanes_iq.c's grids (engine/_lanes_iq_grids.h) are the engine's tables, as
+    engine/quants/grids_c.py writes them."""
+    from engine.quants import grids_c
+    assert grids_c.HEADER.read_text() == grids_c.header(), "run python -m engine.quants.grids_c"
 
 
 def test_quant_dot_tiny():
