@@ -41,6 +41,7 @@
 #define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
 #define ACC 20  /* floats of a row pair's accumulators in the portable loop */
+enum { TILE_W = 4, TILE_X = 3 };  /* the AVX2 loop's tiles: weight rows by activation rows */
 
 static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1, 13, 25, 38, 53, 69, 89, 113};
@@ -561,13 +562,80 @@ AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsu
 
 AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
+/* The legacy types (Q4_0, Q5_0, Q8_0) a tile at a time, as llamafile's tinyBLAS multiplies (each
+ * loaded block used for several outputs), each output's sum in the order of the loop below.
+ * A block's 32 int8 quants as two int16 vectors: elements 4l, 4l+1 of each lane l in the first,
+ * 4l+2, 4l+3 in the second, so that madd(w0, y0) + madd(w1, y1) is the 8 lane sums in order
+ * (exact integers: the same lanes as legacy_lanes gives, without its shuffle of lanes). */
+AVX2 void split_pairs(__m256i q, __m256i *a, __m256i *b)
+{
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, order), 0xD8);  /* q0 q2 q1 q3 */
+    *a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s));
+    *b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1));
+}
+
+/* out for weight rows [0, TILE_W) and activation rows [0, nx) (nx <= TILE_X, a constant where
+ * it is inlined): per block the tile's activations split once, each weight block split once
+ * and multiplied with every activation block; acc = fma(y.d * x.d, lanes, acc), then hsum8 */
+AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
+                      float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
+{
+    __m256 acc[TILE_W][TILE_X];
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        __m256i y0[TILE_X], y1[TILE_X];
+        float yd[TILE_X];
+        for (int j = 0; j < nx; j++) {
+            const uint8_t *yb = x + j * ldx + b * 34;
+            split_pairs(_mm256_loadu_si256((const __m256i *)(yb + 2)), &y0[j], &y1[j]);
+            yd[j] = half_f16c(yb);
+        }
+        for (int i = 0; i < TILE_W; i++) {
+            const uint8_t *blk = w + i * ldw + b * weight_size(type);
+            __m256i w0, w1;
+            split_pairs(legacy_weights(type, blk), &w0, &w1);
+            const float wd = half_f16c(blk);
+            for (int j = 0; j < nx; j++) {
+                const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(w0, y0[j]),
+                                                       _mm256_madd_epi16(w1, y1[j]));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
+                                            acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++) {
+            float a[8];
+            _mm256_storeu_ps(a, acc[i][j]);
+            out[j * ldo + i] = hsum8(a);
+        }
+}
+
 AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
 {
     const int k_quant = K_QUANT(type);
     const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
-    for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
+    Py_ssize_t tiled = 0;  /* weight rows [0, tiled) done by tiles, every activation row */
+    if (type == Q4_0 || type == Q5_0 || type == Q8_0) {
+        tiled = n0 - n0 % TILE_W;
+        for (Py_ssize_t i0 = 0; i0 < tiled; i0 += TILE_W) {
+            const uint8_t *wr = w + i0 * ldw;
+            Py_ssize_t i1 = 0;
+            for (; i1 + TILE_X <= n1; i1 += TILE_X)
+                legacy_tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, TILE_X);
+            if (n1 - i1 == 2)
+                legacy_tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, 2);
+            else if (n1 - i1 == 1)
+                legacy_tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, 1);
+        }
+    }
+    for (Py_ssize_t i0 = tiled; i0 < n0; i0++) {
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
             const uint8_t *yr = x + i1 * ldx;
@@ -748,7 +816,11 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     const Py_ssize_t macs = n0 * n1 * nb * (k_quant ? 256 : 32);
     while (parts > 1 && (n0 < parts || macs / parts < LANES_SPLIT_MACS))
         parts--;
-    const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
+    Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
+    /* chunks start at whole tiles, so a row is tiled or not (the NaN a row gives, where two
+     * meet, is the instruction's choice) whatever the threads */
+    if (parts > 1)
+        chunk = (chunk + TILE_W - 1) / TILE_W * TILE_W;
     float *acc = NULL;
     if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * ACC * sizeof(float)))) {
         PyErr_NoMemory();
