@@ -104,30 +104,6 @@ LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args)
                           "_lanes: no such type, or not whole blocks");
 }
 
-/* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
- * becomes the quiet NaN 0x7E00 with its sign (engine.types.fp32_to_fp16_bits) */
-static uint16_t float_to_half(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    const uint32_t ax = x & 0x7FFFFFFF;
-    if (ax > 0x7F800000)
-        return sign | 0x7E00;
-    if (ax >= 0x477FF000)  /* 65520 and up (infinity too) round to infinity */
-        return sign | 0x7C00;
-    if (ax < 0x38800000) {  /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
-        float a;
-        memcpy(&a, &ax, 4);
-        return sign | (uint16_t)rintf(a * 16777216.0f);
-    }
-    uint32_t h = ((ax >> 23) - 112) << 10 | (ax & 0x7FFFFF) >> 13;
-    const uint32_t rest = ax & 0x1FFF;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
-        h++;  /* a carry into the exponent is the right result */
-    return sign | (uint16_t)h;
-}
-
 /* quantize_row_q8_0 of ggml's AVX2 build, block by block (32 floats -> 34 bytes): amax = max |x|
  * (a NaN anywhere makes it NaN), d = amax / 127, id = 127 / amax (0 when amax is 0), each
  * q = x * id rounded to nearest even, converted as _mm256_cvtps_epi32 does (out of range or NaN:
