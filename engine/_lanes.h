@@ -101,6 +101,17 @@ static inline int fma_hw(void)
 #endif
 }
 
+/* AVX-512 VNNI's byte dot products on 256-bit vectors, where the CPU has them (and fma_hw()) */
+static inline int vnni_hw(void)
+{
+#ifdef HAVE_FMA_TARGET
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
 /* rows [a, b) of a job, computed by `worker` (0: the calling thread, 1 .. threads - 1: the pool's) */
 typedef void (*lanes_rows_fn)(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b);
 

@@ -471,7 +471,7 @@ def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
 
 @twin("quant_dot")
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
-              portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
+              portable: int = 0, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
     _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K) of weight
@@ -482,7 +482,10 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
     offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's two accumulators
-    (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
+    (paired_total), or with `tiny` one. C computes the legacy types' products by tiles of
+    weight rows by activation rows, each block loaded once for the tile; each output is still its
+    own sum in this order. portable (C's loop: 0 the best the CPU has, 1 the portable one, 2 AVX2
+    without AVX-512) and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks

@@ -150,17 +150,18 @@ def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
 @pytest.mark.parametrize("type_", list(QUANT_DOT), ids=lambda t: t.name)
 def test_quant_dot(type_: GGMLType, wild: bool):
     """Every pair of weight rows (nb blocks, rows ldw bytes apart, more than a row) and activation
-    rows (ldx apart); C's AVX2 and portable loops alike."""
+    rows (ldx apart); C's loops alike: the best the CPU has (portable=0; the legacy types by
+    AVX-512 VNNI's tiles where it has them), the portable one (1), AVX2 without AVX-512 (2)."""
     rng = np.random.default_rng([int(type_), wild])
     d_at = D_AT.get(type_, (0,))
     for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (10, 8, 5), (0, 2, 1)):
         w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
         x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
-        portable = n0 % 2 == 1  # neither changes a bit
-        args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb,
-                portable, 2)
-        c, t = run_both("quant_dot", args, n0 * n1)
-        assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+        for portable in (0, 1, 2):  # none changes a bit
+            args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1,
+                    nb, portable, 2)
+            c, t = run_both("quant_dot", args, n0 * n1)
+            assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb} portable={portable}")
 
 
 def test_quant_dot_tiny():
@@ -293,7 +294,7 @@ def test_quant_dot_threads(type_: GGMLType, wild: bool):
     elems = 256 if type_ in K_QUANTS else 32
     for n0, n1, nb in QUANT_SPLITS[elems]:
         args = quant_dot_case(rng, type_, n0, n1, nb, wild)
-        for portable in (False, True):
+        for portable in (0, 1, 2):
             one = run_c("quant_dot", args + (portable, 1), n0 * n1)
             for threads in THREADS:
                 many = run_c("quant_dot", args + (portable, threads), n0 * n1)
