@@ -272,6 +272,31 @@ def f32_product(w: np.ndarray, out: np.ndarray) -> Callable[[np.ndarray], None]:
     return run
 
 
+def f32_products(w4: np.ndarray, out4: np.ndarray, r2: int, r3: int, tiny: bool
+                 ) -> Callable[[np.ndarray], None]:
+    """Every matrix of a node of float32 weights at once, ready to run on x4 (ne13, ne12, n1, k):
+    out4[i13, i12] (n1, n0) = vec_dot_f32 (tiny: llamafile's tinyBLAS) of w4[i13 // r3,
+    i12 // r2] (n0, k) with x4[i13, i12]. Each operand is packed once for the node (the
+    attention's heads lie interleaved), then one C loop per matrix: f32_product's or
+    float_product's bits."""
+    n0, k = w4.shape[2:]
+    f32, flt = lanes.dot_f32, lanes.float_dot
+
+    def run(x4: np.ndarray) -> None:
+        wf, xf = np.ascontiguousarray(w4, F32), np.ascontiguousarray(x4, F32)
+        n1 = xf.shape[2]
+        res = out4 if out4.flags.c_contiguous else np.empty(out4.shape, F32)
+        for i13, i12 in np.ndindex(*xf.shape[:2]):
+            w, x, o = wf[i13 // r3, i12 // r2], xf[i13, i12], res[i13, i12]
+            if tiny:
+                flt(w, x, o, n0, n1, k, True)
+            else:
+                f32(w, x, o, n0, n1, k)
+        if res is not out4:
+            out4[...] = res
+    return run
+
+
 def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """llamafile's tinyBLAS (AVX2, FMA) for every pair: w (n0, K), x (n1, K) float values (F32,
     F16 or BF16 widened; w may be float16, or bf16 bits as uint16), K a multiple of 8 ->
