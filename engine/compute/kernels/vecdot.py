@@ -280,19 +280,20 @@ def f32_products(w4: np.ndarray, out4: np.ndarray, r2: int, r3: int, tiny: bool
     attention's heads lie interleaved), then one C loop per matrix: f32_product's or
     float_product's bits."""
     n0, k = w4.shape[2:]
+    ne13, ne12, n1 = out4.shape[:3]
+    matrices = [(i13 // r3, i12 // r2, i13, i12) for i13 in range(ne13) for i12 in range(ne12)]
+    packed = out4.flags.c_contiguous
     f32, flt = lanes.dot_f32, lanes.float_dot
 
     def run(x4: np.ndarray) -> None:
         wf, xf = np.ascontiguousarray(w4, F32), np.ascontiguousarray(x4, F32)
-        n1 = xf.shape[2]
-        res = out4 if out4.flags.c_contiguous else np.empty(out4.shape, F32)
-        for i13, i12 in np.ndindex(*xf.shape[:2]):
-            w, x, o = wf[i13 // r3, i12 // r2], xf[i13, i12], res[i13, i12]
+        res = out4 if packed else np.empty(out4.shape, F32)
+        for i03, i02, i13, i12 in matrices:
             if tiny:
-                flt(w, x, o, n0, n1, k, True)
+                flt(wf[i03, i02], xf[i13, i12], res[i13, i12], n0, n1, k, True)
             else:
-                f32(w, x, o, n0, n1, k)
-        if res is not out4:
+                f32(wf[i03, i02], xf[i13, i12], res[i13, i12], n0, n1, k)
+        if not packed:
             out4[...] = res
     return run
 
