@@ -794,20 +794,22 @@ static void gelu_lookup(const float *x, const float *t, float *o, Py_ssize_t n, 
 #ifdef HAVE_FMA_TARGET
 /* the same, 8 at a time: F16C's conversion (round to nearest even, as float_to_half) but for a
  * NaN, which float_to_half makes 0x7E00 with its sign; the entries gathered */
-__attribute__((target("avx2,fma,f16c"))) static void gelu_lookup_fma(const float *x, const float *t,
-                                                                     float *o, Py_ssize_t n, int clamp)
+__attribute__((target("avx2,fma,f16c"))) static void gelu_lookup_fma(const float *x,
+    const float *t, float *o, Py_ssize_t n, int clamp)
 {
     const __m256i nan_h = _mm256_set1_epi32(0x7E00), sign_h = _mm256_set1_epi32(0x8000);
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
-        __m256i h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i h = _mm256_cvtepu16_epi32(
+            _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         h = _mm256_blendv_epi8(h, _mm256_or_si256(_mm256_and_si256(h, sign_h), nan_h), nan);
         __m256 y = _mm256_i32gather_ps(t, h, 4);
         if (clamp) {
-            y = _mm256_blendv_ps(y, v, _mm256_cmp_ps(v, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
-            y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(v, _mm256_set1_ps(-10.0f), _CMP_LE_OQ));
+            const __m256 high = _mm256_cmp_ps(v, _mm256_set1_ps(10.0f), _CMP_GE_OQ);
+            const __m256 low = _mm256_cmp_ps(v, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+            y = _mm256_blendv_ps(_mm256_blendv_ps(y, v, high), _mm256_setzero_ps(), low);
         }
         _mm256_storeu_ps(o + i, y);
     }

@@ -575,7 +575,8 @@ AVX2 void split_pairs(__m256i q, __m256i *a, __m256i *b)
 {
     const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
                                            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    const __m256i s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, order), 0xD8);  /* q0 q2 q1 q3 */
+    /* the 64-bit quarters as q0 q2 q1 q3 */
+    const __m256i s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, order), 0xD8);
     *a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s));
     *b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1));
 }
@@ -622,7 +623,8 @@ AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
 /* legacy_tile with AVX-512 VNNI's byte dot products: dpbusd multiplies unsigned bytes with signed
  * ones, so the activations go in plus 128 and each weight lane starts at -128 times its 4
  * weights (exact integers: the same lane sums for any bytes) */
-#define VNNI static inline __attribute__((always_inline, target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define VNNI static inline __attribute__((always_inline, target(VNNI_TARGET)))
 
 VNNI void legacy_tile_vnni(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                            Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
@@ -643,8 +645,8 @@ VNNI void legacy_tile_vnni(int type, const uint8_t *w, Py_ssize_t ldw, const uin
         for (int i = 0; i < TILE_W; i++) {
             const uint8_t *blk = w + i * ldw + b * weight_size(type);
             const __m256i q = legacy_weights(type, blk);
-            const __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                  _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
+            const __m256i zero = _mm256_setzero_si256();
+            const __m256i base = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, q));
             const float wd = half_f16c(blk);
             for (int j = 0; j < nx; j++) {
                 const __m256i lanes = _mm256_dpbusd_epi32(base, yu[j], q);
@@ -687,8 +689,7 @@ __attribute__((target("avx2,fma,f16c"))) static void legacy_tiles_fma(TILES_ARGS
     }
 }
 
-__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
-static void legacy_tiles_vnni(TILES_ARGS)
+__attribute__((target(VNNI_TARGET))) static void legacy_tiles_vnni(TILES_ARGS)
 {
     switch (type) {
     case Q4_0: type = Q4_0; LEGACY_TILES(legacy_tile_vnni) break;
