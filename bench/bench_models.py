@@ -1,6 +1,6 @@
 """Real models against llama.cpp (llama-cpp-python) on the same GGUF with the same thread count:
-a MiniLM sentence embedding (tokenize, build the graph, compute, pool; the engine builds a fresh
-context and graph per call, as a learner's program would, where llama.cpp keeps its own), Gemma 3
+a MiniLM sentence embedding (tokenize, set the inputs, compute, pool; both keep the graph built
+for a length, the engine's in engine/models/common.py's Passes), Gemma 3
 270M decoding token by token and generating 24 tokens greedily (both keep their graphs), the
 Python around Gemma's kernels per node, the gemma3 walkthrough recorded and stepped, and a small
 Llama decoding in each weight type.

@@ -61,6 +61,30 @@ static inline float half_to_float(uint16_t h)
     return f;
 }
 
+/* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
+ * becomes the quiet NaN 0x7E00 with its sign (engine.types.fp32_to_fp16_bits) */
+static inline uint16_t float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7FFFFFFF;
+    if (ax > 0x7F800000)
+        return sign | 0x7E00;
+    if (ax >= 0x477FF000)  /* 65520 and up (infinity too) round to infinity */
+        return sign | 0x7C00;
+    if (ax < 0x38800000) {  /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (uint16_t)rintf(a * 16777216.0f);
+    }
+    uint32_t h = ((ax >> 23) - 112) << 10 | (ax & 0x7FFFFF) >> 13;
+    const uint32_t rest = ax & 0x1FFF;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+        h++;  /* a carry into the exponent is the right result */
+    return sign | (uint16_t)h;
+}
+
 /* get_scale_min_k4: the six-bit scale and min of sub-block j from a K-quant's 12 scale bytes */
 INLINE void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
 {
@@ -73,6 +97,17 @@ static inline int fma_hw(void)
 {
 #ifdef HAVE_FMA_TARGET
     return __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+/* AVX-512 VNNI's byte dot products on 256-bit vectors, where the CPU has them (and fma_hw()) */
+static inline int vnni_hw(void)
+{
+#ifdef HAVE_FMA_TARGET
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #else
     return 0;
 #endif
@@ -107,6 +142,7 @@ LANES_HIDDEN void lanes_iq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ld
 
 /* the methods of the module table (_lanes.c), each defined in its family's file */
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args);

@@ -104,30 +104,6 @@ LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args)
                           "_lanes: no such type, or not whole blocks");
 }
 
-/* GGML_FP32_TO_FP16: round to nearest even, through the subnormals; overflow to infinity; a NaN
- * becomes the quiet NaN 0x7E00 with its sign (engine.types.fp32_to_fp16_bits) */
-static uint16_t float_to_half(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
-    const uint32_t ax = x & 0x7FFFFFFF;
-    if (ax > 0x7F800000)
-        return sign | 0x7E00;
-    if (ax >= 0x477FF000)  /* 65520 and up (infinity too) round to infinity */
-        return sign | 0x7C00;
-    if (ax < 0x38800000) {  /* below 2^-14: a subnormal half, in units of 2^-24 (exact scaling) */
-        float a;
-        memcpy(&a, &ax, 4);
-        return sign | (uint16_t)rintf(a * 16777216.0f);
-    }
-    uint32_t h = ((ax >> 23) - 112) << 10 | (ax & 0x7FFFFF) >> 13;
-    const uint32_t rest = ax & 0x1FFF;
-    if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
-        h++;  /* a carry into the exponent is the right result */
-    return sign | (uint16_t)h;
-}
-
 /* quantize_row_q8_0 of ggml's AVX2 build, block by block (32 floats -> 34 bytes): amax = max |x|
  * (a NaN anywhere makes it NaN), d = amax / 127, id = 127 / amax (0 when amax is 0), each
  * q = x * id rounded to nearest even, converted as _mm256_cvtps_epi32 does (out of range or NaN:
@@ -158,13 +134,55 @@ static void quantize_q8_0_blocks(int type, const void *x_, void *y_, Py_ssize_t 
     }
 }
 
+#ifdef HAVE_FMA_TARGET
+#include <immintrin.h>
+
+/* the same with AVX2, as ggml's own loop: the max of |x| by max_ps (NaNs looked for apart),
+ * round_ps to nearest, cvtps_epi32 and the saturating packs, put back in order */
+__attribute__((target("avx2,fma,f16c"))) static void quantize_q8_0_blocks_fma(int type,
+    const void *x_, void *y_, Py_ssize_t nb)
+{
+    (void)type;
+    const float *x = x_;
+    uint8_t *y = y_;
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (Py_ssize_t b = 0; b < nb; b++, x += 32, y += 34) {
+        __m256 v[4], m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(m, _mm256_and_ps(v[k], abs_mask));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v[k], v[k], _CMP_UNORD_Q));
+        }
+        float lanes[8], amax = 0.0f;
+        _mm256_storeu_ps(lanes, m);
+        for (int l = 0; l < 8; l++)
+            amax = lanes[l] > amax ? lanes[l] : amax;
+        if (_mm256_movemask_ps(nan))
+            amax = NAN;
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        const uint16_t dh = float_to_half(d);
+        memcpy(y, &dh, 2);
+        const __m256 ids = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(v[k], ids), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                             _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(y + 2), _mm256_permutevar8x32_epi32(p, order));
+    }
+}
+#endif
+
 LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer x, out;
     if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
         return NULL;
-    return convert_blocks(Q8_0, &x, &out, 32 * 4, 34, quantize_q8_0_blocks,
+    return convert_blocks(Q8_0, &x, &out, 32 * 4, 34, PICK(quantize_q8_0_blocks, fma_hw()),
                           "_lanes: x is not whole blocks of 32 floats");
 }
 

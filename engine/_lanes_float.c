@@ -776,3 +776,69 @@ LANES_HIDDEN PyObject *lanes_rope_pairs(PyObject *self, PyObject *args)
         return NULL;
     Py_RETURN_NONE;
 }
+
+/* ggml_vec_gelu_f32 (the GGML_GELU_FP16 build) and ggml_vec_gelu_quick_f32: out[i] = the table
+ * entry (ggml's fp16 table widened to float32, 65536 of them) of x[i]'s fp16 bits; with clamp
+ * (GELU's) 0 where x <= -10 and x itself where x >= 10 */
+INLINE float gelu_lookup_one(float v, const float *t, int clamp)
+{
+    return clamp && v <= -10.0f ? 0.0f : clamp && v >= 10.0f ? v : t[float_to_half(v)];
+}
+
+static void gelu_lookup(const float *x, const float *t, float *o, Py_ssize_t n, int clamp)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        o[i] = gelu_lookup_one(x[i], t, clamp);
+}
+
+#ifdef HAVE_FMA_TARGET
+/* the same, 8 at a time: F16C's conversion (round to nearest even, as float_to_half) but for a
+ * NaN, which float_to_half makes 0x7E00 with its sign; the entries gathered */
+__attribute__((target("avx2,fma,f16c"))) static void gelu_lookup_fma(const float *x,
+    const float *t, float *o, Py_ssize_t n, int clamp)
+{
+    const __m256i nan_h = _mm256_set1_epi32(0x7E00), sign_h = _mm256_set1_epi32(0x8000);
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        __m256i h = _mm256_cvtepu16_epi32(
+            _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        h = _mm256_blendv_epi8(h, _mm256_or_si256(_mm256_and_si256(h, sign_h), nan_h), nan);
+        __m256 y = _mm256_i32gather_ps(t, h, 4);
+        if (clamp) {
+            const __m256 high = _mm256_cmp_ps(v, _mm256_set1_ps(10.0f), _CMP_GE_OQ);
+            const __m256 low = _mm256_cmp_ps(v, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+            y = _mm256_blendv_ps(_mm256_blendv_ps(y, v, high), _mm256_setzero_ps(), low);
+        }
+        _mm256_storeu_ps(o + i, y);
+    }
+    gelu_lookup(x + i, t, o + i, n - i, clamp);
+}
+#endif
+
+LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, table, out;
+    int clamp = 1;
+    if (!PyArg_ParseTuple(args, "y*y*w*|p", &x, &table, &out, &clamp))
+        return NULL;
+    const Py_ssize_t n = x.len / 4;
+    int ok = x.len % 4 == 0 && lanes_check(&table, 65536 * 4, "table") == 0 &&
+             lanes_check(&out, x.len, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        PICK(gelu_lookup, hw)(x.buf, table.buf, out.buf, n, clamp);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole float32s");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}

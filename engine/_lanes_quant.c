@@ -36,12 +36,17 @@
  *         as IQ4_NL's, each run times its six-bit scale minus 32; one accumulator
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants.
- * The IQ grid types IQ3_XXS, IQ3_S and IQ2_S (Q8_K activations) are _lanes_iq.c's. */
+ * The IQ grid types IQ3_XXS, IQ3_S and IQ2_S (Q8_K activations) are _lanes_iq.c's.
+ * With AVX2, Q4_0, Q5_0 and Q8_0 go by tiles of 4 weight rows by 3 activation rows, as llamafile's
+ * tinyBLAS multiplies: each block loaded (and unpacked) once for the tile's outputs, each output
+ * still its own accumulator, block after block; with AVX-512 VNNI the lane sums by its byte dot
+ * product. */
 #include "_lanes.h"
 
 #define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
 #define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
 #define ACC 20  /* floats of a row pair's accumulators in the portable loop */
+enum { TILE_W = 4, TILE_X = 3 };  /* the AVX2 loop's tiles: weight rows by activation rows */
 
 static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1, 13, 25, 38, 53, 69, 89, 113};
@@ -563,6 +568,138 @@ AVX2 __m256i q6_k_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsu
 
 AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
+/* The legacy types (Q4_0, Q5_0, Q8_0) a tile at a time, as llamafile's tinyBLAS multiplies (each
+ * loaded block used for several outputs), each output's sum in the order of the loop below.
+ * A block's 32 int8 quants as two int16 vectors: elements 4l, 4l+1 of each lane l in the first,
+ * 4l+2, 4l+3 in the second, so that madd(w0, y0) + madd(w1, y1) is the 8 lane sums in order
+ * (exact integers: the same lanes as legacy_lanes gives, without its shuffle of lanes). */
+AVX2 void split_pairs(__m256i q, __m256i *a, __m256i *b)
+{
+    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    /* the 64-bit quarters as q0 q2 q1 q3 */
+    const __m256i s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, order), 0xD8);
+    *a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s));
+    *b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1));
+}
+
+/* out for weight rows [0, TILE_W) and activation rows [0, nx) (nx <= TILE_X, a constant where
+ * it is inlined): per block the tile's activations split once, each weight block split once
+ * and multiplied with every activation block; acc = fma(y.d * x.d, lanes, acc), then hsum8 */
+AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
+                      float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
+{
+    __m256 acc[TILE_W][TILE_X];
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        __m256i y0[TILE_X], y1[TILE_X];
+        float yd[TILE_X];
+        for (int j = 0; j < nx; j++) {
+            const uint8_t *yb = x + j * ldx + b * 34;
+            split_pairs(_mm256_loadu_si256((const __m256i *)(yb + 2)), &y0[j], &y1[j]);
+            yd[j] = half_f16c(yb);
+        }
+        for (int i = 0; i < TILE_W; i++) {
+            const uint8_t *blk = w + i * ldw + b * weight_size(type);
+            __m256i w0, w1;
+            split_pairs(legacy_weights(type, blk), &w0, &w1);
+            const float wd = half_f16c(blk);
+            for (int j = 0; j < nx; j++) {
+                const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(w0, y0[j]),
+                                                       _mm256_madd_epi16(w1, y1[j]));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
+                                            acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++) {
+            float a[8];
+            _mm256_storeu_ps(a, acc[i][j]);
+            out[j * ldo + i] = hsum8(a);
+        }
+}
+
+/* legacy_tile with AVX-512 VNNI's byte dot products: dpbusd multiplies unsigned bytes with signed
+ * ones, so the activations go in plus 128 and each weight lane starts at -128 times its 4
+ * weights (exact integers: the same lane sums for any bytes) */
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define VNNI static inline __attribute__((always_inline, target(VNNI_TARGET)))
+
+VNNI void legacy_tile_vnni(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                           Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
+{
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    __m256 acc[TILE_W][TILE_X];
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        __m256i yu[TILE_X];  /* activation bytes plus 128, unsigned */
+        float yd[TILE_X];
+        for (int j = 0; j < nx; j++) {
+            const uint8_t *yb = x + j * ldx + b * 34;
+            yu[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(yb + 2)), bias);
+            yd[j] = half_f16c(yb);
+        }
+        for (int i = 0; i < TILE_W; i++) {
+            const uint8_t *blk = w + i * ldw + b * weight_size(type);
+            const __m256i q = legacy_weights(type, blk);
+            const __m256i zero = _mm256_setzero_si256();
+            const __m256i base = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, q));
+            const float wd = half_f16c(blk);
+            for (int j = 0; j < nx; j++) {
+                const __m256i lanes = _mm256_dpbusd_epi32(base, yu[j], q);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
+                                            acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < TILE_W; i++)
+        for (int j = 0; j < nx; j++) {
+            float a[8];
+            _mm256_storeu_ps(a, acc[i][j]);
+            out[j * ldo + i] = hsum8(a);
+        }
+}
+
+/* weight rows [0, n0) (whole tiles) of a legacy type by every activation row, tile by tile; the
+ * activation rows left over by a tile of fewer */
+#define LEGACY_TILES(tile)                                                                        \
+    for (Py_ssize_t i0 = 0; i0 < n0; i0 += TILE_W) {                                              \
+        const uint8_t *wr = w + i0 * ldw;                                                         \
+        Py_ssize_t i1 = 0;                                                                        \
+        for (; i1 + TILE_X <= n1; i1 += TILE_X)                                                   \
+            tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, TILE_X);         \
+        if (n1 - i1 == 2)                                                                         \
+            tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, 2);              \
+        else if (n1 - i1 == 1)                                                                    \
+            tile(type, wr, ldw, x + i1 * ldx, ldx, out + i1 * ldo + i0, ldo, nb, 1);              \
+    }
+
+#define TILES_ARGS int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx, \
+                   float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb
+
+__attribute__((target("avx2,fma,f16c"))) static void legacy_tiles_fma(TILES_ARGS)
+{
+    switch (type) {  /* a copy per type, its constants folded in */
+    case Q4_0: type = Q4_0; LEGACY_TILES(legacy_tile) break;
+    case Q5_0: type = Q5_0; LEGACY_TILES(legacy_tile) break;
+    default: type = Q8_0; LEGACY_TILES(legacy_tile) break;
+    }
+}
+
+__attribute__((target(VNNI_TARGET))) static void legacy_tiles_vnni(TILES_ARGS)
+{
+    switch (type) {
+    case Q4_0: type = Q4_0; LEGACY_TILES(legacy_tile_vnni) break;
+    case Q5_0: type = Q5_0; LEGACY_TILES(legacy_tile_vnni) break;
+    default: type = Q8_0; LEGACY_TILES(legacy_tile_vnni) break;
+    }
+}
+
 AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb)
@@ -709,7 +846,7 @@ __attribute__((target("avx2,fma,f16c"))) static void quant_dot_fma(int type, int
 /* A quant_dot's rows shared out by the pool (_lanes_pool.c): weight rows [a, b) of every
  * activation row. Each output is one row's own sum, so the split never changes a bit. */
 typedef struct {
-    int type, hw, tiny;
+    int type, hw, tiny;  /* hw: 0 the portable loop, 1 AVX2, 2 AVX2 and AVX-512 VNNI's tiles */
     const uint8_t *w, *x;
     Py_ssize_t ldw, ldx, n0, n1, nb;
     float *out, *acc;  /* out (n1, n0); acc: each worker's room for n1 * ACC floats */
@@ -721,6 +858,13 @@ static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
     const uint8_t *w = j->w + a * j->ldw;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
+        if (j->type == Q4_0 || j->type == Q5_0 || j->type == Q8_0) {  /* whole tiles first */
+            const Py_ssize_t n = (b - a) - (b - a) % TILE_W;
+            (j->hw == 2 ? legacy_tiles_vnni : legacy_tiles_fma)(j->type, w, j->ldw, j->x, j->ldx,
+                                                                j->out + a, j->n0, n, j->n1, j->nb);
+            a += n;
+            w += n * j->ldw;
+        }
         quant_dot_fma(j->type, j->tiny, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb);
         return;
     }
@@ -735,7 +879,7 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     Py_buffer w, x, out;
     int type, portable = 0, threads = 1, tiny = 0;
     Py_ssize_t ldw, ldx, n0, n1, nb;
-    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|pip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|iip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
                           &portable, &threads, &tiny))
         return NULL;
     const int k_quant = K_QUANT(type);
@@ -751,14 +895,19 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     const Py_ssize_t macs = n0 * n1 * nb * (k_quant || lanes_iq_size(type) ? 256 : 32);
     while (parts > 1 && (n0 < parts || macs / parts < LANES_SPLIT_MACS))
         parts--;
-    const Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
+    Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;
+    /* chunks start at whole tiles, so a row is tiled or not (the NaN a row gives, where two
+     * meet, is the instruction's choice) whatever the threads */
+    if (parts > 1)
+        chunk = (chunk + TILE_W - 1) / TILE_W * TILE_W;
     float *acc = NULL;
     if (ok && !(acc = PyMem_RawMalloc((size_t)parts * (size_t)(n1 + 1) * ACC * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        QuantJob job = {type, !portable && fma_hw(), tiny, w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
+        const int hw = portable == 1 || !fma_hw() ? 0 : portable != 2 && vnni_hw() ? 2 : 1;
+        QuantJob job = {type, hw, tiny, w.buf, x.buf, ldw, ldx, n0, n1, nb, out.buf, acc};
         Py_BEGIN_ALLOW_THREADS
         lanes_pool_run(quant_rows, &job, n0, chunk, (int)parts);
         Py_END_ALLOW_THREADS

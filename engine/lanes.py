@@ -26,8 +26,8 @@ except ImportError:  # installed without a C compiler: the twins do the work
           "its numpy twins, the same bits, slower", file=sys.stderr)
 
 # the names engine._lanes exports (the method table in engine/_lanes.c), each a twin's name
-NAMES = ("v_expf", "v_silu", "soft_max", "norm_rows", "quant_dot", "quantize_q8_0", "quantize_q8_k",
-         "dequantize", "float_dot", "dot_f32", "fmaf", "rope_pairs", "rms_norm_rows")
+NAMES = ("v_expf", "v_silu", "gelu_lookup", "soft_max", "norm_rows", "quant_dot", "quantize_q8_0",
+         "quantize_q8_k", "dequantize", "float_dot", "dot_f32", "fmaf", "rope_pairs", "rms_norm_rows")
 TWINS: dict[str, Callable] = {}
 _pure = os.environ.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0")
 

@@ -59,13 +59,16 @@ def _dup(params, dst: Tensor):
     s4, d4 = view4(src0), view4(dst)
     flat = d4.reshape(-1) if ggml_is_contiguous(dst) else None
     parts = []
-    for i03 in range(ne03 if ir0 < ir1 else 0):
+    whole = flat is not None and ir0 == 0 and ir1 == ne01  # every row, in one copy: the blocks
+    for i03 in range(ne03 if ir0 < ir1 and not whole else 0):  # below one after the other
         for i02 in range(ne02):
             k0 = ((i03 * ne02 + i02) * ne01 + ir0) * ne00
             n = (ir1 - ir0) * ne00  # written to dst's elements k0.. in ggml order (i0 fastest)
             at = slice(k0, k0 + n) if flat is not None else np.unravel_index(np.arange(k0, k0 + n),
                                                                                  d4.shape)
             parts.append((s4[i03, i02, ir0:ir1], at))
+    if whole and ggml_nel:
+        parts.append((s4, slice(0, ggml_nel)))
 
     def copy() -> None:
         for rows, at in parts:

@@ -311,16 +311,29 @@ def fp16_bits(x: np.ndarray) -> np.ndarray:
 
 
 @cache
-def _widened(table: str) -> np.ndarray:
+def widened_table(table: str) -> np.ndarray:
     """A table's entries as float32 (GGML_CPU_FP16_TO_FP32 of each), so a lookup is one gather."""
     return fp16_bits_to_fp32({"gelu": gelu_table, "gelu_quick": gelu_quick_table}[table]())
 
 
 def _gelu_via_table(x: np.ndarray) -> np.ndarray:
-    y = _widened("gelu")[fp16_bits(x)]
+    y = widened_table("gelu")[fp16_bits(x)]
     np.copyto(y, x, where=x >= F32(10))
     np.copyto(y, F32(0), where=x <= F32(-10))
     return y
+
+
+@twin("gelu_lookup")
+def gelu_lookup(x, table, out, clamp: bool = True) -> None:
+    """engine._lanes.gelu_lookup: out = the entries of table (a widened fp16 table, 65536
+    float32) at fp16_bits(x); with clamp (ggml_vec_gelu_f32's) 0 where x <= -10 and x where
+    x >= 10."""
+    xs = np.frombuffer(x, F32)
+    y = np.frombuffer(table, F32)[fp16_bits(xs)]
+    if clamp:
+        np.copyto(y, xs, where=xs >= F32(10))
+        np.copyto(y, F32(0), where=xs <= F32(-10))
+    np.frombuffer(out, F32)[:] = y
 
 
 def gelu_via_table(x: np.ndarray) -> np.ndarray:
@@ -331,4 +344,4 @@ def gelu_via_table(x: np.ndarray) -> np.ndarray:
 
 def gelu_quick_via_table(x: np.ndarray) -> np.ndarray:
     """ggml_vec_gelu_quick_f32 with GGML_GELU_QUICK_FP16: the table entry of fp16(x), no clamp."""
-    return _widened("gelu_quick")[fp16_bits(x)]
+    return widened_table("gelu_quick")[fp16_bits(x)]

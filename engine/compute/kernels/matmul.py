@@ -33,8 +33,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, float_product, quant_product, \
-    vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
+from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, f32_products, float_product, \
+    quant_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -194,6 +194,9 @@ def _prepare_mul_mat(params, dst: Tensor):
     d4 = view4(dst)
     r2, r3 = ne12 // ne02, ne13 // ne03
     products = []
+    if src0.type == GGMLType.F32 and convert is None and ne12 * ne13 > 1:  # (attention heads)
+        every = f32_products(view4(src0), d4, r2, r3, tiny)
+        return lambda: every(x4)
     for i13 in range(ne13):
         for i12 in range(ne12):
             out = d4[i13, i12]  # (the C loops write straight into dst, or through a buffer)

@@ -24,10 +24,9 @@ from engine.core.tensor import Tensor, ggml_nelements
 from engine.core.types import GGMLType, TYPE_TRAITS
 
 
-@kernel(GGMLOp.GET_ROWS, barrier=False)
-def compute_forward_get_rows(params, dst: Tensor) -> None:
-    """ggml_compute_forward_get_rows:
-    dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
+def _get_rows(params, dst: Tensor):
+    """This thread's indices of ggml_compute_forward_get_rows, ready to run (the indices read
+    when it runs)."""
     src0, src1 = dst.src[0], dst.src[1]
     t0 = TYPE_TRAITS[src0.type]
     if not (t0.is_quantized or src0.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16,
@@ -39,28 +38,41 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
     ne10, ne11 = int(src1.ne[0]), int(src1.ne[1])
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     ir0, ir1 = thread_range(ggml_nelements(src1), params.ith, params.nth)
-    if ir0 < ir1:
-        # flat index i -> (i12, i11, i10), as ggml derives them
-        i = np.arange(ir0, ir1)
-        i12, rest = np.divmod(i, ne11 * ne10)
-        i11, i10 = np.divmod(rest, ne10)
-        idx = view4(src1)[0, i12, i11, i10].astype(np.int64)
+    # flat index i -> (i12, i11, i10), as ggml derives them
+    i = np.arange(ir0, ir1)
+    i12, rest = np.divmod(i, ne11 * ne10)
+    i11, i10 = np.divmod(rest, ne10)
+    s1, d4 = view4(src1), view4(dst)
+    raw = raw_rows4(src0) if t0.is_quantized else None
+    s0 = None if t0.is_quantized else view4(src0)
+
+    def run() -> None:
+        if ir0 >= ir1:
+            return
+        idx = s1[0, i12, i11, i10].astype(np.int64)
         bad = (idx < 0) | (idx >= ne01)
         ggml_assert(not bad.any(), "i01 >= 0 && i01 < ne01", "ggml_compute_forward_get_rows",
                     f"index {int(idx[bad][0]) if bad.any() else 0} outside [0, {ne01})")
-        d4 = view4(dst)
-        if t0.is_quantized:
+        if raw is not None:
             from engine.quants import dequantize
 
-            raw = raw_rows4(src0)[i12, i11, idx]  # (n, row_bytes)
-            rows = dequantize(src0.type, np.ascontiguousarray(raw).reshape(-1),
-                              len(i) * ne00).reshape(len(i), ne00)
+            rows = dequantize(src0.type, np.ascontiguousarray(raw[i12, i11, idx]).reshape(-1),
+                              len(i) * ne00).reshape(len(i), ne00)  # (n, row_bytes) raw rows
         else:
-            rows = view4(src0)[i12, i11, idx]
+            rows = s0[i12, i11, idx]
             if src0.type in (GGMLType.F16, GGMLType.BF16):
                 rows = to_f32(rows, src0.type)
         d4[i12, i11, i10] = rows
-    params.took("rows", (ir0, ir1), note=Note("index_rows"))
+    return run
+
+
+@kernel(GGMLOp.GET_ROWS, barrier=False, prepare=_get_rows)
+def compute_forward_get_rows(params, dst: Tensor) -> None:
+    """ggml_compute_forward_get_rows:
+    dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
+    _get_rows(params, dst)()
+    params.took("rows", thread_range(ggml_nelements(dst.src[1]), params.ith, params.nth),
+                note=Note("index_rows"))
 
 
 def _set_rows(params, dst: Tensor):

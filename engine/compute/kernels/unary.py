@@ -19,11 +19,13 @@ import numpy as np
 from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import CLoop, kernel, not_supported
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
+from engine.compute.kernels.views import strided
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp, GGMLUnaryOp as U
-from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous_1, \
-    ggml_is_contiguous_rows, ggml_nrows
+from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous, \
+    ggml_is_contiguous_1, ggml_is_contiguous_rows, ggml_nelements, ggml_nrows
 from engine.core.types import GGMLType, TYPE_TRAITS, fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.lanes import lanes
 
 F32 = np.float32
 T = GGMLType
@@ -138,8 +140,32 @@ def _gelu_erf_f32(x: np.ndarray) -> np.ndarray:
     return F32(0.5) * x * (F32(1) + fm.erff(x * fm.SQRT_2_INV))
 
 
+# the f32 table lookups gelu_lookup computes: op -> (its table, clamped at ±10)
+LOOKUPS = {U.GELU: ("gelu", True), U.GELU_QUICK: ("gelu_quick", False)}
+
+
+def _lookup(params, dst: Tensor):
+    """An F32 GELU or GELU_QUICK node of packed tensors, whole, ready to run: ggml_vec_gelu_f32
+    (ggml_vec_gelu_quick_f32) by lanes.gelu_lookup, element by element as every thread's rows
+    would be (None: the node takes compute_forward_unary's path)."""
+    src0 = dst.src[0]
+    op = int(dst.op_params[0])
+    if op not in LOOKUPS or src0.type != T.F32 or dst.type != T.F32 or not (
+            ggml_is_contiguous(src0) and ggml_is_contiguous(dst)
+            and ggml_are_same_shape(src0, dst)):
+        return None
+    n = ggml_nelements(src0)
+    x, y = strided(src0, (n,), (4,)), strided(dst, (n,), (4,))
+    name, clamp = LOOKUPS[op]
+    table = fm.widened_table(name)
+
+    def run() -> None:
+        lanes.gelu_lookup(x, table, y, clamp)
+    return run
+
+
 @kernel(GGMLOp.UNARY, barrier=False, holds_gil=True,
-        in_c=CLoop("v_silu", "ggml_vec_silu_f32", U.SILU))
+        in_c=CLoop("v_silu", "ggml_vec_silu_f32", U.SILU), prepare=_lookup)
 def compute_forward_unary(params, dst: Tensor) -> None:
     """ggml_compute_forward_unary: dispatch on op_params[0] (the ggml_unary_op)."""
     op = int(dst.op_params[0])

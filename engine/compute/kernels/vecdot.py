@@ -277,6 +277,32 @@ def f32_product(w: np.ndarray, out: np.ndarray) -> Callable[[np.ndarray], None]:
     return run
 
 
+def f32_products(w4: np.ndarray, out4: np.ndarray, r2: int, r3: int, tiny: bool
+                 ) -> Callable[[np.ndarray], None]:
+    """Every matrix of a node of float32 weights at once, ready to run on x4 (ne13, ne12, n1, k):
+    out4[i13, i12] (n1, n0) = vec_dot_f32 (tiny: llamafile's tinyBLAS) of w4[i13 // r3,
+    i12 // r2] (n0, k) with x4[i13, i12]. Each operand is packed once for the node (the
+    attention's heads lie interleaved), then one C loop per matrix: f32_product's or
+    float_product's bits."""
+    n0, k = w4.shape[2:]
+    ne13, ne12, n1 = out4.shape[:3]
+    matrices = [(i13 // r3, i12 // r2, i13, i12) for i13 in range(ne13) for i12 in range(ne12)]
+    packed = out4.flags.c_contiguous
+    f32, flt = lanes.dot_f32, lanes.float_dot
+
+    def run(x4: np.ndarray) -> None:
+        wf, xf = np.ascontiguousarray(w4, F32), np.ascontiguousarray(x4, F32)
+        res = out4 if packed else np.empty(out4.shape, F32)
+        for i03, i02, i13, i12 in matrices:
+            if tiny:
+                flt(wf[i03, i02], xf[i13, i12], res[i13, i12], n0, n1, k, True)
+            else:
+                f32(wf[i03, i02], xf[i13, i12], res[i13, i12], n0, n1, k)
+        if not packed:
+            out4[...] = res
+    return run
+
+
 def vec_dot_tinyblas(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """llamafile's tinyBLAS (AVX2, FMA) for every pair: w (n0, K), x (n1, K) float values (F32,
     F16 or BF16 widened; w may be float16, or bf16 bits as uint16), K a multiple of 8 ->
@@ -487,7 +513,7 @@ def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
 
 @twin("quant_dot")
 def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: int,
-              portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
+              portable: int = 0, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
     _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of
@@ -499,8 +525,10 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
     offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m); the IQ grid types':
-    iq_result); IQ4_NL's two accumulators
-    (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
+    iq_result); IQ4_NL's two accumulators (paired_total), or with `tiny` one. C computes the
+    legacy types' products by tiles of weight rows by activation rows, each block loaded once for
+    the tile; each output is still its own sum in this order. portable (C's loop: 0 the best the
+    CPU has, 1 the portable one, 2 AVX2 without AVX-512) and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks

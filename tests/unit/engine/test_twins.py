@@ -21,7 +21,7 @@ import pytest
 import engine.compute.kernels  # noqa: F401 (registers the kernels' twins)
 import engine.quants  # noqa: F401 (registers the block converters' twins)
 from engine import libm
-from engine.compute.kernels.floatmath import fmaf, fmaf_steps
+from engine.compute.kernels.floatmath import fmaf, fmaf_steps, widened_table
 from engine.lanes import NAMES, TWINS, compiled
 from engine.core.types import GGMLType, bf16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
@@ -151,17 +151,18 @@ def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
 @pytest.mark.parametrize("type_", list(QUANT_DOT), ids=lambda t: t.name)
 def test_quant_dot(type_: GGMLType, wild: bool):
     """Every pair of weight rows (nb blocks, rows ldw bytes apart, more than a row) and activation
-    rows (ldx apart); C's AVX2 and portable loops alike."""
+    rows (ldx apart); C's loops alike: the best the CPU has (portable=0; the legacy types by
+    AVX-512 VNNI's tiles where it has them), the portable one (1), AVX2 without AVX-512 (2)."""
     rng = np.random.default_rng([int(type_), wild])
     d_at = D_AT.get(type_, (0,))
-    for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (0, 2, 1)):
+    for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (10, 8, 5), (0, 2, 1)):
         w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
         x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
-        portable = n0 % 2 == 1  # neither changes a bit
-        args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb,
-                portable, 2)
-        c, t = run_both("quant_dot", args, n0 * n1)
-        assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb}")
+        for portable in (0, 1, 2):  # none changes a bit
+            args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1,
+                    nb, portable, 2)
+            c, t = run_both("quant_dot", args, n0 * n1)
+            assert_same_bits(c, t, f"quant_dot {type_.name} {n0}x{n1}x{nb} portable={portable}")
 
 
 def test_iq_grids_header():
@@ -301,7 +302,7 @@ def test_quant_dot_threads(type_: GGMLType, wild: bool):
     elems = 256 if type_ in K_QUANTS else 32
     for n0, n1, nb in QUANT_SPLITS[elems]:
         args = quant_dot_case(rng, type_, n0, n1, nb, wild)
-        for portable in (False, True):
+        for portable in (0, 1, 2):
             one = run_c("quant_dot", args + (portable, 1), n0 * n1)
             for threads in THREADS:
                 many = run_c("quant_dot", args + (portable, threads), n0 * n1)
@@ -430,6 +431,20 @@ def test_lanes_of_a_vector_op(name):
     want, got = np.empty_like(x), np.empty_like(x)
     getattr(compiled(), name)(x, want)
     TWINS[name](x, got)
+    assert same_bits(want, got)
+
+
+@pytest.mark.parametrize("table,clamp", [("gelu", True), ("gelu_quick", False)])
+def test_gelu_lookup(table, clamp):
+    """Bit patterns, values around ±10, and fp16's halfway points (ties to even)."""
+    rng = np.random.default_rng(3)
+    halfway = (np.arange(0x3000, 0x4A00, 7, dtype=np.uint32) << 13 | 0x1000).view(F32)
+    x = np.concatenate([bit_patterns(rng, 300_000), rng.uniform(-11, 11, 10_000).astype(F32),
+                        halfway, -halfway, np.array([10, -10, 9.9999995, -9.9999995], F32)])
+    t = widened_table(table)
+    want, got = np.empty_like(x), np.empty_like(x)
+    compiled().gelu_lookup(x, t, want, clamp)
+    TWINS["gelu_lookup"](x, t, got, clamp)
     assert same_bits(want, got)
 
 
