@@ -77,6 +77,15 @@ static inline int fma_hw(void)
 #endif
 }
 
+/* hsum_float_8: the 8 lanes of an accumulator summed as ggml sums them */
+INLINE float hsum8(const float *a)
+{
+    float r[4];
+    for (int l = 0; l < 4; l++)
+        r[l] = a[l + 4] + a[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
 /* rows [a, b) of a job, computed by `worker` (0: the calling thread, 1 .. threads - 1: the pool's) */
 typedef void (*lanes_rows_fn)(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b);
 
@@ -110,5 +119,19 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
+
+/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0; enum ggml_type) */
+enum { TQ2_0 = 35 };
+
+/* the bytes of a weight block of one of _lanes_tq.c's types and (in *ysize) of its activation
+ * block; 0 for another type */
+LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize);
+
+/* out[i1 * ldo + i0] = ggml's AVX2 vec_dot of weight row i0 < n0 (at w + i0 * ldw) and
+ * activation row i1 < n1 (at x + i1 * ldx), nb blocks a row, with the vector instructions (hw)
+ * or the portable loop (the same bits); 1 if type is one of _lanes_tq.c's, else 0 (nothing done) */
+LANES_HIDDEN int lanes_tq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                              Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
+                              Py_ssize_t n1, Py_ssize_t nb);
 
 #endif
