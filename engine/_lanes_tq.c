@@ -7,6 +7,10 @@
  *          bsums[m] (the -1 of every value), wrapping as int16; lane l = m[2l] + m[2l+1] in
  *          int32; acc[l] = fmaf(lane, y.d * x.d, acc[l]) (the oracle fuses ggml's mul and add:
  *          vfmadd231ps), the result hsum_float_8(acc)
+ *   TQ1_0  the same lanes of its trits t = value + 1: trit n of a byte q is ((uint8_t)(q * 3^n)
+ *          * 3) >> 8 (ggml's AVX2 code takes the top two bits of 3q by two byte averages: the
+ *          same trit for every byte), element 32n + m from qs[m], 160 + 16n + m from qs[32 + m],
+ *          240 + 4n + m from qh[m]
  *
  * Activations: Q8_K blocks (float d, 256 int8, 16 int16 block sums). */
 #include "_lanes.h"
@@ -17,14 +21,31 @@ LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize)
 {
     switch (type) {
     case TQ2_0: *ysize = 292; return 66;
+    case TQ1_0: *ysize = 292; return 54;
     default: return 0;
     }
 }
 
-/* a weight block decoded: q the integers the lanes multiply (TQ2_0: the unsigned quants), d */
+INLINE int16_t trit(uint8_t q, int pow3) { return (int16_t)(((uint8_t)(q * pow3) * 3) >> 8); }
+
+/* a weight block decoded: q the integers the lanes multiply (TQ2_0, TQ1_0: the unsigned quants),
+ * d */
 INLINE void decode_tq(int type, const uint8_t *blk, int16_t *q, float *d)
 {
+    static const int pow3[5] = {1, 3, 9, 27, 81};
     switch (type) {
+    case TQ1_0:
+        for (int n = 0; n < 5; n++) {
+            for (int m = 0; m < 32; m++)
+                q[32 * n + m] = trit(blk[m], pow3[n]);
+            for (int m = 0; m < 16; m++)
+                q[160 + 16 * n + m] = trit(blk[32 + m], pow3[n]);
+        }
+        for (int n = 0; n < 4; n++)
+            for (int m = 0; m < 4; m++)
+                q[240 + 4 * n + m] = trit(blk[48 + m], pow3[n]);
+        *d = half_to_float(u16(blk + 52));
+        break;
     default: { /* TQ2_0 */
         for (int c = 0; c < 2; c++)
             for (int k = 0; k < 4; k++)
@@ -36,7 +57,7 @@ INLINE void decode_tq(int type, const uint8_t *blk, int16_t *q, float *d)
     }
 }
 
-/* TQ2_0's 8 lanes: int16 lane m sums t * y over bytes 2m, 2m+1 of every run of 32 (it cannot
+/* TQ2_0's and TQ1_0's 8 lanes: int16 lane m sums t * y over bytes 2m, 2m+1 of every run of 32 (it cannot
  * overflow: 16 products of at most 3 * 128), less bsums[m], wrapping; then pairs in int32 */
 INLINE void ternary_lanes(const int16_t *t, const int8_t *y, const uint8_t *bsums, int32_t *lane)
 {
@@ -104,6 +125,40 @@ AVX2 __m256i tq2_lanes(const uint8_t *qs, const int8_t *yq, const uint8_t *bsums
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
+/* ggml_vec_dot_tq1_0_q8_K's trits of 32 bytes q: with x = q - 1 (0 for q = 0), the top two
+ * bits of avg(x, avg(x, 0)), about 3x/4 (equal to (q * 3) >> 8 for every byte) */
+AVX2 __m256i tq1_trits(__m256i q)
+{
+    const __m256i x = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+    const __m256i h = _mm256_avg_epu8(x, _mm256_avg_epu8(x, _mm256_setzero_si256()));
+    return _mm256_and_si256(_mm256_srli_epi16(h, 6), _mm256_set1_epi8(3));
+}
+
+AVX2 __m256i times3(__m256i q) { return _mm256_add_epi8(q, _mm256_add_epi8(q, q)); }
+
+/* ggml_vec_dot_tq1_0_q8_K's lanes: the 5 trits of qs[0..31] (elements 32n + m), then 32-byte
+ * vectors of qs[32..47]'s trits 0|1, 2|3, 4 | qh's (byte 4n + m: qh[m] * 3^n), by maddubs,
+ * summed in int16, less the block sums, pairs by madd */
+AVX2 __m256i tq1_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsums)
+{
+    __m256i s = _mm256_setzero_si256(), v = _mm256_loadu_si256((const __m256i *)blk);
+    for (int n = 0; n < 5; n++, v = times3(v))
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v), _mm256_loadu_si256((const __m256i *)(yq + 32 * n))));
+    uint8_t h[16];
+    for (int n = 0; n < 4; n++)
+        for (int m = 0; m < 4; m++)
+            h[4 * n + m] = (uint8_t)(blk[48 + m] * (n == 0 ? 1 : n == 1 ? 3 : n == 2 ? 9 : 27));
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
+    const __m256i t3 = times3(t), t9 = times3(t3), t27 = times3(t9);
+    const __m256i v01 = _mm256_blend_epi32(t, t3, 0xF0), v23 = _mm256_blend_epi32(t9, t27, 0xF0);
+    const __m256i v45 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)h), _mm256_castsi256_si128(times3(t27)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v01), _mm256_loadu_si256((const __m256i *)(yq + 160))));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v23), _mm256_loadu_si256((const __m256i *)(yq + 192))));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v45), _mm256_loadu_si256((const __m256i *)(yq + 224))));
+    s = _mm256_sub_epi16(s, _mm256_loadu_si256((const __m256i *)bsums));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
 AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
                        float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb)
 {
@@ -118,8 +173,9 @@ AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
                 float yd;
                 memcpy(&yd, yb, 4);
-                const __m256i lanes = tq2_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
-                const float d = yd * half_to_float(u16(blk + 64));
+                const __m256i lanes = type == TQ2_0 ? tq2_lanes(blk, (const int8_t *)(yb + 4), yb + 260)
+                                                    : tq1_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
+                const float d = yd * half_to_float(u16(blk + (type == TQ2_0 ? 64 : 52)));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d), acc);
             }
             float a[8];
@@ -134,6 +190,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tq_fma(int type, const uint
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
+    case TQ1_0: tq_avx2_body(TQ1_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: tq_avx2_body(TQ2_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
 }
@@ -153,6 +210,7 @@ LANES_HIDDEN int lanes_tq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw
     }
 #endif
     switch (type) {  /* one copy of the loop per type, its constants folded in */
+    case TQ1_0: tq_body(TQ1_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: tq_body(TQ2_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
     return 1;

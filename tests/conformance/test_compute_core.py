@@ -226,7 +226,8 @@ def test_changed_weights_are_followed():
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
                                    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K,
-                                   GGMLType.Q6_K, GGMLType.TQ2_0],
+                                   GGMLType.Q6_K, GGMLType.TQ2_0,
+                                   GGMLType.TQ1_0],
                          ids=lambda t: t.name)
 def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     """engine._lanes.quant_dot against the oracle's own vec_dot (its CPU type traits), on weight

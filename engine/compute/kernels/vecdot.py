@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and the
 quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations),
-Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K and TQ2_0 (with Q8_K activations).
+Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0 and TQ1_0 (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -38,8 +38,8 @@ pure-numpy mode, engine/lanes.py):
   accumulators just before each block's quants.
 - ggml_vec_dot_iq4_xs_q8_K: IQ4_NL's lanes over 8 runs of 32, each run times its six-bit scale
   (minus 32), one accumulator.
-- ggml_vec_dot_tq2_0_q8_K (kernels/vecdot_tq.py): lanes of the unsigned quants (value + 1) less
-  the block sums, in int16, then the same fma and horizontal sum.
+- ggml_vec_dot_tq2_0_q8_K, _tq1_0_q8_K (kernels/vecdot_tq.py): lanes of the unsigned quants or
+  trits (value + 1) less the block sums, in int16, then the same fma and horizontal sum.
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -299,9 +299,9 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
                          GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                         GGMLType.TQ2_0})
+                         GGMLType.TQ2_0, GGMLType.TQ1_0})
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
-                      GGMLType.Q6_K, GGMLType.TQ2_0})  # with Q8_K activations
+                      GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0})  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
 SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS})  # lanes by _mm256_sign_epi8 (see block_lanes)
 PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
@@ -315,8 +315,8 @@ class Decoded(NamedTuple):
     #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q3_K's (signed, -4..3)
     #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
     #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
-    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); TQ2_0's the unsigned
-    #                quants, value + 1
+    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); TQ2_0's and TQ1_0's the
+    #                unsigned quants, value + 1
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
@@ -421,10 +421,10 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
     IQ4_NL's and IQ4_XS's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
     their run's scale): maddubs(|q|, sign(y, q)), so a y
-    of -128 against a negative q counts as +128 (the int8 negation wraps). TQ2_0's:
+    of -128 against a negative q counts as +128 (the int8 negation wraps). TQ2_0's and TQ1_0's:
     vecdot_tq.ternary_lanes."""
     yd, yq, bsums, ys = decode_activations(type_, yblocks)
-    if type_ in vecdot_tq.TERNARY:  # TQ2_0: unsigned quants, less the block sums in int16
+    if type_ in vecdot_tq.TERNARY:  # TQ2_0, TQ1_0: unsigned quants, less the block sums in int16
         return vecdot_tq.ternary_lanes(dec.q, yq, bsums), yd * dec.d, None, None
     if type_ in SIGNED_LANES:  # |q| * sign(y, q): -(-128) wraps to -128 in int8
         yq = np.where((yq == -128) & (dec.q < 0), np.int16(128), yq)
@@ -485,7 +485,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
@@ -562,8 +562,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
     their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
-    32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]). TQ2_0 (ggml_vec_dot_tq2_0_q8_K): the
-    unsigned quants' int16 lanes less the block sums (vecdot_tq.ternary_lanes).
+    32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]). TQ2_0 and TQ1_0 (ggml_vec_dot_tq2_0_q8_K,
+    _tq1_0_q8_K): the unsigned quants' int16 lanes less the block sums (vecdot_tq.ternary_lanes).
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when

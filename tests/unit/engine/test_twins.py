@@ -31,13 +31,14 @@ OUT = object()  # marks where the output buffer goes in an argument list
 QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
              GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.IQ4_XS: 136,
              GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
-             GGMLType.Q6_K: 210, GGMLType.TQ2_0: 66}
+             GGMLType.Q6_K: 210, GGMLType.TQ2_0: 66, GGMLType.TQ1_0: 54}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
 K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-            GGMLType.TQ2_0)
+            GGMLType.TQ2_0, GGMLType.TQ1_0)
 # the fp16 scales of a weight block: d (and m, or dmin)
 D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
-        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.TQ2_0: (64,)}
+        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.TQ2_0: (64,),
+        GGMLType.TQ1_0: (52,)}
 DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
               GGMLType.TQ1_0: (54, 256)}  # block size, elements
 K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
