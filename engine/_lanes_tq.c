@@ -11,29 +11,55 @@
  *          * 3) >> 8 (ggml's AVX2 code takes the top two bits of 3q by two byte averages: the
  *          same trit for every byte), element 32n + m from qs[m], 160 + 16n + m from qs[32 + m],
  *          240 + 4n + m from qh[m]
+ *   MXFP4  (Q8_0 activations) kvalues_mxfp4[nibble] (low: elements 0-15, high: 16-31) by
+ *          ggml's mul_add_epi8, |q| * sign(y, q), so that y = -128 against q < 0 counts as +128
+ *          (the int8 negation wraps), madd with ones: 8 lanes; the even blocks into one
+ *          accumulator, the odd ones into a second, hsum_float_8(acc1 + acc2); a row's odd last
+ *          block by ggml's scalar loop (the true products): fmaf(d, sum, result) (vfmadd231ss);
+ *          d = y.d * 2^(e - 128) (ggml_e8m0_to_fp32_half, subnormal for e < 2)
  *
- * Activations: Q8_K blocks (float d, 256 int8, 16 int16 block sums). */
+ * Activations: Q8_K blocks (float d, 256 int8, 16 int16 block sums), MXFP4's Q8_0 (fp16 d, 32
+ * int8). */
 #include "_lanes.h"
 
 enum { BATCH = 8 };  /* activation rows the portable loop takes with each decoded weight block */
+
+static const int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize)
 {
     switch (type) {
     case TQ2_0: *ysize = 292; return 66;
     case TQ1_0: *ysize = 292; return 54;
+    case MXFP4: *ysize = 34; return 17;
     default: return 0;
     }
 }
 
+/* ggml_e8m0_to_fp32_half: 2^(e - 128) */
+INLINE float e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 INLINE int16_t trit(uint8_t q, int pow3) { return (int16_t)(((uint8_t)(q * pow3) * 3) >> 8); }
 
-/* a weight block decoded: q the integers the lanes multiply (TQ2_0, TQ1_0: the unsigned quants),
- * d */
+/* a weight block decoded: q the integers the lanes multiply (TQ2_0, TQ1_0: the unsigned quants;
+ * MXFP4: the values), d */
 INLINE void decode_tq(int type, const uint8_t *blk, int16_t *q, float *d)
 {
     static const int pow3[5] = {1, 3, 9, 27, 81};
     switch (type) {
+    case MXFP4:
+        for (int e = 0; e < 16; e++) {
+            q[e] = kvalues_mxfp4[blk[1 + e] & 0x0F];
+            q[e + 16] = kvalues_mxfp4[blk[1 + e] >> 4];
+        }
+        *d = e8m0_half(blk[0]);
+        break;
     case TQ1_0:
         for (int n = 0; n < 5; n++) {
             for (int m = 0; m < 32; m++)
@@ -72,35 +98,70 @@ INLINE void ternary_lanes(const int16_t *t, const int8_t *y, const uint8_t *bsum
         lane[l] = h[2 * l] + h[2 * l + 1];
 }
 
+/* lane l of n values v (runs of 32) and activation bytes y: elements 4l..4l+3 of every run, each
+ * product as _mm256_sign_epi8 and maddubs make it (y = -128 against v < 0 counts as +128) */
+INLINE void signed_lanes(const int16_t *v, const int8_t *y, int n, int32_t *lane)
+{
+    memset(lane, 0, 8 * sizeof *lane);
+    for (int e = 0; e < n; e++)
+        lane[(e % 32) / 4] += v[e] * (y[e] == -128 && v[e] < 0 ? 128 : y[e]);
+}
+
 /* The portable loop: each weight block decoded once for BATCH activation rows at a time. */
 INLINE void tq_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
                     float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb)
 {
     Py_ssize_t ysize;
     const Py_ssize_t wsize = lanes_tq_sizes(type, &ysize);
+    const int paired = type == MXFP4;  /* the odd blocks into a[8..15]; an odd last one apart */
     int16_t q[256];
     int32_t lane[8];
     for (Py_ssize_t i0 = 0; i0 < n0; i0++) {
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1a = 0; i1a < n1; i1a += BATCH) {
             const int nr = (int)(n1 - i1a < BATCH ? n1 - i1a : BATCH);
-            float acc[BATCH][8];
+            float acc[BATCH][18];  /* a row pair's accumulators, [16] [17] MXFP4's last block */
             memset(acc, 0, sizeof acc);
             for (Py_ssize_t b = 0; b < nb; b++) {
                 float xd;
                 decode_tq(type, wr + b * wsize, q, &xd);
                 for (int r = 0; r < nr; r++) {
                     const uint8_t *yb = x + (i1a + r) * ldx + b * ysize;
-                    float yd;
-                    memcpy(&yd, yb, 4);
-                    ternary_lanes(q, (const int8_t *)(yb + 4), yb + 260, lane);
+                    float yd, *a = acc[r];
+                    if (ysize == 292)
+                        memcpy(&yd, yb, 4);
+                    else
+                        yd = half_to_float(u16(yb));
+                    const int8_t *yq = (const int8_t *)(yb + (ysize == 292 ? 4 : 2));
                     const float d = yd * xd;
+                    if (type == MXFP4) {
+                        if (b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                            int32_t s = 0;
+                            for (int e = 0; e < 32; e++)
+                                s += q[e] * yq[e];
+                            a[16] = d;
+                            a[17] = (float)s;
+                            continue;
+                        }
+                        signed_lanes(q, yq, 32, lane);
+                        a += 8 * (b % 2);
+                    } else {
+                        ternary_lanes(q, yq, yb + 260, lane);
+                    }
                     for (int l = 0; l < 8; l++)
-                        acc[r][l] = fmaf((float)lane[l], d, acc[r][l]);
+                        a[l] = fmaf((float)lane[l], d, a[l]);
                 }
             }
-            for (int r = 0; r < nr; r++)
-                out[(i1a + r) * ldo + i0] = hsum8(acc[r]);
+            for (int r = 0; r < nr; r++) {
+                float *a = acc[r];
+                if (paired)
+                    for (int l = 0; l < 8; l++)
+                        a[l] += a[8 + l];
+                float res = hsum8(a);
+                if (paired && nb % 2)
+                    res = fmaf(a[16], a[17], res);
+                out[(i1a + r) * ldo + i0] = res;
+            }
         }
     }
 }
@@ -159,6 +220,18 @@ AVX2 __m256i tq1_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsum
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
+/* ggml_vec_dot_mxfp4_q8_0's pair sums: the 32 values of 16 bytes of nibbles by a byte shuffle of
+ * kvalues_mxfp4, times 32 activation bytes by mul_add_epi8's sign trick */
+AVX2 __m256i fp4_pairs(const uint8_t *qs, const uint8_t *yq)
+{
+    const __m128i values = _mm_loadu_si128((const __m128i *)kvalues_mxfp4), m4b = _mm_set1_epi8(0x0F);
+    const __m128i bits = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bits, 4), m4b)),
+                                       _mm_shuffle_epi8(values, _mm_and_si128(bits, m4b)));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+}
+
 AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
                        float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1, Py_ssize_t nb)
 {
@@ -168,9 +241,28 @@ AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t
         const uint8_t *wr = w + i0 * ldw;
         for (Py_ssize_t i1 = 0; i1 < n1; i1++) {
             const uint8_t *yr = x + i1 * ldx;
-            __m256 acc = _mm256_setzero_ps();
+            __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();  /* MXFP4's odd blocks */
+            float tail = 0.0f, tail_d = 0.0f;  /* MXFP4's odd last block */
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
+                if (type == MXFP4) {
+                    const float d = half_to_float(u16(yb)) * e8m0_half(blk[0]);
+                    if (b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
+                        int32_t s = 0;
+                        for (int e = 0; e < 16; e++)
+                            s += ((const int8_t *)yb)[2 + e] * kvalues_mxfp4[blk[1 + e] & 0x0F] +
+                                 ((const int8_t *)yb)[18 + e] * kvalues_mxfp4[blk[1 + e] >> 4];
+                        tail = (float)s, tail_d = d;
+                        continue;
+                    }
+                    const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(fp4_pairs(blk + 1, yb + 2),
+                                                                              _mm256_set1_epi16(1)));
+                    if (b % 2)
+                        acc2 = _mm256_fmadd_ps(lanes, _mm256_set1_ps(d), acc2);
+                    else
+                        acc = _mm256_fmadd_ps(lanes, _mm256_set1_ps(d), acc);
+                    continue;
+                }
                 float yd;
                 memcpy(&yd, yb, 4);
                 const __m256i lanes = type == TQ2_0 ? tq2_lanes(blk, (const int8_t *)(yb + 4), yb + 260)
@@ -179,8 +271,11 @@ AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d), acc);
             }
             float a[8];
-            _mm256_storeu_ps(a, acc);
-            out[i1 * ldo + i0] = hsum8(a);
+            _mm256_storeu_ps(a, type == MXFP4 ? _mm256_add_ps(acc, acc2) : acc);
+            float r = hsum8(a);
+            if (type == MXFP4 && nb % 2)
+                r = fmaf(tail_d, tail, r);
+            out[i1 * ldo + i0] = r;
         }
     }
 }
@@ -190,6 +285,7 @@ __attribute__((target("avx2,fma,f16c"))) static void tq_fma(int type, const uint
     Py_ssize_t n1, Py_ssize_t nb)
 {
     switch (type) {
+    case MXFP4: tq_avx2_body(MXFP4, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case TQ1_0: tq_avx2_body(TQ1_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: tq_avx2_body(TQ2_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }
@@ -210,6 +306,7 @@ LANES_HIDDEN int lanes_tq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw
     }
 #endif
     switch (type) {  /* one copy of the loop per type, its constants folded in */
+    case MXFP4: tq_body(MXFP4, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     case TQ1_0: tq_body(TQ1_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     default: tq_body(TQ2_0, w, ldw, x, ldx, out, ldo, n0, n1, nb); break;
     }

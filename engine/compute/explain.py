@@ -171,7 +171,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     lanes, scale, mlanes, mscale = block_lanes(src0.type, dec, yb)
     acc = acc2 = np.zeros(8, F32)
     inside = src0.type in MINS_IN_ACC  # Q2_K: the mins into acc itself, before the block's lanes
-    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL: the odd blocks into acc2; an odd last one apart
+    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL, MXFP4: the odd blocks into acc2; an odd last one apart
     accm = np.zeros(4 if mlanes is None or inside else mlanes.shape[-1], F32)
     for b in range(nb):
         if inside:

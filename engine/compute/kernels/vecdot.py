@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and the
-quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1 activations),
-Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0 and TQ1_0 (with Q8_K activations).
+quantized Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
+activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0 and TQ1_0 (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -29,7 +29,8 @@ pure-numpy mode, engine/lanes.py):
   into one accumulator and the odd ones into another, hsum_float_8 of their sum; a row's odd
   last block by ggml's scalar loop (true products), fmaf(d, sum, result). llama.cpp's build
   hands its products of 2 or more activation rows to llamafile's tinyBLAS (`tiny`): one
-  accumulator for every block, the lanes the same.
+  accumulator for every block, the lanes the same. ggml_vec_dot_mxfp4_q8_0
+  (kernels/vecdot_tq.py) does the same over kvalues_mxfp4[nibble] (no tinyBLAS).
 - ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
   fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
 - ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
@@ -299,12 +300,12 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
                          GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                         GGMLType.TQ2_0, GGMLType.TQ1_0})
+                         GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.MXFP4})
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
                       GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0})  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
-SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS})  # lanes by _mm256_sign_epi8 (see block_lanes)
-PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
+SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4})  # lanes by _mm256_sign_epi8 (see block_lanes)
+PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL, GGMLType.MXFP4})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
 
@@ -316,7 +317,7 @@ class Decoded(NamedTuple):
     #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
     #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
     #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); TQ2_0's and TQ1_0's the
-    #                unsigned quants, value + 1
+    #                unsigned quants, value + 1; MXFP4's kvalues_mxfp4[nibble]
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
@@ -419,7 +420,7 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
     into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
     Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
-    IQ4_NL's and IQ4_XS's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
+    IQ4_NL's, IQ4_XS's and MXFP4's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
     their run's scale): maddubs(|q|, sign(y, q)), so a y
     of -128 against a negative q counts as +128 (the int8 negation wraps). TQ2_0's and TQ1_0's:
     vecdot_tq.ternary_lanes."""
@@ -457,7 +458,7 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
 
 
 def tail_sum(q: np.ndarray, yblocks: np.ndarray) -> np.ndarray:
-    """IQ4_NL's odd last block of a row, as ggml's scalar loop sums it: the true products of its
+    """IQ4_NL's (MXFP4's) odd last block of a row, as ggml's scalar loop sums it: the true products of its
     values q (Decoded.q, (..., 32)) and the activation quants (no sign trick), int32 (...)."""
     yq = decode_activations(GGMLType.IQ4_NL, yblocks).q
     return np.multiply(q, yq, dtype=np.int32).sum(-1, dtype=np.int32)
@@ -465,7 +466,7 @@ def tail_sum(q: np.ndarray, yblocks: np.ndarray) -> np.ndarray:
 
 def paired_total(acc1: np.ndarray, acc2: np.ndarray, nb: int, scale_last: np.ndarray,
                  tail: np.ndarray | None) -> np.ndarray:
-    """IQ4_NL's result: hsum_float_8(acc1 + acc2) (the even and the odd blocks' accumulators),
+    """IQ4_NL's (MXFP4's) result: hsum_float_8(acc1 + acc2) (the even and the odd blocks' accumulators),
     then for an odd number of blocks fmaf(d, (float)sum, result) with the last block's d and
     true sum (tail_sum)."""
     r = hsum8(acc1 + acc2)
@@ -485,14 +486,14 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K, _mxfp4_q8_0) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
-    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's two accumulators
+    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's and MXFP4's two accumulators
     (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
@@ -560,7 +561,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     (ggml_vec_dot_q3_K_q8_K): the 3-bit quants (-4..3) times their six-bit scales, no mins.
     IQ4_NL and IQ4_XS (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K): the non-linear values by ggml's
     sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
-    their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
+    their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop;
+    MXFP4 (ggml_vec_dot_mxfp4_q8_0) as IQ4_NL over its e2m1 values, its scale 2^(e - 128).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]). TQ2_0 and TQ1_0 (ggml_vec_dot_tq2_0_q8_K,
     _tq1_0_q8_K): the unsigned quants' int16 lanes less the block sums (vecdot_tq.ternary_lanes).
