@@ -120,8 +120,8 @@ LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
 
-/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4; enum ggml_type) */
-enum { TQ2_0 = 35, MXFP4 = 39 };
+/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M; enum ggml_type) */
+enum { IQ1_M = 29, TQ2_0 = 35, MXFP4 = 39 };
 
 /* the bytes of a weight block of one of _lanes_tq.c's types and (in *ysize) of its activation
  * block; 0 for another type */

@@ -20,7 +20,7 @@ from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, MINS_IN_ACC, PAIRED_BLOCKS, block_lanes, \
-    decode_weights, hsum8, min_total, paired_total, tail_sum
+    add_mins, decode_weights, hsum8, paired_total, tail_sum
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
@@ -190,7 +190,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     else:
         result = F32(hsum8(acc))
     if mlanes is not None and not inside:
-        result = F32(result + F32(min_total(src0.type, accm)))
+        result = F32(add_mins(src0.type, result, accm))
     if src0.type != GGMLType.Q4_K:  # the page tells Q4_K's 4 lanes of mins only
         mlanes = None
     return WorkedBlock(t0.type_name, tv.type_name, row, col, block, nb,

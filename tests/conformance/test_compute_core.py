@@ -227,7 +227,7 @@ def test_changed_weights_are_followed():
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
                                    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K,
                                    GGMLType.Q6_K, GGMLType.TQ2_0,
-                                   GGMLType.TQ1_0, GGMLType.MXFP4],
+                                   GGMLType.TQ1_0, GGMLType.MXFP4, GGMLType.IQ1_M],
                          ids=lambda t: t.name)
 def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     """engine._lanes.quant_dot against the oracle's own vec_dot (its CPU type traits), on weight
@@ -259,6 +259,12 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
             blocks[field] = rng.standard_normal(len(blocks)).astype(np.float16).view(np.uint16)
     if "e" in blocks.dtype.names:  # MXFP4's E8M0 exponent: scales of 2^-10 .. 2^10
         blocks["e"] = rng.integers(118, 139, len(blocks))
+    if wtype == GGMLType.IQ1_M:  # its d, a normal half, in the top nibbles of the 4 scale words
+        d = rng.standard_normal(len(blocks)).astype(np.float16).view(np.uint16)
+        words = blocks["scales"].copy().view("<u2")
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | ((d >> (4 * i)) & 0x0F) << 12
+        blocks["scales"] = words.view(np.uint8)
     vdt = ts.vec_dot_type
     x = from_float(vdt, (rng.standard_normal((3, k)) * 4).astype(np.float32)).view(np.uint8).reshape(3, -1)
     at = 4 if vdt == GGMLType.Q8_K else 2  # where a block's quants start

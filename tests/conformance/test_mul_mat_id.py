@@ -53,6 +53,7 @@ CASES = [
     (T.TQ1_0, 512, 9, 4, 2, 1, 3, 0.0),
     (T.MXFP4, 64, 8, 4, 2, 2, 3, 0.0),
     (T.MXFP4, 96, 7, 3, 2, 1, 4, 0.0),  # an odd number of blocks: the last by ggml's scalar loop
+    (T.IQ1_M, 512, 8, 3, 2, 2, 3, 0.0),
     (T.IQ4_NL, 64, 8, 4, 2, 2, 3, 0.0),
     (T.IQ4_NL, 96, 7, 3, 2, 1, 4, 0.0),  # an odd number of blocks: the last by ggml's scalar loop
 ]

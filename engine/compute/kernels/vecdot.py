@@ -1,6 +1,6 @@
 """ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and the
 quantized Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
-activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0 and TQ1_0 (with Q8_K activations).
+activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0, TQ1_0 and IQ1_M (with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -41,6 +41,9 @@ pure-numpy mode, engine/lanes.py):
   (minus 32), one accumulator.
 - ggml_vec_dot_tq2_0_q8_K, _tq1_0_q8_K (kernels/vecdot_tq.py): lanes of the unsigned quants or
   trits (value + 1) less the block sums, in int16, then the same fma and horizontal sum.
+- ggml_vec_dot_iq1_m_q8_K (kernels/vecdot_tq.py): the grid's values times their 3-bit scales by
+  the sign trick, one accumulator; the shifts' lanes (+-1 per 8, the same scales) in a second,
+  fma'd with the same d (the min lanes' path); the result fmaf(hsum(shifts), 1/8, hsum(acc)).
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -300,9 +303,10 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
                          GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-                         GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.MXFP4})
+                         GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.MXFP4, GGMLType.IQ1_M})
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
-                      GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0})  # with Q8_K activations
+                      GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0,
+                      GGMLType.IQ1_M})  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
 SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4})  # lanes by _mm256_sign_epi8 (see block_lanes)
 PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL, GGMLType.MXFP4})  # two accumulators, and a scalar odd last block
@@ -317,12 +321,14 @@ class Decoded(NamedTuple):
     #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
     #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
     #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); TQ2_0's and TQ1_0's the
-    #                unsigned quants, value + 1; MXFP4's kvalues_mxfp4[nibble]
+    #                unsigned quants, value + 1; MXFP4's kvalues_mxfp4[nibble];
+    #                IQ1_M's grid values times the 3-bit scale (2s + 1) of their 16
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
     aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
-    #                  | 8 scales (minus 32) of IQ4_XS | 0 for the others)
+    #                  | 8 scales (minus 32) of IQ4_XS | 256 shifts (+-1) times their scale of
+    #                  IQ1_M | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -332,8 +338,8 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
     raw = np.ascontiguousarray(blocks).reshape(-1, blocks.shape[-1])
     zeros, none = np.zeros(lead, F32), np.zeros((*lead, 0), np.int16)
     if type_ in vecdot_tq.TYPES:  # engine/_lanes_tq.c's
-        q, d = vecdot_tq.decode(type_, raw)
-        return Decoded(q.reshape(*lead, -1), d.reshape(lead), zeros, none)
+        q, d, aux = vecdot_tq.decode(type_, raw)
+        return Decoded(q.reshape(*lead, -1), d.reshape(lead), zeros, aux.reshape(*lead, -1))
     if type_ == GGMLType.Q4_0:  # nibble - 8
         q = nibbles(raw, 2, 18, 16).astype(np.int16) - 8
     elif type_ == GGMLType.Q5_0:  # nibble + 16 * its qh bit - 16
@@ -423,10 +429,14 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     IQ4_NL's, IQ4_XS's and MXFP4's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
     their run's scale): maddubs(|q|, sign(y, q)), so a y
     of -128 against a negative q counts as +128 (the int8 negation wraps). TQ2_0's and TQ1_0's:
-    vecdot_tq.ternary_lanes."""
+    vecdot_tq.ternary_lanes. IQ1_M's: vecdot_tq.signed_lanes of its values, and of its shifts
+    as the min lanes (min_scale the same scale), added by add_mins."""
     yd, yq, bsums, ys = decode_activations(type_, yblocks)
     if type_ in vecdot_tq.TERNARY:  # TQ2_0, TQ1_0: unsigned quants, less the block sums in int16
         return vecdot_tq.ternary_lanes(dec.q, yq, bsums), yd * dec.d, None, None
+    if type_ == GGMLType.IQ1_M:  # the shifts as min lanes, with the same scale
+        scale = yd * dec.d
+        return vecdot_tq.signed_lanes(dec.q, yq), scale, vecdot_tq.signed_lanes(dec.aux, yq), scale
     if type_ in SIGNED_LANES:  # |q| * sign(y, q): -(-128) wraps to -128 in int8
         yq = np.where((yq == -128) & (dec.q < 0), np.int16(128), yq)
     p = np.multiply(dec.q, yq, dtype=np.int32)
@@ -473,6 +483,14 @@ def paired_total(acc1: np.ndarray, acc2: np.ndarray, nb: int, scale_last: np.nda
     return fmaf(scale_last, tail.astype(F32), r) if nb % 2 else r
 
 
+def add_mins(type_: GGMLType, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+    """The result hsum8(acc) r with the mins' (or offsets', or IQ1_M's shifts') accumulators
+    (..., 4, 1 or 8): r + min_total, or IQ1_M's vecdot_tq.shifted_total."""
+    if type_ == GGMLType.IQ1_M:
+        return vecdot_tq.shifted_total(r, hsum8(acc_m))
+    return r + min_total(type_, acc_m)
+
+
 def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
     """The mins' (or offsets') accumulators (..., 4 or 1) as ggml adds them to hsum_float_8(acc):
     Q4_K's 4 lanes as (m0 + m2) + (m1 + m3), the others' one float as it is."""
@@ -486,14 +504,14 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: bool = False, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K, _mxfp4_q8_0) of weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K, _mxfp4_q8_0, _iq1_m_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
-    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m)); IQ4_NL's and MXFP4's two accumulators
+    offsets into acc_m); the result add_mins(hsum8(acc), acc_m); IQ4_NL's and MXFP4's two accumulators
     (paired_total), or with `tiny` one. portable and threads change no bit (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
@@ -537,7 +555,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
             acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4 or 1)
         r = hsum8(acc)
         if min_lanes is not None:
-            r = r + min_total(type_, acc_m)
+            r = add_mins(type_, r, acc_m)
         o[:, a:a + step] = r
 
 
@@ -566,6 +584,8 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
     32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]). TQ2_0 and TQ1_0 (ggml_vec_dot_tq2_0_q8_K,
     _tq1_0_q8_K): the unsigned quants' int16 lanes less the block sums (vecdot_tq.ternary_lanes).
+    IQ1_M (ggml_vec_dot_iq1_m_q8_K): the grid values and, apart, the shifts, each times the
+    3-bit scales, both accumulators by fma with the same d; hsum(acc) + hsum(shifts) / 8, fused.
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when
