@@ -43,7 +43,8 @@ static PyMethodDef methods[] = {
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,
      "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1, tiny=False): out[i1, i0] "
-     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K or Q6_K blocks "
+     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ1_0, "
+     "TQ2_0 or IQ1_M blocks "
      "at w + i0*ldw) and activation row i1 (Q8_0, Q8_1 or Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: without the vector "
      "instructions (the same bits); threads: the rows shared out between up to that many threads "
      "(the same bits); tiny: IQ4_NL in llamafile's tinyBLAS order (one accumulator)"},

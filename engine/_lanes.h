@@ -1,7 +1,7 @@
 /* engine/_lanes.h: what the C files of the engine._lanes extension share (not a public API).
  *
  * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
- * quantized dot products), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
+ * quantized dot products; _lanes_tq.c those of TQ2_0, TQ1_0, MXFP4 and IQ1_M), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
  * the soft_max and norm rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
  * _lanes_pool.c (the threads that share a product's rows). A function one
  * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
