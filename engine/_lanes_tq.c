@@ -232,7 +232,10 @@ INLINE uint64_t iq1m_row(const uint8_t *blk, int g, int *nibble)
     return iq1s_grid[blk[g] | (*nibble & 7) << 8];
 }
 
-INLINE int iq1m_scale(const uint8_t *blk, int h) { return 2 * ((u16(blk + 48 + 2 * (h / 4)) >> (3 * (h % 4))) & 7) + 1; }
+INLINE int iq1m_scale(const uint8_t *blk, int h)
+{
+    return 2 * ((u16(blk + 48 + 2 * (h / 4)) >> (3 * (h % 4))) & 7) + 1;
+}
 
 /* the fp16 d spread over the top nibbles of IQ1_M's 4 scale words */
 INLINE float iq1m_d(const uint8_t *blk)
@@ -312,14 +315,15 @@ INLINE void decode_tq(int type, const uint8_t *blk, int16_t *q, int16_t *aux, fl
     }
 }
 
-/* TQ2_0's and TQ1_0's 8 lanes: int16 lane m sums t * y over bytes 2m, 2m+1 of every run of 32 (it cannot
- * overflow: 16 products of at most 3 * 128), less bsums[m], wrapping; then pairs in int32 */
+/* TQ2_0's and TQ1_0's 8 lanes: int16 lane m sums t * y over bytes 2m, 2m+1 of every run of 32
+ * (16 products of at most 3 * 128: no overflow), less bsums[m], wrapping; then pairs in int32 */
 INLINE void ternary_lanes(const int16_t *t, const int8_t *y, const uint8_t *bsums, int32_t *lane)
 {
     int32_t s[16] = {0};
     for (int r = 0; r < 8; r++)
         for (int m = 0; m < 16; m++)
-            s[m] += t[32 * r + 2 * m] * y[32 * r + 2 * m] + t[32 * r + 2 * m + 1] * y[32 * r + 2 * m + 1];
+            for (int e = 32 * r + 2 * m; e < 32 * r + 2 * m + 2; e++)
+                s[m] += t[e] * y[e];
     int16_t h[16];
     for (int m = 0; m < 16; m++)
         h[m] = (int16_t)(uint16_t)(s[m] - (int16_t)u16(bsums + 2 * m));
@@ -482,13 +486,15 @@ AVX2 __m256i iq1m_lanes(const uint8_t *blk, const int8_t *yq, __m256i *shifts)
             row[k] = iq1m_row(blk, 4 * r + k, &nibble);
             sign[k] = nibble & 8 ? ~(uint64_t)0 : 0x0101010101010101ULL;
         }
-        const __m256i q = _mm256_set_epi64x((long long)row[3], (long long)row[2], (long long)row[1], (long long)row[0]);
-        const __m256i dl = _mm256_set_epi64x((long long)sign[3], (long long)sign[2], (long long)sign[1], (long long)sign[0]);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)row);  /* groups 0..3, the first lowest */
+        const __m256i dl = _mm256_loadu_si256((const __m256i *)sign);
         const __m256i y = _mm256_loadu_si256((const __m256i *)(yq + 32 * r));
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)iq1m_scale(blk, 2 * r + 1)),
                                             _mm_set1_epi16((short)iq1m_scale(blk, 2 * r)));
-        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q)), sc));
-        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_maddubs_epi16(ones, _mm256_sign_epi8(y, dl)), sc));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
+        const __m256i ps = _mm256_maddubs_epi16(ones, _mm256_sign_epi8(y, dl));
+        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p, sc));
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(ps, sc));
     }
     *shifts = s2;
     return s1;

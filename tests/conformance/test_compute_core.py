@@ -321,7 +321,8 @@ def test_quant_dot_last_block_is_fused_as_in_ggml(wtype):
     else:
         blocks["d"] = rng.integers(0x2000, 0x3000, len(blocks)) | 1
     x = np.full((n1, nb, 34), 127, np.uint8)
-    x[:, :, :2] = (rng.integers(0x1000, 0x2000, (n1, nb)) | 1).astype("<u2")[..., None].view(np.uint8)
+    d = (rng.integers(0x1000, 0x2000, (n1, nb)) | 1).astype("<u2")  # halves with odd mantissas
+    x[:, :, :2] = d[..., None].view(np.uint8)
     w, x = w.reshape(n0, -1), x.reshape(n1, -1)
     ggml.ggml_cpu_init()
     traits = ggml.ggml_get_type_traits_cpu(int(wtype)).contents
@@ -329,11 +330,13 @@ def test_quant_dot_last_block_is_fused_as_in_ggml(wtype):
     s = ctypes.c_float()
     for i1 in range(n1):
         for i0 in range(n0):
-            traits.vec_dot(nb * 32, ctypes.byref(s), 0, w[i0].ctypes.data, 0, x[i1].ctypes.data, 0, 1)
+            traits.vec_dot(nb * 32, ctypes.byref(s), 0, w[i0].ctypes.data, 0, x[i1].ctypes.data, 0,
+                           1)
             real[i1, i0] = s.value
     for portable in (False, True):
         ours = vec_dot_quant(wtype, w, x, portable=portable)
-        np.testing.assert_array_equal(ours.view(np.uint32), real.view(np.uint32), err_msg=f"portable={portable}")
+        np.testing.assert_array_equal(ours.view(np.uint32), real.view(np.uint32),
+                                      err_msg=f"portable={portable}")
     twin = np.empty((n1, n0), np.float32)
     quant_dot(int(wtype), w, w.shape[1], x, x.shape[1], twin, n0, n1, nb)
     np.testing.assert_array_equal(twin.view(np.uint32), real.view(np.uint32), err_msg="twin")

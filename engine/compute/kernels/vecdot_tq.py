@@ -1,6 +1,6 @@
 """ggml's AVX2 vec_dot of TQ2_0, TQ1_0, IQ1_M (with Q8_K activations) and MXFP4 (with Q8_0):
-their blocks decoded and their lanes, the numpy twins of engine/_lanes_tq.c, which kernels/vecdot.py's
-decode_weights, block_lanes and quant_dot run as they run the other types'.
+their blocks decoded and their lanes, the numpy twins of engine/_lanes_tq.c, which
+kernels/vecdot.py's decode_weights, block_lanes and quant_dot run as they run the other types'.
 
 - ggml_vec_dot_tq2_0_q8_K: the 2-bit quants t = value + 1, unsigned as maddubs multiplies them;
   16 int16 lanes, lane m summing t * y over bytes 2m and 2m+1 of every run of 32, less the
@@ -29,7 +29,7 @@ from engine.quants.iq_blocks import BLOCK_IQ1_M
 from engine.quants.iqgrid import iq1_m_scale
 
 F32 = np.float32
-TERNARY = frozenset({GGMLType.TQ2_0, GGMLType.TQ1_0})  # lanes of unsigned quants less the block sums
+TERNARY = frozenset({GGMLType.TQ2_0, GGMLType.TQ1_0})  # unsigned quants' lanes less the bsums
 TYPES = TERNARY | {GGMLType.MXFP4, GGMLType.IQ1_M}  # the types this module decodes
 IQ1M_DELTA = F32(0.125)  # IQ1_M's shift
 _GRID_ROWS = IQ1S_GRID.view(np.int8).reshape(-1, 8)
@@ -44,15 +44,16 @@ def decode(type_: GGMLType, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     if type_ == GGMLType.IQ1_M:  # group g of 8: grid row qs[g] | 3 bits of its qh nibble << 8
         nib = np.stack([raw[:, 32:48] & 0x0F, raw[:, 32:48] >> 4], axis=-1).reshape(-1, 32)
         rows = _GRID_ROWS[raw[:, :32].astype(np.uint16) | (nib & 7).astype(np.uint16) << 8]
-        words = raw[:, 48:56].copy().view("<u2")  # half h's scale: 3 bits at 3 * (h % 4) of word h / 4
+        words = raw[:, 48:56].copy().view("<u2")  # half h's scale: bits 3 * (h % 4) of word h / 4
         h = np.arange(16)
-        sc = np.repeat(2 * ((words[:, h // 4] >> (3 * (h % 4))) & 7).astype(np.int16) + 1, 16, axis=1)
+        sc = 2 * ((words[:, h // 4] >> (3 * (h % 4))) & 7).astype(np.int16) + 1
+        sc = np.repeat(sc, 16, axis=1)
         shifts = np.repeat(np.where(nib & 8, np.int16(-1), np.int16(1)), 8, axis=1)
         d = iq1_m_scale(raw.reshape(-1).view(BLOCK_IQ1_M))
         return rows.reshape(-1, 256) * sc, d, shifts * sc
     if type_ == GGMLType.MXFP4:
-        return (nibbles(raw, 1, 17, 16, KVALUES_MXFP4).astype(np.int16), e8m0_to_fp32_half(raw[:, 0]),
-                none)
+        q = nibbles(raw, 1, 17, 16, KVALUES_MXFP4).astype(np.int16)
+        return q, e8m0_to_fp32_half(raw[:, 0]), none
     if type_ == GGMLType.TQ1_0:
         return tq1_0_values(raw) + 1, half_at(raw, 52), none
     return unpack_2bit(raw[:, :64]).astype(np.int16), half_at(raw, 64), none

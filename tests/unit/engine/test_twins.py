@@ -109,7 +109,8 @@ def halves(rng: np.random.Generator, shape, wild: bool) -> np.ndarray:
 
 
 def quant_blocks(rng: np.random.Generator, n: int, size: int, d_at: tuple[int, ...],
-                 wild: bool, e_at: tuple[int, ...] = (), nibble_d_at: int | None = None) -> np.ndarray:
+                 wild: bool, e_at: tuple[int, ...] = (),
+                 nibble_d_at: int | None = None) -> np.ndarray:
     """n random weight (or Q8_0) blocks of `size` bytes (n, size): random bytes throughout; unless
     wild, the fp16 scales at the bytes d_at hold ordinary values, the E8M0 exponents at the
     bytes e_at scales of 2^-10 .. 2^10, and the top nibbles of the 4 uint16 words at byte
@@ -124,8 +125,8 @@ def quant_blocks(rng: np.random.Generator, n: int, size: int, d_at: tuple[int, .
     if nibble_d_at is not None:
         h = halves(rng, n, False).astype(np.uint16)
         for i in range(4):  # byte 2i + 1 of the words: the top nibble holds bits 4i..4i+3 of d
-            top = b[:, nibble_d_at + 2 * i + 1]
-            b[:, nibble_d_at + 2 * i + 1] = (top & 0x0F) | ((h >> (4 * i)) & 0x0F).astype(np.uint8) << 4
+            at = nibble_d_at + 2 * i + 1
+            b[:, at] = (b[:, at] & 0x0F) | ((h >> (4 * i)) & 0x0F).astype(np.uint8) << 4
     return b
 
 
@@ -160,7 +161,8 @@ def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
     return rows
 
 
-def weight_rows(rng: np.random.Generator, type_: GGMLType, n: int, nb: int, wild: bool) -> np.ndarray:
+def weight_rows(rng: np.random.Generator, type_: GGMLType, n: int, nb: int,
+                wild: bool) -> np.ndarray:
     """n rows of nb random weight blocks of type_ (quant_blocks, its scales where the type has
     them), 5 bytes apart."""
     blocks = quant_blocks(rng, n * nb, QUANT_DOT[type_], D_AT.get(type_, (0,)), wild,
