@@ -17,7 +17,8 @@ from engine.core.types import GGMLType as T, traits
 N_DEQ = 1 << 20  # elements per dequantize call
 MM_K, MM_N0, MM_THREADS = 4096, 4096, 2
 MM_TYPES = (T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q2_K, T.Q3_K, T.IQ4_XS, T.Q4_K,
-            T.Q5_K, T.Q6_K, T.IQ3_XXS, T.IQ3_S, T.IQ2_S)  # mul_mat's weights
+            T.Q5_K, T.Q6_K, T.IQ3_XXS, T.IQ3_S, T.IQ2_S, T.TQ2_0, T.TQ1_0, T.MXFP4,
+            T.IQ1_M)  # mul_mat's weights
 FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 

@@ -47,8 +47,8 @@ static PyMethodDef methods[] = {
      "of x[i]], the table ggml's fp16 one widened to 65536 float32 (contiguous float32 buffers)"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,
      "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1, tiny=False): out[i1, i0] "
-     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, IQ3_XXS, "
-     "IQ3_S or IQ2_S blocks at w + i0*ldw) and activation row i1 (Q8_0, Q8_1 or Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: 1 without the vector "
+     "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ1_0, "
+     "TQ2_0, IQ1_M, IQ3_XXS, IQ3_S or IQ2_S blocks at w + i0*ldw) and activation row i1 (Q8_0, Q8_1 or Q8_K blocks at x + i1*ldx), nb blocks a row, float32; portable: 1 without the vector "
      "instructions, 2 without AVX-512's (the same bits); threads: the rows shared out between up to that many threads "
      "(the same bits); tiny: IQ4_NL in llamafile's tinyBLAS order (one accumulator)"},
     {"quantize_q8_0", lanes_quantize_q8_0, METH_VARARGS,

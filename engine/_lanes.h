@@ -1,7 +1,7 @@
 /* engine/_lanes.h: what the C files of the engine._lanes extension share (not a public API).
  *
  * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
- * quantized dot products), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
+ * quantized dot products; _lanes_tq.c those of TQ2_0, TQ1_0, MXFP4 and IQ1_M), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
  * the soft_max and norm rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
  * _lanes_pool.c (the threads that share a product's rows). A function one
  * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
@@ -111,6 +111,13 @@ static inline int vnni_hw(void)
 #else
     return 0;
 #endif
+/* hsum_float_8: the 8 lanes of an accumulator summed as ggml sums them */
+INLINE float hsum8(const float *a)
+{
+    float r[4];
+    for (int l = 0; l < 4; l++)
+        r[l] = a[l + 4] + a[l];
+    return (r[0] + r[2]) + (r[1] + r[3]);
 }
 
 /* rows [a, b) of a job, computed by `worker` (0: the calling thread, 1 .. threads - 1: the pool's) */
@@ -155,5 +162,19 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
+
+/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M; enum ggml_type) */
+enum { IQ1_M = 29, TQ2_0 = 35, MXFP4 = 39 };
+
+/* the bytes of a weight block of one of _lanes_tq.c's types and (in *ysize) of its activation
+ * block; 0 for another type */
+LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize);
+
+/* out[i1 * ldo + i0] = ggml's AVX2 vec_dot of weight row i0 < n0 (at w + i0 * ldw) and
+ * activation row i1 < n1 (at x + i1 * ldx), nb blocks a row, with the vector instructions (hw)
+ * or the portable loop (the same bits); 1 if type is one of _lanes_tq.c's, else 0 (nothing done) */
+LANES_HIDDEN int lanes_tq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
+                              Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
+                              Py_ssize_t n1, Py_ssize_t nb);
 
 #endif

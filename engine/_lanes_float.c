@@ -38,13 +38,6 @@
         for (int l = 0; l < 8; l++)                                                          \
             v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                        \
     }                                                                                        \
-    ATTR static inline float hsum8##S(const float *v)                                       \
-    {                                                                                        \
-        float r[4];                                                                          \
-        for (int l = 0; l < 4; l++)                                                          \
-            r[l] = v[l + 4] + v[l];                                                          \
-        return (r[0] + r[2]) + (r[1] + r[3]);                                                \
-    }                                                                                        \
     ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
     {                                                                                        \
         float v[8], t[4];                                                                    \
@@ -87,7 +80,7 @@
         const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
         float v[8];                                                                          \
         acc32##S(a, b, np, v);                                                               \
-        double sumf = (double)hsum8##S(v);                                                   \
+        double sumf = (double)hsum8(v);                                                      \
         for (Py_ssize_t i = np; i < k; i++) {                                                \
             const float p = a[i] * b[i];                                                     \
             sumf += (double)p;                                                               \
@@ -100,7 +93,7 @@
         for (Py_ssize_t s = 0; s < k; s += 8)                                                \
             for (int l = 0; l < 8; l++)                                                      \
                 acc[l] = fmaf(a[s + l], b[s + l], acc[l]);                                   \
-        return hsum8##S(acc);                                                                \
+        return hsum8(acc);                                                                   \
     }
 
 #define ALL_PAIRS(NAME, ROW, ATTR)                                                           \

@@ -34,6 +34,7 @@
  *         activation rows) one accumulator for every block, as the other types
  *   IQ4_XS 8 runs of 32 of IQ4_NL's values (run r: the nibbles of qs[16r..16r+15]), multiplied
  *         as IQ4_NL's, each run times its six-bit scale minus 32; one accumulator
+ *   TQ2_0, TQ1_0, MXFP4 and IQ1_M: engine/_lanes_tq.c
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants.
  * The IQ grid types IQ3_XXS, IQ3_S and IQ2_S (Q8_K activations) are _lanes_iq.c's.
@@ -72,14 +73,6 @@ INLINE Py_ssize_t weight_size(int type)
 }
 
 INLINE Py_ssize_t activation_size(int type) { return K_QUANT(type) || lanes_iq_size(type) ? 292 : OFFSET_QUANT(type) ? 36 : 34; }
-
-INLINE float hsum8(const float *a)
-{
-    float r[4];
-    for (int l = 0; l < 4; l++)
-        r[l] = a[l + 4] + a[l];
-    return (r[0] + r[2]) + (r[1] + r[3]);
-}
 
 /* the 8 lane sums of `runs` runs of 32 weight integers q and activation bytes y */
 INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane)
@@ -856,6 +849,8 @@ static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 {
     const QuantJob *j = ctx;
     const uint8_t *w = j->w + a * j->ldw;
+    if (lanes_tq_dot(j->type, j->hw, w, j->ldw, j->x, j->ldx, j->out + a, j->n0, b - a, j->n1, j->nb))
+        return;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
         if (j->type == Q4_0 || j->type == Q5_0 || j->type == Q8_0) {  /* whole tiles first */
@@ -882,8 +877,9 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|iip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
                           &portable, &threads, &tiny))
         return NULL;
-    const int k_quant = K_QUANT(type);
-    const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
+    Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
+    if (wsize == 0)  /* one of _lanes_tq.c's types? */
+        wsize = lanes_tq_sizes(type, &ysize);
     /* w: n0 rows of nb blocks, ldw bytes apart (the last one may end the buffer); x likewise */
     int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
              w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&
@@ -892,7 +888,7 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     /* as many threads as asked, each with enough work to pay for its wake-up; ggml's 4 chunks
      * a thread, so that one that runs faster takes more */
     Py_ssize_t parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
-    const Py_ssize_t macs = n0 * n1 * nb * (k_quant || lanes_iq_size(type) ? 256 : 32);
+    const Py_ssize_t macs = n0 * n1 * nb * (ysize == 292 ? 256 : 32);  /* Q8_K: 256 a block */
     while (parts > 1 && (n0 < parts || macs / parts < LANES_SPLIT_MACS))
         parts--;
     Py_ssize_t chunk = parts > 1 ? (n0 + 4 * parts - 1) / (4 * parts) : n0;

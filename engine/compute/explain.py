@@ -20,7 +20,7 @@ from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
 from engine.compute.kernels.vecdot import EXACT_QUANT, MINS_IN_ACC, PAIRED_BLOCKS, block_lanes, \
-    decode_weights, hsum8, min_total, paired_total, tail_sum
+    add_mins, decode_weights, hsum8, paired_total, tail_sum
 from engine.compute.kernels.vecdot_iq import IQ_GRIDS, iq_result
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
@@ -172,7 +172,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     lanes, scale, mlanes, mscale = block_lanes(src0.type, dec, yb)
     acc = acc2 = np.zeros(8, F32)
     inside = src0.type in MINS_IN_ACC  # Q2_K: the mins into acc itself, before the block's lanes
-    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL: the odd blocks into acc2; an odd last one apart
+    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL, MXFP4: the odd blocks into acc2; an odd last one apart
     accm = np.zeros(4 if mlanes is None or inside else mlanes.shape[-1], F32)
     for b in range(nb):
         if inside:
@@ -193,7 +193,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     else:
         result = F32(hsum8(acc))
     if mlanes is not None and not inside:
-        result = F32(result + F32(min_total(src0.type, accm)))
+        result = F32(add_mins(src0.type, result, accm))
     if src0.type != GGMLType.Q4_K:  # the page tells Q4_K's 4 lanes of mins only
         mlanes = None
     return WorkedBlock(t0.type_name, tv.type_name, row, col, block, nb,

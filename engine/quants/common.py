@@ -312,6 +312,14 @@ def _trits(qs: np.ndarray, count: int) -> np.ndarray:
     return ((q * 3) >> 8).astype(np.int16) - 1
 
 
+def tq1_0_values(blk: np.ndarray) -> np.ndarray:
+    """TQ1_0's values (trit - 1) of whole blocks (nb, 54) uint8, in element order: 32n + m from
+    qs[m], 160 + 16n + m from qs[32 + m], 240 + 4n + m from qh[m] -> (nb, 256) int16."""
+    return np.concatenate([_trits(blk[:, 0:32], 5).reshape(-1, 160),
+                           _trits(blk[:, 32:48], 5).reshape(-1, 80),
+                           _trits(blk[:, 48:52], 4).reshape(-1, 16)], axis=1)
+
+
 @twin("dequantize")
 def dequantize_blocks(type_: int, raw, out) -> None:
     """engine._lanes.dequantize(type, raw, out): ggml's to_float (dequantize_row_q8_0, _q4_K,
@@ -333,10 +341,7 @@ def dequantize_blocks(type_: int, raw, out) -> None:
             q = q + ((blk[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1) * 16
         y.reshape(-1, 8, 32)[:] = d1[..., None] * q.astype(F32) - m1[..., None]
     else:  # TQ1_0: y = (trit - 1) * d
-        t = np.concatenate([_trits(blk[:, 0:32], 5).reshape(-1, 160),  # elements 32n + m
-                            _trits(blk[:, 32:48], 5).reshape(-1, 80),  # 160 + 16n + m
-                            _trits(blk[:, 48:52], 4).reshape(-1, 16)], axis=1)  # 240 + 4n + m
-        y[:] = t.astype(F32) * half_at(blk, 52)[:, None]
+        y[:] = tq1_0_values(blk).astype(F32) * half_at(blk, 52)[:, None]
 
 
 def dequantize_by_lanes(type_: int):

@@ -226,7 +226,8 @@ def test_changed_weights_are_followed():
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
                                    GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K,
-                                   GGMLType.Q6_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S],
+                                   GGMLType.Q6_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S,
+                                   GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.MXFP4, GGMLType.IQ1_M],
                          ids=lambda t: t.name)
 def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     """engine._lanes.quant_dot against the oracle's own vec_dot (its CPU type traits), on weight
@@ -256,11 +257,22 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     for field in ("d", "dmin"):
         if field in blocks.dtype.names:
             blocks[field] = rng.standard_normal(len(blocks)).astype(np.float16).view(np.uint16)
+    if "e" in blocks.dtype.names:  # MXFP4's E8M0 exponent: scales of 2^-10 .. 2^10
+        blocks["e"] = rng.integers(118, 139, len(blocks))
+    if wtype == GGMLType.IQ1_M:  # its d, a normal half, in the top nibbles of the 4 scale words
+        d = rng.standard_normal(len(blocks)).astype(np.float16).view(np.uint16)
+        words = blocks["scales"].copy().view("<u2")
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | ((d >> (4 * i)) & 0x0F) << 12
+        blocks["scales"] = words.view(np.uint8)
     vdt = ts.vec_dot_type
     x = from_float(vdt, (rng.standard_normal((3, k)) * 4).astype(np.float32)).view(np.uint8).reshape(3, -1)
+    at = 4 if vdt == GGMLType.Q8_K else 2  # where a block's quants start
+    loud = x[:1].reshape(k // TYPE_TRAITS[vdt].blck_size, -1).copy()
+    loud[:, at:at + TYPE_TRAITS[vdt].blck_size] = 127  # the largest products: each fma rounds
+    x = np.concatenate([x, loud.reshape(1, -1)])
     if wtype not in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0):
         blocks = x[:2].reshape(2, k // TYPE_TRAITS[vdt].blck_size, -1).copy()
-        at = 4 if vdt == GGMLType.Q8_K else 2  # where a block's quants start
         q = blocks[:, :, at:at + TYPE_TRAITS[vdt].blck_size]
         q[rng.random(q.shape) < 0.2] = 0x80
         x = np.concatenate([x, blocks.reshape(2, -1)])
@@ -279,3 +291,52 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
         many = vec_dot_quant(wtype, np.tile(w, (256, 1)), x, portable=portable, threads=3)
         np.testing.assert_array_equal(many.view(np.uint32), np.tile(real, (1, 256)).view(np.uint32),
                                       err_msg=f"threads=3, portable={portable}")
+
+
+@pytest.mark.parametrize("wtype", [GGMLType.IQ4_NL, GGMLType.MXFP4], ids=lambda t: t.name)
+def test_quant_dot_last_block_is_fused_as_in_ggml(wtype):
+    """An odd last block of IQ4_NL or MXFP4 goes through ggml's scalar loop, sumf += d * sum,
+    which the oracle fuses (vfmadd231ss): against its vec_dot on products that float cannot hold
+    (activation quants of 127, their d halves of 11 significant bits, weight blocks alternating
+    in sign, so that the sum before the last block is small), both C paths and the twin."""
+    import ctypes
+
+    import ggml
+    import numpy as np
+
+    from engine.compute.kernels.vecdot import quant_dot, vec_dot_quant
+    from engine.quants import QUANT_KINDS
+
+    rng = np.random.default_rng(int(wtype) + 100)
+    nb, n0, n1 = 9, 48, 4
+    pos, neg = (7, 15) if wtype == GGMLType.MXFP4 else (15, 0)  # a large value of each sign
+    nib = np.where(np.arange(nb)[:, None] % 2 == 0, pos, neg) * np.ones((n0, nb, 32), np.uint8)
+    odd = rng.random(nib.shape) < 0.2
+    nib[odd] = rng.integers(0, 16, odd.sum())
+    w = np.zeros((n0, nb, 18 if wtype == GGMLType.IQ4_NL else 17), np.uint8)
+    w[:, :, -16:] = nib[..., :16] | nib[..., 16:] << 4
+    blocks = w.reshape(-1).view(QUANT_KINDS[wtype].dtype)
+    if wtype == GGMLType.MXFP4:
+        blocks["e"] = rng.integers(120, 137, len(blocks))
+    else:
+        blocks["d"] = rng.integers(0x2000, 0x3000, len(blocks)) | 1
+    x = np.full((n1, nb, 34), 127, np.uint8)
+    d = (rng.integers(0x1000, 0x2000, (n1, nb)) | 1).astype("<u2")  # halves with odd mantissas
+    x[:, :, :2] = d[..., None].view(np.uint8)
+    w, x = w.reshape(n0, -1), x.reshape(n1, -1)
+    ggml.ggml_cpu_init()
+    traits = ggml.ggml_get_type_traits_cpu(int(wtype)).contents
+    real = np.empty((n1, n0), np.float32)
+    s = ctypes.c_float()
+    for i1 in range(n1):
+        for i0 in range(n0):
+            traits.vec_dot(nb * 32, ctypes.byref(s), 0, w[i0].ctypes.data, 0, x[i1].ctypes.data, 0,
+                           1)
+            real[i1, i0] = s.value
+    for portable in (False, True):
+        ours = vec_dot_quant(wtype, w, x, portable=portable)
+        np.testing.assert_array_equal(ours.view(np.uint32), real.view(np.uint32),
+                                      err_msg=f"portable={portable}")
+    twin = np.empty((n1, n0), np.float32)
+    quant_dot(int(wtype), w, w.shape[1], x, x.shape[1], twin, n0, n1, nb)
+    np.testing.assert_array_equal(twin.view(np.uint32), real.view(np.uint32), err_msg="twin")

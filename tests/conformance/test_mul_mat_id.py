@@ -52,6 +52,11 @@ CASES = [
     (T.IQ3_XXS, 512, 7, 3, 2, 2, 3, 0.0),
     (T.IQ3_S, 256, 9, 4, 2, 1, 4, 0.0),
     (T.IQ2_S, 512, 8, 3, 2, 2, 3, 0.0),
+    (T.TQ2_0, 768, 10, 3, 2, 2, 3, 0.0),
+    (T.TQ1_0, 512, 9, 4, 2, 1, 3, 0.0),
+    (T.MXFP4, 64, 8, 4, 2, 2, 3, 0.0),
+    (T.MXFP4, 96, 7, 3, 2, 1, 4, 0.0),  # an odd number of blocks: the last by ggml's scalar loop
+    (T.IQ1_M, 512, 8, 3, 2, 2, 3, 0.0),
     (T.IQ4_NL, 64, 8, 4, 2, 2, 3, 0.0),
     (T.IQ4_NL, 96, 7, 3, 2, 1, 4, 0.0),  # an odd number of blocks: the last by ggml's scalar loop
 ]

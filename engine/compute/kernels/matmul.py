@@ -139,8 +139,8 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
     call after it) or a contiguous src1 of their type (the call before). Its quantized
     kernels (Q8_0, Q4_0, Q5_0 by Q8_0) sum in vec_dot's order, so they need nothing of their
     own; IQ4_NL's (two or more rows of Q8_0, converted or contiguous) has one accumulator where
-    ggml_vec_dot_iq4_nl_q8_0 has two (vecdot.quant_dot's `tiny`); K-quants and the other IQ types
-    it leaves to ggml."""
+    ggml_vec_dot_iq4_nl_q8_0 has two (vecdot.quant_dot's `tiny`); K-quants and the other types
+    (IQ3_XXS, IQ2_S, MXFP4, TQ1_0, TQ2_0, IQ1_M...) it leaves to ggml."""
     ne00, ne01, ne11 = int(src0.ne[0]), int(src0.ne[1]), int(src1.ne[1])
     if src0.type == GGMLType.IQ4_NL:
         return ne11 >= 2 and (src1.type != GGMLType.Q8_0 or ggml_is_contiguous(src1))

@@ -1,7 +1,7 @@
-"""ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and
-the quantized Q4_0, Q5_0, Q8_0, IQ4_NL (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
-activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, IQ3_XXS, IQ3_S and IQ2_S (with Q8_K
-activations).
+"""ggml's CPU dot products, reproduced operation by operation (AVX2 build): F32, F16, BF16, and the
+quantized Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
+activations), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0, TQ1_0, IQ1_M, IQ3_XXS, IQ3_S and IQ2_S
+(with Q8_K activations).
 
 Each output of mul_mat is one `ggml_vec_dot_*` call (the transposed convolutions, conv_3d,
 soft_max_back and gated_delta_net call the float ones too), and these emulate that call's
@@ -30,7 +30,8 @@ pure-numpy mode, engine/lanes.py):
   into one accumulator and the odd ones into another, hsum_float_8 of their sum; a row's odd
   last block by ggml's scalar loop (true products), fmaf(d, sum, result). llama.cpp's build
   hands its products of 2 or more activation rows to llamafile's tinyBLAS (`tiny`): one
-  accumulator for every block, the lanes the same.
+  accumulator for every block, the lanes the same. ggml_vec_dot_mxfp4_q8_0
+  (kernels/vecdot_tq.py) does the same over kvalues_mxfp4[nibble] (no tinyBLAS).
 - ggml_vec_dot_q{4,5}_1_q8_1: the same lanes of unsigned quants; the offsets apart, summs =
   fmaf(x.m, y.s, summs) block after block, added to hsum_float_8(acc).
 - ggml_vec_dot_q{2,3,4,5,6}_K_q8_K: per super-block, 8 integer lanes of scaled products, then the
@@ -42,6 +43,11 @@ pure-numpy mode, engine/lanes.py):
 - ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K (vecdot_iq.py): signed grid values by the
   same sign trick, each run (IQ2_S: each 16) times 2 * ls + 1, one accumulator; IQ3_XXS's result
   0.25f * hsum_float_8(acc), IQ2_S's 0.125f * it.
+- ggml_vec_dot_tq2_0_q8_K, _tq1_0_q8_K (kernels/vecdot_tq.py): lanes of the unsigned quants or
+  trits (value + 1) less the block sums, in int16, then the same fma and horizontal sum.
+- ggml_vec_dot_iq1_m_q8_K (kernels/vecdot_tq.py): the grid's values times their 3-bit scales by
+  the sign trick, one accumulator; the shifts' lanes (+-1 per 8, the same scales) in a second,
+  fma'd with the same d (the min lanes' path); the result fmaf(hsum(shifts), 1/8, hsum(acc)).
   decode_weights and block_lanes are one block's steps (the debugger shows them); quant_dot runs
   them over whole matrices.
 """
@@ -52,6 +58,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from engine.compute.kernels import vecdot_tq
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.vecdot_iq import IQ_GRIDS, decode_iq, iq_result, scaled_products
 from engine.lanes import lanes, twin
@@ -326,14 +333,16 @@ def vec_dot_f32_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 EXACT_QUANT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
                          GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.Q2_K, GGMLType.Q3_K,
-                         GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}) \
+                         GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+                         GGMLType.TQ2_0, GGMLType.TQ1_0, GGMLType.MXFP4, GGMLType.IQ1_M}) \
     | frozenset(IQ_GRIDS)  # IQ3_XXS, IQ3_S, IQ2_S (vecdot_iq.py)
 K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
-                      GGMLType.Q6_K}) | frozenset(IQ_GRIDS)  # with Q8_K activations
+                      GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0,
+                      GGMLType.IQ1_M}) | frozenset(IQ_GRIDS)  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
-SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS}) \
+SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}) \
     | frozenset(IQ_GRIDS)  # lanes by _mm256_sign_epi8 (see block_lanes)
-PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL})  # two accumulators, and a scalar odd last block
+PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL, GGMLType.MXFP4})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
 
 
@@ -344,14 +353,16 @@ class Decoded(NamedTuple):
     #                six-bit scale, Q2_K's times the 4-bit scale of their 16, Q3_K's (signed, -4..3)
     #                times the six-bit scale (minus 32) of their 16, Q6_K's (unsigned) times the
     #                int8 scale of their 16; IQ4_NL's and IQ4_XS's the non-linear values
-    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); the IQ grid types'
-    #                grid values with their signs (their scales in aux)
+    #                kvalues_iq4nl[nibble] (IQ4_XS's scales apart, in aux); TQ2_0's and TQ1_0's the
+    #                unsigned quants, value + 1; MXFP4's kvalues_mxfp4[nibble];
+    #                IQ1_M's grid values times the 3-bit scale (2s + 1) of their 16; the IQ grid
+    #                types' grid values with their signs (their scales in aux)
     d: np.ndarray  # float32 (...): the block's scale
     dmin: np.ndarray  # float32 (...): Q2_K's, Q4_K's and Q5_K's scale of the mins, Q4_1's and
     #                   Q5_1's m (0 for the other types)
     aux: np.ndarray  # int16 (..., 8 mins of Q4_K and Q5_K | 16 mins of Q2_K | 16 scales of Q6_K
-    #                  | 8 scales (minus 32) of IQ4_XS | 8 or 16 scales 2 * ls + 1 of the IQ
-    #                  grid types | 0 for the others)
+    #                  | 8 scales (minus 32) of IQ4_XS | 256 shifts (+-1) times their scale of
+    #                  IQ1_M | 8 or 16 scales 2 * ls + 1 of the IQ grid types | 0 for the others)
 
 
 def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
@@ -360,6 +371,9 @@ def decode_weights(type_: GGMLType, blocks: np.ndarray) -> Decoded:
     lead = blocks.shape[:-1]
     raw = np.ascontiguousarray(blocks).reshape(-1, blocks.shape[-1])
     zeros, none = np.zeros(lead, F32), np.zeros((*lead, 0), np.int16)
+    if type_ in vecdot_tq.TYPES:  # engine/_lanes_tq.c's
+        q, d, aux = vecdot_tq.decode(type_, raw)
+        return Decoded(q.reshape(*lead, -1), d.reshape(lead), zeros, aux.reshape(*lead, -1))
     if type_ == GGMLType.Q4_0:  # nibble - 8
         q = nibbles(raw, 2, 18, 16).astype(np.int16) - 8
     elif type_ == GGMLType.Q5_0:  # nibble + 16 * its qh bit - 16
@@ -450,11 +464,18 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
     into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
     Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
-    IQ4_NL's and IQ4_XS's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
+    IQ4_NL's, IQ4_XS's and MXFP4's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
     their run's scale): maddubs(|q|, sign(y, q)), so a y
     of -128 against a negative q counts as +128 (the int8 negation wraps); the IQ grid types' the
-    same (their grid values unsigned, the activations signed), then times their scales."""
+    same (their grid values unsigned, the activations signed), then times their scales. TQ2_0's
+    and TQ1_0's: vecdot_tq.ternary_lanes. IQ1_M's: vecdot_tq.signed_lanes of its values, and of
+    its shifts as the min lanes (min_scale the same scale), added by add_mins."""
     yd, yq, bsums, ys = decode_activations(type_, yblocks)
+    if type_ in vecdot_tq.TERNARY:  # TQ2_0, TQ1_0: unsigned quants, less the block sums in int16
+        return vecdot_tq.ternary_lanes(dec.q, yq, bsums), yd * dec.d, None, None
+    if type_ == GGMLType.IQ1_M:  # the shifts as min lanes, with the same scale
+        scale = yd * dec.d
+        return vecdot_tq.signed_lanes(dec.q, yq), scale, vecdot_tq.signed_lanes(dec.aux, yq), scale
     if type_ in SIGNED_LANES:  # |q| * sign(y, q): -(-128) wraps to -128 in int8
         yq = np.where((yq == -128) & (dec.q < 0), np.int16(128), yq)
     p = np.multiply(dec.q, yq, dtype=np.int32)
@@ -488,7 +509,7 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
 
 
 def tail_sum(q: np.ndarray, yblocks: np.ndarray) -> np.ndarray:
-    """IQ4_NL's odd last block of a row, as ggml's scalar loop sums it: the true products of its
+    """IQ4_NL's (MXFP4's) odd last block of a row, as ggml's scalar loop sums it: the true products of its
     values q (Decoded.q, (..., 32)) and the activation quants (no sign trick), int32 (...)."""
     yq = decode_activations(GGMLType.IQ4_NL, yblocks).q
     return np.multiply(q, yq, dtype=np.int32).sum(-1, dtype=np.int32)
@@ -496,11 +517,19 @@ def tail_sum(q: np.ndarray, yblocks: np.ndarray) -> np.ndarray:
 
 def paired_total(acc1: np.ndarray, acc2: np.ndarray, nb: int, scale_last: np.ndarray,
                  tail: np.ndarray | None) -> np.ndarray:
-    """IQ4_NL's result: hsum_float_8(acc1 + acc2) (the even and the odd blocks' accumulators),
+    """IQ4_NL's (MXFP4's) result: hsum_float_8(acc1 + acc2) (the even and the odd blocks' accumulators),
     then for an odd number of blocks fmaf(d, (float)sum, result) with the last block's d and
     true sum (tail_sum)."""
     r = hsum8(acc1 + acc2)
     return fmaf(scale_last, tail.astype(F32), r) if nb % 2 else r
+
+
+def add_mins(type_: GGMLType, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+    """The result hsum8(acc) r with the mins' (or offsets', or IQ1_M's shifts') accumulators
+    (..., 4, 1 or 8): r + min_total, or IQ1_M's vecdot_tq.shifted_total."""
+    if type_ == GGMLType.IQ1_M:
+        return vecdot_tq.shifted_total(r, hsum8(acc_m))
+    return r + min_total(type_, acc_m)
 
 
 def min_total(type_: GGMLType, acc_m: np.ndarray) -> np.ndarray:
@@ -516,19 +545,20 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
               portable: int = 0, threads: int = 1, tiny: bool = False) -> None:
     """engine._lanes.quant_dot: out (n1, n0) float32 = ggml's AVX2 vec_dot (ggml_vec_dot_q4_0_q8_0,
     _q5_0_q8_0, _q8_0_q8_0, _iq4_nl_q8_0, _q4_1_q8_1, _q5_1_q8_1, _q2_K_q8_K, _q3_K_q8_K,
-    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of
-    weight
+    _iq4_xs_q8_K, _q4_K_q8_K, _q5_K_q8_K, _q6_K_q8_K, _tq2_0_q8_K, _tq1_0_q8_K, _mxfp4_q8_0,
+    _iq1_m_q8_K, _iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K) of weight
     row i0 (nb blocks of type_ at byte i0 * ldw of w) and activation row i1 (Q8_0, Q8_1 or Q8_K
     blocks at byte i1 * ldx of x).
 
     A chunk of weight rows at a time: all its blocks decoded and their integer lanes summed at
     once (exact, so in any order), then block after block for every pair of rows acc[l] =
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
-    offsets into acc_m); the result hsum8(acc) (+ min_total(acc_m); the IQ grid types':
-    iq_result); IQ4_NL's two accumulators (paired_total), or with `tiny` one. C computes the
-    legacy types' products by tiles of weight rows by activation rows, each block loaded once for
-    the tile; each output is still its own sum in this order. portable (C's loop: 0 the best the
-    CPU has, 1 the portable one, 2 AVX2 without AVX-512) and threads change no bit (ignored)."""
+    offsets into acc_m); the result add_mins(hsum8(acc), acc_m) (the IQ grid types': iq_result of
+    hsum8(acc)); IQ4_NL's and MXFP4's two accumulators (paired_total), or with `tiny` one. C
+    computes the legacy types' products by tiles of weight rows by activation rows, each block
+    loaded once for the tile; each output is still its own sum in this order. portable (C's loop:
+    0 the best the CPU has, 1 the portable one, 2 AVX2 without AVX-512) and threads change no bit
+    (ignored)."""
     type_ = GGMLType(type_)
     wsize = TYPE_TRAITS[type_].type_size
     ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0 or Q8_K blocks
@@ -571,7 +601,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
             acc_m = np.moveaxis(acc_m, 0, -1)  # (n1, rows, 4 or 1)
         r = hsum8(acc) if type_ not in IQ_GRIDS else iq_result(type_, hsum8(acc))
         if min_lanes is not None:
-            r = r + min_total(type_, acc_m)
+            r = add_mins(type_, r, acc_m)
         o[:, a:a + step] = r
 
 
@@ -595,12 +625,16 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     (ggml_vec_dot_q3_K_q8_K): the 3-bit quants (-4..3) times their six-bit scales, no mins.
     IQ4_NL and IQ4_XS (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K): the non-linear values by ggml's
     sign trick (a -128 activation against a negative value counts as +128), IQ4_XS's runs times
-    their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop.
+    their scales; IQ4_NL's blocks in two accumulators and an odd last one by the scalar loop;
+    MXFP4 (ggml_vec_dot_mxfp4_q8_0) as IQ4_NL over its e2m1 values, its scale 2^(e - 128).
     IQ3_XXS, IQ3_S and IQ2_S (ggml_vec_dot_iq3_xxs_q8_K, ...): their signed grid values by the same
     trick, times 2 * ls + 1 of their run (IQ2_S: of their 16); hsum_float_8(acc) times 0.25f
     (IQ3_XXS), 0.125f (IQ2_S) or nothing (IQ3_S).
     Q6_K (ggml_vec_dot_q6_K_q8_K): the same lanes of sc*q (q unsigned), minus
-    32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]).
+    32*(bsums[2L]*sc[2L] + bsums[2L+1]*sc[2L+1]). TQ2_0 and TQ1_0 (ggml_vec_dot_tq2_0_q8_K,
+    _tq1_0_q8_K): the unsigned quants' int16 lanes less the block sums (vecdot_tq.ternary_lanes).
+    IQ1_M (ggml_vec_dot_iq1_m_q8_K): the grid values and, apart, the shifts, each times the
+    3-bit scales, both accumulators by fma with the same d; hsum(acc) + hsum(shifts) / 8, fused.
     The result is hsum_float_8(acc) (+ the mins or offsets). The lane sums are exact integers, so the
     vector instructions (where the CPU has AVX2, FMA and F16C) and the portable loop
     (`portable`, and other CPUs) give the same bits (but for which payload a NaN result has when

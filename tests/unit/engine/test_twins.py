@@ -31,13 +31,18 @@ OUT = object()  # marks where the output buffer goes in an argument list
 QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
              GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.IQ4_XS: 136,
              GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
-             GGMLType.Q6_K: 210, GGMLType.IQ3_XXS: 98, GGMLType.IQ3_S: 110, GGMLType.IQ2_S: 82}
+             GGMLType.Q6_K: 210, GGMLType.IQ3_XXS: 98, GGMLType.IQ3_S: 110, GGMLType.IQ2_S: 82,
+             GGMLType.TQ2_0: 66, GGMLType.TQ1_0: 54, GGMLType.MXFP4: 17, GGMLType.IQ1_M: 56}
 # (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
-K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K,
-            GGMLType.Q6_K, GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S)
+K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+            GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.TQ2_0, GGMLType.TQ1_0,
+            GGMLType.IQ1_M)
+E_AT = {GGMLType.MXFP4: (0,)}  # the E8M0 exponents of a weight block
+NIBBLE_D_AT = {GGMLType.IQ1_M: 48}  # the 4 uint16 words whose top nibbles make an fp16 d
 # the fp16 scales of a weight block: d (and m, or dmin)
 D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
-        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,)}
+        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.TQ2_0: (64,),
+        GGMLType.TQ1_0: (52,)}
 DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
               GGMLType.TQ1_0: (54, 256)}  # block size, elements
 K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
@@ -105,12 +110,24 @@ def halves(rng: np.random.Generator, shape, wild: bool) -> np.ndarray:
 
 
 def quant_blocks(rng: np.random.Generator, n: int, size: int, d_at: tuple[int, ...],
-                 wild: bool) -> np.ndarray:
+                 wild: bool, e_at: tuple[int, ...] = (),
+                 nibble_d_at: int | None = None) -> np.ndarray:
     """n random weight (or Q8_0) blocks of `size` bytes (n, size): random bytes throughout; unless
-    wild, the fp16 scales at the bytes d_at hold ordinary values."""
+    wild, the fp16 scales at the bytes d_at hold ordinary values, the E8M0 exponents at the
+    bytes e_at scales of 2^-10 .. 2^10, and the top nibbles of the 4 uint16 words at byte
+    nibble_d_at (IQ1_M's d) an ordinary half."""
     b = rng.integers(0, 256, (n, size), dtype=np.uint8)
-    for at in d_at if not wild else ():
+    if wild:
+        return b
+    for at in d_at:
         b[:, at:at + 2] = halves(rng, n, False).view(np.uint8).reshape(n, 2)
+    for at in e_at:
+        b[:, at] = rng.integers(118, 139, n)
+    if nibble_d_at is not None:
+        h = halves(rng, n, False).astype(np.uint16)
+        for i in range(4):  # byte 2i + 1 of the words: the top nibble holds bits 4i..4i+3 of d
+            at = nibble_d_at + 2 * i + 1
+            b[:, at] = (b[:, at] & 0x0F) | ((h >> (4 * i)) & 0x0F).astype(np.uint8) << 4
     return b
 
 
@@ -145,6 +162,15 @@ def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
     return rows
 
 
+def weight_rows(rng: np.random.Generator, type_: GGMLType, n: int, nb: int,
+                wild: bool) -> np.ndarray:
+    """n rows of nb random weight blocks of type_ (quant_blocks, its scales where the type has
+    them), 5 bytes apart."""
+    blocks = quant_blocks(rng, n * nb, QUANT_DOT[type_], D_AT.get(type_, (0,)), wild,
+                          E_AT.get(type_, ()), NIBBLE_D_AT.get(type_))
+    return padded_rows(blocks, n, nb, 5)
+
+
 # --- quant_dot ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
@@ -152,12 +178,18 @@ def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
 def test_quant_dot(type_: GGMLType, wild: bool):
     """Every pair of weight rows (nb blocks, rows ldw bytes apart, more than a row) and activation
     rows (ldx apart); C's loops alike: the best the CPU has (portable=0; the legacy types by
-    AVX-512 VNNI's tiles where it has them), the portable one (1), AVX2 without AVX-512 (2)."""
+    AVX-512 VNNI's tiles where it has them), the portable one (1), AVX2 without AVX-512 (2).
+    The last case's activation quants are all 127: the largest products, whose last bits each
+    fma rounds."""
     rng = np.random.default_rng([int(type_), wild])
-    d_at = D_AT.get(type_, (0,))
-    for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (10, 8, 5), (0, 2, 1)):
-        w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
-        x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
+    for n0, n1, nb in ((1, 1, 1), (37, 3, 4), (5, 9, 2), (64, 1, 3), (10, 8, 5), (0, 2, 1),
+                       (40, 2, 5)):
+        w = weight_rows(rng, type_, n0, nb, wild)
+        y = activation_blocks(rng, type_, n1 * nb, wild)
+        if n0 == 40:
+            at = 4 if y.shape[1] != 34 else 2  # where a block's quants start
+            y[:, at:at + (256 if y.shape[1] == 292 else 32)] = 127
+        x = padded_rows(y, n1, nb, 3)
         for portable in (0, 1, 2):  # none changes a bit
             args = (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1,
                     nb, portable, 2)
@@ -275,8 +307,7 @@ def pool_workers() -> int:
 def quant_dot_case(rng: np.random.Generator, type_: GGMLType, n0: int, n1: int, nb: int,
                    wild: bool = False) -> tuple:
     """quant_dot's arguments (OUT for the output) for n0 weight rows and n1 activation rows."""
-    d_at = D_AT.get(type_, (0,))
-    w = padded_rows(quant_blocks(rng, n0 * nb, QUANT_DOT[type_], d_at, wild), n0, nb, 5)
+    w = weight_rows(rng, type_, n0, nb, wild)
     x = padded_rows(activation_blocks(rng, type_, n1 * nb, wild), n1, nb, 3)
     return (int(type_), w.reshape(-1), w.shape[1], x.reshape(-1), x.shape[1], OUT, n0, n1, nb)
 
