@@ -111,6 +111,8 @@ static inline int vnni_hw(void)
 #else
     return 0;
 #endif
+}
+
 /* hsum_float_8: the 8 lanes of an accumulator summed as ggml sums them */
 INLINE float hsum8(const float *a)
 {
