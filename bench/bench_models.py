@@ -92,7 +92,6 @@ def run_types(report) -> None:
             report(f"llama 1024x4 {t.name} decode per token, 1 thread", median_of(ours), theirs,
                    "llama.cpp" if llama_cpp is not None else "llama.cpp (not installed)",
                    Goal(ratio=2))
-            del model
 
 
 def _write_llama(TinyFile, path: Path, type_) -> None:

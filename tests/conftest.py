@@ -16,6 +16,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.llamacpp)
 
 
+@pytest.fixture(scope="module")
+def llama_cpp():
+    """Real llama.cpp must be there: its absence fails the tests (`make test` installs it). The
+    comparisons run it in a process of their own (tests/support/llamacpp_run.py)."""
+    try:
+        import llama_cpp
+    except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
+        pytest.fail(f"llama-cpp-python is not installed ({e}); "
+                    "pip install llama-cpp-python==0.3.36")
+    return llama_cpp
+
+
 @pytest.fixture(scope="session")
 def gemma_path():
     """The bundled Gemma 3 270M GGUF (`make setup` joins it into the data directory): missing,

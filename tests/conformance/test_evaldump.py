@@ -3,8 +3,6 @@ against real llama.cpp's."""
 
 from __future__ import annotations
 
-import pytest
-
 from engine.trace.evaldump import diff_dumps, dumping, parse_dump
 from engine.models import load_model
 from engine.programs import FIXTURES_DIR
@@ -12,15 +10,6 @@ from tests.support.llamacpp_dump import llama_cpp_embed_dump
 
 MINILM = FIXTURES_DIR / "minilm-q8_0.gguf"
 TEXT = "Tensors live in a memory pool; views share their parent's bytes."
-
-
-@pytest.fixture(scope="module")
-def llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
-        pytest.fail(f"llama-cpp-python is not installed ({e})")
-    return llama_cpp
 
 
 def our_dump(text: str) -> str:

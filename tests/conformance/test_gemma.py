@@ -17,6 +17,7 @@ import pytest
 from engine.models import load_model
 from engine.models.sampling import Sampler, SamplerParams
 from tests.support.llamacpp_run import ask
+from tests.support.tiny_models import nmse
 
 N_THREADS = 2
 TEXTS = [
@@ -47,11 +48,6 @@ def gemma_cpp(gemma_path):
 @pytest.fixture(scope="module")
 def gemma(gemma_path):
     return load_model(gemma_path)
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 @pytest.mark.parametrize("special", [False, True])

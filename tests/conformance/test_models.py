@@ -19,7 +19,7 @@ from engine.models import ModelError, load_model
 from engine.programs import FIXTURES_DIR
 from engine.core.types import GGMLType
 from tests.support.llamacpp_run import ask
-from tests.support.tiny_models import TinyFile, exact_types, plain_logits_many
+from tests.support.tiny_models import TinyFile, exact_types, nmse, plain_logits_many
 
 FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
@@ -34,25 +34,9 @@ MORE_TEXTS = [
 N_THREADS = 2
 
 
-@pytest.fixture(scope="module")
-def llama_cpp():
-    """The oracle must be there: its absence fails the tests (`make test` installs it)."""
-    try:
-        import llama_cpp
-    except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
-        pytest.fail(f"llama-cpp-python is not installed ({e}); "
-                    "pip install llama-cpp-python==0.3.36")
-    return llama_cpp
-
-
 def cosine(a, b) -> float:
     a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 # --- BERT (MiniLM) ---------------------------------------------------------------------------

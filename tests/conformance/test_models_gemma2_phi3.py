@@ -24,7 +24,7 @@ from engine.core.types import GGMLType
 from engine.models import load_model
 from engine.trace.evaldump import diff_dumps, dumping, parse_dump
 from tests.support.llamacpp_run import ask_many
-from tests.support.tiny_models import N_CTX, PLAIN, TinyFile, exact_types
+from tests.support.tiny_models import N_CTX, PLAIN, TinyFile, exact_types, nmse
 
 E, N_HEAD, N_HEAD_KV, N_FF, N_LAYER, N_VOCAB = 256, 4, 2, 512, 2, 320
 CONTEXT = 256  # the files' context_length: llama.cpp's n_ctx N_CTX, padded
@@ -34,22 +34,6 @@ TYPES = exact_types()
 
 GEMMA2_HEAD = 32  # attention.key_length: not n_embd / n_head, as in Gemma 2 itself
 GEMMA2_SWA = 4  # attention.sliding_window
-
-
-@pytest.fixture(scope="module")
-def llama_cpp():
-    """The oracle must be there: its absence fails the tests (`make test` installs it)."""
-    try:
-        import llama_cpp
-    except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
-        pytest.fail(f"llama-cpp-python is not installed ({e}); "
-                    "pip install llama-cpp-python==0.3.36")
-    return llama_cpp
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 def _shared_keys(f: TinyFile, rms_eps: float) -> None:

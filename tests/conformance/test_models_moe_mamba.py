@@ -19,7 +19,8 @@ from engine.core.types import GGMLType
 from engine.models import load_model
 from engine.trace.evaldump import diff_dumps, dumping, parse_dump
 from tests.support.llamacpp_run import ask_many
-from tests.support.tiny_models import N_CTX, PLAIN, TinyFile, exact_types, plain_logits_many
+from tests.support.tiny_models import (N_CTX, PLAIN, TinyFile, exact_types, nmse,
+                                      plain_logits_many)
 
 E, N_LAYER, N_VOCAB = 256, 2, 320
 N_HEAD, N_HEAD_KV, HEAD = 4, 2, 64  # qwen3moe's attention
@@ -29,22 +30,6 @@ N_THREADS = 2
 PROMPT = [1, 17, 42, 7, 300, 99, 5, 123]
 TYPES = exact_types()
 CACHE_TYPE = GGMLType.Q4_K  # the file the cache, generation and dump tests run
-
-
-@pytest.fixture(scope="module")
-def llama_cpp():
-    """The oracle must be there: its absence fails the tests (`make test` installs it)."""
-    try:
-        import llama_cpp
-    except ImportError as e:  # pragma: no cover - a set-up problem, reported as a failure
-        pytest.fail(f"llama-cpp-python is not installed ({e}); "
-                    "pip install llama-cpp-python==0.3.36")
-    return llama_cpp
-
-
-def nmse(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 def write_tiny_qwen3moe(path: Path, type_: GGMLType, seed: int = 0) -> None:

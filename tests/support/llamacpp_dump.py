@@ -53,18 +53,18 @@ def _fields(lib, ptr: int) -> NodeFields:
                       srcs[1], data)
 
 
-def llama_cpp_embed_dump(llama_cpp, model: Path, text: str, n_threads: int) -> str:
-    """The eval-callback dump of llama.cpp embedding `text` with `model`."""
+def watch_nodes(llama_cpp, out: list[str]):
+    """From now on, every llama_cpp.Llama made in this process appends each node its context
+    computes to `out`, formatted as llama-eval-callback prints it. Returns what undoes it."""
+    import llama_cpp.llama as llama_module
+
     lib = _lib(llama_cpp)
-    out: list[str] = []
 
     @llama_cpp.ggml_backend_sched_eval_callback
     def callback(t, ask, user_data):
         if not ask:
             out.append(format_node(_fields(lib, t)))
         return True
-
-    import llama_cpp.llama as llama_module
 
     original = llama_module.llama_cpp.llama_context_default_params
 
@@ -74,11 +74,22 @@ def llama_cpp_embed_dump(llama_cpp, model: Path, text: str, n_threads: int) -> s
         return p
 
     llama_module.llama_cpp.llama_context_default_params = with_callback
+
+    def undo() -> None:
+        llama_module.llama_cpp.llama_context_default_params = original
+    undo.callback = callback  # (ctypes keeps no reference of its own: the caller keeps undo)
+    return undo
+
+
+def llama_cpp_embed_dump(llama_cpp, model: Path, text: str, n_threads: int) -> str:
+    """The eval-callback dump of llama.cpp embedding `text` with `model`."""
+    out: list[str] = []
+    undo = watch_nodes(llama_cpp, out)
     try:
         llm = llama_cpp.Llama(str(model), embedding=True, n_threads=n_threads, n_ctx=512,
                               verbose=False)
     finally:
-        llama_module.llama_cpp.llama_context_default_params = original
+        undo()
     out.clear()  # nothing from loading
     llm.embed(text)
     llm.close()

@@ -62,6 +62,7 @@ def ask_many(jobs: list[tuple[Path, dict]], n_threads: int = 2, **params) -> lis
 
 
 _ORIGINAL_PARAMS = []  # llama_model_default_params before _serve first wrapped it
+_KEEP: list = []  # the eval callbacks of the dumps (alive while llama.cpp may call them)
 
 
 def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
@@ -87,7 +88,9 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     llama_module.llama_cpp.llama_model_default_params = model_params
     dumped: list[str] = []
     if "dump" in request:
-        _watch_nodes(llama_cpp, llama_module, dumped)
+        from tests.support.llamacpp_dump import watch_nodes
+
+        _KEEP.append(watch_nodes(llama_cpp, dumped))
     llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
                           logits_all=bool({"logits", "greedy", "sample", "sweep"} & set(request)), verbose=False,
                           **params)
@@ -152,33 +155,6 @@ def _sweep(llm, ids: list[int], n: int) -> dict:
         llm.eval([tokens[-1]])
         digests += row_digests([llm.scores[llm.n_tokens - 1]])
     return {"digests": digests, "tokens": tokens}
-
-
-def _watch_nodes(llama_cpp, llama_module, out: list[str]) -> None:
-    """Every node llama.cpp computes, formatted as llama-eval-callback prints it, into `out`."""
-    from engine.trace.evaldump import format_node
-    from tests.support.llamacpp_dump import _fields, _lib
-
-    lib = _lib(llama_cpp)
-
-    @llama_cpp.ggml_backend_sched_eval_callback
-    def callback(t, ask, user_data):
-        if not ask:
-            out.append(format_node(_fields(lib, t)))
-        return True
-
-    original = llama_module.llama_cpp.llama_context_default_params
-
-    def with_callback():
-        p = original()
-        p.cb_eval = callback
-        return p
-
-    _KEEP.append(callback)  # (ctypes keeps no reference of its own)
-    llama_module.llama_cpp.llama_context_default_params = with_callback
-
-
-_KEEP: list = []
 
 
 def _chat(llama_cpp, llm, request: dict) -> dict:

@@ -120,6 +120,12 @@ class TinyFile:
         self.w.close()
 
 
+def nmse(a, b) -> float:
+    """Normalised mean squared error of `a` against `b`, in double: Σ(a-b)² / Σb²."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(((a - b) ** 2).sum() / (b ** 2).sum())
+
+
 def plain_logits_many(paths: list[Path], tokens: list[int], tmp: Path,
                       n_threads: int = 2) -> list[np.ndarray]:
     """llama.cpp's logits for every position of `tokens`, one array per file, all files in one

@@ -66,7 +66,7 @@ def test_every_walkthrough_renders_its_steps(client, name):
     first = client.get(f"/walkthroughs/{name}/steps/0")
     assert first.status_code == 200
     n = int(first.text.split('max="')[1].split('"')[0])
-    spread = 8 if name == "gemma3" else 25  # a real model's 3,000 steps: a few pages
+    spread = 8 if PROGRAMS[name].model else 25  # a real model's 3,000 steps: a few pages
     steps = range(n + 1) if n < 40 else sorted({*range(0, n + 1, max(1, n // spread)), n})
     for k in steps:  # every step of the small ones; 25 spread over the large ones
         r = client.get(f"/walkthroughs/{name}/steps/{k}", headers={"HX-Request": "true"})
