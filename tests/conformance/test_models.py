@@ -19,7 +19,7 @@ from engine.models import ModelError, load_model
 from engine.programs import FIXTURES_DIR
 from engine.core.types import GGMLType
 from tests.support.llamacpp_run import ask
-from tests.support.tiny_models import TinyFile, exact_types, nmse, plain_logits_many
+from tests.support.tiny_models import WEIGHT_TYPES, TinyFile, exact_types, nmse, plain_logits_many
 
 FIXTURES = FIXTURES_DIR
 MINILM = FIXTURES / "minilm-q8_0.gguf"
@@ -252,6 +252,13 @@ def every_type(request, tmp_path_factory):
     for t, path in zip(TYPES, paths):
         write_tiny_llama(path, t, seed=int(t), arch=arch)
     return dict(zip(TYPES, zip(paths, plain_logits_many(paths, PROMPT, tmp))))
+
+
+def test_every_type_llama_quantize_writes_without_an_imatrix_is_compared():
+    """The types real ggml quantizes without an importance matrix (its own
+    ggml_quantize_requires_imatrix) are all computed exactly, so the comparisons below cover
+    every one of them, in every architecture."""
+    assert set(WEIGHT_TYPES) <= set(TYPES), sorted(t.name for t in set(WEIGHT_TYPES) - set(TYPES))
 
 
 @pytest.mark.parametrize("type_", TYPES, ids=lambda t: t.name)
