@@ -70,6 +70,17 @@ def test_mul_mat_f32_is_bit_exact(k):
              [Leaf(F32, (k, 9, 2)), Leaf(F32, (k, 5, 4))], 3, exact=True, seed=k)
 
 
+@pytest.mark.parametrize("wtype", [F32, F16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_float_decoding_products_are_bit_exact(wtype, n_threads):
+    """A model's token-by-token products (at most 8 activation rows) by float weights of any
+    row length (2816: a feed-forward's down projection) and many rows: ggml's vec_dot (and for 2
+    to 8 rows of F32, nothing else) bit for bit."""
+    for ne_a, ne_b in [((2816, 40), (2816, 1)), ((4100, 12), (4100, 3)), ((1536, 300), (1536, 8))]:
+        check_op(lambda g, ctx, a, b: g.ggml_mul_mat(ctx, a, b),
+                 [Leaf(wtype, ne_a), Leaf(F32, ne_b)], n_threads, exact=True, seed=ne_a[0])
+
+
 @pytest.mark.parametrize("k", [1, 5, 8, 31, 32, 33, 45, 64, 100, 384])
 def test_mul_mat_f16_is_bit_exact(k):
     """Small F16 products (src1 converted to F16, or F16 already) follow ggml_vec_dot_f16

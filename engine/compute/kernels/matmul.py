@@ -51,6 +51,7 @@ _FLOAT = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
 UNIT_ROWS = 256  # weight rows per unit of products: float32 weights of a unit stay in cache
 EXACT_UNIT_PAIRS = 1 << 17  # (weight row, src1 row) pairs per unit of vec_dot emulation
 EXACT_MACS = 1 << 25  # multiply-adds (see emulates_vec_dot)
+DECODE_ROWS = 8  # activation rows (see emulates_vec_dot)
 SMALL_MACS = 1 << 21  # exact products up to this many multiply-adds are one unit of work
 SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src1 (the others
 # would only wait for the interpreter lock)
@@ -119,8 +120,10 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
     - the quantized types of vecdot.EXACT_QUANT, at any size: their raw blocks are read by C
       about as fast as BLAS multiplies the dequantized rows, and a model's long prompt gives
       llama.cpp's logits only this way;
-    - F32, F16 and BF16 weights: rows of at most 1024 elements, up to EXACT_MACS multiply-adds
-      (the float emulation costs more than BLAS);
+    - F32, F16 and BF16 weights: any size for at most DECODE_ROWS activation rows (a model's
+      token-by-token decoding: one C loop per matrix is faster than BLAS converting the weights),
+      else rows of at most 1024 elements, up to EXACT_MACS multiply-adds (for a batch the float
+      emulation costs more than BLAS);
     - no other type.
 
     (src1 of an F32 src0 is F32; of another src0, its vec_dot_type after the conversion.)"""
@@ -128,7 +131,7 @@ def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
         return True
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     macs = ne00 * ne01 * n_src1_rows
-    return src0.type in _FLOAT and ne00 <= 1024 and macs <= EXACT_MACS
+    return src0.type in _FLOAT and (n_src1_rows <= DECODE_ROWS or (ne00 <= 1024 and macs <= EXACT_MACS))
 
 
 def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:

@@ -186,10 +186,10 @@ from engine.ggml import *
 
 def run(n_threads: int = 1) -> dict:
     ctx = ggml_init(ggml_init_params(mem_size=1024 * 1024, mem_buffer=None, no_alloc=False))
-    w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 8)  # rows past 1024: a BLAS product
-    x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 2)
+    w = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 8)  # rows past 1024 by more than 8
+    x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 2048, 9)  # activation rows: a BLAS product
     set_data(w, np.linspace(-1, 1, 2048 * 8, dtype=np.float32).reshape(8, 2048))
-    set_data(x, np.linspace(1, -3, 2048 * 2, dtype=np.float32).reshape(2, 2048))
+    set_data(x, np.linspace(1, -3, 2048 * 9, dtype=np.float32).reshape(9, 2048))
     y = ggml_scale(ctx, ggml_mul_mat(ctx, w, x), 0.5)
     u = ggml_add(ctx, x, x)
     gf = ggml_new_graph(ctx)
