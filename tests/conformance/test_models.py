@@ -270,6 +270,7 @@ def test_tiny_decoder_in_each_weight_type_matches_llama_cpp(llama_cpp, every_typ
                                   theirs)
 
 
+@pytest.mark.decoding
 def test_bpe_llama_file_generates_as_llama_cpp(tmp_path):
     """A Llama 3 file (llama.cpp's llama-bpe test vocabulary: byte-level BPE, 128,256 tokens, its
     head tied to the token table) with random Q4_K weights: `ggml-lens generate FILE TEXT`
