@@ -11,6 +11,7 @@ scheduler makes while computing is a step too.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -61,7 +62,9 @@ class BackendRecorder:
         self.splits_seen: dict[int, tuple[Sched, int]] = {}
 
     def track_buffers(self) -> None:
-        for buf in list(_BUFFERS.values()):
+        # in the order they were made (the registry's own order is its keys' first use, which
+        # an earlier recording in the process may have set)
+        for buf in sorted(list(_BUFFERS.values()), key=attrgetter("id")):
             if buf.space is self.rec.space and buf.id not in self.rec.shadow:
                 self.buffers.append(buf)
                 self.rec.shadow[buf.id] = np.zeros(buf.mem_size, dtype=np.uint8)

@@ -123,92 +123,91 @@ def test_run_it_on_model_files(client: TestClient, models: Path, gemma_path: Pat
         (models / "gemma.gguf").unlink()
 
 
-def test_a_llama_3_file_steps_through_its_builder(client: TestClient, models: Path,
-                                                  tmp_path: Path) -> None:
-    """A Llama 3 file (byte-level BPE; random weights) in the folder: "Run it" opens the model
-    walkthrough, whose steps are the builder's own calls, shown in engine/models/llama.py at
-    their line, and whose next-token odds are the builder's logits (its generate's)."""
-    from engine.core.types import GGMLType
-    from engine.models import load_model
-    from engine.programs import trace_program
-    from engine.programs.gemma3 import softmax
-    from tests.conformance.test_models import write_tiny_llama
-    from tests.support.vocab import vocab_files
-
-    vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
-    write_tiny_llama(models / "llama3.gguf", GGMLType.Q4_K, vocab=vocab)
-    try:
-        link = _links(client)["llama3.gguf"]
-        digest = link.rsplit("/", 1)[1]
-        assert f'href="/walkthroughs/model?file={digest}"' in client.get(link).text
-        prompt = "Hello world"
-        first = client.get(f"/walkthroughs/model?file={digest}&prompt={prompt}")
-        assert first.status_code == 200 and "Next token after the prompt" in first.text
-        trace = trace_program("model", path=str(models / "llama3.gguf"), prompt=prompt)
-        model = load_model(models / "llama3.gguf")
-        logits = model.decode(model.encode(prompt), all_logits=False).logits[-1]
-        best = int(np.argmax(logits))
-        assert tuple(trace.outputs["top10_0"][0]) == (best, model.tokenizer.piece_text(best),
-                                                      softmax(logits)[best])
-        files = [name for name, _ in trace.also]
-        k = files.index("engine/models/llama.py") + 1
-        step = next(s for s in trace.steps if s.file == k and "ggml_rms_norm" in s.call)
-        page = client.get(f"/walkthroughs/model/steps/{step.index}?file={digest}&prompt={prompt}")
-        assert page.status_code == 200
-        text = html.unescape(page.text)
-        assert "in engine/models/llama.py" in text.replace("<code>", "").replace("</code>", "")
-        line = trace.also[k - 1][1].splitlines()[step.line - 1]
-        assert f'aria-current="true"><span class="ln">{step.line}</span>{line}' in text
-    finally:
-        (models / "llama3.gguf").unlink()
-
-
-
 LLAMA3_CHAT = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
                "'<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
                "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>"
                "\\n\\n' }}{% endif %}")
 
 
-def test_the_chat_tab_runs_a_conversation(client: TestClient, models: Path, tmp_path: Path) -> None:
-    """A Llama 3 file with its chat template: the Chat tab's message becomes the prompt the
-    template renders, read into the tokens llama.cpp's own chat formatting gives; the tokens
-    appended after it are the reply so far."""
+@pytest.fixture(scope="module")
+def llama3(client: TestClient, models: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A Llama 3 file in the folder (llama.cpp's llama-bpe vocabulary: byte-level BPE, 128,256
+    tokens; random Q8_0 weights; a Llama 3 chat template): its path and its hash."""
     from engine.core.types import GGMLType
     from engine.gguf.api import gguf_free, gguf_init_from_file, gguf_set_val_str, gguf_write_to_file
-    from engine.models import load_model
-    from engine.programs import trace_program
     from tests.conformance.test_models import write_tiny_llama
-    from tests.support.llamacpp_run import ask
     from tests.support.vocab import vocab_files
 
     vocab = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-bpe.gguf")
-    plain = tmp_path / "plain.gguf"
+    plain = tmp_path_factory.mktemp("llama3") / "plain.gguf"
     write_tiny_llama(plain, GGMLType.Q8_0, vocab=vocab)
     g = gguf_init_from_file(plain)
     gguf_set_val_str(g, "tokenizer.chat_template", LLAMA3_CHAT)
-    gguf_write_to_file(g, models / "llama3-chat.gguf")
+    gguf_write_to_file(g, models / "llama3.gguf")
     gguf_free(g)
-    try:
-        digest = _links(client)["llama3-chat.gguf"].rsplit("/", 1)[1]
-        page = client.get(f"/walkthroughs/model/steps/0?file={digest}").text
-        assert 'id="chat"' in page and "tokenizer.chat_template" in page
-        r = client.get(f"/walkthroughs/model/chat?file={digest}&message=Hi there&system=Be brief",
-                       follow_redirects=False)
-        assert r.status_code == 303
-        first = client.get(r.headers["location"])
-        assert first.status_code == 200
-        prompt = first.url.params["prompt"]
-        msgs = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi there"}]
-        theirs = ask(models / "llama3-chat.gguf", {"chat": msgs, "template": LLAMA3_CHAT}, 2)
-        tok = load_model(models / "llama3-chat.gguf").tokenizer
-        # (the template writes BOS itself; llama.cpp's own formatting leaves it to the tokenizer)
-        assert prompt == tok.tokens[tok.bos_id] + theirs["text"]
-        trace = trace_program("model", path=str(models / "llama3-chat.gguf"), prompt=prompt)
-        assert trace.outputs["prompt_tokens"] == [tok.piece_text(i) for i in theirs["tokens"]]
-        best = trace.outputs["top10_0"][0]
-        again = client.get(f"{first.url}&then={best[0]}").text
-        assert "The reply so far:" in again and html.escape(best[1]) in again
-        assert client.get(f"/walkthroughs/model/chat?file={digest}&message=" + "x" * 301).status_code == 422
-    finally:
-        (models / "llama3-chat.gguf").unlink()
+    yield models / "llama3.gguf", _links(client)["llama3.gguf"].rsplit("/", 1)[1]
+    (models / "llama3.gguf").unlink()
+
+
+def kept(client: TestClient, digest: str, prompt: str, then: tuple[int, ...] = ()):
+    """The model walkthrough's trace the app recorded for these inputs."""
+    traces = client.app.state.traces
+    return traces.kept(traces.key("model", None, digest, prompt, then))
+
+
+def test_a_llama_3_file_steps_through_its_builder(client: TestClient, llama3) -> None:
+    """"Run it" opens the model walkthrough, whose steps are the builder's own calls, shown in
+    engine/models/llama.py at their line, and whose next-token odds are the builder's logits
+    (its generate's)."""
+    from engine.models import load_model
+    from engine.programs.gemma3 import softmax
+
+    path, digest = llama3
+    assert f'href="/walkthroughs/model?file={digest}"' in client.get(f"/gguf/{digest}").text
+    prompt = "Hello world"
+    first = client.get(f"/walkthroughs/model?file={digest}&prompt={prompt}")
+    assert first.status_code == 200 and "Next token after the prompt" in first.text
+    trace = kept(client, digest, prompt)
+    model = load_model(path)
+    logits = model.decode(model.encode(prompt), all_logits=False).logits[-1]
+    best = int(np.argmax(logits))
+    assert tuple(trace.outputs["top10_0"][0]) == (best, model.tokenizer.piece_text(best),
+                                                  softmax(logits)[best])
+    files = [name for name, _ in trace.also]
+    k = files.index("engine/models/llama.py") + 1
+    step = next(s for s in trace.steps if s.file == k and "ggml_rms_norm" in s.call)
+    page = client.get(f"/walkthroughs/model/steps/{step.index}?file={digest}&prompt={prompt}")
+    assert page.status_code == 200
+    text = html.unescape(page.text)
+    assert "in engine/models/llama.py" in text.replace("<code>", "").replace("</code>", "")
+    line = trace.also[k - 1][1].splitlines()[step.line - 1]
+    assert f'aria-current="true"><span class="ln">{step.line}</span>{line}' in text
+
+
+def test_the_chat_tab_runs_a_conversation(client: TestClient, llama3) -> None:
+    """The Chat tab's message becomes the prompt the file's template renders, read into the
+    tokens llama.cpp's own chat formatting gives; the tokens appended after it are the reply so
+    far."""
+    from engine.models import load_model
+    from tests.support.llamacpp_run import ask
+
+    path, digest = llama3
+    page = client.get(f"/walkthroughs/model/steps/0?file={digest}&prompt=Hello world").text
+    assert 'id="chat"' in page and "tokenizer.chat_template" in page
+    r = client.get(f"/walkthroughs/model/chat?file={digest}&message=Hi there&system=Be brief",
+                   follow_redirects=False)
+    assert r.status_code == 303
+    first = client.get(r.headers["location"])
+    assert first.status_code == 200
+    prompt = first.url.params["prompt"]
+    msgs = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hi there"}]
+    theirs = ask(path, {"chat": msgs, "template": LLAMA3_CHAT}, 2)
+    tok = load_model(path).tokenizer
+    # (the template writes BOS itself; llama.cpp's own formatting leaves it to the tokenizer)
+    assert prompt == tok.tokens[tok.bos_id] + theirs["text"]
+    trace = kept(client, digest, prompt)
+    assert trace.outputs["prompt_tokens"] == [tok.piece_text(i) for i in theirs["tokens"]]
+    best = trace.outputs["top10_0"][0]
+    again = client.get(f"{first.url}&then={best[0]}").text
+    assert "The reply so far:" in again and html.escape(best[1]) in again
+    assert client.get(f"/walkthroughs/model/chat?file={digest}&message=" + "x" * 301).status_code == 422

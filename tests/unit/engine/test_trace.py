@@ -260,3 +260,20 @@ def test_a_freed_context_leaves_the_rebuilt_state():
     assert after.nbytes == before.nbytes - before.contexts[freed.pop()].mem_size
     train = trace_program("mnist-train")
     assert len(train.state_at(len(train.steps) - 1).contexts) < 10  # not one per epoch
+
+
+def test_backend_buffers_are_tracked_in_the_order_they_were_made(monkeypatch):
+    """The buffer registry is keyed by address: an address an earlier recording used keeps that
+    recording's place in it. The recorder takes the buffers in the order they were made, so a
+    step that makes two lists them the same way in any process (a playground copy of mnist-train
+    once listed them the other way round)."""
+    from types import SimpleNamespace
+
+    from engine.trace import backend as traced
+
+    rec = SimpleNamespace(space=object(), shadow={})
+    made = [SimpleNamespace(id=k, space=rec.space, mem_size=8) for k in (9, 11)]
+    monkeypatch.setattr(traced, "_BUFFERS", {0x2000: made[1], 0x1000: made[0]})  # an older order
+    recorder = traced.BackendRecorder(rec)
+    recorder.track_buffers()
+    assert [b.id for b in recorder.buffers] == [9, 11]
