@@ -21,7 +21,7 @@ from tests.support.llamacpp_run import ask, row_digests
 N_THREADS = 2
 N_NEW = 32
 N_PROMPTS = 50
-RUN = range(N_PROMPTS) if os.environ.get("GGML_LENS_SWEEP") == "all" else range(0, N_PROMPTS, 10)
+RUN = range(N_PROMPTS) if os.environ.get("GGML_LENS_SWEEP") == "all" else (0, 24, 49)
 PLAIN = dict(extra_bufts=False, tiled=False)
 TEXTS = [
     "The river ran high that spring, and the ferryman counted the days until the water would "
