@@ -131,6 +131,13 @@ class ModelFile(ModelMeta):
         """llama.cpp's TENSOR_NOT_REQUIRED: the weight if the file has it, else None."""
         return self.tensor(name, ne) if self.has_tensor(name) else None
 
+    def token_table_and_head(self, n_embd: int, n_vocab: int, tied: bool = False):
+        """token_embd, output_norm and the output head, which is the token table itself (tied)
+        when the file has no output.weight, or always when `tied` (gemma2's llama.cpp reads none)."""
+        tok_embd = self.tensor("token_embd.weight", (n_embd, n_vocab))
+        head = None if tied else self.optional("output.weight", (n_embd, n_vocab))
+        return tok_embd, self.tensor("output_norm.weight", (n_embd,)), head or tok_embd
+
     def close(self) -> None:
         ggml_backend_buffer_free(self.buffer)
         ggml_free(self.weights)

@@ -30,9 +30,9 @@ import numpy as np
 
 from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor,
                          ggml_add, ggml_build_forward_expand, ggml_concat, ggml_cont_2d,
-                         ggml_free, ggml_init, ggml_init_params, ggml_is_contiguous, ggml_mul,
+                         ggml_free, ggml_get_rows, ggml_init, ggml_init_params, ggml_is_contiguous, ggml_mul,
                          ggml_mul_mat,
-                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d,
+                         ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d,
                          ggml_reshape_3d, ggml_rms_norm, ggml_row_size, ggml_set_input,
                          ggml_set_name, ggml_set_rows, ggml_tensor_overhead, ggml_view_2d,
                          ggml_view_3d)
@@ -255,6 +255,15 @@ class Decoder:
     def build(self, ctx, n_tokens: int, shape, all_logits: bool = True):
         """The graph for n_tokens new tokens: (graph, inputs by name, logits)."""
         raise NotImplementedError
+
+    def embedded_tokens(self, ctx, n: int, shape, all_logits: bool):
+        """A pass's graph, its inputs (build_inputs) and the new tokens' rows of the token table
+        (llama.cpp's build_inp_embd: get_rows, named 'embd')."""
+        gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
+        inputs = self.build_inputs(ctx, n, shape, all_logits)
+        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])
+        ggml_set_name(x, "embd")
+        return gf, inputs, x
 
     def build_inputs(self, ctx, n: int, shape, all_logits: bool) -> dict[str, Tensor]:
         """The graph's inputs, as llama.cpp makes them: inp_tokens, the memory's (see

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand,
-                         ggml_geglu_split, ggml_get_rows, ggml_mul_mat, ggml_new_graph_custom,
-                         ggml_rope_ext, ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
+                         ggml_geglu_split, ggml_get_rows, ggml_mul_mat, ggml_rope_ext,
+                         ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
 
 from .bert import _name, attention
 from .common import ModelError, ModelFile
@@ -96,10 +96,8 @@ class Gemma2(Decoder):
             raise ModelError(f"{f.path}: head_count {hp.n_head} is not a multiple of "
                              f"head_count_kv {hp.n_head_kv}")
         E, Q, G = hp.n_embd, hp.head_dim * hp.n_head, hp.n_embd_gqa
-        self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
-        self.output_norm = f.tensor("output_norm.weight", (E,))
-        head = f.optional("output.weight", (E, hp.n_vocab)) if self.OUTPUT_WEIGHT else None
-        self.output = head or self.tok_embd
+        self.tok_embd, self.output_norm, self.output = f.token_table_and_head(
+            E, hp.n_vocab, tied=not self.OUTPUT_WEIGHT)
         self.layers = []
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731
@@ -130,12 +128,8 @@ class Gemma2(Decoder):
         the input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
         hp, cache, n, eps = self.hp, self.cache, n_tokens, self.hp.rms_eps
         hd = hp.head_dim
-        gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
-
-        inputs = self.build_inputs(ctx, n, n_kv, all_logits)
+        gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "embd")  # build_inp_embd's name
         x = _name(ggml_scale(ctx, x, float(np.sqrt(np.float32(hp.n_embd)))), "inp_scaled", -1)
 
         for il, L in enumerate(self.layers):

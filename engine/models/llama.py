@@ -80,10 +80,8 @@ class Llama(Decoder):
             raise ModelError(f"{f.path}: head_count {hp.n_head} is not a multiple of "
                              f"head_count_kv {hp.n_head_kv}")
         E, Q, G = n_embd, head_dim * n_head, hp.n_embd_gqa
-        self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
-        self.output_norm = f.tensor("output_norm.weight", (E,))
         # tied embeddings: without output.weight the token table is the head too
-        self.output = f.optional("output.weight", (E, hp.n_vocab)) or self.tok_embd
+        self.tok_embd, self.output_norm, self.output = f.token_table_and_head(E, hp.n_vocab)
         self.output_b = f.optional("output.bias", (hp.n_vocab,))
         self.rope_freqs = f.optional("rope_freqs.weight", (hp.n_rot // 2,))
         self.layers = []

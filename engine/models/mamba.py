@@ -147,9 +147,8 @@ class Mamba(Decoder):
             raise ModelError(f"{f.path}: ssm.inner_size {hp.d_inner} must be 2 * "
                              f"embedding_length ({2 * E})")
         D, S, R = hp.d_inner, hp.d_state, hp.dt_rank
-        self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
-        self.output_norm = f.tensor("output_norm.weight", (E,))
-        self.output = f.optional("output.weight", (E, hp.n_vocab)) or self.tok_embd
+        # tied embeddings: without output.weight the token table is the head too
+        self.tok_embd, self.output_norm, self.output = f.token_table_and_head(E, hp.n_vocab)
         self.layers = []
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731

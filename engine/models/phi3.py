@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 
 from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand,
-                         ggml_get_rows, ggml_mul_mat, ggml_new_graph_custom, ggml_rope_ext,
+                         ggml_get_rows, ggml_mul_mat, ggml_rope_ext,
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_swiglu)
 
 from .bert import _name, attention
@@ -67,9 +67,8 @@ class Phi3(Decoder):
             raise ModelError(f"{f.path}: head_count {hp.n_head} is not a multiple of "
                              f"head_count_kv {hp.n_head_kv}")
         E, G = hp.n_embd, hp.n_embd_gqa
-        self.tok_embd = f.tensor("token_embd.weight", (E, hp.n_vocab))
-        self.output_norm = f.tensor("output_norm.weight", (E,))
-        self.output = f.optional("output.weight", (E, hp.n_vocab)) or self.tok_embd
+        # tied embeddings: without output.weight the token table is the head too
+        self.tok_embd, self.output_norm, self.output = f.token_table_and_head(E, hp.n_vocab)
         self.layers = []
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731
@@ -98,12 +97,8 @@ class Phi3(Decoder):
         the input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
         hp, cache, n, eps = self.hp, self.cache, n_tokens, self.hp.rms_eps
         hd = hp.head_dim
-        gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
-
-        inputs = self.build_inputs(ctx, n, n_kv, all_logits)
+        gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "embd")  # build_inp_embd's name
         rope = dict(n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
                     freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
                     attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
