@@ -97,16 +97,8 @@ def run_types(report) -> None:
 def _write_llama(TinyFile, path: Path, type_) -> None:
     E, F, L, V, H, HKV = 1024, 2816, 4, 32000, 16, 4
     with TinyFile(path, "llama", type_, seed=1) as f:
-        w = f.w
-        w.add_context_length(256)
-        w.add_embedding_length(E)
-        w.add_block_count(L)
-        w.add_feed_forward_length(F)
-        w.add_head_count(H)
-        w.add_head_count_kv(HKV)
-        w.add_rope_dimension_count(E // H)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_vocab_size(V)
+        f.decoder_keys(256, E, L, F, H, HKV, V)
+        f.w.add_rope_dimension_count(E // H)
         kv = E // H * HKV
         f.mat("token_embd.weight", E, V)
         for i in range(L):

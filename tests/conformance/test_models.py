@@ -144,20 +144,11 @@ def write_tiny_llama(path: Path, type_: GGMLType = GGMLType.F32, seed: int = 0,
     hd = QWEN3_HEAD if arch == "qwen3" else E // N_HEAD
     with TinyFile(path, arch, type_, seed, vocab) as f:
         n_vocab = f.n_vocab or N_VOCAB
-        w = f.w
-        w.add_context_length(N_CTX)
-        w.add_embedding_length(E)
-        w.add_block_count(N_LAYER)
-        w.add_feed_forward_length(N_FF)
-        w.add_head_count(N_HEAD)
-        w.add_head_count_kv(N_HEAD_KV)
+        f.decoder_keys(N_CTX, E, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, n_vocab)
         if arch == "qwen3":
-            w.add_key_length(hd)
-            w.add_value_length(hd)
-        w.add_rope_dimension_count(hd)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_freq_base(10000.0)
-        w.add_vocab_size(n_vocab)
+            f.w.add_key_length(hd)
+            f.w.add_value_length(hd)
+        f.w.add_rope_dimension_count(hd)
         q, kv = hd * N_HEAD, hd * N_HEAD_KV
         f.mat("token_embd.weight", E, n_vocab)
         for i in range(N_LAYER):

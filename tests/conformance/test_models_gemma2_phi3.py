@@ -36,26 +36,13 @@ GEMMA2_HEAD = 32  # attention.key_length: not n_embd / n_head, as in Gemma 2 its
 GEMMA2_SWA = 4  # attention.sliding_window
 
 
-def _shared_keys(f: TinyFile, rms_eps: float) -> None:
-    w = f.w
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(E)
-    w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
-    w.add_layer_norm_rms_eps(rms_eps)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(N_VOCAB)
-
-
 def write_gemma2(path: Path, type_: GGMLType, seed: int) -> None:
     """A tiny `gemma2` file as its converter lays one out (no output.weight: the head is the
     token embeddings)."""
     hd = GEMMA2_HEAD
     q, kv = hd * N_HEAD, hd * N_HEAD_KV
     with TinyFile(path, "gemma2", type_, seed) as f:
-        _shared_keys(f, 1e-6)
+        f.decoder_keys(CONTEXT, E, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, N_VOCAB, rms_eps=1e-6)
         f.w.add_key_length(hd)
         f.w.add_value_length(hd)
         f.w.add_sliding_window(GEMMA2_SWA)
@@ -84,7 +71,7 @@ def write_phi3(path: Path, type_: GGMLType, seed: int, qkv: str = "fused") -> No
     hd = E // N_HEAD
     kv = hd * N_HEAD_KV
     with TinyFile(path, "phi3", type_, seed) as f:
-        _shared_keys(f, 1e-5)
+        f.decoder_keys(CONTEXT, E, N_LAYER, N_FF, N_HEAD, N_HEAD_KV, N_VOCAB)
         f.w.add_rope_dimension_count(hd)
         f.w.add_rope_scaling_orig_ctx_len(N_CTX)  # < the context: the long factors apply
         f.w.add_rope_scaling_attn_factors(1.2)

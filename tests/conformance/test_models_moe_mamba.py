@@ -36,22 +36,15 @@ def write_tiny_qwen3moe(path: Path, type_: GGMLType, seed: int = 0) -> None:
     """llama.cpp's `qwen3moe` as its converter lays it out: Qwen3 attention (QK norms, a head
     size of its own), a router and N_EXPERT SwiGLU experts per layer, 3-D expert tensors."""
     with TinyFile(path, "qwen3moe", type_, seed) as f:
+        f.decoder_keys(N_CTX, E, N_LAYER, N_FF_EXP * N_EXPERT_USED, N_HEAD, N_HEAD_KV, N_VOCAB,
+                       rms_eps=1e-6, freq_base=1000000.0)
         w = f.w
-        w.add_context_length(N_CTX)
-        w.add_embedding_length(E)
-        w.add_block_count(N_LAYER)
-        w.add_feed_forward_length(N_FF_EXP * N_EXPERT_USED)
         w.add_expert_feed_forward_length(N_FF_EXP)
         w.add_expert_count(N_EXPERT)
         w.add_expert_used_count(N_EXPERT_USED)
-        w.add_head_count(N_HEAD)
-        w.add_head_count_kv(N_HEAD_KV)
         w.add_key_length(HEAD)
         w.add_value_length(HEAD)
         w.add_rope_dimension_count(HEAD)
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_rope_freq_base(1000000.0)
-        w.add_vocab_size(N_VOCAB)
         q, kv = HEAD * N_HEAD, HEAD * N_HEAD_KV
         f.mat("token_embd.weight", E, N_VOCAB)
         for i in range(N_LAYER):

@@ -87,6 +87,22 @@ class TinyFile:
                     self.w.add_key_value(key, field.contents(), field.types[0], sub)
             self.n_vocab = len(fields["tokenizer.ggml.tokens"].data)
 
+    def decoder_keys(self, n_ctx: int, n_embd: int, n_layer: int, n_ff: int, n_head: int,
+                     n_head_kv: int, n_vocab: int, rms_eps: float = 1e-5,
+                     freq_base: float = 10000.0) -> None:
+        """The keys every transformer decoder's converter writes: context, sizes, heads, the
+        RMS norm's epsilon, rope's base, the vocabulary size."""
+        w = self.w
+        w.add_context_length(n_ctx)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head_kv)
+        w.add_layer_norm_rms_eps(rms_eps)
+        w.add_rope_freq_base(freq_base)
+        w.add_vocab_size(n_vocab)
+
     def mat(self, name: str, *ne: int) -> None:
         """A weight of ggml shape `ne` (ne[0] inputs per row), random with unit-variance outputs."""
         n_in = ne[0]
