@@ -6,9 +6,11 @@
  * (n1 of them): lane l of a block sums the products of bytes 4l..4l+3 of every run of 32 elements
  * (exact 32-bit integers, so their order is free), then acc[l] = fmaf((float)lane, x.d * y.d,
  * acc[l]) block after block, and the row's result is hsum_float_8(acc):
- *   Q4_0  nibbles (low: elements 0-15, high: 16-31) minus 8
- *   Q5_0  nibbles plus 16 * their qh bit, minus 16
- *   Q8_0  the int8 quants
+ *   Q4_0  nibbles (low: elements 0-15, high: 16-31) minus 8, multiplied as ggml's
+ *         mul_sum_i8_pairs_float does, |q| * sign(y, q): where q < 0 and y = -128 the product is
+ *         q * 128 (the int8 negation wraps)
+ *   Q5_0  nibbles plus 16 * their qh bit, minus 16, multiplied as Q4_0's
+ *   Q8_0  the int8 quants, multiplied as Q4_0's
  *   Q4_1  the nibbles (unsigned); the offsets apart: summs = fmaf(x.m, y.s, summs), added to the
  *         result
  *   Q5_1  the nibbles plus 16 * their qh bit (unsigned); the offsets as Q4_1's
@@ -38,10 +40,12 @@
  * Activations are Q8_0 blocks (fp16 d, 32 int8) for Q4_0, Q5_0, Q8_0 and IQ4_NL, Q8_1 (fp16 d, fp16 s,
  * 32 int8) for Q4_1 and Q5_1, Q8_K (f32 d, 256 int8, 16 int16 block sums) for the K-quants.
  * The IQ grid types IQ3_XXS, IQ3_S and IQ2_S (Q8_K activations) are _lanes_iq.c's.
- * With AVX2, Q4_0, Q5_0 and Q8_0 go by tiles of 4 weight rows by 3 activation rows, as llamafile's
- * tinyBLAS multiplies: each block loaded (and unpacked) once for the tile's outputs, each output
- * still its own accumulator, block after block; with AVX-512 VNNI the lane sums by its byte dot
- * product. */
+ * With AVX2 and two or more activation rows, Q4_0, Q5_0 and Q8_0 go by tiles of 4 weight rows by
+ * 3 activation rows, as llamafile's tinyBLAS multiplies: each block loaded (and unpacked) once
+ * for the tile's outputs, each output still its own accumulator, block after block; with AVX-512
+ * VNNI the lane sums by its byte dot product. One activation row (decoding) goes row by row: four
+ * weight rows read side by side stream from memory at about half the speed of one (a 178 MB
+ * Q8_0 head: 25 ms against 11 here), and there is nothing to reuse. */
 #include "_lanes.h"
 
 #define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
@@ -85,8 +89,8 @@ INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
 
-/* the IQ4 types' lanes: q (the non-linear values) times y as _mm256_sign_epi8 and maddubs make
- * them (y = -128 against q < 0 counts as +128), run r's times sc[r] */
+/* the signed types' lanes (Q4_0, Q5_0, Q8_0, the IQ4 types): q times y as _mm256_sign_epi8 and
+ * maddubs make them (y = -128 against q < 0 counts as +128), run r's times sc[r] */
 INLINE void signed_lane_sums(const int16_t *q, const int16_t *sc, const int8_t *y, int runs,
                              int32_t *lane)
 {
@@ -99,6 +103,8 @@ INLINE void signed_lane_sums(const int16_t *q, const int16_t *sc, const int8_t *
     for (int l = 0; l < 8; l++)
         lane[l] = (s[4 * l] + s[4 * l + 1]) + (s[4 * l + 2] + s[4 * l + 3]);
 }
+
+static const int16_t ONE[1] = {1};  /* the legacy types' one run's scale */
 
 /* the 16 six-bit scales of a Q3_K block, minus 32, from its 12 scale bytes (ggml's kmask1/2) */
 INLINE void q3_k_scales(const uint8_t *s, int8_t *sc)
@@ -278,7 +284,9 @@ INLINE void quant_dot_body(int type, int paired, const uint8_t *w, Py_ssize_t ld
                     yd = half_to_float(u16(yb));
                 const int8_t *yq = (const int8_t *)(yb + (k_quant || OFFSET_QUANT(type) ? 4 : 2));
                 float *a = acc + i1 * ACC;
-                if (type == IQ4_NL) {
+                if (type == Q4_0 || type == Q5_0 || type == Q8_0) {
+                    signed_lane_sums(q, ONE, yq, 1, lane);
+                } else if (type == IQ4_NL) {
                     if (paired && b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
                         int32_t s = 0;
                         for (int e = 0; e < 32; e++)
@@ -437,16 +445,6 @@ AVX2 __m256i iq4_pairs(const uint8_t *qs, const uint8_t *yq)
     return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(y, q));
 }
 
-AVX2 __m256i legacy_lanes(__m256i qx, const uint8_t *yq)
-{
-    const __m256i qy = _mm256_loadu_si256((const __m256i *)yq);
-    const __m256i lo = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(qx)),
-                                         _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qy)));
-    const __m256i hi = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(qx, 1)),
-                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qy, 1)));
-    return _mm256_hadd_epi32(lo, hi);  /* lanes 0 1 4 5 2 3 6 7 */
-}
-
 /* ggml_vec_dot_q2_K_q8_K's: the 2-bit quants by maddubs, each run's two halves times their
  * 4-bit scales by madd; its mins: madd of the 16 mins with the 16 block sums (8 lanes) */
 AVX2 __m256i q2_k_lanes(const uint8_t *blk, const int8_t *yq)
@@ -563,22 +561,17 @@ AVX2 float half_f16c(const uint8_t *p) { return _cvtsh_ss(u16(p)); }
 
 /* The legacy types (Q4_0, Q5_0, Q8_0) a tile at a time, as llamafile's tinyBLAS multiplies (each
  * loaded block used for several outputs), each output's sum in the order of the loop below.
- * A block's 32 int8 quants as two int16 vectors: elements 4l, 4l+1 of each lane l in the first,
- * 4l+2, 4l+3 in the second, so that madd(w0, y0) + madd(w1, y1) is the 8 lane sums in order
- * (exact integers: the same lanes as legacy_lanes gives, without its shuffle of lanes). */
-AVX2 void split_pairs(__m256i q, __m256i *a, __m256i *b)
+ * A block's lanes as ggml's mul_sum_i8_pairs_float makes them: maddubs(|q|, sign(y, q)), then
+ * madd with ones, lane l the bytes 4l..4l+3 (exact but where y = -128 meets q < 0: the int8
+ * negation wraps, so the product counts y as +128). */
+AVX2 __m256i signed_lanes(__m256i aq, __m256i q, __m256i y)
 {
-    const __m256i order = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    /* the 64-bit quarters as q0 q2 q1 q3 */
-    const __m256i s = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, order), 0xD8);
-    *a = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(s));
-    *b = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(s, 1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), _mm256_set1_epi16(1));
 }
 
 /* out for weight rows [0, TILE_W) and activation rows [0, nx) (nx <= TILE_X, a constant where
- * it is inlined): per block the tile's activations split once, each weight block split once
- * and multiplied with every activation block; acc = fma(y.d * x.d, lanes, acc), then hsum8 */
+ * it is inlined): per block each weight block's |q| made once and multiplied with every
+ * activation block; acc = fma(y.d * x.d, lanes, acc), then hsum8 */
 AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
                       float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
 {
@@ -587,24 +580,21 @@ AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
         for (int j = 0; j < nx; j++)
             acc[i][j] = _mm256_setzero_ps();
     for (Py_ssize_t b = 0; b < nb; b++) {
-        __m256i y0[TILE_X], y1[TILE_X];
+        __m256i y[TILE_X];
         float yd[TILE_X];
         for (int j = 0; j < nx; j++) {
             const uint8_t *yb = x + j * ldx + b * 34;
-            split_pairs(_mm256_loadu_si256((const __m256i *)(yb + 2)), &y0[j], &y1[j]);
+            y[j] = _mm256_loadu_si256((const __m256i *)(yb + 2));
             yd[j] = half_f16c(yb);
         }
         for (int i = 0; i < TILE_W; i++) {
             const uint8_t *blk = w + i * ldw + b * weight_size(type);
-            __m256i w0, w1;
-            split_pairs(legacy_weights(type, blk), &w0, &w1);
+            const __m256i q = legacy_weights(type, blk), aq = _mm256_sign_epi8(q, q);
             const float wd = half_f16c(blk);
-            for (int j = 0; j < nx; j++) {
-                const __m256i lanes = _mm256_add_epi32(_mm256_madd_epi16(w0, y0[j]),
-                                                       _mm256_madd_epi16(w1, y1[j]));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
-                                            acc[i][j]);
-            }
+            _mm_prefetch((const char *)blk + TILE_W * ldw, _MM_HINT_T0);  /* the next tile's */
+            for (int j = 0; j < nx; j++)
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd),
+                                            _mm256_cvtepi32_ps(signed_lanes(aq, q, y[j])), acc[i][j]);
         }
     }
     for (int i = 0; i < TILE_W; i++)
@@ -615,36 +605,34 @@ AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t 
         }
 }
 
-/* legacy_tile with AVX-512 VNNI's byte dot products: dpbusd multiplies unsigned bytes with signed
- * ones, so the activations go in plus 128 and each weight lane starts at -128 times its 4
- * weights (exact integers: the same lane sums for any bytes) */
+/* legacy_tile with AVX-512 VNNI's byte dot product: dpbusd sums the four products maddubs and
+ * madd sum (maddubs cannot saturate here: |q| <= 128, and two products of at most 128 * 128) */
 #define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define VNNI static inline __attribute__((always_inline, target(VNNI_TARGET)))
 
 VNNI void legacy_tile_vnni(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                            Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
 {
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
     __m256 acc[TILE_W][TILE_X];
     for (int i = 0; i < TILE_W; i++)
         for (int j = 0; j < nx; j++)
             acc[i][j] = _mm256_setzero_ps();
     for (Py_ssize_t b = 0; b < nb; b++) {
-        __m256i yu[TILE_X];  /* activation bytes plus 128, unsigned */
+        __m256i y[TILE_X];
         float yd[TILE_X];
         for (int j = 0; j < nx; j++) {
             const uint8_t *yb = x + j * ldx + b * 34;
-            yu[j] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(yb + 2)), bias);
+            y[j] = _mm256_loadu_si256((const __m256i *)(yb + 2));
             yd[j] = half_f16c(yb);
         }
         for (int i = 0; i < TILE_W; i++) {
             const uint8_t *blk = w + i * ldw + b * weight_size(type);
-            const __m256i q = legacy_weights(type, blk);
-            const __m256i zero = _mm256_setzero_si256();
-            const __m256i base = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, bias, q));
+            const __m256i q = legacy_weights(type, blk), aq = _mm256_sign_epi8(q, q);
             const float wd = half_f16c(blk);
+            _mm_prefetch((const char *)blk + TILE_W * ldw, _MM_HINT_T0);
             for (int j = 0; j < nx; j++) {
-                const __m256i lanes = _mm256_dpbusd_epi32(base, yu[j], q);
+                const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq,
+                                                          _mm256_sign_epi8(y[j], q));
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
                                             acc[i][j]);
             }
@@ -731,7 +719,8 @@ AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t
                     lanes = offset_lanes(offset_weights(type, blk), yb + 4);
                 } else if (!k_quant) {
                     d = half_f16c(yb) * half_f16c(blk);
-                    lanes = legacy_lanes(legacy_weights(type, blk), yb + 2);
+                    const __m256i q = legacy_weights(type, blk);
+                    lanes = signed_lanes(_mm256_sign_epi8(q, q), q, _mm256_loadu_si256((const __m256i *)(yb + 2)));
                 } else {
                     float yd;
                     memcpy(&yd, yb, 4);
@@ -792,11 +781,6 @@ AVX2 void quant_dot_avx2_body(int type, int paired, const uint8_t *w, Py_ssize_t
             }
             float a[8];
             _mm256_storeu_ps(a, paired ? _mm256_add_ps(acc, acc2) : acc);
-            if (!k_quant && !OFFSET_QUANT(type) && type != IQ4_NL) {  /* lanes 0 1 4 5 2 3 6 7 back in order */
-                float t;
-                t = a[2], a[2] = a[4], a[4] = t;
-                t = a[3], a[3] = a[5], a[5] = t;
-            }
             float r = hsum8(a);
             if (paired && nb % 2)
                 r = fmaf(tail_d, tail, r);
@@ -853,7 +837,7 @@ static void quant_rows(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
         return;
 #ifdef HAVE_FMA_TARGET
     if (j->hw) {
-        if (j->type == Q4_0 || j->type == Q5_0 || j->type == Q8_0) {  /* whole tiles first */
+        if ((j->type == Q4_0 || j->type == Q5_0 || j->type == Q8_0) && j->n1 > 1) {  /* whole tiles first */
             const Py_ssize_t n = (b - a) - (b - a) % TILE_W;
             (j->hw == 2 ? legacy_tiles_vnni : legacy_tiles_fma)(j->type, w, j->ldw, j->x, j->ldx,
                                                                 j->out + a, j->n0, n, j->n1, j->nb);

@@ -243,12 +243,11 @@ def test_changed_weights_are_followed():
 def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     """engine._lanes.quant_dot against the oracle's own vec_dot (its CPU type traits), on weight
     rows of random bytes (every quant value, the scales normal halves) and on rows of extremes,
-    with the vector instructions and with the portable loop: the same bits all three. Rows of
-    32-element blocks have an odd count (IQ4_NL's last one is ggml's scalar loop); two more
-    activation rows hold quants of -128, which no quantizer writes, where ggml's sign trick
-    (IQ4_NL's mul_add_epi8) wraps. Q4_0, Q5_0 and Q8_0 are left out of those: the engine
-    multiplies their quants exactly where ggml's mul_sum_i8_pairs_float wraps too (a known
-    difference)."""
+    with the vector instructions (AVX-512 VNNI's where the CPU has them, and AVX2's), with the
+    portable loop, all activation rows at once (Q4_0, Q5_0 and Q8_0 by tiles) and one at a time:
+    the same bits. Rows of 32-element blocks have an odd count (IQ4_NL's last one is ggml's
+    scalar loop); two more activation rows hold quants of -128, which no quantizer writes, where
+    ggml's sign trick (mul_sum_i8_pairs_float, mul_add_epi8) wraps."""
     import ctypes
 
     import ggml
@@ -282,11 +281,10 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
     loud = x[:1].reshape(k // TYPE_TRAITS[vdt].blck_size, -1).copy()
     loud[:, at:at + TYPE_TRAITS[vdt].blck_size] = 127  # the largest products: each fma rounds
     x = np.concatenate([x, loud.reshape(1, -1)])
-    if wtype not in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0):
-        blocks = x[:2].reshape(2, k // TYPE_TRAITS[vdt].blck_size, -1).copy()
-        q = blocks[:, :, at:at + TYPE_TRAITS[vdt].blck_size]
-        q[rng.random(q.shape) < 0.2] = 0x80
-        x = np.concatenate([x, blocks.reshape(2, -1)])
+    blocks = x[:2].reshape(2, k // TYPE_TRAITS[vdt].blck_size, -1).copy()
+    q = blocks[:, :, at:at + TYPE_TRAITS[vdt].blck_size]
+    q[rng.random(q.shape) < 0.2] = 0x80
+    x = np.concatenate([x, blocks.reshape(2, -1)])
     ggml.ggml_cpu_init()  # the fp16 tables vec_dot reads
     traits = ggml.ggml_get_type_traits_cpu(int(wtype)).contents
     real = np.empty((len(x), len(w)), np.float32)
@@ -295,9 +293,13 @@ def test_quant_dot_equals_ggml_vec_dot_on_any_bytes(wtype):
         for i0 in range(len(w)):
             traits.vec_dot(k, ctypes.byref(s), 0, w[i0].ctypes.data, 0, x[i1].ctypes.data, 0, 1)
             real[i1, i0] = s.value
-    for portable in (False, True):
+    for portable in (0, 1, 2):
         ours = vec_dot_quant(wtype, w, x, portable=portable)
         np.testing.assert_array_equal(ours.view(np.uint32), real.view(np.uint32), err_msg=f"portable={portable}")
+        for i1 in range(len(x)):
+            one = vec_dot_quant(wtype, w, x[i1:i1 + 1], portable=portable)
+            np.testing.assert_array_equal(one[0].view(np.uint32), real[i1].view(np.uint32),
+                                          err_msg=f"portable={portable}, row {i1} alone")
         # enough rows to be shared out between threads in C: still the oracle's bits, row by row
         many = vec_dot_quant(wtype, np.tile(w, (256, 1)), x, portable=portable, threads=3)
         np.testing.assert_array_equal(many.view(np.uint32), np.tile(real, (1, 256)).view(np.uint32),

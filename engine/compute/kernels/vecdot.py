@@ -23,8 +23,10 @@ pure-numpy mode, engine/lanes.py):
   and then by hsum8; the leftovers as f16_row's.
 - llamafile's tinyBLAS (tiny_row), for F32, F16 and BF16 weights alike: one accumulator of 8
   lanes, then hsum8.
-- ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products (exact
-  integers), times d = d_x*d_y by fma into 8 lane accumulators; hsum_float_8 at the end.
+- ggml_vec_dot_q{4,5,8}_0_q8_0: per block, 8 lanes each summing 4 int8 products as
+  mul_sum_i8_pairs_float makes them, |x| * sign(y, x) (exact integers, but that a -128 activation
+  against a negative weight counts as +128), times d = d_x*d_y by fma into 8 lane accumulators;
+  hsum_float_8 at the end.
 - ggml_vec_dot_iq4_nl_q8_0: the same lanes of kvalues_iq4nl[nibble] (ggml's mul_add_epi8, whose
   sign trick makes a -128 activation against a negative value count as +128), the even blocks
   into one accumulator and the odd ones into another, hsum_float_8 of their sum; a row's odd
@@ -340,7 +342,8 @@ K_QUANTS = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4
                       GGMLType.Q6_K, GGMLType.TQ2_0, GGMLType.TQ1_0,
                       GGMLType.IQ1_M}) | frozenset(IQ_GRIDS)  # with Q8_K activations
 MINS_IN_ACC = frozenset({GGMLType.Q2_K})  # its mins' 8 lanes go into acc itself, first
-SIGNED_LANES = frozenset({GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4}) \
+SIGNED_LANES = frozenset({GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL,
+                          GGMLType.IQ4_XS, GGMLType.MXFP4}) \
     | frozenset(IQ_GRIDS)  # lanes by _mm256_sign_epi8 (see block_lanes)
 PAIRED_BLOCKS = frozenset({GGMLType.IQ4_NL, GGMLType.MXFP4})  # two accumulators, and a scalar odd last block
 OFFSET_QUANTS = frozenset({GGMLType.Q4_1, GGMLType.Q5_1})  # with Q8_1 (the others: Q8_0)
@@ -464,8 +467,9 @@ def block_lanes(type_: GGMLType, dec: Decoded, yblocks: np.ndarray) -> tuple[
     m[2l] * s[2l] + m[2l+1] * s[2l+1], min_scale = -y.d * x.dmin; Q5_K's: those 4 lanes summed
     into one integer (..., 1). Q4_1's and Q5_1's: min_lanes x.m (..., 1) float32, min_scale y.s.
     Each is accumulated acc_m = fmaf(min_lanes, min_scale, acc_m), then added as min_total.
-    IQ4_NL's, IQ4_XS's and MXFP4's (SIGNED_LANES) products are ggml's mul_add_epi8 (IQ4_XS's then times
-    their run's scale): maddubs(|q|, sign(y, q)), so a y
+    Q4_0's, Q5_0's, Q8_0's, IQ4_NL's, IQ4_XS's and MXFP4's (SIGNED_LANES) products are ggml's
+    mul_sum_i8_pairs_float / mul_add_epi8 (IQ4_XS's then times their run's scale):
+    maddubs(|q|, sign(y, q)), so a y
     of -128 against a negative q counts as +128 (the int8 negation wraps); the IQ grid types' the
     same (their grid values unsigned, the activations signed), then times their scales. TQ2_0's
     and TQ1_0's: vecdot_tq.ternary_lanes. IQ1_M's: vecdot_tq.signed_lanes of its values, and of
