@@ -6,6 +6,11 @@
  * next chunk until none is left, so a thread that runs faster takes more. Each output is one
  * row's own sum, so which thread computes a row changes no bit.
  *
+ * Between products a worker polls for the next one for a while (SPIN_NS) before it sleeps, as
+ * ggml's threads poll between a graph's nodes: a token's products come tens of microseconds
+ * apart, and waking a sleeping thread costs about as long as a small product takes. The caller
+ * likewise polls for the workers to leave a job before it sleeps.
+ *
  * One product at a time: a call that finds the pool busy (another Python thread's product)
  * runs its rows on its own thread. Workers are started when first needed, as many as the
  * largest count asked (up to LANES_POOL_MAX), and kept; one that cannot start leaves its share
@@ -15,6 +20,36 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
+
+#define SPIN_NS 300000  /* how long a worker (or the caller) polls before it sleeps */
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* poll until *p differs from `from` (true), or SPIN_NS have passed (false) */
+static int spin_while_equal(const unsigned long *p, unsigned long from)
+{
+    const long long until = now_ns() + SPIN_NS;
+    for (int i = 1;; i++) {
+        if (__atomic_load_n(p, __ATOMIC_ACQUIRE) != from)
+            return 1;
+        relax();
+        if (i % 64 == 0 && now_ns() > until)
+            return 0;
+    }
+}
 
 typedef struct {
     lanes_rows_fn fn;
@@ -56,17 +91,22 @@ static void *work(void *arg)
     PyMem_RawFree(arg);
     pthread_mutex_lock(&pool.mu);
     for (;;) {
-        while (pool.gen == s.seen)
-            pthread_cond_wait(&pool.wake, &pool.mu);
+        if (pool.gen == s.seen) {  /* poll a while without the lock, then sleep */
+            pthread_mutex_unlock(&pool.mu);
+            spin_while_equal(&pool.gen, s.seen);
+            pthread_mutex_lock(&pool.mu);
+            while (pool.gen == s.seen)
+                pthread_cond_wait(&pool.wake, &pool.mu);
+        }
         s.seen = pool.gen;
         Job *j = pool.job;
         if (!j || s.worker > j->want)  /* woken too late, or not needed */
             continue;
-        pool.inside++;
+        __atomic_add_fetch(&pool.inside, 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&pool.mu);
         take_rows(j, s.worker);
         pthread_mutex_lock(&pool.mu);
-        if (--pool.inside == 0 && pool.job == NULL)
+        if (__atomic_sub_fetch(&pool.inside, 1, __ATOMIC_RELEASE) == 0 && pool.job == NULL)
             pthread_cond_signal(&pool.done);
     }
     return NULL;
@@ -134,14 +174,24 @@ LANES_HIDDEN void lanes_pool_run(lanes_rows_fn fn, void *ctx, Py_ssize_t n, Py_s
     grow(threads - 1);
     job.want = pool.started < threads - 1 ? pool.started : threads - 1;
     pool.job = &job;
-    pool.gen++;
+    __atomic_add_fetch(&pool.gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
 
     take_rows(&job, 0);
 
     pthread_mutex_lock(&pool.mu);
-    pool.job = NULL;  /* no worker enters job now; wait for those inside */
+    pool.job = NULL;  /* no worker enters job now; wait for those inside (polling first) */
+    if (pool.inside > 0) {
+        pthread_mutex_unlock(&pool.mu);
+        const long long until = now_ns() + SPIN_NS;
+        for (int i = 1; __atomic_load_n(&pool.inside, __ATOMIC_ACQUIRE) > 0; i++) {
+            relax();
+            if (i % 64 == 0 && now_ns() > until)
+                break;
+        }
+        pthread_mutex_lock(&pool.mu);
+    }
     while (pool.inside > 0)
         pthread_cond_wait(&pool.done, &pool.mu);
     pthread_mutex_unlock(&pool.mu);

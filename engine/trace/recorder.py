@@ -42,6 +42,7 @@ from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.errors import ProgramStopped, StepCapReached, program_line
 from engine.core.graph import Graph
+from engine.core.layout import CGRAPH
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -51,7 +52,7 @@ from engine.trace.backend import BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRe
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
-from engine.trace.pools import Region, StructOf, changed_runs
+from engine.trace.pools import Region, Span, StructOf, changed_runs
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -187,6 +188,8 @@ class Recorder:
                 out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
             elif isinstance(t, StructOf):
                 out.append((t.tensor.ctx, t.tensor.offs, t.tensor.offs + GGML_TENSOR_SIZE))
+            elif isinstance(t, Span):
+                out.append((t.ctx, t.start, t.stop))
             elif isinstance(t, Tensor):
                 chain = [t] + ([t.view_src] if t.view_src is not None else [])
                 for x in chain:
@@ -385,10 +388,12 @@ class Recorder:
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         words = self.tensor_words(node)
+        graphs = self.graph_args()
         self.emit(StepKind.VISIT, f"visit {words}",
                   (Note.of("visit_leaf" if is_leaf else "visit_node", name=words, op=GGMLOp(node.op).name,
                            slot=slot),),
-                  [node, *(StructOf(t) for t in self.visiting)] + self.graph_args(),
+                  [StructOf(node), *(StructOf(t) for t in self.visiting),
+                   *(span for g in graphs for span in visit_spans(g, node, slot, is_leaf))],
                   parent=self.call_step, tensor=node)
         self.visiting = []
 
@@ -494,3 +499,25 @@ def _plain(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     return v
+
+
+def visit_spans(g: Graph, node: Tensor, slot: int, is_leaf: bool) -> list[Span]:
+    """What a visit of the graph walk writes (ggml_visit_parents): the graph's struct (n_nodes or
+    n_leafs), the node's entry in nodes or leafs, its hash key and used bit, and the use counts of
+    its slot and its sources' slots; the node's own struct (name, flags) is the caller's. Only
+    these are compared, not the graph's whole arrays (a model's graph holds hundreds of KB)."""
+    if g.offs is None:
+        return []
+
+    def entry(field: str, index: int, size: int) -> Span:
+        ctx, off = g.ctx.space.resolve(g._field(field))
+        return Span(ctx, off + index * size, off + (index + 1) * size)
+
+    count = g.n_leafs if is_leaf else g.n_nodes
+    spans = [Span(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
+             entry("leafs" if is_leaf else "nodes", count - 1, 8), entry("hash_keys", slot, 8),
+             entry("hash_used", slot >> 5, 4), entry("use_counts", slot, 4)]
+    for src in node.src:
+        if src is not None and (s := g.slot_of(src)) is not None:
+            spans.append(entry("use_counts", s, 4))
+    return spans

@@ -1,9 +1,11 @@
 """engine.trace.pools.changed_runs: the runs of changed bytes a step's patch holds, found 8 bytes
-at a time, equal to a byte-by-byte walk for every alignment, length and gap."""
+at a time (or, in a small region, byte by byte in numpy), equal to a byte-by-byte walk for every
+alignment, length and gap."""
 
 import numpy as np
 import pytest
 
+from engine.trace import pools
 from engine.trace.pools import changed_runs
 
 
@@ -20,8 +22,10 @@ def runs_byte_by_byte(cur: np.ndarray, old: np.ndarray, gap: int) -> list[tuple[
     return [tuple(r) for r in runs]
 
 
+@pytest.mark.parametrize("small", [0, pools.SMALL_RUNS], ids=["by_words", "small_by_bytes"])
 @pytest.mark.parametrize("gap", [16, 17, 64, 200])
-def test_changed_runs_equal_a_byte_walk(gap):
+def test_changed_runs_equal_a_byte_walk(gap, small, monkeypatch):
+    monkeypatch.setattr(pools, "SMALL_RUNS", small)
     rng = np.random.default_rng(gap)
     for _ in range(400):
         n, at = int(rng.integers(0, 400)), int(rng.integers(0, 9))  # any length, any alignment
