@@ -168,6 +168,13 @@ def test_glu_generic_and_oai():
              [Leaf(F32, (64, 7))], 2, exact=True)  # halves of 32: no scalar tail
     check_op(lambda g, ctx, a, b: g.ggml_glu_split(ctx, a, b, eng.GGML_GLU_OP_GEGLU),
              [Leaf(F32, (32, 7)), Leaf(F32, (32, 7))], 2, exact=True)
+    # packed halves (the C lookup): x beyond +-10 against negative g, bit for bit (+0, not -0)
+    leaves = [Leaf(F32, (64, 9), low=-14, high=14), Leaf(F32, (64, 9), low=-3, high=3)]
+    datas = [leaf_bytes(leaf, np.random.default_rng(3)) for leaf in leaves]
+    for n_threads in (1, 2):
+        ours, theirs = (values(run(api, lambda g, ctx, a, b: g.ggml_geglu_split(ctx, a, b), leaves,
+                                   datas, n_threads)) for api in (eng, real))
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
     for n_threads in (1, 3):
         check_op(lambda g, ctx, a, b: g.ggml_swiglu_oai(ctx, a, b, 1.702, 7.0),
                  [Leaf(F32, (19, 5, 3), low=-9, high=9), Leaf(F32, (19, 5, 3), low=-9, high=9)],

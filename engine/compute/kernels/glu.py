@@ -24,6 +24,7 @@ from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLGluOp as G, GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous_1, ggml_nrows
 from engine.core.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.lanes import lanes
 
 F32 = np.float32
 
@@ -100,6 +101,8 @@ def _glu(params, dst: Tensor):
     out = flat_rows(dst)[ir0:ir1]
     f = (_swiglu_oai(dst) if op == G.SWIGLU_OAI else F32_FNS[op]) \
         if src0.type == GGMLType.F32 else None
+    packed = x.flags.c_contiguous and g.flags.c_contiguous and out.flags.c_contiguous
+    table = fm.widened_table("gelu") if op == G.GEGLU and f is not None and packed else None
 
     def run() -> None:
         if ir0 >= ir1:
@@ -107,6 +110,10 @@ def _glu(params, dst: Tensor):
         if op == G.SWIGLU and f is not None and out.flags.c_contiguous:
             fm.silu_rows(x, out)  # (in place: the same products as _swiglu_f32, no temporaries)
             np.multiply(out, g, out=out)
+        elif table is not None:  # _geglu_f32's values by the C lookup: gelu(x) (x above 10), times g
+            lanes.gelu_lookup(x, table, out, True)
+            np.multiply(out, g, out=out)
+            np.copyto(out, F32(0), where=x <= F32(-10))  # 0, not 0 * g (-0, or NaN for inf g)
         elif f is not None:
             out[:] = f(x, g)
         elif op in F16_TABLES:
