@@ -125,6 +125,10 @@ class Recorder:
         self.variables: dict[tuple[int, int], str] = {}  # tensor -> the variable it was made into
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
+        # what the walk wrote since its last visit step: the tensors it entered (their hash
+        # slots), and the slot of the node that step showed (its parent counts it after it)
+        self.entered: list[Tensor] = []
+        self.last_visited: int | None = None
         self.line = 0
         self.t_start = time.perf_counter()
         self.marks = ProgramMarks(dict(zip(self.files, texts)))  # the layer and pass of each call
@@ -351,7 +355,7 @@ class Recorder:
         if name.startswith("ggml_build_forward"):  # flags may have changed on any tensor reached
             things += [StructOf(t) for g in self.args if isinstance(g, Graph)
                        for t in g.nodes + g.leafs]
-            self.visiting = []
+            self.visiting, self.entered, self.last_visited = [], [], None
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
             things += self.backend.struct_writes()
@@ -382,6 +386,7 @@ class Recorder:
         return f"{var} {UNNAMED}" if var else UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
+        self.entered.append(node)
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
         if node.op != 0 and not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             self.visiting.append(node)
@@ -393,9 +398,10 @@ class Recorder:
                   (Note.of("visit_leaf" if is_leaf else "visit_node", name=words, op=GGMLOp(node.op).name,
                            slot=slot),),
                   [StructOf(node), *(StructOf(t) for t in self.visiting),
-                   *(span for g in graphs for span in visit_spans(g, node, slot, is_leaf))],
+                   *(span for g in graphs for span in visit_spans(g, is_leaf, self.entered,
+                                                                  self.last_visited))],
                   parent=self.call_step, tensor=node)
-        self.visiting = []
+        self.visiting, self.entered, self.last_visited = [], [], slot
 
     def graph_args(self) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]
@@ -501,11 +507,13 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def visit_spans(g: Graph, node: Tensor, slot: int, is_leaf: bool) -> list[Span]:
-    """What a visit of the graph walk writes (ggml_visit_parents): the graph's struct (n_nodes or
-    n_leafs), the node's entry in nodes or leafs, its hash key and used bit, and the use counts of
-    its slot and its sources' slots; the node's own struct (name, flags) is the caller's. Only
-    these are compared, not the graph's whole arrays (a model's graph holds hundreds of KB)."""
+def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | None) -> list[Span]:
+    """What the graph walk (ggml_visit_parents) wrote since its last visit step: the graph's
+    struct (n_nodes or n_leafs) and its last nodes or leafs entry; for each tensor it entered, its
+    hash key, used bit and use count (a tensor's slot is taken when the walk enters it, before its
+    sources); the use count of `counted`, the slot the last visit step showed (its parent counts
+    it after that step). Only these are compared, not the graph's whole arrays (a model's graph
+    holds hundreds of KB); the call's own step compares everything at its end."""
     if g.offs is None:
         return []
 
@@ -515,9 +523,11 @@ def visit_spans(g: Graph, node: Tensor, slot: int, is_leaf: bool) -> list[Span]:
 
     count = g.n_leafs if is_leaf else g.n_nodes
     spans = [Span(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
-             entry("leafs" if is_leaf else "nodes", count - 1, 8), entry("hash_keys", slot, 8),
-             entry("hash_used", slot >> 5, 4), entry("use_counts", slot, 4)]
-    for src in node.src:
-        if src is not None and (s := g.slot_of(src)) is not None:
-            spans.append(entry("use_counts", s, 4))
+             entry("leafs" if is_leaf else "nodes", count - 1, 8)]
+    slots = {counted} if counted is not None else set()
+    for t in entered:
+        if (slot := g.slot_of(t)) is not None and slot not in slots:
+            slots.add(slot)
+            spans += [entry("hash_keys", slot, 8), entry("hash_used", slot >> 5, 4)]
+    spans += [entry("use_counts", slot, 4) for slot in slots]
     return spans
