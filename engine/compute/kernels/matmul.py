@@ -200,9 +200,15 @@ def _prepare_mul_mat(params, dst: Tensor):
     if src0.type == GGMLType.F32 and convert is None and ne12 * ne13 > 1:  # (attention heads)
         every = f32_products(view4(src0), d4, r2, r3, tiny)
         return lambda: every(x4)
+    # the r2 matrices of src1 that share a matrix of src0 (the attention's heads sharing a KV
+    # head) go as one product of all their rows when dst holds them packed: the weight rows
+    # read (and widened) once for them all, each output still its own pair's vec_dot
+    group = r2 if r2 > 1 and all(d4[i13, i12:i12 + r2].flags.c_contiguous
+                                 for i13 in range(ne13) for i12 in range(0, ne12, r2)) else 1
     for i13 in range(ne13):
-        for i12 in range(ne12):
-            out = d4[i13, i12]  # (the C loops write straight into dst, or through a buffer)
+        for i12 in range(0, ne12, group):
+            # (the C loops write straight into dst, or through a buffer)
+            out = d4[i13, i12] if group == 1 else d4[i13, i12:i12 + group].reshape(-1, ne01)
             if t0.is_quantized:
                 w = quant_rows(src0, i13 // r3, i12 // r2, slice(0, ne01))
                 product = quant_product(src0.type, w, out, threads=params.cores, tiny=tiny)
@@ -212,14 +218,36 @@ def _prepare_mul_mat(params, dst: Tensor):
                 product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
             products.append((i13, i12, product))
     widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
+    halves = _prepared_halves(src1, x4) if convert is not None and vdt == GGMLType.F16 else None
 
     def call() -> None:
-        if convert is not None:
-            convert()
-        x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
+        x = halves() if halves is not None else None
+        if x is None:
+            if convert is not None:
+                convert()
+            x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
         for i13, i12, product in products:
-            product(x[i13, i12])
+            product(x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1]))
     return call
+
+
+def _prepared_halves(src1: Tensor, x4: np.ndarray):
+    """For F16 weights: src1's f32 rows rounded to halves into the work buffer (x4, as
+    _convert_src1 writes them) and returned widened back to float, in three numpy calls; None
+    (the caller converts as _convert_src1 does) when a row holds a NaN, whose half ggml writes
+    its own way (fp32_to_fp16_bits). Without NaNs numpy's cast rounds as ggml's converter does,
+    and every half is exactly a float."""
+    if not ggml_is_contiguous(src1):
+        return None
+    src = view4(src1)
+
+    def run() -> np.ndarray | None:
+        h = src.astype(np.float16)
+        if np.isnan(h).any():
+            return None
+        x4[...] = h
+        return h.astype(np.float32)
+    return run
 
 
 def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
