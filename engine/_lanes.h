@@ -127,10 +127,11 @@ typedef void (*lanes_rows_fn)(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 
 enum { LANES_POOL_MAX = 64 };  /* threads a job may ask for (more are taken as this many) */
 
-/* multiply-adds a thread's share of a product must have to pay for waking it (~15 us measured
- * on a CPU shared with other work): ~20 us of Q4_0 rows, ~12 us of Q4_K ones; fewer threads
- * below that */
-#define LANES_SPLIT_MACS ((Py_ssize_t)1 << 18)
+/* multiply-adds a thread's share of a product must have to pay for handing it to a worker:
+ * the workers poll between products (_lanes_pool.c), so a share of a few microseconds pays
+ * (Gemma's attention products, 256 x 256 halves by 4 rows, gain a third at 2 threads); fewer
+ * threads below that */
+#define LANES_SPLIT_MACS ((Py_ssize_t)1 << 16)
 
 /* fn over rows [0, n) in chunks of `chunk`, shared between the calling thread and up to
  * threads - 1 parked workers (fewer if the pool is busy or a worker cannot start); returns when
