@@ -151,11 +151,22 @@ class _Run:
         if cplan.work_size > 0:
             ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
             self.wdata = ctx.pool[off:off + cplan.work_size]
-        key = ("steps", self.nth, observer is not None, cplan.llamafile, cplan.use_ref,
-               cplan.work_data, cplan.work_size)
-        self.steps = remembered(cgraph, key, lambda: [self._prepare(node) for node in self.nodes])
-        self.shared: list[dict] = [{} for _ in self.nodes]
-        self.shares: list[list[Share | None]] = [[None] * self.nth for _ in self.nodes]
+        key = ("steps", self.nth, observer is not None, cplan.abort_callback is not None,
+               cplan.llamafile, cplan.use_ref, cplan.work_data, cplan.work_size)
+        self.steps, self.calls = remembered(cgraph, key, self._prepare_all)
+        # what each node's threads share and did (not made when every node is one ready call)
+        self.shared: list[dict] = [] if self.calls is not None else [{} for _ in self.nodes]
+        self.shares: list[list[Share | None]] = [] if self.calls is not None else \
+            [[None] * self.nth for _ in self.nodes]
+
+    def _prepare_all(self) -> tuple[list[tuple[str, Callable[[], None] | None]], list | None]:
+        """Every node's step, and, when each node is skipped or one ready call and nobody is
+        told of nodes (no observer, no abort callback), those calls alone in order: thread 0
+        runs them one after another, the other threads have nothing to do."""
+        steps = [self._prepare(node) for node in self.nodes]
+        alone = self.cplan.abort_callback is None and all(
+            mode is _SKIP or mode is _PREPARED for mode, _call in steps)
+        return steps, [call for mode, call in steps if mode is _PREPARED] if alone else None
 
     def _prepare(self, node: Tensor) -> tuple[str, Callable[[], None] | None]:
         """How a node is computed (node_mode), and, unwatched, its kernel's prepared call for the
@@ -190,6 +201,12 @@ class _Run:
             raise
 
     def _loop(self, ith: int) -> None:
+        if self.calls is not None:  # every node one ready call: thread 0 runs them in order
+            if ith == 0:
+                for call in self.calls:
+                    call()
+            self.wait()
+            return
         pending = False  # thread 0 has computed small nodes alone since the last barrier
         told = self.observer is not None or self.cplan.abort_callback is not None
         for node_n, (mode, call) in enumerate(self.steps):
