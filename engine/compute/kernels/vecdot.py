@@ -559,8 +559,9 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     fmaf(lanes[l], scale, acc[l]) (Q2_K's mins first into the same acc; the others' mins or
     offsets into acc_m); the result add_mins(hsum8(acc), acc_m) (the IQ grid types': iq_result of
     hsum8(acc)); IQ4_NL's and MXFP4's two accumulators (paired_total), or with `tiny` one. C
-    computes the legacy types' products by tiles of weight rows by activation rows, each block
-    loaded once for the tile; each output is still its own sum in this order. portable (C's loop:
+    computes the legacy types' products of two or more activation rows by tiles of weight rows
+    by activation rows, each block loaded once for the tile (one activation row: row by row);
+    each output is still its own sum in this order. portable (C's loop:
     0 the best the CPU has, 1 the portable one, 2 AVX2 without AVX-512) and threads change no bit
     (ignored)."""
     type_ = GGMLType(type_)
