@@ -105,8 +105,15 @@ def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.nd
     n = cur.size
     if n <= SMALL_RUNS:  # one pass over the bytes: fewer numpy calls than the words' way
         changed = np.flatnonzero(cur != old)
-        if changed.size == 0:
-            return changed, changed
+        if changed.size <= 64:  # (a struct's few fields: the runs joined in Python)
+            at = changed.tolist()
+            starts, ends = at[:1], []
+            for p, q in zip(at, at[1:]):
+                if q - p > gap:
+                    ends.append(p + 1)
+                    starts.append(q)
+            ends += [at[-1] + 1] if at else []
+            return np.array(starts, np.intp), np.array(ends, np.intp)
         breaks = np.flatnonzero(changed[1:] - changed[:-1] > gap)
         return changed[np.concatenate([[0], breaks + 1])], changed[np.append(breaks, -1)] + 1
     n8 = n - n % 8

@@ -35,5 +35,7 @@ def test_changed_runs_equal_a_byte_walk(gap, small, monkeypatch):
             a = int(rng.integers(at, n + at + 1))
             b = min(n + at, a + int(rng.integers(0, 90)))
             cur[a:b] ^= rng.integers(0, 2, b - a, dtype=np.uint8)  # some bytes of it change
+        if int(rng.integers(0, 4)) == 0:  # now and then most bytes change (more than 64)
+            cur[at:] ^= rng.integers(1, 256, n, dtype=np.uint8) * (rng.random(n) < 0.7)
         starts, ends = changed_runs(cur[at:], old[at:], gap)
         assert list(zip(starts.tolist(), ends.tolist())) == runs_byte_by_byte(cur[at:], old[at:], gap)
