@@ -285,6 +285,26 @@ def test_abort_callback_and_observer_stop():
     assert eng.ggml_graph_compute(gf, plan) == eng.GGML_STATUS_ABORTED
 
 
+def test_abort_callback_heard_after_a_compute_without_one():
+    """A graph computed unwatched runs its prepared calls in a row; computed again with an
+    abort callback, it is polled after each node again (ggml stops after the first)."""
+    ctx = eng.ggml_init(eng.ggml_init_params(4 * MB))
+    x = eng.ggml_new_tensor_1d(ctx, F32, 4)
+    eng.ggml_set_f32(x, 1.0)
+    y = eng.ggml_add(ctx, x, x)
+    z = eng.ggml_add(ctx, y, x)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, z)
+    for n_threads in (1, 2):
+        plan = eng.ggml_graph_plan(gf, n_threads)
+        assert eng.ggml_graph_compute(gf, plan) == eng.GGML_STATUS_SUCCESS
+        assert eng.ggml_get_f32_1d(z, 0) == 3.0
+        eng.ggml_set_f32(z, -7.0)
+        plan.abort_callback = lambda data: True  # the same plan, the same work buffer
+        assert eng.ggml_graph_compute(gf, plan) == eng.GGML_STATUS_ABORTED
+        assert eng.ggml_get_f32_1d(z, 0) == -7.0
+
+
 def test_unsupported_op_is_named():
     ctx = eng.ggml_init(eng.ggml_init_params(4 * MB))
     a = eng.ggml_new_tensor_1d(ctx, int(GGMLType.I16), 4)
