@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from app.main import create_app
 from app.settings import Settings
@@ -75,6 +75,7 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(15_000)
+    expect.set_options(timeout=15_000)  # (an assertion waits as long as an action: both cores may be busy)
     yield page
     context.close()
 
