@@ -93,7 +93,8 @@ def fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
     return pool
 
 
-SMALL_RUNS = 1 << 14  # bytes: changed_runs compares a region this small byte by byte
+SMALL_RUNS = 1 << 14  # bytes: a region this small is compared byte by byte first,
+SMALL_CHANGES = 64  # and its runs joined in Python when this few bytes changed
 
 
 def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -103,9 +104,9 @@ def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.nd
     inside two neighbouring words are always merged: gap is at least 16.)"""
     assert gap >= 16
     n = cur.size
-    if n <= SMALL_RUNS:  # one pass over the bytes: fewer numpy calls than the words' way
+    if n <= SMALL_RUNS:  # a struct's few changed fields: their runs joined in Python
         changed = np.flatnonzero(cur != old)
-        if changed.size <= 64:  # (a struct's few fields: the runs joined in Python)
+        if changed.size <= SMALL_CHANGES:
             at = changed.tolist()
             starts, ends = at[:1], []
             for p, q in zip(at, at[1:]):
@@ -114,8 +115,6 @@ def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.nd
                     starts.append(q)
             ends += [at[-1] + 1] if at else []
             return np.array(starts, np.intp), np.array(ends, np.intp)
-        breaks = np.flatnonzero(changed[1:] - changed[:-1] > gap)
-        return changed[np.concatenate([[0], breaks + 1])], changed[np.append(breaks, -1)] + 1
     n8 = n - n % 8
     words = np.empty(n8 // 8 + 2, dtype=np.int8)
     words[0] = words[-1] = 0

@@ -1,5 +1,5 @@
 """engine.trace.pools.changed_runs: the runs of changed bytes a step's patch holds, found 8 bytes
-at a time (or, in a small region, byte by byte in numpy), equal to a byte-by-byte walk for every
+at a time (or, where a small region has few changed bytes, joined in Python), equal to a byte-by-byte walk for every
 alignment, length and gap."""
 
 import numpy as np
