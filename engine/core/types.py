@@ -210,12 +210,12 @@ def fp32_to_fp16_bits(x: np.ndarray) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        h = x.astype(np.float16).view(np.uint16)
+        h = x.astype(np.float16)
     nan = np.isnan(x)
-    if nan.any():
+    if nan.any():  # (most rows hold none)
         sign = (x.view(np.uint32) >> 16).astype(np.uint16) & np.uint16(0x8000)
-        h = np.where(nan, sign | np.uint16(0x7E00), h)
-    return h
+        return np.where(nan, sign | np.uint16(0x7E00), h.view(np.uint16))
+    return h.view(np.uint16)
 
 
 def fp16_bits_to_fp32(h: np.ndarray) -> np.ndarray:
@@ -226,8 +226,11 @@ def fp16_bits_to_fp32(h: np.ndarray) -> np.ndarray:
     """
     with np.errstate(invalid="ignore"):
         f = np.asarray(h, dtype=np.uint16).view(np.float16).astype(np.float32)
+    nan = np.isnan(f)
+    if not nan.any():  # (most rows hold none)
+        return f
     u = f.view(np.uint32)
-    return np.where(np.isnan(f), u | np.uint32(0x00400000), u).view(np.float32)
+    return np.where(nan, u | np.uint32(0x00400000), u).view(np.float32)
 
 
 # --- bf16 ------------------------------------------------------------------------------------

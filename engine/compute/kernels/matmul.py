@@ -218,36 +218,14 @@ def _prepare_mul_mat(params, dst: Tensor):
                 product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
             products.append((i13, i12, product))
     widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
-    halves = _prepared_halves(src1, x4) if convert is not None and vdt == GGMLType.F16 else None
 
     def call() -> None:
-        x = halves() if halves is not None else None
-        if x is None:
-            if convert is not None:
-                convert()
-            x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
+        if convert is not None:
+            convert()
+        x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
         for i13, i12, product in products:
             product(x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1]))
     return call
-
-
-def _prepared_halves(src1: Tensor, x4: np.ndarray):
-    """For F16 weights: src1's f32 rows rounded to halves into the work buffer (x4, as
-    _convert_src1 writes them) and returned widened back to float, in three numpy calls; None
-    (the caller converts as _convert_src1 does) when a row holds a NaN, whose half ggml writes
-    its own way (fp32_to_fp16_bits). Without NaNs numpy's cast rounds as ggml's converter does,
-    and every half is exactly a float."""
-    if not ggml_is_contiguous(src1):
-        return None
-    src = view4(src1)
-
-    def run() -> np.ndarray | None:
-        h = src.astype(np.float16)
-        if np.isnan(h).any():
-            return None
-        x4[...] = h
-        return h.astype(np.float32)
-    return run
 
 
 def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
