@@ -23,7 +23,7 @@ from engine.compute.kernels.views import flat_rows
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLGluOp as G, GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous_1, ggml_nrows
-from engine.core.types import GGMLType, fp16_bits_to_fp32, fp32_to_fp16_bits
+from engine.core.types import GGMLType, fp32_to_fp16_bits
 from engine.lanes import lanes
 
 F32 = np.float32
@@ -35,9 +35,15 @@ def _swiglu_f32(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _geglu_f32(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """ggml_vec_geglu_f32 (GGML_GELU_FP16): 0 below -10, x·g above 10, table(x)·g between."""
-    looked = fp16_bits_to_fp32(fm.gelu_table()[fp32_to_fp16_bits(x)]) * g
-    return np.where(x <= F32(-10), F32(0), np.where(x >= F32(10), x * g, looked))
+    """ggml_vec_geglu_f32 (GGML_GELU_FP16): 0 at or below -10, x·g at or above 10, table(x)·g
+    between: ggml_vec_gelu_f32's lookup (lanes.gelu_lookup) times g, then +0 where x <= -10
+    (not 0·g: -0, or NaN for an infinite g)."""
+    x = np.ascontiguousarray(x, F32)
+    y = np.empty(x.shape, F32)
+    lanes.gelu_lookup(x, fm.widened_table("gelu"), y, True)
+    np.multiply(y, g, out=y)
+    np.copyto(y, F32(0), where=x <= F32(-10))
+    return y
 
 
 def _geglu_erf(x: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -101,8 +107,6 @@ def _glu(params, dst: Tensor):
     out = flat_rows(dst)[ir0:ir1]
     f = (_swiglu_oai(dst) if op == G.SWIGLU_OAI else F32_FNS[op]) \
         if src0.type == GGMLType.F32 else None
-    packed = x.flags.c_contiguous and g.flags.c_contiguous and out.flags.c_contiguous
-    table = fm.widened_table("gelu") if op == G.GEGLU and f is not None and packed else None
 
     def run() -> None:
         if ir0 >= ir1:
@@ -110,10 +114,6 @@ def _glu(params, dst: Tensor):
         if op == G.SWIGLU and f is not None and out.flags.c_contiguous:
             fm.silu_rows(x, out)  # (in place: the same products as _swiglu_f32, no temporaries)
             np.multiply(out, g, out=out)
-        elif table is not None:  # _geglu_f32's values by the C lookup: gelu(x) (x above 10), times g
-            lanes.gelu_lookup(x, table, out, True)
-            np.multiply(out, g, out=out)
-            np.copyto(out, F32(0), where=x <= F32(-10))  # 0, not 0 * g (-0, or NaN for inf g)
         elif f is not None:
             out[:] = f(x, g)
         elif op in F16_TABLES:
