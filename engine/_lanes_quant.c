@@ -569,82 +569,56 @@ AVX2 __m256i signed_lanes(__m256i aq, __m256i q, __m256i y)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), _mm256_set1_epi16(1));
 }
 
-/* out for weight rows [0, TILE_W) and activation rows [0, nx) (nx <= TILE_X, a constant where
- * it is inlined): per block each weight block's |q| made once and multiplied with every
- * activation block; acc = fma(y.d * x.d, lanes, acc), then hsum8 */
-AVX2 void legacy_tile(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,
-                      float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
-{
-    __m256 acc[TILE_W][TILE_X];
-    for (int i = 0; i < TILE_W; i++)
-        for (int j = 0; j < nx; j++)
-            acc[i][j] = _mm256_setzero_ps();
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        __m256i y[TILE_X];
-        float yd[TILE_X];
-        for (int j = 0; j < nx; j++) {
-            const uint8_t *yb = x + j * ldx + b * 34;
-            y[j] = _mm256_loadu_si256((const __m256i *)(yb + 2));
-            yd[j] = half_f16c(yb);
-        }
-        for (int i = 0; i < TILE_W; i++) {
-            const uint8_t *blk = w + i * ldw + b * weight_size(type);
-            const __m256i q = legacy_weights(type, blk), aq = _mm256_sign_epi8(q, q);
-            const float wd = half_f16c(blk);
-            _mm_prefetch((const char *)blk + TILE_W * ldw, _MM_HINT_T0);  /* the next tile's */
-            for (int j = 0; j < nx; j++)
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd),
-                                            _mm256_cvtepi32_ps(signed_lanes(aq, q, y[j])), acc[i][j]);
-        }
-    }
-    for (int i = 0; i < TILE_W; i++)
-        for (int j = 0; j < nx; j++) {
-            float a[8];
-            _mm256_storeu_ps(a, acc[i][j]);
-            out[j * ldo + i] = hsum8(a);
-        }
-}
-
-/* legacy_tile with AVX-512 VNNI's byte dot product: dpbusd sums the four products maddubs and
- * madd sum (maddubs cannot saturate here: |q| <= 128, and two products of at most 128 * 128) */
+/* legacy_tile's lanes with AVX-512 VNNI's byte dot product: dpbusd sums the four products maddubs
+ * and madd sum (maddubs cannot saturate here: |q| <= 128, and two products of at most 128 * 128) */
 #define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define VNNI static inline __attribute__((always_inline, target(VNNI_TARGET)))
 
-VNNI void legacy_tile_vnni(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
-                           Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)
+VNNI __m256i vnni_lanes(__m256i aq, __m256i q, __m256i y)
 {
-    __m256 acc[TILE_W][TILE_X];
-    for (int i = 0; i < TILE_W; i++)
-        for (int j = 0; j < nx; j++)
-            acc[i][j] = _mm256_setzero_ps();
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        __m256i y[TILE_X];
-        float yd[TILE_X];
-        for (int j = 0; j < nx; j++) {
-            const uint8_t *yb = x + j * ldx + b * 34;
-            y[j] = _mm256_loadu_si256((const __m256i *)(yb + 2));
-            yd[j] = half_f16c(yb);
-        }
-        for (int i = 0; i < TILE_W; i++) {
-            const uint8_t *blk = w + i * ldw + b * weight_size(type);
-            const __m256i q = legacy_weights(type, blk), aq = _mm256_sign_epi8(q, q);
-            const float wd = half_f16c(blk);
-            _mm_prefetch((const char *)blk + TILE_W * ldw, _MM_HINT_T0);
-            for (int j = 0; j < nx; j++) {
-                const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq,
-                                                          _mm256_sign_epi8(y[j], q));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd), _mm256_cvtepi32_ps(lanes),
-                                            acc[i][j]);
-            }
-        }
-    }
-    for (int i = 0; i < TILE_W; i++)
-        for (int j = 0; j < nx; j++) {
-            float a[8];
-            _mm256_storeu_ps(a, acc[i][j]);
-            out[j * ldo + i] = hsum8(a);
-        }
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, _mm256_sign_epi8(y, q));
 }
+
+/* out for weight rows [0, TILE_W) and activation rows [0, nx) (nx <= TILE_X, a constant where
+ * it is inlined): per block each weight block's |q| made once and multiplied with every
+ * activation block by LANES (signed_lanes, or vnni_lanes); acc = fma(y.d * x.d, lanes, acc),
+ * then hsum8. One body for both, defined under each one's target. */
+#define LEGACY_TILE(NAME, ATTR, LANES)                                                            \
+    ATTR void NAME(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x, Py_ssize_t ldx,  \
+                   float *out, Py_ssize_t ldo, Py_ssize_t nb, const int nx)                      \
+    {                                                                                             \
+        __m256 acc[TILE_W][TILE_X];                                                               \
+        for (int i = 0; i < TILE_W; i++)                                                          \
+            for (int j = 0; j < nx; j++)                                                          \
+                acc[i][j] = _mm256_setzero_ps();                                                  \
+        for (Py_ssize_t b = 0; b < nb; b++) {                                                     \
+            __m256i y[TILE_X];                                                                    \
+            float yd[TILE_X];                                                                     \
+            for (int j = 0; j < nx; j++) {                                                        \
+                const uint8_t *yb = x + j * ldx + b * 34;                                         \
+                y[j] = _mm256_loadu_si256((const __m256i *)(yb + 2));                             \
+                yd[j] = half_f16c(yb);                                                            \
+            }                                                                                     \
+            for (int i = 0; i < TILE_W; i++) {                                                    \
+                const uint8_t *blk = w + i * ldw + b * weight_size(type);                         \
+                const __m256i q = legacy_weights(type, blk), aq = _mm256_sign_epi8(q, q);         \
+                const float wd = half_f16c(blk);                                                  \
+                _mm_prefetch((const char *)blk + TILE_W * ldw, _MM_HINT_T0); /* the next tile */ \
+                for (int j = 0; j < nx; j++)                                                      \
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(yd[j] * wd),                       \
+                                                _mm256_cvtepi32_ps(LANES(aq, q, y[j])), acc[i][j]); \
+            }                                                                                     \
+        }                                                                                         \
+        for (int i = 0; i < TILE_W; i++)                                                          \
+            for (int j = 0; j < nx; j++) {                                                        \
+                float a[8];                                                                       \
+                _mm256_storeu_ps(a, acc[i][j]);                                                   \
+                out[j * ldo + i] = hsum8(a);                                                      \
+            }                                                                                     \
+    }
+
+LEGACY_TILE(legacy_tile, AVX2, signed_lanes)
+LEGACY_TILE(legacy_tile_vnni, VNNI, vnni_lanes)
 
 /* weight rows [0, n0) (whole tiles) of a legacy type by every activation row, tile by tile; the
  * activation rows left over by a tile of fewer */
