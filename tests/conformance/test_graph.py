@@ -268,7 +268,8 @@ def test_reported_shares_are_ggml_splits(n_threads):
         [(min(dr * i, 33), min(dr * i + dr, 33)) for i in range(nth)]
 
 
-def test_abort_callback_and_observer_stop():
+def _two_adds():
+    """y = x + x, z = y + x (x all ones), built into a graph: (ctx, gf, y, z)."""
     ctx = eng.ggml_init(eng.ggml_init_params(4 * MB))
     x = eng.ggml_new_tensor_1d(ctx, F32, 4)
     eng.ggml_set_f32(x, 1.0)
@@ -276,6 +277,11 @@ def test_abort_callback_and_observer_stop():
     z = eng.ggml_add(ctx, y, x)
     gf = eng.ggml_new_graph(ctx)
     eng.ggml_build_forward_expand(gf, z)
+    return ctx, gf, y, z
+
+
+def test_abort_callback_and_observer_stop():
+    ctx, gf, y, z = _two_adds()
     eng.ggml_set_f32(z, -7.0)
     stopped = eng.ggml_graph_compute_with_ctx(ctx, gf, 2, lambda node, ask, shares: ask)
     assert stopped == eng.GGML_STATUS_ABORTED
@@ -288,13 +294,7 @@ def test_abort_callback_and_observer_stop():
 def test_abort_callback_heard_after_a_compute_without_one():
     """A graph computed unwatched runs its prepared calls in a row; computed again with an
     abort callback, it is polled after each node again (ggml stops after the first)."""
-    ctx = eng.ggml_init(eng.ggml_init_params(4 * MB))
-    x = eng.ggml_new_tensor_1d(ctx, F32, 4)
-    eng.ggml_set_f32(x, 1.0)
-    y = eng.ggml_add(ctx, x, x)
-    z = eng.ggml_add(ctx, y, x)
-    gf = eng.ggml_new_graph(ctx)
-    eng.ggml_build_forward_expand(gf, z)
+    _ctx, gf, _y, z = _two_adds()
     for n_threads in (1, 2):
         plan = eng.ggml_graph_plan(gf, n_threads)
         assert eng.ggml_graph_compute(gf, plan) == eng.GGML_STATUS_SUCCESS
