@@ -38,17 +38,17 @@ static long long now_ns(void)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* poll until *p differs from `from` (true), or SPIN_NS have passed (false) */
-static int spin_while_equal(const unsigned long *p, unsigned long from)
+/* poll while *p equals `value`: true once it differs, false after SPIN_NS (then the caller
+ * sleeps on its condition variable) */
+static int spin_while_equal(const unsigned long *p, unsigned long value)
 {
     const long long until = now_ns() + SPIN_NS;
-    for (int i = 1;; i++) {
-        if (__atomic_load_n(p, __ATOMIC_ACQUIRE) != from)
-            return 1;
+    for (int i = 1; __atomic_load_n(p, __ATOMIC_ACQUIRE) == value; i++) {
         relax();
         if (i % 64 == 0 && now_ns() > until)
             return 0;
     }
+    return 1;
 }
 
 typedef struct {
@@ -66,7 +66,7 @@ static struct {
     int started;             /* workers running, numbered 1 .. started */
     unsigned long gen;       /* bumped for each job: a worker wakes when it changes */
     Job *job;                /* the job being run; NULL once its caller has run out of rows */
-    int inside;              /* workers in job's rows now */
+    unsigned long inside;    /* workers in job's rows now */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, 0};
 
@@ -184,12 +184,10 @@ LANES_HIDDEN void lanes_pool_run(lanes_rows_fn fn, void *ctx, Py_ssize_t n, Py_s
     pool.job = NULL;  /* no worker enters job now; wait for those inside (polling first) */
     if (pool.inside > 0) {
         pthread_mutex_unlock(&pool.mu);
-        const long long until = now_ns() + SPIN_NS;
-        for (int i = 1; __atomic_load_n(&pool.inside, __ATOMIC_ACQUIRE) > 0; i++) {
-            relax();
-            if (i % 64 == 0 && now_ns() > until)
-                break;
-        }
+        /* (inside only falls now that no worker can enter: a window per worker at most) */
+        for (unsigned long n; (n = __atomic_load_n(&pool.inside, __ATOMIC_ACQUIRE)) > 0 &&
+                              spin_while_equal(&pool.inside, n);)
+            ;
         pthread_mutex_lock(&pool.mu);
     }
     while (pool.inside > 0)
