@@ -1,5 +1,6 @@
 """Quantized types: dequantize throughput (vs gguf-py and ggml's to_float) and quantized mul_mat
-(both engines computing a one-node graph with 2 threads)."""
+(both engines computing a one-node graph with 2 threads), and Gemma's Q8_0 output matrix by one
+row at 1 and 2 threads."""
 
 from __future__ import annotations
 
@@ -74,6 +75,25 @@ def _bench_mul_mat(report) -> None:
                    ours, theirs)
 
 
+def _bench_head(report) -> None:
+    """A decoding step's largest product: Gemma 3 270M's tied output matrix, 262,144 rows of 640
+    Q8_0 weights (178 MB, read from memory), by one activation row, 1 and 2 threads."""
+    rng = np.random.default_rng(2)
+    k, n0 = 640, 262144
+    w = rng.integers(-127, 128, (n0 * k // 32, 34), dtype=np.int8).view(np.uint8)
+    w[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)  # each block's scale
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    g = Graphs(lambda api, ctx, a, b: api.ggml_mul_mat(ctx, a, b), w.nbytes + (64 << 20),
+               [(int(T.Q8_0), (k, n0), w.reshape(-1)), x])
+    for n_threads in (1, 2):
+        ours = best_time(lambda: g.ours(n_threads), repeat=3, min_time=0.0)
+        theirs = best_time(lambda: g.theirs(n_threads), repeat=3)
+        report(f"mul_mat Q8_0 {n0}x{k} by {k}x1 (Gemma's output matrix), {n_threads} thr", ours,
+               theirs)
+    g.close()
+
+
 def run(report) -> None:
     _bench_dequantize(report)
     _bench_mul_mat(report)
+    _bench_head(report)
