@@ -293,7 +293,7 @@ def test_abort_callback_and_observer_stop():
 
 def test_abort_callback_heard_after_a_compute_without_one():
     """A graph computed unwatched runs its prepared calls in a row; computed again with an
-    abort callback, it is polled after each node again (ggml stops after the first)."""
+    abort callback, it is polled after each node again: the compute stops after the first."""
     _ctx, gf, _y, z = _two_adds()
     for n_threads in (1, 2):
         plan = eng.ggml_graph_plan(gf, n_threads)
