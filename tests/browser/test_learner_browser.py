@@ -45,6 +45,7 @@ def test_a_plain_script_runs_in_the_playground(page: Page, server_url: str):
     page.evaluate("(src) => document.querySelector('.CodeMirror').CodeMirror.setValue(src)", SCRIPT)
     page.get_by_role("button", name="Run").click()
     expect(page).to_have_url(re.compile(r"/programs/[0-9a-f]{64}/steps/0$"), timeout=60_000)
+    page.wait_for_load_state("load")  # (the scrubber's script listens once the page has loaded)
     scrubber = page.locator("#stepnav input[type=range]")
     scrubber.fill(scrubber.get_attribute("max"))
     expect(page).to_have_url(re.compile(rf"/steps/{scrubber.get_attribute('max')}$"))
