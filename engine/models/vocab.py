@@ -41,7 +41,8 @@ class TokenAttr(IntFlag):
 TOKEN_TYPE_ATTR = {0: TokenAttr.UNDEFINED, 1: TokenAttr.NORMAL, 2: TokenAttr.UNKNOWN,
                    3: TokenAttr.CONTROL, 4: TokenAttr.USER_DEFINED, 5: TokenAttr.UNUSED,
                    6: TokenAttr.BYTE}
-SPECIAL = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)  # (an int: `attr & SPECIAL`
+# runs for every token of a 262k vocabulary, and IntFlag arithmetic costs ~1 µs)
 
 # the special-token roles llama.cpp reads from keys (tokenizer.ggml.<key>), in its order, and the
 # texts by which it finds a role's token when the file names none (that token becomes CONTROL)

@@ -6,7 +6,7 @@ computed — with each thread's share of it. Each step keeps what it changed: ob
 struct fields written (old -> new), byte ranges written and their new bytes. From those patches the
 pools at any step are rebuilt without running anything (`Trace.state_at`, states.py), forwards or backwards.
 
-How it watches: `sys.setprofile` sees every call of a facade function made from the program's own
+How it watches: `sys.settrace` sees every call of a facade function made from the program's own
 file (calls inside the engine are not steps); graph visits come through the graph's visit hook and
 nodes through the compute observer. The program runs in a fresh address space, so the same program
 and inputs give the same steps, addresses and hash.
@@ -135,28 +135,37 @@ class Recorder:
         self.space: AddressSpace | None = None  # the recording's address space (set by record)
         self.backend = BackendRecorder(self)
 
-    # the profile hook: only calls from the program's own file into the facade are steps
-    def profile(self, frame, event: str, arg) -> None:
-        if event == "call":
-            if self.active is None and frame.f_code in self.codes:
-                caller = frame.f_back
-                if caller is not None and caller.f_code.co_filename in self.files:
-                    self.active = frame
-                    self.file_no = self.files[caller.f_code.co_filename]
-                    self.lines, self.statements = self.texts[self.file_no]
-                    self.line = caller.f_lineno
-                    self.marks.read(caller)
-                    self.raw_args = tuple(frame.f_locals.values())
-                    self.args = self.raw_args + tuple(opt_parts(self.raw_args))
-                    self.call_step = None
-                    if self.codes[frame.f_code].startswith("ggml_build_forward"):
-                        # the call comes first; each tensor it visits is a step inside it
-                        self.call_step = self.emit(
-                            StepKind.CALL, self.source(self.line),
-                            (Note("build_forward"),), []).index
-        elif event == "return" and frame is self.active:
+    # the trace hook (sys.settrace: called for each Python call, never for a C one): only calls
+    # from the program's own files into the facade are steps; their frames get a local trace
+    # function that sees them return
+    def on_call(self, frame, event: str, arg):
+        if self.active is None and frame.f_code in self.codes:
+            caller = frame.f_back
+            if caller is not None and caller.f_code.co_filename in self.files:
+                self.active = frame
+                self.file_no = self.files[caller.f_code.co_filename]
+                self.lines, self.statements = self.texts[self.file_no]
+                self.line = caller.f_lineno
+                self.marks.read(caller)
+                self.raw_args = tuple(frame.f_locals.values())
+                self.args = self.raw_args + tuple(opt_parts(self.raw_args))
+                self.call_step = None
+                if self.codes[frame.f_code].startswith("ggml_build_forward"):
+                    # the call comes first; each tensor it visits is a step inside it
+                    self.call_step = self.emit(
+                        StepKind.CALL, self.source(self.line),
+                        (Note("build_forward"),), []).index
+                frame.f_trace_lines = False
+                return self.on_return
+        return None
+
+    def on_return(self, frame, event: str, arg):
+        """The local trace function of the facade call in progress (its return, or an exception
+        passing through it; a return by exception has arg None)."""
+        if event == "return" and frame is self.active:
             self.active = None
             self.finish_call(self.codes[frame.f_code], arg, frame.f_code in self.constructors)
+        return self.on_return
 
     def source(self, line: int) -> str:
         a, b = self.statements.get(line, (line, line))
@@ -470,13 +479,13 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     copy_token = COPY_OBSERVER.set(rec.backend.on_copy)
     with fresh_address_space():
         rec.space = current_address_space()
-        prev = sys.getprofile()
-        sys.setprofile(rec.profile)
+        prev = sys.gettrace()
+        sys.settrace(rec.on_call)
         try:
             outputs = program(n_threads=n_threads, **kwargs) or {}
         except (Exception, ProgramStopped) as e:  # the program's error (or the limit that stopped it) is the
             # final step, at the program's line it passed through last
-            sys.setprofile(prev)
+            sys.settrace(prev)
             stopped = isinstance(e, ProgramStopped)
             trace.error = str(e) if stopped else f"{type(e).__name__}: {e}"
             rec.active = None
@@ -488,7 +497,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
             rec.steps.append(Step(len(rec.steps), StepKind.CAP if stopped else StepKind.ERROR,
                                   rec.source(line), line, (Note.verbatim(trace.error),)))
         finally:
-            sys.setprofile(prev)
+            sys.settrace(prev)
             COMPUTE_OBSERVER.reset(token)
             COPY_OBSERVER.reset(copy_token)
         trace.outputs = {k: _plain(v) for k, v in outputs.items()}
