@@ -107,6 +107,18 @@ def fresh_address_space() -> Iterator[AddressSpace]:
         _SPACE.reset(token)
 
 
+@dataclass(frozen=True, slots=True)
+class FileBytes:
+    """Pool bytes [start, start + size) read from the file at `path`, from byte `offset` (a
+    GGUF's data section loaded by gguf_init_from_file). Not part of ggml: a recorder keeps where
+    such bytes came from instead of a second copy of a model's weights."""
+
+    start: int
+    size: int
+    path: str
+    offset: int
+
+
 @dataclass(slots=True)
 class ggml_init_params:  # noqa: N801 - ggml's name
     """struct ggml_init_params."""
@@ -140,6 +152,7 @@ class Context:
         self.id = self.space.placed  # a small stable id for displays: 0 for the first context
         self.base = self.space.place(self, mem_size)  # simulated address of pool byte 0
         self.freed = False
+        self.read_from: list[FileBytes] = []  # pool bytes that are a file's (see FileBytes)
 
     @classmethod
     def restored(cls, space: AddressSpace, ctx_id: int, base: int, pool: np.ndarray,
@@ -151,6 +164,7 @@ class Context:
         ctx.objects_begin = None if objects_end is None else 0
         ctx.objects_end = objects_end
         ctx.space, ctx.base, ctx.id, ctx.freed = space, base, ctx_id, False
+        ctx.read_from = []
         space.place_at(ctx, base)
         return ctx
 

@@ -19,11 +19,14 @@ from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
+
 GGML_TENSOR_FLAG_INPUT = 1
 GGML_TENSOR_FLAG_OUTPUT = 2
 GGML_TENSOR_FLAG_PARAM = 4
 GGML_TENSOR_FLAG_LOSS = 8
 GGML_TENSOR_FLAG_COMPUTE = 16
+
+_NAME = TENSOR.fields["name"][1]  # the offset of char name[GGML_MAX_NAME] in the struct (256)
 
 
 class SrcPointers:
@@ -164,13 +167,12 @@ class Tensor:
 
     @property
     def name_bytes(self) -> bytes:
-        raw = self.ctx.pool[self.offs + 256:self.offs + 256 + GGML_MAX_NAME].tobytes()
-        return raw.split(b"\0", 1)[0]
+        return _name_at(memoryview(self.ctx.pool), self.offs)
 
     def _write_name(self, name: bytes) -> None:
         """Write at most 63 bytes and a NUL, leaving the bytes after it as they were (as C does)."""
         name = name[:GGML_MAX_NAME - 1]
-        start = self.offs + 256
+        start = self.offs + _NAME
         self.ctx.pool[start:start + len(name)] = np.frombuffer(name, dtype=np.uint8)
         self.ctx.pool[start + len(name)] = 0
 
@@ -319,8 +321,19 @@ def ggml_get_next_tensor(ctx: Context, t: Tensor) -> Tensor | None:
 
 @query
 def ggml_get_tensor(ctx: Context, name: str) -> Tensor | None:
-    """ggml_get_tensor: the first tensor (in creation order) with this name."""
-    return next((t for t in _tensors(ctx) if t.name == name), None)
+    """ggml_get_tensor: the first tensor (in creation order) with this name. (The names are read
+    straight from the pool: a model's hundreds of tensors are not each made a Tensor.)"""
+    buf = memoryview(ctx.pool)
+    for o in ctx.objects():
+        if o.type == GGML_OBJECT_TYPE_TENSOR and \
+                _name_at(buf, o.offs).decode("utf-8", errors="replace") == name:
+            return Tensor(ctx, o.offs)
+    return None
+
+
+def _name_at(buf: memoryview, offs: int) -> bytes:
+    """The name of the tensor struct at offs: its bytes up to the first NUL."""
+    return bytes(buf[offs + _NAME:offs + _NAME + GGML_MAX_NAME]).split(b"\0", 1)[0]
 
 
 def _tensors(ctx: Context):

@@ -2,7 +2,8 @@
 
 A step's patches are the runs of bytes its call changed (`changed_runs`, found from the edges
 of the changed runs, so a model's hundreds of megabytes loaded at once never become an index per
-byte); a rebuilt state's pools are fresh ones (`fresh_pool`: copy-on-write mappings of a
+byte), compared with the recorder's `Shadow` of each pool, where bytes read from a file are that
+file's pages (`FileMaps`): a model's weights are neither copied nor kept twice; a rebuilt state's pools are fresh ones (`fresh_pool`: copy-on-write mappings of a
 checkpoint's big pools) or, where no later patch touches them, a checkpoint's read-only copy
 (`frozen`), shared by every state rebuilt from it.
 """
@@ -17,6 +18,7 @@ from enum import Enum
 
 import numpy as np
 
+from engine.core.context import FileBytes
 from engine.core.tensor import Tensor
 
 
@@ -91,6 +93,68 @@ def fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
     if like is not None:
         np.copyto(pool, like)
     return pool
+
+
+class FileMaps:
+    """The files a recording read pool bytes from, each mapped once, twice over: read-only (the
+    bytes a step's patch holds, shared with the page cache: no copy) and copy-on-write (a
+    shadow's bytes, which later steps may overwrite privately). The files are taken as
+    immutable while the trace lives, as the app's stores of models and uploads keep them."""
+
+    def __init__(self) -> None:
+        self.maps: dict[str, tuple[mmap.mmap, mmap.mmap]] = {}
+
+    def bytes_of(self, fb: FileBytes) -> tuple[memoryview, np.ndarray]:
+        """fb's bytes read-only (for a patch), and a writable private copy-on-write view (for a
+        shadow)."""
+        maps = self.maps.get(fb.path)
+        if maps is None:
+            with open(fb.path, "rb") as f:
+                maps = self.maps[fb.path] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ),
+                                             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+        shared, private = maps
+        if fb.offset + fb.size > len(shared):
+            raise ValueError(f"{fb.path} is shorter than when it was read: its {len(shared)} bytes "
+                             f"do not hold [{fb.offset}, {fb.offset + fb.size})")
+        return (memoryview(shared)[fb.offset:fb.offset + fb.size],
+                np.frombuffer(private, np.uint8, fb.size, fb.offset))
+
+
+class Shadow:
+    """A pool as the last recorded step left it, which the next step's bytes are compared with:
+    zeros at first, and where the pool's bytes were read from a file (a model's weights), that
+    file's copy-on-write pages instead (`map_file`): hundreds of MB are neither copied here nor
+    found changed against zeros."""
+
+    def __init__(self, size: int) -> None:
+        self.base = np.zeros(size, dtype=np.uint8)
+        self.files: list[tuple[int, int, np.ndarray]] = []  # (start, stop, the file's bytes), sorted
+
+    def map_file(self, start: int, data: np.ndarray) -> None:
+        """Bytes [start, start + data.size) are now data (writable: later steps write it)."""
+        stop = start + data.size
+        assert all(e <= start or stop <= s for s, e, _ in self.files), "file spans overlap"
+        self.files = sorted([*self.files, (start, stop, data)], key=lambda f: f[0])
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, np.ndarray]]:
+        """[a, b) as (start, writable bytes) pieces, each in the zeros or in one file's bytes."""
+        out, at = [], a
+        for s, e, data in self.files:
+            if e <= at or s >= b:
+                continue
+            if s > at:
+                out.append((at, self.base[at:s]))
+            hi = min(e, b)
+            out.append((max(s, at), data[max(s, at) - s:hi - s]))
+            at = hi
+        if at < b:
+            out.append((at, self.base[at:b]))
+        return out
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Bytes [a, b) (a copy when they span pieces)."""
+        parts = self.pieces(a, b)
+        return parts[0][1] if len(parts) == 1 else np.concatenate([p for _, p in parts])
 
 
 SMALL_RUNS = 1 << 14  # bytes: a region this small is compared byte by byte first,

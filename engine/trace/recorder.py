@@ -52,7 +52,7 @@ from engine.trace.backend import BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRe
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
-from engine.trace.pools import Region, Span, StructOf, changed_runs
+from engine.trace.pools import FileMaps, Region, Shadow, Span, StructOf, changed_runs
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -108,7 +108,9 @@ class Recorder:
         self.constructors = _constructor_codes(self.codes)
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
-        self.shadow: dict[int, np.ndarray] = {}  # each pool as of the last step
+        self.shadow: dict[int, Shadow] = {}  # each pool as of the last step
+        self.file_maps = FileMaps()  # the files pools were read from (a model's weights)
+        self.file_patches: list[Patch] = []  # those bytes, for the step that first sees them
         self.cpu = CpuBytes()  # which bytes hold values that depend on the CPU
         self.meta: dict[int, ContextMeta] = {}
         self.object_lists: dict[int, list[ObjectInfo]] = {}  # see objects_of
@@ -129,6 +131,7 @@ class Recorder:
         # slots), and the slot of the node that step showed (its parent counts it after it)
         self.entered: list[Tensor] = []
         self.last_visited: int | None = None
+        self.walked: list[Tensor] = []  # every tensor the walk of the call in progress entered
         self.line = 0
         self.t_start = time.perf_counter()
         self.marks = ProgramMarks(dict(zip(self.files, texts)))  # the layer and pass of each call
@@ -173,9 +176,16 @@ class Recorder:
 
     # --- diffs ------------------------------------------------------------------------------
     def track(self, ctx: Context) -> None:
+        """Watch ctx's pool from now on. Its bytes read from a file (a model's weights) are
+        that file's, in the shadow and in the patch of the step that first sees them: the
+        step's comparison then finds only what differs from the file (nothing, after a load)."""
         if ctx.id not in self.shadow:
             self.contexts.append(ctx)
-            self.shadow[ctx.id] = np.zeros(ctx.mem_size, dtype=np.uint8)
+            self.shadow[ctx.id] = Shadow(ctx.mem_size)
+            for fb in ctx.read_from:
+                data, private = self.file_maps.bytes_of(fb)
+                self.shadow[ctx.id].map_file(fb.start, private)
+                self.file_patches.append(Patch(ctx.id, fb.start, data))
 
     def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs
@@ -223,15 +233,16 @@ class Recorder:
         for ctx, a, b in self.regions(things):
             if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
                 continue  # released memory (a freed context's own pool, a freed buffer)
-            cur, old = ctx.pool[a:b], self.shadow[ctx.id][a:b]
-            if b - a <= SMALL_REGION and cur.tobytes() == old.tobytes():
-                continue  # (most regions are a struct nothing wrote: one compare, no numpy passes)
-            starts, ends = changed_runs(cur, old)
-            for s, e in zip(starts, ends):
-                if isinstance(ctx, Context):
-                    fields += self.field_writes(ctx, a + int(s), a + int(e))
-                patches.append(Patch(ctx.id, a + int(s), cur[s:e].tobytes()))
-                self.shadow[ctx.id][a + s:a + e] = cur[s:e]
+            for at, old in self.shadow[ctx.id].pieces(a, b):
+                cur = ctx.pool[at:at + old.size]
+                if old.size <= SMALL_REGION and cur.tobytes() == old.tobytes():
+                    continue  # (most regions are a struct nothing wrote: one compare, no numpy passes)
+                starts, ends = changed_runs(cur, old)
+                for s, e in zip(starts, ends):
+                    if isinstance(ctx, Context):
+                        fields += self.field_writes(ctx, at + int(s), at + int(e))
+                    patches.append(Patch(ctx.id, at + int(s), cur[s:e].tobytes()))
+                    old[s:e] = cur[s:e]
         seen = set()
         for ctx in self.contexts:
             if ctx.freed:
@@ -245,7 +256,8 @@ class Recorder:
                 if key not in seen:
                     seen.add(key)
                     objects.append(ObjectAdded(ctx.id, o.header, o.offs, o.size, o.type_name, name))
-        patches = _dedupe(patches)
+        patches = self.file_patches + _dedupe(patches)  # (a file's bytes first: the changes are on top)
+        self.file_patches = []
         return patches, _dedupe(fields), objects
 
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
@@ -260,7 +272,7 @@ class Recorder:
             old_end = self._objects_end(ctx.id)
             if old_end is None or o.header > old_end:
                 continue  # a new tensor: reported as an object, not as field writes
-            old = self.shadow[ctx.id][o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
+            old = self.shadow[ctx.id].read(o.offs, o.offs + GGML_TENSOR_SIZE).view(TENSOR)[0]
             new = ctx.pool[o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
             name = Tensor(ctx, o.offs).name
             for span in field_spans(TENSOR):
@@ -361,10 +373,9 @@ class Recorder:
             if isinstance(g, Graph):
                 g.visit_hook, g.enter_hook = self.on_visit, self.on_enter
         things = list(self.args) + ([result] if result is not None else [])
-        if name.startswith("ggml_build_forward"):  # flags may have changed on any tensor reached
-            things += [StructOf(t) for g in self.args if isinstance(g, Graph)
-                       for t in g.nodes + g.leafs]
-            self.visiting, self.entered, self.last_visited = [], [], None
+        if name.startswith("ggml_build_forward"):  # the flags of the tensors the walk entered
+            things += [StructOf(t) for t in self.walked]
+            self.visiting, self.entered, self.walked, self.last_visited = [], [], [], None
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
             things += self.backend.struct_writes()
@@ -396,6 +407,7 @@ class Recorder:
 
     def on_enter(self, node: Tensor) -> None:
         self.entered.append(node)
+        self.walked.append(node)
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
         if node.op != 0 and not node.flags & GGML_TENSOR_FLAG_COMPUTE:
             self.visiting.append(node)

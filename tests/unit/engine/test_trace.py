@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.core.notes import tell
-from engine.programs import PROGRAMS, trace_program
+from engine.gguf import GGUFReader
+from engine.programs import FIXTURES_DIR, PROGRAMS, trace_program
 from engine.trace import record
 from tests.support.recorded import recorded
 
@@ -277,3 +279,50 @@ def test_backend_buffers_are_tracked_in_the_order_they_were_made(monkeypatch):
     recorder = traced.BackendRecorder(rec)
     recorder.track_buffers()
     assert [b.id for b in recorder.buffers] == [9, 11]
+
+
+def test_a_loaded_models_bytes_are_kept_as_the_files(tmp_path):
+    """The step that loads a GGUF keeps its data section as a view of the file's pages (no copy
+    of a model's weights), and compares the pool with the file, not with zeros: a weight the
+    program then overwrites is a patch of its own, on top. Every state rebuilt from that equals
+    the live pools."""
+    path = FIXTURES_DIR / "minilm-q8_0.gguf"
+    text = f'''
+import numpy as np
+from engine.ggml import *
+
+def run(n_threads=1):
+    gguf, ctx = gguf_init_from_file({str(path)!r}, gguf_init_params(no_alloc=False, ctx=True))
+    w = ggml_get_tensor(ctx, "token_embd_norm.weight")
+    set_data(w, np.arange(384, dtype=np.float32))
+    ctx2 = ggml_init(ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
+    y = ggml_scale(ctx2, w, 2.0)
+    gf = ggml_new_graph(ctx2)
+    ggml_build_forward_expand(gf, y)
+    ggml_graph_compute_with_ctx(ctx2, gf, n_threads)
+    return {{"y": y}}
+'''
+    live: dict[int, dict[int, bytes]] = {}
+    src = tmp_path / "loads.py"
+    src.write_text(text)
+    ns: dict = {}
+    exec(compile(text, str(src), "exec"), ns)
+    trace = record(ns["run"], str(src), "loads",
+                   on_step=lambda step, pools: live.__setitem__(
+                       step.index, {c.id: hashlib.sha1(c.pool.tobytes()).digest()
+                                    for c in pools if not c.freed}))
+    assert trace.outputs["y"] == [2.0 * i for i in range(384)]
+    raw = path.read_bytes()
+    load = trace.steps[0]
+    (from_file,) = [p for p in load.patches if isinstance(p.data, memoryview)]
+    assert len(from_file.data) > 20 << 20 and not any(len(p.data) > 4096 for p in load.patches
+                                                       if p is not from_file)
+    r = GGUFReader(path)
+    assert bytes(from_file.data) == raw[r.data_offset:r.data_offset + r.data_size]
+    assert from_file.offset == GGML_OBJECT_SIZE + GGML_TENSOR_SIZE  # the blob's data, first in the pool
+    written = next(s for s in trace.steps if s.call.strip().startswith("set_data"))
+    assert len(written.patches) == 1 and 0 < len(written.patches[0].data) <= 384 * 4
+    for k in random.Random(0).sample(sorted(live), len(live)):
+        state = trace.state_at(k)
+        for cid, digest in live[k].items():
+            assert hashlib.sha1(state.contexts[cid].pool.tobytes()).digest() == digest, (k, cid)

@@ -207,3 +207,38 @@ def test_inspect_report():
     assert tokens["shortened"] and tokens["n"] == 32000 and len(tokens["value"]) == 8
     assert "(n=32000)" in inspect_text(GGUFReader(SPM), show_kv=True)
     assert layer_totals([]) == []
+
+
+def test_a_big_data_section_is_the_files_pages_copy_on_write(monkeypatch):
+    """gguf_init_from_file (ctx, allocating) maps a data section from 1 MB up instead of reading
+    it: the pool holds the same bytes as a read (and as the fallback when mmap is missing), its
+    whole pages there are the file's own (in /proc/self/maps), and a write to them changes the
+    pool, never the file."""
+    from engine.core.context import fresh_address_space
+    from engine.gguf import loader
+
+    path = FIXTURES_DIR / "minilm-q8_0.gguf"
+    raw = path.read_bytes()
+
+    def load():
+        with fresh_address_space():
+            return api.gguf_init_from_file(str(path), api.gguf_init_params(no_alloc=False, ctx=True))[1]
+
+    mapped = load()
+    (fb,) = mapped.read_from
+    assert fb.size >= loader.MAPPED_DATA and fb.path == str(path)
+    assert mapped.pool[fb.start:fb.start + fb.size].tobytes() == raw[fb.offset:fb.offset + fb.size]
+    lo = mapped.pool.ctypes.data + fb.start
+    maps = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+    ranges = [tuple(int(x, 16) for x in m[0].split("-")) for m in maps
+              if len(m) >= 6 and m[5] == str(path.resolve())]
+    assert any(lo <= a and b <= lo + fb.size for a, b in ranges), "the data section is not mapped"
+    with monkeypatch.context() as m:
+        m.setattr(loader, "_mmap_fn", None)  # no mmap: the pool is the same, read
+        assert np.array_equal(load().pool, mapped.pool)
+    with monkeypatch.context() as m:
+        m.setattr(loader, "MAPPED_DATA", 1 << 62)  # a small section: read into a zeroed pool
+        assert np.array_equal(load().pool, mapped.pool)
+    at = fb.start + 3 * 4096 + 5  # inside the mapped pages
+    mapped.pool[at] ^= 0xFF
+    assert mapped.pool[at] != raw[fb.offset + at - fb.start] and path.read_bytes() == raw
