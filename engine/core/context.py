@@ -185,6 +185,11 @@ class Context:
     def object_header(self, header_offset: int) -> np.ndarray:
         return record(self.pool, header_offset, OBJECT)
 
+    def object_end(self, header_offset: int) -> int:
+        """Where the payload of the object whose header is at header_offset ends (offs + size)."""
+        offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool, header_offset)
+        return offs + size
+
     def objects(self) -> Iterator["ObjectInfo"]:
         """Walk the object list through the `next` pointers stored in the pool."""
         self._check_live()
@@ -251,10 +256,7 @@ def ggml_new_object(ctx: Context, type_: int, size: int) -> int:
 @query
 def ggml_used_mem(ctx: Context) -> int:
     """ggml_used_mem: end of the last object's payload (headers included), 0 if empty."""
-    if ctx.objects_end is None:
-        return 0
-    last = ctx.object_header(ctx.objects_end)[0]
-    return int(last["offs"]) + int(last["size"])
+    return 0 if ctx.objects_end is None else ctx.object_end(ctx.objects_end)
 
 
 @query

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
 from .vocab import (SPECIAL, TOKEN_TYPE_ATTR, Pieces, TokenAttr, base_attrs, load_specials, partition,
                     token_texts)
 
@@ -34,8 +36,8 @@ class SentencePiece(Pieces):
     def __init__(self, tokens: list[str], scores: list[float], types: list[int], bos_id: int,
                  eos_id: int, unk_id: int, add_bos: bool = True, add_eos: bool = False,
                  add_space_prefix: bool = True, attrs: list[int] | None = None) -> None:
-        self.tokens, self.scores, self.types = tokens, [float(s) for s in scores], list(types)
-        self.ids = {t: i for i, t in enumerate(tokens)}  # the last id wins, as llama.cpp's map
+        self.tokens, self.scores, self.types = tokens, _plain(scores, float), _plain(types, int)
+        self.ids = dict(zip(tokens, range(len(tokens))))  # the last id wins, as llama.cpp's map
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
         self.attrs = attrs if attrs is not None else \
@@ -57,7 +59,7 @@ class SentencePiece(Pieces):
         attrs = base_attrs(f, len(tokens))
         specials = load_specials(f, tokens, attrs, {"bos": 1, "eos": 2, "unk": 0})
         ids = specials.ids
-        spm = cls(tokens, list(scores), list(types), ids["bos"], ids["eos"], ids["unk"],
+        spm = cls(tokens, scores, types, ids["bos"], ids["eos"], ids["unk"],
                   bool(f.key("tokenizer.ggml.add_bos_token", True)),
                   bool(f.key("tokenizer.ggml.add_eos_token", False)),
                   bool(f.key("tokenizer.ggml.add_space_prefix", True)), attrs)
@@ -159,3 +161,10 @@ class SentencePiece(Pieces):
 def _utf8_len(first: int) -> int:
     """unicode_len_utf8: how many bytes a UTF-8 sequence starting with this byte has."""
     return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[first >> 4]
+
+
+def _plain(values, kind: type) -> list:
+    """A key's array as a list of Python floats or ints (a file's numpy array converted at once)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in ("f" if kind is float else "iu"):
+        return values.tolist()
+    return [kind(v) for v in values]

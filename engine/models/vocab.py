@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntFlag
 
+import numpy as np
+
 MAX_TEXT_BYTES = 1 << 20  # longest text tokenized at once (1 MiB): a cap, not llama.cpp's
 C_SPACES = b" \t\n\v\f\r"  # isspace() in the C locale
 
@@ -128,7 +130,8 @@ class Pieces:
 
 def token_texts(f) -> list[str]:
     """tokenizer.ggml.tokens, an empty token spelled '[EMPTY_<id>]' as llama.cpp names it."""
-    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(f.key("tokenizer.ggml.tokens"))]
+    tokens = list(f.key("tokenizer.ggml.tokens"))
+    return tokens if all(tokens) else [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
 
 
 def base_attrs(f, n_tokens: int) -> list[int]:
@@ -136,7 +139,10 @@ def base_attrs(f, n_tokens: int) -> list[int]:
     types = f.reader.get("tokenizer.ggml.token_type")
     if types is None:
         return [int(TokenAttr.NORMAL)] * n_tokens
-    return [int(TOKEN_TYPE_ATTR.get(int(t), TokenAttr.UNDEFINED)) for t in types[:n_tokens]]
+    table = {k: int(v) for k, v in TOKEN_TYPE_ATTR.items()}
+    types = types[:n_tokens]
+    ints = types.tolist() if isinstance(types, np.ndarray) and types.dtype.kind in "iu" else map(int, types)
+    return [table.get(t, int(TokenAttr.UNDEFINED)) for t in ints]
 
 
 def load_specials(f, tokens: list[str], attrs: list[int], defaults: dict) -> Specials:
@@ -150,7 +156,7 @@ def load_specials(f, tokens: list[str], attrs: list[int], defaults: dict) -> Spe
         value = f.reader.get(f"tokenizer.ggml.{key}")
         if value is not None and 0 <= int(value) < n:
             ids[role] = int(value)
-    by_text = {t: i for i, t in enumerate(tokens)}  # the last id wins, as token_to_id
+    by_text = dict(zip(tokens, range(n)))  # the last id wins, as token_to_id
     control, user = int(TokenAttr.CONTROL), int(TokenAttr.USER_DEFINED)
     for role, texts in ROLE_TEXTS.items():
         if ids[role] is None:

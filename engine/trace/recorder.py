@@ -84,6 +84,7 @@ def _facade_codes() -> dict[Any, str]:
     return codes
 
 
+TENSOR_SPANS = field_spans(TENSOR)
 SMALL_REGION = 4096  # bytes: a region this small is first compared whole
 
 
@@ -193,7 +194,7 @@ class Recorder:
         out = []
         for ctx in self.contexts:
             old_used = self._objects_end(ctx.id)
-            old_end = 0 if old_used is None else _end_of(ctx, old_used)
+            old_end = 0 if old_used is None else ctx.object_end(old_used)
             new_end = ggml_used_mem(ctx) if not ctx.freed else old_end
             if new_end > old_end:
                 out.append((ctx, old_end, new_end))
@@ -264,18 +265,18 @@ class Recorder:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
         out = []
         objs = self.objects_of(ctx)
+        old_end = self._objects_end(ctx.id)
         for o in objs[bisect_right(objs, a - GGML_TENSOR_SIZE, key=attrgetter("offs")):]:
             if o.offs >= b:
                 break
             if o.type != GGML_OBJECT_TYPE_TENSOR or o.offs + GGML_TENSOR_SIZE <= a:
                 continue
-            old_end = self._objects_end(ctx.id)
             if old_end is None or o.header > old_end:
                 continue  # a new tensor: reported as an object, not as field writes
             old = self.shadow[ctx.id].read(o.offs, o.offs + GGML_TENSOR_SIZE).view(TENSOR)[0]
             new = ctx.pool[o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
-            name = Tensor(ctx, o.offs).name
-            for span in field_spans(TENSOR):
+            name = bytes(new["name"]).split(b"\0", 1)[0].decode("utf-8", errors="replace")  # (Tensor.name)
+            for span in TENSOR_SPANS:
                 lo, hi = o.offs + span.offset, o.offs + span.offset + span.size
                 if hi <= a or lo >= b:
                     continue
@@ -455,11 +456,6 @@ class Recorder:
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
         return ints[-1] if ints else self.n_threads
-
-
-def _end_of(ctx: Context, header: int) -> int:
-    obj = ctx.object_header(header)[0]
-    return int(obj["offs"]) + int(obj["size"])
 
 
 def _dedupe(items: list) -> list:
