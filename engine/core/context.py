@@ -190,6 +190,20 @@ class Context:
         offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool, header_offset)
         return offs + size
 
+    def tensor_offsets(self) -> list[int]:
+        """The struct offsets of the context's tensors, in creation order: the object list walked
+        in one loop (a lookup by name walks it for every weight a model builder asks for)."""
+        self._check_live()
+        out, hdr, buf, unpack = [], self.objects_begin, memoryview(self.pool), _OBJECT_STRUCT.unpack_from
+        while hdr is not None:
+            offs, _, nxt, type_ = unpack(buf, hdr)
+            if type_ == GGML_OBJECT_TYPE_TENSOR:
+                out.append(offs)
+            hdr = nxt - self.base if nxt else None
+            if hdr is not None and not 0 <= hdr <= self.mem_size:
+                self.offset(nxt)  # (raises: a `next` outside the pool)
+        return out
+
     def objects(self) -> Iterator["ObjectInfo"]:
         """Walk the object list through the `next` pointers stored in the pool."""
         self._check_live()

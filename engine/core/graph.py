@@ -265,9 +265,10 @@ def _visit(g: Graph, node: Tensor, compute: bool):
     slot = g.hash_find(node)
     ggml_assert(slot != GGML_HASHSET_FULL, "node_hash_pos != GGML_HASHSET_FULL", "ggml_visit_parents")
 
+    srcs = node.sources()  # (the walk writes no src pointer: read once)
     if g.is_used(slot):  # already visited: only propagate the compute flag
         if compute:
-            for src in node.src:
+            for src in srcs:
                 if src is not None and not src.flags & GGML_TENSOR_FLAG_COMPUTE:
                     yield src, True
         return slot
@@ -278,7 +279,7 @@ def _visit(g: Graph, node: Tensor, compute: bool):
 
     order = range(GGML_MAX_SRC) if g.order != 1 else range(GGML_MAX_SRC - 1, -1, -1)
     for k in order:
-        src = node.src[k]
+        src = srcs[k]
         if src is not None:
             src_slot = yield src, compute
             g.use_counts[src_slot] += 1

@@ -47,8 +47,7 @@ class SrcPointers:
         self._t._r["src"][0][i] = 0 if value is None else value.address
 
     def __iter__(self):
-        resolve = self._t._resolve
-        return (resolve(a) for a in self._t._r["src"][0].tolist())  # the ten pointers read at once
+        return iter(self._t.sources())
 
     def __repr__(self) -> str:
         return repr(list(self))
@@ -74,6 +73,11 @@ class Tensor:
     def __repr__(self) -> str:
         ne = ", ".join(str(int(n)) for n in self.ne)
         return f"<ggml_tensor '{self.name}' {TYPE_TRAITS[self.type].type_name} [{ne}] at {self.address:#x}>"
+
+    def sources(self) -> "list[Tensor | None]":
+        """src[0..9], the ten pointers read at once (None where NULL)."""
+        resolve = self._resolve
+        return [resolve(a) if a else None for a in self._r["src"][0].tolist()]
 
     def _resolve(self, address: int) -> "Tensor | None":
         if address == 0:
@@ -167,7 +171,8 @@ class Tensor:
 
     @property
     def name_bytes(self) -> bytes:
-        return _name_at(memoryview(self.ctx.pool), self.offs)
+        raw = self.ctx.pool[self.offs + _NAME:self.offs + _NAME + GGML_MAX_NAME].tobytes()
+        return raw.split(b"\0", 1)[0]
 
     def _write_name(self, name: bytes) -> None:
         """Write at most 63 bytes and a NUL, leaving the bytes after it as they were (as C does)."""
@@ -324,16 +329,11 @@ def ggml_get_tensor(ctx: Context, name: str) -> Tensor | None:
     """ggml_get_tensor: the first tensor (in creation order) with this name. (The names are read
     straight from the pool: a model's hundreds of tensors are not each made a Tensor.)"""
     buf = memoryview(ctx.pool)
-    for o in ctx.objects():
-        if o.type == GGML_OBJECT_TYPE_TENSOR and \
-                _name_at(buf, o.offs).decode("utf-8", errors="replace") == name:
-            return Tensor(ctx, o.offs)
+    for offs in ctx.tensor_offsets():
+        if bytes(buf[offs + _NAME:offs + _NAME + GGML_MAX_NAME]).split(b"\0", 1)[0].decode(
+                "utf-8", errors="replace") == name:
+            return Tensor(ctx, offs)
     return None
-
-
-def _name_at(buf: memoryview, offs: int) -> bytes:
-    """The name of the tensor struct at offs: its bytes up to the first NUL."""
-    return bytes(buf[offs + _NAME:offs + _NAME + GGML_MAX_NAME]).split(b"\0", 1)[0]
 
 
 def _tensors(ctx: Context):
