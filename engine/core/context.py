@@ -152,7 +152,7 @@ class Context:
         self.id = self.space.placed  # a small stable id for displays: 0 for the first context
         self.base = self.space.place(self, mem_size)  # simulated address of pool byte 0
         self.freed = False
-        self.read_from: list[FileBytes] = []  # pool bytes that are a file's (see FileBytes)
+        self.read_from: FileBytes | None = None  # pool bytes that are a file's (a GGUF's data section)
 
     @classmethod
     def restored(cls, space: AddressSpace, ctx_id: int, base: int, pool: np.ndarray,
@@ -164,7 +164,7 @@ class Context:
         ctx.objects_begin = None if objects_end is None else 0
         ctx.objects_end = objects_end
         ctx.space, ctx.base, ctx.id, ctx.freed = space, base, ctx_id, False
-        ctx.read_from = []
+        ctx.read_from = None
         space.place_at(ctx, base)
         return ctx
 
@@ -190,29 +190,24 @@ class Context:
         offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool, header_offset)
         return offs + size
 
-    def tensor_offsets(self) -> list[int]:
-        """The struct offsets of the context's tensors, in creation order: the object list walked
-        in one loop (a lookup by name walks it for every weight a model builder asks for)."""
+    def headers(self) -> list[tuple[int, int, int, int, int]]:
+        """Each object as (header offset, offs, size, type, next), in creation order: the list
+        walked through the `next` pointers stored in the pool, in one loop (headers read with
+        struct: no numpy view, no object per entry; a lookup by name walks it for every weight a
+        model builder asks for)."""
         self._check_live()
         out, hdr, buf, unpack = [], self.objects_begin, memoryview(self.pool), _OBJECT_STRUCT.unpack_from
         while hdr is not None:
-            offs, _, nxt, type_ = unpack(buf, hdr)
-            if type_ == GGML_OBJECT_TYPE_TENSOR:
-                out.append(offs)
+            offs, size, nxt, type_ = unpack(buf, hdr)
+            out.append((hdr, offs, size, type_, nxt))
             hdr = nxt - self.base if nxt else None
             if hdr is not None and not 0 <= hdr <= self.mem_size:
                 self.offset(nxt)  # (raises: a `next` outside the pool)
         return out
 
     def objects(self) -> Iterator["ObjectInfo"]:
-        """Walk the object list through the `next` pointers stored in the pool."""
-        self._check_live()
-        hdr = self.objects_begin
-        buf = memoryview(self.pool)  # headers read with struct: no numpy view per object
-        while hdr is not None:
-            offs, size, nxt, type_ = _OBJECT_STRUCT.unpack_from(buf, hdr)
-            yield ObjectInfo(hdr, offs, size, type_, nxt)
-            hdr = self.offset(nxt) if nxt else None
+        """The object list (`headers`) as ObjectInfo."""
+        return (ObjectInfo(*h) for h in self.headers())
 
     def _check_live(self) -> None:
         ggml_assert(not self.freed, "ctx != NULL (context was freed)", "ggml_context")

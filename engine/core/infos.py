@@ -50,7 +50,7 @@ class TensorInfo:
 
 def tensor_infos(ctx: Context) -> list[TensorInfo]:
     """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised)."""
-    offsets = [o.offs for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_TENSOR]
+    offsets = [offs for _, offs, _, type_, _ in ctx.headers() if type_ == GGML_OBJECT_TYPE_TENSOR]
     if not offsets:
         return []
     offs = np.asarray(offsets, dtype=np.int64)

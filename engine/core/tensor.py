@@ -171,8 +171,7 @@ class Tensor:
 
     @property
     def name_bytes(self) -> bytes:
-        raw = self.ctx.pool[self.offs + _NAME:self.offs + _NAME + GGML_MAX_NAME].tobytes()
-        return raw.split(b"\0", 1)[0]
+        return name_in(self.ctx.pool, self.offs)
 
     def _write_name(self, name: bytes) -> None:
         """Write at most 63 bytes and a NUL, leaving the bytes after it as they were (as C does)."""
@@ -328,12 +327,15 @@ def ggml_get_next_tensor(ctx: Context, t: Tensor) -> Tensor | None:
 def ggml_get_tensor(ctx: Context, name: str) -> Tensor | None:
     """ggml_get_tensor: the first tensor (in creation order) with this name. (The names are read
     straight from the pool: a model's hundreds of tensors are not each made a Tensor.)"""
-    buf = memoryview(ctx.pool)
-    for offs in ctx.tensor_offsets():
-        if bytes(buf[offs + _NAME:offs + _NAME + GGML_MAX_NAME]).split(b"\0", 1)[0].decode(
-                "utf-8", errors="replace") == name:
+    for _, offs, _, type_, _ in ctx.headers():
+        if type_ == GGML_OBJECT_TYPE_TENSOR and name_in(ctx.pool, offs).decode("utf-8", errors="replace") == name:
             return Tensor(ctx, offs)
     return None
+
+
+def name_in(pool: np.ndarray, offs: int) -> bytes:
+    """The name of the tensor struct at pool offset offs: its bytes up to the first NUL."""
+    return pool[offs + _NAME:offs + _NAME + GGML_MAX_NAME].tobytes().split(b"\0", 1)[0]
 
 
 def _tensors(ctx: Context):

@@ -50,11 +50,12 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
                                      mem_buffer=None, no_alloc=no_alloc))
     blob = None
     if not no_alloc:
-        mapped = None
-        if r.path is not None and r.data_size >= MAPPED_DATA and r.data_offset + r.data_size <= r.size:
-            # (before any object: the blob's data will follow the first header and struct)
-            mapped = FileBytes(GGML_OBJECT_SIZE + GGML_TENSOR_SIZE, r.data_size, r.path, r.data_offset)
-            ctx.pool = _pool_over_file(ctx.mem_size, mapped, r._buf)
+        # the data section's place in the pool: the blob's data, after the first header and struct
+        fb = None if r.path is None else \
+            FileBytes(GGML_OBJECT_SIZE + GGML_TENSOR_SIZE, r.data_size, r.path, r.data_offset)
+        mapped = fb is not None and r.data_size >= MAPPED_DATA and r.data_offset + r.data_size <= r.size
+        if mapped:
+            ctx.pool = _pool_over_file(ctx.mem_size, fb, r._buf)
         blob = ggml_new_tensor_1d(ctx, GGMLType.I8, r.data_size)
         ggml_set_name(blob, BLOB_NAME)
         if r.data_offset + r.data_size > r.size:
@@ -64,12 +65,11 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
                             f"{r.alignment}) but the file ends after "
                             f"{r.size - r.data_offset}")
         if r.data_size:  # an empty blob gets no data pointer (NULL), as in C
-            at = ctx.offset(blob.data)
-            if mapped is None or mapped.start != at:
+            assert fb is None or fb.start == ctx.offset(blob.data)
+            if not mapped:
                 data_bytes(blob)[:] = np.frombuffer(r._buf, dtype=np.uint8, count=r.data_size,
                                                     offset=r.data_offset)
-            if r.path is not None:
-                ctx.read_from.append(FileBytes(at, r.data_size, r.path, r.data_offset))
+            ctx.read_from = fb
     ggml_set_no_alloc(ctx, True)
     for info in r.tensors:
         cur = ggml_new_tensor(ctx, info.type, 4, info.ne)

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import heapq
 
-import numpy as np
-
-from .vocab import (SPECIAL, TOKEN_TYPE_ATTR, Pieces, TokenAttr, base_attrs, load_specials, partition,
-                    token_texts)
+from .vocab import SPECIAL, Pieces, as_list, base_attrs, load_specials, partition, token_texts, type_attrs
 
 PHANTOM = "\u2581"  # '▁'
 # token_type values (llama.cpp's LLAMA_TOKEN_TYPE_*)
@@ -36,12 +33,11 @@ class SentencePiece(Pieces):
     def __init__(self, tokens: list[str], scores: list[float], types: list[int], bos_id: int,
                  eos_id: int, unk_id: int, add_bos: bool = True, add_eos: bool = False,
                  add_space_prefix: bool = True, attrs: list[int] | None = None) -> None:
-        self.tokens, self.scores, self.types = tokens, _plain(scores, float), _plain(types, int)
+        self.tokens, self.scores, self.types = tokens, as_list(scores, float), as_list(types, int)
         self.ids = dict(zip(tokens, range(len(tokens))))  # the last id wins, as llama.cpp's map
         self.bos_id, self.eos_id, self.unk_id = bos_id, eos_id, unk_id
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
-        self.attrs = attrs if attrs is not None else \
-            [int(TOKEN_TYPE_ATTR.get(int(t), TokenAttr.UNDEFINED)) for t in self.types]
+        self.attrs = attrs if attrs is not None else type_attrs(self.types)
         special = [i for i, a in enumerate(self.attrs) if a & SPECIAL]
         self.special = sorted(special, key=lambda i: -len(tokens[i].encode()))  # longest first
 
@@ -162,9 +158,3 @@ def _utf8_len(first: int) -> int:
     """unicode_len_utf8: how many bytes a UTF-8 sequence starting with this byte has."""
     return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[first >> 4]
 
-
-def _plain(values, kind: type) -> list:
-    """A key's array as a list of Python floats or ints (a file's numpy array converted at once)."""
-    if isinstance(values, np.ndarray) and values.dtype.kind in ("f" if kind is float else "iu"):
-        return values.tolist()
-    return [kind(v) for v in values]

@@ -139,10 +139,22 @@ def base_attrs(f, n_tokens: int) -> list[int]:
     types = f.reader.get("tokenizer.ggml.token_type")
     if types is None:
         return [int(TokenAttr.NORMAL)] * n_tokens
-    table = {k: int(v) for k, v in TOKEN_TYPE_ATTR.items()}
-    types = types[:n_tokens]
-    ints = types.tolist() if isinstance(types, np.ndarray) and types.dtype.kind in "iu" else map(int, types)
-    return [table.get(t, int(TokenAttr.UNDEFINED)) for t in ints]
+    return type_attrs(types[:n_tokens])
+
+
+_TYPE_ATTR = {k: int(v) for k, v in TOKEN_TYPE_ATTR.items()}
+
+
+def type_attrs(types) -> list[int]:
+    """The attribute of each token_type value (UNDEFINED for a value llama.cpp does not know)."""
+    return [_TYPE_ATTR.get(t, int(TokenAttr.UNDEFINED)) for t in as_list(types, int)]
+
+
+def as_list(values, kind: type) -> list:
+    """A key's array as a list of Python floats or ints (a file's numpy array converted at once)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in ("f" if kind is float else "iu"):
+        return values.tolist()
+    return [kind(v) for v in values]
 
 
 def load_specials(f, tokens: list[str], attrs: list[int], defaults: dict) -> Specials:

@@ -3,9 +3,10 @@
 A step's patches are the runs of bytes its call changed (`changed_runs`, found from the edges
 of the changed runs, so a model's hundreds of megabytes loaded at once never become an index per
 byte), compared with the recorder's `Shadow` of each pool, where bytes read from a file are that
-file's pages (`FileMaps`): a model's weights are neither copied nor kept twice; a rebuilt state's pools are fresh ones (`fresh_pool`: copy-on-write mappings of a
-checkpoint's big pools) or, where no later patch touches them, a checkpoint's read-only copy
-(`frozen`), shared by every state rebuilt from it.
+file's pages (`FileMaps`): a model's weights are neither copied nor kept twice. A rebuilt
+state's pools are fresh ones (`fresh_pool`: copy-on-write mappings of a checkpoint's big pools)
+or, where no later patch touches them, a checkpoint's read-only copy (`frozen`), shared by every
+state rebuilt from it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import weakref
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -122,34 +124,22 @@ class FileMaps:
 
 class Shadow:
     """A pool as the last recorded step left it, which the next step's bytes are compared with:
-    zeros at first, and where the pool's bytes were read from a file (a model's weights), that
-    file's copy-on-write pages instead (`map_file`): hundreds of MB are neither copied here nor
+    zeros, but where the pool's bytes were read from a file (a model's weights), that file's
+    copy-on-write pages (`file`, from `file_at` on): hundreds of MB are neither copied here nor
     found changed against zeros."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, file_at: int = 0, file: np.ndarray | None = None) -> None:
         self.base = np.zeros(size, dtype=np.uint8)
-        self.files: list[tuple[int, int, np.ndarray]] = []  # (start, stop, the file's bytes), sorted
-
-    def map_file(self, start: int, data: np.ndarray) -> None:
-        """Bytes [start, start + data.size) are now data (writable: later steps write it)."""
-        stop = start + data.size
-        assert all(e <= start or stop <= s for s, e, _ in self.files), "file spans overlap"
-        self.files = sorted([*self.files, (start, stop, data)], key=lambda f: f[0])
+        self.file_at, self.file = file_at, file if file is not None else self.base[:0]
 
     def pieces(self, a: int, b: int) -> list[tuple[int, np.ndarray]]:
-        """[a, b) as (start, writable bytes) pieces, each in the zeros or in one file's bytes."""
-        out, at = [], a
-        for s, e, data in self.files:
-            if e <= at or s >= b:
-                continue
-            if s > at:
-                out.append((at, self.base[at:s]))
-            hi = min(e, b)
-            out.append((max(s, at), data[max(s, at) - s:hi - s]))
-            at = hi
-        if at < b:
-            out.append((at, self.base[at:b]))
-        return out
+        """[a, b) as (start, writable bytes) pieces: in the zeros, or in the file's bytes."""
+        s, e = self.file_at, self.file_at + self.file.size
+        if e <= a or b <= s or s == e:
+            return [(a, self.base[a:b])]
+        out = [(a, self.base[a:s])] if a < s else []
+        out.append((max(a, s), self.file[max(a, s) - s:min(b, e) - s]))
+        return out + ([(e, self.base[e:b])] if e < b else [])
 
     def read(self, a: int, b: int) -> np.ndarray:
         """Bytes [a, b) (a copy when they span pieces)."""

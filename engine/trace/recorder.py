@@ -42,11 +42,10 @@ from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.errors import ProgramStopped, StepCapReached, program_line
 from engine.core.graph import Graph
-from engine.core.layout import CGRAPH
-from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
+from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
-from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes
+from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes, name_in
 from engine.core.types import TYPE_TRAITS
 from engine.trace.backend import BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRecorder
 from engine.trace.cpu_bytes import CpuBytes, written_sources
@@ -128,11 +127,12 @@ class Recorder:
         self.variables: dict[tuple[int, int], str] = {}  # tensor -> the variable it was made into
         self.call_step: int | None = None  # index of the call step that visits/nodes belong to
         self.visiting: list[Tensor] = []  # tensors the graph walk has reached
-        # what the walk wrote since its last visit step: the tensors it entered (their hash
-        # slots), and the slot of the node that step showed (its parent counts it after it)
-        self.entered: list[Tensor] = []
+        # the tensors the graph walk of the call in progress entered (their flags and hash slots),
+        # those since its last visit step being walked[shown:]; and the slot of the node that
+        # step showed (its parent counts it after it)
+        self.walked: list[Tensor] = []
+        self.shown = 0
         self.last_visited: int | None = None
-        self.walked: list[Tensor] = []  # every tensor the walk of the call in progress entered
         self.line = 0
         self.t_start = time.perf_counter()
         self.marks = ProgramMarks(dict(zip(self.files, texts)))  # the layer and pass of each call
@@ -154,6 +154,7 @@ class Recorder:
                 self.raw_args = tuple(frame.f_locals.values())
                 self.args = self.raw_args + tuple(opt_parts(self.raw_args))
                 self.call_step = None
+                self.walked, self.shown, self.last_visited = [], 0, None
                 if self.codes[frame.f_code].startswith("ggml_build_forward"):
                     # the call comes first; each tensor it visits is a step inside it
                     self.call_step = self.emit(
@@ -182,10 +183,12 @@ class Recorder:
         step's comparison then finds only what differs from the file (nothing, after a load)."""
         if ctx.id not in self.shadow:
             self.contexts.append(ctx)
-            self.shadow[ctx.id] = Shadow(ctx.mem_size)
-            for fb in ctx.read_from:
+            fb = ctx.read_from
+            if fb is None:
+                self.shadow[ctx.id] = Shadow(ctx.mem_size)
+            else:
                 data, private = self.file_maps.bytes_of(fb)
-                self.shadow[ctx.id].map_file(fb.start, private)
+                self.shadow[ctx.id] = Shadow(ctx.mem_size, fb.start, private)
                 self.file_patches.append(Patch(ctx.id, fb.start, data))
 
     def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
@@ -275,7 +278,7 @@ class Recorder:
                 continue  # a new tensor: reported as an object, not as field writes
             old = self.shadow[ctx.id].read(o.offs, o.offs + GGML_TENSOR_SIZE).view(TENSOR)[0]
             new = ctx.pool[o.offs:o.offs + GGML_TENSOR_SIZE].view(TENSOR)[0]
-            name = bytes(new["name"]).split(b"\0", 1)[0].decode("utf-8", errors="replace")  # (Tensor.name)
+            name = name_in(ctx.pool, o.offs).decode("utf-8", errors="replace")
             for span in TENSOR_SPANS:
                 lo, hi = o.offs + span.offset, o.offs + span.offset + span.size
                 if hi <= a or lo >= b:
@@ -376,7 +379,7 @@ class Recorder:
         things = list(self.args) + ([result] if result is not None else [])
         if name.startswith("ggml_build_forward"):  # the flags of the tensors the walk entered
             things += [StructOf(t) for t in self.walked]
-            self.visiting, self.entered, self.walked, self.last_visited = [], [], [], None
+            self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
         if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
             things += self.backend.struct_writes()
@@ -407,7 +410,6 @@ class Recorder:
         return f"{var} {UNNAMED}" if var else UNNAMED
 
     def on_enter(self, node: Tensor) -> None:
-        self.entered.append(node)
         self.walked.append(node)
         # the walk is about to set this tensor's COMPUTE flag: the next step must show it
         if node.op != 0 and not node.flags & GGML_TENSOR_FLAG_COMPUTE:
@@ -415,15 +417,15 @@ class Recorder:
 
     def on_visit(self, node: Tensor, slot: int, is_leaf: bool) -> None:
         words = self.tensor_words(node)
-        graphs = self.graph_args()
+        entered = self.walked[self.shown:]
         self.emit(StepKind.VISIT, f"visit {words}",
                   (Note.of("visit_leaf" if is_leaf else "visit_node", name=words, op=GGMLOp(node.op).name,
                            slot=slot),),
                   [StructOf(node), *(StructOf(t) for t in self.visiting),
-                   *(span for g in graphs for span in visit_spans(g, is_leaf, self.entered,
-                                                                  self.last_visited))],
+                   *(span for g in self.graph_args()
+                     for span in visit_spans(g, is_leaf, entered, self.last_visited))],
                   parent=self.call_step, tensor=node)
-        self.visiting, self.entered, self.last_visited = [], [], slot
+        self.visiting, self.shown, self.last_visited = [], len(self.walked), slot
 
     def graph_args(self) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]

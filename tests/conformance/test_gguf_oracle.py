@@ -9,6 +9,7 @@ data offsets; our metadata bytes equal C's gguf_write_to_file(only_meta).
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import gguf
@@ -17,6 +18,7 @@ import pytest
 
 from engine.ggml import ggml_free, ggml_get_first_tensor, ggml_get_next_tensor, ggml_used_mem
 from engine.gguf import GGUFReader, api
+from engine.gguf.loader import MAPPED_DATA
 from engine.gguf.writer import GGUFContext
 from engine.core.types import TYPE_TRAITS
 from tests.support.gguf_oracle import (oracle_context, oracle_meta, oracle_summary,
@@ -132,8 +134,11 @@ def test_written_files_cover_every_type(written):
 
 @pytest.mark.parametrize("no_alloc", [True, False])
 def test_loader_matches_ggml_context(no_alloc, written):
+    """Our context against ggml's: sizes, tensors, and the data section's bytes, both where it is
+    read and where it is mapped (MiniLM's 25 MB: the file's pages, engine/gguf/loader.py)."""
+    sizes: list[int] = []
     for path in [MINILM, SPM, written["gguf-py"], written["gguf-py-align64"], written["ours"]]:
-        mem_size, used, tensors = oracle_context(path, no_alloc)
+        mem_size, used, tensors, blob = oracle_context(path, no_alloc)
         ctx, g = api.gguf_init_from_file(path, api.gguf_init_params(no_alloc=no_alloc, ctx=True))
         ours, t = [], ggml_get_first_tensor(g)
         while t is not None:
@@ -143,12 +148,17 @@ def test_loader_matches_ggml_context(no_alloc, written):
         assert (g.mem_size, ggml_used_mem(g)) == (mem_size, used), path.name
         assert ours == tensors, path.name
         if not no_alloc:  # tensors alias the blob, which holds the file's data section
+            start, size = ours[0][3], int(np.prod(ours[0][2]))  # (the blob: I8, one byte each)
+            ours_blob = hashlib.sha256(g.pool[start:start + size]).hexdigest() if size else None
+            assert ours_blob == blob, f"{path.name}: the data section as loaded"
+            sizes.append(size)
             r = ctx.reader
             for info in r.tensors[:5]:
                 off = ours[info.index + 1][3]
                 assert bytes(g.pool[off:off + info.nbytes]) == r.tensor_bytes(info).tobytes()
         ggml_free(g)
         api.gguf_free(ctx)
+    assert no_alloc or (min(sizes) < MAPPED_DATA <= max(sizes))
 
 
 def test_metadata_bytes_match_ggml_writer(written, tmp_path):

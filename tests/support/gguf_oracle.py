@@ -11,6 +11,7 @@ the `params.ctx` out-pointer and returns ggml_used_mem and each tensor's data of
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -156,9 +157,10 @@ def ours_summary(path: str | Path) -> dict[str, Any]:
         api.gguf_free(ctx)
 
 
-def oracle_context(path: str | Path, no_alloc: bool) -> tuple[int, int, list[tuple]]:
+def oracle_context(path: str | Path, no_alloc: bool) -> tuple[int, int, list[tuple], str | None]:
     """C gguf_init_from_file with the ctx out-pointer: (mem_size, used_mem, [(name, type, ne,
-    data offset in the pool or None)])."""
+    data offset in the pool or None)], the sha256 of the first tensor's data (the blob holding
+    the data section) or None)."""
     out = ctypes.c_void_p()
     ctx = ggml.gguf_init_from_file(str(path).encode(),
                                    ggml.gguf_init_params(no_alloc=no_alloc,
@@ -167,12 +169,15 @@ def oracle_context(path: str | Path, no_alloc: bool) -> tuple[int, int, list[tup
     try:
         base = ggml.ggml_get_mem_buffer(out.value)
         tensors, t = [], ggml.ggml_get_first_tensor(out.value)
+        blob = None
+        if t and t.contents.data:
+            blob = hashlib.sha256(ctypes.string_at(t.contents.data, ggml.ggml_nbytes(t))).hexdigest()
         while t:
             c = t.contents
             tensors.append((ggml.ggml_get_name(t).decode(), c.type, tuple(c.ne),
                             c.data - base if c.data else None))
             t = ggml.ggml_get_next_tensor(out.value, t)
-        return ggml.ggml_get_mem_size(out.value), ggml.ggml_used_mem(out.value), tensors
+        return ggml.ggml_get_mem_size(out.value), ggml.ggml_used_mem(out.value), tensors, blob
     finally:
         ggml.ggml_free(out.value)
         ggml.gguf_free(ctx)

@@ -225,7 +225,7 @@ def test_a_big_data_section_is_the_files_pages_copy_on_write(monkeypatch):
             return api.gguf_init_from_file(str(path), api.gguf_init_params(no_alloc=False, ctx=True))[1]
 
     mapped = load()
-    (fb,) = mapped.read_from
+    fb = mapped.read_from
     assert fb.size >= loader.MAPPED_DATA and fb.path == str(path)
     assert mapped.pool[fb.start:fb.start + fb.size].tobytes() == raw[fb.offset:fb.offset + fb.size]
     lo = mapped.pool.ctypes.data + fb.start
