@@ -17,6 +17,7 @@ from app import deps
 from app.i18n import LocaleMiddleware, _
 from app.jobs import Pending, RecordingLost
 from app.routes import gguf, home, playground, walkthroughs
+from app.views.debugger import kernel
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
 from engine.lanes import use_numpy
@@ -48,6 +49,7 @@ def _tune_collector() -> None:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     _tune_collector()
+    kernel.warm()
     settings = settings or Settings.from_env()
     if settings.pure_numpy:
         use_numpy(True)

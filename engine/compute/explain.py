@@ -103,6 +103,16 @@ def _inner(dst: Tensor, info: KernelInfo) -> tuple[str | None, str | None]:
     return (None, None) if loop is None else (loop.ggml, loop.lane)
 
 
+def every_code() -> set[Code]:
+    """The source of every function a kernel card may show: each kernel, its helpers and the
+    loops' numpy twins."""
+    codes = {_code(decode_weights, "twin"), _code(block_lanes, "twin")}
+    codes |= {_code(fn, "twin") for fn in TWINS.values()}
+    for info in KERNELS.values():
+        codes |= {_code(info.fn, "kernel")} | {_code(f, "helper") for f in _helpers(info.fn)}
+    return codes
+
+
 def kernel_card(dst: Tensor) -> KernelCard | None:
     """The kernel of a computed node (None for a view op or an op with no kernel)."""
     info = KERNELS.get(dst.op)

@@ -53,8 +53,7 @@ def tensor_infos(ctx: Context) -> list[TensorInfo]:
     offsets = [offs for _, offs, _, type_, _ in ctx.headers() if type_ == GGML_OBJECT_TYPE_TENSOR]
     if not offsets:
         return []
-    offs = np.asarray(offsets, dtype=np.int64)
-    recs = ctx.pool[offs[:, None] + np.arange(GGML_TENSOR_SIZE)].view(TENSOR)[:, 0]
+    recs = np.frombuffer(_gather(ctx.pool, offsets, GGML_TENSOR_SIZE), dtype=TENSOR)
     types = recs["type"].astype(np.int64)
     ne = recs["ne"].astype(np.int64)
     nb = recs["nb"].astype(np.int64)
@@ -65,42 +64,68 @@ def tensor_infos(ctx: Context) -> list[TensorInfo]:
     first = np.where(blck == 1, tsize + (ne[:, 0] - 1) * nb[:, 0], ne[:, 0] * nb[:, 0] // blck)
     nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
     # the fields as Python values in one conversion each, not a numpy scalar per field per tensor
-    # (a name's bytes after its first NUL are what an earlier, longer name left there)
-    names = [n.split(b"\0", 1)[0].decode("utf-8", "replace") for n in recs["name"].tolist()]
+    names = record_names(recs)
     return [TensorInfo(o, ctx.base + o, *fields) for o, fields in zip(offsets, zip(
         names, types.tolist(), map(tuple, ne.tolist()), recs["op"].tolist(), recs["flags"].tolist(),
         recs["view_src"].tolist(), recs["data"].tolist(), nbytes.tolist()))]
 
 
-def _structs(pool: np.ndarray, offsets: list[int]) -> bytes:
-    """The tensor structs at these offsets of a pool, gathered."""
-    return pool[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(GGML_TENSOR_SIZE)].tobytes()
+def record_names(recs: np.ndarray) -> list[str]:
+    """The names in TENSOR records: each one's bytes up to its first NUL (what follows is what an
+    earlier, longer name left there)."""
+    return [n.split(b"\0", 1)[0].decode("utf-8", "replace") for n in recs["name"].tolist()]
 
 
-def layout_digest(ctx: Context) -> bytes:
+def _gather(pool: np.ndarray, offsets: list[int], size: int) -> bytes:
+    """The `size` bytes at each of these offsets of a pool, one after another."""
+    view = memoryview(pool)
+    return b"".join([view[o:o + size] for o in offsets])
+
+
+def object_rows(ctx: Context, objects: list[tuple[int, int, int, int, int]] | None = None) -> list[bytes]:
+    """Each object's header bytes, followed by its tensor struct for a tensor: what an object of
+    a layout is (`objects`: ctx.headers(), when read already)."""
+    view = memoryview(ctx.pool)
+    return [bytes(view[h:offs + GGML_TENSOR_SIZE if type_ == GGML_OBJECT_TYPE_TENSOR else h + GGML_OBJECT_SIZE])
+            for h, offs, _size, type_, _next in (ctx.headers() if objects is None else objects)]
+
+
+def layout_digest(ctx: Context, rows: list[bytes] | None = None) -> bytes:
     """A digest of ctx's object headers and tensor structs, not of any data: two states of a
-    pool with the same digest hold the same objects and tensors (names, shapes, pointers)."""
-    objs = list(ctx.objects())
-    h = hashlib.blake2b(digest_size=16)
-    if objs:
-        headers = np.asarray([o.header for o in objs], dtype=np.int64)
-        h.update(ctx.pool[headers[:, None] + np.arange(GGML_OBJECT_SIZE)].tobytes())
-    structs = [o.offs for o in objs if o.type == GGML_OBJECT_TYPE_TENSOR]
-    if structs:
-        h.update(_structs(ctx.pool, structs))
-    return h.digest()
+    pool with the same digest hold the same objects and tensors (names, shapes, pointers).
+    (`rows`: object_rows(ctx), when read already.)"""
+    return hashlib.blake2b(b"".join(object_rows(ctx) if rows is None else rows), digest_size=16).digest()
 
 
-def graph_digest(g: Graph) -> bytes:
+def graph_tensors(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The addresses of g's nodes then leafs, and their tensor structs (TENSOR records), read in
+    bulk without a handle per tensor. ValueError (as for a handle) when one of them, or one of
+    their sources, is in no live pool: a graph whose tensors were in a context freed since."""
+    addresses = np.concatenate([g.node_addresses[:g.n_nodes], g.leaf_addresses[:g.n_leafs]])
+    space, views = g.ctx.space, {}
+    rows = []
+    for a in addresses.tolist():
+        ctx, off = space.resolve(a)
+        view = views.get(ctx.id)
+        if view is None:
+            view = views[ctx.id] = memoryview(ctx.pool)
+        rows.append(view[off:off + GGML_TENSOR_SIZE])
+    recs = np.frombuffer(b"".join(rows), dtype=TENSOR)
+    srcs = recs["src"]
+    for a in np.setdiff1d(srcs[srcs != 0], addresses).tolist():  # sources outside the graph
+        space.resolve(a)
+    return addresses, recs
+
+
+def graph_digest(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
     """A digest of what a drawing of g reads (ggml_graph_dump_dot): its nodes and leafs in order,
-    each one's address and struct (name, op, shape, sources), and its gradients' slots."""
+    each one's address and struct (name, op, shape, sources), and its gradients' slots
+    (`tensors`: graph_tensors(g), when read already)."""
+    addresses, recs = graph_tensors(g) if tensors is None else tensors
     h = hashlib.blake2b(digest_size=16)
-    tensors = g.nodes + g.leafs
     h.update(np.asarray([g.n_nodes, g.n_leafs], dtype=np.int64).tobytes())
-    h.update(np.asarray([t.address for t in tensors], dtype=np.uint64).tobytes())
-    for cid in sorted({t.ctx.id for t in tensors}):
-        offsets = [t.offs for t in tensors if t.ctx.id == cid]
-        h.update(_structs(next(t.ctx for t in tensors if t.ctx.id == cid).pool, offsets))
+    h.update(addresses.astype(np.uint64).tobytes())
+    h.update(recs.tobytes())
     grads = [table for table in (g.grad_addresses, g.grad_acc_addresses) if table is not None]
     if grads:  # found by their nodes' hash slots
         h.update(b"".join(a.tobytes() for a in (g.hash_keys, g.hash_used, *grads)))
@@ -131,20 +156,20 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def graph_layers(g: Graph) -> dict[int, int]:
+def graph_layers(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None) -> dict[int, int]:
     """The layer of each tensor of g that has one, by address: a "blk.N." weight is in layer N, a
     node in the highest layer among its sources (nodes come in dependency order, so their sources'
-    layers are known first)."""
+    layers are known first). (`tensors`: graph_tensors(g), when read already.)"""
+    addresses, recs = graph_tensors(g) if tensors is None else tensors
+    address_list = addresses.tolist()
     out: dict[int, int] = {}
-    for t in g.leafs + g.nodes:
-        n = layer_of(t.name)
+    for a, name in zip(address_list, record_names(recs)):
+        n = layer_of(name)
         if n is not None:
-            out[t.address] = n
-    srcs: dict[int, list[int]] = {}
-    for e in graph_edges(g):
-        srcs.setdefault(e.dst, []).append(e.src)
-    for t in g.nodes:
-        found = [out[a] for a in srcs.get(t.address, ()) if a in out]
-        if found and t.address not in out:
-            out[t.address] = max(found)
+            out[a] = n
+    for a, srcs in zip(address_list[:g.n_nodes], recs["src"][:g.n_nodes].tolist()):
+        if a not in out:
+            found = [out[s] for s in srcs if s in out]
+            if found:
+                out[a] = max(found)
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
-from engine.core.infos import TensorInfo, tensor_infos
+from engine.core.infos import TensorInfo, graph_tensors, tensor_infos
 from engine.core.layout import CGRAPH, record
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
@@ -82,13 +83,15 @@ class Trace:
         k = max(0, min(k, len(self.steps) - 1))
         metas: dict[int, ContextMeta] = {}
         buffers: dict[int, Any] = {}
-        for s in self.steps[:k + 1]:
+        flat, ends = self._flat_patches()
+        declaring = self._flat[4]
+        for i in declaring[:bisect_right(declaring, k)]:
+            s = self.steps[i]
             for c in s.contexts:
                 metas[c.id] = c
             for b in s.buffers:
                 buffers[b.id] = b
         metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
-        flat, ends = self._flat_patches()
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
             if index > ends[k]:
@@ -163,13 +166,15 @@ class Trace:
         return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
 
     def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
-        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote."""
+        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote (kept
+        with the patches' bytes and the steps that declare a context or a buffer)."""
         if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
             flat, ends = [], []
             for s in self.steps:
                 flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
                 ends.append(len(flat))
-            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat))
+            declaring = [k for k, s in enumerate(self.steps) if s.contexts or s.buffers]
+            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat), declaring)
         return self._flat[0], self._flat[1]
 
     def to_json(self) -> dict:
@@ -199,6 +204,7 @@ class State:
         self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
         self._infos: dict[int, list[TensorInfo]] = {}
         self._graphs: list[Graph] | None = None
+        self._graph_tensors: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def tensor_infos(self, cid: int) -> list[TensorInfo]:
         """tensor_infos of context cid, read once: a state's pools never change."""
@@ -216,27 +222,35 @@ class State:
                     if o.type == GGML_OBJECT_TYPE_TENSOR]
         return out
 
+    def newest_tensor(self) -> Tensor | None:
+        """tensors()[-1] without a handle for every other tensor."""
+        for ctx in reversed(self.contexts.values()):
+            offsets = [offs for _, offs, _, type_, _ in ctx.headers() if type_ == GGML_OBJECT_TYPE_TENSOR]
+            if offsets:
+                return Tensor(ctx, offsets[-1])
+        return None
+
     def graphs(self) -> list[Graph]:
-        """The graphs in the state's pools (found once: a state's pools never change)."""
+        """The graphs in the state's pools (found once: a state's pools never change), but for
+        one whose tensors were in a context freed since: it holds dangling pointers (in C too)
+        and is not shown."""
         if self._graphs is None:
-            out = []
+            self._graphs = []
             for ctx in self.contexts.values():
-                out += [Graph(ctx, record(ctx.pool, o.offs, CGRAPH), o.offs)
-                        for o in ctx.objects() if o.type == GGML_OBJECT_TYPE_GRAPH]
-            self._graphs = [g for g in out if _readable(g)]
+                for _, offs, _, type_, _ in ctx.headers():
+                    if type_ == GGML_OBJECT_TYPE_GRAPH:
+                        g = Graph(ctx, record(ctx.pool, offs, CGRAPH), offs)
+                        try:
+                            self._graph_tensors[offs, ctx.id] = graph_tensors(g)
+                        except ValueError:
+                            continue
+                        self._graphs.append(g)
         return list(self._graphs)
 
-
-def _readable(g: Graph) -> bool:
-    """A graph whose nodes and leafs all still exist: one whose tensors were in a context freed
-    since holds dangling pointers (in C too), and is not shown."""
-    try:
-        for t in g.nodes + g.leafs:
-            t.src  # noqa: B018 - resolving the sources' addresses is the test
-        return True
-    except ValueError:
-        return False
-
+    def graph_tensors(self, g: Graph) -> tuple[np.ndarray, np.ndarray]:
+        """engine.core.infos.graph_tensors of one of graphs(), read once."""
+        self.graphs()
+        return self._graph_tensors[g.offs, g.ctx.id]
 
 
 def dumps(trace: Trace) -> str:

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from html import escape
+from pathlib import Path
 from threading import Lock
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 from cachetools import LRUCache, cached
 
 from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
+import engine.core.graph as dump_dot_module
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
-from engine.core.infos import graph_digest, graph_layers
+from engine.core.infos import graph_digest, graph_layers, record_names
 from engine.core.tensor import Tensor
 from engine.trace import State
 
@@ -38,15 +41,19 @@ class LayerLink:
 
 @dataclass(frozen=True, slots=True)
 class GraphView:
-    dot: str  # independent of the step: the same drawing renders (and caches) once
-    key: str  # the drawing's hash: its SVG's URL and the id of the element holding it
+    key: str  # the drawing's name: its SVG's URL and the id of the element holding it
     highlight: list[tuple[str, str]]  # (svg node id, css class): the current and selected nodes
     layers: list[LayerLink]
     n_nodes: int
     n_leafs: int
+    drawing: Callable[[], str]  # the drawing's DOT, made when asked (the SVG may be drawn already)
     backends: tuple[tuple[str, str], ...] = ()  # (backend, colour) when the scheduler coloured it
     backward: bool = False  # the graph has a backward pass (its nodes are outlined in purple)
     svg_url: str = ""  # the drawing's own URL at this step, for a page that does not inline it
+
+    @property
+    def dot(self) -> str:
+        return self.drawing()
 
 
 def node_id(t: Tensor) -> str:
@@ -65,10 +72,12 @@ def find_layer(state: State, query: str) -> str | None:
     if not graphs or graphs[-1].n_nodes <= FOLD_OVER:
         return None
     g = graphs[-1]
-    layers = _layer_map(graph_digest(g), g)[0]
+    tensors = state.graph_tensors(g)
+    layers = _layer_map(graph_digest(g, tensors), g, tensors)[0]
     q = query.strip().lower()
-    return next((layers[t.address] for t in g.leafs + g.nodes
-                 if t.address in layers and q in t.name.lower()), None)
+    named = list(zip(tensors[0].tolist(), record_names(tensors[1])))
+    return next((layers[a] for a, name in named[g.n_nodes:] + named[:g.n_nodes]  # leafs first
+                 if a in layers and q in name.lower()), None)
 
 
 def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
@@ -80,49 +89,68 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     holding the current or selected tensor is drawn in full, as is the one named by `expand`.
 
     The drawing does not depend on the step, only on the graph's bytes and what is folded, so
-    stepping through a graph's nodes draws it once (`_DRAWINGS`, keyed by those bytes' digest).
+    stepping through a graph's nodes draws it once. It is named by a hash of what it is made
+    from (`_drawing_key`), so a step whose drawing graphviz has drawn already does not make its
+    DOT again.
     """
     graphs = state.graphs()
     if not graphs:
         return None
     g = graphs[-1]
     sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
-    shape = graph_digest(g)
-    layers, backward = _layer_map(shape, g)
-    open_layers = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
-    view = _drawing(shape, g, where, layers, backward, open_layers, sched)
+    tensors = state.graph_tensors(g)
+    shape = graph_digest(g, tensors)
+    layers, backward = _layer_map(shape, g, tensors)
+    shown = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
+    open_layers = tuple(sorted(shown - {None}, key=int))
+    key = _drawing_key(shape, where, open_layers, sched)
     highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
                  if t is not None]
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
              for name in sorted(set(layers.values()), key=int)]
-    svg_url = f"{where.base}/steps/{where.step}/graph/{view.key}.svg" + where.query(expand=expand)
-    return replace(view, highlight=highlight, layers=links, svg_url=svg_url)
+    svg_url = f"{where.base}/steps/{where.step}/graph/{key}.svg" + where.query(expand=expand)
+    return GraphView(key, highlight, links, g.n_nodes, g.n_leafs,
+                     lambda: _dot(g, where, layers, backward, set(open_layers), sched),
+                     tuple(sched.backends.items()) if sched else (), bool(backward), svg_url)
 
 
-_DRAWINGS = LRUCache(128)  # what a graph's drawing costs to make, shared by every request
-_DRAWINGS_LOCK = Lock()
+_LAYERS = LRUCache(128)  # what a graph's layers cost to find, shared by every request
+_LAYERS_LOCK = Lock()
 
 
-@cached(_DRAWINGS, key=lambda shape, g: ("layers", shape), lock=_DRAWINGS_LOCK)
-def _layer_map(shape: bytes, g: Graph) -> tuple[dict[int, str], set[int]]:
+@cached(_LAYERS, key=lambda shape, g, tensors: shape, lock=_LAYERS_LOCK)
+def _layer_map(shape: bytes, g: Graph, tensors: tuple[np.ndarray, np.ndarray]) -> tuple[dict[int, str], set[int]]:
     """Each tensor's layer by address (none where the graph is drawn whole) and the backward
-    pass's nodes, of the graph g whose digest is `shape`."""
-    return _layers(g) if g.n_nodes > FOLD_OVER else {}, backward_nodes(g)
+    pass's nodes, of the graph g whose digest is `shape` (`tensors`: graph_tensors(g))."""
+    layers = {a: str(n) for a, n in graph_layers(g, tensors).items()} if g.n_nodes > FOLD_OVER else {}
+    return layers, backward_nodes(g, tensors)
 
 
-def _drawing_key(shape: bytes, g: Graph, where: Where, layers: dict[int, str], backward: set[int],
-                 open_layers: set[str | None], sched: SchedView | None) -> tuple:
-    """What a drawing is made from: the graph, the layers open, the links' query, the language and
-    the scheduler's colours and splits."""
-    return ("view", shape, frozenset(open_layers), where.query(tensor=None), i18n.current(),
-            None if sched is None else (tuple(sched.color.items()), tuple(
-                (label, tuple(m)) for label, m in sched.clusters),
-                tuple((c.address, i) for c, i in sched.copies)))
+def _code_digest() -> bytes:
+    """What a drawing's text is made by: this module, ggml_graph_dump_dot's and the catalogues of
+    its labels (a drawing's URL is immutable, so a server whose drawings differ names them anew)."""
+    h = hashlib.sha1()
+    for path in (Path(__file__), Path(dump_dot_module.__file__), *sorted(i18n.LOCALE_DIR.glob("*/*/*.po"))):
+        h.update(path.read_bytes())
+    return h.digest()
 
 
-@cached(_DRAWINGS, key=_drawing_key, lock=_DRAWINGS_LOCK)
-def _drawing(shape: bytes, g: Graph, where: Where, layers: dict[int, str], backward: set[int],
-             open_layers: set[str | None], sched: SchedView | None) -> GraphView:
+_CODE = _code_digest()
+
+
+def _drawing_key(shape: bytes, where: Where, open_layers: tuple[str, ...], sched: SchedView | None) -> str:
+    """A drawing's name: a hash of what it is made from (the graph, the layers open, the links'
+    query, the language, the scheduler's colours and splits, and the code that draws it)."""
+    made_of = (shape, open_layers, where.query(tensor=None), i18n.current(),
+               None if sched is None else (tuple(sched.color.items()), tuple(
+                   (label, tuple(m)) for label, m in sched.clusters),
+                   tuple((c.address, i) for c, i in sched.copies)))
+    return hashlib.sha1(_CODE + repr(made_of).encode()).hexdigest()[:16]
+
+
+def _dot(g: Graph, where: Where, layers: dict[int, str], backward: set[int], open_layers: set[str],
+         sched: SchedView | None) -> str:
+    """The drawing's DOT: ggml_graph_dump_dot's, each tensor a link, the closed layers folded."""
     folded: dict[str, int] = {}
     for t in g.nodes + g.leafs:
         layer = layers.get(t.address)
@@ -149,18 +177,16 @@ def _drawing(shape: bytes, g: Graph, where: Where, layers: dict[int, str], backw
                   f'URL = "{where.query(expand=layer, tensor=None)}"; target = "_top"];'
                   for layer, n in folded.items())
     hidden = {t.address for t in g.nodes + g.leafs if layers.get(t.address) in folded}
-    dot = ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
-    return GraphView(dot, hashlib.sha1(dot.encode()).hexdigest()[:16], [], [],
-                     g.n_nodes, g.n_leafs, tuple(sched.backends.items()) if sched else (), bool(backward))
+    return ggml_graph_dump_dot(g, decorate=decorate, extra=HEADER + boxes + _splits(sched, where, hidden))
 
 
-def backward_nodes(g: Graph) -> set[int]:
+def backward_nodes(g: Graph, tensors: tuple[np.ndarray, np.ndarray]) -> set[int]:
     """The backward pass: ggml_build_backward_expand appends it after the forward nodes and names
     each gradient "grad for <tensor>", so it runs from the first such node to the end (the
-    optimizer steps ggml-opt adds after it included)."""
-    nodes = g.nodes
-    first = next((i for i, t in enumerate(nodes) if t.name.startswith("grad for ")), len(nodes))
-    return {t.address for t in nodes[first:]}
+    optimizer steps ggml-opt adds after it included). (`tensors`: graph_tensors(g).)"""
+    names = record_names(tensors[1][:g.n_nodes])
+    first = next((i for i, name in enumerate(names) if name.startswith("grad for ")), len(names))
+    return set(tensors[0][first:g.n_nodes].tolist())
 
 
 def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[str, ...]:
@@ -183,10 +209,6 @@ def _splits(sched: SchedView | None, where: Where, hidden: set[int]) -> tuple[st
         out += [f'    "{a:#x}";' for a in members if a not in hidden]
         out.append("  }")
     return tuple(out)
-
-
-def _layers(g: Graph) -> dict[int, str]:
-    return {address: str(n) for address, n in graph_layers(g).items()}
 
 
 DOT_SECONDS = 20  # graphviz's time to draw one graph; past it, the drawing is a message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from threading import Thread
 
 from markupsafe import Markup
 from pygments import highlight
@@ -15,7 +16,7 @@ from pygments.lexers import PythonLexer
 from app.i18n import _
 from app.views.debugger.threads import Share, ranges_text
 from app.views.debugger.where import Where, current_node
-from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, kernel_card, \
+from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, every_code, kernel_card, \
     worked_block, worked_element
 from engine.trace import State, Step, StepKind
 
@@ -40,6 +41,18 @@ class KernelView:
 def highlighted(code: Code) -> Markup:
     """A function's source as HTML, its tokens in pygments' classes (styled in debugger.css)."""
     return Markup(highlight(code.text, PythonLexer(), HtmlFormatter(nowrap=True)))
+
+
+_WARMING: list[Thread] = []
+
+
+def warm() -> None:
+    """Highlight every kernel's source once per process, in the background (about a second of
+    pygments in all), so that no step page waits for its kernel's first highlighting."""
+    if not _WARMING:
+        _WARMING.append(Thread(target=lambda: [highlighted(c) for c in sorted(every_code(), key=repr)],
+                               name="highlight kernels", daemon=True))
+        _WARMING[0].start()
 
 
 def kernel(step: Step, state: State, where: Where, shares: list[Share]) -> KernelView | None:

@@ -5,29 +5,50 @@ that compute a graph's nodes all have the same layouts, so what a panel makes fr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from threading import Lock
 from weakref import WeakKeyDictionary
 
 from cachetools import LRUCache, cached
 
-from app import i18n
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR
-from engine.core.infos import layout_digest
+from engine.core.infos import layout_digest, object_rows
 from engine.trace import State
 
-_KEYS: WeakKeyDictionary[State, dict[int, tuple]] = WeakKeyDictionary()  # a state's pools never change
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Context cid's layout in a state."""
+
+    key: tuple  # (cid, mem_size, digest of its headers and structs)
+    objects: list[tuple[int, int, int, int, int]]  # ctx.headers()
+    rows: list[bytes]  # each object's header, with its tensor struct (engine.core.infos.object_rows)
+
+
+_LAYOUTS: WeakKeyDictionary[State, dict[int, Layout]] = WeakKeyDictionary()  # a state's pools never change
+_LOCK = Lock()
+
+
+def layout(state: State, cid: int) -> Layout:
+    """Context cid's layout in this state, read once."""
+    with _LOCK:
+        found = _LAYOUTS.setdefault(state, {}).get(cid)
+    if found is None:
+        ctx = state.contexts[cid]
+        objects = ctx.headers()
+        rows = object_rows(ctx, objects)
+        found = Layout((cid, ctx.mem_size, layout_digest(ctx, rows)), objects, rows)
+        with _LOCK:
+            _LAYOUTS[state][cid] = found
+    return found
 
 
 def layout_key(state: State, cid: int) -> tuple:
     """Context cid's layout in this state: (cid, mem_size, digest of its headers and structs)."""
-    keys = _KEYS.setdefault(state, {})
-    if cid not in keys:
-        ctx = state.contexts[cid]
-        keys[cid] = (cid, ctx.mem_size, layout_digest(ctx))
-    return keys[cid]
+    return layout(state, cid).key
 
 
 @cached(LRUCache(64), key=layout_key, lock=Lock())
 def tensor_offsets(state: State, cid: int) -> frozenset[int]:
     """The offsets of context cid's tensor structs."""
-    return frozenset(o.offs for o in state.contexts[cid].objects() if o.type == GGML_OBJECT_TYPE_TENSOR)
+    return frozenset(offs for _, offs, _, type_, _ in layout(state, cid).objects if type_ == GGML_OBJECT_TYPE_TENSOR)

@@ -13,9 +13,10 @@ from markupsafe import Markup, escape
 
 from app import i18n
 from app.i18n import _
-from app.views.debugger.layouts import layout_key
+from app.views.debugger.layouts import layout, layout_key
 from app.views.debugger.where import Where, ref_key
-from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR
+from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, OBJECT_TYPE_NAMES
+from engine.core.infos import TensorInfo
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.trace import State, Step
 
@@ -54,6 +55,7 @@ class _Bar:
     structs shares (its thousands of pieces made once, not once per step)."""
 
     pieces: tuple[_Piece, ...]
+    plain: tuple[str, ...]  # each piece's element, none outlined, each link's start a placeholder
     starts: list[int]  # each piece's start, for finding the ones a patch overlaps
     of_object: dict[int, list[int]]  # header offset -> its header, struct, graph or work piece
     of_tensor: dict[str, list[int]]  # tensor key -> its struct, data and padding pieces
@@ -66,7 +68,7 @@ _HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a
 
 def pools(state: State, step: Step, where: Where) -> list[PoolView]:
     """Each context's bar at this step: its elements as no step outlines them are made once per
-    layout and link query (`_plain`, each link's step-dependent start a placeholder); a step
+    layout and link query (`_bar`, each link's step-dependent start a placeholder); a step
     makes again only the elements it outlines (changed, selected)."""
     parts = {kind: [escape(x) for x in where.tensor_url_parts(**change)]
              for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
@@ -74,7 +76,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
     placed = {kind: [_PLACE[kind], suffix] for kind, (_prefix, suffix) in parts.items()}
     views = []
     for cid, ctx in state.contexts.items():
-        bar = _bar(state, cid)
+        bar = _bar(state, cid, suffixes)
         marks: set[int] = set()
         for p in step.patches:
             if p.ctx == cid:
@@ -86,7 +88,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
                     i += 1
         marks.update(i for o in step.objects if o.ctx == cid for i in bar.of_object.get(o.header, ()))
         selected = set(bar.of_tensor.get(where.tensor, ()))
-        html = list(_plain(state, cid, bar, suffixes))
+        html = list(bar.plain)
         for i in marks | selected:
             html[i] = _element(bar.pieces[i], placed, i in marks, i in selected)
         text = "".join(html)
@@ -101,82 +103,96 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
 _PLACE = {"struct": "\0s", "data": "\0d"}
 
 
-def _layout_key(state: State, cid: int) -> tuple:
-    """What a bar is made from: the object headers and tensor structs (not the data), and the
-    labels' language."""
-    return (layout_key(state, cid), i18n.current())
-
-
-@cached(LRUCache(64), key=lambda state, cid, bar, suffixes: (_layout_key(state, cid), suffixes), lock=Lock())
-def _plain(state: State, cid: int, bar: _Bar, suffixes: tuple[str, str]) -> tuple[str, ...]:
-    """The bar's elements, none outlined, each link's start a placeholder."""
-    links = {"struct": [_PLACE["struct"], suffixes[0]], "data": [_PLACE["data"], suffixes[1]]}
-    return tuple(_element(piece, links, False, False) for piece in bar.pieces)
-
-
-@cached(LRUCache(64), key=_layout_key, lock=Lock())  # a pool's bar is made once per layout
-def _bar(state: State, cid: int) -> _Bar:
-    ctx = state.contexts[cid]
-    header_label = _("ggml_object header ({type})")
-    infos = {t.offs: t for t in state.tensor_infos(cid)}
-    segs: list[tuple[str, int, int, str, str | None, str | None]] = []  # kind start size label key link
+@cached(LRUCache(64), key=lambda state, cid, suffixes: (layout_key(state, cid), i18n.current(), suffixes),
+        lock=Lock())  # a pool's bar is made once per layout, language and link query
+def _bar(state: State, cid: int, suffixes: tuple[str, str]) -> _Bar:
+    """Context cid's bar: each object's pieces as the last layout that held the same object made
+    them (`_OBJECTS`, by its header and struct bytes), so a step that adds a tensor makes the
+    pieces of that tensor alone."""
+    ctx, lay = state.contexts[cid], layout(state, cid)
+    made_of = (cid, i18n.current(), suffixes)
+    with _OBJECTS_LOCK:
+        if len(_OBJECTS) > _OBJECTS_MOST:
+            _OBJECTS.clear()
+    infos: dict[int, TensorInfo] = {}
+    pieces: list[_Piece] = []
+    plain: list[str] = []
     of_object: dict[int, list[int]] = {}
     of_tensor: dict[str, list[int]] = {}
-    end = n_objects = 0
-    for o in ctx.objects():
-        n_objects += 1
-        mine = of_object.setdefault(o.header, [len(segs)])
-        segs.append(("header", o.header, GGML_OBJECT_SIZE, header_label.format(type=o.type_name), None, None))
-        if o.type == GGML_OBJECT_TYPE_TENSOR:
-            t = infos[o.offs]
-            key = ref_key(cid, t.offs)
-            label = _("tensor '{name}' struct").format(name=t.name) if t.name else _("tensor struct")
-            mine.append(len(segs))
-            of_tensor[key] = [len(segs)]
-            segs.append(("struct", o.offs, GGML_TENSOR_SIZE, label, key, "struct"))
-            inline = o.size - GGML_TENSOR_SIZE
-            if inline > 0:
-                nbytes = t.nbytes if not t.is_view and t.data else 0
-                start = o.offs + GGML_TENSOR_SIZE
-                if nbytes:
-                    of_tensor[key].append(len(segs))
-                    segs.append(("data", start, nbytes, _("data of '{name}'").format(name=t.name), key, "data"))
-                if inline - nbytes > 0:
-                    of_tensor[key].append(len(segs))
-                    segs.append(("padding", start + nbytes, inline - nbytes, _("padding to 16 bytes"), key,
-                                 "struct"))
-        elif o.type == GGML_OBJECT_TYPE_GRAPH:
-            mine.append(len(segs))
-            segs.append(("graph", o.offs, o.size, _("ggml_cgraph: struct, nodes, leafs, use counts, hash keys, "
-                                                    "bitset"), None, None))
-        else:
-            mine.append(len(segs))
-            segs.append(("work", o.offs, o.size, _("work buffer"), None, None))
-        end = o.offs + o.size
+    end = 0
+    for (header, offs, size, type_, _next), row in zip(lay.objects, lay.rows):
+        made = _OBJECTS.get((made_of, header, row))
+        if made is None:
+            if type_ == GGML_OBJECT_TYPE_TENSOR and not infos:
+                infos = {t.offs: t for t in state.tensor_infos(cid)}
+            made = _OBJECTS[(made_of, header, row)] = _of_object(
+                cid, header, offs, size, type_, infos[offs] if type_ == GGML_OBJECT_TYPE_TENSOR else None, suffixes)
+        n = len(pieces)
+        of_object[header] = [n, n + 1]  # its header and its struct, graph or work buffer
+        if made.tensor is not None:
+            of_tensor[made.tensor] = list(range(n + 1, n + len(made.pieces)))
+        pieces += made.pieces
+        plain += made.plain
+        end = offs + size
     if ctx.mem_size > end:
-        segs.append(("free", end, ctx.mem_size - end, _("unused"), None, None))
-    widths = [_scaled(size) for _k, _s, size, *_r in segs]
-    scale = 100 / (sum(widths) or 1)
-    tip = _("%(label)s: offset %(start)s, %(size)s bytes")  # translated once, not per segment
-    pieces = tuple(_Piece(kind, start, start + size, key, link, *_texts(label, start, size, tip, w * scale))
-                   for (kind, start, size, label, key, link), w in zip(segs, widths))
-    return _Bar(pieces, [p.start for p in pieces], of_object, of_tensor, end, n_objects)
+        free = _piece("free", end, ctx.mem_size - end, _("unused"), None, None)
+        pieces.append(free)
+        plain.append(_element(free, {}, False, False))
+    return _Bar(tuple(pieces), tuple(plain), [p.start for p in pieces], of_object, of_tensor, end, len(lay.objects))
 
 
-_TEXTS: dict[tuple, tuple[str, str]] = {}  # a segment's texts, the same in every layout that holds it
-_TEXTS_MOST = 1 << 17  # then it starts again
+@dataclass(frozen=True, slots=True)
+class _Made:
+    """One object's pieces and their plain elements."""
+
+    pieces: tuple[_Piece, ...]
+    plain: tuple[str, ...]
+    tensor: str | None  # the key of the tensor it holds
 
 
-def _texts(label: str, start: int, size: int, tip: str, width: float) -> tuple[str, str]:
-    """A piece's head and tail (see _Piece), its escaped label and title made once per segment."""
-    said = _TEXTS.get((label, start, size, tip))
-    if said is None:
-        if len(_TEXTS) >= _TEXTS_MOST:
-            _TEXTS.clear()
-        said = _TEXTS[(label, start, size, tip)] = (
-            f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
-            f'{escape(tip % {"label": label, "start": f"{start:#x}", "size": size})}"')
-    return said[0], f'" style="width:{width:.3f}%" title="' + said[1]
+# the objects of every layout seen, by (context, language, link query), header offset and bytes
+# (object_rows): a layout that adds a tensor to one seen before makes that tensor's alone
+_OBJECTS: dict[tuple[tuple, int, bytes], _Made] = {}
+_OBJECTS_MOST = 1 << 15  # then it starts again
+_OBJECTS_LOCK = Lock()
+
+
+def _of_object(cid: int, header: int, offs: int, size: int, type_: int, info: TensorInfo | None,
+               suffixes: tuple[str, str]) -> _Made:
+    """The pieces of the object whose header is at `header`: its header, then its tensor struct
+    (with the tensor's data and padding when they follow it), graph or work buffer."""
+    segs = [("header", header, GGML_OBJECT_SIZE,
+             _("ggml_object header ({type})").format(type=OBJECT_TYPE_NAMES.get(type_, str(type_))), None, None)]
+    key = None
+    if info is not None:
+        key = ref_key(cid, offs)
+        label = _("tensor '{name}' struct").format(name=info.name) if info.name else _("tensor struct")
+        segs.append(("struct", offs, GGML_TENSOR_SIZE, label, key, "struct"))
+        inline = size - GGML_TENSOR_SIZE
+        if inline > 0:
+            nbytes = info.nbytes if not info.is_view and info.data else 0
+            start = offs + GGML_TENSOR_SIZE
+            if nbytes:
+                segs.append(("data", start, nbytes, _("data of '{name}'").format(name=info.name), key, "data"))
+            if inline - nbytes > 0:
+                segs.append(("padding", start + nbytes, inline - nbytes, _("padding to 16 bytes"), key, "struct"))
+    elif type_ == GGML_OBJECT_TYPE_GRAPH:
+        segs.append(("graph", offs, size, _("ggml_cgraph: struct, nodes, leafs, use counts, hash keys, bitset"),
+                     None, None))
+    else:
+        segs.append(("work", offs, size, _("work buffer"), None, None))
+    pieces = tuple(_piece(*seg) for seg in segs)
+    links = {"struct": [_PLACE["struct"], suffixes[0]], "data": [_PLACE["data"], suffixes[1]]}
+    return _Made(pieces, tuple(_element(p, links, False, False) for p in pieces), key)
+
+
+def _piece(kind: str, start: int, size: int, label: str, key: str | None, link: str | None) -> _Piece:
+    """A segment's piece: its width a flex weight of its own size, so it reads nothing of the
+    rest of the bar."""
+    tip = _("%(label)s: offset %(start)s, %(size)s bytes") % {"label": label, "start": f"{start:#x}", "size": size}
+    return _Piece(kind, start, start + size, key, link,
+                  f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
+                  f'" style="flex:{_scaled(size):.2f} 1 0" title="{escape(tip)}"')
 
 
 def _element(p: _Piece, links: dict[str, list[str]], changed: bool, selected: bool) -> str:

@@ -103,8 +103,7 @@ def selected_tensor(state: State, where: Where, step: Step) -> Tensor | None:
     if ref is not None and ref[0] in state.contexts:
         if ref[1] in tensor_offsets(state, ref[0]):
             return Tensor(state.contexts[ref[0]], ref[1])
-    ts = state.tensors()
-    return ts[-1] if ts else None
+    return state.newest_tensor()
 
 
 def current_node(state: State, step: Step) -> Tensor | None:

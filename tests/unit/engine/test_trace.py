@@ -111,6 +111,9 @@ def test_rebuilt_state_has_the_tensors_and_graph():
     assert gf.n_nodes == 1 and gf.n_leafs == 2
     mid = trace.state_at(2)  # after the second tensor: no graph yet, names still empty
     assert [t.name for t in mid.tensors()] == ["", ""] and mid.graphs() == []
+    for state in (final, mid):
+        assert state.newest_tensor() == state.tensors()[-1]
+    assert trace.state_at(0).newest_tensor() is None  # (the context alone)
 
 
 def test_steps_say_what_changed():
