@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from markupsafe import Markup, escape
 
 from app.i18n import _
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
@@ -17,17 +18,9 @@ DATA_BYTES = 512  # bytes of data shown at most
 
 
 @dataclass(frozen=True, slots=True)
-class HexCell:
-    byte: str
-    field: str | None
-    changed: bool
-    first: bool  # the first byte of its field
-
-
-@dataclass(frozen=True, slots=True)
 class HexRow:
     offset: int
-    cells: list[HexCell]
+    cells: Markup  # a span per byte, titled with its field (hundreds a page: made here, not in Jinja)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +76,15 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
     for p in step.patches:
         if p.ctx == ctx.id:
             changed.update(range(max(p.offset, start), min(p.end, start + raw.size)))
-    rows = []
-    for r0 in range(0, raw.size, 16):
-        cells = []
-        for i in range(r0, min(r0 + 16, raw.size)):
-            f = names.get(i)
-            cells.append(HexCell(f"{raw[i]:02x}", f, start + i in changed,
-                                 f is not None and names.get(i - 1) != f))
-        rows.append(HexRow(start + r0, cells))
+    padding = escape(_("padding"))
+    cells = []
+    for i, byte in enumerate(raw.tolist()):
+        f = names.get(i)
+        cls = "hb" + (" ff" if f is not None and names.get(i - 1) != f else "") + (
+            " changed" if start + i in changed else "")
+        field = escape(f or "")
+        cells.append(f'<span class="{cls}" title="{field or padding}" data-field="{field}">{byte:02x}</span>')
+    rows = [HexRow(start + r0, Markup("".join(cells[r0:r0 + 16]))) for r0 in range(0, raw.size, 16)]
     return HexView(title, rows, legend)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from markupsafe import Markup, escape
+
 from app.i18n import _
 from app.views.debugger.values import elements
 from app.views.format import fmt_short
@@ -17,13 +19,6 @@ TOUCHED_MAX = 4096  # elements of a view whose bytes are marked in the window, a
 
 
 @dataclass(frozen=True, slots=True)
-class StrideCell:
-    index: str  # "[i1, i0]"
-    offset: int  # byte offset from the view's data pointer
-    value: str
-
-
-@dataclass(frozen=True, slots=True)
 class BlockSpan:
     index: int
     offset: int  # from the row's start
@@ -32,16 +27,10 @@ class BlockSpan:
 
 
 @dataclass(frozen=True, slots=True)
-class WindowCell:
-    i: int  # byte of the parent's data
-    inside: bool  # the view reads it
-
-
-@dataclass(frozen=True, slots=True)
 class ParentWindow:
     """A view's bytes inside its parent's data."""
 
-    cells: list[WindowCell]
+    cells: Markup  # a span per byte of the parent's data, "in" where the view reads it
     note: str
 
 
@@ -52,7 +41,7 @@ class StridesView:
     ne: list[int]
     nb: list[int]
     explain: list[str]
-    grid: list[list[StrideCell]]  # one 2-d slice: rows i1, columns i0
+    grid: list[Markup]  # one 2-d slice: rows i1 (each its cells), columns i0
     grid_note: str
     parent: ParentWindow | None
     blocks: list[BlockSpan] | None  # quantized: one row as its blocks
@@ -79,10 +68,16 @@ def strides(t: Tensor | None) -> StridesView | None:
     if tr.blck_size == 1:
         rows, cols = min(ne[1], GRID_ROWS), min(ne[0], GRID_COLS)
         vals = elements(t)
+        title = _("element %(index)s at data + %(offset)s")
         for i1 in range(rows):
-            grid.append([StrideCell(f"[{i1}, {i0}]", i0 * nb[0] + i1 * nb[1],
-                                    "" if vals is None else fmt_short(vals[0, 0, i1, i0]))
-                         for i0 in range(cols)])
+            cells = []
+            for i0 in range(cols):
+                offset = i0 * nb[0] + i1 * nb[1]
+                value = "" if vals is None else fmt_short(vals[0, 0, i1, i0])
+                cells.append(f'<td title="{escape(title % {"index": f"[{i1}, {i0}]", "offset": offset})}">'
+                             f'<span class="off">+{offset}</span>'
+                             + (f'<span class="val">{escape(value)}</span>' if value else "") + "</td>")
+            grid.append(Markup("".join(cells)))
         note = (_("element [i1, i0] sits at data + i0*{nb0} + i1*{nb1} bytes").format(nb0=nb[0], nb1=nb[1])
                 + (_(" (first {rows} rows, {cols} columns)").format(rows=GRID_ROWS, cols=GRID_COLS)
                    if ne[1] > rows or ne[0] > cols else "")
@@ -100,8 +95,10 @@ def strides(t: Tensor | None) -> StridesView | None:
         span = ggml_nbytes(base)
         touched = _touched_bytes(t)
         every = max(1, nb[0] if tr.blck_size == 1 else 1)
+        title = _("byte %(i)s")
         parent = ParentWindow(
-            [WindowCell(i, i in touched) for i in range(0, min(span, WINDOW_BYTES), every)],
+            Markup("".join(f'<span class="wcell{" in" if i in touched else ""}" title="{escape(title % {"i": i})}">'
+                           "</span>" for i in range(0, min(span, WINDOW_BYTES), every))),
             f"view_offs = {t.view_offs}: "
             + _("this view's bytes inside '{name}' ({n} bytes) are highlighted").format(name=base.name, n=span)
             + (_(" (first {n} bytes)").format(n=WINDOW_BYTES) if span > WINDOW_BYTES else ""))
