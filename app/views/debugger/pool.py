@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from itertools import accumulate
 from dataclasses import dataclass
+from functools import cache
 from threading import Lock
 
 from cachetools import LRUCache, cached
@@ -55,7 +57,8 @@ class _Bar:
     structs shares (its thousands of pieces made once, not once per step)."""
 
     pieces: tuple[_Piece, ...]
-    plain: tuple[str, ...]  # each piece's element, none outlined, each link's start a placeholder
+    text: str  # the pieces' elements, none outlined
+    bounds: list[int]  # where each piece's element starts in text (and the last one ends)
     starts: list[int]  # each piece's start, for finding the ones a patch overlaps
     of_object: dict[int, list[int]]  # header offset -> its header, struct, graph or work piece
     of_tensor: dict[str, list[int]]  # tensor key -> its struct, data and padding pieces
@@ -67,16 +70,14 @@ _HIT_KINDS = frozenset({"header", "struct", "data", "graph"})  # outlined when a
 
 
 def pools(state: State, step: Step, where: Where) -> list[PoolView]:
-    """Each context's bar at this step: its elements as no step outlines them are made once per
-    layout and link query (`_bar`, each link's step-dependent start a placeholder); a step
-    makes again only the elements it outlines (changed, selected)."""
-    parts = {kind: [escape(x) for x in where.tensor_url_parts(**change)]
-             for kind, change in (("struct", {}), ("data", {"hex": "data"}))}
-    suffixes = (parts["struct"][1], parts["data"][1])
-    placed = {kind: [_PLACE[kind], suffix] for kind, (_prefix, suffix) in parts.items()}
+    """Each context's bar at this step: its text as no step outlines it is made once per layout
+    and link query (`_bar`: its links are relative to the step's URL, so the same at every step);
+    a step makes again only the elements it outlines (changed, selected)."""
+    links = tuple(tuple(str(escape(x)) for x in where.tensor_link_parts(**change))
+                  for change in ({}, {"hex": "data"}))
     views = []
     for cid, ctx in state.contexts.items():
-        bar = _bar(state, cid, suffixes)
+        bar = _bar(state, cid, links)
         marks: set[int] = set()
         for p in step.patches:
             if p.ctx == cid:
@@ -88,29 +89,23 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
                     i += 1
         marks.update(i for o in step.objects if o.ctx == cid for i in bar.of_object.get(o.header, ()))
         selected = set(bar.of_tensor.get(where.tensor, ()))
-        html = list(bar.plain)
-        for i in marks | selected:
-            html[i] = _element(bar.pieces[i], placed, i in marks, i in selected)
-        text = "".join(html)
-        for kind, (prefix, _suffix) in parts.items():
-            text = text.replace(_PLACE[kind], prefix)
-        views.append(PoolView(cid, ctx.base, ctx.mem_size, bar.end, Markup(text), bar.n_objects))
+        html, done = [], 0  # the bar's text, the outlined elements made again in their places
+        for i in sorted(marks | selected):
+            html += [bar.text[done:bar.bounds[i]], _element(bar.pieces[i], links, i in marks, i in selected)]
+            done = bar.bounds[i + 1]
+        html.append(bar.text[done:])
+        views.append(PoolView(cid, ctx.base, ctx.mem_size, bar.end, Markup("".join(html)), bar.n_objects))
     return views
 
 
-# where a link's step-dependent start goes in elements made for every step: NUL is in no label
-# (a tensor's name ends at its first NUL) and in no query (a prompt is %-escaped)
-_PLACE = {"struct": "\0s", "data": "\0d"}
-
-
-@cached(LRUCache(64), key=lambda state, cid, suffixes: (layout_key(state, cid), i18n.current(), suffixes),
+@cached(LRUCache(64), key=lambda state, cid, links: (layout_key(state, cid), i18n.current(), links),
         lock=Lock())  # a pool's bar is made once per layout, language and link query
-def _bar(state: State, cid: int, suffixes: tuple[str, str]) -> _Bar:
+def _bar(state: State, cid: int, links: tuple[tuple[str, str], tuple[str, str]]) -> _Bar:
     """Context cid's bar: each object's pieces as the last layout that held the same object made
     them (`_OBJECTS`, by its header and struct bytes), so a step that adds a tensor makes the
     pieces of that tensor alone."""
     ctx, lay = state.contexts[cid], layout(state, cid)
-    made_of = (cid, i18n.current(), suffixes)
+    made_of = (cid, i18n.current(), links)
     with _OBJECTS_LOCK:
         if len(_OBJECTS) > _OBJECTS_MOST:
             _OBJECTS.clear()
@@ -126,7 +121,7 @@ def _bar(state: State, cid: int, suffixes: tuple[str, str]) -> _Bar:
             if type_ == GGML_OBJECT_TYPE_TENSOR and not infos:
                 infos = {t.offs: t for t in state.tensor_infos(cid)}
             made = _OBJECTS[(made_of, header, row)] = _of_object(
-                cid, header, offs, size, type_, infos[offs] if type_ == GGML_OBJECT_TYPE_TENSOR else None, suffixes)
+                cid, header, offs, size, type_, infos[offs] if type_ == GGML_OBJECT_TYPE_TENSOR else None, links)
         n = len(pieces)
         of_object[header] = [n, n + 1]  # its header and its struct, graph or work buffer
         if made.tensor is not None:
@@ -135,10 +130,12 @@ def _bar(state: State, cid: int, suffixes: tuple[str, str]) -> _Bar:
         plain += made.plain
         end = offs + size
     if ctx.mem_size > end:
-        free = _piece("free", end, ctx.mem_size - end, _("unused"), None, None)
+        said = _said(i18n.current())
+        free = _piece("free", end, ctx.mem_size - end, said.free, None, None, said.tip)
         pieces.append(free)
-        plain.append(_element(free, {}, False, False))
-    return _Bar(tuple(pieces), tuple(plain), [p.start for p in pieces], of_object, of_tensor, end, len(lay.objects))
+        plain.append(_element(free, links, False, False))
+    return _Bar(tuple(pieces), "".join(plain), list(accumulate(map(len, plain), initial=0)),
+                [p.start for p in pieces], of_object, of_tensor, end, len(lay.objects))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,48 +155,73 @@ _OBJECTS_LOCK = Lock()
 
 
 def _of_object(cid: int, header: int, offs: int, size: int, type_: int, info: TensorInfo | None,
-               suffixes: tuple[str, str]) -> _Made:
+               links: tuple[tuple[str, str], tuple[str, str]]) -> _Made:
     """The pieces of the object whose header is at `header`: its header, then its tensor struct
     (with the tensor's data and padding when they follow it), graph or work buffer."""
-    segs = [("header", header, GGML_OBJECT_SIZE,
-             _("ggml_object header ({type})").format(type=OBJECT_TYPE_NAMES.get(type_, str(type_))), None, None)]
+    said = _said(i18n.current())
+    segs = [("header", header, GGML_OBJECT_SIZE, said.header[type_] if type_ in said.header else
+             said.header_of.format(type=type_), None, None)]
     key = None
     if info is not None:
         key = ref_key(cid, offs)
-        label = _("tensor '{name}' struct").format(name=info.name) if info.name else _("tensor struct")
-        segs.append(("struct", offs, GGML_TENSOR_SIZE, label, key, "struct"))
+        segs.append(("struct", offs, GGML_TENSOR_SIZE, said.struct.format(name=info.name) if info.name
+                     else said.unnamed, key, "struct"))
         inline = size - GGML_TENSOR_SIZE
         if inline > 0:
             nbytes = info.nbytes if not info.is_view and info.data else 0
             start = offs + GGML_TENSOR_SIZE
             if nbytes:
-                segs.append(("data", start, nbytes, _("data of '{name}'").format(name=info.name), key, "data"))
+                segs.append(("data", start, nbytes, said.data.format(name=info.name), key, "data"))
             if inline - nbytes > 0:
-                segs.append(("padding", start + nbytes, inline - nbytes, _("padding to 16 bytes"), key, "struct"))
+                segs.append(("padding", start + nbytes, inline - nbytes, said.padding, key, "struct"))
     elif type_ == GGML_OBJECT_TYPE_GRAPH:
-        segs.append(("graph", offs, size, _("ggml_cgraph: struct, nodes, leafs, use counts, hash keys, bitset"),
-                     None, None))
+        segs.append(("graph", offs, size, said.graph, None, None))
     else:
-        segs.append(("work", offs, size, _("work buffer"), None, None))
-    pieces = tuple(_piece(*seg) for seg in segs)
-    links = {"struct": [_PLACE["struct"], suffixes[0]], "data": [_PLACE["data"], suffixes[1]]}
+        segs.append(("work", offs, size, said.work, None, None))
+    pieces = tuple(_piece(*seg, said.tip) for seg in segs)
     return _Made(pieces, tuple(_element(p, links, False, False) for p in pieces), key)
 
 
-def _piece(kind: str, start: int, size: int, label: str, key: str | None, link: str | None) -> _Piece:
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """The bar's labels in one language."""
+
+    header: dict[int, str]  # by object type
+    header_of: str
+    struct: str
+    unnamed: str
+    data: str
+    padding: str
+    graph: str
+    work: str
+    free: str
+    tip: str
+
+
+@cache
+def _said(lang: str) -> _Said:
+    """The bar's labels in the language `lang` (the current one)."""
+    header = _("ggml_object header ({type})")
+    return _Said({t: header.format(type=name) for t, name in OBJECT_TYPE_NAMES.items()}, header,
+                 _("tensor '{name}' struct"), _("tensor struct"), _("data of '{name}'"), _("padding to 16 bytes"),
+                 _("ggml_cgraph: struct, nodes, leafs, use counts, hash keys, bitset"), _("work buffer"),
+                 _("unused"), _("%(label)s: offset %(start)s, %(size)s bytes"))
+
+
+def _piece(kind: str, start: int, size: int, label: str, key: str | None, link: str | None, tip: str) -> _Piece:
     """A segment's piece: its width a flex weight of its own size, so it reads nothing of the
-    rest of the bar."""
-    tip = _("%(label)s: offset %(start)s, %(size)s bytes") % {"label": label, "start": f"{start:#x}", "size": size}
+    rest of the bar (`tip`: its title's text, translated)."""
+    title = tip % {"label": label, "start": f"{start:#x}", "size": size}
     return _Piece(kind, start, start + size, key, link,
                   f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
-                  f'" style="flex:{_scaled(size):.2f} 1 0" title="{escape(tip)}"')
+                  f'" style="flex:{_scaled(size):.2f} 1 0" title="{escape(title)}"')
 
 
-def _element(p: _Piece, links: dict[str, list[str]], changed: bool, selected: bool) -> str:
-    """A piece's element: a link to its tensor (its struct, or its data in the Bytes panel), or
-    a plain span."""
+def _element(p: _Piece, links: tuple[tuple[str, str], tuple[str, str]], changed: bool, selected: bool) -> str:
+    """A piece's element: a link to its tensor (its struct, or its data in the Bytes panel: the
+    prefix and suffix of each link's URL, escaped), or a plain span."""
     cls = f"seg seg-{p.kind}" + (" changed" if changed else "") + (" selected" if selected else "")
     if p.link is None:
         return f'<span role="listitem" {p.head} class="{cls}{p.tail}></span>'
-    prefix, suffix = links[p.link]
+    prefix, suffix = links[p.link == "data"]
     return f'<a role="listitem" href="{prefix}{p.tensor}{suffix}" {p.head} class="{cls}{p.tail}></a>'
