@@ -215,7 +215,7 @@ def _stop(request: Request, where: AtStep, cache: Traces, store: Store, programs
 def _graph(stop: Annotated[Stop, Depends(_stop)], expand: Expand = None) -> G.GraphView | None:
     """The step's newest graph, drawn with the layer `expand` open."""
     return G.graph_view(stop.state, stop.where, current_node(stop.state, stop.step), stop.selected, expand,
-                        lambda nodes: sched_view(stop.trace, stop.step, stop.state, nodes))
+                        lambda g: sched_view(stop.trace, stop.step, stop.state, g))
 
 
 AtStop = Annotated[Stop, Depends(_stop)]

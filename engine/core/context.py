@@ -88,6 +88,23 @@ class AddressSpace:
                 return ctx, offset
         raise ValueError(f"address {address:#x} is in no live ggml_context pool")
 
+    def resolve_all(self, addresses: np.ndarray) -> tuple[list["Context"], list[int], list[int]]:
+        """resolve() of many addresses at once: the space's contexts, and for each address the
+        index of its context among them and its offset in that pool (ValueError as resolve)."""
+        owners = [self._owner(j) for j in range(len(self._bases))]
+        if not len(addresses):
+            return owners, [], []
+        if not owners:
+            raise ValueError(f"address {int(addresses[0]):#x} is in no live ggml_context pool")
+        bases = np.asarray(self._bases, dtype=np.uint64)
+        which = np.searchsorted(bases, addresses, side="right").astype(np.int64) - 1
+        ends = np.asarray([-1 if o is None else o.mem_size for o in owners] + [-1], dtype=np.int64)
+        offsets = addresses.astype(np.int64) - bases[which].astype(np.int64)
+        bad = (which < 0) | (offsets > ends[which])
+        if bad.any():
+            raise ValueError(f"address {int(addresses[bad.argmax()]):#x} is in no live ggml_context pool")
+        return owners, which.tolist(), offsets.tolist()
+
 
 _SPACE: contextvars.ContextVar[AddressSpace] = contextvars.ContextVar("ggml_address_space",
                                                                        default=AddressSpace())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,9 +29,9 @@ _BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
 _TSIZE = np.array([tr.type_size for tr in TYPE_TRAITS], dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
-    """One tensor struct of a context, as plain values."""
+class TensorInfo(NamedTuple):
+    """One tensor struct of a context, as plain values (a named tuple: a context's thousand are
+    made at once, each without a frozen dataclass's per-field setattr)."""
 
     offs: int  # offset of the struct in the pool
     address: int  # the struct's (simulated) address
@@ -48,9 +49,11 @@ class TensorInfo:
         return self.view_src != 0
 
 
-def tensor_infos(ctx: Context) -> list[TensorInfo]:
-    """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised)."""
-    offsets = [offs for _, offs, _, type_, _ in ctx.headers() if type_ == GGML_OBJECT_TYPE_TENSOR]
+def tensor_infos(ctx: Context, objects: list[tuple[int, int, int, int, int]] | None = None) -> list[TensorInfo]:
+    """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised;
+    `objects`: ctx.headers(), when read already)."""
+    offsets = [offs for _, offs, _, type_, _ in (ctx.headers() if objects is None else objects)
+               if type_ == GGML_OBJECT_TYPE_TENSOR]
     if not offsets:
         return []
     recs = np.frombuffer(_gather(ctx.pool, offsets, GGML_TENSOR_SIZE), dtype=TENSOR)
@@ -65,9 +68,9 @@ def tensor_infos(ctx: Context) -> list[TensorInfo]:
     nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
     # the fields as Python values in one conversion each, not a numpy scalar per field per tensor
     names = record_names(recs)
-    return [TensorInfo(o, ctx.base + o, *fields) for o, fields in zip(offsets, zip(
-        names, types.tolist(), map(tuple, ne.tolist()), recs["op"].tolist(), recs["flags"].tolist(),
-        recs["view_src"].tolist(), recs["data"].tolist(), nbytes.tolist()))]
+    return list(map(TensorInfo._make, zip(
+        offsets, (ctx.base + o for o in offsets), names, types.tolist(), map(tuple, ne.tolist()), recs["op"].tolist(),
+        recs["flags"].tolist(), recs["view_src"].tolist(), recs["data"].tolist(), nbytes.tolist())))
 
 
 def record_names(recs: np.ndarray) -> list[str]:
@@ -102,18 +105,13 @@ def graph_tensors(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     bulk without a handle per tensor. ValueError (as for a handle) when one of them, or one of
     their sources, is in no live pool: a graph whose tensors were in a context freed since."""
     addresses = np.concatenate([g.node_addresses[:g.n_nodes], g.leaf_addresses[:g.n_leafs]])
-    space, views = g.ctx.space, {}
-    rows = []
-    for a in addresses.tolist():
-        ctx, off = space.resolve(a)
-        view = views.get(ctx.id)
-        if view is None:
-            view = views[ctx.id] = memoryview(ctx.pool)
-        rows.append(view[off:off + GGML_TENSOR_SIZE])
-    recs = np.frombuffer(b"".join(rows), dtype=TENSOR)
+    space = g.ctx.space
+    owners, which, offsets = space.resolve_all(addresses)
+    views = [None if o is None else memoryview(o.pool) for o in owners]
+    recs = np.frombuffer(b"".join([views[i][o:o + GGML_TENSOR_SIZE] for i, o in zip(which, offsets)]),
+                         dtype=TENSOR)
     srcs = recs["src"]
-    for a in np.setdiff1d(srcs[srcs != 0], addresses).tolist():  # sources outside the graph
-        space.resolve(a)
+    space.resolve_all(np.setdiff1d(srcs[srcs != 0], addresses))  # their sources outside the graph
     return addresses, recs
 
 

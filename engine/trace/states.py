@@ -26,7 +26,7 @@ from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
 from engine.trace.pools import fresh_pool, frozen
-from engine.trace.steps import ContextMeta, Step
+from engine.trace.steps import ContextMeta, Step, StepKind
 
 
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
@@ -69,6 +69,16 @@ class Trace:
             h.update(s.hash_bytes())
         self.__dict__["_hash"] = (len(self.steps), h.hexdigest()[:16])
         return self.__dict__["_hash"][1]
+
+    def of_kinds(self, *kinds: StepKind) -> list[Step]:
+        """The steps of these kinds, in order (indexed once per kind: a page asks at every step)."""
+        index = self.__dict__.get("_kinds")
+        if index is None or index[0] != len(self.steps):
+            by_kind: dict[StepKind, list[int]] = {}
+            for k, st in enumerate(self.steps):
+                by_kind.setdefault(st.kind, []).append(k)
+            index = self.__dict__["_kinds"] = (len(self.steps), by_kind)
+        return [self.steps[k] for k in sorted(k for kind in kinds for k in index[1].get(kind, ()))]
 
     # --- rebuilding a state -----------------------------------------------------------------
     @property
@@ -203,14 +213,21 @@ class State:
         # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
         self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
         self._infos: dict[int, list[TensorInfo]] = {}
+        self._headers: dict[int, list[tuple[int, int, int, int, int]]] = {}
         self._graphs: list[Graph] | None = None
         self._graph_tensors: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def tensor_infos(self, cid: int) -> list[TensorInfo]:
         """tensor_infos of context cid, read once: a state's pools never change."""
         if cid not in self._infos:
-            self._infos[cid] = tensor_infos(self.contexts[cid])
+            self._infos[cid] = tensor_infos(self.contexts[cid], self.headers(cid))
         return self._infos[cid]
+
+    def headers(self, cid: int) -> list[tuple[int, int, int, int, int]]:
+        """Context cid's object list (Context.headers), walked once."""
+        if cid not in self._headers:
+            self._headers[cid] = self.contexts[cid].headers()
+        return self._headers[cid]
 
     def tensor(self, ref: tuple[int, int]) -> Tensor:
         return Tensor(self.contexts[ref[0]], ref[1])
@@ -224,8 +241,8 @@ class State:
 
     def newest_tensor(self) -> Tensor | None:
         """tensors()[-1] without a handle for every other tensor."""
-        for ctx in reversed(self.contexts.values()):
-            offsets = [offs for _, offs, _, type_, _ in ctx.headers() if type_ == GGML_OBJECT_TYPE_TENSOR]
+        for cid, ctx in reversed(self.contexts.items()):
+            offsets = [offs for _, offs, _, type_, _ in self.headers(cid) if type_ == GGML_OBJECT_TYPE_TENSOR]
             if offsets:
                 return Tensor(ctx, offsets[-1])
         return None
@@ -236,8 +253,8 @@ class State:
         and is not shown."""
         if self._graphs is None:
             self._graphs = []
-            for ctx in self.contexts.values():
-                for _, offs, _, type_, _ in ctx.headers():
+            for cid, ctx in self.contexts.items():
+                for _, offs, _, type_, _ in self.headers(cid):
                     if type_ == GGML_OBJECT_TYPE_GRAPH:
                         g = Graph(ctx, record(ctx.pool, offs, CGRAPH), offs)
                         try:

@@ -97,7 +97,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     if not graphs:
         return None
     g = graphs[-1]
-    sched: SchedView | None = sched_of(g.nodes) if sched_of is not None else None
+    sched: SchedView | None = sched_of(g) if sched_of is not None else None
     tensors = state.graph_tensors(g)
     shape = graph_digest(g, tensors)
     layers, backward = _layer_map(shape, g, tensors)

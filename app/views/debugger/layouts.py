@@ -35,7 +35,7 @@ def layout(state: State, cid: int) -> Layout:
         found = _LAYOUTS.setdefault(state, {}).get(cid)
     if found is None:
         ctx = state.contexts[cid]
-        objects = ctx.headers()
+        objects = state.headers(cid)
         rows = object_rows(ctx, objects)
         found = Layout((cid, ctx.mem_size, layout_digest(ctx, rows)), objects, rows)
         with _LOCK:

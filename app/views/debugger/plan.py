@@ -41,10 +41,11 @@ class PlanChart:
 
 def _group(trace: Trace, k: int) -> list[Step]:
     """The allocator steps of the most recent plan at or before step k."""
-    last = next((s for s in reversed(trace.steps[:k + 1]) if s.kind == StepKind.ALLOC), None)
+    allocs = trace.of_kinds(StepKind.ALLOC)
+    last = next((s for s in reversed(allocs) if s.index <= k), None)
     if last is None:
         return []
-    return [s for s in trace.steps if s.kind == StepKind.ALLOC and s.parent == last.parent]
+    return [s for s in allocs if s.parent == last.parent]
 
 
 def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[PlanChart]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.i18n import _
+from engine.core.graph import Graph
 from engine.core.tensor import Tensor
 from engine.trace import State, Step, StepKind, Trace
 
@@ -25,14 +26,15 @@ def _color(name: str, backend_id: int) -> str:
     return CPU_COLOR if name == "CPU" else COLORS[backend_id % len(COLORS)]
 
 
-def sched_view(trace: Trace, step: Step, state: State, graph_nodes: list[Tensor]) -> SchedView | None:
+def sched_view(trace: Trace, step: Step, state: State, graph: Graph) -> SchedView | None:
     """The scheduler's decisions up to step k for the graph being drawn (None when the newest
     scheduling was of another graph, or there is none)."""
     k = step.index
-    last = next((s for s in reversed(trace.steps[:k + 1]) if s.kind in (StepKind.PASS, StepKind.SPLIT)), None)
-    if last is None:
+    passes = [s for s in trace.of_kinds(StepKind.PASS, StepKind.SPLIT) if s.index <= k]
+    if not passes:
         return None
-    group = [s for s in trace.steps[:k + 1] if s.kind in (StepKind.PASS, StepKind.SPLIT) and s.parent == last.parent]
+    group = [s for s in passes if s.parent == passes[-1].parent]
+    graph_nodes = graph.nodes
     addresses = {t.address for t in graph_nodes}
     view = SchedView()
     for s in group:

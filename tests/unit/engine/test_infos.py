@@ -3,11 +3,12 @@ checked against the engine's one-tensor-at-a-time functions on real walkthroughs
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR
 from engine.core.graph import DotStyle, ggml_graph_dump_dot
-from engine.core.infos import graph_edges, tensor_infos
+from engine.core.infos import graph_edges, graph_tensors, record_names, tensor_infos
 from engine.programs import trace_program
 from engine.core.tensor import Tensor, ggml_nbytes
 
@@ -40,6 +41,26 @@ def test_graph_edges_are_the_srcs(state):
         want = [(s.address, n.address, j) for n in g.nodes for j, s in enumerate(n.src)
                 if s is not None]
         assert [(e.src, e.dst, e.slot) for e in graph_edges(g)] == want
+
+
+def test_graph_tensors_are_the_nodes_and_leafs(state):
+    for g in state.graphs():
+        addresses, recs = graph_tensors(g)
+        tensors = g.nodes + g.leafs
+        assert addresses.tolist() == [t.address for t in tensors]
+        assert record_names(recs) == [t.name for t in tensors]
+        assert recs["src"].tolist() == [[0 if s is None else s.address for s in t.src] for t in tensors]
+
+
+def test_resolve_all_is_resolve_of_each(state):
+    space = state.space
+    ctx = next(iter(state.contexts.values()))
+    inside = [ctx.base, ctx.base + 17, ctx.base + ctx.mem_size] + [t.address for t in state.tensors()]
+    owners, which, offsets = space.resolve_all(np.asarray(inside, dtype=np.uint64))
+    assert [(owners[i], o) for i, o in zip(which, offsets)] == [space.resolve(a) for a in inside]
+    for outside in (ctx.base - 1, ctx.base + ctx.mem_size + 1):
+        with pytest.raises(ValueError, match=f"{outside:#x} is in no live ggml_context pool"):
+            space.resolve_all(np.asarray(inside + [outside], dtype=np.uint64))
 
 
 def test_dump_dot_decorations(state):
