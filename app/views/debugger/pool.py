@@ -8,6 +8,7 @@ from bisect import bisect_right
 from itertools import accumulate
 from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 from threading import Lock
 
 from cachetools import LRUCache, cached
@@ -38,9 +39,9 @@ def _scaled(size: int) -> float:
     return max(math.sqrt(max(size, 1)), 3.0)
 
 
-@dataclass(frozen=True, slots=True)
-class _Piece:
-    """One segment of a pool's bar, the unchanging parts of its element escaped."""
+class _Piece(NamedTuple):
+    """One segment of a pool's bar, the unchanging parts of its element escaped (named tuples:
+    a new region of a model's pool makes thousands at once)."""
 
     kind: str  # header, struct, graph, data, padding, work, free
     start: int
@@ -138,8 +139,7 @@ def _bar(state: State, cid: int, links: tuple[tuple[str, str], tuple[str, str]])
                 [p.start for p in pieces], of_object, of_tensor, end, len(lay.objects))
 
 
-@dataclass(frozen=True, slots=True)
-class _Made:
+class _Made(NamedTuple):
     """One object's pieces and their plain elements."""
 
     pieces: tuple[_Piece, ...]

@@ -13,6 +13,7 @@ from app.views.debugger.where import Where
 from app.views.format import fmt_short
 from engine.compute.kernels.common import to_f32, view4
 from engine.quants.explain import BlockExplanation, explain_block
+from engine.core.infos import record_names
 from engine.core.tensor import Tensor
 from engine.core.types import TYPE_TRAITS
 
@@ -117,7 +118,8 @@ def gradient_of(state, t: Tensor | None) -> Tensor | None:
         return None
     wanted = f"grad for {t.name}"[:63]
     for g in reversed(state.graphs()):
-        for node in g.nodes:
-            if node.name == wanted and node.data is not None:
+        addresses, recs = state.graph_tensors(g)
+        for address, name in zip(addresses[:g.n_nodes].tolist(), record_names(recs[:g.n_nodes])):
+            if name == wanted and (node := g.tensor(address)).data is not None:
                 return node
     return None
