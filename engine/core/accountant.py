@@ -15,6 +15,7 @@ bytes and formulas ggml uses (checked against real ggml in tests/conformance/tes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Context, \
     ggml_used_mem
@@ -23,9 +24,9 @@ from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, recor
 from engine.core.infos import TensorInfo, tensor_infos
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectCost:
-    """One object of the pool and what its bytes hold."""
+class ObjectCost(NamedTuple):
+    """One object of the pool and what its bytes hold (a named tuple: a model's pool has
+    thousands)."""
 
     kind: str  # TENSOR, GRAPH or WORK_BUFFER
     name: str  # the tensor's name, "graph of N nodes" or "work buffer"
@@ -70,21 +71,21 @@ def account(ctx: Context, infos: list[TensorInfo] | None = None) -> MemAccount:
     tensor_infos, if the caller has them already."""
     tensors_at = {t.offs: t for t in (tensor_infos(ctx) if infos is None else infos)}
     objects = []
-    for o in ctx.objects():
-        if o.type == GGML_OBJECT_TYPE_TENSOR:
-            t = tensors_at[o.offs]
+    for header, offs, size, type_, _next in ctx.headers():
+        if type_ == GGML_OBJECT_TYPE_TENSOR:
+            t = tensors_at[offs]
             # the tensor owns the bytes after its struct: its data points right there
-            owns = not t.is_view and t.data == ctx.base + o.offs + GGML_TENSOR_SIZE
+            owns = not t.is_view and t.data == ctx.base + offs + GGML_TENSOR_SIZE
             data = t.nbytes if owns else 0
-            cost = ObjectCost("TENSOR", t.name, o.header, o.offs + o.size, GGML_TENSOR_SIZE, data,
-                              o.size - GGML_TENSOR_SIZE - data)
-        elif o.type == GGML_OBJECT_TYPE_GRAPH:
-            r = record(ctx.pool, o.offs, CGRAPH)[0]
+            cost = ObjectCost("TENSOR", t.name, header, offs + size, GGML_TENSOR_SIZE, data,
+                              size - GGML_TENSOR_SIZE - data)
+        elif type_ == GGML_OBJECT_TYPE_GRAPH:
+            r = record(ctx.pool, offs, CGRAPH)[0]
             nbytes = ggml_graph_nbytes(int(r["size"]), bool(int(r["grads"])))
-            cost = ObjectCost("GRAPH", f"graph of {int(r['size'])} nodes", o.header,
-                              o.offs + o.size, nbytes, 0, o.size - nbytes)
+            cost = ObjectCost("GRAPH", f"graph of {int(r['size'])} nodes", header, offs + size, nbytes, 0,
+                              size - nbytes)
         else:  # a work buffer: its size was padded by the caller's request only
-            cost = ObjectCost("WORK_BUFFER", "work buffer", o.header, o.offs + o.size, 0, o.size, 0)
+            cost = ObjectCost("WORK_BUFFER", "work buffer", header, offs + size, 0, size, 0)
         objects.append(cost)
     tensors = [o for o in objects if o.kind == "TENSOR"]
     return MemAccount(

@@ -62,13 +62,21 @@ class TensorList:
 def _rows_of(state: State, cid: int) -> tuple[TensorRow, ...]:
     """Context cid's rows, made once per layout of its pool (a step that makes a tensor makes
     again only its context's rows, and of those only the rows of tensors it has not seen)."""
-    return tuple(_row(cid, t, i18n.current()) for t in state.tensor_infos(cid))
+    lang = i18n.current()
+    if len(_ROWS) > _ROWS_MOST:
+        _ROWS.clear()
+    return tuple(_ROWS.get((cid, t, lang)) or _row(cid, t, lang) for t in state.tensor_infos(cid))
 
 
-@cached(LRUCache(1 << 16), lock=Lock())
+_ROWS: dict[tuple[int, TensorInfo, str], TensorRow] = {}  # every layout's rows, by tensor struct
+_ROWS_MOST = 1 << 16  # then it starts again
+
+
 def _row(cid: int, t: TensorInfo, lang: str) -> TensorRow:
-    return TensorRow(ref_key(cid, t.offs), t.name or _("(unnamed)"), TYPE_TRAITS[t.type].type_name,
-                     "[" + ", ".join(str(x) for x in t.ne) + "]", GGMLOp(t.op).name, t.is_view)
+    row = _ROWS[cid, t, lang] = TensorRow(ref_key(cid, t.offs), t.name or _("(unnamed)"),
+                                          TYPE_TRAITS[t.type].type_name, "[" + ", ".join(str(x) for x in t.ne) + "]",
+                                          GGMLOp(t.op).name, t.is_view)
+    return row
 
 
 def _rows(state: State) -> tuple[TensorRow, ...]:
