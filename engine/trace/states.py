@@ -31,6 +31,7 @@ from engine.trace.steps import ContextMeta, Step, StepKind
 
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
+CHECKPOINT_PATCHES = 4096  # a rebuild replays at most about this many (a model's graph makes tens of thousands)
 CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
 
 
@@ -91,16 +92,10 @@ class Trace:
         """The pools after step k: the last checkpoint at or before k, then the patches of the
         steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
-        metas: dict[int, ContextMeta] = {}
-        buffers: dict[int, Any] = {}
         flat, ends = self._flat_patches()
-        declaring = self._flat[4]
-        for i in declaring[:bisect_right(declaring, k)]:
-            s = self.steps[i]
-            for c in s.contexts:
-                metas[c.id] = c
-            for b in s.buffers:
-                buffers[b.id] = b
+        declared_contexts, declared_buffers = self._flat[4]
+        metas: dict[int, ContextMeta] = _as_of(declared_contexts, k)
+        buffers: dict[int, Any] = _as_of(declared_buffers, k)
         metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
@@ -123,8 +118,9 @@ class Trace:
 
     def _checkpoints(self) -> list[tuple[int, dict[int, np.ndarray]]]:
         """Copies of every pool at some step boundaries, as (patches before it, pools): one each
-        time the patches since the last reach the pools' total size, so a rebuild copies one
-        checkpoint and replays at most that many bytes. Made once, on the first rebuild."""
+        time the patches since the last reach the pools' total size or number CHECKPOINT_PATCHES,
+        so a rebuild copies one checkpoint and replays at most that many bytes or patches. Made
+        once, on the first rebuild."""
         cached = getattr(self, "_cps", None)
         if cached is not None and cached[0] == len(self.steps):
             return cached[1]
@@ -136,10 +132,11 @@ class Trace:
             for b in s.buffers:
                 sizes[b.id] = b.size
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES):
+        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES) \
+                or len(flat) > CHECKPOINT_PATCHES:
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
-            since, done, spent = 0, 0, 0
+            since, done, spent, replays = 0, 0, 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
                     if c.freed:
@@ -155,17 +152,19 @@ class Trace:
                         dirty.add(cid)
                     step_bytes += b - a
                 since += step_bytes
+                replays += ends[k] - done
                 done = ends[k]
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it
                 cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
-                if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES) and k + 1 < len(self.steps) \
+                if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES or replays >= CHECKPOINT_PATCHES) \
+                        and k + 1 < len(self.steps) \
                         and spent + cost <= CHECKPOINT_BYTES:
                     last = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
                     checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
-                    since, dirty, spent = 0, set(), spent + cost
+                    since, dirty, spent, replays = 0, set(), spent + cost, 0
         self._cps = (len(self.steps), checkpoints)
         self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
         return checkpoints
@@ -177,14 +176,13 @@ class Trace:
 
     def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
         """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote (kept
-        with the patches' bytes and the steps that declare a context or a buffer)."""
+        with the patches' bytes and each context's and buffer's declarations, `_declared`)."""
         if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
             flat, ends = [], []
             for s in self.steps:
                 flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
                 ends.append(len(flat))
-            declaring = [k for k, s in enumerate(self.steps) if s.contexts or s.buffers]
-            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat), declaring)
+            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat), _declared(self.steps))
         return self._flat[0], self._flat[1]
 
     def to_json(self) -> dict:
@@ -197,6 +195,34 @@ class Trace:
                            "threads": [{"ith": t.ith, "kind": t.kind, "ranges": t.ranges, "seconds": t.seconds,
                                         "note": tell(t.notes)} for t in s.threads]} for s in self.steps],
                 "outputs": self.outputs}
+
+
+Declared = dict[int, tuple[list[int], list[Any]]]  # id -> the steps declaring it, and what each said
+
+
+def _declared(steps: list[Step]) -> tuple[Declared, Declared]:
+    """Each context's metas and each buffer's, with the steps that declared them (a context's
+    meta changes with every object it makes: a state finds its own by bisection, not by reading
+    every step before it)."""
+    contexts: Declared = {}
+    buffers: Declared = {}
+    for k, s in enumerate(steps):
+        for found, items in ((contexts, s.contexts), (buffers, s.buffers)):
+            for item in items:
+                at, said = found.setdefault(item.id, ([], []))
+                at.append(k)
+                said.append(item)
+    return contexts, buffers
+
+
+def _as_of(declared: Declared, k: int) -> dict[int, Any]:
+    """What the steps up to k last declared of each id, in the order the ids were first declared."""
+    out = {}
+    for id_, (at, said) in declared.items():
+        i = bisect_right(at, k)
+        if i:
+            out[id_] = said[i - 1]
+    return out
 
 
 class State:

@@ -242,15 +242,21 @@ def test_checkpoints_rebuild_the_same_state(monkeypatch):
 
     plain = trace_program("tiny-llama")
     monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 4096)
-    checked = trace_program("tiny-llama")
-    assert len(checked._checkpoints()) > 10
+    by_bytes = trace_program("tiny-llama")
+    assert len(by_bytes._checkpoints()) > 10
     monkeypatch.setattr(T, "checkpoint_every", lambda pool_bytes: 1 << 62)
+    monkeypatch.setattr(T, "CHECKPOINT_PATCHES", 64)  # by the number of patches replayed instead
+    by_patches = trace_program("tiny-llama")
+    assert len(by_patches._checkpoints()) > 10
+    monkeypatch.setattr(T, "CHECKPOINT_PATCHES", 1 << 62)
     assert plain._checkpoints() == []
     for k in random.Random(1).sample(range(len(plain.steps)), 25) + [len(plain.steps) - 1]:
-        a, b = plain.state_at(k), checked.state_at(k)
-        assert a.contexts.keys() == b.contexts.keys()
-        for cid in a.contexts:
-            assert np.array_equal(a.contexts[cid].pool, b.contexts[cid].pool), (k, cid)
+        a = plain.state_at(k)
+        for checked in (by_bytes, by_patches):
+            b = checked.state_at(k)
+            assert a.contexts.keys() == b.contexts.keys()
+            for cid in a.contexts:
+                assert np.array_equal(a.contexts[cid].pool, b.contexts[cid].pool), (k, cid)
 
 
 def test_a_freed_context_leaves_the_rebuilt_state():
