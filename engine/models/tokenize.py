@@ -9,7 +9,10 @@ Leaves out: 't5' (Unigram), 'rwkv', 'plamo2' and the other kinds llama.cpp has.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from threading import Lock
+from typing import Any, Callable
 
 from .bpe import BytePairEncoding
 from .spm import SentencePiece
@@ -34,6 +37,32 @@ def tokenizer_of(f, required: bool = False):
                              + ", ".join(f"'{k}'" for k in TOKENIZERS))
         return None
     return cls.from_model_file(f)
+
+
+_BUILT: dict[tuple, Any] = {}  # the tokenizers of the last files read, by builder and file identity
+_BUILT_MOST = 4
+_BUILT_LOCK = Lock()
+
+
+def file_tokenizer(path: str | os.PathLike, build: Callable[[Any], Any]) -> Any:
+    """build(ModelMeta(path)), made once per file: a model's vocabulary (Gemma's 262,144 tokens)
+    takes a good part of a second to read, and a new prompt for a model read before need not
+    read it again. The file is known by its identity (device, inode, size, modification time),
+    so a file replaced at the same path is read anew. The tokenizer must not change once built
+    (SentencePiece does not)."""
+    from .common import ModelMeta
+
+    st = os.stat(path)
+    key = (build, os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _BUILT_LOCK:
+        found = _BUILT.get(key)
+    if found is None:
+        found = build(ModelMeta(path))
+        with _BUILT_LOCK:
+            while len(_BUILT) >= _BUILT_MOST:
+                _BUILT.pop(next(iter(_BUILT)))
+            _BUILT[key] = found
+    return found
 
 
 @dataclass(frozen=True, slots=True)

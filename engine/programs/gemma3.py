@@ -21,8 +21,8 @@ import numpy as np
 
 import engine.libm as libm
 from engine.ggml import *  # noqa: F403
-from engine.models.common import ModelMeta
 from engine.models.spm import SentencePiece
+from engine.models.tokenize import file_tokenizer
 from engine.resources import bundled_model_path
 
 PROMPT = "The capital of France is"
@@ -35,8 +35,8 @@ def cb(t, name: str, il: int):
 
 
 def tokenizer(path: str) -> SentencePiece:
-    """The vocabulary the file carries (its metadata only: no context is made)."""
-    return SentencePiece.from_model_file(ModelMeta(path))
+    """The vocabulary the file carries (its metadata only: no context is made; read once per file)."""
+    return file_tokenizer(path, SentencePiece.from_model_file)
 
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,

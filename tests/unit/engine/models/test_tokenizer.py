@@ -85,3 +85,30 @@ def test_phantom_space_vocabulary():
     wp = WordPiece(["[UNK]", "[CLS]", "[SEP]", "▁un", "aff", "able", "▁want", "ed"], 0, 1, 2)
     assert wp.encode("unaffable wanted") == [1, 3, 4, 5, 6, 7, 2]
     assert wp.encode("unwanted") == [1, 0, 2]
+
+
+def test_a_files_tokenizer_is_read_once_until_the_file_changes(wp, tmp_path, monkeypatch):
+    """file_tokenizer builds a file's tokenizer once; the same path holding another file (a new
+    modification time or size) is read again."""
+    import os
+    import shutil
+
+    from engine.models import tokenize
+
+    monkeypatch.setattr(tokenize, "_BUILT", {})
+    built = []
+
+    def build(meta):
+        built.append(meta.path)
+        return WordPiece.from_model_file(meta)
+
+    path = tmp_path / "model.gguf"
+    shutil.copy(FIXTURES / "minilm-q8_0.gguf", path)
+    first = tokenize.file_tokenizer(path, build)
+    assert tokenize.file_tokenizer(path, build) is first and len(built) == 1
+    assert first.encode("hello world") == wp.encode("hello world")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the file replaced
+    again = tokenize.file_tokenizer(path, build)
+    assert again is not first and len(built) == 2
+    assert again.encode("hello world") == first.encode("hello world")
