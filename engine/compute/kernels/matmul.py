@@ -280,19 +280,25 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         return
 
     nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
-    done = []
-    chunk = params.ith
-    while chunk < nchunk0 * nchunk1:
-        ith0, ith1 = chunk % nchunk0, chunk // nchunk0
-        ir0a, ir0b = dr0 * ith0, min(dr0 * ith0 + dr0, nr0)
-        ir1a, ir1b = dr1 * ith1, min(dr1 * ith1 + dr1, nr1)
-        done.append((chunk, (ir0a, ir0b), (ir1a, ir1b)))
-        if params.nth >= nchunk0 * nchunk1:
-            break
-        # one thread running the shares in turn takes the chunks as threads of equal speed would
-        chunk = chunk + params.nth if params.alone else next(params.shared["chunk"])
+    total = nchunk0 * nchunk1
+    if params.alone or params.nth >= total:
+        # one thread running the shares in turn takes the chunks as threads of equal speed
+        # would: every nth from its own (the output matrix's 262,144 rows are 16,384 chunks)
+        done = _chunks(np.arange(params.ith, total, params.nth), nchunk0, dr0, dr1, nr0, nr1)
+    else:
+        done, chunk = [], params.ith
+        while chunk < total:
+            done += _chunks(np.array([chunk]), nchunk0, dr0, dr1, nr0, nr1)
+            chunk = next(params.shared["chunk"])
     params.took("chunks", *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks", n0=nchunk0,
                                               n1=nchunk1, d0=dr0, d1=dr1))
+
+
+def _chunks(chunks: np.ndarray, nchunk0: int, dr0: int, dr1: int, nr0: int, nr1: int) -> list[tuple]:
+    """Each chunk as (chunk, (ir0 start, end), (ir1 start, end)): its rows of src0 and of src1."""
+    ir0, ir1 = dr0 * (chunks % nchunk0), dr1 * (chunks // nchunk0)
+    return list(zip(chunks.tolist(), zip(ir0.tolist(), np.minimum(ir0 + dr0, nr0).tolist()),
+                    zip(ir1.tolist(), np.minimum(ir1 + dr1, nr1).tolist())))
 
 
 def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,
