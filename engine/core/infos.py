@@ -4,9 +4,9 @@ Not a ggml API: ggml walks `ggml_get_first_tensor` / `ggml_get_next_tensor` and 
 A debugger showing a pool of a thousand tensors at every step wants them in one gather instead, so
 `tensor_infos` reads every tensor struct of a context at once (with `ggml_nbytes` computed over
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
-`graph_edges` lists a graph's src links as addresses, without making a handle per tensor;
-`layout_digest` and `graph_digest` tell whether two states of a pool hold the same
-objects, or of a graph draw the same; `layer_of` and `graph_layers` say which transformer layer a
+`graph_tensors` reads a graph's nodes and leafs (addresses, structs, so their src links) without
+making a handle per tensor; `object_rows`, `layout_digest` and `graph_digest` tell whether two
+states of a pool hold the same objects, or of a graph draw the same; `layer_of` and `graph_layers` say which transformer layer a
 tensor belongs to (the recorder's step marks, the DAG's folded layers and the GGUF tensor table
 all ask them).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -128,21 +127,6 @@ def graph_digest(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None)
     if grads:  # found by their nodes' hash slots
         h.update(b"".join(a.tobytes() for a in (g.hash_keys, g.hash_used, *grads)))
     return h.digest()
-
-
-@dataclass(frozen=True, slots=True)
-class GraphEdge:
-    """node->src[slot] == src, as addresses."""
-
-    src: int
-    dst: int
-    slot: int
-
-
-def graph_edges(g: Graph) -> list[GraphEdge]:
-    """The src links of a graph's nodes, in node order, then slot order."""
-    return [GraphEdge(int(a), t.address, j) for t in g.nodes
-            for j, a in enumerate(t._r["src"][0]) if a]
 
 
 _BLK = re.compile(r"blk\.(\d+)\.")

@@ -14,7 +14,7 @@ import hashlib
 import json
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,30 +72,31 @@ class Trace:
         return self.__dict__["_hash"][1]
 
     def of_kinds(self, *kinds: StepKind) -> list[Step]:
-        """The steps of these kinds, in order (indexed once per kind: a page asks at every step)."""
-        index = self.__dict__.get("_kinds")
-        if index is None or index[0] != len(self.steps):
-            by_kind: dict[StepKind, list[int]] = {}
-            for k, st in enumerate(self.steps):
-                by_kind.setdefault(st.kind, []).append(k)
-            index = self.__dict__["_kinds"] = (len(self.steps), by_kind)
-        return [self.steps[k] for k in sorted(k for kind in kinds for k in index[1].get(kind, ()))]
+        """The steps of these kinds, in order (a page asks at every step: found in `_index`)."""
+        by_kind = self._index().by_kind
+        return [self.steps[k] for k in sorted(k for kind in kinds for k in by_kind.get(kind, ()))]
+
+    def _index(self) -> "_Index":
+        """What the steps hold, gathered in one pass (again once steps were added)."""
+        index = self.__dict__.get("_steps_index")
+        if index is None or index.n_steps != len(self.steps):
+            index = self.__dict__["_steps_index"] = _index_of(self.steps)
+        return index
 
     # --- rebuilding a state -----------------------------------------------------------------
     @property
     def recorded_bytes(self) -> int:
         """The bytes the steps' patches hold (what keeping this trace costs)."""
-        self._flat_patches()
-        return self._flat[3]
+        return self._index().nbytes
 
     def state_at(self, k: int) -> "State":
         """The pools after step k: the last checkpoint at or before k, then the patches of the
         steps after it (from step 0 when there is none)."""
         k = max(0, min(k, len(self.steps) - 1))
-        flat, ends = self._flat_patches()
-        declared_contexts, declared_buffers = self._flat[4]
-        metas: dict[int, ContextMeta] = _as_of(declared_contexts, k)
-        buffers: dict[int, Any] = _as_of(declared_buffers, k)
+        index = self._index()
+        flat, ends = index.patches, index.ends
+        metas: dict[int, ContextMeta] = _as_of(index.contexts, k)
+        buffers: dict[int, Any] = _as_of(index.buffers, k)
         metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
         start, saved = 0, {}
         for index, pools_then in self._checkpoints():
@@ -124,13 +125,11 @@ class Trace:
         cached = getattr(self, "_cps", None)
         if cached is not None and cached[0] == len(self.steps):
             return cached[1]
-        flat, ends = self._flat_patches()
-        sizes: dict[int, int] = {}
-        for s in self.steps:
-            for c in s.contexts:
-                sizes[c.id] = c.mem_size
-            for b in s.buffers:
-                sizes[b.id] = b.size
+        index = self._index()
+        flat, ends = index.patches, index.ends
+        last = len(self.steps) - 1
+        sizes = {**{cid: m.mem_size for cid, m in _as_of(index.contexts, last).items()},
+                 **{bid: m.size for bid, m in _as_of(index.buffers, last).items()}}
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
         if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES) \
                 or len(flat) > CHECKPOINT_PATCHES:
@@ -174,17 +173,6 @@ class Trace:
         """What keeping this trace costs: its patches, and its checkpoints once a rebuild made them."""
         return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
 
-    def _flat_patches(self) -> tuple[list[tuple[int, int, int, bytes]], list[int]]:
-        """Every patch in order as (ctx, start, end, bytes), and how many steps 0..k wrote (kept
-        with the patches' bytes and each context's and buffer's declarations, `_declared`)."""
-        if getattr(self, "_flat", None) is None or self._flat[2] != len(self.steps):
-            flat, ends = [], []
-            for s in self.steps:
-                flat += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
-                ends.append(len(flat))
-            self._flat = (flat, ends, len(self.steps), sum(len(p[3]) for p in flat), _declared(self.steps))
-        return self._flat[0], self._flat[1]
-
     def to_json(self) -> dict:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
                 "error": self.error,
@@ -200,19 +188,34 @@ class Trace:
 Declared = dict[int, tuple[list[int], list[Any]]]  # id -> the steps declaring it, and what each said
 
 
-def _declared(steps: list[Step]) -> tuple[Declared, Declared]:
-    """Each context's metas and each buffer's, with the steps that declared them (a context's
-    meta changes with every object it makes: a state finds its own by bisection, not by reading
-    every step before it)."""
+class _Index(NamedTuple):
+    """What a trace's steps hold, as a rebuild and the panels look it up."""
+
+    n_steps: int
+    patches: list[tuple[int, int, int, bytes]]  # every patch in order as (ctx, start, end, bytes)
+    ends: list[int]  # how many patches steps 0..k wrote
+    nbytes: int  # the bytes the patches hold
+    # each context's metas and each buffer's, with the steps that declared them (a context's
+    # meta changes with every object it makes: a state finds its own by bisection, `_as_of`)
+    contexts: Declared
+    buffers: Declared
+    by_kind: dict[StepKind, list[int]]  # the steps of each kind
+
+
+def _index_of(steps: list[Step]) -> _Index:
+    patches, ends, by_kind = [], [], {}
     contexts: Declared = {}
     buffers: Declared = {}
     for k, s in enumerate(steps):
+        patches += [(p.ctx, p.offset, p.offset + len(p.data), p.data) for p in s.patches]
+        ends.append(len(patches))
+        by_kind.setdefault(s.kind, []).append(k)
         for found, items in ((contexts, s.contexts), (buffers, s.buffers)):
             for item in items:
                 at, said = found.setdefault(item.id, ([], []))
                 at.append(k)
                 said.append(item)
-    return contexts, buffers
+    return _Index(len(steps), patches, ends, sum(len(p[3]) for p in patches), contexts, buffers, by_kind)
 
 
 def _as_of(declared: Declared, k: int) -> dict[int, Any]:
@@ -259,19 +262,18 @@ class State:
         return Tensor(self.contexts[ref[0]], ref[1])
 
     def tensors(self) -> list[Tensor]:
-        out = []
-        for ctx in self.contexts.values():
-            out += [Tensor(ctx, o.offs) for o in ctx.objects()
-                    if o.type == GGML_OBJECT_TYPE_TENSOR]
-        return out
+        return [Tensor(self.contexts[cid], offs) for cid in self.contexts for offs in self._tensor_offsets(cid)]
 
     def newest_tensor(self) -> Tensor | None:
         """tensors()[-1] without a handle for every other tensor."""
-        for cid, ctx in reversed(self.contexts.items()):
-            offsets = [offs for _, offs, _, type_, _ in self.headers(cid) if type_ == GGML_OBJECT_TYPE_TENSOR]
+        for cid in reversed(self.contexts):
+            offsets = self._tensor_offsets(cid)
             if offsets:
-                return Tensor(ctx, offsets[-1])
+                return Tensor(self.contexts[cid], offsets[-1])
         return None
+
+    def _tensor_offsets(self, cid: int) -> list[int]:
+        return [offs for _, offs, _, type_, _ in self.headers(cid) if type_ == GGML_OBJECT_TYPE_TENSOR]
 
     def graphs(self) -> list[Graph]:
         """The graphs in the state's pools (found once: a state's pools never change), but for

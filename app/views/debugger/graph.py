@@ -5,6 +5,7 @@ from its own URL, keyed by the drawing's hash."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import subprocess
 from dataclasses import dataclass
 from html import escape
@@ -18,7 +19,6 @@ from cachetools import LRUCache, cached
 from app import i18n
 from app.i18n import _
 from app.views.debugger.where import Where, tensor_key
-import engine.core.graph as dump_dot_module
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.core.infos import graph_digest, graph_layers, record_names
 from engine.core.tensor import Tensor
@@ -130,7 +130,8 @@ def _code_digest() -> bytes:
     """What a drawing's text is made by: this module, ggml_graph_dump_dot's and the catalogues of
     its labels (a drawing's URL is immutable, so a server whose drawings differ names them anew)."""
     h = hashlib.sha1()
-    for path in (Path(__file__), Path(dump_dot_module.__file__), *sorted(i18n.LOCALE_DIR.glob("*/*/*.po"))):
+    for path in (Path(__file__), Path(inspect.getsourcefile(ggml_graph_dump_dot)),
+                 *sorted(i18n.LOCALE_DIR.glob("*/*/*.po"))):
         h.update(path.read_bytes())
     return h.digest()
 

@@ -73,30 +73,37 @@ class Where:
 
     def url(self, **change) -> str:
         v = {**self.__dict__, **change}
-        q = self._step_query(v)
-        return f"/{v['kind']}/{v['name']}/steps/{v['step']}" + (f"?{q}" if q else "")
-
-    def _step_query(self, v: dict) -> str:
-        pairs = [("threads", v["threads"]), ("file", v["file"]), ("prompt", v["prompt"]),
-                 ("then", v["then"]), ("t", v["tensor"]),
-                 ("hex", None if v["hex"] == "struct" else v["hex"])]
-        if v["row"] or v["block"]:
-            pairs += [("row", v["row"]), ("block", v["block"])]
-        if v["ith"]:
-            pairs.append(("ith", v["ith"]))
-        return _query(pairs)
+        q = _step_query(v)
+        return _step_path(v) + (f"?{q}" if q else "")
 
     def tensor_url_parts(self, **change) -> tuple[str, str]:
         """url(tensor=key, **change) is prefix + key + suffix: a page linking every tensor of a
         model builds the rest of the URL once."""
-        prefix, _, suffix = self.url(tensor="\0", **change).partition("\0")
-        return prefix, suffix
+        prefix, suffix = self.tensor_link_parts(**change)
+        return _step_path({**self.__dict__, **change}) + prefix, suffix
 
     def tensor_link_parts(self, **change) -> tuple[str, str]:
         """The same link relative to the step's own URL ("?…&t=" + key + suffix): the same at
         every step, so elements made once serve every step of a layout."""
-        prefix, _, suffix = ("?" + self._step_query({**self.__dict__, "tensor": "\0", **change})).partition("\0")
+        prefix, _, suffix = ("?" + _step_query({**self.__dict__, "tensor": "\0", **change})).partition("\0")
         return prefix, suffix
+
+
+def _step_path(v: dict) -> str:
+    """A step's path, of a Where's fields `v`."""
+    return f"/{v['kind']}/{v['name']}/steps/{v['step']}"
+
+
+def _step_query(v: dict) -> str:
+    """A step's query, of a Where's fields `v` (its selected tensor and panels' choices)."""
+    pairs = [("threads", v["threads"]), ("file", v["file"]), ("prompt", v["prompt"]),
+             ("then", v["then"]), ("t", v["tensor"]),
+             ("hex", None if v["hex"] == "struct" else v["hex"])]
+    if v["row"] or v["block"]:
+        pairs += [("row", v["row"]), ("block", v["block"])]
+    if v["ith"]:
+        pairs.append(("ith", v["ith"]))
+    return _query(pairs)
 
 
 def _query(pairs) -> str:

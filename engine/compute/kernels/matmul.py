@@ -284,12 +284,14 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     if params.alone or params.nth >= total:
         # one thread running the shares in turn takes the chunks as threads of equal speed
         # would: every nth from its own (the output matrix's 262,144 rows are 16,384 chunks)
-        done = _chunks(np.arange(params.ith, total, params.nth), nchunk0, dr0, dr1, nr0, nr1)
+        taken = np.arange(params.ith, total, params.nth)
     else:
-        done, chunk = [], params.ith
+        taken, chunk = [], params.ith
         while chunk < total:
-            done += _chunks(np.array([chunk]), nchunk0, dr0, dr1, nr0, nr1)
+            taken.append(chunk)
             chunk = next(params.shared["chunk"])
+        taken = np.array(taken, dtype=np.int64)
+    done = _chunks(taken, nchunk0, dr0, dr1, nr0, nr1)
     params.took("chunks", *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks", n0=nchunk0,
                                               n1=nchunk1, d0=dr0, d1=dr1))
 

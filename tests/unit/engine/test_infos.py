@@ -8,7 +8,7 @@ import pytest
 
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR
 from engine.core.graph import DotStyle, ggml_graph_dump_dot
-from engine.core.infos import graph_edges, graph_tensors, record_names, tensor_infos
+from engine.core.infos import graph_tensors, record_names, tensor_infos
 from engine.programs import trace_program
 from engine.core.tensor import Tensor, ggml_nbytes
 
@@ -40,7 +40,10 @@ def test_graph_edges_are_the_srcs(state):
     for g in state.graphs():
         want = [(s.address, n.address, j) for n in g.nodes for j, s in enumerate(n.src)
                 if s is not None]
-        assert [(e.src, e.dst, e.slot) for e in graph_edges(g)] == want
+        addresses, recs = graph_tensors(g)
+        edges = [(a, dst, j) for dst, srcs in zip(addresses[:g.n_nodes].tolist(), recs["src"][:g.n_nodes].tolist())
+                 for j, a in enumerate(srcs) if a]
+        assert edges == want
 
 
 def test_graph_tensors_are_the_nodes_and_leafs(state):
