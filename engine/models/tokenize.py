@@ -46,8 +46,8 @@ _BUILT_LOCK = Lock()
 
 def file_tokenizer(path: str | os.PathLike, build: Callable[[Any], Any]) -> Any:
     """build(ModelMeta(path)), made once per file: a model's vocabulary (Gemma's 262,144 tokens)
-    takes a good part of a second to read, and a new prompt for a model read before need not
-    read it again. The file is known by its identity (device, inode, size, modification time),
+    is slow to read and convert, and a new prompt for a model read before need not read it
+    again. The file is known by its identity (device, inode, size, modification time),
     so a file replaced at the same path is read anew. The tokenizer must not change once built
     (SentencePiece does not)."""
     from .common import ModelMeta

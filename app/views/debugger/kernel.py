@@ -47,8 +47,8 @@ _WARMING: list[Thread] = []
 
 
 def warm() -> None:
-    """Highlight every kernel's source once per process, in the background (about a second of
-    pygments in all), so that no step page waits for its kernel's first highlighting."""
+    """Highlight every kernel's source once per process, in the background (pygments is slow on
+    whole functions), so that no step page waits for its kernel's first highlighting."""
     if not _WARMING:
         _WARMING.append(Thread(target=lambda: [highlighted(c) for c in sorted(every_code(), key=repr)],
                                name="highlight kernels", daemon=True))
