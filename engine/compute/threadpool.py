@@ -15,7 +15,8 @@ Unwatched (no observer), a graph computed again runs prepared steps (engine.comp
 node whose kernel registered `prepare=` is one ready call, made once from the structs, run by
 thread 0 while the others wait at the next barrier; its C loop shares the rows out between the
 compute's threads in C (engine/_lanes_pool.c), so Python threads and C threads never compete for
-the cores. Watched, every node takes its kernel's general path, thread by thread, as below.
+the cores. When every node is a ready call (or skipped) and nobody is told of nodes, the calling
+thread runs them all and no Python thread is woken. Watched, every node takes its kernel's general path, thread by thread, as below.
 
 An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
 ask=True, told after with ask=False; returning False after a node stops the run) also receives every
@@ -201,12 +202,6 @@ class _Run:
             raise
 
     def _loop(self, ith: int) -> None:
-        if self.calls is not None:  # every node one ready call: thread 0 runs them in order
-            if ith == 0:
-                for call in self.calls:
-                    call()
-            self.wait()
-            return
         pending = False  # thread 0 has computed small nodes alone since the last barrier
         told = self.observer is not None or self.cplan.abort_callback is not None
         for node_n, (mode, call) in enumerate(self.steps):
@@ -324,6 +319,11 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
     run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
+    if run.calls is not None:  # every node one ready call: this thread runs them, none waits
+        with np.errstate(all="ignore"):
+            for call in run.calls:
+                call()
+        return run.status
     _POOL.run(run.thread, run.nth)
     return run.status
 
