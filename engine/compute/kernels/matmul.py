@@ -28,13 +28,14 @@ emulates_vec_dot's rule, stated there; the trace marks the BLAS nodes.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, f32_products, float_product, \
-    quant_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
+    bound_quant_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -196,35 +197,52 @@ def _prepare_mul_mat(params, dst: Tensor):
         x4 = view4(src1)
     d4 = view4(dst)
     r2, r3 = ne12 // ne02, ne13 // ne03
-    products = []
     if src0.type == GGMLType.F32 and convert is None and ne12 * ne13 > 1:  # (attention heads)
         every = f32_products(view4(src0), d4, r2, r3, tiny)
         return lambda: every(x4)
+    widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
     # the r2 matrices of src1 that share a matrix of src0 (the attention's heads sharing a KV
     # head) go as one product of all their rows when dst holds them packed: the weight rows
     # read (and widened) once for them all, each output still its own pair's vec_dot
     group = r2 if r2 > 1 and all(d4[i13, i12:i12 + r2].flags.c_contiguous
                                  for i13 in range(ne13) for i12 in range(0, ne12, r2)) else 1
+    def rows_of(x: np.ndarray, i13: int, i12: int) -> np.ndarray:
+        return x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1])
+
+    products = []  # (i13, i12, the product on those rows of x, or bound to them: no argument)
     for i13 in range(ne13):
         for i12 in range(0, ne12, group):
             # (the C loops write straight into dst, or through a buffer)
             out = d4[i13, i12] if group == 1 else d4[i13, i12:i12 + group].reshape(-1, ne01)
-            if t0.is_quantized:
+            if t0.is_quantized:  # (its activations are converted into the work buffer: they stay)
                 w = quant_rows(src0, i13 // r3, i12 // r2, slice(0, ne01))
-                product = quant_product(src0.type, w, out, threads=params.cores, tiny=tiny)
+                product = bound_quant_product(src0.type, w, out, rows_of(x4, i13, i12),
+                                              params.cores, tiny)
             elif src0.type == GGMLType.F32 and not tiny:
                 product = f32_product(view4(src0)[i13 // r3, i12 // r2], out)
             else:
                 product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
+            if not widen and not t0.is_quantized:
+                product = partial(product, rows_of(x4, i13, i12))
             products.append((i13, i12, product))
-    widen = not t0.is_quantized and xtype != GGMLType.F32  # (half activations, once a node)
+    if not widen:  # every product bound to its rows
+        bound = [product for _i13, _i12, product in products]
+        if convert is None and len(bound) == 1:
+            return bound[0]
+
+        def call_bound() -> None:
+            if convert is not None:
+                convert()
+            for product in bound:
+                product()
+        return call_bound
 
     def call() -> None:
         if convert is not None:
             convert()
-        x = np.ascontiguousarray(to_f32(x4, xtype)) if widen else x4
+        x = np.ascontiguousarray(to_f32(x4, xtype))
         for i13, i12, product in products:
-            product(x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1]))
+            product(rows_of(x, i13, i12))
     return call
 
 
@@ -236,6 +254,9 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
     rows = params.wdata[:ggml_row_size(vdt, ne10) * nrows].reshape(nrows, -1)
     x4 = view4(src1)
     x = x4.reshape(nrows, ne10) if ggml_is_contiguous(src1) else None
+    if x is not None and vdt in (GGMLType.Q8_0, GGMLType.Q8_K) and x.dtype == np.float32 \
+            and rows.flags.c_contiguous:  # (convert_rows' call, bound once)
+        return partial(lanes.quantize_q8_0 if vdt == GGMLType.Q8_0 else lanes.quantize_q8_k, x, rows)
 
     def run() -> None:
         convert_rows(x if x is not None else np.ascontiguousarray(x4).reshape(nrows, ne10), vdt, rows)

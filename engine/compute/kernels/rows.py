@@ -97,12 +97,13 @@ def _set_rows(params, dst: Tensor):
 
     def run() -> None:
         for at, rows, to in parts:
-            idx = at.astype(np.int64)
-            if idx.min() < 0 or idx.max() >= ne1:
+            idx = at.astype(np.int64, copy=False)
+            rising = len(idx) < 2 or bool((idx[1:] > idx[:-1]).all())  # (then no index repeats)
+            if (idx[0] < 0 or idx[-1] >= ne1) if rising else (idx.min() < 0 or idx.max() >= ne1):
                 bad = (idx < 0) | (idx >= ne1)
                 ggml_assert(False, "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
                             f"index {int(idx[bad][0])} outside [0, {ne1})")
-            if len(idx) > 1 and not (idx[1:] > idx[:-1]).all():  # (rising: no index repeats)
+            if not rising:
                 # rows are written in order: for a repeated index the last one stays
                 last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
                 idx, rows = idx[last], rows[last]

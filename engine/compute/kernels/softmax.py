@@ -46,7 +46,8 @@ def soft_max_rows(w: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray
     n = w.shape[-1]
     rows = w.size // n if n else 0
     w2 = np.ascontiguousarray(w, F32).reshape(rows, n)
-    m2 = np.ascontiguousarray(np.broadcast_to(mx, (*w.shape[:-1], 1)), F32).reshape(rows)
+    shape = (*w.shape[:-1], 1)
+    m2 = np.ascontiguousarray(mx if mx.shape == shape else np.broadcast_to(mx, shape), F32).reshape(rows)
     y = np.empty((rows, n), F32)
     total = np.empty(rows, F64)
     lanes.soft_max(w2, m2, y, total, rows, n)

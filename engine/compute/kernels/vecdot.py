@@ -56,6 +56,7 @@ pure-numpy mode, engine/lanes.py):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -658,21 +659,44 @@ def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: boo
     read when it runs."""
     n0, row_bytes = w.shape
     nb = row_bytes // TYPE_TRAITS[type_].type_size
-    as_they_lie = not n0 or (w.strides[1] == 1 and w.strides[0] >= row_bytes)
+    fixed = _weight_span(w) if _as_they_lie(w) else None
     dot = lanes.quant_dot
 
-    def span(rows: np.ndarray) -> tuple[np.ndarray, int]:
-        ldw = rows.strides[0] if n0 > 1 else row_bytes
-        return (np.lib.stride_tricks.as_strided(rows[0], shape=((n0 - 1) * ldw + row_bytes,),
-                                                strides=(1,)) if n0 else rows.reshape(-1)), ldw
-    fixed = span(w) if as_they_lie else None
-
     def run(x: np.ndarray) -> None:
-        buf, ldw = fixed if fixed is not None else span(np.ascontiguousarray(w))
+        buf, ldw = fixed if fixed is not None else _weight_span(np.ascontiguousarray(w))
         x = np.ascontiguousarray(x, np.uint8)
         written(out, lambda res: dot(int(type_), buf, ldw, x, x.shape[1], res, n0, len(x), nb,
                                      portable, threads, tiny))
     return run
+
+
+def bound_quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, x: np.ndarray,
+                        threads: int = 1, tiny: bool = False) -> Callable[[], None]:
+    """quant_product on activation rows x that stay where they lie (a work buffer's converted
+    rows): when w, x and out lie as the C loop reads them, its call with every argument bound
+    once (a decoded token's products pay no Python around the loop); else quant_product's run
+    on x."""
+    n0, row_bytes = w.shape
+    if n0 and _as_they_lie(w) and out.flags.c_contiguous and x.flags.c_contiguous \
+            and x.dtype == np.uint8 and len(x):
+        buf, ldw = _weight_span(w)
+        return partial(lanes.quant_dot, int(type_), buf, ldw, x, x.shape[1], out, n0, len(x),
+                       row_bytes // TYPE_TRAITS[type_].type_size, False, threads, tiny)
+    return partial(quant_product(type_, w, out, threads=threads, tiny=tiny), x)
+
+
+def _as_they_lie(w: np.ndarray) -> bool:
+    """Can the C loop read these weight rows where they lie (bytes packed, rows apart)?"""
+    return not len(w) or (w.strides[1] == 1 and w.strides[0] >= w.shape[1])
+
+
+def _weight_span(w: np.ndarray) -> tuple[np.ndarray, int]:
+    """Weight rows as the C loop takes them: one flat span from the first row's first byte to
+    the last row's last, and the rows' distance."""
+    n0, row_bytes = w.shape
+    ldw = w.strides[0] if n0 > 1 else row_bytes
+    return (np.lib.stride_tricks.as_strided(w[0], shape=((n0 - 1) * ldw + row_bytes,), strides=(1,))
+            if n0 else w.reshape(-1)), ldw
 
 
 def written(out: np.ndarray, fill: Callable[[np.ndarray], None]) -> None:
