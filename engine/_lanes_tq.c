@@ -480,14 +480,16 @@ AVX2 __m256i iq1m_lanes(const uint8_t *blk, const int8_t *yq, __m256i *shifts)
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256();
     for (int r = 0; r < 8; r++) {  /* run r: groups 4r .. 4r + 3 */
-        uint64_t row[4], sign[4];
+        int64_t row[4], sign[4];
         for (int k = 0; k < 4; k++) {
             int nibble;
-            row[k] = iq1m_row(blk, 4 * r + k, &nibble);
-            sign[k] = nibble & 8 ? ~(uint64_t)0 : 0x0101010101010101ULL;
+            row[k] = (int64_t)iq1m_row(blk, 4 * r + k, &nibble);
+            sign[k] = nibble & 8 ? -1 : 0x0101010101010101LL;
         }
-        const __m256i q = _mm256_loadu_si256((const __m256i *)row);  /* groups 0..3, the first lowest */
-        const __m256i dl = _mm256_loadu_si256((const __m256i *)sign);
+        /* groups 0..3, the first lowest (set from registers: a vector load of the four words
+         * just stored would wait for the stores to retire) */
+        const __m256i q = _mm256_set_epi64x(row[3], row[2], row[1], row[0]);
+        const __m256i dl = _mm256_set_epi64x(sign[3], sign[2], sign[1], sign[0]);
         const __m256i y = _mm256_loadu_si256((const __m256i *)(yq + 32 * r));
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)iq1m_scale(blk, 2 * r + 1)),
                                             _mm_set1_epi16((short)iq1m_scale(blk, 2 * r)));

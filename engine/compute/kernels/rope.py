@@ -89,7 +89,8 @@ def _made_from(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tupl
     yarn's parameters."""
     ff = None if freq_factors is None else np.asarray(freq_factors[:(ne0 + 1) // 2], F32).tobytes()
     return (p.tobytes(), ne0, float(theta_scale), ff,
-            tuple(float(x) if np.ndim(x) == 0 else tuple(x) for x in yarn))
+            tuple(float(x) if isinstance(x, (float, np.floating)) or np.ndim(x) == 0 else tuple(x)
+                  for x in yarn))
 
 
 @cached(LRUCache(16), key=_made_from, lock=Lock())  # recent rope caches (q and k, every layer)
