@@ -78,3 +78,32 @@ def test_a_kernel_names_its_loop_in_c_for_the_nodes_that_run_it():
     assert unary.loop_in_c(g.ggml_silu(ctx, f16)) is None
     assert unary.loop_in_c(g.ggml_gelu(ctx, f32)) is None
     assert KERNELS[GGMLOp.SOFT_MAX].loop_in_c(g.ggml_soft_max(ctx, f32)).lane == "soft_max"
+
+
+def test_a_graph_of_ready_calls_runs_on_the_calling_thread(monkeypatch):
+    """Unwatched, a graph whose every node is a ready call runs them on the thread that called
+    ggml_graph_compute: no Python thread is woken for it (its C loops share their rows between
+    the compute's threads themselves), at any thread count. Watched, the pool's threads run it."""
+    import numpy as np
+
+    from engine import ggml as g
+    from engine.compute import threadpool
+
+    ctx = g.ggml_init(g.ggml_init_params(1 << 20))
+    a, b = (g.ggml_new_tensor_2d(ctx, g.GGML_TYPE_F32, 8, 6) for _ in range(2))
+    y = g.ggml_mul(ctx, g.ggml_add(ctx, a, b), b)
+    gf = g.ggml_new_graph(ctx)
+    g.ggml_build_forward_expand(gf, y)
+    rng = np.random.default_rng(0)
+    pool_runs = []
+    run = threadpool._POOL.run
+    monkeypatch.setattr(threadpool._POOL, "run", lambda fn, n: (pool_runs.append(n), run(fn, n)))
+    for n_threads in (1, 2, 3):
+        for t in (a, b):
+            g.set_data(t, rng.standard_normal((6, 8), dtype=np.float32))
+        g.ggml_graph_compute_with_ctx(ctx, gf, n_threads)
+        va, vb = (g.ggml_get_data_f32(t) for t in (a, b))
+        np.testing.assert_array_equal(g.ggml_get_data_f32(y), (va + vb) * vb)
+    assert pool_runs == []
+    g.ggml_graph_compute_with_ctx(ctx, gf, 2, lambda node, ask, shares: True)
+    assert pool_runs == [2]
