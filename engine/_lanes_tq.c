@@ -445,14 +445,17 @@ AVX2 __m256i tq1_lanes(const uint8_t *blk, const int8_t *yq, const uint8_t *bsum
     __m256i s = _mm256_setzero_si256(), v = _mm256_loadu_si256((const __m256i *)blk);
     for (int n = 0; n < 5; n++, v = times3(v))
         s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v), _mm256_loadu_si256((const __m256i *)(yq + 32 * n))));
-    uint8_t h[16];
-    for (int n = 0; n < 4; n++)
-        for (int m = 0; m < 4; m++)
-            h[4 * n + m] = (uint8_t)(blk[48 + m] * (n == 0 ? 1 : n == 1 ? 3 : n == 2 ? 9 : 27));
+    /* qh's 4 bytes times 1, 3, 9 and 27 (wrapping), word n the nth (in registers: a vector
+     * load of bytes just stored would wait for the stores) */
+    int32_t qh;
+    memcpy(&qh, blk + 48, 4);
+    const __m128i q1 = _mm_set1_epi32(qh), q3 = _mm_add_epi8(q1, _mm_add_epi8(q1, q1));
+    const __m128i q9 = _mm_add_epi8(q3, _mm_add_epi8(q3, q3)), q27 = _mm_add_epi8(q9, _mm_add_epi8(q9, q9));
+    const __m128i h = _mm_blend_epi32(_mm_blend_epi32(q1, q3, 0x2), _mm_blend_epi32(q9, q27, 0x8), 0xC);
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
     const __m256i t3 = times3(t), t9 = times3(t3), t27 = times3(t9);
     const __m256i v01 = _mm256_blend_epi32(t, t3, 0xF0), v23 = _mm256_blend_epi32(t9, t27, 0xF0);
-    const __m256i v45 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)h), _mm256_castsi256_si128(times3(t27)));
+    const __m256i v45 = _mm256_set_m128i(h, _mm256_castsi256_si128(times3(t27)));
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v01), _mm256_loadu_si256((const __m256i *)(yq + 160))));
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v23), _mm256_loadu_si256((const __m256i *)(yq + 192))));
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(tq1_trits(v45), _mm256_loadu_si256((const __m256i *)(yq + 224))));
@@ -516,7 +519,7 @@ AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const uint8_t *blk = wr + b * wsize, *yb = yr + b * ysize;
                 if (type == MXFP4) {
-                    const float d = half_to_float(u16(yb)) * e8m0_half(blk[0]);
+                    const float d = _cvtsh_ss(u16(yb)) * e8m0_half(blk[0]);
                     if (b == nb - 1 && nb % 2) {  /* ggml's scalar loop: the true products */
                         int32_t s = 0;
                         for (int e = 0; e < 16; e++)
@@ -545,7 +548,7 @@ AVX2 void tq_avx2_body(int type, const uint8_t *w, Py_ssize_t ldw, const uint8_t
                 }
                 const __m256i lanes = type == TQ2_0 ? tq2_lanes(blk, (const int8_t *)(yb + 4), yb + 260)
                                                     : tq1_lanes(blk, (const int8_t *)(yb + 4), yb + 260);
-                const float d = yd * half_to_float(u16(blk + (type == TQ2_0 ? 64 : 52)));
+                const float d = yd * _cvtsh_ss(u16(blk + (type == TQ2_0 ? 64 : 52)));
                 acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(d), acc);
             }
             float a[8];
