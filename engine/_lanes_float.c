@@ -17,27 +17,43 @@
  *   the last ones (up to 3) by fmaf.
  * f16_row: ggml_vec_dot_f16 of the F16C build (the halves widened to float): lanes32, then the
  *   leftover products, each rounded to float, summed in double.
- * bf16_row: ggml_vec_dot_bf16 of the AVX2 build (bf16 widened to float): lanes32's accumulators
- *   (gcc fuses its mul and add into one fma), reduced (a0 + a2) + (a1 + a3), then hsum as
- *   tiny_row's; then f16_row's leftovers in double.
+ * bf16_bits_row: ggml_vec_dot_bf16 of the AVX2 build (each bf16 widened to float as it is read):
+ *   lanes32's accumulators (gcc fuses its mul and add into one fma), reduced (a0 + a2) +
+ *   (a1 + a3), then hsum as tiny_row's; then f16_row's leftovers in double.
  * tiny_row: llamafile's tinyBLAS (k a multiple of 8): one accumulator of 8 lanes, one fmaf per
  *   element, then hsum: (hi + lo), (r0 + r2) + (r1 + r3).
  * ALL_PAIRS makes, from a row function, NAME(w, x, out, n0, n1, k): out[i1, i0] = row(w[i0],
  * x[i1]) for every pair of rows of w (n0, k) and x (n1, k); ROW_PAIRS NAME(a, b, out, n, k):
  * out[i] = row(a[i], b[i]); FLOAT_JOB the same as ALL_PAIRS for some weight rows of a float_dot,
  * which the pool shares out (_lanes_pool.c). */
-#define FLOAT_ROWS(S, ATTR)                                                                  \
-    /* the 4 accumulators of 8 lanes over the first np elements, reduced into v */           \
-    ATTR static inline void acc32##S(const float *a, const float *b, Py_ssize_t np, float *v)\
+
+/* bf16 bits to float: the float's top half (exact, NaNs as they are) */
+static inline float bf16_value(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* NAME(a, b, np, v): the 4 accumulators of 8 lanes over the first np elements of rows a (of
+ * type T, element i read as VALUE(a[i])) and b, reduced into v */
+#define ACC32(NAME, T, VALUE, ATTR)                                                          \
+    ATTR static inline void NAME(const T *a, const float *b, Py_ssize_t np, float *v)        \
     {                                                                                        \
         float acc[4][8] = {{0}};                                                             \
         for (Py_ssize_t s = 0; s < np; s += 32)                                              \
             for (int j = 0; j < 4; j++)                                                      \
                 for (int l = 0; l < 8; l++)                                                  \
-                    acc[j][l] = fmaf(a[s + 8 * j + l], b[s + 8 * j + l], acc[j][l]);         \
+                    acc[j][l] = fmaf(VALUE(a[s + 8 * j + l]), b[s + 8 * j + l], acc[j][l]);  \
         for (int l = 0; l < 8; l++)                                                          \
             v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);                        \
-    }                                                                                        \
+    }
+#define AS_IS(x) (x)
+
+#define FLOAT_ROWS(S, ATTR)                                                                  \
+    ACC32(acc32##S, float, AS_IS, ATTR)                                                      \
+    ACC32(acc32_bf16##S, uint16_t, bf16_value, ATTR)                                         \
     ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
     {                                                                                        \
         float v[8], t[4];                                                                    \
@@ -75,14 +91,15 @@
         }                                                                                    \
         return (float)sumf;                                                                  \
     }                                                                                        \
-    ATTR static inline float bf16_row##S(const float *a, const float *b, Py_ssize_t k)      \
+    /* ggml_vec_dot_bf16's row, the weights read as bf16 bits (each widened as it is read) */\
+    ATTR static inline float bf16_bits_row##S(const uint16_t *a, const float *b, Py_ssize_t k)\
     {                                                                                        \
         const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
         float v[8];                                                                          \
-        acc32##S(a, b, np, v);                                                               \
+        acc32_bf16##S(a, b, np, v);                                                          \
         double sumf = (double)hsum8(v);                                                      \
         for (Py_ssize_t i = np; i < k; i++) {                                                \
-            const float p = a[i] * b[i];                                                     \
+            const float p = bf16_value(a[i]) * b[i];                                         \
             sumf += (double)p;                                                               \
         }                                                                                    \
         return (float)sumf;                                                                  \
@@ -122,10 +139,17 @@ typedef struct {
     int tiny, bf16, hw;    /* bf16: w holds bf16, and the row is ggml_vec_dot_bf16's */
 } FloatJob;
 
-#define FLOAT_JOB(NAME, F16, BF16, TINY, WIDEN, ATTR)                                        \
+#define FLOAT_JOB(NAME, F16, BF16_BITS, TINY, WIDEN, ATTR)                                   \
     ATTR static void NAME(const FloatJob *j, float *buf, Py_ssize_t a, Py_ssize_t b)        \
     {                                                                                        \
         const Py_ssize_t k = j->k;                                                           \
+        if (j->bf16 && !j->tiny) { /* bf16 rows read as they lie, no widened copy */         \
+            for (Py_ssize_t i0 = a; i0 < b; i0++)                                            \
+                for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                    \
+                    j->out[i1 * j->n0 + i0] = BF16_BITS(                                     \
+                        (const uint16_t *)j->w + i0 * j->ldw, j->x + i1 * k, k);             \
+            return;                                                                          \
+        }                                                                                    \
         for (Py_ssize_t i0 = a; i0 < b; i0++) {                                              \
             const float *wr = (const float *)j->w + i0 * k;                                  \
             if (j->ldw >= 0) {                                                               \
@@ -138,7 +162,7 @@ typedef struct {
             }                                                                                \
             for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                        \
                 j->out[i1 * j->n0 + i0] =                                                    \
-                    (j->tiny ? TINY : j->bf16 ? BF16 : F16)(wr, j->x + i1 * k, k);           \
+                    (j->tiny ? TINY : F16)(wr, j->x + i1 * k, k);                     \
         }                                                                                    \
     }
 
@@ -160,7 +184,7 @@ static void widen_bf16(const uint16_t *h, float *f, Py_ssize_t k)
 FLOAT_ROWS(, )
 ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
-FLOAT_JOB(float_rows, f16_row, bf16_row, tiny_row, widen, )
+FLOAT_JOB(float_rows, f16_row, bf16_bits_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
 #define FMA __attribute__((target("fma")))
 #define F16C __attribute__((target("avx2,fma,f16c")))
@@ -178,7 +202,7 @@ F16C static inline void widen_f16c(const uint16_t *h, float *f, Py_ssize_t k)
 FLOAT_ROWS(_fma, FMA)
 ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
 ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
-FLOAT_JOB(float_rows_fma, f16_row_fma, bf16_row_fma, tiny_row_fma, widen_f16c, F16C)
+FLOAT_JOB(float_rows_fma, f16_row_fma, bf16_bits_row_fma, tiny_row_fma, widen_f16c, F16C)
 #endif
 
 static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
