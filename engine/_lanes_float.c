@@ -139,14 +139,16 @@ typedef struct {
     int tiny, bf16, hw;    /* bf16: w holds bf16, and the row is ggml_vec_dot_bf16's */
 } FloatJob;
 
-#define FLOAT_JOB(NAME, F16, BF16_BITS, TINY, WIDEN, ATTR)                                   \
+/* NAME: float_dot's rows [a, b). Bf16 rows, and half rows where HALF_BITS reads them (the F16C
+ * build), are read as they lie; other half rows are widened into buf first, a row at a time */
+#define FLOAT_JOB(NAME, F16, HALF_BITS, HAS_HALF_BITS, BF16_BITS, TINY, WIDEN, ATTR)          \
     ATTR static void NAME(const FloatJob *j, float *buf, Py_ssize_t a, Py_ssize_t b)        \
     {                                                                                        \
         const Py_ssize_t k = j->k;                                                           \
-        if (j->bf16 && !j->tiny) { /* bf16 rows read as they lie, no widened copy */         \
+        if (!j->tiny && (j->bf16 || (HAS_HALF_BITS && j->ldw >= 0))) {                       \
             for (Py_ssize_t i0 = a; i0 < b; i0++)                                            \
                 for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                    \
-                    j->out[i1 * j->n0 + i0] = BF16_BITS(                                     \
+                    j->out[i1 * j->n0 + i0] = (j->bf16 ? BF16_BITS : HALF_BITS)(             \
                         (const uint16_t *)j->w + i0 * j->ldw, j->x + i1 * k, k);             \
             return;                                                                          \
         }                                                                                    \
@@ -184,7 +186,7 @@ static void widen_bf16(const uint16_t *h, float *f, Py_ssize_t k)
 FLOAT_ROWS(, )
 ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
-FLOAT_JOB(float_rows, f16_row, bf16_bits_row, tiny_row, widen, )
+FLOAT_JOB(float_rows, f16_row, bf16_bits_row, 0, bf16_bits_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
 #define FMA __attribute__((target("fma")))
 #define F16C __attribute__((target("avx2,fma,f16c")))
@@ -202,7 +204,30 @@ F16C static inline void widen_f16c(const uint16_t *h, float *f, Py_ssize_t k)
 FLOAT_ROWS(_fma, FMA)
 ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
 ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
-FLOAT_JOB(float_rows_fma, f16_row_fma, bf16_bits_row_fma, tiny_row_fma, widen_f16c, F16C)
+
+/* f16_row of half weights as they lie, each 8 widened by F16C as the dot reads them: lanes32's
+ * 4 accumulators of 8 lanes (one fma an element), its reductions, the leftovers in double */
+F16C static inline float f16_bits_row_f16c(const uint16_t *a, const float *b, Py_ssize_t k)
+{
+    const Py_ssize_t np = k & ~(Py_ssize_t)31;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (Py_ssize_t s = 0; s < np; s += 32)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + s + 8 * j))),
+                                     _mm256_loadu_ps(b + s + 8 * j), acc[j]);
+    float v[8], t[4];
+    _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
+    for (int l = 0; l < 4; l++)
+        t[l] = v[l] + v[l + 4];
+    double sumf = (double)((t[0] + t[1]) + (t[2] + t[3]));
+    for (Py_ssize_t i = np; i < k; i++) {
+        const float p = _cvtsh_ss(a[i]) * b[i];
+        sumf += (double)p;
+    }
+    return (float)sumf;
+}
+
+FLOAT_JOB(float_rows_fma, f16_row_fma, f16_bits_row_f16c, 1, bf16_bits_row_fma, tiny_row_fma, widen_f16c, F16C)
 #endif
 
 static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
