@@ -480,19 +480,33 @@ AVX2 __m256i fp4_pairs(const uint8_t *qs, const uint8_t *yq)
  * times its scale by madd; *shifts: the shifts' lanes */
 AVX2 __m256i iq1m_lanes(const uint8_t *blk, const int8_t *yq, __m256i *shifts)
 {
+    /* the block's 32 qh nibbles as bytes, group g's at byte g (low nibble of qh[g / 2] for an
+     * even g, high for an odd one); from them each group's grid index qs[g] | (nibble & 7) << 8
+     * and shift sign (-1 where bit 3 is set, else +1), made once for the block in vectors */
+    const __m128i qh = _mm_loadu_si128((const __m128i *)(blk + 32)), m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(qh, m4), hi = _mm_and_si128(_mm_srli_epi16(qh, 4), m4);
+    const __m256i nib = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    const __m256i qs = _mm256_loadu_si256((const __m256i *)blk), high = _mm256_and_si256(nib, _mm256_set1_epi8(7));
+    uint16_t idx[32];
+    int8_t sign[32];
+    _mm256_storeu_si256((__m256i *)idx, _mm256_or_si256(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(qs)),
+                        _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(high)), 8)));
+    _mm256_storeu_si256((__m256i *)(idx + 16), _mm256_or_si256(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(qs, 1)),
+                        _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(high, 1)), 8)));
+    const __m256i eight = _mm256_set1_epi8(8);
+    _mm256_storeu_si256((__m256i *)sign, _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(nib, eight), eight),
+                                                         _mm256_set1_epi8(1)));
+    /* a group's sign byte spread over its 8 bytes: groups 0, 1 in the low half, 2, 3 in the high */
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                             0x0101010101010101LL, 0);
     const __m256i ones = _mm256_set1_epi8(1);
     __m256i s1 = _mm256_setzero_si256(), s2 = _mm256_setzero_si256();
-    for (int r = 0; r < 8; r++) {  /* run r: groups 4r .. 4r + 3 */
-        int64_t row[4], sign[4];
-        for (int k = 0; k < 4; k++) {
-            int nibble;
-            row[k] = (int64_t)iq1m_row(blk, 4 * r + k, &nibble);
-            sign[k] = nibble & 8 ? -1 : 0x0101010101010101LL;
-        }
-        /* groups 0..3, the first lowest (set from registers: a vector load of the four words
-         * just stored would wait for the stores to retire) */
-        const __m256i q = _mm256_set_epi64x(row[3], row[2], row[1], row[0]);
-        const __m256i dl = _mm256_set_epi64x(sign[3], sign[2], sign[1], sign[0]);
+    for (int r = 0; r < 8; r++) {  /* run r: groups 4r .. 4r + 3, the first lowest */
+        const __m256i q = _mm256_set_epi64x((long long)iq1s_grid[idx[4 * r + 3]], (long long)iq1s_grid[idx[4 * r + 2]],
+                                            (long long)iq1s_grid[idx[4 * r + 1]], (long long)iq1s_grid[idx[4 * r]]);
+        int32_t four;
+        memcpy(&four, sign + 4 * r, 4);
+        const __m256i dl = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
         const __m256i y = _mm256_loadu_si256((const __m256i *)(yq + 32 * r));
         const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)iq1m_scale(blk, 2 * r + 1)),
                                             _mm_set1_epi16((short)iq1m_scale(blk, 2 * r)));
