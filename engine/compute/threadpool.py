@@ -103,6 +103,13 @@ class _Pool:
         self._size = 0
         self._lock = threading.Lock()
 
+    def run_here(self, calls: list[Callable[[], None]]) -> None:
+        """Run ready calls in order on this thread, the workers left asleep (one graph at a
+        time here too: two graphs computed at once would share the work buffer)."""
+        with self._lock, np.errstate(all="ignore"):
+            for call in calls:
+                call()
+
     def run(self, fn: Callable[[int], None], n: int) -> None:
         with self._lock:  # one graph at a time per pool, as with a ggml threadpool
             if n - 1 > self._size:
@@ -320,11 +327,9 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
     run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
     if run.calls is not None:  # every node one ready call: this thread runs them, none waits
-        with np.errstate(all="ignore"):
-            for call in run.calls:
-                call()
-        return run.status
-    _POOL.run(run.thread, run.nth)
+        _POOL.run_here(run.calls)
+    else:
+        _POOL.run(run.thread, run.nth)
     return run.status
 
 
