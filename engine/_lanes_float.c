@@ -16,7 +16,8 @@
  *   run of 8 (or one of 4) as a vector product, each product rounded, added to sumf in order;
  *   the last ones (up to 3) by fmaf.
  * f16_row: ggml_vec_dot_f16 of the F16C build (the halves widened to float): lanes32, then the
- *   leftover products, each rounded to float, summed in double.
+ *   leftover products, each rounded to float, summed in double; half_bits_row the same on the
+ *   halves as they lie, each widened as it is read.
  * bf16_bits_row: ggml_vec_dot_bf16 of the AVX2 build (each bf16 widened to float as it is read):
  *   lanes32's accumulators (gcc fuses its mul and add into one fma), reduced (a0 + a2) +
  *   (a1 + a3), then hsum as tiny_row's; then f16_row's leftovers in double.
@@ -51,16 +52,44 @@ static inline float bf16_value(uint16_t h)
     }
 #define AS_IS(x) (x)
 
-#define FLOAT_ROWS(S, ATTR)                                                                  \
+/* lanes32's reduction of the 8 lanes: (l + l+4), then (r0 + r1) + (r2 + r3) */
+static inline float lanes_sum(const float *v)
+{
+    float t[4];
+    for (int l = 0; l < 4; l++)
+        t[l] = v[l] + v[l + 4];
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+/* NAME(a, b, k): ACC's lanes over the first k & ~31 elements reduced by SUM, then the leftover
+ * products (element i of a read as VALUE(a[i])), each rounded to float, summed in double */
+#define ROW_IN_DOUBLE(NAME, T, ACC, VALUE, SUM, ATTR)                                        \
+    ATTR static inline float NAME(const T *a, const float *b, Py_ssize_t k)                  \
+    {                                                                                        \
+        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
+        float v[8];                                                                          \
+        ACC(a, b, np, v);                                                                    \
+        double sumf = (double)SUM(v);                                                        \
+        for (Py_ssize_t i = np; i < k; i++) {                                                \
+            const float p = VALUE(a[i]) * b[i];                                              \
+            sumf += (double)p;                                                               \
+        }                                                                                    \
+        return (float)sumf;                                                                  \
+    }
+
+/* the row functions of one build (S: its suffix; HALF: how it widens a half, HALF_ACC: its
+ * ACC32 of half rows) */
+#define FLOAT_ROWS(S, ATTR, HALF, HALF_ACC)                                                  \
     ACC32(acc32##S, float, AS_IS, ATTR)                                                      \
     ACC32(acc32_bf16##S, uint16_t, bf16_value, ATTR)                                         \
+    ROW_IN_DOUBLE(f16_row##S, float, acc32##S, AS_IS, lanes_sum, ATTR)                       \
+    ROW_IN_DOUBLE(half_bits_row##S, uint16_t, HALF_ACC, HALF, lanes_sum, ATTR)               \
+    ROW_IN_DOUBLE(bf16_bits_row##S, uint16_t, acc32_bf16##S, bf16_value, hsum8, ATTR)        \
     ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
     {                                                                                        \
-        float v[8], t[4];                                                                    \
+        float v[8];                                                                          \
         acc32##S(a, b, np, v);                                                               \
-        for (int l = 0; l < 4; l++)                                                          \
-            t[l] = v[l] + v[l + 4];                                                          \
-        return (t[0] + t[1]) + (t[2] + t[3]);                                                \
+        return lanes_sum(v);                                                                 \
     }                                                                                        \
     ATTR static inline float f32_row##S(const float *a, const float *b, Py_ssize_t k)       \
     {                                                                                        \
@@ -80,29 +109,6 @@ static inline float bf16_value(uint16_t h)
         for (; i < k; i++)                                                                   \
             sumf = fmaf(a[i], b[i], sumf);                                                   \
         return sumf;                                                                         \
-    }                                                                                        \
-    ATTR static inline float f16_row##S(const float *a, const float *b, Py_ssize_t k)       \
-    {                                                                                        \
-        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
-        double sumf = (double)lanes32##S(a, b, np);                                          \
-        for (Py_ssize_t i = np; i < k; i++) {                                                \
-            const float p = a[i] * b[i];                                                     \
-            sumf += (double)p;                                                               \
-        }                                                                                    \
-        return (float)sumf;                                                                  \
-    }                                                                                        \
-    /* ggml_vec_dot_bf16's row, the weights read as bf16 bits (each widened as it is read) */\
-    ATTR static inline float bf16_bits_row##S(const uint16_t *a, const float *b, Py_ssize_t k)\
-    {                                                                                        \
-        const Py_ssize_t np = k & ~(Py_ssize_t)31;                                           \
-        float v[8];                                                                          \
-        acc32_bf16##S(a, b, np, v);                                                          \
-        double sumf = (double)hsum8(v);                                                      \
-        for (Py_ssize_t i = np; i < k; i++) {                                                \
-            const float p = bf16_value(a[i]) * b[i];                                         \
-            sumf += (double)p;                                                               \
-        }                                                                                    \
-        return (float)sumf;                                                                  \
     }                                                                                        \
     ATTR static inline float tiny_row##S(const float *a, const float *b, Py_ssize_t k)      \
     {                                                                                        \
@@ -129,23 +135,22 @@ static inline float bf16_value(uint16_t h)
             out[i] = ROW(a + i * k, b + i * k, k);                                           \
     }
 
-/* float_dot's rows: weight rows [a, b) (halves or bf16 widened into buf first, a row at a
- * time) by every activation row */
+/* float_dot's rows: weight rows [a, b) by every activation row */
 typedef struct {
     const void *w;         /* floats (n0, k), or halves or bf16, row i0 at element i0 * ldw */
     const float *x;        /* (n1, k) */
-    float *out, *buf;      /* out (n1, n0); buf: each worker's room for a widened row */
+    float *out, *buf;      /* out (n1, n0); buf: each worker's room for a widened row (tiny) */
     Py_ssize_t n0, n1, k, ldw;  /* ldw < 0: w holds floats */
     int tiny, bf16, hw;    /* bf16: w holds bf16, and the row is ggml_vec_dot_bf16's */
 } FloatJob;
 
-/* NAME: float_dot's rows [a, b). Bf16 rows, and half rows where HALF_BITS reads them (the F16C
- * build), are read as they lie; other half rows are widened into buf first, a row at a time */
-#define FLOAT_JOB(NAME, F16, HALF_BITS, HAS_HALF_BITS, BF16_BITS, TINY, WIDEN, ATTR)          \
+/* NAME: float_dot's rows [a, b). Half and bf16 rows are read as they lie, but for tinyBLAS's
+ * rows, whose halves are widened into buf first, a row at a time */
+#define FLOAT_JOB(NAME, F16, HALF_BITS, BF16_BITS, TINY, WIDEN, ATTR)                         \
     ATTR static void NAME(const FloatJob *j, float *buf, Py_ssize_t a, Py_ssize_t b)        \
     {                                                                                        \
         const Py_ssize_t k = j->k;                                                           \
-        if (!j->tiny && (j->bf16 || (HAS_HALF_BITS && j->ldw >= 0))) {                       \
+        if (!j->tiny && j->ldw >= 0) {                                                       \
             for (Py_ssize_t i0 = a; i0 < b; i0++)                                            \
                 for (Py_ssize_t i1 = 0; i1 < j->n1; i1++)                                    \
                     j->out[i1 * j->n0 + i0] = (j->bf16 ? BF16_BITS : HALF_BITS)(             \
@@ -183,12 +188,12 @@ static void widen_bf16(const uint16_t *h, float *f, Py_ssize_t k)
     }
 }
 
-FLOAT_ROWS(, )
+ACC32(acc32_half, uint16_t, half_to_float, )
+FLOAT_ROWS(, , half_to_float, acc32_half)
 ALL_PAIRS(dot_f32, f32_row, )
 ROW_PAIRS(dot_f32_pairs, f32_row, )
-FLOAT_JOB(float_rows, f16_row, bf16_bits_row, 0, bf16_bits_row, tiny_row, widen, )
+FLOAT_JOB(float_rows, f16_row, half_bits_row, bf16_bits_row, tiny_row, widen, )
 #ifdef HAVE_FMA_TARGET
-#define FMA __attribute__((target("fma")))
 #define F16C __attribute__((target("avx2,fma,f16c")))
 
 /* halves to floats by F16C, 8 at a time (every half is exactly a float: the same values) */
@@ -201,33 +206,22 @@ F16C static inline void widen_f16c(const uint16_t *h, float *f, Py_ssize_t k)
         f[t] = _cvtsh_ss(h[t]);
 }
 
-FLOAT_ROWS(_fma, FMA)
-ALL_PAIRS(dot_f32_fma, f32_row_fma, FMA)
-ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, FMA)
-
-/* f16_row of half weights as they lie, each 8 widened by F16C as the dot reads them: lanes32's
- * 4 accumulators of 8 lanes (one fma an element), its reductions, the leftovers in double */
-F16C static inline float f16_bits_row_f16c(const uint16_t *a, const float *b, Py_ssize_t k)
+/* ACC32 of half rows, each 8 widened by F16C as the dot reads them (a loop of _cvtsh_ss is not
+ * vectorised) */
+F16C static inline void acc32_half_f16c(const uint16_t *a, const float *b, Py_ssize_t np, float *v)
 {
-    const Py_ssize_t np = k & ~(Py_ssize_t)31;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (Py_ssize_t s = 0; s < np; s += 32)
         for (int j = 0; j < 4; j++)
             acc[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + s + 8 * j))),
                                      _mm256_loadu_ps(b + s + 8 * j), acc[j]);
-    float v[8], t[4];
     _mm256_storeu_ps(v, _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3])));
-    for (int l = 0; l < 4; l++)
-        t[l] = v[l] + v[l + 4];
-    double sumf = (double)((t[0] + t[1]) + (t[2] + t[3]));
-    for (Py_ssize_t i = np; i < k; i++) {
-        const float p = _cvtsh_ss(a[i]) * b[i];
-        sumf += (double)p;
-    }
-    return (float)sumf;
 }
 
-FLOAT_JOB(float_rows_fma, f16_row_fma, f16_bits_row_f16c, 1, bf16_bits_row_fma, tiny_row_fma, widen_f16c, F16C)
+FLOAT_ROWS(_fma, F16C, _cvtsh_ss, acc32_half_f16c)
+ALL_PAIRS(dot_f32_fma, f32_row_fma, F16C)
+ROW_PAIRS(dot_f32_pairs_fma, f32_row_fma, F16C)
+FLOAT_JOB(float_rows_fma, f16_row_fma, half_bits_row_fma, bf16_bits_row_fma, tiny_row_fma, widen_f16c, F16C)
 #endif
 
 static void float_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
@@ -265,7 +259,7 @@ LANES_HIDDEN PyObject *lanes_float_dot(PyObject *self, PyObject *args, PyObject 
     while (parts > 1 && (n0 < parts || n0 * n1 * k / parts < LANES_SPLIT_MACS))
         parts--;
     float *buf = NULL;
-    if (ok && ldw >= 0 && !(buf = PyMem_RawMalloc((size_t)(parts * k + 1) * sizeof(float)))) {
+    if (ok && ldw >= 0 && tiny && !(buf = PyMem_RawMalloc((size_t)(parts * k + 1) * sizeof(float)))) {
         PyErr_NoMemory();
         ok = 0;
     }
