@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from threading import Lock
 from typing import Any, Callable
 
+from cachetools import LRUCache, cached
+
 from .bpe import BytePairEncoding
 from .spm import SentencePiece
 from .tokenizer import WordPiece
@@ -39,30 +41,24 @@ def tokenizer_of(f, required: bool = False):
     return cls.from_model_file(f)
 
 
-_BUILT: dict[tuple, Any] = {}  # the tokenizers of the last files read, by builder and file identity
-_BUILT_MOST = 4
-_BUILT_LOCK = Lock()
+_BUILT: LRUCache = LRUCache(4)  # the tokenizers of the last files read, by builder and file identity
 
 
+def _file_key(path: str | os.PathLike, build: Callable[[Any], Any]) -> tuple:
+    """The file by its identity (device, inode, size, modification time) and the builder."""
+    st = os.stat(path)
+    return build, os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@cached(_BUILT, key=_file_key, lock=Lock())
 def file_tokenizer(path: str | os.PathLike, build: Callable[[Any], Any]) -> Any:
     """build(ModelMeta(path)), made once per file: a model's vocabulary (Gemma's 262,144 tokens)
     is slow to read and convert, and a new prompt for a model read before need not read it
-    again. The file is known by its identity (device, inode, size, modification time),
-    so a file replaced at the same path is read anew. The tokenizer must not change once built
-    (SentencePiece does not)."""
+    again. The file is known by its identity, so a file replaced at the same path is read anew.
+    The tokenizer must not change once built (SentencePiece does not)."""
     from .common import ModelMeta
 
-    st = os.stat(path)
-    key = (build, os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    with _BUILT_LOCK:
-        found = _BUILT.get(key)
-    if found is None:
-        found = build(ModelMeta(path))
-        with _BUILT_LOCK:
-            while len(_BUILT) >= _BUILT_MOST:
-                _BUILT.pop(next(iter(_BUILT)))
-            _BUILT[key] = found
-    return found
+    return build(ModelMeta(path))
 
 
 @dataclass(frozen=True, slots=True)

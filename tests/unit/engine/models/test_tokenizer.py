@@ -87,7 +87,7 @@ def test_phantom_space_vocabulary():
     assert wp.encode("unwanted") == [1, 0, 2]
 
 
-def test_a_files_tokenizer_is_read_once_until_the_file_changes(wp, tmp_path, monkeypatch):
+def test_a_files_tokenizer_is_read_once_until_the_file_changes(wp, tmp_path):
     """file_tokenizer builds a file's tokenizer once; the same path holding another file (a new
     modification time or size) is read again."""
     import os
@@ -95,7 +95,7 @@ def test_a_files_tokenizer_is_read_once_until_the_file_changes(wp, tmp_path, mon
 
     from engine.models import tokenize
 
-    monkeypatch.setattr(tokenize, "_BUILT", {})
+    tokenize._BUILT.clear()
     built = []
 
     def build(meta):
