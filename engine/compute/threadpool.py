@@ -16,7 +16,8 @@ node whose kernel registered `prepare=` is one ready call, made once from the st
 thread 0 while the others wait at the next barrier; its C loop shares the rows out between the
 compute's threads in C (engine/_lanes_pool.c), so Python threads and C threads never compete for
 the cores. When every node is a ready call (or skipped) and nobody is told of nodes, the calling
-thread runs them all and no Python thread is woken. Watched, every node takes its kernel's general path, thread by thread, as below.
+thread runs them all and no Python thread is woken. Watched, every node takes its kernel's
+general path, thread by thread, as below.
 
 An observer with the shape of ggml's eval callback (`observer(node, ask)`: asked before a node with
 ask=True, told after with ask=False; returning False after a node stops the run) also receives every
@@ -169,8 +170,8 @@ class _Run:
 
     def _prepare_all(self) -> tuple[list[tuple[str, Callable[[], None] | None]], list | None]:
         """Every node's step, and, when each node is skipped or one ready call and nobody is
-        told of nodes (no observer, no abort callback), those calls alone in order: thread 0
-        runs them one after another, the other threads have nothing to do."""
+        told of nodes (no observer, no abort callback), those calls alone in order: the calling
+        thread runs them (_Pool.run_here), no other thread has anything to do."""
         steps = [self._prepare(node) for node in self.nodes]
         alone = self.cplan.abort_callback is None and all(
             mode is _SKIP or mode is _PREPARED for mode, _call in steps)

@@ -206,10 +206,11 @@ def _prepare_mul_mat(params, dst: Tensor):
     # read (and widened) once for them all, each output still its own pair's vec_dot
     group = r2 if r2 > 1 and all(d4[i13, i12:i12 + r2].flags.c_contiguous
                                  for i13 in range(ne13) for i12 in range(0, ne12, r2)) else 1
+
     def rows_of(x: np.ndarray, i13: int, i12: int) -> np.ndarray:
         return x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1])
 
-    products = []  # (i13, i12, the product on those rows of x, or bound to them: no argument)
+    products = []  # (i13, i12, the product: on those rows of x, or bound to them when quantized)
     for i13 in range(ne13):
         for i12 in range(0, ne12, group):
             # (the C loops write straight into dst, or through a buffer)
@@ -222,11 +223,10 @@ def _prepare_mul_mat(params, dst: Tensor):
                 product = f32_product(view4(src0)[i13 // r3, i12 // r2], out)
             else:
                 product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
-            if not widen and not t0.is_quantized:
-                product = partial(product, rows_of(x4, i13, i12))
             products.append((i13, i12, product))
-    if not widen:  # every product bound to its rows
-        bound = [product for _i13, _i12, product in products]
+    if not widen:  # x4 is read as it lies: every product bound to its rows
+        bound = [product if t0.is_quantized else partial(product, rows_of(x4, i13, i12))
+                 for i13, i12, product in products]
         if convert is None and len(bound) == 1:
             return bound[0]
 
