@@ -99,10 +99,10 @@ class Trace:
         buffers: dict[int, Any] = _as_of(index.buffers, k)
         metas = {cid: m for cid, m in metas.items() if not m.freed}  # their memory is gone
         start, saved = 0, {}
-        for index, pools_then in self._checkpoints():
-            if index > ends[k]:
+        for at, pools_then in self._checkpoints():  # (at: the patches before the checkpoint)
+            if at > ends[k]:
                 break
-            start, saved = index, pools_then
+            start, saved = at, pools_then
         # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
         # a loaded model's weights are not copied for every step a learner opens
         touched = {p[0] for p in flat[start:ends[k]]}
