@@ -224,7 +224,8 @@ def float_rows(rng: np.random.Generator, n: int, k: int, wild: bool) -> np.ndarr
 @pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
 @pytest.mark.parametrize("tiny", [False, True], ids=["f16", "tiny"])
 def test_float_dot(tiny: bool, wild: bool):
-    """float32 weights (n0, k), and halves whose rows lie ldw > k elements apart: every pair."""
+    """float32 weights (n0, k), and halves whose rows lie ldw > k elements apart: every pair,
+    the halves by the vector loop and the portable one (CPUs without FMA and F16C) alike."""
     rng = np.random.default_rng([tiny, wild])
     for k in (8, 16, 32, 64, 96, 264) if tiny else K_VALUES:
         n0, n1 = 9, 7
@@ -235,6 +236,8 @@ def test_float_dot(tiny: bool, wild: bool):
         h = halves(rng, (n0, ldw), wild).reshape(-1)[:(n0 - 1) * ldw + k]
         c, t = run_both("float_dot", (h, x, OUT, n0, n1, k, tiny, ldw), n0 * n1)
         assert_same_bits(c, t, f"float_dot halves tiny={tiny} k={k} ldw={ldw}")
+        p = run_c("float_dot", (h, x, OUT, n0, n1, k, tiny, ldw), n0 * n1, portable=True)
+        assert_same_bits(p, t, f"float_dot halves portable tiny={tiny} k={k} ldw={ldw}")
 
 
 def bf16s(rng: np.random.Generator, shape, wild: bool) -> np.ndarray:
