@@ -31,6 +31,12 @@ static PyMethodDef methods[] = {
     {"soft_max", lanes_soft_max, METH_VARARGS,
      "soft_max(w, mx, y, sums, rows, n): ggml_vec_soft_max_f32 of each row of w (rows, n) float32 "
      "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
+    {"soft_max_heads", lanes_soft_max_heads, METH_VARARGS,
+     "soft_max_heads(x, y, m, sinks, slopes, scale, heads, rows, n, xh, xr, yh, yr, mheads, mh, mr, "
+     "mf16): ggml_compute_forward_soft_max_f32 on rows (h, r) of n float32 at byte h * xh + r * xr "
+     "of x (of y): scaled, plus slopes[h] times mask row (h % mheads, r) (m: floats, or halves if "
+     "mf16; None: no mask), their max raised to sinks[h] (None: no sinks), exp(w - max) over its "
+     "double sum"},
     {"rms_norm_rows", lanes_rms_norm_rows, METH_VARARGS,
      "rms_norm_rows(x, y, rows, n, ldx, ldy, eps): ggml_compute_forward_rms_norm_f32 of rows of n "
      "floats (ldx, ldy bytes apart): the squares summed in double left to right"},
@@ -76,6 +82,15 @@ static PyMethodDef methods[] = {
     {"dot_f32", lanes_dot_f32, METH_VARARGS,
      "dot_f32(w, x, out, n0, n1, k, pairs=False): out[i1, i0] = ggml_vec_dot_f32 of row i0 of w "
      "(n0, k) and row i1 of x (n1, k), float32; with pairs (n1 == n0), out[i] of rows i alone"},
+    {"round_floats", lanes_round_floats, METH_VARARGS,
+     "round_floats(x, bits, back, bf16): ggml_fp32_to_fp16_row (bf16: ggml_fp32_to_bf16_row) of "
+     "float32 x into bits (uint16); unless back is None, the rounded values widened into back "
+     "(float32)"},
+    {"set_rows", lanes_set_rows, METH_VARARGS,
+     "set_rows(x, ldx, idx, ldi, wide, out, ldo, ne1, rows, n, kind) -> -1 or the first bad r: "
+     "ggml_compute_forward_set_rows of rows of n float32 (row r at byte r * ldx) into out's row "
+     "idx[r] (at byte idx[r] * ldo; idx[r] at byte r * ldi, int64 if wide, else int32) as float32 "
+     "(kind 0), f16 (1) or bf16 (2), in order; every index checked against [0, ne1) first"},
     {NULL, NULL, 0, NULL},
 };
 

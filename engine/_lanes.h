@@ -85,6 +85,25 @@ static inline uint16_t float_to_half(float f)
     return sign | (uint16_t)h;
 }
 
+/* ggml_compute_fp32_to_bf16: round to nearest even; a NaN made quiet (engine.types.fp32_to_bf16_bits) */
+static inline uint16_t float_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFF) > 0x7F800000)
+        return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7FFF + ((u >> 16) & 1))) >> 16);
+}
+
+/* bf16 bits to float: the float's top half (exact, NaNs as they are) */
+static inline float bf16_to_float(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* get_scale_min_k4: the six-bit scale and min of sub-block j from a K-quant's 12 scale bytes */
 INLINE void scale_min_k4(const uint8_t *s, int j, int *sc, int *m)
 {
@@ -162,9 +181,12 @@ LANES_HIDDEN PyObject *lanes_dot_f32(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args);
 
 /* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M; enum ggml_type) */
 enum { IQ1_M = 29, TQ2_0 = 35, MXFP4 = 39 };

@@ -236,3 +236,114 @@ LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args)
     return convert_blocks(Q8_K, &x, &out, 256 * 4, 292, quantize_q8_k_blocks,
                           "_lanes: x is not whole blocks of 256 floats");
 }
+
+/* round_floats(x, bits, back, bf16): ggml_fp32_to_fp16_row (bf16: _bf16_row) of n floats into
+ * bits, and, unless back is None, the rounded values widened again into back (floats): the
+ * activations of a product of half or bf16 weights, as the dot reads them */
+LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, bits, back = {0};
+    PyObject *back_obj;
+    int bf16;
+    if (!PyArg_ParseTuple(args, "y*w*Op", &x, &bits, &back_obj, &bf16))
+        return NULL;
+    const Py_ssize_t n = x.len / 4;
+    int ok = x.len % 4 == 0 && lanes_check(&bits, n * 2, "bits") == 0;
+    const int with_back = ok && back_obj != Py_None;
+    if (with_back && PyObject_GetBuffer(back_obj, &back, PyBUF_WRITABLE) < 0)
+        ok = 0;
+    else if (with_back && lanes_check(&back, n * 4, "back") < 0)
+        ok = 0;
+    if (ok) {
+        const float *xs = x.buf;
+        uint16_t *hs = bits.buf;
+        float *fs = with_back ? back.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            hs[i] = bf16 ? float_to_bf16(xs[i]) : float_to_half(xs[i]);
+            if (fs)
+                fs[i] = bf16 ? bf16_to_float(hs[i]) : half_to_float(hs[i]);
+        }
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole floats");
+    }
+    if (back.obj)
+        PyBuffer_Release(&back);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&bits);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* an index of set_rows: int64 (wide) or int32 */
+static inline int64_t index_at(const uint8_t *p, int wide)
+{
+    if (wide) {
+        int64_t i;
+        memcpy(&i, p, 8);
+        return i;
+    }
+    int32_t i;
+    memcpy(&i, p, 4);
+    return i;
+}
+
+/* set_rows(x, ldx, idx, ldi, wide, out, ldo, ne1, rows, n, kind): ggml_compute_forward_set_rows
+ * of `rows` rows of n floats (row r at byte r * ldx of x) into the rows of out (row i at byte
+ * i * ldo, ne1 of them) that idx names (index r at byte r * ldi: int64 if wide, else int32), in
+ * order (a repeated index: the last row stays), each as floats (kind 0), halves (1) or bf16 (2).
+ * Every index is checked before a row is written: returns -1, or the first r whose index lies
+ * outside [0, ne1) (then nothing is written). */
+LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, idx, out;
+    Py_ssize_t ldx, ldi, ldo, ne1, rows, n;
+    int wide, kind;
+    if (!PyArg_ParseTuple(args, "y*ny*npw*nnnni", &x, &ldx, &idx, &ldi, &wide, &out, &ldo, &ne1,
+                          &rows, &n, &kind))
+        return NULL;
+    const Py_ssize_t esize = kind == 0 ? 4 : 2, isize = wide ? 8 : 4;
+    int ok = rows >= 0 && n >= 0 && ne1 >= 0 && ldx >= 0 && ldi >= 0 && ldo >= 0 && kind >= 0 &&
+             kind <= 2 && (rows == 0 || (x.len >= (rows - 1) * ldx + n * 4 &&
+                                         idx.len >= (rows - 1) * ldi + isize)) &&
+             (ne1 == 0 || out.len >= (ne1 - 1) * ldo + n * esize);
+    Py_ssize_t bad = -1;
+    if (ok) {
+        const uint8_t *xb = x.buf, *ib = idx.buf;
+        uint8_t *ob = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
+            const int64_t i = index_at(ib + r * ldi, wide);
+            if (i < 0 || i >= ne1)
+                bad = r;
+        }
+        for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
+            const int64_t i = index_at(ib + r * ldi, wide);
+            const float *src = (const float *)(xb + r * ldx);
+            uint8_t *dst = ob + i * ldo;
+            if (kind == 0) {
+                memmove(dst, src, (size_t)n * 4);
+            } else {
+                for (Py_ssize_t e = 0; e < n; e++) {
+                    float v;
+                    memcpy(&v, (const uint8_t *)src + 4 * e, 4);
+                    const uint16_t h = kind == 1 ? float_to_half(v) : float_to_bf16(v);
+                    memcpy(dst + 2 * e, &h, 2);
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    return PyLong_FromSsize_t(bad);
+}

@@ -28,15 +28,6 @@
  * out[i] = row(a[i], b[i]); FLOAT_JOB the same as ALL_PAIRS for some weight rows of a float_dot,
  * which the pool shares out (_lanes_pool.c). */
 
-/* bf16 bits to float: the float's top half (exact, NaNs as they are) */
-static inline float bf16_value(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* NAME(a, b, np, v): the 4 accumulators of 8 lanes over the first np elements of rows a (of
  * type T, element i read as VALUE(a[i])) and b, reduced into v */
 #define ACC32(NAME, T, VALUE, ATTR)                                                          \
@@ -81,10 +72,10 @@ static inline float lanes_sum(const float *v)
  * ACC32 of half rows) */
 #define FLOAT_ROWS(S, ATTR, HALF, HALF_ACC)                                                  \
     ACC32(acc32##S, float, AS_IS, ATTR)                                                      \
-    ACC32(acc32_bf16##S, uint16_t, bf16_value, ATTR)                                         \
+    ACC32(acc32_bf16##S, uint16_t, bf16_to_float, ATTR)                                         \
     ROW_IN_DOUBLE(f16_row##S, float, acc32##S, AS_IS, lanes_sum, ATTR)                       \
     ROW_IN_DOUBLE(half_bits_row##S, uint16_t, HALF_ACC, HALF, lanes_sum, ATTR)               \
-    ROW_IN_DOUBLE(bf16_bits_row##S, uint16_t, acc32_bf16##S, bf16_value, hsum8, ATTR)        \
+    ROW_IN_DOUBLE(bf16_bits_row##S, uint16_t, acc32_bf16##S, bf16_to_float, hsum8, ATTR)        \
     ATTR static inline float lanes32##S(const float *a, const float *b, Py_ssize_t np)      \
     {                                                                                        \
         float v[8];                                                                          \
@@ -179,13 +170,10 @@ static void widen(const uint16_t *h, float *f, Py_ssize_t k)
         f[t] = half_to_float(h[t]);
 }
 
-/* bf16 to float: the bits are the float's top half (exact, NaNs as they are) */
 static void widen_bf16(const uint16_t *h, float *f, Py_ssize_t k)
 {
-    for (Py_ssize_t t = 0; t < k; t++) {
-        const uint32_t u = (uint32_t)h[t] << 16;
-        memcpy(f + t, &u, 4);
-    }
+    for (Py_ssize_t t = 0; t < k; t++)
+        f[t] = bf16_to_float(h[t]);
 }
 
 ACC32(acc32_half, uint16_t, half_to_float, )
@@ -508,6 +496,105 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
     PyBuffer_Release(&mx);
     PyBuffer_Release(&y);
     PyBuffer_Release(&sums);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* soft_max_heads(x, y, m, sinks, slopes, scale, heads, rows, n, xh, xr, yh, yr, mheads, mh,
+ * mr, mf16): ggml_compute_forward_soft_max_f32 on the rows (h, r) of `heads` matrices of `rows`
+ * rows of n floats (element i of row (h, r) at byte h * xh + r * xr + 4 * i of x; y likewise):
+ * w = x * scale, plus slopes[h] * the mask's row (h % mheads, r) when m is not None (floats,
+ * or halves if mf16; at byte (h % mheads) * mh + r * mr), fused, or added when every slope is 1;
+ * its max (a NaN if any, as numpy's), raised to sinks[h] when sinks is not None; then
+ * ggml_vec_soft_max_f32 (v_softmax), exp(sink - max) added to the double sum, and the row times
+ * (float)(1 / sum). */
+LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer x, y, m = {0}, sinks = {0}, slopes;
+    PyObject *m_obj, *sinks_obj;
+    float scale;
+    Py_ssize_t heads, rows, n, xh, xr, yh, yr, mheads, mh, mr;
+    int mf16;
+    if (!PyArg_ParseTuple(args, "y*w*OOy*fnnnnnnnnnnp", &x, &y, &m_obj, &sinks_obj, &slopes, &scale,
+                          &heads, &rows, &n, &xh, &xr, &yh, &yr, &mheads, &mh, &mr, &mf16))
+        return NULL;
+    int ok = 1;
+    if (m_obj != Py_None && PyObject_GetBuffer(m_obj, &m, PyBUF_SIMPLE) < 0)
+        ok = 0;
+    if (ok && sinks_obj != Py_None && PyObject_GetBuffer(sinks_obj, &sinks, PyBUF_SIMPLE) < 0)
+        ok = 0;
+    const Py_ssize_t last = n * 4, mlast = n * (mf16 ? 2 : 4);
+    ok = ok && heads >= 0 && rows >= 0 && n >= 0 && xh >= 0 && xr >= 0 && yh >= 0 && yr >= 0 &&
+         mh >= 0 && mr >= 0 && lanes_check(&slopes, heads * 4, "slopes") == 0 &&
+         (heads == 0 || rows == 0 ||
+          (x.len >= (heads - 1) * xh + (rows - 1) * xr + last &&
+           y.len >= (heads - 1) * yh + (rows - 1) * yr + last &&
+           (!m.obj || (mheads > 0 && m.len >= (mheads - 1) * mh + (rows - 1) * mr + mlast)) &&
+           (!sinks.obj || sinks.len >= heads * 4)));
+    float *w = ok ? PyMem_RawMalloc((size_t)(n + 1) * sizeof(float)) : NULL;
+    if (ok && !w) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const float *sl = slopes.buf, *sk = sinks.obj ? sinks.buf : NULL;
+        int unit = 1;
+        for (Py_ssize_t h = 0; h < heads; h++)
+            unit = unit && sl[h] == 1.0f;
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t h = 0; h < heads; h++)
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const float *xs = (const float *)((const char *)x.buf + h * xh + r * xr);
+                float *ys = (float *)((char *)y.buf + h * yh + r * yr);
+                for (Py_ssize_t i = 0; i < n; i++)
+                    w[i] = xs[i] * scale;
+                if (m.obj) {
+                    const char *mrow = (const char *)m.buf + (h % mheads) * mh + r * mr;
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        float v;
+                        if (mf16) {
+                            uint16_t b;
+                            memcpy(&b, mrow + 2 * i, 2);
+                            v = half_to_float(b);
+                        } else {
+                            memcpy(&v, mrow + 4 * i, 4);
+                        }
+                        w[i] = unit ? w[i] + v : fmaf(sl[h], v, w[i]);
+                    }
+                }
+                float mx = -INFINITY;
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    if (isnan(w[i])) {
+                        mx = w[i];
+                        break;
+                    }
+                    mx = w[i] > mx ? w[i] : mx;
+                }
+                if (sk && !isnan(mx))
+                    mx = isnan(sk[h]) || sk[h] > mx ? sk[h] : mx;
+                double sum;
+                PICK(v_softmax, hw)(w, &mx, ys, &sum, 1, n);
+                if (sk)
+                    sum += (double)expf(sk[h] - mx);
+                const float inv = (float)(1.0 / sum);
+                for (Py_ssize_t i = 0; i < n; i++)
+                    ys[i] = ys[i] * inv;
+            }
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
+    }
+    PyMem_RawFree(w);
+    if (m.obj)
+        PyBuffer_Release(&m);
+    if (sinks.obj)
+        PyBuffer_Release(&sinks);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&y);
+    PyBuffer_Release(&slopes);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;

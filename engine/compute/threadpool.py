@@ -168,19 +168,20 @@ class _Run:
         self.shares: list[list[Share | None]] = [] if self.calls is not None else \
             [[None] * self.nth for _ in self.nodes]
 
-    def _prepare_all(self) -> tuple[list[tuple[str, Callable[[], None] | None]], list | None]:
+    def _prepare_all(self) -> tuple[list[tuple[str, tuple | None]], list | None]:
         """Every node's step, and, when each node is skipped or one ready call and nobody is
         told of nodes (no observer, no abort callback), those calls alone in order: the calling
         thread runs them (_Pool.run_here), no other thread has anything to do."""
         steps = [self._prepare(node) for node in self.nodes]
         alone = self.cplan.abort_callback is None and all(
-            mode is _SKIP or mode is _PREPARED for mode, _call in steps)
-        return steps, [call for mode, call in steps if mode is _PREPARED] if alone else None
+            mode is _SKIP or mode is _PREPARED for mode, _calls in steps)
+        return steps, [call for mode, calls in steps if mode is _PREPARED for call in calls] \
+            if alone else None
 
-    def _prepare(self, node: Tensor) -> tuple[str, Callable[[], None] | None]:
-        """How a node is computed (node_mode), and, unwatched, its kernel's prepared call for the
-        whole node (thread 0 runs it; its C loop shares the rows out between the compute's
-        threads)."""
+    def _prepare(self, node: Tensor) -> tuple[str, tuple[Callable[[], None], ...] | None]:
+        """How a node is computed (node_mode), and, unwatched, its kernel's prepared calls for the
+        whole node, run in order (thread 0 runs them; their C loops share the rows out between
+        the compute's threads)."""
         from engine.compute.kernels import KERNELS
 
         mode = node_mode(node, self.nth)
@@ -191,8 +192,10 @@ class _Run:
         params = ComputeParams(0, 1, self.cplan.work_size, self.wdata, _no_barrier, {},
                                self.cplan.use_ref, self.cplan.llamafile, alone=True, watched=False,
                                cores=self.nth)
-        call = info.prepare(params, node)
-        return (mode, None) if call is None else (_PREPARED, call)
+        call = info.prepare(params, node)  # (None, a call, or a tuple of calls)
+        if call is None:
+            return mode, None
+        return _PREPARED, call if isinstance(call, tuple) else (call,)
 
     def wait(self) -> None:
         if self.nth > 1:
@@ -212,13 +215,14 @@ class _Run:
     def _loop(self, ith: int) -> None:
         pending = False  # thread 0 has computed small nodes alone since the last barrier
         told = self.observer is not None or self.cplan.abort_callback is not None
-        for node_n, (mode, call) in enumerate(self.steps):
+        for node_n, (mode, calls) in enumerate(self.steps):
             if mode is _SKIP:
                 continue  # nothing to compute, and no barrier
             node = self.nodes[node_n]
             if mode is _PREPARED:
                 if ith == 0 and not self.stopping:
-                    call()
+                    for call in calls:
+                        call()
                     if told:  # (nobody to tell, no abort callback to poll: nothing after it)
                         self._after(node_n, node)
                 pending = True

@@ -23,6 +23,8 @@ from engine.core.errors import GGMLNotSupportedError
 from engine.core.optable import GGMLOp
 from engine.core.types import GGMLType, TYPE_TRAITS
 
+Prepared = Callable[[], None] | tuple[Callable[[], None], ...]  # what a kernel's prepare makes
+
 Kernel = Callable[..., None]
 
 
@@ -51,9 +53,10 @@ class KernelInfo:
     blas: Callable[..., bool] | None = None  # which nodes take a BLAS product instead of ggml's
     # own order of operations: such a result agrees with ggml to rounding, and its last bits
     # depend on which kernel the CPU's BLAS library picks
-    prepare: Callable[..., Callable[[], None] | None] | None = None  # prepare(params, dst): a
-    # ready call computing the whole node (the same bytes as fn), made once for a graph computed
-    # again unwatched (engine.compute.compiled), or None where the node takes fn's path
+    prepare: Callable[..., Prepared | None] | None = None  # prepare(params, dst): a ready call
+    # (or a tuple of them, run in order) computing the whole node (the same bytes as fn), made
+    # once for a graph computed again unwatched (engine.compute.compiled), or None where the
+    # node takes fn's path
 
     def loop_in_c(self, dst) -> CLoop | None:
         """The loop of this node that runs in C (None: its kernel's numpy runs it all)."""
@@ -76,7 +79,7 @@ NOT_SUPPORTED: dict[int, str] = {
 def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] | None = None,
            holds_gil: bool = False, in_c: CLoop | None = None,
            blas: bool | Callable[..., bool] = False,
-           prepare: Callable[..., Callable[[], None] | None] | None = None
+           prepare: Callable[..., Prepared | None] | None = None
            ) -> Callable[[Kernel], Kernel]:
     """Register a compute_forward_<op> function for these ops, with the facts of KernelInfo
     (blas=True: every node takes a BLAS product)."""

@@ -7,6 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from engine.core.tensor import Tensor
+from engine.lanes import twin
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
     fp32_to_bf16_bits, fp32_to_fp16_bits
 
@@ -38,6 +39,28 @@ def view4(t: Tensor) -> np.ndarray:
     return view
 
 
+def spans(a: np.ndarray) -> bool:
+    """Does span_of take this array: its last axis packed, every stride non-negative?"""
+    return a.strides[-1] == a.itemsize and all(st >= 0 for st in a.strides)
+
+
+def span_of(a: np.ndarray) -> np.ndarray:
+    """An array's elements (spans(a)) as a C loop takes them: one flat span of bytes from its
+    first element to its last, read with the array's strides."""
+    if not a.size:
+        return np.empty(0, np.uint8)
+    size = sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize
+    first = a[(0,) * (a.ndim - 1)][:1]  # (the first element, as an array)
+    return np.lib.stride_tricks.as_strided(first.view(np.uint8), shape=(size,), strides=(1,))
+
+
+def byte_span(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """The rows of a 2-d array (each packed, a non-negative distance apart) as a C loop takes
+    them: span_of's bytes and the rows' distance in bytes (a row's own size when there is one)."""
+    rows, n = a.shape
+    return span_of(a), a.strides[0] if rows > 1 else n * a.itemsize
+
+
 def to_f32(a: np.ndarray, type_: int) -> np.ndarray:
     """Elements of a ggml type as float32 (exact for f16 and bf16)."""
     if type_ == GGMLType.F32:
@@ -59,6 +82,18 @@ def from_f32(x: np.ndarray, type_: int) -> np.ndarray:
         return fp32_to_bf16_bits(x)
     with np.errstate(invalid="ignore"):  # C's float -> int conversion truncates toward zero
         return np.trunc(x).astype(NUMPY_DTYPE[GGMLType(type_)])
+
+
+@twin("round_floats")
+def round_floats(x, bits, back, bf16: bool) -> None:
+    """engine._lanes.round_floats: float32 x rounded to halves (bf16) into bits, as
+    ggml_fp32_to_fp16_row (_bf16_row) rounds them; unless back is None, those widened again into
+    back (float32)."""
+    xs = np.frombuffer(x, np.float32)
+    h = fp32_to_bf16_bits(xs) if bf16 else fp32_to_fp16_bits(xs)
+    np.frombuffer(bits, np.uint16)[:] = h
+    if back is not None:
+        np.frombuffer(back, np.float32)[:] = bf16_bits_to_fp32(h) if bf16 else fp16_bits_to_fp32(h)
 
 
 def thread_range(nr: int, ith: int, nth: int) -> tuple[int, int]:

@@ -34,8 +34,8 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_QUANT, f32_product, f32_products, float_product, \
-    bound_quant_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
+from engine.compute.kernels.vecdot import EXACT_QUANT, bound_float_product, bound_quant_product, \
+    f32_product, f32_products, float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -193,6 +193,14 @@ def _prepare_mul_mat(params, dst: Tensor):
         x4 = params.wdata[:ggml_row_size(vdt, ne10) * ne11 * ne12 * ne13].reshape(ne13, ne12, ne11, -1)
         if vdt in _FLOAT:
             x4 = x4.view(NUMPY_DTYPE[vdt])
+            if ggml_is_contiguous(src1):
+                # rounded to halves (or bf16) into the work buffer as _convert_src1 rounds them,
+                # and widened again at once into floats the products read where they lie
+                rounded = np.empty(x4.shape, F32)
+                convert = partial(lanes.round_floats, view4(src1).reshape(-1),
+                                  x4.view(np.uint16).reshape(-1), rounded.reshape(-1),
+                                  vdt == GGMLType.BF16)
+                x4, xtype = rounded, GGMLType.F32
     else:
         x4 = view4(src1)
     d4 = view4(dst)
@@ -210,7 +218,7 @@ def _prepare_mul_mat(params, dst: Tensor):
     def rows_of(x: np.ndarray, i13: int, i12: int) -> np.ndarray:
         return x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1])
 
-    products = []  # (i13, i12, the product: on those rows of x, or bound to them when quantized)
+    products = []  # (i13, i12, the product: on those rows of x, or bound to them unless widened)
     for i13 in range(ne13):
         for i12 in range(0, ne12, group):
             # (the C loops write straight into dst, or through a buffer)
@@ -220,22 +228,17 @@ def _prepare_mul_mat(params, dst: Tensor):
                 product = bound_quant_product(src0.type, w, out, rows_of(x4, i13, i12),
                                               params.cores, tiny)
             elif src0.type == GGMLType.F32 and not tiny:
-                product = f32_product(view4(src0)[i13 // r3, i12 // r2], out)
-            else:
+                product = partial(f32_product(view4(src0)[i13 // r3, i12 // r2], out),
+                                  rows_of(x4, i13, i12))  # (f32 weights: x4 is floats)
+            elif widen:
                 product = float_product(view4(src0)[i13 // r3, i12 // r2], out, tiny, params.cores)
+            else:
+                product = bound_float_product(view4(src0)[i13 // r3, i12 // r2], out,
+                                              rows_of(x4, i13, i12), tiny, params.cores)
             products.append((i13, i12, product))
-    if not widen:  # x4 is read as it lies: every product bound to its rows
-        bound = [product if t0.is_quantized else partial(product, rows_of(x4, i13, i12))
-                 for i13, i12, product in products]
-        if convert is None and len(bound) == 1:
-            return bound[0]
-
-        def call_bound() -> None:
-            if convert is not None:
-                convert()
-            for product in bound:
-                product()
-        return call_bound
+    if not widen:  # x4 is read as it lies: every product bound to its rows, run in turn
+        return tuple(product for _i13, _i12, product in products) if convert is None \
+            else (convert, *(product for _i13, _i12, product in products))
 
     def call() -> None:
         if convert is not None:

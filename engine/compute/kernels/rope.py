@@ -86,11 +86,9 @@ def rope_pairs_into(x, y, cs, sn, rows: int, n: int, ldx: int, ldy: int, h: int,
 
 def _made_from(p: np.ndarray, ne0: int, theta_scale, freq_factors, yarn) -> tuple:
     """What a rope cache is made from (its key): the positions, the dims, θ's scale and factors,
-    yarn's parameters."""
+    yarn's parameters (numbers and a pair of them: hashable as they are)."""
     ff = None if freq_factors is None else np.asarray(freq_factors[:(ne0 + 1) // 2], F32).tobytes()
-    return (p.tobytes(), ne0, float(theta_scale), ff,
-            tuple(float(x) if isinstance(x, (float, np.floating)) or np.ndim(x) == 0 else tuple(x)
-                  for x in yarn))
+    return p.tobytes(), ne0, theta_scale, ff, yarn
 
 
 @cached(LRUCache(16), key=_made_from, lock=Lock())  # recent rope caches (q and k, every layer)

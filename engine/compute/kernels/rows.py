@@ -15,13 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.common import byte_span, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nelements
-from engine.core.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS, fp32_to_bf16_bits, fp32_to_fp16_bits
+from engine.lanes import lanes, twin
 
 
 def _get_rows(params, dst: Tensor):
@@ -75,6 +76,9 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
                 note=Note("index_rows"))
 
 
+_ROW_KIND = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}  # lanes.set_rows' kinds
+
+
 def _set_rows(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_set_rows, ready to run (the indices read when it
     runs)."""
@@ -84,7 +88,7 @@ def _set_rows(params, dst: Tensor):
     if src1.type not in (GGMLType.I32, GGMLType.I64):
         raise not_supported(dst, "indices must be I32 or I64")
     td = TYPE_TRAITS[dst.type]
-    if not (td.is_quantized or dst.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16)):
+    if not (td.is_quantized or dst.type in _ROW_KIND):
         raise not_supported(dst, "no from_float for this destination type")
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne11, ne12 = int(src1.ne[1]), int(src1.ne[2])
@@ -95,25 +99,75 @@ def _set_rows(params, dst: Tensor):
     parts = [(c4[0, i03 % ne12, i02 % ne11, ir0:ir1], s4[i03, i02, ir0:ir1], out[i03, i02])
              for i03 in range(ne03) for i02 in range(ne02)] if ir0 < ir1 else []
 
+    def check(at: np.ndarray, first_bad: int) -> None:
+        ggml_assert(first_bad < 0, "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
+                    f"index {int(at[first_bad])} outside [0, {ne1})")
+
+    if not td.is_quantized and all(_packed(a) for part in parts for a in part):
+        # the C loop (or its twin): each part's rows, indices and destination as byte spans
+        wide, kind = src1.type == GGMLType.I64, _ROW_KIND[dst.type]
+        calls = []
+        for at, rows, to in parts:
+            (x, ldx), (i, ldi), (o, ldo) = byte_span(rows), byte_span(at[:, None]), byte_span(to)
+            calls.append((at, (x, ldx, i, ldi, wide, o, ldo, ne1, len(rows), ne00, kind)))
+        set_rows = lanes.set_rows
+
+        def run_spans() -> None:
+            for at, args in calls:
+                first_bad = set_rows(*args)
+                if first_bad >= 0:
+                    check(at, first_bad)
+        return run_spans
+
     def run() -> None:
         for at, rows, to in parts:
             idx = at.astype(np.int64, copy=False)
-            rising = len(idx) < 2 or bool((idx[1:] > idx[:-1]).all())  # (then no index repeats)
-            if (idx[0] < 0 or idx[-1] >= ne1) if rising else (idx.min() < 0 or idx.max() >= ne1):
-                bad = (idx < 0) | (idx >= ne1)
-                ggml_assert(False, "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
-                            f"index {int(idx[bad][0])} outside [0, {ne1})")
-            if not rising:
-                # rows are written in order: for a repeated index the last one stays
-                last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
-                idx, rows = idx[last], rows[last]
-            if td.is_quantized:
-                from engine.quants import from_float
+            bad = np.flatnonzero((idx < 0) | (idx >= ne1))
+            if len(bad):
+                check(at, int(bad[0]))
+            idx, rows = _last_of_each(idx, rows)
+            from engine.quants import from_float
 
-                to[idx] = from_float(dst.type, rows).reshape(len(idx), -1)
-            else:
-                to[idx] = from_f32(rows, dst.type)
+            to[idx] = from_float(dst.type, rows).reshape(len(idx), -1)
     return run
+
+
+def _packed(a: np.ndarray) -> bool:
+    """Are an array's rows packed and a non-negative distance apart (byte_span takes it)?"""
+    return a.strides[-1] == a.itemsize and (a.ndim == 1 or a.strides[0] >= 0)
+
+
+def _last_of_each(idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows are written in order: for a repeated index the last one stays."""
+    if len(idx) < 2 or bool((idx[1:] > idx[:-1]).all()):  # (rising: no index repeats)
+        return idx, rows
+    last = len(idx) - 1 - np.unique(idx[::-1], return_index=True)[1]
+    return idx[last], rows[last]
+
+
+@twin("set_rows")
+def set_rows_into(x, ldx: int, idx, ldi: int, wide: bool, out, ldo: int, ne1: int, rows: int,
+                  n: int, kind: int) -> int:
+    """engine._lanes.set_rows: rows of n float32 (row r at byte r * ldx of x) into out's rows
+    idx[r] (row i at byte i * ldo; index r at byte r * ldi, int64 if wide, else int32) as float32
+    (kind 0), f16 (1) or bf16 (2), in order; every index checked against [0, ne1) first: -1, or
+    the first r outside (nothing written)."""
+    strided = np.lib.stride_tricks.as_strided
+    if rows == 0:
+        return -1
+    isize = 8 if wide else 4
+    at = strided(np.frombuffer(idx, np.uint8), (rows, isize), (ldi, 1)).copy()
+    at = at.view(np.int64 if wide else np.int32)[:, 0].astype(np.int64)
+    bad = np.flatnonzero((at < 0) | (at >= ne1))
+    if len(bad):
+        return int(bad[0])
+    xs = strided(np.frombuffer(x, np.uint8), (rows, 4 * n), (ldx, 1)).copy().view(np.float32)
+    esize = 4 if kind == 0 else 2
+    to = strided(np.frombuffer(out, np.uint8), (ne1, esize * n), (ldo, 1), writeable=True)
+    at, xs = _last_of_each(at, xs)
+    values = xs if kind == 0 else fp32_to_fp16_bits(xs) if kind == 1 else fp32_to_bf16_bits(xs)
+    to[at] = values.view(np.uint8)
+    return -1
 
 
 @kernel(GGMLOp.SET_ROWS, barrier=False, prepare=_set_rows)

@@ -18,11 +18,12 @@ expf is the C library's (engine.libm): ggml's bits on every CPU.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import numpy as np
 
 from engine.compute.kernels import CLoop, kernel, not_supported
-from engine.compute.kernels.common import to_f32, view4
+from engine.compute.kernels.common import span_of, spans, to_f32, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
@@ -73,57 +74,81 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
     np.frombuffer(sums, F64)[:] = np.add.accumulate(terms, axis=1)[:, -1]  # in order, not pairwise
 
 
+@twin("soft_max_heads")
+def soft_max_heads(x, y, m, sinks, slopes, scale, heads: int, rows: int, n: int, xh: int, xr: int,
+                   yh: int, yr: int, mheads: int, mh: int, mr: int, mf16: bool) -> None:
+    """engine._lanes.soft_max_heads: ggml_compute_forward_soft_max_f32 on the rows (h, r) of
+    `heads` matrices of `rows` rows of n floats (row (h, r) at byte h*xh + r*xr of x, of y):
+    w = x·scale (+ slopes[h]·mask row (h % mheads, r), contracted, unless every slope is 1:
+    fmaf(1, m, w) is w + m, one rounding either way); max over w (a NaN if any) and the head's
+    sink; y = exp(w - max) (soft_max_rows) over its double sum (plus exp(sink - max)), scaled
+    by (float)(1/sum)."""
+    if not heads or not rows:
+        return
+    as_strided = np.lib.stride_tricks.as_strided
+    w = as_strided(np.frombuffer(x, F32), (heads, rows, n), (xh, xr, 4)) * F32(scale)
+    if m is not None:
+        mt = np.float16 if mf16 else F32
+        mask = as_strided(np.frombuffer(m, mt), (mheads, rows, n), (mh, mr, 2 if mf16 else 4))
+        mask = mask[np.arange(heads) % mheads].astype(F32)
+        sl = np.frombuffer(slopes, F32)
+        if bool(np.all(sl == 1)):
+            np.add(w, mask, out=w)
+        else:
+            w = fmaf(np.broadcast_to(sl[:, None, None], w.shape), mask, w)
+    mx = w.max(axis=-1, keepdims=True)
+    sinks3 = None if sinks is None else np.frombuffer(sinks, F32)[:heads, None, None]
+    if sinks3 is not None:
+        mx = np.maximum(mx, sinks3)
+    out, total = soft_max_rows(w, mx)
+    if sinks3 is not None:
+        total = total + expf(sinks3 - mx).astype(F64)
+    inv = (1.0 / total).astype(F32)
+    ys = as_strided(np.frombuffer(y, F32), (heads, rows, n), (yh, yr, 4), writeable=True)
+    np.multiply(out, inv, out=ys)
+
+
 def _soft_max(params, dst: Tensor):
-    """This thread's rows of ggml_compute_forward_soft_max_f32, ready to run."""
+    """This thread's rows of ggml_compute_forward_soft_max_f32 (rows i1 = ith, ith + nth, ... of
+    every matrix), ready to run: one lanes.soft_max_heads per matrix group i3."""
     src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's soft_max computes F32 only")
+    if mask is not None and mask.type not in (GGMLType.F32, GGMLType.F16):
+        raise not_supported(dst, "the mask must be F32 or F16")
     scale, max_bias = (F32(x) for x in dst.op_params.view(np.float32)[:2])
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
-    rows = np.arange(params.ith, ne01, params.nth)
     slopes = alibi_slopes(ne02, max_bias)
-    sinks4 = view4(sinks) if sinks is not None else None
+    sinks3 = view4(sinks)[0, 0, 0, :ne02] if sinks is not None else None  # (read when it runs)
+    if sinks3 is not None and (sinks.type != GGMLType.F32 or not sinks3.flags.c_contiguous):
+        raise not_supported(dst, "the sinks must be packed F32")
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
-    # every head of a block of rows at once (each row's arithmetic is its own): few numpy calls,
-    # temporaries in the cache
-    step = max(1, BLOCK // max(1, ne00 * ne02))
-    heads = np.arange(ne02) % m4.shape[1] if m4 is not None else None  # each head's mask matrix
-    slope3 = slopes[:, None, None]
-    unit = bool(np.all(slopes == 1))  # (max_bias 0) fmaf(1, m, w) is w + m, one rounding either way
-    blocks = []
-    for i3, r in itertools.product(range(ne03), range(0, len(rows), step)):
-        block = rows[r:r + step]  # rows i1 of every matrix (i2, i3): ith + k*nth
-        sl = slice(block[0], block[-1] + 1, params.nth)
-        m = m4[i3 % m4.shape[0], :, sl] if m4 is not None else None  # (mask heads, rows, ne00)
-        blocks.append((x4[i3, :, sl], m, d4[i3, :, sl]))
-
-    def run() -> None:
-        sinks3 = sinks4[0, 0, 0, :ne02].astype(F32)[:, None, None] if sinks4 is not None else None
-        for x, m, out in blocks:
-            w = x * scale  # (heads, rows, ne00)
-            if m is not None:
-                mh = m if m.shape[0] in (1, ne02) else m[heads]  # (one matrix: broadcast)
-                if unit:
-                    np.add(w, to_f32(mh, mask.type), out=w)
-                else:
-                    w = fmaf(slope3, to_f32(mh, mask.type), w)  # wp[i] += slope*mp[i], contracted
-            mx = w.max(axis=-1, keepdims=True)
-            if sinks3 is not None:
-                mx = np.maximum(mx, sinks3)
-            y, total = soft_max_rows(w, mx)
-            if sinks3 is not None:
-                total = total + expf(sinks3 - mx).astype(F64)
-            inv = (1.0 / total).astype(F32)
-            np.multiply(y, inv, out=out)
-    return run
+    first, step = params.ith, params.nth
+    rows = len(range(first, ne01, step))
+    if not rows or not ne00:
+        return ()
+    soft_max = lanes.soft_max_heads
+    calls = []
+    for i3 in range(ne03):
+        x, y = x4[i3, :, first::step], d4[i3, :, first::step]  # (heads, rows, ne00)
+        m = m4[i3 % m4.shape[0], :, first::step] if m4 is not None else None
+        if not all(spans(a) for a in (x, y) + ((m,) if m is not None else ())):
+            raise not_supported(dst, "soft_max's rows are not packed")
+        mspan, (mh, mr) = (span_of(m), m.strides[:2]) if m is not None else (None, (0, 0))
+        calls.append(partial(soft_max, span_of(x), span_of(y), mspan, sinks3, slopes, scale, ne02,
+                             rows, ne00, *x.strides[:2], *y.strides[:2],
+                             m.shape[0] if m is not None else 1, mh, mr,
+                             m is not None and mask.type == GGMLType.F16))
+    return tuple(calls)
 
 
 @kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"),
         prepare=_soft_max)
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
-    _soft_max(params, dst)()
+    for call in _soft_max(params, dst):
+        call()
     params.took("interleaved", *range(params.ith, int(dst.src[0].ne[1]), params.nth),
                 note=Note("rows_i1"))
 

@@ -62,6 +62,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from engine.compute.kernels import vecdot_tq
+from engine.compute.kernels.common import byte_span
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.vecdot_iq import IQ_GRIDS, decode_iq, iq_result, scaled_products
 from engine.lanes import lanes, twin
@@ -247,17 +248,13 @@ def float_product(w: np.ndarray, out: np.ndarray, tiny: bool, threads: int = 1
     runs."""
     n0, k = w.shape
     bf16 = w.dtype == NUMPY_DTYPE[GGMLType.BF16]
-    halves = (w.dtype == np.float16 or bf16) and n0 and w.strides[1] == 2 \
-        and w.strides[0] % 2 == 0 and w.strides[0] >= 2 * k
-    if halves:
-        ld = w.strides[0] // 2
-        span = np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
-                                               strides=(2,))
+    halves = _halves_as_they_lie(w)
     dot = lanes.float_dot
 
     def run(x: np.ndarray) -> None:
         x = np.ascontiguousarray(x, F32)
-        if halves:
+        if halves is not None:
+            span, ld = halves
             written(out, lambda res: dot(span, x, res, n0, len(x), k, tiny, ld, threads, bf16))
         elif bf16:
             packed = np.ascontiguousarray(w)
@@ -266,6 +263,33 @@ def float_product(w: np.ndarray, out: np.ndarray, tiny: bool, threads: int = 1
             wf = np.ascontiguousarray(w, F32)
             written(out, lambda res: dot(wf, x, res, n0, len(x), k, tiny, -1, threads))
     return run
+
+
+def bound_float_product(w: np.ndarray, out: np.ndarray, x: np.ndarray, tiny: bool,
+                        threads: int = 1) -> Callable[[], None]:
+    """float_product on activation rows x that stay where they lie (floats): when w's halves or
+    bf16 lie as the C loop reads them and x and out are packed, its call with every argument
+    bound once; else float_product's run on x."""
+    halves = _halves_as_they_lie(w)
+    if halves is not None and out.flags.c_contiguous and x.flags.c_contiguous \
+            and x.dtype == F32 and len(x):
+        span, ld = halves
+        return partial(lanes.float_dot, span, x, out, w.shape[0], len(x), w.shape[1], tiny, ld,
+                       threads, w.dtype == NUMPY_DTYPE[GGMLType.BF16])
+    return partial(float_product(w, out, tiny, threads), x)
+
+
+def _halves_as_they_lie(w: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Half or bf16 weight rows (n0, k) whose elements are packed, rows apart: as float_dot reads
+    them (one flat span of uint16 from the first row's first element, and the rows' distance in
+    elements); None for other weights."""
+    n0, k = w.shape
+    if w.dtype not in (np.float16, NUMPY_DTYPE[GGMLType.BF16]) or not n0 or w.strides[1] != 2 \
+            or w.strides[0] % 2 or w.strides[0] < 2 * k:
+        return None
+    ld = w.strides[0] // 2
+    return np.lib.stride_tricks.as_strided(w.view(np.uint16)[0], shape=((n0 - 1) * ld + k,),
+                                           strides=(2,)), ld
 
 
 def vec_dot_f32(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -659,11 +683,11 @@ def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: boo
     read when it runs."""
     n0, row_bytes = w.shape
     nb = row_bytes // TYPE_TRAITS[type_].type_size
-    fixed = _weight_span(w) if _as_they_lie(w) else None
+    fixed = byte_span(w) if _as_they_lie(w) else None
     dot = lanes.quant_dot
 
     def run(x: np.ndarray) -> None:
-        buf, ldw = fixed if fixed is not None else _weight_span(np.ascontiguousarray(w))
+        buf, ldw = fixed if fixed is not None else byte_span(np.ascontiguousarray(w))
         x = np.ascontiguousarray(x, np.uint8)
         written(out, lambda res: dot(int(type_), buf, ldw, x, x.shape[1], res, n0, len(x), nb,
                                      portable, threads, tiny))
@@ -679,7 +703,7 @@ def bound_quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, x: np.n
     n0, row_bytes = w.shape
     if n0 and _as_they_lie(w) and out.flags.c_contiguous and x.flags.c_contiguous \
             and x.dtype == np.uint8 and len(x):
-        buf, ldw = _weight_span(w)
+        buf, ldw = byte_span(w)
         return partial(lanes.quant_dot, int(type_), buf, ldw, x, x.shape[1], out, n0, len(x),
                        row_bytes // TYPE_TRAITS[type_].type_size, False, threads, tiny)
     return partial(quant_product(type_, w, out, threads=threads, tiny=tiny), x)
@@ -688,15 +712,6 @@ def bound_quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, x: np.n
 def _as_they_lie(w: np.ndarray) -> bool:
     """Can the C loop read these weight rows where they lie (bytes packed, rows apart)?"""
     return not len(w) or (w.strides[1] == 1 and w.strides[0] >= w.shape[1])
-
-
-def _weight_span(w: np.ndarray) -> tuple[np.ndarray, int]:
-    """Weight rows as the C loop takes them: one flat span from the first row's first byte to
-    the last row's last, and the rows' distance."""
-    n0, row_bytes = w.shape
-    ldw = w.strides[0] if n0 > 1 else row_bytes
-    return (np.lib.stride_tricks.as_strided(w[0], shape=((n0 - 1) * ldw + row_bytes,), strides=(1,))
-            if n0 else w.reshape(-1)), ldw
 
 
 def written(out: np.ndarray, fill: Callable[[np.ndarray], None]) -> None:

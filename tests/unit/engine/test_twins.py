@@ -669,3 +669,61 @@ def test_libm_without_the_extension():
     libm._libm.powf(x, x[::-1].copy(), want)
     each.powf(x, x[::-1].copy(), got)
     assert same_bits(want, got)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_round_floats(bf16):
+    """Floats to halves (bf16) and back: every bit pattern, with and without the widened copy."""
+    x = bit_patterns(np.random.default_rng(5), 100_003)
+    want = [np.empty(len(x), np.uint16), np.empty(len(x), np.float32)]
+    got = [np.empty(len(x), np.uint16), np.empty(len(x), np.float32)]
+    compiled().round_floats(x, want[0], want[1], bf16)
+    TWINS["round_floats"](x, got[0], got[1], bf16)
+    assert same_bits(want[0], got[0]) and same_bits(want[1], got[1])
+    bits = np.empty(len(x), np.uint16)
+    compiled().round_floats(x, bits, None, bf16)
+    assert same_bits(bits, want[0])
+
+
+@pytest.mark.parametrize("kind,wide", [(0, False), (1, True), (2, False), (1, False)])
+def test_set_rows(kind, wide):
+    """Rows scattered by index, rows and indices spaced, an index repeated (the last row stays);
+    an index outside the destination names the first such row and writes nothing."""
+    rng = np.random.default_rng(kind * 2 + wide)
+    rows, n, ne1, ldx, ldo = 9, 37, 12, 37 * 4 + 12, (37 + 3) * (4 if kind == 0 else 2)
+    x = bit_patterns(rng, rows * ldx // 4).view(np.uint8)
+    at = rng.integers(0, ne1, (rows, 3)).astype(np.int64 if wide else np.int32)
+    at[5, 0] = at[2, 0]  # (a repeat)
+    idx = at.view(np.uint8).reshape(-1)
+    ldi = at.strides[0]
+    outs = []
+    for fn in (getattr(compiled(), "set_rows"), TWINS["set_rows"]):
+        out = np.full(ne1 * ldo, 0xA5, np.uint8)
+        assert fn(x, ldx, idx, ldi, wide, out, ldo, ne1, rows, n, kind) == -1
+        outs.append(out)
+    assert same_bits(*outs)
+    at[4, 0], at[7, 0] = ne1, -1
+    for fn in (getattr(compiled(), "set_rows"), TWINS["set_rows"]):
+        out = np.full(ne1 * ldo, 0xA5, np.uint8)
+        assert fn(x, ldx, idx, ldi, wide, out, ldo, ne1, rows, n, kind) == 4
+        assert (out == 0xA5).all()
+
+
+@pytest.mark.parametrize("mask,slopes,sinks", [
+    (None, "unit", False), ("f32", "unit", False), ("f16", "alibi", True), ("f32", "alibi", False),
+    (None, "unit", True)])
+def test_soft_max_heads(mask, slopes, sinks):
+    """soft_max's whole row: heads and rows spaced, a mask shared by two heads, wild scores."""
+    rng = np.random.default_rng(len(str((mask, slopes, sinks))))
+    heads, rows, n, mheads = 4, 3, 45, 2
+    x = wild_floats(rng, heads * rows, n + 3).reshape(-1)
+    xh, xr = rows * (n + 3) * 4, (n + 3) * 4
+    mt = np.float16 if mask == "f16" else F32
+    m = (rng.standard_normal(mheads * (rows + 1) * n) * 3).astype(mt)
+    m[::7] = -np.inf
+    sl = np.ones(heads, F32) if slopes == "unit" else np.array([0.5, 0.25, 0.125, 2.0], F32)
+    sk = rng.standard_normal(heads).astype(F32) if sinks else None
+    args = (None if mask is None else m.view(np.uint8), sk, sl, F32(0.125), heads, rows, n, xh, xr,
+            xh, xr, mheads, (rows + 1) * n * m.itemsize, n * m.itemsize, mask == "f16")
+    c, t = run_both("soft_max_heads", (x.view(np.uint8), OUT) + args, len(x))
+    assert_same_bits(c, t, f"soft_max_heads mask={mask} slopes={slopes} sinks={sinks}")
