@@ -48,9 +48,10 @@ static PyMethodDef methods[] = {
     {"v_silu", lanes_v_silu, METH_VARARGS,
      "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
     {"gelu_lookup", lanes_gelu_lookup, METH_VARARGS,
-     "gelu_lookup(x, table, out, clamp=True): ggml_vec_gelu_f32 (GGML_GELU_FP16; clamp: 0 at or "
-     "below -10, x at or above 10) or ggml_vec_gelu_quick_f32 (no clamp): out[i] = table[fp16 bits "
-     "of x[i]], the table ggml's fp16 one widened to 65536 float32 (contiguous float32 buffers)"},
+     "gelu_lookup(x, table, out, clamp=True, g=None): ggml_vec_gelu_f32 (GGML_GELU_FP16; clamp: 0 "
+     "at or below -10, x at or above 10) or ggml_vec_gelu_quick_f32 (no clamp): out[i] = table[fp16 "
+     "bits of x[i]], the table ggml's fp16 one widened to 65536 float32 (contiguous float32 "
+     "buffers); with g, ggml_vec_geglu_f32: out[i] times g[i], but 0 where x[i] <= -10"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,
      "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1, tiny=False): out[i1, i0] "
      "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ1_0, "

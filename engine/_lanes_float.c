@@ -943,21 +943,31 @@ __attribute__((target("avx2,fma,f16c"))) static void gelu_lookup_fma(const float
 LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer x, table, out;
+    Py_buffer x, table, out, g = {0};
+    PyObject *g_obj = Py_None;
     int clamp = 1;
-    if (!PyArg_ParseTuple(args, "y*y*w*|p", &x, &table, &out, &clamp))
+    if (!PyArg_ParseTuple(args, "y*y*w*|pO", &x, &table, &out, &clamp, &g_obj))
         return NULL;
     const Py_ssize_t n = x.len / 4;
     int ok = x.len % 4 == 0 && lanes_check(&table, 65536 * 4, "table") == 0 &&
              lanes_check(&out, x.len, "out") == 0;
+    if (ok && g_obj != Py_None)
+        ok = PyObject_GetBuffer(g_obj, &g, PyBUF_SIMPLE) == 0 && lanes_check(&g, x.len, "g") == 0;
     if (ok) {
         const int hw = fma_hw();
+        const float *xs = x.buf, *gs = g.obj ? g.buf : NULL;
+        float *o = out.buf;
         Py_BEGIN_ALLOW_THREADS
         PICK(gelu_lookup, hw)(x.buf, table.buf, out.buf, n, clamp);
+        if (gs)  /* ggml_vec_geglu_f32: times g, but +0 at or below -10 (not 0 * g) */
+            for (Py_ssize_t i = 0; i < n; i++)
+                o[i] = xs[i] <= -10.0f ? 0.0f : o[i] * gs[i];
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole float32s");
     }
+    if (g.obj)
+        PyBuffer_Release(&g);
     PyBuffer_Release(&x);
     PyBuffer_Release(&table);
     PyBuffer_Release(&out);

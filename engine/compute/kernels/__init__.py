@@ -94,6 +94,12 @@ def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] |
     return register
 
 
+def run_prepared(prepared: Prepared) -> None:
+    """Run what a kernel's prepare made: one call, or each of a tuple of calls in turn."""
+    for call in prepared if isinstance(prepared, tuple) else (prepared,):
+        call()
+
+
 def same_bits_on_every_cpu(dst) -> bool:
     """Does this node's result have the same bits on every CPU (given such inputs)? Only a BLAS
     product's bits depend on the CPU: the C library is called as ggml calls it (engine.libm),

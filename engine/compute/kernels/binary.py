@@ -10,6 +10,8 @@ Numerics: IEEE operations only (ggml's own arithmetic): the same bits as ggml on
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
@@ -60,10 +62,7 @@ def _prepare_f32(params, dst: Tensor):
             return None  # src1's rows gathered by modulo: a copy, made at each compute
         parts.append((s0[i3, i2, a:b], src1_rows(s1, i3, i2, a, b, int(dst.ne[0])), d4[i3, i2, a:b]))
 
-    def call() -> None:
-        for x, y, out in parts:
-            fn(x, y, out=out)
-    return call
+    return tuple(partial(fn, x, y, out=out) for x, y, out in parts)
 
 
 @kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, barrier=False, prepare=_prepare_f32)

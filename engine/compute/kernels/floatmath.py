@@ -324,14 +324,18 @@ def _gelu_via_table(x: np.ndarray) -> np.ndarray:
 
 
 @twin("gelu_lookup")
-def gelu_lookup(x, table, out, clamp: bool = True) -> None:
+def gelu_lookup(x, table, out, clamp: bool = True, g=None) -> None:
     """engine._lanes.gelu_lookup: out = the entries of table (a widened fp16 table, 65536
     float32) at fp16_bits(x); with clamp (ggml_vec_gelu_f32's) 0 where x <= -10 and x where
-    x >= 10."""
+    x >= 10. With g (ggml_vec_geglu_f32): those times g, then +0 where x <= -10 (not 0·g: -0,
+    or NaN for an infinite g)."""
     xs = np.frombuffer(x, F32)
     y = np.frombuffer(table, F32)[fp16_bits(xs)]
     if clamp:
         np.copyto(y, xs, where=xs >= F32(10))
+        np.copyto(y, F32(0), where=xs <= F32(-10))
+    if g is not None:
+        np.multiply(y, np.frombuffer(g, F32), out=y)
         np.copyto(y, F32(0), where=xs <= F32(-10))
     np.frombuffer(out, F32)[:] = y
 

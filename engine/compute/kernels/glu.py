@@ -13,10 +13,12 @@ operations: ggml's bits on every CPU.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import CLoop, kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, not_supported, run_prepared
 from engine.compute.kernels.common import thread_range
 from engine.compute.kernels.unary import f16_table_times
 from engine.compute.kernels.views import flat_rows
@@ -36,13 +38,10 @@ def _swiglu_f32(x: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 def _geglu_f32(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """ggml_vec_geglu_f32 (GGML_GELU_FP16): 0 at or below -10, x·g at or above 10, table(x)·g
-    between: ggml_vec_gelu_f32's lookup (lanes.gelu_lookup) times g, then +0 where x <= -10
-    (not 0·g: -0, or NaN for an infinite g)."""
-    x = np.ascontiguousarray(x, F32)
+    between (lanes.gelu_lookup with g)."""
+    x, g = np.ascontiguousarray(x, F32), np.ascontiguousarray(g, F32)
     y = np.empty(x.shape, F32)
-    lanes.gelu_lookup(x, fm.widened_table("gelu"), y, True)
-    np.multiply(y, g, out=y)
-    np.copyto(y, F32(0), where=x <= F32(-10))
+    lanes.gelu_lookup(x, fm.widened_table("gelu"), y, True, g)
     return y
 
 
@@ -108,9 +107,16 @@ def _glu(params, dst: Tensor):
     f = (_swiglu_oai(dst) if op == G.SWIGLU_OAI else F32_FNS[op]) \
         if src0.type == GGMLType.F32 else None
 
+    if ir0 >= ir1:
+        return ()
+    if f is not None and op in (G.GEGLU, G.SWIGLU) and all(
+            a.flags.c_contiguous for a in (x, g, out)):  # (a row, or rows of their own)
+        if op == G.GEGLU:
+            return partial(lanes.gelu_lookup, x, fm.widened_table("gelu"), out, True, g)
+        # (in place: the same products as _swiglu_f32, no temporaries)
+        return partial(fm.silu_rows, x, out), partial(np.multiply, out, g, out=out)
+
     def run() -> None:
-        if ir0 >= ir1:
-            return
         if op == G.SWIGLU and f is not None and out.flags.c_contiguous:
             fm.silu_rows(x, out)  # (in place: the same products as _swiglu_f32, no temporaries)
             np.multiply(out, g, out=out)
@@ -129,5 +135,5 @@ def _glu(params, dst: Tensor):
         in_c=CLoop("v_silu", "ggml_vec_swiglu_f32", G.SWIGLU), prepare=_glu)
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
-    _glu(params, dst)()
+    run_prepared(_glu(params, dst))
     params.took("rows", thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))

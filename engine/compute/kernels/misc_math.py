@@ -15,10 +15,12 @@ ggml's bits on every CPU.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, run_prepared
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
 from engine.core.errors import ggml_assert
@@ -150,11 +152,11 @@ def _scale(params, dst: Tensor):
     ir0, ir1 = thread_range(ggml_nrows(src0), params.ith, params.nth)
     x, y = flat_rows(src0)[ir0:ir1], flat_rows(dst)[ir0:ir1]
 
+    if b == 0:
+        return partial(np.multiply, x, s, out=y)
+
     def run() -> None:
-        if b == 0:
-            np.multiply(x, s, out=y)
-        else:
-            y[:] = fm.fmaf(x, s, b)
+        y[:] = fm.fmaf(x, s, b)
     return run
 
 
@@ -162,7 +164,7 @@ def _scale(params, dst: Tensor):
 def compute_forward_scale(params, dst: Tensor) -> None:
     """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
     FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
-    _scale(params, dst)()
+    run_prepared(_scale(params, dst))
     params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 

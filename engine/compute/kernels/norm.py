@@ -17,9 +17,11 @@ bits are the same on every CPU.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, run_prepared
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.views import strided
@@ -154,7 +156,7 @@ def _norm(params, dst: Tensor):
 @kernel(GGMLOp.NORM, barrier=False, prepare=_norm)
 def compute_forward_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
-    _norm(params, dst)()
+    run_prepared(_norm(params, dst))
     params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 
@@ -184,13 +186,8 @@ def _rms_norm(params, dst: Tensor):
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
     if int(dst.nb[0]) == 4:
-        spans = list(_row_spans(params, src0, dst))
-        rms_norm_rows = lanes.rms_norm_rows
-
-        def run() -> None:
-            for x, y, k, ldx, ldy in spans:
-                rms_norm_rows(x, y, k, ne00, ldx, ldy, float(eps))
-        return run
+        return tuple(partial(lanes.rms_norm_rows, x, y, k, ne00, ldx, ldy, float(eps))
+                     for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
     blocks = list(_my_rows(params, src0, dst))
 
     def run_strided() -> None:  # (dst's elements apart: the same arithmetic in numpy)
@@ -203,7 +200,7 @@ def _rms_norm(params, dst: Tensor):
 @kernel(GGMLOp.RMS_NORM, barrier=False, prepare=_rms_norm)
 def compute_forward_rms_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
-    _rms_norm(params, dst)()
+    run_prepared(_rms_norm(params, dst))
     params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 

@@ -22,7 +22,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.compute.kernels import CLoop, kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, not_supported, run_prepared
 from engine.compute.kernels.common import span_of, spans, to_f32, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
@@ -147,8 +147,7 @@ def _soft_max(params, dst: Tensor):
         prepare=_soft_max)
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
-    for call in _soft_max(params, dst):
-        call()
+    run_prepared(_soft_max(params, dst))
     params.took("interleaved", *range(params.ith, int(dst.src[0].ne[1]), params.nth),
                 note=Note("rows_i1"))
 
