@@ -191,41 +191,74 @@ LANES_HIDDEN PyObject *lanes_quantize_q8_0(PyObject *self, PyObject *args)
  * iscale = -127 / max, q = min(127, nearest_int(iscale * x)) by the 1.5 * 2^23 trick, d = 1 /
  * iscale, and each run of 16 q's sum; an all-zero block is d = 0 and zeros (ggml leaves its
  * sums as they were; here they are zero, engine.quants.kquants.quantize_q8_k) */
-static void quantize_q8_k_blocks(int type, const void *x_, void *y_, Py_ssize_t nb)
+/* the largest |x| of a block (NaNs passed by, as `if (amax < a)` passes them) */
+static inline float largest_abs(const float *x)
 {
-    (void)type;
-    const float *x = x_;
-    uint8_t *y = y_;
-    for (Py_ssize_t b = 0; b < nb; b++, x += 256, y += 292) {
-        float amax = 0.0f, max = 0.0f;
-        for (int i = 0; i < 256; i++) {
-            const float a = fabsf(x[i]);
-            if (amax < a) {
-                amax = a;
-                max = x[i];
-            }
-        }
-        int8_t *qs = (int8_t *)(y + 4);
-        int16_t sums[16] = {0};
-        float d = 0.0f;
-        if (amax == 0.0f) {
-            memset(qs, 0, 256);
-        } else {
-            const float iscale = -127.0f / max;
-            for (int i = 0; i < 256; i++) {
-                const float v = iscale * x[i] + 12582912.0f;  /* (no contraction: -ffp-contract=off) */
-                int32_t bits;
-                memcpy(&bits, &v, 4);
-                const int32_t q = (bits & 0x007FFFFF) - 0x00400000;
-                qs[i] = (int8_t)(q < 127 ? q : 127);
-                sums[i / 16] += qs[i];
-            }
-            d = 1.0f / iscale;
-        }
-        memcpy(y, &d, 4);
-        memcpy(y + 4 + 256, sums, sizeof sums);
+    float amax = 0.0f;
+    for (int i = 0; i < 256; i++) {
+        const float a = fabsf(x[i]);
+        if (amax < a)
+            amax = a;
     }
+    return amax;
 }
+
+#define Q8_K_BLOCKS(NAME, LARGEST, ATTR)                                                    \
+    ATTR static void NAME(int type, const void *x_, void *y_, Py_ssize_t nb)                 \
+    {                                                                                        \
+        (void)type;                                                                          \
+        const float *x = x_;                                                                 \
+        uint8_t *y = y_;                                                                     \
+        for (Py_ssize_t b = 0; b < nb; b++, x += 256, y += 292) {                            \
+            const float amax = LARGEST(x);                                                   \
+            float max = 0.0f;                                                                \
+            for (int i = 0; i < 256 && amax > 0.0f; i++)  /* the first x of that size */    \
+                if (fabsf(x[i]) == amax) {                                                   \
+                    max = x[i];                                                              \
+                    break;                                                                   \
+                }                                                                            \
+            int8_t *qs = (int8_t *)(y + 4);                                                  \
+            int16_t sums[16] = {0};                                                          \
+            float d = 0.0f;                                                                  \
+            if (amax == 0.0f) {                                                              \
+                memset(qs, 0, 256);                                                          \
+            } else {                                                                         \
+                const float iscale = -127.0f / max;                                          \
+                for (int i = 0; i < 256; i++) {                                              \
+                    /* (no contraction: -ffp-contract=off) */                                \
+                    const float v = iscale * x[i] + 12582912.0f;                             \
+                    int32_t bits;                                                            \
+                    memcpy(&bits, &v, 4);                                                    \
+                    const int32_t q = (bits & 0x007FFFFF) - 0x00400000;                      \
+                    qs[i] = (int8_t)(q < 127 ? q : 127);                                     \
+                }                                                                            \
+                for (int i = 0; i < 256; i++)                                                \
+                    sums[i / 16] += qs[i];                                                   \
+                d = 1.0f / iscale;                                                           \
+            }                                                                                \
+            memcpy(y, &d, 4);                                                                \
+            memcpy(y + 4 + 256, sums, sizeof sums);                                          \
+        }                                                                                    \
+    }
+
+Q8_K_BLOCKS(quantize_q8_k_blocks, largest_abs, )
+#ifdef HAVE_FMA_TARGET
+/* largest_abs 8 lanes at a time: MAXPS(a, m) is `m < a ? a : m`, so NaNs pass by as there; the
+ * lanes' maxima are then one exact maximum, in any order */
+__attribute__((target("avx2"))) static inline float largest_abs_avx2(const float *x)
+{
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 8)
+        m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), magnitude), m);
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++)
+        amax = amax < lanes[l] ? lanes[l] : amax;
+    return amax;
+}
+Q8_K_BLOCKS(quantize_q8_k_blocks_fma, largest_abs_avx2, __attribute__((target("avx2,fma"))))
+#endif
 
 LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args)
 {
@@ -233,9 +266,43 @@ LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args)
     Py_buffer x, out;
     if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
         return NULL;
-    return convert_blocks(Q8_K, &x, &out, 256 * 4, 292, quantize_q8_k_blocks,
+    return convert_blocks(Q8_K, &x, &out, 256 * 4, 292, PICK(quantize_q8_k_blocks, fma_hw()),
                           "_lanes: x is not whole blocks of 256 floats");
 }
+
+/* n floats (at any byte) to halves, as float_to_half rounds them */
+static void to_halves(const uint8_t *x, uint8_t *h, Py_ssize_t n)
+{
+    for (Py_ssize_t e = 0; e < n; e++) {
+        float v;
+        memcpy(&v, x + 4 * e, 4);
+        const uint16_t b = float_to_half(v);
+        memcpy(h + 2 * e, &b, 2);
+    }
+}
+
+#ifdef HAVE_FMA_TARGET
+/* the same by F16C, 8 at a time (its rounding is float_to_half's: to nearest even, through the
+ * subnormals, infinity from 65520 up); a group holding a NaN goes through float_to_half, which
+ * makes every NaN ggml's 0x7E00 with its sign */
+__attribute__((target("avx2,f16c"))) static void to_halves_f16c(const uint8_t *x, uint8_t *h,
+                                                               Py_ssize_t n)
+{
+    Py_ssize_t e = 0;
+    for (; e + 8 <= n; e += 8) {
+        const __m256 v = _mm256_loadu_ps((const float *)(x + 4 * e));
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+            to_halves(x + 4 * e, h + 2 * e, 8);
+        else
+            _mm_storeu_si128((__m128i *)(h + 2 * e),
+                             _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    to_halves(x + 4 * e, h + 2 * e, n - e);
+}
+#define TO_HALVES(hw) ((hw) ? to_halves_f16c : to_halves)
+#else
+#define TO_HALVES(hw) to_halves
+#endif
 
 /* round_floats(x, bits, back, bf16): ggml_fp32_to_fp16_row (bf16: _bf16_row) of n floats into
  * bits, and, unless back is None, the rounded values widened again into back (floats): the
@@ -259,10 +326,14 @@ LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args)
         const float *xs = x.buf;
         uint16_t *hs = bits.buf;
         float *fs = with_back ? back.buf : NULL;
+        const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
+        if (!bf16)
+            TO_HALVES(hw)(x.buf, bits.buf, n);
         for (Py_ssize_t i = 0; i < n; i++) {
-            hs[i] = bf16 ? float_to_bf16(xs[i]) : float_to_half(xs[i]);
-            if (fs)
+            if (bf16)
+                hs[i] = float_to_bf16(xs[i]);
+            if (fs)  /* (every half and bf16 is exactly a float) */
                 fs[i] = bf16 ? bf16_to_float(hs[i]) : half_to_float(hs[i]);
         }
         Py_END_ALLOW_THREADS
@@ -313,6 +384,7 @@ LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args)
              (ne1 == 0 || out.len >= (ne1 - 1) * ldo + n * esize);
     Py_ssize_t bad = -1;
     if (ok) {
+        const int hw = fma_hw();
         const uint8_t *xb = x.buf, *ib = idx.buf;
         uint8_t *ob = out.buf;
         Py_BEGIN_ALLOW_THREADS
@@ -327,11 +399,13 @@ LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args)
             uint8_t *dst = ob + i * ldo;
             if (kind == 0) {
                 memmove(dst, src, (size_t)n * 4);
+            } else if (kind == 1) {
+                TO_HALVES(hw)((const uint8_t *)src, dst, n);
             } else {
                 for (Py_ssize_t e = 0; e < n; e++) {
                     float v;
                     memcpy(&v, (const uint8_t *)src + 4 * e, 4);
-                    const uint16_t h = kind == 1 ? float_to_half(v) : float_to_bf16(v);
+                    const uint16_t h = float_to_bf16(v);
                     memcpy(dst + 2 * e, &h, 2);
                 }
             }

@@ -219,6 +219,6 @@ def set_input(t: Tensor, values: np.ndarray) -> None:
 
 
 def get_output(t: Tensor) -> np.ndarray:
-    """An output's values, copied out of the compute buffer (ggml_backend_tensor_get)."""
-    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)),
-                         dtype=NUMPY_DTYPE[t.type]).copy()
+    """An output's values, copied out of the compute buffer (ggml_backend_tensor_get): read-only,
+    as the copy's bytes are (one copy of a vocabulary's logits, not two)."""
+    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)), dtype=NUMPY_DTYPE[t.type])

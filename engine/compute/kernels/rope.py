@@ -24,7 +24,7 @@ from threading import Lock
 import numpy as np
 from cachetools import LRUCache, cached
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, not_supported, run_prepared
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
 from engine.lanes import lanes, twin
@@ -215,10 +215,20 @@ def _rope(params, dst: Tensor, forward: bool = True):
     off = n_dims if is_vision else n_dims // 2  # (the other modes: pairs (k, k + off))
     step, pair_off = (2, 1) if rotated is not None else (1, off)  # pair k: (k*step, k*step + off)
     rope_pairs = lanes.rope_pairs
+    if not rows:
+        return ()
+    at = slice(int(i2s[0]), int(i2s[-1]) + 1) if bool(np.all(np.diff(i2s) == 1)) else i2s
+
+    if f32 and not mrope_used and freq_factors is None:
+        def run_f32() -> None:  # (the cache's rows are packed: each goes as it lies)
+            cos, sin = rope_cache(pos[at], ne0, theta_scale, None, yarn)
+            if not forward:
+                sin = sin * sin_sign
+            for j, count, (x, ldx), (y, ldy) in rows:
+                rope_pairs(x, y, cos[j], sin[j], count, ne0, ldx, ldy, h, step, pair_off)
+        return run_f32
 
     def run() -> None:
-        if not rows:
-            return
         factors = freq_factors
         if factors is not None and short > 0:
             factors = np.concatenate([factors, np.ones(short, F32)])
@@ -226,7 +236,7 @@ def _rope(params, dst: Tensor, forward: bool = True):
             cos, sin = mrope_cache(np.stack([pos[i] for i in mrope_pos]), ne0, sections, is_imrope,
                                    is_vision, theta_scale, factors, yarn)
         else:
-            cos, sin = rope_cache(pos[i2s], ne0, theta_scale, factors, yarn)
+            cos, sin = rope_cache(pos[at], ne0, theta_scale, factors, yarn)
         if not forward:
             sin = sin * sin_sign
         for j, count, src, out in rows:
@@ -249,12 +259,12 @@ def _rope_back(params, dst: Tensor):
 @kernel(GGMLOp.ROPE, barrier=False, prepare=_rope)
 def compute_forward_rope(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope."""
-    _rope(params, dst)()
+    run_prepared(_rope(params, dst))
     params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
 @kernel(GGMLOp.ROPE_BACK, barrier=False, prepare=_rope_back)
 def compute_forward_rope_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope_back: the same rotation with sin negated."""
-    _rope_back(params, dst)()
+    run_prepared(_rope_back(params, dst))
     params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
