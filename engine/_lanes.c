@@ -33,25 +33,30 @@ static PyMethodDef methods[] = {
      "less its max mx[r]: y = exp(w - max), sums[r] their sum in double, in ggml's order"},
     {"soft_max_heads", lanes_soft_max_heads, METH_VARARGS,
      "soft_max_heads(x, y, m, sinks, slopes, scale, heads, rows, n, xh, xr, yh, yr, mheads, mh, mr, "
-     "mf16): ggml_compute_forward_soft_max_f32 on rows (h, r) of n float32 at byte h * xh + r * xr "
-     "of x (of y): scaled, plus slopes[h] times mask row (h % mheads, r) (m: floats, or halves if "
-     "mf16; None: no mask), their max raised to sinks[h] (None: no sinks), exp(w - max) over its "
-     "double sum"},
+     "mf16, threads=1): ggml_compute_forward_soft_max_f32 on rows (h, r) of n float32 at byte "
+     "h * xh + r * xr of x (of y): scaled, plus slopes[h] times mask row (h % mheads, r) (m: "
+     "floats, or halves if mf16; None: no mask), their max raised to sinks[h] (None: no sinks), "
+     "exp(w - max) over its double sum; the rows shared out between up to `threads` threads"},
     {"rms_norm_rows", lanes_rms_norm_rows, METH_VARARGS,
-     "rms_norm_rows(x, y, rows, n, ldx, ldy, eps): ggml_compute_forward_rms_norm_f32 of rows of n "
-     "floats (ldx, ldy bytes apart): the squares summed in double left to right"},
+     "rms_norm_rows(x, y, rows, n, ldx, ldy, eps, threads=1): ggml_compute_forward_rms_norm_f32 of "
+     "rows of n floats (ldx, ldy bytes apart): the squares summed in double left to right; the "
+     "rows shared out between up to `threads` threads (the same bits)"},
     {"norm_rows", lanes_norm_rows, METH_VARARGS,
-     "norm_rows(x, y, rows, n, ldx, ldy, eps, portable=False): ggml_compute_forward_norm_f32 of "
-     "`rows` rows of n float32 (row r at byte r * ldx of x, r * ldy of y): y = (x - mean) / "
-     "sqrtf(var + eps), the mean's and the variance's sums in double in ggml's order; portable: "
-     "without the vector instructions (the same bits)"},
+     "norm_rows(x, y, rows, n, ldx, ldy, eps, portable=False, threads=1): "
+     "ggml_compute_forward_norm_f32 of `rows` rows of n float32 (row r at byte r * ldx of x, "
+     "r * ldy of y): y = (x - mean) / sqrtf(var + eps), the mean's and the variance's sums in "
+     "double in ggml's order; portable: without the vector instructions; threads: the rows "
+     "shared out between up to that many threads (the same bits either way)"},
     {"v_silu", lanes_v_silu, METH_VARARGS,
-     "v_silu(x, out): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - x))"},
+     "v_silu(x, out, g=None, threads=1): out[i] = ggml_v_silu's lane of x[i]: x / (1 + v_expf(0 - "
+     "x)), times g[i] with g (ggml_vec_swiglu_f32); the elements shared out between up to "
+     "`threads` threads (the same bits)"},
     {"gelu_lookup", lanes_gelu_lookup, METH_VARARGS,
-     "gelu_lookup(x, table, out, clamp=True, g=None): ggml_vec_gelu_f32 (GGML_GELU_FP16; clamp: 0 "
-     "at or below -10, x at or above 10) or ggml_vec_gelu_quick_f32 (no clamp): out[i] = table[fp16 "
-     "bits of x[i]], the table ggml's fp16 one widened to 65536 float32 (contiguous float32 "
-     "buffers); with g, ggml_vec_geglu_f32: out[i] times g[i], but 0 where x[i] <= -10"},
+     "gelu_lookup(x, table, out, clamp=True, g=None, threads=1): ggml_vec_gelu_f32 (GGML_GELU_FP16; "
+     "clamp: 0 at or below -10, x at or above 10) or ggml_vec_gelu_quick_f32 (no clamp): out[i] = "
+     "table[fp16 bits of x[i]], the table ggml's fp16 one widened to 65536 float32 (contiguous "
+     "float32 buffers); with g, ggml_vec_geglu_f32: out[i] times g[i], but 0 where x[i] <= -10; "
+     "the elements shared out between up to `threads` threads (the same bits)"},
     {"quant_dot", lanes_quant_dot, METH_VARARGS,
      "quant_dot(type, w, ldw, x, ldx, out, n0, n1, nb, portable=False, threads=1, tiny=False): out[i1, i0] "
      "= ggml's AVX2 vec_dot of weight row i0 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ1_0, "

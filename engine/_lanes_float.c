@@ -455,26 +455,6 @@ AVX2_FMA static void v_softmax_fma(const float *w, const float *mx, float *y, do
 }
 #endif
 
-static PyObject *py_v_math(PyObject *args, int silu)
-{
-    Py_buffer x, out;
-    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
-        return NULL;
-    int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0;
-    if (ok) {
-        const int hw = fma_hw();
-        Py_BEGIN_ALLOW_THREADS
-        (silu ? PICK(v_silu, hw) : PICK(v_expf, hw))(x.buf, out.buf, x.len / 4);
-        Py_END_ALLOW_THREADS
-    } else if (!PyErr_Occurred()) {
-        PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
-    }
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&out);
-    if (!ok)
-        return NULL;
-    Py_RETURN_NONE;
-}
 
 LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
 {
@@ -509,6 +489,72 @@ LANES_HIDDEN PyObject *lanes_soft_max(PyObject *self, PyObject *args)
  * its max (a NaN if any, as numpy's), raised to sinks[h] when sinks is not None; then
  * ggml_vec_soft_max_f32 (v_softmax), exp(sink - max) added to the double sum, and the row times
  * (float)(1 / sum). */
+/* fn over `rows` rows of n elements, shared between up to `threads` threads when each share
+ * has enough elements to pay for a wake-up (called without the GIL) */
+static void rows_shared(lanes_rows_fn fn, void *job, Py_ssize_t rows, Py_ssize_t n, int threads)
+{
+    Py_ssize_t parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
+    while (parts > 1 && (rows < parts || rows * n / parts < LANES_SPLIT_MACS))
+        parts--;
+    lanes_pool_run(fn, job, rows, parts > 1 ? (rows + 4 * parts - 1) / (4 * parts) : rows, (int)parts);
+}
+
+typedef struct {
+    const char *x, *m;
+    char *y;
+    const float *slopes, *sinks;
+    float scale, *w;  /* w: each worker's row of n floats */
+    Py_ssize_t rows, n, xh, xr, yh, yr, mheads, mh, mr;
+    int mf16, unit, hw;
+} SoftMaxJob;
+
+/* soft_max_heads' rows q = h * rows + r for q in [a, b) */
+static void soft_max_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const SoftMaxJob *j = ctx;
+    float *w = j->w + worker * (j->n + 1);
+    const Py_ssize_t n = j->n;
+    for (Py_ssize_t q = a; q < b; q++) {
+        const Py_ssize_t h = q / j->rows, r = q % j->rows;
+        const float *xs = (const float *)(j->x + h * j->xh + r * j->xr);
+        float *ys = (float *)(j->y + h * j->yh + r * j->yr);
+        for (Py_ssize_t i = 0; i < n; i++)
+            w[i] = xs[i] * j->scale;
+        if (j->m) {
+            const char *mrow = j->m + (h % j->mheads) * j->mh + r * j->mr;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                float v;
+                if (j->mf16) {
+                    uint16_t bits;
+                    memcpy(&bits, mrow + 2 * i, 2);
+                    v = half_to_float(bits);
+                } else {
+                    memcpy(&v, mrow + 4 * i, 4);
+                }
+                w[i] = j->unit ? w[i] + v : fmaf(j->slopes[h], v, w[i]);
+            }
+        }
+        float mx = -INFINITY;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (isnan(w[i])) {
+                mx = w[i];
+                break;
+            }
+            mx = w[i] > mx ? w[i] : mx;
+        }
+        const float *sk = j->sinks;
+        if (sk && !isnan(mx))
+            mx = isnan(sk[h]) || sk[h] > mx ? sk[h] : mx;
+        double sum;
+        PICK(v_softmax, j->hw)(w, &mx, ys, &sum, 1, n);
+        if (sk)
+            sum += (double)expf(sk[h] - mx);
+        const float inv = (float)(1.0 / sum);
+        for (Py_ssize_t i = 0; i < n; i++)
+            ys[i] = ys[i] * inv;
+    }
+}
+
 LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -516,9 +562,10 @@ LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
     PyObject *m_obj, *sinks_obj;
     float scale;
     Py_ssize_t heads, rows, n, xh, xr, yh, yr, mheads, mh, mr;
-    int mf16;
-    if (!PyArg_ParseTuple(args, "y*w*OOy*fnnnnnnnnnnp", &x, &y, &m_obj, &sinks_obj, &slopes, &scale,
-                          &heads, &rows, &n, &xh, &xr, &yh, &yr, &mheads, &mh, &mr, &mf16))
+    int mf16, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*OOy*fnnnnnnnnnnp|i", &x, &y, &m_obj, &sinks_obj, &slopes,
+                          &scale, &heads, &rows, &n, &xh, &xr, &yh, &yr, &mheads, &mh, &mr, &mf16,
+                          &threads))
         return NULL;
     int ok = 1;
     if (m_obj != Py_None && PyObject_GetBuffer(m_obj, &m, PyBUF_SIMPLE) < 0)
@@ -533,56 +580,21 @@ LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
            y.len >= (heads - 1) * yh + (rows - 1) * yr + last &&
            (!m.obj || (mheads > 0 && m.len >= (mheads - 1) * mh + (rows - 1) * mr + mlast)) &&
            (!sinks.obj || sinks.len >= heads * 4)));
-    float *w = ok ? PyMem_RawMalloc((size_t)(n + 1) * sizeof(float)) : NULL;
+    const int parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
+    float *w = ok ? PyMem_RawMalloc((size_t)parts * (size_t)(n + 1) * sizeof(float)) : NULL;
     if (ok && !w) {
         PyErr_NoMemory();
         ok = 0;
     }
     if (ok) {
-        const float *sl = slopes.buf, *sk = sinks.obj ? sinks.buf : NULL;
+        const float *sl = slopes.buf;
         int unit = 1;
         for (Py_ssize_t h = 0; h < heads; h++)
             unit = unit && sl[h] == 1.0f;
-        const int hw = fma_hw();
+        SoftMaxJob job = {x.buf, m.obj ? m.buf : NULL, y.buf, sl, sinks.obj ? sinks.buf : NULL,
+                          scale, w, rows, n, xh, xr, yh, yr, mheads, mh, mr, mf16, unit, fma_hw()};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t h = 0; h < heads; h++)
-            for (Py_ssize_t r = 0; r < rows; r++) {
-                const float *xs = (const float *)((const char *)x.buf + h * xh + r * xr);
-                float *ys = (float *)((char *)y.buf + h * yh + r * yr);
-                for (Py_ssize_t i = 0; i < n; i++)
-                    w[i] = xs[i] * scale;
-                if (m.obj) {
-                    const char *mrow = (const char *)m.buf + (h % mheads) * mh + r * mr;
-                    for (Py_ssize_t i = 0; i < n; i++) {
-                        float v;
-                        if (mf16) {
-                            uint16_t b;
-                            memcpy(&b, mrow + 2 * i, 2);
-                            v = half_to_float(b);
-                        } else {
-                            memcpy(&v, mrow + 4 * i, 4);
-                        }
-                        w[i] = unit ? w[i] + v : fmaf(sl[h], v, w[i]);
-                    }
-                }
-                float mx = -INFINITY;
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    if (isnan(w[i])) {
-                        mx = w[i];
-                        break;
-                    }
-                    mx = w[i] > mx ? w[i] : mx;
-                }
-                if (sk && !isnan(mx))
-                    mx = isnan(sk[h]) || sk[h] > mx ? sk[h] : mx;
-                double sum;
-                PICK(v_softmax, hw)(w, &mx, ys, &sum, 1, n);
-                if (sk)
-                    sum += (double)expf(sk[h] - mx);
-                const float inv = (float)(1.0 / sum);
-                for (Py_ssize_t i = 0; i < n; i++)
-                    ys[i] = ys[i] * inv;
-            }
+        rows_shared(soft_max_job, &job, heads * rows, n, parts);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
@@ -701,20 +713,59 @@ AVX2_FMA static void norm_cvar_scale_fma(const float *x, float *y, Py_ssize_t n,
 }
 #endif
 
+/* the norms' rows shared out between up to `threads` threads of the row pool (each row is
+ * its own: the same bits however they are shared) */
+typedef struct {
+    const char *x;
+    char *y;
+    Py_ssize_t n, ldx, ldy;
+    float eps;
+    norm_cvar_fn cvar_scale;  /* (norm's) */
+} NormJob;
+
+static void norm_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const NormJob *j = ctx;
+    (void)worker;
+    norm_rows(j->x + a * j->ldx, j->y + a * j->ldy, b - a, j->n, j->ldx, j->ldy, j->eps, j->cvar_scale);
+}
+
+static void rms_norm_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const NormJob *j = ctx;
+    (void)worker;
+    for (Py_ssize_t r = a; r < b; r++) {
+        const float *xr = (const float *)(j->x + r * j->ldx);
+        float *yr = (float *)(j->y + r * j->ldy);
+        double sum = 0.0;
+        for (Py_ssize_t i = 0; i < j->n; i++) {
+            const float sq = xr[i] * xr[i];
+            sum += (double)sq;
+        }
+        const float mean = (float)(sum / (double)j->n);
+        const float scale = 1.0f / sqrtf(mean + j->eps);
+        for (Py_ssize_t i = 0; i < j->n; i++)
+            yr[i] = xr[i] * scale;
+    }
+}
+
+
 LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer x, y;
     Py_ssize_t rows, n, ldx, ldy;
     float eps;
-    int portable = 0;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnf|p", &x, &y, &rows, &n, &ldx, &ldy, &eps, &portable))
+    int portable = 0, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnf|pi", &x, &y, &rows, &n, &ldx, &ldy, &eps, &portable,
+                          &threads))
         return NULL;
     const int ok = row_spans_ok(&x, &y, rows, n, ldx, ldy);
     if (ok) {
         const int hw = !portable && fma_hw();
+        NormJob job = {x.buf, y.buf, n, ldx, ldy, eps, PICK(norm_cvar_scale, hw)};
         Py_BEGIN_ALLOW_THREADS
-        norm_rows(x.buf, y.buf, rows, n, ldx, ldy, eps, PICK(norm_cvar_scale, hw));
+        rows_shared(norm_job, &job, rows, n, threads);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&x);
@@ -733,24 +784,14 @@ LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args)
     Py_buffer x, y;
     Py_ssize_t rows, n, ldx, ldy;
     float eps;
-    if (!PyArg_ParseTuple(args, "y*w*nnnnf", &x, &y, &rows, &n, &ldx, &ldy, &eps))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nnnnf|i", &x, &y, &rows, &n, &ldx, &ldy, &eps, &threads))
         return NULL;
     const int ok = row_spans_ok(&x, &y, rows, n, ldx, ldy);
     if (ok) {
+        NormJob job = {x.buf, y.buf, n, ldx, ldy, eps, NULL};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t r = 0; r < rows; r++) {
-            const float *xr = (const float *)((const char *)x.buf + r * ldx);
-            float *yr = (float *)((char *)y.buf + r * ldy);
-            double sum = 0.0;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                const float sq = xr[i] * xr[i];
-                sum += (double)sq;
-            }
-            const float mean = (float)(sum / (double)n);
-            const float scale = 1.0f / sqrtf(mean + eps);
-            for (Py_ssize_t i = 0; i < n; i++)
-                yr[i] = xr[i] * scale;
-        }
+        rows_shared(rms_norm_job, &job, rows, n, threads);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&x);
@@ -844,13 +885,69 @@ LANES_HIDDEN PyObject *lanes_fmaf(PyObject *self, PyObject *args)
 LANES_HIDDEN PyObject *lanes_v_expf(PyObject *self, PyObject *args)
 {
     (void)self;
-    return py_v_math(args, 0);
+    Py_buffer x, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &x, &out))
+        return NULL;
+    int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0;
+    if (ok) {
+        const int hw = fma_hw();
+        Py_BEGIN_ALLOW_THREADS
+        PICK(v_expf, hw)(x.buf, out.buf, x.len / 4);
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* v_silu's elements [a, b), times g's when there is one (ggml_vec_swiglu_f32) */
+typedef struct {
+    const float *x, *g;
+    float *out;
+    int hw;
+} SiluJob;
+
+static void silu_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const SiluJob *j = ctx;
+    (void)worker;
+    PICK(v_silu, j->hw)(j->x + a, j->out + a, b - a);
+    if (j->g)
+        for (Py_ssize_t i = a; i < b; i++)
+            j->out[i] = j->out[i] * j->g[i];
 }
 
 LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args)
 {
     (void)self;
-    return py_v_math(args, 1);
+    Py_buffer x, out, g = {0};
+    PyObject *g_obj = Py_None;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*|Oi", &x, &out, &g_obj, &threads))
+        return NULL;
+    const Py_ssize_t n = x.len / 4;
+    int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0;
+    if (ok && g_obj != Py_None)
+        ok = PyObject_GetBuffer(g_obj, &g, PyBUF_SIMPLE) == 0 && lanes_check(&g, x.len, "g") == 0;
+    if (ok) {
+        SiluJob job = {x.buf, g.obj ? g.buf : NULL, out.buf, fma_hw()};
+        Py_BEGIN_ALLOW_THREADS
+        rows_shared(silu_job, &job, n, 1, threads);  /* (each element its own: any share) */
+        Py_END_ALLOW_THREADS
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
+    }
+    if (g.obj)
+        PyBuffer_Release(&g);
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&out);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* ggml's rope rotation (rope_yarn's result applied, ggml-cpu/ops.cpp) on `rows` rows of n floats:
@@ -940,13 +1037,31 @@ __attribute__((target("avx2,fma,f16c"))) static void gelu_lookup_fma(const float
 }
 #endif
 
+/* gelu_lookup's elements [a, b), times g's when there is one (ggml_vec_geglu_f32: +0 at or
+ * below -10, not 0 * g) */
+typedef struct {
+    const float *x, *t, *g;
+    float *out;
+    int clamp, hw;
+} GeluJob;
+
+static void gelu_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    const GeluJob *j = ctx;
+    (void)worker;
+    PICK(gelu_lookup, j->hw)(j->x + a, j->t, j->out + a, b - a, j->clamp);
+    if (j->g)
+        for (Py_ssize_t i = a; i < b; i++)
+            j->out[i] = j->x[i] <= -10.0f ? 0.0f : j->out[i] * j->g[i];
+}
+
 LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer x, table, out, g = {0};
     PyObject *g_obj = Py_None;
-    int clamp = 1;
-    if (!PyArg_ParseTuple(args, "y*y*w*|pO", &x, &table, &out, &clamp, &g_obj))
+    int clamp = 1, threads = 1;
+    if (!PyArg_ParseTuple(args, "y*y*w*|pOi", &x, &table, &out, &clamp, &g_obj, &threads))
         return NULL;
     const Py_ssize_t n = x.len / 4;
     int ok = x.len % 4 == 0 && lanes_check(&table, 65536 * 4, "table") == 0 &&
@@ -954,14 +1069,9 @@ LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
     if (ok && g_obj != Py_None)
         ok = PyObject_GetBuffer(g_obj, &g, PyBUF_SIMPLE) == 0 && lanes_check(&g, x.len, "g") == 0;
     if (ok) {
-        const int hw = fma_hw();
-        const float *xs = x.buf, *gs = g.obj ? g.buf : NULL;
-        float *o = out.buf;
+        GeluJob job = {x.buf, table.buf, g.obj ? g.buf : NULL, out.buf, clamp, fma_hw()};
         Py_BEGIN_ALLOW_THREADS
-        PICK(gelu_lookup, hw)(x.buf, table.buf, out.buf, n, clamp);
-        if (gs)  /* ggml_vec_geglu_f32: times g, but +0 at or below -10 (not 0 * g) */
-            for (Py_ssize_t i = 0; i < n; i++)
-                o[i] = xs[i] <= -10.0f ? 0.0f : o[i] * gs[i];
+        rows_shared(gelu_job, &job, n, 1, threads);  /* (each element its own: any share) */
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole float32s");

@@ -204,13 +204,18 @@ def v_expf_into(x, out) -> None:
 
 
 @twin("v_silu")
-def v_silu_into(x, out) -> None:
-    """engine._lanes.v_silu: out[i] = ggml_v_silu's lane of x[i], x / (1 + v_expf(0 - x))."""
+def v_silu_into(x, out, g=None, threads: int = 1) -> None:
+    """engine._lanes.v_silu: out[i] = ggml_v_silu's lane of x[i], x / (1 + v_expf(0 - x)); with
+    g, times g[i] (ggml_vec_swiglu_f32). (`threads`: how many threads the C loop shares the
+    elements out to; here one does them all, the same bits.)"""
     x, out = np.frombuffer(x, F32), np.frombuffer(out, F32)
+    gs = None if g is None else np.frombuffer(g, F32)
     with np.errstate(all="ignore"):
         for i in range(0, len(x), CHUNK):
             xi = x[i:i + CHUNK]
             out[i:i + CHUNK] = xi / (F32(1) + v_expf_lanes(F32(0) - xi))
+            if gs is not None:
+                out[i:i + CHUNK] *= gs[i:i + CHUNK]
 
 
 def v_expf(x: np.ndarray) -> np.ndarray:
@@ -324,11 +329,12 @@ def _gelu_via_table(x: np.ndarray) -> np.ndarray:
 
 
 @twin("gelu_lookup")
-def gelu_lookup(x, table, out, clamp: bool = True, g=None) -> None:
+def gelu_lookup(x, table, out, clamp: bool = True, g=None, threads: int = 1) -> None:
     """engine._lanes.gelu_lookup: out = the entries of table (a widened fp16 table, 65536
     float32) at fp16_bits(x); with clamp (ggml_vec_gelu_f32's) 0 where x <= -10 and x where
     x >= 10. With g (ggml_vec_geglu_f32): those times g, then +0 where x <= -10 (not 0·g: -0,
-    or NaN for an infinite g)."""
+    or NaN for an infinite g). (`threads`: how many threads the C loop shares them out to; the
+    same bits.)"""
     xs = np.frombuffer(x, F32)
     y = np.frombuffer(table, F32)[fp16_bits(xs)]
     if clamp:

@@ -82,11 +82,12 @@ def left_to_right(terms: np.ndarray) -> np.ndarray:
 
 
 @twin("norm_rows")
-def norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float) -> None:
+def norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float, portable: bool = False,
+                   threads: int = 1) -> None:
     """ggml_compute_forward_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x, at
     r * ldy of y; x and y may be one buffer): mean = (float)(the row's sum in double, left to
     right) / n; y = x - mean; variance = (float)(ggml_vec_cvar_f32's sum of squares / n);
-    y *= 1.0f / sqrtf(variance + eps)."""
+    y *= 1.0f / sqrtf(variance + eps). (portable, threads: how the C loop runs; the same bits.)"""
     if not rows or not n:
         return
     xs = np.ndarray((rows, n), F32, buffer=x, strides=(ldx, 4))
@@ -128,12 +129,8 @@ def _norm(params, dst: Tensor):
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
     if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
-        spans = list(_row_spans(params, src0, dst))
-
-        def run() -> None:
-            for x, y, k, ldx, ldy in spans:
-                lanes.norm_rows(x, y, k, ne00, ldx, ldy, float(eps))
-        return run
+        return tuple(partial(lanes.norm_rows, x, y, k, ne00, ldx, ldy, float(eps), False,
+                             params.cores) for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
     rows = _interleaved(params, int(src0.ne[1]))
 
     def run_strided() -> None:  # float sums, left to right (measured: no fused multiply-add)
@@ -161,10 +158,12 @@ def compute_forward_norm(params, dst: Tensor) -> None:
 
 
 @twin("rms_norm_rows")
-def rms_norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float) -> None:
+def rms_norm_rows_into(x, y, rows: int, n: int, ldx: int, ldy: int, eps: float,
+                       threads: int = 1) -> None:
     """ggml_compute_forward_rms_norm_f32 on `rows` rows of n floats (row r at byte r * ldx of x,
     at r * ldy of y; x and y may be one buffer): mean = (float)(the squares' sum in double, left
-    to right, / n); y = x * (1.0f / sqrtf(mean + eps))."""
+    to right, / n); y = x * (1.0f / sqrtf(mean + eps)). (threads: how many threads the C loop
+    shares the rows out to; the same bits.)"""
     if not rows or not n:
         return
     xs = np.ndarray((rows, n), F32, buffer=x, strides=(ldx, 4))
@@ -186,7 +185,7 @@ def _rms_norm(params, dst: Tensor):
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
     if int(dst.nb[0]) == 4:
-        return tuple(partial(lanes.rms_norm_rows, x, y, k, ne00, ldx, ldy, float(eps))
+        return tuple(partial(lanes.rms_norm_rows, x, y, k, ne00, ldx, ldy, float(eps), params.cores)
                      for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
     blocks = list(_my_rows(params, src0, dst))
 

@@ -76,13 +76,15 @@ def soft_max_into(w, mx, y, sums, rows: int, n: int) -> None:
 
 @twin("soft_max_heads")
 def soft_max_heads(x, y, m, sinks, slopes, scale, heads: int, rows: int, n: int, xh: int, xr: int,
-                   yh: int, yr: int, mheads: int, mh: int, mr: int, mf16: bool) -> None:
+                   yh: int, yr: int, mheads: int, mh: int, mr: int, mf16: bool,
+                   threads: int = 1) -> None:
     """engine._lanes.soft_max_heads: ggml_compute_forward_soft_max_f32 on the rows (h, r) of
     `heads` matrices of `rows` rows of n floats (row (h, r) at byte h*xh + r*xr of x, of y):
     w = x·scale (+ slopes[h]·mask row (h % mheads, r), contracted, unless every slope is 1:
     fmaf(1, m, w) is w + m, one rounding either way); max over w (a NaN if any) and the head's
     sink; y = exp(w - max) (soft_max_rows) over its double sum (plus exp(sink - max)), scaled
-    by (float)(1/sum)."""
+    by (float)(1/sum). (`threads`: how many threads the C loop shares the rows out to; the same
+    bits.)"""
     if not heads or not rows:
         return
     as_strided = np.lib.stride_tricks.as_strided
@@ -139,7 +141,7 @@ def _soft_max(params, dst: Tensor):
         calls.append(partial(soft_max, span_of(x), span_of(y), mspan, sinks3, slopes, scale, ne02,
                              rows, ne00, *x.strides[:2], *y.strides[:2],
                              m.shape[0] if m is not None else 1, mh, mr,
-                             m is not None and mask.type == GGMLType.F16))
+                             m is not None and mask.type == GGMLType.F16, params.cores))
     return tuple(calls)
 
 

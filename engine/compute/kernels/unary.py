@@ -14,6 +14,8 @@ and libm's expf on the rest. Every result is bit-exact with ggml on any x86-64 C
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
@@ -157,11 +159,7 @@ def _lookup(params, dst: Tensor):
     n = ggml_nelements(src0)
     x, y = strided(src0, (n,), (4,)), strided(dst, (n,), (4,))
     name, clamp = LOOKUPS[op]
-    table = fm.widened_table(name)
-
-    def run() -> None:
-        lanes.gelu_lookup(x, table, y, clamp)
-    return run
+    return partial(lanes.gelu_lookup, x, fm.widened_table(name), y, clamp, None, params.cores)
 
 
 @kernel(GGMLOp.UNARY, barrier=False, holds_gil=True,

@@ -468,6 +468,36 @@ def test_lanes_of_a_vector_op(name):
     assert same_bits(want, got)
 
 
+def test_geglu_on_threads():
+    """gelu_lookup times g (geglu): on 1 and 3 threads, C and the twin give the same bits."""
+    rng = np.random.default_rng(6)
+    x, g = bit_patterns(rng, 300_001), rng.permutation(bit_patterns(rng, 300_001))
+    table = widened_table("gelu")
+    got = []
+    for fn, threads in ((compiled().gelu_lookup, 1), (compiled().gelu_lookup, 3),
+                        (TWINS["gelu_lookup"], 1)):
+        out = np.empty_like(x)
+        with np.errstate(all="ignore"):
+            fn(x, table, out, True, g, threads)
+        got.append(out)
+    assert same_bits(got[0], got[1])
+    assert_same_bits(got[0], got[2], "geglu: C and the twin")  # (x times g: two NaNs may meet)
+
+
+def test_silu_times_g_on_threads():
+    """v_silu times g (swiglu): on 1 and 3 threads, C and the twin give the same bits."""
+    rng = np.random.default_rng(4)
+    x, g = bit_patterns(rng, 300_001), rng.permutation(bit_patterns(rng, 300_001))
+    got = []
+    for fn, threads in ((compiled().v_silu, 1), (compiled().v_silu, 3), (TWINS["v_silu"], 1)):
+        out = np.empty_like(x)
+        with np.errstate(all="ignore"):
+            fn(x, out, g, threads)
+        got.append(out)
+    assert same_bits(got[0], got[1])
+    assert_same_bits(got[0], got[2], "swiglu: C and the twin")  # (silu(x) times g: NaNs may meet)
+
+
 @pytest.mark.parametrize("table,clamp", [("gelu", True), ("gelu_quick", False)])
 def test_gelu_lookup(table, clamp):
     """Bit patterns, values around ±10, and fp16's halfway points (ties to even)."""
@@ -497,7 +527,7 @@ def test_soft_max(rows, n):
 
 @pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (5, 8), (4, 37), (1, 4096), (9, 4099),
-                                    (130, 67), (2, 0), (0, 5)])
+                                    (130, 67), (2, 0), (0, 5), (97, 4099)])
 def test_norm_rows(rows, n, wild):
     """Rows packed, and rows further apart than a row (ldx, ldy bytes), in place and not: C's
     AVX2 and portable loops and the twin give the same bits; rows of -0.0, of one value, of
@@ -514,7 +544,7 @@ def test_norm_rows(rows, n, wild):
         xb = xb.reshape(-1)[:max(0, (rows - 1) * ldx // 4 + n)]
         got = []
         for fn, extra in ((C.norm_rows, (False,)), (C.norm_rows, (True,)),
-                          (TWINS["norm_rows"], ())):
+                          (C.norm_rows, (False, 3)), (TWINS["norm_rows"], ())):
             for inplace in (False, True):
                 y = xb.copy() if inplace else np.full(max(0, (rows - 1) * ldy // 4 + n),
                                                       0xA5A5A5A5, np.uint32).view(F32)
@@ -530,7 +560,7 @@ def test_norm_rows(rows, n, wild):
 
 @pytest.mark.parametrize("wild", [False, True], ids=["values", "bits"])
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (4, 37), (1, 4096), (9, 4099), (130, 67),
-                                    (2, 0), (0, 5)])
+                                    (2, 0), (0, 5), (97, 4099)])
 def test_rms_norm_rows(rows, n, wild):
     """rms_norm_rows: C and the twin give the same bits, rows packed or spaced, in place or not;
     a row whose squares' left-to-right sum is a tie a pairwise sum would break."""
@@ -543,15 +573,18 @@ def test_rms_norm_rows(rows, n, wild):
         xb[:, :n] = x
         xb = xb.reshape(-1)[:max(0, (rows - 1) * ldx // 4 + n)]
         got = []
-        for fn in (C.rms_norm_rows, TWINS["rms_norm_rows"]):
+        for fn, extra in ((C.rms_norm_rows, ()), (TWINS["rms_norm_rows"], ()),
+                          (C.rms_norm_rows, (3,))):  # (3 threads: the same bits)
             for inplace in (False, True):
                 y = xb.copy() if inplace else np.full(max(0, (rows - 1) * ldy // 4 + n),
                                                       0xA5A5A5A5, np.uint32).view(F32)
                 with np.errstate(all="ignore"):
-                    fn(y if inplace else xb, y, rows, n, ldx, ldx if inplace else ldy, 1e-6)
+                    fn(y if inplace else xb, y, rows, n, ldx, ldx if inplace else ldy, 1e-6,
+                       *extra)
                 got.append(y)
-        assert_same_bits(got[0], got[2], f"rms_norm_rows {rows}x{n} ld={ldx},{ldy}")
-        assert_same_bits(got[1], got[3], f"rms_norm_rows {rows}x{n} ld={ldx} in place")
+        for i in (2, 4):
+            assert_same_bits(got[0], got[i], f"rms_norm_rows {rows}x{n} ld={ldx},{ldy} run {i}")
+            assert_same_bits(got[1], got[i + 1], f"rms_norm_rows {rows}x{n} ld={ldx} in place")
 
 
 def test_quantize_q8_0():
@@ -709,13 +742,14 @@ def test_set_rows(kind, wide):
         assert (out == 0xA5).all()
 
 
-@pytest.mark.parametrize("mask,slopes,sinks", [
-    (None, "unit", False), ("f32", "unit", False), ("f16", "alibi", True), ("f32", "alibi", False),
-    (None, "unit", True)])
-def test_soft_max_heads(mask, slopes, sinks):
-    """soft_max's whole row: heads and rows spaced, a mask shared by two heads, wild scores."""
+@pytest.mark.parametrize("mask,slopes,sinks,rows", [
+    (None, "unit", False, 3), ("f32", "unit", False, 3), ("f16", "alibi", True, 3),
+    ("f32", "alibi", False, 3), (None, "unit", True, 3), ("f16", "alibi", True, 1500)])
+def test_soft_max_heads(mask, slopes, sinks, rows):
+    """soft_max's whole row: heads and rows spaced, a mask shared by two heads, wild scores; on
+    one thread and on three (the same bits)."""
     rng = np.random.default_rng(len(str((mask, slopes, sinks))))
-    heads, rows, n, mheads = 4, 3, 45, 2
+    heads, n, mheads = 4, 45, 2
     x = wild_floats(rng, heads * rows, n + 3).reshape(-1)
     xh, xr = rows * (n + 3) * 4, (n + 3) * 4
     mt = np.float16 if mask == "f16" else F32
@@ -727,3 +761,5 @@ def test_soft_max_heads(mask, slopes, sinks):
             xh, xr, mheads, (rows + 1) * n * m.itemsize, n * m.itemsize, mask == "f16")
     c, t = run_both("soft_max_heads", (x.view(np.uint8), OUT) + args, len(x))
     assert_same_bits(c, t, f"soft_max_heads mask={mask} slopes={slopes} sinks={sinks}")
+    c3 = run_c("soft_max_heads", (x.view(np.uint8), OUT) + args + (3,), len(x))
+    assert same_bits(c, c3)
