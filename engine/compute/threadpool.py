@@ -80,6 +80,13 @@ class ComputeParams:
     _ranges: list = field(default_factory=list)
     _notes: tuple[Note, ...] = ()
 
+    @property
+    def c_threads(self) -> int:
+        """How many threads this share's C loop may share its rows with: the compute's when the
+        share is the whole node (a prepared call), else one (the other threads have shares of
+        their own)."""
+        return self.cores if self.nth == 1 else 1
+
     def took(self, kind: str, *ranges: Any, note: Note | tuple[Note, ...] = ()) -> None:
         """Record this thread's share of the current node (for the observer), and a note (or
         notes) on how the kernel split it."""

@@ -113,9 +113,9 @@ def _glu(params, dst: Tensor):
             a.flags.c_contiguous for a in (x, g, out)):  # (a row, or rows of their own)
         if op == G.GEGLU:
             return partial(lanes.gelu_lookup, x, fm.widened_table("gelu"), out, True, g,
-                           params.cores)
+                           params.c_threads)
         if nc % fm.SIMD_LANES == 0:  # (every row whole lanes: v_silu's lanes throughout)
-            return partial(lanes.v_silu, x, out, g, params.cores)
+            return partial(lanes.v_silu, x, out, g, params.c_threads)
         # (in place: the same products as _swiglu_f32, no temporaries)
         return partial(fm.silu_rows, x, out), partial(np.multiply, out, g, out=out)
 

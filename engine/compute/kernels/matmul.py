@@ -35,7 +35,8 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_float_product, bound_quant_product, \
-    f32_product, f32_products, float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_quant, vec_dot_tinyblas
+    f32_product, f32_products, float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, \
+    vec_dot_quant, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note

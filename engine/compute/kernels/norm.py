@@ -130,7 +130,8 @@ def _norm(params, dst: Tensor):
     ne00 = int(src0.ne[0])
     if int(src0.nb[0]) == 4 and int(dst.nb[0]) == 4:
         return tuple(partial(lanes.norm_rows, x, y, k, ne00, ldx, ldy, float(eps), False,
-                             params.cores) for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
+                             params.c_threads)
+                     for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
     rows = _interleaved(params, int(src0.ne[1]))
 
     def run_strided() -> None:  # float sums, left to right (measured: no fused multiply-add)
@@ -185,7 +186,8 @@ def _rms_norm(params, dst: Tensor):
     ggml_assert(eps >= 0, "eps >= 0.0f", fn, f"eps = {eps}")
     ne00 = int(src0.ne[0])
     if int(dst.nb[0]) == 4:
-        return tuple(partial(lanes.rms_norm_rows, x, y, k, ne00, ldx, ldy, float(eps), params.cores)
+        return tuple(partial(lanes.rms_norm_rows, x, y, k, ne00, ldx, ldy, float(eps),
+                             params.c_threads)
                      for x, y, k, ldx, ldy in _row_spans(params, src0, dst))
     blocks = list(_my_rows(params, src0, dst))
 

@@ -141,7 +141,7 @@ def _soft_max(params, dst: Tensor):
         calls.append(partial(soft_max, span_of(x), span_of(y), mspan, sinks3, slopes, scale, ne02,
                              rows, ne00, *x.strides[:2], *y.strides[:2],
                              m.shape[0] if m is not None else 1, mh, mr,
-                             m is not None and mask.type == GGMLType.F16, params.cores))
+                             m is not None and mask.type == GGMLType.F16, params.c_threads))
     return tuple(calls)
 
 

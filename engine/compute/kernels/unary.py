@@ -159,7 +159,7 @@ def _lookup(params, dst: Tensor):
     n = ggml_nelements(src0)
     x, y = strided(src0, (n,), (4,)), strided(dst, (n,), (4,))
     name, clamp = LOOKUPS[op]
-    return partial(lanes.gelu_lookup, x, fm.widened_table(name), y, clamp, None, params.cores)
+    return partial(lanes.gelu_lookup, x, fm.widened_table(name), y, clamp, None, params.c_threads)
 
 
 @kernel(GGMLOp.UNARY, barrier=False, holds_gil=True,
