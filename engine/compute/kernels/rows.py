@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import byte_span, thread_range, to_f32, view4
+from engine.compute.kernels.common import byte_span, from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -126,9 +126,12 @@ def _set_rows(params, dst: Tensor):
             if len(bad):
                 check(at, int(bad[0]))
             idx, rows = _last_of_each(idx, rows)
-            from engine.quants import from_float
+            if td.is_quantized:
+                from engine.quants import from_float
 
-            to[idx] = from_float(dst.type, rows).reshape(len(idx), -1)
+                to[idx] = from_float(dst.type, rows).reshape(len(idx), -1)
+            else:  # (rows the C loop cannot take: a permuted view)
+                to[idx] = from_f32(rows, dst.type)
     return run
 
 
