@@ -25,6 +25,28 @@ LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what)
     return 0;
 }
 
+static int optional_buffer(PyObject *o, Py_buffer *view, int flags)
+{
+    if (o == NULL) {  /* the parse failed after this argument: release it */
+        lanes_release_optional(view);
+        return 1;
+    }
+    view->obj = NULL;
+    if (o != Py_None && PyObject_GetBuffer(o, view, flags) < 0)
+        return 0;
+    return Py_CLEANUP_SUPPORTED;
+}
+
+LANES_HIDDEN int lanes_optional_buffer(PyObject *o, void *view)
+{
+    return optional_buffer(o, view, PyBUF_SIMPLE);
+}
+
+LANES_HIDDEN int lanes_optional_writable(PyObject *o, void *view)
+{
+    return optional_buffer(o, view, PyBUF_WRITABLE);
+}
+
 static PyMethodDef methods[] = {
     {"v_expf", lanes_v_expf, METH_VARARGS,
      "v_expf(x, out): out[i] = ggml_v_expf's lane of x[i] (contiguous float32 buffers)"},

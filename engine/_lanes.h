@@ -158,6 +158,17 @@ enum { LANES_POOL_MAX = 64 };  /* threads a job may ask for (more are taken as t
 LANES_HIDDEN void lanes_pool_run(lanes_rows_fn fn, void *ctx, Py_ssize_t n, Py_ssize_t chunk,
                                  int threads);
 
+/* PyArg "O&" converters of an optional buffer argument: None leaves view->obj NULL, anything
+ * else is taken as a buffer (to read, or to write); release it with lanes_release_optional
+ * (a failed parse releases it itself) */
+LANES_HIDDEN int lanes_optional_buffer(PyObject *o, void *view);
+LANES_HIDDEN int lanes_optional_writable(PyObject *o, void *view);
+static inline void lanes_release_optional(Py_buffer *view)
+{
+    if (view->obj)
+        PyBuffer_Release(view);
+}
+
 /* buf->len == want, else a ValueError naming what (-1) */
 LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
 

@@ -270,15 +270,27 @@ LANES_HIDDEN PyObject *lanes_quantize_q8_k(PyObject *self, PyObject *args)
                           "_lanes: x is not whole blocks of 256 floats");
 }
 
-/* n floats (at any byte) to halves, as float_to_half rounds them */
-static void to_halves(const uint8_t *x, uint8_t *h, Py_ssize_t n)
+/* n floats (at any byte) rounded to 16 bits each (at any byte) by `round` */
+INLINE void to_16_bits(const uint8_t *x, uint8_t *h, Py_ssize_t n, uint16_t (*round)(float))
 {
     for (Py_ssize_t e = 0; e < n; e++) {
         float v;
         memcpy(&v, x + 4 * e, 4);
-        const uint16_t b = float_to_half(v);
+        const uint16_t b = round(v);
         memcpy(h + 2 * e, &b, 2);
     }
+}
+
+/* to halves, as float_to_half rounds them */
+static void to_halves(const uint8_t *x, uint8_t *h, Py_ssize_t n)
+{
+    to_16_bits(x, h, n, float_to_half);
+}
+
+/* to bf16, as float_to_bf16 rounds them */
+static void to_bf16(const uint8_t *x, uint8_t *h, Py_ssize_t n)
+{
+    to_16_bits(x, h, n, float_to_bf16);
 }
 
 #ifdef HAVE_FMA_TARGET
@@ -310,38 +322,26 @@ __attribute__((target("avx2,f16c"))) static void to_halves_f16c(const uint8_t *x
 LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer x, bits, back = {0};
-    PyObject *back_obj;
+    Py_buffer x, bits, back;
     int bf16;
-    if (!PyArg_ParseTuple(args, "y*w*Op", &x, &bits, &back_obj, &bf16))
+    if (!PyArg_ParseTuple(args, "y*w*O&p", &x, &bits, lanes_optional_writable, &back, &bf16))
         return NULL;
     const Py_ssize_t n = x.len / 4;
-    int ok = x.len % 4 == 0 && lanes_check(&bits, n * 2, "bits") == 0;
-    const int with_back = ok && back_obj != Py_None;
-    if (with_back && PyObject_GetBuffer(back_obj, &back, PyBUF_WRITABLE) < 0)
-        ok = 0;
-    else if (with_back && lanes_check(&back, n * 4, "back") < 0)
-        ok = 0;
+    const int ok = x.len % 4 == 0 && lanes_check(&bits, n * 2, "bits") == 0 &&
+                   (!back.obj || lanes_check(&back, n * 4, "back") == 0);
     if (ok) {
-        const float *xs = x.buf;
-        uint16_t *hs = bits.buf;
-        float *fs = with_back ? back.buf : NULL;
+        const uint16_t *hs = bits.buf;
+        float *fs = back.obj ? back.buf : NULL;
         const int hw = fma_hw();
         Py_BEGIN_ALLOW_THREADS
-        if (!bf16)
-            TO_HALVES(hw)(x.buf, bits.buf, n);
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (bf16)
-                hs[i] = float_to_bf16(xs[i]);
-            if (fs)  /* (every half and bf16 is exactly a float) */
-                fs[i] = bf16 ? bf16_to_float(hs[i]) : half_to_float(hs[i]);
-        }
+        (bf16 ? to_bf16 : TO_HALVES(hw))(x.buf, bits.buf, n);
+        for (Py_ssize_t i = 0; fs && i < n; i++)  /* (every half and bf16 is exactly a float) */
+            fs[i] = bf16 ? bf16_to_float(hs[i]) : half_to_float(hs[i]);
         Py_END_ALLOW_THREADS
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole floats");
     }
-    if (back.obj)
-        PyBuffer_Release(&back);
+    lanes_release_optional(&back);
     PyBuffer_Release(&x);
     PyBuffer_Release(&bits);
     if (!ok)
@@ -399,15 +399,8 @@ LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args)
             uint8_t *dst = ob + i * ldo;
             if (kind == 0) {
                 memmove(dst, src, (size_t)n * 4);
-            } else if (kind == 1) {
-                TO_HALVES(hw)((const uint8_t *)src, dst, n);
             } else {
-                for (Py_ssize_t e = 0; e < n; e++) {
-                    float v;
-                    memcpy(&v, (const uint8_t *)src + 4 * e, 4);
-                    const uint16_t h = float_to_bf16(v);
-                    memcpy(dst + 2 * e, &h, 2);
-                }
+                (kind == 1 ? TO_HALVES(hw) : to_bf16)((const uint8_t *)src, dst, n);
             }
         }
         Py_END_ALLOW_THREADS

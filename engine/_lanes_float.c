@@ -558,22 +558,16 @@ static void soft_max_job(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer x, y, m = {0}, sinks = {0}, slopes;
-    PyObject *m_obj, *sinks_obj;
+    Py_buffer x, y, m, sinks, slopes;
     float scale;
     Py_ssize_t heads, rows, n, xh, xr, yh, yr, mheads, mh, mr;
     int mf16, threads = 1;
-    if (!PyArg_ParseTuple(args, "y*w*OOy*fnnnnnnnnnnp|i", &x, &y, &m_obj, &sinks_obj, &slopes,
-                          &scale, &heads, &rows, &n, &xh, &xr, &yh, &yr, &mheads, &mh, &mr, &mf16,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "y*w*O&O&y*fnnnnnnnnnnp|i", &x, &y, lanes_optional_buffer, &m,
+                          lanes_optional_buffer, &sinks, &slopes, &scale, &heads, &rows, &n, &xh,
+                          &xr, &yh, &yr, &mheads, &mh, &mr, &mf16, &threads))
         return NULL;
-    int ok = 1;
-    if (m_obj != Py_None && PyObject_GetBuffer(m_obj, &m, PyBUF_SIMPLE) < 0)
-        ok = 0;
-    if (ok && sinks_obj != Py_None && PyObject_GetBuffer(sinks_obj, &sinks, PyBUF_SIMPLE) < 0)
-        ok = 0;
     const Py_ssize_t last = n * 4, mlast = n * (mf16 ? 2 : 4);
-    ok = ok && heads >= 0 && rows >= 0 && n >= 0 && xh >= 0 && xr >= 0 && yh >= 0 && yr >= 0 &&
+    int ok = heads >= 0 && rows >= 0 && n >= 0 && xh >= 0 && xr >= 0 && yh >= 0 && yr >= 0 &&
          mh >= 0 && mr >= 0 && lanes_check(&slopes, heads * 4, "slopes") == 0 &&
          (heads == 0 || rows == 0 ||
           (x.len >= (heads - 1) * xh + (rows - 1) * xr + last &&
@@ -600,10 +594,8 @@ LANES_HIDDEN PyObject *lanes_soft_max_heads(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes");
     }
     PyMem_RawFree(w);
-    if (m.obj)
-        PyBuffer_Release(&m);
-    if (sinks.obj)
-        PyBuffer_Release(&sinks);
+    lanes_release_optional(&m);
+    lanes_release_optional(&sinks);
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
     PyBuffer_Release(&slopes);
@@ -925,14 +917,12 @@ LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer x, out, g = {0};
-    PyObject *g_obj = Py_None;
     int threads = 1;
-    if (!PyArg_ParseTuple(args, "y*w*|Oi", &x, &out, &g_obj, &threads))
+    if (!PyArg_ParseTuple(args, "y*w*|O&i", &x, &out, lanes_optional_buffer, &g, &threads))
         return NULL;
     const Py_ssize_t n = x.len / 4;
-    int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0;
-    if (ok && g_obj != Py_None)
-        ok = PyObject_GetBuffer(g_obj, &g, PyBUF_SIMPLE) == 0 && lanes_check(&g, x.len, "g") == 0;
+    const int ok = x.len % 4 == 0 && lanes_check(&out, x.len, "out") == 0 &&
+                   (!g.obj || lanes_check(&g, x.len, "g") == 0);
     if (ok) {
         SiluJob job = {x.buf, g.obj ? g.buf : NULL, out.buf, fma_hw()};
         Py_BEGIN_ALLOW_THREADS
@@ -941,8 +931,7 @@ LANES_HIDDEN PyObject *lanes_v_silu(PyObject *self, PyObject *args)
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: x is not float32");
     }
-    if (g.obj)
-        PyBuffer_Release(&g);
+    lanes_release_optional(&g);
     PyBuffer_Release(&x);
     PyBuffer_Release(&out);
     if (!ok)
@@ -1059,15 +1048,13 @@ LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer x, table, out, g = {0};
-    PyObject *g_obj = Py_None;
     int clamp = 1, threads = 1;
-    if (!PyArg_ParseTuple(args, "y*y*w*|pOi", &x, &table, &out, &clamp, &g_obj, &threads))
+    if (!PyArg_ParseTuple(args, "y*y*w*|pO&i", &x, &table, &out, &clamp, lanes_optional_buffer, &g,
+                          &threads))
         return NULL;
     const Py_ssize_t n = x.len / 4;
-    int ok = x.len % 4 == 0 && lanes_check(&table, 65536 * 4, "table") == 0 &&
-             lanes_check(&out, x.len, "out") == 0;
-    if (ok && g_obj != Py_None)
-        ok = PyObject_GetBuffer(g_obj, &g, PyBUF_SIMPLE) == 0 && lanes_check(&g, x.len, "g") == 0;
+    const int ok = x.len % 4 == 0 && lanes_check(&table, 65536 * 4, "table") == 0 &&
+                   lanes_check(&out, x.len, "out") == 0 && (!g.obj || lanes_check(&g, x.len, "g") == 0);
     if (ok) {
         GeluJob job = {x.buf, table.buf, g.obj ? g.buf : NULL, out.buf, clamp, fma_hw()};
         Py_BEGIN_ALLOW_THREADS
@@ -1076,8 +1063,7 @@ LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "_lanes: x is not whole float32s");
     }
-    if (g.obj)
-        PyBuffer_Release(&g);
+    lanes_release_optional(&g);
     PyBuffer_Release(&x);
     PyBuffer_Release(&table);
     PyBuffer_Release(&out);

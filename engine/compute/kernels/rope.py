@@ -219,15 +219,6 @@ def _rope(params, dst: Tensor, forward: bool = True):
         return ()
     at = slice(int(i2s[0]), int(i2s[-1]) + 1) if bool(np.all(np.diff(i2s) == 1)) else i2s
 
-    if f32 and not mrope_used and freq_factors is None:
-        def run_f32() -> None:  # (the cache's rows are packed: each goes as it lies)
-            cos, sin = rope_cache(pos[at], ne0, theta_scale, None, yarn)
-            if not forward:
-                sin = sin * sin_sign
-            for j, count, (x, ldx), (y, ldy) in rows:
-                rope_pairs(x, y, cos[j], sin[j], count, ne0, ldx, ldy, h, step, pair_off)
-        return run_f32
-
     def run() -> None:
         factors = freq_factors
         if factors is not None and short > 0:
@@ -240,7 +231,7 @@ def _rope(params, dst: Tensor, forward: bool = True):
         if not forward:
             sin = sin * sin_sign
         for j, count, src, out in rows:
-            c, s = np.ascontiguousarray(cos[j, :h]), np.ascontiguousarray(sin[j, :h])
+            c, s = cos[j], sin[j]  # (the caches' rows are packed: each goes as it lies)
             if f32:
                 (x, ldx), (y, ldy) = src, out
                 rope_pairs(x, y, c, s, count, ne0, ldx, ldy, h, step, pair_off)

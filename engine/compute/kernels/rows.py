@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
-from engine.compute.kernels.common import byte_span, from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.common import byte_span, from_f32, spans, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -103,7 +103,7 @@ def _set_rows(params, dst: Tensor):
         ggml_assert(first_bad < 0, "i1 >= 0 && i1 < ne1", "ggml_compute_forward_set_rows",
                     f"index {int(at[first_bad])} outside [0, {ne1})")
 
-    if not td.is_quantized and all(_packed(a) for part in parts for a in part):
+    if not td.is_quantized and all(spans(a) for part in parts for a in part):
         # the C loop (or its twin): each part's rows, indices and destination as byte spans
         wide, kind = src1.type == GGMLType.I64, _ROW_KIND[dst.type]
         calls = []
@@ -133,11 +133,6 @@ def _set_rows(params, dst: Tensor):
             else:  # (rows the C loop cannot take: a permuted view)
                 to[idx] = from_f32(rows, dst.type)
     return run
-
-
-def _packed(a: np.ndarray) -> bool:
-    """Are an array's rows packed and a non-negative distance apart (byte_span takes it)?"""
-    return a.strides[-1] == a.itemsize and (a.ndim == 1 or a.strides[0] >= 0)
 
 
 def _last_of_each(idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,13 +17,12 @@ expf is the C library's (engine.libm): ggml's bits on every CPU.
 
 from __future__ import annotations
 
-import itertools
 from functools import partial
 
 import numpy as np
 
 from engine.compute.kernels import CLoop, kernel, not_supported, run_prepared
-from engine.compute.kernels.common import span_of, spans, to_f32, view4
+from engine.compute.kernels.common import span_of, spans, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
@@ -38,7 +37,6 @@ F32, F64 = np.float32, np.float64
 
 
 LANES = 8  # AVX2
-BLOCK = 1 << 17  # elements per block of rows
 
 
 def soft_max_rows(w: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
