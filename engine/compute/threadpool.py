@@ -189,7 +189,7 @@ class _Run:
         """How a node is computed (node_mode), and, unwatched, its kernel's prepared calls for the
         whole node, run in order (thread 0 runs them; their C loops share the rows out between
         the compute's threads)."""
-        from engine.compute.kernels import KERNELS
+        from engine.compute.kernels import KERNELS, calls_of
 
         mode = node_mode(node, self.nth)
         info = KERNELS.get(node.op)
@@ -202,7 +202,7 @@ class _Run:
         call = info.prepare(params, node)  # (None, a call, or a tuple of calls)
         if call is None:
             return mode, None
-        return _PREPARED, call if isinstance(call, tuple) else (call,)
+        return _PREPARED, calls_of(call)
 
     def wait(self) -> None:
         if self.nth > 1:

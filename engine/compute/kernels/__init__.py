@@ -94,9 +94,14 @@ def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] |
     return register
 
 
+def calls_of(prepared: Prepared) -> tuple[Callable[[], None], ...]:
+    """What a kernel's prepare made, as the calls to run in turn."""
+    return prepared if isinstance(prepared, tuple) else (prepared,)
+
+
 def run_prepared(prepared: Prepared) -> None:
     """Run what a kernel's prepare made: one call, or each of a tuple of calls in turn."""
-    for call in prepared if isinstance(prepared, tuple) else (prepared,):
+    for call in calls_of(prepared):
         call()
 
 
