@@ -34,7 +34,8 @@ class ProgramStore:
         self.root = root
         self.shared = shared
         self.limits = limits
-        self.model = model  # the bundled model, which programs may read
+        self.model = model.absolute() if model is not None else None  # the bundled model, which
+        # programs may read (bound into the worker's sandbox by its absolute path)
         self.unconfined = unconfined  # --allow-unconfined-programs: no kernel boundary (localhost)
         root.mkdir(parents=True, exist_ok=True)
 

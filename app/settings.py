@@ -58,17 +58,19 @@ class Settings:
         the default above."""
         env = os.environ if env is None else env
         d = cls()
-        data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir))
+        # (absolute from here on: a worker started elsewhere, bubblewrap's binds, a process
+        # that changes its directory all read the paths the server was started with)
+        data_dir = Path(env.get("GGML_LENS_DATA", d.data_dir)).absolute()
         return cls(data_dir=data_dir,
                    upload_limit=int(env.get("GGML_LENS_UPLOAD_LIMIT", d.upload_limit)),
                    store_limit=int(env.get("GGML_LENS_STORE_LIMIT", d.store_limit)),
                    trace_cache=int(env.get("GGML_LENS_TRACE_CACHE", d.trace_cache)),
                    svg_cache=int(env.get("GGML_LENS_SVG_CACHE", d.svg_cache)),
-                   fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)),
+                   fixtures_dir=Path(env.get("GGML_LENS_FIXTURES", d.fixtures_dir)).absolute(),
                    programs=env.get("GGML_LENS_PROGRAMS", "") in ("1", "unconfined"),
                    unconfined_programs=env.get("GGML_LENS_PROGRAMS", "") == "unconfined",
                    pure_numpy=env.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0"),
-                   models_dir=Path(env["GGML_LENS_MODELS"]) if env.get("GGML_LENS_MODELS")
+                   models_dir=Path(env["GGML_LENS_MODELS"]).absolute() if env.get("GGML_LENS_MODELS")
                    else data_dir / "models",
                    queue=env.get("GGML_LENS_QUEUE") or None,
                    store=env.get("GGML_LENS_STORE") or None,

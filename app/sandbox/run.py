@@ -34,7 +34,7 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     if gate:
         check_program(source)
     b = boundary(unconfined)
-    out, _, code, timed_out = start_worker(b, limits, {"source": source, "threads": threads,
+    out, err, code, timed_out = start_worker(b, limits, {"source": source, "threads": threads,
                                                        "limits": asdict(limits), "gate": gate}, model)
     if timed_out:
         raise ProgramFailed(f"the program ran longer than {limits.wall} s and was stopped")
@@ -42,7 +42,7 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
         raise ProgramFailed("the worker wrote more than a trace may hold and was stopped")
     sig = -code if code < 0 else code - 128 if code > 128 else 0
     if sig or not out:
-        raise ProgramFailed(_killed_by(sig, limits))
+        raise ProgramFailed(_killed_by(sig, code, limits) + _said(err))
     try:
         result = decode(out, limits)
     except MalformedResult as e:
@@ -52,12 +52,26 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     return result
 
 
-def _killed_by(sig: int, limits: Limits) -> str:
+STDERR_SHOWN = 1500  # characters of the worker's stderr a failure shows (its end: the cause)
+
+
+def _said(err: bytes) -> str:
+    """What the worker (or bubblewrap, before it) wrote to stderr, for a failure's message."""
+    text = err.decode("utf-8", "replace").strip()
+    if not text:
+        return ""
+    return "; it said: " + (text if len(text) <= STDERR_SHOWN else "…" + text[-STDERR_SHOWN:])
+
+
+def _killed_by(sig: int, code: int, limits: Limits) -> str:
+    """Why a worker gave no trace, from how it ended (its stderr follows: the cause it gave)."""
     if sig in (signal.SIGXCPU, signal.SIGKILL):
         return f"the program used more than {limits.cpu} s of CPU time and was stopped"
     if sig == signal.SIGSEGV:
         return (f"the worker crashed (most likely out of memory: the limit is "
                 f"{limits.memory >> 20:,} MB)")
+    if sig == 0 and code != 0:
+        return f"the worker could not run the program (exit status {code})"
     if sig == 0:
         return (f"the worker stopped without a trace (most likely out of memory: the limit is "
                 f"{limits.memory >> 20:,} MB)")
