@@ -15,6 +15,10 @@ the file does. Only regular files whose resolved path lies inside DIR are ever o
 With a shared object store (`--store`, app/objects.py) an upload is put there too, and a file
 another process took is fetched from there on first use. (A header-only upload, app/heads.py,
 stays with the process that took it.)
+
+A header-only upload holds only a few of its bytes: it counts the disk it uses and is evicted like
+any other file, and `whole()` is false for it, so every route that reads tensor data refuses it
+(`HeaderOnly`) rather than read its holes as zeros.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ HAVE_SUFFIX = ".have"  # beside a header-only file: the byte ranges it holds (ap
 STALE_PART_SECONDS = 3600  # a temporary file this old belongs to an upload that died
 READER_CACHE = 8  # parsed files kept per process
 MAX_MODELS = 1000  # files listed from a models folder
+
+
+class HeaderOnly(ValueError):
+    """A route that reads a file's tensor data was given a header-only upload (app/heads.py)."""
+
+    def __init__(self, upload_limit: int) -> None:
+        super().__init__(_("Only the first bytes of this file were sent (a header-only upload), so its tensor data "
+                           "is not here: upload the whole file (at most {limit} bytes) or open it from a models "
+                           "folder (ggml-lens serve --models DIR).").format(limit=f"{upload_limit:,}"))
 
 
 class UploadTooLarge(Exception):
@@ -184,6 +197,12 @@ class UploadStore:
             return None
         return None
 
+    def whole(self, digest: str) -> bool:
+        """Whether the file stored under `digest` holds all its bytes: False for a header-only
+        upload, whose side file lists the few it holds (written before the file is kept, deleted
+        after it is evicted). What every route that reads tensor data asks first."""
+        return not (HASH_RE.fullmatch(digest) and (self.root / f"{digest}{HAVE_SUFFIX}").is_file())
+
     def touch(self, digest: str) -> None:
         """Count an upload as new again (it was uploaded again), so eviction keeps it longer."""
         if HASH_RE.fullmatch(digest):
@@ -203,9 +222,8 @@ class UploadStore:
             name = next((f.name for f in files() if f.digest == digest), None)
             if name is not None:
                 return _(kind).format(name=name)
-        partial = HASH_RE.fullmatch(digest) and (self.root / f"{digest}{HAVE_SUFFIX}").is_file()
-        return _("header-only upload (tensor bytes are sent when a page needs them)") if partial \
-            else _("upload")
+        return _("upload") if self.whole(digest) else \
+            _("header-only upload (tensor bytes are sent when a page needs them)")
 
     def open(self, digest: str) -> GGUFReader | None:
         """The parsed file for `digest` (cached), or None if there is no such file.

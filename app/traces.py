@@ -23,7 +23,7 @@ from app.i18n import _
 from app.jobs import Queue, RecordingLost
 from app.playground import ProgramStore, failed_trace
 from app.settings import MAX_THREADS
-from app.store import UploadStore
+from app.store import HeaderOnly, UploadStore
 from app.sandbox.wire import MalformedResult
 from app.tracefiles import TraceFiles
 from engine.trace.evaldump import eval_dump
@@ -199,6 +199,8 @@ class TraceCache:
             if path is None:
                 raise ValueError(_("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
                                    "first.").format(file=recipe.file))
+            if not self.uploads.whole(recipe.file):  # its holes would load as zeros
+                raise HeaderOnly(self.uploads.upload_limit)
             return path
         if prog.reads and self.fixtures_dir is not None:
             return self.fixtures_dir / prog.reads

@@ -17,7 +17,8 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect
 
 from app.deps import Store
-from app.heads import HEAD_MAX, PROBE, NeedMore, add_bytes, store_head
+from app.heads import HEAD_MAX, PROBE, SEND_MAX, NeedMore, OverLimit, add_bytes, check_bytes, check_size, missing, \
+    store_head
 from app.i18n import N_, _
 from app.store import PendingUpload, UploadStore, UploadTooLarge
 from app.views.format import human_bytes, visible_text
@@ -27,6 +28,7 @@ from app.views.gguf.bytemap import byte_map_view
 from app.views.gguf.file import file_view
 from app.views.gguf.home import UploadError, home_view
 from app.views.gguf.kv_table import kv_table_view
+from app.views.gguf.sample import read_ranges
 from app.views.gguf.state import PANEL_PARAMS, FileState, file_url, kv_url, merge_params, tensor_url
 from app.views.gguf.tensor import tensor_view
 from app.views.gguf.tensors_table import tensor_table_view
@@ -132,11 +134,13 @@ async def gguf_upload(request: Request, store: Store) -> Response:
 async def gguf_head(request: Request, store: Store,
                     size: Annotated[int, Query(ge=1, le=2**62)]) -> JSONResponse:
     """A file too large to upload, inspected from its first bytes (the raw body) and its size:
-    {"url": its page}, {"need": bytes to send from the start}, or {"error": why not}."""
-    head = await _read_body(request, HEAD_MAX)
-    if head is None:
-        return JSONResponse({"error": _("send at most {n} bytes").format(n=f"{HEAD_MAX:,}")}, status_code=413)
+    {"url": its page}, {"need": bytes to send from the start}, or {"error": why not}. The size
+    is checked before a byte of the body is read."""
     try:
+        check_size(size)
+        head = await _read_body(request, HEAD_MAX)
+        if head is None:
+            return JSONResponse({"error": _("send at most {n} bytes").format(n=f"{HEAD_MAX:,}")}, status_code=413)
         digest = await run_in_threadpool(store_head, store, head, size)
     except NeedMore as e:
         return JSONResponse({"need": e.need})
@@ -150,24 +154,31 @@ async def gguf_head(request: Request, store: Store,
 
 @router.post("/gguf/{digest}/bytes")
 async def gguf_bytes(request: Request, store: Store, digest: str,
-                     ranges: Annotated[str, Query(pattern=r"^\d+:\d+(,\d+:\d+)*$", max_length=65536)],
+                     ranges: Annotated[str, Query(pattern=r"^\d{1,19}:\d{1,19}(,\d{1,19}:\d{1,19})*$",
+                                                  max_length=65536)],
                      probe: Annotated[int, Query(ge=0, le=PROBE)]) -> JSONResponse:
     """Bytes of a header-only file that a page needs: the body is the file's first `probe`
     bytes (to show it is the same file), then the byte ranges `ranges` ("start:length,...")
-    one after the other."""
-    spans = [tuple(int(x) for x in r.split(":")) for r in ranges.split(",")]
+    one after the other. The ranges are checked against the file's caps (app/heads.py) before
+    a byte of the body is read."""
+    if store.path(digest) is None:
+        return JSONResponse({"error": _(NOT_A_FILE)}, status_code=404)
+    spans = [(int(a), int(n)) for a, n in (r.split(":") for r in ranges.split(","))]
     want = probe + sum(n for _start, n in spans)
-    body = await _read_body(request, min(want, PROBE + HEAD_MAX))
-    if body is None or len(body) != want:
-        return JSONResponse({"error": _("send the file's first {probe} bytes, then the {n} bytes asked for (at "
-                                        "most {most})").format(probe=probe, n=f"{want - probe:,}",
-                                                               most=f"{HEAD_MAX:,}")}, status_code=413)
-    pieces, pos = [], probe
-    for start, n in spans:
-        pieces.append((start, body[pos:pos + n]))
-        pos += n
     try:
+        await run_in_threadpool(check_bytes, store, digest, spans)
+        body = await _read_body(request, want)
+        if body is None or len(body) != want:
+            return JSONResponse({"error": _("send the file's first {probe} bytes, then the {n} bytes asked for (at "
+                                            "most {most})").format(probe=probe, n=f"{want - probe:,}",
+                                                                   most=f"{SEND_MAX:,}")}, status_code=413)
+        pieces, pos = [], probe
+        for start, n in spans:
+            pieces.append((start, body[pos:pos + n]))
+            pos += n
         await run_in_threadpool(add_bytes, store, digest, body[:probe], pieces)
+    except OverLimit as e:
+        return JSONResponse({"error": str(e)}, status_code=413)
     except ValueError as e:
         return JSONResponse({"error": str(e)}, status_code=422)
     return JSONResponse({"ok": True})
@@ -283,7 +294,8 @@ def gguf_file(request: Request, digest: str, store: Store) -> HTMLResponse:
     state = FileState.from_params(params)
     ctx: dict[str, Any] = {"state": state}
     if target in (None, "gguf-bytemap"):
-        ctx["bytemap"] = byte_map_view(digest, reader, state)
+        ctx["bytemap"] = byte_map_view(digest, reader, state, None if store.whole(digest) else
+                                       lambda start, n: not missing(store, digest, [(start, n)]))
     if target in (None, "gguf-kv-table"):
         ctx["kv"] = kv_table_view(digest, reader, state)
     if target in (None, "gguf-tensors-table"):
@@ -320,6 +332,8 @@ def gguf_tensor(request: Request, digest: str, name: str, store: Store,
     target = _target(request)
     push = tensor_url(digest, t.name, row=row, block=block)
     if target == "gguf-block":
+        if missing(store, digest, read_ranges(t, row)):  # a header-only file: its page asks for them
+            return Response(headers={"HX-Redirect": push})
         view = block_view(digest, reader, t, row, block)
         push = tensor_url(digest, t.name, row=view.row, block=view.block)
         return _render(request, "", target, {"block": view}, push)

@@ -18,7 +18,7 @@ from app.i18n import _
 from app.jobs import Pending, QueueFull, busy
 from app.playground import ProgramStore
 from app.routes.playground import run_url, trace_or_job
-from app.store import UploadStore
+from app.store import HeaderOnly, UploadStore
 from app.traces import Recipe, TraceCache
 from app.views.debugger import graph as G
 from app.views.debugger.hexview import hexview
@@ -130,8 +130,9 @@ def goto(where: Debugger, step: int = 0) -> RedirectResponse:
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
-    """The stored GGUF a walkthrough reads, by content hash (checked: gguf-load reads any; a
-    model walkthrough the files of the architectures it runs)."""
+    """The stored GGUF a walkthrough reads, by content hash (checked: gguf-load reads any whole
+    file, never a header-only upload's holes; a model walkthrough the files of the architectures
+    it runs)."""
     if file is None:
         return None
     prog = PROGRAMS[name]
@@ -142,6 +143,8 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     if path is None:
         raise HTTPException(404, _("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
                                    "first.").format(file=file))
+    if not store.whole(file):
+        raise HTTPException(422, str(HeaderOnly(store.upload_limit)))
     if "*" not in prog.runs:
         arch = store.open(file).get("general.architecture")  # the store's parsed file, cached
         if arch not in prog.runs:

@@ -4,6 +4,7 @@ the selected item's bytes decoded field by field."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from app.i18n import N_, _
 from app.views.format import human_bytes, visible_text
@@ -144,7 +145,9 @@ def _weights(sizes: list[int], floor: float) -> list[float]:
     return [round(max(s / total, floor), 5) for s in sizes]
 
 
-def byte_map_view(digest: str, r: GGUFReader, state: FileState) -> ByteMapView:
+def byte_map_view(digest: str, r: GGUFReader, state: FileState,
+                  sent: Callable[[int, int], bool] | None = None) -> ByteMapView:
+    """`sent(start, n)`: whether a header-only file holds those bytes (None: a whole file)."""
     spans = r.byte_map()
     sel = min(state.seg, len(spans) - 1)
     # regions: runs of items of one kind (the header's four fields are one region)
@@ -179,14 +182,18 @@ def byte_map_view(digest: str, r: GGUFReader, state: FileState) -> ByteMapView:
     region = _REGION_OF[spans[current[0]].kind]
     region_label = next(s.label for s in regions if s.index == current[0])
     return ByteMapView(regions, region_label if region != "header" else _("header"), items, note,
-                       _detail(digest, r, spans, sel),
+                       _detail(digest, r, spans, sel, sent),
                        state.url(digest, seg=sel - 1) if sel > 0 else None,
                        state.url(digest, seg=sel + 1) if sel + 1 < len(spans) else None)
 
 
-def _detail(digest: str, r: GGUFReader, spans: list[Span], i: int) -> MapDetail:
+def _detail(digest: str, r: GGUFReader, spans: list[Span], i: int,
+            sent: Callable[[int, int], bool] | None) -> MapDetail:
     s = spans[i]
     head = _read(r.path, s.offset, min(s.size, 64))
+    dump_note = _("first {n} of {size} bytes").format(n=len(head), size=f"{s.size:,}") if s.size > len(head) else ""
+    if sent is not None and not sent(s.offset, len(head)):  # a hole reads as zeros: show none
+        head, dump_note = b"", _("These bytes were not sent: the file was inspected by its header only.")
     fields = []
     decoded = _decoded_fields(r, s)
     for c, (meaning, value) in zip(s.children, decoded):
@@ -205,6 +212,4 @@ def _detail(digest: str, r: GGUFReader, spans: list[Span], i: int) -> MapDetail:
     if s.kind == "padding":
         explain += _(" Here the alignment is {n} bytes.").format(n=r.alignment)
     return MapDetail(i, s.kind, visible_text(s.label, 80), s.offset, s.size, explain, fields,
-                     _hexdump(head, s.offset),
-                     _("first {n} of {size} bytes").format(n=len(head), size=f"{s.size:,}") if s.size > len(head) else "",
-                     link)
+                     _hexdump(head, s.offset), dump_note, link)

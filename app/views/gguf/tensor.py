@@ -9,7 +9,7 @@ from app.store import UploadStore
 from app.views.format import human_bytes, shape_text, visible_text
 from app.views.gguf.block import BlockView, block_view
 from app.views.gguf.file import Fact
-from app.heads import has_bytes, have
+from app.heads import have, missing
 from app.views.gguf.sample import SampleView, nrows, read_ranges, sample_view
 from app.views.gguf.state import FileState, file_url
 from app.views.gguf.tensors_table import fmt_bpw, layer_name
@@ -25,7 +25,7 @@ class TensorView:
     facts: list[Fact]
     storage: str  # one sentence about how the type stores values
     sample: SampleView
-    block: BlockView
+    block: BlockView | None  # None while its bytes were not sent
     load_href: str
     file_href: str
     info_seg_href: str
@@ -68,11 +68,12 @@ def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, r
     data_seg = next((i for i, s in enumerate(spans) if s.kind == "tensor_data"
                      and s.label == t.name), info_seg)
     state = FileState()
-    needs = [(a, n) for a, n in read_ranges(t, row) if not has_bytes(store, digest, a, a + n)]
+    needs = missing(store, digest, read_ranges(t, row))  # (holes would read as zeros: decode none)
     return TensorView(digest, visible_text(str(r.get("general.name") or store.fixture_name(digest)
                                         or _("GGUF file")), 80),
-                      t.name, t.type.name, facts, _storage(t), sample_view(r, t),
-                      block_view(digest, r, t, row, block),
+                      t.name, t.type.name, facts, _storage(t),
+                      SampleView(False, _("This tensor's bytes were not sent.")) if needs else sample_view(r, t),
+                      None if needs else block_view(digest, r, t, row, block),
                       "" if have(store, digest) is not None else f"/walkthroughs/gguf-load?file={digest}",
                       file_url(digest),
                       state.url(digest, seg=info_seg) + "#gguf-bytemap",
