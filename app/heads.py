@@ -174,8 +174,8 @@ def _grown(size: int, ranges: list[tuple[int, int]], spans: list[tuple[int, int]
 
 
 def check_bytes(store: UploadStore, digest: str, spans: list[tuple[int, int]]) -> None:
-    """Whether `spans` may be sent for the header-only file `digest` (as `add_bytes` will
-    check again): asked before a byte of the request's body is read."""
+    """Refuse `spans` for the file `digest` as `add_bytes` would (ValueError, OverLimit), before
+    a byte of the request's body is read (add_bytes checks again, under the file's lock)."""
     path, ranges = store.path(digest), have(store, digest)
     if path is None or ranges is None:
         raise ValueError(_("this file was uploaded whole: it needs no bytes"))
