@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -224,6 +225,34 @@ def test_a_plain_script_runs_and_its_last_step_shows_what_it_left(client):
     c_line = next(s.index for s in trace.steps if s.call.startswith("c = ggml_add"))
     assert f'made at step {c_line}' in returned  # where it came from
     assert [str(int(x)) for x in trace.outputs["c"][0]] == ["0", "2", "4"]
+
+
+PRINTS = """import numpy as np
+
+from engine.ggml import *
+
+x = np.arange(6, dtype=np.float32).reshape(2, 3)
+print(x)
+print(repr(x.T), x.dtype, x.shape, np.float32(1.5), f"{x[1]}", np.finfo(np.float32).eps)
+print(np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]), np.arange(2000))
+"""
+
+
+def test_a_program_prints_numpy_arrays_as_python_prints_them(client):
+    """numpy's C code imports its printing module when an array is first printed; through the
+    program's builtins that import was refused, and every print of an array ended the program."""
+    r = run(client, PRINTS)
+    assert r.status_code == 303
+    trace = client.app.state.traces.kept(client.app.state.traces.program_key(ProgramStore.digest(PRINTS), 1))
+    assert trace.error is None, trace.error
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    expected = "\n".join([str(x), " ".join(map(str, (repr(x.T), x.dtype, x.shape, np.float32(1.5), f"{x[1]}",
+                                                      np.finfo(np.float32).eps))),
+                          " ".join(map(str, (np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),
+                                             np.arange(2000)))), ""])
+    assert trace.printed == expected
+    page = html.unescape(client.get(f"/programs/{ProgramStore.digest(PRINTS)}/steps/0").text)
+    assert "[[0. 1. 2.]\n [3. 4. 5.]]" in page
 
 
 def test_a_slow_walkthrough_shows_its_recordings_progress(client, monkeypatch):
