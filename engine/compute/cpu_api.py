@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor
-from engine.core.tensor_data import _element_view, _from_f32, _to_f32
+from engine.core.tensor_data import _element_view, _from_f32, _to_f32, tensor_view
 from engine.core.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
@@ -163,10 +163,9 @@ def ggml_is_numa() -> bool:
 
 
 def _nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, fn: str) -> np.ndarray:
-    view = _element_view(t, fn)
-    ctx, off = t.ctx.space.resolve(t.data)
-    addr = off + i0 * int(t.nb[0]) + i1 * int(t.nb[1]) + i2 * int(t.nb[2]) + i3 * int(t.nb[3])
-    return np.ndarray((1,), dtype=view.dtype, buffer=ctx.pool.data, offset=addr)
+    dtype = _element_view(t, fn).dtype
+    addr = i0 * int(t.nb[0]) + i1 * int(t.nb[1]) + i2 * int(t.nb[2]) + i3 * int(t.nb[3])
+    return tensor_view(t, (1,), (dtype.itemsize,), dtype, addr, fn)
 
 
 _FLOATS = (GGMLType.F16, GGMLType.BF16, GGMLType.F32)

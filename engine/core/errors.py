@@ -36,6 +36,19 @@ def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> No
         raise GGMLAssertionError(condition, function, detail)
 
 
+class TensorBoundsError(ValueError):
+    """A numpy view of a tensor's memory whose bytes would not all lie inside the pool holding it.
+
+    ggml keeps whatever ne and nb a program gives (ggml_view_4d checks only the view's packed size
+    against its source) and reads such a tensor's bytes unchecked; the engine checks the bytes a
+    view reaches, with exact integers, before numpy sees its strides (engine.core.tensor_data).
+    `rule` is the condition that does not hold, written as C."""
+
+    def __init__(self, rule: str, function: str, detail: str) -> None:
+        self.rule, self.function, self.detail = rule, function, detail
+        super().__init__(f"{function}: {rule} does not hold: {detail}")
+
+
 class GGMLNotSupportedError(NotImplementedError):
     """An op (or an op with these types) that this backend does not compute."""
 

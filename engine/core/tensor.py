@@ -20,6 +20,8 @@ from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGM
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
 
+SIZE_T = 1 << 64  # ggml's byte counts and strides are size_t: its arithmetic wraps modulo this
+
 GGML_TENSOR_FLAG_INPUT = 1
 GGML_TENSOR_FLAG_OUTPUT = 2
 GGML_TENSOR_FLAG_PARAM = 4
@@ -207,19 +209,22 @@ def ggml_new_tensor_impl(ctx: Context, type_: int, n_dims: int, ne, view_src: Te
                 f"ne[0] = {ne[0]} is not a multiple of {tr.type_name}'s block size {tr.blck_size}")
 
     # a view of a view records the base tensor and the absolute offset
+    view_offs = int(view_offs) % SIZE_T  # (size_t: an offset of -8 is 2**64 - 8)
     if view_src is not None and view_src.view_src is not None:
-        view_offs += view_src.view_offs
+        view_offs = (view_offs + view_src.view_offs) % SIZE_T
         view_src = view_src.view_src
 
-    data_size = tr.type_size * ne[0] // tr.blck_size * math.prod(ne[1:])
-    ggml_assert(view_src is None or data_size == 0 or data_size + view_offs <= ggml_nbytes(view_src),
+    # in size_t, as ggml computes it: a size past 2**64 wraps (ggml then accepts such a view)
+    data_size = tr.type_size * ne[0] // tr.blck_size * math.prod(ne[1:]) % SIZE_T
+    ggml_assert(view_src is None or data_size == 0
+                or (data_size + view_offs) % SIZE_T <= ggml_nbytes(view_src),
                 "view_src == NULL || data_size == 0 || data_size + view_offs <= ggml_nbytes(view_src)",
                 fn, f"data_size {data_size} + view_offs {view_offs}"
                 + (f" > nbytes {ggml_nbytes(view_src)}" if view_src is not None else ""))
 
     data = None
     if view_src is not None and view_src.data is not None:
-        data = view_src.data + view_offs
+        data = (view_src.data + view_offs) % SIZE_T
     obj_alloc_size = data_size if view_src is None and not ctx.no_alloc else 0
 
     offs = ggml_new_object(ctx, GGML_OBJECT_TYPE_TENSOR, GGML_TENSOR_SIZE + obj_alloc_size)
@@ -238,11 +243,11 @@ def ggml_new_tensor_impl(ctx: Context, type_: int, n_dims: int, ne, view_src: Te
 
 
 def contiguous_strides(type_: int, ne) -> list[int]:
-    """The strides ggml gives a freshly created tensor: nb[0] = type size, rows packed."""
+    """The strides ggml gives a freshly created tensor: nb[0] = type size, rows packed (size_t)."""
     tr = TYPE_TRAITS[type_]
-    nb = [tr.type_size, tr.type_size * (int(ne[0]) // tr.blck_size)]
+    nb = [tr.type_size, tr.type_size * (int(ne[0]) // tr.blck_size) % SIZE_T]
     for i in range(2, GGML_MAX_DIMS):
-        nb.append(nb[i - 1] * int(ne[i - 1]))
+        nb.append(nb[i - 1] * int(ne[i - 1]) % SIZE_T)
     return nb
 
 

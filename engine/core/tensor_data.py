@@ -2,16 +2,20 @@
 
 Mirrors ggml-cpu.c's ggml_new_i32/ggml_new_f32, ggml_set_f32/ggml_set_i32 (every element) and the
 1-d accessors (ggml_get_f32_1d, ...), which walk rows by nb[1] and convert through the type's
-scalar format; `to_numpy`/`set_data` are the engine's own ways in and out.
+scalar format; `to_numpy`/`set_data` are the engine's own ways in and out. Every strided numpy
+view of memory in the engine (these, the kernels' view4 and flat_rows) is made by `strided_view`,
+which checks with exact integers that its bytes lie in the buffer viewed.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from engine.core.api import query
 from engine.core.context import Context
-from engine.core.errors import GGMLAssertionError, ggml_assert
+from engine.core.errors import GGMLAssertionError, TensorBoundsError, ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_n_dims, ggml_nbytes, ggml_nelements, \
     ggml_nrows, ggml_new_tensor_1d
 from engine.core.types import NUMPY_DTYPE, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, \
@@ -38,22 +42,73 @@ def ggml_new_f32(ctx: Context, value: float) -> Tensor:
 
 # --- data views ------------------------------------------------------------------------------------
 
+NUMPY_MAX = 2**63 - 1  # numpy's strides, offsets and sizes are signed 64-bit
+
+
+def strided_view(buffer: np.ndarray, offset: int, shape, strides, dtype, function: str,
+                 what: str = "the view") -> np.ndarray:
+    """The one way the engine looks at memory with strides: `shape` and byte `strides` (numpy
+    order) from byte `offset` of `buffer` (uint8), checked with exact integers before numpy sees
+    them (numpy's own check of a stride like 2**62 overflows int64 and lets the view through).
+
+    The bytes a view reaches are ggml_nbytes's: from its first element to the end of its last,
+    offset + sum((ne[i]-1)*nb[i]) + the element's size (with a negative stride, the span starts
+    below the first element). They must lie in `buffer`, or TensorBoundsError names the rule.
+    A stride counts only where its dimension has more than one element, as in ggml: a view with
+    ne = 1 and a huge nb is fine, its stride given to numpy as 0 when numpy cannot hold it. An
+    empty view reaches no byte; its start must still be inside (or at the end of) the buffer.
+    """
+    shape = [int(n) for n in shape]
+    strides = [int(s) for s in strides]
+    dtype = np.dtype(dtype)
+    size = int(buffer.size)
+    if any(n < 0 for n in shape):
+        raise TensorBoundsError("ne[i] >= 0", function, f"{what} has shape {shape}")
+    if 0 in shape:
+        if not 0 <= offset <= size:
+            raise TensorBoundsError("data >= mem_buffer && data <= mem_buffer + mem_size", function,
+                                    f"{what} starts at byte {offset} of a {size}-byte buffer")
+    else:
+        low = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+        high = offset + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + dtype.itemsize
+        if low < 0 or high > size:
+            raise TensorBoundsError("data + ggml_nbytes(tensor) <= mem_buffer + mem_size", function,
+                                    f"{what} reaches bytes [{low}, {high}) of a {size}-byte buffer")
+    count = math.prod(n for n in shape if n)  # (numpy counts the other dimensions of an empty view too)
+    if count * dtype.itemsize > NUMPY_MAX:
+        raise TensorBoundsError("ggml_nelements(tensor) * element size <= INT64_MAX", function,
+                                f"{what} has {count} elements")
+    # (past the checks a stride beyond numpy's range is one that is never multiplied)
+    strides = [s if -NUMPY_MAX <= s <= NUMPY_MAX else 0 for s in strides]
+    return np.ndarray(shape, dtype=dtype, buffer=buffer.data, offset=offset, strides=strides)
+
+
+def tensor_view(t: Tensor, shape, strides, dtype, offset: int = 0,
+                function: str = "to_numpy") -> np.ndarray:
+    """strided_view of the pool holding t's data, from `offset` bytes past t->data."""
+    ggml_assert(t.data is not None, "tensor->data != NULL", function, f"'{t.name}' has no data")
+    what = f"'{t.name}' (ne {[int(x) for x in t.ne]}, nb {[int(x) for x in t.nb]})"
+    try:
+        ctx, off = t.ctx.space.resolve(t.data)
+    except ValueError as e:
+        raise TensorBoundsError("tensor->data inside a live buffer", function, f"{what}: {e}") from None
+    return strided_view(ctx.pool, off + offset, shape, strides, dtype, function,
+                        f"{what} in context {ctx.id}'s pool")
+
+
 def data_bytes(t: Tensor, nbytes: int | None = None) -> np.ndarray:
     """The pool bytes at t->data (nbytes of them, default ggml_nbytes), as a writable view."""
-    ggml_assert(t.data is not None, "tensor->data != NULL", "data_bytes", f"'{t.name}' has no data")
-    ctx, off = t.ctx.space.resolve(t.data)
     n = ggml_nbytes(t) if nbytes is None else nbytes
-    return ctx.pool[off:off + n]
+    return tensor_view(t, (n,), (1,), np.uint8, function="data_bytes")
 
 
 def to_numpy(t: Tensor) -> np.ndarray:
     """ggml.utils.to_numpy: a strided numpy view of t's data in the pool (no copy).
 
     Shape is reversed ne[:n_dims], strides reversed nb[:n_dims]. F16 is float16, BF16 its uint16
-    bit patterns, quantized types the raw block bytes (last axis: bytes of one row).
+    bit patterns, quantized types the raw block bytes (last axis: bytes of one row). The bytes
+    the view reaches are checked first (tensor_view): ggml keeps any nb a program gives.
     """
-    ggml_assert(t.data is not None, "tensor->data != NULL", "to_numpy", f"'{t.name}' has no data")
-    ctx, off = t.ctx.space.resolve(t.data)
     n = ggml_n_dims(t)
     tr = TYPE_TRAITS[t.type]
     if tr.is_quantized:
@@ -64,7 +119,7 @@ def to_numpy(t: Tensor) -> np.ndarray:
         dtype = NUMPY_DTYPE[GGMLType(t.type)]
         shape = [int(x) for x in reversed(t.ne[:n])]
         strides = [int(x) for x in reversed(t.nb[:n])]
-    return np.ndarray(shape, dtype=dtype, buffer=ctx.pool.data, offset=off, strides=strides)
+    return tensor_view(t, shape, strides, dtype)
 
 
 def _element_view(t: Tensor, fn: str) -> np.ndarray:
@@ -100,11 +155,9 @@ def _to_f32(type_: int, raw: np.ndarray) -> np.ndarray:
 
 def _rows(t: Tensor, fn: str) -> np.ndarray:
     """ggml_set_f32's walk: nrows rows of ne[0] packed elements, row i at data + i*nb[1]."""
-    _element_view(t, fn)
-    ctx, off = t.ctx.space.resolve(t.data)
-    dtype = NUMPY_DTYPE[GGMLType(t.type)]
-    return np.ndarray((ggml_nrows(t), int(t.ne[0])), dtype=dtype, buffer=ctx.pool.data, offset=off,
-                      strides=(int(t.nb[1]), dtype.itemsize))
+    dtype = _element_view(t, fn).dtype
+    return tensor_view(t, (ggml_nrows(t), int(t.ne[0])), (int(t.nb[1]), dtype.itemsize), dtype,
+                       function=fn)
 
 
 def ggml_set_f32(t: Tensor, value: float) -> Tensor:
@@ -125,19 +178,16 @@ def ggml_set_i32(t: Tensor, value: int) -> Tensor:
 
 def _element(t: Tensor, i: int, fn: str) -> tuple[np.ndarray, tuple]:
     """The 1-element location of flat index i: packed index if contiguous, else unravelled."""
-    view = _element_view(t, fn)
-    ctx, off = t.ctx.space.resolve(t.data)
-    dtype = view.dtype
+    dtype = _element_view(t, fn).dtype
     if ggml_is_contiguous(t):
-        flat = np.ndarray((ggml_nelements(t),), dtype=dtype, buffer=ctx.pool.data, offset=off)
-        return flat, (i,)
+        return tensor_view(t, (ggml_nelements(t),), (dtype.itemsize,), dtype, function=fn), (i,)
     ne = [int(x) for x in t.ne]
     i0 = i % ne[0]
     i1 = (i // ne[0]) % ne[1]
     i2 = (i // (ne[0] * ne[1])) % ne[2]
     i3 = i // (ne[0] * ne[1] * ne[2])
     addr = sum(idx * int(nb) for idx, nb in zip((i0, i1, i2, i3), t.nb))
-    return np.ndarray((1,), dtype=dtype, buffer=ctx.pool.data, offset=off + addr), (0,)
+    return tensor_view(t, (1,), (dtype.itemsize,), dtype, addr, fn), (0,)
 
 
 @query

@@ -12,7 +12,7 @@ from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
 from engine.core.optable import GGMLOp
-from engine.core.tensor import Tensor, ggml_dup_tensor, ggml_format_name, ggml_is_contiguous, \
+from engine.core.tensor import SIZE_T, Tensor, ggml_dup_tensor, ggml_format_name, ggml_is_contiguous, \
     ggml_nelements, ggml_new_tensor, ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_view_tensor
 from engine.ops.base import ggml_set_op_params, record
 
@@ -126,7 +126,7 @@ def _view(ctx: Context, a: Tensor, ne: list[int], offset: int, fn: str) -> Tenso
     """ggml_view_impl: a VIEW of a at byte offset; op_params[0..1] hold the size_t offset."""
     result = ggml_new_tensor_impl(ctx, a.type, len(ne), ne, a, offset, fn)
     ggml_format_name(result, "%s (view)", a.name_bytes)
-    ggml_set_op_params(result, struct.pack("<Q", offset))
+    ggml_set_op_params(result, struct.pack("<Q", int(offset) % SIZE_T))
     return record(result, GGMLOp.VIEW, a)
 
 
@@ -138,7 +138,8 @@ def ggml_view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
 def ggml_view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
     """ggml_view_2d: rows of ne0 elements, nb1 bytes apart."""
     result = _view(ctx, a, [ne0, ne1], offset, "ggml_view_2d")
-    result.nb[1:] = [nb1, nb1 * ne1, nb1 * ne1]
+    nb1, ne1 = int(nb1), int(ne1)
+    result.nb[1:] = [x % SIZE_T for x in (nb1, nb1 * ne1, nb1 * ne1)]  # (size_t products)
     return result
 
 
@@ -146,7 +147,8 @@ def ggml_view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int
                  offset: int) -> Tensor:
     """ggml_view_3d."""
     result = _view(ctx, a, [ne0, ne1, ne2], offset, "ggml_view_3d")
-    result.nb[1:] = [nb1, nb2, nb2 * ne2]
+    nb1, nb2, ne2 = int(nb1), int(nb2), int(ne2)
+    result.nb[1:] = [x % SIZE_T for x in (nb1, nb2, nb2 * ne2)]
     return result
 
 
@@ -154,7 +156,7 @@ def ggml_view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
                  nb2: int, nb3: int, offset: int) -> Tensor:
     """ggml_view_4d."""
     result = _view(ctx, a, [ne0, ne1, ne2, ne3], offset, "ggml_view_4d")
-    result.nb[1:] = [nb1, nb2, nb3]
+    result.nb[1:] = [int(x) % SIZE_T for x in (nb1, nb2, nb3)]
     return result
 
 
@@ -172,14 +174,19 @@ def ggml_permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, ax
     ggml_format_name(result, "%s (permuted)", a.name_bytes)
     ne, nb = [0] * 4, [0] * 4
     for i, ax in enumerate(axes):
-        # ggml stages ne and nb in plain ints: values beyond 32 bits would be truncated there
-        ne[ax] = int(a.ne[i])
-        nb[ax] = int(a.nb[i])
+        # ggml stages ne and nb in plain ints: only their low 32 bits, signed, come through
+        ne[ax] = _c_int(int(a.ne[i]))
+        nb[ax] = _c_int(int(a.nb[i])) % SIZE_T
     result.ne[:] = ne
     result.nb[:] = nb
     record(result, GGMLOp.PERMUTE, a)
     ggml_set_op_params(result, struct.pack("<4i", *axes))
     return result
+
+
+def _c_int(x: int) -> int:
+    """(int) x in C: the low 32 bits of x, read as a signed int."""
+    return (x + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 def ggml_transpose(ctx: Context, a: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ import numpy as np
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.core.tensor import Tensor, ggml_nbytes
-from engine.core.tensor_data import data_bytes
+from engine.core.tensor_data import data_bytes, strided_view
 from engine.core.types import TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32
 
 PREFIX = "common_debug_cb_eval"
@@ -71,9 +71,8 @@ def _values(f: NodeFields) -> np.ndarray | None:
         return None
     dt = {GGMLType.F32: "<f4", GGMLType.F16: "<u2", GGMLType.BF16: "<u2", GGMLType.I64: "<i8",
           GGMLType.I32: "<i4", GGMLType.I16: "<i2", GGMLType.I8: "i1"}[t]
-    buf = np.frombuffer(f.data, np.uint8)
-    a = np.ndarray(tuple(reversed(f.ne)), dtype=dt, buffer=buf,
-                   strides=tuple(reversed(f.nb)))
+    a = strided_view(np.frombuffer(f.data, np.uint8), 0, reversed(f.ne), reversed(f.nb), dt,
+                     "eval_callback", f"'{f.name}'")
     if t == GGMLType.F16:
         return fp16_bits_to_fp32(a)
     if t == GGMLType.BF16:

@@ -40,7 +40,7 @@ from engine.compute.threadpool import COMPUTE_OBSERVER, Share
 from engine.core.api import is_query
 from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
-from engine.core.errors import ProgramStopped, StepCapReached, program_line
+from engine.core.errors import ProgramStopped, StepCapReached, TensorBoundsError, program_line
 from engine.core.graph import Graph
 from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.core.notes import Note
@@ -519,8 +519,11 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
 
 def _plain(v: Any) -> Any:
     if isinstance(v, Tensor):
-        return G.to_numpy(v).tolist() if not TYPE_TRAITS[v.type].is_quantized else \
-            G.to_numpy(v).tobytes().hex()
+        try:
+            data = G.to_numpy(v)
+        except TensorBoundsError as e:  # a view whose bytes leave its pool: the output says why
+            return str(e)
+        return data.tolist() if not TYPE_TRAITS[v.type].is_quantized else data.tobytes().hex()
     if isinstance(v, np.ndarray):
         return v.tolist()
     return v

@@ -7,6 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from engine.core.tensor import Tensor
+from engine.core.tensor_data import tensor_view
 from engine.lanes import twin
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
     fp32_to_bf16_bits, fp32_to_fp16_bits
@@ -30,9 +31,8 @@ def view4(t: Tensor) -> np.ndarray:
         return view
     tr = TYPE_TRAITS[t.type]
     assert not tr.is_quantized, "view4 of a quantized tensor"
-    view = np.ndarray(tuple(int(x) for x in reversed(t.ne)), dtype=NUMPY_DTYPE[GGMLType(t.type)],
-                      buffer=ctx.pool.data, offset=off,
-                      strides=tuple(int(x) for x in reversed(t.nb)))
+    view = tensor_view(t, reversed(t.ne.tolist()), reversed(t.nb.tolist()),
+                       NUMPY_DTYPE[GGMLType(t.type)], function="view4")
     if len(views) >= _VIEWS_MAX:
         views.clear()
     views[key] = view

@@ -44,6 +44,7 @@ from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
+from engine.core.tensor_data import tensor_view
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 from engine.lanes import lanes
 
@@ -387,12 +388,10 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
 
 def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
     """Raw block bytes of src0 rows `rows` of matrix (i02, i03): (rows, row_bytes) uint8."""
-    ctx, off = src0.ctx.space.resolve(src0.data)
     nb1, nb2, nb3 = int(src0.nb[1]), int(src0.nb[2]), int(src0.nb[3])
     row_bytes = ggml_row_size(src0.type, int(src0.ne[0]))
-    start = off + i03 * nb3 + i02 * nb2 + rows.start * nb1
-    return np.ndarray((rows.stop - rows.start, row_bytes), dtype=np.uint8, buffer=ctx.pool.data,
-                      offset=start, strides=(nb1, 1))
+    return tensor_view(src0, (rows.stop - rows.start, row_bytes), (nb1, 1), np.uint8,
+                       i03 * nb3 + i02 * nb2 + rows.start * nb1, "quant_rows")
 
 
 # --- MUL_MAT_ID --------------------------------------------------------------------------------

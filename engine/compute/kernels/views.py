@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.errors import GGMLNotSupportedError
 from engine.core.tensor import Tensor, ggml_nrows
+from engine.core.tensor_data import tensor_view
 from engine.core.types import NUMPY_DTYPE, GGMLType
 
 
 def strided(t: Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int = 0,
             dtype=None) -> np.ndarray:
-    """t's data seen with any shape and byte strides, starting `offset` bytes in."""
-    ctx, off = t.ctx.space.resolve(t.data)
-    dtype = dtype or NUMPY_DTYPE[GGMLType(t.type)]
-    end = off + offset + sum((n - 1) * s for n, s in zip(shape, strides) if n > 0)
-    if min(shape, default=1) > 0 and (off + offset < 0 or end + np.dtype(dtype).itemsize
-                                      > len(ctx.pool)):
-        raise GGMLNotSupportedError(f"'{t.name}': ggml's row walk leaves the context's memory")
-    return np.ndarray(shape, dtype=dtype, buffer=ctx.pool.data, offset=off + offset,
-                      strides=strides)
+    """t's data seen with any shape and byte strides, starting `offset` bytes in (tensor_view:
+    TensorBoundsError where ggml's walk would leave the pool)."""
+    return tensor_view(t, shape, strides, dtype or NUMPY_DTYPE[GGMLType(t.type)], offset,
+                       "strided")
 
 
 def flat_rows(t: Tensor, nrows: int | None = None) -> np.ndarray:
