@@ -18,6 +18,7 @@ from app.i18n import _
 from app.jobs import Pending, QueueFull, busy
 from app.playground import ProgramStore
 from app.routes.playground import run_url, trace_or_job
+from app.sandbox.template import TemplatesBusy
 from app.store import HeaderOnly, UploadStore
 from app.traces import Recipe, TraceCache
 from app.views.debugger import graph as G
@@ -278,16 +279,18 @@ def chat(where: Walkthrough, cache: Traces, store: Store,
          message: Annotated[str, Query(min_length=1, max_length=MESSAGE_CHARS)],
          system: Annotated[str, Query(max_length=SYSTEM_CHARS)] = "") -> RedirectResponse:
     """The Chat tab's form: the conversation rendered by the file's chat template becomes the
-    walkthrough's prompt (422 when the file stores none, or the prompt is too long)."""
-    from engine.models.common import ModelError
-
+    walkthrough's prompt (422 when the file stores none, the template fails or breaks a limit,
+    or the prompt is too long; 503 when every template worker is busy)."""
     try:
         path = cache.input_path(_recipe(cache, store, where))
         if path is None:
             raise ValueError(_("'{name}' reads no model file").format(name=where.name))
         prompt = chat_prompt(path, message, system)
-    except (ValueError, ModelError) as e:
+    except ValueError as e:  # (ModelError and TemplateRefused too)
         raise HTTPException(422, str(e)) from None
+    except TemplatesBusy:
+        raise HTTPException(503, _("Every chat template worker is busy; send the message again in a "
+                                   "moment."), headers={"Retry-After": "2"}) from None
     if len(prompt) > PROMPT_CHARS:
         raise HTTPException(422, _("The conversation renders to {n} characters; a prompt holds {limit}.").format(
             n=len(prompt), limit=PROMPT_CHARS))

@@ -22,10 +22,11 @@ import heapq
 
 from . import unicode as uc
 from .pretokenize import PRE_NAMES, PreTokenizer, split
-from .vocab import Pieces, base_attrs, load_specials, partition, token_texts
+from .vocab import Pieces, base_attrs, load_specials, partition, refuse_over, token_texts
 
 PHANTOM = "\u2581"  # '▁'
 WORD_CACHE = 4096  # words remembered with their tokens
+MAX_MERGES = 1 << 20  # the most merges built (Llama 3 has 280,147): a cap, not llama.cpp's
 
 
 class BytePairEncoding(Pieces):
@@ -58,6 +59,7 @@ class BytePairEncoding(Pieces):
         if pre is None or pre.kind == "whitespace":
             raise ModelError(f"{f.path}: pre-tokenizer '{name}' (tokenizer.ggml.pre) is not "
                              "built here; known: " + ", ".join(sorted(PRE_NAMES)))
+        refuse_over(f, "tokenizer.ggml.merges", MAX_MERGES)  # (a merge costs ~0.5 KB, 1.5 µs)
         merges = f.reader.get("tokenizer.ggml.merges")
         if merges is None:
             raise ModelError(f"{f.path}: a BPE vocabulary needs key 'tokenizer.ggml.merges'")

@@ -26,8 +26,9 @@ TOKENIZERS = {"llama": SentencePiece, "gpt2": BytePairEncoding, "gemma4": BytePa
 
 
 def tokenizer_of(f, required: bool = False):
-    """The tokenizer of a model file's vocabulary; None for a kind not built here (a decoder
-    then takes its prompt as token ids), or an error naming it when `required`."""
+    """The tokenizer of a model file's vocabulary (built once per file: file_tokenizer); None for
+    a kind not built here (a decoder then takes its prompt as token ids), or an error naming it
+    when `required`."""
     from .common import ModelError
 
     model = f.reader.get("tokenizer.ggml.model")
@@ -38,27 +39,40 @@ def tokenizer_of(f, required: bool = False):
                              "is not built here; ggml-lens builds "
                              + ", ".join(f"'{k}'" for k in TOKENIZERS))
         return None
-    return cls.from_model_file(f)
+    return file_tokenizer(f.path, cls.from_model_file, f)
 
 
-_BUILT: LRUCache = LRUCache(4)  # the tokenizers of the last files read, by builder and file identity
+BUILT_ENTRIES = 1 << 21  # tokens and merges the kept tokenizers may hold together (~1 GB)
 
 
-def _file_key(path: str | os.PathLike, build: Callable[[Any], Any]) -> tuple:
+def _entries(tokenizer) -> int:
+    """What a built tokenizer weighs in the cache: its tokens and (BPE's) merges."""
+    return len(tokenizer.tokens) + len(getattr(tokenizer, "ranks", ()))
+
+
+# the tokenizers of the last files read, by builder and file identity (one heavier than all the
+# cache holds is built and not kept)
+_BUILT: LRUCache = LRUCache(BUILT_ENTRIES, getsizeof=_entries)
+
+
+def _file_key(path: str | os.PathLike, build: Callable[[Any], Any], meta: Any = None) -> tuple:
     """The file by its identity (device, inode, size, modification time) and the builder."""
     st = os.stat(path)
     return build, os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @cached(_BUILT, key=_file_key, lock=Lock())
-def file_tokenizer(path: str | os.PathLike, build: Callable[[Any], Any]) -> Any:
+def file_tokenizer(path: str | os.PathLike, build: Callable[[Any], Any], meta: Any = None) -> Any:
     """build(ModelMeta(path)), made once per file: a model's vocabulary (Gemma's 262,144 tokens)
     is slow to read and convert, and a new prompt for a model read before need not read it
     again. The file is known by its identity, so a file replaced at the same path is read anew.
-    The tokenizer must not change once built (SentencePiece does not)."""
+    The tokenizer must not change once built (SentencePiece, BPE and WordPiece do not: BPE's
+    remembered words are a memo). What it costs to build is capped by the vocabulary's caps
+    (vocab.MAX_TOKENS, bpe.MAX_MERGES); what the kept ones hold together by BUILT_ENTRIES.
+    `meta`: the file's ModelMeta (or ModelFile) when the caller has it open already."""
     from .common import ModelMeta
 
-    return build(ModelMeta(path))
+    return build(meta if meta is not None else ModelMeta(path))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from enum import IntFlag
 import numpy as np
 
 MAX_TEXT_BYTES = 1 << 20  # longest text tokenized at once (1 MiB): a cap, not llama.cpp's
+MAX_TOKENS = 1 << 20  # the largest vocabulary built (Gemma 3's has 262,144): a cap, not llama.cpp's
 C_SPACES = b" \t\n\v\f\r"  # isspace() in the C locale
 
 
@@ -130,8 +131,21 @@ class Pieces:
 
 def token_texts(f) -> list[str]:
     """tokenizer.ggml.tokens, an empty token spelled '[EMPTY_<id>]' as llama.cpp names it."""
+    refuse_over(f, "tokenizer.ggml.tokens", MAX_TOKENS)
     tokens = list(f.key("tokenizer.ggml.tokens"))
     return tokens if all(tokens) else [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
+def refuse_over(f, key: str, cap: int) -> None:
+    """An error when the file's array `key` declares more than `cap` elements: checked on the
+    count the file declares, before any element is decoded (a file may declare millions)."""
+    from .common import ModelError
+
+    i = f.reader.find_key(key)
+    n = f.reader.kvs[i].n if i >= 0 else 0
+    if n > cap:
+        raise ModelError(f"{f.path}: {key} holds {n:,} elements; a vocabulary built here holds "
+                         f"at most {cap:,}")
 
 
 def base_attrs(f, n_tokens: int) -> list[int]:
