@@ -177,5 +177,6 @@
   document.addEventListener("htmx:afterSwap", prepare);  // before the URL is pushed: no flicker
   document.addEventListener("htmx:afterSettle", prepare);
   document.addEventListener("htmx:afterSettle", searchAgain);
+  document.addEventListener("htmx:historyRestore", prepare);  // Back and Forward
   window.lensDag = {svgOf, box, full};  // for the browser tests
 })();

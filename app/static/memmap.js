@@ -72,6 +72,7 @@
   });
   document.addEventListener("DOMContentLoaded", drawAll);
   document.addEventListener("htmx:afterSettle", drawAll);
+  document.addEventListener("htmx:historyRestore", drawAll);  // Back and Forward
   window.addEventListener("resize", drawAll);
 
   document.addEventListener("click", (ev) => {
