@@ -56,7 +56,7 @@ def test_a_vocabulary_is_refused_from_the_count_it_declares(tmp_path: Path, monk
         bpe.BytePairEncoding.from_model_file(meta)
     monkeypatch.setattr(bpe, "MAX_MERGES", 20)
     monkeypatch.setattr(vocab, "MAX_TOKENS", 257)
-    with pytest.raises(ModelError, match="tokenizer.ggml.tokens holds 258 elements; .* at most 257"):
+    with pytest.raises(ModelError, match="ggml.tokens holds 258 elements; .* at most 257"):
         bpe.BytePairEncoding.from_model_file(meta)
 
 
