@@ -10,7 +10,9 @@ from markupsafe import Markup, escape
 
 from app.i18n import _
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
+from app.views.debugger.values import unreadable
 from engine.core.tensor import Tensor, ggml_nbytes
+from engine.core.tensor_data import to_numpy
 from engine.trace import Step
 from engine.core.types import TYPE_TRAITS
 
@@ -36,6 +38,7 @@ class HexView:
     title: str
     rows: list[HexRow]
     legend: list[FieldValue]
+    error: str = ""  # the data's ne and nb reach outside its memory: what the engine refused
 
 
 def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | None:
@@ -44,11 +47,18 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
     if t is None:
         return None
     names: dict[int, str] = {}
-    legend = []
+    legend, error = [], ""
     if what == "data" and t.data is not None:
-        ctx, start = t.ctx.space.resolve(t.data)
+        try:
+            to_numpy(t)  # (a view, no copy: are all the tensor's bytes in its memory?)
+        except ValueError as e:
+            error = unreadable(e)
+        try:
+            ctx, start = t.ctx.space.resolve(t.data)
+        except ValueError:
+            return HexView(_("'{name}' data").format(name=t.name), [], [], error)
         tr = TYPE_TRAITS[t.type]
-        raw = ctx.pool[start:start + min(ggml_nbytes(t), DATA_BYTES)]
+        raw = ctx.pool[start:start + min(ggml_nbytes(t), DATA_BYTES)]  # (those that are there)
         unit = _("block") if tr.blck_size > 1 else _("element")
         for i in range(raw.size):
             names[i] = f"{unit} {i // tr.type_size}"  # in memory order, from the data pointer
@@ -85,7 +95,7 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
         field = escape(f or "")
         cells.append(f'<span class="{cls}" title="{field or padding}" data-field="{field}">{byte:02x}</span>')
     rows = [HexRow(start + r0, Markup("".join(cells[r0:r0 + 16]))) for r0 in range(0, raw.size, 16)]
-    return HexView(title, rows, legend)
+    return HexView(title, rows, legend, error)
 
 
 def _field_value(v, pointer: bool) -> str:

@@ -15,6 +15,7 @@ from pygments.lexers import PythonLexer
 
 from app.i18n import _
 from app.views.debugger.threads import Share, ranges_text
+from app.views.debugger.values import unreadable
 from app.views.debugger.where import Where, current_node
 from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, every_code, kernel_card, \
     worked_block, worked_element
@@ -35,6 +36,7 @@ class KernelView:
     element: WorkedElement | None
     row: int  # the weight row and activation row of the worked block
     col: int
+    error: str = ""  # why nothing is worked through: the node's memory was not read
 
 
 @cache
@@ -71,6 +73,11 @@ def kernel(step: Step, state: State, where: Where, shares: list[Share]) -> Kerne
     if not where.row and mine is not None and mine.kind == "chunks" and mine.ranges:
         _chunk, rows, cols = mine.ranges[0]  # the first chunk the thread took: its first output
         row, col = int(rows[0]), int(cols[0])
-    block = worked_block(node, row, col, where.block)
+    block, element, error = None, None, ""
+    try:
+        block = worked_block(node, row, col, where.block)
+        element = worked_element(node)
+    except ValueError as e:  # (ne and nb reaching outside the memory of the node or a source)
+        error = unreadable(e)
     return KernelView(card, [(c, highlighted(c)) for c in card.code], shares, selected, took, block,
-                      worked_element(node), block.row if block else row, block.col if block else col)
+                      element, block.row if block else row, block.col if block else col, error)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from markupsafe import Markup, escape
 
 from app.i18n import _
-from app.views.debugger.values import elements
+from app.views.debugger.values import element_view, unreadable
 from app.views.format import fmt_short
+from engine.compute.kernels.common import to_f32
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements
 from engine.core.types import TYPE_TRAITS
 
@@ -45,6 +46,7 @@ class StridesView:
     grid_note: str
     parent: ParentWindow | None
     blocks: list[BlockSpan] | None  # quantized: one row as its blocks
+    error: str = ""  # why the elements' values are not shown: bytes outside the tensor's memory
 
 
 def strides(t: Tensor | None) -> StridesView | None:
@@ -64,16 +66,22 @@ def strides(t: Tensor | None) -> StridesView | None:
     if not ggml_is_contiguous(t):
         explain.append(_("not contiguous: the strides are not in packed order, so elements that are "
                          "neighbours here are not neighbours in memory"))
-    grid, note, blocks = [], "", None
+    grid, note, blocks, error = [], "", None, ""
     if tr.blck_size == 1:
-        rows, cols = min(ne[1], GRID_ROWS), min(ne[0], GRID_COLS)
-        vals = elements(t)
+        rows, cols = max(0, min(ne[1], GRID_ROWS)), max(0, min(ne[0], GRID_COLS))
+        vals = None
+        try:
+            view = element_view(t)
+            if view is not None and view.size:  # the grid's corner only: i3 = i2 = 0
+                vals = to_f32(view[0, 0, :rows, :cols], t.type)
+        except ValueError as e:
+            error = unreadable(e)
         title = _("element %(index)s at data + %(offset)s")
         for i1 in range(rows):
             cells = []
             for i0 in range(cols):
                 offset = i0 * nb[0] + i1 * nb[1]
-                value = "" if vals is None else fmt_short(vals[0, 0, i1, i0])
+                value = "" if vals is None else fmt_short(float(vals[i1, i0]))
                 cells.append(f'<td title="{escape(title % {"index": f"[{i1}, {i0}]", "offset": offset})}">'
                              f'<span class="off">+{offset}</span>'
                              + (f'<span class="val">{escape(value)}</span>' if value else "") + "</td>")
@@ -103,7 +111,7 @@ def strides(t: Tensor | None) -> StridesView | None:
             + _("this view's bytes inside '{name}' ({n} bytes) are highlighted").format(name=base.name, n=span)
             + (_(" (first {n} bytes)").format(n=WINDOW_BYTES) if span > WINDOW_BYTES else ""))
     return StridesView(t.name or _("(unnamed)"), tr.type_name, ne, nb, explain, grid, note, parent,
-                       blocks)
+                       blocks, error)
 
 
 def _touched_bytes(t: Tensor) -> set[int]:
@@ -111,7 +119,7 @@ def _touched_bytes(t: Tensor) -> set[int]:
     view t; empty for a view of more than TOUCHED_MAX elements."""
     ne, nb = [int(x) for x in t.ne], [int(x) for x in t.nb]
     tr = TYPE_TRAITS[t.type]
-    if ggml_nelements(t) > TOUCHED_MAX:
+    if any(n <= 0 for n in ne) or ggml_nelements(t) > TOUCHED_MAX:
         return set()
     out = set()
     for i3 in range(ne[3]):
