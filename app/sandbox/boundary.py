@@ -8,26 +8,40 @@ A run is `bwrap` (Debian's bubblewrap) starting `python -m app.sandbox.worker`:
 - new PID, network, IPC, UTS and cgroup namespaces (and a user namespace when the server is not
   root): the worker sees no other process, and its network has only its own loopback;
 - a mount namespace holding nothing but read-only binds of /usr, the Python installation, the
-  virtual environment and the project's two packages, a minimal /dev (read-only), and a tmpfs of
-  `Limits.disk` bytes at /scratch, its only writable place; `/` itself is read-only;
-- the worker drops to uid/gid 65534 (nobody) before it reads the program when the server runs as
-  root (bwrap keeps it only the capabilities to do that), then loads the seccomp filter below on
-  every thread: no process but threads, no exec, no socket, no ptrace, no signal to another process,
-  no mount, namespace, keyring, bpf, perf or io_uring call;
+  virtual environment and the project's two packages, and a /dev of DEVICES; `/` itself is
+  read-only. The worker mounts its only writable place itself, a tmpfs at /scratch of
+  `Limits.disk` bytes and `Limits.files` inodes (bubblewrap's own tmpfs caps bytes only, and every
+  empty file costs the host ~1 KB of kernel memory); bwrap keeps it CAP_SYS_ADMIN for that alone;
+- when the server is root, the worker takes a uid and gid of its own before it reads the program
+  (`run_uid`: one of RUN_UIDS, held under a lock file no other run on this machine can take
+  meanwhile), so RLIMIT_NPROC and the kernel's other per-user counts are each run's own; then it
+  drops every capability and loads the seccomp filter below on every thread: no process but
+  threads, no exec, no socket, no ptrace, no signal to another process, no mount, namespace,
+  keyring, bpf, perf or io_uring call, and none of the kernel's memory that RLIMIT_AS does not
+  count (SysV shared memory, message queues and semaphores, POSIX message queues, memfd);
 - rlimits from the server: address space, CPU time (the hard limit is the kernel's SIGKILL), file
-  size, open files, processes, no core files;
+  size, open files, processes (threads), no core files;
 - `--die-with-parent` and `--new-session`; the server kills bwrap's process group at the wall-clock
   limit, and the PID namespace guarantees that nothing the worker started outlives it.
 
+What this leaves out: no cgroup (none is assumed delegated to the server). A run's memory is
+its address space, its scratch's bytes and inodes, and the kernel's per-task and per-descriptor
+costs of at most RLIMIT_NPROC threads and RLIMIT_NOFILE descriptors. When the server is not root,
+bubblewrap's user namespace maps every worker to the server's own uid: the kernel counts
+RLIMIT_NPROC for that uid across every run (and the server), so while one run's threads fill it,
+another run cannot start (bwrap's clone fails); per-run counts need the server to run as root.
+
 `boundary()` builds the filter once and runs a probe worker that must see all of this refused; if
-anything is missing (no bubblewrap, no user namespaces, no seccomp) it raises BoundaryMissing, and
-the playground stays off unless the server was started with --allow-unconfined-programs.
+anything is missing (no bubblewrap, no user namespaces, no seccomp, a filter that lets a SysV or
+memfd call through, a scratch without its inode cap) it raises BoundaryMissing, and the
+playground stays off unless the server was started with --allow-unconfined-programs.
 """
 
 from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import json
 import os
 import resource
@@ -37,20 +51,29 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import app
 import engine
 from engine.lanes import pure_numpy
 
-SCRATCH = "/scratch"  # the worker's working directory: a size-capped tmpfs
+SCRATCH = "/scratch"  # the worker's working directory: a tmpfs it mounts, bytes and inodes capped
 DATA = "/data"  # the worker's data directory: the bundled model, read-only, if the server has it
 STARTUP_WALL = 10  # seconds a worker may take to start (besides the program's wall-clock limit)
 STDERR_KEPT = 8 << 10
+# the worker's /dev: these devices alone, bound from the host (not bwrap's --dev: without root it
+# puts the worker in a second, nested user namespace, where it could not mount its scratch)
+DEVICES = ("null", "zero", "full", "random", "urandom")
 WORKER_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
                "runpy.run_module('app.sandbox.worker', run_name='__main__', alter_sys=True)")
-NOBODY = 65534
+# the uids (and gids) runs take when the server is root, one per run at a time: no account has
+# them, so a run's processes and files are its own; a lock file per uid says which are taken
+RUN_UIDS = range(2_000_000_000, 2_000_000_000 + 256)
+UID_LOCKS = Path("/run/ggml-lens/uids")
 CLONE_THREAD = 0x00010000
 
 # calls the filter refuses with EPERM (ENOSYS for clone3, so the C library falls back to clone,
@@ -75,6 +98,12 @@ REFUSED_CALLS = (
     "iopl", "ioperm", "personality", "modify_ldt", "uselib", "vhangup", "mknod", "mknodat",
     "lookup_dcookie", "nfsservctl", "setdomainname", "sethostname", "settimeofday", "clock_settime",
     "adjtimex", "clock_adjtime",
+    # memory the kernel holds outside the worker's address space, which RLIMIT_AS does not count
+    # (an IPC namespace frees it only when the run ends): SysV shared memory, message queues and
+    # semaphores (`ipc` multiplexes them where the architecture has it), POSIX message queues,
+    # memory file descriptors
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "ipc", "mq_open", "memfd_create", "memfd_secret",
 )
 
 
@@ -94,6 +123,8 @@ class Limits:
     pools: int = 1 << 30  # bytes of the memory pools and buffers the trace may rebuild
     file_size: int = 16 << 20  # bytes of any one file it writes in its scratch directory
     disk: int = 64 << 20  # bytes of its scratch directory (a tmpfs)
+    files: int = 4096  # files and directories its scratch directory may hold (the tmpfs's
+    # nr_inodes: each costs the host ~1 KB of kernel memory that `disk` does not count)
     startup: int = 20  # seconds of CPU the worker may spend starting (imports) before the program
 
 
@@ -104,7 +135,8 @@ class Boundary:
     bwrap: str | None  # None: unconfined (--allow-unconfined-programs on localhost)
     bpf: bytes  # the seccomp filter, as the kernel loads it (empty: none)
     seccomp_nr: int  # the seccomp() call's number on this machine (for its TSYNC flag)
-    drop_to: int | None  # the uid and gid the worker takes before the program (the server is root)
+    run_uids: range | None  # the uids (and gids) a run takes one of before the program (the
+    # server is root); None: the user namespace's, the server's own uid
 
     @property
     def confined(self) -> bool:
@@ -122,10 +154,15 @@ class Boundary:
         env = worker_env()
         namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                       "--unshare-cgroup-try"]
-        if self.drop_to is None:  # not root: an unprivileged user namespace is what allows the rest
-            namespaces = ["--unshare-user", *namespaces, "--disable-userns"]
-        else:  # root: the worker keeps only what it needs to become nobody
-            namespaces += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        # the worker keeps only what it needs to mount its scratch (and, root, to take its uid);
+        # it drops them before it reads the program
+        if self.run_uids is None:  # not root: an unprivileged user namespace is what allows the rest
+            # (not --disable-userns: its nested namespace could not mount; the filter refuses
+            # unshare and clone's namespace flags, and the probe tries one)
+            namespaces = ["--unshare-user", *namespaces, "--cap-add", "CAP_SYS_ADMIN"]
+        else:
+            namespaces += ["--cap-drop", "ALL", "--cap-add", "CAP_SYS_ADMIN",
+                           "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         argv = [self.bwrap, *namespaces, "--die-with-parent", "--new-session",
                 "--ro-bind", "/usr", "/usr"]
         for name in ("lib", "lib64", "bin", "sbin"):
@@ -147,8 +184,10 @@ class Boundary:
             argv += ["--perms", "0755", "--dir", DATA, "--perms", "0755", "--dir", f"{DATA}/models",
                      "--ro-bind", str(model), f"{DATA}/models/{model.name}"]
             env["GGML_LENS_DATA"] = DATA
-        argv += ["--dev", "/dev", "--remount-ro", "/dev",
-                 "--perms", "01777", "--size", str(limits.disk), "--tmpfs", SCRATCH,
+        argv += ["--perms", "0755", "--dir", "/dev"]
+        for name in DEVICES:
+            argv += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+        argv += ["--perms", "0755", "--dir", SCRATCH,  # (where the worker mounts its scratch)
                  "--remount-ro", "/", "--chdir", SCRATCH, "--hostname", "sandbox",
                  "--clearenv", *(x for k, v in env.items() for x in ("--setenv", k, v)),
                  "--", *worker]
@@ -238,14 +277,15 @@ def _set_up(unconfined: bool) -> Boundary:
     if bwrap is None:
         raise BoundaryMissing("bubblewrap (bwrap) is not installed: `make setup` installs Debian's package")
     bpf, nr = seccomp_filter()
-    b = Boundary(bwrap, bpf, nr, NOBODY if os.geteuid() == 0 else None)
+    b = Boundary(bwrap, bpf, nr, RUN_UIDS if os.geteuid() == 0 else None)
     probe(b)
     return b
 
 
 def probe(b: Boundary) -> None:
-    """Start a worker in probe mode: it must find itself confined (another uid, the filter on,
-    no network, no process, no file outside scratch). BoundaryMissing says what was not."""
+    """Start a worker in probe mode: it must find itself confined (another uid, no capability,
+    the filter on: no network, no process, no SysV IPC or memfd; no file outside scratch, whose
+    inodes are capped). BoundaryMissing says what was not."""
     try:
         out, err, code, _ = start_worker(b, Limits(cpu=10, wall=20), {"probe": True})
     except OSError as e:
@@ -260,14 +300,44 @@ def start_worker(b: Boundary, limits: Limits, request: dict,
                  model: Path | None = None) -> tuple[bytes, bytes, int, bool]:
     """Run one worker to its end: (stdout, at most limits.trace + 1 bytes of it; the head of
     stderr; the exit status; whether the wall-clock limit stopped it)."""
-    request = {**request, "seccomp": base64.b64encode(b.bpf).decode(), "seccomp_nr": b.seccomp_nr,
-               "drop_to": b.drop_to}
-    scratch = None if b.confined else tempfile.mkdtemp(prefix="ggml-lens-program-")
-    try:
-        return _communicate(b, limits, request, scratch, model)
-    finally:
-        if scratch is not None:
+    request = {**request, "seccomp": base64.b64encode(b.bpf).decode(), "seccomp_nr": b.seccomp_nr}
+    if not b.confined:
+        scratch = tempfile.mkdtemp(prefix="ggml-lens-program-")
+        try:
+            return _communicate(b, limits, request, scratch, model)
+        finally:
             shutil.rmtree(scratch, ignore_errors=True)
+    request["scratch"] = {"path": SCRATCH, "bytes": limits.disk, "inodes": limits.files}
+    if b.run_uids is None:
+        return _communicate(b, limits, request, None, model)
+    with run_uid(b.run_uids) as uid:
+        return _communicate(b, limits, {**request, "uid": uid}, None, model)
+
+
+@contextmanager
+def run_uid(uids: range) -> Iterator[int]:
+    """One of `uids` that no other run on this machine holds (in this server or another), held
+    for one run: a lock file per uid, locked with flock (the kernel lets it go if the server dies)."""
+    UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    first = int.from_bytes(os.urandom(2), "little") % len(uids)  # (a just-freed uid waits its turn)
+    deadline = time.monotonic() + STARTUP_WALL
+    while True:
+        for uid in (uids[(first + i) % len(uids)] for i in range(len(uids))):
+            fd = os.open(UID_LOCKS / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield uid
+            finally:
+                os.close(fd)  # (closing the descriptor unlocks)
+            return
+        if time.monotonic() > deadline:
+            raise BoundaryMissing(f"all {len(uids)} uids for runs are taken: too many programs "
+                                  f"are running on this machine")
+        time.sleep(0.1)
 
 
 def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None, model: Path | None):

@@ -1,9 +1,10 @@
 """`python -m app.sandbox.worker`: record one learner's program, in a process of its own.
 
 The server starts this module behind the kernel boundary (boundary.py: bubblewrap's namespaces,
-rlimits already set, /scratch as its working directory). It reads the request on stdin (JSON: the
-program, the thread count, the limits, the seccomp filter, the uid to take) and first confines
-itself: it takes the unprivileged uid and loads the filter on every thread, before any of the
+rlimits already set, an empty /scratch as its working directory). It reads the request on stdin
+(JSON: the program, the thread count, the limits, the seccomp filter, the scratch's caps, the uid
+to take) and first confines itself: it mounts its scratch tmpfs (bytes and inodes capped), takes
+the run's uid, drops every capability and loads the filter on every thread, before any of the
 program is read. It writes the result on stdout in the format of wire.py: the trace as plain
 data, or a message saying why there is none. A probe request (`{"probe": true}`) only reports
 whether every door the boundary closes is closed.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
+import ctypes
 import importlib
 import io
 import json
@@ -60,7 +62,27 @@ PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os
                "os.listxattr", "os.getxattr", "os.setxattr", "os.removexattr", "os.walk", "os.fwalk")
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC = 1, 1
+MS_NOSUID, MS_NODEV = 2, 4  # mount flags (<sys/mount.h>)
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+IPC_PRIVATE, IPC_CREAT = 0, 0o1000  # (<sys/ipc.h>)
+CLONE_NEWUSER = 0x10000000
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+class SockFprog(ctypes.Structure):
+    """struct sock_fprog: a BPF program as seccomp() takes it."""
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class CapHeader(ctypes.Structure):
+    """struct __user_cap_header_struct (capget and capset)."""
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    """struct __user_cap_data_struct: one of two, 32 capabilities each."""
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
 
 
 class BoundedText(io.TextIOBase):
@@ -185,49 +207,109 @@ def stop_with(message: str):
 
 
 def confine(request: dict) -> None:
-    """Before anything of the program is read: become the unprivileged uid (the server is root)
-    and load the server's seccomp filter on every thread. Either failing ends the worker."""
-    drop = request.get("drop_to")
-    if drop is not None:
+    """Before anything of the program is read: mount the scratch directory (confined: bwrap kept
+    the worker CAP_SYS_ADMIN for it alone), take the run's own uid (the server is root), drop every
+    capability and load the server's seccomp filter on every thread. Any of them failing ends the
+    worker."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, scratch = request.get("uid"), request.get("scratch")
+    if scratch is not None:
+        mount_scratch(libc, scratch, uid)
+    if uid is not None:
         os.setgroups([])
-        os.setresgid(drop, drop, drop)
-        os.setresuid(drop, drop, drop)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # (root's capabilities go with root)
+    if scratch is not None:
+        os.chdir(scratch["path"])  # (as the uid that owns it; bwrap's working directory is underneath)
+        drop_capabilities(libc)
     bpf = base64.b64decode(request.get("seccomp", ""))
     if bpf:
-        import ctypes
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
         code = ctypes.create_string_buffer(bpf, len(bpf))
         prog = SockFprog(len(bpf) // 8, ctypes.addressof(code))
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        libc.syscall.restype = ctypes.c_long
         if libc.syscall(ctypes.c_long(int(request["seccomp_nr"])), ctypes.c_long(SECCOMP_SET_MODE_FILTER),
                         ctypes.c_long(SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog)) != 0:
             raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER) failed")
 
 
-def probe() -> str:
+def mount_scratch(libc: ctypes.CDLL, scratch: dict, uid: int | None) -> None:
+    """A tmpfs of scratch["bytes"] bytes and scratch["inodes"] inodes (files and directories)
+    on the empty directory bwrap left at scratch["path"], owned by the run's uid (only it may
+    enter: root without CAP_DAC_OVERRIDE cannot)."""
+    if not (int(scratch["bytes"]) > 0 and int(scratch["inodes"]) > 0):  # (0 is tmpfs's "unlimited")
+        raise ValueError(f"the scratch directory needs a size and an inode count: {scratch}")
+    options = f"size={int(scratch['bytes'])},nr_inodes={int(scratch['inodes'])},mode=0700"
+    if uid is not None:
+        options += f",uid={int(uid)},gid={int(uid)}"
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                           ctypes.c_char_p]
+    if libc.mount(b"tmpfs", os.fsencode(scratch["path"]), b"tmpfs", MS_NOSUID | MS_NODEV,
+                  options.encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"mounting the scratch directory ({options}) failed")
+
+
+def drop_capabilities(libc: ctypes.CDLL) -> None:
+    """capset: no capability left, effective, permitted, inheritable or ambient."""
+    header, data = CapHeader(LINUX_CAPABILITY_VERSION_3, 0), (CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def has_capabilities(libc: ctypes.CDLL) -> bool:
+    header, data = CapHeader(LINUX_CAPABILITY_VERSION_3, 0), (CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    return any(d.effective or d.permitted for d in data)
+
+
+def probe(request: dict) -> str:
     """'confined' if this process finds every door the boundary closes closed."""
     import socket
 
-    open_doors = []
-    for door, attempt in (("a socket", lambda: socket.socket()), ("fork", os.fork),
-                          ("exec", lambda: os.execv("/usr/bin/true", ["true"])),
-                          ("a file outside scratch", lambda: open("/probe", "w")),
-                          ("the host's files", lambda: open("/etc/hostname"))):
+    libc = ctypes.CDLL(None, use_errno=True)
+    inodes = int(request["scratch"]["inodes"])
+
+    def opens(attempt) -> bool:
         try:
-            pid = attempt()
+            attempt()
         except OSError:
-            continue
-        if pid == 0:  # (the child of a fork that should not have happened)
+            return False
+        return True
+
+    def fork() -> None:
+        if os.fork() == 0:  # (the child of a fork that should not have happened)
             os._exit(0)
-        open_doors.append(door)
-    if os.getuid() == 0 or os.geteuid() == 0:
-        open_doors.append("root")
+
+    def c_call(name: str, *args) -> int:  # a C library call, its -1 as an OSError
+        if (result := getattr(libc, name)(*args)) == -1:
+            raise OSError(ctypes.get_errno(), f"{name} failed")
+        return result
+
+    new = IPC_CREAT | 0o600
+    attempts = {  # door -> an attempt to pass it, an OSError where it is closed
+        "a socket": socket.socket,
+        "fork": fork,
+        "exec": lambda: os.execv("/usr/bin/true", ["true"]),
+        "a file outside scratch": lambda: open("/probe", "w"),
+        "the host's files": lambda: open("/etc/hostname"),
+        "SysV shared memory": lambda: c_call("shmget", IPC_PRIVATE, 4096, new),
+        "SysV message queues": lambda: c_call("msgget", IPC_PRIVATE, new),
+        "SysV semaphores": lambda: c_call("semget", IPC_PRIVATE, 1, new),
+        "POSIX message queues": lambda: c_call("mq_open", b"/probe", os.O_RDWR | os.O_CREAT, 0o600,
+                                               None),
+        "memfd": lambda: os.memfd_create("probe"),
+        "a user namespace": lambda: c_call("unshare", CLONE_NEWUSER),
+    }
+    states = {  # door -> whether the process's own state leaves it open
+        "root": lambda: os.getuid() == 0 or os.geteuid() == 0,
+        "a uid not the run's own": lambda: request.get("uid") not in (None, os.getuid()),
+        "capabilities": lambda: has_capabilities(libc),
+        "a scratch without its inode cap": lambda: not 0 < os.statvfs(".").f_files <= inodes,
+    }
+    open_doors = [door for door, attempt in attempts.items() if opens(attempt)]
+    open_doors += [door for door, is_open in states.items() if is_open()]
     return "confined" if not open_doors else "open: " + ", ".join(open_doors)
 
 
@@ -236,7 +318,7 @@ def main() -> None:
     out = sys.stdout.buffer
     confine(request)
     if request.get("probe"):
-        out.write(probe().encode())
+        out.write(probe(request).encode())
         return
     source, n_threads = request["source"], int(request["threads"])
     limits = request["limits"]

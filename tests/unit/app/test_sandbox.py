@@ -12,7 +12,6 @@ run, and the server reads a forged output as malformed data without executing an
 from __future__ import annotations
 
 import os
-import pwd
 import socket
 import subprocess
 import textwrap
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from app.sandbox.boundary import boundary
+from app.sandbox.boundary import RUN_UIDS, boundary
 from app.sandbox.check import ProgramRefused, check_program
 from app.sandbox.run import Limits, ProgramFailed, run_program
 
@@ -272,15 +271,14 @@ def host():
 
 
 def sandbox_processes() -> set[int]:
-    """Processes of the sandbox's uid (when the server is root) that this test process started,
+    """Processes of the runs' uids (when the server is root) that this test process started,
     or that no test process owns any more (adopted by init): not another pytest worker's runs,
     nor another app's probe."""
     if os.geteuid() != 0:
         return set()
-    nobody = pwd.getpwnam("nobody").pw_uid
     mine = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _uid(entry) == nobody and _owner(int(entry.name)) in (os.getpid(), 1):
+        if entry.name.isdigit() and _uid(entry) in RUN_UIDS and _owner(int(entry.name)) in (os.getpid(), 1):
             mine.add(int(entry.name))
     return mine
 
@@ -343,13 +341,13 @@ def test_a_program_that_owns_its_process_cannot_reach_the_server(name, gate, hos
         assert any(w in outcome for w in ((words,) if isinstance(words, str) else words)), outcome
 
 
-def test_the_worker_runs_as_nobody_when_the_server_is_root():
+def test_the_worker_runs_as_a_uid_of_its_own_when_the_server_is_root():
     trace = run_program(hostile("print(os.getuid(), os.getgid(), os.getgroups(), os.getcwd())"), 1, LIMITS,
                         gate=False)
     uid, gid, groups, cwd = trace.printed.split(" ", 3)
     assert cwd.strip() == "/scratch"
     if os.geteuid() == 0:
-        assert (int(uid), int(gid), groups) == (65534, 65534, "[]")
+        assert int(uid) in RUN_UIDS and (int(gid), groups) == (int(uid), "[]")
     else:
         assert int(uid) == os.geteuid()
 
