@@ -119,7 +119,9 @@ THREAD_FLOOD = """
     except RuntimeError:  # can't start new thread: this run's uid is at RLIMIT_NPROC
         pass
     print(os.getuid(), started)
-    time.sleep(8)  # (holding them while the other run starts its threads)
+    give_up = time.monotonic() + 15
+    while not os.path.exists('done') and time.monotonic() < give_up:  # (the test's word: the
+        time.sleep(0.05)  # other run has ended)
     release.set()"""
 
 A_FEW_THREADS = """
@@ -233,11 +235,12 @@ def test_one_run_s_thread_flood_leaves_another_run_its_threads():
     flooding = threading.Thread(target=flood_run)
     flooding.start()
     deadline = time.monotonic() + LIMITS.startup
-    while not any(run_threads(pid) > 200 for pid in sandbox_processes() - before):
+    while not (flooded := [pid for pid in sandbox_processes() - before if run_threads(pid) > 200]):
         assert time.monotonic() < deadline and flooding.is_alive(), flood.get("trace")
         time.sleep(0.05)
     other = run_program(raw(A_FEW_THREADS), 1, LIMITS, gate=False)
     other_ended = time.monotonic()
+    Path(f"/proc/{flooded[0]}/root/scratch/done").touch()  # (into the flood's own scratch)
     flooding.join(PROMPT)
     assert not flooding.is_alive()
     assert other_ended < flood["ended"], "the other run ended after the flood: nothing was shown"
