@@ -50,7 +50,8 @@ from engine.trace import State, Step, Trace
 router = APIRouter()
 IMMUTABLE = "public, max-age=31536000, immutable"
 PROMPT_CHARS = 400
-Prompt = Annotated[str | None, Query(max_length=PROMPT_CHARS, description="the prompt a model reads")]
+# (a form sends each line break as two characters, CRLF: the limit is checked on the text read)
+Prompt = Annotated[str | None, Query(max_length=2 * PROMPT_CHARS, description="the prompt a model reads")]
 Then = Annotated[str | None, Query(pattern=r"^\d{1,7}(,\d{1,7}){0,15}$",
                                    description="token ids appended after the prompt")]
 TensorKey = Annotated[str | None, Query(pattern=r"^\d+\.\d+$", description="the selected tensor")]
@@ -80,8 +81,14 @@ DEBUGGER = "/{kind:debugger}/{name}"  # /walkthroughs/<name>, or /programs/<hash
 
 def _inputs(name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
             then: Then = None) -> Where:
-    """The trace a URL names, at step 0 (a blank prompt is the program's own)."""
-    return Where(name, 0, threads, file=file, prompt=prompt if prompt and prompt.strip() else None, then=then)
+    """The trace a URL names, at step 0 (a blank prompt is the program's own; a form sends a
+    textarea's line breaks as CRLF, read as the newlines they were typed as)."""
+    if prompt is not None:
+        prompt = prompt.replace("\r\n", "\n") if prompt.strip() else None
+    if prompt is not None and len(prompt) > PROMPT_CHARS:
+        raise HTTPException(422, _("A prompt holds at most {limit} characters; this one has {n}.").format(
+            limit=PROMPT_CHARS, n=len(prompt)))
+    return Where(name, 0, threads, file=file, prompt=prompt, then=then)
 
 
 def _walkthrough(where: Annotated[Where, Depends(_inputs)]) -> Where:
@@ -125,9 +132,14 @@ def start(where: Debugger) -> RedirectResponse:
 
 
 @router.get(DEBUGGER + "/goto")
-def goto(where: Debugger, step: int = 0) -> RedirectResponse:
-    """The scrubber's form target without JavaScript: go to step n."""
-    return RedirectResponse(where.url(step=step), status_code=303)
+def goto(request: Request, where: Debugger, cache: Traces, store: Store, programs: Programs,
+         step: Annotated[int, Query(ge=0)] = 0) -> RedirectResponse:
+    """Step n, or the last step of a trace that has fewer: where a control that makes another
+    trace keeps the learner's place (the thread count, a prompt, "append"), and the scrubber's
+    form without JavaScript. A trace not kept yet is recorded first (its recording page ends at
+    the same step)."""
+    trace = _loaded(cache, store, replace(where, step=step), programs, client_of(request))
+    return RedirectResponse(where.url(step=min(step, len(trace.steps) - 1)), status_code=303)
 
 
 def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
@@ -178,15 +190,22 @@ def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None,
     return found
 
 
-def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None, client: str):
-    """The trace, step and rebuilt state `where` names (404 outside the trace, 422 for bad
-    threads or inputs, or for a run that stops with an error; 503/429 when no job can record it)."""
+def _loaded(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None,
+            client: str) -> Trace:
+    """The trace `where` names (422 for bad threads or inputs, or for a run that stops with an
+    error; 503/429 when no job can record it)."""
     try:
-        trace = _trace(cache, store, programs, where, client)
+        return _trace(cache, store, programs, where, client)
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
     except QueueFull as e:
         raise busy(e) from None
+
+
+def _at(cache: TraceCache, store: UploadStore, where: Where, programs: ProgramStore | None, client: str):
+    """The trace, step and rebuilt state `where` names (404 outside the trace, and _loaded's
+    errors)."""
+    trace = _loaded(cache, store, where, programs, client)
     if not 0 <= where.step < len(trace.steps):
         raise HTTPException(404, _("'{name}' has steps 0 to {last}; there is no step {step}.").format(
             name=where.name, last=len(trace.steps) - 1, step=where.step))
@@ -257,9 +276,11 @@ def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs
     is inlined in a page when it is drawn already or quick to draw, else the page loads it; an
     htmx swap keeps the one on the page while its key is the same)."""
     where = stop.where
-    path = None if where.is_program or PROGRAMS[where.name].prompt is None else \
-        cache.input_path(_recipe(cache, store, where))
+    path = None if where.is_program else cache.input_path(_recipe(cache, store, where))
     model = step_model(stop, graph, programs is not None, tp, tq, path)
+    # the file it reads, named (an upload is stored under its hash: shortened)
+    uploaded = path is not None and where.file is not None and path.name.startswith(where.file)
+    model["input_name"] = f"{where.file[:12]}….gguf" if uploaded else path.name if path else None
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     model["graph_svg"] = None

@@ -39,11 +39,12 @@ def visible_text(s: str, limit: int = SHOW_CHARS) -> str:
     return s if len(s) <= limit else s[:limit] + "…"
 
 
-WHITESPACE = {" ": "␠", "\n": "⏎", "\t": "⇥", "\r": "␍"}
+# signs the installed fonts draw (DejaVu has ␣, not ␠ or ␍: a carriage return is escaped, \r)
+WHITESPACE = {" ": "␣", "\n": "⏎", "\t": "⇥"}
 
 
 def token_text(piece: str) -> str:
-    """A token's piece as a chip shows it: spaces, newlines and tabs as visible signs (␠ ⏎ ⇥),
+    """A token's piece as a chip shows it: spaces, newlines and tabs as visible signs (␣ ⏎ ⇥),
     other control characters escaped, an empty piece as ∅; special tokens (<bos>) as they are."""
     if not piece:
         return "∅"

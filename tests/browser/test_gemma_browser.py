@@ -45,20 +45,23 @@ def test_a_prompt_its_next_token_and_one_more_pass(page: Page, gemma_url, screen
                              timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("Italy")
     expect(page.locator("#answer .tokens code.tok").nth(1)).to_have_text("The")
-    expect(page.locator("#answer .tokens code.tok").nth(2)).to_have_text("␠capital")  # a space made visible
+    expect(page.locator("#answer .tokens code.tok").nth(2)).to_have_text("␣capital")  # a space made visible
     page.get_by_role("tab", name="Next token").click()
     table = page.locator("#nexttoken table.top10").first
     expect(table).to_be_visible()
     expect(table.locator("tr")).to_have_count(10)
     first = table.locator("tr").first.locator("code.tok").inner_text()
     table.locator("tr").first.get_by_role("link", name="append").click()
-    expect(page).to_have_url(re.compile(r"/steps/0\?.*then=\d+"), timeout=RECORD_MS)
+    # the new pass opens at its first step
+    expect(page).to_have_url(re.compile(r"/steps/\d+\?.*then=\d+"), timeout=RECORD_MS)
+    opened = re.search(r"/steps/(\d+)", page.url).group(1)
+    expect(page.locator("#steps li.sg-pass.open > a")).to_have_attribute("href", re.compile(rf"/steps/{opened}\?"))
     expect(page.locator("#answer .tokens")).to_contain_text("1 appended")
     expect(page.locator("#answer code.tok.appended")).to_have_text(first)
     page.get_by_role("tab", name="Next token").click()
     expect(page.locator("#nexttoken table.top10")).to_have_count(2)
     # step into the last layer's attention: the nodes are named as llama.cpp names them
-    page.goto(page.url.replace("/steps/0", "/steps/2300"))
+    page.goto(re.sub(r"/steps/\d+", "/steps/2300", page.url))
     expect(page.locator("#debugger")).to_be_visible()
     page.screenshot(path=str(screenshot_dir / "gemma3-walkthrough.png"))
 
