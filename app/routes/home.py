@@ -9,12 +9,16 @@ from app.web import STATIC_DIR, templates
 from engine.programs import PROGRAMS
 
 router = APIRouter()
+START = "simple-ctx"  # the first walkthrough: ggml's own first example, fourteen steps
 
 
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request) -> HTMLResponse:
-    return templates.TemplateResponse(request, "pages/home.html",
-                                      {"programs": list(PROGRAMS.values())})
+    """The walkthroughs, the one to start with first; the keys; the playground (when this server
+    runs programs) and the GGUF inspector."""
+    return templates.TemplateResponse(request, "pages/home.html", {
+        "programs": list(PROGRAMS.values()), "start": PROGRAMS[START],
+        "playground": request.app.state.programs is not None})
 
 
 @router.get("/favicon.ico", include_in_schema=False)

@@ -61,6 +61,21 @@ class MemAccount:
         """The smallest pool that holds every object (ggml_init pads mem_size to 16 anyway)."""
         return self.used
 
+    @property
+    def data_padding(self) -> int:
+        """The padding after tensors (ggml_tensor_overhead does not count it: no formula does)."""
+        return sum(o.padding for o in self.objects if o.kind == "TENSOR")
+
+    @property
+    def graph_padding(self) -> int:
+        """The padding after graphs (inside ggml_graph_overhead)."""
+        return sum(o.padding for o in self.objects if o.kind == "GRAPH")
+
+    @property
+    def work_buffers(self) -> tuple[ObjectCost, ...]:
+        """The work buffers ggml_graph_compute_with_ctx made (one per compute, even of 0 bytes)."""
+        return tuple(o for o in self.objects if o.kind == "WORK_BUFFER")
+
     def first_to_fail(self, mem_size: int) -> ObjectCost | None:
         """The object whose ggml_new_object would fail in a pool of mem_size bytes, if any."""
         return next((o for o in self.objects if o.end > mem_size), None)

@@ -16,7 +16,7 @@ def step_of(page: Page) -> int:
 
 def test_walk_simple_ctx_forwards_and_back(page: Page, server_url: str, screenshot_dir):
     page.goto(f"{server_url}/")
-    page.get_by_role("link", name="simple-ctx").click()
+    page.get_by_role("region", name="Start here").get_by_role("link", name="simple-ctx").click()
     expect(page).to_have_url(re.compile(r"/walkthroughs/simple-ctx/steps/0$"))
     prev, nxt = (page.get_by_role("button", name=n, exact=True) for n in ("Previous step", "Next step"))
     expect(prev).to_be_disabled()
@@ -91,7 +91,7 @@ def test_unknown_walkthrough_is_a_page_not_a_traceback(page: Page, server_url: s
     assert resp.status == 404
     expect(page.get_by_role("alert")).to_contain_text("There is no walkthrough named")
     page.get_by_role("link", name="Back to the start").click()
-    expect(page.get_by_role("link", name="simple-ctx")).to_be_visible()
+    expect(page.get_by_role("region", name="Start here").get_by_role("link", name="simple-ctx")).to_be_visible()
 
 
 def test_the_kernel_tab_of_an_add_node(page: Page, server_url: str):

@@ -71,9 +71,11 @@ def _account_view(state: State, cid: int) -> AccountView:
                   f"{n_tensors} × sizeof(struct ggml_tensor) ({GGML_TENSOR_SIZE})", "struct"),
              Part(_("graphs"), acc.graphs, "ggml_graph_nbytes(size, grads)", "graph"),
              Part(_("tensor data"), acc.data, _("Σ ggml_nbytes of tensors that own data"), "data"),
-             Part(_("work buffers"), acc.work, _("ggml_graph_plan's work_size"), "work"),
-             Part(_("alignment padding"), acc.padding, "GGML_PAD(size, GGML_MEM_ALIGN = 16)",
+             Part(_("work buffers"), acc.work,
+                  _("{n} × ggml_graph_plan's work_size").format(n=len(acc.work_buffers)), "work"),
+             Part(_("data padding"), acc.data_padding, "GGML_PAD(ggml_nbytes, GGML_MEM_ALIGN = 16)",
                   "padding"),
+             Part(_("graph padding"), acc.graph_padding, _("inside ggml_graph_overhead()"), "padding"),
              Part(_("unused (slack)"), acc.slack, "mem_size − ggml_used_mem(ctx)", "free")]
     # the formulas a program sizes its context with, applied to what this pool holds
     graph_overheads = sum(o.end - o.header for o in graphs)
@@ -85,12 +87,13 @@ def _account_view(state: State, cid: int) -> AccountView:
         text += f" + {len(graphs)} × " + (f"ggml_graph_overhead() ({default})"
                                          if each == {default} else "ggml_graph_overhead_custom(…)")
     text += " + " + _("{n} bytes of data").format(n=acc.data)
-    works = [o for o in acc.objects if o.kind == "WORK_BUFFER"]
-    pad = sum(o.padding for o in acc.objects if o.kind == "TENSOR")
-    said = [_("{n} bytes of data padding").format(n=pad)] if pad else []
+    # what no formula names, in the table's own numbers (its data padding and work buffers rows)
+    works = acc.work_buffers
+    said = [_("{n} bytes of data padding").format(n=acc.data_padding)] if acc.data_padding else []
     if works:
-        said.append(_("{n} work buffer(s) of {header} + {sizes} bytes").format(
-            n=len(works), header=GGML_OBJECT_SIZE, sizes=" + ".join(str(o.data) for o in works)))
+        sizes = ", ".join(f"{GGML_OBJECT_SIZE} + {o.data}" for o in works)  # header + work bytes
+        said.append(i18n.ngettext("{n} work buffer of {sizes} bytes", "{n} work buffers of {sizes} bytes",
+                                  len(works)).format(n=len(works), sizes=sizes))
     failing = acc.first_to_fail(acc.used - SMALLER) if acc.objects else None
     return AccountView(cid, acc, parts, formula, text, acc.used - formula, _(" and ").join(said), failing,
                        _message(acc, failing) if failing else "")

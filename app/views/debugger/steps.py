@@ -45,7 +45,10 @@ class StepsView:
 
 
 def _text(s) -> str:
-    t = s.call if len(s.call) <= 64 else s.call[:61] + "..."
+    """A step's line beside its kind's chip: its call without the kind the chip says already
+    (a visit's call is "visit 'node_0'"), else its note."""
+    call = s.call.removeprefix(f"{s.kind} ")
+    t = call if len(call) <= 64 else call[:61] + "..."
     return t or note(s.notes)[:64]
 
 

@@ -20,10 +20,32 @@ class Share:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRun:
+    """Consecutive nodes of the plan that run on the same number of tasks."""
+
+    n_tasks: int
+    first: int  # node indices, inclusive
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCount:
+    """How many of the plan's nodes run on n_tasks tasks (when the runs are too many to list)."""
+
+    n_tasks: int
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadsView:
     plan: ComputePlan | None
     node: str | None
     shares: list[Share]
+    task_runs: list[TaskRun]  # the plan's n_tasks per node as runs of equal values, or
+    task_counts: list[TaskCount]  # (past MAX_RUNS runs) as the number of nodes of each value
+
+
+MAX_RUNS = 8  # runs of n_tasks listed; past it, counts per value
 
 
 def threads(trace: Trace, step: Step) -> ThreadsView:
@@ -32,7 +54,23 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
     longest = max((t.seconds for t in step.threads), default=0) or 1
     shares = [Share(t.ith, t.kind, ranges_text(t.kind, t.ranges), t.seconds * 1e6,
                     100 * t.seconds / longest, t.notes) for t in step.threads]
-    return ThreadsView(plan, step.call if step.kind == StepKind.NODE else None, shares)
+    runs = task_runs(plan.n_tasks) if plan is not None else []
+    counts = [] if len(runs) <= MAX_RUNS else [
+        TaskCount(n, sum(r.last - r.first + 1 for r in runs if r.n_tasks == n))
+        for n in sorted({r.n_tasks for r in runs})]
+    return ThreadsView(plan, step.call if step.kind == StepKind.NODE else None, shares,
+                       runs if not counts else [], counts)
+
+
+def task_runs(n_tasks: tuple[int, ...]) -> list[TaskRun]:
+    """n_tasks per node as runs of equal values: (1, 1, 4, 4, 1) -> 1 for 0-1, 4 for 2-3, 1 for 4."""
+    runs: list[TaskRun] = []
+    for i, n in enumerate(n_tasks):
+        if runs and runs[-1].n_tasks == n:
+            runs[-1] = TaskRun(n, runs[-1].first, i)
+        else:
+            runs.append(TaskRun(n, i, i))
+    return runs
 
 
 def ranges_text(kind: str, ranges: tuple) -> str:
