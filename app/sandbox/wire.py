@@ -17,7 +17,8 @@ outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks th
 field, and that each note names one of the engine's templates and fills exactly its placeholders
 (`Note.__post_init__`); then `trace_from_head` checks the trace's shape: step indices in order,
 every patch and tensor reference inside a pool the steps made, the pools' total size under
-Limits.pools.
+Limits.pools. The trace's records are counted as they are decoded: at most DECODED_PER_BYTE bytes
+of Python objects per byte of the head (`Trace.records_bytes`, which the server's caches weigh).
 """
 
 from __future__ import annotations
@@ -36,7 +37,11 @@ from engine.trace.steps import Patch, Step
 from engine.trace import Trace
 
 MAGIC = b"GGML-LENS-RESULT/1\n"
-HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB; decoded, ~20x at most)
+HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB)
+# bytes of Python objects one byte of a head may decode to, at most: a negative fixint in a list is
+# one byte and an int (32) with its pointer (8); [[0]] in a thread's ranges three bytes and two
+# tuples (96) with a pointer; a patch's place ~20 bytes and its Patch, bytes and index entry
+DECODED_PER_BYTE = 48
 OUTPUT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
 MAX_OUTPUT_ELEMENTS = 1 << 20
 # counts msgspec checks as it reads each container's header, before it makes the container
@@ -108,15 +113,26 @@ def encode_failure(message: str) -> bytes:
 
 def encode_trace(trace: Trace) -> bytes:
     """The trace as a result (TypeError names an output that is not a number, string or array)."""
-    refs, blobs = [], []
-    for s in trace.steps:
-        refs.append([PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches])
-        blobs += [p.data for p in s.patches]
-    head = Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
+    return _frame(_head(trace), [p.data for s in trace.steps for p in s.patches])
+
+
+def _head(trace: Trace) -> Head:
+    refs = [[PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches] for s in trace.steps]
+    return Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
                 error=trace.error, printed=trace.printed, also=[list(f) for f in trace.also],
                 outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
                 steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
-    return _frame(head, blobs)
+
+
+def records_bound(trace: Trace) -> int:
+    """An upper bound of the memory a trace's records take besides its patches' bytes (what
+    Trace.records_bytes holds): DECODED_PER_BYTE times the size of the head it would cross the
+    wire in. (A trace decoded here was counted from the head it came in.)"""
+    try:
+        head = _head(trace)
+    except TypeError:  # an output the format does not take: the rest is counted
+        head = _head(dataclasses.replace(trace, outputs={}))
+    return DECODED_PER_BYTE * len(msgspec.msgpack.encode(head))
 
 
 def _output(name: Any, v: Any) -> Output:
@@ -173,7 +189,9 @@ def decode(data: bytes, limits: Limits) -> Trace | str:
         raise MalformedResult(f"the data section says {data_size:,} bytes and holds {len(data) - at:,}")
     if not head.ok:
         return head.message[:4096] or "the worker gave no reason"
-    return trace_from_head(head, memoryview(data)[at:], limits)
+    trace = trace_from_head(head, memoryview(data)[at:], limits)
+    trace.records_bytes = DECODED_PER_BYTE * head_size  # (what its steps and outputs hold, at most)
+    return trace
 
 
 def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:

@@ -4,14 +4,17 @@ A `Trace` holds the program's steps; each step keeps its patches (the bytes it w
 at any step are rebuilt without running anything (`Trace.state_at`): the last checkpoint at or
 before the step, then the patches after it. Checkpoints (copies of the pools at some step
 boundaries) are made on the first rebuild, within a budget, so a state of a big trace replays a
-bounded number of bytes. A `State` puts the engine's objects (contexts, tensors, graphs, backend
-buffers) over the rebuilt pools.
+bounded number of bytes; what they copy together is bounded by a few times what the steps wrote
+(`checkpoint_budget`), so a pool of 1 GiB touched by small steps is never copied: its states
+replay the steps from an earlier checkpoint instead. A `State` puts the engine's objects
+(contexts, tensors, graphs, backend buffers) over the rebuilt pools.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -32,7 +35,9 @@ from engine.trace.steps import ContextMeta, Step, StepKind
 CHECKPOINT_MIN_BYTES = 4 << 20  # no checkpoints for traces whose patches replay faster than this
 BIG_STEP_BYTES = 4 << 20  # a step that writes this much (weights loaded) is followed by a checkpoint
 CHECKPOINT_PATCHES = 4096  # a rebuild replays at most about this many (a model's graph makes tens of thousands)
-CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more)
+CHECKPOINT_BYTES = 1 << 30  # what one trace's checkpoints may copy together (then states replay more),
+CHECKPOINT_RATIO = 4  # and at most this many times the bytes its steps wrote,
+CHECKPOINT_FLOOR = 64 << 20  # or this many when that is less (a small trace's pools are copied)
 
 
 def checkpoint_every(dirty_bytes: int) -> int:
@@ -40,6 +45,13 @@ def checkpoint_every(dirty_bytes: int) -> int:
     total dirty_bytes (what the checkpoint copies): a state replays at most that many bytes, and
     the checkpoints together copy at most ~4 times the bytes the steps wrote."""
     return max(CHECKPOINT_MIN_BYTES, dirty_bytes // 4)
+
+
+def checkpoint_budget(recorded_bytes: int) -> int:
+    """Bytes one trace's checkpoints may copy together: CHECKPOINT_RATIO times what its steps
+    wrote (at least CHECKPOINT_FLOOR), at most CHECKPOINT_BYTES. The memory a trace costs grows
+    with the trace, not with the pools its program asked for."""
+    return min(CHECKPOINT_BYTES, max(CHECKPOINT_FLOOR, CHECKPOINT_RATIO * recorded_bytes))
 
 
 @dataclass
@@ -54,6 +66,9 @@ class Trace:
     # the walkthrough's other files whose facade calls are steps too, as (path under the
     # package, text): Step.file k > 0 is also[k - 1]
     also: tuple[tuple[str, str], ...] = ()
+    # an upper bound of the memory its records (steps, outputs, files) take besides the patches'
+    # bytes, counted by whoever built it (the app's wire decoder: from its head's size); 0: not yet
+    records_bytes: int = field(default=0, compare=False, repr=False)
 
     @property
     def hash(self) -> str:
@@ -125,6 +140,14 @@ class Trace:
         cached = getattr(self, "_cps", None)
         if cached is not None and cached[0] == len(self.steps):
             return cached[1]
+        with self.__dict__.setdefault("_cps_lock", threading.Lock()):  # (two first rebuilds copy once)
+            cached = getattr(self, "_cps", None)
+            if cached is None or cached[0] != len(self.steps):
+                self._make_checkpoints()
+            return self._cps[1]
+
+    def _make_checkpoints(self) -> None:
+        """_checkpoints' work, once per trace (under its lock): the copies, and what they hold."""
         index = self._index()
         flat, ends = index.patches, index.ends
         last = len(self.steps) - 1
@@ -133,9 +156,10 @@ class Trace:
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
         if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES) \
                 or len(flat) > CHECKPOINT_PATCHES:
+            budget = checkpoint_budget(self.recorded_bytes)
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
-            since, done, spent, replays = 0, 0, 0, 0
+            since, done, spent, replays, written = 0, 0, 0, 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
                     if c.freed:
@@ -151,27 +175,30 @@ class Trace:
                         dirty.add(cid)
                     step_bytes += b - a
                 since += step_bytes
+                written += step_bytes
                 replays += ends[k] - done
                 done = ends[k]
                 # also right after a step that writes a lot (a model's weights loaded): the
-                # states after it share that checkpoint's pool instead of rebuilding it
+                # states after it share that checkpoint's pool instead of rebuilding it. The
+                # budget is spent as the steps write (its share so far), so the checkpoints are
+                # spread over the trace; one that costs more waits (its states replay instead)
                 cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
                 if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES or replays >= CHECKPOINT_PATCHES) \
                         and k + 1 < len(self.steps) \
-                        and spent + cost <= CHECKPOINT_BYTES:
+                        and spent + cost <= budget * written // max(1, self.recorded_bytes):
                     last = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
                     checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
                     since, dirty, spent, replays = 0, set(), spent + cost, 0
-        self._cps = (len(self.steps), checkpoints)
         self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
-        return checkpoints
+        self._cps = (len(self.steps), checkpoints)
 
     @property
     def held_bytes(self) -> int:
-        """What keeping this trace costs: its patches, and its checkpoints once a rebuild made them."""
-        return self.recorded_bytes + getattr(self, "_cp_bytes", 0)
+        """What keeping this trace costs: its patches, its records (as counted, `records_bytes`),
+        and its checkpoints once a rebuild made them."""
+        return self.recorded_bytes + self.records_bytes + getattr(self, "_cp_bytes", 0)
 
     def to_json(self) -> dict:
         return {"program": self.program, "hash": self.hash, "n_threads": self.n_threads,
