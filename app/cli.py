@@ -45,8 +45,12 @@ def _serve(args: argparse.Namespace) -> int:
         os.environ["GGML_LENS_STORE"] = store
     if workers > 1:
         os.environ["GGML_LENS_SHARE_TRACES"] = "1"
+    # a client is an address (the queue's per-client limits): X-Forwarded-For is believed only
+    # from the proxies named (uvicorn's own setting and variable), never from loopback by default
+    trusted = getattr(args, "forwarded_allow_ips", None) or os.environ.get("FORWARDED_ALLOW_IPS", "")
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
-                workers=workers if workers > 1 else None)
+                workers=workers if workers > 1 else None, proxy_headers=bool(trusted),
+                forwarded_allow_ips=trusted)
     return 0
 
 
@@ -405,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "store too (s3://bucket/prefix, configured by the AWS_* variables), for web "
                        "processes and workers on several machines")
     serve.add_argument("--workers", type=int, default=1, metavar="N", help="run N web processes")
+    serve.add_argument("--forwarded-allow-ips", metavar="IPS", help="the proxies (comma-separated "
+                       "addresses, or *) whose X-Forwarded-For names the client (default: "
+                       "$FORWARDED_ALLOW_IPS, else none: each connection's own address is the client)")
     serve.set_defaults(func=_serve)
 
     worker = sub.add_parser("worker", help="record the jobs of a classroom's queue")

@@ -35,7 +35,7 @@ def traces(settings: Settings, programs: bool) -> TraceCache:
         programs=ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs,
                               model=model, shared=shared) if programs else None,
         files=TraceFiles(settings.data_dir / "traces", settings.traces_limit, shared)
-        if settings.shares_traces else None)
+        if settings.shares_traces else None, memory=settings.memory_limit)
 
 
 def install(app: FastAPI, settings: Settings) -> None:
@@ -49,7 +49,7 @@ def install(app: FastAPI, settings: Settings) -> None:
     if settings.queue:
         cache.jobs = RedisJobs(settings.queue, settings.run_queue, settings.runs_per_client)
     else:
-        cache.jobs = JobQueue(cache.record, settings.runs_at_once, settings.run_queue, settings.runs_per_client)
+        cache.jobs = JobQueue(cache.work, settings.runs_at_once, settings.run_queue, settings.runs_per_client)
     app.state.jobs = cache.jobs
 
 

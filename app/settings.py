@@ -15,6 +15,7 @@ from engine.models.bundled import DATA_DIR
 from engine.programs import FIXTURES_DIR
 
 MAX_THREADS = 8  # a walkthrough is recorded with 1..MAX_THREADS compute threads
+MEMORY_LIMIT = 4 << 30  # bytes of traces, dumps and states a process keeps (a model's trace holds ~1 GB)
 PACKAGE = Path(__file__).resolve().parent  # templates/ and static/ ship inside the package
 
 
@@ -40,6 +41,8 @@ class Settings:
     share_traces: bool = False  # traces go to data_dir/traces for the other processes (set by
     # --workers N; implied by queue and store)
     traces_limit: int = 8 * 1024 * 1024 * 1024  # bytes of trace files kept in data_dir/traces
+    memory_limit: int = MEMORY_LIMIT  # bytes one process keeps in memory together: traces (their
+    # patches, records and checkpoints), eval-callback dumps, rebuilt states (a quarter of it)
 
     @property
     def shares_traces(self) -> bool:
@@ -54,8 +57,9 @@ class Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
         without the kernel boundary), _PURE_NUMPY ("1": the numpy twins), _MODELS, _QUEUE, _STORE,
-        _SHARE_TRACES ("1"), _TRACES_LIMIT, _RUN_QUEUE and _RUNS_PER_CLIENT, each falling back to
-        the default above."""
+        _SHARE_TRACES ("1"), _TRACES_LIMIT, _RUN_QUEUE, _RUNS_PER_CLIENT and _MEMORY_LIMIT (bytes
+        of traces, dumps and states one process keeps in memory), each falling back to the
+        default above."""
         env = os.environ if env is None else env
         d = cls()
         # (absolute from here on: a worker started elsewhere, bubblewrap's binds, a process
@@ -77,4 +81,5 @@ class Settings:
                    share_traces=env.get("GGML_LENS_SHARE_TRACES", "") not in ("", "0"),
                    traces_limit=int(env.get("GGML_LENS_TRACES_LIMIT", d.traces_limit)),
                    run_queue=int(env.get("GGML_LENS_RUN_QUEUE", d.run_queue)),
-                   runs_per_client=int(env.get("GGML_LENS_RUNS_PER_CLIENT", d.runs_per_client)))
+                   runs_per_client=int(env.get("GGML_LENS_RUNS_PER_CLIENT", d.runs_per_client)),
+                   memory_limit=int(env.get("GGML_LENS_MEMORY_LIMIT", d.memory_limit)))

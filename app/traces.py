@@ -1,5 +1,10 @@
 """Recorded traces, each named by its Recipe (what it is recorded from, as plain data), kept in a
-small LRU per process and recorded as a job of the app's queue when no process has it yet.
+small LRU per process and recorded as a job of the app's queue when no process has it yet. A
+walkthrough's eval-callback dump (a run without recording) is a job of the same queue, keyed by
+its Dump, with the same limits.
+
+What a process keeps (traces with their records and checkpoints, dumps, rebuilt states) holds at
+most `memory` bytes together (Settings.memory_limit), the least recently used let go first.
 
 A trace is a pure function of its recipe, so any process can record it again: nothing here is
 state another process could not rebuild. With shared trace files (app/tracefiles.py: a
@@ -11,28 +16,28 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import msgspec
-from cachetools import FIFOCache, LRUCache, cachedmethod
+from cachetools import LRUCache
 
 from app.i18n import _
 from app.jobs import Queue, RecordingLost
 from app.playground import ProgramStore, failed_trace
-from app.settings import MAX_THREADS
+from app.settings import MAX_THREADS, MEMORY_LIMIT
 from app.store import HeaderOnly, UploadStore
-from app.sandbox.wire import MalformedResult
+from app.sandbox.wire import MalformedResult, records_bound
 from app.tracefiles import TraceFiles
 from engine.trace.evaldump import eval_dump
 from engine.programs import PROGRAMS, trace_program
 from engine.trace import State, Trace
 
 PROGRAM_PREFIX = "program:"  # a learner's program is recorded from "program:<hash of its text>"
-BYTES_KEPT = 3 << 30  # bytes the kept traces may hold together, patches and checkpoints (a model's are ~0.5 GB)
-STATE_BYTES_KEPT = 1 << 30  # pool bytes the kept rebuilt states may hold together
+STATES_SHARE = 4  # the rebuilt states may hold 1/4 of it; the traces and dumps the rest
 QUICK = 1.0  # seconds a request waits for a recording before it shows the recording's progress
 
 
@@ -56,23 +61,40 @@ class Recipe:
         return hashlib.sha256(msgspec.json.encode(self)).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Dump:
+    """A walkthrough's eval-callback dump (llama-eval-callback's text of every node a run
+    computes), a job of the queue keyed apart from the recording of the same recipe."""
+
+    recipe: Recipe
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe.name} eval-callback"
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(b"eval-callback\0" + self.recipe.digest.encode()).hexdigest()
+
+
 class TraceCache:
     def __init__(self, size: int, fixtures_dir: Path | None = None, model_path: Path | None = None,
                  uploads: UploadStore | None = None, programs: ProgramStore | None = None,
-                 files: TraceFiles | None = None) -> None:
+                 files: TraceFiles | None = None, memory: int = MEMORY_LIMIT) -> None:
         self.size = size
+        self.memory = memory  # bytes kept together: traces, dumps and states
         self.fixtures_dir = fixtures_dir  # where a walkthrough's default input file is
         self.model_path = model_path  # the bundled model, read by the walkthroughs that run it
         self.uploads = uploads  # the input files named by hash
         self.programs = programs  # learners' programs (None: the playground is off)
         self.files = files  # traces shared with other processes (None: this process alone)
-        # LRUs that count the bytes their items hold; _keep and state() drop the least recently used
-        self._traces = LRUCache(math.inf, getsizeof=lambda t: t.held_bytes)  # by Recipe
+        # LRUs that count the bytes their items hold; _keep and state() drop the least recently
+        # used: the jobs' products (traces by Recipe, dumps by Dump), and the rebuilt states
+        self._traces = LRUCache(math.inf, getsizeof=_held)
         self._recipes: dict[int, Recipe] = {}  # id of a kept trace -> its recipe
         self._states = LRUCache(math.inf, getsizeof=lambda s: s.nbytes)  # by (Recipe, step)
         self._lock = threading.Lock()
         self._reading: dict[Recipe, threading.Lock] = {}  # one read of a shared file at a time
-        self._dumps = FIFOCache(size)  # by Recipe
         self.jobs: Queue | None = None  # records what no request should wait for
 
     # --- finding a trace ------------------------------------------------------------------------
@@ -144,6 +166,8 @@ class TraceCache:
             trace = self._record_program(digest, recipe.threads)
         else:
             trace = trace_program(recipe.name, recipe.threads, on_step=on_step, **self._inputs(recipe))
+        if not trace.records_bytes:  # (recorded here: counted as if it had come over the wire)
+            trace.records_bytes = records_bound(trace)
         if self.files is not None:
             self.files.put(recipe.digest, trace)
         with self._lock:
@@ -161,15 +185,21 @@ class TraceCache:
         except Exception as e:  # noqa: BLE001 - whatever went wrong, the learner reads it
             return failed_trace(source, threads, f"{type(e).__name__}: {e}")
 
-    def _keep(self, recipe: Recipe, trace: Trace) -> None:
-        """Keep the trace, then let the oldest go while the traces hold more than BYTES_KEPT
-        (their patches and their checkpoints) or there are more than `size` of them."""
-        self._traces[recipe] = trace  # (again: its size counted anew)
-        self._recipes[id(trace)] = recipe
-        for old_recipe, old in _shed(self._traces, self.size, BYTES_KEPT):
+    def _keep(self, key: Recipe | Dump, made: Trace | str) -> None:
+        """Keep a job's product, then let the oldest go while the traces and dumps hold more
+        than their share of `memory` (a trace: its patches, records and checkpoints) or there
+        are more than `size` of them."""
+        self._traces[key] = made  # (again: its size counted anew)
+        if isinstance(made, Trace):
+            self._recipes[id(made)] = key
+        for old_key, old in _shed(self._traces, self.size, self.memory - self.memory // STATES_SHARE):
             self._recipes.pop(id(old), None)
-            for k in [k for k in self._states if k[0] == old_recipe]:
+            for k in [k for k in self._states if k[0] == old_key]:
                 del self._states[k]
+
+    def work(self, key: Recipe | Dump, job=None) -> Trace | str:
+        """A job's run (the queue calls it): a dump made, or a recipe's trace recorded."""
+        return self.make_dump(key) if isinstance(key, Dump) else self.record(key, job)
 
     # --- recipes --------------------------------------------------------------------------------
 
@@ -220,11 +250,43 @@ class TraceCache:
 
     # --- what pages read besides the trace ------------------------------------------------------
 
-    @cachedmethod(lambda self: self._dumps, lock=lambda self: self._lock)
-    def eval_dump(self, recipe: Recipe) -> str:
+    def dump(self, key: Dump, client: str, wait: float | None = None) -> str | object:
+        """The eval-callback dump: kept here, else the job making it (queued now if there is
+        none: QueueFull when it cannot be; asked twice, made once): its text if the job ends
+        within `wait` seconds (QUICK by default), else the job. The job's own error (a bad
+        input) is raised here. Without a queue it is made here and now."""
+        text = self.kept_dump(key)
+        if text is not None:
+            return text
+        if self.jobs is None:
+            return self.make_dump(key)
+        job = self.jobs.find(key, client)
+        if job is None:
+            text = self.kept_dump(key)  # (its job may have ended meanwhile)
+            if text is not None:
+                return text
+            self._inputs(key.recipe)  # (a bad input is refused now, not by a job)
+            job = self.jobs.submit(key, client)
+        text = self.jobs.wait(job, QUICK if wait is None else wait)
+        if text is None:
+            return job
+        with self._lock:  # (made by a worker of another process: kept here too)
+            self._keep(key, text)
+        return text
+
+    def kept_dump(self, key: Dump) -> str | None:
+        """The dump kept in this process, without making it."""
+        with self._lock:
+            return self._traces.get(key)
+
+    def make_dump(self, key: Dump) -> str:
         """The walkthrough's computed nodes as llama.cpp's eval callback prints them (a run
-        without recording), the last `size` kept."""
-        return eval_dump(PROGRAMS[recipe.name].load().run, n_threads=recipe.threads, **self._inputs(recipe))
+        without recording; a job's work), kept."""
+        recipe = key.recipe
+        text = eval_dump(PROGRAMS[recipe.name].load().run, n_threads=recipe.threads, **self._inputs(recipe))
+        with self._lock:
+            self._keep(key, text)
+        return text
 
     def state(self, trace: Trace, k: int) -> State:
         """The rebuilt state after step k (cached: a page and its partials share it)."""
@@ -238,8 +300,13 @@ class TraceCache:
             if key[0] in self._traces:  # its first rebuild made its checkpoints: count them
                 self._keep(key[0], trace)
             self._states[key] = state
-            _shed(self._states, 2 * self.size, STATE_BYTES_KEPT)
+            _shed(self._states, 2 * self.size, self.memory // STATES_SHARE)
         return state
+
+
+def _held(made: Trace | str) -> int:
+    """What keeping a job's product costs: a trace's held bytes, a dump's text."""
+    return made.held_bytes if isinstance(made, Trace) else sys.getsizeof(made)
 
 
 def _shed(cache: LRUCache, most: int, most_bytes: int) -> list[tuple]:

@@ -8,11 +8,12 @@ system when it ends), and retries of jobs whose worker died. (Dramatiq keeps no 
 position without extra middleware; Celery's Redis transport hands a lost task out again only
 after its visibility timeout, an hour by default.)
 
-A job's id is its recipe's digest (app/traces.py). Its argument and result are JSON (RQ's
-JSONSerializer: nothing read back from Redis is unpickled); the trace itself goes to the shared
-trace files (app/tracefiles.py), which the web processes decode with every size capped. A recipe
-asked for twice runs once: the first asker claims the digest (SET NX) and enqueues it, the others
-follow the job it made.
+A job's id is its key's digest (app/traces.py: a Recipe to record, or a Dump to make). Its
+argument and result are JSON (RQ's JSONSerializer: nothing read back from Redis is unpickled); a
+recording's trace goes to the shared trace files (app/tracefiles.py), which the web processes
+decode with every size capped, a dump's text is the job's result. A key asked for twice runs
+once: the first asker claims the digest (SET NX) and enqueues it, the others follow the job it
+made.
 
 A worker killed mid-job stops sending heartbeats; HEARTBEAT + GRACE seconds later its job's
 execution has expired, and the next cleanup of the started jobs (a worker's maintenance, or a web
@@ -40,10 +41,10 @@ from rq.serializers import JSONSerializer
 
 from app.i18n import _
 from app.jobs import Progress, QueueFull, RecordingLost
-from app.traces import Recipe, TraceCache
+from app.traces import Dump, Recipe, TraceCache
 
 QUEUE = "ggml-lens"
-CLAIM = "ggml-lens:claim:"  # + a recipe's digest: the time it was enqueued (SET NX)
+CLAIM = "ggml-lens:claim:"  # + a key's digest: the time it was enqueued (SET NX)
 CLIENT = "ggml-lens:client:"  # + a client: the digests of its recent jobs
 CLAIM_TTL = 3600  # s a claim lasts: a finished trace is found in the trace files first
 JOB_TIMEOUT = 900  # s a recording may run on a worker
@@ -61,9 +62,21 @@ log = logging.getLogger("ggml-lens")
 class RemoteJob:
     """A job of the Redis queue, as a web process follows it."""
 
-    id: str  # the recipe's digest
-    recipe: Recipe
+    id: str  # the key's digest
+    key: Recipe | Dump
     client: str  # who asked
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """What a worker does for one kind of key."""
+
+    function: str  # what it runs, given the key as JSON
+    in_result: bool  # its product is the job's result (a dump's text), not a trace file
+
+
+TASKS = {Recipe: Task("app.workers.record_job", in_result=False),
+         Dump: Task("app.workers.dump_job", in_result=True)}
 
 
 class RedisJobs:
@@ -75,13 +88,15 @@ class RedisJobs:
         self.queue = Queue(QUEUE, connection=self.redis, serializer=JSONSerializer)
         self.capacity, self.per_client = capacity, per_client
 
-    def find(self, key: Recipe, client: str) -> RemoteJob | None:
-        """The job queued or running for key (in any process), or None; followed for client."""
+    def find(self, key: Recipe | Dump, client: str) -> RemoteJob | None:
+        """The job queued or running for key (in any process), or one that ended with its
+        product in its result (a dump's text), or None; followed for client."""
         job = RemoteJob(key.digest, key, client)
         found = self._job(job)
-        return job if found is not None and found.get_status(refresh=False) in ACTIVE else None
+        status = found.get_status(refresh=False) if found is not None else None
+        return job if status in ACTIVE or status == JobStatus.FINISHED and TASKS[type(key)].in_result else None
 
-    def submit(self, key: Recipe, client: str) -> RemoteJob:
+    def submit(self, key: Recipe | Dump, client: str) -> RemoteJob:
         """The job recording `key`: the one some process queued, or a new one (QueueFull when
         there is no room, or this client already has per_client jobs)."""
         digest = key.digest
@@ -92,7 +107,7 @@ class RedisJobs:
         if self.redis.set(CLAIM + digest, time.time(), nx=True, ex=CLAIM_TTL):
             try:
                 self._room(client)
-                self.queue.enqueue("app.workers.record_job", msgspec.to_builtins(key), job_id=digest,
+                self.queue.enqueue(TASKS[type(key)].function, msgspec.to_builtins(key), job_id=digest,
                                    retry=Retry(max=RETRIES), job_timeout=JOB_TIMEOUT, result_ttl=CLAIM_TTL,
                                    failure_ttl=CLAIM_TTL, description=key.name)
             except BaseException:
@@ -125,10 +140,11 @@ class RedisJobs:
         except NoSuchJobError:
             return None
 
-    def wait(self, job: RemoteJob, seconds: float) -> bool | None:
-        """True once the job has written its trace, within `seconds`; else None. A bad input
-        raises ValueError, a job that ended without a trace RecordingLost (and asking again
-        records it again); a job that is not in Redis and no one is queueing is queued again."""
+    def wait(self, job: RemoteJob, seconds: float) -> bool | str | None:
+        """Once the job has ended within `seconds`: True (a recording: its trace is written),
+        or a dump's text; else None. A bad input raises ValueError, a job that ended without
+        its product RecordingLost (and asking again runs it again); a job that is not in Redis
+        and no one is queueing is queued again."""
         deadline = time.monotonic() + seconds
         while True:
             found = self._job(job)
@@ -138,12 +154,12 @@ class RedisJobs:
                 if "error" in result:
                     self.redis.delete(CLAIM + job.id)
                     raise ValueError(str(result["error"])[:2000])
-                return True
+                return result.get("text", True)
             if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
                 self.redis.delete(CLAIM + job.id)
                 raise RecordingLost(self._why(found))
             if found is None and self._unqueued(job):
-                self.submit(job.recipe, job.client)  # (QueueFull if there is still no room)
+                self.submit(job.key, job.client)  # (QueueFull if there is still no room)
             if time.monotonic() >= deadline:
                 return None
             if status == JobStatus.STARTED:
@@ -212,6 +228,16 @@ def record_job(recipe: dict) -> dict:
     except (ValueError, KeyError) as e:
         return {"error": str(e)}
     return {"recorded": True}
+
+
+def dump_job(key: dict) -> dict:
+    """A job: make a walkthrough's eval-callback dump: {"text": …}, or {"error": …} for a bad
+    input."""
+    assert _cache is not None, "dump_job runs in `ggml-lens worker`"
+    try:
+        return {"text": _cache.make_dump(msgspec.convert(key, Dump))}
+    except (ValueError, KeyError) as e:
+        return {"error": str(e)}
 
 
 class LensWorker(Worker):

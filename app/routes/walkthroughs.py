@@ -387,12 +387,28 @@ def recording(request: Request, where: Walkthrough, cache: Traces, store: Store,
 
 
 @router.get("/walkthroughs/{name}/eval-callback.txt")
-def eval_callback_dump(where: Walkthrough, cache: Traces, store: Store) -> Response:
+def eval_callback_dump(request: Request, where: Walkthrough, cache: Traces, store: Store,
+                       jobs: Jobs) -> Response:
     """Every node the program computes, as llama.cpp's llama-eval-callback prints it: a file to
-    compare with a real llama.cpp run (`ggml-lens diff`)."""
+    compare with a real llama.cpp run (`ggml-lens diff`). It is made as a job of the queue, as
+    a recording is (asked twice, made once; 429/503 when there is no room): the file when it is
+    made within a moment, else its page (202), which polls this URL; a poll waits for nothing
+    and, once the file is made, is answered with a link to it."""
+    from app.traces import Dump
+
+    poll = request.headers.get("HX-Request") == "true"
     try:
-        text = cache.eval_dump(_recipe(cache, store, where))
+        found = cache.dump(Dump(_recipe(cache, store, where)), client_of(request), wait=0 if poll else None)
+    except QueueFull as e:
+        raise busy(e) from None
     except ValueError as e:
         raise HTTPException(422, str(e)) from None
-    return Response(text, media_type="text/plain; charset=utf-8", headers={
-        "Content-Disposition": f'attachment; filename="{where.name}-eval-callback.txt"'})
+    filename = f"{where.name}-eval-callback.txt"
+    if isinstance(found, str) and not poll:
+        return Response(found, media_type="text/plain; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="{filename}"'})
+    progress = None if isinstance(found, str) else jobs.progress(found)
+    return templates.TemplateResponse(request, "pages/dump.html", {
+        "name": where.name, "filename": filename, "progress": progress, "back": where.url(),
+        "url": request.url.path + (f"?{request.url.query}" if request.url.query else "")},
+        status_code=200 if progress is None else 202)
