@@ -285,8 +285,11 @@ def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     model["graph_svg"] = None
     if graph is not None and not htmx:  # a big graph's first drawing (seconds of graphviz) follows the page
-        model["graph_svg"] = svgs.drawn(graph.key) or (
-            svgs(graph.key, lambda: graph.dot) if graph.n_nodes <= G.FOLD_OVER else None)
+        try:
+            model["graph_svg"] = svgs.drawn(graph.key) or (
+                svgs(graph.key, lambda: graph.dot) if graph.n_nodes <= G.FOLD_OVER else None)
+        except G.NotDrawnInTime:
+            pass  # the page asks for it, and says so if it fails again
     page = "partials/debugger/debugger.html" if htmx else "pages/walkthrough.html"
     response = templates.TemplateResponse(request, page, model)
     response.headers["Vary"] = "HX-Request, HX-History-Restore-Request"
@@ -330,7 +333,9 @@ def tensors_part(request: Request, stop: AtStop, tp: ListPage = None, tq: ListFi
 def graph_svg(request: Request, where: AtStep, key: Annotated[str, Path(pattern=r"^[0-9a-f]{16}$")],
               cache: Traces, store: Store, svgs: Svgs, programs: Programs, expand: Expand = None) -> Response:
     """The graph drawn at step n, by its drawing's hash: the same URL always gives the same
-    bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step."""
+    bytes, so browsers keep it. A worker that has not drawn it yet draws it from the step; one
+    graphviz did not finish in time is a 503 with the message, kept by no one (asked again, it
+    may finish)."""
     def dot() -> str:
         graph = _graph(_stop(request, where, cache, store, programs), expand)
         if graph is None or graph.key != key:
@@ -338,7 +343,10 @@ def graph_svg(request: Request, where: AtStep, key: Annotated[str, Path(pattern=
                 n=where.step, name=where.name, key=key))
         return graph.dot
 
-    return Response(svgs(key, dot), media_type="image/svg+xml", headers={"Cache-Control": IMMUTABLE})
+    try:
+        return Response(svgs(key, dot), media_type="image/svg+xml", headers={"Cache-Control": IMMUTABLE})
+    except G.NotDrawnInTime as e:
+        return Response(e.svg, status_code=503, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
 
 
 @router.get(DEBUGGER + "/steps/{n}/graph/find")

@@ -76,6 +76,8 @@
   function prepare() {  // after a page load or a swap
     const svg = svgOf();
     if (!svg) return;
+    const asked = queued;  // a search typed while the drawing was on its way
+    queued = null;
     const current = document.querySelector("#graph").dataset.current;
     if (!svg.__seen) {  // a new drawing: the whole graph, or for a big one a readable part of it
       svg.__seen = true;
@@ -86,12 +88,21 @@
         centre(svg, current, false);
       } else fit(svg);
     } else centre(svg, current, true);  // the same drawing: move only if the node left the view
-    find(document.querySelector("#graph .dagfind"), false);
+    find(document.querySelector("#graph .dagfind"), !!asked, asked && asked.open);
   }
 
+  // A search before the drawing arrives waits for it (prepare runs it), and says so.
+  let queued = null;
   function find(input, move, open) {  // open: look in the folded layers too (Enter)
     const svg = svgOf(), out = document.querySelector("#graph .dagfound");
-    if (!svg || !input) return;
+    if (!input) return;
+    if (!svg) {
+      if (input.value.trim()) {
+        queued = {open: open || (queued && queued.open)};
+        if (out) out.textContent = document.querySelector("#graph").dataset.waiting;
+      }
+      return;
+    }
     svg.querySelectorAll("g.node.found").forEach((g) => g.classList.remove("found"));
     const q = input.value.trim().toLowerCase();
     if (!q) { if (out) out.textContent = ""; return; }
@@ -127,8 +138,33 @@
     if (input) { input.value = opened = pending; input.__next = -1; pending = null; find(input, true); }
   }
 
+  // A drawing that did not come (graphviz stopped at its time limit: the server's message; no
+  // answer at all: the panel's own) says so, with a button that asks for it again.
+  function failed(ev) {
+    const dag = ev.detail.elt;
+    if (!dag.matches || !dag.matches("#graph .dag")) return;
+    const xhr = ev.detail.xhr;
+    const said = xhr && xhr.status === 503 && xhr.responseText.startsWith("<svg")
+      ? new DOMParser().parseFromString(xhr.responseText, "image/svg+xml").documentElement.textContent
+      : dag.dataset.failed;
+    const p = document.createElement("p"), b = document.createElement("button");
+    p.className = "drawing failed"; p.setAttribute("role", "alert"); p.textContent = `${said.trim()} `;
+    b.type = "button"; b.dataset.dag = "retry"; b.textContent = dag.dataset.retry;
+    p.appendChild(b);
+    dag.replaceChildren(p);
+  }
+  ["htmx:responseError", "htmx:timeout", "htmx:sendError"].forEach((e) => document.addEventListener(e, failed));
+
+  function retry(dag) {
+    const p = dag.querySelector("p.drawing");
+    p.classList.remove("failed"); p.setAttribute("role", "status");
+    p.replaceChildren(document.createTextNode(dag.dataset.drawing));
+    htmx.ajax("GET", dag.getAttribute("hx-get"), {target: dag, swap: "innerHTML"});
+  }
+
   document.addEventListener("click", (ev) => {
     const b = ev.target.closest("#graph [data-dag]");
+    if (b && b.dataset.dag === "retry") return retry(b.closest(".dag"));
     const svg = svgOf();
     if (!b || !svg) return;
     ({in: () => zoom(svg, 0.7), out: () => zoom(svg, 1 / 0.7), fit: () => fit(svg),

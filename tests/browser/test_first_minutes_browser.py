@@ -1,18 +1,22 @@
 """A learner's first minutes (issue 49), on walkthroughs that need no model file: Back and Forward
 raise no page error and keep the tab; the thread count keeps the step; the home page says where to
 start and the step buttons show their keys; the mem_size tab's table and note say the same numbers;
-the Threads tab summarises n_tasks; search results say a step's kind once; the recording page
-stops polling once it is sent on."""
+the Threads tab summarises n_tasks; search results say a step's kind once; the graph says it is
+drawing, runs a search typed meanwhile when it arrives, and offers to draw again."""
 
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 from playwright.sync_api import Page, expect
 
+from app.settings import Settings
+from app.views.debugger import graph as G
 from engine.core.accountant import account
 from engine.programs import trace_program
+from tests.browser.conftest import serving
 
 pytestmark = pytest.mark.browser
 
@@ -107,3 +111,60 @@ def test_search_names_a_steps_kind_once(page: Page, server_url: str):
     expect(results).not_to_contain_text("visit visit")
     page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/10")  # the steps panel: the same lines
     expect(page.locator("#steps li.current")).to_have_text(re.compile(r"^visit 'node_0'$"))
+
+
+@pytest.fixture(scope="module")
+def fresh_url(tmp_path_factory):
+    """The app with nothing drawn yet (its graph drawings are its own)."""
+    with serving(Settings(data_dir=tmp_path_factory.mktemp("lens-fresh"))) as url:
+        yield url
+
+
+def test_the_graph_says_it_is_drawing_queues_a_search_and_offers_a_retry(page: Page, fresh_url: str,
+                                                                         monkeypatch):
+    """tiny-llama's graph (71 nodes: folded, drawn after the page): while graphviz works the panel
+    says so and a search waits for the drawing; graphviz stopped at its limit is said, with a
+    button that draws it again."""
+    draw = G.render_svg
+    go = threading.Event()
+
+    def slow(dot: str) -> str:
+        go.wait(30)
+        return draw(dot)
+
+    monkeypatch.setattr(G, "render_svg", slow)
+    node = next(s.index for s in trace_program("tiny-llama").steps if s.kind == "node")
+    page.goto(f"{fresh_url}/walkthroughs/tiny-llama/steps/{node}")
+    dag = page.locator("#graph .dag")
+    expect(dag.get_by_role("status")).to_contain_text("Drawing the graph…")
+    page.locator("#graph .dagfind").fill("node_0")
+    expect(page.locator("#graph .dagfound")).to_have_text("searching when the drawing arrives…")
+    go.set()
+    expect(dag.locator(":scope > svg")).to_be_visible()
+    expect(page.locator("#graph .dagfound")).to_have_text(re.compile(r"^\d+ found$"))  # the search ran
+    expect(page.locator("#graph g.node.found").first).to_be_in_viewport()
+
+    def stopped(dot: str) -> str:
+        raise G.NotDrawnInTime(G._message_svg("Graphviz did not finish drawing this graph in 20 s."))
+
+    monkeypatch.setattr(G, "render_svg", stopped)
+    page.goto(f"{fresh_url}/walkthroughs/tiny-llama/steps/{node}?t=0.0")  # (another drawing: layer 0 open)
+    expect(dag.get_by_role("alert")).to_contain_text("did not finish drawing this graph in 20 s")
+    monkeypatch.setattr(G, "render_svg", draw)
+    dag.get_by_role("button", name="Draw it again").click()
+    expect(dag.locator(":scope > svg")).to_be_visible()
+
+
+def test_800_px_shows_the_pool_and_the_graph_first_and_1280_one_toolbar_line(page: Page, server_url: str,
+                                                                                screenshot_dir):
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/12")
+    expect(page.locator("#source .line.current")).to_be_in_viewport()
+    expect(page.locator("#pool .poolbar")).to_be_in_viewport(ratio=1)
+    expect(page.locator("#graph .dag > svg")).to_be_in_viewport()
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 800
+    page.screenshot(path=str(screenshot_dir / "layout-800.png"))
+    page.set_viewport_size({"width": 1280, "height": 900})
+    boxes = page.locator("#stepnav > *").evaluate_all(
+        "els => els.map(e => e.getBoundingClientRect()).filter(r => r.height).map(r => [r.top, r.bottom])")
+    assert max(top for top, _ in boxes) < min(bottom for _, bottom in boxes), f"two lines at 1280 px: {boxes}"

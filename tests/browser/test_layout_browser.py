@@ -46,9 +46,9 @@ def test_a_phone_gets_one_column(browser: Browser, server_url: str, screenshot_d
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     page = context.new_page()
     page.goto(f"{server_url}/walkthroughs/simple-ctx/steps/12")
-    left = page.locator(".col-left").bounding_box()
-    right = page.locator(".col-right").bounding_box()
-    assert right["y"] >= left["y"] + left["height"] - 1  # stacked, not side by side
+    boxes = [page.locator(panel).bounding_box() for panel in ("#source", "#pool", "#graph", "#steps")]
+    for upper, lower in zip(boxes, boxes[1:]):  # stacked, not side by side: the steps list last
+        assert lower["y"] >= upper["y"] + upper["height"] - 1
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 390 + 1
     page.screenshot(path=str(screenshot_dir / "layout-phone.png"), full_page=True)
     context.close()

@@ -216,17 +216,27 @@ DOT_SECONDS = 20  # graphviz's time to draw one graph; past it, the drawing is a
 DOT_BYTES = 8 << 20  # the largest DOT text given to graphviz
 
 
+class NotDrawnInTime(Exception):
+    """Graphviz was stopped at DOT_SECONDS: asked again (on a less busy machine) it may finish, so
+    the message (`svg`) is shown, never kept as the drawing."""
+
+    def __init__(self, svg: str) -> None:
+        super().__init__(svg)
+        self.svg = svg
+
+
 def render_svg(dot: str) -> str:
     """DOT -> SVG with graphviz's dot (the svg element only). A graph too large to draw (its DOT
-    over DOT_BYTES, or dot still working after DOT_SECONDS: then it is killed) is an SVG that
-    says so: a learner's program may build any graph."""
+    over DOT_BYTES) is an SVG that says so: a learner's program may build any graph; dot still
+    working after DOT_SECONDS is killed (NotDrawnInTime)."""
     data = dot.encode()
     if len(data) > DOT_BYTES:
         return _message_svg(_("This graph is too large to draw ({n} bytes of DOT).").format(n=f"{len(data):,}"))
     try:
         done = subprocess.run(["dot", "-Tsvg"], input=data, capture_output=True, timeout=DOT_SECONDS, check=True)
     except subprocess.TimeoutExpired:
-        return _message_svg(_("Graphviz did not finish drawing this graph in {n} s.").format(n=DOT_SECONDS))
+        raise NotDrawnInTime(_message_svg(_("Graphviz did not finish drawing this graph in {n} s.").format(
+            n=DOT_SECONDS))) from None
     except subprocess.CalledProcessError as e:
         return _message_svg(_("Graphviz could not draw this graph: {error}").format(
             error=e.stderr.decode("utf-8", "replace")[:300]))
@@ -237,7 +247,7 @@ def render_svg(dot: str) -> str:
 class SvgCache:
     """svg(key, dot): the SVG of the drawing whose hash is `key`, rendered from dot() unless it is
     among the last `size` drawn (an app's LRU, shared by its requests); svg.drawn(key) without
-    drawing it."""
+    drawing it. A drawing graphviz did not finish in time is not kept (NotDrawnInTime)."""
 
     def __init__(self, size: int) -> None:
         self._svgs: LRUCache = LRUCache(size)

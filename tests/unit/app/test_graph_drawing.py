@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from app.views.debugger import graph as G
 
 
@@ -22,6 +24,11 @@ def test_graphviz_is_stopped_at_its_time_limit(monkeypatch):
     monkeypatch.setattr(G, "DOT_SECONDS", 0.5)
     dense = "digraph {" + " ".join(f"n{i} -> n{j};" for i in range(300) for j in range(i + 1, min(300, i + 40))) + "}"
     started = time.monotonic()
-    svg = G.render_svg(dense)
+    with pytest.raises(G.NotDrawnInTime) as stopped:
+        G.render_svg(dense)
     assert time.monotonic() - started < 5
-    assert "did not finish drawing this graph in 0.5 s" in svg
+    assert "did not finish drawing this graph in 0.5 s" in stopped.value.svg
+    svgs = G.SvgCache(4)  # not kept: asked again, graphviz draws it again
+    with pytest.raises(G.NotDrawnInTime):
+        svgs("k", lambda: dense)
+    assert svgs.drawn("k") is None
