@@ -238,7 +238,7 @@ def _stop(request: Request, where: AtStep, cache: Traces, store: Store, programs
 def _graph(stop: Annotated[Stop, Depends(_stop)], expand: Expand = None) -> G.GraphView | None:
     """The step's newest graph, drawn with the layer `expand` open."""
     return G.graph_view(stop.state, stop.where, current_node(stop.state, stop.step), stop.selected, expand,
-                        lambda g: sched_view(stop.trace, stop.step, stop.state, g))
+                        lambda g: sched_view(stop.trace, stop.step, stop.state, g), G.made_in(stop.trace.steps))
 
 
 AtStop = Annotated[Stop, Depends(_stop)]
@@ -354,8 +354,8 @@ def graph_find(request: Request, where: AtStep, cache: Traces, store: Store, pro
                q: Annotated[str, Query(min_length=1, max_length=200)]) -> JSONResponse:
     """Where the graph's search finds a tensor drawn inside a folded layer: the step's URL with
     that layer opened ({"url": null} when no folded layer holds one)."""
-    _, _, state = _at(cache, store, where, programs, client_of(request))
-    layer = G.find_layer(state, q)
+    trace, _, state = _at(cache, store, where, programs, client_of(request))
+    layer = G.find_layer(state, q, G.made_in(trace.steps))
     url = None if layer is None else f"{where.base}/steps/{where.step}" + where.query(expand=layer)
     return JSONResponse({"url": url, "layer": layer})
 

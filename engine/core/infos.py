@@ -138,10 +138,13 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def graph_layers(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None) -> dict[int, int]:
+def graph_layers(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None,
+                 known: dict[int, int] | None = None) -> dict[int, int]:
     """The layer of each tensor of g that has one, by address: a "blk.N." weight is in layer N, a
     node in the highest layer among its sources (nodes come in dependency order, so their sources'
-    layers are known first). (`tensors`: graph_tensors(g), when read already.)"""
+    layers are known first). (`tensors`: graph_tensors(g), when read already.) `known`: nodes'
+    layers a caller knows better, by address (llama.cpp's `il`, read while the program ran: a
+    layer's first rms_norm reads only the layer before's output); the nodes after them follow."""
     addresses, recs = graph_tensors(g) if tensors is None else tensors
     address_list = addresses.tolist()
     out: dict[int, int] = {}
@@ -149,6 +152,7 @@ def graph_layers(g: Graph, tensors: tuple[np.ndarray, np.ndarray] | None = None)
         n = layer_of(name)
         if n is not None:
             out[a] = n
+    out.update(known or {})
     for a, srcs in zip(address_list[:g.n_nodes], recs["src"][:g.n_nodes].tolist()):
         if a not in out:
             found = [out[s] for s in srcs if s in out]

@@ -1,7 +1,7 @@
 """A learner's first minutes with the bundled model (issue 49): a long prompt's tokens wrap (no
 sideways scroll), a prompt's lines survive Run, a new prompt keeps the step, "append" opens the
 new pass and "remove the last" the pass before, the recording page stops polling once it is sent
-on, and the page names the file it runs."""
+on, the page names the file it runs, and a layer's first step opens that layer in the graph."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from app.settings import Settings
+from engine.programs import trace_program
 from tests.browser.conftest import serving
 
 pytestmark = pytest.mark.browser
@@ -105,3 +106,16 @@ def test_the_recording_page_stops_polling_once_sent_on(page: Page, gemma_url):
     expect(page.locator("#debugger")).to_be_visible()
     assert len(sent_on) == 1, "the recording page was sent on more than once"
     assert not [t for t in polls if t > sent_on[0]], "a poll after the redirect started it again"
+
+
+def test_the_first_step_of_a_layer_opens_that_layer_in_the_graph(page: Page, gemma_url):
+    """The steps panel's layers are the program's (its `il`); the graph opens the same one: layer
+    5's first node reads only layer 4's output, yet it is layer 5's (it was drawn in layer 4)."""
+    steps = trace_program("gemma3").steps
+    first = next(s.index for s in steps if s.kind == "node" and s.layer == 5)
+    page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/{first - 1}", timeout=RECORD_MS)
+    expect(page.locator("#debugger")).to_be_visible(timeout=RECORD_MS)
+    page.get_by_role("button", name="Next layer", exact=True).click()
+    expect(page).to_have_url(re.compile(rf"/steps/{first}$"))
+    expect(page.locator("#steps li.sg-layer.open > a").last).to_have_text("layer 5")
+    expect(page.locator("#graph .layers a.open")).to_have_text("5")

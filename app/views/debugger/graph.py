@@ -22,7 +22,8 @@ from app.views.debugger.where import Where, tensor_key
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.core.infos import graph_digest, graph_layers, record_names
 from engine.core.tensor import Tensor
-from engine.trace import State
+from engine.trace import State, Step, StepKind
+from engine.trace.steps import tensor_ref
 
 if TYPE_CHECKING:
     from app.views.debugger.sched import SchedView
@@ -65,15 +66,45 @@ def _attr(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def find_layer(state: State, query: str) -> str | None:
+@dataclass(frozen=True, eq=False)
+class MadeIn:
+    """The layer each tensor was made in, by (context id, struct offset), as the program's own loop
+    said while it ran (the trace's call steps: the steps panel's layers). One per trace, compared
+    by identity (a cache key)."""
+
+    layers: dict[tuple[int, int], int]
+
+
+_MADE_IN: LRUCache = LRUCache(16)  # a few traces' (steps, MadeIn)
+_MADE_IN_LOCK = Lock()
+
+
+def made_in(steps: list[Step]) -> MadeIn:
+    """The layers the trace's call steps made their tensors in (the first call that names one)."""
+    key = (id(steps), len(steps))  # (the steps are kept with it: no other list takes their id)
+    with _MADE_IN_LOCK:
+        hit = _MADE_IN.get(key)
+    if hit is not None and hit[0] is steps:
+        return hit[1]
+    layers: dict[tuple[int, int], int] = {}
+    for s in steps:
+        if s.kind == StepKind.CALL and s.tensor is not None and s.layer is not None:
+            layers.setdefault(s.tensor, s.layer)
+    made = MadeIn(layers)
+    with _MADE_IN_LOCK:
+        _MADE_IN[key] = (steps, made)
+    return made
+
+
+def find_layer(state: State, query: str, made: MadeIn | None = None) -> str | None:
     """The folded layer of the newest graph that holds a tensor whose name contains `query`
-    (None: no folded layer does), so a search can open it."""
+    (None: no folded layer does), so a search can open it (`made`: as graph_view's)."""
     graphs = state.graphs()
     if not graphs or graphs[-1].n_nodes <= FOLD_OVER:
         return None
     g = graphs[-1]
     tensors = state.graph_tensors(g)
-    layers = _layer_map(graph_digest(g, tensors), g, tensors)[0]
+    layers = _layer_map(graph_digest(g, tensors), g, tensors, made)[0]
     q = query.strip().lower()
     named = list(zip(tensors[0].tolist(), record_names(tensors[1])))
     return next((layers[a] for a, name in named[g.n_nodes:] + named[:g.n_nodes]  # leafs first
@@ -81,12 +112,13 @@ def find_layer(state: State, query: str) -> str | None:
 
 
 def graph_view(state: State, where: Where, current: Tensor | None, selected: Tensor | None,
-               expand: str | None = None, sched_of=None) -> GraphView | None:
+               expand: str | None = None, sched_of=None, made: MadeIn | None = None) -> GraphView | None:
     """The newest graph, every tensor a link that selects it.
 
     Graphs of more than FOLD_OVER nodes show each layer as one box: a tensor belongs to layer N
-    when it is a "blk.N." weight or consumes one (the highest N among its sources). The layer
-    holding the current or selected tensor is drawn in full, as is the one named by `expand`.
+    when it is a "blk.N." weight, when the program made it in layer N (`made`: the steps panel's
+    layers), else when it consumes one (the highest N among its sources). The layer holding the
+    current or selected tensor is drawn in full, as is the one named by `expand`.
 
     The drawing does not depend on the step, only on the graph's bytes and what is folded, so
     stepping through a graph's nodes draws it once. It is named by a hash of what it is made
@@ -100,10 +132,10 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     sched: SchedView | None = sched_of(g) if sched_of is not None else None
     tensors = state.graph_tensors(g)
     shape = graph_digest(g, tensors)
-    layers, backward = _layer_map(shape, g, tensors)
+    layers, backward = _layer_map(shape, g, tensors, made)
     shown = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
     open_layers = tuple(sorted(shown - {None}, key=int))
-    key = _drawing_key(shape, where, open_layers, sched)
+    key = _drawing_key(shape, where, open_layers, sched, bool(made and made.layers))
     highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
                  if t is not None]
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
@@ -118,11 +150,17 @@ _LAYERS = LRUCache(128)  # what a graph's layers cost to find, shared by every r
 _LAYERS_LOCK = Lock()
 
 
-@cached(_LAYERS, key=lambda shape, g, tensors: shape, lock=_LAYERS_LOCK)
-def _layer_map(shape: bytes, g: Graph, tensors: tuple[np.ndarray, np.ndarray]) -> tuple[dict[int, str], set[int]]:
+@cached(_LAYERS, key=lambda shape, g, tensors, made: (shape, made), lock=_LAYERS_LOCK)
+def _layer_map(shape: bytes, g: Graph, tensors: tuple[np.ndarray, np.ndarray],
+               made: MadeIn | None) -> tuple[dict[int, str], set[int]]:
     """Each tensor's layer by address (none where the graph is drawn whole) and the backward
-    pass's nodes, of the graph g whose digest is `shape` (`tensors`: graph_tensors(g))."""
-    layers = {a: str(n) for a, n in graph_layers(g, tensors).items()} if g.n_nodes > FOLD_OVER else {}
+    pass's nodes, of the graph g whose digest is `shape` (`tensors`: graph_tensors(g); `made`: the
+    layers the program made its nodes in)."""
+    layers = {}
+    if g.n_nodes > FOLD_OVER:
+        known = {} if made is None or not made.layers else {
+            t.address: made.layers[tensor_ref(t)] for t in g.nodes if tensor_ref(t) in made.layers}
+        layers = {a: str(n) for a, n in graph_layers(g, tensors, known).items()}
     return layers, backward_nodes(g, tensors)
 
 
@@ -139,10 +177,12 @@ def _code_digest() -> bytes:
 _CODE = _code_digest()
 
 
-def _drawing_key(shape: bytes, where: Where, open_layers: tuple[str, ...], sched: SchedView | None) -> str:
-    """A drawing's name: a hash of what it is made from (the graph, the layers open, the links'
-    query, the language, the scheduler's colours and splits, and the code that draws it)."""
-    made_of = (shape, open_layers, where.query(tensor=None), i18n.current(),
+def _drawing_key(shape: bytes, where: Where, open_layers: tuple[str, ...], sched: SchedView | None,
+                 marked: bool) -> str:
+    """A drawing's name: a hash of what it is made from (the graph, the layers open and whether
+    the program's marks made them, the links' query, the language, the scheduler's colours and
+    splits, and the code that draws it)."""
+    made_of = (shape, open_layers, marked, where.query(tensor=None), i18n.current(),
                None if sched is None else (tuple(sched.color.items()), tuple(
                    (label, tuple(m)) for label, m in sched.clusters),
                    tuple((c.address, i) for c, i in sched.copies)))
