@@ -52,7 +52,7 @@ def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, r
                   ngettext("{n} dim, ne[0] varies fastest", "{n} dims, ne[0] varies fastest",
                            t.n_dims).format(n=t.n_dims)),
              Fact(_("elements"), f"{t.n_elements:,}"),
-             Fact(_("rows"), f"{nrows(t):,}", _("of {n} elements, {bytes} bytes each").format(
+             Fact(_("rows"), f"{nrows(t):,}", _("each of {n} elements, {bytes} bytes").format(
                  n=f"{t.ne[0]:,}", bytes=f"{t.nb[1]:,}")),
              Fact(_("strides (nb)"), shape_text(t.nb), _("bytes to step in each dimension")),
              Fact(_("size"), _("{n} bytes").format(n=f"{t.nbytes:,}"), human_bytes(t.nbytes)),
