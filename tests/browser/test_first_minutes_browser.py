@@ -168,3 +168,13 @@ def test_800_px_shows_the_pool_and_the_graph_first_and_1280_one_toolbar_line(pag
     boxes = page.locator("#stepnav > *").evaluate_all(
         "els => els.map(e => e.getBoundingClientRect()).filter(r => r.height).map(r => [r.top, r.bottom])")
     assert max(top for top, _ in boxes) < min(bottom for _, bottom in boxes), f"two lines at 1280 px: {boxes}"
+
+
+def test_the_gguf_tensor_table_fits_800_px(page: Page, server_url: str):
+    page.set_viewport_size({"width": 800, "height": 900})
+    page.goto(f"{server_url}/gguf")
+    page.get_by_role("link", name="minilm-q8_0.gguf").first.click()
+    table = page.locator("table.grid.tensors")
+    expect(table).to_be_visible()
+    assert table.bounding_box()["x"] + table.bounding_box()["width"] <= 800
+    assert page.evaluate("document.scrollingElement.scrollWidth") <= 800
