@@ -238,7 +238,8 @@ def _stop(request: Request, where: AtStep, cache: Traces, store: Store, programs
 def _graph(stop: Annotated[Stop, Depends(_stop)], expand: Expand = None) -> G.GraphView | None:
     """The step's newest graph, drawn with the layer `expand` open."""
     return G.graph_view(stop.state, stop.where, current_node(stop.state, stop.step), stop.selected, expand,
-                        lambda g: sched_view(stop.trace, stop.step, stop.state, g), G.made_in(stop.trace.steps))
+                        lambda g: sched_view(stop.trace, stop.step, stop.state, g),
+                        G.made_in(stop.trace.steps))
 
 
 AtStop = Annotated[Stop, Depends(_stop)]
@@ -346,7 +347,8 @@ def graph_svg(request: Request, where: AtStep, key: Annotated[str, Path(pattern=
     try:
         return Response(svgs(key, dot), media_type="image/svg+xml", headers={"Cache-Control": IMMUTABLE})
     except G.NotDrawnInTime as e:
-        return Response(e.svg, status_code=503, media_type="image/svg+xml", headers={"Cache-Control": "no-store"})
+        return Response(e.svg, status_code=503, media_type="image/svg+xml",
+                        headers={"Cache-Control": "no-store"})
 
 
 @router.get(DEBUGGER + "/steps/{n}/graph/find")

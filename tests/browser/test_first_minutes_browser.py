@@ -64,7 +64,8 @@ def test_home_says_where_to_start_and_the_buttons_show_their_keys(page: Page, se
     expect(start.get_by_role("heading", name="Start here")).to_be_visible()
     for key in ("←", "→", "c", "n", "[", "]"):
         expect(start.locator("kbd", has_text=key).first).to_be_visible()
-    expect(page.get_by_role("link", name="Write a program of your own")).to_have_attribute("href", "/playground")
+    playground = page.get_by_role("link", name="Write a program of your own")
+    expect(playground).to_have_attribute("href", "/playground")
     start.get_by_role("link", name="simple-ctx").click()
     expect(page).to_have_url(re.compile(r"/walkthroughs/simple-ctx/steps/0$"))
     for name, key in (("Previous step", "←"), ("Next step", "→"), ("Next call", "c"), ("Next node", "n"),
@@ -90,7 +91,8 @@ def test_mem_size_table_and_note_say_the_same_numbers(page: Page, server_url: st
     expect(row("work buffers").locator("td.num")).to_have_text(str(acc.work))
     expect(row("work buffers")).to_contain_text("1 × ggml_graph_plan's work_size")
     note = panel.locator(".acct-note").first
-    expect(note).to_contain_text(f"{acc.data_padding} bytes of data padding and 1 work buffer of 32 + 0 bytes")
+    expect(note).to_contain_text(
+        f"{acc.data_padding} bytes of data padding and 1 work buffer of 32 + {acc.work} bytes")
     expect(note).to_contain_text(f"the pool used {acc.data_padding + 32 + acc.work} bytes more")
 
 

@@ -76,7 +76,7 @@ def test_a_new_prompt_keeps_the_step(page: Page, gemma_url):
 
 def test_append_opens_the_new_pass_and_remove_the_pass_before(page: Page, gemma_url):
     page.goto(f"{gemma_url}/walkthroughs/gemma3/steps/0", timeout=RECORD_MS)
-    expect(page.locator("#stepnav .reads")).to_contain_text("reads gemma-3-270m-q4_k_m.gguf")  # the file it runs
+    expect(page.locator("#stepnav .reads")).to_contain_text("reads gemma-3-270m-q4_k_m.gguf")  # what it runs
     page.get_by_role("tab", name="Next token").click()
     page.locator("#nexttoken table.top10 tr").first.get_by_role("link", name="append").click()
     expect(page).to_have_url(re.compile(r"then=\d+$"), timeout=RECORD_MS)

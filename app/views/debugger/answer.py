@@ -69,7 +69,8 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
 def forward_passes(trace: Trace) -> list[StepGroup]:
     """The trace's forward passes in order: the steps panel's pass groups (by n_past), without
     the steps before the first."""
-    return [g for g in step_groups(trace.steps) if g.kind == "pass" and trace.steps[g.first].n_past is not None]
+    return [g for g in step_groups(trace.steps)
+            if g.kind == "pass" and trace.steps[g.first].n_past is not None]
 
 
 def _at_pass(where: Where, then: list[int], step: int) -> str:
