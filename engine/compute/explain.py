@@ -19,13 +19,14 @@ from engine.compute.kernels import KERNELS, KernelInfo, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
-from engine.compute.kernels.vecdot import EXACT_QUANT, MINS_IN_ACC, PAIRED_BLOCKS, block_lanes, \
-    add_mins, decode_weights, hsum8, paired_total, tail_sum
-from engine.compute.kernels.vecdot_iq import IQ_GRIDS, iq_result
+from engine.compute.kernels.vecdot import EXACT_QUANT, add_mins, block_lanes, decode_weights, \
+    paired_total, row_result, tail_sum, vec_dot_of
+from engine.compute.kernels.vecdot_float import hsum8
 from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
 from engine.quants import from_float
+from engine.quants.common import Mins
 from engine.quants.explain import BlockExplanation, explain_block
 from engine.core.tensor import Tensor
 from engine.core.types import GGMLType, TYPE_TRAITS
@@ -106,7 +107,8 @@ def _inner(dst: Tensor, info: KernelInfo) -> tuple[str | None, str | None]:
 def every_code() -> set[Code]:
     """The source of every function a kernel card may show: each kernel, its helpers and the
     loops' numpy twins."""
-    codes = {_code(decode_weights, "twin"), _code(block_lanes, "twin")}
+    codes = {_code(block_lanes, "twin")}
+    codes |= {_code(vec_dot_of(t).decode, "twin") for t in EXACT_QUANT}  # each type's decoder
     codes |= {_code(fn, "twin") for fn in TWINS.values()}
     for info in KERNELS.values():
         codes |= {_code(info.fn, "kernel")} | {_code(f, "helper") for f in _helpers(info.fn)}
@@ -123,7 +125,8 @@ def kernel_card(dst: Tensor) -> KernelCard | None:
     code = [_code(fn, "kernel")] + [_code(f, "helper") for f in _helpers(fn)]
     if lane is not None:
         if lane == "quant_dot":
-            code += [_code(decode_weights, "twin"), _code(block_lanes, "twin")]
+            decode = vec_dot_of(dst.src[0].type).decode  # the weights' type's own decoder
+            code += [_code(decode, "twin"), _code(block_lanes, "twin")]
         code.append(_code(TWINS[lane], "twin"))
     doc = inspect.getmodule(fn).__doc__ or ""
     return KernelCard(op.name, f"ggml_compute_forward_{op.name.lower()}", inner, lane,
@@ -181,8 +184,8 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     dec = decode_weights(src0.type, wb)
     lanes, scale, mlanes, mscale = block_lanes(src0.type, dec, yb)
     acc = acc2 = np.zeros(8, F32)
-    inside = src0.type in MINS_IN_ACC  # Q2_K: the mins into acc itself, before the block's lanes
-    paired = src0.type in PAIRED_BLOCKS  # IQ4_NL, MXFP4: the odd blocks into acc2; an odd last one apart
+    inside = vec_dot_of(src0.type).mins is Mins.IN_ACC  # Q2_K: the mins into acc, before the lanes
+    paired = vec_dot_of(src0.type).paired  # IQ4_NL, MXFP4: odd blocks into acc2, an odd last apart
     accm = np.zeros(4 if mlanes is None or inside else mlanes.shape[-1], F32)
     for b in range(nb):
         if inside:
@@ -198,10 +201,8 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
             shown, shown_m = (before, after), accm.copy()
     if paired:
         result = F32(paired_total(acc, acc2, nb, scale[-1], tail_sum(dec.q[-1], yb[-1]) if nb % 2 else None))
-    elif src0.type in IQ_GRIDS:  # IQ3_XXS's times 0.25f, IQ2_S's times 0.125f
-        result = F32(iq_result(src0.type, hsum8(acc)))
-    else:
-        result = F32(hsum8(acc))
+    else:  # IQ3_XXS's times 0.25f, IQ2_S's times 0.125f
+        result = F32(row_result(src0.type, hsum8(acc)))
     if mlanes is not None and not inside:
         result = F32(add_mins(src0.type, result, accm))
     if src0.type != GGMLType.Q4_K:  # the page tells Q4_K's 4 lanes of mins only

@@ -21,16 +21,17 @@ from engine.quants.common import QuantKind
 from engine.core.types import (GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits,
                           fp32_to_fp16_bits, traits)
 
+# every quantized type's record (QuantKind), from its family's module
 QUANT_KINDS: dict[GGMLType, QuantKind] = {
     k.type: k for mod in (legacy, kquants, iq4, ternary, fp4, iqgrid) for k in mod.KINDS
 }
 
-_REQUIRES_IMATRIX = (GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S)
-
 
 def ggml_quantize_requires_imatrix(type_: int) -> bool:
-    """ggml_quantize_requires_imatrix: IQ2_XXS, IQ2_XS and IQ1_S cannot be quantized without one."""
-    return GGMLType(type_) in _REQUIRES_IMATRIX
+    """ggml_quantize_requires_imatrix: IQ2_XXS, IQ2_XS and IQ1_S cannot be quantized without one
+    (their records say so)."""
+    kind = QUANT_KINDS.get(GGMLType(type_))
+    return kind is not None and kind.requires_imatrix
 
 
 def _kind(type_: int) -> QuantKind:
@@ -159,11 +160,10 @@ def ggml_get_type_traits(type_: int) -> TypeTraits:
     kind = QUANT_KINDS.get(t)
     plain = t in (GGMLType.F16, GGMLType.BF16)
     # ggml's base traits have no to_float for Q8_1/Q8_K (intermediate types) and no
-    # from_float_ref for Q8_K, IQ1_M and the types that need an imatrix
-    has_to = plain or (kind is not None and kind.dequantize is not None
-                       and t != GGMLType.Q8_K)
+    # from_float_ref for Q8_K, IQ1_M and the types that need an imatrix (their records say so)
+    has_to = plain or (kind is not None and kind.dequantize is not None and kind.traits_to_float)
     has_from = plain or (kind is not None and (kind.quantize_ref or kind.quantize) is not None
-                         and t not in (*_REQUIRES_IMATRIX, GGMLType.Q8_K, GGMLType.IQ1_M))
+                         and kind.traits_from_float_ref and not kind.requires_imatrix)
     to_float = (lambda raw, k, _t=t: dequantize(_t, raw, k)) if has_to else None
     from_ref = (lambda x, _t=t: quantize(_t, np.asarray(x).reshape(1, -1), ref=True).reshape(-1)) \
         if has_from else None

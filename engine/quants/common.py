@@ -9,6 +9,7 @@ Leaves out: the grid tables of the IQ1/IQ2/IQ3 types (see `grids_iq2.py` and `gr
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,9 +36,73 @@ class SubScales:
     mins: tuple | None = None  # K-quants with a min per sub-block
 
 
+class Lanes(enum.Enum):
+    """How ggml's vec_dot (AVX2 build) makes a block's 8 integer lanes from the weights' integers
+    q and the activation quants y: lane l sums the products of elements 4l..4l+3 of every run of
+    32 (exact integers, so in any order)."""
+
+    PLAIN = "plain"  # q * y as they are (maddubs of unsigned quants, madd of widened ones)
+    SIGNED = "signed"  # |q| * sign(y, q) (mul_sum_i8_pairs_float, mul_add_epi8): a y of -128
+    #                    against a negative q counts as +128 (the int8 negation wraps)
+    LESS_32 = "less 32"  # PLAIN over unsigned quants, less 32 * (bsums[2l] * aux[2l] +
+    #                      bsums[2l+1] * aux[2l+1]): the -32 of Q6_K's values, by the block sums
+    TERNARY = "ternary"  # unsigned quants t = value + 1 in 16 int16 lanes, less the block sums,
+    #                      wrapping as int16; then lane l = h[2l] + h[2l+1] (TQ2_0, TQ1_0)
+
+
+class Mins(enum.Enum):
+    """What vec_dot accumulates besides the quants' lanes: the mins, offsets or shifts."""
+
+    NONE = "none"
+    OFFSETS = "offsets"  # x.m * y.s a block: summs = fmaf(x.m, y.s, summs), added to the result
+    IN_ACC = "in acc"  # 8 lanes of the mins times the block sums (aux[2l] * bsums[2l] +
+    #                    aux[2l+1] * bsums[2l+1]), fma'd with -y.d * x.dmin into acc itself,
+    #                    before the block's own lanes
+    FOUR_LANES = "four lanes"  # 4 lanes: the block sums added in pairs (int16, wrapping), lane l
+    #                            = aux[2l] * s[2l] + aux[2l+1] * s[2l+1]; acc_m = fmaf(lanes,
+    #                            -y.d * x.dmin, acc_m), added as (m0 + m2) + (m1 + m3)
+    SUMMED = "summed"  # those 4 lanes summed into one integer, added as it is
+    SHIFTS = "shifts"  # aux's lanes as SIGNED makes them, with the block's own scale into acc_m;
+    #                    the result fmaf(hsum_float_8(acc_m), shift, hsum_float_8(acc))
+
+
+@dataclass(frozen=True, slots=True)
+class DotBlocks:
+    """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c's `decode`): one
+    entry per block (n, and per block)."""
+
+    q: np.ndarray  # int16 (n, 32 or 256): the integers, the scales vec_dot folds in folded in
+    d: np.ndarray  # float32 (n): the block's scale
+    dmin: np.ndarray | None = None  # float32 (n): the mins' scale (Q4_1's and Q5_1's m)
+    aux: np.ndarray | None = None  # int16 (n, k): the mins, scales or shifts the type's VecDot
+    #                                reads apart from q (Mins, run_scales, Lanes.LESS_32)
+
+
+@dataclass(frozen=True, slots=True)
+class VecDot:
+    """How ggml's CPU vec_dot (AVX2 build) multiplies a row of the type with a row of its
+    vec_dot_type, reproduced bit for bit by engine._lanes.quant_dot (engine/_lanes_quant.c and the
+    families it hands types to) and by its twin, kernels/vecdot.py's quant_dot."""
+
+    decode: Callable[[np.ndarray], DotBlocks]  # blocks (n, type_size) uint8 -> DotBlocks
+    lanes: Lanes
+    mins: Mins = Mins.NONE
+    run_scales: bool = False  # the products of run r times aux[r] (8 runs of 32, or 16 of 16)
+    paired: bool = False  # the even blocks in one accumulator, the odd in a second; a row's odd
+    #                       last block by ggml's scalar loop: fmaf(d, (float)sum, result)
+    result: float = 1.0  # what hsum_float_8(acc) is multiplied by
+    shift: float = 0.0  # Mins.SHIFTS: what the shifts' lanes are worth (IQ1M_DELTA)
+
+
 @dataclass(frozen=True, slots=True)
 class QuantKind:
-    """What the engine knows about one quantized type: its block struct and its functions."""
+    """Everything the engine knows about one quantized type, in one record: its block struct and
+    sizes, its functions, how vec_dot multiplies it, what the block explainer says of it.
+
+    `type` is also the id the C lanes know the type by: engine/_lanes_types.h (its enum, block
+    sizes and vec_dot partners) is written from these records (types_c.py). The sizes and the
+    vec_dot partner are ggml's type traits (engine/core/types.py), which the block struct is
+    checked against."""
 
     type: GGMLType
     dtype: np.dtype  # numpy mirror of the C block struct
@@ -52,9 +117,39 @@ class QuantKind:
     unpack: Callable[[np.ndarray], np.ndarray] | None = None
     # one block -> its sub-block scales (and mins) as the dequantizer decodes them
     sub_scales: Callable[[np.ndarray], SubScales] | None = None
+    # one block (np.void of dtype) -> its values one at a time, as dequantize_row_<t> writes
+    # them: the readable reference the vectorised dequantize is tested against
+    dequantize_ref: Callable[[np.void], list] | None = None
+    vec_dot: VecDot | None = None  # None: no bit-exact vec_dot (products by BLAS, to rounding)
+    requires_imatrix: bool = False  # ggml_quantize_requires_imatrix (the engine cannot quantize)
+    # ggml's base type_traits leave these out (the CPU's intermediate types, IQ1_M)
+    traits_to_float: bool = True
+    traits_from_float_ref: bool = True
 
     def __post_init__(self) -> None:
         assert self.dtype.itemsize == traits(self.type).type_size, self.type
+        assert self.vec_dot is None or traits(self.type).vec_dot_type is not None, self.type
+
+    @property
+    def blck_size(self) -> int:
+        """Elements a block (ggml's type traits)."""
+        return traits(self.type).blck_size
+
+    @property
+    def type_size(self) -> int:
+        """Bytes a block (ggml's type traits; the block struct's size)."""
+        return traits(self.type).type_size
+
+    @property
+    def vec_dot_type(self) -> GGMLType | None:
+        """What mul_mat converts the activations to for this type's vec_dot (its partner)."""
+        return traits(self.type).vec_dot_type
+
+    @property
+    def exact(self) -> bool:
+        """Are this type's products ggml's bits on every CPU (vec_dot emulated operation by
+        operation), rather than a BLAS product's?"""
+        return self.vec_dot is not None
 
 
 def hex_table(hexes: tuple[str, ...], dtype: str) -> np.ndarray:
@@ -300,6 +395,19 @@ def get_scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def half_at(blocks: np.ndarray, at: int) -> np.ndarray:
     """The fp16 at byte `at` of each block (..., size) uint8, as float32 (GGML_FP16_TO_FP32)."""
     return h2f(blocks[..., at].astype(np.uint16) | blocks[..., at + 1].astype(np.uint16) << 8)
+
+
+# --- one block, one element at a time: the readable references (QuantKind.dequantize_ref) -------
+
+def fp16_value(bits: int) -> float:
+    """GGML_FP16_TO_FP32 of one fp16 bit pattern."""
+    return float(h2f(np.array([bits], np.uint16))[0])
+
+
+def nibble_of(b: np.void, j: int) -> int:
+    """Element j of a 32-element nibble block: the low nibble of qs[j] for j < 16, else the high
+    nibble of qs[j - 16]."""
+    return (int(b["qs"][j % 16]) >> (4 * (j // 16))) & 0xF
 
 
 _POW3 = np.array([1, 3, 9, 27, 81, 243], np.uint16)

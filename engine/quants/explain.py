@@ -1,7 +1,8 @@
 """The block explainer: what each byte of one quantized block means, for the UI's block panel.
 
-Also keeps readable scalar dequantizers (`dequantize_block_ref`) beside the vectorised ones, one
-plain loop per type, written to be read next to `dequantize_row_<t>` in ggml-quants.c.
+Also runs the readable scalar dequantizers (`dequantize_block_ref`: each type's
+QuantKind.dequantize_ref, one plain loop written to be read next to `dequantize_row_<t>` in
+ggml-quants.c, kept in its family's module beside the vectorised one).
 Leaves out: explaining the IQ grid indices beyond their raw integers.
 """
 
@@ -12,14 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.quants.common import KVALUES_IQ4NL, KVALUES_MXFP4, SubScales, h2f
+from engine.quants.common import SubScales, fp16_value
 from engine.core.types import GGMLType as T, traits
 
 _FP16_FIELDS = {"d", "dmin", "m", "s"}
-
-
-def _fp16(v: int) -> float:
-    return float(h2f(np.array([v], np.uint16))[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +68,7 @@ def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -
         sub, off = kind.dtype.fields[name][:2]
         val = b[0][name]
         if name in _FP16_FIELDS and sub.base == np.dtype("<u2"):
-            value = _fp16(int(val))
+            value = fp16_value(int(val))
         elif np.ndim(val):
             value = np.asarray(val).tolist()
         else:
@@ -93,73 +90,13 @@ def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -
 
 # --- readable scalar dequantizers ---------------------------------------------------------------
 
-def _nib(b: np.void, j: int) -> int:
-    """Element j of a 32-element nibble block: low nibble of qs[j] for j < 16, else high of qs[j-16]."""
-    return (int(b["qs"][j % 16]) >> (4 * (j // 16))) & 0xF
-
-
 def dequantize_block_ref(type_: int, block_bytes: bytes) -> list[float]:
-    """One block, one element at a time, as dequantize_row_<type> writes it (float32 math)."""
+    """One block, one element at a time, as dequantize_row_<type> writes it (float32 math): the
+    type's QuantKind.dequantize_ref, beside its vectorised dequantizer in its family's module."""
     from engine.quants import QUANT_KINDS
 
-    t = T(type_)
-    b = np.frombuffer(bytes(block_bytes), QUANT_KINDS[t].dtype)[0]
-    f = np.float32
-    y: list[np.float32] = []
-    if t == T.Q4_0:
-        d = f(_fp16(b["d"]))
-        y = [f(_nib(b, j) - 8) * d for j in range(32)]
-    elif t == T.Q4_1:
-        d, m = f(_fp16(b["d"])), f(_fp16(b["m"]))
-        y = [f(_nib(b, j)) * d + m for j in range(32)]
-    elif t == T.Q5_0:
-        d = f(_fp16(b["d"]))
-        qh = int.from_bytes(bytes(b["qh"]), "little")
-        for j in range(32):
-            q = _nib(b, j) | (((qh >> j) & 1) << 4)
-            y.append(f(q - 16) * d)
-    elif t == T.Q8_0:
-        d = f(_fp16(b["d"]))
-        y = [f(q) * d for q in b["qs"]]
-    elif t == T.IQ4_NL:
-        d = f(_fp16(b["d"]))
-        y = [d * f(KVALUES_IQ4NL[_nib(b, j)]) for j in range(32)]
-    elif t == T.MXFP4:
-        e = int(b["e"])
-        d = np.array([0x00200000 << e if e < 2 else (e - 1) << 23], np.uint32).view(f)[0]
-        y = [f(KVALUES_MXFP4[_nib(b, j)]) * d for j in range(32)]
-    elif t == T.TQ2_0:
-        d = f(_fp16(b["d"]))
-        for j in (0, 32):  # two groups of 32 bytes, each holding 4 x 32 elements
-            for n in range(4):
-                y += [f(int((b["qs"][j + m] >> (2 * n)) & 3) - 1) * d for m in range(32)]
-    elif t == T.Q2_K:
-        d, dmin = f(_fp16(b["d"])), f(_fp16(b["dmin"]))
-        for e in range(256):
-            c, r = divmod(e, 128)  # 128-chunk, then 4 shifts of 32 = 2 sub-blocks of 16
-            shift, l = divmod(r, 32)
-            sc = int(b["scales"][e // 16])
-            q = (int(b["qs"][32 * c + l]) >> (2 * shift)) & 3
-            y.append(d * f(sc & 0xF) * f(q) - dmin * f(sc >> 4))
-    elif t == T.Q4_K:
-        d, dmin = f(_fp16(b["d"])), f(_fp16(b["dmin"]))
-        s = [int(v) for v in b["scales"]]
-        for e in range(256):
-            j = e // 32  # sub-block; get_scale_min_k4(j)
-            sc = s[j] & 63 if j < 4 else (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4)
-            m = s[j + 4] & 63 if j < 4 else (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
-            byte = int(b["qs"][32 * (e // 64) + e % 32])
-            q = byte & 0xF if (e // 32) % 2 == 0 else byte >> 4
-            y.append(d * f(sc) * f(q) - dmin * f(m))
-    elif t == T.Q6_K:
-        d = f(_fp16(b["d"]))
-        for e in range(256):
-            c, r = divmod(e, 128)
-            k, l = divmod(r, 32)  # quarter k of the chunk: ql low/high nibble, qh bits 2k
-            ql = int(b["ql"][64 * c + l + 32 * (k % 2)])
-            low = ql & 0xF if k < 2 else ql >> 4
-            high = (int(b["qh"][32 * c + l]) >> (2 * k)) & 3
-            y.append(d * f(int(b["scales"][e // 16])) * f((low | high << 4) - 32))
-    else:
-        raise ValueError(f"dequantize_block_ref: no scalar reference for {traits(t).type_name}")
-    return [float(v) for v in y]
+    kind = QUANT_KINDS.get(T(type_))
+    if kind is None or kind.dequantize_ref is None:
+        raise ValueError(f"dequantize_block_ref: no scalar reference for {traits(type_).type_name}")
+    b = np.frombuffer(bytes(block_bytes), kind.dtype)[0]
+    return [float(v) for v in kind.dequantize_ref(b)]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.libm import log2f
-from engine.quants.common import (F32, KVALUES_MXFP4, QuantKind, block_dtype, byte_rows, c_int,
-                                  f32, nibbles, pack_nibbles, scaled, SubScales,
-                                  unpack_nibbles)
+from engine.quants.common import (F32, KVALUES_MXFP4, DotBlocks, Lanes, QuantKind, VecDot,
+                                  block_dtype, byte_rows, c_int, f32, nibble_of, nibbles,
+                                  pack_nibbles, scaled, SubScales, unpack_nibbles)
 from engine.core.types import GGMLType as T
 
 BLOCK_MXFP4 = block_dtype(("e", "u1"), ("qs", "u1", 16))
@@ -114,11 +114,28 @@ def _nvfp4_sub_scales(b: np.ndarray) -> SubScales:
     return SubScales(tuple(float(UE4M3_HALF[v]) for v in b["d"][0]))
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_mxfp4_q8_0) --------------------------------------
+
+def dot_blocks_mxfp4(raw: np.ndarray) -> DotBlocks:
+    """MXFP4: kvalues_mxfp4[nibble] (low nibbles: elements 0-15), the scale 2^(e - 128)
+    (ggml_e8m0_to_fp32_half)."""
+    q = nibbles(raw, 1, 17, 16, KVALUES_MXFP4).astype(np.int16)
+    return DotBlocks(q, e8m0_to_fp32_half(raw[:, 0]))
+
+
+def dequantize_ref_mxfp4(b: np.void) -> list:
+    """dequantize_row_mxfp4, one element at a time."""
+    e = int(b["e"])
+    d = np.array([0x00200000 << e if e < 2 else (e - 1) << 23], np.uint32).view(F32)[0]
+    return [F32(KVALUES_MXFP4[nibble_of(b, j)]) * d for j in range(32)]
+
+
 KINDS = [
     QuantKind(T.MXFP4, BLOCK_MXFP4, dequantize_mxfp4, quantize_mxfp4,
               fields=(("e", "shared E8M0 exponent; scale = 2^(e-128) (half, for doubled codes)"),
                       ("qs", "e2m1 codes: low nibble = element j, high = j+16")),
-              unpack=_mxfp4_quants),
+              unpack=_mxfp4_quants, dequantize_ref=dequantize_ref_mxfp4,
+              vec_dot=VecDot(dot_blocks_mxfp4, Lanes.SIGNED, paired=True)),
     QuantKind(T.NVFP4, BLOCK_NVFP4, dequantize_nvfp4, quantize_nvfp4,
               fields=(("d", "UE4M3 scale per 16-element sub-block"),
                       ("qs", "e2m1 codes, 8 bytes per sub-block: low nibble j, high j+8")),

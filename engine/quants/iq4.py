@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, KVALUES_IQ4NL, QuantKind, absmax_signed, best_index_int8,
-                                  block_dtype, byte_rows, f2h, h2f, nearest_int, nibbles,
+from engine.quants.common import (F32, KVALUES_IQ4NL, DotBlocks, Lanes, QuantKind, VecDot,
+                                  absmax_signed, best_index_int8, block_dtype, byte_rows, f2h,
+                                  fp16_value, h2f, half_at, nearest_int, nibble_of, nibbles,
                                   pack_nibbles, safe_inv, scaled, seq_sum, SubScales,
                                   unpack_nibbles)
 from engine.core.types import GGMLType as T
@@ -132,18 +133,44 @@ def _iq4_xs_sub_scales(b: np.ndarray) -> SubScales:
     return SubScales(tuple(iq4_xs_scales(b)[0].tolist()))
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_iq4_nl_q8_0, _iq4_xs_q8_K) ----------------------
+
+def dot_blocks_iq4_nl(raw: np.ndarray) -> DotBlocks:
+    """IQ4_NL: the non-linear values kvalues_iq4nl[nibble] (low nibbles: elements 0-15)."""
+    return DotBlocks(nibbles(raw, 2, 18, 16, KVALUES_IQ4NL).astype(np.int16), half_at(raw, 0))
+
+
+def dot_blocks_iq4_xs(raw: np.ndarray) -> DotBlocks:
+    """IQ4_XS: 8 runs of 32 of IQ4_NL's values (run r: the nibbles of qs[16r..16r+15]); each
+    run's six-bit scale minus 32 apart (aux): 4 bits of scales_l, 2 of scales_h."""
+    q = nibbles(raw, 8, 136, 16, KVALUES_IQ4NL).astype(np.int16)
+    sh = raw[:, 2].astype(np.int16) | raw[:, 3].astype(np.int16) << 8
+    lo = np.stack([raw[:, 4:8] & 0x0F, raw[:, 4:8] >> 4], axis=-1).reshape(-1, 8).astype(np.int16)
+    ls = (lo | ((sh[:, None] >> (2 * np.arange(8, dtype=np.int16))) & 3) << 4) - 32
+    return DotBlocks(q, half_at(raw, 0), aux=ls.astype(np.int16))
+
+
+def dequantize_ref_iq4_nl(b: np.void) -> list:
+    """dequantize_row_iq4_nl, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    return [d * F32(KVALUES_IQ4NL[nibble_of(b, j)]) for j in range(32)]
+
+
 KINDS = [
     QuantKind(T.IQ4_NL, BLOCK_IQ4_NL, dequantize_iq4_nl, quantize_iq4_nl,
               quantize_ref=quantize_iq4_nl_ref,
               fields=(("d", "scale, fp16"),
                       ("qs", "level indices: low nibble = element j, high = j+16; "
                              "d*kvalues_iq4nl[q]")),
-              formula="value = d × kvalues[q]", unpack=_iq4_nl_quants),
+              formula="value = d × kvalues[q]", unpack=_iq4_nl_quants,
+              dequantize_ref=dequantize_ref_iq4_nl,
+              vec_dot=VecDot(dot_blocks_iq4_nl, Lanes.SIGNED, paired=True)),
     QuantKind(T.IQ4_XS, BLOCK_IQ4_XS, dequantize_iq4_xs, quantize_iq4_xs,
               fields=(("d", "super-scale, fp16"),
                       ("scales_h", "high 2 bits of the 8 six-bit scales (2 bits each)"),
                       ("scales_l", "low 4 bits of the 8 scales (two per byte)"),
                       ("qs", "level indices, 16 bytes per 32: low nibble j, high j+16")),
               formula="value = d × scale[sub] × kvalues[q]", unpack=_iq4_xs_quants,
-              sub_scales=_iq4_xs_sub_scales),
+              sub_scales=_iq4_xs_sub_scales,
+              vec_dot=VecDot(dot_blocks_iq4_xs, Lanes.SIGNED, run_scales=True)),
 ]

@@ -15,13 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from engine.quants import grids_iq1_iq3, grids_iq2
-from engine.quants.common import F32, QuantKind, copy_runs, flip_nan_signs, h2f, scaled
+from engine.quants.common import (F32, DotBlocks, Lanes, Mins, QuantKind, VecDot, copy_runs,
+                                  flip_nan_signs, h2f, half_at, scaled)
 from engine.quants.iq_blocks import (BLOCK_IQ1_M, BLOCK_IQ1_S, BLOCK_IQ2_S, BLOCK_IQ2_XS,
                                      BLOCK_IQ2_XXS, BLOCK_IQ3_S, BLOCK_IQ3_XXS)
 from engine.quants.iqsearch import quantize_iq1_m, quantize_iq2_s, quantize_iq3_s, quantize_iq3_xxs
 from engine.core.types import GGMLType as T
 
 IQ1S_DELTA = F32(0.125)
+IQ1M_DELTA = F32(0.125)  # the worth of IQ1_M's shifts in its vec_dot
 
 # Each grid row with every sign pattern applied, as int8 rows packed in one uint64 (8 elements)
 # or uint32 (4 elements): one gather per row of 8 (or 4) signed quants, no float table.
@@ -163,30 +165,107 @@ def dequantize_iq1_m(b: np.ndarray) -> np.ndarray:
     return scaled(q.reshape(-1, 16, 16), dl * IQ1S_DELTA).reshape(-1, 256)
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_iq3_xxs_q8_K, _iq3_s_q8_K, _iq2_s_q8_K,
+# _iq1_m_q8_K) -------------------------------------------------------------------------------------
+# The grid values are unsigned; ggml negates the activation where a value's sign is set
+# (_mm256_sign_epi8, or xor and subtract), which is Lanes.SIGNED's product of the signed value.
+# Each run's (IQ2_S: each 16's) products times 2 * ls + 1 (aux, VecDot.run_scales).
+
+def _signed_grid(raw: np.ndarray, g: np.ndarray, neg: np.ndarray, ls: np.ndarray) -> DotBlocks:
+    """Grid values g (n, 256) uint8, negative where neg, and the scales ls (n, 8 or 16) of
+    blocks raw whose fp16 d comes first."""
+    q = np.where(neg, -g.astype(np.int16), g.astype(np.int16))
+    return DotBlocks(q, half_at(raw, 0), aux=2 * ls.astype(np.int16) + 1)
+
+
+def _sign_bits(signs: np.ndarray) -> np.ndarray:
+    """Sign bytes (n, 32) -> (n, 256) bool: element e is negative where bit e % 8 of byte e // 8
+    is set."""
+    return np.unpackbits(signs, axis=-1, bitorder="little").astype(bool)
+
+
+def dot_blocks_iq3_xxs(raw: np.ndarray) -> DotBlocks:
+    """IQ3_XXS: per run of 32, 8 indices into iq3xxs_grid (qs, 4 values each), and a word of 4
+    seven-bit sign fields (ksigns_iq2xs: the 8th sign makes the parity even) and a 4-bit ls."""
+    n = len(raw)
+    g = grids_iq1_iq3.IQ3XXS_GRID[raw[:, 2:66]].view(np.uint8).reshape(n, 256)
+    words = np.ascontiguousarray(raw[:, 66:98]).view("<u4")  # (n, 8)
+    s7 = (words[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127  # (n, 8, 4)
+    neg = _sign_bits(grids_iq2.KSIGNS_IQ2XS[s7].reshape(n, 32))
+    return _signed_grid(raw, g, neg, words >> 28)
+
+
+def dot_blocks_iq3_s(raw: np.ndarray) -> DotBlocks:
+    """IQ3_S: per run, 8 nine-bit indices into iq3s_grid (qs[8r + j] and bit j of qh[r]), a
+    sign bit per element, ls the nibble r % 2 of scales[r / 2]."""
+    n = len(raw)
+    hbit = (raw[:, 66:74, None] >> np.arange(8, dtype=np.uint8)) & 1  # (n, run, j)
+    idx = raw[:, 2:66].reshape(n, 8, 8).astype(np.uint16) | hbit.astype(np.uint16) << 8
+    g = grids_iq1_iq3.IQ3S_GRID[idx].view(np.uint8).reshape(n, 256)
+    ls = np.stack([raw[:, 106:110] & 0x0F, raw[:, 106:110] >> 4], axis=-1).reshape(n, 8)
+    return _signed_grid(raw, g, _sign_bits(raw[:, 74:106]), ls)
+
+
+def dot_blocks_iq2_s(raw: np.ndarray) -> DotBlocks:
+    """IQ2_S: per run, 4 ten-bit indices into iq2s_grid (qs[4r + k] and bits 2k, 2k+1 of qh[r],
+    8 values each), sign bits as IQ3_S's (from qs[32..63]), an ls per 16 (scales[r]'s low
+    nibble, then its high one)."""
+    n = len(raw)
+    hbits = (raw[:, 66:74, None] >> (2 * np.arange(4, dtype=np.uint8))) & 3  # (n, run, k)
+    idx = raw[:, 2:34].reshape(n, 8, 4).astype(np.uint16) | hbits.astype(np.uint16) << 8
+    g = grids_iq2.IQ2S_GRID[idx].view(np.uint8).reshape(n, 256)
+    ls = np.stack([raw[:, 74:82] & 0x0F, raw[:, 74:82] >> 4], axis=-1).reshape(n, 16)
+    return _signed_grid(raw, g, _sign_bits(raw[:, 34:66]), ls)
+
+
+def dot_blocks_iq1_m(raw: np.ndarray) -> DotBlocks:
+    """IQ1_M: iq1s_grid's rows (-1, 0, 1; group g of 8: row qs[g] | 3 bits of its qh nibble << 8)
+    times the 3-bit scale 2s + 1 of their 16; their shifts (+-1 per 8, the nibble's 4th bit)
+    times the same scales apart (aux, Mins.SHIFTS)."""
+    nib = np.stack([raw[:, 32:48] & 0x0F, raw[:, 32:48] >> 4], axis=-1).reshape(-1, 32)
+    rows = _G1S[raw[:, :32].astype(np.uint16) | (nib & 7).astype(np.uint16) << 8]
+    words = raw[:, 48:56].copy().view("<u2")  # half h's scale: bits 3 * (h % 4) of word h / 4
+    h = np.arange(16)
+    sc = 2 * ((words[:, h // 4] >> (3 * (h % 4))) & 7).astype(np.int16) + 1
+    sc = np.repeat(sc, 16, axis=1)
+    shifts = np.repeat(np.where(nib & 8, np.int16(-1), np.int16(1)), 8, axis=1)
+    d = iq1_m_scale(raw.reshape(-1).view(BLOCK_IQ1_M))
+    return DotBlocks(rows.reshape(-1, 256) * sc, d, aux=shifts * sc)
+
+
 _D = (("d", "super-scale, fp16"),)
 KINDS = [
     QuantKind(T.IQ2_XXS, BLOCK_IQ2_XXS, dequantize_iq2_xxs, None,
-              fields=_D + (("qs", "per 32: 4 grid indices (bytes), then 4x7 sign bits + 4-bit scale"),)),
+              fields=_D + (("qs", "per 32: 4 grid indices (bytes), then 4x7 sign bits + 4-bit "
+                                  "scale"),),
+              requires_imatrix=True),
     QuantKind(T.IQ2_XS, BLOCK_IQ2_XS, dequantize_iq2_xs, None,
               fields=_D + (("qs", "per 8: 9-bit grid index | 7 sign bits << 9"),
-                           ("scales", "4-bit scales, two per 32"))),
+                           ("scales", "4-bit scales, two per 32")),
+              requires_imatrix=True),
     QuantKind(T.IQ2_S, BLOCK_IQ2_S, dequantize_iq2_s, quantize_iq2_s,
               fields=_D + (("qs", "low 8 bits of 32 grid indices, then 32 sign bytes"),
                            ("qh", "high 2 bits of the grid indices, per 32"),
-                           ("scales", "4-bit scales, two per 32"))),
+                           ("scales", "4-bit scales, two per 32")),
+              vec_dot=VecDot(dot_blocks_iq2_s, Lanes.SIGNED, run_scales=True, result=0.125)),
     QuantKind(T.IQ3_XXS, BLOCK_IQ3_XXS, dequantize_iq3_xxs, quantize_iq3_xxs,
               fields=_D + (("qs", "64 grid indices (4 elements each), then per 32 a uint32 of "
-                                  "4x7 sign bits + 4-bit scale"),)),
+                                  "4x7 sign bits + 4-bit scale"),),
+              vec_dot=VecDot(dot_blocks_iq3_xxs, Lanes.SIGNED, run_scales=True, result=0.25)),
     QuantKind(T.IQ3_S, BLOCK_IQ3_S, dequantize_iq3_s, quantize_iq3_s,
               fields=_D + (("qs", "low 8 bits of 64 grid indices"),
                            ("qh", "9th bit of the grid indices, per 32"),
                            ("signs", "one sign bit per element"),
-                           ("scales", "4-bit scales (1 + 2s), two per 64"))),
+                           ("scales", "4-bit scales (1 + 2s), two per 64")),
+              vec_dot=VecDot(dot_blocks_iq3_s, Lanes.SIGNED, run_scales=True)),
     QuantKind(T.IQ1_S, BLOCK_IQ1_S, dequantize_iq1_s, None,
               fields=_D + (("qs", "low 8 bits of 32 grid indices"),
-                           ("qh", "per 32: 3x4 high index bits, 3-bit scale, shift sign"))),
+                           ("qh", "per 32: 3x4 high index bits, 3-bit scale, shift sign")),
+              requires_imatrix=True),
     QuantKind(T.IQ1_M, BLOCK_IQ1_M, dequantize_iq1_m, quantize_iq1_m,
               fields=(("qs", "low 8 bits of 32 grid indices"),
                       ("qh", "per 8: 3 high index bits + shift sign bit"),
-                      ("scales", "3-bit scales per 16; top nibbles hold the fp16 super-scale"))),
+                      ("scales", "3-bit scales per 16; top nibbles hold the fp16 super-scale")),
+              traits_from_float_ref=False,
+              vec_dot=VecDot(dot_blocks_iq1_m, Lanes.SIGNED, Mins.SHIFTS, shift=IQ1M_DELTA)),
 ]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (F32, QuantKind, absmax_signed, bit_fields, block_dtype,
-                                  byte_rows, copy_runs, dequantize_by_lanes, f2h, f32, first_max,
-                                  first_min, get_scale_min_k4, h2f, nearest_int, nibbles,
-                                  scale_words, scaled, seq_sum, SubScales, unpack_2bit)
+from engine.quants.common import (F32, DotBlocks, Lanes, Mins, QuantKind, VecDot, absmax_signed,
+                                  bit_fields, block_dtype, byte_rows, dequantize_by_lanes, f2h,
+                                  f32, first_max, first_min, fp16_value, get_scale_min_k4, h2f,
+                                  half_at, nearest_int, nibbles, scale_words, scaled, seq_sum,
+                                  SubScales, unpack_2bit)
 from engine.core.types import GGMLType as T
 from engine.lanes import lanes, twin
 
@@ -447,6 +448,98 @@ def _q6_k_scales(b: np.ndarray) -> SubScales:
     return SubScales(tuple(b["scales"][0].tolist()))
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_q{2,3,4,5,6}_K_q8_K) ---------------------------
+# Blocks (n, size) uint8 -> DotBlocks: 256 integers a block, each times the scale of its
+# sub-block (as the AVX2 code multiplies them, by madd), d, and the mins apart.
+
+def dot_blocks_q2_k(raw: np.ndarray) -> DotBlocks:
+    """Q2_K: the 2-bit quants (element 128c + 32k + l at bits 2k of qs[32c + l]), each 16 times
+    its 4-bit scale; the 4-bit mins apart (aux, 16), dmin their scale."""
+    q = np.multiply(unpack_2bit(raw[:, 16:80]).reshape(-1, 16, 16),
+                    (raw[:, :16] & 0x0F)[..., None], dtype=np.int16)
+    return DotBlocks(q.reshape(-1, 256), half_at(raw, 80), half_at(raw, 82),
+                     (raw[:, :16] >> 4).astype(np.int16))
+
+
+def dot_blocks_q3_k(raw: np.ndarray) -> DotBlocks:
+    """Q3_K: the 2 low bits, minus 4 where the hmask bit (bit r of hmask[l] for element 32r + l)
+    is clear, each 16 times its six-bit scale minus 32; no mins."""
+    v = unpack_2bit(raw[:, 32:96]).astype(np.int16) + 4 * bit_fields(raw, 0, 32, 32, 1) - 4
+    q = np.multiply(v.reshape(-1, 16, 16), q3_k_scales(raw[:, 96:108])[..., None], dtype=np.int16)
+    return DotBlocks(q.reshape(-1, 256), half_at(raw, 108))
+
+
+def dot_blocks_q4_k(raw: np.ndarray) -> DotBlocks:
+    """Q4_K: 8 runs of 32 (run 2j the low nibbles of qs[32j..], 2j + 1 the high ones), each times
+    its six-bit scale; the 8 six-bit mins apart (aux), dmin their scale."""
+    return _q45_k_dot_blocks(raw, nibbles(raw, 16, 144, 32))
+
+
+def dot_blocks_q5_k(raw: np.ndarray) -> DotBlocks:
+    """Q5_K: as Q4_K, the nibble of run r plus 16 * bit r of qh[e] (element e of the run)."""
+    return _q45_k_dot_blocks(raw, nibbles(raw, 48, 176, 32) | bit_fields(raw, 16, 48, 32, 1)
+                             * np.uint8(16))
+
+
+def _q45_k_dot_blocks(raw: np.ndarray, u: np.ndarray) -> DotBlocks:
+    sc, m = get_scale_min_k4(raw[:, 4:16])
+    q = np.multiply(u.reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
+    return DotBlocks(q.reshape(-1, 256), half_at(raw, 0), half_at(raw, 2), m.astype(np.int16))
+
+
+def dot_blocks_q6_k(raw: np.ndarray) -> DotBlocks:
+    """Q6_K: the unsigned 6-bit values (vec_dot takes their -32 back through the block sums,
+    Lanes.LESS_32) times the int8 scale of their 16; the scales apart (aux)."""
+    q6 = nibbles(raw, 0, 128, 64) | unpack_2bit(raw[:, 128:192]) * np.uint8(16)
+    sc = raw[:, 192:208].view(np.int8)
+    q = np.multiply(q6.reshape(-1, 16, 16), sc[..., None], dtype=np.int16)
+    return DotBlocks(q.reshape(-1, 256), half_at(raw, 208), aux=sc.astype(np.int16))
+
+
+# --- one block, one element at a time (dequantize_row_<t>) -------------------------------------
+
+def dequantize_ref_q2_k(b: np.void) -> list:
+    """dequantize_row_q2_K, one element at a time."""
+    d, dmin = F32(fp16_value(b["d"])), F32(fp16_value(b["dmin"]))
+    y = []
+    for e in range(256):
+        c, r = divmod(e, 128)  # 128-chunk, then 4 shifts of 32 = 2 sub-blocks of 16
+        shift, l = divmod(r, 32)
+        sc = int(b["scales"][e // 16])
+        q = (int(b["qs"][32 * c + l]) >> (2 * shift)) & 3
+        y.append(d * F32(sc & 0xF) * F32(q) - dmin * F32(sc >> 4))
+    return y
+
+
+def dequantize_ref_q4_k(b: np.void) -> list:
+    """dequantize_row_q4_K, one element at a time."""
+    d, dmin = F32(fp16_value(b["d"])), F32(fp16_value(b["dmin"]))
+    s = [int(v) for v in b["scales"]]
+    y = []
+    for e in range(256):
+        j = e // 32  # sub-block; get_scale_min_k4(j)
+        sc = s[j] & 63 if j < 4 else (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4)
+        m = s[j + 4] & 63 if j < 4 else (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
+        byte = int(b["qs"][32 * (e // 64) + e % 32])
+        q = byte & 0xF if (e // 32) % 2 == 0 else byte >> 4
+        y.append(d * F32(sc) * F32(q) - dmin * F32(m))
+    return y
+
+
+def dequantize_ref_q6_k(b: np.void) -> list:
+    """dequantize_row_q6_K, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    y = []
+    for e in range(256):
+        c, r = divmod(e, 128)
+        k, l = divmod(r, 32)  # quarter k of the chunk: ql low/high nibble, qh bits 2k
+        ql = int(b["ql"][64 * c + l + 32 * (k % 2)])
+        low = ql & 0xF if k < 2 else ql >> 4
+        high = (int(b["qh"][32 * c + l]) >> (2 * k)) & 3
+        y.append(d * F32(int(b["scales"][e // 16])) * F32((low | high << 4) - 32))
+    return y
+
+
 _WITH_MIN = "value = d × scale[sub] × q − dmin × min[sub]"
 KINDS = [
     QuantKind(T.Q2_K, BLOCK_Q2_K, dequantize_q2_k, quantize_q2_k,
@@ -454,34 +547,41 @@ KINDS = [
                       ("qs", "2-bit quants: byte 32c+l holds elements 128c+l+32k at bits 2k"),
                       ("d", "super-scale of the scales, fp16"),
                       ("dmin", "super-scale of the mins, fp16")),
-              formula=_WITH_MIN, unpack=_q2_k_quants, sub_scales=_q2_k_scales),
+              formula=_WITH_MIN, unpack=_q2_k_quants, sub_scales=_q2_k_scales,
+              dequantize_ref=dequantize_ref_q2_k,
+              vec_dot=VecDot(dot_blocks_q2_k, Lanes.PLAIN, Mins.IN_ACC)),
     QuantKind(T.Q3_K, BLOCK_Q3_K, dequantize_q3_k, quantize_q3_k,
               fields=(("hmask", "3rd bit: element e is bit e//32 of hmask[e%32] (clear = -4)"),
                       ("qs", "low 2 bits, packed like Q2_K"),
                       ("scales", "16 six-bit scales (minus 32): low nibbles, then 2-bit highs"),
                       ("d", "super-scale, fp16")),
-              formula="value = d × scale[sub] × q", unpack=_q3_k_quants, sub_scales=_q3_k_scales),
+              formula="value = d × scale[sub] × q", unpack=_q3_k_quants, sub_scales=_q3_k_scales,
+              vec_dot=VecDot(dot_blocks_q3_k, Lanes.PLAIN)),
     QuantKind(T.Q4_K, BLOCK_Q4_K, dequantize_q4_k, quantize_q4_k,
               fields=(("d", "super-scale of the scales, fp16"),
                       ("dmin", "super-scale of the mins, fp16"),
                       ("scales", "8 six-bit scales and 8 six-bit mins (get_scale_min_k4)"),
                       ("qs", "4-bit quants: per 64, low nibbles = first 32, high = next 32")),
-              formula=_WITH_MIN, unpack=_q4_k_quants, sub_scales=_q45_k_scales),
+              formula=_WITH_MIN, unpack=_q4_k_quants, sub_scales=_q45_k_scales,
+              dequantize_ref=dequantize_ref_q4_k,
+              vec_dot=VecDot(dot_blocks_q4_k, Lanes.PLAIN, Mins.FOUR_LANES)),
     QuantKind(T.Q5_K, BLOCK_Q5_K, dequantize_q5_k, quantize_q5_k,
               fields=(("d", "super-scale of the scales, fp16"),
                       ("dmin", "super-scale of the mins, fp16"),
                       ("scales", "8 six-bit scales and 8 six-bit mins (get_scale_min_k4)"),
                       ("qh", "5th bit: element 32k+l is bit k of qh[l]"),
                       ("qs", "low 4 bits, packed like Q4_K")),
-              formula=_WITH_MIN, unpack=_q5_k_quants, sub_scales=_q45_k_scales),
+              formula=_WITH_MIN, unpack=_q5_k_quants, sub_scales=_q45_k_scales,
+              vec_dot=VecDot(dot_blocks_q5_k, Lanes.PLAIN, Mins.SUMMED)),
     QuantKind(T.Q6_K, BLOCK_Q6_K, dequantize_q6_k, quantize_q6_k,
               fields=(("ql", "low 4 bits of the 6-bit quants"),
                       ("qh", "high 2 bits of the 6-bit quants"),
                       ("scales", "int8 scale per 16 elements"),
                       ("d", "super-scale, fp16")),
-              formula="value = d × scale[sub] × q", unpack=_q6_k_quants, sub_scales=_q6_k_scales),
+              formula="value = d × scale[sub] × q", unpack=_q6_k_quants, sub_scales=_q6_k_scales,
+              dequantize_ref=dequantize_ref_q6_k, vec_dot=VecDot(dot_blocks_q6_k, Lanes.LESS_32)),
     QuantKind(T.Q8_K, BLOCK_Q8_K, dequantize_q8_k, quantize_q8_k,
               fields=(("d", "scale, float32"), ("qs", "int8 quants"),
                       ("bsums", "sum of each 16 quants (int16), for the K-quant min terms")),
-              unpack=_q8_k_quants),
+              unpack=_q8_k_quants, traits_to_float=False, traits_from_float_ref=False),
 ]

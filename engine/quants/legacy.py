@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from engine.lanes import lanes, twin
-from engine.quants.common import (F32, QuantKind, absmax_signed, block_dtype, byte_rows, c_int,
-                                  c_int8, copy_runs, dequantize_by_lanes, f2h, first_max, first_min,
-                                  flip_nan_signs, h2f, nibbles, pack_nibbles, round_away, safe_inv,
-                                  scaled, seq_sum, unpack_nibbles)
+from engine.quants.common import (F32, DotBlocks, Lanes, Mins, QuantKind, VecDot, absmax_signed,
+                                  block_dtype, byte_rows, c_int, c_int8, copy_runs,
+                                  dequantize_by_lanes, f2h, first_max, first_min, flip_nan_signs,
+                                  fp16_value, h2f, half_at, nibble_of, nibbles, pack_nibbles,
+                                  round_away, safe_inv, scaled, seq_sum, unpack_nibbles)
 from engine.core.types import GGMLType as T
 
 BLOCK_Q4_0 = block_dtype(("d", "<u2"), ("qs", "u1", 16))
@@ -247,27 +248,89 @@ def _q1_quants(b: np.ndarray) -> np.ndarray:
     return np.unpackbits(b["qs"], axis=-1, bitorder="little")
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_q{4,5,8}_0_q8_0, _q{4,5}_1_q8_1) -------------------
+# Blocks (n, size) uint8 -> DotBlocks: the 32 integers of each block (low nibbles: elements
+# 0-15), d, and Q4_1's and Q5_1's m as dmin.
+
+def dot_blocks_q4_0(raw: np.ndarray) -> DotBlocks:
+    """Q4_0: nibble - 8."""
+    return DotBlocks(nibbles(raw, 2, 18, 16).astype(np.int16) - 8, half_at(raw, 0))
+
+
+def dot_blocks_q5_0(raw: np.ndarray) -> DotBlocks:
+    """Q5_0: nibble + 16 * its qh bit - 16."""
+    return DotBlocks(nibbles_with_qh(raw, 2, 6).astype(np.int16) - 16, half_at(raw, 0))
+
+
+def dot_blocks_q8_0(raw: np.ndarray) -> DotBlocks:
+    """Q8_0: the int8 quants."""
+    return DotBlocks(raw[:, 2:].view(np.int8).astype(np.int16), half_at(raw, 0))
+
+
+def dot_blocks_q4_1(raw: np.ndarray) -> DotBlocks:
+    """Q4_1: the nibbles, unsigned; m apart."""
+    return DotBlocks(nibbles(raw, 4, 20, 16).astype(np.int16), half_at(raw, 0), half_at(raw, 2))
+
+
+def dot_blocks_q5_1(raw: np.ndarray) -> DotBlocks:
+    """Q5_1: nibble + 16 * its qh bit, unsigned; m apart."""
+    return DotBlocks(nibbles_with_qh(raw, 4, 8).astype(np.int16), half_at(raw, 0), half_at(raw, 2))
+
+
+# --- one block, one element at a time (dequantize_row_<t>) -------------------------------------
+
+def dequantize_ref_q4_0(b: np.void) -> list:
+    """dequantize_row_q4_0, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    return [F32(nibble_of(b, j) - 8) * d for j in range(32)]
+
+
+def dequantize_ref_q4_1(b: np.void) -> list:
+    """dequantize_row_q4_1, one element at a time."""
+    d, m = F32(fp16_value(b["d"])), F32(fp16_value(b["m"]))
+    return [F32(nibble_of(b, j)) * d + m for j in range(32)]
+
+
+def dequantize_ref_q5_0(b: np.void) -> list:
+    """dequantize_row_q5_0, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    qh = int.from_bytes(bytes(b["qh"]), "little")
+    return [F32((nibble_of(b, j) | (((qh >> j) & 1) << 4)) - 16) * d for j in range(32)]
+
+
+def dequantize_ref_q8_0(b: np.void) -> list:
+    """dequantize_row_q8_0, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    return [F32(q) * d for q in b["qs"]]
+
+
 _F = (("d", "scale, fp16"),)
 KINDS = [
     QuantKind(T.Q4_0, BLOCK_Q4_0, dequantize_q4_0, quantize_q4_0,
               fields=_F + (("qs", "4-bit quants: low nibble = element j, high = j+16; value (q-8)*d"),),
-              formula="value = d × (q − 8)", unpack=_nibble_quants),
+              formula="value = d × (q − 8)", unpack=_nibble_quants,
+              dequantize_ref=dequantize_ref_q4_0, vec_dot=VecDot(dot_blocks_q4_0, Lanes.SIGNED)),
     QuantKind(T.Q4_1, BLOCK_Q4_1, dequantize_q4_1, quantize_q4_1,
               fields=_F + (("m", "minimum, fp16"),
                            ("qs", "4-bit quants: low nibble = element j, high = j+16; q*d+m")),
-              formula="value = d × q + m", unpack=_nibble_quants),
+              formula="value = d × q + m", unpack=_nibble_quants,
+              dequantize_ref=dequantize_ref_q4_1,
+              vec_dot=VecDot(dot_blocks_q4_1, Lanes.PLAIN, Mins.OFFSETS)),
     QuantKind(T.Q5_0, BLOCK_Q5_0, dequantize_q5_0, quantize_q5_0,
               fields=_F + (("qh", "5th bit of each quant, one uint32: bit j = element j"),
                            ("qs", "low 4 bits: low nibble = element j, high = j+16; (q-16)*d")),
-              formula="value = d × (q − 16)", unpack=_q5_quants),
+              formula="value = d × (q − 16)", unpack=_q5_quants,
+              dequantize_ref=dequantize_ref_q5_0, vec_dot=VecDot(dot_blocks_q5_0, Lanes.SIGNED)),
     QuantKind(T.Q5_1, BLOCK_Q5_1, dequantize_q5_1, quantize_q5_1,
               fields=_F + (("m", "minimum, fp16"),
                            ("qh", "5th bit of each quant, one uint32: bit j = element j"),
                            ("qs", "low 4 bits: low nibble = element j, high = j+16; q*d+m")),
-              formula="value = d × q + m", unpack=_q5_quants),
+              formula="value = d × q + m", unpack=_q5_quants,
+              vec_dot=VecDot(dot_blocks_q5_1, Lanes.PLAIN, Mins.OFFSETS)),
     QuantKind(T.Q8_0, BLOCK_Q8_0, dequantize_q8_0, quantize_q8_0, from_float_cpu=from_float_q8_0,
               fields=_F + (("qs", "int8 quants; value q*d"),),
-              formula="value = d × q", unpack=_q8_quants),
+              formula="value = d × q", unpack=_q8_quants,
+              dequantize_ref=dequantize_ref_q8_0, vec_dot=VecDot(dot_blocks_q8_0, Lanes.SIGNED)),
     QuantKind(T.Q8_1, BLOCK_Q8_1, None, quantize_q8_1, from_float_cpu=from_float_q8_1,
               fields=_F + (("s", "d * sum(qs), fp16"), ("qs", "int8 quants; value q*d")),
               formula="value = d × q", unpack=_q8_quants),

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.quants.common import (QuantKind, block_dtype, dequantize_by_lanes, f2h, h2f, round_away,
-                                  safe_inv, scaled, unpack_2bit)
+from engine.quants.common import (F32, DotBlocks, Lanes, QuantKind, VecDot, block_dtype,
+                                  dequantize_by_lanes, f2h, fp16_value, h2f, half_at, round_away,
+                                  safe_inv, scaled, tq1_0_values, unpack_2bit)
 from engine.core.types import GGMLType as T
 
 BLOCK_TQ1_0 = block_dtype(("qs", "u1", 48), ("qh", "u1", 4), ("d", "<u2"))
@@ -81,15 +82,42 @@ def _trit_quants(dequantize_with_d):
     return unpack
 
 
+# --- as vec_dot multiplies them (ggml_vec_dot_tq1_0_q8_K, _tq2_0_q8_K) -------------------------
+# The values plus 1, unsigned as maddubs multiplies them; vec_dot takes the 1 back through the
+# activations' block sums (Lanes.TERNARY).
+
+def dot_blocks_tq1_0(raw: np.ndarray) -> DotBlocks:
+    """TQ1_0: the trits, as ggml's AVX2 code reads them: the top two bits of 3q, by byte
+    averages ((uint8_t)(q * 3^n) * 3) >> 8 of every byte."""
+    return DotBlocks(tq1_0_values(raw) + 1, half_at(raw, 52))
+
+
+def dot_blocks_tq2_0(raw: np.ndarray) -> DotBlocks:
+    """TQ2_0: the 2-bit quants (element 128c + 32k + l at bits 2k of qs[32c + l])."""
+    return DotBlocks(unpack_2bit(raw[:, :64]).astype(np.int16), half_at(raw, 64))
+
+
+def dequantize_ref_tq2_0(b: np.void) -> list:
+    """dequantize_row_tq2_0, one element at a time."""
+    d = F32(fp16_value(b["d"]))
+    y = []
+    for j in (0, 32):  # two groups of 32 bytes, each holding 4 x 32 elements
+        for n in range(4):
+            y += [F32(int((b["qs"][j + m] >> (2 * n)) & 3) - 1) * d for m in range(32)]
+    return y
+
+
 _TRIT_FORMULA = "value = d × q (q ∈ {−1, 0, 1})"
 KINDS = [
     QuantKind(T.TQ1_0, BLOCK_TQ1_0, dequantize_tq1_0, quantize_tq1_0,
               fields=(("qs", "5 trits per byte, base 3 scaled to 256 (elements m+32n, m+16n)"),
                       ("qh", "4 trits per byte for the last 16 elements (j + 4m)"),
                       ("d", "scale = amax, fp16")),
-              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq1_0)),
+              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq1_0),
+              vec_dot=VecDot(dot_blocks_tq1_0, Lanes.TERNARY)),
     QuantKind(T.TQ2_0, BLOCK_TQ2_0, dequantize_tq2_0, quantize_tq2_0,
               fields=(("qs", "2 bits per element: byte m holds elements m+32n at bits 2n"),
                       ("d", "scale = amax, fp16")),
-              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq2_0)),
+              formula=_TRIT_FORMULA, unpack=_trit_quants(dequantize_tq2_0),
+              dequantize_ref=dequantize_ref_tq2_0, vec_dot=VecDot(dot_blocks_tq2_0, Lanes.TERNARY)),
 ]

@@ -11,8 +11,8 @@ Thread splits, as ggml's:
   row range [dr·ith, dr·ith + dr) of the flat rows.
 
 Numerics: silu_back calls the C library's expf (engine.libm); soft_max_back's dot product is
-ggml_vec_dot_f32's lanes (kernels/vecdot.py) and cross_entropy_loss_back's exponentials are the
-soft_max kernel's (ggml_v_expf, then expf); sums ggml keeps in double are added left to right
+ggml_vec_dot_f32's lanes (kernels/vecdot_float.py) and cross_entropy_loss_back's exponentials are
+the soft_max kernel's (ggml_v_expf, then expf); sums ggml keeps in double are added left to right
 (cumulative sums); where the -mfma build fuses a multiply and an add, fmaf does (floatmath).
 The same bits as ggml on every CPU.
 """
@@ -28,7 +28,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import row_blocks, thread_range, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.softmax import soft_max_rows
-from engine.compute.kernels.vecdot import vec_dot_f32_rows
+from engine.compute.kernels.vecdot_float import vec_dot_f32_rows
 from engine.compute.kernels.views import flat_rows, strided
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note

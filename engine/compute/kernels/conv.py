@@ -33,7 +33,7 @@ from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.nn_util import fp16_round
-from engine.compute.kernels.vecdot import vec_dot_f16, vec_dot_f32
+from engine.compute.kernels.vecdot_float import vec_dot_f16, vec_dot_f32
 from engine.compute.kernels.views import strided
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note

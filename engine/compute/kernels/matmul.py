@@ -12,7 +12,7 @@ of its src1 rows -- and the threads share the units out statically (unit u to th
 each writing its units straight into dst.
 A unit is one BLAS product (float weights) or one block product of dequantized weights (quantized
 weights; engine.quants.matmul), and its shape never depends on nth. Products that emulate ggml's
-vec_dot instead (kernels/vecdot.py) go in units of about ne01/nth rows: each output's value is
+vec_dot instead (kernels/vecdot*.py) go in units of about ne01/nth rows: each output's value is
 then fixed whatever the units. The chunk loop then takes ggml's chunks from the shared counter,
 which is what the trace shows as each thread's share (the values are already in place).
 
@@ -34,9 +34,9 @@ import numpy as np
 
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
-from engine.compute.kernels.vecdot import EXACT_QUANT, bound_float_product, bound_quant_product, \
-    f32_product, f32_products, float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, \
-    vec_dot_quant, vec_dot_tinyblas
+from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
+from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
+    float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_tinyblas
 from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -116,7 +116,7 @@ def blas_product(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def emulates_vec_dot(src0: Tensor, n_src1_rows: int) -> bool:
-    """Are this node's products ggml's vec_dot emulated operation by operation (kernels/vecdot.py:
+    """Are this node's products ggml's vec_dot emulated operation by operation (kernels/vecdot*.py:
     ggml's bits on every CPU), rather than BLAS products (ggml's result to rounding, their last
     bits the CPU's BLAS kernel's)? It takes
 

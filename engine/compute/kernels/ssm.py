@@ -21,7 +21,7 @@ Each product-plus-add is one fma, as the AVX2 intrinsics (and the contracted sca
 
 GATED_DELTA_NET: (head, sequence) pairs in about 4·nth chunks taken from a shared counter (first
 chunk ith). Per token: S ← S·exp(g), δ = (v − Sᵀk)·β, S ← S + k δᵀ, out = (Sᵀq)/√S_v, with
-ggml_vec_dot_f32 (vecdot.py) for the products and an fma per element for ggml_vec_mad_f32.
+ggml_vec_dot_f32 (vecdot_float.py) for the products and an fma per element for ggml_vec_mad_f32.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from engine.compute.kernels import kernel, not_supported
 from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, ggml_compute_softplus_f32, mac_in_order
-from engine.compute.kernels.vecdot import EPR, STEP, lanes32, vec_dot_f32_rows
+from engine.compute.kernels.vecdot_float import EPR, STEP, lanes32, vec_dot_f32_rows
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp

@@ -23,28 +23,33 @@ import engine.quants  # noqa: F401 (registers the block converters' twins)
 from engine import libm
 from engine.compute.kernels.floatmath import fmaf, fmaf_steps, widened_table
 from engine.lanes import NAMES, TWINS, compiled
+from engine.quants import QUANT_KINDS
 from engine.core.types import GGMLType, bf16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 F32 = np.float32
 C = compiled()
 OUT = object()  # marks where the output buffer goes in an argument list
-QUANT_DOT = {GGMLType.Q4_0: 18, GGMLType.Q4_1: 20, GGMLType.Q5_0: 22, GGMLType.Q5_1: 24,
-             GGMLType.Q8_0: 34, GGMLType.IQ4_NL: 18, GGMLType.Q2_K: 84, GGMLType.Q3_K: 110, GGMLType.IQ4_XS: 136,
-             GGMLType.Q4_K: 144, GGMLType.Q5_K: 176,
-             GGMLType.Q6_K: 210, GGMLType.IQ3_XXS: 98, GGMLType.IQ3_S: 110, GGMLType.IQ2_S: 82,
-             GGMLType.TQ2_0: 66, GGMLType.TQ1_0: 54, GGMLType.MXFP4: 17, GGMLType.IQ1_M: 56}
-# (weight block sizes; activations: Q8_0 (34), Q8_1 (36) or Q8_K (292))
-K_QUANTS = (GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-            GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.TQ2_0, GGMLType.TQ1_0,
-            GGMLType.IQ1_M)
-E_AT = {GGMLType.MXFP4: (0,)}  # the E8M0 exponents of a weight block
+# the types quant_dot multiplies (those whose record has a bit-exact vec_dot): the bytes of a
+# weight block, and the activations' type (Q8_0, Q8_1 or Q8_K), from their records
+QUANT_DOT = {t: kind.type_size for t, kind in QUANT_KINDS.items() if kind.exact}
+ACTIVATION = {t: QUANT_KINDS[t].vec_dot_type for t in QUANT_DOT}
 NIBBLE_D_AT = {GGMLType.IQ1_M: 48}  # the 4 uint16 words whose top nibbles make an fp16 d
-# the fp16 scales of a weight block: d (and m, or dmin)
-D_AT = {GGMLType.Q4_1: (0, 2), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
-        GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.TQ2_0: (64,),
-        GGMLType.TQ1_0: (52,)}
-DEQUANTIZE = {GGMLType.Q8_0: (34, 32), GGMLType.Q4_K: (144, 256), GGMLType.Q5_K: (176, 256),
-              GGMLType.TQ1_0: (54, 256)}  # block size, elements
+DEQUANTIZE = (GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.TQ1_0)  # lanes.dequantize's
+
+
+def fields_at(type_: GGMLType, names: set[str], dtype: str) -> tuple[int, ...]:
+    """The byte offsets in the type's block struct of its fields of these names and this dtype:
+    ("d", "dmin", "m", "s"; "<u2") its fp16 scales, ("e"; "u1") MXFP4's E8M0 exponent."""
+    struct = QUANT_KINDS[type_].dtype
+    return tuple(struct.fields[n][1] for n in struct.names
+                 if n in names and struct.fields[n][0] == np.dtype(dtype))
+
+
+def d_at(type_: GGMLType) -> tuple[int, ...]:
+    """Where a block's fp16 scales lie: d, and dmin, m or s where it has them."""
+    return fields_at(type_, {"d", "dmin", "m", "s"}, "<u2")
+
+
 K_VALUES = (1, 3, 4, 7, 8, 9, 31, 32, 33, 63, 64, 100, 257)
 
 
@@ -146,11 +151,10 @@ def activation_blocks(rng: np.random.Generator, type_: GGMLType, n: int,
                       wild: bool) -> np.ndarray:
     """n activation blocks for weights of type_: Q8_K (n, 292) for the K-quants, Q8_1 (n, 36;
     d and s ordinary halves unless wild) for Q4_1 and Q5_1, else Q8_0 (n, 34)."""
-    if type_ in K_QUANTS:
+    vdt = ACTIVATION[type_]
+    if vdt == GGMLType.Q8_K:
         return q8_k_blocks(rng, n, wild)
-    if type_ in (GGMLType.Q4_1, GGMLType.Q5_1):
-        return quant_blocks(rng, n, 36, (0, 2), wild)
-    return quant_blocks(rng, n, 34, (0,), wild)
+    return quant_blocks(rng, n, QUANT_KINDS[vdt].type_size, d_at(vdt), wild)
 
 
 def padded_rows(blocks: np.ndarray, n: int, nb: int, pad: int) -> np.ndarray:
@@ -166,8 +170,8 @@ def weight_rows(rng: np.random.Generator, type_: GGMLType, n: int, nb: int,
                 wild: bool) -> np.ndarray:
     """n rows of nb random weight blocks of type_ (quant_blocks, its scales where the type has
     them), 5 bytes apart."""
-    blocks = quant_blocks(rng, n * nb, QUANT_DOT[type_], D_AT.get(type_, (0,)), wild,
-                          E_AT.get(type_, ()), NIBBLE_D_AT.get(type_))
+    blocks = quant_blocks(rng, n * nb, QUANT_DOT[type_], d_at(type_), wild,
+                          fields_at(type_, {"e"}, "u1"), NIBBLE_D_AT.get(type_))
     return padded_rows(blocks, n, nb, 5)
 
 
@@ -333,7 +337,7 @@ def test_quant_dot_threads(type_: GGMLType, wild: bool):
     """The rows shared out between 2, 3 and 7 threads (the pool's workers do start): the bytes
     of one thread, and the twin's bits; the portable loop likewise."""
     rng = np.random.default_rng([int(type_), wild, 11])
-    elems = 256 if type_ in K_QUANTS else 32
+    elems = QUANT_KINDS[type_].blck_size
     for n0, n1, nb in QUANT_SPLITS[elems]:
         args = quant_dot_case(rng, type_, n0, n1, nb, wild)
         for portable in (0, 1, 2):
@@ -423,10 +427,9 @@ def test_pool_after_fork():
 @pytest.mark.parametrize("type_", list(DEQUANTIZE), ids=lambda t: t.name)
 def test_dequantize(type_: GGMLType, wild: bool):
     rng = np.random.default_rng([int(type_), wild, 7])
-    size, elems = DEQUANTIZE[type_]
-    d_at = {GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.TQ1_0: (52,)}.get(type_, (0,))
+    size, elems = QUANT_KINDS[type_].type_size, QUANT_KINDS[type_].blck_size
     for nb in (1, 3, 200):
-        raw = quant_blocks(rng, nb, size, d_at, wild)
+        raw = quant_blocks(rng, nb, size, d_at(type_), wild)
         c, t = run_both("dequantize", (int(type_), raw, OUT), nb * elems)
         assert_same_bits(c, t, f"dequantize {type_.name} nb={nb}")
 
