@@ -19,10 +19,9 @@
 #define LANES_HIDDEN __attribute__((visibility("hidden")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* the ggml types (enum ggml_type) these loops read or write */
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13,
-       Q6_K = 14, Q8_K = 15, IQ4_NL = 20, IQ4_XS = 23, TQ1_0 = 34 };
-enum { IQ3_XXS = 18, IQ3_S = 21, IQ2_S = 22 };  /* _lanes_iq.c's */
+/* the ggml types (enum ggml_type), their block sizes and vec_dot partners, written from the
+ * engine's records of the quantized types (engine/quants/types_c.py) */
+#include "_lanes_types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1
@@ -199,11 +198,8 @@ LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args);
 
-/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M; enum ggml_type) */
-enum { IQ1_M = 29, TQ2_0 = 35, MXFP4 = 39 };
-
-/* the bytes of a weight block of one of _lanes_tq.c's types and (in *ysize) of its activation
- * block; 0 for another type */
+/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a
+ * weight block of one of them and (in *ysize) of its activation block; 0 for another type */
 LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize);
 
 /* out[i1 * ldo + i0] = ggml's AVX2 vec_dot of weight row i0 < n0 (at w + i0 * ldw) and

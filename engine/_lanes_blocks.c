@@ -98,7 +98,8 @@ LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args)
     int type;
     if (!PyArg_ParseTuple(args, "iy*w*", &type, &raw, &out))
         return NULL;
-    const Py_ssize_t bsize = type == Q8_0 ? 34 : type == Q4_K ? 144 : type == Q5_K ? 176 : type == TQ1_0 ? 54 : 0;
+    const int known = type == Q8_0 || type == Q4_K || type == Q5_K || type == TQ1_0;
+    const Py_ssize_t bsize = known ? lanes_block_bytes(type) : 0;
     const Py_ssize_t belems = type == Q8_0 ? 32 : 256;
     return convert_blocks(type, &raw, &out, bsize, belems * 4, dequantize_blocks,
                           "_lanes: no such type, or not whole blocks");

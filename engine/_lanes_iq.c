@@ -24,9 +24,7 @@
 LANES_HIDDEN Py_ssize_t lanes_iq_size(int type)
 {
     switch (type) {
-    case IQ3_XXS: return 2 + 96;
-    case IQ3_S: return 2 + 64 + 8 + 32 + 4;
-    case IQ2_S: return 2 + 64 + 8 + 8;
+    case IQ3_XXS: case IQ3_S: case IQ2_S: return lanes_block_bytes(type);
     default: return 0;
     }
 }

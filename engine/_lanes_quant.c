@@ -48,8 +48,9 @@
  * Q8_0 head: 25 ms against 11 here), and there is nothing to reuse. */
 #include "_lanes.h"
 
-#define K_QUANT(type) ((type) == Q2_K || (type) == Q3_K || (type) == IQ4_XS || (type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
-#define OFFSET_QUANT(type) ((type) == Q4_1 || (type) == Q5_1)  /* with Q8_1 activations */
+/* by the type of a quant_dot type's activations (_lanes_types.h): Q8_K's, Q8_1's */
+#define K_QUANT(type) (lanes_vec_dot_type(type) == Q8_K)
+#define OFFSET_QUANT(type) (lanes_vec_dot_type(type) == Q8_1)
 #define ACC 20  /* floats of a row pair's accumulators in the portable loop */
 enum { TILE_W = 4, TILE_X = 3 };  /* the AVX2 loop's tiles: weight rows by activation rows */
 
@@ -59,24 +60,10 @@ static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -1
 /* bytes of a weight block of type (0: not a quant_dot type), and of its activation block */
 INLINE Py_ssize_t weight_size(int type)
 {
-    switch (type) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q5_0: return 22;
-    case Q5_1: return 24;
-    case Q8_0: return 34;
-    case IQ4_NL: return 18;
-    case Q2_K: return 84;
-    case Q3_K: return 110;
-    case IQ4_XS: return 136;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-    default: return lanes_iq_size(type);
-    }
+    return lanes_vec_dot_type(type) < 0 ? 0 : lanes_block_bytes(type);
 }
 
-INLINE Py_ssize_t activation_size(int type) { return K_QUANT(type) || lanes_iq_size(type) ? 292 : OFFSET_QUANT(type) ? 36 : 34; }
+INLINE Py_ssize_t activation_size(int type) { return lanes_block_bytes(lanes_vec_dot_type(type)); }
 
 /* the 8 lane sums of `runs` runs of 32 weight integers q and activation bytes y */
 INLINE void lane_sums(const int16_t *q, const int8_t *y, int runs, int32_t *lane)
@@ -835,9 +822,7 @@ LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "iy*ny*nw*nnn|iip", &type, &w, &ldw, &x, &ldx, &out, &n0, &n1, &nb,
                           &portable, &threads, &tiny))
         return NULL;
-    Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
-    if (wsize == 0)  /* one of _lanes_tq.c's types? */
-        wsize = lanes_tq_sizes(type, &ysize);
+    const Py_ssize_t wsize = weight_size(type), ysize = activation_size(type);
     /* w: n0 rows of nb blocks, ldw bytes apart (the last one may end the buffer); x likewise */
     int ok = wsize > 0 && n0 >= 0 && n1 >= 0 && nb >= 0 && ldw >= nb * wsize && ldx >= nb * ysize &&
              w.len >= (n0 > 0 ? (n0 - 1) * ldw + nb * wsize : 0) &&

@@ -247,10 +247,9 @@ INLINE float iq1m_d(const uint8_t *blk)
 LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize)
 {
     switch (type) {
-    case TQ2_0: *ysize = 292; return 66;
-    case TQ1_0: *ysize = 292; return 54;
-    case MXFP4: *ysize = 34; return 17;
-    case IQ1_M: *ysize = 292; return 56;
+    case TQ2_0: case TQ1_0: case MXFP4: case IQ1_M:
+        *ysize = lanes_block_bytes(lanes_vec_dot_type(type));
+        return lanes_block_bytes(type);
     default: return 0;
     }
 }
