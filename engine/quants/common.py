@@ -1,4 +1,5 @@
-"""Shared pieces of the quantizers: C float semantics in numpy, and the per-type record.
+"""Shared pieces of the quantizers: C float semantics in numpy, and the per-type record (QuantKind,
+with how ggml's vec_dot multiplies the type: VecDot and its Lanes and Mins rules).
 
 Mirrors the small helpers at the top of ggml-quants.c (`nearest_int`, `best_index_int8`, the
 absolute-max scans) and the lookup tables of ggml-common.h that more than one family uses.

@@ -472,17 +472,16 @@ def dot_blocks_q3_k(raw: np.ndarray) -> DotBlocks:
 def dot_blocks_q4_k(raw: np.ndarray) -> DotBlocks:
     """Q4_K: 8 runs of 32 (run 2j the low nibbles of qs[32j..], 2j + 1 the high ones), each times
     its six-bit scale; the 8 six-bit mins apart (aux), dmin their scale."""
-    return _q45_k_dot_blocks(raw, nibbles(raw, 16, 144, 32))
+    sc, m = get_scale_min_k4(raw[:, 4:16])
+    u = nibbles(raw, 16, 144, 32)
+    q = np.multiply(u.reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
+    return DotBlocks(q.reshape(-1, 256), half_at(raw, 0), half_at(raw, 2), m.astype(np.int16))
 
 
 def dot_blocks_q5_k(raw: np.ndarray) -> DotBlocks:
     """Q5_K: as Q4_K, the nibble of run r plus 16 * bit r of qh[e] (element e of the run)."""
-    return _q45_k_dot_blocks(raw, nibbles(raw, 48, 176, 32) | bit_fields(raw, 16, 48, 32, 1)
-                             * np.uint8(16))
-
-
-def _q45_k_dot_blocks(raw: np.ndarray, u: np.ndarray) -> DotBlocks:
     sc, m = get_scale_min_k4(raw[:, 4:16])
+    u = nibbles(raw, 48, 176, 32) | bit_fields(raw, 16, 48, 32, 1) * np.uint8(16)
     q = np.multiply(u.reshape(-1, 8, 32), sc[..., None], dtype=np.int16)
     return DotBlocks(q.reshape(-1, 256), half_at(raw, 0), half_at(raw, 2), m.astype(np.int16))
 

@@ -1,8 +1,8 @@
 """ggml's CPU dot products of quantized weights (AVX2 build), reproduced operation by operation:
 `ggml_vec_dot_<type>_<vec_dot_type>` of every type whose record says how it multiplies
-(engine/quants, QuantKind.vec_dot; EXACT_QUANT): today Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 (with
-Q8_0 activations), Q4_1, Q5_1 (with Q8_1), Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, TQ2_0, TQ1_0,
-IQ1_M, IQ3_XXS, IQ3_S and IQ2_S (with Q8_K). The float dot products are vecdot_float.py's.
+(engine/quants, QuantKind.vec_dot; EXACT_QUANT): the legacy types and IQ4_NL and MXFP4 with Q8_0
+or Q8_1 activations, the K-quants, IQ4_XS, the ternary and the IQ grid types with Q8_K. The float
+dot products are vecdot_float.py's.
 
 Each output of mul_mat is one vec_dot call, and these emulate that call's arithmetic for whole
 tiles at once: the same lanes, the same fused multiply-adds, the same horizontal sums. Their
