@@ -14,6 +14,7 @@ Leaves out: ggml_build_backward_gradient_checkpointing (not in ggml 0.15.3's ggm
 
 from __future__ import annotations
 
+from engine.core.api import writes
 from engine.core.errors import ggml_assert
 from engine.core.graph import GGML_HASHSET_FULL, Graph, ggml_build_forward_expand, ggml_graph_cpy, \
     ggml_graph_get_grad, ggml_graph_get_grad_acc, ggml_new_graph_custom
@@ -42,6 +43,7 @@ U = GGMLUnaryOp
 
 # --- reading a graph's gradients ----------------------------------------------------------------
 
+@writes()
 def ggml_graph_dup(ctx, g: Graph, force_grads: bool) -> Graph:
     """ggml_graph_dup: a new graph of the same size (with gradients if g has them or
     force_grads), holding a copy of g."""
@@ -50,6 +52,7 @@ def ggml_graph_dup(ctx, g: Graph, force_grads: bool) -> Graph:
     return result
 
 
+@writes()
 def ggml_set_zero(t: Tensor) -> Tensor:
     """ggml_set_zero: every byte of t's data to 0."""
     if ggml_nelements(t) > 0:
@@ -58,6 +61,7 @@ def ggml_set_zero(t: Tensor) -> Tensor:
     return t
 
 
+@writes()
 def ggml_graph_reset(g: Graph) -> None:
     """ggml_graph_reset: loss accumulators to 1, every other gradient accumulator to 0, and the
     AdamW moments of OPT_STEP_ADAMW nodes to 0."""
@@ -156,6 +160,7 @@ def _ignored_srcs(node: Tensor) -> set[int]:
     return set()
 
 
+@writes()
 def ggml_build_backward_expand(ctx, g: Graph, grad_accs: list[Tensor | None] | None = None) -> None:
     """ggml_build_backward_expand: append the backward pass of g's loss to g.
 

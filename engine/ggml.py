@@ -18,6 +18,7 @@ the bytes a `void *` would point at (pointers themselves are simulated addresses
 
 from __future__ import annotations
 
+from engine.core.api import query as _query  # (the debugger's marker, not a name of ggml.h)
 from engine.core.layout import (
     GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, GGML_MEM_ALIGN,
     GGML_OBJECT_SIZE, GGML_PAD, GGML_TENSOR_SIZE,
@@ -369,6 +370,7 @@ def _gdb_name(raw: bytes) -> str:
     return shown + (f", '\\000' <repeats {len(rest) - 1} times>" if len(rest) > 1 else "")
 
 
+@_query
 def format_tensor(t: Tensor) -> str:
     """The tensor struct as gdb prints `p *t` (with `set print pretty on`)."""
     ptr = lambda a: f"{a:#x}" if a else "0x0"  # noqa: E731

@@ -24,6 +24,7 @@ from engine.backend.device import (
     Registry,
     ggml_backend_device_register,
 )
+from engine.core.api import writes
 from engine.core.optable import GGMLOp
 
 _ACCEL_REG = Registry("ACCEL")
@@ -63,12 +64,14 @@ def accel_device(name: str = "ACCEL0", backend_name: str | None = None, *, memor
                   guid=name.encode()[:16].ljust(16, b"\0"))
 
 
+@writes()
 def ggml_backend_accel_init(name: str = "ACCEL0", backend_name: str | None = None, **caps) -> Backend:
     """A backend on a new, unregistered accelerator device (as ggml_backend_rpc_init opens a
     backend on a server without registering it)."""
     return Backend(accel_device(name, backend_name, **caps))
 
 
+@writes()
 def ggml_backend_accel_add_device(name: str = "ACCEL0", **caps) -> Device:
     """A new accelerator device, registered: ggml_backend_dev_by_name/by_type and
     ggml_backend_init_best find it (a GPU is preferred over the CPU)."""

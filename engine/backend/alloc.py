@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from engine.backend import buffer as be
 from engine.backend.device import ggml_backend_get_default_buffer_type
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
@@ -450,23 +450,28 @@ class TensorAlloc:
 NO_ALLOC = TensorAlloc(-1, -1, SIZE_MAX, 0)
 
 
+@writes()
 def ggml_gallocr_new_n(bufts: list) -> GraphAllocator:
     return GraphAllocator(bufts)
 
 
+@writes()
 def ggml_gallocr_new(buft=CPU_BUFT) -> GraphAllocator:
     return GraphAllocator([buft])
 
 
+@writes()
 def ggml_gallocr_reserve_n(galloc: GraphAllocator, graph, node_buffer_ids, leaf_buffer_ids) -> bool:
     galloc.reserve(graph, node_buffer_ids, leaf_buffer_ids)
     return True
 
 
+@writes()
 def ggml_gallocr_reserve(galloc: GraphAllocator, graph) -> bool:
     return ggml_gallocr_reserve_n(galloc, graph, None, None)
 
 
+@writes()
 def ggml_gallocr_reserve_n_size(galloc: GraphAllocator, graph, node_buffer_ids, leaf_buffer_ids) -> list[int]:
     """The size each buffer would need for this graph (the sum of its chunks' high-water marks);
     no buffer is allocated."""
@@ -486,6 +491,7 @@ def ggml_gallocr_get_buffer_size(galloc: GraphAllocator, buffer_id: int) -> int:
     return sum(b.size for b in bufs)
 
 
+@writes(Writes.PLACES)
 def ggml_gallocr_alloc_graph(galloc: GraphAllocator, graph) -> bool:
     """Write `buffer` and `data` into the graph's tensors from the reserved plan. When the graph
     no longer fits the plan, a single-buffer gallocr reserves again; one with several buffers
@@ -507,6 +513,7 @@ def ggml_gallocr_alloc_graph(galloc: GraphAllocator, graph) -> bool:
     return True
 
 
+@writes()
 def ggml_gallocr_free(galloc: GraphAllocator | None) -> None:
     if galloc is None:
         return
@@ -528,11 +535,13 @@ class Tallocr:
     offset: int
 
 
+@writes()
 def ggml_tallocr_new(buffer) -> Tallocr:
     align = buffer.buft.alignment
     return Tallocr(buffer, buffer.base, align, (align - buffer.base % align) % align)
 
 
+@writes()
 def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
     size = _pad(talloc.buffer.buft.alloc_size(t), talloc.alignment)
     ggml_assert(talloc.offset + size <= talloc.buffer.size, "not enough space in the buffer",
@@ -585,6 +594,7 @@ def ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
     return sum(size for _, size in _ctx_ranges(ctx, buft))
 
 
+@writes(Writes.PLACES)
 def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
     """Every tensor of a no_alloc context without data, in one buffer — or, past the buffer
     type's max size, in several wrapped in one multi-buffer. None when every tensor already has data."""
@@ -594,5 +604,6 @@ def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
     return bufs[0] if len(bufs) == 1 else be.ggml_backend_multi_buffer_alloc_buffer(bufs)
 
 
+@writes(Writes.PLACES)
 def ggml_backend_alloc_ctx_tensors(ctx, backend):
     return ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_get_default_buffer_type(backend))

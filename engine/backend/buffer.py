@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import current_address_space
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor, ggml_nbytes
@@ -94,6 +94,7 @@ def set_buffer_field(t: Tensor, address: int) -> None:
 
 # --- buffer types -----------------------------------------------------------------------------
 
+@writes()
 def ggml_backend_cpu_buffer_type() -> BufferType:
     return _CPU_BUFT
 
@@ -123,6 +124,7 @@ def ggml_backend_buft_is_host(buft: BufferType) -> bool:
     return buft.is_host
 
 
+@writes()
 def ggml_backend_buft_alloc_buffer(buft: BufferType, size: int) -> Buffer:
     return Buffer(buft, size)
 
@@ -169,6 +171,7 @@ def ggml_backend_buffer_is_host(buf: Buffer) -> bool:
     return buf.buft.is_host
 
 
+@writes()
 def ggml_backend_buffer_set_usage(buf: Buffer, usage: int) -> None:
     if isinstance(buf, MultiBuffer):  # ggml_backend_multi_buffer_set_usage
         buf.set_usage(usage)
@@ -180,6 +183,7 @@ def ggml_backend_buffer_get_usage(buf: Buffer) -> int:
     return buf.usage
 
 
+@writes()
 def ggml_backend_buffer_clear(buf: Buffer, value: int) -> None:
     if isinstance(buf, MultiBuffer):
         buf.clear(value)
@@ -187,15 +191,18 @@ def ggml_backend_buffer_clear(buf: Buffer, value: int) -> None:
     buf.pool[:buf.size] = value & 0xFF
 
 
+@writes()
 def ggml_backend_buffer_reset(buf: Buffer) -> None:
     """The CPU buffer has no per-tensor state to drop."""
 
 
+@writes()
 def ggml_backend_buffer_init_tensor(buf: Buffer, t: Tensor) -> int:
     """The CPU buffer has no per-tensor setup (no init_tensor callback): success."""
     return 0
 
 
+@writes()
 def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     if buf is None or buf.freed:
         return
@@ -208,6 +215,7 @@ def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     _BUFFERS.pop(buf.address, None)
 
 
+@writes()
 def ggml_backend_cpu_buffer_from_ptr(data: np.ndarray | bytearray, size: int) -> Buffer:
     """A CPU buffer over memory the caller owns (ggml asserts the pointer is aligned)."""
     arr = np.frombuffer(data, dtype=np.uint8)
@@ -217,6 +225,7 @@ def ggml_backend_cpu_buffer_from_ptr(data: np.ndarray | bytearray, size: int) ->
 
 # --- tensors in buffers -----------------------------------------------------------------------
 
+@writes()
 def ggml_backend_tensor_alloc(buf: Buffer, t: Tensor, addr: int) -> int:
     """Place t at address addr of buffer buf: sets t->buffer and t->data."""
     ggml_assert(buffer_field(t) == 0, "tensor->buffer == NULL", "ggml_backend_tensor_alloc")
@@ -231,6 +240,7 @@ def ggml_backend_tensor_alloc(buf: Buffer, t: Tensor, addr: int) -> int:
     return ggml_backend_buffer_init_tensor(buf, t)
 
 
+@writes()
 def ggml_backend_view_init(t: Tensor) -> int:
     """A view gets its view_src's buffer and data + view_offs."""
     vs = t.view_src
@@ -254,6 +264,7 @@ def _tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
     return buf.pool[start:start + size]
 
 
+@writes(Writes.DATA)
 def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, size: int) -> None:
     if size == 0:
         return
@@ -269,12 +280,14 @@ def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
     return _tensor_bytes(t, offset, size, "ggml_backend_tensor_get").tobytes()
 
 
+@writes(Writes.DATA)
 def ggml_backend_tensor_memset(t: Tensor, value: int, offset: int, size: int) -> None:
     if size == 0:
         return
     _tensor_bytes(t, offset, size, "ggml_backend_tensor_memset")[:] = value & 0xFF
 
 
+@writes()
 def ggml_backend_tensor_set_2d(t: Tensor, data: bytes | np.ndarray, offset: int, size: int, n_copies: int,
                                stride_tensor: int, stride_data: int) -> None:
     """n_copies rows of `size` bytes: row i from data + i*stride_data to offset + i*stride_tensor."""
@@ -297,6 +310,7 @@ def _same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type == b.type and list(a.ne) == list(b.ne) and list(a.nb) == list(b.nb)
 
 
+@writes()
 def ggml_backend_buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
     """The destination buffer's cpy_tensor: a host buffer copies from another host buffer; false
     otherwise (the caller then goes through host memory)."""
@@ -308,6 +322,7 @@ def ggml_backend_buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
     return True
 
 
+@writes()
 def ggml_backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     """Copy src's bytes into dst (same layout); a no-op when they are the same tensor. Between two
     non-host buffers without a direct copy the bytes go through host memory, as in ggml."""
@@ -350,6 +365,7 @@ class MultiBuffer:
         return f"<ggml_backend_buffer multi {self.buft.name} parts={len(self.buffers)} size={self.size}>"
 
 
+@writes()
 def ggml_backend_multi_buffer_alloc_buffer(buffers: list[Buffer], n_buffers: int | None = None) -> MultiBuffer:
     return MultiBuffer(buffers[:n_buffers] if n_buffers is not None else buffers)
 

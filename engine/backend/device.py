@@ -25,7 +25,7 @@ from engine.backend.buffer import (
     ggml_backend_tensor_set,
     ggml_backend_tensor_set_2d,
 )
-from engine.core.api import query
+from engine.core.api import query, writes
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.types import GGMLType, ggml_is_quantized, traits
@@ -141,12 +141,14 @@ _CPU_REG.devices.append(_CPU_DEV)
 _REGS = [_CPU_REG]  # accelerators register before the CPU, as ggml registers GPUs first
 
 
+@writes()
 def ggml_backend_register(reg: Registry) -> None:
     """Add a registry (ggml_backend_register); the CPU's stays last."""
     if reg not in _REGS:
         _REGS.insert(len(_REGS) - 1, reg)
 
 
+@writes()
 def ggml_backend_device_register(dev: Device) -> None:
     """Add a device to its registry (ggml_backend_device_register)."""
     ggml_assert(dev.reg is not None, "device->reg != NULL", "ggml_backend_device_register")
@@ -157,6 +159,7 @@ def ggml_backend_device_register(dev: Device) -> None:
 
 # --- the backend object -----------------------------------------------------------------------
 
+@writes()
 def ggml_backend_cpu_init() -> Backend:
     return Backend(_CPU_DEV)
 
@@ -171,6 +174,7 @@ def ggml_backend_is_cpu(backend: Backend | None) -> bool:
     return isinstance(backend, Backend) and backend.device is _CPU_DEV
 
 
+@writes()
 def ggml_backend_cpu_set_n_threads(backend: Backend, n_threads: int) -> None:
     ggml_assert(ggml_backend_is_cpu(backend), "ggml_backend_is_cpu(backend_cpu)", "ggml_backend_cpu_set_n_threads")
     backend.n_threads = n_threads
@@ -191,10 +195,12 @@ def ggml_backend_get_max_size(backend: Backend) -> int:
     return backend.device.buft.max_size
 
 
+@writes()
 def ggml_backend_alloc_buffer(backend: Backend, size: int) -> Buffer:
     return ggml_backend_buft_alloc_buffer(backend.device.buft, size)
 
 
+@writes()
 def ggml_backend_graph_compute_async(backend: Backend, cgraph) -> int:
     """Plan with the backend's thread count, grow its work buffer if needed, compute (every
     backend here computes with the engine's kernels, synchronously)."""
@@ -210,16 +216,19 @@ def ggml_backend_graph_compute_async(backend: Backend, cgraph) -> int:
     return ggml_graph_compute(cgraph, cplan)
 
 
+@writes()
 def ggml_backend_graph_compute(backend: Backend, cgraph) -> int:
     status = ggml_backend_graph_compute_async(backend, cgraph)
     ggml_backend_synchronize(backend)
     return status
 
 
+@writes()
 def ggml_backend_synchronize(backend: Backend) -> None:
     """Every backend here finishes its work before returning: nothing to wait for."""
 
 
+@writes()
 def ggml_backend_free(backend: Backend | None) -> None:
     if backend is not None:
         ggml_backend_buffer_free(backend.work)
@@ -241,6 +250,7 @@ def ggml_backend_offload_op(backend: Backend, op) -> bool:
     return backend.device.offload_op(op)
 
 
+@writes()
 def ggml_backend_tensor_set_async(backend: Backend, t, data, offset: int, size: int) -> None:
     """No backend here has set_tensor_async: the synchronous copy."""
     ggml_backend_tensor_set(t, data, offset, size)
@@ -251,6 +261,7 @@ def ggml_backend_tensor_get_async(backend: Backend, t, offset: int, size: int) -
     return ggml_backend_tensor_get(t, offset, size)
 
 
+@writes()
 def ggml_backend_tensor_set_2d_async(backend: Backend, t, data, offset: int, size: int, n_copies: int,
                                      stride_tensor: int, stride_data: int) -> None:
     ggml_backend_tensor_set_2d(t, data, offset, size, n_copies, stride_tensor, stride_data)
@@ -262,6 +273,7 @@ def ggml_backend_tensor_get_2d_async(backend: Backend, t, offset: int, size: int
     return ggml_backend_tensor_get_2d(t, offset, size, n_copies, stride_tensor, stride_data)
 
 
+@writes()
 def ggml_backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> None:
     ggml_backend_tensor_copy(src, dst)
 
@@ -274,29 +286,35 @@ def ggml_backend_guid(backend: Backend) -> bytes:
 
 # --- events: no device here has any (caps.events is false), as for ggml's CPU -----------------
 
+@writes()
 def ggml_backend_event_new(device: Device) -> None:
     """NULL: the device has no event_new."""
     return None
 
 
+@writes()
 def ggml_backend_event_free(event) -> None:
     """Nothing to release."""
 
 
+@writes()
 def ggml_backend_event_record(event: object, backend: Backend) -> None:
     ggml_assert(event is not None, "event", "ggml_backend_event_record")
 
 
+@writes()
 def ggml_backend_event_synchronize(event: object) -> None:
     ggml_assert(event is not None, "event", "ggml_backend_event_synchronize")
 
 
+@writes()
 def ggml_backend_event_wait(backend: Backend, event: object) -> None:
     ggml_assert(event is not None, "event", "ggml_backend_event_wait")
 
 
 # --- devices and the registry ------------------------------------------------------------------
 
+@writes()
 def ggml_backend_cpu_reg() -> Registry:
     return _CPU_REG
 
@@ -450,16 +468,19 @@ def ggml_backend_buft_get_device(buft: BufferType) -> Device:
     return buft.device
 
 
+@writes()
 def ggml_backend_init_by_name(name: str, params: str | None = None) -> Backend | None:
     dev = ggml_backend_dev_by_name(name)
     return None if dev is None else ggml_backend_dev_init(dev, params)
 
 
+@writes()
 def ggml_backend_init_by_type(type_: int, params: str | None = None) -> Backend | None:
     dev = ggml_backend_dev_by_type(type_)
     return None if dev is None else ggml_backend_dev_init(dev, params)
 
 
+@writes()
 def ggml_backend_init_best() -> Backend | None:
     """A GPU, else an integrated GPU, else the CPU."""
     dev = (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)
@@ -467,6 +488,7 @@ def ggml_backend_init_best() -> Backend | None:
     return None if dev is None else ggml_backend_dev_init(dev, None)
 
 
+@writes()
 def ggml_backend_load_all() -> str:
     """Loads nothing: the engine's backends are built in (real ggml scans for libggml-*.so here)."""
     return "ggml_backend_load_all: the engine's backends are built in; nothing to load"
@@ -487,15 +509,18 @@ class GraphPlan:
             self.cplan.work_data = self.work.base
 
 
+@writes()
 def ggml_backend_graph_plan_create(backend: Backend, cgraph) -> GraphPlan:
     return GraphPlan(backend, cgraph)
 
 
+@writes()
 def ggml_backend_graph_plan_compute(backend: Backend, plan: GraphPlan) -> int:
     from engine.compute.threadpool import ggml_graph_compute
     return ggml_graph_compute(plan.cgraph, plan.cplan)
 
 
+@writes()
 def ggml_backend_graph_plan_free(backend: Backend, plan: GraphPlan) -> None:
     ggml_backend_buffer_free(plan.work)
     plan.work = None

@@ -16,6 +16,7 @@ from typing import Callable
 from engine.backend.alloc import ggml_backend_alloc_ctx_tensors
 from engine.backend.buffer import Buffer, ggml_backend_buffer_free, ggml_backend_tensor_copy, ggml_backend_view_init
 from engine.backend.device import Backend, ggml_backend_graph_compute
+from engine.core.api import writes
 from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.errors import ggml_assert
 from engine.core.graph import Graph, ggml_graph_overhead_custom, ggml_graph_view, ggml_new_graph_custom
@@ -70,6 +71,7 @@ def _init(copies: dict, done: set, src: Tensor) -> None:
             _init(copies, done, s)
 
 
+@writes()
 def ggml_backend_graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
     n_hash = graph.hash_size
     mem = ggml_tensor_overhead() * n_hash + ggml_graph_overhead_custom(graph.size, False)
@@ -90,12 +92,14 @@ def ggml_backend_graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
     return GraphCopy(buffer, allocated, unallocated, g)
 
 
+@writes()
 def ggml_backend_graph_copy_free(copy: GraphCopy) -> None:
     ggml_backend_buffer_free(copy.buffer)
     ggml_free(copy.ctx_allocated)
     ggml_free(copy.ctx_unallocated)
 
 
+@writes()
 def ggml_backend_compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
                                        callback: Callable[[int, Tensor, Tensor], bool],
                                        test_nodes: list[Tensor] | None = None) -> bool:

@@ -42,7 +42,7 @@ from engine.backend.device import (
     ggml_backend_supports_op,
     ggml_backend_synchronize,
 )
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params
 from engine.core.errors import ggml_abort, ggml_assert
 from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
@@ -461,12 +461,14 @@ def _id_of(sched: Sched, backend: Backend, fn: str) -> int:
 
 # --- ggml-backend.h ---------------------------------------------------------------------------
 
+@writes()
 def ggml_backend_sched_new(backends: list[Backend], bufts: list[BufferType] | None, n_backends: int,
                            graph_size: int, parallel: bool, op_offload: bool) -> Sched:
     return Sched(list(backends)[:n_backends], list(bufts)[:n_backends] if bufts else None, graph_size, parallel,
                  op_offload)
 
 
+@writes()
 def ggml_backend_sched_free(sched: Sched | None) -> None:
     if sched is None:
         return
@@ -476,10 +478,12 @@ def ggml_backend_sched_free(sched: Sched | None) -> None:
         sched.ctx = None
 
 
+@writes()
 def ggml_backend_sched_reset(sched: Sched) -> None:
     sched.reset()
 
 
+@writes()
 def ggml_backend_sched_reserve_size(sched: Sched, measure_graph) -> list[int]:
     """The compute buffer size each backend would need (C writes them into `sizes`)."""
     ggml_assert(sched.graph_size >= measure_graph.n_nodes + measure_graph.n_leafs,
@@ -492,6 +496,7 @@ def ggml_backend_sched_reserve_size(sched: Sched, measure_graph) -> list[int]:
     return [sum(c.max_size for c in t.chunks) for t in sched.galloc.tallocs]
 
 
+@writes()
 def ggml_backend_sched_reserve(sched: Sched, measure_graph) -> bool:
     ggml_assert(sched.graph_size >= measure_graph.n_nodes + measure_graph.n_leafs,
                 "(int)sched->hash_set.size >= measure_graph->n_nodes + measure_graph->n_leafs",
@@ -503,6 +508,7 @@ def ggml_backend_sched_reserve(sched: Sched, measure_graph) -> bool:
     return True
 
 
+@writes(Writes.PLACES)
 def ggml_backend_sched_alloc_graph(sched: Sched, graph) -> bool:
     ggml_assert(sched.graph_size >= graph.n_nodes + graph.n_leafs,
                 "(int)sched->hash_set.size >= graph->n_nodes + graph->n_leafs", "ggml_backend_sched_alloc_graph")
@@ -516,6 +522,7 @@ def ggml_backend_sched_alloc_graph(sched: Sched, graph) -> bool:
     return True
 
 
+@writes(Writes.PLACES)
 def ggml_backend_sched_graph_compute_async(sched: Sched, graph) -> int:
     if not sched.is_reset and not sched.is_alloc:
         sched.reset()
@@ -524,12 +531,14 @@ def ggml_backend_sched_graph_compute_async(sched: Sched, graph) -> int:
     return sched.compute_splits()
 
 
+@writes(Writes.PLACES)
 def ggml_backend_sched_graph_compute(sched: Sched, graph) -> int:
     status = ggml_backend_sched_graph_compute_async(sched, graph)
     ggml_backend_sched_synchronize(sched)
     return status
 
 
+@writes()
 def ggml_backend_sched_synchronize(sched: Sched) -> None:
     for be in sched.backends:
         ggml_backend_synchronize(be)
@@ -537,10 +546,12 @@ def ggml_backend_sched_synchronize(sched: Sched) -> None:
         sched.next_copy = 0  # the same copy is used after a synchronization
 
 
+@writes()
 def ggml_backend_sched_split_graph(sched: Sched, graph) -> None:
     sched.split_graph(graph)
 
 
+@writes()
 def ggml_backend_sched_set_eval_callback(sched: Sched, callback: Callable | None, user_data=None) -> None:
     """callback(t, ask) -> bool, as ggml_backend_sched_eval_callback without user_data (a
     closure carries it); called before a node (ask=True: do you want its data?) and after."""
@@ -578,6 +589,7 @@ def ggml_backend_sched_get_buffer_size(sched: Sched, backend: Backend) -> int:
     return ggml_gallocr_get_buffer_size(sched.galloc, _id_of(sched, backend, "ggml_backend_sched_get_buffer_size"))
 
 
+@writes()
 def ggml_backend_sched_set_tensor_backend(sched: Sched, node: Tensor, backend: Backend) -> None:
     sched._pass_log = []
     sched.set_tid(node, _id_of(sched, backend, "ggml_backend_sched_set_tensor_backend"), "usr")

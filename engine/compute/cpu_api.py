@@ -9,155 +9,186 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core.api import Writes, query, writes
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor
 from engine.core.tensor_data import _element_view, _from_f32, _to_f32, tensor_view
 from engine.core.types import GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
+@query
 def ggml_cpu_has_sse3() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_ssse3() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_avx() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_avx_vnni() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_avx2() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_bmi2() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_f16c() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_fma() -> int:
     """1 on the emulated CPU."""
     return 1
 
 
+@query
 def ggml_cpu_has_avx512() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_avx512_vbmi() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_avx512_vnni() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_avx512_bf16() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_amx_int8() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_neon() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_arm_fma() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_fp16_va() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_dotprod() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_matmul_int8() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_sve() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_sme() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_riscv_v() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_vsx() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_vxe() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_wasm_simd() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_has_llamafile() -> int:
     """0 on the emulated CPU."""
     return 0
 
 
+@query
 def ggml_cpu_get_sve_cnt() -> int:
     """No SVE on x86-64."""
     return 0
 
 
+@query
 def ggml_cpu_get_rvv_vlen() -> int:
     """No RISC-V vectors on x86-64."""
     return 0
 
 
+@query
 def ggml_cpu_init() -> None:
     """ggml_cpu_init fills ggml-cpu's fp16 tables once; the engine converts exactly without them."""
 
 
+@query
 def ggml_numa_init(strategy: int) -> None:
     """The emulated machine has one NUMA node: nothing to set up."""
 
 
+@query
 def ggml_is_numa() -> bool:
     return False
 
@@ -171,21 +202,25 @@ def _nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, fn: str) -> np.ndarray:
 _FLOATS = (GGMLType.F16, GGMLType.BF16, GGMLType.F32)
 
 
+@query
 def ggml_get_f32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int) -> float:
     arr = _nd(t, i0, i1, i2, i3, "ggml_get_f32_nd")
     return float(_to_f32(t.type, arr)[0]) if t.type in _FLOATS else float(arr[0])
 
 
+@writes(Writes.DATA)
 def ggml_set_f32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, value: float) -> None:
     arr = _nd(t, i0, i1, i2, i3, "ggml_set_f32_nd")
     arr[0] = _from_f32(t.type, value) if t.type in _FLOATS else np.array(np.float32(value)).astype(arr.dtype)
 
 
+@query
 def ggml_get_i32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int) -> int:
     arr = _nd(t, i0, i1, i2, i3, "ggml_get_i32_nd")
     return int(np.trunc(_to_f32(t.type, arr)[0])) if t.type in _FLOATS else int(arr[0])
 
 
+@writes(Writes.DATA)
 def ggml_set_i32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, value: int) -> None:
     arr = _nd(t, i0, i1, i2, i3, "ggml_set_i32_nd")
     arr[0] = _from_f32(t.type, float(value)) if t.type in _FLOATS else np.array(value).astype(arr.dtype)
@@ -193,28 +228,34 @@ def ggml_set_i32_nd(t: Tensor, i0: int, i1: int, i2: int, i3: int, value: int) -
 
 # row converters: C writes n values into y; here they return the converted array
 
+@query
 def ggml_cpu_fp32_to_fp32(x, n: int) -> np.ndarray:
     return np.asarray(x, dtype=np.float32)[:n].copy()
 
 
+@query
 def ggml_cpu_fp32_to_i32(x, n: int) -> np.ndarray:
     """A C cast per value: truncation toward zero."""
     return np.trunc(np.asarray(x, dtype=np.float32)[:n]).astype(np.int32)
 
 
+@query
 def ggml_cpu_fp32_to_fp16(x, n: int) -> np.ndarray:
     """fp16 bit patterns (uint16), rounded to nearest even as F16C does."""
     return fp32_to_fp16_bits(np.asarray(x, dtype=np.float32)[:n])
 
 
+@query
 def ggml_cpu_fp16_to_fp32(x, n: int) -> np.ndarray:
     return fp16_bits_to_fp32(np.asarray(x, dtype=np.uint16)[:n])
 
 
+@query
 def ggml_cpu_fp32_to_bf16(x, n: int) -> np.ndarray:
     return fp32_to_bf16_bits(np.asarray(x, dtype=np.float32)[:n])
 
 
+@query
 def ggml_cpu_bf16_to_fp32(x, n: int) -> np.ndarray:
     return bf16_bits_to_fp32(np.asarray(x, dtype=np.uint16)[:n])
 
@@ -236,6 +277,7 @@ class ggml_threadpool_params:  # noqa: N801 - ggml's name
                 f"strict_cpu={self.strict_cpu}, paused={self.paused})")
 
 
+@query
 def ggml_threadpool_params_init(p: ggml_threadpool_params, n_threads: int) -> None:
     """Normal priority, hybrid polling (50), no strict placement, not paused, an all-zero cpumask
     (the default affinity)."""
@@ -247,10 +289,12 @@ def ggml_threadpool_params_init(p: ggml_threadpool_params, n_threads: int) -> No
     p.cpumask = np.zeros(GGML_MAX_N_THREADS, dtype=bool)
 
 
+@query
 def ggml_threadpool_params_default(n_threads: int) -> ggml_threadpool_params:
     return ggml_threadpool_params(n_threads)
 
 
+@query
 def ggml_threadpool_params_match(p0: ggml_threadpool_params, p1: ggml_threadpool_params) -> bool:
     """Equal n_threads, prio, poll, strict_cpu and cpumask (`paused` is not compared)."""
     return (p0.n_threads == p1.n_threads and p0.prio == p1.prio and p0.poll == p1.poll
@@ -274,22 +318,27 @@ class Threadpool:
         return f"<ggml_threadpool n_threads={self.n_threads} paused={self.paused}>"
 
 
+@query
 def ggml_threadpool_new(params: ggml_threadpool_params) -> Threadpool:
     return Threadpool(params)
 
 
+@query
 def ggml_threadpool_free(threadpool: Threadpool | None) -> None:
     if threadpool is not None:
         threadpool.freed = True
 
 
+@query
 def ggml_threadpool_pause(threadpool: Threadpool) -> None:
     threadpool.paused = True
 
 
+@query
 def ggml_threadpool_resume(threadpool: Threadpool) -> None:
     threadpool.paused = False
 
 
+@query
 def ggml_threadpool_get_n_threads(threadpool: Threadpool) -> int:
     return threadpool.n_threads

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.errors import GGMLPoolError, ggml_assert
 from engine.core.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
 
@@ -245,11 +245,13 @@ class ObjectInfo:
         return OBJECT_TYPE_NAMES.get(self.type, str(self.type))
 
 
+@writes(Writes.CONTEXT)
 def ggml_init(params: ggml_init_params) -> Context:
     """ggml_init: create a context with a pool of params.mem_size bytes (padded to 16 if owned)."""
     return Context(params)
 
 
+@writes()
 def ggml_new_object(ctx: Context, type_: int, size: int) -> int:
     """ggml_new_object: append an object to the pool; returns its payload offset.
 
@@ -297,6 +299,7 @@ def ggml_get_mem_size(ctx: Context) -> int:
     return ctx.mem_size
 
 
+@writes()
 def ggml_set_no_alloc(ctx: Context, no_alloc: bool) -> None:
     """ggml_set_no_alloc."""
     ctx.no_alloc = bool(no_alloc)
@@ -314,11 +317,13 @@ def ggml_tensor_overhead() -> int:
     return GGML_OBJECT_SIZE + GGML_TENSOR_SIZE
 
 
+@writes()
 def ggml_new_buffer(ctx: Context, nbytes: int) -> int:
     """ggml_new_buffer: a WORK_BUFFER object of nbytes; returns its (simulated) address."""
     return ctx.address(ggml_new_object(ctx, GGML_OBJECT_TYPE_WORK_BUFFER, nbytes))
 
 
+@writes()
 def ggml_reset(ctx: Context | None) -> None:
     """ggml_reset: forget every object; the bytes stay, the next object starts at offset 0."""
     if ctx is None:
@@ -327,6 +332,7 @@ def ggml_reset(ctx: Context | None) -> None:
     ctx.objects_begin = ctx.objects_end = None
 
 
+@writes()
 def ggml_free(ctx: Context | None) -> None:
     """ggml_free: the context may not be used afterwards. Its pool is released when the context
     owns it; a pool the program handed in (mem_buffer) stays the program's memory, so tensors and
@@ -343,6 +349,7 @@ def _object_line(obj) -> str:
     return f" - ggml_object: type = {obj.type}, offset = {obj.offs}, size = {obj.size}, next = {next_}"
 
 
+@writes()
 def ggml_print_object(obj) -> str:
     """ggml_print_object: one object's line (returned, and printed)."""
     line = _object_line(obj)

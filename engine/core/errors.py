@@ -6,6 +6,8 @@ exactly as ggml writes it and the function that checked it, so a learner can fin
 
 from __future__ import annotations
 
+from engine.core.api import writes
+
 
 class GGMLAssertionError(AssertionError):
     """GGML_ASSERT(condition) failed inside `function`."""
@@ -30,6 +32,7 @@ class GGMLPoolError(MemoryError):
         )
 
 
+@writes()
 def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> None:
     """GGML_ASSERT: raise GGMLAssertionError naming `condition` when `ok` is false."""
     if not ok:

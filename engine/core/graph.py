@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
@@ -211,6 +211,7 @@ class Graph:
         return 0 if slot is None else int(self.use_counts[slot])
 
 
+@writes()
 def ggml_new_graph_custom(ctx: Context, size: int, grads: bool) -> Graph:
     """ggml_new_graph_custom: one GRAPH object holding the struct and all its arrays."""
     offsets, nbytes = _graph_layout(size, grads)
@@ -231,6 +232,7 @@ def ggml_new_graph_custom(ctx: Context, size: int, grads: bool) -> Graph:
     return Graph(ctx, r, offs)
 
 
+@writes()
 def ggml_new_graph(ctx: Context) -> Graph:
     """ggml_new_graph: a graph of GGML_DEFAULT_GRAPH_SIZE (2048) nodes without gradients."""
     return ggml_new_graph_custom(ctx, GGML_DEFAULT_GRAPH_SIZE, False)
@@ -307,11 +309,13 @@ def _build_forward(g: Graph, t: Tensor, compute: bool) -> None:
                     "cgraph->nodes[cgraph->n_nodes - 1] == tensor", "ggml_build_forward_expand")
 
 
+@writes(Writes.WALK)
 def ggml_build_forward_expand(g: Graph, t: Tensor) -> None:
     """ggml_build_forward_expand: add t and everything it depends on, in dependency order."""
     _build_forward(g, t, True)
 
 
+@writes(Writes.WALK)
 def ggml_build_forward_select(g: Graph, tensors: list[Tensor], idx: int) -> Tensor:
     """ggml_build_forward_select: build all tensors, marking only tensors[idx] for compute."""
     ggml_assert(0 <= idx < len(tensors), "idx >= 0 && idx < n_tensors", "ggml_build_forward_select")
@@ -342,6 +346,7 @@ def ggml_graph_node(g: Graph, i: int) -> Tensor:
     return g.tensor(int(g.node_addresses[i]))
 
 
+@writes()
 def ggml_graph_add_node(g: Graph, t: Tensor) -> None:
     """ggml_graph_add_node: append a node without hashing it."""
     ggml_assert(g.size > g.n_nodes, "cgraph->size > cgraph->n_nodes", "ggml_graph_add_node")
@@ -349,11 +354,13 @@ def ggml_graph_add_node(g: Graph, t: Tensor) -> None:
     g._r["n_nodes"] = g.n_nodes + 1
 
 
+@writes()
 def ggml_graph_get_tensor(g: Graph, name: str) -> Tensor | None:
     """ggml_graph_get_tensor: search the leafs, then the nodes, by name."""
     return next((t for t in g.leafs + g.nodes if t.name == name), None)
 
 
+@writes()
 def ggml_graph_clear(g: Graph) -> None:
     """ggml_graph_clear: forget all nodes and leafs and empty the hash set."""
     g._r["n_nodes"] = 0
@@ -361,6 +368,7 @@ def ggml_graph_clear(g: Graph) -> None:
     g.hash_used[:] = 0
 
 
+@writes()
 def ggml_graph_view(g: Graph, i0: int, i1: int) -> Graph:
     """ggml_graph_view: nodes [i0, i1) of g, as a struct by value (not in any pool)."""
     r = np.zeros(1, dtype=CGRAPH)
@@ -372,6 +380,7 @@ def ggml_graph_view(g: Graph, i0: int, i1: int) -> Graph:
     return view
 
 
+@writes()
 def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
     """ggml_graph_cpy: copy nodes, leafs and the hash set (re-hashed for dst's size)."""
     ggml_assert(dst.size >= src.n_leafs, "dst->size >= src->n_leafs", "ggml_graph_cpy")
@@ -432,11 +441,13 @@ def _by_slot(g: Graph, node: Tensor, table: np.ndarray | None) -> Tensor | None:
     return g.tensor(int(table[slot]))
 
 
+@writes()
 def ggml_graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
     """ggml_graph_get_grad: the gradient recorded for node, or None."""
     return _by_slot(g, node, g.grad_addresses)
 
 
+@writes()
 def ggml_graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
     """ggml_graph_get_grad_acc: the gradient accumulator of node, or None."""
     return _by_slot(g, node, g.grad_acc_addresses)

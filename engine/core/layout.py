@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.core.api import query
+
 GGML_MEM_ALIGN = 16
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -18,6 +20,7 @@ GGML_MAX_NAME = 64
 GGML_MAX_OP_PARAMS = 64  # bytes: int32 op_params[16]
 
 
+@query
 def GGML_PAD(x: int, n: int) -> int:
     """GGML_PAD (a macro in ggml.h): round x up to a multiple of n (a power of two)."""
     return (x + n - 1) & ~(n - 1)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import query, writes
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
@@ -193,6 +193,7 @@ class Tensor:
 
 # --- creation --------------------------------------------------------------------------------
 
+@writes()
 def ggml_new_tensor_impl(ctx: Context, type_: int, n_dims: int, ne, view_src: Tensor | None,
                          view_offs: int, fn: str = "ggml_new_tensor_impl") -> Tensor:
     """ggml_new_tensor_impl: one TENSOR object holding the struct and, unless a view or no_alloc,
@@ -251,36 +252,43 @@ def contiguous_strides(type_: int, ne) -> list[int]:
     return nb
 
 
+@writes()
 def ggml_new_tensor(ctx: Context, type_: int, n_dims: int, ne) -> Tensor:
     """ggml_new_tensor."""
     return ggml_new_tensor_impl(ctx, type_, n_dims, ne, None, 0, "ggml_new_tensor")
 
 
+@writes()
 def ggml_new_tensor_1d(ctx: Context, type_: int, ne0: int) -> Tensor:
     """ggml_new_tensor_1d."""
     return ggml_new_tensor(ctx, type_, 1, [ne0])
 
 
+@writes()
 def ggml_new_tensor_2d(ctx: Context, type_: int, ne0: int, ne1: int) -> Tensor:
     """ggml_new_tensor_2d."""
     return ggml_new_tensor(ctx, type_, 2, [ne0, ne1])
 
 
+@writes()
 def ggml_new_tensor_3d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int) -> Tensor:
     """ggml_new_tensor_3d."""
     return ggml_new_tensor(ctx, type_, 3, [ne0, ne1, ne2])
 
 
+@writes()
 def ggml_new_tensor_4d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """ggml_new_tensor_4d."""
     return ggml_new_tensor(ctx, type_, 4, [ne0, ne1, ne2, ne3])
 
 
+@writes()
 def ggml_dup_tensor(ctx: Context, src: Tensor) -> Tensor:
     """ggml_dup_tensor: a new contiguous tensor with src's type and shape (no data, no name)."""
     return ggml_new_tensor(ctx, src.type, GGML_MAX_DIMS, src.ne)
 
 
+@writes()
 def ggml_view_tensor(ctx: Context, src: Tensor) -> Tensor:
     """ggml_view_tensor: a view of all of src with src's strides, named "<src> (view)", op NONE."""
     result = ggml_new_tensor_impl(ctx, src.type, GGML_MAX_DIMS, src.ne, src, 0, "ggml_view_tensor")
@@ -291,6 +299,7 @@ def ggml_view_tensor(ctx: Context, src: Tensor) -> Tensor:
 
 # --- names -----------------------------------------------------------------------------------
 
+@writes()
 def ggml_set_name(t: Tensor, name: str | bytes) -> Tensor:
     """ggml_set_name: copy at most 63 bytes of name and a NUL."""
     t._write_name(name.encode() if isinstance(name, str) else name)
@@ -303,6 +312,7 @@ def ggml_get_name(t: Tensor) -> str:
     return t.name
 
 
+@writes()
 def ggml_format_name(t: Tensor, fmt: str | bytes, *args) -> Tensor:
     """ggml_format_name: printf-style name, truncated to 63 bytes like vsnprintf(name, 64, ...)."""
     fmt_b = fmt.encode() if isinstance(fmt, str) else fmt
@@ -355,11 +365,13 @@ def ggml_get_max_tensor_size(ctx: Context) -> int:
 
 # --- flags -----------------------------------------------------------------------------------
 
+@writes()
 def ggml_set_input(t: Tensor) -> None:
     """ggml_set_input."""
     t.flags |= GGML_TENSOR_FLAG_INPUT
 
 
+@writes()
 def ggml_set_output(t: Tensor) -> None:
     """ggml_set_output: marks t and every tensor along its view_src chain."""
     cur: Tensor | None = t
@@ -368,12 +380,14 @@ def ggml_set_output(t: Tensor) -> None:
         cur = cur.view_src
 
 
+@writes()
 def ggml_set_param(t: Tensor) -> None:
     """ggml_set_param: only leafs (op NONE) can be parameters."""
     ggml_assert(t.op == 0, "tensor->op == GGML_OP_NONE", "ggml_set_param")
     t.flags |= GGML_TENSOR_FLAG_PARAM
 
 
+@writes()
 def ggml_set_loss(t: Tensor) -> None:
     """ggml_set_loss: the loss must be an F32 scalar."""
     ggml_assert(ggml_is_scalar(t), "ggml_is_scalar(tensor)", "ggml_set_loss")

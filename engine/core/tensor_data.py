@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import Context
 from engine.core.errors import GGMLAssertionError, TensorBoundsError, ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_n_dims, ggml_nbytes, ggml_nelements, \
@@ -24,6 +24,7 @@ from engine.core.types import NUMPY_DTYPE, TYPE_TRAITS, GGMLType, bf16_bits_to_f
 
 # --- one-element tensors ----------------------------------------------------------------
 
+@writes()
 def ggml_new_i32(ctx: Context, value: int) -> Tensor:
     """ggml_new_i32: a 1-element I32 tensor holding value (needs an allocating context)."""
     ggml_assert(not ctx.no_alloc, "!ctx->no_alloc", "ggml_new_i32")
@@ -32,6 +33,7 @@ def ggml_new_i32(ctx: Context, value: int) -> Tensor:
     return t
 
 
+@writes()
 def ggml_new_f32(ctx: Context, value: float) -> Tensor:
     """ggml_new_f32: a 1-element F32 tensor holding value (needs an allocating context)."""
     ggml_assert(not ctx.no_alloc, "!ctx->no_alloc", "ggml_new_f32")
@@ -96,12 +98,14 @@ def tensor_view(t: Tensor, shape, strides, dtype, offset: int = 0,
                         f"{what} in context {ctx.id}'s pool")
 
 
+@query
 def data_bytes(t: Tensor, nbytes: int | None = None) -> np.ndarray:
     """The pool bytes at t->data (nbytes of them, default ggml_nbytes), as a writable view."""
     n = ggml_nbytes(t) if nbytes is None else nbytes
     return tensor_view(t, (n,), (1,), np.uint8, function="data_bytes")
 
 
+@query
 def to_numpy(t: Tensor) -> np.ndarray:
     """ggml.utils.to_numpy: a strided numpy view of t's data in the pool (no copy).
 
@@ -160,12 +164,14 @@ def _rows(t: Tensor, fn: str) -> np.ndarray:
                        function=fn)
 
 
+@writes(Writes.DATA)
 def ggml_set_f32(t: Tensor, value: float) -> Tensor:
     """ggml_set_f32: every element (of every row) set to value."""
     _rows(t, "ggml_set_f32")[...] = _from_f32(t.type, value)
     return t
 
 
+@writes(Writes.DATA)
 def ggml_set_i32(t: Tensor, value: int) -> Tensor:
     """ggml_set_i32: every element set to value."""
     rows = _rows(t, "ggml_set_i32")
@@ -197,6 +203,7 @@ def ggml_get_f32_1d(t: Tensor, i: int) -> float:
     return float(_to_f32(t.type, arr[idx[0]:idx[0] + 1])[0])
 
 
+@writes(Writes.DATA)
 def ggml_set_f32_1d(t: Tensor, i: int, value: float) -> None:
     """ggml_set_f32_1d."""
     arr, idx = _element(t, i, "ggml_set_f32_1d")
@@ -212,6 +219,7 @@ def ggml_get_i32_1d(t: Tensor, i: int) -> int:
     return int(arr[idx])
 
 
+@writes(Writes.DATA)
 def ggml_set_i32_1d(t: Tensor, i: int, value: int) -> None:
     """ggml_set_i32_1d."""
     arr, idx = _element(t, i, "ggml_set_i32_1d")
@@ -228,6 +236,7 @@ def ggml_get_data_f32(t: Tensor) -> np.ndarray:
     return to_numpy(t)
 
 
+@writes(Writes.DATA)
 def set_data(t: Tensor, values) -> Tensor:
     """memcpy(t->data, values, ggml_nbytes(t)): fill t from a numpy array in ggml's element order.
 

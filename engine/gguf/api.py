@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import query, writes
 
 from .format import (GGUF_DEFAULT_ALIGNMENT, GGUF_KEY_GENERAL_ALIGNMENT, GGUF_MAGIC,
                      GGUF_VERSION, GGUFError, GGUFValueType, gguf_type_name, gguf_type_size)
@@ -64,11 +64,13 @@ class gguf_init_params:  # noqa: N801 - C's name
     ctx: bool = False
 
 
+@writes()
 def gguf_init_empty() -> GGUFContext:
     """gguf_init_empty: an empty context to fill and write."""
     return GGUFContext()
 
 
+@writes()
 def gguf_init_from_file(fname: str | os.PathLike, params: gguf_init_params | None = None) -> Any:
     """gguf_init_from_file: read and check a GGUF file.
 
@@ -86,6 +88,7 @@ def gguf_init_from_file(fname: str | os.PathLike, params: gguf_init_params | Non
     return _init_from_reader(r, params)
 
 
+@writes()
 def gguf_init_from_buffer(data: Any, size: int, params: gguf_init_params | None = None) -> Any:
     """gguf_init_from_buffer: read and check a GGUF file held in memory (its first `size` bytes);
     None for no data, as C returns NULL. Returns what gguf_init_from_file returns."""
@@ -94,6 +97,7 @@ def gguf_init_from_buffer(data: Any, size: int, params: gguf_init_params | None 
     return _init_from_reader(GGUFReader(bytes(memoryview(data).cast("B")[:size])), params)
 
 
+@writes()
 def gguf_init_from_callback(callback: Any, userdata: Any, max_chunk_read: int, max_expected_size: int,
                             params: gguf_init_params | None = None) -> Any:
     """gguf_init_from_callback: read a GGUF file through callback(userdata, out, offset, n) -> bytes
@@ -127,6 +131,7 @@ def _init_from_reader(r: GGUFReader, params: gguf_init_params | None) -> Any:
     return ctx, load_into_context(r, params.no_alloc)
 
 
+@writes()
 def gguf_free(ctx: GGUFContext) -> None:
     """gguf_free: drop the context (and its file mapping)."""
     if ctx.reader is not None:
@@ -365,71 +370,85 @@ def gguf_get_tensor_size(ctx: GGUFContext, tensor_id: int) -> int:
     return _info(ctx, tensor_id, "gguf_get_tensor_size").nbytes
 
 
+@writes()
 def gguf_remove_key(ctx: GGUFContext, key: str) -> int:
     """gguf_remove_key: the removed key's old index, or -1."""
     return ctx.remove_key(key)
 
 
+@writes()
 def gguf_set_val_u8(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_u8."""
     ctx.set_val(key, T.UINT8, val)
 
 
+@writes()
 def gguf_set_val_i8(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_i8."""
     ctx.set_val(key, T.INT8, val)
 
 
+@writes()
 def gguf_set_val_u16(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_u16."""
     ctx.set_val(key, T.UINT16, val)
 
 
+@writes()
 def gguf_set_val_i16(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_i16."""
     ctx.set_val(key, T.INT16, val)
 
 
+@writes()
 def gguf_set_val_u32(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_u32."""
     ctx.set_val(key, T.UINT32, val)
 
 
+@writes()
 def gguf_set_val_i32(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_i32."""
     ctx.set_val(key, T.INT32, val)
 
 
+@writes()
 def gguf_set_val_f32(ctx: GGUFContext, key: str, val: float) -> None:
     """gguf_set_val_f32."""
     ctx.set_val(key, T.FLOAT32, val)
 
 
+@writes()
 def gguf_set_val_u64(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_u64."""
     ctx.set_val(key, T.UINT64, val)
 
 
+@writes()
 def gguf_set_val_i64(ctx: GGUFContext, key: str, val: int) -> None:
     """gguf_set_val_i64."""
     ctx.set_val(key, T.INT64, val)
 
 
+@writes()
 def gguf_set_val_f64(ctx: GGUFContext, key: str, val: float) -> None:
     """gguf_set_val_f64."""
     ctx.set_val(key, T.FLOAT64, val)
 
 
+@writes()
 def gguf_set_val_bool(ctx: GGUFContext, key: str, val: bool) -> None:
     """gguf_set_val_bool."""
     ctx.set_val(key, T.BOOL, val)
 
 
+@writes()
 def gguf_set_val_str(ctx: GGUFContext, key: str, val: str) -> None:
     """gguf_set_val_str."""
     ctx.set_val(key, T.STRING, val)
 
 
+@writes()
 def gguf_set_arr_data(ctx: GGUFContext, key: str, type_: int, data: Any, n: int | None = None
                       ) -> None:
     """gguf_set_arr_data: an array of `n` elements of `type_` (n defaults to len(data))."""
@@ -437,12 +456,14 @@ def gguf_set_arr_data(ctx: GGUFContext, key: str, type_: int, data: Any, n: int 
     ctx.set_arr(key, type_, values if n is None else values[:n])
 
 
+@writes()
 def gguf_set_arr_str(ctx: GGUFContext, key: str, data: list[str] | StringArray,
                      n: int | None = None) -> None:
     """gguf_set_arr_str: an array of strings."""
     ctx.set_arr(key, T.STRING, data if n is None else list(data)[:n])
 
 
+@writes()
 def gguf_set_kv(ctx: GGUFContext, src: GGUFContext) -> None:
     """gguf_set_kv: copy every kv pair of `src` into `ctx` (set semantics: replace + move)."""
     for kv in src.kv:
@@ -452,6 +473,7 @@ def gguf_set_kv(ctx: GGUFContext, src: GGUFContext) -> None:
             ctx.set_val(kv.key, kv.type, kv.value)
 
 
+@writes()
 def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
                     ne: tuple[int, ...] | list[int] | None = None, data: Any = None) -> None:
     """gguf_add_tensor(ctx, tensor): add a ggml tensor (its name, type, ne and data), as in C.
@@ -468,12 +490,14 @@ def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
         ctx.add_tensor(tensor, type_, ne, data)
 
 
+@writes()
 def gguf_set_tensor_type(ctx: GGUFContext, name: str, type_: int) -> None:
     """gguf_set_tensor_type: the tensor's new type (its data must then be set again: the old bytes
     no longer fit); the tensors after it move, each padded to the alignment."""
     ctx.set_tensor_type(name, type_)
 
 
+@writes()
 def gguf_set_tensor_data(ctx: GGUFContext, name: str, data: Any) -> None:
     """gguf_set_tensor_data: the bytes to write for the tensor (its nbytes of them)."""
     ctx.set_tensor_data(name, data)
@@ -486,6 +510,7 @@ def gguf_get_tensor_ne(ctx: GGUFContext, tensor_id: int) -> tuple[int, int, int,
     return tuple(_info(ctx, tensor_id, "gguf_get_tensor_ne").ne)
 
 
+@writes()
 def gguf_write_to_file(ctx: GGUFContext, fname: str | os.PathLike, only_meta: bool = False
                        ) -> bool:
     """gguf_write_to_file."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_abort, ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
@@ -23,6 +24,7 @@ from engine.core.types import GGMLType
 from engine.ops.base import dup_or_view, ggml_set_op_params, record, shape_of
 
 
+@op
 def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_repeat_back: sum a's repetitions back into b's shape (the gradient of REPEAT)."""
     ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", "ggml_repeat_back",
@@ -30,11 +32,13 @@ def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, shape_of(b)), GGMLOp.REPEAT_BACK, a)
 
 
+@op
 def ggml_silu_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_silu_back: a = the gradient of silu's output, b = silu's input."""
     return record(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
 
 
+@op
 def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor:
     """ggml_rms_norm_back: a = the gradient of rms_norm's output, b = its input; op_params eps."""
     result = ggml_dup_tensor(ctx, a)
@@ -42,6 +46,7 @@ def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor
     return record(result, GGMLOp.RMS_NORM_BACK, a, b)
 
 
+@op
 def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """ggml_get_rows_back: add the rows of a into an F32 tensor shaped like c, at rows b."""
     fn = "ggml_get_rows_back"
@@ -60,18 +65,21 @@ def _soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bia
     return record(result, GGMLOp.SOFT_MAX_BACK, a, b)
 
 
+@op
 def ggml_soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float,
                            max_bias: float) -> Tensor:
     """ggml_soft_max_ext_back: a = the gradient of soft_max's output, b = that output."""
     return _soft_max_ext_back(ctx, a, b, scale, max_bias, False)
 
 
+@op
 def ggml_soft_max_ext_back_inplace(ctx: Context, a: Tensor, b: Tensor, scale: float,
                                    max_bias: float) -> Tensor:
     """ggml_soft_max_ext_back_inplace: into a view of a."""
     return _soft_max_ext_back(ctx, a, b, scale, max_bias, True)
 
 
+@op
 def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int, s1: int,
                      p0: int, p1: int, d0: int, d1: int, is_2D: bool) -> Tensor:  # noqa: N803
     """ggml_im2col_back: the gradient of im2col (a) folded back into an F32 image of shape ne;
@@ -81,6 +89,7 @@ def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int,
     return record(result, GGMLOp.IM2COL_BACK, a, b)
 
 
+@op
 def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: int, k0: int, k1: int, s0: int,
                       s1: int, p0: float, p1: float) -> Tensor:
     """ggml_pool_2d_back: the gradient of pool_2d (a) spread over the input af's shape; the
@@ -90,6 +99,7 @@ def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: int, k0: int, k1:
     return record(result, GGMLOp.POOL_2D_BACK, a, af)
 
 
+@op
 def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """ggml_cross_entropy_loss_back: a = the loss's gradient (a scalar), b = the logits,
     c = the labels; the result is the gradient of the logits."""
@@ -99,6 +109,7 @@ def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) 
     return record(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
 
 
+@op
 def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Tensor,
                         adamw_params: Tensor) -> Tensor:
     """ggml_opt_step_adamw: update the parameter a in place from its gradient and the moments
@@ -113,6 +124,7 @@ def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Ten
     return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
 
 
+@op
 def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> Tensor:
     """ggml_opt_step_sgd: a = a·(1 - alpha·wd) - alpha·grad in place; params = [alpha, wd]."""
     fn = "ggml_opt_step_sgd"
@@ -123,6 +135,7 @@ def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> 
     return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
 
 
+@op
 def ggml_flash_attn_back(ctx: Context, q: Tensor, k: Tensor, v: Tensor, d: Tensor, masked: bool) -> Tensor:
     """ggml_flash_attn_back: in ggml 0.15.3 its first statement is GGML_ABORT, left there when
     flash attention became ggml_flash_attn_ext; no graph can hold a FLASH_ATTN_BACK node (and

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import op, query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_OP_PARAMS
@@ -19,6 +19,7 @@ from engine.core.tensor import Tensor, ggml_dup_tensor, ggml_view_tensor
 
 # --- op_params -------------------------------------------------------------------------------
 
+@op
 def ggml_set_op_params(t: Tensor, params: bytes) -> None:
     """ggml_set_op_params: copy raw bytes into op_params (at most 64)."""
     ggml_assert(len(params) <= GGML_MAX_OP_PARAMS, "params_size <= GGML_MAX_OP_PARAMS",
@@ -26,6 +27,7 @@ def ggml_set_op_params(t: Tensor, params: bytes) -> None:
     t.op_params.view(np.uint8)[:len(params)] = np.frombuffer(params, dtype=np.uint8)
 
 
+@op
 def ggml_set_op_params_i32(t: Tensor, i: int, value: int) -> None:
     """ggml_set_op_params_i32."""
     t.op_params[i] = value
@@ -37,6 +39,7 @@ def ggml_get_op_params_i32(t: Tensor, i: int) -> int:
     return int(t.op_params[i])
 
 
+@op
 def ggml_set_op_params_f32(t: Tensor, i: int, value: float) -> None:
     """ggml_set_op_params_f32: a float stored in an int32 slot."""
     t.op_params.view(np.float32)[i] = value

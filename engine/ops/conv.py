@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -33,6 +34,7 @@ def _conv_output_size(ins: int, ks: int, s: int, p: int, d: int) -> int:
 
 # --- im2col; 1-d and 2-d convolution ---------------------------------------------------------
 
+@op
 def ggml_im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
                 d1: int, is_2D: bool, dst_type: int) -> Tensor:
     """ggml_im2col: the patches of image b that kernel a would see, one row per output pixel.
@@ -59,6 +61,7 @@ def ggml_im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p
     return record(result, GGMLOp.IM2COL, a, b)
 
 
+@op
 def ggml_conv_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
     """ggml_conv_1d: im2col (F16) then mul_mat; a [K, IC, OC] (F16), b [L, IC, N]."""
     im2col = ggml_im2col(ctx, a, b, s0, 0, p0, 0, d0, 0, False, GGMLType.F16)
@@ -68,11 +71,13 @@ def ggml_conv_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) 
     return ggml_reshape_3d(ctx, result, i_ne[1], a_ne[2], i_ne[2])
 
 
+@op
 def ggml_conv_1d_ph(ctx: Context, a: Tensor, b: Tensor, s: int, d: int) -> Tensor:
     """ggml_conv_1d_ph: ggml_conv_1d with half the kernel as padding ("same" length at s = 1)."""
     return ggml_conv_1d(ctx, a, b, s, int(a.ne[0]) // 2, d)
 
 
+@op
 def ggml_conv_1d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
     """ggml_conv_1d_dw: depthwise 1-d convolution, each channel by its own kernel: im2col (F16) of
     b as channels of one, times the kernels, reshaped to [OL, C, 1]."""
@@ -82,11 +87,13 @@ def ggml_conv_1d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: in
     return ggml_reshape_3d(ctx, result, int(result.ne[0]), int(result.ne[2]), 1)
 
 
+@op
 def ggml_conv_1d_dw_ph(ctx: Context, a: Tensor, b: Tensor, s0: int, d0: int) -> Tensor:
     """ggml_conv_1d_dw_ph: ggml_conv_1d_dw with half the kernel as padding."""
     return ggml_conv_1d_dw(ctx, a, b, s0, int(a.ne[0]) // 2, d0)
 
 
+@op
 def ggml_conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
                  d1: int) -> Tensor:
     """ggml_conv_2d: im2col (of a's type) -> mul_mat -> reshape -> permute -> cont.
@@ -101,16 +108,19 @@ def ggml_conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, 
     return ggml_cont(ctx, ggml_permute(ctx, result, 0, 1, 3, 2))
 
 
+@op
 def ggml_conv_2d_sk_p0(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_conv_2d_sk_p0: stride = kernel size, no padding (non-overlapping patches)."""
     return ggml_conv_2d(ctx, a, b, int(a.ne[0]), int(a.ne[1]), 0, 0, 1, 1)
 
 
+@op
 def ggml_conv_2d_s1_ph(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_conv_2d_s1_ph: stride 1, half padding ("same" size for odd kernels)."""
     return ggml_conv_2d(ctx, a, b, 1, 1, int(a.ne[0]) // 2, int(a.ne[1]) // 2, 1, 1)
 
 
+@op
 def ggml_conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int,
                         d0: int, d1: int) -> Tensor:
     """ggml_conv_2d_direct: one CONV_2D op; a [KW, KH, IC, OC], b [W, H, IC, N] ->
@@ -126,6 +136,7 @@ def ggml_conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0
 
 # --- depthwise 2-d convolution ---------------------------------------------------------------
 
+@op
 def ggml_conv_2d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
                     d1: int) -> Tensor:
     """ggml_conv_2d_dw: depthwise 2-d convolution as ggml.c composes it: each channel an image
@@ -142,6 +153,7 @@ def ggml_conv_2d_dw(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: in
     return ggml_reshape_4d(ctx, result, int(im2col.ne[1]), int(im2col.ne[2]), int(b.ne[2]), int(b.ne[3]))
 
 
+@op
 def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, stride1: int, pad0: int, pad1: int,
                            dilation0: int, dilation1: int) -> Tensor:
     """ggml_conv_2d_dw_direct: depthwise 2-d convolution computed directly. a [KW, KH, 1, C] the
@@ -165,6 +177,7 @@ def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, str
 
 # --- transposed convolution, col2im ----------------------------------------------------------
 
+@op
 def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int, d0: int) -> Tensor:
     """ggml_conv_transpose_1d: kernels a [K, C_out, C_in], input b [L, C_in]; F32
     [(L - 1)·s0 + K, C_out]: each input position scatters its kernel-weighted sum s0 apart.
@@ -181,6 +194,7 @@ def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int,
     return record(result, GGMLOp.CONV_TRANSPOSE_1D, a, b)
 
 
+@op
 def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -> Tensor:
     """ggml_conv_transpose_2d_p0: kernels a [KW, KH, C_out, C_in], images b [W, H, C_in, N]; F32
     [(W - 1)·s + KW, (H - 1)·s + KH, C_out, N], no padding; op_params[0] = the stride."""
@@ -192,6 +206,7 @@ def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -
     return record(result, GGMLOp.CONV_TRANSPOSE_2D, a, b)
 
 
+@op
 def ggml_col2im_1d(ctx: Context, a: Tensor, s0: int, oc: int, p0: int) -> Tensor:
     """ggml_col2im_1d: columns a [K·OC, T_in] folded back into a signal [T_out, OC] (overlapping
     taps summed), T_out = (T_in - 1)·s0 + K - 2·p0; op_params = {s0, OC, p0}."""
@@ -215,6 +230,7 @@ def ggml_col2im_1d(ctx: Context, a: Tensor, s0: int, oc: int, p0: int) -> Tensor
 
 # --- 3-d convolution -------------------------------------------------------------------------
 
+@op
 def ggml_im2col_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, s2: int, p0: int, p1: int,
                    p2: int, d0: int, d1: int, d2: int, dst_type: int) -> Tensor:
     """ggml_im2col_3d: the 3-d patches of volumes b [W, H, D, N·IC] under kernels a [KW, KH, KD,
@@ -232,6 +248,7 @@ def ggml_im2col_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int
     return record(result, GGMLOp.IM2COL_3D, a, b)
 
 
+@op
 def ggml_conv_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, s2: int, p0: int, p1: int,
                  p2: int, d0: int, d1: int, d2: int) -> Tensor:
     """ggml_conv_3d: im2col_3d (in a's type), then mul_mat, as ggml.c composes them:
@@ -247,6 +264,7 @@ def ggml_conv_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int, 
     return ggml_reshape_4d(ctx, result, i[1], i[2], od, oc * n)
 
 
+@op
 def ggml_conv_3d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, s2: int, p0: int, p1: int, p2: int,
                         d0: int, d1: int, d2: int, c: int, n: int, oc: int) -> Tensor:
     """ggml_conv_3d_direct: 3-d convolution computed directly (GGML_OP_CONV_3D). a [KW, KH, KD, C·OC],

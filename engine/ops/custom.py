@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_SRC
@@ -63,27 +64,32 @@ def _map_custom(ctx: Context, op: GGMLOp, srcs: tuple[Tensor, ...], fun: Callabl
     return record(result, op, *srcs)
 
 
+@op
 def ggml_map_custom1(ctx: Context, a: Tensor, fun: Callable, n_tasks: int, userdata: Any) -> Tensor:
     """ggml_map_custom1: a tensor like a, computed by fun(dst, a, ith, nth, userdata) per thread."""
     return _map_custom(ctx, GGMLOp.MAP_CUSTOM1, (a,), fun, n_tasks, userdata, False, "ggml_map_custom1_impl")
 
 
+@op
 def ggml_map_custom1_inplace(ctx: Context, a: Tensor, fun: Callable, n_tasks: int, userdata: Any) -> Tensor:
     """ggml_map_custom1_inplace: the same, into a view of a."""
     return _map_custom(ctx, GGMLOp.MAP_CUSTOM1, (a,), fun, n_tasks, userdata, True, "ggml_map_custom1_impl")
 
 
+@op
 def ggml_map_custom2(ctx: Context, a: Tensor, b: Tensor, fun: Callable, n_tasks: int, userdata: Any) -> Tensor:
     """ggml_map_custom2: a tensor like a, computed by fun(dst, a, b, ith, nth, userdata)."""
     return _map_custom(ctx, GGMLOp.MAP_CUSTOM2, (a, b), fun, n_tasks, userdata, False, "ggml_map_custom2_impl")
 
 
+@op
 def ggml_map_custom2_inplace(ctx: Context, a: Tensor, b: Tensor, fun: Callable, n_tasks: int,
                              userdata: Any) -> Tensor:
     """ggml_map_custom2_inplace: the same, into a view of a."""
     return _map_custom(ctx, GGMLOp.MAP_CUSTOM2, (a, b), fun, n_tasks, userdata, True, "ggml_map_custom2_impl")
 
 
+@op
 def ggml_map_custom3(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callable, n_tasks: int,
                      userdata: Any) -> Tensor:
     """ggml_map_custom3: a tensor like a, computed by fun(dst, a, b, c, ith, nth, userdata)."""
@@ -91,6 +97,7 @@ def ggml_map_custom3(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callabl
                        "ggml_map_custom3_impl")
 
 
+@op
 def ggml_map_custom3_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun: Callable, n_tasks: int,
                              userdata: Any) -> Tensor:
     """ggml_map_custom3_inplace: the same, into a view of a."""
@@ -98,6 +105,7 @@ def ggml_map_custom3_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor, fun:
                        "ggml_map_custom3_impl")
 
 
+@op
 def ggml_custom_4d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int, ne3: int, args: list[Tensor],
                    n_args: int, fun: Callable, n_tasks: int, userdata: Any) -> Tensor:
     """ggml_custom_4d: a new tensor of this type and shape with args as its sources, computed by
@@ -108,6 +116,7 @@ def ggml_custom_4d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int, ne3: 
     return record(result, GGMLOp.CUSTOM, *list(args)[:n_args])
 
 
+@op
 def ggml_custom_inplace(ctx: Context, a: Tensor, args: list[Tensor], n_args: int, fun: Callable, n_tasks: int,
                         userdata: Any) -> Tensor:
     """ggml_custom_inplace: a view of a (its src[0]) with args after it, computed by fun."""

@@ -15,7 +15,7 @@ import struct
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import op, query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
@@ -57,46 +57,55 @@ def _binary(ctx: Context, a: Tensor, b: Tensor, op: GGMLOp, inplace: bool, fn: s
     return record(dup_or_view(ctx, a, inplace), op, a, b)
 
 
+@op
 def ggml_add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_add: a + b."""
     return _binary(ctx, a, b, GGMLOp.ADD, False, "ggml_add")
 
 
+@op
 def ggml_add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_add_inplace: a += b (the result is a view of a)."""
     return _binary(ctx, a, b, GGMLOp.ADD, True, "ggml_add_inplace")
 
 
+@op
 def ggml_sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_sub: a - b."""
     return _binary(ctx, a, b, GGMLOp.SUB, False, "ggml_sub")
 
 
+@op
 def ggml_sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_sub_inplace."""
     return _binary(ctx, a, b, GGMLOp.SUB, True, "ggml_sub_inplace")
 
 
+@op
 def ggml_mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul: a * b, element-wise."""
     return _binary(ctx, a, b, GGMLOp.MUL, False, "ggml_mul")
 
 
+@op
 def ggml_mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_inplace."""
     return _binary(ctx, a, b, GGMLOp.MUL, True, "ggml_mul_inplace")
 
 
+@op
 def ggml_div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_div: a / b, element-wise."""
     return _binary(ctx, a, b, GGMLOp.DIV, False, "ggml_div")
 
 
+@op
 def ggml_div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_div_inplace."""
     return _binary(ctx, a, b, GGMLOp.DIV, True, "ggml_div_inplace")
 
 
+@op
 def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     """ggml_add_id: a [n, n_used, n_tokens] plus, for each (slot, token), the row of b that
     ids[slot, token] picks (mixture of experts: each chosen expert's bias)."""
@@ -108,6 +117,7 @@ def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     return record(ggml_dup_tensor(ctx, a), GGMLOp.ADD_ID, a, b, ids)
 
 
+@op
 def ggml_add_cast(ctx: Context, a: Tensor, b: Tensor, type_: int) -> Tensor:
     """ggml_add_cast: ADD whose result has another type (a quantized, F16 or BF16 a)."""
     fn = "ggml_add_cast_impl"
@@ -126,11 +136,13 @@ def _add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool, fn: str) -> Tensor:
     return record(dup_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
 
 
+@op
 def ggml_add1(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_add1: a + the scalar b."""
     return _add1(ctx, a, b, False, "ggml_add1")
 
 
+@op
 def ggml_add1_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_add1_inplace."""
     return _add1(ctx, a, b, True, "ggml_add1_inplace")
@@ -149,12 +161,14 @@ def _acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
     return record(result, GGMLOp.ACC, a, b)
 
 
+@op
 def ggml_acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
              offset: int) -> Tensor:
     """ggml_acc: a copy of a with b added into the view (nb1, nb2, nb3, offset) of it."""
     return _acc(ctx, a, b, nb1, nb2, nb3, offset, False, "ggml_acc")
 
 
+@op
 def ggml_acc_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
                      offset: int) -> Tensor:
     """ggml_acc_inplace."""
@@ -172,34 +186,40 @@ def _set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
     return record(result, GGMLOp.SET, a, b)
 
 
+@op
 def ggml_set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
              offset: int) -> Tensor:
     """ggml_set: a copy of a with b written into the view (nb1, nb2, nb3, offset) of it."""
     return _set(ctx, a, b, nb1, nb2, nb3, offset, False, "ggml_set")
 
 
+@op
 def ggml_set_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int,
                      offset: int) -> Tensor:
     """ggml_set_inplace."""
     return _set(ctx, a, b, nb1, nb2, nb3, offset, True, "ggml_set_inplace")
 
 
+@op
 def ggml_set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
     """ggml_set_1d: ggml_set with a's own strides."""
     return _set(ctx, a, b, int(a.nb[1]), int(a.nb[2]), int(a.nb[3]), offset, False, "ggml_set_1d")
 
 
+@op
 def ggml_set_1d_inplace(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
     """ggml_set_1d_inplace."""
     return _set(ctx, a, b, int(a.nb[1]), int(a.nb[2]), int(a.nb[3]), offset, True,
                 "ggml_set_1d_inplace")
 
 
+@op
 def ggml_set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
     """ggml_set_2d: ggml_set with row stride nb1 and a's strides above."""
     return _set(ctx, a, b, nb1, int(a.nb[2]), int(a.nb[3]), offset, False, "ggml_set_2d")
 
 
+@op
 def ggml_set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
     """ggml_set_2d_inplace."""
     return _set(ctx, a, b, nb1, int(a.nb[2]), int(a.nb[3]), offset, True, "ggml_set_2d_inplace")
@@ -212,21 +232,25 @@ def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) 
     return record(result, GGMLOp.SCALE, a)
 
 
+@op
 def ggml_scale(ctx: Context, a: Tensor, s: float) -> Tensor:
     """ggml_scale: s·a; op_params = {s, 0} (f32)."""
     return _scale(ctx, a, s, 0.0, False, "ggml_scale")
 
 
+@op
 def ggml_scale_inplace(ctx: Context, a: Tensor, s: float) -> Tensor:
     """ggml_scale_inplace."""
     return _scale(ctx, a, s, 0.0, True, "ggml_scale_inplace")
 
 
+@op
 def ggml_scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
     """ggml_scale_bias: s·a + b; op_params = {s, b} (f32)."""
     return _scale(ctx, a, s, b, False, "ggml_scale_bias")
 
 
+@op
 def ggml_scale_bias_inplace(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
     """ggml_scale_bias_inplace."""
     return _scale(ctx, a, s, b, True, "ggml_scale_bias_inplace")
@@ -242,11 +266,13 @@ def _fill(ctx: Context, a: Tensor, c: float, inplace: bool) -> Tensor:
     return record(result, GGMLOp.FILL, a)
 
 
+@op
 def ggml_fill(ctx: Context, a: Tensor, c: float) -> Tensor:
     """ggml_fill: a tensor like a with every element c; op_params[0] = c (f32)."""
     return _fill(ctx, a, c, False)
 
 
+@op
 def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
     """ggml_fill_inplace: the same, into a view of a."""
     return _fill(ctx, a, c, True)
@@ -254,23 +280,27 @@ def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
 
 # --- reductions ------------------------------------------------------------------------------
 
+@op
 def ggml_sum(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum: every element summed into a 1-element tensor of a's type."""
     return record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.SUM, a)
 
 
+@op
 def ggml_sum_rows(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum_rows: [1, ne1, ne2, ne3] of a's type, each the sum of one row."""
     ne = [1] + shape_of(a)[1:]
     return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne), GGMLOp.SUM_ROWS, a)
 
 
+@op
 def ggml_mean(ctx: Context, a: Tensor) -> Tensor:
     """ggml_mean: F32 [1, ne1, ne2, ne3], each the mean of one row."""
     ne = [1] + shape_of(a)[1:]
     return record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.MEAN, a)
 
 
+@op
 def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
     """ggml_argmax: I32 [ne1], the index of each row's maximum (a must be a matrix)."""
     ggml_assert(ggml_is_matrix(a), "ggml_is_matrix(a)", "ggml_argmax", f"a has ne {shape_of(a)}")
@@ -278,6 +308,7 @@ def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
     return record(ggml_new_tensor_1d(ctx, GGMLType.I32, int(a.ne[1])), GGMLOp.ARGMAX, a)
 
 
+@op
 def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_count_equal: I64 [1], how many elements of a and b are equal."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_count_equal",
@@ -285,6 +316,7 @@ def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(ggml_new_tensor_1d(ctx, GGMLType.I64, 1), GGMLOp.COUNT_EQUAL, a, b)
 
 
+@op
 def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
     """ggml_cumsum: each row's running sum along dim 0 (F32)."""
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_cumsum")
@@ -293,6 +325,7 @@ def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
 
 # --- repeat, concat --------------------------------------------------------------------------
 
+@op
 def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_repeat: a tiled to b's shape (a's type)."""
     ggml_assert(ggml_can_repeat(a, b), "ggml_can_repeat(a, b)", "ggml_repeat",
@@ -301,6 +334,7 @@ def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(result, GGMLOp.REPEAT, a)
 
 
+@op
 def ggml_repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """ggml_repeat_4d: a tiled to [ne0, ne1, ne2, ne3]."""
     ne = (ne0, ne1, ne2, ne3)
@@ -309,6 +343,7 @@ def ggml_repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: i
     return record(ggml_new_tensor_4d(ctx, a.type, *ne), GGMLOp.REPEAT, a)
 
 
+@op
 def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
     """ggml_concat: a then b along dim; the other dims must agree. op_params[0] = dim."""
     ggml_assert(0 <= dim < GGML_MAX_DIMS, "dim >= 0 && dim < GGML_MAX_DIMS", "ggml_concat",
@@ -335,31 +370,37 @@ def _eps_op(op: GGMLOp, ctx: Context, a: Tensor, eps: float, inplace: bool) -> T
     return record(result, op, a)
 
 
+@op
 def ggml_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_norm: (x - mean)/sqrt(var + eps) along dim 0; op_params[0] = eps (f32)."""
     return _eps_op(GGMLOp.NORM, ctx, a, eps, False)
 
 
+@op
 def ggml_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_norm_inplace."""
     return _eps_op(GGMLOp.NORM, ctx, a, eps, True)
 
 
+@op
 def ggml_rms_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_rms_norm: x/sqrt(mean(x²) + eps) along dim 0; op_params[0] = eps (f32)."""
     return _eps_op(GGMLOp.RMS_NORM, ctx, a, eps, False)
 
 
+@op
 def ggml_rms_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_rms_norm_inplace."""
     return _eps_op(GGMLOp.RMS_NORM, ctx, a, eps, True)
 
 
+@op
 def ggml_l2_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_l2_norm: x/max(‖x‖, eps) along dim 0; op_params[0] = eps (f32)."""
     return _eps_op(GGMLOp.L2_NORM, ctx, a, eps, False)
 
 
+@op
 def ggml_l2_norm_inplace(ctx: Context, a: Tensor, eps: float) -> Tensor:
     """ggml_l2_norm_inplace."""
     return _eps_op(GGMLOp.L2_NORM, ctx, a, eps, True)
@@ -372,12 +413,14 @@ def _group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float, inplace: boo
     return record(result, GGMLOp.GROUP_NORM, a)
 
 
+@op
 def ggml_group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
     """ggml_group_norm: normalise over ne0·ne1·(channels of a group of dim 2);
     op_params = {n_groups, eps (f32)}."""
     return _group_norm(ctx, a, n_groups, eps, False)
 
 
+@op
 def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
     """ggml_group_norm_inplace."""
     return _group_norm(ctx, a, n_groups, eps, True)
@@ -385,6 +428,7 @@ def ggml_group_norm_inplace(ctx: Context, a: Tensor, n_groups: int, eps: float) 
 
 # --- diag, tri -------------------------------------------------------------------------------
 
+@op
 def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
     """ggml_diag: a row vector [n, 1, ne2, ne3] made the diagonal of [n, n, ne2, ne3]."""
     ggml_assert(int(a.ne[1]) == 1, "a->ne[1] == 1", "ggml_diag", f"ne = {shape_of(a)}")
@@ -392,6 +436,7 @@ def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
     return record(ggml_new_tensor(ctx, a.type, 4, ne), GGMLOp.DIAG, a)
 
 
+@op
 def ggml_tri(ctx: Context, a: Tensor, type_: int) -> Tensor:
     """ggml_tri: a square F32 matrix with one triangle kept (GGML_TRI_TYPE_*), the rest 0;
     op_params[0] = the triangle."""
@@ -406,6 +451,7 @@ def ggml_tri(ctx: Context, a: Tensor, type_: int) -> Tensor:
 
 # --- arange, argsort, top_k ------------------------------------------------------------------
 
+@op
 def ggml_arange(ctx: Context, start: float, stop: float, step: float) -> Tensor:
     """ggml_arange: F32 [ceilf((stop - start)/step)] holding start + step·i (no sources)."""
     ggml_assert(stop > start, "stop > start", "ggml_arange", f"start {start}, stop {stop}")
@@ -419,6 +465,7 @@ def ggml_arange(ctx: Context, start: float, stop: float, step: float) -> Tensor:
     return result
 
 
+@op
 def ggml_argsort(ctx: Context, a: Tensor, order: int) -> Tensor:
     """ggml_argsort: I32 with a's shape, each row the indices that sort it; op_params[0] = order
     (GGML_SORT_ORDER_ASC 0, GGML_SORT_ORDER_DESC 1)."""
@@ -428,6 +475,7 @@ def ggml_argsort(ctx: Context, a: Tensor, order: int) -> Tensor:
     return record(result, GGMLOp.ARGSORT, a)
 
 
+@op
 def ggml_argsort_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
     """ggml_argsort_top_k: the first k columns (a view) of a descending argsort."""
     ggml_assert(int(a.ne[0]) >= k, "a->ne[0] >= k", "ggml_argsort_top_k", f"k = {k}")
@@ -436,6 +484,7 @@ def ggml_argsort_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
                         int(result.nb[1]), int(result.nb[2]), int(result.nb[3]), 0)
 
 
+@op
 def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
     """ggml_top_k: I32 [k, ne1, ne2, ne3], the indices of each row's k largest (unordered)."""
     ggml_assert(int(a.ne[0]) >= k, "a->ne[0] >= k", "ggml_top_k", f"k = {k} > ne0 = {int(a.ne[0])}")
@@ -445,6 +494,7 @@ def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
 
 # --- loss ------------------------------------------------------------------------------------
 
+@op
 def ggml_cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_cross_entropy_loss: [1] of a's type, -mean over rows of Σ b·log_softmax(a)."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_cross_entropy_loss",

@@ -6,7 +6,7 @@ are in engine/compute/kernels/ (matmul.py, misc_math.py, triangular.py).
 
 from __future__ import annotations
 
-from engine.core.api import query
+from engine.core.api import op, query
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -27,6 +27,7 @@ def ggml_can_mul_mat(a: Tensor, b: Tensor) -> bool:
             and int(b.ne[3]) % int(a.ne[3]) == 0)
 
 
+@op
 def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_mul_mat: F32 [a.ne1, b.ne1, b.ne2, b.ne3] = a · bᵀ for each matrix (a broadcast)."""
     ggml_assert(ggml_can_mul_mat(a, b), "ggml_can_mul_mat(a, b)", "ggml_mul_mat",
@@ -37,18 +38,21 @@ def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(result, GGMLOp.MUL_MAT, a, b)
 
 
+@op
 def ggml_mul_mat_set_prec(a: Tensor, prec: int) -> None:
     """ggml_mul_mat_set_prec: op_params[0] = prec (GGML_PREC_DEFAULT 0 or GGML_PREC_F32 10)."""
     ggml_assert(a.op == GGMLOp.MUL_MAT, "a->op == GGML_OP_MUL_MAT", "ggml_mul_mat_set_prec")
     ggml_set_op_params_i32(a, 0, prec)
 
 
+@op
 def ggml_mul_mat_set_hint(a: Tensor, hint: int) -> None:
     """ggml_mul_mat_set_hint: op_params[1] of a MUL_MAT node says what src0 is (GGML_HINT_*)."""
     ggml_assert(a.op == GGMLOp.MUL_MAT, "a->op == GGML_OP_MUL_MAT", "ggml_mul_mat_set_hint")
     ggml_set_op_params_i32(a, 1, int(hint))
 
 
+@op
 def ggml_mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     """ggml_mul_mat_id: mixture of experts. as_ [cols, rows, n_expert] holds one matrix per
     expert, b [cols, n_b, n_tokens] the inputs, ids [n_expert_used, n_tokens] (I32) which experts
@@ -79,6 +83,7 @@ def ggml_can_out_prod(t0: Tensor, t1: Tensor) -> bool:
             and int(t1.ne[3]) % int(t0.ne[3]) == 0)
 
 
+@op
 def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_out_prod: F32 [a.ne0, b.ne0, b.ne2, b.ne3] = Σ_k a[:, k] ⊗ b[:, k] (a broadcast)."""
     ggml_assert(ggml_can_out_prod(a, b), "ggml_can_out_prod(a, b)", "ggml_out_prod",
@@ -88,6 +93,7 @@ def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.OUT_PROD, a, b)
 
 
+@op
 def ggml_solve_tri(ctx: Context, a: Tensor, b: Tensor, left: bool, lower: bool, uni: bool) -> Tensor:
     """ggml_solve_tri: X with A·X = B for a lower-triangular A [n, n] and B [k, n] (batched);
     ggml solves only the left, lower, non-unit case."""

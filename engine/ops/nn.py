@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -41,6 +42,7 @@ F32 = np.float32
 
 # --- get_rows, set_rows ----------------------------------------------------------------------
 
+@op
 def ggml_get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_get_rows: rows b[i] of a, as F32 (I32 for an I32 a): [a.ne0, b.ne0, b.ne1, b.ne2].
 
@@ -56,6 +58,7 @@ def ggml_get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(result, GGMLOp.GET_ROWS, a, b)
 
 
+@op
 def ggml_set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """ggml_set_rows: a[:, c[i], j, k] = b[:, i, j, k] (converted to a's type); a view of a.
 
@@ -87,21 +90,25 @@ def _diag_mask(ctx: Context, a: Tensor, n_past: int, inplace: bool, op: GGMLOp) 
     return record(result, op, a)
 
 
+@op
 def ggml_diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """ggml_diag_mask_inf: set a[i, j] = -inf where i > n_past + j (the causal mask)."""
     return _diag_mask(ctx, a, n_past, False, GGMLOp.DIAG_MASK_INF)
 
 
+@op
 def ggml_diag_mask_inf_inplace(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """ggml_diag_mask_inf_inplace."""
     return _diag_mask(ctx, a, n_past, True, GGMLOp.DIAG_MASK_INF)
 
 
+@op
 def ggml_diag_mask_zero(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """ggml_diag_mask_zero: set a[i, j] = 0 where i > n_past + j."""
     return _diag_mask(ctx, a, n_past, False, GGMLOp.DIAG_MASK_ZERO)
 
 
+@op
 def ggml_diag_mask_zero_inplace(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """ggml_diag_mask_zero_inplace."""
     return _diag_mask(ctx, a, n_past, True, GGMLOp.DIAG_MASK_ZERO)
@@ -128,16 +135,19 @@ def _soft_max(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, max_bi
     return record(result, GGMLOp.SOFT_MAX, a, mask)
 
 
+@op
 def ggml_soft_max(ctx: Context, a: Tensor) -> Tensor:
     """ggml_soft_max: softmax along dim 0 (scale 1, no mask, no ALiBi)."""
     return _soft_max(ctx, a, None, 1.0, 0.0, False, "ggml_soft_max")
 
 
+@op
 def ggml_soft_max_inplace(ctx: Context, a: Tensor) -> Tensor:
     """ggml_soft_max_inplace."""
     return _soft_max(ctx, a, None, 1.0, 0.0, True, "ggml_soft_max_inplace")
 
 
+@op
 def ggml_soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float,
                       max_bias: float) -> Tensor:
     """ggml_soft_max_ext: softmax(a*scale + slope*mask); mask F16/F32, broadcast over dims 2, 3
@@ -145,12 +155,14 @@ def ggml_soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float
     return _soft_max(ctx, a, mask, scale, max_bias, False, "ggml_soft_max_ext")
 
 
+@op
 def ggml_soft_max_ext_inplace(ctx: Context, a: Tensor, mask: Tensor | None, scale: float,
                               max_bias: float) -> Tensor:
     """ggml_soft_max_ext_inplace."""
     return _soft_max(ctx, a, mask, scale, max_bias, True, "ggml_soft_max_ext_inplace")
 
 
+@op
 def ggml_soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """ggml_soft_max_add_sinks: one extra logit per head (F32 [a.ne2]) joins each row's softmax."""
     if sinks is None:
@@ -171,6 +183,7 @@ def _pool_output_size(ins: int, ks: int, s: int, p: float) -> int:
     return int((F32(ins) + F32(2) * F32(p) - F32(ks)) / F32(s) + F32(1))
 
 
+@op
 def ggml_pool_1d(ctx: Context, a: Tensor, op: int, k0: int, s0: int, p0: int) -> Tensor:
     """ggml_pool_1d: max or average over windows of k0 along dim 0 -> F32."""
     ne = [_pool_output_size(int(a.ne[0]), k0, s0, p0), int(a.ne[1]), int(a.ne[2]), int(a.ne[3])]
@@ -180,6 +193,7 @@ def ggml_pool_1d(ctx: Context, a: Tensor, op: int, k0: int, s0: int, p0: int) ->
     return record(result, GGMLOp.POOL_1D, a)
 
 
+@op
 def ggml_pool_2d(ctx: Context, a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float,
                  p1: float) -> Tensor:
     """ggml_pool_2d: max or average over k0 x k1 windows of each plane -> F32.
@@ -212,6 +226,7 @@ def _interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
     return record(result, GGMLOp.UPSCALE, a)
 
 
+@op
 def ggml_upscale(ctx: Context, a: Tensor, scale_factor: int, mode: int) -> Tensor:
     """ggml_upscale: dims 0 and 1 times scale_factor (> 1)."""
     ggml_assert(scale_factor > 1, "scale_factor > 1", "ggml_upscale")
@@ -219,12 +234,14 @@ def ggml_upscale(ctx: Context, a: Tensor, scale_factor: int, mode: int) -> Tenso
                         int(a.ne[2]), int(a.ne[3]), mode)
 
 
+@op
 def ggml_upscale_ext(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
                      mode: int) -> Tensor:
     """ggml_upscale_ext (deprecated in ggml.h for ggml_interpolate)."""
     return _interpolate(ctx, a, ne0, ne1, ne2, ne3, mode)
 
 
+@op
 def ggml_interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int,
                      mode: int) -> Tensor:
     """ggml_interpolate: resample a to [ne0, ne1, ne2, ne3] (nearest, bilinear or bicubic in
@@ -232,6 +249,7 @@ def ggml_interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3:
     return _interpolate(ctx, a, ne0, ne1, ne2, ne3, mode)
 
 
+@op
 def ggml_pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int,
                  rp2: int, lp3: int, rp3: int) -> Tensor:
     """ggml_pad_ext: zeros before (lp) and after (rp) a in each dim."""
@@ -243,6 +261,7 @@ def ggml_pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int
     return record(result, GGMLOp.PAD, a)
 
 
+@op
 def ggml_pad_ext_circular(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int,
                           lp2: int, rp2: int, lp3: int, rp3: int) -> Tensor:
     """ggml_pad_ext_circular: pad by wrapping around (a torus) instead of zeros."""
@@ -251,16 +270,19 @@ def ggml_pad_ext_circular(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int,
     return result
 
 
+@op
 def ggml_pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     """ggml_pad: zeros after a in each dim."""
     return ggml_pad_ext(ctx, a, 0, p0, 0, p1, 0, p2, 0, p3)
 
 
+@op
 def ggml_pad_circular(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     """ggml_pad_circular."""
     return ggml_pad_ext_circular(ctx, a, 0, p0, 0, p1, 0, p2, 0, p3)
 
 
+@op
 def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
     """ggml_pad_reflect_1d: each row padded by reflection, p0 before and p1 after (F32);
     op_params = {p0, p1}."""
@@ -277,6 +299,7 @@ def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
 
 
 
+@op
 def ggml_roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, shift3: int) -> Tensor:
     """ggml_roll: a with every dimension rotated by its shift (elements pushed off one end come
     back at the other); op_params = the four shifts."""
@@ -292,6 +315,7 @@ def ggml_roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, sh
 
 
 
+@op
 def ggml_timestep_embedding(ctx: Context, timesteps: Tensor, dim: int, max_period: int) -> Tensor:
     """ggml_timestep_embedding: sinusoidal embedding F32 [dim, n] of n timesteps (diffusion)."""
     result = ggml_new_tensor_2d(ctx, GGMLType.F32, dim, int(timesteps.ne[0]))
@@ -302,6 +326,7 @@ def ggml_timestep_embedding(ctx: Context, timesteps: Tensor, dim: int, max_perio
 
 # --- flash attention -------------------------------------------------------------------------
 
+@op
 def ggml_flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                         scale: float, max_bias: float, logit_softcap: float) -> Tensor:
     """ggml_flash_attn_ext: softmax(scale·K·Q (+softcap) + slope·mask) · V in one op.
@@ -329,6 +354,7 @@ def ggml_flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Ten
     return record(result, GGMLOp.FLASH_ATTN_EXT, q, k, v, mask)
 
 
+@op
 def ggml_flash_attn_ext_set_prec(a: Tensor, prec: int) -> None:
     """ggml_flash_attn_ext_set_prec: op_params[3] = prec (GGML_PREC_DEFAULT or GGML_PREC_F32)."""
     ggml_assert(a.op == GGMLOp.FLASH_ATTN_EXT, "a->op == GGML_OP_FLASH_ATTN_EXT",
@@ -336,6 +362,7 @@ def ggml_flash_attn_ext_set_prec(a: Tensor, prec: int) -> None:
     ggml_set_op_params_i32(a, 3, prec)
 
 
+@op
 def ggml_flash_attn_ext_get_prec(a: Tensor) -> int:
     """ggml_flash_attn_ext_get_prec."""
     ggml_assert(a.op == GGMLOp.FLASH_ATTN_EXT, "a->op == GGML_OP_FLASH_ATTN_EXT",
@@ -343,6 +370,7 @@ def ggml_flash_attn_ext_get_prec(a: Tensor) -> int:
     return int(a.op_params[3])
 
 
+@op
 def ggml_flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     """ggml_flash_attn_ext_add_sinks: one extra logit per query head (F32 [n_head]) in src[4]."""
     if sinks is None:
@@ -358,6 +386,7 @@ def ggml_flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
 
 # --- Segment Anything's windows and relative positions ----------------------------------------
 
+@op
 def ggml_win_part(ctx: Context, a: Tensor, w: int) -> Tensor:
     """ggml_win_part: an image [C, W, H] cut into w×w windows [C, w, w, n_windows], zero-padded;
     op_params = {windows across, windows down, w}."""
@@ -370,6 +399,7 @@ def ggml_win_part(ctx: Context, a: Tensor, w: int) -> Tensor:
     return record(result, GGMLOp.WIN_PART, a)
 
 
+@op
 def ggml_win_unpart(ctx: Context, a: Tensor, w0: int, h0: int, w: int) -> Tensor:
     """ggml_win_unpart: w×w windows put back together into [C, w0, h0] (the padding dropped)."""
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_win_unpart")
@@ -378,6 +408,7 @@ def ggml_win_unpart(ctx: Context, a: Tensor, w0: int, h0: int, w: int) -> Tensor
     return record(result, GGMLOp.WIN_UNPART, a)
 
 
+@op
 def ggml_get_rel_pos(ctx: Context, a: Tensor, qh: int, kh: int) -> Tensor:
     """ggml_get_rel_pos: from a table of 2·h - 1 relative positions, the F16 [C, kh, qh] of each
     (query, key) pair's row."""
@@ -401,12 +432,14 @@ def _add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor, inplace: bool)
     return record(result, GGMLOp.ADD_REL_POS, a, pw, ph)
 
 
+@op
 def ggml_add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
     """ggml_add_rel_pos: attention scores a plus the decomposed relative positions: each k×k
     block gets ph[row] added along its rows and pw[col] along its columns."""
     return _add_rel_pos(ctx, a, pw, ph, False)
 
 
+@op
 def ggml_add_rel_pos_inplace(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor) -> Tensor:
     """ggml_add_rel_pos_inplace: the same, into a view of a."""
     return _add_rel_pos(ctx, a, pw, ph, True)

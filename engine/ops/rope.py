@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from engine import libm
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -55,6 +56,7 @@ def _rope(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
     return record(result, GGMLOp.ROPE, a, b, c)
 
 
+@op
 def ggml_rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Tensor:
     """ggml_rope: rotary position embedding of the first n_dims of each row; b = I32 positions
     (one per a.ne2). Defaults: freq_base 10000, freq_scale 1, no YaRN."""
@@ -62,12 +64,14 @@ def ggml_rope(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Ten
                  "ggml_rope")
 
 
+@op
 def ggml_rope_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int) -> Tensor:
     """ggml_rope_inplace."""
     return _rope(ctx, a, b, None, n_dims, None, mode, 0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0, True,
                  "ggml_rope_inplace")
 
 
+@op
 def ggml_rope_ext(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int, mode: int,
                   n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
                   attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
@@ -76,6 +80,7 @@ def ggml_rope_ext(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: 
                  attn_factor, beta_fast, beta_slow, False, "ggml_rope_ext")
 
 
+@op
 def ggml_rope_ext_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
                           mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float,
                           ext_factor: float, attn_factor: float, beta_fast: float,
@@ -85,6 +90,7 @@ def ggml_rope_ext_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, 
                  attn_factor, beta_fast, beta_slow, True, "ggml_rope_ext_inplace")
 
 
+@op
 def ggml_rope_multi(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
                     sections: list[int], mode: int, n_ctx_orig: int, freq_base: float,
                     freq_scale: float, ext_factor: float, attn_factor: float, beta_fast: float,
@@ -95,6 +101,7 @@ def ggml_rope_multi(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims
                  ext_factor, attn_factor, beta_fast, beta_slow, False, "ggml_rope_multi")
 
 
+@op
 def ggml_rope_multi_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
                             sections: list[int], mode: int, n_ctx_orig: int, freq_base: float,
                             freq_scale: float, ext_factor: float, attn_factor: float,
@@ -104,6 +111,7 @@ def ggml_rope_multi_inplace(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None
                  ext_factor, attn_factor, beta_fast, beta_slow, True, "ggml_rope_multi_inplace")
 
 
+@op
 def ggml_rope_ext_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
                        mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float,
                        ext_factor: float, attn_factor: float, beta_fast: float,
@@ -115,6 +123,7 @@ def ggml_rope_ext_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_d
     return result
 
 
+@op
 def ggml_rope_multi_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
                          sections: list[int], mode: int, n_ctx_orig: int, freq_base: float,
                          freq_scale: float, ext_factor: float, attn_factor: float,
@@ -126,6 +135,7 @@ def ggml_rope_multi_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n
     return result
 
 
+@op
 def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
                      freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                      beta_fast: float, beta_slow: float) -> Tensor:
@@ -134,6 +144,7 @@ def ggml_rope_custom(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int,
                          attn_factor, beta_fast, beta_slow)
 
 
+@op
 def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mode: int, n_ctx_orig: int,
                              freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                              beta_fast: float, beta_slow: float) -> Tensor:
@@ -151,6 +162,7 @@ def _rope_yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float)
                 / (F32(2) * libm.scalar(libm.logf, base)))
 
 
+@op
 def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
                              beta_slow: float) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the first and last rotary dims YaRN blends (float math)."""

@@ -10,6 +10,7 @@ the kernel (engine/compute/kernels/ssm.py) computes.
 
 from __future__ import annotations
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -20,6 +21,7 @@ from engine.core.types import GGMLType, ggml_type_size
 from engine.ops.base import ggml_set_op_params_f32, ggml_set_op_params_i32, record, shape_of
 
 
+@op
 def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
     """ggml_ssm_conv: Mamba's causal depthwise convolution. sx [d_conv - 1 + n_t, d_inner, n_s]
     holds each channel's last d_conv - 1 inputs then the new n_t; c [d_conv, d_inner] the kernels;
@@ -40,6 +42,7 @@ def _assert_contiguous(fn: str, **tensors: Tensor) -> None:
         ggml_assert(ggml_is_contiguous(t), f"ggml_is_contiguous({name})", fn)
 
 
+@op
 def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                   ids: Tensor) -> Tensor:
     """ggml_ssm_scan: Mamba's selective scan. s [d_state, head_dim, n_head, ≥n_seqs] the states,
@@ -99,6 +102,7 @@ def _linear_attn(ctx: Context, fn: str, op: GGMLOp, lead: Tensor, same: dict, st
     return record(result, op, *srcs)
 
 
+@op
 def ggml_rwkv_wkv6(ctx: Context, k: Tensor, v: Tensor, r: Tensor, tf: Tensor, td: Tensor,
                    state: Tensor) -> Tensor:
     """ggml_rwkv_wkv6: RWKV-6's WKV. k, v, r, td [S, H, n_tokens], tf [S, H] (time_first),
@@ -109,6 +113,7 @@ def ggml_rwkv_wkv6(ctx: Context, k: Tensor, v: Tensor, r: Tensor, tf: Tensor, td
                         (k, v, r, tf, td, state))
 
 
+@op
 def ggml_gated_linear_attn(ctx: Context, k: Tensor, v: Tensor, q: Tensor, g: Tensor, state: Tensor,
                            scale: float) -> Tensor:
     """ggml_gated_linear_attn: gated linear attention. k, v, q, g [S, H, n_tokens], state
@@ -121,6 +126,7 @@ def ggml_gated_linear_attn(ctx: Context, k: Tensor, v: Tensor, q: Tensor, g: Ten
     return result
 
 
+@op
 def ggml_rwkv_wkv7(ctx: Context, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
                    state: Tensor) -> Tensor:
     """ggml_rwkv_wkv7: RWKV-7's WKV. r, w, k, v, a, b [S, H, n_tokens], state [S*S*H, n_seqs];
@@ -131,6 +137,7 @@ def ggml_rwkv_wkv7(ctx: Context, r: Tensor, w: Tensor, k: Tensor, v: Tensor, a: 
                         (r, w, k, v, a, b, state))
 
 
+@op
 def ggml_gated_delta_net(ctx: Context, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                          state: Tensor, K: int) -> Tensor:
     """ggml_gated_delta_net: the gated delta rule. q, k [S_v, H_qk, n_tokens, n_seqs_qk] (heads and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+from engine.core.api import op
 from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
@@ -19,16 +20,19 @@ from engine.ops.base import ggml_set_op_params, record
 
 # --- dup, cpy, cast, cont --------------------------------------------------------------------
 
+@op
 def ggml_dup(ctx: Context, a: Tensor) -> Tensor:
     """ggml_dup: a new tensor that will hold a copy of a."""
     return record(ggml_dup_tensor(ctx, a), GGMLOp.DUP, a)
 
 
+@op
 def ggml_dup_inplace(ctx: Context, a: Tensor) -> Tensor:
     """ggml_dup_inplace: DUP into a view of a."""
     return record(ggml_view_tensor(ctx, a), GGMLOp.DUP, a)
 
 
+@op
 def ggml_cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_cpy: copy a into b's memory. The result is a view of b, named after both."""
     ggml_assert(ggml_nelements(a) == ggml_nelements(b), "ggml_nelements(a) == ggml_nelements(b)",
@@ -41,6 +45,7 @@ def ggml_cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return record(result, GGMLOp.CPY, a, b)
 
 
+@op
 def ggml_cast(ctx: Context, a: Tensor, type_: int) -> Tensor:
     """ggml_cast: a new tensor of another type; op CPY whose src[1] is the result itself."""
     result = ggml_new_tensor(ctx, type_, GGML_MAX_DIMS, a.ne)
@@ -48,6 +53,7 @@ def ggml_cast(ctx: Context, a: Tensor, type_: int) -> Tensor:
     return record(result, GGMLOp.CPY, a, result)
 
 
+@op
 def ggml_cont(ctx: Context, a: Tensor) -> Tensor:
     """ggml_cont: a contiguous copy of a (of a's shape)."""
     result = ggml_dup_tensor(ctx, a)
@@ -55,6 +61,7 @@ def ggml_cont(ctx: Context, a: Tensor) -> Tensor:
     return record(result, GGMLOp.CONT, a)
 
 
+@op
 def ggml_cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """ggml_cont_4d: a contiguous copy of a with a new shape of the same element count."""
     ggml_assert(ggml_nelements(a) == ne0 * ne1 * ne2 * ne3, "ggml_nelements(a) == (ne0*ne1*ne2*ne3)",
@@ -64,16 +71,19 @@ def ggml_cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
     return record(result, GGMLOp.CONT, a)
 
 
+@op
 def ggml_cont_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     """ggml_cont_1d."""
     return ggml_cont_4d(ctx, a, ne0, 1, 1, 1)
 
 
+@op
 def ggml_cont_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """ggml_cont_2d."""
     return ggml_cont_4d(ctx, a, ne0, ne1, 1, 1)
 
 
+@op
 def ggml_cont_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     """ggml_cont_3d."""
     return ggml_cont_4d(ctx, a, ne0, ne1, ne2, 1)
@@ -93,27 +103,32 @@ def _reshape(ctx: Context, a: Tensor, ne: list[int], fn: str, cond: str) -> Tens
     return record(result, GGMLOp.RESHAPE, a)
 
 
+@op
 def ggml_reshape(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_reshape: a view of contiguous a with b's shape (b may be non-contiguous)."""
     return _reshape(ctx, a, [int(x) for x in b.ne], "ggml_reshape",
                     "ggml_nelements(a) == ggml_nelements(b)")
 
 
+@op
 def ggml_reshape_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     """ggml_reshape_1d."""
     return _reshape(ctx, a, [ne0], "ggml_reshape_1d", "ggml_nelements(a) == ne0")
 
 
+@op
 def ggml_reshape_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """ggml_reshape_2d."""
     return _reshape(ctx, a, [ne0, ne1], "ggml_reshape_2d", "ggml_nelements(a) == ne0*ne1")
 
 
+@op
 def ggml_reshape_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     """ggml_reshape_3d."""
     return _reshape(ctx, a, [ne0, ne1, ne2], "ggml_reshape_3d", "ggml_nelements(a) == ne0*ne1*ne2")
 
 
+@op
 def ggml_reshape_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """ggml_reshape_4d."""
     return _reshape(ctx, a, [ne0, ne1, ne2, ne3], "ggml_reshape_4d",
@@ -130,11 +145,13 @@ def _view(ctx: Context, a: Tensor, ne: list[int], offset: int, fn: str) -> Tenso
     return record(result, GGMLOp.VIEW, a)
 
 
+@op
 def ggml_view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
     """ggml_view_1d."""
     return _view(ctx, a, [ne0], offset, "ggml_view_1d")
 
 
+@op
 def ggml_view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
     """ggml_view_2d: rows of ne0 elements, nb1 bytes apart."""
     result = _view(ctx, a, [ne0, ne1], offset, "ggml_view_2d")
@@ -143,6 +160,7 @@ def ggml_view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: 
     return result
 
 
+@op
 def ggml_view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
                  offset: int) -> Tensor:
     """ggml_view_3d."""
@@ -152,6 +170,7 @@ def ggml_view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int
     return result
 
 
+@op
 def ggml_view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int,
                  nb2: int, nb3: int, offset: int) -> Tensor:
     """ggml_view_4d."""
@@ -160,6 +179,7 @@ def ggml_view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
     return result
 
 
+@op
 def ggml_permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:
     """ggml_permute: source dimension i moves to position axis_i (a view; no data moves)."""
     axes = (axis0, axis1, axis2, axis3)
@@ -189,6 +209,7 @@ def _c_int(x: int) -> int:
     return (x + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
+@op
 def ggml_transpose(ctx: Context, a: Tensor) -> Tensor:
     """ggml_transpose: swap dimensions 0 and 1 (a view)."""
     result = ggml_view_tensor(ctx, a)

@@ -24,7 +24,7 @@ from engine.backend.sched import (
     ggml_backend_sched_graph_compute,
     ggml_backend_sched_reset,
 )
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.cxxrandom import Mt19937
 from engine.core.errors import ggml_abort, ggml_assert
@@ -324,6 +324,7 @@ def ggml_opt_build(opt_ctx: OptContext) -> None:
     opt_ctx.buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(opt_ctx.ctx_cpu, ggml_backend_cpu_buffer_type())
 
 
+@writes(Writes.PLACES, Writes.OPT)
 def ggml_opt_init(params: ggml_opt_params) -> OptContext:
     """An optimization context; with params.ctx_compute, its static graphs are built now."""
     fn = "ggml_opt_init"
@@ -344,6 +345,7 @@ def ggml_opt_init(params: ggml_opt_params) -> OptContext:
     return opt_ctx
 
 
+@writes(Writes.OPT)
 def ggml_opt_free(opt_ctx: OptContext | None) -> None:
     if opt_ctx is None:
         return
@@ -353,6 +355,7 @@ def ggml_opt_free(opt_ctx: OptContext | None) -> None:
         ggml_free(ctx)
 
 
+@writes(Writes.OPT)
 def ggml_opt_reset(opt_ctx: OptContext, optimizer: bool) -> None:
     """Zero the gradients (and with optimizer, the moments and the iteration count too)."""
     if optimizer:
@@ -409,12 +412,14 @@ def ggml_opt_context_optimizer_type(opt_ctx: OptContext) -> int:
 
 # --- computing ------------------------------------------------------------------------------
 
+@writes(Writes.OPT)
 def ggml_opt_prepare_alloc(opt_ctx: OptContext, ctx_compute, gf: Graph, inputs: Tensor, outputs: Tensor) -> None:
     """Without static graphs: the compute context and forward graph the next ggml_opt_alloc builds on."""
     ggml_assert(not opt_ctx.static_graphs, "!opt_ctx->static_graphs", "ggml_opt_prepare_alloc")
     opt_ctx.ctx_compute, opt_ctx.gf, opt_ctx.inputs, opt_ctx.outputs = ctx_compute, gf, inputs, outputs
 
 
+@writes(Writes.PLACES, Writes.OPT)
 def ggml_opt_alloc(opt_ctx: OptContext, backward: bool) -> None:
     """Choose the graph the next ggml_opt_eval computes (forward; gradients; gradients and an
     optimizer step when this physical batch ends a logical one) and have the scheduler place it."""
@@ -475,6 +480,7 @@ def _write_optimizer_params(opt_ctx: OptContext) -> None:
     ggml_backend_tensor_set(opt_ctx.opt_step_params, np.array(values, dtype=F32), 0, 4 * len(values))
 
 
+@writes(Writes.PLACES, Writes.OPT)
 def ggml_opt_eval(opt_ctx: OptContext, result: OptResult | None) -> None:
     """Compute the allocated graph; add its loss, predictions and correct count to result."""
     fn = "ggml_opt_eval"

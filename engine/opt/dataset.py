@@ -13,7 +13,7 @@ from engine.backend.buffer import (
     ggml_backend_tensor_get,
     ggml_backend_tensor_set,
 )
-from engine.core.api import query
+from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_new_tensor_2d
@@ -36,6 +36,7 @@ class Dataset:
     permutation: list[int]
 
 
+@writes(Writes.PLACES, Writes.OPT)
 def ggml_opt_dataset_init(type_data: int, type_label: int, ne_datapoint: int, ne_label: int,
                           ndata: int, ndata_shard: int) -> Dataset:
     fn = "ggml_opt_dataset_init"
@@ -53,6 +54,7 @@ def ggml_opt_dataset_init(type_data: int, type_label: int, ne_datapoint: int, ne
                    list(range(ndata // ndata_shard)))
 
 
+@writes(Writes.OPT)
 def ggml_opt_dataset_free(dataset: Dataset) -> None:
     ggml_backend_buffer_free(dataset.buf)
     ggml_free(dataset.ctx)
@@ -73,6 +75,7 @@ def ggml_opt_dataset_labels(dataset: Dataset) -> Tensor | None:
     return dataset.labels
 
 
+@writes(Writes.OPT)
 def ggml_opt_dataset_shuffle(opt_ctx: OptContext, dataset: Dataset, idata: int) -> None:
     """Shuffle all shards (idata < 0) or the shards of the first idata datapoints."""
     fn = "ggml_opt_dataset_shuffle"
@@ -102,6 +105,7 @@ def _shards(dataset: Dataset, n: int, ibatch: int):
         yield k, data, labels
 
 
+@writes(Writes.OPT)
 def ggml_opt_dataset_get_batch(dataset: Dataset, data_batch: Tensor, labels_batch: Tensor | None,
                                ibatch: int) -> None:
     """Copy batch ibatch (shards in permutation order) into the tensors data_batch, labels_batch."""

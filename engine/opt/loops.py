@@ -9,6 +9,7 @@ from typing import Callable
 
 import numpy as np
 
+from engine.core.api import Writes, writes
 from engine.core.errors import ggml_assert
 from engine.ggml import ggml_time_init, ggml_time_us
 from engine.opt.context import (
@@ -32,6 +33,7 @@ F32 = np.float32
 EpochCallback = Callable[[bool, OptContext, Dataset, OptResult, int, int, int], None]
 
 
+@writes(Writes.PLACES, Writes.OPT, Writes.LOOP)
 def ggml_opt_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: OptResult | None,
                    result_eval: OptResult | None, idata_split: int,
                    callback_train: EpochCallback | None, callback_eval: EpochCallback | None) -> None:
@@ -98,6 +100,7 @@ def _c_float(x: float, digits: int) -> str:
     return f"{x:.{digits}f}"
 
 
+@writes(Writes.OPT)
 def ggml_opt_epoch_callback_progress_bar(train: bool, opt_ctx: OptContext, dataset: Dataset, result: OptResult,
                                          ibatch: int, ibatch_max: int, t_start_us: int) -> None:
     """ggml's epoch callback: a progress bar with loss, accuracy, time and ETA on stderr."""
@@ -105,6 +108,7 @@ def ggml_opt_epoch_callback_progress_bar(train: bool, opt_ctx: OptContext, datas
     sys.stderr.flush()
 
 
+@writes(Writes.PLACES, Writes.OPT, Writes.LOOP)
 def ggml_opt_fit(backend_sched, ctx_compute, inputs: Tensor, outputs: Tensor, dataset: Dataset, loss_type: int,
                  optimizer: int, get_opt_pars: Callable, nepoch: int, nbatch_logical: int, val_split: float,
                  silent: bool) -> None:

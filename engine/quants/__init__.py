@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.core.api import query
+from engine.core.api import query, writes
 from engine.core.errors import GGMLAssertionError, ggml_assert
 from engine.quants import fp4, iq4, iqgrid, kquants, legacy, ternary
 from engine.quants.common import QuantKind
@@ -27,6 +27,7 @@ QUANT_KINDS: dict[GGMLType, QuantKind] = {
 }
 
 
+@writes()
 def ggml_quantize_requires_imatrix(type_: int) -> bool:
     """ggml_quantize_requires_imatrix: IQ2_XXS, IQ2_XS and IQ1_S cannot be quantized without one
     (their records say so)."""
@@ -114,6 +115,7 @@ def quantize(type_: int, x2d: np.ndarray, *, ref: bool = False, cpu: bool = Fals
         return fn(blocks).view(np.uint8).reshape(len(x2d), -1)
 
 
+@writes()
 def ggml_quantize_chunk(type_: int, src: np.ndarray, dst: np.ndarray, start: int, nrows: int,
                         n_per_row: int, imatrix: np.ndarray | None = None) -> int:
     """ggml_quantize_chunk: quantize rows [start/n_per_row, +nrows) of src into dst; bytes written."""

@@ -27,12 +27,6 @@ from engine.trace.pools import Shadow, StructOf
 from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind, tensor_ref
 from engine.core.tensor import Tensor, ggml_nbytes
 
-# calls that write the `buffer` and `data` fields of many tensor structs
-STRUCT_WRITERS = ("ggml_backend_alloc_ctx_tensors", "ggml_backend_alloc_ctx_tensors_from_buft",
-                  "ggml_gallocr_alloc_graph", "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute",
-                  "ggml_backend_sched_graph_compute_async")
-BACKEND_DATA_WRITERS = ("ggml_backend_tensor_set", "ggml_backend_tensor_memset")
-
 
 class RestoredBuffer:
     """A backend buffer's bytes rebuilt from a trace, mapped at its original address."""
@@ -82,7 +76,8 @@ class BackendRecorder:
         return tuple(changed)
 
     def struct_writes(self) -> list:
-        """The tensor structs a call that allocates many tensors may have written."""
+        """The tensor structs a call that places many tensors may have written (one declared
+        `@writes(Writes.PLACES)`: an allocator, the scheduler)."""
         out: list = []
         for a in self.rec.args:
             if isinstance(a, Context):

@@ -3,9 +3,10 @@
 A ggml_opt_* call works on contexts, graphs and a scheduler the program never named: the
 optimization context's static, CPU and copy contexts, the graph it computes, the dataset's
 context. `opt_parts` lists them so the recorder tracks those contexts, diffs those tensor
-structs and plans that graph, as it does for the same things passed directly. A training loop
-(ggml_opt_epoch, ggml_opt_fit) is one step: the nodes it computes, batch after batch, are not
-steps of their own (its result is what it shows); ggml_opt_eval's nodes are.
+structs and plans that graph, as it does for the same things passed directly (for the calls
+declared `@writes(Writes.OPT)`). A training loop (ggml_opt_epoch, ggml_opt_fit: `Writes.LOOP`) is
+one step: the nodes it computes, batch after batch, are not steps of their own (its result is what
+it shows); ggml_opt_eval's nodes are.
 """
 
 from __future__ import annotations
@@ -14,12 +15,6 @@ from typing import Any
 
 from engine.opt.context import OptContext
 from engine.opt.dataset import Dataset
-
-# calls that place tensors (their structs' buffer and data fields change)
-OPT_STRUCT_WRITERS = ("ggml_opt_dataset_init", "ggml_opt_init", "ggml_opt_alloc", "ggml_opt_eval",
-                      "ggml_opt_epoch", "ggml_opt_fit")
-# calls whose computed nodes are not steps
-OPT_LOOPS = ("ggml_opt_epoch", "ggml_opt_fit")
 
 
 def opt_parts(args: tuple) -> list[Any]:

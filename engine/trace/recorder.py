@@ -7,9 +7,11 @@ struct fields written (old -> new), byte ranges written and their new bytes. Fro
 pools at any step are rebuilt without running anything (`Trace.state_at`, states.py), forwards or backwards.
 
 How it watches: `sys.settrace` sees every call of a facade function made from the program's own
-file (calls inside the engine are not steps); graph visits come through the graph's visit hook and
-nodes through the compute observer. The program runs in a fresh address space, so the same program
-and inputs give the same steps, addresses and hash.
+file (calls inside the engine are not steps); what the function declares where it is defined
+(engine/core/api.py: `@query`, `@op`, `@writes(...)`) says whether the call is a step and what it
+may have written, never its name. Graph visits come through the graph's visit hook and nodes
+through the compute observer. The program runs in a fresh address space, so the same program and
+inputs give the same steps, addresses and hash.
 
 Its collaborators: the program's marks (groups.ProgramMarks: layer and pass), the CPU-dependent
 bytes (cpu_bytes.CpuBytes), and backend buffers with the allocator's and scheduler's decisions
@@ -20,12 +22,13 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from bisect import bisect_right
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
+from types import CodeType
 from typing import Any, Callable
 
 import numpy as np
@@ -34,10 +37,9 @@ from engine import ggml as G
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_opt as GO
-from engine import ops as ops_package
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
-from engine.core.api import is_query
+from engine.core.api import Kind, Writes, declaration_of
 from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.errors import ProgramStopped, StepCapReached, TensorBoundsError, program_line
@@ -47,19 +49,17 @@ from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes, name_in
 from engine.core.types import TYPE_TRAITS
-from engine.trace.backend import BACKEND_DATA_WRITERS, STRUCT_WRITERS, BackendRecorder
+from engine.trace.backend import BackendRecorder
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
-from engine.trace.opt import OPT_LOOPS, OPT_STRUCT_WRITERS, opt_parts
+from engine.trace.opt import opt_parts
 from engine.trace.pools import FileMaps, Region, Shadow, Span, StructOf, changed_runs
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
                                 tensor_ref)
 
-STEP_CAP = 20_000
-DATA_WRITERS = ("set_data", "ggml_set_f32", "ggml_set_i32", "ggml_set_f32_1d", "ggml_set_i32_1d",
-                *BACKEND_DATA_WRITERS)  # a runaway program ends with a clear final step instead of a hang
+STEP_CAP = 20_000  # a runaway program ends with a clear final step instead of a hang
 UNNAMED = "(unnamed)"  # a note's words for a tensor with no name: `a (unnamed)`, after its variable
 
 # --- recording -------------------------------------------------------------------------------
@@ -70,29 +70,32 @@ def _shown_path(path: str, package: Path) -> str:
     return str(p.relative_to(package)) if p.is_relative_to(package) else p.name
 
 
-def _facade_codes() -> dict[Any, str]:
-    """The code objects of the facade's functions that make steps (all but the queries)."""
-    codes = {}
-    for module in (G, GB, GA, GO):  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h
-        for name in dir(module):
+FACADES = (G, GB, GA, GO)  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h: whose calls are watched
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A facade function whose calls from the program are steps, as it declared itself."""
+    name: str  # ggml_add, set_data...: its step's notes name it
+    kind: Kind  # OP (its step compares tensor structs only) or WRITES
+    writes: Writes  # what it writes besides its arguments and its result
+
+
+def watched_functions() -> dict[CodeType, Watched]:
+    """Every function the facades export that is not declared a query, by its code object (what
+    the trace hook sees)."""
+    out = {}
+    for module in FACADES:
+        for name in module.__all__:
             fn = getattr(module, name)
-            if callable(fn) and hasattr(fn, "__code__") and (
-                    name.startswith(("ggml_", "gguf_")) or name == "set_data"):
-                if not is_query(fn):
-                    codes[fn.__code__] = name
-    return codes
+            declared = declaration_of(fn)
+            if declared is not None and declared.kind is not Kind.QUERY:
+                out[fn.__code__] = Watched(name, declared.kind, declared.writes)
+    return out
 
 
 TENSOR_SPANS = field_spans(TENSOR)
 SMALL_REGION = 4096  # bytes: a region this small is first compared whole
-
-
-def _constructor_codes(codes: dict[Any, str]) -> set:
-    """The op constructors among them (engine/ops/: ggml_add, ggml_view_2d, ggml_mul_mat...):
-    they add objects and may write their arguments' structs, never a tensor's data, so their
-    steps compare structs only (a view's data can be a KV cache's megabytes)."""
-    ops_dir = os.path.dirname(ops_package.__file__)
-    return {code for code in codes if os.path.dirname(code.co_filename) == ops_dir}
 
 
 class Recorder:
@@ -104,8 +107,7 @@ class Recorder:
         self.step_cap = step_cap or STEP_CAP
         self.on_step = on_step  # sees the live contexts after each step (tests compare with them)
         self.n_threads = n_threads
-        self.codes = _facade_codes()
-        self.constructors = _constructor_codes(self.codes)
+        self.watched = watched_functions()
         self.steps: list[Step] = []
         self.contexts: list[Context] = []
         self.shadow: dict[int, Shadow] = {}  # each pool as of the last step
@@ -143,7 +145,7 @@ class Recorder:
     # from the program's own files into the facade are steps; their frames get a local trace
     # function that sees them return
     def on_call(self, frame, event: str, arg):
-        if self.active is None and frame.f_code in self.codes:
+        if self.active is None and frame.f_code in self.watched:
             caller = frame.f_back
             if caller is not None and caller.f_code.co_filename in self.files:
                 self.active = frame
@@ -155,7 +157,7 @@ class Recorder:
                 self.args = self.raw_args + tuple(opt_parts(self.raw_args))
                 self.call_step = None
                 self.walked, self.shown, self.last_visited = [], 0, None
-                if self.codes[frame.f_code].startswith("ggml_build_forward"):
+                if Writes.WALK in self.watched[frame.f_code].writes:
                     # the call comes first; each tensor it visits is a step inside it
                     self.call_step = self.emit(
                         StepKind.CALL, self.source(self.line),
@@ -169,7 +171,7 @@ class Recorder:
         passing through it; a return by exception has arg None)."""
         if event == "return" and frame is self.active:
             self.active = None
-            self.finish_call(self.codes[frame.f_code], arg, frame.f_code in self.constructors)
+            self.finish_call(self.watched[frame.f_code], arg)
         return self.on_return
 
     def source(self, line: int) -> str:
@@ -359,10 +361,10 @@ class Recorder:
             self.on_step(step, [*self.contexts, *self.backend.buffers])
         return step
 
-    def finish_call(self, name: str, result: Any, constructor: bool = False) -> None:
+    def finish_call(self, call: Watched, result: Any) -> None:
         if isinstance(result, Tensor) and len(names := assigned_names(self.source(self.line))) == 1:
             self.variables[tensor_ref(result)] = names[0]  # `a = ggml_new_tensor_2d(...)`: the tensor's variable
-        if name.startswith("ggml_opt_"):  # what the call made inside the contexts it holds
+        if Writes.OPT in call.writes:  # what the call made inside the contexts it holds
             self.args = self.raw_args + tuple(opt_parts((*self.raw_args, result)))
             for part in self.args:
                 if isinstance(part, Context):
@@ -377,28 +379,28 @@ class Recorder:
             if isinstance(g, Graph):
                 g.visit_hook, g.enter_hook = self.on_visit, self.on_enter
         things = list(self.args) + ([result] if result is not None else [])
-        if name.startswith("ggml_build_forward"):  # the flags of the tensors the walk entered
+        if Writes.WALK in call.writes:  # the flags of the tensors the walk entered
             things += [StructOf(t) for t in self.walked]
             self.visiting = []
         things += [x for a in self.args if isinstance(a, (list, tuple)) for x in a]
-        if name in STRUCT_WRITERS or name in OPT_STRUCT_WRITERS:
+        if Writes.PLACES in call.writes:
             things += self.backend.struct_writes()
-        if name.startswith("ggml_opt_"):  # it writes tensors the program never named (weights,
+        if Writes.OPT in call.writes:  # it writes tensors the program never named (weights,
             things.append(Region.ALL_MEMORY)  # gradients, moments, batches): every byte is compared
-        if constructor:
+        if call.kind is Kind.OP:
             things = [StructOf(t) if isinstance(t, Tensor) else t for t in things]
         tensor = result if isinstance(result, Tensor) else None
         notes: tuple[Note, ...] = ()
-        if name in DATA_WRITERS and isinstance(self.args[0], Tensor):
+        if Writes.DATA in call.writes and isinstance(self.args[0], Tensor):
             t = self.args[0]
-            notes = (Note.of("wrote_data", fn=name, name=self.tensor_words(t), n=ggml_nbytes(t),
+            notes = (Note.of("wrote_data", fn=call.name, name=self.tensor_words(t), n=ggml_nbytes(t),
                              addr=f"{t.data:#x}"),)
-        elif name == "ggml_init" and isinstance(result, Context):
+        elif Writes.CONTEXT in call.writes and isinstance(result, Context):
             notes = (Note.of("init_no_alloc" if result.no_alloc else "init", size=result.mem_size,
                              addr=f"{result.base:#x}", id=result.id),)
         # after visits or nodes, the call's own step is only needed for changes not yet shown
         step = self.emit(StepKind.CALL, self.source(self.line), notes, things, tensor=tensor,
-                         parent=self.call_step, skip_if_empty=self.call_step is not None, fn=name)
+                         parent=self.call_step, skip_if_empty=self.call_step is not None, fn=call.name)
         self.backend.after_call(self.call_step if step is None else step.index)
 
     def tensor_words(self, t: Tensor) -> str:
@@ -431,8 +433,8 @@ class Recorder:
         return [a for a in self.args if isinstance(a, Graph)]
 
     def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:
-        fn = self.codes[self.active.f_code] if self.active is not None else ""
-        if fn in OPT_LOOPS:
+        writes = self.watched[self.active.f_code].writes if self.active is not None else Writes(0)
+        if Writes.LOOP in writes:
             if not ask:  # a training loop is one step: its nodes compute unwatched
                 self.cpu.node(node)
             return True
@@ -443,7 +445,7 @@ class Recorder:
                 self.call_step = self.emit(
                     StepKind.CALL, self.source(self.line),
                     (Note.of("planned", n=plan.n_threads, size=plan.work_size), Note("walk_together")),
-                    [Region.ALL_MEMORY] if fn.startswith("ggml_opt_") else [],
+                    [Region.ALL_MEMORY] if Writes.OPT in writes else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.notes)
