@@ -22,25 +22,11 @@ from app.sandbox.template import TemplatesBusy
 from app.store import HeaderOnly, UploadStore
 from app.traces import Recipe, TraceCache
 from app.views.debugger import graph as G
-from app.views.debugger.hexview import hexview
-from app.views.debugger.kernel import kernel
-from app.views.debugger.nav import nav
-from app.views.debugger.accountant import accounts
-from app.views.debugger.answer import answer_view
-from app.views.debugger.chat import MESSAGE_CHARS, SYSTEM_CHARS, chat_prompt, chat_view
-from app.views.debugger.buffers import buffers
-from app.views.debugger.plan import plan_view
-from app.views.debugger.returned import returned
-from app.views.debugger.pool import pools
+from app.views.debugger.chat import MESSAGE_CHARS, SYSTEM_CHARS, chat_prompt
+from app.views.debugger.panels import LAYOUT, At, shown_tabs, view_models
 from app.views.debugger.sched import sched_view
-from app.views.debugger.steps import search_results, steps_view
-from app.views.debugger.source import source
-from app.views.debugger.strides import strides
-from app.views.debugger.struct import struct
+from app.views.debugger.steps import search_results
 from app.views.debugger.tensors import tensor_list
-from app.views.debugger.threads import threads
-from app.views.debugger.training import training_view
-from app.views.debugger.values import gradient_of, values
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
 from app.web import client_of, go_to, recording_page, templates
 from engine.programs import PROGRAMS
@@ -248,24 +234,14 @@ Graph = Annotated[G.GraphView | None, Depends(_graph)]
 
 def step_model(stop: Stop, graph: G.GraphView | None, playground: bool, tp: int | None = None,
                tq: str = "", path: FilePath | None = None) -> dict[str, Any]:
-    """Every panel's view-model at one step (`tp`, `tq`: the tensor list's page and filter;
-    `path`: the file the walkthrough reads, for its chat template)."""
-    where, trace, step, state, sel = stop.where, stop.trace, stop.step, stop.state, stop.selected
-    shares = threads(trace, step)
-    return {
-        "program": None if where.is_program else PROGRAMS[where.name], "where": where,
-        "playground": playground, "step": step,
-        "nav": nav(trace, where), "source": source(trace, step), "returned": returned(trace, step),
-        "pools": pools(state, step, where), "accounts": accounts(state), "hex": hexview(step, sel, where.hex),
-        "tensors": tensor_list(state, where, sel, tp, tq), "struct": struct(sel, where),
-        "strides": strides(sel), "values": values(sel, where),
-        "grad": values(gradient_of(state, sel), where),
-        "threads": shares, "kernel": kernel(step, state, where, shares.shares), "graph": graph,
-        "buffers": buffers(state, step, where), "plan": plan_view(trace, step, state, where),
-        "steps": steps_view(trace, where), "answer": answer_view(trace, where),
-        "chat": chat_view(trace, where, path),
-        "training": training_view(trace),
-    }
+    """Every panel's view-model at one step, as the panel table builds them
+    (app/views/debugger/panels.py), with the layout and the tabs shown (`tp`, `tq`: the tensor
+    list's page and filter; `path`: the file the walkthrough reads, for its chat template)."""
+    where = stop.where
+    models = view_models(At(where, stop.trace, stop.step, stop.state, stop.selected, graph, path, tp, tq))
+    return {"program": None if where.is_program else PROGRAMS[where.name], "where": where,
+            "playground": playground, "step": stop.step, "layout": LAYOUT,
+            "tabs": shown_tabs(models), **models}
 
 
 # --- the routes -------------------------------------------------------------------------------
