@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.compute import GGML_STATUS_ABORTED, GGML_STATUS_SUCCESS
-from engine.core.api import query, writes
+from engine.core.api import query
 from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.core.graph import Graph
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp, ggml_glu_op_name, ggml_op_name, ggml_unary_op_name
@@ -63,55 +63,55 @@ _FTYPE_TYPE = {
 
 # --- fp16 / bf16 -------------------------------------------------------------------------------
 
-@writes()
+@query
 def ggml_fp16_to_fp32(x: int) -> float:
     """ggml_fp16_to_fp32: the float an IEEE half (its 16 bits) stands for."""
     return float(fp16_bits_to_fp32(np.array([x], np.uint16))[0])
 
 
-@writes()
+@query
 def ggml_fp32_to_fp16(x: float) -> int:
     """ggml_fp32_to_fp16: the nearest IEEE half (round to nearest even), as its 16 bits."""
     return int(fp32_to_fp16_bits(np.array([x], np.float32))[0])
 
 
-@writes()
+@query
 def ggml_bf16_to_fp32(x: int) -> float:
     """ggml_bf16_to_fp32: a bfloat16 (its 16 bits) widened to float."""
     return float(bf16_bits_to_fp32(np.array([x], np.uint16))[0])
 
 
-@writes()
+@query
 def ggml_fp32_to_bf16(x: float) -> int:
     """ggml_fp32_to_bf16: round to nearest even; a NaN keeps its top bits, made quiet."""
     return int(fp32_to_bf16_bits(np.array([x], np.float32))[0])
 
 
-@writes()
+@query
 def ggml_fp16_to_fp32_row(x, n: int) -> np.ndarray:
     """ggml_fp16_to_fp32_row: n halves (uint16 bits) to floats."""
     return fp16_bits_to_fp32(np.asarray(x, np.uint16)[:n])
 
 
-@writes()
+@query
 def ggml_fp32_to_fp16_row(x, n: int) -> np.ndarray:
     """ggml_fp32_to_fp16_row: n floats to halves (uint16 bits)."""
     return fp32_to_fp16_bits(np.asarray(x, np.float32)[:n])
 
 
-@writes()
+@query
 def ggml_bf16_to_fp32_row(x, n: int) -> np.ndarray:
     """ggml_bf16_to_fp32_row: n bfloat16s (uint16 bits) to floats."""
     return bf16_bits_to_fp32(np.asarray(x, np.uint16)[:n])
 
 
-@writes()
+@query
 def ggml_fp32_to_bf16_row(x, n: int) -> np.ndarray:
     """ggml_fp32_to_bf16_row: n floats to bfloat16 bits, rounding to nearest even."""
     return fp32_to_bf16_bits(np.asarray(x, np.float32)[:n])
 
 
-@writes()
+@query
 def ggml_fp32_to_bf16_row_ref(x, n: int) -> np.ndarray:
     """ggml_fp32_to_bf16_row_ref: the reference converter (the same rounding)."""
     return ggml_fp32_to_bf16_row(x, n)
@@ -122,46 +122,46 @@ def ggml_fp32_to_bf16_row_ref(x, n: int) -> np.ndarray:
 _T0 = time.monotonic_ns()
 
 
-@writes()
+@query
 def ggml_time_init() -> None:
     """ggml_time_init: a no-op on Linux (the clock needs no set-up)."""
 
 
-@writes()
+@query
 def ggml_time_ms() -> int:
     """ggml_time_ms: a monotonic clock in milliseconds."""
     return (time.monotonic_ns() - _T0) // 1_000_000
 
 
-@writes()
+@query
 def ggml_time_us() -> int:
     """ggml_time_us: a monotonic clock in microseconds."""
     return (time.monotonic_ns() - _T0) // 1_000
 
 
-@writes()
+@query
 def ggml_cycles() -> int:
     """ggml_cycles: clock() in C, the process's CPU time in clock ticks (CLOCKS_PER_SEC = 10^6)."""
     return time.process_time_ns() // 1_000
 
 
-@writes()
+@query
 def ggml_cycles_per_ms() -> int:
     """ggml_cycles_per_ms: CLOCKS_PER_SEC / 1000."""
     return 1000
 
 
-@writes()
+@query
 def ggml_version() -> str:
     return GGML_VERSION
 
 
-@writes()
+@query
 def ggml_commit() -> str:
     return GGML_COMMIT
 
 
-@writes()
+@query
 def ggml_status_to_string(status: int) -> str:
     """ggml_status_to_string: the words for a ggml_status."""
     return _STATUS.get(int(status), "GGML status: unknown")
@@ -199,7 +199,7 @@ def ggml_is_view(t: Tensor) -> bool:
     return t.view_src is not None
 
 
-@writes()
+@query
 def ggml_unravel_index(t: Tensor, i: int) -> tuple[int, int, int, int]:
     """ggml_unravel_index: the 4-d index (i0, i1, i2, i3) of flat element i (ne[0] fastest)."""
     ne0, ne1, ne2 = int(t.ne[0]), int(t.ne[1]), int(t.ne[2])
@@ -222,13 +222,13 @@ def ggml_graph_nodes(graph: Graph) -> list[Tensor]:
     return list(graph.nodes)
 
 
-@writes()
+@query
 def ggml_guid_matches(a: bytes, b: bytes) -> bool:
     """ggml_guid_matches: the two 16-byte GUIDs are equal."""
     return bytes(a)[:16] == bytes(b)[:16]
 
 
-@writes()
+@query
 def ggml_ftype_to_ggml_type(ftype: int) -> GGMLType:
     """ggml_ftype_to_ggml_type: the tensor type a file type is "mostly" made of."""
     ggml_assert(int(ftype) in _FTYPE_TYPE, "wtype != GGML_TYPE_COUNT", "ggml_ftype_to_ggml_type",
@@ -243,7 +243,7 @@ def ggml_type_sizef(type_: int) -> float:
     return tr.type_size / tr.blck_size
 
 
-@writes()
+@query
 def ggml_quantize_init(type_: int) -> None:
     """ggml_quantize_init: ggml builds the IQ types' search tables once here; the engine builds
     them the first time a quantizer needs them (engine/quants/iqsearch.py), so there is nothing
@@ -251,7 +251,7 @@ def ggml_quantize_init(type_: int) -> None:
     ggml_assert(0 <= int(type_) < GGML_TYPE_COUNT, "type < GGML_TYPE_COUNT", "ggml_quantize_init")
 
 
-@writes()
+@query
 def ggml_quantize_free() -> None:
     """ggml_quantize_free: the search tables stay cached for the process (nothing to free)."""
 
@@ -269,14 +269,14 @@ _log: tuple[LogCallback, Any] = (_log_to_stderr, None)
 _abort_callback: Callable[[str], None] | None = None
 
 
-@writes()
+@query
 def ggml_log_set(callback: LogCallback | None, user_data: Any = None) -> None:
     """ggml_log_set: where ggml's log lines go (None: back to stderr)."""
     global _log
     _log = (callback or _log_to_stderr, user_data)
 
 
-@writes()
+@query
 def ggml_log_get() -> tuple[LogCallback, Any]:
     """ggml_log_get: the current log callback and its user data."""
     return _log
@@ -288,7 +288,7 @@ def log_line(level: int, text: str) -> None:
     callback(level, text, user_data)
 
 
-@writes()
+@query
 def ggml_set_abort_callback(callback: Callable[[str], None] | None):
     """ggml_set_abort_callback: called with the message before an abort; returns the old one."""
     global _abort_callback
@@ -296,7 +296,7 @@ def ggml_set_abort_callback(callback: Callable[[str], None] | None):
     return old
 
 
-@writes()
+@query
 def ggml_abort(file: str, line: int, fmt: str, *args) -> None:
     """ggml_abort: "file:line: message" to the abort callback (or stderr); ggml then ends the
     process — the engine raises GGMLAbortError instead."""
@@ -389,7 +389,7 @@ def row_data_problem(type_: int, data) -> str | None:
     return f"ggml_validate_row_data: invalid type {int(t)}"
 
 
-@writes()
+@query
 def ggml_validate_row_data(type_: int, data, nbytes: int) -> bool:
     """ggml_validate_row_data: False (with ggml's message on stderr) when the row's bytes hold
     a NaN or inf where ggml checks (every float of F32/F16/BF16 rows, each block's scales)."""

@@ -349,7 +349,7 @@ def _object_line(obj) -> str:
     return f" - ggml_object: type = {obj.type}, offset = {obj.offs}, size = {obj.size}, next = {next_}"
 
 
-@writes()
+@query
 def ggml_print_object(obj) -> str:
     """ggml_print_object: one object's line (returned, and printed)."""
     line = _object_line(obj)

@@ -6,7 +6,7 @@ exactly as ggml writes it and the function that checked it, so a learner can fin
 
 from __future__ import annotations
 
-from engine.core.api import writes
+from engine.core.api import query
 
 
 class GGMLAssertionError(AssertionError):
@@ -32,7 +32,7 @@ class GGMLPoolError(MemoryError):
         )
 
 
-@writes()
+@query
 def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> None:
     """GGML_ASSERT: raise GGMLAssertionError naming `condition` when `ok` is false."""
     if not ok:

@@ -354,7 +354,7 @@ def ggml_graph_add_node(g: Graph, t: Tensor) -> None:
     g._r["n_nodes"] = g.n_nodes + 1
 
 
-@writes()
+@query
 def ggml_graph_get_tensor(g: Graph, name: str) -> Tensor | None:
     """ggml_graph_get_tensor: search the leafs, then the nodes, by name."""
     return next((t for t in g.leafs + g.nodes if t.name == name), None)
@@ -441,13 +441,13 @@ def _by_slot(g: Graph, node: Tensor, table: np.ndarray | None) -> Tensor | None:
     return g.tensor(int(table[slot]))
 
 
-@writes()
+@query
 def ggml_graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
     """ggml_graph_get_grad: the gradient recorded for node, or None."""
     return _by_slot(g, node, g.grad_addresses)
 
 
-@writes()
+@query
 def ggml_graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
     """ggml_graph_get_grad_acc: the gradient accumulator of node, or None."""
     return _by_slot(g, node, g.grad_acc_addresses)

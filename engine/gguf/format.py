@@ -12,7 +12,7 @@ import struct
 
 import numpy as np
 
-from engine.core.api import writes
+from engine.core.api import query
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3  # the newest version ggml reads and the one it writes
@@ -78,13 +78,13 @@ _NP_CODE = {T.UINT8: "u1", T.INT8: "i1", T.UINT16: "u2", T.INT16: "i2", T.UINT32
             T.FLOAT64: "f8"}
 
 
-@writes()
+@query
 def gguf_type_size(type_: int) -> int:
     """gguf_type_size: bytes of one value; 0 for STRING and ARRAY (and unknown types)."""
     return struct.calcsize(_CODE[type_]) if type_ in _CODE else 0
 
 
-@writes()
+@query
 def gguf_type_name(type_: int) -> str | None:
     """gguf_type_name: "u8", "str", ...; None for an unknown type, as C returns NULL."""
     return TYPE_NAME.get(type_)  # type: ignore[call-overload]

@@ -27,7 +27,7 @@ QUANT_KINDS: dict[GGMLType, QuantKind] = {
 }
 
 
-@writes()
+@query
 def ggml_quantize_requires_imatrix(type_: int) -> bool:
     """ggml_quantize_requires_imatrix: IQ2_XXS, IQ2_XS and IQ1_S cannot be quantized without one
     (their records say so)."""

@@ -23,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-from engine.core.api import writes
+from engine.core.api import query
 from engine.lanes import lanes, pure_numpy, twin
 from engine.libm import cosf, erff, expf, expm1f, logf, powf, sinf, \
     tanhf  # noqa: F401 (re-exported)
@@ -263,7 +263,7 @@ def silu_rows(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 
-@writes()
+@query
 def ggml_compute_softplus_f32(x) -> np.ndarray:
     """ggml_compute_softplus_f32 (ggml-impl.h) of each element: x above 20, else
     logf(1 + expf(x)) with the C library's functions. SOFTPLUS, Mamba-2's scan and the op_params
