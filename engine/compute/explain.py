@@ -18,11 +18,10 @@ import numpy as np
 from engine.compute.kernels import KERNELS, KernelInfo, same_bits_on_every_cpu
 from engine.compute.kernels.common import to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
-from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows
+from engine.compute.kernels.matmul import emulates_vec_dot, quant_rows, vec_dot_type
 from engine.compute.kernels.vecdot import EXACT_QUANT, add_mins, block_lanes, decode_weights, \
     paired_total, row_result, tail_sum, vec_dot_of
 from engine.compute.kernels.vecdot_float import hsum8
-from engine.compute.plan import vec_dot_type
 from engine.lanes import TWINS, pure_numpy
 from engine.core.optable import GGMLOp
 from engine.quants import from_float

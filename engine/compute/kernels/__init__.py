@@ -6,10 +6,12 @@ or has an entry in NOT_SUPPORTED saying why (tests/unit/engine/test_kernels.py h
 kernel that meets a type combination it does not handle raises GGMLNotSupportedError: never a silent
 wrong result.
 
-A kernel declares its own facts where it is registered (KernelInfo), for the thread pool and the
-debugger to read: whether it waits at a barrier, whether its numpy holds the interpreter lock, which
-loop of it runs in C, and which of its nodes take a BLAS product, e.g.
-`@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"))`.
+A kernel declares its own facts where it is registered (KernelInfo), for the planner, the thread
+pool and the debugger to read: how many threads ggml plans for its nodes and how big a work buffer
+they need (ggml_get_n_tasks and ggml_graph_plan's work-size switch, case by case), whether it waits
+at a barrier, whether its numpy holds the interpreter lock, which loop of it runs in C, and which of
+its nodes take a BLAS product, e.g. `@kernel(GGMLOp.SOFT_MAX, n_tasks=_soft_max_tasks,
+work=f32_row_per_task, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"))`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,37 @@ from engine.core.types import GGMLType, TYPE_TRAITS
 Prepared = Callable[[], None] | tuple[Callable[[], None], ...]  # what a kernel's prepare makes
 
 Kernel = Callable[..., None]
+CACHE_LINE_SIZE = 64  # x86-64: ggml_graph_plan adds one per thread; mul_mat_id pads by it
+NTasks = Callable[..., int]  # n_tasks(node, n_threads): how many threads ggml plans for the node
+WorkSize = Callable[..., int]  # work(node, n_tasks): the work-buffer bytes the node needs
+
+
+def all_threads(node, n_threads: int) -> int:
+    """n_tasks of most ops: every thread takes a share."""
+    return n_threads
+
+
+def one_thread(node, n_threads: int) -> int:
+    """n_tasks of the ops ggml computes on one thread."""
+    return 1
+
+
+def no_work(node, n_tasks: int) -> int:
+    """The work size of the ops ggml_graph_plan's switch leaves out: none."""
+    return 0
+
+
+def f32_row_per_task(node, n_tasks: int) -> int:
+    """A row of dst as floats per task (SOFT_MAX, ROPE, ROPE_BACK)."""
+    return 4 * int(node.ne[0]) * n_tasks
+
+
+def src0_row_per_task(node, n_tasks: int) -> int:
+    """A row of src0 as floats per task when src0 is quantized (dequantized a row at a time:
+    ADD, ADD1, ADD_ID, OUT_PROD), else none."""
+    if not TYPE_TRAITS[node.source_type(0)].is_quantized:
+        return 0
+    return 4 * int(node.src[0].ne[0]) * n_tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +76,8 @@ class KernelInfo:
     """A registered kernel, and what it declares of itself for the thread pool and the debugger."""
 
     fn: Kernel
+    n_tasks: NTasks  # ggml_get_n_tasks's case for these ops
+    work: WorkSize  # ggml_graph_plan's work-size case (no_work: the switch leaves them out)
     barrier: bool = True  # it may wait at a barrier (False: never, so thread 0 may compute a
     # small node alone, each thread's share in turn)
     alone_when: Callable[..., bool] | None = None  # for a kernel that waits at its barriers only
@@ -76,20 +111,22 @@ NOT_SUPPORTED: dict[int, str] = {
 }
 
 
-def kernel(*ops: GGMLOp, barrier: bool = True, alone_when: Callable[..., bool] | None = None,
-           holds_gil: bool = False, in_c: CLoop | None = None,
-           blas: bool | Callable[..., bool] = False,
+def kernel(*ops: GGMLOp, n_tasks: NTasks, work: WorkSize, barrier: bool = True,
+           alone_when: Callable[..., bool] | None = None, holds_gil: bool = False,
+           in_c: CLoop | None = None, blas: bool | Callable[..., bool] = False,
            prepare: Callable[..., Prepared | None] | None = None
            ) -> Callable[[Kernel], Kernel]:
     """Register a compute_forward_<op> function for these ops, with the facts of KernelInfo
-    (blas=True: every node takes a BLAS product)."""
+    (blas=True: every node takes a BLAS product). Ops of one function that ggml plans apart
+    register it once per plan (one decorator per group of ops)."""
     assert not (holds_gil and barrier), "a kernel computed alone at any size waits at no barrier"
     takes_blas = (lambda dst: True) if blas is True else blas or None
 
     def register(fn: Kernel) -> Kernel:
         for op in ops:
             assert op not in KERNELS, f"two kernels for {op.name}"
-            KERNELS[op] = KernelInfo(fn, barrier, alone_when, holds_gil, in_c, takes_blas, prepare)
+            KERNELS[op] = KernelInfo(fn, n_tasks, work, barrier, alone_when, holds_gil, in_c,
+                                     takes_blas, prepare)
         return fn
     return register
 

@@ -33,7 +33,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, not_supported
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
 from engine.core.errors import ggml_assert
@@ -155,7 +155,18 @@ def _finish(S: np.ndarray, vkq: np.ndarray) -> np.ndarray:
     return vkq * inv[:, None]
 
 
-@kernel(GGMLOp.FLASH_ATTN_EXT, blas=True)
+def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's FLASH_ATTN_EXT: the larger of the tiled path's tiles (Q_TILE query rows
+    by KV_TILE keys: q, scores twice, output, V and K) per task and the split-KV path's partials
+    (per task: one row of V and two sums per head, and a row of K and two of V), as floats."""
+    neq2, dk, dv = int(node.src[0].ne[2]), int(node.src[1].ne[0]), int(node.src[2].ne[0])
+    q, kv = Q_TILE, KV_TILE
+    tiled = 4 * (q * dk + 2 * q * kv + q * dv + kv * dv + kv * dk) * n_tasks
+    split_kv = 4 * (neq2 * n_tasks * (2 + dv) + n_tasks * (dk + 2 * dv))
+    return max(tiled, split_kv)
+
+
+@kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work, blas=True)
 def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
     """ggml_compute_forward_flash_attn_ext (F32 q; F32/F16 K and V)."""
     q, k, v = dst.src[0], dst.src[1], dst.src[2]

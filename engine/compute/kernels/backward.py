@@ -24,7 +24,7 @@ import itertools
 import numpy as np
 
 from engine import libm
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import row_blocks, thread_range, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.softmax import soft_max_rows
@@ -54,7 +54,7 @@ def _in_order_sum(x: np.ndarray) -> np.ndarray:
 
 # --- repeat_back, get_rows_back --------------------------------------------------------------
 
-@kernel(GGMLOp.REPEAT_BACK, barrier=False)
+@kernel(GGMLOp.REPEAT_BACK, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_repeat_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_repeat_back_f32: dst = zeros, then every repetition of dst's shape in
     src0 added to it, the repetitions in order (i3, i2, i1, i0)."""
@@ -79,7 +79,7 @@ def compute_forward_repeat_back(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.GET_ROWS_BACK, barrier=False)
+@kernel(GGMLOp.GET_ROWS_BACK, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_get_rows_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows_back_f32: dst = zeros; then for each index i in order,
     dst row src1[i] += src0 row i."""
@@ -104,7 +104,7 @@ def compute_forward_get_rows_back(params, dst: Tensor) -> None:
 
 # --- silu_back, rms_norm_back ----------------------------------------------------------------
 
-@kernel(GGMLOp.SILU_BACK, barrier=False)
+@kernel(GGMLOp.SILU_BACK, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_silu_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_silu_back_f32: dx = dy·s·(1 + x·(1 - s)), s = 1/(1 + expf(-x))."""
     grad, x = dst.src[0], dst.src[1]
@@ -119,7 +119,7 @@ def compute_forward_silu_back(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.RMS_NORM_BACK, barrier=False)
+@kernel(GGMLOp.RMS_NORM_BACK, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_back_f32, per row with dz = src0 (the gradient) and x = src1:
     sums of x·x and x·dz in double, then dx = (dz + x·scale_x)·rrms with
@@ -150,7 +150,7 @@ def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
 
 # --- soft_max_back, cross_entropy_loss_back --------------------------------------------------
 
-@kernel(GGMLOp.SOFT_MAX_BACK, barrier=False)
+@kernel(GGMLOp.SOFT_MAX_BACK, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_soft_max_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max_ext_back_f32: per row, with dy = src0 and y = src1:
     dx = ((dy - dot(y, dy))·y)·scale."""
@@ -172,7 +172,7 @@ def compute_forward_soft_max_back(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.CROSS_ENTROPY_LOSS_BACK, barrier=False)
+@kernel(GGMLOp.CROSS_ENTROPY_LOSS_BACK, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_cross_entropy_loss_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_cross_entropy_loss_back_f32: per row of logits s0 with labels s1,
     ds0 = (softmax(s0) - s1)·(grad / nrows), the softmax as the SOFT_MAX kernel computes it."""
@@ -213,7 +213,7 @@ def _row_views(dst: Tensor, tensors: tuple[Tensor, ...], ir0: int, ir1: int):
         yield tuple(v[i3, i2, a:b] for v in views)
 
 
-@kernel(GGMLOp.OPT_STEP_ADAMW, barrier=False)
+@kernel(GGMLOp.OPT_STEP_ADAMW, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_opt_step_adamw(params, dst: Tensor) -> None:
     """ggml_compute_forward_opt_step_adamw_f32, per element of the parameter w:
     m = m·β1 + g·(1 - β1); v = v·β2 + g·g·(1 - β2); w = w·keep - α·(m·β1h)/(√(v·β2h) + eps),
@@ -237,7 +237,7 @@ def compute_forward_opt_step_adamw(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.OPT_STEP_SGD, barrier=False)
+@kernel(GGMLOp.OPT_STEP_SGD, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_opt_step_sgd(params, dst: Tensor) -> None:
     """ggml_compute_forward_opt_step_sgd_f32: w = w·keep - α·g, keep = 1 - α·wd;
     params = [α, wd]."""
@@ -257,7 +257,7 @@ def compute_forward_opt_step_sgd(params, dst: Tensor) -> None:
 
 # --- im2col_back, pool_2d_back ---------------------------------------------------------------
 
-@kernel(GGMLOp.IM2COL_BACK)
+@kernel(GGMLOp.IM2COL_BACK, n_tasks=all_threads, work=no_work)
 def compute_forward_im2col_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col_back_f32: each image element (n, c, y, x) gets the sum, over
     the kernel taps (kh, kw) in order, of the im2col gradient entries it was copied to; threads
@@ -302,7 +302,7 @@ def compute_forward_im2col_back(params, dst: Tensor) -> None:
     params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
-@kernel(GGMLOp.POOL_2D_BACK)
+@kernel(GGMLOp.POOL_2D_BACK, n_tasks=one_thread, work=no_work)
 def compute_forward_pool_2d_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_2d_back (F32, thread 0): dst = zeros; then for every pooled
     position (plane, oy, ox) in order, MAX adds its gradient at the first maximum of the

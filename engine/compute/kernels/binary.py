@@ -14,7 +14,8 @@ from functools import partial
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread, \
+    src0_row_per_task
 from engine.compute.kernels.common import from_f32, row_blocks, row_index, thread_range, to_f32, view4
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nrows
@@ -65,7 +66,11 @@ def _prepare_f32(params, dst: Tensor):
     return tuple(partial(fn, x, y, out=out) for x, y, out in parts)
 
 
-@kernel(GGMLOp.ADD, GGMLOp.SUB, GGMLOp.MUL, GGMLOp.DIV, barrier=False, prepare=_prepare_f32)
+@kernel(GGMLOp.ADD, n_tasks=all_threads, work=src0_row_per_task, barrier=False,
+        prepare=_prepare_f32)
+@kernel(GGMLOp.MUL, GGMLOp.DIV, n_tasks=all_threads, work=no_work, barrier=False,
+        prepare=_prepare_f32)
+@kernel(GGMLOp.SUB, n_tasks=one_thread, work=no_work, barrier=False, prepare=_prepare_f32)
 def compute_forward_binary(params, dst: Tensor) -> None:
     """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -91,7 +96,7 @@ def compute_forward_binary(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.ADD_ID)
+@kernel(GGMLOp.ADD_ID, n_tasks=all_threads, work=src0_row_per_task)
 def compute_forward_add_id(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_id_f32: row (i1, i2) of a plus the row of b that ids[i1, i2] names."""
     a, b, ids = dst.src[0], dst.src[1], dst.src[2]

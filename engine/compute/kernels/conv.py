@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.nn_util import fp16_round
@@ -40,11 +40,17 @@ from engine.core.notes import Note
 from engine.ops.nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_nbytes, \
-    ggml_nrows
+    ggml_nelements, ggml_nrows
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS
 
 F32 = np.float32
 FLT_MAX = np.finfo(F32).max
+GGML_IM2COL_WORK_SIZE = 16 * 1024 * 1024  # CONV_2D's and CONV_3D's work buffer: patches in batches
+
+
+def _im2col_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's CONV_2D and CONV_3D: a fixed buffer, the patch batches sized to it."""
+    return GGML_IM2COL_WORK_SIZE
 
 
 def _taps(n_out: int, n_k: int, stride: int, dil: int, pad: int, n_in: int):
@@ -54,7 +60,7 @@ def _taps(n_out: int, n_k: int, stride: int, dil: int, pad: int, n_in: int):
     return np.where(ok, i, 0), ok
 
 
-@kernel(GGMLOp.IM2COL)
+@kernel(GGMLOp.IM2COL, n_tasks=all_threads, work=no_work)
 def compute_forward_im2col(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col (f32 and f16 dst)."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -101,7 +107,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
     params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
 
 
-@kernel(GGMLOp.CONV_2D, blas=True)
+@kernel(GGMLOp.CONV_2D, n_tasks=all_threads, work=_im2col_work, blas=True)
 def compute_forward_conv_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_2d: im2col by patch batches, GEMM with the kernel, scatter."""
     kern, src = dst.src[0], dst.src[1]
@@ -147,7 +153,7 @@ def compute_forward_conv_2d(params, dst: Tensor) -> None:
     params.took("rows", *done, note=(Note.of("conv_patches", n=per_batch), Note("conv_gemm")))
 
 
-@kernel(GGMLOp.CONV_2D_DW)
+@kernel(GGMLOp.CONV_2D_DW, n_tasks=all_threads, work=no_work)
 def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_2d_dw: each output pixel of each channel the sum over the kernel's
     taps inside the image, in tap order (row by row), as a chain of fused multiply-adds. A
@@ -208,7 +214,15 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
     params.took("rows", (start, max(start, end)))
 
 
-@kernel(GGMLOp.CONV_TRANSPOSE_1D)
+def _conv_transpose_1d_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's CONV_TRANSPOSE_1D: the kernel as (C_out, K, C_in) and the input
+    transposed, in 16-bit floats for an F16 or BF16 kernel, else in floats."""
+    w, x = node.src[0], node.src[1]
+    size = 2 if w.type in (GGMLType.F16, GGMLType.BF16) else 4
+    return size * (ggml_nelements(w) + int(x.ne[0]) * int(x.ne[1]))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_1D, n_tasks=all_threads, work=_conv_transpose_1d_work)
 def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_transpose_1d_f32/f16: thread 0 lays the kernel out as (C_out, K,
     C_in) and the input as (L, C_in) in the work buffer (F16 for an F16 kernel) and zeroes dst;
@@ -248,7 +262,15 @@ def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.CONV_TRANSPOSE_2D)
+def _conv_transpose_2d_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's CONV_TRANSPOSE_2D: the kernel and the image, channels innermost, in the
+    kernel's type."""
+    w, x = node.src[0], node.src[1]
+    return TYPE_TRAITS[w.type].type_size * (ggml_nelements(w)
+                                            + int(x.ne[0]) * int(x.ne[1]) * int(x.ne[2]))
+
+
+@kernel(GGMLOp.CONV_TRANSPOSE_2D, n_tasks=all_threads, work=_conv_transpose_2d_work)
 def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_transpose_2d: thread 0 lays the kernel (C_in innermost) and the
     first image (C_in innermost; F16 for an F16 kernel) out in the work buffer and zeroes dst;
@@ -289,7 +311,7 @@ def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
     params.took("rows", (ip0, ip1))
 
 
-@kernel(GGMLOp.COL2IM_1D)
+@kernel(GGMLOp.COL2IM_1D, n_tasks=all_threads, work=no_work)
 def compute_forward_col2im_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_col2im_1d: each thread its stretch of output times (dr = ceil(T/nth));
     out[t, oc] = the taps (t_in, k) with t_in·s0 + k = t + p0, summed in t_in order (in float,
@@ -320,7 +342,7 @@ def compute_forward_col2im_1d(params, dst: Tensor) -> None:
     params.took("rows", (it0, max(it0, it1)))
 
 
-@kernel(GGMLOp.IM2COL_3D)
+@kernel(GGMLOp.IM2COL_3D, n_tasks=all_threads, work=no_work)
 def compute_forward_im2col_3d(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col_3d_f32/f16: threads take input channels in turn (ic = ith,
     ith + nth, ...); each output position's patch [IC, KD, KH, KW], zeros outside the volume."""
@@ -350,7 +372,7 @@ def compute_forward_im2col_3d(params, dst: Tensor) -> None:
     params.took("interleaved", *chans)
 
 
-@kernel(GGMLOp.CONV_3D)
+@kernel(GGMLOp.CONV_3D, n_tasks=all_threads, work=_im2col_work)
 def compute_forward_conv_3d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_3d: the output positions ("patches") in batches sized by the work
     buffer; in each batch each thread gathers its share of patches (in the kernel's type), then the
@@ -425,7 +447,7 @@ def _pool_taps(x: np.ndarray, idx: np.ndarray, ok: np.ndarray, op: int):
     return res, n
 
 
-@kernel(GGMLOp.POOL_1D)
+@kernel(GGMLOp.POOL_1D, n_tasks=one_thread, work=no_work)
 def compute_forward_pool_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_1d: thread 0 pools every row."""
     src = dst.src[0]
@@ -447,7 +469,7 @@ def compute_forward_pool_1d(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.POOL_2D)
+@kernel(GGMLOp.POOL_2D, n_tasks=one_thread, work=no_work)
 def compute_forward_pool_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_2d: thread 0 pools every plane (planes nb[2] apart)."""
     src = dst.src[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -80,7 +80,23 @@ def _dup(params, dst: Tensor):
     return copy
 
 
-@kernel(GGMLOp.DUP, GGMLOp.CPY, GGMLOp.CONT, barrier=False, prepare=_dup)
+# the copies ggml_graph_plan gives a row of floats per task: F16 <-> BF16 and F32 <-> I32
+_THROUGH_F32 = {(GGMLType.F16, GGMLType.BF16), (GGMLType.BF16, GGMLType.F16),
+                (GGMLType.F32, GGMLType.I32), (GGMLType.I32, GGMLType.F32)}
+
+
+def _dup_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's CPY and DUP: a row of dst as floats per task when dst is quantized, or
+    when src0 and src1 (CPY's destination) are a pair of _THROUGH_F32."""
+    src0, src1 = node.src[0], node.src[1]
+    pair = (src0.type, src1.type if src1 is not None else None)
+    if TYPE_TRAITS[node.type].is_quantized or pair in _THROUGH_F32:
+        return 4 * int(node.ne[0]) * n_tasks
+    return 0
+
+
+@kernel(GGMLOp.DUP, GGMLOp.CPY, n_tasks=all_threads, work=_dup_work, barrier=False, prepare=_dup)
+@kernel(GGMLOp.CONT, n_tasks=all_threads, work=no_work, barrier=False, prepare=_dup)
 def compute_forward_dup(params, dst: Tensor) -> None:
     """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
     src0 = dst.src[0]

@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import CLoop, kernel, not_supported, run_prepared
+from engine.compute.kernels import CLoop, all_threads, kernel, no_work, not_supported, run_prepared
 from engine.compute.kernels.common import thread_range
 from engine.compute.kernels.unary import f16_table_times
 from engine.compute.kernels.views import flat_rows
@@ -134,7 +134,7 @@ def _glu(params, dst: Tensor):
     return run
 
 
-@kernel(GGMLOp.GLU, barrier=False, holds_gil=True,
+@kernel(GGMLOp.GLU, n_tasks=all_threads, work=no_work, barrier=False, holds_gil=True,
         in_c=CLoop("v_silu", "ggml_vec_swiglu_f32", G.SWIGLU), prepare=_glu)
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""

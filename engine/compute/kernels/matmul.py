@@ -32,12 +32,11 @@ from functools import partial
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import CACHE_LINE_SIZE, all_threads, kernel, not_supported
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
     float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_tinyblas
-from engine.compute.plan import vec_dot_type
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -60,6 +59,32 @@ SMALL_CONVERSION = 1 << 16  # src1 elements: below this, one thread converts src
 # would only wait for the interpreter lock)
 SMALL_MUL_MAT = 1 << 23  # multiply-adds: a node of at most this many is computed by thread 0
 # alone when several threads run (its products take less time than waking the others for them)
+MMID_ROW_MAPPING_SIZE = 8  # struct mmid_row_mapping {int32 i1 (expert slot); int32 i2 (token)}
+
+
+def vec_dot_type(type_: int) -> GGMLType:
+    """The type src1 is converted to for a src0 of this type (type_traits_cpu's vec_dot_type;
+    a float type without one keeps its own)."""
+    vdt = TYPE_TRAITS[type_].vec_dot_type
+    return GGMLType(type_) if vdt is None else vdt
+
+
+def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's MUL_MAT: src1 converted to src0's vec_dot_type, when it is not already."""
+    src0, src1 = node.src[0], node.src[1]
+    vdt = vec_dot_type(src0.type)
+    return ggml_row_size(vdt, ggml_nelements(src1)) if src1.type != vdt else 0
+
+
+def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's MUL_MAT_ID: src1 converted (as for MUL_MAT), then per expert its row
+    count, its row mappings and its chunk counter (a cache line each), each part padded."""
+    src0, src1, ids = node.src[0], node.src[1], node.src[2]
+    vdt, n_as = vec_dot_type(src0.type), int(src0.ne[2])
+    cur = ggml_row_size(vdt, ggml_nelements(src1)) + 8 if src1.type != vdt else 0
+    cur += n_as * 8 + 8
+    cur += n_as * int(ids.ne[0]) * int(ids.ne[1]) * MMID_ROW_MAPPING_SIZE + 8
+    return cur + CACHE_LINE_SIZE * n_as + CACHE_LINE_SIZE
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -268,8 +293,8 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
     return run
 
 
-@kernel(GGMLOp.MUL_MAT, alone_when=_small_mul_mat, blas=_mul_mat_uses_blas,
-        prepare=_prepare_mul_mat)
+@kernel(GGMLOp.MUL_MAT, n_tasks=all_threads, work=_mul_mat_work, alone_when=_small_mul_mat,
+        blas=_mul_mat_uses_blas, prepare=_prepare_mul_mat)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -435,7 +460,8 @@ def _write_row_groups(params, groups: list[list[tuple[int, int]]], start: int, n
     params.wdata[at:at + rows.nbytes] = rows.view(np.uint8).reshape(-1)
 
 
-@kernel(GGMLOp.MUL_MAT_ID, blas=_mul_mat_id_uses_blas)
+@kernel(GGMLOp.MUL_MAT_ID, n_tasks=all_threads, work=_mul_mat_id_work,
+        blas=_mul_mat_id_uses_blas)
 def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat_id: src1 converted to the vec_dot type as for mul_mat; thread 0
     groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's

@@ -20,7 +20,8 @@ from functools import partial
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import kernel, not_supported, run_prepared
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread, \
+    run_prepared, src0_row_per_task
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
 from engine.core.errors import ggml_assert
@@ -43,7 +44,7 @@ def _dst_bytes(dst: Tensor) -> np.ndarray:
 ADD1_TYPES = {(T.F32, T.F32), (T.F16, T.F16), (T.F16, T.F32), (T.BF16, T.BF16), (T.BF16, T.F32)}
 
 
-@kernel(GGMLOp.ADD1, barrier=False)
+@kernel(GGMLOp.ADD1, n_tasks=all_threads, work=src0_row_per_task, barrier=False)
 def compute_forward_add1(params, dst: Tensor) -> None:
     """ggml_compute_forward_add1: y = x + v, v the scalar src1 (read in its own type)."""
     src0, src1 = dst.src[0], dst.src[1]
@@ -112,7 +113,14 @@ def _took_after_copy(params, dst: Tensor, ir0: int, ir1: int) -> None:
                 note=Note("rows_src1_after_copy" if first else "rows_src1"))
 
 
-@kernel(GGMLOp.ACC)
+def _acc_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's ACC: a row of src1 as floats per task when src0 is quantized."""
+    if not TYPE_TRAITS[node.source_type(0)].is_quantized:
+        return 0
+    return 4 * int(node.src[1].ne[0]) * n_tasks
+
+
+@kernel(GGMLOp.ACC, n_tasks=all_threads, work=_acc_work)
 def compute_forward_acc(params, dst: Tensor) -> None:
     """ggml_compute_forward_acc_f32: dst = src0, then view(dst) = view(src0) + src1."""
     if dst.src[0].type != T.F32:
@@ -124,7 +132,7 @@ def compute_forward_acc(params, dst: Tensor) -> None:
     _took_after_copy(params, dst, ir0, ir1)
 
 
-@kernel(GGMLOp.SET)
+@kernel(GGMLOp.SET, n_tasks=one_thread, work=no_work)
 def compute_forward_set(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_f32 / _i32: dst = src0, then view(dst) = src1."""
     if dst.src[0].type not in (T.F32, T.I32):
@@ -160,7 +168,7 @@ def _scale(params, dst: Tensor):
     return run
 
 
-@kernel(GGMLOp.SCALE, barrier=False, prepare=_scale)
+@kernel(GGMLOp.SCALE, n_tasks=one_thread, work=no_work, barrier=False, prepare=_scale)
 def compute_forward_scale(params, dst: Tensor) -> None:
     """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
     FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
@@ -168,7 +176,7 @@ def compute_forward_scale(params, dst: Tensor) -> None:
     params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
-@kernel(GGMLOp.CLAMP, barrier=False)
+@kernel(GGMLOp.CLAMP, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_clamp(params, dst: Tensor) -> None:
     """ggml_compute_forward_clamp: y = MAX(MIN(x, max), min), rows interleaved (F32, F16)."""
     src0 = dst.src[0]
@@ -188,7 +196,7 @@ def compute_forward_clamp(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
-@kernel(GGMLOp.LEAKY_RELU, barrier=False)
+@kernel(GGMLOp.LEAKY_RELU, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_leaky_relu(params, dst: Tensor) -> None:
     """ggml_compute_forward_leaky_relu: y = (x > 0 ? x : 0) + slope·(x < 0 ? x : 0), thread 0."""
     src0 = dst.src[0]
@@ -206,7 +214,7 @@ def compute_forward_leaky_relu(params, dst: Tensor) -> None:
 
 # --- repeat, concat --------------------------------------------------------------------------
 
-@kernel(GGMLOp.REPEAT, barrier=False)
+@kernel(GGMLOp.REPEAT, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_repeat(params, dst: Tensor) -> None:
     """ggml_compute_forward_repeat: tile src0 over dst (thread 0); elements copied as bits, so
     F32/I32 and F16/BF16/I16 alike."""
@@ -229,7 +237,7 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.CONCAT, barrier=False)
+@kernel(GGMLOp.CONCAT, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_concat(params, dst: Tensor) -> None:
     """ggml_compute_forward_concat: dst[i] = src0[i] inside src0's extent, else src1[i - o] with
     o[dim] = src0.ne[dim]; threads take i2 interleaved. Any non-quantized type (copied as bits)."""
@@ -262,7 +270,7 @@ def compute_forward_concat(params, dst: Tensor) -> None:
 
 # --- out_prod --------------------------------------------------------------------------------
 
-@kernel(GGMLOp.OUT_PROD)
+@kernel(GGMLOp.OUT_PROD, n_tasks=all_threads, work=src0_row_per_task)
 def compute_forward_out_prod(params, dst: Tensor) -> None:
     """ggml_compute_forward_out_prod_f32: dst[i0, i1, i2, i3] = Σ_k src0[i0, k, i2/r2, i3/r3] ·
     src1[i1, k, i2, i3], accumulated k by k with fused multiply-adds (ggml_vec_mad_f32: FMA
@@ -304,7 +312,7 @@ def compute_forward_out_prod(params, dst: Tensor) -> None:
 
 # --- arange ----------------------------------------------------------------------------------
 
-@kernel(GGMLOp.ARANGE)
+@kernel(GGMLOp.ARANGE, n_tasks=all_threads, work=no_work)
 def compute_forward_arange(params, dst: Tensor) -> None:
     """ggml_compute_forward_arange_f32: dst[i] = start + step·i (one fused multiply-add),
     i interleaved."""

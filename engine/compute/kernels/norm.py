@@ -21,7 +21,7 @@ from functools import partial
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported, run_prepared
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, run_prepared
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.views import strided
@@ -151,7 +151,7 @@ def _norm(params, dst: Tensor):
     return run_strided
 
 
-@kernel(GGMLOp.NORM, barrier=False, prepare=_norm)
+@kernel(GGMLOp.NORM, n_tasks=all_threads, work=no_work, barrier=False, prepare=_norm)
 def compute_forward_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
     run_prepared(_norm(params, dst))
@@ -198,14 +198,14 @@ def _rms_norm(params, dst: Tensor):
     return run_strided
 
 
-@kernel(GGMLOp.RMS_NORM, barrier=False, prepare=_rms_norm)
+@kernel(GGMLOp.RMS_NORM, n_tasks=all_threads, work=no_work, barrier=False, prepare=_rms_norm)
 def compute_forward_rms_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
     run_prepared(_rms_norm(params, dst))
     params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.L2_NORM, barrier=False)
+@kernel(GGMLOp.L2_NORM, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_l2_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_l2_norm_f32: y = x / max(sqrtf(Σx²), eps), the sum in double."""
     _f32_only(dst)
@@ -222,7 +222,7 @@ def compute_forward_l2_norm(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.GROUP_NORM, barrier=False)
+@kernel(GGMLOp.GROUP_NORM, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_group_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_group_norm_f32: each group of channels (dim 2) of each i3 is
     normalised over all its ne0·ne1·step elements; threads take groups interleaved."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
 from engine.core.errors import ggml_assert
@@ -58,7 +58,7 @@ def float_sum_lr(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x, axis=-1, dtype=F32)[..., -1]
 
 
-@kernel(GGMLOp.SUM, barrier=False)
+@kernel(GGMLOp.SUM, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_sum(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum: all elements into dst[0] (thread 0)."""
     src0 = dst.src[0]
@@ -85,7 +85,7 @@ def _row_sums(params, dst: Tensor) -> np.ndarray | None:
     return _ggml_rows(src0).sum(axis=-1, dtype=F64).astype(F32)  # ggml_vec_sum_f32: double
 
 
-@kernel(GGMLOp.SUM_ROWS, barrier=False)
+@kernel(GGMLOp.SUM_ROWS, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_sum_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum_rows_f32: dst[0, i1, i2, i3] = Σ row (thread 0)."""
     src0 = dst.src[0]
@@ -102,7 +102,7 @@ def compute_forward_sum_rows(params, dst: Tensor) -> None:
         params.took("all")
 
 
-@kernel(GGMLOp.MEAN, barrier=False)
+@kernel(GGMLOp.MEAN, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_mean(params, dst: Tensor) -> None:
     """ggml_compute_forward_mean_f32: row sum (double, to float) / (float)ne00 (thread 0)."""
     sums = _row_sums(params, dst)
@@ -111,7 +111,7 @@ def compute_forward_mean(params, dst: Tensor) -> None:
         params.took("all")
 
 
-@kernel(GGMLOp.ARGMAX, barrier=False)
+@kernel(GGMLOp.ARGMAX, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_argmax(params, dst: Tensor) -> None:
     """ggml_compute_forward_argmax_f32: per row, the last index holding the maximum (thread 0)."""
     src0 = dst.src[0]
@@ -127,7 +127,12 @@ def compute_forward_argmax(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.COUNT_EQUAL)
+def _count_equal_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's COUNT_EQUAL: one element of dst's type per task."""
+    return TYPE_TRAITS[node.type].type_size * n_tasks
+
+
+@kernel(GGMLOp.COUNT_EQUAL, n_tasks=all_threads, work=_count_equal_work)
 def compute_forward_count_equal(params, dst: Tensor) -> None:
     """ggml_compute_forward_count_equal_i32: per-thread counts over its row range, kept in wdata
     (int64 per thread), then added by thread 0 after a barrier.
@@ -184,7 +189,7 @@ def _sorted_rows(params, dst: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return rows, flat_rows(src0)[rows]
 
 
-@kernel(GGMLOp.ARGSORT, barrier=False)
+@kernel(GGMLOp.ARGSORT, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_argsort(params, dst: Tensor) -> None:
     """ggml_compute_forward_argsort_f32: each row's sorting indices; op_params[0] = order."""
     order = int(dst.op_params[0])
@@ -197,7 +202,12 @@ def compute_forward_argsort(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
-@kernel(GGMLOp.TOP_K)
+def _top_k_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's TOP_K: a row of src0 as int32 indices per task."""
+    return 4 * int(node.src[0].ne[0]) * n_tasks
+
+
+@kernel(GGMLOp.TOP_K, n_tasks=all_threads, work=_top_k_work)
 def compute_forward_top_k(params, dst: Tensor) -> None:
     """ggml_compute_forward_top_k_f32: the k largest of each row, descending, then dst[0] and
     dst[1] swapped ("the order is not important")."""
@@ -211,7 +221,12 @@ def compute_forward_top_k(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
 
 
-@kernel(GGMLOp.CROSS_ENTROPY_LOSS)
+def _cross_entropy_loss_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's CROSS_ENTROPY_LOSS: per task, a sum and a row of src0 (dst's type)."""
+    return TYPE_TRAITS[node.type].type_size * (n_tasks + int(node.src[0].ne[0]) * n_tasks)
+
+
+@kernel(GGMLOp.CROSS_ENTROPY_LOSS, n_tasks=all_threads, work=_cross_entropy_loss_work)
 def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     """ggml_compute_forward_cross_entropy_loss_f32: -1/nr · Σ_rows Σ labels·log_softmax(logits).
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.nn_util import cosf, expf, logf, sinf
 from engine.compute.kernels.views import strided
@@ -63,7 +63,7 @@ def _bicubic_weights(t: np.ndarray):
     return w2(t + F32(1)), w1(t), w1(F32(1) - t), w2(F32(2) - t)
 
 
-@kernel(GGMLOp.UPSCALE)
+@kernel(GGMLOp.UPSCALE, n_tasks=all_threads, work=no_work)
 def compute_forward_upscale(params, dst: Tensor) -> None:
     """ggml_compute_forward_upscale_f32."""
     src0 = dst.src[0]
@@ -123,7 +123,7 @@ def compute_forward_upscale(params, dst: Tensor) -> None:
     params.took("interleaved", *planes.tolist(), note=Note("dst_planes"))
 
 
-@kernel(GGMLOp.PAD)
+@kernel(GGMLOp.PAD, n_tasks=all_threads, work=no_work)
 def compute_forward_pad(params, dst: Tensor) -> None:
     """ggml_compute_forward_pad (f32; zeros or circular)."""
     src0 = dst.src[0]
@@ -154,7 +154,7 @@ def compute_forward_pad(params, dst: Tensor) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
 
 
-@kernel(GGMLOp.PAD_REFLECT_1D)
+@kernel(GGMLOp.PAD_REFLECT_1D, n_tasks=all_threads, work=no_work)
 def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pad_reflect_1d: the row copied in after p0, mirrored on both sides."""
     src = dst.src[0]
@@ -173,7 +173,7 @@ def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
     params.took("interleaved", *rows)
 
 
-@kernel(GGMLOp.ROLL)
+@kernel(GGMLOp.ROLL, n_tasks=all_threads, work=no_work)
 def compute_forward_roll(params, dst: Tensor) -> None:
     """ggml_compute_forward_roll_f32: dst row (i1, i2, i3) is src row (i1 - s1, i2 - s2, i3 - s3)
     (wrapped), rotated by s0."""
@@ -195,7 +195,7 @@ def compute_forward_roll(params, dst: Tensor) -> None:
     params.took("rows", (start, max(start, end)))
 
 
-@kernel(GGMLOp.TIMESTEP_EMBEDDING)
+@kernel(GGMLOp.TIMESTEP_EMBEDDING, n_tasks=all_threads, work=no_work)
 def compute_forward_timestep_embedding(params, dst: Tensor) -> None:
     """ggml_compute_forward_timestep_embedding_f32."""
     src0 = dst.src[0]

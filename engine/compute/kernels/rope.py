@@ -24,7 +24,8 @@ from threading import Lock
 import numpy as np
 from cachetools import LRUCache, cached
 
-from engine.compute.kernels import kernel, not_supported, run_prepared
+from engine.compute.kernels import all_threads, f32_row_per_task, kernel, not_supported, \
+    run_prepared
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
 from engine.lanes import lanes, twin
@@ -247,14 +248,15 @@ def _rope_back(params, dst: Tensor):
     return _rope(params, dst, False)
 
 
-@kernel(GGMLOp.ROPE, barrier=False, prepare=_rope)
+@kernel(GGMLOp.ROPE, n_tasks=all_threads, work=f32_row_per_task, barrier=False, prepare=_rope)
 def compute_forward_rope(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope."""
     run_prepared(_rope(params, dst))
     params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
-@kernel(GGMLOp.ROPE_BACK, barrier=False, prepare=_rope_back)
+@kernel(GGMLOp.ROPE_BACK, n_tasks=all_threads, work=f32_row_per_task, barrier=False,
+        prepare=_rope_back)
 def compute_forward_rope_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope_back: the same rotation with sin negated."""
     run_prepared(_rope_back(params, dst))

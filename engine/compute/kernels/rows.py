@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import byte_span, from_f32, spans, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
 from engine.core.errors import ggml_assert
@@ -67,7 +67,7 @@ def _get_rows(params, dst: Tensor):
     return run
 
 
-@kernel(GGMLOp.GET_ROWS, barrier=False, prepare=_get_rows)
+@kernel(GGMLOp.GET_ROWS, n_tasks=one_thread, work=no_work, barrier=False, prepare=_get_rows)
 def compute_forward_get_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows:
     dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
@@ -168,7 +168,7 @@ def set_rows_into(x, ldx: int, idx, ldi: int, wide: bool, out, ldo: int, ne1: in
     return -1
 
 
-@kernel(GGMLOp.SET_ROWS, barrier=False, prepare=_set_rows)
+@kernel(GGMLOp.SET_ROWS, n_tasks=one_thread, work=no_work, barrier=False, prepare=_set_rows)
 def compute_forward_set_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_rows (f32 rows):
     dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""

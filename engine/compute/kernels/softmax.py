@@ -21,7 +21,8 @@ from functools import partial
 
 import numpy as np
 
-from engine.compute.kernels import CLoop, kernel, not_supported, run_prepared
+from engine.compute.kernels import CLoop, all_threads, f32_row_per_task, kernel, no_work, \
+    not_supported, run_prepared
 from engine.compute.kernels.common import span_of, spans, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
@@ -143,8 +144,13 @@ def _soft_max(params, dst: Tensor):
     return tuple(calls)
 
 
-@kernel(GGMLOp.SOFT_MAX, barrier=False, in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"),
-        prepare=_soft_max)
+def _soft_max_tasks(node: Tensor, n_threads: int) -> int:
+    """ggml_get_n_tasks's SOFT_MAX: a thread per row of src0, at most n_threads."""
+    return min(n_threads, ggml_nrows(node.src[0]))
+
+
+@kernel(GGMLOp.SOFT_MAX, n_tasks=_soft_max_tasks, work=f32_row_per_task, barrier=False,
+        in_c=CLoop("soft_max", "ggml_vec_soft_max_f32"), prepare=_soft_max)
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
     run_prepared(_soft_max(params, dst))
@@ -182,13 +188,13 @@ def _diag_mask(params, dst: Tensor, value: float) -> None:
     params.took("interleaved", *rows.tolist(), note=Note("rows_j"))
 
 
-@kernel(GGMLOp.DIAG_MASK_INF)
+@kernel(GGMLOp.DIAG_MASK_INF, n_tasks=all_threads, work=no_work)
 def compute_forward_diag_mask_inf(params, dst: Tensor) -> None:
     """ggml_compute_forward_diag_mask_inf."""
     _diag_mask(params, dst, -np.inf)
 
 
-@kernel(GGMLOp.DIAG_MASK_ZERO)
+@kernel(GGMLOp.DIAG_MASK_ZERO, n_tasks=all_threads, work=no_work)
 def compute_forward_diag_mask_zero(params, dst: Tensor) -> None:
     """ggml_compute_forward_diag_mask_zero."""
     _diag_mask(params, dst, 0.0)

@@ -30,7 +30,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, ggml_compute_softplus_f32, mac_in_order
 from engine.compute.kernels.vecdot_float import EPR, STEP, lanes32, vec_dot_f32_rows
@@ -43,7 +43,7 @@ from engine.core.types import GGMLType
 F32 = np.float32
 
 
-@kernel(GGMLOp.SSM_CONV)
+@kernel(GGMLOp.SSM_CONV, n_tasks=all_threads, work=no_work)
 def compute_forward_ssm_conv(params, dst: Tensor) -> None:
     """ggml_compute_forward_ssm_conv_f32: x[i, t, s] = Σ_k sx[t + k, i, s]·c[k, i], k in order."""
     sx, c = dst.src[0], dst.src[1]
@@ -87,7 +87,7 @@ def _f32_only(dst: Tensor, *srcs: Tensor) -> None:
 
 # --- SSM_SCAN ---------------------------------------------------------------------------------
 
-@kernel(GGMLOp.SSM_SCAN)
+@kernel(GGMLOp.SSM_SCAN, n_tasks=all_threads, work=no_work)
 def compute_forward_ssm_scan(params, dst: Tensor) -> None:
     """ggml_compute_forward_ssm_scan_f32: Mamba's selective scan, heads split in blocks."""
     s_in, x, dt, A, B, C, ids = (dst.src[i] for i in range(7))
@@ -177,7 +177,13 @@ def _tokens(params, dst: Tensor, state_src: Tensor, step, fn: str, zeroed: bool)
             states[seq, hs] = step(t, hs, prev, out)
 
 
-@kernel(GGMLOp.RWKV_WKV6)
+def _heads_tasks(node: Tensor, n_threads: int) -> int:
+    """ggml_get_n_tasks's RWKV_WKV6, GATED_LINEAR_ATTN and RWKV_WKV7: a thread per head (src1's
+    ne[1]), at most n_threads."""
+    return min(n_threads, int(node.src[1].ne[1]))
+
+
+@kernel(GGMLOp.RWKV_WKV6, n_tasks=_heads_tasks, work=no_work)
 def compute_forward_rwkv_wkv6(params, dst: Tensor) -> None:
     """ggml_compute_forward_rwkv_wkv6_f32: per head, out[j] += r[i]·(tf[i]·k[i]v[j] + s[i, j]) for
     i in order, s[i, j] = s[i, j]·td[i] + k[i]v[j]; heads split as ggml's WKV kernels split them."""
@@ -200,7 +206,7 @@ def compute_forward_rwkv_wkv6(params, dst: Tensor) -> None:
     _tokens(params, dst, state, step, "ggml_compute_forward_rwkv_wkv6_f32", True)
 
 
-@kernel(GGMLOp.GATED_LINEAR_ATTN)
+@kernel(GGMLOp.GATED_LINEAR_ATTN, n_tasks=_heads_tasks, work=no_work)
 def compute_forward_gla(params, dst: Tensor) -> None:
     """ggml_compute_forward_gla_f32: per head, s[i, j] = s[i, j]·g[i] + k[i]v[j], out[j] +=
     (q[i]·scale)·s[i, j] for i in order; heads split as ggml's WKV kernels split them."""
@@ -230,7 +236,7 @@ def compute_forward_gla(params, dst: Tensor) -> None:
     _tokens(params, dst, state, step, "ggml_compute_forward_gla_f32", True)
 
 
-@kernel(GGMLOp.RWKV_WKV7)
+@kernel(GGMLOp.RWKV_WKV7, n_tasks=_heads_tasks, work=no_work)
 def compute_forward_rwkv_wkv7(params, dst: Tensor) -> None:
     """ggml_compute_forward_rwkv_wkv7_f32 (the AVX2 path): per head and row i, sa = a·s[i, :] in
     8-lane sums, s[i, j] = fma(sa, b[j], fma(s[i, j], w[j], v[i]k[j])), out[i] = s[i, :]·r in 8-lane
@@ -266,7 +272,14 @@ def _gdn_chunks(nr: int, nth: int) -> tuple[int, int]:
     return nchunk, (nr + nchunk - 1) // nchunk
 
 
-@kernel(GGMLOp.GATED_DELTA_NET)
+def _gated_delta_net_work(node: Tensor, n_tasks: int) -> int:
+    """ggml_graph_plan's GATED_DELTA_NET: per task, the delta (S_v floats) and, with K > 1, a
+    scratch state (S_v² floats)."""
+    s_v, k = int(node.src[2].ne[0]), int(node.op_params[0])
+    return 4 * (s_v + (s_v * s_v if k > 1 else 0)) * n_tasks
+
+
+@kernel(GGMLOp.GATED_DELTA_NET, n_tasks=all_threads, work=_gated_delta_net_work)
 def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
     """ggml_compute_forward_gated_delta_net_f32: thread 0 sets the chunk counter to nth, barrier;
     each thread computes chunk ith, then the next free chunk until none is left."""

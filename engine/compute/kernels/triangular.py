@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, row_index, thread_range, view4
 from engine.compute.kernels.floatmath import mac_in_order
 from engine.core.errors import ggml_assert
@@ -23,7 +23,7 @@ from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nrows
 from engine.core.types import GGMLType
 
 
-@kernel(GGMLOp.CUMSUM)
+@kernel(GGMLOp.CUMSUM, n_tasks=all_threads, work=no_work)
 def compute_forward_cumsum(params, dst: Tensor) -> None:
     """ggml_compute_forward_cumsum_f32: y[i] = y[i-1] + x[i] along each row."""
     src = dst.src[0]
@@ -39,7 +39,7 @@ def compute_forward_cumsum(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.DIAG)
+@kernel(GGMLOp.DIAG, n_tasks=one_thread, work=no_work)
 def compute_forward_diag(params, dst: Tensor) -> None:
     """ggml_compute_forward_diag_f32: thread 0 writes each [n, n] matrix, src's row on its
     diagonal and zeros elsewhere."""
@@ -64,7 +64,7 @@ def compute_forward_diag(params, dst: Tensor) -> None:
 _KEEP = {0: np.greater_equal, 1: np.greater, 2: np.less_equal, 3: np.less}  # (i0, i01) -> kept?
 
 
-@kernel(GGMLOp.TRI)
+@kernel(GGMLOp.TRI, n_tasks=all_threads, work=no_work)
 def compute_forward_tri(params, dst: Tensor) -> None:
     """ggml_compute_forward_tri_f32: element i0 of row i01 kept where the triangle holds it."""
     src = dst.src[0]
@@ -82,7 +82,7 @@ def compute_forward_tri(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.FILL)
+@kernel(GGMLOp.FILL, n_tasks=all_threads, work=no_work)
 def compute_forward_fill(params, dst: Tensor) -> None:
     """ggml_compute_forward_fill_f32/f16: every element of this thread's rows set to c."""
     if dst.src[0].type not in (GGMLType.F32, GGMLType.F16):
@@ -97,7 +97,7 @@ def compute_forward_fill(params, dst: Tensor) -> None:
     params.took("rows", (ir0, ir1))
 
 
-@kernel(GGMLOp.SOLVE_TRI)
+@kernel(GGMLOp.SOLVE_TRI, n_tasks=all_threads, work=no_work)
 def compute_forward_solve_tri(params, dst: Tensor) -> None:
     """ggml_compute_forward_solve_tri_f32: A·X = B by forward substitution (A lower triangular),
     one column of X at a time; the threads split the (batch, column) pairs. Row i's running sum

@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from engine.compute.kernels import floatmath as fm
-from engine.compute.kernels import CLoop, kernel, not_supported
+from engine.compute.kernels import CLoop, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import strided
 from engine.core.errors import ggml_assert
@@ -162,7 +162,16 @@ def _lookup(params, dst: Tensor):
     return partial(lanes.gelu_lookup, x, fm.widened_table(name), y, clamp, None, params.c_threads)
 
 
-@kernel(GGMLOp.UNARY, barrier=False, holds_gil=True,
+# the unary ops ggml_get_n_tasks gives every thread (the others take one)
+ALL_THREADS_UNARY = frozenset({U.GELU, U.GELU_ERF, U.GELU_QUICK, U.SILU, U.XIELU})
+
+
+def _unary_tasks(node: Tensor, n_threads: int) -> int:
+    """ggml_get_n_tasks's UNARY: by the ggml_unary_op (op_params[0])."""
+    return n_threads if int(node.op_params[0]) in ALL_THREADS_UNARY else 1
+
+
+@kernel(GGMLOp.UNARY, n_tasks=_unary_tasks, work=no_work, barrier=False, holds_gil=True,
         in_c=CLoop("v_silu", "ggml_vec_silu_f32", U.SILU), prepare=_lookup)
 def compute_forward_unary(params, dst: Tensor) -> None:
     """ggml_compute_forward_unary: dispatch on op_params[0] (the ggml_unary_op)."""
@@ -188,7 +197,8 @@ def compute_forward_unary(params, dst: Tensor) -> None:
     raise not_supported(dst, f"unknown unary op {op}")
 
 
-@kernel(GGMLOp.SQR, GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS, barrier=False)
+@kernel(GGMLOp.SQR, GGMLOp.SQRT, GGMLOp.LOG, GGMLOp.SIN, GGMLOp.COS, n_tasks=one_thread,
+        work=no_work, barrier=False)
 def compute_forward_sqr(params, dst: Tensor) -> None:
     """ggml_compute_forward_sqr / _sqrt / _log / _sin / _cos: unary_op with x², √x, ..."""
     _unary_op(params, dst, OP_FNS[GGMLOp(dst.op)])

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.compute.kernels import kernel, not_supported
+from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import thread_range, view4
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
 from engine.core.types import GGMLType
 
 
-@kernel(GGMLOp.WIN_PART)
+@kernel(GGMLOp.WIN_PART, n_tasks=one_thread, work=no_work)
 def compute_forward_win_part(params, dst: Tensor) -> None:
     """ggml_compute_forward_win_part_f32: window (px, py) of the image, zeros past its edge."""
     src = dst.src[0]
@@ -35,7 +35,7 @@ def compute_forward_win_part(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.WIN_UNPART)
+@kernel(GGMLOp.WIN_UNPART, n_tasks=one_thread, work=no_work)
 def compute_forward_win_unpart(params, dst: Tensor) -> None:
     """ggml_compute_forward_win_unpart_f32: the windows laid back side by side, cut to [C, w0, h0]."""
     src = dst.src[0]
@@ -50,7 +50,7 @@ def compute_forward_win_unpart(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.GET_REL_POS)
+@kernel(GGMLOp.GET_REL_POS, n_tasks=one_thread, work=no_work)
 def compute_forward_get_rel_pos(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rel_pos_f16: row (query i2, key i1) is table row (w - i1 - 1) + i2,
     its 16-bit values copied (F16 or BF16 alike)."""
@@ -64,7 +64,7 @@ def compute_forward_get_rel_pos(params, dst: Tensor) -> None:
     params.took("all")
 
 
-@kernel(GGMLOp.ADD_REL_POS)
+@kernel(GGMLOp.ADD_REL_POS, n_tasks=all_threads, work=no_work)
 def compute_forward_add_rel_pos(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_rel_pos_f32: (unless in place, thread 0 first copies a; barrier)
     each thread its patches: block element [r, c] gets ph[r] and pw[c], in ggml's order (the row's
