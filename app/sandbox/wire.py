@@ -33,14 +33,16 @@ import numpy as np
 
 from app.sandbox.boundary import Limits
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
-from engine.trace.steps import Patch, Step
+from engine.compute.shares import share_ranges
+from engine.trace.steps import Patch, Step, ThreadShare
 from engine.trace import Trace
 
 MAGIC = b"GGML-LENS-RESULT/1\n"
 HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB)
 # bytes of Python objects one byte of a head may decode to, at most: a negative fixint in a list is
-# one byte and an int (32) with its pointer (8); [[0]] in a thread's ranges three bytes and two
-# tuples (96) with a pointer; a patch's place ~20 bytes and its Patch, bytes and index entry
+# one byte and an int (32) with its pointer (8); an interval [0, 0] in a thread's ranges three
+# bytes and its record (56) with a pointer; a patch's place ~20 bytes and its Patch, bytes and
+# index entry
 DECODED_PER_BYTE = 48
 OUTPUT_DTYPES = ("float64", "float32", "int64", "int32", "bool")
 MAX_OUTPUT_ELEMENTS = 1 << 20
@@ -231,11 +233,22 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
         for ctx, offs, size in _references(s):
             if ctx not in sizes or offs < 0 or offs + size > sizes[ctx]:
                 raise bad(f"it refers to bytes {offs:,}..{offs + size:,} of pool {ctx}, outside it", k)
+        if s.threads:
+            try:
+                s = dataclasses.replace(s, threads=_shares(s.threads))
+            except ValueError as e:
+                raise bad(str(e), k) from None
         steps.append(dataclasses.replace(s, patches=tuple(patches)) if patches else s)
     trace = Trace(head.program[:200], head.source, head.n_threads, steps,
                   {k[:200]: _value(k, v) for k, v in head.outputs.items()}, head.error, head.printed,
                   tuple(head.also))
     return trace
+
+
+def _shares(threads: tuple[ThreadShare, ...]) -> tuple[ThreadShare, ...]:
+    """The threads' shares with their ranges as the records of their kinds (they cross the wire
+    as plain arrays); ValueError names a range that does not fit its kind."""
+    return tuple(dataclasses.replace(t, ranges=share_ranges(t.kind, t.ranges)) for t in threads)
 
 
 def _references(s: Step):

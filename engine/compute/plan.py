@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 from engine.compute.compiled import remembered
 from engine.compute.kernels import CACHE_LINE_SIZE, KERNELS
-from engine.core.api import query
+from engine.core.api import query, writes
 from engine.core.graph import Graph
 from engine.core.tensor import Tensor, ggml_is_empty
 
@@ -70,6 +70,7 @@ class CPlan:
     llamafile: bool = field(default_factory=LLAMAFILE.get)  # the build, not a ggml_cplan field
 
 
+@writes()
 def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,
                     threadpool: Any = None) -> CPlan:
     """ggml_graph_plan: threads = min(most tasks of any node, n_threads); the largest work size

@@ -31,13 +31,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from engine.compute.compiled import remembered
 from engine.compute.plan import CPlan, ggml_graph_plan
+from engine.compute.shares import ShareKind, ShareRange
+from engine.core.api import writes
 from engine.core.context import Context, ggml_new_buffer
 from engine.core.errors import ggml_assert
 from engine.core.graph import Graph
@@ -55,8 +57,8 @@ class Share:
 
     ith: int
     nth: int
-    kind: str  # "rows", "chunks", "blocks", "all", "idle", ...
-    ranges: tuple  # e.g. ((ir0, ir1),) for rows, or chunk tuples for mul_mat
+    kind: ShareKind  # how the kernel split the node
+    ranges: tuple[ShareRange, ...]  # what this thread took: (Interval(ir0, ir1),) for rows, ...
     seconds: float
     notes: tuple[Note, ...] = ()
 
@@ -76,8 +78,8 @@ class ComputeParams:
     alone: bool = False  # thread 0 runs every share in turn (ith order); barrier() must not be called
     watched: bool = True  # an observer is shown each share: a kernel may skip recording one when not
     cores: int = 1  # the compute's thread count (nth is 1 when thread 0 computes a node in one share)
-    _kind: str = "idle"
-    _ranges: list = field(default_factory=list)
+    _kind: ShareKind = ShareKind.IDLE
+    _ranges: list[ShareRange] = field(default_factory=list)
     _notes: tuple[Note, ...] = ()
 
     @property
@@ -87,7 +89,8 @@ class ComputeParams:
         their own)."""
         return self.cores if self.nth == 1 else 1
 
-    def took(self, kind: str, *ranges: Any, note: Note | tuple[Note, ...] = ()) -> None:
+    def took(self, kind: ShareKind, *ranges: ShareRange,
+             note: Note | tuple[Note, ...] = ()) -> None:
         """Record this thread's share of the current node (for the observer), and a note (or
         notes) on how the kernel split it."""
         self._kind = kind
@@ -332,6 +335,7 @@ def node_mode(node: Tensor, nth: int) -> str:
     return _TOGETHER
 
 
+@writes()
 def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = None) -> int:
     """ggml_graph_compute: run the graph on cplan.n_threads threads; returns a ggml_status."""
     ggml_assert(cplan.n_threads > 0, "cplan->n_threads > 0", "ggml_graph_compute")
@@ -345,6 +349,7 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     return run.status
 
 
+@writes()
 def ggml_graph_compute_with_ctx(ctx: Context, cgraph: Graph, n_threads: int,
                                 observer: Observer | None = None) -> int:
     """ggml_graph_compute_with_ctx: plan, put the work buffer in ctx (always, even if empty),

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from engine.compute.shares import ShareKind, plain
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.core.notes import Note, tell
 from engine.core.tensor import Tensor
@@ -158,8 +159,10 @@ class Patch:
 @dataclass(frozen=True, slots=True)
 class ThreadShare:
     ith: int
-    kind: str
-    # rows (first, end), blocks, single indices, or mul_mat chunks (chunk, (ir0, ir1), (ir10, ir11))
+    kind: ShareKind  # how the kernel split the node
+    # what the thread took: records of its kind (engine.compute.shares.ShareRange), annotated as
+    # the plain arrays they equal, which is how they cross the worker's wire (wire.py reads them
+    # back into records)
     ranges: tuple[int | tuple[int | str | tuple[int, ...], ...], ...]
     seconds: float
     notes: tuple[Note, ...]  # how the kernel split the node, when its kind does not say all
@@ -199,8 +202,8 @@ class Step:
         """What the trace's content hash takes from this step: everything but timings, which
         thread took which chunk (that varies from run to run: the union is taken) and the bytes
         whose values depend on the CPU (only which contexts they changed)."""
-        shares = (sorted({t.kind for t in self.threads}),
-                  sorted(repr(r) for t in self.threads for r in t.ranges))
+        shares = (sorted({str(t.kind) for t in self.threads}),
+                  sorted(repr(plain(r)) for t in self.threads for r in t.ranges))
         data = [(p.ctx, p.offset, hashlib.sha1(p.data).hexdigest()) for p in self.patches] \
             if self.same_on_every_cpu else sorted({p.ctx for p in self.patches})
         # (kind, contexts, plan and notes as the plain values they were before they were records,

@@ -19,6 +19,7 @@ from app.views.debugger.values import unreadable
 from app.views.debugger.where import Where, current_node
 from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, every_code, kernel_card, \
     worked_block, worked_element
+from engine.compute.shares import Tile
 from engine.trace import State, Step, StepKind
 
 
@@ -70,9 +71,9 @@ def kernel(step: Step, state: State, where: Where, shares: list[Share]) -> Kerne
     mine = next((t for t in step.threads if t.ith == selected), None)
     took = "" if mine is None else ranges_text(mine.kind, mine.ranges[:SHOWN]) + (
         _(" … and {n} more").format(n=len(mine.ranges) - SHOWN) if len(mine.ranges) > SHOWN else "")
-    if not where.row and mine is not None and mine.kind == "chunks" and mine.ranges:
-        _chunk, rows, cols = mine.ranges[0]  # the first chunk the thread took: its first output
-        row, col = int(rows[0]), int(cols[0])
+    first = mine.ranges[0] if mine is not None and mine.ranges else None
+    if not where.row and isinstance(first, Tile):  # the thread's first chunk: its first output
+        row, col = first.rows.start, first.cols.start
     block, element, error = None, None, ""
     try:
         block = worked_block(node, row, col, where.block)

@@ -42,7 +42,6 @@ PARTIALS = "partials/debugger/"  # under app/templates/
 NOT_PANELS = {
     "debugger.html": "the debugger's root: it lays the panels out and owns their swap",
     "title.html": "the page's title (and the root's data-title), not a region of the page",
-    "splits.html": "the split kinds' labels, imported by the threads and kernel panels",
     "stepbtn.html": "the step button macro, imported by the nav and steps panels",
 }
 

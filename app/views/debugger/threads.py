@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.i18n import _
+from app.i18n import N_, _
+from engine.compute.shares import Chunk, Interval, ShareKind, ShareRange, Tile
 from engine.core.notes import Note
 from engine.trace import ComputePlan, Step, StepKind, Trace
+
+# how each kind of split reads in the threads and kernel panels (translated where shown)
+SPLIT_LABELS: dict[ShareKind, str] = {
+    ShareKind.ROWS: N_("rows"), ShareKind.BLOCKS: N_("blocks"), ShareKind.KV: N_("KV positions"),
+    ShareKind.INTERLEAVED: N_("interleaved"), ShareKind.CHUNKS: N_("chunks"),
+    ShareKind.ALL: N_("all"), ShareKind.IDLE: N_("idle"),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Share:
     ith: int
-    kind: str  # how the op splits its work: rows, chunks, ...
+    kind: ShareKind  # how the op splits its work
+    split: str  # the kind's label, translated
     ranges: str
     us: float  # microseconds
     width: float  # percent of the longest share
@@ -52,8 +61,8 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
     parent = trace.steps[step.parent] if step.parent is not None else None
     plan = step.plan or (parent.plan if parent is not None else None)
     longest = max((t.seconds for t in step.threads), default=0) or 1
-    shares = [Share(t.ith, t.kind, ranges_text(t.kind, t.ranges), t.seconds * 1e6,
-                    100 * t.seconds / longest, t.notes) for t in step.threads]
+    shares = [Share(t.ith, t.kind, _(SPLIT_LABELS[t.kind]), ranges_text(t.kind, t.ranges),
+                    t.seconds * 1e6, 100 * t.seconds / longest, t.notes) for t in step.threads]
     runs = task_runs(plan.n_tasks) if plan is not None else []
     counts = [] if len(runs) <= MAX_RUNS else [
         TaskCount(n, sum(r.last - r.first + 1 for r in runs if r.n_tasks == n))
@@ -73,11 +82,27 @@ def task_runs(n_tasks: tuple[int, ...]) -> list[TaskRun]:
     return runs
 
 
-def ranges_text(kind: str, ranges: tuple) -> str:
-    if kind == "chunks":
-        return "; ".join(_("chunk {c}: rows {r0}-{r1} x cols {c0}-{c1}").format(
-            c=c, r0=a[0], r1=a[1] - 1, c0=b[0], c1=b[1] - 1) for c, a, b in ranges) or _("no chunk left")
+def _tile_text(t: Tile) -> str:
+    return _("chunk {c}: rows {r0}-{r1} x cols {c0}-{c1}").format(
+        c=t.chunk, r0=t.rows.start, r1=t.rows.end - 1, c0=t.cols.start, c1=t.cols.end - 1)
+
+
+def _chunk_text(c: Chunk) -> str:
+    return _("chunk {c}: rows {r0}-{r1}").format(c=c.chunk, r0=c.rows.start, r1=c.rows.end - 1)
+
+
+def _interval_text(i: Interval) -> str:
+    return f"[{i.start}, {i.end})"
+
+
+# each record of a range as the panels write it
+_RANGE_TEXT = {Tile: _tile_text, Chunk: _chunk_text, Interval: _interval_text, int: str}
+
+
+def ranges_text(kind: ShareKind, ranges: tuple[ShareRange, ...]) -> str:
+    """A thread's ranges in words: `[0, 16), [32, 48)`, `0, 4, 8`, `chunk 3: rows 0-15 x cols
+    16-31; ...`."""
     if not ranges:
-        return _("nothing")
-    return ", ".join(f"[{r[0]}, {r[1]})" if isinstance(r, (tuple, list)) and len(r) == 2 else str(r)
-                     for r in ranges)
+        return _("no chunk left") if kind == ShareKind.CHUNKS else _("nothing")
+    joint = "; " if kind == ShareKind.CHUNKS else ", "
+    return joint.join(_RANGE_TEXT[type(r)](r) for r in ranges)

@@ -36,6 +36,7 @@ import numpy as np
 from engine.compute.kernels import all_threads, kernel, not_supported
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
+from engine.compute.shares import Chunk, Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.ops.matmul import GGML_PREC_DEFAULT, GGML_PREC_F32
@@ -220,9 +221,9 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
             M, S, vkq = _attend(st, iq3, iq2, a, b, 0, nek1, tiled)
             st.d4[iq3, a:b, iq2] = _finish(S, vkq)  # permute(0, 2, 1, 3)
-        done.append((chunk, (ir0, ir1)))
+        done.append(Chunk(chunk, Interval(ir0, ir1)))
         chunk = next(params.shared["chunk"])
-    params.took("chunks", *done,
+    params.took(ShareKind.CHUNKS, *done,
                 note=Note.of("fa_tiled" if tiled else "fa_one_chunk", nchunk=nchunk, dr=dr))
 
 
@@ -259,4 +260,4 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
             if s_fin != 0:
                 acc = acc * (F32(1) / s_fin)
             st.d4[0, 0, h] = acc
-    params.took("kv", (ic0, ic1), note=Note.of("fa_kv", heads=str(heads)))
+    params.took(ShareKind.KV, Interval(ic0, ic1), note=Note.of("fa_kv", heads=str(heads)))

@@ -30,6 +30,7 @@ from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.softmax import soft_max_rows
 from engine.compute.kernels.vecdot_float import vec_dot_f32_rows
 from engine.compute.kernels.views import flat_rows, strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -61,7 +62,7 @@ def compute_forward_repeat_back(params, dst: Tensor) -> None:
     src0 = dst.src[0]
     _f32_only(dst, src0)
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     fn = "ggml_compute_forward_repeat_back_f32"
     ggml_assert(ggml_can_repeat(dst, src0), "ggml_can_repeat(dst, src0)", fn)
@@ -76,7 +77,7 @@ def compute_forward_repeat_back(params, dst: Tensor) -> None:
                                             range(nr[0])):
         acc += blocks[i3, :, i2, :, i1, :, i0, :]
     view4(dst)[:] = acc
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.GET_ROWS_BACK, n_tasks=one_thread, work=no_work, barrier=False)
@@ -86,7 +87,7 @@ def compute_forward_get_rows_back(params, dst: Tensor) -> None:
     src0, src1 = dst.src[0], dst.src[1]
     _f32_only(dst, src0)
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     fn = "ggml_compute_forward_get_rows_back_f32"
     ggml_assert(ggml_is_contiguous(dst), "ggml_is_contiguous(dst)", fn)
@@ -99,7 +100,7 @@ def compute_forward_get_rows_back(params, dst: Tensor) -> None:
                 "an index is outside dst (ggml would write outside its memory)")
     out = flat_rows(dst)
     np.add.at(out, rows, flat_rows(src0, nr))  # unbuffered, index by index: ggml's order
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 # --- silu_back, rms_norm_back ----------------------------------------------------------------
@@ -116,7 +117,7 @@ def compute_forward_silu_back(params, dst: Tensor) -> None:
         with np.errstate(all="ignore"):
             s = F32(1) / (F32(1) + libm.expf(-xs))
             flat_rows(dst)[ir0:ir1] = dy * s * fmaf(xs, F32(1) - s, F32(1))
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.RMS_NORM_BACK, n_tasks=all_threads, work=no_work, barrier=False)
@@ -145,7 +146,7 @@ def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
             rrms = F32(1) / np.sqrt(mean_eps)
             scale_x = (-sum_xdz).astype(F32) / sum_eps
             view4(dst)[:, :, sl] = fmaf(x, scale_x, dz) * rrms
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i01"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("rows_i01"))
 
 
 # --- soft_max_back, cross_entropy_loss_back --------------------------------------------------
@@ -169,7 +170,7 @@ def compute_forward_soft_max_back(params, dst: Tensor) -> None:
         dot = vec_dot_f32_rows(y, dy)[:, None]
         with np.errstate(all="ignore"):
             flat_rows(dst)[ir0:ir1] = ((dy + -dot) * y) * scale
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.CROSS_ENTROPY_LOSS_BACK, n_tasks=all_threads, work=no_work, barrier=False)
@@ -193,7 +194,7 @@ def compute_forward_cross_entropy_loss_back(params, dst: Tensor) -> None:
         with np.errstate(all="ignore"):
             inv = (1.0 / total).astype(F32)
             flat_rows(dst)[ir0:ir1] = ((y * inv) - s1) * d_by_nr
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 # --- the optimizer steps ---------------------------------------------------------------------
@@ -234,7 +235,7 @@ def compute_forward_opt_step_adamw(params, dst: Tensor) -> None:
             mh = m * beta1h
             vh = np.sqrt(v * beta2h) + eps
             w[:] = fmaf(w, keep, -(alpha * mh / vh))
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.OPT_STEP_SGD, n_tasks=all_threads, work=no_work, barrier=False)
@@ -252,7 +253,7 @@ def compute_forward_opt_step_sgd(params, dst: Tensor) -> None:
     for w, g in _row_views(dst, (w_t, g_t), ir0, ir1):
         with np.errstate(all="ignore"):
             w[:] = fmaf(w, keep, -(alpha * g))
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 # --- im2col_back, pool_2d_back ---------------------------------------------------------------
@@ -299,7 +300,7 @@ def compute_forward_im2col_back(params, dst: Tensor) -> None:
         out = strided(dst, (n, len(chans), ih * iw), (ofs0, ofs1 * params.nth, 4), dtype=F32,
                       offset=params.ith * ofs1)
         out[:] = acc.reshape(n, len(chans), ih * iw)
-    params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
+    params.took(ShareKind.INTERLEAVED, *chans.tolist(), note=Note("input_channels"))
 
 
 @kernel(GGMLOp.POOL_2D_BACK, n_tasks=one_thread, work=no_work)
@@ -311,7 +312,7 @@ def compute_forward_pool_2d_back(params, dst: Tensor) -> None:
     if dst.type != GGMLType.F32 or src.type != GGMLType.F32:
         raise not_supported(dst, "F32 only here")
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     op, k0, k1, s0, s1, p0, p1 = (int(v) for v in dst.op_params[:7])
     ggml_assert(ggml_is_contiguous(dst), "ggml_is_contiguous(dst)",
@@ -359,4 +360,4 @@ def compute_forward_pool_2d_back(params, dst: Tensor) -> None:
     keep = t >= 0
     out = strided(dst, (planes, ne1, ne0), (nb2, nb1, 4), dtype=F32).reshape(-1)
     np.add.at(out, t[keep], v[keep])
-    params.took("all")
+    params.took(ShareKind.ALL)

@@ -17,6 +17,7 @@ import numpy as np
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread, \
     src0_row_per_task
 from engine.compute.kernels.common import from_f32, row_blocks, row_index, thread_range, to_f32, view4
+from engine.compute.shares import Interval, ShareKind
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nrows
 from engine.core.errors import ggml_assert
@@ -93,7 +94,7 @@ def compute_forward_binary(params, dst: Tensor) -> None:
             x = to_f32(s0[i3, i2, a:b], src0.type)
             y = to_f32(src1_rows(s1, i3, i2, a, b, ne0), src1.type)
             d4[i3, i2, a:b] = from_f32(fn(x, y, dtype=np.float32), dst.type)
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.ADD_ID, n_tasks=all_threads, work=src0_row_per_task)
@@ -115,4 +116,4 @@ def compute_forward_add_id(params, dst: Tensor) -> None:
         i11 = int(id4[0, 0, i2, i1])
         ggml_assert(0 <= i11 < ne11, "i11 >= 0 && i11 < ne11", fn, f"id {i11} of {ne11} rows")
         d4[i3, i2, i1] = a4[i3, i2, i1] + b4[0, 0, i11]
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))

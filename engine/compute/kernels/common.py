@@ -6,6 +6,7 @@ from typing import Iterator
 
 import numpy as np
 
+from engine.compute.shares import Interval
 from engine.core.tensor import Tensor
 from engine.core.tensor_data import tensor_view
 from engine.lanes import twin
@@ -96,11 +97,11 @@ def round_floats(x, bits, back, bf16: bool) -> None:
         np.frombuffer(back, np.float32)[:] = bf16_bits_to_fp32(h) if bf16 else fp16_bits_to_fp32(h)
 
 
-def thread_range(nr: int, ith: int, nth: int) -> tuple[int, int]:
+def thread_range(nr: int, ith: int, nth: int) -> Interval:
     """get_thread_range: rows [dr*ith, min(dr*ith + dr, nr)) with dr = ceil(nr/nth)."""
     dr = (nr + nth - 1) // nth
     ir0 = dr * ith
-    return min(ir0, nr), min(ir0 + dr, nr)
+    return Interval(min(ir0, nr), min(ir0 + dr, nr))
 
 
 def row_blocks(ne1: int, ne2: int, ir0: int, ir1: int) -> Iterator[tuple[int, int, int, int]]:

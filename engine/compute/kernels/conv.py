@@ -35,6 +35,7 @@ from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.nn_util import fp16_round
 from engine.compute.kernels.vecdot_float import vec_dot_f16, vec_dot_f32
 from engine.compute.kernels.views import strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.ops.nn import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX
@@ -104,7 +105,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
         vals = np.where(ok, vals, np.zeros((), vals.dtype))
         out = view4(dst).reshape(N, OH, OW, IC, KH, KW)
         out[:, :, :, chans] = vals.transpose(0, 2, 3, 1, 4, 5)
-    params.took("interleaved", *chans.tolist(), note=Note("input_channels"))
+    params.took(ShareKind.INTERLEAVED, *chans.tolist(), note=Note("input_channels"))
 
 
 @kernel(GGMLOp.CONV_2D, n_tasks=all_threads, work=_im2col_work, blas=True)
@@ -134,7 +135,7 @@ def compute_forward_conv_2d(params, dst: Tensor) -> None:
     for start in range(0, patch_total, per_batch):
         end = min(start + per_batch, patch_total)
         a, b = thread_range(end - start, params.ith, params.nth)
-        done.append((start + a, start + b))
+        done.append(Interval(start + a, start + b))
         if a >= b:
             continue
         p = np.arange(start + a, start + b)
@@ -150,7 +151,8 @@ def compute_forward_conv_2d(params, dst: Tensor) -> None:
             patches = fp16_round(patches)
         out = (patches.astype(np.float64) @ weights.astype(np.float64).T).astype(F32)
         d4[n[:, None], np.arange(c_out)[None, :], oy[:, None], ox[:, None]] = out
-    params.took("rows", *done, note=(Note.of("conv_patches", n=per_batch), Note("conv_gemm")))
+    params.took(ShareKind.ROWS, *done,
+                note=(Note.of("conv_patches", n=per_batch), Note("conv_gemm")))
 
 
 @kernel(GGMLOp.CONV_2D_DW, n_tasks=all_threads, work=no_work)
@@ -211,7 +213,7 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
                 val = src4[img, :, y][:, np.clip(x, 0, w - 1)]
                 acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
         d4[img, :, oy] = acc
-    params.took("rows", (start, max(start, end)))
+    params.took(ShareKind.ROWS, Interval(start, max(start, end)))
 
 
 def _conv_transpose_1d_work(node: Tensor, n_tasks: int) -> int:
@@ -259,7 +261,7 @@ def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
         row = d[i1]
         for i10 in range(length):
             row[i10 * s0:i10 * s0 + k] += v[i10]
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 def _conv_transpose_2d_work(node: Tensor, n_tasks: int) -> int:
@@ -308,7 +310,7 @@ def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
         for y in range(ih):
             for xx in range(iw):
                 plane[y * s:y * s + kh, xx * s:xx * s + kw] += v[y, xx]
-    params.took("rows", (ip0, ip1))
+    params.took(ShareKind.ROWS, Interval(ip0, ip1))
 
 
 @kernel(GGMLOp.COL2IM_1D, n_tasks=all_threads, work=no_work)
@@ -339,7 +341,7 @@ def compute_forward_col2im_1d(params, dst: Tensor) -> None:
         out[:, j] = acc
     if it1 > it0:
         view4(dst)[0, 0, :, it0:it1] = from_f32(out, dst.type)
-    params.took("rows", (it0, max(it0, it1)))
+    params.took(ShareKind.ROWS, Interval(it0, max(it0, it1)))
 
 
 @kernel(GGMLOp.IM2COL_3D, n_tasks=all_threads, work=no_work)
@@ -369,7 +371,7 @@ def compute_forward_im2col_3d(params, dst: Tensor) -> None:
             g = v[zz[:, None, None, :, None, None], yy[None, :, None, None, :, None], xx[None, None, :, None, None, :]]
             ok = okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None] & okx[None, None, :, None, None, :]
             out[b, :, :, :, c] = from_f32(np.where(ok, g, np.float32(0)), dst.type)
-    params.took("interleaved", *chans)
+    params.took(ShareKind.INTERLEAVED, *chans)
 
 
 @kernel(GGMLOp.CONV_3D, n_tasks=all_threads, work=_im2col_work)
@@ -401,7 +403,7 @@ def compute_forward_conv_3d(params, dst: Tensor) -> None:
     for start in range(0, total, per_batch):
         end = min(start + per_batch, total)
         a, b = thread_range(end - start, params.ith, params.nth)
-        done.append((start + a, start + max(a, b)))
+        done.append(Interval(start + a, start + max(a, b)))
         if a >= b:
             continue
         p = np.arange(start + a, start + b)
@@ -420,7 +422,7 @@ def compute_forward_conv_3d(params, dst: Tensor) -> None:
             patches = patches.astype(np.float16).astype(np.float32)
         out = vec_dot_f16(weights, patches) if half else vec_dot_f32(weights, patches)  # (P, OC)
         d4[(img[:, None] * oc + np.arange(oc)[None, :]), z[:, None], y[:, None], x[:, None]] = out
-    params.took("rows", *done)
+    params.took(ShareKind.ROWS, *done)
 
 
 def _pool_src_rows(dst: Tensor, src: Tensor, n_rows: int, row_stride: int) -> np.ndarray:
@@ -452,7 +454,7 @@ def compute_forward_pool_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_1d: thread 0 pools every row."""
     src = dst.src[0]
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     op, k, s, p = (int(x) for x in dst.op_params[:4])
     if op not in (GGML_OP_POOL_MAX, GGML_OP_POOL_AVG) or src.type not in (GGMLType.F32,
@@ -466,7 +468,7 @@ def compute_forward_pool_1d(params, dst: Tensor) -> None:
         with np.errstate(invalid="ignore", divide="ignore"):
             res = np.where(n > 0, res / n.astype(F32), F32(0))
     strided(dst, (nr, ow), (int(dst.nb[1]), 4), dtype=F32)[:] = res
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.POOL_2D, n_tasks=one_thread, work=no_work)
@@ -474,7 +476,7 @@ def compute_forward_pool_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_2d: thread 0 pools every plane (planes nb[2] apart)."""
     src = dst.src[0]
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     op, k0, k1, s0, s1, p0, p1 = (int(x) for x in dst.op_params[:7])
     if op not in (GGML_OP_POOL_MAX, GGML_OP_POOL_AVG) or src.type not in (GGMLType.F32,
@@ -505,4 +507,4 @@ def compute_forward_pool_2d(params, dst: Tensor) -> None:
     if op == GGML_OP_POOL_AVG:
         res = res / F32(k0 * k1)
     strided(dst, (n_planes, py, px), (py * px * 4, px * 4, 4), dtype=F32)[:] = res
-    params.took("all")
+    params.took(ShareKind.ALL)

@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.shares import ShareKind
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
@@ -105,10 +106,10 @@ def compute_forward_dup(params, dst: Tensor) -> None:
         return _compute_quant_dup(params, dst, src0)
     run()
     if _same_cont(src0, dst):
-        params.took("blocks", thread_range(ggml_nelements(dst) // TYPE_TRAITS[dst.type].blck_size,
-                                           params.ith, params.nth))
+        n_blocks = ggml_nelements(dst) // TYPE_TRAITS[dst.type].blck_size
+        params.took(ShareKind.BLOCKS, thread_range(n_blocks, params.ith, params.nth))
     else:
-        params.took("rows", thread_range(int(src0.ne[1]), params.ith, params.nth),
+        params.took(ShareKind.ROWS, thread_range(int(src0.ne[1]), params.ith, params.nth),
                     note=Note("rows_src0"))
 
 

@@ -22,6 +22,7 @@ from engine.compute.kernels import CLoop, all_threads, kernel, no_work, not_supp
 from engine.compute.kernels.common import thread_range
 from engine.compute.kernels.unary import f16_table_times
 from engine.compute.kernels.views import flat_rows
+from engine.compute.shares import ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLGluOp as G, GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous_1, ggml_nrows
@@ -139,4 +140,4 @@ def _glu(params, dst: Tensor):
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
     run_prepared(_glu(params, dst))
-    params.took("rows", thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))

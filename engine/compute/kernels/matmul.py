@@ -37,6 +37,7 @@ from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
     float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_tinyblas
+from engine.compute.shares import Interval, ShareKind, Tile
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -343,15 +344,16 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
             chunk = next(params.shared["chunk"])
         taken = np.array(taken, dtype=np.int64)
     done = _chunks(taken, nchunk0, dr0, dr1, nr0, nr1)
-    params.took("chunks", *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks", n0=nchunk0,
-                                              n1=nchunk1, d0=dr0, d1=dr1))
+    params.took(ShareKind.CHUNKS, *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks",
+                                                      n0=nchunk0, n1=nchunk1, d0=dr0, d1=dr1))
 
 
-def _chunks(chunks: np.ndarray, nchunk0: int, dr0: int, dr1: int, nr0: int, nr1: int) -> list[tuple]:
-    """Each chunk as (chunk, (ir0 start, end), (ir1 start, end)): its rows of src0 and of src1."""
+def _chunks(chunks: np.ndarray, nchunk0: int, dr0: int, dr1: int, nr0: int, nr1: int) -> list[Tile]:
+    """Each chunk as a Tile: its rows of src0 and of src1."""
     ir0, ir1 = dr0 * (chunks % nchunk0), dr1 * (chunks // nchunk0)
-    return list(zip(chunks.tolist(), zip(ir0.tolist(), np.minimum(ir0 + dr0, nr0).tolist()),
-                    zip(ir1.tolist(), np.minimum(ir1 + dr1, nr1).tolist())))
+    rows = map(Interval, ir0.tolist(), np.minimum(ir0 + dr0, nr0).tolist())
+    cols = map(Interval, ir1.tolist(), np.minimum(ir1 + dr1, nr1).tolist())
+    return list(map(Tile, chunks.tolist(), rows, cols))
 
 
 def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,
@@ -531,8 +533,8 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
             for k in range(ir1a, ir1b):
                 slot, token = g[k]
                 d4[0, token, slot, ir0a:ir0b] = products[e][k, ir0a:ir0b]
-            done.append((f"e{e}.{chunk}", (ir0a, ir0b), (ir1a, ir1b)))
+            done.append(Tile(f"e{e}.{chunk}", Interval(ir0a, ir0b), Interval(ir1a, ir1b)))
             if params.nth >= nchunk0 * nchunk1:
                 break
             chunk = next(params.shared[("chunk", e)])
-    params.took("chunks", *done)
+    params.took(ShareKind.CHUNKS, *done)

@@ -24,6 +24,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported, 
     run_prepared, src0_row_per_task
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -63,7 +64,7 @@ def compute_forward_add1(params, dst: Tensor) -> None:
     ir0, ir1 = thread_range(ggml_nrows(src0), params.ith, params.nth)
     for i3, i2, a, b in row_blocks(int(src0.ne[1]), int(src0.ne[2]), ir0, ir1):
         d4[i3, i2, a:b] = from_f32(to_f32(s4[i3, i2, a:b], src0.type) + v, dst.type)
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 # --- acc, set --------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def _src1_rows(params, dst: Tensor):
 
 def _took_after_copy(params, dst: Tensor, ir0: int, ir1: int) -> None:
     first = params.ith == 0 and not int(dst.op_params[4])
-    params.took("rows", (ir0, ir1),
+    params.took(ShareKind.ROWS, Interval(ir0, ir1),
                 note=Note("rows_src1_after_copy" if first else "rows_src1"))
 
 
@@ -173,7 +174,7 @@ def compute_forward_scale(params, dst: Tensor) -> None:
     """ggml_compute_forward_scale_f32: y = x·s, or fmaf(x, s, b) when b != 0 (ggml_vec_mad1_f32:
     FMA instructions on whole 32-float groups, and the -mfma build fuses the scalar tail too)."""
     run_prepared(_scale(params, dst))
-    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
 @kernel(GGMLOp.CLAMP, n_tasks=one_thread, work=no_work, barrier=False)
@@ -193,7 +194,7 @@ def compute_forward_clamp(params, dst: Tensor) -> None:
         x = to_f32(flat_rows(src0)[rows], src0.type)
         t = np.where(x < hi, x, hi)  # MIN(x, max): a NaN becomes max
         flat_rows(dst)[rows] = from_f32(np.where(t > lo, t, lo), dst.type)
-    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("flat_rows"))
 
 
 @kernel(GGMLOp.LEAKY_RELU, n_tasks=one_thread, work=no_work, barrier=False)
@@ -203,13 +204,13 @@ def compute_forward_leaky_relu(params, dst: Tensor) -> None:
     if src0.type not in (T.F32, T.F16) or dst.type != src0.type:
         raise not_supported(dst, "F32 and F16 only")
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     slope = F32(dst.op_params.view(np.float32)[0])
     x = to_f32(flat_rows(src0), src0.type)
     y = np.where(x > 0, x, F32(0)) + slope * np.where(x < 0, x, F32(0))
     flat_rows(dst)[:] = from_f32(y, dst.type)
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 # --- repeat, concat --------------------------------------------------------------------------
@@ -222,7 +223,7 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
     if src0.type not in (T.F32, T.I32, T.F16, T.BF16, T.I16) or dst.type != src0.type:
         raise not_supported(dst, "F32, I32, F16, BF16 and I16 only")
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     size = TYPE_TRAITS[src0.type].type_size
     fn = "ggml_compute_forward_repeat_" + ("f32" if size == 4 else "f16")
@@ -234,7 +235,7 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
     s4 = view4(src0).view(bits)
     reps = tuple(int(d) // int(s) for d, s in zip(reversed(dst.ne), reversed(src0.ne)))
     view4(dst).view(bits)[:] = np.tile(s4, reps)
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.CONCAT, n_tasks=all_threads, work=no_work, barrier=False)
@@ -265,7 +266,7 @@ def compute_forward_concat(params, dst: Tensor) -> None:
             out[tuple(head)] = s0[:, i2s]
             out[tuple(tail)] = s1[:, i2s]
             d4[:, i2s] = out
-    params.took("interleaved", *i2s.tolist(), note=Note("i2_of_every_i3"))
+    params.took(ShareKind.INTERLEAVED, *i2s.tolist(), note=Note("i2_of_every_i3"))
 
 
 # --- out_prod --------------------------------------------------------------------------------
@@ -306,8 +307,8 @@ def compute_forward_out_prod(params, dst: Tensor) -> None:
             acc = fm.fmaf_steps(np.moveaxis(a, 1, 0), np.moveaxis(v[:, :ne01], 1, 0)[..., None],
                                 np.zeros((len(ir), ne0), F32))
         d4[i3, i2, i1] = acc
-    params.took("rows", (ir0, ir1), note=(Note("dst_rows"), Note("zeroed_dst")) if params.ith == 0 else
-                Note("dst_rows"))
+    note = (Note("dst_rows"), Note("zeroed_dst")) if params.ith == 0 else Note("dst_rows")
+    params.took(ShareKind.ROWS, Interval(ir0, ir1), note=note)
 
 
 # --- arange ----------------------------------------------------------------------------------
@@ -325,4 +326,4 @@ def compute_forward_arange(params, dst: Tensor) -> None:
     ggml_assert(ggml_nelements(dst) == steps, "ggml_nelements(dst) == steps", fn)
     i = np.arange(params.ith, steps, params.nth)
     strided(dst, (steps,), (4,))[i] = fm.fmaf(step, i.astype(F32), start)
-    params.took("interleaved", *i.tolist(), note=Note("elements"))
+    params.took(ShareKind.INTERLEAVED, *i.tolist(), note=Note("elements"))

@@ -25,6 +25,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported, 
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.views import strided
+from engine.compute.shares import ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -155,7 +156,8 @@ def _norm(params, dst: Tensor):
 def compute_forward_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_norm_f32: y = (x - mean) / sqrtf(var + eps)."""
     run_prepared(_norm(params, dst))
-    params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
+    params.took(ShareKind.INTERLEAVED, *_interleaved(params, int(dst.ne[1])).tolist(),
+                note=Note("rows_i1"))
 
 
 @twin("rms_norm_rows")
@@ -202,7 +204,8 @@ def _rms_norm(params, dst: Tensor):
 def compute_forward_rms_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_f32: y = x / sqrtf(mean(x²) + eps), the mean in double."""
     run_prepared(_rms_norm(params, dst))
-    params.took("interleaved", *_interleaved(params, int(dst.ne[1])).tolist(), note=Note("rows_i1"))
+    params.took(ShareKind.INTERLEAVED, *_interleaved(params, int(dst.ne[1])).tolist(),
+                note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.L2_NORM, n_tasks=all_threads, work=no_work, barrier=False)
@@ -219,7 +222,7 @@ def compute_forward_l2_norm(params, dst: Tensor) -> None:
         for x, y in _my_rows(params, src0, dst):
             ss = (x * x).sum(axis=-1, dtype=F64).astype(F32)
             y[:] = x * (F32(1) / np.fmax(np.sqrt(ss), eps))[:, None]
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.GROUP_NORM, n_tasks=all_threads, work=no_work, barrier=False)
@@ -253,4 +256,4 @@ def compute_forward_group_norm(params, dst: Tensor) -> None:
                 variance = F32((v * v).sum(axis=-1, dtype=F64).sum() / n)
                 scale = F32(1) / np.sqrt(variance + eps)
                 d4[i3, start:end] = v * scale
-    params.took("interleaved", *groups, note=Note("channel_groups"))
+    params.took(ShareKind.INTERLEAVED, *groups, note=Note("channel_groups"))

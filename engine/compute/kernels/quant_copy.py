@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.compute.kernels import not_supported
 from engine.compute.kernels.common import thread_range, to_f32, view4
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.quants import dequantize, from_float
@@ -53,7 +54,7 @@ def _dup_to_q(params, dst: Tensor, src0: Tensor) -> None:
                 q = from_float(dst.type, rows).reshape(-1)
                 start = off + ((i03 * ne02 + i02) * ne01 + ir0) * rs
                 pool[start:start + q.size] = q
-    params.took("rows", (ir0, ir1), note=Note("rows_src0"))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1), note=Note("rows_src0"))
 
 
 def _dup_from_q(params, dst: Tensor, src0: Tensor) -> None:
@@ -80,7 +81,7 @@ def _dup_from_q(params, dst: Tensor, src0: Tensor) -> None:
         d4 = view4(dst)
         idx = np.unravel_index(np.arange(ir0 * qk, ir1 * qk), d4.shape)
         d4[idx] = vals
-    params.took("blocks", (ir0, ir1))
+    params.took(ShareKind.BLOCKS, Interval(ir0, ir1))
 
 
 def add_quantized(params, dst: Tensor) -> None:
@@ -107,4 +108,4 @@ def add_quantized(params, dst: Tensor) -> None:
         row = dequantize(src0.type, p0[a:a + rs0], ne00) + s1[i03, i02, i01]
         b = od + i01 * int(dst.nb[1]) + i02 * int(dst.nb[2]) + i03 * int(dst.nb[3])
         pd[b:b + rsd] = from_float(dst.type, row.astype(np.float32)).reshape(-1)
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))

@@ -24,6 +24,7 @@ from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
 from engine.compute.kernels.views import flat_rows, strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -37,7 +38,7 @@ T = GGMLType
 def _thread0(params) -> bool:
     """The `if (params->ith != 0) return;` of single-threaded kernels."""
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return False
     return True
 
@@ -73,7 +74,7 @@ def compute_forward_sum(params, dst: Tensor) -> None:
     else:  # float row sums (left to right), added in float
         total = float_sum_lr(float_sum_lr(x).reshape(-1))
         view4(dst).reshape(-1)[:1] = from_f32(np.array([total], F32), dst.type)
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 def _row_sums(params, dst: Tensor) -> np.ndarray | None:
@@ -99,7 +100,7 @@ def compute_forward_sum_rows(params, dst: Tensor) -> None:
     sums = _row_sums(params, dst)
     if sums is not None:
         view4(dst)[..., 0] = sums
-        params.took("all")
+        params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.MEAN, n_tasks=one_thread, work=no_work, barrier=False)
@@ -108,7 +109,7 @@ def compute_forward_mean(params, dst: Tensor) -> None:
     sums = _row_sums(params, dst)
     if sums is not None:
         view4(dst)[..., 0] = sums / F32(int(dst.src[0].ne[0]))
-        params.took("all")
+        params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.ARGMAX, n_tasks=one_thread, work=no_work, barrier=False)
@@ -124,7 +125,7 @@ def compute_forward_argmax(params, dst: Tensor) -> None:
     m = x.max(axis=-1, initial=-np.inf)
     last = ne00 - 1 - np.argmax((x == m[:, None])[:, ::-1], axis=-1)
     strided(dst, (ne01,), (int(dst.nb[0]),))[:] = last
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 def _count_equal_work(node: Tensor, n_tasks: int) -> int:
@@ -174,9 +175,9 @@ def compute_forward_count_equal(params, dst: Tensor) -> None:
     if params.ith == 0:
         total = count + int(sums[1:params.nth].sum())
         strided(dst, (1,), (8,))[0] = total
-        params.took("rows", (ir0, ir1), note=Note("adds_counts"))
+        params.took(ShareKind.ROWS, Interval(ir0, ir1), note=Note("adds_counts"))
     else:
-        params.took("rows", (ir0, ir1))
+        params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 def _sorted_rows(params, dst: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +200,7 @@ def compute_forward_argsort(params, dst: Tensor) -> None:
     if len(rows):
         idx = np.argsort(x if order == 0 else -x, axis=-1, kind="stable")
         flat_rows(dst)[rows] = idx
-    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("flat_rows"))
 
 
 def _top_k_work(node: Tensor, n_tasks: int) -> int:
@@ -218,7 +219,7 @@ def compute_forward_top_k(params, dst: Tensor) -> None:
         if k > 1:
             idx[:, [0, 1]] = idx[:, [1, 0]]
         flat_rows(dst)[rows] = idx
-    params.took("interleaved", *rows.tolist(), note=Note("flat_rows"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("flat_rows"))
 
 
 def _cross_entropy_loss_work(node: Tensor, n_tasks: int) -> int:
@@ -264,6 +265,6 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     if params.ith == 0:
         total = F32(sums[:nth].astype(F64).sum())
         strided(dst, (1,), (4,))[0] = total * (F32(-1) / F32(nr))
-        params.took("rows", (ir0, ir1), note=Note("adds_sums"))
+        params.took(ShareKind.ROWS, Interval(ir0, ir1), note=Note("adds_sums"))
     else:
-        params.took("rows", (ir0, ir1))
+        params.took(ShareKind.ROWS, Interval(ir0, ir1))

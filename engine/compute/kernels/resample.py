@@ -25,6 +25,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import view4
 from engine.compute.kernels.nn_util import cosf, expf, logf, sinf
 from engine.compute.kernels.views import strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.ops.nn import GGML_SCALE_FLAG_ALIGN_CORNERS, GGML_SCALE_FLAG_ANTIALIAS, \
@@ -120,7 +121,7 @@ def compute_forward_upscale(params, dst: Tensor) -> None:
                 rows.append(acc)
             out[...] = (rows[0] * wy[0][:, None] + rows[1] * wy[1][:, None]
                         + rows[2] * wy[2][:, None] + rows[3] * wy[3][:, None])
-    params.took("interleaved", *planes.tolist(), note=Note("dst_planes"))
+    params.took(ShareKind.INTERLEAVED, *planes.tolist(), note=Note("dst_planes"))
 
 
 @kernel(GGMLOp.PAD, n_tasks=all_threads, work=no_work)
@@ -151,7 +152,7 @@ def compute_forward_pad(params, dst: Tensor) -> None:
         out = strided(dst, (ne[3], ne[2], ne[1], ne[0]),
                       (4 * ne[0] * ne[1] * ne[2], 4 * ne[0] * ne[1], 4 * ne[0], 4), dtype=F32)
         out[:, :, params.ith::params.nth, :] = np.where(mask, vals, F32(0))
-    params.took("interleaved", *rows.tolist(), note=Note("rows_i1"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("rows_i1"))
 
 
 @kernel(GGMLOp.PAD_REFLECT_1D, n_tasks=all_threads, work=no_work)
@@ -170,7 +171,7 @@ def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
         d4[:, :, i1, p0:p0 + n] = row
         d4[:, :, i1, :p0] = row[:, :, p0 - np.arange(p0)]  # dst[p0 - k] = row[k]
         d4[:, :, i1, ne0 - p1:] = row[:, :, n - 2 - np.arange(p1)]  # dst[p0 + n - 1 + k] = row[n - 1 - k]
-    params.took("interleaved", *rows)
+    params.took(ShareKind.INTERLEAVED, *rows)
 
 
 @kernel(GGMLOp.ROLL, n_tasks=all_threads, work=no_work)
@@ -192,7 +193,7 @@ def compute_forward_roll(params, dst: Tensor) -> None:
         i1, i2, i3 = i % ne1, i // ne1 % ne2, i // (ne2 * ne1)
         row = s4[(i3 - s3) % ne3, (i2 - s2) % ne2, (i1 - s1) % ne1]
         d4[i3, i2, i1] = np.concatenate([row[s:], row[:s]])
-    params.took("rows", (start, max(start, end)))
+    params.took(ShareKind.ROWS, Interval(start, max(start, end)))
 
 
 @kernel(GGMLOp.TIMESTEP_EMBEDDING, n_tasks=all_threads, work=no_work)
@@ -216,4 +217,4 @@ def compute_forward_timestep_embedding(params, dst: Tensor) -> None:
         out[:, js + half] = sinf(arg)
     if dim % 2 != 0 and params.ith == 0:
         out[:, 2 * half] = 0
-    params.took("interleaved", *js.tolist(), note=Note("frequencies"))
+    params.took(ShareKind.INTERLEAVED, *js.tolist(), note=Note("frequencies"))

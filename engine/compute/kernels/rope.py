@@ -28,6 +28,7 @@ from engine.compute.kernels import all_threads, f32_row_per_task, kernel, not_su
     run_prepared
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
+from engine.compute.shares import ShareKind
 from engine.lanes import lanes, twin
 from engine.core.errors import ggml_assert
 from engine.ops.rope import GGML_ROPE_TYPE_IMROPE, GGML_ROPE_TYPE_MROPE, GGML_ROPE_TYPE_NEOX, \
@@ -252,7 +253,7 @@ def _rope_back(params, dst: Tensor):
 def compute_forward_rope(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope."""
     run_prepared(_rope(params, dst))
-    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst), params.ith, params.nth))
 
 
 @kernel(GGMLOp.ROPE_BACK, n_tasks=all_threads, work=f32_row_per_task, barrier=False,
@@ -260,4 +261,4 @@ def compute_forward_rope(params, dst: Tensor) -> None:
 def compute_forward_rope_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rope_back: the same rotation with sin negated."""
     run_prepared(_rope_back(params, dst))
-    params.took("rows", thread_range(ggml_nrows(dst), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst), params.ith, params.nth))

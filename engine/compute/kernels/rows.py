@@ -17,6 +17,7 @@ import numpy as np
 from engine.compute.kernels import kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import byte_span, from_f32, spans, thread_range, to_f32, view4
 from engine.compute.kernels.nn_util import raw_rows4
+from engine.compute.shares import ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -72,7 +73,7 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows:
     dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
     _get_rows(params, dst)()
-    params.took("rows", thread_range(ggml_nelements(dst.src[1]), params.ith, params.nth),
+    params.took(ShareKind.ROWS, thread_range(ggml_nelements(dst.src[1]), params.ith, params.nth),
                 note=Note("index_rows"))
 
 
@@ -173,5 +174,5 @@ def compute_forward_set_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_rows (f32 rows):
     dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
     _set_rows(params, dst)()
-    params.took("rows", thread_range(int(dst.src[0].ne[1]), params.ith, params.nth),
+    params.took(ShareKind.ROWS, thread_range(int(dst.src[0].ne[1]), params.ith, params.nth),
                 note=Note("rows_src0"))

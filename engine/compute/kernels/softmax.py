@@ -27,6 +27,7 @@ from engine.compute.kernels.common import span_of, spans, view4
 from engine.compute.kernels.floatmath import v_expf_lanes
 from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf
 from engine.compute.kernels.views import strided
+from engine.compute.shares import ShareKind
 from engine.core.errors import ggml_assert
 from engine.lanes import lanes, twin
 from engine.core.notes import Note
@@ -154,7 +155,7 @@ def _soft_max_tasks(node: Tensor, n_threads: int) -> int:
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
     run_prepared(_soft_max(params, dst))
-    params.took("interleaved", *range(params.ith, int(dst.src[0].ne[1]), params.nth),
+    params.took(ShareKind.INTERLEAVED, *range(params.ith, int(dst.src[0].ne[1]), params.nth),
                 note=Note("rows_i1"))
 
 
@@ -185,7 +186,7 @@ def _diag_mask(params, dst: Tensor, value: float) -> None:
         d = strided(dst, (nz, nr, nc), (int(dst.nb[2]), int(dst.nb[1]), 4), dtype=F32)
         sub = d[:, params.ith::params.nth, :]
         sub[:, np.arange(nc)[None, :] > (n_past + rows)[:, None]] = value
-    params.took("interleaved", *rows.tolist(), note=Note("rows_j"))
+    params.took(ShareKind.INTERLEAVED, *rows.tolist(), note=Note("rows_j"))
 
 
 @kernel(GGMLOp.DIAG_MASK_INF, n_tasks=all_threads, work=no_work)

@@ -34,6 +34,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported
 from engine.compute.kernels.common import thread_range, view4
 from engine.compute.kernels.floatmath import expf, fmaf, ggml_compute_softplus_f32, mac_in_order
 from engine.compute.kernels.vecdot_float import EPR, STEP, lanes32, vec_dot_f32_rows
+from engine.compute.shares import Chunk, Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -65,7 +66,7 @@ def compute_forward_ssm_conv(params, dst: Tensor) -> None:
         for k in range(nc):
             acc = mac_in_order(acc, win[:, :, k], w[:, k], k, nc)
         out[:, t, ir0:ir1] = acc
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 # --- shared pieces -----------------------------------------------------------------------------
@@ -105,7 +106,7 @@ def compute_forward_ssm_scan(params, dst: Tensor) -> None:
     ggml_assert(nh % ng == 0, "nh % ng == 0", fn)
     dh = (nh + params.nth - 1) // params.nth
     h0, h1 = min(dh * params.ith, nh), min(dh * params.ith + dh, nh)
-    params.took("rows", (h0, h1))
+    params.took(ShareKind.ROWS, Interval(h0, h1))
     if h0 >= h1:
         return
     out = _flat(dst)
@@ -165,7 +166,8 @@ def _tokens(params, dst: Tensor, state_src: Tensor, step, fn: str, zeroed: bool)
     n_seqs = int(state_src.ne[1])
     T, H, S, per_seq, out, states = _wkv_layout(dst, n_seqs, fn)
     h0, h1 = _head_range(H, params.ith, params.nth)
-    params.took("rows", (h0, h1), note=Note("zeroed_dst") if zeroed and params.ith == 0 else ())
+    params.took(ShareKind.ROWS, Interval(h0, h1),
+                note=Note("zeroed_dst") if zeroed and params.ith == 0 else ())
     if h0 >= h1:
         return
     s_in = _flat(state_src).reshape(n_seqs, H, S, S)
@@ -304,10 +306,10 @@ def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
     chunk = params.ith
     while chunk < nchunk:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
-        done.append((chunk, (ir0, ir1)))
+        done.append(Chunk(chunk, Interval(ir0, ir1)))
         pairs.extend(range(ir0, ir1))
         chunk = next(params.shared["chunk"])
-    params.took("chunks", *done)
+    params.took(ShareKind.CHUNKS, *done)
     if pairs:
         _gdn_pairs(dst, np.array(pairs), K)
 

@@ -17,6 +17,7 @@ import numpy as np
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, row_index, thread_range, view4
 from engine.compute.kernels.floatmath import mac_in_order
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nrows
@@ -36,7 +37,7 @@ def compute_forward_cumsum(params, dst: Tensor) -> None:
     for ir in range(ir0, ir1):
         i3, i2, i1 = row_index(ir, src)
         d4[i3, i2, i1] = np.add.accumulate(s4[i3, i2, i1], dtype=np.float32)
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.DIAG, n_tasks=one_thread, work=no_work)
@@ -48,7 +49,7 @@ def compute_forward_diag(params, dst: Tensor) -> None:
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     if params.ith != 0:
-        params.took("idle")
+        params.took(ShareKind.IDLE)
         return
     n = int(src.ne[0])
     ggml_assert(int(dst.ne[0]) == n and int(dst.ne[1]) == n, "ne00 == ne0 && ne00 == ne1", fn)
@@ -58,7 +59,7 @@ def compute_forward_diag(params, dst: Tensor) -> None:
     d4[...] = 0
     idx = np.arange(n)
     d4[:, :, idx, idx] = s4[:, :, 0, :]
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 _KEEP = {0: np.greater_equal, 1: np.greater, 2: np.less_equal, 3: np.less}  # (i0, i01) -> kept?
@@ -79,7 +80,7 @@ def compute_forward_tri(params, dst: Tensor) -> None:
     for ir in range(ir0, ir1):
         i3, i2, i1 = row_index(ir, src)
         d4[i3, i2, i1] = np.where(keep(i0, i1), s4[i3, i2, i1], np.float32(0))
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.FILL, n_tasks=all_threads, work=no_work)
@@ -94,7 +95,7 @@ def compute_forward_fill(params, dst: Tensor) -> None:
     for ir in range(ir0, ir1):
         i3, i2, i1 = row_index(ir, dst)
         d4[i3, i2, i1] = value
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 @kernel(GGMLOp.SOLVE_TRI, n_tasks=all_threads, work=no_work)
@@ -121,4 +122,4 @@ def compute_forward_solve_tri(params, dst: Tensor) -> None:
             for t in range(i):
                 s = mac_in_order(s, A[i, t], X[t, cols], t, i)
             X[i, cols] = (B[i, cols] - s) / A[i, i]
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))

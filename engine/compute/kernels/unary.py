@@ -22,6 +22,7 @@ from engine.compute.kernels import floatmath as fm
 from engine.compute.kernels import CLoop, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
 from engine.compute.kernels.views import strided
+from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp, GGMLUnaryOp as U
 from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_contiguous, \
@@ -105,7 +106,7 @@ def apply_rows(params, dst: Tensor, fn, *, fn_bits=None, into=None) -> None:
                 d4[i3, i2, a:b] = fn_bits(x.view(np.uint16)).view(d4.dtype)
             else:
                 d4[i3, i2, a:b] = from_f32(fn(to_f32(x, src0.type)), dst.type)
-    params.took("rows", (ir0, ir1))
+    params.took(ShareKind.ROWS, Interval(ir0, ir1))
 
 
 def _check_rows(dst: Tensor, fn: str, contiguous_1: bool = False) -> None:

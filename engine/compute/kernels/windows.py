@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported, one_thread
 from engine.compute.kernels.common import thread_range, view4
+from engine.compute.shares import Interval, ShareKind
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
 from engine.core.types import GGMLType
@@ -32,7 +33,7 @@ def compute_forward_win_part(params, dst: Tensor) -> None:
     padded[:h, :wd] = img
     # (npy, w, npx, w, C) -> windows in row-major order of (py, px)
     view4(dst)[...] = padded.reshape(npy, w, npx, w, c).transpose(0, 2, 1, 3, 4).reshape(npy * npx, w, w, c)
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.WIN_UNPART, n_tasks=one_thread, work=no_work)
@@ -47,7 +48,7 @@ def compute_forward_win_unpart(params, dst: Tensor) -> None:
     npy = -(-h0 // w)
     wins = view4(src)[:npy * npx].reshape(npy, npx, w, w, c)
     view4(dst)[0] = wins.transpose(0, 2, 1, 3, 4).reshape(npy * w, npx * w, c)[:h0, :w0]
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.GET_REL_POS, n_tasks=one_thread, work=no_work)
@@ -61,7 +62,7 @@ def compute_forward_get_rel_pos(params, dst: Tensor) -> None:
     w, qh = int(dst.ne[1]), int(dst.ne[2])
     pos = (w - 1 - np.arange(w))[None, :] + np.arange(qh)[:, None]  # (qh, w)
     view4(dst)[0].view(np.uint16)[...] = table[pos]
-    params.took("all")
+    params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.ADD_REL_POS, n_tasks=all_threads, work=no_work)
@@ -87,4 +88,4 @@ def compute_forward_add_rel_pos(params, dst: Tensor) -> None:
         add_h = h4[i13][..., :, None]  # ph[r] along each row
         add_w = w4[i13][..., None, :]  # pw[c] along each column
         blocks[i13] = np.where(rows_first, (m + add_h) + add_w, (m + add_w) + add_h)
-    params.took("rows", (ip0, ip1))
+    params.took(ShareKind.ROWS, Interval(ip0, ip1))

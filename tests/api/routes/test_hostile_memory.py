@@ -38,6 +38,7 @@ from engine.models import bundled
 from engine.programs import FIXTURES_DIR
 from engine.trace import Trace
 from engine.trace import states as T
+from engine.compute.shares import ShareKind
 from engine.trace.steps import ContextMeta, Patch, Step, StepKind, ThreadShare
 from tests.support.classroom import _listens, _wait
 from tests.support.rpc_server import _die_with_parent, _free_port
@@ -76,11 +77,15 @@ def _ranges(per_step: int, item: tuple, item_bytes: int) -> tuple:
 
 
 # the densest shapes a head can take: a thread's ranges of negative fixints (one byte each, an int
-# object each), of [[0]] (three bytes, two tuples), of two-letter strings; steps of 1-byte patches
+# object each), of intervals [0, 0] (three bytes, a record), of tiles named by two-letter strings
+# (ten bytes, three records and a string); steps of 1-byte patches
 SHAPES = {
-    "negative fixints": lambda n: ([ThreadShare(0, "rows", _ranges(n, (-7,), 1), 0.0, ())], []),
-    "nested singletons": lambda n: ([ThreadShare(0, "rows", _ranges(n, (((0,),),), 3), 0.0, ())], []),
-    "short strings": lambda n: ([ThreadShare(0, "rows", _ranges(n, (("ab",),), 4), 0.0, ())], []),
+    "negative fixints": lambda n: (
+        [ThreadShare(0, ShareKind.INTERLEAVED, _ranges(n, (-7,), 1), 0.0, ())], []),
+    "empty intervals": lambda n: (
+        [ThreadShare(0, ShareKind.ROWS, _ranges(n, ((0, 0),), 3), 0.0, ())], []),
+    "string tiles": lambda n: (
+        [ThreadShare(0, ShareKind.CHUNKS, _ranges(n, (("ab", (0, 0), (0, 0)),), 10), 0.0, ())], []),
     "tiny patches": lambda n: ([], [PatchRef(1, 64 * i % (1 << 20), 1) for i in range(n // 22)]),
 }
 
@@ -117,7 +122,7 @@ def _traced(make):
 
 
 @pytest.mark.parametrize("shape, head_bytes", [("negative fixints", HEAD_LIMIT - 64 * 1024),
-                                                ("nested singletons", MiB), ("short strings", MiB),
+                                                ("empty intervals", MiB), ("string tiles", MiB),
                                                 ("tiny patches", MiB)])
 def test_a_forged_head_is_counted_at_least_at_what_it_decodes_to(shape: str, head_bytes: int) -> None:
     """The red team's 8 MB head decoded to ~170 MB that no budget counted: a decoded trace's
