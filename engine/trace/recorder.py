@@ -36,6 +36,7 @@ import numpy as np
 from engine import ggml as G
 from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
+from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.threadpool import COMPUTE_OBSERVER, Share
@@ -70,7 +71,7 @@ def _shown_path(path: str, package: Path) -> str:
     return str(p.relative_to(package)) if p.is_relative_to(package) else p.name
 
 
-FACADES = (G, GB, GA, GO)  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h: whose calls are watched
+FACADES = (G, GB, GA, GO, GC)  # ggml.h, ggml-backend.h, ggml-alloc.h, ggml-opt.h, ggml-cpu.h
 
 
 @dataclass(frozen=True, slots=True)

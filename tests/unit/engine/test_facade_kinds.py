@@ -119,6 +119,29 @@ def test_the_trace_room_names_no_facade_function():
     assert not found, found
 
 
+def test_a_ggml_cpu_h_setter_is_a_step(tmp_path):
+    """ggml-cpu.h's own setters write a tensor's data, and a program's call to one says so."""
+    text = ("from engine.ggml import *\n"
+            "from engine.ggml_cpu import *\n"
+            "def run(n_threads=1):\n"
+            "    ctx = ggml_init(ggml_init_params(mem_size=1 << 16))\n"
+            "    a = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 3, 2)\n"
+            "    ggml_set_f32_nd(a, 1, 1, 0, 0, 2.5)\n"
+            "    n = ggml_cpu_has_avx2() + ggml_get_f32_nd(a, 1, 1, 0, 0)\n"
+            "    return {'a': a}\n")
+    src = tmp_path / "nd.py"
+    src.write_text(text)
+    ns: dict = {}
+    exec(compile(text, str(src), "exec"), ns)
+    trace = record(ns["run"], str(src), "nd")
+    calls = [s for s in trace.steps if s.kind == "call"]
+    assert [s.line for s in calls] == [4, 5, 6]  # the queries of line 7 are no steps
+    wrote = calls[-1].notes[0]
+    assert wrote.key == "wrote_data" and dict(wrote.args)["fn"] == "ggml_set_f32_nd"
+    assert 0 < sum(len(p.data) for p in calls[-1].patches) <= 4  # (bytes of) one float32 of a's
+    assert trace.outputs["a"] == [[0.0, 0.0, 0.0], [0.0, 2.5, 0.0]]
+
+
 # --- the declaration, not the name, decides --------------------------------------------------
 
 @writes(Writes.DATA)
