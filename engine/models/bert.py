@@ -19,15 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.ggml import (GGML_PREC_F32, GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add, ggml_cont,
-                         ggml_cont_2d, ggml_gelu, ggml_get_rows, ggml_build_forward_expand,
-                         ggml_l2_norm, ggml_mul, ggml_mul_mat, ggml_mul_mat_set_prec,
+from engine.ggml import (GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add, ggml_build_forward_expand,
+                         ggml_cont, ggml_gelu, ggml_get_rows, ggml_l2_norm, ggml_mul, ggml_mul_mat,
                          ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_norm,
-                         ggml_permute, ggml_reshape_3d, ggml_set_input, ggml_set_name,
-                         ggml_scale, ggml_set_output, ggml_soft_max_ext, ggml_tanh,
+                         ggml_reshape_3d, ggml_set_input, ggml_set_name, ggml_set_output,
                          ggml_transpose, ggml_view_1d)
 
 from .common import ModelError, ModelFile, Passes, get_output, set_input
+from .llm_graph import attention, named
 from .tokenizer import WordPiece
 
 # llama_pooling_type
@@ -147,18 +146,18 @@ class Bert:
             q = ggml_reshape_3d(ctx, q, hp.head_dim, hp.n_head, n)  # [head_dim, n_head, n]
             k = ggml_reshape_3d(ctx, k, hp.head_dim, hp.n_head_kv, n)
             v = ggml_reshape_3d(ctx, v, hp.head_dim, hp.n_head_kv, n)
-            _name(q, "Qcur", il), _name(k, "Kcur", il), _name(v, "Vcur", il)
+            named(q, "Qcur", il), named(k, "Kcur", il), named(v, "Vcur", il)
             cur = attention(ctx, q, k, v, kq_mask, kq_scale, il)
             cur = _linear(ctx, L["wo"], L["bo"], cur)
             cur = ggml_add(ctx, cur, x)  # re-add the layer input
             cur = _layer_norm(ctx, cur, L["attn_out_norm"], L["attn_out_norm_b"], hp.norm_eps)
-            ffn_inp = _name(cur, "ffn_inp", il)
+            ffn_inp = named(cur, "ffn_inp", il)
             cur = _linear(ctx, L["ffn_up"], L["ffn_up_b"], cur)  # [n_ff, n]
-            cur = _name(ggml_gelu(ctx, cur), "ffn_gelu", il)
+            cur = named(ggml_gelu(ctx, cur), "ffn_gelu", il)
             cur = _linear(ctx, L["ffn_down"], L["ffn_down_b"], cur)
             cur = ggml_add(ctx, cur, ffn_inp)
             x = _layer_norm(ctx, cur, L["layer_out_norm"], L["layer_out_norm_b"], hp.norm_eps)
-            _name(x, "l_out", il)
+            named(x, "l_out", il)
         ggml_set_name(x, "result_embd")
 
         inputs = {"inp_tokens": inp_tokens, "inp_pos": inp_pos, "self_kq_mask": kq_mask}
@@ -229,35 +228,6 @@ class Bert:
         return Embedding([self.tokenizer.token_text(i) for i in ids], ids, result, seconds)
 
 
-def attention(ctx, q: Tensor, k: Tensor, v: Tensor, kq_mask: Tensor | None, kq_scale: float,
-              il: int, softcap: float = 0.0) -> Tensor:
-    """build_attn_mha without flash attention: q [d, n_head, n_q], k, v [d, n_head_kv, n_kv]
-    (V may be given already transposed, as a KV cache keeps it); returns [d * n_head, n_q].
-    softcap (Gemma 2's attention logit soft-capping): KQ -> softcap * tanh(KQ / softcap) before
-    the softmax."""
-    v_trans = int(v.nb[1]) > int(v.nb[2])
-    q = ggml_permute(ctx, q, 0, 2, 1, 3)  # [d, n_q, n_head]: one matrix per head
-    k = ggml_permute(ctx, k, 0, 2, 1, 3)  # [d, n_kv, n_head_kv]
-    v = ggml_permute(ctx, v, 0, 2, 1, 3)
-    kq = ggml_mul_mat(ctx, k, q)  # [n_kv, n_q, n_head]: heads beyond n_head_kv share K (GQA)
-    ggml_mul_mat_set_prec(kq, GGML_PREC_F32)
-    _name(kq, "kq", il)
-    if softcap:
-        kq = _name(ggml_scale(ctx, kq, 1.0 / softcap), "kq_scaled_1", il)
-        kq = _name(ggml_tanh(ctx, kq), "kq_tanh", il)
-        kq = _name(ggml_scale(ctx, kq, softcap), "kq_scaled_2", il)
-    kq = ggml_soft_max_ext(ctx, kq, kq_mask, kq_scale, 0.0)
-    _name(kq, "kq_soft_max", il)
-    if not v_trans:
-        v = ggml_cont(ctx, ggml_transpose(ctx, v))  # [n_kv, d, n_head_kv]
-        _name(v, "v_cont", il)
-    kqv = ggml_mul_mat(ctx, v, kq)  # [d, n_q, n_head]
-    _name(kqv, "kqv", il)
-    cur = ggml_permute(ctx, kqv, 0, 2, 1, 3)  # [d, n_head, n_q]
-    cur = ggml_cont_2d(ctx, cur, int(cur.ne[0] * cur.ne[1]), int(cur.ne[2] * cur.ne[3]))
-    return _name(cur, "kqv_out", il)
-
-
 def _linear(ctx, w: Tensor, b: Tensor | None, x: Tensor) -> Tensor:
     """build_lora_mm plus the bias: w·x (+ b)."""
     y = ggml_mul_mat(ctx, w, x)
@@ -267,9 +237,3 @@ def _linear(ctx, w: Tensor, b: Tensor | None, x: Tensor) -> Tensor:
 def _layer_norm(ctx, x: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
     """build_norm(LLM_NORM): (x - mean) / sqrt(var + eps) * w + b."""
     return ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, x, eps), w), b)
-
-
-def _name(t: Tensor, name: str, il: int) -> Tensor:
-    """llama.cpp's graph callback names tensors '<name>-<layer>'."""
-    ggml_set_name(t, f"{name}-{il}" if il >= 0 else name)
-    return t

@@ -15,9 +15,9 @@ compute context and plan) serves every token while the padded cell count n_kv st
 The memory is pluggable: a model with another one (Mamba's recurrent states,
 engine/models/mamba.py) overrides `memory_inputs`, `set_memory_inputs` and `memory_shape`.
 
-The graph pieces several builders take from llm_graph_context live here too: `rms_norm`
-(build_norm), `load_qkv` and `build_qkv` (the fused attn_qkv weight or separate Q, K and V), and
-`swa_layers` (which layers attend through a sliding window).
+What several decoders load alike lives here too: `load_qkv` (create_tensor_qkv: the fused
+attn_qkv weight or separate Q, K and V) and `swa_layers` (which layers attend through a sliding
+window). The graph pieces they build with, llm_graph_context's, are in engine/models/llm_graph.py.
 """
 
 from __future__ import annotations
@@ -29,17 +29,14 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor,
-                         ggml_add, ggml_build_forward_expand, ggml_concat, ggml_cont_2d,
-                         ggml_free, ggml_get_rows, ggml_init, ggml_init_params, ggml_is_contiguous, ggml_mul,
-                         ggml_mul_mat,
-                         ggml_new_graph_custom, ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d,
-                         ggml_reshape_3d, ggml_rms_norm, ggml_row_size, ggml_set_input,
-                         ggml_set_name, ggml_set_rows, ggml_tensor_overhead, ggml_view_2d,
-                         ggml_view_3d)
+                         ggml_build_forward_expand, ggml_cont_2d, ggml_free, ggml_get_rows,
+                         ggml_init, ggml_init_params, ggml_is_contiguous, ggml_new_graph_custom,
+                         ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size,
+                         ggml_set_input, ggml_set_name, ggml_set_rows, ggml_tensor_overhead,
+                         ggml_view_2d, ggml_view_3d)
 from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
-from .bert import _name
 from .common import ModelError, ModelFile, Pass, Passes, get_output, set_input
 
 
@@ -119,11 +116,6 @@ def inv_sqrt_f32(x: float) -> float:
     return float(np.float32(1.0) / np.sqrt(np.float32(x)))
 
 
-def rms_norm(ctx, x: Tensor, w: Tensor, eps: float, name: str, il: int) -> Tensor:
-    """build_norm(LLM_NORM_RMS) and the builder's callback: rms_norm(x) (named 'norm') * w."""
-    return _name(ggml_mul(ctx, _name(ggml_rms_norm(ctx, x, eps), "norm", il), w), name, il)
-
-
 def load_qkv(f: ModelFile, il: int, n_embd: int, n_q: int, n_k: int, n_v: int) -> dict:
     """create_tensor_qkv: the fused blk.il.attn_qkv (with its bias, or Q/K/V biases, when
     present), else separate attn_q, attn_k, attn_v and their optional biases."""
@@ -137,35 +129,6 @@ def load_qkv(f: ModelFile, il: int, n_embd: int, n_q: int, n_k: int, n_v: int) -
         return dict(wqkv=wqkv, bqkv=bqkv, **(biases if bqkv is None else {}))
     return dict(wq=t("attn_q.weight", (n_embd, n_q)), wk=t("attn_k.weight", (n_embd, n_k)),
                 wv=t("attn_v.weight", (n_embd, n_v)), **biases)
-
-
-def build_qkv(ctx, L: dict, cur: Tensor, head_dim: int, n_head: int, n_head_kv: int,
-              il: int) -> tuple[Tensor, Tensor, Tensor]:
-    """llm_graph_context::build_qkv: Q [head_dim, n_head, n], K and V [head_dim, n_head_kv, n]
-    from the layer's weights (what load_qkv found); fused, they are views of one product."""
-    n = int(cur.ne[1])
-    n_q, n_k = head_dim * n_head, head_dim * n_head_kv
-    if L.get("wqkv") is not None:
-        qkv = _name(ggml_mul_mat(ctx, L["wqkv"], cur), "wqkv", il)  # [n_q + 2 n_k, n]
-        if L.get("bqkv") is not None:
-            qkv = _name(ggml_add(ctx, qkv, L["bqkv"]), "wqkv_b", il)
-        elif all(L.get(b) is not None for b in ("bq", "bk", "bv")):
-            b = ggml_concat(ctx, ggml_concat(ctx, L["bq"], L["bk"], 0), L["bv"], 0)
-            qkv = _name(ggml_add(ctx, qkv, b), "wqkv_b", il)
-        row, es = int(qkv.nb[1]), ggml_row_size(qkv.type, 1)
-        q = ggml_view_3d(ctx, qkv, head_dim, n_head, n, head_dim * es, row, 0)
-        k = ggml_view_3d(ctx, qkv, head_dim, n_head_kv, n, head_dim * es, row, n_q * es)
-        v = ggml_view_3d(ctx, qkv, head_dim, n_head_kv, n, head_dim * es, row, (n_q + n_k) * es)
-    else:
-        out = []
-        for w, b, name, heads in (("wq", "bq", "Qcur", n_head), ("wk", "bk", "Kcur", n_head_kv),
-                                  ("wv", "bv", "Vcur", n_head_kv)):
-            y = _name(ggml_mul_mat(ctx, L[w], cur), name, il)
-            if L.get(b) is not None:
-                y = _name(ggml_add(ctx, y, L[b]), name, il)
-            out.append((y, heads))
-        q, k, v = (ggml_reshape_3d(ctx, y, head_dim, heads, n) for y, heads in out)
-    return _name(q, "Qcur", il), _name(k, "Kcur", il), _name(v, "Vcur", il)
 
 
 class KVCache:

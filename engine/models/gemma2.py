@@ -31,10 +31,9 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
                          ggml_geglu_split, ggml_get_rows, ggml_mul_mat, ggml_rope_ext,
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
 
-from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import (Decoder, DecoderParams, KVCache, build_qkv, inv_sqrt_f32, load_qkv,
-                      rms_norm, swa_layers)
+from .decoder import Decoder, DecoderParams, KVCache, inv_sqrt_f32, load_qkv, swa_layers
+from .llm_graph import attention, build_qkv, named, rms_norm
 from .tokenize import tokenizer_of
 
 
@@ -130,7 +129,7 @@ class Gemma2(Decoder):
         hd = hp.head_dim
         gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        x = _name(ggml_scale(ctx, x, float(np.sqrt(np.float32(hp.n_embd)))), "inp_scaled", -1)
+        x = named(ggml_scale(ctx, x, float(np.sqrt(np.float32(hp.n_embd)))), "inp_scaled", -1)
 
         for il, L in enumerate(self.layers):
             swa = hp.swa_layers[il]
@@ -141,10 +140,10 @@ class Gemma2(Decoder):
             q, k, v = build_qkv(ctx, L, cur, hd, hp.n_head, hp.n_head_kv, il)
             if self.QK_NORM:
                 q = rms_norm(ctx, q, L["q_norm"], eps, "Qcur_normed", il)
-            q = _name(ggml_rope_ext(ctx, q, inp_pos, None, **rope), "Qcur", il)
+            q = named(ggml_rope_ext(ctx, q, inp_pos, None, **rope), "Qcur", il)
             if self.QK_NORM:
                 k = rms_norm(ctx, k, L["k_norm"], eps, "Kcur_normed", il)
-            k = _name(ggml_rope_ext(ctx, k, inp_pos, None, **rope), "Kcur", il)
+            k = named(ggml_rope_ext(ctx, k, inp_pos, None, **rope), "Kcur", il)
             q = ggml_scale(ctx, q, hp.q_scale)
             # build_attn's order of expanding them, then the stores: q, k, v with a sliding
             # window cache (iswa), q, v, k without
@@ -160,15 +159,15 @@ class Gemma2(Decoder):
                 cur = ggml_get_rows(ctx, cur, inp_out_ids)
                 x = ggml_get_rows(ctx, x, inp_out_ids)
             cur = rms_norm(ctx, cur, L["attn_post_norm"], eps, "attn_post_norm", il)
-            sa_out = _name(ggml_add(ctx, cur, x), "sa_out", il)
+            sa_out = named(ggml_add(ctx, cur, x), "sa_out", il)
             cur = rms_norm(ctx, sa_out, L["ffn_norm"], eps, "ffn_norm", il)
-            up = _name(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
-            gate = _name(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
-            cur = _name(ggml_geglu_split(ctx, gate, up), "ffn_geglu", il)  # gelu(gate) * up
-            cur = _name(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
+            up = named(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
+            gate = named(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
+            cur = named(ggml_geglu_split(ctx, gate, up), "ffn_geglu", il)  # gelu(gate) * up
+            cur = named(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
             cur = rms_norm(ctx, cur, L["ffn_post_norm"], eps, "ffn_post_norm",
                            il if self.LAYER_OF_POST_FFW else -1)
-            x = _name(ggml_add(ctx, cur, sa_out), "l_out", il)
+            x = named(ggml_add(ctx, cur, sa_out), "l_out", il)
 
         x = rms_norm(ctx, x, self.output_norm, eps, "result_norm", -1)
         logits = ggml_mul_mat(ctx, self.output, x)  # [n_vocab, n_outputs]

@@ -32,9 +32,9 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_argsort_top_k,
                          ggml_set_name, ggml_set_output, ggml_soft_max, ggml_sum_rows,
                          ggml_swiglu_split, ggml_view_2d)
 
-from .bert import _name, attention
 from .common import ModelError, ModelFile
 from .decoder import Decoded, Decoder, DecoderParams, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
+from .llm_graph import attention, named
 from .tokenize import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
@@ -125,8 +125,8 @@ class Llama(Decoder):
     @staticmethod
     def _projection(ctx, x, w, b, name: str, il: int):
         """build_qkv's separate path: w·x, plus the bias when there is one."""
-        y = _name(ggml_mul_mat(ctx, w, x), name, il)
-        return y if b is None else _name(ggml_add(ctx, y, b), name, il)
+        y = named(ggml_mul_mat(ctx, w, x), name, il)
+        return y if b is None else named(ggml_add(ctx, y, b), name, il)
 
     def graph_size(self) -> int:
         return 64 + 40 * self.hp.n_layer
@@ -151,7 +151,7 @@ class Llama(Decoder):
                     attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             inp_sa = x
-            cur = _name(ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), L["attn_norm"]),
+            cur = named(ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), L["attn_norm"]),
                         "attn_norm", il)
             q = self._projection(ctx, cur, L["wq"], L["bq"], "Qcur", il)
             k = self._projection(ctx, cur, L["wk"], L["bk"], "Kcur", il)
@@ -160,11 +160,11 @@ class Llama(Decoder):
             k = ggml_reshape_3d(ctx, k, hd, hp.n_head_kv, n)
             v = ggml_reshape_3d(ctx, v, hd, hp.n_head_kv, n)
             if self.QK_NORM:
-                q = _name(self._norm(ctx, q, L["q_norm"]), "Qcur_normed", il)
-                k = _name(self._norm(ctx, k, L["k_norm"]), "Kcur_normed", il)
-            q = _name(ggml_rope_ext(ctx, q, inp_pos, self.rope_freqs, **rope), "Qcur", il)
-            k = _name(ggml_rope_ext(ctx, k, inp_pos, self.rope_freqs, **rope), "Kcur", il)
-            _name(v, "Vcur", il)
+                q = named(self._norm(ctx, q, L["q_norm"]), "Qcur_normed", il)
+                k = named(self._norm(ctx, k, L["k_norm"]), "Kcur_normed", il)
+            q = named(ggml_rope_ext(ctx, q, inp_pos, self.rope_freqs, **rope), "Qcur", il)
+            k = named(ggml_rope_ext(ctx, k, inp_pos, self.rope_freqs, **rope), "Kcur", il)
+            named(v, "Vcur", il)
             ggml_build_forward_expand(gf, q)  # llama.cpp's order: q, v, k, then the stores
             ggml_build_forward_expand(gf, v)
             ggml_build_forward_expand(gf, k)
@@ -175,15 +175,15 @@ class Llama(Decoder):
             cur = ggml_mul_mat(ctx, L["wo"], cur)
             if L["bo"] is not None:
                 cur = ggml_add(ctx, cur, L["bo"])
-            _name(cur, "attn_out", il)
+            named(cur, "attn_out", il)
             if il == hp.n_layer - 1 and inp_out_ids is not None:
                 cur = ggml_get_rows(ctx, cur, inp_out_ids)
                 inp_sa = ggml_get_rows(ctx, inp_sa, inp_out_ids)
-            ffn_inp = _name(ggml_add(ctx, cur, inp_sa), "ffn_inp", il)
-            cur = _name(ggml_mul(ctx, ggml_rms_norm(ctx, ffn_inp, hp.rms_eps), L["ffn_norm"]),
+            ffn_inp = named(ggml_add(ctx, cur, inp_sa), "ffn_inp", il)
+            cur = named(ggml_mul(ctx, ggml_rms_norm(ctx, ffn_inp, hp.rms_eps), L["ffn_norm"]),
                         "ffn_norm", il)
             cur = self.ffn(ctx, gf, cur, L, il)
-            x = _name(ggml_add(ctx, cur, ffn_inp), "l_out", il)
+            x = named(ggml_add(ctx, cur, ffn_inp), "l_out", il)
 
         x = ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), self.output_norm)
         ggml_set_name(x, "result_norm")
@@ -197,10 +197,10 @@ class Llama(Decoder):
 
     def ffn(self, ctx, gf, cur, L: dict, il: int):
         """build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): down · (silu(gate · x) * (up · x))."""
-        up = _name(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
-        gate = _name(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
-        cur = _name(ggml_swiglu_split(ctx, gate, up), "ffn_swiglu", il)  # silu(gate) * up
-        return _name(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
+        up = named(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)
+        gate = named(ggml_mul_mat(ctx, L["ffn_gate"], cur), "ffn_gate", il)
+        cur = named(ggml_swiglu_split(ctx, gate, up), "ffn_swiglu", il)  # silu(gate) * up
+        return named(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
 
 
 class Qwen2(Llama):
@@ -248,28 +248,28 @@ def moe_ffn(ctx, gf, cur, L: dict, moe: MoeParams, il: int, norm_w: bool = True)
     probabilities taken as weights (renormalised to sum 1 when norm_w), each chosen expert's
     SwiGLU computed by ggml_mul_mat_id, and the weighted outputs summed."""
     n_embd, n_tokens, k = int(cur.ne[0]), int(cur.ne[1]), moe.n_expert_used
-    logits = _name(ggml_mul_mat(ctx, L["ffn_gate_inp"], cur), "ffn_moe_logits", il)
-    probs = _name(ggml_soft_max(ctx, logits), "ffn_moe_probs", il)  # [n_expert, n_tokens]
+    logits = named(ggml_mul_mat(ctx, L["ffn_gate_inp"], cur), "ffn_moe_logits", il)
+    probs = named(ggml_soft_max(ctx, logits), "ffn_moe_probs", il)  # [n_expert, n_tokens]
     selected = ggml_argsort_top_k(ctx, probs, k)  # [k, n_tokens]: a view of the argsort
-    _name(selected.src[0], "ffn_moe_argsort", il)
-    _name(selected, "ffn_moe_topk", il)
+    named(selected.src[0], "ffn_moe_argsort", il)
+    named(selected, "ffn_moe_topk", il)
     probs = ggml_reshape_3d(ctx, probs, 1, moe.n_expert, n_tokens)
-    weights = _name(ggml_get_rows(ctx, probs, selected), "ffn_moe_weights", il)  # [1, k, n]
+    weights = named(ggml_get_rows(ctx, probs, selected), "ffn_moe_weights", il)  # [1, k, n]
     if norm_w:
         weights = ggml_reshape_2d(ctx, weights, k, n_tokens)
-        total = _name(ggml_sum_rows(ctx, weights), "ffn_moe_weights_sum", il)  # [1, n]
-        total = _name(ggml_clamp(ctx, total, F16_MIN_NORMAL, math.inf),
+        total = named(ggml_sum_rows(ctx, weights), "ffn_moe_weights_sum", il)  # [1, n]
+        total = named(ggml_clamp(ctx, total, F16_MIN_NORMAL, math.inf),
                       "ffn_moe_weights_sum_clamped", il)  # no division by zero
-        weights = _name(ggml_div(ctx, weights, total), "ffn_moe_weights_norm", il)
+        weights = named(ggml_div(ctx, weights, total), "ffn_moe_weights_norm", il)
         weights = ggml_reshape_3d(ctx, weights, 1, k, n_tokens)
     ggml_build_forward_expand(gf, weights)  # llama.cpp expands the weights early
 
     cur = ggml_reshape_3d(ctx, cur, n_embd, 1, n_tokens)  # one input row for all k experts
-    up = _name(ggml_mul_mat_id(ctx, L["ffn_up_exps"], cur, selected), "ffn_moe_up", il)
-    gate = _name(ggml_mul_mat_id(ctx, L["ffn_gate_exps"], cur, selected), "ffn_moe_gate", il)
-    cur = _name(ggml_swiglu_split(ctx, gate, up), "ffn_moe_swiglu", il)  # [n_ff_exp, k, n]
-    experts = _name(ggml_mul_mat_id(ctx, L["ffn_down_exps"], cur, selected), "ffn_moe_down", il)
-    experts = _name(ggml_mul(ctx, experts, weights), "ffn_moe_weighted", il)  # [n_embd, k, n]
+    up = named(ggml_mul_mat_id(ctx, L["ffn_up_exps"], cur, selected), "ffn_moe_up", il)
+    gate = named(ggml_mul_mat_id(ctx, L["ffn_gate_exps"], cur, selected), "ffn_moe_gate", il)
+    cur = named(ggml_swiglu_split(ctx, gate, up), "ffn_moe_swiglu", il)  # [n_ff_exp, k, n]
+    experts = named(ggml_mul_mat_id(ctx, L["ffn_down_exps"], cur, selected), "ffn_moe_down", il)
+    experts = named(ggml_mul(ctx, experts, weights), "ffn_moe_weighted", il)  # [n_embd, k, n]
     ggml_build_forward_expand(gf, experts)
     # the k weighted outputs summed, each a view [n_embd, n_tokens]: the views first, then adds
     views = [ggml_view_2d(ctx, experts, n_embd, n_tokens, int(experts.nb[2]),
@@ -282,7 +282,7 @@ def moe_ffn(ctx, gf, cur, L: dict, moe: MoeParams, il: int, norm_w: bool = True)
         ggml_build_forward_expand(gf, out)
     if k == 1:
         out = ggml_cont(ctx, out)  # not a strided view
-    return _name(out, "ffn_moe_out", il)
+    return named(out, "ffn_moe_out", il)
 
 
 class Qwen3Moe(Qwen3):

@@ -35,9 +35,9 @@ from engine.ggml import (GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add,
 from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
-from .bert import _name
 from .common import ModelError, ModelFile, set_input
 from .decoder import Decoder
+from .llm_graph import named
 from .tokenize import tokenizer_of
 
 
@@ -184,7 +184,7 @@ class Mamba(Decoder):
 
     def _norm(self, ctx, x, w, il: int):
         """build_norm(LLM_NORM_RMS): rms_norm(x), named 'norm', times w."""
-        return ggml_mul(ctx, _name(ggml_rms_norm(ctx, x, self.hp.rms_eps), "norm", il), w)
+        return ggml_mul(ctx, named(ggml_rms_norm(ctx, x, self.hp.rms_eps), "norm", il), w)
 
     def build(self, ctx, n_tokens: int, rs_z: int, all_logits: bool = True):
         """The graph for n_tokens new tokens after the states (zeroed first when rs_z is 0):
@@ -196,14 +196,14 @@ class Mamba(Decoder):
         x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
         ggml_set_name(x, "inp_embd")
         for il, L in enumerate(self.layers):
-            cur = _name(self._norm(ctx, x, L["attn_norm"], il), "attn_norm", il)
+            cur = named(self._norm(ctx, x, L["attn_norm"], il), "attn_norm", il)
             cur = self.mamba_layer(ctx, gf, cur, L, inputs, rs_z, il)
             if il == hp.n_layer - 1 and inp_out_ids is not None:
                 cur = ggml_get_rows(ctx, cur, inp_out_ids)
                 x = ggml_get_rows(ctx, x, inp_out_ids)
-            x = _name(ggml_add(ctx, cur, x), "l_out", il)  # the residual
-        x = _name(self._norm(ctx, x, self.output_norm, -1), "result_norm", -1)
-        logits = _name(ggml_mul_mat(ctx, self.output, x), "result_output", -1)
+            x = named(ggml_add(ctx, cur, x), "l_out", il)  # the residual
+        x = named(self._norm(ctx, x, self.output_norm, -1), "result_norm", -1)
+        logits = named(ggml_mul_mat(ctx, self.output, x), "result_output", -1)
         ggml_set_output(logits)
         ggml_build_forward_expand(gf, logits)
         return gf, inputs, logits

@@ -23,9 +23,9 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
                          ggml_get_rows, ggml_mul_mat, ggml_rope_ext,
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_swiglu)
 
-from .bert import _name, attention
 from .common import ModelError, ModelFile
-from .decoder import (KV_PAD, Decoder, KVCache, build_qkv, inv_sqrt_f32, load_qkv, rms_norm)
+from .decoder import KV_PAD, Decoder, KVCache, inv_sqrt_f32, load_qkv
+from .llm_graph import attention, build_qkv, named, rms_norm
 from .llama import LlamaParams
 from .tokenize import tokenizer_of
 
@@ -106,9 +106,9 @@ class Phi3(Decoder):
             residual = x
             cur = rms_norm(ctx, x, L["attn_norm"], eps, "attn_norm", il)
             q, k, v = build_qkv(ctx, L, cur, hd, hp.n_head, hp.n_head_kv, il)
-            q = _name(ggml_rope_ext(ctx, q, inp_pos, self.rope_factors, **rope), "Qcur", il)
-            k = _name(ggml_rope_ext(ctx, k, inp_pos, self.rope_factors, **rope), "Kcur", il)
-            q = _name(ggml_scale(ctx, q, inv_sqrt_f32(hd)), "Qcur", il)
+            q = named(ggml_rope_ext(ctx, q, inp_pos, self.rope_factors, **rope), "Qcur", il)
+            k = named(ggml_rope_ext(ctx, k, inp_pos, self.rope_factors, **rope), "Kcur", il)
+            q = named(ggml_scale(ctx, q, inv_sqrt_f32(hd)), "Qcur", il)
             for t in (q, v, k):  # build_attn's order, then the stores
                 ggml_build_forward_expand(gf, t)
 
@@ -121,10 +121,10 @@ class Phi3(Decoder):
                 residual = ggml_get_rows(ctx, residual, inp_out_ids)
             residual = ggml_add(ctx, cur, residual)  # unnamed in llama.cpp too
             cur = rms_norm(ctx, residual, L["ffn_norm"], eps, "ffn_norm", il)
-            up = _name(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)  # [2 n_ff, n]
-            cur = _name(ggml_swiglu(ctx, up), "ffn_swiglu", il)  # silu(gate half) * up half
-            cur = _name(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
-            x = _name(ggml_add(ctx, residual, cur), "l_out", il)
+            up = named(ggml_mul_mat(ctx, L["ffn_up"], cur), "ffn_up", il)  # [2 n_ff, n]
+            cur = named(ggml_swiglu(ctx, up), "ffn_swiglu", il)  # silu(gate half) * up half
+            cur = named(ggml_mul_mat(ctx, L["ffn_down"], cur), "ffn_out", il)
+            x = named(ggml_add(ctx, residual, cur), "l_out", il)
 
         x = rms_norm(ctx, x, self.output_norm, eps, "result_norm", -1)
         logits = ggml_mul_mat(ctx, self.output, x)  # [n_vocab, n_outputs]
