@@ -307,8 +307,14 @@ THREADS = (2, 3, 7)
 
 def pool_workers() -> int:
     """The pool's worker threads in this process (engine/_lanes_pool.c names them)."""
-    tasks = "/proc/self/task"
-    return sum(open(f"{tasks}/{t}/comm").read().strip() == "lanes-pool" for t in os.listdir(tasks))
+    tasks, n = "/proc/self/task", 0
+    for t in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{t}/comm") as f:
+                n += f.read().strip() == "lanes-pool"
+        except FileNotFoundError:  # a thread (not the pool's: those are parked) ended meanwhile
+            pass
+    return n
 
 
 def quant_dot_case(rng: np.random.Generator, type_: GGMLType, n0: int, n1: int, nb: int,
