@@ -5,5 +5,4 @@ scheduler that splits a graph between backends (sched.py). `engine.ggml_backend`
 `engine.ggml_alloc` are the headers' facades."""
 
 from engine.backend.buffer import *  # noqa: F401,F403
-from engine.backend.buffer import _CPU_BUFT, buffer_field, tensor_buffer  # noqa: F401
 from engine.backend.device import *  # noqa: F401,F403

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from engine.backend.buffer import SIZE_MAX, TENSOR_ALIGNMENT, _BUFFERS, BufferType
+from engine.backend.buffer import SIZE_MAX, TENSOR_ALIGNMENT, BufferType, live_buffers
 from engine.backend.device import (
     GGML_BACKEND_DEVICE_TYPE_GPU,
     VIEW_OPS,
@@ -56,7 +56,7 @@ def accel_device(name: str = "ACCEL0", backend_name: str | None = None, *, memor
         return batch >= offload_min_batch and op.op != GGMLOp.GET_ROWS
 
     def mem() -> tuple[int, int]:
-        used = sum(b.size for b in _BUFFERS.values() if b.buft is buft and not b.freed)
+        used = sum(b.size for b in live_buffers() if b.buft is buft)
         return max(0, memory - used), memory
 
     return Device(_ACCEL_REG, name, description, GGML_BACKEND_DEVICE_TYPE_GPU, buft,

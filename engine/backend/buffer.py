@@ -40,7 +40,7 @@ class BufferType:
         return f"<ggml_backend_buffer_type {self.name} alignment={self.alignment}>"
 
 
-_CPU_BUFT = BufferType()
+CPU_BUFT = BufferType()
 
 
 class _Struct:
@@ -74,7 +74,12 @@ class Buffer:
         return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"
 
 
-_BUFFERS: dict[int, Buffer] = {}
+_BUFFERS: dict[int, Buffer] = {}  # by the address of its struct, from its making to its freeing
+
+
+def live_buffers() -> list[Buffer]:
+    """Every buffer made and not freed yet, in any address space (a device counts its memory)."""
+    return [b for b in _BUFFERS.values() if not b.freed]
 
 
 def tensor_buffer(t: Tensor) -> Buffer | None:
@@ -96,7 +101,7 @@ def set_buffer_field(t: Tensor, address: int) -> None:
 
 @writes()
 def ggml_backend_cpu_buffer_type() -> BufferType:
-    return _CPU_BUFT
+    return CPU_BUFT
 
 
 @query
@@ -220,7 +225,7 @@ def ggml_backend_cpu_buffer_from_ptr(data: np.ndarray | bytearray, size: int) ->
     """A CPU buffer over memory the caller owns (ggml asserts the pointer is aligned)."""
     arr = np.frombuffer(data, dtype=np.uint8)
     ggml_assert(arr.size >= size, "size <= sizeof(ptr)", "ggml_backend_cpu_buffer_from_ptr")
-    return Buffer(_CPU_BUFT, size, arr[:size])
+    return Buffer(CPU_BUFT, size, arr[:size])
 
 
 # --- tensors in buffers -----------------------------------------------------------------------

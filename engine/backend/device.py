@@ -13,7 +13,7 @@ import os
 from typing import Callable
 
 from engine.backend.buffer import (
-    _CPU_BUFT,
+    CPU_BUFT,
     Buffer,
     BufferType,
     ggml_backend_buffer_free,
@@ -135,7 +135,7 @@ class Registry:
 
 CPU_GUID = bytes([0xaa, 0x67, 0xc7, 0x43, 0x96, 0xe6, 0xa3, 0x8a, 0xe3, 0xaf, 0xea, 0x92, 0x36, 0xbc, 0xfc, 0x89])
 _CPU_REG = Registry("CPU")
-_CPU_DEV = Device(_CPU_REG, "CPU", _host_cpu_description(), GGML_BACKEND_DEVICE_TYPE_CPU, _CPU_BUFT, "CPU",
+_CPU_DEV = Device(_CPU_REG, "CPU", _host_cpu_description(), GGML_BACKEND_DEVICE_TYPE_CPU, CPU_BUFT, "CPU",
                   guid=CPU_GUID)
 _CPU_REG.devices.append(_CPU_DEV)
 _REGS = [_CPU_REG]  # accelerators register before the CPU, as ggml registers GPUs first
@@ -210,7 +210,7 @@ def ggml_backend_graph_compute_async(backend: Backend, cgraph) -> int:
     if cplan.work_size > 0:
         if backend.work is None or backend.work.size < cplan.work_size:
             ggml_backend_buffer_free(backend.work)
-            backend.work = Buffer(_CPU_BUFT, cplan.work_size)
+            backend.work = Buffer(CPU_BUFT, cplan.work_size)
             backend.work.is_work = True  # scratch the kernels write (converted rows)
         cplan.work_data = backend.work.base
     return ggml_graph_compute(cgraph, cplan)
@@ -503,7 +503,7 @@ class GraphPlan:
         from engine.compute.plan import ggml_graph_plan
         self.cgraph = cgraph
         self.cplan = ggml_graph_plan(cgraph, backend.n_threads)
-        self.work = Buffer(_CPU_BUFT, self.cplan.work_size) if self.cplan.work_size > 0 else None
+        self.work = Buffer(CPU_BUFT, self.cplan.work_size) if self.cplan.work_size > 0 else None
         if self.work is not None:
             self.work.is_work = True
             self.cplan.work_data = self.work.base

@@ -321,9 +321,9 @@ def gguf_get_val_data(ctx: GGUFContext, key_id: int) -> bytes:
     _check(kv.n == 1, ctx, key_id, "gguf_get_val_data", "ctx->kv[key_id].get_ne() == 1")
     _check(kv.type != T.STRING, ctx, key_id, "gguf_get_val_data",
            "ctx->kv[key_id].get_type() != GGUF_TYPE_STRING")
-    from .writer import _kv_bytes
+    from .writer import kv_bytes
 
-    return _kv_bytes(kv)[-1][-gguf_type_size(kv.type):]
+    return kv_bytes(kv)[-1][-gguf_type_size(kv.type):]
 
 
 @query

@@ -211,7 +211,7 @@ class GGUFContext:
 
         put(GGUF_MAGIC + struct.pack("<Iqq", self.version, len(self.info), len(self.kv)))
         for kv in self.kv:
-            for b in _kv_bytes(kv):
+            for b in kv_bytes(kv):
                 put(b)
         for t, offset in zip(self.info, self.tensor_offsets()):
             put(_string(t.name) + struct.pack(f"<I{t.n_dims}qiQ", t.n_dims, *t.ne[:t.n_dims],
@@ -272,7 +272,7 @@ def _string(s: str | bytes) -> bytes:
     return _U64.pack(len(raw)) + raw
 
 
-def _kv_bytes(kv: KVEntry) -> list[bytes]:
+def kv_bytes(kv: KVEntry) -> list[bytes]:
     """One kv pair as gguf_writer_base::write(gguf_kv) lays it out."""
     head = _string(kv.key)
     if kv.is_array:

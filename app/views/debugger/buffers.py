@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import _
-from app.views.debugger.pool import _scaled
+from app.views.debugger.pool import bar_weight
 from app.views.debugger.where import Where, ref_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
                                    GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
@@ -70,9 +70,9 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
             end = off + n
         if buf.size > end:
             segs.append(Segment("free", end, buf.size - end, 0, _("not used by a tensor now"), False))
-        total = sum(_scaled(s.size) for s in segs) or 1
+        total = sum(bar_weight(s.size) for s in segs) or 1
         for s in segs:
-            s.width = 100 * _scaled(s.size) / total
+            s.width = 100 * bar_weight(s.size) / total
         used = sum(p[1] for p in placed[bid])
         views.append(BufferView(bid, buf.name, USAGE.get(buf.usage, str(buf.usage)), buf.is_host, buf.base,
                                 buf.size, used, len(placed[bid]), segs))

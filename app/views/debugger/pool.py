@@ -34,7 +34,7 @@ class PoolView:
     n_objects: int
 
 
-def _scaled(size: int) -> float:
+def bar_weight(size: int) -> float:
     """Bar width for a byte count: sqrt scaling keeps 32-byte headers and megabytes both visible."""
     return max(math.sqrt(max(size, 1)), 3.0)
 
@@ -214,7 +214,7 @@ def _piece(kind: str, start: int, size: int, label: str, key: str | None, link: 
     title = tip % {"label": label, "start": f"{start:#x}", "size": size}
     return _Piece(kind, start, start + size, key, link,
                   f'data-start="{start}" data-size="{size}" data-label="{escape(label)}"',
-                  f'" style="flex:{_scaled(size):.2f} 1 0" title="{escape(title)}"')
+                  f'" style="flex:{bar_weight(size):.2f} 1 0" title="{escape(title)}"')
 
 
 def _element(p: _Piece, links: tuple[tuple[str, str], tuple[str, str]], changed: bool, selected: bool) -> str:
