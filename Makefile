@@ -121,6 +121,7 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 # are mostly pip and a server waiting on its pages, the classroom mostly processes waiting on
 # each other, which the pass's workers leave room for)
 test: setup-test
+	$(VENV)/bin/ruff check --no-cache app engine tests bench
 	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom tests
 	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom
 	@$(MAKE) --no-print-directory test-load

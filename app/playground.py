@@ -1,6 +1,6 @@
-"""The playground's programs (a learner's own; engine/programs holds the walkthroughs'), kept by the sha256 of their text in a directory every worker shares, and
-recorded in the sandbox (app/sandbox/) by the job queue (app/jobs.py) when a worker has no trace
-of them.
+"""The playground's programs (a learner's own; engine/programs holds the walkthroughs'), kept by
+the sha256 of their text in a directory every worker shares, and recorded in the sandbox
+(app/sandbox/) by the job queue (app/jobs.py) when a worker has no trace of them.
 
 A program's permalink is its hash: any worker can read the text back and record the same trace.
 With a shared object store (`--store`, app/objects.py) the text is put there too, and fetched

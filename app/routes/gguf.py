@@ -118,7 +118,7 @@ async def gguf_upload(request: Request, store: Store) -> Response:
         except GGUFError as e:
             return _refuse(request, store, 422, UploadError(
                 _("This is not a valid GGUF file"), str(e), e.field, e.offset, e.rule))
-        except Exception as e:  # the reader should only raise GGUFError; say so plainly
+        except Exception as e:  # noqa: BLE001 - the reader should only raise GGUFError; say so plainly
             log.exception("GGUF reader failed on an upload")
             return _refuse(request, store, 422, UploadError(
                 _("This file could not be read"), f"{type(e).__name__}: {e}"))
@@ -265,7 +265,7 @@ async def _receive(request: Request, pending: PendingUpload) -> bool:
         parser.finalize()
     except (UploadTooLarge, ClientDisconnect):
         raise
-    except Exception as e:  # python-multipart's parse errors
+    except Exception as e:  # noqa: BLE001 - python-multipart's parse errors have no common class
         raise _BadForm(_("The form data is malformed: {error}").format(error=e)) from None
     if not found["file"]:
         raise _BadForm(_("The form has no field named 'file'."))

@@ -93,11 +93,11 @@ def _debugger(kind: Literal["walkthroughs", "programs"], where: Annotated[Where,
 
 
 def _at_step(where: Annotated[Where, Depends(_debugger)], n: int, t: TensorKey = None, row: int = 0,
-             block: int = 0, hex: Annotated[str, Query(pattern="^(struct|data)$")] = "struct",
+             block: int = 0, bytes_view: Annotated[str, Query(alias="hex", pattern="^(struct|data)$")] = "struct",
              ith: Annotated[int, Query(ge=0, le=255)] = 0) -> Where:
     """Step n of the trace, with what its panels show: the selected tensor, the quantized row and
     block, the Bytes panel's view, the thread whose share the kernel panel shows."""
-    return replace(where, step=n, tensor=t, row=row, block=block, hex=hex, ith=ith)
+    return replace(where, step=n, tensor=t, row=row, block=block, hex=bytes_view, ith=ith)
 
 
 Walkthrough = Annotated[Where, Depends(_walkthrough)]

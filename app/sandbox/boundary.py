@@ -344,9 +344,10 @@ def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     if not b.confined:
         env = worker_env() | ({"GGML_LENS_DATA": str(model.parent.parent)} if model is not None else {})
-    proc = subprocess.Popen(b.command(limits, model, "probe" if request.get("probe") else "program"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=b.preexec(limits), start_new_session=True,
-                            close_fds=True, env=env, cwd=scratch or "/")
+    argv = b.command(limits, model, "probe" if request.get("probe") else "program")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=b.preexec(limits), start_new_session=True, close_fds=True, env=env,
+                            cwd=scratch or "/")
     out: list[bytes] = []
     err: list[bytes] = []
 

@@ -20,7 +20,6 @@ by the server; the server words those itself.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 

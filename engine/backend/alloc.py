@@ -175,8 +175,9 @@ class Decision:
 
 
 @dataclass
-class GraphPlan:
-    """Where each tensor the allocator owns lives: tensor -> (buffer_id, chunk, offset)."""
+class AllocPlan:
+    """What ggml_gallocr_reserve decided: where each tensor the allocator owns lives,
+    tensor -> (buffer_id, chunk, offset)."""
     addresses: dict[Tensor, tuple[int, int, int]] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
     chunk_sizes: list[list[int]] = field(default_factory=list)  # per buffer, each chunk's max_size
@@ -198,7 +199,7 @@ class GraphAllocator:
         self.buffers: list[list | None] = [None] * len(self.bufts)  # per buffer id: one buffer per chunk
         self.node_allocs: list[tuple[TensorAlloc, tuple[TensorAlloc, ...]]] = []
         self.leaf_allocs: list[TensorAlloc] = []
-        self.plan: GraphPlan | None = None
+        self.plan: AllocPlan | None = None
 
     # -- the pass over the graph --
     def _hn(self, t: Tensor) -> _HashNode:
@@ -318,7 +319,7 @@ class GraphAllocator:
         hn = self._hn(t)
         return TensorAlloc(hn.buffer_id, hn.addr[0], hn.addr[1], self.bufts[hn.buffer_id].alloc_size(t))
 
-    def reserve(self, graph, node_buffer_ids=None, leaf_buffer_ids=None, no_alloc: bool = False) -> GraphPlan:
+    def reserve(self, graph, node_buffer_ids=None, leaf_buffer_ids=None, no_alloc: bool = False) -> AllocPlan:
         """ggml_gallocr_reserve_n: plan the graph, remember each node's and leaf's place by index,
         and reallocate each buffer whose chunks must grow (with no_alloc: forget it instead)."""
         for t in self.tallocs:
@@ -338,7 +339,7 @@ class GraphAllocator:
                 for buf in cur or []:
                     be.ggml_backend_buffer_free(buf)
                 self.buffers[i] = None if no_alloc else self._vbuffer(self.bufts[i], new)
-        plan = GraphPlan(decisions=self._decisions)
+        plan = AllocPlan(decisions=self._decisions)
         for t in list(leafs) + list(nodes) + [s for n in nodes for s in n.src if s is not None]:
             if t.view_src is None and t.data is None and t in self._hash and t not in plan.addresses:
                 if be.buffer_field(t) == 0:
@@ -405,9 +406,9 @@ class Bar:
 
 def memory_plan(plan, n_nodes: int) -> list[Bar]:
     """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
-    (x: node order, y: offset). `plan` is a GraphPlan or its decisions as recorded in a trace
+    (x: node order, y: offset). `plan` is an AllocPlan or its decisions as recorded in a trace
     (engine.trace.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""
-    decisions = plan.decisions if isinstance(plan, GraphPlan) else plan
+    decisions = plan.decisions if isinstance(plan, AllocPlan) else plan
     open_: dict = {}
     bars: list[Bar] = []
 

@@ -262,9 +262,9 @@ def _tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
     buf = tensor_buffer(t)
     ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", fn)
     ggml_assert(t.data is not None, "tensor->data != NULL && \"tensor not allocated\"", fn)
-    ggml_assert(offset + size <= ggml_nbytes(t), "offset + size <= ggml_nbytes(tensor) && \"tensor write out of bounds\""
-                if fn != "ggml_backend_tensor_get" else
-                "offset + size <= ggml_nbytes(tensor) && \"tensor read out of bounds\"", fn)
+    what = "read" if fn == "ggml_backend_tensor_get" else "write"
+    ggml_assert(offset + size <= ggml_nbytes(t),
+                f"offset + size <= ggml_nbytes(tensor) && \"tensor {what} out of bounds\"", fn)
     start = t.data - buf.base + offset
     return buf.pool[start:start + size]
 
@@ -331,7 +331,8 @@ def ggml_backend_buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
 def ggml_backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     """Copy src's bytes into dst (same layout); a no-op when they are the same tensor. Between two
     non-host buffers without a direct copy the bytes go through host memory, as in ggml."""
-    ggml_assert(_same_layout(src, dst), "ggml_are_same_layout(src, dst) && \"cannot copy tensors with different layouts\"",
+    ggml_assert(_same_layout(src, dst),
+                "ggml_are_same_layout(src, dst) && \"cannot copy tensors with different layouts\"",
                 "ggml_backend_tensor_copy")
     if src == dst:
         return

@@ -483,7 +483,8 @@ def ggml_backend_init_by_type(type_: int, params: str | None = None) -> Backend 
 @writes()
 def ggml_backend_init_best() -> Backend | None:
     """A GPU, else an integrated GPU, else the CPU."""
-    dev = (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU) or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)
+    dev = (ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_GPU)
+           or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_IGPU)
            or ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU))
     return None if dev is None else ggml_backend_dev_init(dev, None)
 

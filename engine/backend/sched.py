@@ -114,8 +114,8 @@ class Sched:
         self.backends = list(backends)
         self.bufts = [bufts[b] if bufts else be.device.buft for b, be in enumerate(backends)]
         for be, buft in zip(self.backends, self.bufts):
-            ggml_assert(ggml_backend_supports_buft(be, buft), "ggml_backend_supports_buft(backends[b], sched->bufts[b])",
-                        "ggml_backend_sched_new")
+            ggml_assert(ggml_backend_supports_buft(be, buft),
+                        "ggml_backend_supports_buft(backends[b], sched->bufts[b])", "ggml_backend_sched_new")
         self.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
         self.graph_size = graph_size
         self.op_offload = op_offload
@@ -193,7 +193,8 @@ class Sched:
                 b = self.backend_from_buffer(src, t)
                 if self.op_offload and b == len(self.backends) - 1 and buf.buft.is_host:
                     for c in range(b):
-                        if ggml_backend_supports_op(self.backends[c], t) and ggml_backend_offload_op(self.backends[c], t):
+                        be = self.backends[c]
+                        if ggml_backend_supports_op(be, t) and ggml_backend_offload_op(be, t):
                             return c, "1.off"
                 return b, f"1.wgt{i}"
         return -1, ""

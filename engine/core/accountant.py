@@ -20,7 +20,7 @@ from typing import NamedTuple
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, Context, \
     ggml_used_mem
 from engine.core.graph import ggml_graph_nbytes
-from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, record
+from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, struct_at
 from engine.core.infos import TensorInfo, tensor_infos
 
 
@@ -95,7 +95,7 @@ def account(ctx: Context, infos: list[TensorInfo] | None = None) -> MemAccount:
             cost = ObjectCost("TENSOR", t.name, header, offs + size, GGML_TENSOR_SIZE, data,
                               size - GGML_TENSOR_SIZE - data)
         elif type_ == GGML_OBJECT_TYPE_GRAPH:
-            r = record(ctx.pool, offs, CGRAPH)[0]
+            r = struct_at(ctx.pool, offs, CGRAPH)[0]
             nbytes = ggml_graph_nbytes(int(r["size"]), bool(int(r["grads"])))
             cost = ObjectCost("GRAPH", f"graph of {int(r['size'])} nodes", header, offs + size, nbytes, 0,
                               size - nbytes)

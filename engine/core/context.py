@@ -23,7 +23,8 @@ import numpy as np
 
 from engine.core.api import Writes, query, writes
 from engine.core.errors import GGMLPoolError, ggml_assert
-from engine.core.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, record
+from engine.core.layout import GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, GGML_PAD, \
+    struct_at
 
 _OBJECT_STRUCT = struct.Struct("<QQQi")  # OBJECT's offs, size, next, type (layout.py)
 
@@ -200,7 +201,7 @@ class Context:
         return off
 
     def object_header(self, header_offset: int) -> np.ndarray:
-        return record(self.pool, header_offset, OBJECT)
+        return struct_at(self.pool, header_offset, OBJECT)
 
     def object_end(self, header_offset: int) -> int:
         """Where the payload of the object whose header is at header_offset ends (offs + size)."""

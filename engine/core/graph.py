@@ -23,7 +23,7 @@ import numpy as np
 from engine.core.api import Writes, query, writes
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
 from engine.core.errors import ggml_assert
-from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, record
+from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, struct_at
 from engine.core.optable import ggml_op_name, ggml_op_symbol
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
     ggml_is_matrix, ggml_nelements
@@ -216,7 +216,7 @@ def ggml_new_graph_custom(ctx: Context, size: int, grads: bool) -> Graph:
     """ggml_new_graph_custom: one GRAPH object holding the struct and all its arrays."""
     offsets, nbytes = _graph_layout(size, grads)
     offs = ggml_new_object(ctx, GGML_OBJECT_TYPE_GRAPH, nbytes)
-    r = record(ctx.pool, offs, CGRAPH)
+    r = struct_at(ctx.pool, offs, CGRAPH)
     hash_size = ggml_hash_size(size * 2)
     ctx.pool[offs:offs + CGRAPH.itemsize] = 0
     r["size"] = size

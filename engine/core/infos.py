@@ -6,9 +6,9 @@ A debugger showing a pool of a thousand tensors at every step wants them in one 
 the whole array: a test checks it against `ggml_nbytes` on every tensor of every walkthrough), and
 `graph_tensors` reads a graph's nodes and leafs (addresses, structs, so their src links) without
 making a handle per tensor; `object_rows`, `layout_digest` and `graph_digest` tell whether two
-states of a pool hold the same objects, or of a graph draw the same; `layer_of` and `graph_layers` say which transformer layer a
-tensor belongs to (the recorder's step marks, the DAG's folded layers and the GGUF tensor table
-all ask them).
+states of a pool hold the same objects, or of a graph draw the same; `layer_of` and `graph_layers`
+say which transformer layer a tensor belongs to (the recorder's step marks, the DAG's folded
+layers and the GGUF tensor table all ask them).
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ def field_spans(dtype: np.dtype) -> list[FieldSpan]:
     return sorted(spans, key=lambda s: s.offset)
 
 
-def record(pool: np.ndarray, offset: int, dtype: np.dtype) -> np.ndarray:
-    """A 1-element structured array viewing pool[offset : offset + itemsize] (writes go through)."""
+def struct_at(pool: np.ndarray, offset: int, dtype: np.dtype) -> np.ndarray:
+    """The struct at pool[offset]: a 1-element structured array viewing its itemsize bytes
+    (writes go through)."""
     return pool[offset:offset + dtype.itemsize].view(dtype)

@@ -16,7 +16,8 @@ import numpy as np
 from engine.core.api import query, writes
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.core.errors import ggml_assert
-from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, record
+from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, \
+    struct_at
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
 
@@ -63,7 +64,7 @@ class Tensor:
     def __init__(self, ctx: Context, offs: int) -> None:
         self.ctx = ctx
         self.offs = offs  # offset of the struct in ctx.pool
-        self._r = record(ctx.pool, offs, TENSOR)
+        self._r = struct_at(ctx.pool, offs, TENSOR)
 
     # identity is the address, as for a C pointer
     def __eq__(self, other: object) -> bool:
@@ -444,8 +445,14 @@ def ggml_element_size(t: Tensor) -> int:
 @query
 def ggml_n_dims(t: Tensor) -> int:
     """ggml_n_dims: 1 + the highest dimension with more than one element (at least 1)."""
-    for i in range(GGML_MAX_DIMS - 1, 0, -1):
-        if t.ne[i] > 1:
+    return n_dims_of(t.ne)
+
+
+def n_dims_of(ne) -> int:
+    """ggml_n_dims of a shape `ne` (fastest first), for what holds one without a tensor (a GGUF
+    tensor info)."""
+    for i in range(len(ne) - 1, 0, -1):
+        if ne[i] > 1:
             return i + 1
     return 1
 

@@ -18,8 +18,8 @@ from engine.core.context import Context
 from engine.core.errors import GGMLAssertionError, TensorBoundsError, ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_n_dims, ggml_nbytes, ggml_nelements, \
     ggml_nrows, ggml_new_tensor_1d
-from engine.core.types import NUMPY_DTYPE, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits, \
-    fp32_to_fp16_bits
+from engine.core.types import NUMPY_DTYPE, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, \
+    fp32_to_bf16_bits, fp32_to_fp16_bits
 
 
 # --- one-element tensors ----------------------------------------------------------------

@@ -72,7 +72,7 @@ K_SCALE_SIZE = 12
 
 
 @dataclass(frozen=True, slots=True)
-class TypeTraits:
+class TypeTraitsRow:
     """One row of ggml's `type_traits[]` (plus the CPU's vec_dot_type)."""
 
     type: GGMLType
@@ -137,7 +137,7 @@ _TABLE: list[tuple[GGMLType, str, int, int, bool, GGMLType | None]] = [
     (T.Q1_0, "q1_0", 128, 2 + 16, True, T.Q8_0),
 ]
 
-TYPE_TRAITS: tuple[TypeTraits, ...] = tuple(TypeTraits(*row) for row in _TABLE)
+TYPE_TRAITS: tuple[TypeTraitsRow, ...] = tuple(TypeTraitsRow(*row) for row in _TABLE)
 assert len(TYPE_TRAITS) == GGML_TYPE_COUNT
 assert all(tr.type == i for i, tr in enumerate(TYPE_TRAITS))
 
@@ -155,7 +155,7 @@ NUMPY_DTYPE: dict[GGMLType, np.dtype] = {
 }
 
 
-def traits(type_: int) -> TypeTraits:
+def traits(type_: int) -> TypeTraitsRow:
     """The traits row of a ggml_type, checking the range as ggml does."""
     if not 0 <= int(type_) < GGML_TYPE_COUNT:
         from engine.core.errors import GGMLAssertionError

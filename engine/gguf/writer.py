@@ -21,7 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.errors import GGMLAbortError, ggml_assert
+from engine.core.tensor import n_dims_of
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, traits
 
 from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
@@ -58,11 +59,6 @@ class TensorEntry:
     n_dims: int  # what the info stores (ggml writes ggml_n_dims: trailing 1s dropped)
     nbytes: int
     data: Any  # bytes-like of nbytes, or None when only metadata is known
-
-
-def ggml_n_dims(ne: tuple[int, ...]) -> int:
-    """ggml_n_dims: 1 + the index of the last dim > 1 (at least 1)."""
-    return next((i + 1 for i in range(len(ne) - 1, 0, -1) if ne[i] > 1), 1)
 
 
 class GGUFContext:
@@ -129,7 +125,7 @@ class GGUFContext:
     def add_tensor(self, name: str, type_: int, ne: tuple[int, ...] | list[int], data: Any,
                    n_dims: int | None = None) -> None:
         """gguf_add_tensor, from raw bytes: `ne` fastest first; `data` holds exactly ggml_nbytes
-        bytes (or None for metadata only). n_dims defaults to ggml_n_dims(ne)."""
+        bytes (or None for metadata only). n_dims defaults to what ggml_n_dims gives (n_dims_of)."""
         field = f"tensor '{name}'"
         raw = name.encode("utf-8", "surrogateescape")
         if len(raw) >= GGML_MAX_NAME or "\0" in name:
@@ -146,7 +142,7 @@ class GGUFContext:
         if ne4[0] % tr.blck_size:
             raise GGUFError(field, -1, f"ne[0] = {ne4[0]} is not a multiple of the "
                                        f"{tr.type_name} block size {tr.blck_size}")
-        n_dims = ggml_n_dims(ne4) if n_dims is None else n_dims
+        n_dims = n_dims_of(ne4) if n_dims is None else n_dims
         if not 0 <= n_dims <= GGML_MAX_DIMS or any(x != 1 for x in ne4[n_dims:]):
             raise GGUFError(field, -1, f"n_dims {n_dims} does not fit ne {ne4}")
         nbytes = ne4[0] * ne4[1] * ne4[2] * ne4[3] // tr.blck_size * tr.type_size
@@ -160,7 +156,7 @@ class GGUFContext:
     def _tensor(self, name: str, fn: str) -> int:
         i = self.find_tensor(name)
         if i < 0:
-            ggml_abort(f"tensor not found: {name}", fn)
+            raise GGMLAbortError(f"tensor not found: {name}", fn)
         return i
 
     def set_tensor_type(self, name: str, type_: int) -> None:

@@ -14,7 +14,7 @@ import struct
 
 from engine.core.api import op
 from engine.core.context import Context
-from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.core.layout import GGML_MAX_DIMS
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_shape, ggml_can_repeat, \
@@ -140,4 +140,4 @@ def ggml_flash_attn_back(ctx: Context, q: Tensor, k: Tensor, v: Tensor, d: Tenso
     """ggml_flash_attn_back: in ggml 0.15.3 its first statement is GGML_ABORT, left there when
     flash attention became ggml_flash_attn_ext; no graph can hold a FLASH_ATTN_BACK node (and
     autodiff has no rule for FLASH_ATTN_EXT)."""
-    ggml_abort("TODO: adapt to ggml_flash_attn_ext() changes", "ggml_flash_attn_back")
+    raise GGMLAbortError("TODO: adapt to ggml_flash_attn_ext() changes", "ggml_flash_attn_back")

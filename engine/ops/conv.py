@@ -272,7 +272,8 @@ def ggml_conv_3d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, s2
     fn = "ggml_conv_3d_direct"
     ggml_assert(int(a.ne[3]) == c * oc, "a->ne[3] == (int64_t) c * oc", fn)
     ggml_assert(int(b.ne[3]) == c * n, "b->ne[3] == (int64_t) c * n", fn)
-    ne = [_conv_output_size(int(b.ne[0]), int(a.ne[0]), s0, p0, d0), _conv_output_size(int(b.ne[1]), int(a.ne[1]), s1, p1, d1),
+    ne = [_conv_output_size(int(b.ne[0]), int(a.ne[0]), s0, p0, d0),
+          _conv_output_size(int(b.ne[1]), int(a.ne[1]), s1, p1, d1),
           _conv_output_size(int(b.ne[2]), int(a.ne[2]), s2, p2, d2), oc * n]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params(result, struct.pack("<12i", s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc))

@@ -79,7 +79,8 @@ def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: 
     )
     for ok, cond in checks:
         ggml_assert(ok, cond, fn,
-                    f"s {shape_of(s)}, x {shape_of(x)}, dt {shape_of(dt)}, A {shape_of(A)}, B {shape_of(B)}, ids {shape_of(ids)}")
+                    f"s {shape_of(s)}, x {shape_of(x)}, dt {shape_of(dt)}, A {shape_of(A)}, B {shape_of(B)}, "
+                    f"ids {shape_of(ids)}")
     n = ggml_nelements(x) + d_state * head_dim * n_head * int(ids.ne[0])
     result = ggml_new_tensor_1d(ctx, GGMLType.F32, n)
     return record(result, GGMLOp.SSM_SCAN, s, x, dt, A, B, C, ids)

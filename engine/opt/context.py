@@ -27,7 +27,7 @@ from engine.backend.sched import (
 from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.cxxrandom import Mt19937
-from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.ggml import (
     GGML_DEFAULT_GRAPH_SIZE,
     GGML_MAX_DIMS,
@@ -194,7 +194,7 @@ def _loss(opt_ctx: OptContext, ctx) -> None:
                  (lambda t: ggml_sum(ctx, t), "loss_sum_squared_error"),
                  (lambda t: ggml_scale(ctx, t, scale), "loss_mean_squared_error")]
     else:
-        ggml_abort(f"unknown loss type {kind}", "ggml_opt_build")
+        raise GGMLAbortError(f"unknown loss type {kind}", "ggml_opt_build")
     loss = out
     for make, name in steps:
         loss = make(loss)
@@ -314,7 +314,7 @@ def ggml_opt_build(opt_ctx: OptContext) -> None:
         elif opt_ctx.optimizer == GGML_OPT_OPTIMIZER_TYPE_SGD:
             step = ggml_opt_step_sgd(opt_ctx.ctx_compute, node, grad, params)
         else:
-            ggml_abort("fatal error", fn)
+            raise GGMLAbortError("fatal error", fn)
         ggml_format_name(step, "%s step for %s", name, node.name_bytes)
         ggml_build_forward_expand(opt_ctx.gb_opt, step)
 
@@ -476,7 +476,7 @@ def _write_optimizer_params(opt_ctx: OptContext) -> None:
         ggml_assert(0 <= wd <= 1, "opt_pars.sgd.wd >= 0.0f && opt_pars.sgd.wd <= 1.0f", fn)
         values = [alpha, wd]
     else:
-        ggml_abort("fatal error", fn)
+        raise GGMLAbortError("fatal error", fn)
     ggml_backend_tensor_set(opt_ctx.opt_step_params, np.array(values, dtype=F32), 0, 4 * len(values))
 
 

@@ -81,7 +81,8 @@ class BackendRecorder:
         out: list = []
         for a in self.rec.args:
             if isinstance(a, Context):
-                out += [StructOf(Tensor(a, o.offs)) for o in self.rec.objects_of(a) if o.type == GGML_OBJECT_TYPE_TENSOR]
+                out += [StructOf(Tensor(a, o.offs)) for o in self.rec.objects_of(a)
+                        if o.type == GGML_OBJECT_TYPE_TENSOR]
             elif isinstance(a, Graph):
                 for n in a.nodes + a.leafs:
                     out += [StructOf(n)] + [StructOf(x) for x in n.src if x is not None]

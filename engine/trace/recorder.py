@@ -496,8 +496,8 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
         sys.settrace(rec.on_call)
         try:
             outputs = program(n_threads=n_threads, **kwargs) or {}
-        except (Exception, ProgramStopped) as e:  # the program's error (or the limit that stopped it) is the
-            # final step, at the program's line it passed through last
+        except (Exception, ProgramStopped) as e:  # noqa: BLE001 - any error of the program's (or the
+            # limit that stopped it) is the final step, at the program's line it passed through last
             sys.settrace(prev)
             stopped = isinstance(e, ProgramStopped)
             trace.error = str(e) if stopped else f"{type(e).__name__}: {e}"

@@ -24,7 +24,7 @@ import numpy as np
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
 from engine.core.infos import TensorInfo, graph_tensors, tensor_infos
-from engine.core.layout import CGRAPH, record
+from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
@@ -311,7 +311,7 @@ class State:
             for cid, ctx in self.contexts.items():
                 for _, offs, _, type_, _ in self.headers(cid):
                     if type_ == GGML_OBJECT_TYPE_GRAPH:
-                        g = Graph(ctx, record(ctx.pool, offs, CGRAPH), offs)
+                        g = Graph(ctx, struct_at(ctx.pool, offs, CGRAPH), offs)
                         try:
                             self._graph_tensors[offs, ctx.id] = graph_tensors(g)
                         except ValueError:

@@ -70,7 +70,8 @@ def test_run_it_on_a_gemma_file(page: Page, gemma_url):
     page.goto(f"{gemma_url}/gguf")
     page.get_by_role("link", name="my-gemma.gguf").click()
     expect(page.locator("main")).to_contain_text("gemma3")
-    page.get_by_role("link", name="Run it").click(no_wait_after=True)  # recording takes a while: the URL is awaited below
+    # recording takes a while: the URL is awaited below
+    page.get_by_role("link", name="Run it").click(no_wait_after=True)
     expect(page).to_have_url(re.compile(r"/walkthroughs/gemma3/steps/0\?file=[0-9a-f]{64}"),
                              timeout=RECORD_MS)
     expect(page.locator("#answer .tokens")).to_contain_text("<bos>")

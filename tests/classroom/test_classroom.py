@@ -154,7 +154,7 @@ def test_a_restarted_web_process_and_a_restarted_queue_serve_the_same_links(room
     source = STARTER + f"\n# {uuid.uuid4().hex}\n"
     digest = ProgramStore.digest(source)
     links = [f"/programs/{digest}/steps/2",
-             f"/walkthroughs/simple-add/steps/4?threads=3&prompt="]
+             "/walkthroughs/simple-add/steps/4?threads=3&prompt="]
     report = Report()
     with client(50) as c:
         open_page(c, "POST", room.web(0) + "/programs", report, data={"source": source, "threads": "1"})

@@ -53,7 +53,8 @@ def _engine(backend2=None):
 
     def cb(i, t1, t2):
         n = eng.ggml_nbytes(t1)
-        calls.append((i, t1.name, t2.name, ebuf.ggml_backend_tensor_get(t1, 0, n), ebuf.ggml_backend_tensor_get(t2, 0, n)))
+        calls.append((i, t1.name, t2.name, ebuf.ggml_backend_tensor_get(t1, 0, n),
+                      ebuf.ggml_backend_tensor_get(t2, 0, n)))
         return True
     assert gc.ggml_backend_compare_graph_backend(cpu, backend2 or edev.ggml_backend_cpu_init(), gf, cb)
     return dict(size=size, placed=placed, calls=calls, wbuf=wbuf)
@@ -61,7 +62,8 @@ def _engine(backend2=None):
 
 def _real():
     cpu, cpu2 = real.ggml_backend_cpu_init(), real.ggml_backend_cpu_init()
-    ctx_w = real.ggml_init(real.ggml_init_params(mem_size=real.ggml_tensor_overhead() * 4, mem_buffer=None, no_alloc=True))
+    ctx_w = real.ggml_init(real.ggml_init_params(mem_size=real.ggml_tensor_overhead() * 4, mem_buffer=None,
+                                                 no_alloc=True))
     W = real.ggml_new_tensor_2d(ctx_w, F32, 5, 6)
     x = real.ggml_new_tensor_2d(ctx_w, F32, 5, 4)
     wbuf = real.ggml_backend_alloc_ctx_tensors(ctx_w, cpu)

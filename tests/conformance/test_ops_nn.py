@@ -107,8 +107,8 @@ def test_set_rows_non_contiguous_rows():
 def test_set_rows_repeated_index_keeps_the_last_row():
     # one thread writes the rows in order: a repeated index keeps the later row (rising indices
     # and others take different paths in the engine)
-    for values in ([3, 1, 3, 0, 1], [0, 2, 4, 5, 5], [0, 2, 3, 4, 5]):
-        leaves = [Leaf(F32, (8, 6)), Leaf(F32, (8, 5)), idx_leaf(I64, (5,), 6, values=values)]
+    for rows in ([3, 1, 3, 0, 1], [0, 2, 4, 5, 5], [0, 2, 3, 4, 5]):
+        leaves = [Leaf(F32, (8, 6)), Leaf(F32, (8, 5)), idx_leaf(I64, (5,), 6, values=rows)]
         check_op(lambda g, ctx, a, b, c: g.ggml_set_rows(ctx, a, b, c), leaves, 1, exact=True)
 
 

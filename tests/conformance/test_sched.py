@@ -47,7 +47,8 @@ class EngineSide:
         self.backends = {"dev": accel.ggml_backend_accel_init("RPC0", rpc_name), "cpu": edev.ggml_backend_cpu_init()}
 
     def ctx(self, n: int):
-        return eng.ggml_init(eng.ggml_init_params(eng.ggml_tensor_overhead() * n + eng.ggml_graph_overhead(), None, True))
+        size = eng.ggml_tensor_overhead() * n + eng.ggml_graph_overhead()
+        return eng.ggml_init(eng.ggml_init_params(size, None, True))
 
     def alloc_weights(self, ctx, where: str):
         buf = alloc.ggml_backend_alloc_ctx_tensors_from_buft(ctx, self.backends[where].device.buft)

@@ -81,7 +81,8 @@ def test_fp32_to_fp16_and_bf16_million_values():
     out = np.zeros(n, dtype=np.uint16)
     real.ggml_fp32_to_fp16_row(x.ctypes.data_as(F32P), out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), n)
     np.testing.assert_array_equal(fp32_to_fp16_bits(x), out)
-    real.ggml_fp32_to_bf16_row(x.ctypes.data_as(F32P), ctypes.cast(out.ctypes.data, ctypes.POINTER(real.ggml_bf16_t)), n)
+    real.ggml_fp32_to_bf16_row(x.ctypes.data_as(F32P), ctypes.cast(out.ctypes.data, ctypes.POINTER(real.ggml_bf16_t)),
+                               n)
     np.testing.assert_array_equal(fp32_to_bf16_bits(x), out)
 
 
@@ -90,7 +91,8 @@ def test_fp16_and_bf16_to_fp32_every_code():
     out = np.zeros(65536, dtype=np.float32)
     real.ggml_fp16_to_fp32_row(h.ctypes.data_as(ctypes.POINTER(ctypes.c_uint16)), out.ctypes.data_as(F32P), 65536)
     np.testing.assert_array_equal(fp16_bits_to_fp32(h).view(np.uint32), out.view(np.uint32))
-    real.ggml_bf16_to_fp32_row(ctypes.cast(h.ctypes.data, ctypes.POINTER(real.ggml_bf16_t)), out.ctypes.data_as(F32P), 65536)
+    real.ggml_bf16_to_fp32_row(ctypes.cast(h.ctypes.data, ctypes.POINTER(real.ggml_bf16_t)), out.ctypes.data_as(F32P),
+                               65536)
     np.testing.assert_array_equal(bf16_bits_to_fp32(h).view(np.uint32), out.view(np.uint32))
 
 

@@ -72,7 +72,8 @@ class Classroom:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.model = model_path(Settings.from_env().data_dir).resolve()  # the bundled model, as each machine installs it
+        # the bundled model, as each machine installs it
+        self.model = model_path(Settings.from_env().data_dir).resolve()
 
     # --- processes ------------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 `oracle_summary(path)` reads a file with C `gguf_init_from_file` and returns what every gguf.h
 getter says (for arrays of many strings, a sample: one ctypes call per string is slow, and the
 metadata bytes C writes back from what it parsed are compared whole elsewhere);
-`ours_summary(path)` gets the same from engine.gguf's facade, so a test compares two dicts. `oracle_check(data)` runs C `gguf_init_from_file` on bytes and returns (accepted, the
-messages ggml logged). `oracle_context(path, no_alloc)` loads the file into a ggml context through
+`ours_summary(path)` gets the same from engine.gguf's facade, so a test compares two dicts.
+`oracle_check(data)` runs C `gguf_init_from_file` on bytes and returns (accepted, the messages ggml
+logged). `oracle_context(path, no_alloc)` loads the file into a ggml context through
 the `params.ctx` out-pointer and returns ggml_used_mem and each tensor's data offset in the pool.
 """
 

@@ -115,7 +115,8 @@ class EngineSide:
         train, val = eo.ggml_opt_result_init(), eo.ggml_opt_result_init()
 
         def cb(is_train, ctx, dataset, result, ibatch, ibatch_max, t_start):
-            log.append(_cb_values(is_train, ibatch, eo.ggml_opt_result_loss(result), eo.ggml_opt_result_accuracy(result)))
+            log.append(_cb_values(is_train, ibatch, eo.ggml_opt_result_loss(result),
+                                  eo.ggml_opt_result_accuracy(result)))
         eo.ggml_opt_epoch(opt_ctx, ds, train, val, idata_split, cb, cb)
         return eo.ggml_opt_result_pred(train)
 
@@ -168,7 +169,8 @@ class RealSide:
         params = real.ggml_opt_default_params(self.sched, c.loss_type)
         params.ctx_compute, params.inputs, params.outputs, params.opt_period = ctx_compute, images, logits, c.opt_period
         pars = real.ggml_opt_optimizer_params()
-        pars.adamw.alpha, pars.adamw.beta1, pars.adamw.beta2, pars.adamw.eps, pars.adamw.wd = c.alpha, 0.9, 0.999, 1e-8, c.wd
+        adamw = pars.adamw
+        adamw.alpha, adamw.beta1, adamw.beta2, adamw.eps, adamw.wd = c.alpha, 0.9, 0.999, 1e-8, c.wd
         pars.sgd.alpha, pars.sgd.wd = c.alpha, c.wd
         self.keep.append(pars)
         params.get_opt_pars = ctypes.cast(real.lib.ggml_opt_get_constant_optimizer_params, ctypes.c_void_p)
@@ -208,7 +210,8 @@ class RealSide:
         real.ggml_backend_sched_set_eval_callback(self.sched, cb, None)
 
     def unwatch(self) -> None:
-        real.ggml_backend_sched_set_eval_callback(self.sched, ctypes.cast(None, real.ggml_backend_sched_eval_callback), None)
+        none = ctypes.cast(None, real.ggml_backend_sched_eval_callback)
+        real.ggml_backend_sched_set_eval_callback(self.sched, none, None)
 
 
 def new_weights(side, ctx_static, data: dict) -> dict:
@@ -239,8 +242,8 @@ def train(side, case: Case, data: dict, shuffle: bool = True) -> Run:
     ctx_compute = side.ctx(api.GGML_DEFAULT_GRAPH_SIZE * api.ggml_tensor_overhead() + 3 * api.ggml_graph_overhead())
     for t in weights.values():
         api.ggml_set_param(t)
-    fc1 = api.ggml_relu(ctx_compute, api.ggml_add(ctx_compute, api.ggml_mul_mat(ctx_compute, weights["fc1.weight"], images),
-                                                  weights["fc1.bias"]))
+    fc1 = api.ggml_relu(ctx_compute, api.ggml_add(
+        ctx_compute, api.ggml_mul_mat(ctx_compute, weights["fc1.weight"], images), weights["fc1.bias"]))
     logits = api.ggml_add(ctx_compute, api.ggml_mul_mat(ctx_compute, weights["fc2.weight"], fc1), weights["fc2.bias"])
 
     ds = side.dataset(case.ndata, case.ndata_shard, case.ne_label)

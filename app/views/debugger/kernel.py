@@ -1,6 +1,6 @@
 """The kernel panel: what computed the current node (ggml's C kernel and the engine's numpy code
 that mirrors it, highlighted), the share the selected thread took, and one quantized block (or
-one element) worked through with the node's numbers (engine.compute.explain)."""
+one element) worked through with the node's numbers (engine.compute.kernel_card)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
 
 from app.i18n import _
-from app.views.debugger.threads import Share, ranges_text
+from app.views.debugger.threads import ShareRow, ranges_text
 from app.views.debugger.values import unreadable
 from app.views.debugger.where import Where, current_node
-from engine.compute.explain import Code, KernelCard, WorkedBlock, WorkedElement, every_code, kernel_card, \
+from engine.compute.kernel_card import Code, KernelCard, WorkedBlock, WorkedElement, every_code, kernel_card, \
     worked_block, worked_element
 from engine.compute.shares import Tile
 from engine.trace import State, Step, StepKind
@@ -30,7 +30,7 @@ SHOWN = 6  # ranges of the selected thread listed; the rest counted
 class KernelView:
     card: KernelCard
     code: list[tuple[Code, Markup]]  # each function and its highlighted source
-    shares: list[Share]
+    shares: list[ShareRow]
     selected: int  # the thread whose share is shown
     took: str  # what it took: its rows, or its first chunks
     block: WorkedBlock | None
@@ -58,7 +58,7 @@ def warm() -> None:
         _WARMING[0].start()
 
 
-def kernel(step: Step, state: State, where: Where, shares: list[Share]) -> KernelView | None:
+def kernel(step: Step, state: State, where: Where, shares: list[ShareRow]) -> KernelView | None:
     """The panel at a node step; `shares` are the threads panel's (ThreadsView.shares)."""
     if step.kind != StepKind.NODE:
         return None

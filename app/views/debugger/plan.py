@@ -84,7 +84,6 @@ def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[Plan
                                    name=name, offset=b.offset, size=b.size, life=life)
                                + (_(" (in place of its source)") if b.reuses is not None else ""),
                                where.url(tensor=ref_key(*b.tensor))))
-        charts.append(PlanChart(_("buffer {id} ({name}), chunk {chunk}").format(id=key[0], name=names[key[0]],
-                                                                                chunk=key[1]), size, n, out, y(peak), node,
-                                peak, LEFT + W + 8, TOP + H + 22))
+        title = _("buffer {id} ({name}), chunk {chunk}").format(id=key[0], name=names[key[0]], chunk=key[1])
+        charts.append(PlanChart(title, size, n, out, y(peak), node, peak, LEFT + W + 8, TOP + H + 22))
     return charts

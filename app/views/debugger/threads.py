@@ -18,7 +18,9 @@ SPLIT_LABELS: dict[ShareKind, str] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Share:
+class ShareRow:
+    """One thread's share of the node, as the threads and kernel panels list it."""
+
     ith: int
     kind: ShareKind  # how the op splits its work
     split: str  # the kind's label, translated
@@ -49,7 +51,7 @@ class TaskCount:
 class ThreadsView:
     plan: ComputePlan | None
     node: str | None
-    shares: list[Share]
+    shares: list[ShareRow]
     task_runs: list[TaskRun]  # the plan's n_tasks per node as runs of equal values, or
     task_counts: list[TaskCount]  # (past MAX_RUNS runs) as the number of nodes of each value
 
@@ -61,7 +63,7 @@ def threads(trace: Trace, step: Step) -> ThreadsView:
     parent = trace.steps[step.parent] if step.parent is not None else None
     plan = step.plan or (parent.plan if parent is not None else None)
     longest = max((t.seconds for t in step.threads), default=0) or 1
-    shares = [Share(t.ith, t.kind, _(SPLIT_LABELS[t.kind]), ranges_text(t.kind, t.ranges),
+    shares = [ShareRow(t.ith, t.kind, _(SPLIT_LABELS[t.kind]), ranges_text(t.kind, t.ranges),
                     t.seconds * 1e6, 100 * t.seconds / longest, t.notes) for t in step.threads]
     runs = task_runs(plan.n_tasks) if plan is not None else []
     counts = [] if len(runs) <= MAX_RUNS else [

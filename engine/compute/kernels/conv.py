@@ -369,7 +369,8 @@ def compute_forward_im2col_3d(params, dst: Tensor) -> None:
         for c in chans:
             v = vol[b * ic + c]
             g = v[zz[:, None, None, :, None, None], yy[None, :, None, None, :, None], xx[None, None, :, None, None, :]]
-            ok = okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None] & okx[None, None, :, None, None, :]
+            ok = (okz[:, None, None, :, None, None] & oky[None, :, None, None, :, None]
+                  & okx[None, None, :, None, None, :])
             out[b, :, :, :, c] = from_f32(np.where(ok, g, np.float32(0)), dst.type)
     params.took(ShareKind.INTERLEAVED, *chans)
 
@@ -383,7 +384,8 @@ def compute_forward_conv_3d(params, dst: Tensor) -> None:
     knl, src = dst.src[0], dst.src[1]
     fn = "ggml_compute_forward_conv_3d_impl"
     ggml_assert(ggml_is_contiguous(knl), "ggml_is_contiguous(kernel)", fn)
-    ggml_assert(knl.type in (GGMLType.F16, GGMLType.F32), "kernel_type == GGML_TYPE_F16 || kernel_type == GGML_TYPE_F32", fn)
+    ggml_assert(knl.type in (GGMLType.F16, GGMLType.F32),
+                "kernel_type == GGML_TYPE_F16 || kernel_type == GGML_TYPE_F32", fn)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc = (int(v) for v in dst.op_params[:12])

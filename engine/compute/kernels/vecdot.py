@@ -13,7 +13,7 @@ The loop over rows and blocks runs in C (engine._lanes.quant_dot: engine/_lanes_
 hands the IQ grid types to _lanes_iq.c and TQ2_0, TQ1_0, MXFP4 and IQ1_M to _lanes_tq.c); its
 numpy twin quant_dot is here, the same bits, written for reading (and run in pure-numpy mode,
 engine/lanes.py). Every decision in it is a lookup on the type's record (VecDot), in three
-steps, which the debugger also shows one block at a time (engine/compute/explain.py):
+steps, which the debugger also shows one block at a time (engine/compute/kernel_card.py):
 
 1. decode_weights: the type's own decoder (VecDot.decode, in its family's module beside its
    dequantizer) makes each weight block's integers q, with the scales vec_dot folds in folded in,

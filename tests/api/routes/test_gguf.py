@@ -292,16 +292,16 @@ def test_a_second_worker_serves_the_same_upload(tmp_path: Path) -> None:
 def odd_file() -> bytes:
     """A valid file full of odd things: names needing escapes, many types, random blocks
     (NaN and inf scales included), an empty tensor, a 3-d tensor, control characters."""
-    from engine.gguf.format import GGUFValueType as VT
+    from engine.gguf.format import GGUFValueType as Kind
     from engine.gguf.writer import GGUFContext
     from engine.core.types import traits
 
     rng = np.random.default_rng(7)
     ctx = GGUFContext()
-    ctx.set_val("general.name", VT.STRING, "odd <script>alert(1)</script>")
-    ctx.set_val("weird/../key?#", VT.STRING, "bell\x07 nul\x00 end")
-    ctx.set_arr("numbers", VT.FLOAT64, np.linspace(-1, 1, 1000))
-    ctx.set_arr("flags", VT.BOOL, [True, False] * 300)
+    ctx.set_val("general.name", Kind.STRING, "odd <script>alert(1)</script>")
+    ctx.set_val("weird/../key?#", Kind.STRING, "bell\x07 nul\x00 end")
+    ctx.set_arr("numbers", Kind.FLOAT64, np.linspace(-1, 1, 1000))
+    ctx.set_arr("flags", Kind.BOOL, [True, False] * 300)
     for name, type_, ne in [("a/b?c#d", GGMLType.I32, (8, 3)), ("ü<b>", GGMLType.F16, (64, 2)),
                             ("bf", GGMLType.BF16, (32,)), ("k4", GGMLType.Q4_K, (512, 3)),
                             ("nl", GGMLType.IQ4_NL, (64, 2, 2)), ("empty", GGMLType.F32, (0,)),

@@ -90,7 +90,9 @@ def test_a_tensor_page_gets_the_bytes_it_reads(client: TestClient) -> None:
     assert "were not sent" not in page
     # the statistics and the block explainer read the bytes sent: the same as the whole file's
     whole = client.get(tensor.replace(digest, _sha(MINILM))).text
-    stats = lambda html: re.findall(r"<dd>([^<]*)</dd>", html[html.index("values read"):])[:6]
+    def stats(html: str) -> list[str]:
+        return re.findall(r"<dd>([^<]*)</dd>", html[html.index("values read"):])[:6]
+
     assert stats(page) == stats(whole)
     r = client.post(f"/gguf/{_sha(MINILM)}/bytes?probe=4096&ranges=0:1", content=data[:4097])
     assert r.status_code == 422 and "uploaded whole" in r.json()["error"]

@@ -127,7 +127,8 @@ def test_a_failed_assertion_is_the_last_step_at_its_line(client):
     line = next(i + 1 for i, t in enumerate(source.splitlines()) if "ggml_reshape_2d" in t)
     m = re.search(r'class="line current error"[^>]*><span class="ln">(\d+)</span>', page.text)
     assert m and int(m.group(1)) == line
-    assert "ggml_reshape_2d: GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed: a ('a') has 12 elements, 5×4 = 20" in text
+    assert ("ggml_reshape_2d: GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed: a ('a') has 12 elements, "
+            "5×4 = 20") in text
     last = int(r.headers["location"].rsplit("/", 1)[1])
     assert last > 0 and client.get(r.headers["location"].replace(f"/steps/{last}", "/steps/1")).status_code == 200
 
@@ -204,7 +205,8 @@ def test_every_walkthrough_runs_unchanged_in_the_playground(client, name, monkey
     source = Path(PROGRAMS[name].source_file).read_text()
     r = run(client, source, PROGRAMS[name].threads)
     assert r.status_code == 303 and "/steps/0" in r.headers["location"], r.headers.get("location")
-    trace = client.app.state.traces.kept(client.app.state.traces.program_key(ProgramStore.digest(source), PROGRAMS[name].threads))
+    traces = client.app.state.traces
+    trace = traces.kept(traces.program_key(ProgramStore.digest(source), PROGRAMS[name].threads))
     assert trace.error is None
     walkthrough = trace_program(name)
     assert [s.hash_bytes() for s in trace.steps[:-1]] == [s.hash_bytes() for s in walkthrough.steps[:-1]]
@@ -271,7 +273,8 @@ def test_a_slow_walkthrough_shows_its_recordings_progress(client, monkeypatch):
         seen.append(int(re.search(r'data-steps="(\d+)"', page.text).group(1)))
         assert "Recording gemma3" in page.text and time.monotonic() < deadline
         time.sleep(0.2)
-    assert page.status_code == 303 and page.headers["location"] == "/walkthroughs/gemma3/steps/3?prompt=Two%20plus%20two%20is"
+    assert page.status_code == 303
+    assert page.headers["location"] == "/walkthroughs/gemma3/steps/3?prompt=Two%20plus%20two%20is"
     assert seen and seen == sorted(seen)  # the count only grows
     assert client.get(page.headers["location"]).status_code == 200
 
@@ -288,4 +291,5 @@ def test_without_the_boundary_the_playground_says_so_and_runs_nothing(data, monk
     assert 'id="missing"' in page and "bubblewrap (bwrap) is not installed" in page
     r = c.post("/programs", data={"source": STARTER + "\n# not run\n", "threads": "1"}, follow_redirects=False)
     assert r.status_code == 503 and "Programs cannot run on this server" in html.unescape(r.text)
-    assert c.app.state.traces.kept(c.app.state.traces.program_key(ProgramStore.digest(STARTER + "\n# not run\n"), 1)) is None
+    traces = c.app.state.traces
+    assert traces.kept(traces.program_key(ProgramStore.digest(STARTER + "\n# not run\n"), 1)) is None

@@ -112,7 +112,8 @@ ESCAPES = {
     # importing what is not the facades, numpy or math
     "import os": (f"import os\nos.system('{TOUCH}')", "os"),
     "import ctypes": (f"import ctypes\nctypes.CDLL(None).system(b'{TOUCH}')", "ctypes"),
-    "import subprocess": ("import subprocess\nsubprocess.run(['touch', '/tmp/ggml-lens-sandbox-escaped'])", "subprocess"),
+    "import subprocess": ("import subprocess\nsubprocess.run(['touch', '/tmp/ggml-lens-sandbox-escaped'])",
+                          "subprocess"),
     "import socket": ("import socket\nsocket.create_connection(('127.0.0.1', 80))", "socket"),
     "importlib": ("import importlib\nimportlib.import_module('os').system('true')", "importlib"),
     "import hook on sys.meta_path": ("import sys\nsys.meta_path.clear()", "sys"),
@@ -145,7 +146,8 @@ STOPPED = {
     "reading a file outside": ("ctx = gguf_init_from_file('/etc/hostname', gguf_init_params(no_alloc=True, ctx=None))",
                                "failed to open"),
     "a huge file in the scratch directory": ("ctx = gguf_init_empty()\n"
-                                             "gguf_set_arr_data(ctx, 'big', GGUF_TYPE_UINT8, np.zeros(4 << 20, np.uint8), 4 << 20)\n"
+                                             "gguf_set_arr_data(ctx, 'big', GGUF_TYPE_UINT8, "
+                                             "np.zeros(4 << 20, np.uint8), 4 << 20)\n"
                                              "gguf_write_to_file(ctx, 'big.gguf', False)", "Error"),
     "deep recursion": ("def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
     "open a file outside scratch": ("open('/tmp/ggml-lens-sandbox-escaped', 'w').write('x')", "refuses to open"),

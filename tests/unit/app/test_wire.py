@@ -39,7 +39,8 @@ def test_every_walkthrough_crosses_the_format_unchanged(name):
     assert [s.notes for s in back.steps] == [s.notes for s in trace.steps]
     k = len(trace.steps) - 1
     a, b = trace.state_at(k), back.state_at(k)
-    assert {c: bytes(x.pool.data) for c, x in a.contexts.items()} == {c: bytes(x.pool.data) for c, x in b.contexts.items()}
+    assert {c: bytes(x.pool.data) for c, x in a.contexts.items()} == \
+        {c: bytes(x.pool.data) for c, x in b.contexts.items()}
 
 
 def test_outputs_are_numbers_strings_and_arrays_or_refused():

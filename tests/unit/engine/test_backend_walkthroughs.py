@@ -35,7 +35,8 @@ def test_offload_trace_shows_passes_splits_and_copies():
     backends = {p.backend for p in first_pass.placements}
     assert backends == {"GPU0", "CPU"}  # weights on both devices place their ops in pass 1
     splits = [s.split for s in trace.steps if s.kind == "split"][:3]
-    assert [(sp.backend, sp.i_start) for sp in splits] == [("CPU", 0), ("GPU0", splits[1].i_start), ("CPU", splits[2].i_start)]
+    assert [(sp.backend, sp.i_start) for sp in splits] == \
+        [("CPU", 0), ("GPU0", splits[1].i_start), ("CPU", splits[2].i_start)]
     decisions = [s.decision for s in trace.steps if s.kind == "alloc"]
     assert {d.kind for d in decisions} >= {"alloc", "free"} and {d.buffer for d in decisions} == {"GPU0", "CPU"}
     # a copy step writes the copy's bytes; the rebuilt state after it holds them in the device buffer

@@ -13,7 +13,8 @@ from engine.trace.steps import ContextMeta, Patch, Step, StepKind
 def _trace(pool: int, steps: int, write: int) -> T.Trace:
     """Steps that each write `write` bytes of one pool of `pool` bytes (a different place each)."""
     rng = np.random.default_rng(0)
-    out = [Step(0, StepKind.CALL, "ctx = ggml_init(...)", 1, "", contexts=(ContextMeta(1, 1 << 32, pool, None, False),))]
+    out = [Step(0, StepKind.CALL, "ctx = ggml_init(...)", 1, "",
+                contexts=(ContextMeta(1, 1 << 32, pool, None, False),))]
     for k in range(1, steps):
         at = (k * write) % (pool - write)
         out.append(Step(k, StepKind.CALL, "x", 2, "", patches=(Patch(1, at, rng.bytes(write)),)))

@@ -23,7 +23,8 @@ def test_a_node_without_a_kernel_raises_its_reason():
     class Node:  # the fields compute_forward reads of a tensor
         op, type, src = GGMLOp.FLASH_ATTN_BACK, 0, [None] * 10
 
-    with pytest.raises(GGMLNotSupportedError, match="FLASH_ATTN_BACK is not supported.*ggml_flash_attn_back aborts in ggml 0.15.3"):
+    with pytest.raises(GGMLNotSupportedError,
+                       match="FLASH_ATTN_BACK is not supported.*ggml_flash_attn_back aborts in ggml 0.15.3"):
         compute_forward(None, Node())
 
 

@@ -5,7 +5,6 @@ llama.cpp's own WordPiece.)"""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

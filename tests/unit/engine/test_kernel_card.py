@@ -1,4 +1,4 @@
-"""The debugger's worked block (engine/compute/explain.py) against the node it explains."""
+"""The debugger's worked block (engine/compute/kernel_card.py) against the node it explains."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import ggml as eng
-from engine.compute.explain import worked_block
+from engine.compute.kernel_card import worked_block
 from engine.compute.kernels.vecdot import EXACT_QUANT
 from engine.core.types import GGMLType, TYPE_TRAITS
 from engine.quants import quantize
