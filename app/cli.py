@@ -347,7 +347,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _install_model(args: argparse.Namespace) -> int:
     from app.settings import Settings
-    from engine.models.bundled import BundledModelError, install, model_path
+    from engine.models.bundled import BundledModelError, install_model, model_path
 
     data = Settings.from_env().data_dir
     if model_path(data).is_file():
@@ -365,7 +365,7 @@ def _install_model(args: argparse.Namespace) -> int:
               f"{done / total:4.0%} of {total / 1e6:.0f} MB", end="", file=sys.stderr, flush=True)
 
     try:
-        path = install(data, progress)
+        path = install_model(data, progress)
     except BundledModelError as err:
         print(f"\nggml-lens: {err}", file=sys.stderr)
         return 1

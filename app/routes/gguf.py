@@ -30,7 +30,7 @@ from app.views.gguf.home import UploadError, home_view
 from app.views.gguf.kv_table import kv_table_view
 from app.views.gguf.sample import read_ranges
 from app.views.gguf.state import PANEL_PARAMS, FileState, file_url, kv_url, merge_params, tensor_url
-from app.views.gguf.tensor import tensor_view
+from app.views.gguf.tensor import gguf_tensor_view
 from app.views.gguf.tensors_table import tensor_table_view
 from app.web import log, templates
 from engine.gguf import GGUFError, GGUFReader
@@ -337,6 +337,6 @@ def gguf_tensor(request: Request, digest: str, name: str, store: Store,
         view = block_view(digest, reader, t, row, block)
         push = tensor_url(digest, t.name, row=view.row, block=view.block)
         return _render(request, "", target, {"block": view}, push)
-    view = tensor_view(store, digest, reader, t, row, block)
+    view = gguf_tensor_view(store, digest, reader, t, row, block)
     return _render(request, "pages/gguf_tensor.html", None,
                    {"view": view, "block": view.block})

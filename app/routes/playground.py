@@ -112,11 +112,11 @@ def run_page(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
     """The recording of a stored program: its place in the queue, or how long it has run; the
     debugger once its trace is kept (htmx polls this page)."""
     _on(programs)
-    return recording(request, programs, cache, jobs, digest, threads or 1, step)
+    return program_recording(request, programs, cache, jobs, digest, threads or 1, step)
 
 
-def recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: Jobs, digest: str,
-              threads: int, step: int | None = None) -> Response:
+def program_recording(request: Request, programs: ProgramStore, cache: TraceCache, jobs: Jobs,
+                      digest: str, threads: int, step: int | None = None) -> Response:
     """The debugger if the program's trace is kept, else its job's page (202)."""
     found = trace_or_job(programs, cache, digest, threads, client_of(request))
     if isinstance(found, Trace):

@@ -264,7 +264,7 @@ def has_capabilities(libc: ctypes.CDLL) -> bool:
     return any(d.effective or d.permitted for d in data)
 
 
-def probe(request: dict) -> str:
+def check_confinement(request: dict) -> str:
     """'confined' if this process finds every door the boundary closes closed."""
     import socket
 
@@ -318,7 +318,7 @@ def main() -> None:
     out = sys.stdout.buffer
     confine(request)
     if request.get("probe"):
-        out.write(probe(request).encode())
+        out.write(check_confinement(request).encode())
         return
     source, n_threads = request["source"], int(request["threads"])
     limits = request["limits"]

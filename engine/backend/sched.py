@@ -44,7 +44,7 @@ from engine.backend.device import (
 )
 from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params
-from engine.core.errors import ggml_abort, ggml_assert
+from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -181,8 +181,9 @@ class Sched:
         owner = t.view_src if t.view_src is not None else t
         if tensor_buffer(t) is not None or tensor_buffer(owner) is not None:
             buf = tensor_buffer(owner) or tensor_buffer(t)
-            ggml_abort(f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that cannot run the "
-                       f"operation ({GGMLOp(t.op).name})", "ggml_backend_sched_backend_id_from_cur")
+            raise GGMLAbortError(f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that "
+                                 f"cannot run the operation ({GGMLOp(t.op).name})",
+                                 "ggml_backend_sched_backend_id_from_cur")
         if t.flags & GGML_TENSOR_FLAG_INPUT:
             return len(self.backends) - 1, "1.inp"
         for i, src in enumerate(t.src):

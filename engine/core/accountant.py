@@ -21,7 +21,7 @@ from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR,
     ggml_used_mem
 from engine.core.graph import ggml_graph_nbytes
 from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, struct_at
-from engine.core.infos import TensorInfo, tensor_infos
+from engine.core.infos import PoolTensor, tensor_infos
 
 
 class ObjectCost(NamedTuple):
@@ -81,7 +81,7 @@ class MemAccount:
         return next((o for o in self.objects if o.end > mem_size), None)
 
 
-def account(ctx: Context, infos: list[TensorInfo] | None = None) -> MemAccount:
+def account(ctx: Context, infos: list[PoolTensor] | None = None) -> MemAccount:
     """Split ctx's used bytes by what they hold (see the module docstring). `infos`: ctx's
     tensor_infos, if the caller has them already."""
     tensors_at = {t.offs: t for t in (tensor_infos(ctx) if infos is None else infos)}

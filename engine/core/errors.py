@@ -64,10 +64,6 @@ class GGMLAbortError(RuntimeError):
         super().__init__(f"{function}: GGML_ABORT: {message}")
 
 
-def ggml_abort(message: str, function: str) -> None:
-    raise GGMLAbortError(message, function)
-
-
 class ProgramStopped(BaseException):
     """A limit stopped the program being recorded (the step cap, a sandbox's time or size limit).
 

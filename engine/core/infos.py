@@ -28,9 +28,9 @@ _BLCK = np.array([tr.blck_size or 1 for tr in TYPE_TRAITS], dtype=np.int64)
 _TSIZE = np.array([tr.type_size for tr in TYPE_TRAITS], dtype=np.int64)
 
 
-class TensorInfo(NamedTuple):
-    """One tensor struct of a context, as plain values (a named tuple: a context's thousand are
-    made at once, each without a frozen dataclass's per-field setattr)."""
+class PoolTensor(NamedTuple):
+    """One tensor struct of a context's pool, as plain values (a named tuple: a context's
+    thousand are made at once, each without a frozen dataclass's per-field setattr)."""
 
     offs: int  # offset of the struct in the pool
     address: int  # the struct's (simulated) address
@@ -48,7 +48,7 @@ class TensorInfo(NamedTuple):
         return self.view_src != 0
 
 
-def tensor_infos(ctx: Context, objects: list[tuple[int, int, int, int, int]] | None = None) -> list[TensorInfo]:
+def tensor_infos(ctx: Context, objects: list[tuple[int, int, int, int, int]] | None = None) -> list[PoolTensor]:
     """Every tensor of ctx in object order (one gather of the structs, ggml_nbytes vectorised;
     `objects`: ctx.headers(), when read already)."""
     offsets = [offs for _, offs, _, type_, _ in (ctx.headers() if objects is None else objects)
@@ -67,7 +67,7 @@ def tensor_infos(ctx: Context, objects: list[tuple[int, int, int, int, int]] | N
     nbytes = np.where((ne <= 0).any(axis=1), 0, first + spans)
     # the fields as Python values in one conversion each, not a numpy scalar per field per tensor
     names = record_names(recs)
-    return list(map(TensorInfo._make, zip(
+    return list(map(PoolTensor._make, zip(
         offsets, (ctx.base + o for o in offsets), names, types.tolist(), map(tuple, ne.tolist()), recs["op"].tolist(),
         recs["flags"].tolist(), recs["view_src"].tolist(), recs["data"].tolist(), nbytes.tolist())))
 

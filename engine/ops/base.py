@@ -63,7 +63,7 @@ def f32_params(*values: float) -> bytes:
 
 # --- recording ---------------------------------------------------------------------------------
 
-def record(result: Tensor, op: GGMLOp, *srcs: Tensor | None) -> Tensor:
+def set_op_src(result: Tensor, op: GGMLOp, *srcs: Tensor | None) -> Tensor:
     """result->op = op and result->src[i] = srcs[i]: what every ggml_<op> ends with."""
     result.op = op
     for i, s in enumerate(srcs):

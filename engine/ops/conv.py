@@ -16,7 +16,7 @@ from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_contiguous_channels, ggml_is_matrix, \
     ggml_new_tensor
 from engine.core.types import GGMLType, TYPE_TRAITS
-from engine.ops.base import ggml_set_op_params, ggml_set_op_params_i32, i32_params, record, shape_of
+from engine.ops.base import ggml_set_op_params, ggml_set_op_params_i32, i32_params, set_op_src, shape_of
 from engine.ops.matmul import ggml_mul_mat
 from engine.ops.views import ggml_cont, ggml_permute, ggml_reshape_2d, ggml_reshape_3d, ggml_reshape_4d
 
@@ -58,7 +58,7 @@ def ggml_im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p
           oh if is_2D else int(b.ne[2]), int(b.ne[3]) if is_2D else 1]
     result = ggml_new_tensor(ctx, dst_type, 4, ne)
     ggml_set_op_params(result, i32_params(s0, s1, p0, p1, d0, d1, 1 if is_2D else 0))
-    return record(result, GGMLOp.IM2COL, a, b)
+    return set_op_src(result, GGMLOp.IM2COL, a, b)
 
 
 @op
@@ -131,7 +131,7 @@ def ggml_conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0
     result = ggml_new_tensor(ctx, b.type, 4, ne)
     for i, v in enumerate((s0, s1, p0, p1, d0, d1)):
         ggml_set_op_params_i32(result, i, v)
-    return record(result, GGMLOp.CONV_2D, a, b)
+    return set_op_src(result, GGMLOp.CONV_2D, a, b)
 
 
 # --- depthwise 2-d convolution ---------------------------------------------------------------
@@ -172,7 +172,7 @@ def ggml_conv_2d_dw_direct(ctx: Context, a: Tensor, b: Tensor, stride0: int, str
         result.nb[1] = int(result.ne[0]) * int(result.nb[0])
         result.nb[2] = ts
     ggml_set_op_params(result, struct.pack("<6i", stride0, stride1, pad0, pad1, dilation0, dilation1))
-    return record(result, GGMLOp.CONV_2D_DW, a, b)
+    return set_op_src(result, GGMLOp.CONV_2D_DW, a, b)
 
 
 # --- transposed convolution, col2im ----------------------------------------------------------
@@ -191,7 +191,7 @@ def ggml_conv_transpose_1d(ctx: Context, a: Tensor, b: Tensor, s0: int, p0: int,
     ol = (int(b.ne[0]) - 1) * s0 - 2 * p0 + d0 * (int(a.ne[0]) - 1) + 1
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [ol, int(a.ne[1]), int(b.ne[2]), 1])
     ggml_set_op_params(result, struct.pack("<3i", s0, p0, d0))
-    return record(result, GGMLOp.CONV_TRANSPOSE_1D, a, b)
+    return set_op_src(result, GGMLOp.CONV_TRANSPOSE_1D, a, b)
 
 
 @op
@@ -203,7 +203,7 @@ def ggml_conv_transpose_2d_p0(ctx: Context, a: Tensor, b: Tensor, stride: int) -
           int(b.ne[3])]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params_i32(result, 0, stride)
-    return record(result, GGMLOp.CONV_TRANSPOSE_2D, a, b)
+    return set_op_src(result, GGMLOp.CONV_TRANSPOSE_2D, a, b)
 
 
 @op
@@ -225,7 +225,7 @@ def ggml_col2im_1d(ctx: Context, a: Tensor, s0: int, oc: int, p0: int) -> Tensor
     ggml_assert(k > 0 and t_out > 0, "K > 0 && T_out > 0", fn)
     result = ggml_new_tensor(ctx, a.type, 2, [t_out, oc, 1, 1])
     ggml_set_op_params(result, struct.pack("<3i", s0, oc, p0))
-    return record(result, GGMLOp.COL2IM_1D, a)
+    return set_op_src(result, GGMLOp.COL2IM_1D, a)
 
 
 # --- 3-d convolution -------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def ggml_im2col_3d(ctx: Context, a: Tensor, b: Tensor, ic: int, s0: int, s1: int
     ne = [int(a.ne[0]) * int(a.ne[1]) * int(a.ne[2]) * ic, ow, oh, od * n]
     result = ggml_new_tensor(ctx, dst_type, 4, ne)
     ggml_set_op_params(result, struct.pack("<10i", s0, s1, s2, p0, p1, p2, d0, d1, d2, ic))
-    return record(result, GGMLOp.IM2COL_3D, a, b)
+    return set_op_src(result, GGMLOp.IM2COL_3D, a, b)
 
 
 @op
@@ -277,4 +277,4 @@ def ggml_conv_3d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, s2
           _conv_output_size(int(b.ne[2]), int(a.ne[2]), s2, p2, d2), oc * n]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params(result, struct.pack("<12i", s0, s1, s2, p0, p1, p2, d0, d1, d2, c, n, oc))
-    return record(result, GGMLOp.CONV_3D, a, b)
+    return set_op_src(result, GGMLOp.CONV_3D, a, b)

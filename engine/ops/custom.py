@@ -23,7 +23,7 @@ from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_SRC
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_new_tensor_4d, ggml_view_tensor
-from engine.ops.base import dup_or_view, ggml_set_op_params, record
+from engine.ops.base import dup_or_view, ggml_set_op_params, set_op_src
 
 GGML_N_TASKS_MAX = -1
 
@@ -61,7 +61,7 @@ def _map_custom(ctx: Context, op: GGMLOp, srcs: tuple[Tensor, ...], fun: Callabl
     ggml_assert(callable(fun), "fun", fn, "fun must be callable")
     result = dup_or_view(ctx, srcs[0], inplace)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return record(result, op, *srcs)
+    return set_op_src(result, op, *srcs)
 
 
 @op
@@ -113,7 +113,7 @@ def ggml_custom_4d(ctx: Context, type_: int, ne0: int, ne1: int, ne2: int, ne3: 
     ggml_assert(n_args < GGML_MAX_SRC, "n_args < GGML_MAX_SRC", "ggml_custom_4d", f"n_args = {n_args}")
     result = ggml_new_tensor_4d(ctx, type_, ne0, ne1, ne2, ne3)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return record(result, GGMLOp.CUSTOM, *list(args)[:n_args])
+    return set_op_src(result, GGMLOp.CUSTOM, *list(args)[:n_args])
 
 
 @op
@@ -124,4 +124,4 @@ def ggml_custom_inplace(ctx: Context, a: Tensor, args: list[Tensor], n_args: int
                 f"n_args = {n_args}")
     result = ggml_view_tensor(ctx, a)
     ggml_set_op_params(result, _params(fun, n_tasks, userdata))
-    return record(result, GGMLOp.CUSTOM, a, *list(args)[:n_args])
+    return set_op_src(result, GGMLOp.CUSTOM, a, *list(args)[:n_args])

@@ -25,7 +25,7 @@ from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggm
     ggml_nelements, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_4d
 from engine.core.types import GGMLType, TYPE_TRAITS
 from engine.ops.base import dup_or_view, ggml_set_op_params, ggml_set_op_params_f32, \
-    ggml_set_op_params_i32, record, shape_of
+    ggml_set_op_params_i32, set_op_src, shape_of
 from engine.ops.views import ggml_view_4d
 
 GGML_SORT_ORDER_ASC = 0
@@ -54,7 +54,7 @@ def _binary(ctx: Context, a: Tensor, b: Tensor, op: GGMLOp, inplace: bool, fn: s
     """ggml_add_impl and friends: b is broadcast onto a (by modulo) at compute time."""
     ggml_assert(ggml_can_repeat(b, a), "ggml_can_repeat(b, a)", fn,
                 f"b {shape_of(b)} does not tile a {shape_of(a)}")
-    return record(dup_or_view(ctx, a, inplace), op, a, b)
+    return set_op_src(dup_or_view(ctx, a, inplace), op, a, b)
 
 
 @op
@@ -114,7 +114,7 @@ def ggml_add_id(ctx: Context, a: Tensor, b: Tensor, ids: Tensor) -> Tensor:
     ggml_assert(int(a.ne[1]) == int(ids.ne[0]), "a->ne[1] == ids->ne[0]", fn)
     ggml_assert(int(a.ne[2]) == int(ids.ne[1]), "a->ne[2] == ids->ne[1]", fn)
     ggml_assert(ids.type == GGMLType.I32, "ids->type == GGML_TYPE_I32", fn)
-    return record(ggml_dup_tensor(ctx, a), GGMLOp.ADD_ID, a, b, ids)
+    return set_op_src(ggml_dup_tensor(ctx, a), GGMLOp.ADD_ID, a, b, ids)
 
 
 @op
@@ -125,7 +125,7 @@ def ggml_add_cast(ctx: Context, a: Tensor, b: Tensor, type_: int) -> Tensor:
     ggml_assert(TYPE_TRAITS[a.type].is_quantized or a.type in (GGMLType.F16, GGMLType.BF16),
                 "ggml_is_quantized(a->type) || a->type == GGML_TYPE_F16 || a->type == GGML_TYPE_BF16", fn)
     result = ggml_new_tensor(ctx, type_, GGML_MAX_DIMS, a.ne)
-    return record(result, GGMLOp.ADD, a, b)
+    return set_op_src(result, GGMLOp.ADD, a, b)
 
 
 # --- add1, acc, set, scale, fill -------------------------------------------------------------
@@ -133,7 +133,7 @@ def ggml_add_cast(ctx: Context, a: Tensor, b: Tensor, type_: int) -> Tensor:
 def _add1(ctx: Context, a: Tensor, b: Tensor, inplace: bool, fn: str) -> Tensor:
     ggml_assert(ggml_is_scalar(b), "ggml_is_scalar(b)", fn, f"b has ne {shape_of(b)}")
     ggml_assert(ggml_is_padded_1d(a), "ggml_is_padded_1d(a)", fn, f"a has nb {list(a.nb)}")
-    return record(dup_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
+    return set_op_src(dup_or_view(ctx, a, inplace), GGMLOp.ADD1, a, b)
 
 
 @op
@@ -158,7 +158,7 @@ def _acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
     result = dup_or_view(ctx, a, inplace)
     params = [_int32(v) for v in (nb1, nb2, nb3, offset, 1 if inplace else 0)]
     ggml_set_op_params(result, struct.pack("<5i", *params))
-    return record(result, GGMLOp.ACC, a, b)
+    return set_op_src(result, GGMLOp.ACC, a, b)
 
 
 @op
@@ -183,7 +183,7 @@ def _set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offse
     ggml_assert(offset < (1 << 30), "offset < (size_t)(1 << 30)", fn, f"offset {offset}")
     params = [_int32(v) for v in (nb1, nb2, nb3, offset, 1 if inplace else 0)]
     ggml_set_op_params(result, struct.pack("<5i", *params))
-    return record(result, GGMLOp.SET, a, b)
+    return set_op_src(result, GGMLOp.SET, a, b)
 
 
 @op
@@ -229,7 +229,7 @@ def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) 
     ggml_assert(ggml_is_padded_1d(a), "ggml_is_padded_1d(a)", fn, f"a has nb {list(a.nb)}")
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<2f", s, b))
-    return record(result, GGMLOp.SCALE, a)
+    return set_op_src(result, GGMLOp.SCALE, a)
 
 
 @op
@@ -263,7 +263,7 @@ def _fill(ctx: Context, a: Tensor, c: float, inplace: bool) -> Tensor:
     ggml_assert(ggml_is_contiguous(a), "ggml_is_contiguous(a)", fn)
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_f32(result, 0, c)
-    return record(result, GGMLOp.FILL, a)
+    return set_op_src(result, GGMLOp.FILL, a)
 
 
 @op
@@ -283,21 +283,21 @@ def ggml_fill_inplace(ctx: Context, a: Tensor, c: float) -> Tensor:
 @op
 def ggml_sum(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum: every element summed into a 1-element tensor of a's type."""
-    return record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.SUM, a)
+    return set_op_src(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.SUM, a)
 
 
 @op
 def ggml_sum_rows(ctx: Context, a: Tensor) -> Tensor:
     """ggml_sum_rows: [1, ne1, ne2, ne3] of a's type, each the sum of one row."""
     ne = [1] + shape_of(a)[1:]
-    return record(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne), GGMLOp.SUM_ROWS, a)
+    return set_op_src(ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne), GGMLOp.SUM_ROWS, a)
 
 
 @op
 def ggml_mean(ctx: Context, a: Tensor) -> Tensor:
     """ggml_mean: F32 [1, ne1, ne2, ne3], each the mean of one row."""
     ne = [1] + shape_of(a)[1:]
-    return record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.MEAN, a)
+    return set_op_src(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.MEAN, a)
 
 
 @op
@@ -305,7 +305,7 @@ def ggml_argmax(ctx: Context, a: Tensor) -> Tensor:
     """ggml_argmax: I32 [ne1], the index of each row's maximum (a must be a matrix)."""
     ggml_assert(ggml_is_matrix(a), "ggml_is_matrix(a)", "ggml_argmax", f"a has ne {shape_of(a)}")
     ggml_assert(int(a.ne[0]) <= INT32_MAX, "a->ne[0] <= INT32_MAX", "ggml_argmax")
-    return record(ggml_new_tensor_1d(ctx, GGMLType.I32, int(a.ne[1])), GGMLOp.ARGMAX, a)
+    return set_op_src(ggml_new_tensor_1d(ctx, GGMLType.I32, int(a.ne[1])), GGMLOp.ARGMAX, a)
 
 
 @op
@@ -313,14 +313,14 @@ def ggml_count_equal(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_count_equal: I64 [1], how many elements of a and b are equal."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_count_equal",
                 f"{shape_of(a)} vs {shape_of(b)}")
-    return record(ggml_new_tensor_1d(ctx, GGMLType.I64, 1), GGMLOp.COUNT_EQUAL, a, b)
+    return set_op_src(ggml_new_tensor_1d(ctx, GGMLType.I64, 1), GGMLOp.COUNT_EQUAL, a, b)
 
 
 @op
 def ggml_cumsum(ctx: Context, a: Tensor) -> Tensor:
     """ggml_cumsum: each row's running sum along dim 0 (F32)."""
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_cumsum")
-    return record(ggml_dup_tensor(ctx, a), GGMLOp.CUMSUM, a)
+    return set_op_src(ggml_dup_tensor(ctx, a), GGMLOp.CUMSUM, a)
 
 
 # --- repeat, concat --------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def ggml_repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ggml_assert(ggml_can_repeat(a, b), "ggml_can_repeat(a, b)", "ggml_repeat",
                 f"a {shape_of(a)} does not tile b {shape_of(b)}")
     result = ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, b.ne)
-    return record(result, GGMLOp.REPEAT, a)
+    return set_op_src(result, GGMLOp.REPEAT, a)
 
 
 @op
@@ -340,7 +340,7 @@ def ggml_repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: i
     ne = (ne0, ne1, ne2, ne3)
     can_repeat = ggml_is_empty(a) or all(n % int(m) == 0 for n, m in zip(ne, a.ne))
     ggml_assert(can_repeat, "can_repeat", "ggml_repeat_4d", f"a {shape_of(a)} does not tile {ne}")
-    return record(ggml_new_tensor_4d(ctx, a.type, *ne), GGMLOp.REPEAT, a)
+    return set_op_src(ggml_new_tensor_4d(ctx, a.type, *ne), GGMLOp.REPEAT, a)
 
 
 @op
@@ -359,7 +359,7 @@ def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
         ne.append(int(a.ne[d]))
     result = ggml_new_tensor(ctx, a.type, GGML_MAX_DIMS, ne)
     ggml_set_op_params_i32(result, 0, dim)
-    return record(result, GGMLOp.CONCAT, a, b)
+    return set_op_src(result, GGMLOp.CONCAT, a, b)
 
 
 # --- norms -----------------------------------------------------------------------------------
@@ -367,7 +367,7 @@ def ggml_concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
 def _eps_op(op: GGMLOp, ctx: Context, a: Tensor, eps: float, inplace: bool) -> Tensor:
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<f", eps))
-    return record(result, op, a)
+    return set_op_src(result, op, a)
 
 
 @op
@@ -410,7 +410,7 @@ def _group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float, inplace: boo
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_i32(result, 0, n_groups)
     ggml_set_op_params_f32(result, 1, eps)
-    return record(result, GGMLOp.GROUP_NORM, a)
+    return set_op_src(result, GGMLOp.GROUP_NORM, a)
 
 
 @op
@@ -433,7 +433,7 @@ def ggml_diag(ctx: Context, a: Tensor) -> Tensor:
     """ggml_diag: a row vector [n, 1, ne2, ne3] made the diagonal of [n, n, ne2, ne3]."""
     ggml_assert(int(a.ne[1]) == 1, "a->ne[1] == 1", "ggml_diag", f"ne = {shape_of(a)}")
     ne = [int(a.ne[0]), int(a.ne[0]), int(a.ne[2]), int(a.ne[3])]
-    return record(ggml_new_tensor(ctx, a.type, 4, ne), GGMLOp.DIAG, a)
+    return set_op_src(ggml_new_tensor(ctx, a.type, 4, ne), GGMLOp.DIAG, a)
 
 
 @op
@@ -446,7 +446,7 @@ def ggml_tri(ctx: Context, a: Tensor, type_: int) -> Tensor:
     ggml_assert(int(a.ne[0]) == int(a.ne[1]), "a->ne[0] == a->ne[1]", fn, f"ne = {shape_of(a)}")
     result = ggml_dup_tensor(ctx, a)
     ggml_set_op_params_i32(result, 0, int(type_))
-    return record(result, GGMLOp.TRI, a)
+    return set_op_src(result, GGMLOp.TRI, a)
 
 
 # --- arange, argsort, top_k ------------------------------------------------------------------
@@ -472,7 +472,7 @@ def ggml_argsort(ctx: Context, a: Tensor, order: int) -> Tensor:
     ggml_assert(int(a.ne[0]) <= INT32_MAX, "a->ne[0] <= INT32_MAX", "ggml_argsort")
     result = ggml_new_tensor(ctx, GGMLType.I32, GGML_MAX_DIMS, a.ne)
     ggml_set_op_params_i32(result, 0, int(order))
-    return record(result, GGMLOp.ARGSORT, a)
+    return set_op_src(result, GGMLOp.ARGSORT, a)
 
 
 @op
@@ -489,7 +489,7 @@ def ggml_top_k(ctx: Context, a: Tensor, k: int) -> Tensor:
     """ggml_top_k: I32 [k, ne1, ne2, ne3], the indices of each row's k largest (unordered)."""
     ggml_assert(int(a.ne[0]) >= k, "a->ne[0] >= k", "ggml_top_k", f"k = {k} > ne0 = {int(a.ne[0])}")
     result = ggml_new_tensor_4d(ctx, GGMLType.I32, k, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
-    return record(result, GGMLOp.TOP_K, a)
+    return set_op_src(result, GGMLOp.TOP_K, a)
 
 
 # --- loss ------------------------------------------------------------------------------------
@@ -499,4 +499,4 @@ def ggml_cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """ggml_cross_entropy_loss: [1] of a's type, -mean over rows of Σ b·log_softmax(a)."""
     ggml_assert(ggml_are_same_shape(a, b), "ggml_are_same_shape(a, b)", "ggml_cross_entropy_loss",
                 f"{shape_of(a)} vs {shape_of(b)}")
-    return record(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.CROSS_ENTROPY_LOSS, a, b)
+    return set_op_src(ggml_new_tensor_1d(ctx, a.type, 1), GGMLOp.CROSS_ENTROPY_LOSS, a, b)

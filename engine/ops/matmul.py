@@ -13,7 +13,7 @@ from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_is_transposed, ggml_new_tensor, \
     ggml_new_tensor_4d
 from engine.core.types import GGMLType
-from engine.ops.base import ggml_set_op_params_i32, record, shape_of
+from engine.ops.base import ggml_set_op_params_i32, set_op_src, shape_of
 
 GGML_PREC_DEFAULT = 0  # enum ggml_prec: what mul_mat and flash_attn_ext may compute in
 GGML_PREC_F32 = 10
@@ -35,7 +35,7 @@ def ggml_mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ggml_assert(not ggml_is_transposed(a), "!ggml_is_transposed(a)", "ggml_mul_mat")
     ne = [int(a.ne[1]), int(b.ne[1]), int(b.ne[2]), int(b.ne[3])]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
-    return record(result, GGMLOp.MUL_MAT, a, b)
+    return set_op_src(result, GGMLOp.MUL_MAT, a, b)
 
 
 @op
@@ -73,7 +73,7 @@ def ggml_mul_mat_id(ctx: Context, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor
                 f"{int(ids.ne[0])} experts per token cannot broadcast {int(b.ne[1])} inputs")
     ne = [int(as_.ne[1]), int(ids.ne[0]), int(b.ne[2]), 1]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
-    return record(result, GGMLOp.MUL_MAT_ID, as_, b, ids)
+    return set_op_src(result, GGMLOp.MUL_MAT_ID, as_, b, ids)
 
 
 @query
@@ -90,7 +90,7 @@ def ggml_out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
                 f"a {shape_of(a)}, b {shape_of(b)}")
     ggml_assert(not ggml_is_transposed(a), "!ggml_is_transposed(a)", "ggml_out_prod")
     ne = [int(a.ne[0]), int(b.ne[0]), int(b.ne[2]), int(b.ne[3])]
-    return record(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.OUT_PROD, a, b)
+    return set_op_src(ggml_new_tensor(ctx, GGMLType.F32, 4, ne), GGMLOp.OUT_PROD, a, b)
 
 
 @op
@@ -108,4 +108,4 @@ def ggml_solve_tri(ctx: Context, a: Tensor, b: Tensor, left: bool, lower: bool, 
     ggml_assert(ggml_is_contiguous(b), "ggml_is_contiguous(b)", fn)
     ggml_assert(lower and left and not uni, "lower && left && !uni", fn, "the only variant ggml solves")
     result = ggml_new_tensor_4d(ctx, GGMLType.F32, *(int(x) for x in b.ne))
-    return record(result, GGMLOp.SOLVE_TRI, a, b)
+    return set_op_src(result, GGMLOp.SOLVE_TRI, a, b)

@@ -22,7 +22,7 @@ from engine.core.tensor import Tensor, ggml_dup_tensor, ggml_is_contiguous, ggml
     ggml_new_tensor, ggml_new_tensor_2d, ggml_new_tensor_4d, ggml_view_tensor
 from engine.core.types import GGMLType, TYPE_TRAITS
 from engine.ops.base import dup_or_view, f32_params, ggml_set_op_params, ggml_set_op_params_i32, \
-    i32_params, record, shape_of
+    i32_params, set_op_src, shape_of
 
 # --- constants of ggml.h used by these ops ----------------------------------------------------
 
@@ -55,7 +55,7 @@ def ggml_get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ggml_assert(b.type == GGMLType.I32, "b->type == GGML_TYPE_I32", fn)
     type_ = GGMLType.I32 if a.type == GGMLType.I32 else GGMLType.F32
     result = ggml_new_tensor_4d(ctx, type_, int(a.ne[0]), int(b.ne[0]), int(b.ne[1]), int(b.ne[2]))
-    return record(result, GGMLOp.GET_ROWS, a, b)
+    return set_op_src(result, GGMLOp.GET_ROWS, a, b)
 
 
 @op
@@ -79,7 +79,7 @@ def ggml_set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     ggml_assert(ggml_is_contiguous_rows(a), "ggml_is_contiguous_rows(a)", fn)
     ggml_assert(ggml_is_contiguous_rows(b), "ggml_is_contiguous_rows(b)", fn)
     result = ggml_view_tensor(ctx, a)
-    return record(result, GGMLOp.SET_ROWS, b, c, a)
+    return set_op_src(result, GGMLOp.SET_ROWS, b, c, a)
 
 
 # --- diag_mask -------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def ggml_set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 def _diag_mask(ctx: Context, a: Tensor, n_past: int, inplace: bool, op: GGMLOp) -> Tensor:
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, i32_params(n_past))
-    return record(result, op, a)
+    return set_op_src(result, op, a)
 
 
 @op
@@ -132,7 +132,7 @@ def _soft_max(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, max_bi
         ggml_assert(mask is not None, "mask", fn, "ALiBi (max_bias > 0) needs a mask")
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, f32_params(scale, max_bias))
-    return record(result, GGMLOp.SOFT_MAX, a, mask)
+    return set_op_src(result, GGMLOp.SOFT_MAX, a, mask)
 
 
 @op
@@ -190,7 +190,7 @@ def ggml_pool_1d(ctx: Context, a: Tensor, op: int, k0: int, s0: int, p0: int) ->
     ggml_assert(ne[0] > 0, "ne[0] > 0", "ggml_pool_1d", f"output length {ne[0]}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params(result, i32_params(op, k0, s0, p0))
-    return record(result, GGMLOp.POOL_1D, a)
+    return set_op_src(result, GGMLOp.POOL_1D, a)
 
 
 @op
@@ -206,7 +206,7 @@ def ggml_pool_2d(ctx: Context, a: Tensor, op: int, k0: int, k1: int, s0: int, s1
     ggml_assert(ne[1] > 0, "ne[1] > 0", "ggml_pool_2d", f"output height {ne[1]}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params(result, i32_params(op, k0, k1, s0, s1, int(F32(p0)), int(F32(p1))))
-    return record(result, GGMLOp.POOL_2D, a)
+    return set_op_src(result, GGMLOp.POOL_2D, a)
 
 
 # --- upscale / interpolate, pad, roll, timestep_embedding -------------------------------------
@@ -223,7 +223,7 @@ def _interpolate(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
     result = ggml_new_tensor_4d(ctx, a.type, ne0, ne1, ne2, ne3)
     ggml_set_op_params_i32(result, 0, int(np.uint32(mode).view(np.int32)))
-    return record(result, GGMLOp.UPSCALE, a)
+    return set_op_src(result, GGMLOp.UPSCALE, a)
 
 
 @op
@@ -258,7 +258,7 @@ def ggml_pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int
                                 ne[2] + lp2 + rp2, ne[3] + lp3 + rp3)
     for i, v in enumerate((lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, 0)):
         ggml_set_op_params_i32(result, i, v)  # [8] = 0: not circular
-    return record(result, GGMLOp.PAD, a)
+    return set_op_src(result, GGMLOp.PAD, a)
 
 
 @op
@@ -295,7 +295,7 @@ def ggml_pad_reflect_1d(ctx: Context, a: Tensor, p0: int, p1: int) -> Tensor:
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", fn)
     result = ggml_new_tensor_4d(ctx, a.type, int(a.ne[0]) + p0 + p1, int(a.ne[1]), int(a.ne[2]), int(a.ne[3]))
     ggml_set_op_params(result, i32_params(p0, p1))
-    return record(result, GGMLOp.PAD_REFLECT_1D, a)
+    return set_op_src(result, GGMLOp.PAD_REFLECT_1D, a)
 
 
 
@@ -311,7 +311,7 @@ def ggml_roll(ctx: Context, a: Tensor, shift0: int, shift1: int, shift2: int, sh
     result = ggml_dup_tensor(ctx, a)
     for i, s in enumerate((shift0, shift1, shift2, shift3)):
         ggml_set_op_params_i32(result, i, int(s))
-    return record(result, GGMLOp.ROLL, a)
+    return set_op_src(result, GGMLOp.ROLL, a)
 
 
 
@@ -321,7 +321,7 @@ def ggml_timestep_embedding(ctx: Context, timesteps: Tensor, dim: int, max_perio
     result = ggml_new_tensor_2d(ctx, GGMLType.F32, dim, int(timesteps.ne[0]))
     ggml_set_op_params_i32(result, 0, dim)
     ggml_set_op_params_i32(result, 1, max_period)
-    return record(result, GGMLOp.TIMESTEP_EMBEDDING, timesteps)
+    return set_op_src(result, GGMLOp.TIMESTEP_EMBEDDING, timesteps)
 
 
 # --- flash attention -------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def ggml_flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Ten
     ne = [int(v.ne[0]), int(q.ne[2]), int(q.ne[1]), int(q.ne[3])]
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, ne)
     ggml_set_op_params(result, f32_params(scale, max_bias, logit_softcap))
-    return record(result, GGMLOp.FLASH_ATTN_EXT, q, k, v, mask)
+    return set_op_src(result, GGMLOp.FLASH_ATTN_EXT, q, k, v, mask)
 
 
 @op
@@ -396,7 +396,7 @@ def ggml_win_part(ctx: Context, a: Tensor, w: int) -> Tensor:
     npx, npy = (px + int(a.ne[1])) // w, (py + int(a.ne[2])) // w
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [int(a.ne[0]), w, w, npx * npy])
     ggml_set_op_params(result, i32_params(npx, npy, w))
-    return record(result, GGMLOp.WIN_PART, a)
+    return set_op_src(result, GGMLOp.WIN_PART, a)
 
 
 @op
@@ -405,7 +405,7 @@ def ggml_win_unpart(ctx: Context, a: Tensor, w0: int, h0: int, w: int) -> Tensor
     ggml_assert(a.type == GGMLType.F32, "a->type == GGML_TYPE_F32", "ggml_win_unpart")
     result = ggml_new_tensor(ctx, GGMLType.F32, 3, [int(a.ne[0]), w0, h0, 1])
     ggml_set_op_params(result, i32_params(w))
-    return record(result, GGMLOp.WIN_UNPART, a)
+    return set_op_src(result, GGMLOp.WIN_UNPART, a)
 
 
 @op
@@ -414,7 +414,7 @@ def ggml_get_rel_pos(ctx: Context, a: Tensor, qh: int, kh: int) -> Tensor:
     (query, key) pair's row."""
     ggml_assert(qh == kh, "qh == kh", "ggml_get_rel_pos")
     ggml_assert(2 * max(qh, kh) - 1 == int(a.ne[1]), "2*MAX(qh, kh) - 1 == a->ne[1]", "ggml_get_rel_pos")
-    return record(ggml_new_tensor(ctx, GGMLType.F16, 3, [int(a.ne[0]), kh, qh, 1]), GGMLOp.GET_REL_POS, a)
+    return set_op_src(ggml_new_tensor(ctx, GGMLType.F16, 3, [int(a.ne[0]), kh, qh, 1]), GGMLOp.GET_REL_POS, a)
 
 
 def _add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor, inplace: bool) -> Tensor:
@@ -429,7 +429,7 @@ def _add_rel_pos(ctx: Context, a: Tensor, pw: Tensor, ph: Tensor, inplace: bool)
     ggml_assert(int(pw.ne[1]) * int(pw.ne[2]) == int(a.ne[1]), "pw->ne[1]*pw->ne[2] == a->ne[1]", fn)
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_i32(result, 0, 1 if inplace else 0)
-    return record(result, GGMLOp.ADD_REL_POS, a, pw, ph)
+    return set_op_src(result, GGMLOp.ADD_REL_POS, a, pw, ph)
 
 
 @op

@@ -17,7 +17,7 @@ from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_vector
 from engine.core.types import GGMLType
-from engine.ops.base import dup_or_view, f32_params, ggml_set_op_params, i32_params, record
+from engine.ops.base import dup_or_view, f32_params, ggml_set_op_params, i32_params, set_op_src
 
 GGML_ROPE_TYPE_NORMAL = 0
 GGML_ROPE_TYPE_NEOX = 2
@@ -53,7 +53,7 @@ def _rope(ctx: Context, a: Tensor, b: Tensor, c: Tensor | None, n_dims: int,
     params += f32_params(freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
     params += i32_params(*sect)
     ggml_set_op_params(result, params)
-    return record(result, GGMLOp.ROPE, a, b, c)
+    return set_op_src(result, GGMLOp.ROPE, a, b, c)
 
 
 @op

@@ -18,7 +18,7 @@ from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_is_3d, ggml_is_
     ggml_is_contiguous_rows, ggml_is_matrix, ggml_is_vector, ggml_nelements, ggml_new_tensor, \
     ggml_new_tensor_1d, ggml_new_tensor_3d
 from engine.core.types import GGMLType, ggml_type_size
-from engine.ops.base import ggml_set_op_params_f32, ggml_set_op_params_i32, record, shape_of
+from engine.ops.base import ggml_set_op_params_f32, ggml_set_op_params_i32, set_op_src, shape_of
 
 
 @op
@@ -34,7 +34,7 @@ def ggml_ssm_conv(ctx: Context, sx: Tensor, c: Tensor) -> Tensor:
     ggml_assert(int(sx.ne[1]) == d_inner, "sx->ne[1] == d_inner", fn, f"{int(sx.ne[1])} channels, c has {d_inner}")
     ggml_assert(n_t >= 0, "n_t >= 0", fn, f"sx holds {int(sx.ne[0])} steps for a kernel of {d_conv}")
     result = ggml_new_tensor_3d(ctx, GGMLType.F32, d_inner, n_t, n_s)
-    return record(result, GGMLOp.SSM_CONV, sx, c)
+    return set_op_src(result, GGMLOp.SSM_CONV, sx, c)
 
 
 def _assert_contiguous(fn: str, **tensors: Tensor) -> None:
@@ -83,7 +83,7 @@ def ggml_ssm_scan(ctx: Context, s: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: 
                     f"ids {shape_of(ids)}")
     n = ggml_nelements(x) + d_state * head_dim * n_head * int(ids.ne[0])
     result = ggml_new_tensor_1d(ctx, GGMLType.F32, n)
-    return record(result, GGMLOp.SSM_SCAN, s, x, dt, A, B, C, ids)
+    return set_op_src(result, GGMLOp.SSM_SCAN, s, x, dt, A, B, C, ids)
 
 
 def _linear_attn(ctx: Context, fn: str, op: GGMLOp, lead: Tensor, same: dict, state: Tensor,
@@ -100,7 +100,7 @@ def _linear_attn(ctx: Context, fn: str, op: GGMLOp, lead: Tensor, same: dict, st
     ggml_assert(ggml_nelements(state) == S * S * H * n_seqs, "ggml_nelements(state) == S * S * H * n_seqs",
                 fn, f"state ne = {shape_of(state)}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [S * H, n_tokens + S * n_seqs, 1, 1])
-    return record(result, op, *srcs)
+    return set_op_src(result, op, *srcs)
 
 
 @op
@@ -160,4 +160,4 @@ def ggml_gated_delta_net(ctx: Context, q: Tensor, k: Tensor, v: Tensor, g: Tenso
     ggml_assert(K >= 1, "K >= 1", fn, f"K = {K}")
     result = ggml_new_tensor(ctx, GGMLType.F32, 4, [S_v * H, n_tokens * n_seqs + K * S_v * n_seqs, 1, 1])
     ggml_set_op_params_i32(result, 0, int(K))
-    return record(result, GGMLOp.GATED_DELTA_NET, q, k, v, g, beta, state)
+    return set_op_src(result, GGMLOp.GATED_DELTA_NET, q, k, v, g, beta, state)

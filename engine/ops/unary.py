@@ -20,13 +20,13 @@ from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
 from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_dup_tensor, ggml_is_contiguous_1, \
     ggml_is_contiguous_rows, ggml_new_tensor_impl, ggml_view_tensor
 from engine.ops.base import dup_or_view, ggml_set_op_params, ggml_set_op_params_f32, \
-    ggml_set_op_params_i32, record, shape_of
+    ggml_set_op_params_i32, set_op_src, shape_of
 
 
 # --- element-wise ops with their own op (not UNARY) ------------------------------------------
 
 def _simple(ctx: Context, a: Tensor, op: GGMLOp, inplace: bool) -> Tensor:
-    return record(dup_or_view(ctx, a, inplace), op, a)
+    return set_op_src(dup_or_view(ctx, a, inplace), op, a)
 
 
 @op
@@ -94,7 +94,7 @@ def ggml_leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: boo
     """ggml_leaky_relu: max(x, 0) + slope·min(x, 0); op_params[0] = slope (f32)."""
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<f", negative_slope))
-    return record(result, GGMLOp.LEAKY_RELU, a)
+    return set_op_src(result, GGMLOp.LEAKY_RELU, a)
 
 
 @op
@@ -102,7 +102,7 @@ def ggml_clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:  # no
     """ggml_clamp: always in place (a view of a); op_params = {min, max} (f32)."""
     result = ggml_view_tensor(ctx, a)
     ggml_set_op_params(result, struct.pack("<2f", min, max))
-    return record(result, GGMLOp.CLAMP, a)
+    return set_op_src(result, GGMLOp.CLAMP, a)
 
 
 # --- unary -----------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _unary(ctx: Context, a: Tensor, op: int, inplace: bool, fn: str) -> Tensor:
                 f"'{a.name}' has nb[0] = {int(a.nb[0])}")
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params_i32(result, 0, int(op))
-    return record(result, GGMLOp.UNARY, a)
+    return set_op_src(result, GGMLOp.UNARY, a)
 
 
 @op
@@ -382,7 +382,7 @@ def ggml_xielu(ctx: Context, a: Tensor, alpha_n: float, alpha_p: float, beta: fl
     ggml_set_op_params_f32(result, 2, float(ggml_compute_softplus_f32(alpha_p)))
     ggml_set_op_params_f32(result, 3, beta)
     ggml_set_op_params_f32(result, 4, eps)
-    return record(result, GGMLOp.UNARY, a)
+    return set_op_src(result, GGMLOp.UNARY, a)
 
 
 # --- glu -------------------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def _glu(ctx: Context, a: Tensor, b: Tensor | None, op: int, swapped: bool) -> T
     result = ggml_new_tensor_impl(ctx, a.type, GGML_MAX_DIMS, ne, None, 0)
     ggml_set_op_params_i32(result, 0, int(op))
     ggml_set_op_params_i32(result, 1, int(bool(swapped)))
-    return record(result, GGMLOp.GLU, a, b)
+    return set_op_src(result, GGMLOp.GLU, a, b)
 
 
 @op

@@ -15,7 +15,7 @@ from engine.core.layout import GGML_MAX_DIMS
 from engine.core.optable import GGMLOp
 from engine.core.tensor import SIZE_T, Tensor, ggml_dup_tensor, ggml_format_name, ggml_is_contiguous, \
     ggml_nelements, ggml_new_tensor, ggml_new_tensor_4d, ggml_new_tensor_impl, ggml_view_tensor
-from engine.ops.base import ggml_set_op_params, record
+from engine.ops.base import ggml_set_op_params, set_op_src
 
 
 # --- dup, cpy, cast, cont --------------------------------------------------------------------
@@ -23,13 +23,13 @@ from engine.ops.base import ggml_set_op_params, record
 @op
 def ggml_dup(ctx: Context, a: Tensor) -> Tensor:
     """ggml_dup: a new tensor that will hold a copy of a."""
-    return record(ggml_dup_tensor(ctx, a), GGMLOp.DUP, a)
+    return set_op_src(ggml_dup_tensor(ctx, a), GGMLOp.DUP, a)
 
 
 @op
 def ggml_dup_inplace(ctx: Context, a: Tensor) -> Tensor:
     """ggml_dup_inplace: DUP into a view of a."""
-    return record(ggml_view_tensor(ctx, a), GGMLOp.DUP, a)
+    return set_op_src(ggml_view_tensor(ctx, a), GGMLOp.DUP, a)
 
 
 @op
@@ -42,7 +42,7 @@ def ggml_cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
         ggml_format_name(result, "%s (copy of %s)", b.name_bytes, a.name_bytes)
     else:
         ggml_format_name(result, "%s (copy)", a.name_bytes)
-    return record(result, GGMLOp.CPY, a, b)
+    return set_op_src(result, GGMLOp.CPY, a, b)
 
 
 @op
@@ -50,7 +50,7 @@ def ggml_cast(ctx: Context, a: Tensor, type_: int) -> Tensor:
     """ggml_cast: a new tensor of another type; op CPY whose src[1] is the result itself."""
     result = ggml_new_tensor(ctx, type_, GGML_MAX_DIMS, a.ne)
     ggml_format_name(result, "%s (copy)", a.name_bytes)
-    return record(result, GGMLOp.CPY, a, result)
+    return set_op_src(result, GGMLOp.CPY, a, result)
 
 
 @op
@@ -58,7 +58,7 @@ def ggml_cont(ctx: Context, a: Tensor) -> Tensor:
     """ggml_cont: a contiguous copy of a (of a's shape)."""
     result = ggml_dup_tensor(ctx, a)
     ggml_format_name(result, "%s (cont)", a.name_bytes)
-    return record(result, GGMLOp.CONT, a)
+    return set_op_src(result, GGMLOp.CONT, a)
 
 
 @op
@@ -68,7 +68,7 @@ def ggml_cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int
                 "ggml_cont_4d", f"{ggml_nelements(a)} vs {ne0 * ne1 * ne2 * ne3}")
     result = ggml_new_tensor_4d(ctx, a.type, ne0, ne1, ne2, ne3)
     ggml_format_name(result, "%s (cont)", a.name_bytes)
-    return record(result, GGMLOp.CONT, a)
+    return set_op_src(result, GGMLOp.CONT, a)
 
 
 @op
@@ -100,7 +100,7 @@ def _reshape(ctx: Context, a: Tensor, ne: list[int], fn: str, cond: str) -> Tens
                 f"{ggml_nelements(a)} elements, {'×'.join(str(int(x)) for x in ne)} = {n}")
     result = ggml_new_tensor_impl(ctx, a.type, len(ne), ne, a, 0, fn)
     ggml_format_name(result, "%s (reshaped)", a.name_bytes)
-    return record(result, GGMLOp.RESHAPE, a)
+    return set_op_src(result, GGMLOp.RESHAPE, a)
 
 
 @op
@@ -142,7 +142,7 @@ def _view(ctx: Context, a: Tensor, ne: list[int], offset: int, fn: str) -> Tenso
     result = ggml_new_tensor_impl(ctx, a.type, len(ne), ne, a, offset, fn)
     ggml_format_name(result, "%s (view)", a.name_bytes)
     ggml_set_op_params(result, struct.pack("<Q", int(offset) % SIZE_T))
-    return record(result, GGMLOp.VIEW, a)
+    return set_op_src(result, GGMLOp.VIEW, a)
 
 
 @op
@@ -199,7 +199,7 @@ def ggml_permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, ax
         nb[ax] = _c_int(int(a.nb[i])) % SIZE_T
     result.ne[:] = ne
     result.nb[:] = nb
-    record(result, GGMLOp.PERMUTE, a)
+    set_op_src(result, GGMLOp.PERMUTE, a)
     ggml_set_op_params(result, struct.pack("<4i", *axes))
     return result
 
@@ -216,5 +216,5 @@ def ggml_transpose(ctx: Context, a: Tensor) -> Tensor:
     ggml_format_name(result, "%s (transposed)", a.name_bytes)
     result.ne[0], result.ne[1] = int(a.ne[1]), int(a.ne[0])
     result.nb[0], result.nb[1] = int(a.nb[1]), int(a.nb[0])
-    return record(result, GGMLOp.TRANSPOSE, a)
+    return set_op_src(result, GGMLOp.TRANSPOSE, a)
 

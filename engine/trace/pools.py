@@ -52,7 +52,7 @@ class StructOf:
 
 
 @dataclass(frozen=True)
-class Span:
+class PoolRange:
     """A byte range [start, stop) of a context's pool (a few entries of a graph's arrays)."""
 
     ctx: Any

@@ -54,7 +54,7 @@ from engine.trace.backend import BackendRecorder
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import opt_parts
-from engine.trace.pools import FileMaps, Region, Shadow, Span, StructOf, changed_runs
+from engine.trace.pools import FileMaps, PoolRange, Region, Shadow, StructOf, changed_runs
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -218,7 +218,7 @@ class Recorder:
                 out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
             elif isinstance(t, StructOf):
                 out.append((t.tensor.ctx, t.tensor.offs, t.tensor.offs + GGML_TENSOR_SIZE))
-            elif isinstance(t, Span):
+            elif isinstance(t, PoolRange):
                 out.append((t.ctx, t.start, t.stop))
             elif isinstance(t, Tensor):
                 chain = [t] + ([t.view_src] if t.view_src is not None else [])
@@ -532,7 +532,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | None) -> list[Span]:
+def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | None) -> list[PoolRange]:
     """What the graph walk (ggml_visit_parents) wrote since its last visit step: the graph's
     struct (n_nodes or n_leafs) and its last nodes or leafs entry; for each tensor it entered, its
     hash key, used bit and use count (a tensor's slot is taken when the walk enters it, before its
@@ -542,12 +542,12 @@ def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | N
     if g.offs is None:
         return []
 
-    def entry(field: str, index: int, size: int) -> Span:
+    def entry(field: str, index: int, size: int) -> PoolRange:
         ctx, off = g.ctx.space.resolve(g._field(field))
-        return Span(ctx, off + index * size, off + (index + 1) * size)
+        return PoolRange(ctx, off + index * size, off + (index + 1) * size)
 
     count = g.n_leafs if is_leaf else g.n_nodes
-    spans = [Span(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
+    spans = [PoolRange(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
              entry("leafs" if is_leaf else "nodes", count - 1, 8)]
     slots = {counted} if counted is not None else set()
     for t in entered:

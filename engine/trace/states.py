@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
-from engine.core.infos import TensorInfo, graph_tensors, tensor_infos
+from engine.core.infos import PoolTensor, graph_tensors, tensor_infos
 from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
@@ -268,12 +268,12 @@ class State:
         self.buffers = restored_buffers(self.space, buffers or {}, pools)  # backend buffers
         # what keeping this state costs: its own pools (a checkpoint's read-only ones are shared)
         self.nbytes = sum(p.nbytes for p in pools.values() if p.flags.writeable)
-        self._infos: dict[int, list[TensorInfo]] = {}
+        self._infos: dict[int, list[PoolTensor]] = {}
         self._headers: dict[int, list[tuple[int, int, int, int, int]]] = {}
         self._graphs: list[Graph] | None = None
         self._graph_tensors: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
-    def tensor_infos(self, cid: int) -> list[TensorInfo]:
+    def tensor_infos(self, cid: int) -> list[PoolTensor]:
         """tensor_infos of context cid, read once: a state's pools never change."""
         if cid not in self._infos:
             self._infos[cid] = tensor_infos(self.contexts[cid], self.headers(cid))

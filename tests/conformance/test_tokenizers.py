@@ -142,10 +142,10 @@ def test_long_hostile_texts_are_fast_and_capped():
 
 def test_thousands_as_the_regex():
     """SuperBPE's digit split by its fast twin gives the regex's pieces (which llama.cpp runs)."""
-    from engine.models.pretokenize import THOUSANDS, _regex_split, compiled, split_thousands
+    from engine.models.pretokenize import THOUSANDS, _regex_split, compiled_pattern, split_thousands
 
     rng = random.Random(7)
-    rx, _ = compiled(THOUSANDS)
+    rx, _ = compiled_pattern(THOUSANDS)
     for _ in range(300):
         text = "".join(rng.choice("0123456789ab ١") for _ in range(rng.randint(0, 30)))
         cpts = [ord(c) for c in text]

@@ -23,7 +23,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Pass:
+class PassCandidates:
     label: str  # "after the prompt", "after ' the'"
     candidates: list[Candidate]
 
@@ -34,7 +34,7 @@ class AnswerView:
     default_prompt: str
     tokens: list[str]  # the prompt's pieces, <bos> first
     appended: list[str]  # the appended tokens' pieces
-    passes: list[Pass]
+    passes: list[PassCandidates]
     back_url: str | None  # one appended token fewer
 
 
@@ -53,7 +53,7 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
     for k in range(len(then) + 1):
         top = trace.outputs.get(f"top10_{k}") or []
         label = _("after the prompt") if k == 0 else _("after {token}").format(token=repr(appended[-1]))
-        passes.append(Pass(label, [
+        passes.append(PassCandidates(label, [
             Candidate(int(t), token_text(str(text)), float(p), _at_pass(where, [*then, int(t)], new_pass))
             for t, text, p in top]))
         if k < len(then):

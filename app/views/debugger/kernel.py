@@ -58,7 +58,7 @@ def warm() -> None:
         _WARMING[0].start()
 
 
-def kernel(step: Step, state: State, where: Where, shares: list[ShareRow]) -> KernelView | None:
+def kernel_view(step: Step, state: State, where: Where, shares: list[ShareRow]) -> KernelView | None:
     """The panel at a node step; `shares` are the threads panel's (ThreadsView.shares)."""
     if step.kind != StepKind.NODE:
         return None

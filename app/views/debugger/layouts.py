@@ -17,7 +17,7 @@ from engine.trace import State
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class ContextLayout:
     """Context cid's layout in a state."""
 
     key: tuple  # (cid, mem_size, digest of its headers and structs)
@@ -25,11 +25,11 @@ class Layout:
     rows: list[bytes]  # each object's header, with its tensor struct (engine.core.infos.object_rows)
 
 
-_LAYOUTS: WeakKeyDictionary[State, dict[int, Layout]] = WeakKeyDictionary()  # a state's pools never change
+_LAYOUTS: WeakKeyDictionary[State, dict[int, ContextLayout]] = WeakKeyDictionary()  # a state's pools never change
 _LOCK = Lock()
 
 
-def layout(state: State, cid: int) -> Layout:
+def layout(state: State, cid: int) -> ContextLayout:
     """Context cid's layout in this state, read once."""
     with _LOCK:
         found = _LAYOUTS.setdefault(state, {}).get(cid)
@@ -37,7 +37,7 @@ def layout(state: State, cid: int) -> Layout:
         ctx = state.contexts[cid]
         objects = state.headers(cid)
         rows = object_rows(ctx, objects)
-        found = Layout((cid, ctx.mem_size, layout_digest(ctx, rows)), objects, rows)
+        found = ContextLayout((cid, ctx.mem_size, layout_digest(ctx, rows)), objects, rows)
         with _LOCK:
             _LAYOUTS[state][cid] = found
     return found

@@ -20,7 +20,7 @@ from app.views.debugger.buffers import buffers
 from app.views.debugger.chat import chat_view
 from app.views.debugger.graph import GraphView
 from app.views.debugger.hexview import hexview
-from app.views.debugger.kernel import kernel
+from app.views.debugger.kernel import kernel_view
 from app.views.debugger.nav import nav
 from app.views.debugger.plan import plan_view
 from app.views.debugger.pool import pools
@@ -133,7 +133,7 @@ PANELS = (
     Panel("threads", "threads.html", Place.TAB, (
         ViewModel("threads", lambda at: at.threads),), N_("Threads")),
     Panel("kernel", "kernel.html", Place.TAB, (
-        ViewModel("kernel", lambda at: kernel(at.step, at.state, at.where, at.threads.shares)),),
+        ViewModel("kernel", lambda at: kernel_view(at.step, at.state, at.where, at.threads.shares)),),
         N_("Kernel")),
     Panel("accountant", "accountant.html", Place.TAB, (
         ViewModel("accounts", lambda at: accounts(at.state)),),
@@ -155,7 +155,7 @@ PANELS = (
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class PanelLayout:
     """The panels by place, each in the table's order: what the page includes where."""
 
     top: tuple[Panel, ...]
@@ -164,8 +164,8 @@ class Layout:
     tabs: tuple[Panel, ...]
 
 
-LAYOUT = Layout(*(tuple(p for p in PANELS if p.place == place) for place in
-                  (Place.TOP, Place.LEFT, Place.RIGHT, Place.TAB)))
+LAYOUT = PanelLayout(*(tuple(p for p in PANELS if p.place == place) for place in
+                       (Place.TOP, Place.LEFT, Place.RIGHT, Place.TAB)))
 
 
 def view_models(at: At) -> dict[str, Any]:

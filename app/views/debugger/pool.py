@@ -19,7 +19,7 @@ from app.i18n import _
 from app.views.debugger.layouts import layout, layout_key
 from app.views.debugger.where import Where, ref_key
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, GGML_OBJECT_TYPE_TENSOR, OBJECT_TYPE_NAMES
-from engine.core.infos import TensorInfo
+from engine.core.infos import PoolTensor
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.trace import State, Step
 
@@ -110,7 +110,7 @@ def _bar(state: State, cid: int, links: tuple[tuple[str, str], tuple[str, str]])
     with _OBJECTS_LOCK:
         if len(_OBJECTS) > _OBJECTS_MOST:
             _OBJECTS.clear()
-    infos: dict[int, TensorInfo] = {}
+    infos: dict[int, PoolTensor] = {}
     pieces: list[_Piece] = []
     plain: list[str] = []
     of_object: dict[int, list[int]] = {}
@@ -154,7 +154,7 @@ _OBJECTS_MOST = 1 << 15  # then it starts again
 _OBJECTS_LOCK = Lock()
 
 
-def _of_object(cid: int, header: int, offs: int, size: int, type_: int, info: TensorInfo | None,
+def _of_object(cid: int, header: int, offs: int, size: int, type_: int, info: PoolTensor | None,
                links: tuple[tuple[str, str], tuple[str, str]]) -> _Made:
     """The pieces of the object whose header is at `header`: its header, then its tensor struct
     (with the tensor's data and padding when they follow it), graph or work buffer."""

@@ -14,7 +14,7 @@ from app import i18n
 from app.i18n import _
 from app.views.debugger.layouts import layout_key
 from app.views.debugger.where import Where, ref_key
-from engine.core.infos import TensorInfo
+from engine.core.infos import PoolTensor
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
 from engine.trace import State
@@ -68,11 +68,11 @@ def _rows_of(state: State, cid: int) -> tuple[TensorRow, ...]:
     return tuple(_ROWS.get((cid, t, lang)) or _row(cid, t, lang) for t in state.tensor_infos(cid))
 
 
-_ROWS: dict[tuple[int, TensorInfo, str], TensorRow] = {}  # every layout's rows, by tensor struct
+_ROWS: dict[tuple[int, PoolTensor, str], TensorRow] = {}  # every layout's rows, by tensor struct
 _ROWS_MOST = 1 << 16  # then it starts again
 
 
-def _row(cid: int, t: TensorInfo, lang: str) -> TensorRow:
+def _row(cid: int, t: PoolTensor, lang: str) -> TensorRow:
     row = _ROWS[cid, t, lang] = TensorRow(ref_key(cid, t.offs), t.name or _("(unnamed)"),
                                           TYPE_TRAITS[t.type].type_name, "[" + ", ".join(str(x) for x in t.ne) + "]",
                                           GGMLOp(t.op).name, t.is_view)

@@ -39,7 +39,7 @@ class ArrayColumn:
 
 
 @dataclass(frozen=True, slots=True)
-class PageLink:
+class ArrayPageLink:
     label: str
     href: str | None  # None: the current page or a gap
 
@@ -61,7 +61,7 @@ class ArrayView:
     page: int
     pages: int
     first: int  # ordinal of the first shown match (1-based), 0 if none
-    links: list[PageLink]
+    links: list[ArrayPageLink]
     prev_href: str | None
     next_href: str | None
     index_label: str  # "token id" or "index"
@@ -70,15 +70,15 @@ class ArrayView:
     searched: int  # items a search read: all of them, or the first SEARCH_MAX
 
 
-def _page_links(page: int, pages: int, href) -> list[PageLink]:
+def _page_links(page: int, pages: int, href) -> list[ArrayPageLink]:
     want = sorted({1, 2, pages - 1, pages, page - 2, page - 1, page, page + 1, page + 2})
     out, last = [], 0
     for p in want:
         if not 1 <= p <= pages:
             continue
         if p > last + 1:
-            out.append(PageLink("…", None))
-        out.append(PageLink(str(p), None if p == page else href(p)))
+            out.append(ArrayPageLink("…", None))
+        out.append(ArrayPageLink(str(p), None if p == page else href(p)))
         last = p
     return out
 

@@ -20,7 +20,9 @@ HEAT_ROWS, HEAT_COLS = 64, 128  # the heatmap's size in cells, at most
 HIST_BINS = 48
 
 @dataclass(frozen=True, slots=True)
-class Bar:
+class SampleBar:
+    """One bar of the sample's histogram, in percent of the plot; its title says the bin."""
+
     x: float
     y: float
     w: float
@@ -33,7 +35,7 @@ class SampleView:
     ok: bool
     note: str  # what was sampled, or why nothing could be
     stats: list[Fact] = field(default_factory=list)
-    bars: list[Bar] = field(default_factory=list)
+    bars: list[SampleBar] = field(default_factory=list)
     hist_lo: str = ""
     hist_hi: str = ""
     zero_x: float | None = None  # where 0 falls on the histogram, if inside
@@ -135,9 +137,9 @@ def sample_view(r: GGUFReader, t: TensorInfo) -> SampleView:
         w = 100 / HIST_BINS
         for k, c in enumerate(counts.tolist()):
             h = 100 * c / top
-            bars.append(Bar(round(k * w, 3), round(100 - h, 3), round(w, 3), round(h, 3),
-                            f"[{fmt_float(edges[k])}, {fmt_float(edges[k + 1])}): "
-                            + _("{n} values").format(n=f"{c:,}")))
+            bars.append(SampleBar(round(k * w, 3), round(100 - h, 3), round(w, 3), round(h, 3),
+                                  f"[{fmt_float(edges[k])}, {fmt_float(edges[k + 1])}): "
+                                  + _("{n} values").format(n=f"{c:,}")))
         lo_t, hi_t = fmt_float(lo), fmt_float(hi)
         if lo < 0 < hi:
             zero_x = round(100 * (0 - lo) / (hi - lo), 3)

@@ -43,8 +43,8 @@ def _storage(t: TensorInfo) -> str:
              "{bytes} bytes ({bpw} bits per weight): its scale(s), then the packed integer quants.").format(
                  type=t.type.name, size=tr.blck_size, bytes=tr.type_size, bpw=f"{tr.type_size * 8 / tr.blck_size:g}")
 
-def tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, row: int,
-                block: int) -> TensorView:
+def gguf_tensor_view(store: UploadStore, digest: str, r: GGUFReader, t: TensorInfo, row: int,
+                     block: int) -> TensorView:
     tr = traits(t.type)
     layer = layer_name(t.name)
     facts = [Fact(_("type"), t.type.name, f"ggml_type {int(t.type)}"),

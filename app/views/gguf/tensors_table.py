@@ -29,7 +29,7 @@ def layer_name(name: str) -> str:
     return "" if n is None else f"blk.{n}"
 
 @dataclass(frozen=True, slots=True)
-class TensorRow:
+class GGUFTensorRow:
     index: int
     name: str
     type: str
@@ -45,7 +45,7 @@ class TensorRow:
 @dataclass(frozen=True, slots=True)
 class TensorGroup:
     label: str  # "blk.0", "(not in a layer)", or "" when not grouped
-    rows: list[TensorRow]
+    rows: list[GGUFTensorRow]
     n_elements: int
     nbytes: int
     size_text: str
@@ -99,9 +99,9 @@ def tensor_table_view(digest: str, r: GGUFReader, state: FileState) -> TensorTab
     out = []
     for label in order:
         ts = groups[label]
-        rows = [TensorRow(t.index, t.name, t.type.name, shape_text(t.shape), t.n_elements,
-                          t.data_offset, t.nbytes, human_bytes(t.nbytes),
-                          fmt_bpw(t.nbytes, t.n_elements), tensor_url(digest, t.name))
+        rows = [GGUFTensorRow(t.index, t.name, t.type.name, shape_text(t.shape), t.n_elements,
+                              t.data_offset, t.nbytes, human_bytes(t.nbytes),
+                              fmt_bpw(t.nbytes, t.n_elements), tensor_url(digest, t.name))
                 for t in ts]
         n_el, nbytes = sum(t.n_elements for t in ts), sum(t.nbytes for t in ts)
         shown_label = label or (_("(not in a layer)") if state.group == "layer" else "")

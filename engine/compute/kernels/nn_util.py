@@ -19,8 +19,8 @@ from engine.core.types import TYPE_TRAITS
 F32, F64 = np.float32, np.float64
 
 
-def powf(x: float, y: float) -> np.float32:
-    """C's powf on two scalars."""
+def powf_scalar(x: float, y: float) -> np.float32:
+    """C's powf on two scalars (engine.libm.powf works element by element)."""
     return libm.scalar(libm.powf, x, y)
 
 
@@ -50,7 +50,7 @@ def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
     if not max_bias > 0:
         return np.ones(n_head, F32)
     n_head_log2 = 1 << (n_head.bit_length() - 1)  # 2^floor(log2(n_head))
-    m0 = powf(2.0, -max_bias / F32(n_head_log2))
-    m1 = powf(2.0, -(max_bias / F32(2)) / F32(n_head_log2))
-    return np.array([powf(m0, h + 1) if h < n_head_log2 else
-                     powf(m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], F32)
+    m0 = powf_scalar(2.0, -max_bias / F32(n_head_log2))
+    m1 = powf_scalar(2.0, -(max_bias / F32(2)) / F32(n_head_log2))
+    return np.array([powf_scalar(m0, h + 1) if h < n_head_log2 else
+                     powf_scalar(m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], F32)

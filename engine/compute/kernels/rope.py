@@ -27,7 +27,7 @@ from cachetools import LRUCache, cached
 from engine.compute.kernels import all_threads, f32_row_per_task, kernel, not_supported, \
     run_prepared
 from engine.compute.kernels.common import from_f32, row_blocks, thread_range, to_f32, view4
-from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf, sinf
+from engine.compute.kernels.nn_util import cosf, fmaf, logf, powf_scalar, sinf
 from engine.compute.shares import ShareKind
 from engine.lanes import lanes, twin
 from engine.core.errors import ggml_assert
@@ -176,7 +176,7 @@ def _rope(params, dst: Tensor, forward: bool = True):
     ggml_assert(n_dims % 2 == 0, "n_dims % 2 == 0", FN, f"n_dims {n_dims}")
     ir0, ir1 = thread_range(ggml_nrows(dst), params.ith, params.nth)
 
-    theta_scale = powf(freq_base, F32(-2.0) / F32(n_dims))
+    theta_scale = powf_scalar(freq_base, F32(-2.0) / F32(n_dims))
     corr_dims = ggml_rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     is_imrope = mode == GGML_ROPE_TYPE_IMROPE
     mrope_used = bool(mode & GGML_ROPE_TYPE_MROPE)
