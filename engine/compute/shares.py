@@ -3,8 +3,8 @@ which part the thread took (Interval, Chunk, Tile or single indices).
 
 ggml's threads split a node and tell nobody; these are the debugger's words for the splits ggml's
 kernels make, recorded by each kernel (`params.took(ShareKind.ROWS, Interval(ir0, ir1))`), shown
-to the compute observer (engine.compute.threadpool.Share), kept in the trace
-(engine.trace.steps.ThreadShare) and labelled by the app.
+to the compute observer as a ThreadShare, kept in the trace (engine.trace.steps.Step.threads) and
+labelled by the app.
 
 The ranges are NamedTuples, records that are also tuples: read by name (`r.rows.start`), they
 equal, print to JSON and cross the worker's wire as the plain tuples the trace always held.
@@ -13,8 +13,11 @@ equal, print to JSON and cross the worker's wire as the plain tuples the trace a
 from __future__ import annotations
 
 import reprlib
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Callable, NamedTuple
+
+from engine.core.notes import Note
 
 
 class ShareKind(StrEnum):
@@ -52,6 +55,20 @@ class Tile(NamedTuple):
 
 
 ShareRange = int | Interval | Chunk | Tile
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadShare:
+    """What one thread did for one node: what the compute observer is shown and the trace keeps."""
+
+    ith: int
+    kind: ShareKind  # how the kernel split the node
+    # what the thread took: records of its kind (ShareRange), annotated as the plain arrays they
+    # equal, which is how they cross the worker's wire (app/sandbox/wire.py reads them back into
+    # records with share_ranges)
+    ranges: tuple[int | tuple[int | str | tuple[int, ...], ...], ...]
+    seconds: float
+    notes: tuple[Note, ...]  # how the kernel split the node, when its kind does not say all
 
 
 def _index(x: Any) -> int:

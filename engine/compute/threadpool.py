@@ -38,7 +38,7 @@ from threadpoolctl import threadpool_limits
 
 from engine.compute.compiled import remembered
 from engine.compute.plan import CPlan, ggml_graph_plan
-from engine.compute.shares import ShareKind, ShareRange
+from engine.compute.shares import ShareKind, ShareRange, ThreadShare
 from engine.core.api import writes
 from engine.core.context import Context, ggml_new_buffer
 from engine.core.errors import ggml_assert
@@ -49,18 +49,6 @@ from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_is_empty, 
 
 GGML_STATUS_SUCCESS = 0
 GGML_STATUS_ABORTED = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Share:
-    """What one thread did for one node."""
-
-    ith: int
-    nth: int
-    kind: ShareKind  # how the kernel split the node
-    ranges: tuple[ShareRange, ...]  # what this thread took: (Interval(ir0, ir1),) for rows, ...
-    seconds: float
-    notes: tuple[Note, ...] = ()
 
 
 @dataclass(slots=True)
@@ -175,7 +163,7 @@ class _Run:
         self.steps, self.calls = remembered(cgraph, key, self._prepare_all)
         # what each node's threads share and did (not made when every node is one ready call)
         self.shared: list[dict] = [] if self.calls is not None else [{} for _ in self.nodes]
-        self.shares: list[list[Share | None]] = [] if self.calls is not None else \
+        self.shares: list[list[ThreadShare | None]] = [] if self.calls is not None else \
             [[None] * self.nth for _ in self.nodes]
 
     def _prepare_all(self) -> tuple[list[tuple[str, tuple | None]], list | None]:
@@ -285,8 +273,8 @@ class _Run:
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)
-        self.shares[node_n][ith] = Share(ith, self.nth, params._kind, tuple(params._ranges),
-                                         time.perf_counter() - t0, params._notes)
+        self.shares[node_n][ith] = ThreadShare(ith, params._kind, tuple(params._ranges),
+                                               time.perf_counter() - t0, params._notes)
 
     def _after(self, node_n: int, node: Tensor) -> None:
         """Thread 0, after a node: tell the observer, poll the abort callback."""

@@ -39,7 +39,7 @@ from engine import ggml_backend as GB
 from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
 from engine.backend.sched import COPY_OBSERVER
-from engine.compute.threadpool import COMPUTE_OBSERVER, Share
+from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.api import Kind, Writes, declaration_of
 from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
@@ -433,7 +433,7 @@ class Recorder:
     def graph_args(self) -> list[Graph]:
         return [a for a in self.args if isinstance(a, Graph)]
 
-    def on_node(self, node: Tensor, ask: bool, shares: list[Share] | None) -> bool:
+    def on_node(self, node: Tensor, ask: bool, shares: list[ThreadShare | None] | None) -> bool:
         writes = self.watched[self.active.f_code].writes if self.active is not None else Writes(0)
         if Writes.LOOP in writes:
             if not ask:  # a training loop is one step: its nodes compute unwatched
@@ -449,8 +449,7 @@ class Recorder:
                     [Region.ALL_MEMORY] if Writes.OPT in writes else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
-        threads = tuple(ThreadShare(s.ith, s.kind, s.ranges, s.seconds, s.notes)
-                        for s in shares if s is not None)
+        threads = tuple(s for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
         same = self.cpu.node(node)
         self.emit(StepKind.NODE, desc, (Note.of("computed", desc=desc, n=len(threads)),),

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from engine.compute.shares import ShareKind, plain
+from engine.compute.shares import ThreadShare, plain
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.core.notes import Note, tell
 from engine.core.tensor import Tensor
@@ -154,18 +154,6 @@ class Patch:
     @property
     def end(self) -> int:
         return self.offset + len(self.data)
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadShare:
-    ith: int
-    kind: ShareKind  # how the kernel split the node
-    # what the thread took: records of its kind (engine.compute.shares.ShareRange), annotated as
-    # the plain arrays they equal, which is how they cross the worker's wire (wire.py reads them
-    # back into records)
-    ranges: tuple[int | tuple[int | str | tuple[int, ...], ...], ...]
-    seconds: float
-    notes: tuple[Note, ...]  # how the kernel split the node, when its kind does not say all
 
 
 @dataclass(frozen=True, slots=True)
