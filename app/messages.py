@@ -19,6 +19,8 @@ from babel.messages.pofile import read_po, write_po
 
 from app.i18n import DEFAULT, LOCALE_DIR, LOCALES
 from app.settings import PACKAGE
+from engine.compute.kernel_card import summary_of
+from engine.compute.kernels import KERNELS
 from engine.core import notes
 from engine.programs import PROGRAMS
 from engine.quants import QUANT_KINDS
@@ -45,6 +47,7 @@ def extract() -> Catalog:
     engine += [(k.value, "engine/trace/steps.py") for k in StepKind]
     engine += [(meaning, "engine/quants") for kind in QUANT_KINDS.values() for _field, meaning in kind.fields]
     engine += [(p.teaches, f"engine/programs/{p.module}.py") for p in PROGRAMS.values()]
+    engine += [(summary_of(k.fn), k.fn.__module__.replace(".", "/") + ".py") for k in KERNELS.values()]
     for text, where in engine:
         if text:
             catalog.add(text, locations=[(where, 0)])

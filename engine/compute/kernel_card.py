@@ -127,10 +127,15 @@ def kernel_card(dst: Tensor) -> KernelCard | None:
             decode = vec_dot_of(dst.src[0].type).decode  # the weights' type's own decoder
             code += [_code(decode, "twin"), _code(block_lanes, "twin")]
         code.append(_code(TWINS[lane], "twin"))
-    doc = inspect.getmodule(fn).__doc__ or ""
     return KernelCard(op.name, f"ggml_compute_forward_{op.name.lower()}", inner, lane,
                       lane is not None and not pure_numpy(), same_bits_on_every_cpu(dst),
-                      doc.strip().split("\n\n")[0], tuple(code))
+                      summary_of(fn), tuple(code))
+
+
+def summary_of(kernel) -> str:
+    """A kernel's module's own summary: the first paragraph of its docstring (the Kernel tab
+    shows it, and the app's message catalogue translates it)."""
+    return (inspect.getmodule(kernel).__doc__ or "").strip().split("\n\n")[0]
 
 
 # --- one block of a quantized product, worked through --------------------------------------------

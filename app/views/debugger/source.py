@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.i18n import _, note
 from engine.core.notes import Note
 from engine.trace.steps import MANY_OBJECTS, ObjectAdded
 from engine.trace import FieldWrite, Step, StepKind, Trace
+
+
+def call_text(step: Step) -> str:
+    """The step's call as the learner reads it: the program's text, or for a scheduler's pass
+    (no line of the program: its call is the pass's title) the title in the request's language."""
+    if step.kind == StepKind.PASS and step.notes:
+        title = dict(step.notes[0].args).get("title")
+        if isinstance(title, Note):
+            return _("pass {title}").format(title=note([title]))
+    return step.call
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +47,6 @@ def source(trace: Trace, step: Step) -> Source:
         (None, trace.source)
     parent = trace.steps[step.parent].call if step.parent is not None else None
     return Source([SourceLine(i + 1, t, i + 1 == step.line) for i, t in enumerate(text.splitlines())],
-                  step.call, step.notes, list(step.fields), parent,
+                  call_text(step), step.notes, list(step.fields), parent,
                   step.kind in (StepKind.ERROR, StepKind.CAP), trace.printed,
                   list(step.objects) if len(step.objects) > MANY_OBJECTS else [], path)

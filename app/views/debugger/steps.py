@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.i18n import note
+from app.views.debugger.source import call_text
 from app.views.debugger.where import Where, ref_key
 from engine.trace import Trace
 from engine.trace.groups import StepGroup, find_steps, layer_jump, step_groups
@@ -47,7 +48,7 @@ class StepsView:
 def _text(s) -> str:
     """A step's line beside its kind's chip: its call without the kind the chip says already
     (a visit's call is "visit 'node_0'"), else its note."""
-    call = s.call.removeprefix(f"{s.kind} ")
+    call = call_text(s).removeprefix(f"{s.kind} ")
     t = call if len(call) <= 64 else call[:61] + "..."
     return t or note(s.notes)[:64]
 

@@ -38,6 +38,25 @@ def test_a_step_note_in_chinese(client):
     assert "ggml_new_tensor_2d" in zh and "336" in zh
 
 
+def test_the_kernel_tab_and_the_scheduler_s_passes_in_chinese(client, monkeypatch):
+    """The Kernel tab's summary (its kernel module's own words) and a scheduler pass's title (the
+    step's call, made from a note) are told in Chinese, as every other panel is."""
+    from app import traces
+    from engine.compute.kernel_card import summary_of
+    from engine.compute.kernels.matmul import compute_forward_mul_mat
+
+    monkeypatch.setattr(traces, "QUICK", 600.0)
+    english = summary_of(compute_forward_mul_mat)
+    mul_mat = client.get("/walkthroughs/simple-ctx/steps/12", headers=ZH).text
+    assert "MUL_MAT" in mul_mat and english not in mul_mat and "共享计数器" in mul_mat
+    client.get("/walkthroughs/offload/steps/0", headers=ZH)
+    cache = client.app.state.traces
+    trace = cache.kept(cache.key("offload", None))
+    k = next(s.index for s in trace.steps if s.kind == "pass")
+    page = client.get(f"/walkthroughs/offload/steps/{k}", headers=ZH).text
+    assert "tensors in buffers" not in page and "第 1 遍" in page
+
+
 def test_the_switch_is_remembered(tmp_path):
     c = TestClient(create_app(Settings(data_dir=tmp_path)))
     r = c.get("/?lang=zh", headers={"Accept-Language": "en"})
