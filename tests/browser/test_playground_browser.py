@@ -100,3 +100,15 @@ def test_a_syntax_error_is_marked_in_the_editor(page: Page, server_url: str):
     expect(marked).to_have_count(1)
     expect(marked).to_contain_text("c = ggml_add(ctx, b, b")
     assert "ggml_add(ctx, b, b" in page.evaluate("window.playgroundEditor.getValue()")  # kept
+
+
+def test_a_printed_array_shows_as_python_prints_it(page: Page, server_url: str):
+    """The first thing a learner prints is an array (it once ended the program with 'Unable to
+    configure default ndarray.__str__')."""
+    page.goto(f"{server_url}/playground")
+    _replace_in_editor(page, "c = ggml_add(ctx, b, b)", "c = ggml_add(ctx, b, b)\nprint(to_numpy(a))")
+    page.keyboard.press("Control+Enter")
+    expect(page).to_have_url(re.compile(r"/programs/[0-9a-f]{64}/steps/0$"))
+    printed = page.locator("#source pre.printed")
+    expect(printed).to_have_text("[[ 0.  1.  2.  3.]\n [ 4.  5.  6.  7.]\n [ 8.  9. 10. 11.]]")
+    expect(page.locator("#source .line.current.error")).to_have_count(0)
