@@ -146,10 +146,10 @@ def test_the_kept_traces_fit_the_memory_limit(tmp_path: Path) -> None:
     what the cache keeps of them fits its memory limit, the least recently used let go."""
     files = TraceFiles(tmp_path / "traces", 1 << 30)
     recipes = [Recipe(traces.PROGRAM_PREFIX + f"{k:064x}", 1) for k in range(10)]
-    data = forged("negative fixints", 2 * MiB)
+    data = forged("negative fixints", 1 * MiB)
     for recipe in recipes:
         (files.root / f"{recipe.digest}{SUFFIX}").write_bytes(data)
-    limit = 320 * MiB
+    limit = 160 * MiB
     cache = TraceCache(32, files=files, memory=limit)
 
     def read_all() -> list[bool]:
