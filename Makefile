@@ -120,9 +120,13 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 # (the pure-numpy pass, the two package checks and the classroom run side by side: the checks
 # are mostly pip and a server waiting on its pages, the classroom mostly processes waiting on
 # each other, which the pass's workers leave room for)
+# (the sandbox's resource tests read the host's kernel memory, which a browser test beside them
+# moves by hundreds of MB: they run first, alone)
+QUIET_TESTS := tests/unit/app/test_sandbox_resources.py
 test: setup-test
 	$(VENV)/bin/ruff check --no-cache app engine tests bench
-	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom tests
+	$(PY) -m pytest -q -p no:cacheprovider $(QUIET_TESTS)
+	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom $(addprefix --ignore=,$(QUIET_TESTS)) tests
 	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom
 	@$(MAKE) --no-print-directory test-load
 

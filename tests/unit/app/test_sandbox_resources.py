@@ -8,6 +8,8 @@ gate off), so only the kernel boundary (app/sandbox/boundary.py) stands in its w
 asserts what the program met (the call refused, the inode cap), that the host's kernel memory
 the attack would fill (Shmem, or the unreclaimable part of Slab, in /proc/meminfo) grew less than
 a stated bound while it ran, that it ended in time and that no process of it outlived the run.
+Those fields are the whole machine's, so `make test` runs this file first, alone (a browser test
+beside it moved Shmem by 225 MiB).
 """
 
 from __future__ import annotations
