@@ -6,9 +6,6 @@ context was split past the buffer type's max size (C returns them wrapped in a m
 """
 
 from engine.backend.alloc import (
-    ggml_backend_alloc_ctx_tensors,
-    ggml_backend_alloc_ctx_tensors_from_buft,
-    ggml_backend_alloc_ctx_tensors_from_buft_size,
     ggml_gallocr_alloc_graph,
     ggml_gallocr_free,
     ggml_gallocr_get_buffer_size,
@@ -17,6 +14,11 @@ from engine.backend.alloc import (
     ggml_gallocr_reserve,
     ggml_gallocr_reserve_n,
     ggml_gallocr_reserve_n_size,
+)
+from engine.backend.ctx_alloc import (
+    ggml_backend_alloc_ctx_tensors,
+    ggml_backend_alloc_ctx_tensors_from_buft,
+    ggml_backend_alloc_ctx_tensors_from_buft_size,
     ggml_tallocr_alloc,
     ggml_tallocr_new,
 )

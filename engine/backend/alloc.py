@@ -33,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.backend import buffer as be
-from engine.backend.device import ggml_backend_get_default_buffer_type
 from engine.core.api import Writes, query, writes
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
@@ -55,7 +54,8 @@ def ggml_op_can_inplace(op: int) -> bool:
     return op in INPLACE_OPS
 
 
-def _pad(size: int, alignment: int) -> int:
+def padded(size: int, alignment: int) -> int:
+    """size rounded up to a multiple of alignment (ggml-alloc's aligned sizes)."""
     return size + (alignment - size % alignment) % alignment
 
 
@@ -89,7 +89,7 @@ class DynAllocator:
         return len(self.chunks) - 1
 
     def alloc(self, size: int) -> tuple[int, int]:
-        size = _pad(size, self.alignment)
+        size = padded(size, self.alignment)
         best_chunk = best_block = -1
         max_avail = 0
         for c, chunk in enumerate(self.chunks):
@@ -126,7 +126,7 @@ class DynAllocator:
         return addr
 
     def free_bytes(self, addr: tuple[int, int], size: int) -> None:
-        size = _pad(size, self.alignment)
+        size = padded(size, self.alignment)
         chunk = self.chunks[addr[0]]
         offset = addr[1]
         blocks = chunk.free_blocks
@@ -220,7 +220,7 @@ class GraphAllocator:
         node_size = self.bufts[hn.buffer_id].alloc_size(node)
         ggml_assert(parent_size >= node_size, "parent_size >= node_size", "ggml_gallocr_free_extra_space")
         alloc = self.tallocs[p_hn.buffer_id]
-        parent_size, node_size = _pad(parent_size, alloc.alignment), _pad(node_size, alloc.alignment)
+        parent_size, node_size = padded(parent_size, alloc.alignment), padded(node_size, alloc.alignment)
         if parent_size > node_size:
             alloc.free_bytes((p_hn.addr[0], p_hn.addr[1] + node_size), parent_size - node_size)
 
@@ -523,88 +523,3 @@ def ggml_gallocr_free(galloc: GraphAllocator | None) -> None:
             for b in bufs:
                 be.ggml_backend_buffer_free(b)
     galloc.buffers = [None] * len(galloc.bufts)
-
-
-# --- ggml_tallocr and a context's tensors in backend buffers ---------------------------------
-
-@dataclass
-class Tallocr:
-    """struct ggml_tallocr: a bump allocator over one buffer."""
-    buffer: object
-    base: int
-    alignment: int
-    offset: int
-
-
-@writes()
-def ggml_tallocr_new(buffer) -> Tallocr:
-    align = buffer.buft.alignment
-    return Tallocr(buffer, buffer.base, align, (align - buffer.base % align) % align)
-
-
-@writes()
-def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
-    size = _pad(talloc.buffer.buft.alloc_size(t), talloc.alignment)
-    ggml_assert(talloc.offset + size <= talloc.buffer.size, "not enough space in the buffer",
-                "ggml_tallocr_alloc", f"tensor {t.name} needs {size} bytes, "
-                f"{talloc.buffer.size - talloc.offset} available")
-    addr = talloc.base + talloc.offset
-    talloc.offset += size
-    ggml_assert(addr % talloc.alignment == 0, "((uintptr_t) (addr) % talloc->alignment) == 0", "ggml_tallocr_alloc")
-    return be.ggml_backend_tensor_alloc(talloc.buffer, t, addr)
-
-
-def _ctx_tensors(ctx):
-    from engine.core.tensor import ggml_get_first_tensor, ggml_get_next_tensor
-    t = ggml_get_first_tensor(ctx)
-    while t is not None:
-        yield t
-        t = ggml_get_next_tensor(ctx, t)
-
-
-def _alloc_range(tensors, buft, size):
-    buf = be.ggml_backend_buft_alloc_buffer(buft, size)
-    talloc = ggml_tallocr_new(buf)
-    for t in tensors:
-        if t.data is None and t.view_src is None:
-            ggml_tallocr_alloc(talloc, t)
-        elif t.view_src is not None and be.buffer_field(t) == 0:
-            be.ggml_backend_view_init(t)
-    return buf
-
-
-def _ctx_ranges(ctx, buft):
-    """The context's tensors cut into runs that each fit the buffer type's max size, with sizes."""
-    ggml_assert(ctx.no_alloc, "ggml_get_no_alloc(ctx) == true", "ggml_backend_alloc_ctx_tensors_from_buft")
-    ranges, cur, cur_size = [], [], 0
-    for t in _ctx_tensors(ctx):
-        this = _pad(buft.alloc_size(t), buft.alignment) if t.data is None and t.view_src is None else 0
-        if cur_size > 0 and cur_size + this > buft.max_size:
-            ranges.append((cur, cur_size))
-            cur, cur_size = [t], this
-        else:
-            cur.append(t)
-            cur_size += this
-    if cur_size > 0:
-        ranges.append((cur, cur_size))
-    return ranges
-
-
-@query
-def ggml_backend_alloc_ctx_tensors_from_buft_size(ctx, buft) -> int:
-    return sum(size for _, size in _ctx_ranges(ctx, buft))
-
-
-@writes(Writes.PLACES)
-def ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft):
-    """Every tensor of a no_alloc context without data, in one buffer — or, past the buffer
-    type's max size, in several wrapped in one multi-buffer. None when every tensor already has data."""
-    bufs = [_alloc_range(ts, buft, size) for ts, size in _ctx_ranges(ctx, buft)]
-    if not bufs:
-        return None
-    return bufs[0] if len(bufs) == 1 else be.ggml_backend_multi_buffer_alloc_buffer(bufs)
-
-
-@writes(Writes.PLACES)
-def ggml_backend_alloc_ctx_tensors(ctx, backend):
-    return ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_get_default_buffer_type(backend))

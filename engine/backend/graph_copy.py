@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.backend.alloc import ggml_backend_alloc_ctx_tensors
+from engine.backend.ctx_alloc import ggml_backend_alloc_ctx_tensors
 from engine.backend.buffer import Buffer, ggml_backend_buffer_free, ggml_backend_tensor_copy, ggml_backend_view_init
 from engine.backend.device import Backend, ggml_backend_graph_compute
 from engine.core.api import writes

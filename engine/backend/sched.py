@@ -46,6 +46,7 @@ from engine.core.api import Writes, query, writes
 from engine.core.context import ggml_free, ggml_init, ggml_init_params
 from engine.core.errors import GGMLAbortError, ggml_assert
 from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
+from engine.core.layout import GGML_OBJECT_SIZE
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import (
@@ -62,17 +63,12 @@ from engine.core.tensor import (
 GGML_SCHED_MAX_BACKENDS = 16
 GGML_SCHED_MAX_SPLIT_INPUTS = 30
 GGML_SCHED_MAX_COPIES = 4
-GGML_OBJECT_SIZE = 32
 
 VIEW_OPS = frozenset((GGMLOp.VIEW, GGMLOp.RESHAPE, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE))
 
 
 # told of each split input the scheduler copies: (input, its copy, from backend, to backend)
 COPY_OBSERVER: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("sched_copy_observer", default=None)
-
-
-def _is_view_op(t: Tensor) -> bool:
-    return t.op in VIEW_OPS
 
 
 @dataclass
@@ -241,7 +237,7 @@ class Sched:
                 b, cause = self.backend_id_from_cur(t)
                 self.set_tid(t, b, cause)
 
-        compute = [n for n in nodes if not _is_view_op(n)]
+        compute = [n for n in nodes if n.op not in VIEW_OPS]
         self._begin(Note("pass_2"))
         for order, skip_cpu in ((compute, True), (compute[::-1], True), (compute, False), (compute[::-1], False)):
             cur = -1
@@ -296,13 +292,13 @@ class Sched:
 
     def _pass5(self, graph) -> None:
         nodes = graph.nodes
-        i = next((k for k, n in enumerate(nodes) if not _is_view_op(n)), len(nodes))
+        i = next((k for k, n in enumerate(nodes) if n.op not in VIEW_OPS), len(nodes))
         split = Split(self.tid(nodes[i]) if i < len(nodes) else 0, 0)
         self.splits = [split]
         cur = split.backend_id
         for i in range(i, len(nodes)):
             node = nodes[i]
-            if _is_view_op(node):
+            if node.op in VIEW_OPS:
                 continue
             nb = self.tid(node)
             ggml_assert(nb != -1, "node_backend_id != -1", "ggml_backend_sched_split_graph")

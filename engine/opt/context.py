@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from engine import libm
-from engine.backend.alloc import ggml_backend_alloc_ctx_tensors, ggml_backend_alloc_ctx_tensors_from_buft
+from engine.backend.ctx_alloc import ggml_backend_alloc_ctx_tensors, ggml_backend_alloc_ctx_tensors_from_buft
 from engine.backend.buffer import (
     buffer_field,
     ggml_backend_buffer_free,

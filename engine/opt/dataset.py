@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.backend.alloc import ggml_backend_alloc_ctx_tensors_from_buft
+from engine.backend.ctx_alloc import ggml_backend_alloc_ctx_tensors_from_buft
 from engine.backend.buffer import (
     ggml_backend_buffer_free,
     ggml_backend_cpu_buffer_type,

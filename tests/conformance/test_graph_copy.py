@@ -13,7 +13,7 @@ import ctypes
 import ggml as real
 import numpy as np
 
-from engine.backend import alloc
+from engine import ggml_alloc as alloc  # (ggml-alloc.h, as a C program includes it)
 from engine import ggml as eng
 from engine.backend import accel, buffer as ebuf, device as edev, graph_copy as gc
 import tests.support.real_facade  # noqa: F401  (fixes ggml-python's pointer results)

@@ -20,7 +20,7 @@ import ggml as real
 import numpy as np
 import pytest
 
-from engine.backend import alloc
+from engine import ggml_alloc as alloc  # (ggml-alloc.h, as a C program includes it)
 from engine import ggml as eng
 from engine.backend import accel, buffer as ebuf, device as edev, sched as esched
 from engine.core.errors import GGMLAssertionError
