@@ -11,3 +11,12 @@ from app import traces
 @pytest.fixture(autouse=True)
 def recordings_finish_before_the_page(monkeypatch):
     monkeypatch.setattr(traces, "QUICK", 600.0)
+
+
+@pytest.fixture(scope="module")
+def model_data(tmp_path_factory, gemma_path):
+    """A data directory holding the bundled model (a link to the one `make setup` installs)."""
+    data = tmp_path_factory.mktemp("data")
+    (data / "models").mkdir()
+    (data / "models" / gemma_path.name).symlink_to(gemma_path)
+    return data

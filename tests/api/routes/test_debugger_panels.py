@@ -23,11 +23,8 @@ TAB = re.compile(r'<button type="button" role="tab" class="tab" data-panel="([^"
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, gemma_path):
-    data = tmp_path_factory.mktemp("data")
-    (data / "models").mkdir()
-    (data / "models" / gemma_path.name).symlink_to(gemma_path)  # the bundled model, installed
-    return TestClient(create_app(Settings(data_dir=data)))
+def client(model_data):
+    return TestClient(create_app(Settings(data_dir=model_data)))
 
 
 def test_every_partial_is_a_panel_or_named_as_none():

@@ -43,11 +43,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, gemma_path):
-    data = tmp_path_factory.mktemp("data")
-    (data / "models").mkdir()
-    (data / "models" / gemma_path.name).symlink_to(gemma_path)  # the bundled model, installed
-    return TestClient(create_app(Settings(data_dir=data)))
+def client(model_data):
+    return TestClient(create_app(Settings(data_dir=model_data)))
 
 
 @pytest.mark.parametrize("url,htmx,status,texts", CASES, ids=[c[0] for c in CASES])

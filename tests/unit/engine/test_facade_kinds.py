@@ -129,17 +129,21 @@ def test_a_ggml_cpu_h_setter_is_a_step(tmp_path):
             "    ggml_set_f32_nd(a, 1, 1, 0, 0, 2.5)\n"
             "    n = ggml_cpu_has_avx2() + ggml_get_f32_nd(a, 1, 1, 0, 0)\n"
             "    return {'a': a}\n")
-    src = tmp_path / "nd.py"
-    src.write_text(text)
-    ns: dict = {}
-    exec(compile(text, str(src), "exec"), ns)
-    trace = record(ns["run"], str(src), "nd")
+    trace = recorded(tmp_path / "nd.py", text)
     calls = [s for s in trace.steps if s.kind == "call"]
     assert [s.line for s in calls] == [4, 5, 6]  # the queries of line 7 are no steps
     wrote = calls[-1].notes[0]
     assert wrote.key == "wrote_data" and dict(wrote.args)["fn"] == "ggml_set_f32_nd"
     assert 0 < sum(len(p.data) for p in calls[-1].patches) <= 4  # (bytes of) one float32 of a's
     assert trace.outputs["a"] == [[0.0, 0.0, 0.0], [0.0, 2.5, 0.0]]
+
+
+def recorded(src, text: str):
+    """The trace of the program `text`, run from the file `src` (its lines are the steps' lines)."""
+    src.write_text(text)
+    ns: dict = {}
+    exec(compile(text, str(src), "exec"), ns)
+    return record(ns["run"], str(src), src.stem)
 
 
 # --- the declaration, not the name, decides --------------------------------------------------
@@ -177,11 +181,7 @@ def test_a_function_is_recorded_as_it_declares_whatever_its_name(tmp_path, monke
     header.__all__ = ["fill_with_sevens", "fill_undeclared"]
     monkeypatch.setitem(sys.modules, header.__name__, header)
     monkeypatch.setattr(recorder_module, "FACADES", (*recorder_module.FACADES, header))
-    src = tmp_path / "renamed.py"
-    src.write_text(PROGRAM)
-    ns: dict = {}
-    exec(compile(PROGRAM, str(src), "exec"), ns)
-    trace = record(ns["run"], str(src), "renamed")
+    trace = recorded(tmp_path / "renamed.py", PROGRAM)
     calls = [s for s in trace.steps if s.kind == "call"]
     assert [s.line for s in calls] == [6, 7, 9]  # ggml_init, the tensor, fill_with_sevens
     wrote = calls[-1].notes[0]
