@@ -1,20 +1,27 @@
 """llama.cpp's own ggml computing mul_mat, in a child process: the oracle for the products
-llama.cpp's build sends to llamafile's sgemm (tinyBLAS), which ggml-python's build (no
-GGML_USE_LLAMAFILE) never runs.
+only llama.cpp's build runs -- llamafile's sgemm (tinyBLAS; ggml-python's build has no
+GGML_USE_LLAMAFILE), the repacked weights of the CPU_REPACK buffer type, the tiled K-quant
+products -- and for the repacked bytes themselves.
 
 The child loads the libggml-base and libggml-cpu that llama-cpp-python ships (AVX2, FMA, F16C,
 llamafile: checked there) through ctypes, without importing llama_cpp or ggml-python (one ggml
 library per process, as tests/support/llamacpp_run.py explains); for each job it builds
 dst = ggml_mul_mat(w, x) in a context of its own and computes it with
-ggml_graph_compute_with_ctx. The arrays go both ways in .npz files.
+ggml_graph_compute_with_ctx, or, with `repack`, places w in a CPU_REPACK buffer (its set_tensor
+repacks the bytes; the job also returns them as they lie there) and x and dst in a CPU buffer,
+and computes the graph on the CPU backend. `tiled=False` runs the child with
+GGML_CPU_TILED_MM=0 (ggml reads it once a process), so every job of one call shares it.
+The arrays go both ways in .npz files.
 
     [dst] = mul_mat_many([MulMat(GGMLType.BF16, w_bytes, (k, rows), x, n_threads=3)], tmp)
+    [(dst, packed)] = mul_mat_many([MulMat(GGMLType.Q4_K, w, (k, rows), x, 2, repack=True)], tmp)
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,25 +42,29 @@ class MulMat:
     x: np.ndarray  # x's elements of xtype, numpy order (its shape the reversed ggml shape)
     n_threads: int
     xtype: int = 0  # F32
+    repack: bool = False  # w in the CPU_REPACK buffer type (the result is then (dst, packed))
 
 
-def mul_mat_many(jobs: list[MulMat], tmp: Path) -> list[np.ndarray]:
-    """llama.cpp's dst of each job (float32, numpy order), all computed in one child process."""
+def mul_mat_many(jobs: list[MulMat], tmp: Path, tiled: bool = True) -> list:
+    """llama.cpp's dst of each job (float32, numpy order), all computed in one child process;
+    for a repack job, (dst, the repacked bytes of w as they lie in the CPU_REPACK buffer)."""
     arrays = {}
     for i, j in enumerate(jobs):
         ne_x = tuple(reversed(j.x.shape))
         arrays[f"w{i}"] = np.frombuffer(np.ascontiguousarray(j.w).tobytes(), np.uint8)
         arrays[f"x{i}"] = np.frombuffer(np.ascontiguousarray(j.x).tobytes(), np.uint8)
-        arrays[f"h{i}"] = np.array([j.wtype, j.xtype, j.n_threads, len(j.ne_w), *j.ne_w,
-                                    len(ne_x), *ne_x], np.int64)
+        arrays[f"h{i}"] = np.array([j.wtype, j.xtype, j.n_threads, int(j.repack), len(j.ne_w),
+                                    *j.ne_w, len(ne_x), *ne_x], np.int64)
     np.savez(tmp / "jobs.npz", **arrays)
+    env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
     done = subprocess.run([sys.executable, "-m", "tests.support.llamacpp_ggml", str(tmp)],
-                          capture_output=True, text=True, timeout=TIMEOUT,
+                          capture_output=True, text=True, timeout=TIMEOUT, env=env,
                           cwd=Path(__file__).resolve().parents[2])
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp's ggml failed: {done.stderr[-2000:]}")
     with np.load(tmp / "dst.npz") as got:
-        return [got[f"d{i}"] for i in range(len(jobs))]
+        return [(got[f"d{i}"], got[f"p{i}"]) if j.repack else got[f"d{i}"]
+                for i, j in enumerate(jobs)]
 
 
 class _InitParams(ctypes.Structure):
@@ -74,6 +85,18 @@ def _libs():
                           (base.ggml_get_data, vp, [vp]),
                           (base.ggml_nbytes, ctypes.c_size_t, [vp]),
                           (base.ggml_free, None, [vp]),
+                          (base.ggml_backend_alloc_ctx_tensors_from_buft, vp, [vp, vp]),
+                          (base.ggml_backend_buffer_free, None, [vp]),
+                          (base.ggml_backend_buft_name, ctypes.c_char_p, [vp]),
+                          (base.ggml_backend_tensor_set, None, [vp, vp, ctypes.c_size_t, ctypes.c_size_t]),
+                          (base.ggml_backend_graph_compute, ctypes.c_int, [vp, vp]),
+                          (base.ggml_backend_free, None, [vp]),
+                          (base.ggml_backend_reg_dev_get, vp, [vp, ctypes.c_size_t]),
+                          (base.ggml_backend_reg_get_proc_address, vp, [vp, ctypes.c_char_p]),
+                          (cpu.ggml_backend_cpu_reg, vp, []),
+                          (cpu.ggml_backend_cpu_init, vp, []),
+                          (cpu.ggml_backend_cpu_set_n_threads, None, [vp, ctypes.c_int]),
+                          (cpu.ggml_backend_cpu_buffer_type, vp, []),
                           (cpu.ggml_graph_compute_with_ctx, ctypes.c_int, [vp, vp, ctypes.c_int])]:
         fn.restype, fn.argtypes = res, args
     return base, cpu
@@ -87,15 +110,72 @@ def _child(tmp: Path) -> None:
     out = {}
     with np.load(tmp / "jobs.npz") as jobs:
         for i in range(len(jobs.files) // 3):
-            out[f"d{i}"] = _compute(base, cpu, jobs[f"w{i}"], jobs[f"x{i}"],
-                                    [int(v) for v in jobs[f"h{i}"]])
+            head = [int(v) for v in jobs[f"h{i}"]]
+            if head[3]:
+                out[f"d{i}"], out[f"p{i}"] = _compute_repacked(base, cpu, jobs[f"w{i}"],
+                                                               jobs[f"x{i}"], head)
+            else:
+                out[f"d{i}"] = _compute(base, cpu, jobs[f"w{i}"], jobs[f"x{i}"], head)
     np.savez(tmp / "dst.npz", **out)
 
 
+def _shapes(head: list[int]) -> tuple[int, int, int, list[int], list[int]]:
+    wtype, xtype, n_threads, _, nw = head[:5]
+    ne_w, nx = head[5:5 + nw], head[5 + nw]
+    return wtype, xtype, n_threads, ne_w, head[6 + nw:6 + nw + nx]
+
+
+def _shaped(d: np.ndarray, ne_w: list[int], ne_x: list[int]) -> np.ndarray:
+    ne = ne_x + [1] * (4 - len(ne_x))
+    return d.reshape(ne[3], ne[2], ne[1], ne_w[1])
+
+
+def _repack_buffer_type(base, cpu) -> int:
+    """ggml-cpu's CPU_REPACK buffer type, found among the CPU device's extra buffer types."""
+    reg = cpu.ggml_backend_cpu_reg()
+    get = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(get)(
+        base.ggml_backend_reg_dev_get(reg, 0))
+    i = 0
+    while bufts[i]:
+        if base.ggml_backend_buft_name(bufts[i]) == b"CPU_REPACK":
+            return bufts[i]
+        i += 1
+    raise RuntimeError("this ggml-cpu has no CPU_REPACK buffer type")
+
+
+def _compute_repacked(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]):
+    """w in a CPU_REPACK buffer (repacked by its set_tensor), x and dst in a CPU buffer, the
+    graph computed by the CPU backend: dst, and w's bytes as they lie in the buffer."""
+    wtype, xtype, n_threads, ne_w, ne_x = _shapes(head)
+    wctx = base.ggml_init(_InitParams(1 << 16, None, True))
+    ctx = base.ggml_init(_InitParams(1 << 20, None, True))
+    wt = base.ggml_new_tensor(wctx, wtype, len(ne_w), (ctypes.c_int64 * len(ne_w))(*ne_w))
+    xt = base.ggml_new_tensor(ctx, xtype, len(ne_x), (ctypes.c_int64 * len(ne_x))(*ne_x))
+    dst = base.ggml_mul_mat(ctx, wt, xt)
+    gf = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(gf, dst)
+    wbuf = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
+    buf = base.ggml_backend_alloc_ctx_tensors_from_buft(ctx, cpu.ggml_backend_cpu_buffer_type())
+    assert wbuf and buf and base.ggml_nbytes(wt) == w.nbytes and base.ggml_nbytes(xt) == x.nbytes
+    base.ggml_backend_tensor_set(wt, w.ctypes.data, 0, w.nbytes)
+    base.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+    packed = np.frombuffer(ctypes.string_at(base.ggml_get_data(wt), w.nbytes), np.uint8).copy()
+    backend = cpu.ggml_backend_cpu_init()
+    cpu.ggml_backend_cpu_set_n_threads(backend, n_threads)
+    assert base.ggml_backend_graph_compute(backend, gf) == 0
+    d = np.frombuffer(ctypes.string_at(base.ggml_get_data(dst), base.ggml_nbytes(dst)),
+                      np.float32).copy()
+    base.ggml_backend_free(backend)
+    base.ggml_backend_buffer_free(buf)
+    base.ggml_backend_buffer_free(wbuf)
+    base.ggml_free(ctx)
+    base.ggml_free(wctx)
+    return _shaped(d, ne_w, ne_x), packed
+
+
 def _compute(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]) -> np.ndarray:
-    wtype, xtype, n_threads, nw = head[:4]
-    ne_w, nx = head[4:4 + nw], head[4 + nw]
-    ne_x = head[5 + nw:5 + nw + nx]
+    wtype, xtype, n_threads, ne_w, ne_x = _shapes(head)
     ctx = base.ggml_init(_InitParams(2 * (w.nbytes + x.nbytes) + (16 << 20), None, False))
 
     def leaf(type_: int, ne: list[int], data: np.ndarray) -> int:
@@ -111,8 +191,7 @@ def _compute(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]) -> np.nda
     d = np.frombuffer(ctypes.string_at(base.ggml_get_data(dst), base.ggml_nbytes(dst)),
                       np.float32).copy()
     base.ggml_free(ctx)
-    ne = ne_x + [1] * (4 - nx)
-    return d.reshape(ne[3], ne[2], ne[1], ne_w[1])
+    return _shaped(d, ne_w, ne_x)
 
 
 if __name__ == "__main__":
