@@ -56,3 +56,4 @@ def optimal_layout(type_: int, ne: tuple[int, ...] | list[int]) -> RepackLayout 
     if layout is None or ne[1] % layout.rows != 0:
         return None
     return layout
+from engine.quants import repack_legacy  # noqa: E402,F401  (registers its layouts)
