@@ -36,6 +36,19 @@ class BufferType:
     def alloc_size(self, t: Tensor) -> int:
         return ggml_nbytes(t)
 
+    # the buffer interface its buffers get (ggml_backend_buffer_i); the CPU's by default
+    def init_tensor(self, buf: "Buffer", t: Tensor) -> int:
+        """The CPU buffer has no per-tensor setup (no init_tensor callback): success."""
+        return 0
+
+    def set_tensor(self, buf: "Buffer", t: Tensor, src: np.ndarray, offset: int, size: int) -> None:
+        """The bytes as they are (the CPU buffer's memcpy)."""
+        tensor_bytes(t, offset, size, "ggml_backend_tensor_set")[:] = src[:size]
+
+    def get_tensor(self, buf: "Buffer", t: Tensor, offset: int, size: int) -> bytes:
+        """The bytes as they are (the CPU buffer's memcpy)."""
+        return tensor_bytes(t, offset, size, "ggml_backend_tensor_get").tobytes()
+
     def __repr__(self) -> str:
         return f"<ggml_backend_buffer_type {self.name} alignment={self.alignment}>"
 
@@ -43,8 +56,9 @@ class BufferType:
 CPU_BUFT = BufferType()
 
 
-class _Struct:
-    """The host memory holding a buffer's struct: gives the struct its own simulated address."""
+class HostStruct:
+    """The host memory holding a struct of ggml's own (a buffer's, a buffer type's tensor traits):
+    gives the struct its own simulated address."""
 
     def __init__(self) -> None:
         self.pool = np.zeros(64, dtype=np.uint8)
@@ -64,11 +78,13 @@ class Buffer:
         self.space = current_address_space()
         self.id = self.space.placed  # a small stable id, from the same count as the contexts'
         self.base = self.space.place(self, self.mem_size)  # 1 MiB aligned: any alignment holds
-        self.struct = _Struct()
+        self.struct = HostStruct()
         self.address = self.struct.base  # what a tensor's `buffer` field holds
         _BUFFERS[self.address] = self
         self.freed = False
         self.is_work = False  # a backend's work buffer (the tracer diffs it after every node)
+        self.tensor_extra: dict[int, object] = {}  # what its buffer type keeps per tensor, by data
+        # address (CPU_REPACK: each tensor's layout; the CPU buffer keeps nothing)
 
     def __repr__(self) -> str:
         return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"
@@ -203,8 +219,8 @@ def ggml_backend_buffer_reset(buf: Buffer) -> None:
 
 @writes()
 def ggml_backend_buffer_init_tensor(buf: Buffer, t: Tensor) -> int:
-    """The CPU buffer has no per-tensor setup (no init_tensor callback): success."""
-    return 0
+    """The buffer type's init_tensor (the CPU buffer has none: success)."""
+    return buf.buft.init_tensor(buf, t)
 
 
 @writes()
@@ -258,7 +274,8 @@ def ggml_backend_view_init(t: Tensor) -> int:
     return 0
 
 
-def _tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
+def tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
+    """The bytes [offset, offset + size) of t's data in its buffer, checked as ggml checks them."""
     buf = tensor_buffer(t)
     ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", fn)
     ggml_assert(t.data is not None, "tensor->data != NULL && \"tensor not allocated\"", fn)
@@ -275,21 +292,25 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
         return
     src = np.frombuffer(data if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
                         dtype=np.uint8)
-    _tensor_bytes(t, offset, size, "ggml_backend_tensor_set")[:] = src[:size]
+    buf = tensor_buffer(t)
+    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_set")
+    buf.buft.set_tensor(buf, t, src, offset, size)
 
 
 @query
 def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
     if size == 0:
         return b""
-    return _tensor_bytes(t, offset, size, "ggml_backend_tensor_get").tobytes()
+    buf = tensor_buffer(t)
+    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_get")
+    return buf.buft.get_tensor(buf, t, offset, size)
 
 
 @writes(Writes.DATA)
 def ggml_backend_tensor_memset(t: Tensor, value: int, offset: int, size: int) -> None:
     if size == 0:
         return
-    _tensor_bytes(t, offset, size, "ggml_backend_tensor_memset")[:] = value & 0xFF
+    tensor_bytes(t, offset, size, "ggml_backend_tensor_memset")[:] = value & 0xFF
 
 
 @writes()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from engine.backend import repack
 from engine.backend.buffer import (
     CPU_BUFT,
     Buffer,
@@ -24,6 +25,7 @@ from engine.backend.buffer import (
     ggml_backend_tensor_get_2d,
     ggml_backend_tensor_set,
     ggml_backend_tensor_set_2d,
+    tensor_buffer,
 )
 from engine.core.api import query, writes
 from engine.core.errors import ggml_assert
@@ -41,10 +43,16 @@ NO_FROM_FLOAT = frozenset(GGMLType[n] for n in ("IQ3_XXS", "IQ3_S", "IQ2_XXS", "
 
 
 def cpu_supports_op(op) -> bool:
-    """ggml-cpu's device supports_op: everything but a few type combinations."""
+    """ggml-cpu's device supports_op: an op reading a tensor of an extra buffer type (among its
+    first four sources) is that buffer type's to answer; otherwise everything but a few type
+    combinations."""
     kind, src0, src1 = op.op, op.src[0], op.src[1]
     if kind in VIEW_OPS:
         return True
+    for src in op.src[:4]:
+        buf = tensor_buffer(src) if src is not None else None
+        if buf is not None and repack.is_extra_buffer_type(buf.buft):
+            return repack.supports_op(op)
     if kind in (GGMLOp.CPY, GGMLOp.SET_ROWS):
         return op.type not in NO_FROM_FLOAT
     if kind == GGMLOp.MUL_MAT:
@@ -97,8 +105,11 @@ class Device:
         return bool(self._supports_op(op))
 
     def supports_buft(self, buft: BufferType) -> bool:
-        """The CPU reads any host buffer; another device only its own buffer type."""
-        return buft.is_host if self.type == GGML_BACKEND_DEVICE_TYPE_CPU else buft is self.buft
+        """The CPU reads any host buffer and its extra buffer types; another device only its own
+        buffer type."""
+        if self.type == GGML_BACKEND_DEVICE_TYPE_CPU:
+            return buft.is_host or repack.is_extra_buffer_type(buft)
+        return buft is self.buft
 
     def offload_op(self, op) -> bool:
         return self._offload_op is not None and bool(self._offload_op(op))
@@ -535,6 +546,7 @@ def ggml_backend_reg_get_proc_address(reg: Registry, name: str):
         return None
     from engine.compute import cpu_api
     procs = {"ggml_backend_set_n_threads": ggml_backend_cpu_set_n_threads,
+             "ggml_backend_dev_get_extra_bufts": repack.ggml_backend_dev_get_extra_bufts,
              "ggml_backend_cpu_numa_init": cpu_api.ggml_numa_init,
              "ggml_backend_cpu_is_numa": cpu_api.ggml_is_numa,
              "ggml_threadpool_new": cpu_api.ggml_threadpool_new,

@@ -1,13 +1,16 @@
 """What every model builder shares: a GGUF file opened as llama.cpp's model loader opens it.
 
 Mirrors llama-model-loader: the file's metadata and tensor infos are read with
-gguf_init_from_file(no_alloc), the weights are made in a no_alloc context, given one CPU backend
-buffer (ggml_backend_alloc_ctx_tensors, usage WEIGHTS) and filled from the file with
-ggml_backend_tensor_set, as llama.cpp loads them; hyperparameters are read from `<arch>.<name>`
+gguf_init_from_file(no_alloc), the weights are made in a no_alloc context per buffer type, given
+one backend buffer each (ggml_backend_alloc_ctx_tensors_from_buft, usage WEIGHTS) and filled from
+the file with ggml_backend_tensor_set, as llama.cpp loads them. With `repack` (llama.cpp's
+default, its extra buffer types on) a weight whose op the CPU_REPACK buffer type supports goes
+there, its bytes repacked as they load; every other weight goes to the CPU buffer
+(engine/backend/repack.py: placement, and why). Hyperparameters are read from `<arch>.<name>`
 keys, and a tensor is fetched by its llama.cpp name with its expected shape checked. Every problem
 is a `ModelError` that names the architecture, key or tensor involved. The models compute their
 graphs with the same CPU backend, through the graph allocator (ggml-alloc).
-Leaves out: mmap-ed buffers, repacked buffer types, GPU backends, LoRA adapters, split files.
+Leaves out: mmap-ed buffers, GPU backends, LoRA adapters, split files.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from engine.compute.plan import llamafile_build
 from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_tensor,
                          ggml_graph_overhead_custom, ggml_init, ggml_init_params, ggml_nbytes,
                          ggml_set_name, ggml_tensor_overhead)
-from engine.ggml_alloc import (ggml_backend_alloc_ctx_tensors, ggml_gallocr_alloc_graph,
+from engine.backend.repack import CPU_REPACK_BUFT, placement
+from engine.ggml_alloc import (ggml_backend_alloc_ctx_tensors_from_buft, ggml_gallocr_alloc_graph,
                                ggml_gallocr_free, ggml_gallocr_new)
 from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend_buffer_free,
                                  ggml_backend_buffer_set_usage, ggml_backend_cpu_init,
@@ -81,9 +85,11 @@ class ModelMeta:
         return value
 
 class ModelFile(ModelMeta):
-    """An opened GGUF model: its metadata (gguf context) and its weights, in a CPU buffer."""
+    """An opened GGUF model: its metadata (gguf context) and its weights, in a CPU buffer (and a
+    CPU_REPACK one for the weights it repacks, with `repack`)."""
 
-    def __init__(self, path: str | os.PathLike, expect_arch: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, expect_arch: str | None = None,
+                 repack: bool = False) -> None:
         path = os.fspath(path)
         try:
             self.gguf, meta = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=True))
@@ -91,7 +97,7 @@ class ModelFile(ModelMeta):
             raise ModelError(f"{path}: not a usable GGUF file: {e}") from None
         super().__init__(path, expect_arch, self.gguf.reader)
         self.backend = ggml_backend_cpu_init()
-        self.weights, self.buffer = _load_weights(self.path, self.gguf, meta, self.backend)
+        self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack)
 
     def transformer_params(self) -> dict[str, int]:
         """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""
@@ -115,7 +121,7 @@ class ModelFile(ModelMeta):
 
     def tensor(self, name: str, ne: tuple[int, ...] | None = None) -> Tensor:
         """The weight named `name` (llama.cpp's name), its ne checked against `ne` when given."""
-        t = ggml_get_tensor(self.weights, name)
+        t = self.loaded.tensors.get(name)
         if t is None:
             raise ModelError(f"{self.path}: architecture '{self.arch}' needs tensor '{name}', "
                              "which the file lacks")
@@ -139,26 +145,54 @@ class ModelFile(ModelMeta):
         return tok_embd, self.tensor("output_norm.weight", (n_embd,)), head or tok_embd
 
     def close(self) -> None:
-        ggml_backend_buffer_free(self.buffer)
-        ggml_free(self.weights)
+        self.loaded.free()
         ggml_backend_free(self.backend)
         gguf_free(self.gguf)
 
 
-def _load_weights(path: str, gguf, meta, backend):
-    """Every tensor of the file in a no_alloc context, one CPU buffer for them all, then each
-    one's bytes copied from the file (llama_model_loader::load_all_data, without mmap)."""
+@dataclass
+class Weights:
+    """A model's weights: a no_alloc context and a buffer per buffer type (llama.cpp's
+    ctx_for_buft), every tensor by name, and where each went and why."""
+
+    contexts: dict[str, Any]  # buffer type name -> its context
+    buffers: dict[str, Any]  # buffer type name -> its buffer (None: no tensor of that type)
+    tensors: dict[str, Tensor]
+    placed: dict[str, tuple[str, str]]  # tensor name -> (buffer type name, why)
+
+    def free(self) -> None:
+        for buf in self.buffers.values():
+            ggml_backend_buffer_free(buf)
+        for ctx in self.contexts.values():
+            ggml_free(ctx)
+
+
+def _load_weights(path: str, gguf, meta, backend, repack: bool) -> Weights:
+    """Every tensor of the file in a no_alloc context of its buffer type, one buffer a type, then
+    each one's bytes copied from the file (llama_model_loader::load_all_data, without mmap): a
+    weight in CPU_REPACK is repacked by its buffer's set_tensor."""
     n = gguf_get_n_tensors(gguf)
-    ctx = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(), mem_buffer=None,
-                                     no_alloc=True))
+    cpu = ggml_backend_get_default_buffer_type(backend)
+    bufts = {cpu.name: cpu, CPU_REPACK_BUFT.name: CPU_REPACK_BUFT}
+    contexts: dict[str, Any] = {}
+    weights = Weights(contexts, {}, {}, {})
     tensors = []
     for i in range(n):
-        t = ggml_dup_tensor(ctx, ggml_get_tensor(meta, gguf_get_tensor_name(gguf, i)))
-        ggml_set_name(t, gguf_get_tensor_name(gguf, i))
+        name = gguf_get_tensor_name(gguf, i)
+        like = ggml_get_tensor(meta, name)
+        where, why = placement(name, like.type, like.ne) if repack else (cpu.name, "")
+        if where not in contexts:
+            contexts[where] = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(),
+                                                         mem_buffer=None, no_alloc=True))
+        t = ggml_dup_tensor(contexts[where], like)
+        ggml_set_name(t, name)
         tensors.append(t)
+        weights.tensors[name], weights.placed[name] = t, (where, why)
     ggml_free(meta)
-    buffer = ggml_backend_alloc_ctx_tensors(ctx, backend)
-    ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    for where, ctx in contexts.items():
+        buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, bufts[where])
+        ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        weights.buffers[where] = buffer
     data = np.memmap(path, dtype=np.uint8, mode="r")
     base = gguf_get_data_offset(gguf)
     for i, t in enumerate(tensors):
@@ -167,7 +201,7 @@ def _load_weights(path: str, gguf, meta, backend):
             raise ModelError(f"{path}: tensor '{t.name}' runs past the end of the file")
         ggml_backend_tensor_set(t, data[start:start + size], 0, size)
     del data
-    return ctx, buffer
+    return weights
 
 
 class Pass:

@@ -10,7 +10,8 @@ blocks of the layout's `vec_dot_type` (ggml_quantize_mat_t).
 
 Which layout a tensor gets is ggml_repack_get_optimal_repack_type's rule for the build the engine
 reproduces (the oracle's: AVX2, FMA, F16C, no AVX-512): `optimal_layout`. Each family module
-registers its layouts here (LAYOUTS); the bytes are equal to real ggml's (tested against
+registers its layouts here (LAYOUTS) when the package imports it (engine/quants/__init__.py: a
+family imports this module, never the reverse); the bytes are equal to real ggml's (tested against
 llama.cpp's ggml, tests/support/llamacpp_ggml.py).
 """
 
@@ -56,4 +57,3 @@ def optimal_layout(type_: int, ne: tuple[int, ...] | list[int]) -> RepackLayout 
     if layout is None or ne[1] % layout.rows != 0:
         return None
     return layout
-from engine.quants import repack_legacy  # noqa: E402,F401  (registers its layouts)
