@@ -75,6 +75,8 @@ TEMPLATES: dict[str, str] = {
     "rows_src0": "rows of src0 dim 1, for every i2, i3",
     "mm_chunks": "{n0}x{n1} chunks of {d0}x{d1}",
     "mm_chunks_tinyblas": "{n0}x{n1} chunks of {d0}x{d1} (values: llamafile's tinyBLAS)",
+    "repack_chunks": "{n0}x{n1} chunks of {d0} weight rows (repacked {layout}: gemm for each 4 rows "
+                     "of src1, gemv for the rest)",
     "rows_src1_after_copy": "rows of src1 (thread 0 first copied src0 into dst)",
     "rows_src1": "rows of src1",
     "flat_rows": "flat rows",

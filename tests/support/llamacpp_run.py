@@ -23,7 +23,9 @@ engine/trace/evaldump.py) of decoding the tokens in one batch};
 {"sample": [id, ...], "n": k, "top_k", "top_p", "min_p", "temp", "seed"} -> {"tokens": k tokens
 drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back};
 {"chat": [{"role", "content"}, ...], "template": text} -> {"text": llama_chat_apply_template's
-prompt (llama.cpp's own C++ formatting of the template it recognises), "tokens": its ids}.
+prompt (llama.cpp's own C++ formatting of the template it recognises), "tokens": its ids};
+{"load_log": true} -> {"log": everything llama.cpp and ggml logged while loading the model and
+making the context, debug lines included (which tensors it repacked, its buffers' sizes)}.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
         return p
 
     llama_module.llama_cpp.llama_model_default_params = model_params
+    logged: list[str] = []
+    if request.get("load_log"):
+        _KEEP.append(_capture_log(llama_cpp, logged))
     dumped: list[str] = []
     if "dump" in request:
         from tests.support.llamacpp_dump import watch_nodes
@@ -94,6 +99,8 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
                           logits_all=bool({"logits", "greedy", "sample", "sweep"} & set(request)), verbose=False,
                           **params)
+    if request.get("load_log"):
+        return {"log": "".join(logged)}
     if "tokenize" in request:
         special = bool(request.get("special", False))
         return {"tokens": [llm.tokenize(t.encode(), add_bos=True, special=special)
@@ -127,6 +134,15 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     if "sample" in request:
         return {"tokens": _sample(llama_cpp, llm, request)}
     raise ValueError(f"unknown request {sorted(request)}")
+
+
+def _capture_log(llama_cpp, out: list[str]):
+    """Route llama.cpp's and ggml's log, every level, into out (the callback, to keep alive)."""
+    @llama_cpp.llama_log_callback
+    def callback(level, text, user_data):
+        out.append(text.decode("utf-8", "replace"))
+    llama_cpp.llama_log_set(callback, None)
+    return callback
 
 
 def row_digests(rows) -> list[str]:
