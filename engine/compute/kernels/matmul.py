@@ -32,7 +32,10 @@ from functools import partial
 
 import numpy as np
 
+from engine.backend.buffer import tensor_bytes
+from engine.backend.repack import repacked_layout
 from engine.compute.kernels import CACHE_LINE_SIZE, all_threads, kernel, not_supported
+from engine.compute.kernels import repack
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
@@ -43,7 +46,7 @@ from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.quants import from_float
 from engine.quants.matmul import activation_values, mul_mat_values
-from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nelements
+from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_nelements
 from engine.core.tensor_data import tensor_view
 from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, ggml_row_size
 from engine.lanes import lanes
@@ -71,8 +74,12 @@ def vec_dot_type(type_: int) -> GGMLType:
 
 
 def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
-    """ggml_graph_plan's MUL_MAT: src1 converted to src0's vec_dot_type, when it is not already."""
+    """ggml_graph_plan's MUL_MAT: a repacked src0's traits say (ggml_cpu_extra_work_size); else
+    src1 converted to src0's vec_dot_type, when it is not already."""
     src0, src1 = node.src[0], node.src[1]
+    layout = repacked_layout(src0)
+    if layout is not None:
+        return repack.work_size(node, layout)
     vdt = vec_dot_type(src0.type)
     return ggml_row_size(vdt, ggml_nelements(src1)) if src1.type != vdt else 0
 
@@ -186,6 +193,8 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
 
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
     src1 = dst.src[1]
+    if repacked_layout(dst.src[0]) is not None:
+        return False
     return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
@@ -203,6 +212,8 @@ def _prepare_mul_mat(params, dst: Tensor):
     src0, src1 = dst.src[0], dst.src[1]
     t0 = TYPE_TRAITS[src0.type]
     vdt = vec_dot_type(src0.type)
+    if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
+        return None
     if (src0.type not in _FLOAT and src0.type not in EXACT_QUANT) or dst.type != GGMLType.F32 \
             or int(dst.nb[0]) != 4 or int(src0.nb[0]) != t0.type_size \
             or int(src1.nb[0]) != TYPE_TRAITS[src1.type].type_size \
@@ -299,6 +310,11 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
     src0, src1 = dst.src[0], dst.src[1]
+    layout = repacked_layout(src0)
+    if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
+        packed = tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat")
+        repack.forward_mul_mat(params, dst, layout, packed)
+        return
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
     ne0, ne1, ne2, ne3 = (int(x) for x in dst.ne)
