@@ -119,6 +119,14 @@ static PyMethodDef methods[] = {
      "ggml_compute_forward_set_rows of rows of n float32 (row r at byte r * ldx) into out's row "
      "idx[r] (at byte idx[r] * ldo; idx[r] at byte r * ldi, int64 if wide, else int32) as float32 "
      "(kind 0), f16 (1) or bf16 (2), in order; every index checked against [0, ne1) first"},
+    {"gemv_q4_b32_8x8", lanes_gemv_q4_b32_8x8, METH_VARARGS,
+     "gemv_q4_b32_8x8(type, w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemv_<type>_8x8_q8_0 "
+     "(AVX2) of nc weight rows repacked as q4_0_8x8, iq4_nl_8x8 or mxfp4_8x8 (w) and nr plain Q8_0 "
+     "rows (x) of n elements: out (nr, nc) float32; portable: without the vector instructions; "
+     "threads: the column groups shared out (the same bits either way)"},
+    {"gemm_q4_b32_8x8", lanes_gemm_q4_b32_8x8, METH_VARARGS,
+     "gemm_q4_b32_8x8(type, w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemm_<type>_8x8_q8_0 "
+     "(AVX2): as gemv_q4_b32_8x8, x nr / 4 groups of block_q8_0x4 rows (4 rows interleaved)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -197,6 +197,9 @@ LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args);
+/* _lanes_repack_q8_0.c: the products of the repacked q4_0_8x8, iq4_nl_8x8 and mxfp4_8x8 */
+LANES_HIDDEN PyObject *lanes_gemv_q4_b32_8x8(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_gemm_q4_b32_8x8(PyObject *self, PyObject *args);
 
 /* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a
  * weight block of one of them and (in *ysize) of its activation block; 0 for another type */
