@@ -56,6 +56,23 @@ def llamafile_build() -> Iterator[None]:
         LLAMAFILE.reset(token)
 
 
+# GGML_CPU_TILED_MM: llama.cpp's ggml (ggml-cpu/tiled/) computes MUL_MAT of K-quant and IQ weights
+# by 8 or more src1 rows in tiles (engine/compute/kernels/tiled.py), on by default; ggml's own build
+# has no such path, nor llama.cpp's with GGML_CPU_TILED_MM=0. A model run as llama.cpp runs it by
+# default plans its graphs inside `tiled_build()` too.
+TILED: contextvars.ContextVar[bool] = contextvars.ContextVar("tiled", default=False)
+
+
+@contextlib.contextmanager
+def tiled_build() -> Iterator[None]:
+    """Plan graphs as llama.cpp's ggml with its tiled K-quant products on (GGML_CPU_TILED_MM)."""
+    token = TILED.set(True)
+    try:
+        yield
+    finally:
+        TILED.reset(token)
+
+
 @dataclass(slots=True)
 class CPlan:
     """struct ggml_cplan, plus the per-node n_tasks the plan was made from (for display)."""
@@ -68,6 +85,7 @@ class CPlan:
     use_ref: bool = False
     n_tasks: list[int] = field(default_factory=list)
     llamafile: bool = field(default_factory=LLAMAFILE.get)  # the build, not a ggml_cplan field
+    tiled: bool = field(default_factory=TILED.get)  # the build, not a ggml_cplan field
 
 
 @writes()
@@ -77,7 +95,7 @@ def ggml_graph_plan(cgraph: Graph, n_threads: int = GGML_DEFAULT_N_THREADS,
     plus one cache line per thread."""
     if n_threads <= 0:  # a threadpool's thread count when one is given
         n_threads = threadpool.n_threads if threadpool is not None else GGML_DEFAULT_N_THREADS
-    work_size, n_threads, per_node = remembered(cgraph, ("plan", n_threads),
+    work_size, n_threads, per_node = remembered(cgraph, ("plan", n_threads, TILED.get()),
                                                 lambda: _plan(cgraph, n_threads))
     return CPlan(work_size=work_size, n_threads=n_threads, n_tasks=list(per_node))
 

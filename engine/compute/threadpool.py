@@ -66,6 +66,7 @@ class ComputeParams:
     alone: bool = False  # thread 0 runs every share in turn (ith order); barrier() must not be called
     watched: bool = True  # an observer is shown each share: a kernel may skip recording one when not
     cores: int = 1  # the compute's thread count (nth is 1 when thread 0 computes a node in one share)
+    tiled: bool = False  # GGML_CPU_TILED_MM (engine.compute.plan.tiled_build)
     _kind: ShareKind = ShareKind.IDLE
     _ranges: list[ShareRange] = field(default_factory=list)
     _notes: tuple[Note, ...] = ()
@@ -159,7 +160,7 @@ class _Run:
             ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
             self.wdata = ctx.pool[off:off + cplan.work_size]
         key = ("steps", self.nth, observer is not None, cplan.abort_callback is not None,
-               cplan.llamafile, cplan.use_ref, cplan.work_data, cplan.work_size)
+               cplan.llamafile, cplan.tiled, cplan.use_ref, cplan.work_data, cplan.work_size)
         self.steps, self.calls = remembered(cgraph, key, self._prepare_all)
         # what each node's threads share and did (not made when every node is one ready call)
         self.shared: list[dict] = [] if self.calls is not None else [{} for _ in self.nodes]
@@ -189,7 +190,7 @@ class _Run:
             return mode, None
         params = ComputeParams(0, 1, self.cplan.work_size, self.wdata, _no_barrier, {},
                                self.cplan.use_ref, self.cplan.llamafile, alone=True, watched=False,
-                               cores=self.nth)
+                               cores=self.nth, tiled=self.cplan.tiled)
         call = info.prepare(params, node)  # (None, a call, or a tuple of calls)
         if call is None:
             return mode, None
@@ -269,7 +270,7 @@ class _Run:
         """Thread ith's share of a node, timed and recorded."""
         params = ComputeParams(ith, nth or self.nth, self.cplan.work_size, self.wdata, barrier,
                                self.shared[node_n], self.cplan.use_ref, self.cplan.llamafile, alone,
-                               self.observer is not None, self.nth)
+                               self.observer is not None, self.nth, tiled=self.cplan.tiled)
         t0 = time.perf_counter()
         if not ggml_is_empty(node):
             self.compute_forward(params, node)

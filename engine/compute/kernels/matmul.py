@@ -35,7 +35,7 @@ import numpy as np
 from engine.backend.buffer import tensor_bytes
 from engine.backend.repack import repacked_layout
 from engine.compute.kernels import CACHE_LINE_SIZE, all_threads, kernel, not_supported
-from engine.compute.kernels import repack
+from engine.compute.kernels import repack, tiled
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
@@ -81,7 +81,11 @@ def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
     if layout is not None:
         return repack.work_size(node, layout)
     vdt = vec_dot_type(src0.type)
-    return ggml_row_size(vdt, ggml_nelements(src1)) if src1.type != vdt else 0
+    cur = ggml_row_size(vdt, ggml_nelements(src1)) if src1.type != vdt else 0
+    from engine.compute.plan import TILED  # (plan.py imports the kernels)
+    if TILED.get():  # llama.cpp's plan: padded to 64, then the tiled path's workspace
+        cur = -(-cur // 64) * 64 + tiled.wdata_size(node, n_tasks)
+    return cur
 
 
 def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
@@ -214,6 +218,8 @@ def _prepare_mul_mat(params, dst: Tensor):
     vdt = vec_dot_type(src0.type)
     if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
         return None
+    if params.tiled and tiled.takes(src0, src1, params.use_ref):  # (llama.cpp's tiled path)
+        return tiled.prepare_mul_mat_tiled(params, dst, _prepared_conversion)
     if (src0.type not in _FLOAT and src0.type not in EXACT_QUANT) or dst.type != GGMLType.F32 \
             or int(dst.nb[0]) != 4 or int(src0.nb[0]) != t0.type_size \
             or int(src1.nb[0]) != TYPE_TRAITS[src1.type].type_size \
@@ -314,6 +320,10 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         packed = tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat")
         repack.forward_mul_mat(params, dst, layout, packed)
+        return
+    if params.tiled and tiled.takes(src0, src1, params.use_ref):
+        # ggml_compute_forward_mul_mat_tiled (llama.cpp's build, GGML_CPU_TILED_MM): kernels/tiled.py
+        tiled.compute_forward_mul_mat_tiled(params, dst, _convert_src1)
         return
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     ne10, ne11, ne12, ne13 = (int(x) for x in src1.ne)
