@@ -133,6 +133,14 @@ static PyMethodDef methods[] = {
      "Q2_K..Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M; grid: the IQ type's "
      "grid table, else None) and Q8_K row i1 (x + i1*ldx), float32; threads: the weight rows shared "
      "out (the same bits)"},
+    {"fa_online", lanes_fa_online, METH_VARARGS,
+     "fa_online(s, skip, v, fp16, acc, M, S, rows, n, dv): flash attention's online softmax "
+     "(one_chunk) of each row of scores s (rows, n) float32 over the keys not skipped (skip: "
+     "uint8): M, S and acc (rows, dv) = sum of exp(s - M) times V's rows (v (n, dv): halves, "
+     "accumulated in halves, if fp16, else float32), in ggml's order"},
+    {"fa_gemm", lanes_fa_gemm, METH_VARARGS,
+     "fa_gemm(c, a, b, m, k, n): simd_gemm, c (m, n) += a (m, k) times b (k, n), float32, each "
+     "output a chain of fmaf in k's order"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -204,6 +204,10 @@ LANES_HIDDEN PyObject *lanes_gemm_q4_b32_8x8(PyObject *self, PyObject *args);
 /* _lanes_tiled.c: llama.cpp's tiled K-quant products (ggml-cpu/tiled/) */
 LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args);
 
+/* _lanes_attn.c: flash attention's online softmax (one_chunk) and simd_gemm (tiled) */
+LANES_HIDDEN PyObject *lanes_fa_online(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_fa_gemm(PyObject *self, PyObject *args);
+
 /* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a
  * weight block of one of them and (in *ysize) of its activation block; 0 for another type */
 LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize);

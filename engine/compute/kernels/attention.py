@@ -1,4 +1,4 @@
-"""FLASH_ATTN_EXT: attention in one op, with ggml's three CPU paths (ggml-cpu/ops.cpp).
+"""FLASH_ATTN_EXT: attention in one op, with ggml's three CPU paths (ggml-cpu/ops.cpp), bit for bit.
 
 For every query row (iq1, head iq2, batch iq3), with K/V head iq2 / (n_head / n_head_kv) (GQA):
 
@@ -8,23 +8,31 @@ For every query row (iq1, head iq2, batch iq3), with K/V head iq2 / (n_head / n_
 
 written to dst[:, iq2, iq1, iq3] (heads and tokens swapped). Masked (-inf) positions are skipped.
 
-* one_chunk (the reference path): q is converted to K's vec_dot type (fp16 for F16 K) and the
-  softmax runs online over ic. With F16 V the accumulator itself is fp16: every rescale and every
-  V·weight multiply-add is rounded to fp16, which this kernel reproduces step by step.
-* tiled (F32 q, F32/F16 K = V type, >= 64 query rows, DV a multiple of 8): K and V widened to f32,
-  q kept f32, softmax per 64-wide KV tile; here computed as one f32 softmax (same values up to
-  the order of float additions).
+* one_chunk (the reference path, any K/V types): q is converted to K's vec_dot type (fp16 for F16
+  K, Q8_0 blocks for Q8_0, Q4_0, Q5_0 and IQ4_NL K, Q8_1 for Q4_1 and Q5_1) and each K·q is K's
+  own vec_dot; the softmax runs online over ic. With F16 V the accumulator itself is fp16: every
+  rescale and every V·weight multiply-add is rounded to fp16. Any other V is widened to floats a
+  row at a time (its to_float) into an f32 accumulator.
+* tiled (F32 q, F32/F16 K = V type, >= 64 query rows): a tile of 64 query rows against tiles of
+  64 keys, K and V widened to f32, both products as chains of fused multiply-adds (simd_gemm:
+  each output adds its terms in order, one fma each), the softmax per tile (ggml_vec_soft_max_f32)
+  with the running max and sum per row.
 * split-KV (one query row, one batch, >= 512 KV, F32/F16 K = V type): thread ith takes KV chunk
   ith for every head and leaves (M, S, VKQ) partials; after a barrier the threads take heads in
   turn and merge the chunks.
 
-Rows are handed out in chunks from a shared counter, 4 per thread (none with 1 thread), as ggml
-does; `params.use_ref` forces one_chunk. Leaves out: quantized K/V.
+Two builds differ here, and `params.llamafile` (engine.compute.plan.llamafile_build) says which
+one runs: llama.cpp's ggml takes the tiled path for any DV on x86 and soft-caps a tile's scores
+before it pads the tile's missing keys with -inf; ggml-python's ggml (the plain build) asks for
+DV % 8 == 0 and pads first (so without a mask a short last tile's padding becomes -softcap).
 
-Numerics: expf and tanhf are the C library's (engine.libm), the fp16 roundings and the online
-softmax ggml's own, emulated with IEEE operations; but KQ and VKQ are float64 BLAS products
-rounded to float, so results agree with ggml to rounding and their last bits depend on the CPU's
-BLAS kernel (registered with blas=True).
+Rows are handed out in chunks from a shared counter, 4 per thread (none with 1 thread), as ggml
+does; `params.use_ref` forces one_chunk.
+
+Numerics: ggml's own arithmetic, emulated with IEEE operations: the vec_dot kernels of the K
+types (engine/compute/kernels/vecdot*.py), expf and tanhf from the C library (engine.libm), the
+fp16 roundings, the AVX2 exp of the tiled softmax, the fused multiply-adds the build makes (its
+vector code, and the scalar `S = S*ms + vs` the compiler contracts).
 """
 
 from __future__ import annotations
@@ -35,20 +43,30 @@ import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, not_supported
 from engine.compute.kernels.common import row_blocks, to_f32, view4
-from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, tanhf
+from engine.compute.kernels.floatmath import fmaf_steps
+from engine.compute.kernels.matmul import vec_dot_type
+from engine.compute.kernels.nn_util import alibi_slopes, expf, fmaf, fp16_round, raw_rows4, tanhf
+from engine.compute.kernels.vecdot import EXACT_QUANT, vec_dot_quant
+from engine.compute.kernels.vecdot_float import vec_dot_bf16, vec_dot_f16, vec_dot_f32
 from engine.compute.shares import Chunk, Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
-from engine.ops.matmul import GGML_PREC_DEFAULT, GGML_PREC_F32
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
-from engine.core.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
+    fp32_to_bf16_bits
+from engine.lanes import lanes, twin
+from engine.ops.matmul import GGML_PREC_DEFAULT, GGML_PREC_F32
+from engine.quants import dequantize, from_float
 
 F32, F64 = np.float32, np.float64
-Q_TILE, KV_TILE = 64, 64
-F32_EPR = 8  # AVX2 lanes: the tiled path needs DV % 8 == 0
+Q_TILE, KV_TILE = 64, 64  # GGML_FA_TILE_Q, GGML_FA_TILE_KV
+F32_EPR = 8  # AVX2 lanes: the plain build's tiled path needs DV % 8 == 0
 SPLIT_KV_MIN = 512
 FN = "ggml_compute_forward_flash_attn_ext_f16"
+_FLOATS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+KV_TYPES = frozenset(_FLOATS) | frozenset(t for t in EXACT_QUANT
+                                          if vec_dot_type(t) in (GGMLType.Q8_0, GGMLType.Q8_1))
 
 
 class _Setup:
@@ -56,8 +74,11 @@ class _Setup:
 
     def __init__(self, dst: Tensor) -> None:
         q, k, v, mask, sinks = (dst.src[i] for i in range(5))
-        self.q4, self.k4, self.v4 = view4(q), view4(k), view4(v)
-        self.k_type, self.v_type = k.type, v.type
+        self.q4 = view4(q)
+        self.k_type, self.v_type = GGMLType(k.type), GGMLType(v.type)
+        self.k4 = raw_rows4(k) if TYPE_TRAITS[k.type].is_quantized else view4(k)
+        self.v4 = raw_rows4(v) if TYPE_TRAITS[v.type].is_quantized else view4(v)
+        self.dk, self.dv = int(k.ne[0]), int(v.ne[0])
         self.neq1, self.neq2 = int(q.ne[1]), int(q.ne[2])
         self.rk2, self.rk3 = int(q.ne[2]) // int(k.ne[2]), int(q.ne[3]) // int(k.ne[3])
         self.rv2, self.rv3 = int(q.ne[2]) // int(v.ne[2]), int(q.ne[3]) // int(v.ne[3])
@@ -70,91 +91,208 @@ class _Setup:
         self.sinks = view4(sinks)[0, 0, 0].astype(F32) if sinks is not None else None
         self.d4 = view4(dst)
 
-    def scores(self, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int,
-               vec_dot: bool) -> tuple[np.ndarray, np.ndarray]:
-        """KQ values s (rows [a, b) x KV [ic0, ic1)) with mask and softcap, and the skip mask."""
-        q = self.q4[iq3, iq2, a:b].astype(F32)
-        k = to_f32(self.k4[iq3 // self.rk3, iq2 // self.rk2, ic0:ic1], self.k_type)
-        if vec_dot and self.k_type == GGMLType.F16:
-            q = fp16_round(q)  # one_chunk converts q to K's vec_dot type
-        s = (q.astype(F64) @ k.astype(F64).T).astype(F32) * self.scale
-        if self.softcap != 0:
-            s = self.softcap * tanhf(s)
-        skip = np.zeros(s.shape, bool)
-        if self.mask4 is not None:
-            m4 = self.mask4
-            m = to_f32(m4[iq3 % m4.shape[0], iq2 % m4.shape[1], a:b, ic0:ic1], GGMLType.F16)
-            mv = self.slopes[iq2] * m
-            skip = mv == -np.inf
-            with np.errstate(invalid="ignore"):
-                s = np.where(skip, F32(-np.inf), s + mv)
-        return s, skip
+    def k_rows(self, iq3: int, iq2: int, ic0: int, ic1: int) -> np.ndarray:
+        return self.k4[iq3 // self.rk3, iq2 // self.rk2, ic0:ic1]
 
     def v_rows(self, iq3: int, iq2: int, ic0: int, ic1: int) -> np.ndarray:
-        return to_f32(self.v4[iq3 // self.rv3, iq2 // self.rv2, ic0:ic1], self.v_type)
+        """V rows [ic0, ic1) as floats (to_float; F16 exactly widened)."""
+        v = self.v4[iq3 // self.rv3, iq2 // self.rv2, ic0:ic1]
+        if TYPE_TRAITS[self.v_type].is_quantized:
+            return dequantize(self.v_type, np.ascontiguousarray(v), v.shape[0] * self.dv) \
+                .reshape(-1, self.dv)
+        return to_f32(v, self.v_type)
+
+    def kq_vec_dot(self, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int) -> np.ndarray:
+        """one_chunk's K·q of rows [a, b) with keys [ic0, ic1): q converted to K's vec_dot type
+        (q_to_vec_dot), then K's vec_dot (kq_vec_dot). (rows, keys) float32."""
+        q = np.ascontiguousarray(self.q4[iq3, iq2, a:b], F32)
+        k = self.k_rows(iq3, iq2, ic0, ic1)
+        if self.k_type == GGMLType.F32:
+            return vec_dot_f32(k, q)
+        if self.k_type == GGMLType.F16:
+            return vec_dot_f16(k, fp16_round(q))
+        if self.k_type == GGMLType.BF16:
+            return vec_dot_bf16(k, bf16_bits_to_fp32(fp32_to_bf16_bits(q)))
+        return vec_dot_quant(self.k_type, k, from_float(vec_dot_type(self.k_type), q))
+
+    def mask_values(self, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int) -> np.ndarray:
+        """slope·mask of rows [a, b) and keys [ic0, ic1), float32 (zeros without a mask)."""
+        if self.mask4 is None:
+            return np.zeros((b - a, ic1 - ic0), F32)
+        m4 = self.mask4
+        m = m4[iq3 % m4.shape[0], iq2 % m4.shape[1], a:b, ic0:ic1].astype(F32)
+        return self.slopes[iq2] * m
 
 
-def _online_f16(s: np.ndarray, skip: np.ndarray, v: np.ndarray):
-    """one_chunk with an F16 V: the online softmax with an fp16 accumulator, step by step over ic.
+# --- one_chunk: the online softmax ----------------------------------------------------------
 
-    Returns M, S (float, per row) and VKQ (rows, DV) as float32 holding fp16 values.
-    """
-    rows = s.shape[0]
-    M = np.full(rows, -np.inf, F32)
-    S = np.zeros(rows, F32)
-    acc = np.zeros((rows, v.shape[1]), F32)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for ic in range(s.shape[1]):
-            live = ~skip[:, ic]
-            if not live.any():
-                continue
-            sj = s[:, ic]
-            new = live & (sj > M)
-            ms = np.where(new, expf(M - sj), F32(1))
-            vs = np.where(live & ~new, expf(sj - M), F32(1))
-            if new.any():  # ggml_vec_scale_f16: y = fp16(y·ms)
-                acc = np.where(new[:, None], fp16_round(acc * ms[:, None]), acc)
-            M = np.where(new, sj, M)
-            # ggml_vec_mad_f16: y = fp16(fma(x, vs, y)) in f32 lanes
-            acc = np.where(live[:, None], fp16_round(fmaf(v[ic][None, :], vs[:, None], acc)), acc)
-            S = np.where(live, fmaf(S, ms, vs), S)
+def _one_chunk(st: _Setup, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for query rows [a, b) of one head over
+    keys [ic0, ic1): (M, S, VKQ) with the sink applied on the first chunk (VKQ not yet divided
+    by S)."""
+    mv = st.mask_values(iq3, iq2, a, b, ic0, ic1)
+    skip = mv == -np.inf
+    s = st.kq_vec_dot(iq3, iq2, a, b, ic0, ic1) * st.scale
+    if st.softcap != 0:
+        s = st.softcap * tanhf(s)
+    with np.errstate(invalid="ignore"):
+        s = s + mv
+    if st.v_type == GGMLType.F16:  # the halves as they are: the accumulator is halves too
+        v = st.v4[iq3 // st.rv3, iq2 // st.rv2, ic0:ic1].view(np.uint16)
+        M, S, acc = _online(s, skip, v, fp16=True)
+    else:
+        M, S, acc = _online(s, skip, st.v_rows(iq3, iq2, ic0, ic1), fp16=False)
+    if st.sinks is not None and ic0 == 0:
+        M, S, acc = _sink(st.sinks[iq2], M, S, acc)
     return M, S, acc
 
 
-def _softmax_v(s: np.ndarray, skip: np.ndarray, v: np.ndarray):
-    """The same (M, S, VKQ) in one vectorised f32 softmax (F32 V, or the tiled path)."""
-    with np.errstate(invalid="ignore"):
-        M = np.max(s, axis=1) if s.shape[1] else np.full(s.shape[0], -np.inf, F32)
-        p = np.where(skip, F32(0), expf(s - M[:, None]))
-    p = np.where(np.isneginf(M)[:, None], F32(0), p)
-    S = p.sum(axis=1, dtype=F64).astype(F32)
-    vkq = (p.astype(F64) @ v.astype(F64)).astype(F32)
-    return M.astype(F32), S, vkq
+def _online(s: np.ndarray, skip: np.ndarray, v: np.ndarray, fp16: bool):
+    """The online softmax over the keys of every row: lanes.fa_online (in C, or its twin
+    fa_online). v: (n, dv) halves (uint16) when fp16, else float32. Returns M, S, VKQ."""
+    rows, n = s.shape
+    dv = v.shape[1]
+    acc, M, S = np.empty((rows, dv), F32), np.empty(rows, F32), np.empty(rows, F32)
+    lanes.fa_online(np.ascontiguousarray(s, F32), np.ascontiguousarray(skip, np.uint8),
+                    np.ascontiguousarray(v), fp16, acc, M, S, rows, n, dv)
+    return M, S, acc
 
 
-def _attend(st: _Setup, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int, tiled: bool):
-    """(M, S, VKQ) for query rows [a, b) of head iq2 over KV [ic0, ic1), sinks applied."""
-    s, skip = st.scores(iq3, iq2, a, b, ic0, ic1, vec_dot=not tiled)
-    v = st.v_rows(iq3, iq2, ic0, ic1)
-    if not tiled and st.v_type == GGMLType.F16:
-        M, S, vkq = _online_f16(s, skip, v)
-    else:
-        M, S, vkq = _softmax_v(s, skip, v)
-    if st.sinks is not None and ic0 == 0:
-        sk = st.sinks[iq2]
-        with np.errstate(invalid="ignore", over="ignore"):
-            ms = np.where(sk > M, expf(M - sk), F32(1))
-            vs = np.where(sk > M, F32(1), expf(sk - M))
-        vkq = vkq * ms[:, None]
-        S = fmaf(S, ms, vs)  # M is left as it was, as in ggml
-    return M, S, vkq
+@twin("fa_online")
+def fa_online(s, skip, v, fp16: bool, acc, M, S, rows: int, n: int, dv: int) -> None:
+    """engine._lanes.fa_online: ggml's online softmax over keys, step by step, every row at once.
+    A live key (not skipped) with a new maximum rescales the accumulator by ms = expf(Mold - M)
+    (ggml_vec_scale_f16/_f32), an older maximum weighs the key by vs = expf(s - M); the key's V
+    row is added times vs (ggml_vec_mad_f16/_f32: one fma per element, rounded to fp16 for an F16
+    V); S = fmaf(S, ms, vs), as the compiler contracts `S = S*ms + vs`."""
+    s2 = np.frombuffer(s, F32).reshape(rows, n)
+    skip2 = np.frombuffer(skip, np.uint8).reshape(rows, n) != 0
+    vf = np.frombuffer(v, np.uint16 if fp16 else F32).reshape(n, dv)
+    if fp16:
+        vf = fp16_bits_to_fp32(vf)
+    m, sm = np.full(rows, -np.inf, F32), np.zeros(rows, F32)
+    out = np.zeros((rows, dv), F32)
+    one = F32(1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for ic in range(n):
+            live = ~skip2[:, ic]
+            if not live.any():
+                continue
+            sj = s2[:, ic]
+            new = live & (sj > m)
+            ms = np.where(new, expf(m - sj), one)
+            vs = np.where(live & ~new, expf(sj - m), one)
+            if new.any():
+                scaled = out[new] * ms[new, None]
+                out[new] = fp16_round(scaled) if fp16 else scaled
+            m = np.where(new, sj, m)
+            mad = fmaf(vf[ic][None, :], vs[live, None], out[live])
+            out[live] = fp16_round(mad) if fp16 else mad
+            sm = np.where(live, fmaf(sm, ms, vs), sm)
+    np.frombuffer(acc, F32)[:] = out.reshape(-1)
+    np.frombuffer(M, F32)[:] = m
+    np.frombuffer(S, F32)[:] = sm
 
 
-def _finish(S: np.ndarray, vkq: np.ndarray) -> np.ndarray:
+def _sink(sink: F32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
+    """The sink's logit joins the softmax after the keys (no value of its own)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        new = sink > M
+        ms = np.where(new, expf(M - sink), F32(1))
+        vs = np.where(new, F32(1), expf(sink - M))
+    acc = np.where(new[:, None], acc * ms[:, None], acc)
+    return np.where(new, sink, M).astype(F32), S * ms + vs, acc
+
+
+def _finish(S: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """V /= S (0 where S is 0): ggml_vec_scale_f32 by 1/S."""
     with np.errstate(divide="ignore"):
         inv = np.where(S == 0, F32(0), F32(1) / S)
-    return vkq * inv[:, None]
+    return acc * inv[:, None]
 
+
+# --- tiled ------------------------------------------------------------------------------------
+
+def _gemm(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """simd_gemm: C[M x N] += A[M x K]·B[K x N] (lanes.fa_gemm, or its twin)."""
+    out = np.array(c, F32, order="C")
+    m, k = a.shape
+    lanes.fa_gemm(out, np.ascontiguousarray(a, F32), np.ascontiguousarray(b, F32), m, k,
+                  b.shape[1])
+    return out
+
+
+@twin("fa_gemm")
+def fa_gemm(c, a, b, m: int, k: int, n: int) -> None:
+    """engine._lanes.fa_gemm: simd_gemm, C[m x n] += A[m x k]·B[k x n] in place, each output a
+    chain of fused multiply-adds in k's order: c[i, j] = fmaf(b[kk, j], a[i, kk], c[i, j]) (the
+    vector code's GGML_F32_VEC_FMA, the same for every column)."""
+    c2 = np.frombuffer(c, F32).reshape(m, n)
+    a2, b2 = np.frombuffer(a, F32).reshape(m, k), np.frombuffer(b, F32).reshape(k, n)
+    c2[:] = fmaf_steps(b2[:, None, :], a2.T[:, :, None], c2)
+
+
+def _tiled(st: _Setup, iq3: int, iq2: int, a: int, b: int, llamafile: bool) -> np.ndarray:
+    """ggml_compute_forward_flash_attn_ext_tiled for query rows [a, b) of one head (at most
+    Q_TILE), every KV tile in turn: returns the rows' output (divided by S). A tile every valid
+    row masks is skipped; a row the tile masks entirely keeps its M and S and adds nothing."""
+    rows, nek1 = b - a, st.k4.shape[2]
+    q = np.zeros((rows, st.dk), F32)  # (the tile's padding rows are never written out)
+    q[:] = st.q4[iq3, iq2, a:b]
+    M = np.full(rows, -np.inf, F32)
+    S = np.zeros(rows, F32)
+    acc = np.zeros((rows, st.dv), F32)
+    k32 = np.zeros((st.dk, KV_TILE), F32)  # K tile transposed; a short tile keeps older columns
+    v32 = np.zeros((KV_TILE, st.dv), F32)  # V tile; a short tile keeps older rows
+    with np.errstate(invalid="ignore", over="ignore"):
+        for ic in range(0, nek1, KV_TILE):
+            n = min(KV_TILE, nek1 - ic)
+            mask = None
+            if st.mask4 is not None:
+                mv = st.mask_values(iq3, iq2, a, b, ic, ic + n)
+                if (mv == -np.inf).all():
+                    continue
+                mask = np.full((rows, KV_TILE), -np.inf, F32)  # the missing keys: -inf
+                mask[:, :n] = mv
+            k32[:, :n] = to_f32(st.k_rows(iq3, iq2, ic, ic + n), st.k_type).T
+            kq = _gemm(np.zeros((rows, KV_TILE), F32), q, k32) * st.scale
+            if st.softcap != 0 and llamafile:  # llama.cpp's ggml: soft-capped, then padded
+                kq = tanhf(kq) * st.softcap
+            kq[:, n:] = -np.inf
+            if st.softcap != 0 and not llamafile:  # the plain build: the padding too
+                kq = tanhf(kq) * st.softcap
+            if mask is not None:
+                kq = kq + mask
+            tile_max = kq.max(axis=1)
+            live = tile_max != -np.inf
+            m_new = np.fmax(M, tile_max)
+            up = live & (m_new > M)
+            ms = expf(M - m_new)
+            acc = np.where(up[:, None], acc * ms[:, None], acc)
+            S = np.where(up, S * ms, S)
+            M = np.where(live, m_new, M)
+            p = np.zeros((rows, KV_TILE), F32)  # exp(KQ - M), 0 on the rows it skips
+            sums = np.zeros(rows, F64)
+            if live.any():
+                p[live], sums[live] = _soft_max(kq[live], m_new[live])
+            S = np.where(live, (S.astype(F64) + sums).astype(F32), S)  # S += the double sum
+            v32[:n] = st.v_rows(iq3, iq2, ic, ic + n)
+            acc = _gemm(acc, p, v32)
+    if st.sinks is not None:
+        _, S, acc = _sink(st.sinks[iq2], M, S, acc)
+    return _finish(S, acc)
+
+
+def _soft_max(kq: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_vec_soft_max_f32 of each row less its max (lanes.soft_max): the values and their
+    sums in double."""
+    rows, n = kq.shape
+    y, sums = np.empty((rows, n), F32), np.empty(rows, F64)
+    lanes.soft_max(np.ascontiguousarray(kq, F32), np.ascontiguousarray(mx, F32), y, sums, rows, n)
+    return y, sums
+
+
+# --- the kernel -------------------------------------------------------------------------------
 
 def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's FLASH_ATTN_EXT: the larger of the tiled path's tiles (Q_TILE query rows
@@ -167,16 +305,17 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
     return max(tiled, split_kv)
 
 
-@kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work, blas=True)
+@kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work)
 def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
-    """ggml_compute_forward_flash_attn_ext (F32 q; F32/F16 K and V)."""
+    """ggml_compute_forward_flash_attn_ext (F32 q; K and V F32, F16, BF16 or quantized)."""
     q, k, v = dst.src[0], dst.src[1], dst.src[2]
     if int(dst.op_params[3]) not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
         raise not_supported(dst, f"precision {int(dst.op_params[3])} (ggml aborts)")
     if q.type != GGMLType.F32:
         raise not_supported(dst, "q must be F32 (the CPU kernel reads q rows as float)")
-    if k.type not in (GGMLType.F32, GGMLType.F16) or v.type not in (GGMLType.F32, GGMLType.F16):
-        raise not_supported(dst, "K and V must be F32 or F16 here (quantized K/V not implemented)")
+    for t, name in ((k, "K"), (v, "V")):
+        if t.type not in KV_TYPES:
+            raise not_supported(dst, f"{name} of type {TYPE_TRAITS[t.type].type_name}")
     neq0, neq1, neq2, neq3 = (int(x) for x in q.ne)
     dk, nek1, dv = int(k.ne[0]), int(k.ne[1]), int(v.ne[0])
     ne0, _, ne2 = (int(x) for x in dst.ne[:3])
@@ -200,8 +339,10 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
                             f"[n_kv {nek1}, n_q {neq1}]")
     st = _Setup(dst)
     ith, nth = params.ith, params.nth
-    kv_ok = k.type == v.type
-    if not params.use_ref and neq1 == 1 and neq3 == 1 and kv_ok and nek1 >= SPLIT_KV_MIN:
+    f32_or_f16 = k.type in (GGMLType.F32, GGMLType.F16)
+    same = k.type == v.type
+    if not params.use_ref and neq1 == 1 and neq3 == 1 and f32_or_f16 and same \
+            and nek1 >= SPLIT_KV_MIN:
         return _split_kv(params, st, neq2, nek1)
 
     nr = neq1 * neq2 * neq3
@@ -213,14 +354,20 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         params.shared["chunk"] = itertools.count(nth)  # ggml_threadpool_chunk_set(nth)
     params.barrier()
     dr = (nr + nchunk - 1) // nchunk
-    tiled = not params.use_ref and kv_ok and neq1 >= Q_TILE and dv % F32_EPR == 0
+    tiled = not params.use_ref and f32_or_f16 and same and neq1 >= Q_TILE \
+        and (params.llamafile or dv % F32_EPR == 0)  # (x86: llama.cpp's ggml drops the DV test)
     done = []
     chunk = ith
     while chunk < nchunk:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
         for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
-            M, S, vkq = _attend(st, iq3, iq2, a, b, 0, nek1, tiled)
-            st.d4[iq3, a:b, iq2] = _finish(S, vkq)  # permute(0, 2, 1, 3)
+            if tiled:
+                for t in range(a, b, Q_TILE):
+                    e = min(b, t + Q_TILE)
+                    st.d4[iq3, t:e, iq2] = _tiled(st, iq3, iq2, t, e, params.llamafile)
+            else:
+                M, S, acc = _one_chunk(st, iq3, iq2, a, b, 0, nek1)
+                st.d4[iq3, a:b, iq2] = _finish(S, acc)  # permute(0, 2, 1, 3)
         done.append(Chunk(chunk, Interval(ir0, ir1)))
         chunk = next(params.shared["chunk"])
     params.took(ShareKind.CHUNKS, *done,
@@ -235,8 +382,8 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
     parts = []
     for h in range(n_head):
         if ic0 < nek1:
-            M, S, vkq = _attend(st, 0, h, 0, 1, ic0, ic1, tiled=False)
-            parts.append((M[0], S[0], vkq[0]))
+            M, S, acc = _one_chunk(st, 0, h, 0, 1, ic0, ic1)
+            parts.append((M[0], S[0], acc[0]))
         else:
             parts.append((F32(-np.inf), F32(0), None))
     params.shared[ith] = parts
@@ -245,14 +392,14 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
     with np.errstate(invalid="ignore", over="ignore"):
         for h in heads:
             m_fin, s_fin = F32(-np.inf), F32(0)
-            acc = np.zeros(st.d4.shape[-1], F32)
+            acc = np.zeros(st.dv, F32)
             for c in range(nth):
                 if c * chunk_size >= nek1:
                     continue
                 m_c, s_c, vkq_c = params.shared[c][h]
                 if s_c == 0:
                     continue
-                m_new = max(m_fin, m_c)
+                m_new = np.fmax(m_fin, m_c)
                 so, sn = expf(m_fin - m_new), expf(m_c - m_new)
                 acc = fmaf(acc, so, vkq_c * sn)
                 s_fin = fmaf(s_fin, so, s_c * sn)
