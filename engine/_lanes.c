@@ -128,11 +128,11 @@ static PyMethodDef methods[] = {
      "gemm_q4_b32_8x8(type, w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemm_<type>_8x8_q8_0 "
      "(AVX2): as gemv_q4_b32_8x8, x nr / 4 groups of block_q8_0x4 rows (4 rows interleaved)"},
     {"tiled_mul_mat", lanes_tiled_mul_mat, METH_VARARGS,
-     "tiled_mul_mat(type, w, ldw, x, ldx, out, ldo, n0, n1, nb, grid, threads=1): out[i1 * ldo + i0] "
+     "tiled_mul_mat(type, w, ldw, x, ldx, out, ldo, n0, n1, nb, grid, portable=False, threads=1): out[i1 * ldo + i0] "
      "= llama.cpp's tiled product (ggml-cpu/tiled/, AVX2) of weight row i0 (nb blocks at w + i0*ldw: "
      "Q2_K..Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M; grid: the IQ type's "
-     "grid table, else None) and Q8_K row i1 (x + i1*ldx), float32; threads: the weight rows shared "
-     "out (the same bits)"},
+     "grid table, else None) and Q8_K row i1 (x + i1*ldx), float32; portable: without the vector "
+     "instructions; threads: the weight rows shared out (the same bits either way)"},
     {"fa_online", lanes_fa_online, METH_VARARGS,
      "fa_online(s, skip, v, fp16, acc, M, S, rows, n, dv): flash attention's online softmax "
      "(one_chunk) of each row of scores s (rows, n) float32 over the keys not skipped (skip: "

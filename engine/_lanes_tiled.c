@@ -380,10 +380,10 @@ LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer w, x, out, grid = {0};
-    int type, threads = 1, has_min;
+    int type, portable = 0, threads = 1, has_min;
     Py_ssize_t ldw, ldx, ldo, n0, n1, nb;
-    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnnnO&|i", &type, &w, &ldw, &x, &ldx, &out, &ldo, &n0,
-                          &n1, &nb, lanes_optional_buffer, &grid, &threads))
+    if (!PyArg_ParseTuple(args, "iy*ny*nw*nnnnO&|pi", &type, &w, &ldw, &x, &ldx, &out, &ldo, &n0,
+                          &n1, &nb, lanes_optional_buffer, &grid, &portable, &threads))
         return NULL;
     const int subblk = tiled_subblk(type, &has_min);
     const Py_ssize_t wsize = subblk ? lanes_block_bytes(type) : 0, gbytes = tiled_grid_bytes(type);
@@ -420,7 +420,7 @@ LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args)
         }
     }
     if (ok) {
-        TiledJob job = {type, subblk, has_min, fma_hw(), w.buf, x.buf, grid.obj ? grid.buf : NULL,
+        TiledJob job = {type, subblk, has_min, !portable && fma_hw(), w.buf, x.buf, grid.obj ? grid.buf : NULL,
                         ldw, ldx, ldo, n0, n1, nb, out.buf, neg128, scratch, scratch_bytes};
         Py_BEGIN_ALLOW_THREADS
         lanes_pool_run(tiled_rows, &job, n0, chunk, (int)parts);

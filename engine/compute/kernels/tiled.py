@@ -101,8 +101,8 @@ class TiledFormat:
 
 def _sign_bits(signs: np.ndarray) -> np.ndarray:
     """Sign bytes (..., k) -> (..., 8k) bool: element 8i + j negative where bit j of byte i is set."""
-    return np.unpackbits(signs[..., None], axis=-1, bitorder="little").reshape(*signs.shape[:-1], -1) \
-        .astype(bool)
+    bits = np.unpackbits(signs[..., None], axis=-1, bitorder="little")
+    return bits.reshape(*signs.shape[:-1], 8 * signs.shape[-1]).astype(bool)
 
 
 def _signed(g: np.ndarray, neg: np.ndarray) -> np.ndarray:
@@ -299,13 +299,15 @@ def block_sums(fmt: TiledFormat, blk: TiledBlocks, q: np.ndarray) -> np.ndarray:
 
 @twin("tiled_mul_mat")
 def tiled_mul_mat(type_: int, w, ldw: int, x, ldx: int, out, ldo: int, n0: int, n1: int, nb: int,
-                  grid, threads: int = 1) -> None:
+                  grid, portable: bool = False, threads: int = 1) -> None:
     """engine._lanes.tiled_mul_mat: out[i1 * ldo + i0] (float32) = llama.cpp's tiled product of
     weight row i0 (nb blocks of type_ at byte i0 * ldw of w) and Q8_K row i1 (at byte i1 * ldx of
     x). Block after block: each weight block decoded as the tile holds it (FORMATS' decode), the
     integer s1 (block_sums) and s2 (the mins by the block sums), then res and acc in float (see
     the module's docstring). grid: the table the C loop reads (the twin reads the same one from
-    FORMATS); threads change no bit (ignored)."""
+    FORMATS); portable (C without the vector instructions) and threads change no bit (ignored)."""
+    if not n0 or not n1:
+        return
     fmt = FORMATS[GGMLType(type_)]
     wsize = TYPE_TRAITS[type_].type_size
     weights = strided_rows(w, np.uint8, n0, ldw, nb * wsize).reshape(n0, nb, wsize)
@@ -323,9 +325,8 @@ def tiled_mul_mat(type_: int, w, ldw: int, x, ldx: int, out, ldo: int, n0: int, 
             s2 = (bs @ blk.mins.T.astype(np.int64)).astype(np.int32)
             res = fmaf(-blk.dmin, s2.astype(F32), res)
         acc = fmaf(res, d1[:, None], acc)
-    if n0 and n1:
-        o = np.lib.stride_tricks.as_strided(np.frombuffer(out, F32), (n1, n0), (4 * ldo, 4))
-        o[...] = acc
+    o = np.lib.stride_tricks.as_strided(np.frombuffer(out, F32), (n1, n0), (4 * ldo, 4))
+    o[...] = acc
 
 
 def tiled_product(type_: GGMLType, w: np.ndarray, x: np.ndarray, out: np.ndarray,
@@ -341,7 +342,7 @@ def tiled_product(type_: GGMLType, w: np.ndarray, x: np.ndarray, out: np.ndarray
     xbuf, ldx = byte_span(x)
     grid = FORMATS[GGMLType(type_)].grid
     written(out, lambda res: lanes.tiled_mul_mat(int(type_), wbuf, ldw, xbuf, ldx, res, n0, n0,
-                                                 len(x), nb, grid, threads))
+                                                 len(x), nb, grid, False, threads))
 
 
 # --- the node: llama.cpp's ggml_compute_forward_mul_mat_tiled_driver ---------------------------
