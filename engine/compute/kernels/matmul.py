@@ -35,7 +35,7 @@ import numpy as np
 from engine.backend.buffer import tensor_bytes
 from engine.backend.repack import repacked_layout
 from engine.compute.kernels import CACHE_LINE_SIZE, all_threads, kernel, not_supported
-from engine.compute.kernels import repack, tiled
+from engine.compute.kernels import hadamard, repack, tiled
 from engine.compute.kernels.common import from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
@@ -197,7 +197,7 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
 
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
     src1 = dst.src[1]
-    if repacked_layout(dst.src[0]) is not None:
+    if repacked_layout(dst.src[0]) is not None or hadamard.takes(dst, False):
         return False
     return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
@@ -217,6 +217,8 @@ def _prepare_mul_mat(params, dst: Tensor):
     t0 = TYPE_TRAITS[src0.type]
     vdt = vec_dot_type(src0.type)
     if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
+        return None
+    if hadamard.takes(dst, params.use_ref):  # (the transform's own path)
         return None
     if params.tiled and tiled.takes(src0, src1, params.use_ref):  # (llama.cpp's tiled path)
         return tiled.prepare_mul_mat_tiled(params, dst, _prepared_conversion)
@@ -320,6 +322,9 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         packed = tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat")
         repack.forward_mul_mat(params, dst, layout, packed)
+        return
+    if hadamard.takes(dst, params.use_ref):  # src0 a Hadamard matrix: ggml_compute_forward_fwht
+        hadamard.compute_forward_fwht(params, dst)
         return
     if params.tiled and tiled.takes(src0, src1, params.use_ref):
         # ggml_compute_forward_mul_mat_tiled (llama.cpp's build, GGML_CPU_TILED_MM): kernels/tiled.py
