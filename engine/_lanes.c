@@ -127,6 +127,17 @@ static PyMethodDef methods[] = {
     {"gemm_q4_b32_8x8", lanes_gemm_q4_b32_8x8, METH_VARARGS,
      "gemm_q4_b32_8x8(type, w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemm_<type>_8x8_q8_0 "
      "(AVX2): as gemv_q4_b32_8x8, x nr / 4 groups of block_q8_0x4 rows (4 rows interleaved)"},
+    {"quantize_mat_q8_k_4x8", lanes_quantize_mat_q8_k_4x8, METH_VARARGS,
+     "quantize_mat_q8_k_4x8(x, out, k): ggml_quantize_mat_q8_K_4x8 (AVX2) of each group of 4 rows "
+     "of k float32 (x): k / 256 block_q8_Kx4 a group into out"},
+    {"gemv_q4_k_8x8", lanes_gemv_q4_k_8x8, METH_VARARGS,
+     "gemv_q4_k_8x8(w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemv_q4_K_8x8_q8_K (AVX2) "
+     "of nc weight rows repacked as q4_K_8x8 (w) and nr Q8_K rows (x) of n elements: out (nr, nc) "
+     "float32; portable: without the FMA instruction; threads: the column groups shared out (the "
+     "same bits either way)"},
+    {"gemm_q4_k_8x8", lanes_gemm_q4_k_8x8, METH_VARARGS,
+     "gemm_q4_k_8x8(w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemm_q4_K_8x8_q8_K (AVX2): "
+     "as gemv_q4_k_8x8, x nr / 4 groups of block_q8_Kx4 rows (4 rows interleaved)"},
     {"tiled_mul_mat", lanes_tiled_mul_mat, METH_VARARGS,
      "tiled_mul_mat(type, w, ldw, x, ldx, out, ldo, n0, n1, nb, grid, portable=False, threads=1): out[i1 * ldo + i0] "
      "= llama.cpp's tiled product (ggml-cpu/tiled/, AVX2) of weight row i0 (nb blocks at w + i0*ldw: "

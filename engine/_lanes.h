@@ -201,6 +201,11 @@ LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemv_q4_b32_8x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemm_q4_b32_8x8(PyObject *self, PyObject *args);
 
+/* _lanes_repack_q8_k.c: the products of the repacked q4_K_8x8 and their activations */
+LANES_HIDDEN PyObject *lanes_quantize_mat_q8_k_4x8(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_gemv_q4_k_8x8(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_gemm_q4_k_8x8(PyObject *self, PyObject *args);
+
 /* _lanes_tiled.c: llama.cpp's tiled K-quant products (ggml-cpu/tiled/) */
 LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args);
 

@@ -17,7 +17,8 @@ import numpy as np
 from engine.core.api import query, writes
 from engine.core.errors import GGMLAssertionError, ggml_assert
 from engine.quants import fp4, iq4, iqgrid, kquants, legacy, ternary
-from engine.quants import repack_legacy  # noqa: F401  (registers the repacked layouts: quants/repack.py)
+# the families' repacked layouts register themselves in engine/quants/repack.py's LAYOUTS
+from engine.quants import repack_kquant, repack_legacy  # noqa: F401
 from engine.quants.common import QuantKind
 from engine.core.types import (GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, fp32_to_bf16_bits,
                           fp32_to_fp16_bits, traits)
