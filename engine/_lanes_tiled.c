@@ -284,12 +284,21 @@ typedef struct {
     size_t scratch_bytes;
 } TiledJob;
 
-INLINE int32_t dot256(const int16_t *ws, const int8_t *q)
+/* s[r] = the dot products of 4 rows' ws with the activations q (widened), exact */
+INLINE void dot256x4(const TiledRow *r, const int16_t *q, int32_t *s)
 {
-    int32_t s = 0;
-    for (int e = 0; e < QK; e++)
-        s += (int32_t)ws[e] * (int32_t)q[e];
-    return s;
+    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (int e = 0; e < QK; e++) {
+        const int32_t v = q[e];
+        a0 += r[0].ws[e] * v;
+        a1 += r[1].ws[e] * v;
+        a2 += r[2].ws[e] * v;
+        a3 += r[3].ws[e] * v;
+    }
+    s[0] = a0;
+    s[1] = a1;
+    s[2] = a2;
+    s[3] = a3;
 }
 
 /* weight rows [a, b) of every activation row, PANEL rows at a time */
@@ -309,15 +318,21 @@ INLINE void tiled_rows_body(const TiledJob *j, char *scratch, Py_ssize_t a, Py_s
                 int32_t sc[16];
                 tiled_decode(j->type, j->w + (p0 + i) * j->ldw + kb * lanes_block_bytes(j->type),
                              j->grid, r->w, sc, r);
-                for (int e = 0; e < QK; e++)
-                    r->ws[e] = (int16_t)(r->w[e] * sc[e / j->subblk]);
+                for (int sb = 0; sb < nsub; sb++)
+                    for (int e = sb * j->subblk; e < (sb + 1) * j->subblk; e++)
+                        r->ws[e] = (int16_t)(r->w[e] * sc[sb]);
             }
             for (Py_ssize_t c = 0; c < n1; c++) {
                 const uint8_t *xb = j->x + c * j->ldx + kb * Q8K_BYTES;
                 float d1;
                 memcpy(&d1, xb, 4);
                 const int8_t *q = (const int8_t *)(xb + 4);
-                int32_t bs[16];
+                int16_t q16[QK];
+                for (int e = 0; e < QK; e++)
+                    q16[e] = q[e];
+                int32_t s1s[PANEL], bs[16];
+                for (int i = 0; i < np; i += 4)  /* (the rows past np: zeros or an older panel's) */
+                    dot256x4(&rows[i], q16, &s1s[i]);
                 if (j->has_min) {
                     int16_t s16[16];
                     memcpy(s16, xb + 260, 32);
@@ -327,7 +342,7 @@ INLINE void tiled_rows_body(const TiledJob *j, char *scratch, Py_ssize_t a, Py_s
                 const int quirk = j->neg128 && j->neg128[c * j->nb + kb];
                 for (int i = 0; i < np; i++) {
                     const TiledRow *r = &rows[i];
-                    int32_t s1 = dot256(r->ws, q);
+                    int32_t s1 = s1s[i];
                     if (quirk)  /* sign(-128, w < 0) wraps: +128 * w where -128 * w is exact */
                         for (int e = 0; e < QK; e++)
                             if (q[e] == -128 && r->w[e] < 0)
@@ -400,7 +415,7 @@ LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args)
     const size_t scratch_bytes = ((PANEL * sizeof(TiledRow) + (size_t)PANEL * (size_t)n1 * 4) + 63) & ~(size_t)63;
     char *scratch = NULL;
     uint8_t *neg128 = NULL;
-    if (ok && !(scratch = PyMem_RawMalloc((size_t)parts * scratch_bytes))) {
+    if (ok && !(scratch = PyMem_RawCalloc((size_t)parts, scratch_bytes))) {
         PyErr_NoMemory();
         ok = 0;
     }
