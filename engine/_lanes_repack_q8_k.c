@@ -298,7 +298,10 @@ static const int ORDER[8] = {0, 1, 4, 5, 2, 3, 6, 7};  /* (its own inverse) */
 
 typedef struct {
     __m256i q[4][2][4][2];      /* [sb][low, high nibbles][k][rows 0-3, 4-7] */
-    __m256i sc[8], mn[8];       /* by sub-block, lanes in ORDER */
+    __m256i sc[8][2];           /* sub-block j's scales as 16-bit words, each row's 4 times:
+                                 * rows 0-3 ([j][0]) and 4-7 ([j][1]), as the quants lie */
+    __m256i mn[4];              /* the mins of sub-blocks 2sb and 2sb + 1 as 16-bit pairs, by
+                                 * row, lanes in ORDER */
     __m256 d, dmin;             /* lanes in ORDER */
 } WeightVecs;
 
@@ -310,6 +313,7 @@ AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
     wv->d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), order);
     wv->dmin = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))),
                                         order);
+    uint8_t mins[8][8];
     for (int j = 0; j < 8; j++) {
         /* get_scale_min_k4 of the 8 rows at once, four bytes at a time: rows 0-3's scales are
          * the low 6 bits of bytes 0-3, rows 4-7's the low nibbles of bytes 8-11 with the top 2
@@ -320,11 +324,22 @@ AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
         s[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
         m[0] = u[1] & 0x3F3F3F3F;
         m[1] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-        long long sl, ml;
+        long long sl;
         memcpy(&sl, s, 8);
-        memcpy(&ml, m, 8);
-        wv->sc[j] = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(sl)), order);
-        wv->mn[j] = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(ml)), order);
+        const __m128i sv = _mm_cvtsi64_si128(sl);
+        for (int h = 0; h < 2; h++) {
+            const __m128i rep = _mm_add_epi8(_mm_set_epi8(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                             _mm_set1_epi8((char)(4 * h)));
+            wv->sc[j][h] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sv, rep));
+        }
+        memcpy(mins[j], m, 8);
+    }
+    for (int sb = 0; sb < 4; sb++) {
+        long long m0, m1;
+        memcpy(&m0, mins[2 * sb], 8);
+        memcpy(&m1, mins[2 * sb + 1], 8);
+        const __m128i pairs = _mm_unpacklo_epi8(_mm_cvtsi64_si128(m0), _mm_cvtsi64_si128(m1));
+        wv->mn[sb] = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi16(pairs), order);
     }
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int sb = 0; sb < 4; sb++)
@@ -337,8 +352,10 @@ AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
 }
 
 /* the 8 rows' dot products (lanes in ORDER) of one sub-block's nibbles q[k][h] with the
- * activation's 32 quants, 8 at a (k * step) */
-AVX2 __m256i sub_block_dots(const __m256i q[4][2], const uint8_t *a, Py_ssize_t step)
+ * activation's 32 quants, 8 at a (k * step), times the rows' scales sc[h] (madd widens the 16-bit
+ * lane sums and multiplies them at once) */
+AVX2 __m256i sub_block_dots(const __m256i q[4][2], const __m256i sc[2], const uint8_t *a,
+                            Py_ssize_t step)
 {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
     for (int k = 0; k < 4; k++) {
@@ -348,8 +365,7 @@ AVX2 __m256i sub_block_dots(const __m256i q[4][2], const uint8_t *a, Py_ssize_t 
         s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(q[k][0], y));
         s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(q[k][1], y));
     }
-    const __m256i ones = _mm256_set1_epi16(1);
-    return _mm256_hadd_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones));
+    return _mm256_hadd_epi32(_mm256_madd_epi16(s0, sc[0]), _mm256_madd_epi16(s1, sc[1]));
 }
 
 AVX2 void group_tile_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a0, int nt, WeightVecs *wv)
@@ -386,13 +402,11 @@ AVX2 void group_tile_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a0, int n
             const __m256 dd = _mm256_mul_ps(wv->d, ydv), dm = _mm256_mul_ps(wv->dmin, ydv);
             __m256i bsum = _mm256_setzero_si256(), bmin = _mm256_setzero_si256();
             for (int sb = 0; sb < 4; sb++) {
-                const __m256i lo = sub_block_dots(wv->q[sb][0], qs + 2 * sb * sub, step);
-                const __m256i hi = sub_block_dots(wv->q[sb][1], qs + (2 * sb + 1) * sub, step);
-                const __m256i isum = _mm256_add_epi32(_mm256_mullo_epi32(wv->sc[2 * sb], lo),
-                                                      _mm256_mullo_epi32(wv->sc[2 * sb + 1], hi));
-                const __m256i imin = _mm256_add_epi32(
-                    _mm256_mullo_epi32(wv->mn[2 * sb], _mm256_set1_epi32(bs[2 * sb])),
-                    _mm256_mullo_epi32(wv->mn[2 * sb + 1], _mm256_set1_epi32(bs[2 * sb + 1])));
+                const __m256i isum = _mm256_add_epi32(
+                    sub_block_dots(wv->q[sb][0], wv->sc[2 * sb], qs + 2 * sb * sub, step),
+                    sub_block_dots(wv->q[sb][1], wv->sc[2 * sb + 1], qs + (2 * sb + 1) * sub, step));
+                const __m256i imin = _mm256_madd_epi16(wv->mn[sb], _mm256_set1_epi32(
+                    (int)((uint32_t)(uint16_t)bs[2 * sb] | (uint32_t)(uint16_t)bs[2 * sb + 1] << 16)));
                 if (j->gemm) {  /* one multiply-add per pair of sub-blocks */
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
                     accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, accm[t]);
