@@ -291,9 +291,9 @@ static void groups_plain(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
  * _mm256_fmadd_ps is fmaf lane by lane). A 32-byte load of the quants holds 4 rows' same 8 bytes;
  * maddubs multiplies their nibbles (unsigned, < 16: no saturation) with the activation's 8 bytes
  * repeated 4 times, and the 16-bit sums of 4 such steps (8 products a lane) are widened by a
- * madd with ones; hadd then gives the 8 rows' sums as lanes 0 1 4 5 2 3 6 7 (it works within
- * halves), so the scales, d and the accumulators are kept in that order (ORDER) and the results
- * put back as they are stored. */
+ * madd with the rows' scales; hadd then gives the 8 rows' sums as lanes 0 1 4 5 2 3 6 7 (it
+ * works within halves), so the mins, d and the accumulators are kept in that order (ORDER) and
+ * the results put back as they are stored. */
 static const int ORDER[8] = {0, 1, 4, 5, 2, 3, 6, 7};  /* (its own inverse) */
 
 typedef struct {
