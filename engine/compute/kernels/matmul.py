@@ -96,7 +96,11 @@ def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
     cur = ggml_row_size(vdt, ggml_nelements(src1)) + 8 if src1.type != vdt else 0
     cur += n_as * 8 + 8
     cur += n_as * int(ids.ne[0]) * int(ids.ne[1]) * MMID_ROW_MAPPING_SIZE + 8
-    return cur + CACHE_LINE_SIZE * n_as + CACHE_LINE_SIZE
+    cur += CACHE_LINE_SIZE * n_as + CACHE_LINE_SIZE
+    from engine.compute.plan import TILED  # (plan.py imports the kernels)
+    if TILED.get():  # llama.cpp's plan: padded to 64, then the tiled path's workspace
+        cur = -(-cur // 64) * 64 + tiled.wdata_size(node, n_tasks)
+    return cur
 
 
 def chunking(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -544,8 +548,12 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
             units += [(e, r, min(r + unit, ne01)) for r in range(0, ne01, unit)]
     params.barrier()
     acts: dict = {}
+    tiled_e = [params.tiled and tiled.takes_expert(src0, src1, len(g), params.use_ref) for g in groups]
     for e, r0, r1 in units[params.ith::params.nth]:
         x = np.stack([x3[token, slot % ne11] for slot, token in groups[e]])
+        if tiled_e[e]:  # ggml_compute_forward_mul_mat_id_tiled (llama.cpp's build): kernels/tiled.py
+            products[e][:, r0:r1] = tiled.expert_product(src0, e, r0, r1, x)
+            continue
         products[e][:, r0:r1] = _rows_products(src0, 0, e, slice(r0, r1), x, xtype, exact, False,
                                                acts, e)
     params.barrier()
@@ -554,6 +562,13 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     done = []
     for e, g in enumerate(groups):
         if not g:
+            continue
+        if tiled_e[e]:  # the tiled expert's groups of weight rows, split statically
+            for tile in tiled.expert_tiles(e, ne01, len(g), params.ith, params.nth):
+                for k in range(*tile.cols):
+                    d4[0, g[k][1], g[k][0], tile.rows.start:tile.rows.end] = \
+                        products[e][k, tile.rows.start:tile.rows.end]
+                done.append(tile)
             continue
         nchunk0, nchunk1, dr0, dr1 = chunking(ne01, len(g), params.nth)
         chunk = params.ith

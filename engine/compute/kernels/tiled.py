@@ -29,6 +29,10 @@ that the weights are read once per row anyway and vec_dot is as fast). Then, as 
   carry on the act-bias formats, taken back by the weights' sums) change no integer; IQ4_XS's
   sign trick does where an activation byte is -128 against a negative weight (counted +128 * w).
 
+MUL_MAT_ID decides expert by expert (takes_expert: the rows routed to the expert): a tiled
+expert's product is the same formula, its weight rows shared out statically in groups of 64
+(expert_tiles) instead of chunks from the expert's counter.
+
 The product runs in C (engine._lanes.tiled_mul_mat, engine/_lanes_tiled.c); its numpy twin
 tiled_mul_mat is here. The engine computes each chunk a thread takes (its values are the same
 whatever the tiles, each output being its own chain); it reserves the per-thread tile slots in
@@ -64,6 +68,7 @@ TILED_TILE_ROWS = 256  # a window's rows at most (weight rows, activation rows)
 TILED_MICRO = 16  # the microtile's edge; also the smallest chunk
 TILED_WS_SLOT = 512 * 1024  # each thread's workspace in the work buffer (its tiles, acc)
 TILED_MIN_BATCH = 8  # ggml_tiled_min_batch: src1 rows (ne[1]) from which the tiled path pays
+TILED_MMID_GROUP = 64  # MUL_MAT_ID: weight rows a thread's group (a thread takes whole groups)
 Q8K = GGMLType.Q8_K
 Q8K_SIZE = 292  # block_q8_K: float d, 256 int8, 16 int16 sums of 16
 
@@ -268,6 +273,12 @@ def takes(src0: Tensor, src1: Tensor, use_ref: bool = False) -> bool:
     return not use_ref and supported(src0, src1) and int(src1.ne[1]) >= TILED_MIN_BATCH
 
 
+def takes_expert(src0: Tensor, src1: Tensor, cne1: int, use_ref: bool = False) -> bool:
+    """ggml_compute_forward_mul_mat_id_tiled's gate, expert by expert: as takes', on the rows
+    routed to the expert (cne1)."""
+    return not use_ref and supported(src0, src1) and cne1 >= TILED_MIN_BATCH
+
+
 def wdata_size(node: Tensor, n_tasks: int) -> int:
     """ggml_tiled_wdata_size: 64 bytes to align, then a TILED_WS_SLOT per task, whenever the
     weights are supported (at any batch: the plan reserves before the gate decides)."""
@@ -447,3 +458,24 @@ def prepare_mul_mat_tiled(params, dst: Tensor, conversion: Callable):
             calls.append(lambda w=w, rows=rows, out=d4[i13, i12]:
                          tiled_product(GGMLType(src0.type), w, rows, out, params.cores))
     return tuple(calls)
+
+
+# --- MUL_MAT_ID: one expert (ggml_compute_forward_mul_mat_id_tiled_one_expert) ------------------
+
+def expert_product(src0: Tensor, e: int, r0: int, r1: int, x: np.ndarray) -> np.ndarray:
+    """Weight rows [r0, r1) of expert e by the Q8_K rows routed to it, x (cne1, row bytes): the
+    tiled product (cne1, r1 - r0), as MUL_MAT's (the same formula for every output)."""
+    out = np.empty((len(x), r1 - r0), F32)
+    tiled_product(GGMLType(src0.type), _weight_rows(src0, 0, e, r0, r1), np.ascontiguousarray(x), out)
+    return out
+
+
+def expert_tiles(e: int, ne01: int, cne1: int, ith: int, nth: int) -> list[Tile]:
+    """Thread ith's part of a tiled expert: no counter; the groups of TILED_MMID_GROUP weight rows
+    are split statically ([ngroups * ith / nth, ngroups * (ith + 1) / nth)), each against every
+    window of up to 256 of the expert's rows."""
+    ngroups = -(-ne01 // TILED_MMID_GROUP)
+    g0, g1 = ngroups * ith // nth, ngroups * (ith + 1) // nth
+    return [Tile(f"e{e}.g{g}", Interval(g * TILED_MMID_GROUP, min((g + 1) * TILED_MMID_GROUP, ne01)),
+                 Interval(k, min(k + TILED_TILE_ROWS, cne1)))
+            for k in range(0, cne1, TILED_TILE_ROWS) for g in range(g0, g1)]
