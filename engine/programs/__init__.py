@@ -67,6 +67,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
             prompt="ggml is a tensor library for machine learning.", runs=("bert",)),
     Program("tiny-llama", "tiny_llama", 1),
     Program("offload", "offload", 1),
+    Program("repack", "repack", 2),
     Program("gemma3", "gemma3", 1, model=True, prompt="The capital of France is",
             runs=("gemma3",)),
     Program("model", "model", 1, model=True, prompt="The capital of France is",

@@ -10,6 +10,7 @@ from app.views.debugger.pool import bar_weight
 from app.views.debugger.where import Where, ref_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
                                    GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+from engine.backend.repack import CPU_REPACK_BUFT
 from engine.trace import State, Step
 
 USAGE = {GGML_BACKEND_BUFFER_USAGE_ANY: "any", GGML_BACKEND_BUFFER_USAGE_WEIGHTS: "weights",
@@ -34,6 +35,7 @@ class BufferView:
     name: str  # the buffer type's: CPU, GPU0, ...
     usage: str
     host: bool  # host memory: the CPU reads it directly
+    repacked: bool  # CPU_REPACK: the CPU computes on it, but its bytes are not the tensors' plain blocks
     base: int
     size: int
     used: int  # bytes of tensor data in it
@@ -74,6 +76,7 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
         for s in segs:
             s.width = 100 * bar_weight(s.size) / total
         used = sum(p[1] for p in placed[bid])
-        views.append(BufferView(bid, buf.name, USAGE.get(buf.usage, str(buf.usage)), buf.is_host, buf.base,
-                                buf.size, used, len(placed[bid]), segs))
+        views.append(BufferView(bid, buf.name, USAGE.get(buf.usage, str(buf.usage)), buf.is_host,
+                                buf.name == CPU_REPACK_BUFT.name, buf.base, buf.size, used, len(placed[bid]),
+                                segs))
     return views

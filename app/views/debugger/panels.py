@@ -23,6 +23,7 @@ from app.views.debugger.hexview import hexview
 from app.views.debugger.kernel import kernel_view
 from app.views.debugger.nav import nav
 from app.views.debugger.plan import plan_view
+from app.views.debugger.repacked import gemm_rows, repacked
 from app.views.debugger.pool import pools
 from app.views.debugger.returned import returned
 from app.views.debugger.source import source
@@ -131,7 +132,8 @@ PANELS = (
                   lambda at: tensor_list(at.state, at.where, at.selected, at.tp, at.tq)),),
         N_("Tensors")),
     Panel("threads", "threads.html", Place.TAB, (
-        ViewModel("threads", lambda at: at.threads),), N_("Threads")),
+        ViewModel("threads", lambda at: at.threads),
+        ViewModel("gemm_rows", lambda at: gemm_rows(at.state, at.step))), N_("Threads")),
     Panel("kernel", "kernel.html", Place.TAB, (
         ViewModel("kernel", lambda at: kernel_view(at.step, at.state, at.where, at.threads.shares)),),
         N_("Kernel")),
@@ -141,6 +143,9 @@ PANELS = (
     Panel("buffers", "buffers.html", Place.TAB, (
         ViewModel("buffers", lambda at: buffers(at.state, at.step, at.where)),),
         N_("Buffers"), optional=True),
+    Panel("repacked", "repacked.html", Place.TAB, (
+        ViewModel("repacked", lambda at: repacked(at.state, at.step, at.selected, at.where)),),
+        N_("Repacked"), optional=True),
     Panel("plan", "plan.html", Place.TAB, (
         ViewModel("plan", lambda at: plan_view(at.trace, at.step, at.state, at.where)),),
         N_("Memory plan"), optional=True),
