@@ -10,8 +10,10 @@ share engine/models/decoder.py (the memory, masks, generation, the graph pieces 
 llm_graph_context shares), tokenize with SentencePiece (engine/models/spm.py) or BPE and sample
 with llama.cpp's sampler chain (engine/models/sampling.py).
 Tensor names, hyperparameter keys and the graph follow llama.cpp, so a node here can be held next
-to the same node in llama.cpp's graph.
-Leaves out: every other architecture (the error names the one found), batching.
+to the same node in llama.cpp's graph. `load_model(path, params=ContextParams(...))` runs a
+decoder with llama.cpp's context settings (engine/models/params.py: flash attention, the K/V
+cache types, n_batch and n_ubatch); without params, the engine's plain settings.
+Leaves out: every other architecture (the error names the one found), several sequences.
 """
 
 from __future__ import annotations

@@ -6,12 +6,18 @@ the way llama_decode does: the graph's tensors placed by the graph allocator in 
 buffer and run by the CPU backend (engine/models/common.py `Pass`), the inputs (token ids,
 positions, the cells the new K and V rows go to, the attention masks) set with
 ggml_backend_tensor_set, the cache growing by the tokens decoded, and greedy or sampled
-generation.
+generation. The settings are llama.cpp's context parameters (engine/models/params.py): opened
+with ContextParams, a model runs a prompt in batches of n_batch split into ubatches of n_ubatch
+(a graph each), with flash attention or without, over a cache of the types asked for; opened
+without, it runs the engine's plain settings (`Context.plain`: the prompt in one graph, no flash
+attention, an F16 cache).
 
-The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer an F16 K tensor
-[n_embd_gqa, n_ctx] and an F16 V tensor of the same size holding V transposed; new rows are
-written by ggml_set_rows at indices that are graph inputs, so, as in llama.cpp, one graph (and its
-compute context and plan) serves every token while the padded cell count n_kv stays the same.
+The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer a K tensor
+[n_embd_gqa, n_ctx] and a V tensor of the same size (F16 by default; any of llama.cpp's cache
+types), V transposed unless flash attention reads it, a quantized one rotated by Hadamard
+matrices (`Decoder.attend`); new rows are written by ggml_set_rows at indices that are graph
+inputs, so, as in llama.cpp, one graph (and its compute context and plan) serves every token
+while the padded cell count n_kv stays the same.
 The memory is pluggable: a model with another one (Mamba's recurrent states,
 engine/models/mamba.py) overrides `memory_inputs`, `set_memory_inputs` and `memory_shape`.
 
@@ -38,6 +44,8 @@ from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
 
 from .common import ModelError, ModelFile, Pass, Passes, get_output, set_input
+from .llm_graph import attention, mul_mat_hadamard
+from .params import Context, ContextParams, ParamsError, rotation
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -132,19 +140,26 @@ def load_qkv(f: ModelFile, il: int, n_embd: int, n_q: int, n_k: int, n_v: int) -
 
 
 class KVCache:
-    """llama_kv_cache, unified and single-sequence: per layer k [n_embd_gqa, n_ctx] and
-    v [n_embd_gqa, n_ctx] (V transposed: element j of cell c at j * n_ctx + c), F16, in a CPU
-    backend buffer of its own, cleared to zeros as llama.cpp clears it."""
+    """llama_kv_cache, unified and single-sequence: per layer k [n_embd_gqa, n_ctx] of type_k and
+    v [n_embd_gqa, n_ctx] of type_v in a CPU backend buffer of its own, cleared to zeros as
+    llama.cpp clears it. Without flash attention V is kept transposed (v_trans: element j of cell
+    c at j * n_ctx + c, each stored as a row of one element); with it, cell by cell as K. A
+    quantized cache whose heads are a multiple of 64 is rotated (attn_rot_k, attn_rot_v: the
+    widths of the Hadamard matrices Q and K, and V, are multiplied by; 0 for none)."""
 
-    def __init__(self, hp, n_ctx: int, backend, type_: int = GGML_TYPE_F16) -> None:
+    def __init__(self, hp, n_ctx: int, backend, type_k: int = GGML_TYPE_F16,
+                 type_v: int = GGML_TYPE_F16, v_trans: bool = True) -> None:
         G = hp.n_embd_gqa
         self.ctx = ggml_init(ggml_init_params(mem_size=(2 * hp.n_layer + 1) * ggml_tensor_overhead(),
                                               mem_buffer=None, no_alloc=True))
-        self.type, self.n_ctx, self.n_past = type_, n_ctx, 0
+        self.type_k, self.type_v, self.v_trans = type_k, type_v, v_trans
+        self.n_ctx, self.n_past = n_ctx, 0
         self.head_dim, self.n_head_kv, self.n_embd_gqa = hp.head_dim, hp.n_head_kv, G
+        self.attn_rot_k = rotation(type_k, hp.head_dim, k=True)
+        self.attn_rot_v = rotation(type_v, hp.head_dim, k=False)
         self.k, self.v = [], []
         for il in range(hp.n_layer):
-            for name, tensors in (("k", self.k), ("v", self.v)):
+            for name, type_, tensors in (("k", type_k, self.k), ("v", type_v, self.v)):
                 t = ggml_new_tensor_2d(self.ctx, type_, G, n_ctx)
                 ggml_set_name(t, f"cache_{name}_l{il}")
                 tensors.append(t)
@@ -152,13 +167,22 @@ class KVCache:
         ggml_backend_buffer_clear(self.buffer, 0)  # cleared as llama.cpp clears it
 
     def inputs(self, ctx, inputs: dict[str, Tensor], n: int, suffix: str = "") -> None:
-        """attn_inp_k_idxs (the cell of each new token) and attn_inp_v_idxs (the element of the
-        transposed V each new value goes to), I64, as llama.cpp's build_input_k/v_idxs."""
-        for name, size in (("k", n), ("v", n * self.n_embd_gqa)):
+        """attn_inp_k_idxs (the cell of each new token) and attn_inp_v_idxs (the same, or with V
+        transposed the element each new value goes to), I64, as llama.cpp's build_input_k/v_idxs."""
+        for name, size in (("k", n), ("v", n * self.n_embd_gqa if self.v_trans else n)):
             t = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, size)
             ggml_set_input(t)
             ggml_set_name(t, f"attn_inp_{name}_idxs{suffix}")
             inputs[f"attn_inp_{name}_idxs{suffix}"] = t
+
+    def rotation_inputs(self, ctx, inputs: dict[str, Tensor], suffix: str = "") -> None:
+        """build_input_k_rot / _v_rot: the Hadamard matrices, F32 [n, n], when the cache rotates."""
+        for name, n in (("k", self.attn_rot_k), ("v", self.attn_rot_v)):
+            if n:
+                t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, n)
+                ggml_set_input(t)
+                ggml_set_name(t, f"attn_inp_{name}_rot")
+                inputs[f"attn_inp_{name}_rot{suffix}"] = t
 
     def set_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
         cells = np.arange(n_past, n_past + n, dtype=np.int64)
@@ -168,15 +192,22 @@ class KVCache:
             if name.startswith("attn_inp_k_idxs"):
                 set_input(t, cells)
             elif name.startswith("attn_inp_v_idxs"):
-                set_input(t, elements)
+                set_input(t, elements if self.v_trans else cells)
+            elif name.startswith(("attn_inp_k_rot", "attn_inp_v_rot")):
+                set_input(t, hadamard_matrix(int(t.ne[0])))
 
     def store(self, ctx, gf, il: int, k, v, inputs: dict[str, Tensor], suffix: str = "") -> None:
-        """cpy_k and cpy_v: the new K rows [head_dim, n_head_kv, n] into their cells of k, the new
-        V values, one element per row, into the transposed v."""
+        """cpy_k and cpy_v: the new K rows [head_dim, n_head_kv, n] into their cells of k; the new
+        V rows likewise, or with V transposed its values, one element per row."""
         G, n = self.n_embd_gqa, int(k.ne[2])
         k2 = ggml_view_2d(ctx, k, G, n, int(k.nb[2]), 0)
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, self.k[il], k2,
                                                     inputs[f"attn_inp_k_idxs{suffix}"]))
+        if not self.v_trans:
+            v2 = ggml_view_2d(ctx, v, G, n, int(v.nb[2]), 0)
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx, self.v[il], v2,
+                                                        inputs[f"attn_inp_v_idxs{suffix}"]))
+            return
         v2 = ggml_reshape_2d(ctx, v, G, n) if ggml_is_contiguous(v) else ggml_cont_2d(ctx, v, G, n)
         v_view = ggml_reshape_2d(ctx, self.v[il], 1, G * self.n_ctx)
         v1 = ggml_reshape_2d(ctx, v2, 1, G * n)
@@ -184,13 +215,17 @@ class KVCache:
                                                     inputs[f"attn_inp_v_idxs{suffix}"]))
 
     def view(self, ctx, il: int, n_kv: int):
-        """get_k and get_v: the first n_kv cells, K as [head_dim, n_head_kv, n_kv], V
+        """get_k and get_v: the first n_kv cells, K as [head_dim, n_head_kv, n_kv], V likewise, or
         (transposed) as [n_kv, n_head_kv, head_dim]."""
-        hd, G, t = self.head_dim, self.n_embd_gqa, self.type
-        k = ggml_view_3d(ctx, self.k[il], hd, self.n_head_kv, n_kv, ggml_row_size(t, hd),
-                         ggml_row_size(t, G), 0)
-        v = ggml_view_3d(ctx, self.v[il], n_kv, self.n_head_kv, hd,
-                         ggml_row_size(t, self.n_ctx * hd), ggml_row_size(t, self.n_ctx), 0)
+        hd, G, tk, tv = self.head_dim, self.n_embd_gqa, self.type_k, self.type_v
+        k = ggml_view_3d(ctx, self.k[il], hd, self.n_head_kv, n_kv, ggml_row_size(tk, hd),
+                         ggml_row_size(tk, G), 0)
+        if self.v_trans:
+            v = ggml_view_3d(ctx, self.v[il], n_kv, self.n_head_kv, hd,
+                             ggml_row_size(tv, self.n_ctx * hd), ggml_row_size(tv, self.n_ctx), 0)
+        else:
+            v = ggml_view_3d(ctx, self.v[il], hd, self.n_head_kv, n_kv, ggml_row_size(tv, hd),
+                             ggml_row_size(tv, G), 0)
         ggml_set_name(k, f"k_cache_view-{il}")
         ggml_set_name(v, f"v_cache_view-{il}")
         return k, v
@@ -200,17 +235,47 @@ class KVCache:
         ggml_free(self.ctx)
 
 
+def hadamard_matrix(n: int) -> np.ndarray:
+    """ggml_gen_hadamard: the orthonormal Walsh-Hadamard matrix of size n (a power of two),
+    1.0 / sqrtf(n) in its corner, grown by [[H, H], [H, -H]]."""
+    h = np.full((1, 1), np.float32(1.0 / float(np.sqrt(np.float32(n)))), np.float32)
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
 class Decoder:
     """A model with a memory of the tokens decoded (a KV cache by default): subclasses set hp
     (n_vocab, ...), cache (with n_past, the tokens it holds), n_ctx and build()."""
 
     hp: object
     n_ctx: int
+    cparams: Context  # the settings it runs with (llama_cparams): batches, flash attention...
     tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
+    swa_cells: int | None = None  # the sliding-window layers' cache, when smaller than n_ctx
 
     def __init__(self) -> None:
         self._passes = Passes(kept=2)  # the prompt's graph and the next token's
+
+    def open_context(self, f: ModelFile, params: ContextParams | None, n_ctx: int,
+                     kv_cache: bool = True) -> None:
+        """llama_init_from_model for this model: `params` resolved (its n_ctx, else the model's
+        context_length), or without params the engine's own plain settings (n_ctx cells as given,
+        no flash attention, an F16 cache, the whole prompt in one graph, one thread); then the KV
+        cache those settings make (kv_cache=False: the model keeps another memory)."""
+        if params is None:
+            self.cparams = Context.plain(n_ctx)
+        else:
+            head = getattr(self.hp, "head_dim", 0)
+            try:
+                self.cparams = params.resolve(f.arch, self.hp.n_ctx_train, head, head)
+            except ParamsError as e:
+                raise ModelError(f"{f.path}: {e}") from None
+        self.n_ctx = self.cparams.n_ctx
+        if kv_cache:
+            c = self.cparams
+            self.cache = KVCache(self.hp, self.n_ctx, f.backend, c.type_k, c.type_v, c.v_trans)
 
     def graph_size(self) -> int:
         raise NotImplementedError
@@ -251,9 +316,34 @@ class Decoder:
         models keep a sliding-window one) and the masks [n_kv, n]. A model with another memory
         (a recurrent state) overrides this, set_memory_inputs and memory_shape."""
         new("inp_pos", GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
+        mask_type = GGML_TYPE_F16 if self.cparams.flash_attn else GGML_TYPE_F32
         for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
             self.cache.inputs(ctx, inputs, n, name.removeprefix("attn_inp_kq_mask"))
-            new(name, GGML_TYPE_F32, n_kv, n)  # 0 where a query may look, -inf elsewhere
+            new(name, mask_type, n_kv, n)  # 0 where a query may look, -inf elsewhere
+        for name in self.windows:  # the Hadamard matrices of a rotated (quantized) cache
+            self.cache.rotation_inputs(ctx, inputs, name.removeprefix("attn_inp_kq_mask"))
+
+    def attend(self, ctx, gf, inputs: dict[str, Tensor], il: int, q: Tensor, k: Tensor,
+               v: Tensor, n_kv: int, kq_scale: float, softcap: float = 0.0,
+               swa: bool = False) -> Tensor:
+        """build_attn with a KV cache (llm_graph_input_attn_kv, or _kv_iswa with a sliding-window
+        cache): a quantized cache's rotations of Q and K, and of V (llama_mul_mat_hadamard); Q,
+        V, K expanded in llama.cpp's order (Q, K, V with a sliding-window cache), K and V stored
+        (cpy_k, cpy_v), attention over the first n_kv cells (build_attn_mha, with flash
+        attention as the context says) and V's rotation undone. Returns [d * n_head, n]."""
+        suffix = "_swa" if swa else ""
+        k_rot, v_rot = inputs.get("attn_inp_k_rot" + suffix), inputs.get("attn_inp_v_rot" + suffix)
+        if k_rot is not None:
+            q, k = mul_mat_hadamard(ctx, q, k_rot), mul_mat_hadamard(ctx, k, k_rot)
+        if v_rot is not None:
+            v = mul_mat_hadamard(ctx, v, v_rot)
+        for t in (q, k, v) if len(self.windows) > 1 else (q, v, k):
+            ggml_build_forward_expand(gf, t)
+        self.cache.store(ctx, gf, il, k, v, inputs, suffix)
+        k_all, v_all = self.cache.view(ctx, il, n_kv)
+        cur = attention(ctx, q, k_all, v_all, inputs["attn_inp_kq_mask" + suffix], kq_scale, il,
+                        softcap, flash=self.cparams.flash_attn)
+        return cur if v_rot is None else mul_mat_hadamard(ctx, cur, v_rot)
 
     def set_inputs(self, inputs: dict[str, Tensor], token_ids: list[int], n_past: int) -> None:
         n = len(token_ids)
@@ -298,8 +388,12 @@ class Decoder:
         """Forget the cached tokens (llama_memory_clear)."""
         self.cache.n_past = 0
 
-    def decode(self, token_ids: list[int], n_threads: int = 1, all_logits: bool = True) -> Decoded:
-        """Run the new tokens through the model after what the cache holds; their logits."""
+    def decode(self, token_ids: list[int], n_threads: int | None = None,
+               all_logits: bool = True) -> Decoded:
+        """Run the new tokens through the model after what the cache holds; their logits (every
+        position's, or the last one's). As llama.cpp runs a prompt: in batches of n_batch, each
+        split into ubatches of n_ubatch tokens, one graph each (cparams); on n_threads threads
+        (None: the context's)."""
         ids = [int(i) for i in token_ids]
         n_past = self.cache.n_past
         if not ids:
@@ -309,14 +403,26 @@ class Decoder:
         if n_past + len(ids) > self.n_ctx:
             raise ModelError(f"{n_past} cached + {len(ids)} new tokens do not fit this "
                              f"model's context of {self.n_ctx} tokens")
-        p = self._pass(len(ids), self.memory_shape(n_past, len(ids)), all_logits)
-        self.set_inputs(p.inputs, ids, n_past)
-        t0 = time.perf_counter()
-        p.compute(n_threads)
-        seconds = time.perf_counter() - t0
-        out = get_output(p.out).reshape(-1, self.hp.n_vocab)
-        self.cache.n_past += len(ids)
-        return Decoded(ids, out, seconds)
+        if self.swa_cells is not None and n_past + len(ids) > self.swa_cells:
+            raise ModelError(f"{n_past} cached + {len(ids)} new tokens overflow the "
+                             f"sliding-window layers' cache of {self.swa_cells} cells (swa_full "
+                             "off): llama.cpp would reuse its cells, which is not built here; "
+                             "use swa_full")
+        n_threads = self.cparams.n_threads if n_threads is None else n_threads
+        ubatches = self.cparams.batches(len(ids))
+        rows, seconds = [], 0.0
+        for a, b in ubatches:
+            last = b == len(ids)
+            n_past = self.cache.n_past
+            p = self._pass(b - a, self.memory_shape(n_past, b - a), all_logits)
+            self.set_inputs(p.inputs, ids[a:b], n_past)
+            t0 = time.perf_counter()
+            p.compute(n_threads)
+            seconds += time.perf_counter() - t0
+            if all_logits or last:  # (an earlier ubatch's last logits are nobody's)
+                rows.append(get_output(p.out).reshape(-1, self.hp.n_vocab))
+            self.cache.n_past += b - a
+        return Decoded(ids, rows[0] if len(rows) == 1 else np.concatenate(rows), seconds)
 
     def _pass(self, n: int, shape, all_logits: bool) -> Pass:
         """The graph for n tokens over the memory's shape (n_kv cells of a KV cache): built and
@@ -325,7 +431,7 @@ class Decoder:
         return self._passes.get((n, shape, all_logits), self.file.backend, self.graph_size(),
                                 lambda ctx: self.build(ctx, n, shape, all_logits))
 
-    def stream(self, prompt: list[int], n_new: int, n_threads: int = 1,
+    def stream(self, prompt: list[int], n_new: int, n_threads: int | None = None,
                pick: Callable[[np.ndarray], int] | None = None,
                stop: set[int] | None = None) -> Iterator[int]:
         """Decode the prompt, then yield n_new tokens, each chosen by `pick` from the last
@@ -344,6 +450,6 @@ class Decoder:
             if k + 1 < n_new:
                 logits = self.decode([token], n_threads, all_logits=False).logits[-1]
 
-    def generate(self, prompt: list[int], n_new: int, n_threads: int = 1) -> list[int]:
+    def generate(self, prompt: list[int], n_new: int, n_threads: int | None = None) -> list[int]:
         """Greedy generation: the n_new most likely tokens, one after another."""
         return list(self.stream(prompt, n_new, n_threads))

@@ -16,8 +16,11 @@ default).
 
 `Gemma2` is also the frame of Gemma 3 (engine/models/gemma3.py), whose graph differs by a few
 switches (class attributes below).
-Leaves out: flash attention, the separate small cache llama.cpp keeps for sliding-window layers
-(here every layer caches all positions; the window is in the mask), several sequences.
+With ContextParams (engine/models/params.py) it runs as llama.cpp runs it with those settings:
+flash attention, a quantized cache, batches split into ubatches (decoder.py).
+Leaves out: the separate small cache llama.cpp keeps for sliding-window layers when swa_full is
+off (here every layer caches all positions, the window is in the mask: the same as llama.cpp's
+while the context fits the window plus a ubatch), several sequences.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
 
 from .common import ModelError, ModelFile
-from .decoder import Decoder, DecoderParams, KVCache, inv_sqrt_f32, load_qkv, swa_layers
-from .llm_graph import attention, build_qkv, named, rms_norm
+from .decoder import Decoder, DecoderParams, inv_sqrt_f32, load_qkv, swa_layers
+from .llm_graph import build_qkv, named, rms_norm
+from .params import ContextParams
 from .tokenize import tokenizer_of
 
 
@@ -63,7 +67,8 @@ class Gemma2(Decoder):
 
     windows = {"attn_inp_kq_mask": None}  # set per model below: the sliding window's mask too
 
-    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
+                 params: ContextParams | None = None) -> None:
         super().__init__()
         f = path if isinstance(path, ModelFile) else ModelFile(path)
         if f.arch != self.ARCH:
@@ -114,10 +119,13 @@ class Gemma2(Decoder):
                 ffn_post_norm=t("post_ffw_norm.weight", (E,)),
             ))
         self.tokenizer = tokenizer_of(f)
-        self.n_ctx = min(n_ctx or 4096, hp.n_ctx_train)
-        self.cache = KVCache(hp, self.n_ctx, f.backend)
+        if params is not None and n_ctx is not None:
+            params = params.with_(n_ctx=n_ctx)
+        self.open_context(f, params, min(n_ctx or 4096, hp.n_ctx_train))
         if any(swa):
             self.windows = {"attn_inp_kq_mask": None, "attn_inp_kq_mask_swa": hp.n_swa}
+            if self.cparams.swa_cells(hp.n_swa) < self.n_ctx:
+                self.swa_cells = self.cparams.swa_cells(hp.n_swa)
 
     def graph_size(self) -> int:
         return 64 + 72 * self.hp.n_layer
@@ -125,7 +133,7 @@ class Gemma2(Decoder):
     def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
         """The graph for n_tokens new tokens attending to n_kv cache cells: returns the graph,
         the input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
-        hp, cache, n, eps = self.hp, self.cache, n_tokens, self.hp.rms_eps
+        hp, n, eps = self.hp, n_tokens, self.hp.rms_eps
         hd = hp.head_dim
         gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
@@ -145,15 +153,7 @@ class Gemma2(Decoder):
                 k = rms_norm(ctx, k, L["k_norm"], eps, "Kcur_normed", il)
             k = named(ggml_rope_ext(ctx, k, inp_pos, None, **rope), "Kcur", il)
             q = ggml_scale(ctx, q, hp.q_scale)
-            # build_attn's order of expanding them, then the stores: q, k, v with a sliding
-            # window cache (iswa), q, v, k without
-            for t in (q, k, v) if len(self.windows) > 1 else (q, v, k):
-                ggml_build_forward_expand(gf, t)
-
-            cache.store(ctx, gf, il, k, v, inputs, "_swa" if swa else "")
-            k_all, v_all = cache.view(ctx, il, n_kv)
-            mask = inputs["attn_inp_kq_mask_swa" if swa else "attn_inp_kq_mask"]
-            cur = attention(ctx, q, k_all, v_all, mask, 1.0, il, hp.attn_softcap)
+            cur = self.attend(ctx, gf, inputs, il, q, k, v, n_kv, 1.0, hp.attn_softcap, swa)
             cur = ggml_mul_mat(ctx, L["wo"], cur)
             if il == hp.n_layer - 1 and inp_out_ids is not None:
                 cur = ggml_get_rows(ctx, cur, inp_out_ids)

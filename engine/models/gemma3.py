@@ -9,8 +9,9 @@ layers of every six (layers 5, 11, 17, ... are global), whose rope base is rope.
 (10000 by default); output.weight as the head when the file has it (else the token embeddings);
 the final logit soft-capping only when the file asks for it; the 27B model (62 layers) scaling Q by
 1/sqrt(n_embd / n_head).
-Leaves out: vision inputs, the dense projections of embedding models, flash attention, the
-separate small cache llama.cpp keeps for sliding-window layers (here every layer caches all
+Flash attention, a quantized cache and ubatches as Gemma 2's (ContextParams).
+Leaves out: vision inputs, the dense projections of embedding models, the separate small cache
+llama.cpp keeps for sliding-window layers without swa_full (here every layer caches all
 positions; the window is in the mask).
 """
 

@@ -14,7 +14,10 @@ to sum 1, each chosen expert's SwiGLU by ggml_mul_mat_id over the 3-D ffn_{gate,
 the weighted outputs summed). The KV cache (engine/models/decoder.py) is llama.cpp's:
 one F16 K and one F16 V tensor per layer in a CPU buffer, V kept transposed, new rows written by
 ggml_set_rows at cells that are graph inputs.
-Leaves out: flash attention, rope scaling other than linear, several sequences; for MoE, expert
+With ContextParams (engine/models/params.py) it runs as llama.cpp runs it with those settings:
+flash attention (V then kept as K is, not transposed), a quantized cache (rotated by Hadamard
+matrices), batches split into ubatches.
+Leaves out: rope scaling other than linear, several sequences; for MoE, expert
 groups, per-layer expert counts, shared experts and the other gating functions (sigmoid, ...),
 which qwen3moe does not use.
 """
@@ -34,7 +37,8 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_argsort_top_k,
 
 from .common import ModelError, ModelFile
 from .decoder import Decoded, Decoder, DecoderParams, KVCache  # noqa: F401 - Decoded, KVCache: this module's API
-from .llm_graph import attention, named
+from .llm_graph import named
+from .params import ContextParams
 from .tokenize import tokenizer_of
 
 LLAMA_ROPE_TYPE_NORM = 0  # rope on consecutive pairs (x0, x1), (x2, x3), ...
@@ -55,7 +59,8 @@ class Llama(Decoder):
     ROPE_MODE = LLAMA_ROPE_TYPE_NORM
     QK_NORM = False  # an RMS norm of each Q and K head before rope (qwen3)
 
-    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
+                 params: ContextParams | None = None) -> None:
         super().__init__()
         f = self.file = self._open(path)
         shared = f.transformer_params()
@@ -99,8 +104,9 @@ class Llama(Decoder):
                 ffn_norm=t("ffn_norm.weight", (E,)),
                 **self._ffn_tensors(t),
             ))
-        self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
-        self.cache = KVCache(hp, self.n_ctx, f.backend)
+        if params is not None and n_ctx is not None:
+            params = params.with_(n_ctx=n_ctx)
+        self.open_context(f, params, min(n_ctx or hp.n_ctx_train, hp.n_ctx_train))
         self.tokenizer = tokenizer_of(f)
 
     @classmethod
@@ -135,13 +141,12 @@ class Llama(Decoder):
         """The graph for n_tokens new tokens attending to n_kv cache cells (the cached ones, the
         new ones, padding): returns the graph, the input tensors by name and the logits tensor
         ([n_vocab, n_outputs]). Where the tokens go is an input: one graph serves every n_past."""
-        hp, cache, n = self.hp, self.cache, n_tokens
+        hp, n = self.hp, n_tokens
         hd = hp.head_dim
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
 
         inputs = self.build_inputs(ctx, n, n_kv, all_logits)
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        kq_mask = inputs["attn_inp_kq_mask"]  # causal: -inf after the query
 
         x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
         ggml_set_name(x, "inp_embd")
@@ -165,13 +170,7 @@ class Llama(Decoder):
             q = named(ggml_rope_ext(ctx, q, inp_pos, self.rope_freqs, **rope), "Qcur", il)
             k = named(ggml_rope_ext(ctx, k, inp_pos, self.rope_freqs, **rope), "Kcur", il)
             named(v, "Vcur", il)
-            ggml_build_forward_expand(gf, q)  # llama.cpp's order: q, v, k, then the stores
-            ggml_build_forward_expand(gf, v)
-            ggml_build_forward_expand(gf, k)
-
-            cache.store(ctx, gf, il, k, v, inputs)
-            k_all, v_all = cache.view(ctx, il, n_kv)
-            cur = attention(ctx, q, k_all, v_all, kq_mask, kq_scale, il)
+            cur = self.attend(ctx, gf, inputs, il, q, k, v, n_kv, kq_scale)
             cur = ggml_mul_mat(ctx, L["wo"], cur)
             if L["bo"] is not None:
                 cur = ggml_add(ctx, cur, L["bo"])
@@ -290,10 +289,11 @@ class Qwen3Moe(Qwen3):
 
     ARCH = "qwen3moe"
 
-    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
+                 params: ContextParams | None = None) -> None:
         f = self._open(path)
         self.moe = MoeParams.read(f)
-        super().__init__(f, n_ctx)
+        super().__init__(f, n_ctx, params)
 
     def _ffn_tensors(self, t) -> dict:
         E, m = self.hp.n_embd, self.moe

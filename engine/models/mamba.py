@@ -15,6 +15,8 @@ CPU buffer of their own, cleared to zeros; each graph reads the states through b
 cell named by the input rs_s_copy, zeroed first when the sequence is new) and copies the new
 ones back, so decoding token by token carries them. Positions play no part (no inp_pos, no
 mask); the graph's shape is the token count and whether the state is new (llama.cpp's rs_z).
+With ContextParams (engine/models/params.py) a prompt goes in llama.cpp's ubatches (no KV
+cache: flash attention and the cache types change nothing here).
 Leaves out: Mamba-2, FalconMamba's RMS norms of dt, B and C (ssm.dt_b_c_rms), several sequences,
 state snapshots for rollback (n_rs_seq).
 """
@@ -38,6 +40,7 @@ from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_f
 from .common import ModelError, ModelFile, set_input
 from .decoder import Decoder
 from .llm_graph import named
+from .params import ContextParams
 from .tokenize import tokenizer_of
 
 
@@ -123,7 +126,8 @@ class Mamba(Decoder):
 
     ARCH = "mamba"
 
-    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
+                 params: ContextParams | None = None) -> None:
         super().__init__()
         f = path if isinstance(path, ModelFile) else ModelFile(path)
         if f.arch != self.ARCH:
@@ -162,7 +166,9 @@ class Mamba(Decoder):
                 ssm_a=t("ssm_a", (S, D)), ssm_d=t("ssm_d", (D,)),  # no '.weight' on these two
                 ssm_out=t("ssm_out.weight", (D, E)),
             ))
-        self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
+        if params is not None and n_ctx is not None:
+            params = params.with_(n_ctx=n_ctx)
+        self.open_context(f, params, min(n_ctx or hp.n_ctx_train, hp.n_ctx_train), kv_cache=False)
         self.cache = RecurrentState(hp, f.backend)
         self.tokenizer = tokenizer_of(f)
 

@@ -10,7 +10,8 @@ grouped-query attention through the KV cache under a causal mask, the output pro
 residual; an RMS norm, a SwiGLU feed-forward whose ffn_up holds gate and up as its two halves
 (silu(first half) · second half, then ffn_down) and the residual; the final RMS norm and the
 output head (the token embeddings when the file has no output.weight).
-Leaves out: the MoE layers (Phi-3.5-MoE is `phimoe` anyway), flash attention, YaRN rope scaling,
+With ContextParams (engine/models/params.py): flash attention, a quantized cache, ubatches.
+Leaves out: the MoE layers (Phi-3.5-MoE is `phimoe` anyway), YaRN rope scaling,
 several sequences. A sliding window the file names is ignored, as llama.cpp ignores it for phi3.
 """
 
@@ -24,9 +25,10 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_swiglu)
 
 from .common import ModelError, ModelFile
-from .decoder import KV_PAD, Decoder, KVCache, inv_sqrt_f32, load_qkv
-from .llm_graph import attention, build_qkv, named, rms_norm
+from .decoder import KV_PAD, Decoder, inv_sqrt_f32, load_qkv
+from .llm_graph import build_qkv, named, rms_norm
 from .llama import LlamaParams
+from .params import ContextParams
 from .tokenize import tokenizer_of
 
 
@@ -39,7 +41,8 @@ class Phi3Params(LlamaParams):
 class Phi3(Decoder):
     """A Phi-3 GGUF opened for decoding: hyperparameters, weights, KV cache, graph builder."""
 
-    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
+                 params: ContextParams | None = None) -> None:
         super().__init__()
         f = path if isinstance(path, ModelFile) else ModelFile(path)
         if f.arch != "phi3":
@@ -80,13 +83,14 @@ class Phi3(Decoder):
                 ffn_up=t("ffn_up.weight", (E, 2 * hp.n_ff)),  # gate, then up
                 ffn_down=t("ffn_down.weight", (hp.n_ff, E)),
             ))
-        self.n_ctx = min(n_ctx or hp.n_ctx_train, hp.n_ctx_train)
+        if params is not None and n_ctx is not None:
+            params = params.with_(n_ctx=n_ctx)
+        self.open_context(f, params, min(n_ctx or hp.n_ctx_train, hp.n_ctx_train))
         # llama_model::get_rope_factors: long ones when the context (llama.cpp's n_ctx_seq,
         # padded to 256) exceeds the original one
         n_ctx_seq = -(-self.n_ctx // KV_PAD) * KV_PAD
         which = "long" if n_ctx_seq > hp.n_ctx_orig else "short"
         self.rope_factors = f.optional(f"rope_factors_{which}.weight", (hp.n_rot // 2,))
-        self.cache = KVCache(hp, self.n_ctx, f.backend)
         self.tokenizer = tokenizer_of(f)
 
     def graph_size(self) -> int:
@@ -95,7 +99,7 @@ class Phi3(Decoder):
     def build(self, ctx, n_tokens: int, n_kv: int, all_logits: bool = True):
         """The graph for n_tokens new tokens attending to n_kv cache cells: returns the graph,
         the input tensors by name and the logits tensor ([n_vocab, n_outputs])."""
-        hp, cache, n, eps = self.hp, self.cache, n_tokens, self.hp.rms_eps
+        hp, n, eps = self.hp, n_tokens, self.hp.rms_eps
         hd = hp.head_dim
         gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
@@ -109,12 +113,7 @@ class Phi3(Decoder):
             q = named(ggml_rope_ext(ctx, q, inp_pos, self.rope_factors, **rope), "Qcur", il)
             k = named(ggml_rope_ext(ctx, k, inp_pos, self.rope_factors, **rope), "Kcur", il)
             q = named(ggml_scale(ctx, q, inv_sqrt_f32(hd)), "Qcur", il)
-            for t in (q, v, k):  # build_attn's order, then the stores
-                ggml_build_forward_expand(gf, t)
-
-            cache.store(ctx, gf, il, k, v, inputs)
-            k_all, v_all = cache.view(ctx, il, n_kv)
-            cur = attention(ctx, q, k_all, v_all, inputs["attn_inp_kq_mask"], 1.0, il)
+            cur = self.attend(ctx, gf, inputs, il, q, k, v, n_kv, 1.0)
             cur = ggml_mul_mat(ctx, L["wo"], cur)
             if il == hp.n_layer - 1 and inp_out_ids is not None:
                 cur = ggml_get_rows(ctx, cur, inp_out_ids)
