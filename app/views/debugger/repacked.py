@@ -31,7 +31,8 @@ from engine.trace import State, Step, StepKind
 
 # one colour a row of the group (a layout interleaves 8)
 ROW_COLOURS = ("#ffd6d6", "#ffe7bf", "#fff6b0", "#d8f5c8", "#c9efef", "#cfe0ff", "#e2d4ff", "#f7d2ef")
-LINE = 16  # bytes a line
+LINE = 16  # bytes a line (a plain block of at most PLAIN_LINE bytes: one line)
+PLAIN_LINE = 24
 GEMM_ROWS = 4  # forward_mul_mat: the activation rows gemm takes at a time (the rest go to gemv)
 
 
@@ -218,7 +219,8 @@ def repacked(state: State, step: Step, selected: Tensor | None, where: Where) ->
     for r in range(rows):
         cells = [_cell(int(b), ROW_COLOURS[r], _("row {row}: {field}").format(
             row=first + r, field=byte_field(dtype, j)), r == picked) for j, b in enumerate(plain[r])]
-        plain_lines.append((first + r, [Markup("".join(cells[i:i + LINE])) for i in range(0, size, LINE)]))
+        n = size if size <= PLAIN_LINE else LINE
+        plain_lines.append((first + r, [Markup("".join(cells[i:i + n])) for i in range(0, size, n)]))
     cells = [_packed_cell(p, int(b), m, dtype, first, picked) for p, b in enumerate(packed)]
     packed_lines = [(i, Markup("".join(cells[i:i + LINE]))) for i in range(0, len(cells), LINE)]
     masks: dict[int, int] = {}
@@ -303,7 +305,7 @@ def _cell(byte: int, colour: str, title: str, picked: bool) -> str:
 def _packed_cell(p: int, byte: int, m: ByteMap, dtype: np.dtype, first: int, picked: int) -> str:
     origins = m.origins[p]
     parts = [_("row {row}'s {field}").format(row=first + o.row, field=byte_field(dtype, o.byte))
-             + ("" if o.bits == 0xFF else _(" (bits {mask:#04x})").format(mask=o.bits)) for o in origins]
+             + ("" if o.bits == 0xFF else _(" (into bits {mask:#04x})").format(mask=o.bits)) for o in origins]
     title = _("byte {p}: from {sources}").format(p=p, sources="; ".join(parts) or "-")
     if m.xor[p]:
         title += _(", stored XOR {mask:#04x}").format(mask=int(m.xor[p]))

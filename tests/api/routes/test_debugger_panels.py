@@ -63,7 +63,8 @@ def _rendered(text: str) -> list[str]:
 # (the prompt, the next token) and a training's (its charts, the buffers, the memory plan); the
 # chat tab (a file's chat template) is shown on both by a stand-in view-model
 PAGES = [("/walkthroughs/gemma3/steps/0", {"answer", "nexttoken", "chat"}),
-         ("/walkthroughs/mnist-train/steps/105", {"training", "buffers", "plan", "chat"})]
+         ("/walkthroughs/mnist-train/steps/105", {"training", "buffers", "plan", "chat"}),
+         ("/walkthroughs/repack/steps/33", {"buffers", "repacked", "chat"})]  # (y5: w in CPU_REPACK)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
