@@ -5,8 +5,9 @@ ggml's stock mul_mat (matmul.py) makes each output one vec_dot: the weight row a
 row walked block by block, eight float lanes accumulated with a fused multiply-add per block and
 summed at the end. llama.cpp's ggml first asks `ggml_compute_forward_mul_mat_tiled` (ggml-cpu.c
 calls it before anything else), which takes the whole node when `takes` says so: a weight type of
-FORMATS, not in a CPU_REPACK buffer, and at least TILED_MIN_BATCH rows in src1's ne[1] (below
-that the weights are read once per row anyway and vec_dot is as fast). Then, as in a BLAS:
+FORMATS, not in a CPU_REPACK buffer, and at least TILED_MIN_BATCH rows in src1's ne[1] (where,
+by its authors' measure, it starts to pay: each weight block is decoded once for many rows, where
+vec_dot decodes it again for every row). Then, as in a BLAS:
 
 - the activations are quantized to Q8_K as for vec_dot (each thread a range of blocks of every
   row), and the threads take chunks of dst from a shared counter: 256 x 256 when there are enough
@@ -63,7 +64,6 @@ from engine.quants.common import KVALUES_IQ4NL, bit_fields, get_scale_min_k4, h2
     unpack_2bit
 from engine.quants.kquants import q3_k_scales
 
-TILED_TILE_K = 256  # a tile's K: one QK_K block
 TILED_TILE_ROWS = 256  # a window's rows at most (weight rows, activation rows)
 TILED_MICRO = 16  # the microtile's edge; also the smallest chunk
 TILED_WS_SLOT = 512 * 1024  # each thread's workspace in the work buffer (its tiles, acc)
