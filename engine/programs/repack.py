@@ -69,7 +69,7 @@ def run(n_threads: int = 2) -> dict:
     ggml_quantize_chunk(GGML_TYPE_Q4_0, values, q, 0, ROWS, K, None)
     ggml_backend_tensor_set(w, q, 0, ggml_nbytes(w))
     # not host memory: ggml_backend_tensor_get(w, ...) would stop at GGML_ASSERT(buf->iface.get_tensor != NULL)
-    ggml_backend_buffer_is_host(buf_w)
+    w_is_host = ggml_backend_buffer_is_host(buf_w)
 
     x = sinf(np.arange(5 * K, dtype=np.float32) / 3)
     ggml_backend_tensor_set(x1, x[:K], 0, ggml_nbytes(x1))
@@ -86,4 +86,4 @@ def run(n_threads: int = 2) -> dict:
     ggml_backend_buffer_free(buf_w)
     ggml_free(ctx)
     ggml_free(ctx_w)
-    return {"y1": out1.reshape(1, ROWS), "y5": out5.reshape(5, ROWS)}
+    return {"y1": out1.reshape(1, ROWS), "y5": out5.reshape(5, ROWS), "w_is_host": w_is_host}

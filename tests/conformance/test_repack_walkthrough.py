@@ -36,3 +36,4 @@ def test_the_walkthroughs_bytes_and_products_are_llama_cpps(tmp_path):
     out = PROGRAMS["repack"].load().run(n)
     assert np.array_equal(out["y1"].reshape(-1), d1.reshape(-1))
     assert np.array_equal(out["y5"].reshape(-1), d5.reshape(-1))
+    assert out["w_is_host"] is False  # (CPU_REPACK's is_host is NULL in ggml)

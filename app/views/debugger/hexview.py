@@ -10,6 +10,7 @@ from markupsafe import Markup, escape
 
 from app.i18n import _
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, OBJECT, TENSOR, field_spans
+from app.views.debugger.repacked import layout_in_buffer
 from app.views.debugger.values import unreadable
 from engine.core.tensor import Tensor, ggml_nbytes
 from engine.core.tensor_data import to_numpy
@@ -60,12 +61,16 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
         tr = TYPE_TRAITS[t.type]
         raw = ctx.pool[start:start + min(ggml_nbytes(t), DATA_BYTES)]  # (those that are there)
         unit = _("block") if tr.blck_size > 1 else _("element")
+        size = tr.type_size
+        layout = layout_in_buffer(t)
+        if layout is not None:  # CPU_REPACK: blocks of `rows` rows interleaved
+            unit, size = _("interleaved block"), layout.rows * tr.type_size
         for i in range(raw.size):
-            names[i] = f"{unit} {i // tr.type_size}"  # in memory order, from the data pointer
+            names[i] = f"{unit} {i // size}"  # in memory order, from the data pointer
         title = ((_("'{name}' data at pool offset {offset} in context {ctx}: {size}-byte blocks in memory order")
                   if tr.blck_size > 1 else
                   _("'{name}' data at pool offset {offset} in context {ctx}: {size}-byte elements in memory order"))
-                 .format(name=t.name, offset=f"{start:#x}", ctx=ctx.id, size=tr.type_size)
+                 .format(name=t.name, offset=f"{start:#x}", ctx=ctx.id, size=size)
                  + (_(" (first {n} bytes)").format(n=DATA_BYTES) if ggml_nbytes(t) > DATA_BYTES else ""))
     else:
         ctx, start = t.ctx, t.offs - GGML_OBJECT_SIZE

@@ -138,3 +138,12 @@ def test_the_threads_tab_says_which_rows_went_through_gemm_and_gemv(client):
             assert s in line, (name, s)
         # (the rows split as ggml's forward_mul_mat splits them: a multiple of 4 to gemm)
         assert ("through gemm" in line) == (name == "y5")
+
+
+def test_the_bytes_tab_names_interleaved_blocks(client):
+    """The Bytes tab's data view of w: 144-byte interleaved blocks, not 18-byte Q4_0 blocks."""
+    k = step_of("ggml_backend_tensor_set(w")
+    w = next(t for t in recorded("repack").state_at(k).tensors() if t.name == "w")
+    text = section(client.get(f"/walkthroughs/repack/steps/{k}?t={w.ctx.id}.{w.offs}&hex=data").text, "hexview")
+    assert "144-byte blocks in memory order" in text
+    assert 'data-field="interleaved block 0"' in text and 'data-field="interleaved block 3"' in text
