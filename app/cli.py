@@ -241,11 +241,22 @@ def _embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_decoder(path: str):
-    """The model at `path` if it generates text (a decoder); ModelError otherwise."""
+def _context_params(args: argparse.Namespace):
+    """llama.cpp's context settings from its flags (engine/models/params.py: its defaults, its
+    refusals as ParamsError)."""
+    from engine.models.params import ContextParams
+
+    return ContextParams(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
+                         n_threads=args.threads, flash_attn=args.flash_attn, type_k=args.cache_type_k,
+                         type_v=args.cache_type_v, no_repack=args.no_repack, swa_full=args.swa_full)
+
+
+def _load_decoder(path: str, args: argparse.Namespace):
+    """The model at `path` if it generates text (a decoder), run with llama.cpp's settings from
+    the flags; ModelError otherwise."""
     from engine.models import ModelError, load_model
 
-    model = load_model(path)
+    model = load_model(path, params=_context_params(args))
     if getattr(model, "stream", None) is None:
         raise ModelError(f"{path}: architecture '{model.file.arch}' does not generate text; "
                          "try 'ggml-lens embed'")
@@ -266,7 +277,8 @@ def _stream(model, prompt: list[int], args: argparse.Namespace, stop: set[int]) 
     out, t0 = [], time.perf_counter()
     t_first = None
     pending = b""  # bytes of a character cut between tokens (byte fallback)
-    for token in model.stream(prompt, args.n, n_threads=args.threads,
+    n_threads = model.cparams.n_threads
+    for token in model.stream(prompt, args.n, n_threads=n_threads,
                               pick=_sampler(args).sample, stop=stop):
         t_first = t_first or time.perf_counter()
         out.append(token)
@@ -283,15 +295,16 @@ def _stream(model, prompt: list[int], args: argparse.Namespace, stop: set[int]) 
     rest = len(out) - 1
     speed = f", then {rest / (t1 - t_first):.2f} tokens/s" if rest > 0 and t1 > t_first else ""
     print(f"-- {len(prompt)} prompt tokens in {(t_first or t1) - t0:.2f} s{speed} "
-          f"({args.threads} thread{'s' if args.threads > 1 else ''})", file=sys.stderr)
+          f"({n_threads} thread{'s' if n_threads > 1 else ''})", file=sys.stderr)
     return out
 
 
 def _generate(args: argparse.Namespace) -> int:
     from engine.models import ModelError
+    from engine.models.params import ParamsError
 
     try:
-        model = _load_decoder(args.model)
+        model = _load_decoder(args.model, args)
         if args.tokens is not None:
             try:
                 prompt = [int(x) for x in args.tokens.split(",") if x.strip()]
@@ -309,7 +322,7 @@ def _generate(args: argparse.Namespace) -> int:
         else:
             print(args.prompt, end="", flush=True)
         _stream(model, prompt, args, model.end_of_generation() if args.stop else set())
-    except ModelError as err:
+    except (ModelError, ParamsError) as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
     return 0
@@ -318,11 +331,12 @@ def _generate(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     from engine.models import ModelError
     from engine.models.chat import ChatTemplate
+    from engine.models.params import ParamsError
 
     try:
-        model = _load_decoder(args.model)
+        model = _load_decoder(args.model, args)
         template = ChatTemplate.of(model)
-    except ModelError as err:
+    except (ModelError, ParamsError) as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -339,7 +353,7 @@ def _chat(args: argparse.Namespace) -> int:
             messages.append({"role": "assistant", "content": text})
     except (EOFError, KeyboardInterrupt):
         print()
-    except ModelError as err:
+    except (ModelError, ParamsError) as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
     return 0
@@ -386,6 +400,34 @@ def _train(args: argparse.Namespace) -> int:
     accuracy, unc = mnist_train.fit(n_threads=args.threads, nepoch=args.epochs)
     print(f"accuracy on {mnist_train.NTEST} digits it never saw: {100 * accuracy:.1f}% ± {100 * unc:.1f}%")
     return 0
+
+
+def llama_context_flags(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's flags for a context (llama-cli's names and defaults): the default path is
+    llama.cpp's own -- weights repacked (CPU_REPACK), flash attention auto (on: the CPU computes
+    it), an F16 cache, batches of 2048 split into ubatches of 512."""
+    from engine.core.types import TYPE_TRAITS
+    from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES
+
+    types = ", ".join(TYPE_TRAITS[t].type_name for t in KV_CACHE_TYPES)
+    p.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
+                   help="the KV cache's cells (default: 0, the model's own context length)")
+    p.add_argument("-b", "--batch-size", type=int, default=2048, metavar="N",
+                   help="the most tokens one decode call takes (default: 2048)")
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512, metavar="N",
+                   help="the most tokens one graph computes (default: 512)")
+    p.add_argument("-t", "--threads", type=int, default=-1, metavar="N",
+                   help="compute threads (default: -1, one per physical core)")
+    p.add_argument("-fa", "--flash-attn", default="auto", metavar="|".join(FLASH_ATTN),
+                   help="flash attention: one FLASH_ATTN_EXT node per layer (default: auto, on)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", metavar="TYPE",
+                   help=f"the K cache's type: {types} (default: f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", metavar="TYPE",
+                   help="the V cache's type, the same choices; quantized only with flash attention")
+    p.add_argument("-nr", "--no-repack", action="store_true",
+                   help="keep the weights as the file has them (no CPU_REPACK buffer)")
+    p.add_argument("--swa-full", action="store_true",
+                   help="sliding-window layers get a cache as large as the context")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -471,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def sampling(p: argparse.ArgumentParser, n: int) -> None:
         p.add_argument("-n", type=int, default=n, help="at most this many new tokens")
-        p.add_argument("--threads", type=int, default=1, help="threads for compute")
+        llama_context_flags(p)
         p.add_argument("--temp", type=float, default=0.0,
                        help="temperature; 0 (the default) is greedy: the most likely token")
         p.add_argument("--top-k", type=int, default=40, help="keep the k most likely (0: off)")

@@ -49,7 +49,8 @@ def cpu_supports_op(op) -> bool:
     kind, src0, src1 = op.op, op.src[0], op.src[1]
     if kind in VIEW_OPS:
         return True
-    for src in op.src[:4]:
+    for i in range(4):
+        src = op.src[i]
         buf = tensor_buffer(src) if src is not None else None
         if buf is not None and repack.is_extra_buffer_type(buf.buft):
             return repack.supports_op(op)

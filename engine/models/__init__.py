@@ -40,7 +40,8 @@ def load_model(path: str | os.PathLike, **options):
     """The model in the GGUF file at `path`, built by its architecture's builder."""
     from .common import ModelError, ModelFile
 
-    f = ModelFile(path)
+    params = options.get("params")  # llama.cpp's settings: its weights repacked unless -nr
+    f = ModelFile(path, repack=params is not None and not params.no_repack)
     if f.arch not in BUILDERS:
         f.close()
         raise ModelError(f"{f.path}: architecture '{f.arch}' is not supported; ggml-lens builds "

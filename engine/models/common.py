@@ -15,6 +15,7 @@ Leaves out: mmap-ed buffers, GPU backends, LoRA adapters, split files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 from cachetools import LRUCache
 
-from engine.compute.plan import llamafile_build
+from engine.compute.plan import llamafile_build, tiled_build
 from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_tensor,
                          ggml_graph_overhead_custom, ggml_init, ggml_init_params, ggml_nbytes,
                          ggml_set_name, ggml_tensor_overhead)
@@ -39,6 +40,10 @@ from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors
                              gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
                              gguf_init_params)
 from engine.core.types import NUMPY_DTYPE
+
+
+NO_HEAD = frozenset({"bert"})  # architectures without an output head (embeddings)
+HEAD_ALWAYS_TIED = frozenset({"gemma2"})  # llama.cpp reads no output.weight for these
 
 
 class ModelError(ValueError):
@@ -97,7 +102,10 @@ class ModelFile(ModelMeta):
             raise ModelError(f"{path}: not a usable GGUF file: {e}") from None
         super().__init__(path, expect_arch, self.gguf.reader)
         self.backend = ggml_backend_cpu_init()
-        self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack)
+        # the output head read from the token table (no output.weight; gemma2's llama.cpp reads
+        # none; BERT has no head): llama.cpp asks for the table twice, the second time for MUL_MAT
+        tied = self.arch not in NO_HEAD and (self.arch in HEAD_ALWAYS_TIED or not self.has_tensor("output.weight"))
+        self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack, tied)
 
     def transformer_params(self) -> dict[str, int]:
         """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""
@@ -142,6 +150,8 @@ class ModelFile(ModelMeta):
         when the file has no output.weight, or always when `tied` (gemma2's llama.cpp reads none)."""
         tok_embd = self.tensor("token_embd.weight", (n_embd, n_vocab))
         head = None if tied else self.optional("output.weight", (n_embd, n_vocab))
+        if head is None and self.loaded.head is not None:  # the table's repacked copy
+            head = self.loaded.head
         return tok_embd, self.tensor("output_norm.weight", (n_embd,)), head or tok_embd
 
     def close(self) -> None:
@@ -159,6 +169,7 @@ class Weights:
     buffers: dict[str, Any]  # buffer type name -> its buffer (None: no tensor of that type)
     tensors: dict[str, Tensor]
     placed: dict[str, tuple[str, str]]  # tensor name -> (buffer type name, why)
+    head: Tensor | None = None  # a tied output head's own copy of the token table (CPU_REPACK)
 
     def free(self) -> None:
         for buf in self.buffers.values():
@@ -167,10 +178,12 @@ class Weights:
             ggml_free(ctx)
 
 
-def _load_weights(path: str, gguf, meta, backend, repack: bool) -> Weights:
+def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool) -> Weights:
     """Every tensor of the file in a no_alloc context of its buffer type, one buffer a type, then
     each one's bytes copied from the file (llama_model_loader::load_all_data, without mmap): a
-    weight in CPU_REPACK is repacked by its buffer's set_tensor."""
+    weight in CPU_REPACK is repacked by its buffer's set_tensor. A `tied` output head is the token
+    table asked for again as a MUL_MAT operand (llama.cpp's TENSOR_DUPLICATED): where CPU_REPACK
+    takes it, a second, repacked copy of the table."""
     n = gguf_get_n_tensors(gguf)
     cpu = ggml_backend_get_default_buffer_type(backend)
     bufts = {cpu.name: cpu, CPU_REPACK_BUFT.name: CPU_REPACK_BUFT}
@@ -186,8 +199,18 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool) -> Weights:
                                                          mem_buffer=None, no_alloc=True))
         t = ggml_dup_tensor(contexts[where], like)
         ggml_set_name(t, name)
-        tensors.append(t)
+        tensors.append((i, t))
         weights.tensors[name], weights.placed[name] = t, (where, why)
+        if repack and tied and name == "token_embd.weight":
+            head_where, head_why = placement("output.weight", like.type, like.ne)
+            if head_where != where:
+                if head_where not in contexts:
+                    contexts[head_where] = ggml_init(ggml_init_params(
+                        mem_size=(n + 2) * ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+                weights.head = ggml_dup_tensor(contexts[head_where], like)
+                ggml_set_name(weights.head, name)
+                tensors.append((i, weights.head))
+                weights.placed["output.weight"] = (head_where, f"the token table again, {head_why}")
     ggml_free(meta)
     for where, ctx in contexts.items():
         buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, bufts[where])
@@ -195,7 +218,7 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool) -> Weights:
         weights.buffers[where] = buffer
     data = np.memmap(path, dtype=np.uint8, mode="r")
     base = gguf_get_data_offset(gguf)
-    for i, t in enumerate(tensors):
+    for i, t in tensors:
         start, size = base + gguf_get_tensor_offset(gguf, i), ggml_nbytes(t)
         if start + size > data.size:
             raise ModelError(f"{path}: tensor '{t.name}' runs past the end of the file")
@@ -220,9 +243,11 @@ class Pass:
         if not ggml_gallocr_alloc_graph(self.galloc, self.gf):
             raise ModelError("the graph allocator could not place the graph")
 
-    def compute(self, n_threads: int) -> None:
+    def compute(self, n_threads: int, tiled: bool = False) -> None:
+        """Run the graph as llama.cpp's ggml build does: float products of 2 or more rows by
+        llamafile's tinyBLAS; with `tiled`, K-quant products of 8 or more by its tiled path."""
         ggml_backend_cpu_set_n_threads(self.backend, n_threads)
-        with llamafile_build():  # llama.cpp's ggml: float products >= 2 rows by tinyBLAS
+        with llamafile_build(), tiled_build() if tiled else contextlib.nullcontext():
             ggml_backend_graph_compute(self.backend, self.gf)
 
     def free(self) -> None:

@@ -417,7 +417,7 @@ class Decoder:
             p = self._pass(b - a, self.memory_shape(n_past, b - a), all_logits)
             self.set_inputs(p.inputs, ids[a:b], n_past)
             t0 = time.perf_counter()
-            p.compute(n_threads)
+            p.compute(n_threads, self.cparams.tiled)
             seconds += time.perf_counter() - t0
             if all_logits or last:  # (an earlier ubatch's last logits are nobody's)
                 rows.append(get_output(p.out).reshape(-1, self.hp.n_vocab))

@@ -139,7 +139,7 @@ class ContextParams:
         n_ubatch = min(n_batch, self.n_ubatch or self.n_batch)
         return Context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=self.threads(),
                        flash_attn=flash, type_k=self.type_k, type_v=self.type_v,
-                       no_repack=self.no_repack, swa_full=self.swa_full)
+                       no_repack=self.no_repack, swa_full=self.swa_full, tiled=tiled_mm())
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,7 @@ class Context:
     type_v: GGMLType
     no_repack: bool
     swa_full: bool
+    tiled: bool = False  # ggml-cpu's tiled K-quant products (GGML_CPU_TILED_MM: tiled_mm())
 
     @classmethod
     def plain(cls, n_ctx: int) -> "Context":
@@ -183,6 +184,20 @@ class Context:
             b1 = min(n, b0 + self.n_batch)
             out += [(u, min(b1, u + self.n_ubatch)) for u in range(b0, b1, self.n_ubatch)]
         return out
+
+
+def tiled_mm() -> bool:
+    """GGML_CPU_TILED_MM as llama.cpp's ggml-cpu reads it: on unless set to a number that is 0
+    (ggml reads it once a process; the engine when a model's context is made, so that a test
+    or a learner can flip it between runs)."""
+    env = os.environ.get("GGML_CPU_TILED_MM")
+    if env is None:
+        return True
+    digits = env.strip()
+    sign = digits[:1] if digits[:1] in "+-" else ""
+    digits = digits[len(sign):]
+    n = len(digits) - len(digits.lstrip("0123456789"))
+    return bool(int(digits[:n] or "0"))  # atoi: the leading digits, 0 when there are none
 
 
 def rotation(type_: GGMLType, head: int, k: bool) -> int:

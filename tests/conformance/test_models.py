@@ -265,7 +265,8 @@ def test_tiny_decoder_in_each_weight_type_matches_llama_cpp(llama_cpp, every_typ
 def test_bpe_llama_file_generates_as_llama_cpp(tmp_path):
     """A Llama 3 file (llama.cpp's llama-bpe test vocabulary: byte-level BPE, 128,256 tokens, its
     head tied to the token table) with random Q4_K weights: `ggml-lens generate FILE TEXT`
-    tokenizes the text and continues it greedily as llama.cpp does."""
+    tokenizes the text and continues it greedily as llama.cpp does on its default path (weights
+    repacked, the tied head a repacked copy of the table, flash attention)."""
     from tests.conformance.test_gemma import cli
     from tests.support.vocab import vocab_files
 
@@ -274,10 +275,10 @@ def test_bpe_llama_file_generates_as_llama_cpp(tmp_path):
     write_tiny_llama(path, GGMLType.Q4_K, vocab=vocab)
     text = "Hello world: 3 + 4 = 7, héllo!"
     ids = ask(path, {"tokenize": [text]}, N_THREADS, n_ctx=N_CTX)["tokens"][0]
-    theirs = ask(path, {"greedy": ids, "n": 8}, N_THREADS, n_ctx=N_CTX, **PLAIN)["tokens"]
+    theirs = ask(path, {"greedy": ids, "n": 8}, N_THREADS, n_ctx=N_CTX, flash_attn=True)["tokens"]
     model = load_model(path)
     assert model.encode(text) == ids  # (the CLI's continuation below is the greedy tokens')
-    out = cli("generate", str(path), text, "-n", "8", "--no-stop", "--threads", str(N_THREADS))
+    out = cli("generate", str(path), text, "-n", "8", "--no-stop", "-t", str(N_THREADS), "-c", str(N_CTX))
     assert out.returncode == 0, out.stderr
     said = b"".join(model.tokenizer.piece(t) for t in theirs).decode("utf-8", "replace")
     assert out.stdout == text + said + "\n"

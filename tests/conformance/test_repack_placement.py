@@ -44,8 +44,9 @@ def engine_placement(path: Path, first_left: str) -> tuple[dict[str, str], str, 
     f = ModelFile(path, repack=True)
     try:
         placed = f.loaded.placed
-        repacked = {name: why.split(" -> ")[1] for name, (where, why) in placed.items()
-                    if where == "CPU_REPACK"}
+        # (a tied head's repacked copy of the table is named as the table: llama.cpp's log too)
+        repacked = {(f.loaded.head.name if name == "output.weight" and f.loaded.head else name):
+                    why.split(" -> ")[1] for name, (where, why) in placed.items() if where == "CPU_REPACK"}
         sizes = {name: f"{ggml_backend_buffer_get_size(buf) / 1024 / 1024:.2f}"
                  for name, buf in f.loaded.buffers.items()}
         return repacked, first_left if placed[first_left][0] == "CPU" else "", sizes
