@@ -10,6 +10,8 @@ spread bounds the comparisons: "extra_bufts": False turns off the extra buffer t
 repacked weights); "tiled": False turns off the tiled K-quant products llama.cpp's ggml takes for
 8 or more rows (GGML_CPU_TILED_MM=0). With both off llama.cpp runs ggml's plain kernels (and
 llamafile's sgemm, which the engine follows inside engine.compute.plan.llamafile_build).
+"flash_attn" is llama_cpp.Llama's (True: on, False: off), or "auto": llama.cpp's own default,
+which llama_cpp.Llama cannot ask for (its context is made with flash_attn_type AUTO).
 
 Requests: {"tokenize": [text, ...], "special": bool} -> {"tokens": [[id, ...], ...]};
 {"logits": [id, ...], "out": path} -> every position's logits saved to `out` (with "batch": k,
@@ -25,7 +27,8 @@ drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist),
 {"chat": [{"role", "content"}, ...], "template": text} -> {"text": llama_chat_apply_template's
 prompt (llama.cpp's own C++ formatting of the template it recognises), "tokens": its ids};
 {"load_log": true} -> {"log": everything llama.cpp and ggml logged while loading the model and
-making the context, debug lines included (which tensors it repacked, its buffers' sizes)}.
+making the context, debug lines included (which tensors it repacked, its buffers' sizes), and
+"error" when llama.cpp refused to make the context (its reason is in the log)}.
 """
 
 from __future__ import annotations
@@ -96,9 +99,17 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
         from tests.support.llamacpp_dump import watch_nodes
 
         _KEEP.append(watch_nodes(llama_cpp, dumped))
-    llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
-                          logits_all=bool({"logits", "greedy", "sample", "sweep"} & set(request)), verbose=False,
-                          **params)
+    if params.get("flash_attn") == "auto":
+        params.pop("flash_attn")
+        _KEEP.append(_auto_flash_attn(llama_cpp, llama_module))
+    try:
+        llm = llama_cpp.Llama(model, n_ctx=params.pop("n_ctx", N_CTX), n_threads=n_threads,
+                              logits_all=bool({"logits", "greedy", "sample", "sweep"} & set(request)),
+                              verbose=False, **params)
+    except ValueError as e:  # llama.cpp refused: say so with its log, when that was asked for
+        if not request.get("load_log"):
+            raise
+        return {"log": "".join(logged), "error": str(e)}
     if request.get("load_log"):
         return {"log": "".join(logged)}
     if "tokenize" in request:
@@ -134,6 +145,20 @@ def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     if "sample" in request:
         return {"tokens": _sample(llama_cpp, llm, request)}
     raise ValueError(f"unknown request {sorted(request)}")
+
+
+def _auto_flash_attn(llama_cpp, llama_module):
+    """Make llama_cpp.Llama's contexts with flash_attn_type AUTO (it only sets ENABLED or
+    DISABLED): the context class it calls, wrapped. Returns the original."""
+    internals = llama_module.internals
+    original = internals.LlamaContext
+
+    def make(*args, **kwargs):
+        kwargs["params"].flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        return original(*args, **kwargs)
+
+    internals.LlamaContext = make
+    return original
 
 
 def _capture_log(llama_cpp, out: list[str]):

@@ -1,0 +1,288 @@
+"""Flash attention, quantized KV caches and ubatches in the model graphs, against llama.cpp.
+
+Oracle: llama.cpp (llama-cpp-python 0.3.36) in a process of its own (tests/support/llamacpp_run.py)
+on its plain kernels (no repacked weights, no tiled K-quant products: other paths, other tests),
+given the settings the engine is given (engine/models/params.py): flash attention on, off or
+auto; the K and V cache types; n_ctx, n_batch and n_ubatch. Every comparison is bit for bit: the
+logits of every position of a prompt (1, 63, 128 and 600 tokens: the one_chunk and tiled flash
+attention paths, a 600-token prompt as ubatches of 512 and 88 over 1024 cells), then of 3 tokens
+decoded one at a time through the cache (one_chunk, and split-KV once the cache reads 512 cells).
+
+Models: the bundled Gemma 3 270M (sliding-window layers, QK norms, heads of 256: its quantized
+cache rotated by 256-wide Hadamard matrices) with -fa on, -fa on -ctk q8_0 -ctv q8_0 and -fa off
+-ctk q8_0; the tiny files of every decoder architecture the engine builds (tests/conformance's
+writers: llama, qwen2, qwen3, gemma2, phi3, qwen3moe, mamba) with -fa on; a tiny llama in every
+cache type llama.cpp takes. llama.cpp's own log says what it decided (auto, the rotations) and
+why it refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.core.types import GGMLType, TYPE_TRAITS
+from engine.models import ModelError, load_model
+from engine.models.params import KV_CACHE_TYPES, ContextParams, ParamsError
+from tests.conformance.test_models import write_tiny_llama
+from tests.conformance.test_models_gemma2_phi3 import write_gemma2, write_phi3
+from tests.conformance.test_models_moe_mamba import write_tiny_mamba, write_tiny_qwen3moe
+from tests.support.llamacpp_run import ask, ask_many
+from tests.support.tiny_models import PLAIN, TinyFile
+
+N_THREADS = 2
+LENGTHS = (1, 63, 128, 600)  # prompt lengths: one_chunk (< 64 rows), tiled, two ubatches
+N_DECODE = 3  # tokens decoded one at a time after each prompt
+N_CTX = 1024  # cells: the 600-token prompt and its decoding read 768 (split-KV from 512)
+BATCH = dict(n_ctx=N_CTX, n_batch=512, n_ubatch=512)
+
+
+def oracle_params(flash_attn, type_k: str = "f16", type_v: str = "f16") -> dict:
+    """The same settings as llama_cpp.Llama's arguments (cache types by ggml number)."""
+    fa = {"on": True, "off": False}.get(flash_attn, flash_attn)
+    return dict(flash_attn=fa, type_k=int(_type(type_k)), type_v=int(_type(type_v)), **BATCH,
+                swa_full=False, **PLAIN)  # (llama-cli's swa_full, and ContextParams')
+
+
+def engine_params(flash_attn: str, type_k: str = "f16", type_v: str = "f16") -> ContextParams:
+    """The same settings for the engine, its weights not repacked (-nr) as the oracle's."""
+    return ContextParams(flash_attn=flash_attn, type_k=type_k, type_v=type_v, no_repack=True,
+                         n_threads=N_THREADS, **BATCH)
+
+
+def plain_model(path: Path, params: ContextParams):
+    """The model with these settings on ggml's plain kernels: no tiled K-quant products
+    (GGML_CPU_TILED_MM=0, as the oracle runs), no repacked weights (params.no_repack)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GGML_CPU_TILED_MM", "0")
+        return load_model(path, params=params)
+
+
+def _type(name: str) -> GGMLType:
+    return next(t for t in KV_CACHE_TYPES if TYPE_TRAITS[t].type_name == name)
+
+
+def prompts(n_vocab: int, first: int, seed: int) -> dict[int, list[int]]:
+    """Per length, random token ids (the first one `first`, a BOS) and N_DECODE more."""
+    rng = np.random.default_rng(seed)
+    return {n: [first] + [int(t) for t in rng.integers(min(100, n_vocab // 4), n_vocab,
+                                                       n - 1 + N_DECODE)] for n in LENGTHS}
+
+
+def theirs(paths_and_ids: list[tuple[Path, list[int], int]], tmp: Path, params: dict
+           ) -> list[np.ndarray]:
+    """llama.cpp's logits of each (file, ids, prompt length): the prompt in one eval (split by
+    n_batch and n_ubatch), then each later token alone; one process for them all."""
+    outs = [tmp / f"logits-{i}.npy" for i in range(len(paths_and_ids))]
+    ask_many([(p, {"logits": ids, "out": str(o), "batch": n})
+              for (p, ids, n), o in zip(paths_and_ids, outs)], N_THREADS, **params)
+    return [np.load(o) for o in outs]
+
+
+def ours(model, ids: list[int], n: int) -> np.ndarray:
+    """The engine's logits of the same: the prompt in one decode, then one token at a time."""
+    model.reset()
+    rows = list(model.decode(ids[:n]).logits)
+    rows += [model.decode([t]).logits[0] for t in ids[n:]]
+    return np.array(rows)
+
+
+def assert_bits(mine: np.ndarray, llama: np.ndarray, what: str) -> None:
+    assert mine.shape == llama.shape, what
+    differ = np.flatnonzero((mine.view(np.uint32) != llama.view(np.uint32)).any(axis=1))
+    assert not differ.size, f"{what}: rows {differ[:8].tolist()} of {len(mine)} differ"
+    np.testing.assert_array_equal(mine, llama)
+
+
+# --- the bundled Gemma 3 ------------------------------------------------------------------------
+
+GEMMA_SETTINGS = {"fa-on": ("on", "f16", "f16"), "fa-on-q8_0": ("on", "q8_0", "q8_0"),
+                  "fa-off-ctk-q8_0": ("off", "q8_0", "f16")}
+
+
+@pytest.fixture(scope="module", params=tuple(GEMMA_SETTINGS))
+def gemma_runs(request, gemma_path, tmp_path_factory):
+    """Per setting, {prompt length: (the engine's logits, llama.cpp's)}."""
+    setting = GEMMA_SETTINGS[request.param]
+    model = plain_model(gemma_path, engine_params(*setting))
+    by_len = prompts(model.hp.n_vocab, 2, seed=3)
+    jobs = [(gemma_path, ids, n) for n, ids in by_len.items()]
+    llama = theirs(jobs, tmp_path_factory.mktemp("gemma"), oracle_params(*setting))
+    runs = {n: (ours(model, ids, n), ll) for (n, ids), ll in zip(by_len.items(), llama)}
+    model.file.close()
+    return request.param, runs
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_gemma_logits_are_llama_cpps(llama_cpp, gemma_runs, n):
+    """Gemma 3 270M: every position of the prompt, then 3 tokens through the cache."""
+    setting, runs = gemma_runs
+    assert_bits(*runs[n], f"gemma {setting}, {n}-token prompt")
+
+
+def test_a_prompt_of_600_is_two_ubatches():
+    """The graphs a 600-token prompt makes: ubatches of 512 and 88 tokens (n_ubatch 512,
+    llama_batch_allocr::split_simple's); with n_batch 300, below n_ubatch, batches of 300."""
+    assert engine_params("on").resolve("gemma3", 32768, 256, 256).batches(600) == [(0, 512),
+                                                                                  (512, 600)]
+    small = ContextParams(n_ctx=N_CTX, n_batch=300).resolve("gemma3", 32768, 256, 256)
+    assert small.n_ubatch == 300 and small.batches(600) == [(0, 300), (300, 600)]
+
+
+# --- every decoder architecture, tiny -------------------------------------------------------------
+
+TINY = {"llama": lambda p: write_tiny_llama(p, GGMLType.Q8_0, arch="llama"),
+        "qwen2": lambda p: write_tiny_llama(p, GGMLType.Q8_0, arch="qwen2"),
+        "qwen3": lambda p: write_tiny_llama(p, GGMLType.Q8_0, arch="qwen3"),
+        "gemma2": lambda p: write_gemma2(p, GGMLType.Q8_0, 1),
+        "phi3": lambda p: write_phi3(p, GGMLType.Q8_0, 2),
+        "qwen3moe": lambda p: write_tiny_qwen3moe(p, GGMLType.Q8_0),
+        "mamba": lambda p: write_tiny_mamba(p, GGMLType.Q8_0)}
+TINY_VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("tiny")
+    files = {arch: tmp / f"{arch}.gguf" for arch in TINY}
+    for arch, path in files.items():
+        TINY[arch](path)
+    return files
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny_files, tmp_path_factory):
+    """{arch: {length: (the engine's logits, llama.cpp's)}} with -fa on, one llama.cpp process."""
+    by_len = prompts(TINY_VOCAB, 1, seed=5)
+    jobs = [(path, ids, n) for path in tiny_files.values() for n, ids in by_len.items()]
+    llama = iter(theirs(jobs, tmp_path_factory.mktemp("tiny-logits"), oracle_params("on")))
+    runs = {}
+    for arch, path in tiny_files.items():
+        model = plain_model(path, engine_params("on"))
+        runs[arch] = {n: (ours(model, ids, n), next(llama)) for n, ids in by_len.items()}
+        model.file.close()
+    return runs
+
+
+@pytest.mark.parametrize("arch", tuple(TINY))
+def test_tiny_decoders_with_flash_attention(llama_cpp, tiny_runs, arch):
+    """Each architecture with -fa on: every prompt length, then 3 tokens through the cache
+    (mamba has no KV cache: its prompt's ubatches are what it shares)."""
+    for n, (mine, llama) in tiny_runs[arch].items():
+        assert_bits(mine, llama, f"{arch}, {n}-token prompt")
+
+
+# --- every cache type ---------------------------------------------------------------------------
+
+CACHE_CASES = [("on", t, t) for t in ("f32", "bf16", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")] \
+    + [("off", t, "f16") for t in ("f32", "bf16", "q4_0", "q5_1")]
+
+
+@pytest.mark.parametrize("fa,type_k,type_v", CACHE_CASES,
+                         ids=[f"fa-{fa}-{k}-{v}" for fa, k, v in CACHE_CASES])
+def test_tiny_llama_in_each_cache_type(llama_cpp, tiny_files, tmp_path, fa, type_k, type_v):
+    """A tiny llama's cache in every type llama.cpp takes (f16 and q8_0: above): a 63-token
+    prompt and 3 tokens through the cache. (An F32 cache under flash attention is cast to F16
+    for FLASH_ATTN_EXT; a quantized one's heads of 64 are rotated by 64-wide Hadamard
+    matrices, V's only when V is quantized.)"""
+    ids = prompts(TINY_VOCAB, 1, seed=7)[63]
+    [llama] = theirs([(tiny_files["llama"], ids, 63)], tmp_path,
+                     oracle_params(fa, type_k, type_v))
+    model = plain_model(tiny_files["llama"], engine_params(fa, type_k, type_v))
+    assert_bits(ours(model, ids, 63), llama, f"-fa {fa} -ctk {type_k} -ctv {type_v}")
+
+
+def test_rotations_are_llama_cpps(llama_cpp, tiny_files, gemma_path):
+    """Which caches llama.cpp rotates, its log's attn_rot_k / attn_rot_v: the widths the
+    engine's caches take (0: none)."""
+    cases = [(tiny_files["llama"], 64, kv) for kv in (("q8_0", "q8_0"), ("q4_0", "f16"),
+                                                        ("f16", "f16"), ("bf16", "q5_1"))]
+    for path, head, (k, v) in cases + [(gemma_path, 256, ("q8_0", "q8_0"))]:
+        log = ask(path, {"load_log": True}, N_THREADS, **oracle_params("on", k, v))["log"]
+        model = plain_model(path, engine_params("on", k, v))
+        for name, width in (("attn_rot_k", model.cache.attn_rot_k),
+                            ("attn_rot_v", model.cache.attn_rot_v)):
+            assert f"{name} = {int(width > 0)}, n_embd_head_k_all = {head}" in log, (k, v)
+        model.file.close()
+
+
+# --- auto, the defaults and the refusals --------------------------------------------------------
+
+def test_auto_is_llama_cpps_decision(llama_cpp, tiny_files, tmp_path):
+    """-fa auto (llama.cpp's default): llama.cpp's context enables flash attention on the CPU,
+    and the engine's `auto` gives its logits."""
+    log = ask(tiny_files["gemma2"], {"load_log": True}, N_THREADS, **oracle_params("auto"))["log"]
+    assert "resolve_fused_ops: Flash Attention enabled" in log
+    ids = prompts(TINY_VOCAB, 1, seed=9)[63]
+    [llama] = theirs([(tiny_files["gemma2"], ids, 63)], tmp_path, oracle_params("auto"))
+    model = plain_model(tiny_files["gemma2"], engine_params("auto"))
+    assert model.cparams.flash_attn
+    assert_bits(ours(model, ids, 63), llama, "gemma2 -fa auto")
+
+
+def test_defaults_are_llama_cpps(llama_cpp):
+    """ContextParams' defaults are llama_context_default_params' (those common_params keeps:
+    n_batch, n_ubatch, flash attention auto, F16 K and V)."""
+    d, p = llama_cpp.llama_context_default_params(), ContextParams()
+    assert (p.n_batch, p.n_ubatch) == (d.n_batch, d.n_ubatch)
+    assert d.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO and p.flash_attn == "auto"
+    assert (int(p.type_k), int(p.type_v)) == (d.type_k, d.type_v)
+
+
+def write_tiny_llama_head_40(path: Path) -> None:
+    """A tiny llama whose heads are 40 wide (no block of 32 divides them)."""
+    e, n_head, n_ff, n_layer = 160, 4, 256, 1
+    with TinyFile(path, "llama", GGMLType.F32, 0) as f:
+        f.decoder_keys(128, e, n_layer, n_ff, n_head, n_head, TINY_VOCAB)
+        f.mat("token_embd.weight", e, TINY_VOCAB)
+        for name, ne in (("attn_q", (e, e)), ("attn_k", (e, e)), ("attn_v", (e, e)),
+                         ("attn_output", (e, e)), ("ffn_gate", (e, n_ff)), ("ffn_up", (e, n_ff)),
+                         ("ffn_down", (n_ff, e))):
+            if name == "attn_q":
+                f.vec("blk.0.attn_norm.weight", e)
+            if name == "ffn_gate":
+                f.vec("blk.0.ffn_norm.weight", e)
+            f.mat(f"blk.0.{name}.weight", *ne)
+        f.vec("output_norm.weight", e)
+        f.mat("output.weight", e, TINY_VOCAB)
+
+
+@pytest.mark.parametrize("case", ["quantized-v-without-fa", "k-block", "v-block", "zero-batches"])
+def test_refusals_are_llama_cpps(llama_cpp, tiny_files, tmp_path, case):
+    """Settings llama.cpp refuses to make a context with: the engine refuses them too, with
+    the reason llama.cpp's log gives, in its words."""
+    path = tiny_files["llama"]
+    oracle, params = oracle_params("off", "f16", "q8_0"), engine_params("off", "f16", "q8_0")
+    if case in ("k-block", "v-block"):
+        path = tmp_path / "head40.gguf"
+        write_tiny_llama_head_40(path)
+        k, v = ("q4_0", "f16") if case == "k-block" else ("f16", "q4_0")
+        oracle, params = oracle_params("on", k, v), engine_params("on", k, v)
+    if case == "zero-batches":
+        oracle, params = dict(oracle_params("on"), n_batch=0, n_ubatch=0), None
+    answer = ask(path, {"load_log": True}, N_THREADS, **oracle)
+    assert "error" in answer, "llama.cpp made the context"
+    reason = next(line for line in answer["log"].splitlines()
+                  if line.startswith("llama_init_from_model: ")).split(": ", 1)[1]
+    with pytest.raises((ModelError, ParamsError)) as refused:
+        if params is None:
+            ContextParams(n_batch=0, n_ubatch=0)
+        else:
+            plain_model(path, params)
+    assert reason in str(refused.value)
+
+
+def test_params_checks():
+    """Values llama.cpp's argument parser (common/arg.cpp) rejects, and what the record reads."""
+    with pytest.raises(ParamsError, match="^Unsupported cache type: q3_K$"):
+        ContextParams(type_k="q3_K")
+    with pytest.raises(ParamsError, match="^error: unknown value for --flash-attn: 'maybe'$"):
+        ContextParams(flash_attn="maybe")
+    assert ContextParams(flash_attn="enabled").flash_attn == "on"
+    assert ContextParams(flash_attn=False).flash_attn == "off"
+    assert ContextParams(type_v="q4_1").type_v == GGMLType.Q4_1
+    assert ContextParams(n_ctx=300).resolve("llama", 128, 64, 64).n_ctx == 512  # GGML_PAD 256
+    assert ContextParams().resolve("llama", 128, 64, 64).n_ctx == 256  # 0: n_ctx_train
+    assert not ContextParams(flash_attn="auto").resolve("grok", 128, 64, 64).flash_attn
