@@ -4,14 +4,17 @@ llama.cpp's default CPU path asks the CPU device for its extra buffer types
 (`ggml_backend_dev_get_extra_bufts`, through the registry's proc address) and tries them before
 the plain CPU buffer type for every weight (llama_model_loader's select_weight_buft): a weight goes
 to the first buffer type whose device supports the op the weight is used in. CPU_REPACK supports
-only MUL_MAT (and MUL_MAT_ID) of a 2-D weight of a type the build repacks, with F32 activations
-in host memory (`supports_op`); any other weight stays in the CPU buffer (`placement` says why).
+only MUL_MAT of a 2-D weight and MUL_MAT_ID of a 3-D one (a MoE layer's experts) of a type the
+build repacks, with F32 activations in host memory (`supports_op`); any other weight stays in the
+CPU buffer (`placement` says why).
 
 A CPU_REPACK buffer is a CPU buffer with three callbacks changed (ggml-cpu/repack.cpp):
 init_tensor records the layout ggml chose for the tensor (ggml_repack_get_optimal_repack_type,
 engine/quants/repack.py) in the tensor's `extra` field; set_tensor takes the whole tensor at once
-and writes its bytes repacked; get_tensor is absent (the bytes in the buffer are no longer the
-tensor's plain blocks). Its buffers are not host buffers (is_host is NULL), though the CPU reads
+and writes its bytes repacked (ggml's repack walks all of the tensor's rows in the layout's
+groups: an expert tensor's experts one after another, no group straddling two, ne[1] being a
+multiple of the group); get_tensor is absent (the bytes in the buffer are no longer the tensor's
+plain blocks). Its buffers are not host buffers (is_host is NULL), though the CPU reads
 them: the CPU device's supports_buft accepts them by name.
 """
 
@@ -28,9 +31,14 @@ from engine.core.types import GGMLType, TYPE_TRAITS
 from engine.quants.repack import LAYOUTS, RepackLayout, optimal_layout
 
 # the ops llama.cpp tests a weight with, by its name's last part before ".weight" (LLM_TENSOR_INFOS):
-# the token, position and token-type tables are read by GET_ROWS; every other quantized 2-D weight
-# the engine's models load is a MUL_MAT operand (norms, biases and SSM parameters are F32)
+# the token, position and token-type tables are read by GET_ROWS; the experts of a MoE layer (3-D)
+# by MUL_MAT_ID; every other quantized weight the engine's models load is a MUL_MAT operand (norms
+# and SSM parameters are F32); a ".bias" is added (ADD; an experts' bias ADD_ID)
 GET_ROWS_WEIGHTS = frozenset({"token_embd", "position_embd", "token_types"})
+MUL_MAT_ID_WEIGHTS = frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps",
+                                "ffn_gate_chexps", "ffn_up_chexps", "ffn_down_chexps"})
+# the dimensions CPU_REPACK's supports_op asks of the weight, by op
+REPACK_DIMS = {GGMLOp.MUL_MAT: 2, GGMLOp.MUL_MAT_ID: 3}
 
 
 class RepackBufferType(BufferType):
@@ -101,7 +109,7 @@ def supports_op(op: Tensor) -> bool:
     """CPU_REPACK's supports_op: MUL_MAT of a 2-D weight it has a layout for (MUL_MAT_ID of a
     3-D one), with F32 activations in host memory; nothing else."""
     src0, src1 = op.src[0], op.src[1]
-    want = {GGMLOp.MUL_MAT: 2, GGMLOp.MUL_MAT_ID: 3}.get(op.op)
+    want = REPACK_DIMS.get(op.op)
     if want is None or ggml_n_dims(src0) != want or optimal_layout(src0.type, src0.ne) is None:
         return False
     buf1 = tensor_buffer(src1)
@@ -111,21 +119,30 @@ def supports_op(op: Tensor) -> bool:
 
 
 def weight_op(name: str) -> GGMLOp:
-    """The op llama.cpp tests a weight with when it picks its buffer type (LLM_TENSOR_INFOS)."""
+    """The op llama.cpp tests a weight with when it picks its buffer type (LLM_TENSOR_INFOS; a
+    bias: ADD, or ADD_ID for the experts')."""
     parts = name.split(".")
     base = parts[-2] if len(parts) >= 2 and parts[-1] in ("weight", "bias") else parts[-1]
-    return GGMLOp.GET_ROWS if base in GET_ROWS_WEIGHTS else GGMLOp.MUL_MAT
+    if parts[-1] == "bias":
+        return GGMLOp.ADD_ID if base in MUL_MAT_ID_WEIGHTS else GGMLOp.ADD
+    if base in GET_ROWS_WEIGHTS:
+        return GGMLOp.GET_ROWS
+    return GGMLOp.MUL_MAT_ID if base in MUL_MAT_ID_WEIGHTS else GGMLOp.MUL_MAT
 
 
 def placement(name: str, type_: int, ne) -> tuple[str, str]:
     """(buffer type, why) for a model weight on llama.cpp's default CPU path (extra buffer types
-    on): CPU_REPACK where its supports_op takes the weight's op, else CPU, with the reason."""
+    on): CPU_REPACK where its supports_op takes the weight's op (MUL_MAT of a 2-D weight,
+    MUL_MAT_ID of a 3-D one: a MoE layer's experts, each expert's matrix repacked), else CPU,
+    with the reason."""
     tname = TYPE_TRAITS[type_].type_name
-    if weight_op(name) != GGMLOp.MUL_MAT:
-        return "CPU", "read by GET_ROWS: CPU_REPACK takes only MUL_MAT"
+    op = weight_op(name)
+    want = REPACK_DIMS.get(op)
+    if want is None:
+        return "CPU", f"used by {op.name}: CPU_REPACK takes only MUL_MAT and MUL_MAT_ID"
     n_dims = max((i + 1 for i, n in enumerate(ne) if int(n) != 1), default=1)
-    if n_dims != 2:
-        return "CPU", f"{n_dims}-D: CPU_REPACK takes 2-D weights"
+    if n_dims != want:
+        return "CPU", f"{n_dims}-D: CPU_REPACK takes {op.name} of {want}-D weights"
     layout = optimal_layout(type_, ne)
     if layout is None:
         if GGMLType(type_) in LAYOUTS:

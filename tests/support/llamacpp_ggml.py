@@ -9,12 +9,17 @@ library per process, as tests/support/llamacpp_run.py explains); for each job it
 dst = ggml_mul_mat(w, x) in a context of its own and computes it with
 ggml_graph_compute_with_ctx, or, with `repack`, places w in a CPU_REPACK buffer (its set_tensor
 repacks the bytes; the job also returns them as they lie there) and x and dst in a CPU buffer,
-and computes the graph on the CPU backend. `tiled=False` runs the child with
-GGML_CPU_TILED_MM=0 (ggml reads it once a process), so every job of one call shares it.
-The arrays go both ways in .npz files.
+and computes the graph on the CPU backend. A job with `ids` is dst = ggml_mul_mat_id(w, x, ids)
+instead: w the experts (k, rows, n_as), x (tokens, n_b, k), ids (tokens, n_used) int32, dst
+(tokens, n_used, rows); with `repack`, the 3-D w in CPU_REPACK as llama.cpp places a MoE layer's
+experts. `work_sizes` gives each job's ggml_graph_plan work size instead of its dst (the graph
+as computed: w in its buffer). `tiled=False` runs the child with GGML_CPU_TILED_MM=0 (ggml reads
+it once a process), so every job of one call shares it. The arrays go both ways in .npz files.
 
     [dst] = mul_mat_many([MulMat(GGMLType.BF16, w_bytes, (k, rows), x, n_threads=3)], tmp)
     [(dst, packed)] = mul_mat_many([MulMat(GGMLType.Q4_K, w, (k, rows), x, 2, repack=True)], tmp)
+    [(dst, packed)] = mul_mat_many([MulMat(GGMLType.Q4_K, w, (k, rows, n_as), x, 2, repack=True,
+                                           ids=ids)], tmp)
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 TIMEOUT = 120
+GGML_TYPE_I32 = 26
 
 
 @dataclass(frozen=True)
@@ -43,11 +49,24 @@ class MulMat:
     n_threads: int
     xtype: int = 0  # F32
     repack: bool = False  # w in the CPU_REPACK buffer type (the result is then (dst, packed))
+    ids: np.ndarray | None = None  # ggml_mul_mat_id's ids (tokens, n_used) int32: w 3-D, x 3-D
 
 
 def mul_mat_many(jobs: list[MulMat], tmp: Path, tiled: bool = True) -> list:
     """llama.cpp's dst of each job (float32, numpy order), all computed in one child process;
     for a repack job, (dst, the repacked bytes of w as they lie in the CPU_REPACK buffer)."""
+    got = _run(jobs, tmp, tiled)
+    return [(got[f"d{i}"], got[f"p{i}"]) if j.repack else got[f"d{i}"] for i, j in enumerate(jobs)]
+
+
+def work_sizes(jobs: list[MulMat], tmp: Path, tiled: bool = True) -> list[int]:
+    """llama.cpp's ggml_graph_plan(graph, n_threads).work_size of each job's graph, w in its
+    buffer (CPU_REPACK for a repack job: its traits' work_size)."""
+    got = _run(jobs, tmp, tiled)
+    return [int(got[f"s{i}"]) for i in range(len(jobs))]
+
+
+def _run(jobs: list[MulMat], tmp: Path, tiled: bool) -> dict:
     arrays = {}
     for i, j in enumerate(jobs):
         ne_x = tuple(reversed(j.x.shape))
@@ -55,6 +74,8 @@ def mul_mat_many(jobs: list[MulMat], tmp: Path, tiled: bool = True) -> list:
         arrays[f"x{i}"] = np.frombuffer(np.ascontiguousarray(j.x).tobytes(), np.uint8)
         arrays[f"h{i}"] = np.array([j.wtype, j.xtype, j.n_threads, int(j.repack), len(j.ne_w),
                                     *j.ne_w, len(ne_x), *ne_x], np.int64)
+        if j.ids is not None:
+            arrays[f"i{i}"] = np.ascontiguousarray(j.ids, np.int32)
     np.savez(tmp / "jobs.npz", **arrays)
     env = dict(os.environ, GGML_CPU_TILED_MM="1" if tiled else "0")
     done = subprocess.run([sys.executable, "-m", "tests.support.llamacpp_ggml", str(tmp)],
@@ -63,13 +84,19 @@ def mul_mat_many(jobs: list[MulMat], tmp: Path, tiled: bool = True) -> list:
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp's ggml failed: {done.stderr[-2000:]}")
     with np.load(tmp / "dst.npz") as got:
-        return [(got[f"d{i}"], got[f"p{i}"]) if j.repack else got[f"d{i}"]
-                for i, j in enumerate(jobs)]
+        return dict(got)
 
 
 class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
                 ("no_alloc", ctypes.c_bool)]
+
+
+class _CPlan(ctypes.Structure):  # struct ggml_cplan
+    _fields_ = [("work_size", ctypes.c_size_t), ("work_data", ctypes.c_void_p),
+                ("n_threads", ctypes.c_int), ("threadpool", ctypes.c_void_p),
+                ("abort_callback", ctypes.c_void_p), ("abort_callback_data", ctypes.c_void_p),
+                ("use_ref", ctypes.c_bool)]
 
 
 def _libs():
@@ -80,6 +107,7 @@ def _libs():
     for fn, res, args in [(base.ggml_init, vp, [_InitParams]),
                           (base.ggml_new_tensor, vp, [vp, ctypes.c_int, ctypes.c_int, i64p]),
                           (base.ggml_mul_mat, vp, [vp, vp, vp]),
+                          (base.ggml_mul_mat_id, vp, [vp, vp, vp, vp]),
                           (base.ggml_new_graph, vp, [vp]),
                           (base.ggml_build_forward_expand, None, [vp, vp]),
                           (base.ggml_get_data, vp, [vp]),
@@ -97,6 +125,7 @@ def _libs():
                           (cpu.ggml_backend_cpu_init, vp, []),
                           (cpu.ggml_backend_cpu_set_n_threads, None, [vp, ctypes.c_int]),
                           (cpu.ggml_backend_cpu_buffer_type, vp, []),
+                          (cpu.ggml_graph_plan, _CPlan, [vp, ctypes.c_int, vp]),
                           (cpu.ggml_graph_compute_with_ctx, ctypes.c_int, [vp, vp, ctypes.c_int])]:
         fn.restype, fn.argtypes = res, args
     return base, cpu
@@ -109,13 +138,14 @@ def _child(tmp: Path) -> None:
     cpu.ggml_cpu_init()
     out = {}
     with np.load(tmp / "jobs.npz") as jobs:
-        for i in range(len(jobs.files) // 3):
+        for i in range(sum(f.startswith("h") for f in jobs.files)):
             head = [int(v) for v in jobs[f"h{i}"]]
+            ids = jobs[f"i{i}"] if f"i{i}" in jobs.files else None
             if head[3]:
-                out[f"d{i}"], out[f"p{i}"] = _compute_repacked(base, cpu, jobs[f"w{i}"],
-                                                               jobs[f"x{i}"], head)
+                out[f"d{i}"], out[f"p{i}"], out[f"s{i}"] = _compute_repacked(
+                    base, cpu, jobs[f"w{i}"], jobs[f"x{i}"], ids, head)
             else:
-                out[f"d{i}"] = _compute(base, cpu, jobs[f"w{i}"], jobs[f"x{i}"], head)
+                out[f"d{i}"], out[f"s{i}"] = _compute(base, cpu, jobs[f"w{i}"], jobs[f"x{i}"], ids, head)
     np.savez(tmp / "dst.npz", **out)
 
 
@@ -125,9 +155,23 @@ def _shapes(head: list[int]) -> tuple[int, int, int, list[int], list[int]]:
     return wtype, xtype, n_threads, ne_w, head[6 + nw:6 + nw + nx]
 
 
-def _shaped(d: np.ndarray, ne_w: list[int], ne_x: list[int]) -> np.ndarray:
+def _shaped(d: np.ndarray, ne_w: list[int], ne_x: list[int], ids: np.ndarray | None) -> np.ndarray:
+    if ids is not None:  # mul_mat_id's dst: (tokens, n_used, rows)
+        return d.reshape(*ids.shape, ne_w[1])
     ne = ne_x + [1] * (4 - len(ne_x))
     return d.reshape(ne[3], ne[2], ne[1], ne_w[1])
+
+
+def _product(base, ctx, wt: int, xt: int, ids: np.ndarray | None) -> tuple[int, int | None]:
+    """dst = ggml_mul_mat(w, x), or ggml_mul_mat_id(w, x, ids) with ids a new I32 tensor of ctx."""
+    if ids is None:
+        return base.ggml_mul_mat(ctx, wt, xt), None
+    it = base.ggml_new_tensor(ctx, GGML_TYPE_I32, 2, (ctypes.c_int64 * 2)(ids.shape[1], ids.shape[0]))
+    return base.ggml_mul_mat_id(ctx, wt, xt, it), it
+
+
+def _work_size(cpu, gf: int, n_threads: int) -> int:
+    return cpu.ggml_graph_plan(gf, n_threads, None).work_size
 
 
 def _repack_buffer_type(base, cpu) -> int:
@@ -144,15 +188,15 @@ def _repack_buffer_type(base, cpu) -> int:
     raise RuntimeError("this ggml-cpu has no CPU_REPACK buffer type")
 
 
-def _compute_repacked(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]):
-    """w in a CPU_REPACK buffer (repacked by its set_tensor), x and dst in a CPU buffer, the
-    graph computed by the CPU backend: dst, and w's bytes as they lie in the buffer."""
+def _compute_repacked(base, cpu, w: np.ndarray, x: np.ndarray, ids: np.ndarray | None, head: list[int]):
+    """w in a CPU_REPACK buffer (repacked by its set_tensor), x (ids) and dst in a CPU buffer, the
+    graph computed by the CPU backend: dst, w's bytes as they lie in the buffer, the work size."""
     wtype, xtype, n_threads, ne_w, ne_x = _shapes(head)
     wctx = base.ggml_init(_InitParams(1 << 16, None, True))
     ctx = base.ggml_init(_InitParams(1 << 20, None, True))
     wt = base.ggml_new_tensor(wctx, wtype, len(ne_w), (ctypes.c_int64 * len(ne_w))(*ne_w))
     xt = base.ggml_new_tensor(ctx, xtype, len(ne_x), (ctypes.c_int64 * len(ne_x))(*ne_x))
-    dst = base.ggml_mul_mat(ctx, wt, xt)
+    dst, it = _product(base, ctx, wt, xt, ids)
     gf = base.ggml_new_graph(ctx)
     base.ggml_build_forward_expand(gf, dst)
     wbuf = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, _repack_buffer_type(base, cpu))
@@ -160,7 +204,11 @@ def _compute_repacked(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]):
     assert wbuf and buf and base.ggml_nbytes(wt) == w.nbytes and base.ggml_nbytes(xt) == x.nbytes
     base.ggml_backend_tensor_set(wt, w.ctypes.data, 0, w.nbytes)
     base.ggml_backend_tensor_set(xt, x.ctypes.data, 0, x.nbytes)
+    if it is not None:
+        assert base.ggml_nbytes(it) == ids.nbytes
+        base.ggml_backend_tensor_set(it, ids.ctypes.data, 0, ids.nbytes)
     packed = np.frombuffer(ctypes.string_at(base.ggml_get_data(wt), w.nbytes), np.uint8).copy()
+    size = _work_size(cpu, gf, n_threads)
     backend = cpu.ggml_backend_cpu_init()
     cpu.ggml_backend_cpu_set_n_threads(backend, n_threads)
     assert base.ggml_backend_graph_compute(backend, gf) == 0
@@ -171,10 +219,11 @@ def _compute_repacked(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]):
     base.ggml_backend_buffer_free(wbuf)
     base.ggml_free(ctx)
     base.ggml_free(wctx)
-    return _shaped(d, ne_w, ne_x), packed
+    return _shaped(d, ne_w, ne_x, ids), packed, size
 
 
-def _compute(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]) -> np.ndarray:
+def _compute(base, cpu, w: np.ndarray, x: np.ndarray, ids: np.ndarray | None,
+             head: list[int]) -> tuple[np.ndarray, int]:
     wtype, xtype, n_threads, ne_w, ne_x = _shapes(head)
     ctx = base.ggml_init(_InitParams(2 * (w.nbytes + x.nbytes) + (16 << 20), None, False))
 
@@ -184,14 +233,18 @@ def _compute(base, cpu, w: np.ndarray, x: np.ndarray, head: list[int]) -> np.nda
         ctypes.memmove(base.ggml_get_data(t), data.ctypes.data, data.nbytes)
         return t
 
-    dst = base.ggml_mul_mat(ctx, leaf(wtype, ne_w, w), leaf(xtype, ne_x, x))
+    dst, it = _product(base, ctx, leaf(wtype, ne_w, w), leaf(xtype, ne_x, x), ids)
+    if it is not None:
+        assert base.ggml_nbytes(it) == ids.nbytes
+        ctypes.memmove(base.ggml_get_data(it), ids.ctypes.data, ids.nbytes)
     gf = base.ggml_new_graph(ctx)
     base.ggml_build_forward_expand(gf, dst)
+    size = _work_size(cpu, gf, n_threads)
     assert cpu.ggml_graph_compute_with_ctx(ctx, gf, n_threads) == 0
     d = np.frombuffer(ctypes.string_at(base.ggml_get_data(dst), base.ggml_nbytes(dst)),
                       np.float32).copy()
     base.ggml_free(ctx)
-    return _shaped(d, ne_w, ne_x)
+    return _shaped(d, ne_w, ne_x, ids), size
 
 
 if __name__ == "__main__":

@@ -89,9 +89,13 @@ def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
 
 
 def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
-    """ggml_graph_plan's MUL_MAT_ID: src1 converted (as for MUL_MAT), then per expert its row
-    count, its row mappings and its chunk counter (a cache line each), each part padded."""
+    """ggml_graph_plan's MUL_MAT_ID: a repacked src0's traits say; else src1 converted (as for
+    MUL_MAT), then per expert its row count, its row mappings and its chunk counter (a cache line
+    each), each part padded."""
     src0, src1, ids = node.src[0], node.src[1], node.src[2]
+    layout = repacked_layout(src0)
+    if layout is not None:
+        return repack.work_size(node, layout)
     vdt, n_as = vec_dot_type(src0.type), int(src0.ne[2])
     cur = ggml_row_size(vdt, ggml_nelements(src1)) + 8 if src1.type != vdt else 0
     cur += n_as * 8 + 8
@@ -459,7 +463,7 @@ def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
 
 def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
-    return not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
+    return repacked_layout(dst.src[0]) is None and not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
 
 
 def _most_rows_per_expert(dst: Tensor) -> int:
@@ -505,6 +509,10 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     product (chunked as mul_mat chunks, its rows being the tokens that chose it) taken from the
     expert's own counter: first chunk ith, then the next free one."""
     src0, src1, ids = dst.src[0], dst.src[1], dst.src[2]
+    layout = repacked_layout(src0)
+    if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
+        repack.forward_mul_mat_id(params, dst, layout, tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat_id"))
+        return
     fn = "ggml_compute_forward_mul_mat_id"
     ne00, ne01, n_as = int(src0.ne[0]), int(src0.ne[1]), int(src0.ne[2])
     ne10, ne11, ne12 = int(src1.ne[0]), int(src1.ne[1]), int(src1.ne[2])
