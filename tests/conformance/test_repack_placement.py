@@ -10,7 +10,8 @@ then holds just the tensors placed there; a mapped one spans the file). The engi
 ModelFile(repack=True) must repack the same tensors into the same layouts, give its buffers the
 same sizes (so the same tensors stay in the CPU buffer; llama.cpp's count of those also counts a
 tied output head, asked for twice, so the test checks the first it names instead): the bundled
-Gemma (Q4_K_M: its Q4_K weights repack) and tiny files of every weight type the build repacks.
+Gemma (Q4_K_M: its Q4_K weights repack) and tiny files of every weight type the build repacks,
+LLaMA and qwen3moe (its 3-D experts, read by MUL_MAT_ID, repack too).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from engine.backend.buffer import ggml_backend_buffer_get_size
 from engine.core.types import GGMLType
 from engine.models.common import ModelFile
 from tests.conformance.test_models import write_tiny_llama
+from tests.conformance.test_models_moe_mamba import write_tiny_qwen3moe
 from tests.support.llamacpp_run import ask, ask_many
 
 REPACKED = re.compile(r"repack tensor (\S+) with (\S+)")
@@ -64,14 +66,17 @@ REPACKING_TYPES = [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.MXFP4
 
 
 def test_tiny_files_repack_what_llama_cpp_repacks(tmp_path):
-    """A tiny LLaMA file of each type the AVX2 build repacks (its token table, read by GET_ROWS,
-    stays in the CPU buffer; every matrix whose rows come in eights repacks)."""
+    """A tiny LLaMA and a tiny qwen3moe file of each type the AVX2 build repacks (the token
+    table, read by GET_ROWS, stays in the CPU buffer; every matrix whose rows come in eights
+    repacks, and so does every expert tensor, read by MUL_MAT_ID)."""
     paths = []
     for t in REPACKING_TYPES:
-        paths.append(tmp_path / f"tiny-{t.name}.gguf")
-        write_tiny_llama(paths[-1], t)
+        for arch, write in (("llama", write_tiny_llama), ("qwen3moe", write_tiny_qwen3moe)):
+            paths.append(tmp_path / f"{arch}-{t.name}.gguf")
+            write(paths[-1], t)
     logs = ask_many([(p, {"load_log": True}) for p in paths], use_mmap=False)
     for path, answer in zip(paths, logs):
         theirs = llama_cpp_placement(answer["log"])
         assert theirs[0] and theirs[1], path.name
+        assert path.name.startswith("llama") or any("_exps." in name for name in theirs[0]), path.name
         assert engine_placement(path, theirs[1]) == theirs, path.name
