@@ -23,13 +23,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine import ggml as eng
+from engine.compute.plan import llamafile_build
 from engine.core.types import GGMLType, TYPE_TRAITS
 from engine.models import ModelError, load_model
 from engine.models.params import KV_CACHE_TYPES, ContextParams, ParamsError
 from tests.conformance.test_models import write_tiny_llama
 from tests.conformance.test_models_gemma2_phi3 import write_gemma2, write_phi3
 from tests.conformance.test_models_moe_mamba import write_tiny_mamba, write_tiny_qwen3moe
-from tests.support.llamacpp_run import ask, ask_many
+from tests.support.graphs import Leaf, leaf_bytes, run
+from tests.support.llamacpp_run import ask, ask_many, flash_attn_many
 from tests.support.tiny_models import PLAIN, TinyFile
 
 N_THREADS = 2
@@ -286,3 +289,113 @@ def test_params_checks():
     assert ContextParams(n_ctx=300).resolve("llama", 128, 64, 64).n_ctx == 512  # GGML_PAD 256
     assert ContextParams().resolve("llama", 128, 64, 64).n_ctx == 256  # 0: n_ctx_train
     assert not ContextParams(flash_attn="auto").resolve("grok", 128, 64, 64).flash_attn
+
+
+# --- FLASH_ATTN_EXT alone, on both builds -------------------------------------------------------
+
+F16, F32 = GGMLType.F16, GGMLType.F32
+
+
+def fa_case(tk, tv, dk, dv, n_q, n_kv, n_head, n_head_kv, n_threads, scale=0.125, softcap=0.0,
+            max_bias=0.0, mask="causal", sinks=False, seed=0) -> dict:
+    """One FLASH_ATTN_EXT: random q, K and V (quantized by real ggml), a causal mask (or one of
+    random finite values too, or none), sinks."""
+    rng = np.random.default_rng([seed, n_q, n_kv, dv, int(tk), int(tv)])
+    case = dict(tk=int(tk), tv=int(tv), n_threads=n_threads, scale=scale, softcap=softcap,
+                max_bias=max_bias, ne_k=[dk, n_kv, n_head_kv, 1], ne_v=[dv, n_kv, n_head_kv, 1],
+                q=rng.uniform(-1, 1, (1, n_head, n_q, dk)).astype(np.float32),
+                k=leaf_bytes(Leaf(tk, (dk, n_kv, n_head_kv, 1)), rng),
+                v=leaf_bytes(Leaf(tv, (dv, n_kv, n_head_kv, 1)), rng))
+    if mask is not None:
+        m = np.where(np.arange(n_kv)[None, :] > np.arange(n_kv - n_q, n_kv)[:, None], -np.inf, 0.0)
+        if mask == "random":
+            m = m + rng.uniform(-2, 0, m.shape)
+        case["mask"] = m.astype(np.float32)[None, None]
+    if sinks:
+        case["sinks"] = rng.uniform(-1, 1, n_head).astype(np.float32)
+    return case
+
+
+def on_ggml(api, case: dict, llamafile: bool = False) -> np.ndarray:
+    """The case computed by the engine (api = engine.ggml; llamafile: as llama.cpp's build) or
+    by ggml-python (its own build), dst as float32."""
+    dq, nq, nh = case["q"].shape[3], case["q"].shape[2], case["q"].shape[1]
+    leaves = [Leaf(F32, (dq, nq, nh, 1)), Leaf(case["tk"], tuple(case["ne_k"])),
+              Leaf(case["tv"], tuple(case["ne_v"]))]
+    datas = [case["q"].tobytes(), case["k"], case["v"]]
+    if "mask" in case:
+        leaves.append(Leaf(F16, tuple(reversed(case["mask"].shape))))
+        datas.append(case["mask"].astype(np.float16).tobytes())
+    if "sinks" in case:
+        leaves.append(Leaf(F32, (len(case["sinks"]),)))
+        datas.append(case["sinks"].tobytes())
+
+    def build(g, ctx, q, k, v, *rest):
+        mask = rest[0] if "mask" in case else None
+        r = g.ggml_flash_attn_ext(ctx, q, k, v, mask, case["scale"], case["max_bias"],
+                                  case["softcap"])
+        g.ggml_flash_attn_ext_set_prec(r, 10)
+        if "sinks" in case:
+            g.ggml_flash_attn_ext_add_sinks(r, rest[-1])
+        return r
+
+    if llamafile:
+        with llamafile_build():
+            res = run(api, build, leaves, datas, case["n_threads"])
+    else:
+        res = run(api, build, leaves, datas, case["n_threads"])
+    return np.frombuffer(res["raw"], np.float32)
+
+
+FA_CASES = {
+    **{f"one_chunk-{t.name}": fa_case(t, t, 64, 64, 7, 33, 4, 2, 2) for t in KV_CACHE_TYPES},
+    "one_chunk-q8_0-k-f16-v": fa_case(GGMLType.Q8_0, F16, 64, 64, 7, 33, 4, 2, 2),
+    "one_chunk-f16-alibi-softcap-sinks-dv48": fa_case(F16, F16, 32, 48, 5, 20, 6, 3, 3, 0.3, 2.5,
+                                                      4.0, "random", True),
+    "one_chunk-f32-alibi-softcap-sinks-dv48": fa_case(F32, F32, 32, 48, 5, 20, 6, 3, 3, 0.3, 2.5,
+                                                      4.0, "random", True),
+    "tiled-f16": fa_case(F16, F16, 64, 64, 70, 80, 2, 1, 2),
+    "tiled-f32-sinks-alibi": fa_case(F32, F32, 32, 40, 70, 80, 2, 1, 3, max_bias=2.0, sinks=True),
+    "tiled-f16-softcap": fa_case(F16, F16, 64, 64, 70, 80, 2, 1, 2, 1.0, 50.0),
+    **{f"split-kv-f16-{n}-threads": fa_case(F16, F16, 64, 64, 1, 530, 4, 2, n) for n in (1, 2, 3)},
+    "split-kv-f32-sinks": fa_case(F32, F32, 64, 40, 1, 530, 4, 2, 4, sinks=True),
+}
+# where the builds part: a DV no multiple of 8 (llama.cpp's x86 build tiles it, the plain one
+# does not), a soft-cap with no mask and a short last tile (the plain build soft-caps the tile's
+# -inf padding into -softcap: weights for keys that are not there)
+BUILDS_PART = {
+    "tiled-f16-dv36": fa_case(F16, F16, 64, 36, 70, 80, 2, 1, 2),
+    "tiled-f32-softcap-no-mask": fa_case(F32, F32, 32, 32, 70, 80, 2, 1, 2, 1.0, 1.0, mask=None),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_fa(tmp_path_factory) -> dict[str, np.ndarray]:
+    cases = {**FA_CASES, **BUILDS_PART}
+    dst = flash_attn_many(list(cases.values()), tmp_path_factory.mktemp("fa"))
+    return {name: d.reshape(-1) for name, d in zip(cases, dst)}
+
+
+@pytest.mark.parametrize("name", tuple(FA_CASES))
+def test_flash_attn_ext_on_both_builds(llama_cpp, llama_fa, name):
+    """Bit for bit: the engine as llama.cpp's build against llama.cpp's libggml-cpu, and as
+    the plain build against ggml-python's (which agree here)."""
+    case = FA_CASES[name]
+    np.testing.assert_array_equal(on_ggml(eng, case, llamafile=True), llama_fa[name])
+    np.testing.assert_array_equal(on_ggml(eng, case), on_ggml(real_ggml(), case))
+
+
+@pytest.mark.parametrize("name", tuple(BUILDS_PART))
+def test_flash_attn_ext_where_the_builds_part(llama_cpp, llama_fa, name):
+    """Each build's own path, bit for bit, where the two builds give different results."""
+    case = BUILDS_PART[name]
+    ours_llama, ours_plain = on_ggml(eng, case, llamafile=True), on_ggml(eng, case)
+    assert (ours_llama.view(np.uint32) != ours_plain.view(np.uint32)).any()
+    np.testing.assert_array_equal(ours_llama, llama_fa[name])
+    np.testing.assert_array_equal(ours_plain, on_ggml(real_ggml(), case))
+
+
+def real_ggml():
+    import ggml
+
+    return ggml

@@ -26,6 +26,8 @@ engine/trace/evaldump.py) of decoding the tokens in one batch};
 drawn by llama.cpp's own sampler chain (top-k, top-p, min-p, temperature, dist), each fed back};
 {"chat": [{"role", "content"}, ...], "template": text} -> {"text": llama_chat_apply_template's
 prompt (llama.cpp's own C++ formatting of the template it recognises), "tokens": its ids};
+{"flash_attn_ext": npz, "out": npz} -> no model: llama.cpp's own ggml computing
+ggml_flash_attn_ext (F32 precision) of each job flash_attn_many wrote, saved to `out`;
 {"load_log": true} -> {"log": everything llama.cpp and ggml logged while loading the model and
 making the context, debug lines included (which tensors it repacked, its buffers' sizes), and
 "error" when llama.cpp refused to make the context (its reason is in the log)}.
@@ -66,6 +68,97 @@ def ask_many(jobs: list[tuple[Path, dict]], n_threads: int = 2, **params) -> lis
     return json.loads(done.stdout)
 
 
+def flash_attn_many(jobs: list[dict], tmp: Path) -> list:
+    """llama.cpp's ggml_flash_attn_ext of each job, all in one child process: a job is q (float32,
+    numpy order), k and v (raw bytes of types tk and tv, numpy order of their ne: ne_k, ne_v),
+    an optional mask (float32 values, rounded to F16 as the graph's input) and sinks (float32),
+    scale, max_bias, softcap and n_threads. Returns each dst (float32, numpy order)."""
+    import numpy as np
+
+    arrays = {}
+    for i, j in enumerate(jobs):
+        mask, sinks = j.get("mask"), j.get("sinks")
+        arrays[f"q{i}"] = np.ascontiguousarray(j["q"], np.float32)
+        arrays[f"k{i}"] = np.frombuffer(bytes(j["k"]), np.uint8)
+        arrays[f"v{i}"] = np.frombuffer(bytes(j["v"]), np.uint8)
+        ne_m = [0] * 4 if mask is None else list(reversed(mask.shape))
+        arrays[f"h{i}"] = np.array([j["tk"], j["tv"], j["n_threads"], *j["ne_k"], *j["ne_v"],
+                                    *ne_m, sinks is not None], np.int64)
+        arrays[f"p{i}"] = np.array([j["scale"], j.get("max_bias", 0.0), j.get("softcap", 0.0)],
+                                   np.float32)
+        if mask is not None:
+            arrays[f"m{i}"] = np.asarray(mask, np.float32).astype(np.float16)
+        if sinks is not None:
+            arrays[f"s{i}"] = np.asarray(sinks, np.float32)
+    np.savez(tmp / "fa-jobs.npz", **arrays)
+    ask(tmp, {"flash_attn_ext": str(tmp / "fa-jobs.npz"), "out": str(tmp / "fa-dst.npz")})
+    with np.load(tmp / "fa-dst.npz") as got:
+        return [got[f"d{i}"] for i in range(len(jobs))]
+
+
+def _flash_attn_ext(request: dict) -> dict:
+    """The child's side of flash_attn_many: the jobs built and computed with the libggml-base and
+    libggml-cpu llama_cpp ships, through ctypes."""
+    import ctypes
+    import importlib.util
+
+    import numpy as np
+
+    lib = Path(importlib.util.find_spec("llama_cpp").origin).parent / "lib"
+    base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"))
+
+    class InitParams(ctypes.Structure):
+        _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                    ("no_alloc", ctypes.c_bool)]
+
+    vp, f32 = ctypes.c_void_p, ctypes.c_float
+    for fn, res, args in [(base.ggml_init, vp, [InitParams]),
+                          (base.ggml_new_tensor, vp, [vp, ctypes.c_int, ctypes.c_int,
+                                                      ctypes.POINTER(ctypes.c_int64)]),
+                          (base.ggml_flash_attn_ext, vp, [vp, vp, vp, vp, vp, f32, f32, f32]),
+                          (base.ggml_flash_attn_ext_set_prec, None, [vp, ctypes.c_int]),
+                          (base.ggml_flash_attn_ext_add_sinks, None, [vp, vp]),
+                          (base.ggml_new_graph, vp, [vp]),
+                          (base.ggml_build_forward_expand, None, [vp, vp]),
+                          (base.ggml_get_data, vp, [vp]), (base.ggml_nbytes, ctypes.c_size_t, [vp]),
+                          (base.ggml_free, None, [vp]),
+                          (cpu.ggml_graph_compute_with_ctx, ctypes.c_int, [vp, vp, ctypes.c_int])]:
+        fn.restype, fn.argtypes = res, args
+    cpu.ggml_cpu_init()
+    out = {}
+    with np.load(request["flash_attn_ext"]) as jobs:
+        for i in range(sum(1 for k in jobs.files if k.startswith("h"))):
+            h, p = [int(x) for x in jobs[f"h{i}"]], jobs[f"p{i}"]
+            tk, tv, n_threads, ne_k, ne_v, ne_m, sinks = h[0], h[1], h[2], h[3:7], h[7:11], h[11:15], h[15]
+            ctx = base.ggml_init(InitParams(256 << 20, None, False))
+
+            def leaf(type_: int, ne: list[int], data) -> int:
+                t = base.ggml_new_tensor(ctx, type_, 4, (ctypes.c_int64 * 4)(*ne))
+                raw = np.ascontiguousarray(data).tobytes()
+                assert base.ggml_nbytes(t) == len(raw)
+                ctypes.memmove(base.ggml_get_data(t), raw, len(raw))
+                return t
+
+            q = jobs[f"q{i}"]
+            ne_q = list(reversed(q.shape)) + [1] * (4 - q.ndim)
+            dst = base.ggml_flash_attn_ext(
+                ctx, leaf(0, ne_q, q), leaf(tk, ne_k, jobs[f"k{i}"]), leaf(tv, ne_v, jobs[f"v{i}"]),
+                leaf(1, ne_m, jobs[f"m{i}"]) if ne_m[0] else None, *(float(x) for x in p))
+            base.ggml_flash_attn_ext_set_prec(dst, 10)  # GGML_PREC_F32
+            if sinks:
+                s = jobs[f"s{i}"]
+                base.ggml_flash_attn_ext_add_sinks(dst, leaf(0, [len(s), 1, 1, 1], s))
+            gf = base.ggml_new_graph(ctx)
+            base.ggml_build_forward_expand(gf, dst)
+            assert cpu.ggml_graph_compute_with_ctx(ctx, gf, n_threads) == 0
+            d = ctypes.string_at(base.ggml_get_data(dst), base.ggml_nbytes(dst))
+            out[f"d{i}"] = np.frombuffer(d, np.float32).reshape(ne_q[3], ne_q[1], ne_q[2], -1)
+            base.ggml_free(ctx)
+    np.savez(request["out"], **out)
+    return {"saved": request["out"]}
+
+
 _ORIGINAL_PARAMS = []  # llama_model_default_params before _serve first wrapped it
 _KEEP: list = []  # the eval callbacks of the dumps (alive while llama.cpp may call them)
 
@@ -73,6 +166,8 @@ _KEEP: list = []  # the eval callbacks of the dumps (alive while llama.cpp may c
 def _serve(model: str, n_threads: int, params: dict, request: dict) -> dict:
     import os
 
+    if "flash_attn_ext" in request:  # (no model: llama.cpp's ggml alone)
+        return _flash_attn_ext(request)
     params = dict(params)
     if not params.pop("tiled", True):  # read once, when the first product asks
         os.environ["GGML_CPU_TILED_MM"] = "0"
