@@ -69,10 +69,10 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/activate
 	$(PIP) install --quiet -e '.[test,model]'
 	touch $@
 
-# engine/_libm.c (the C library's float functions, as ggml calls them) and engine/_lanes*.c with
-# engine/_lanes*.h (ggml's hottest inner loops) are compiled by the install; this rebuilds them when
+# engine/c/libm.c (the C library's float functions, as ggml calls them) and engine/c/*.c with
+# engine/c/*.h (ggml's hottest inner loops) are compiled by the install; this rebuilds them when
 # they change
-$(VENV)/.libm: engine/_libm.c $(wildcard engine/_lanes*.c) $(wildcard engine/_lanes*.h) | $(VENV)/.installed
+$(VENV)/.libm: engine/c/libm.c $(wildcard engine/c/*.c) $(wildcard engine/c/*.h) | $(VENV)/.installed
 	$(PIP) install --quiet --no-deps -e .
 	touch $@
 

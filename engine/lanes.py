@@ -2,7 +2,7 @@
 
 The hottest loops of ggml's CPU kernels (the quantized and float dot products, ggml_v_expf and
 ggml_v_silu, the soft_max and norm rows, a few block converters, fused multiply-adds) run in C,
-`engine._lanes` (engine/_lanes*.c), because numpy can only do them a block at a time. Each of them
+`engine._lanes` (engine/c/*.c), because numpy can only do them a block at a time. Each of them
 has a numpy twin written for reading, beside the kernel that calls it and registered here with
 `@twin("name")`; the twin computes the same bits (tests/unit/engine/test_twins.py holds every C
 function against its twin).
@@ -25,7 +25,7 @@ except ImportError:  # installed without a C compiler: the twins do the work
     print("ggml-lens: engine._lanes is not built (no C compiler at install): the engine runs "
           "its numpy twins, the same bits, slower", file=sys.stderr)
 
-# the names engine._lanes exports (the method table in engine/_lanes.c), each a twin's name
+# the names engine._lanes exports (the method table in engine/c/lanes.c), each a twin's name
 NAMES = ("v_expf", "v_silu", "gelu_lookup", "soft_max", "norm_rows", "quant_dot", "quantize_q8_0",
          "quantize_q8_k", "dequantize", "float_dot", "dot_f32", "fmaf", "rope_pairs", "rms_norm_rows",
          "round_floats", "set_rows", "soft_max_heads", "gemv_q4_b32_8x8", "gemm_q4_b32_8x8",

@@ -14,7 +14,7 @@ observer and the trace see as before.
 Unwatched (no observer), a graph computed again runs prepared steps (engine.compute.compiled): a
 node whose kernel registered `prepare=` is one ready call, made once from the structs, run by
 thread 0 while the others wait at the next barrier; its C loop shares the rows out between the
-compute's threads in C (engine/_lanes_pool.c), so Python threads and C threads never compete for
+compute's threads in C (engine/c/pool.c), so Python threads and C threads never compete for
 the cores. When every node is a ready call (or skipped) and nobody is told of nodes, the calling
 thread runs them all and no Python thread is woken. Watched, every node takes its kernel's
 general path, thread by thread, as below.

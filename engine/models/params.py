@@ -134,8 +134,9 @@ class ContextParams:
                                   f"={head}")
         if TYPE_TRAITS[self.type_v].is_quantized and not flash:
             raise ParamsError("quantized V cache requires flash_attn to be enabled")
-        n_ctx = -(-(self.n_ctx or n_ctx_train) // CTX_PAD) * CTX_PAD
-        n_batch = min(n_ctx, self.n_batch)  # causal attention: no more than the context
+        asked = self.n_ctx or n_ctx_train
+        n_ctx = -(-asked // CTX_PAD) * CTX_PAD
+        n_batch = min(asked, self.n_batch)  # causal attention: no more than the context asked
         n_ubatch = min(n_batch, self.n_ubatch or self.n_batch)
         return Context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=self.threads(),
                        flash_attn=flash, type_k=self.type_k, type_v=self.type_v,

@@ -69,7 +69,7 @@ class Mins(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class DotBlocks:
-    """Weight blocks as ggml's vec_dot multiplies them (engine/_lanes_quant.c's `decode`): one
+    """Weight blocks as ggml's vec_dot multiplies them (engine/c/quant.c's `decode`): one
     entry per block (n, and per block)."""
 
     q: np.ndarray  # int16 (n, 32 or 256): the integers, the scales vec_dot folds in folded in
@@ -82,7 +82,7 @@ class DotBlocks:
 @dataclass(frozen=True, slots=True)
 class VecDot:
     """How ggml's CPU vec_dot (AVX2 build) multiplies a row of the type with a row of its
-    vec_dot_type, reproduced bit for bit by engine._lanes.quant_dot (engine/_lanes_quant.c and the
+    vec_dot_type, reproduced bit for bit by engine._lanes.quant_dot (engine/c/quant.c and the
     families it hands types to) and by its twin, kernels/vecdot.py's quant_dot."""
 
     decode: Callable[[np.ndarray], DotBlocks]  # blocks (n, type_size) uint8 -> DotBlocks
@@ -100,7 +100,7 @@ class QuantKind:
     """Everything the engine knows about one quantized type, in one record: its block struct and
     sizes, its functions, how vec_dot multiplies it, what the block explainer says of it.
 
-    `type` is also the id the C lanes know the type by: engine/_lanes_types.h (its enum, block
+    `type` is also the id the C lanes know the type by: engine/c/types.h (its enum, block
     sizes and vec_dot partners) is written from these records (types_c.py). The sizes and the
     vec_dot partner are ggml's type traits (engine/core/types.py), which the block struct is
     checked against."""
@@ -454,7 +454,7 @@ def dequantize_blocks(type_: int, raw, out) -> None:
 
 
 def dequantize_by_lanes(type_: int):
-    """A QuantKind dequantizer run by lanes.dequantize (engine/_lanes_blocks.c, or its twin
+    """A QuantKind dequantizer run by lanes.dequantize (engine/c/blocks.c, or its twin
     dequantize_blocks): structured blocks (nb,) -> float32 (nb, block size), the same bits as
     ggml's to_float."""
 

@@ -286,7 +286,8 @@ def test_params_checks():
     assert ContextParams(flash_attn="enabled").flash_attn == "on"
     assert ContextParams(flash_attn=False).flash_attn == "off"
     assert ContextParams(type_v="q4_1").type_v == GGMLType.Q4_1
-    assert ContextParams(n_ctx=300).resolve("llama", 128, 64, 64).n_ctx == 512  # GGML_PAD 256
+    padded = ContextParams(n_ctx=300).resolve("llama", 128, 64, 64)
+    assert (padded.n_ctx, padded.n_batch, padded.n_ubatch) == (512, 300, 300)  # batch: unpadded
     assert ContextParams().resolve("llama", 128, 64, 64).n_ctx == 256  # 0: n_ctx_train
     assert not ContextParams(flash_attn="auto").resolve("grok", 128, 64, 64).flash_attn
 

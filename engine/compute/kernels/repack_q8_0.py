@@ -34,7 +34,7 @@ maddubs(|w|, sign(a, w)), so an activation quant of -128 against a negative weig
 The activation quantizer never makes -128 from finite values (amax / 127 scales them into
 [-127, 127]), so the two agree but on NaN and infinite activations.
 
-The loops run in C (engine/_lanes_repack_q8_0.c: lanes.gemv_q4_b32_8x8, lanes.gemm_q4_b32_8x8);
+The loops run in C (engine/c/repack_q8_0.c: lanes.gemv_q4_b32_8x8, lanes.gemm_q4_b32_8x8);
 their numpy twins below compute the same bits, a whole product at a time.
 """
 

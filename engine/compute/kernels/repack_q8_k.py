@@ -4,7 +4,7 @@ tensor_traits::forward_mul_mat; arch/x86/repack.cpp's ggml_quantize_mat_q8_K_4x8
 ggml_gemv_q4_K_8x8_q8_K and ggml_gemm_q4_K_8x8_q8_K).
 
 `product` is the entry point: one plane of dst = w · xᵀ. The C loops are
-engine/_lanes_repack_q8_k.c; the functions registered with `@twin` here compute the same bits in
+engine/c/repack_q8_k.c; the functions registered with `@twin` here compute the same bits in
 numpy (the engine runs them in pure-numpy mode).
 """
 

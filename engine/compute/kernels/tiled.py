@@ -34,7 +34,7 @@ MUL_MAT_ID decides expert by expert (takes_expert: the rows routed to the expert
 expert's product is the same formula, its weight rows shared out statically in groups of 64
 (expert_tiles) instead of chunks from the expert's counter.
 
-The product runs in C (engine._lanes.tiled_mul_mat, engine/_lanes_tiled.c); its numpy twin
+The product runs in C (engine._lanes.tiled_mul_mat, engine/c/tiled.c); its numpy twin
 tiled_mul_mat is here. The engine computes each chunk a thread takes (its values are the same
 whatever the tiles, each output being its own chain); it reserves the per-thread tile slots in
 the work buffer as ggml does (wdata_size) but leaves them unwritten.

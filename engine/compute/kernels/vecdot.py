@@ -9,8 +9,8 @@ tiles at once: the same lanes, the same fused multiply-adds, the same horizontal
 results equal real ggml's bit for bit (tested), where a BLAS product of the dequantized rows only
 agrees to rounding; which products mul_mat gives them is matmul.emulates_vec_dot's rule.
 
-The loop over rows and blocks runs in C (engine._lanes.quant_dot: engine/_lanes_quant.c, which
-hands the IQ grid types to _lanes_iq.c and TQ2_0, TQ1_0, MXFP4 and IQ1_M to _lanes_tq.c); its
+The loop over rows and blocks runs in C (engine._lanes.quant_dot: engine/c/quant.c, which
+hands the IQ grid types to c/iq.c and TQ2_0, TQ1_0, MXFP4 and IQ1_M to c/tq.c); its
 numpy twin quant_dot is here, the same bits, written for reading (and run in pure-numpy mode,
 engine/lanes.py). Every decision in it is a lookup on the type's record (VecDot), in three
 steps, which the debugger also shows one block at a time (engine/compute/kernel_card.py):
@@ -115,7 +115,7 @@ def decode_activations(vdt: GGMLType, yblocks: np.ndarray) -> Activations:
 # --- one block's integer lanes: the Lanes rules ------------------------------------------------
 
 def lane_sums(p: np.ndarray) -> np.ndarray:
-    """Products p (..., 32 * runs) int32 -> the 8 lanes int32 (..., 8), as engine/_lanes_quant.c's
+    """Products p (..., 32 * runs) int32 -> the 8 lanes int32 (..., 8), as engine/c/quant.c's
     lane_sums adds them: s[e] = element e's products summed over the runs, lane l = (s[4l] +
     s[4l+1]) + (s[4l+2] + s[4l+3])."""
     runs = p.reshape(*p.shape[:-1], -1, 32)

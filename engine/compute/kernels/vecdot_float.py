@@ -192,7 +192,7 @@ def vec_dot_bf16(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _float_dot(w: np.ndarray, x: np.ndarray, tiny: bool) -> np.ndarray:
-    """lanes.float_dot (engine/_lanes_float.c, or the twin float_dot): every pair's product,
+    """lanes.float_dot (engine/c/float.c, or the twin float_dot): every pair's product,
     (n1, n0) float32."""
     out = np.empty((x.shape[0], w.shape[0]), F32)
     float_product(w, out, tiny)(x)

@@ -1,5 +1,5 @@
 """One record per quantized type (engine/quants' QuantKind): the C lanes' types, sizes and vec_dot
-partners are the records' (engine/_lanes_types.h is written from them, and the compiled module
+partners are the records' (engine/c/types.h is written from them, and the compiled module
 takes exactly those sizes), and every bit-exact vec_dot a record declares has the rules and the
 decoder kernels/vecdot.py's quant_dot reads.
 
@@ -22,7 +22,7 @@ C = compiled()
 
 
 def test_lanes_types_header():
-    """engine/_lanes_types.h (the C lanes' enum, block sizes and vec_dot partners) is the records',
+    """engine/c/types.h (the C lanes' enum, block sizes and vec_dot partners) is the records',
     as engine/quants/types_c.py writes it."""
     assert types_c.HEADER.read_text() == types_c.header(), "run python -m engine.quants.types_c"
 

@@ -72,7 +72,7 @@ def assert_same_bits(c: np.ndarray, t: np.ndarray, what: str) -> None:
     """The twin's float32 result t has the bits of C's c; where c is a NaN, t only has to be a
     NaN. When two NaNs meet in an operation, the payload (and sign) that comes out is the machine
     code's choice, not the formula's: x86 returns the first operand's, gcc orders the operands of
-    a commutative operation as it likes (engine/_lanes_quant.c's AVX2 and portable quant_dot
+    a commutative operation as it likes (engine/c/quant.c's AVX2 and portable quant_dot
     loops give different NaNs for `y.d * x.d`), and numpy's AVX-512 loops return the first
     operand's in whole vectors but the second's in an array's remainder (measured)."""
     cb, tb = c.view(np.uint32), t.view(np.uint32)
@@ -202,7 +202,7 @@ def test_quant_dot(type_: GGMLType, wild: bool):
 
 
 def test_iq_grids_header():
-    """engine/_lanes_iq.c's grids (engine/_lanes_iq_grids.h) are the engine's tables, as
+    """engine/c/iq.c's grids (engine/c/iq_grids.h) are the engine's tables, as
     engine/quants/grids_c.py writes them."""
     from engine.quants import grids_c
     assert grids_c.HEADER.read_text() == grids_c.header(), "run python -m engine.quants.grids_c"
@@ -306,7 +306,7 @@ THREADS = (2, 3, 7)
 
 
 def pool_workers() -> int:
-    """The pool's worker threads in this process (engine/_lanes_pool.c names them)."""
+    """The pool's worker threads in this process (engine/c/pool.c names them)."""
     tasks, n = "/proc/self/task", 0
     for t in os.listdir(tasks):
         try:

@@ -1,4 +1,4 @@
-"""Flash attention's C loops (engine/_lanes_attn.c: fa_online and fa_gemm) against their numpy
+"""Flash attention's C loops (engine/c/attn.c: fa_online and fa_gemm) against their numpy
 twins (engine/compute/kernels/attention.py): the same bits on random values and on random bit
 patterns (NaN, infinities, subnormals, huge values), with V in halves (an fp16 accumulator) and in
 floats, sizes with and without a vector's leftovers."""

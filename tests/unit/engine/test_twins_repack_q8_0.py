@@ -1,4 +1,4 @@
-"""The products of the repacked 4-bit layouts (engine/_lanes_repack_q8_0.c: gemv_q4_b32_8x8 and
+"""The products of the repacked 4-bit layouts (engine/c/repack_q8_0.c: gemv_q4_b32_8x8 and
 gemm_q4_b32_8x8) against their numpy twins (engine/compute/kernels/repack_q8_0.py): the same bits
 on random values and on random bit patterns, for q4_0_8x8, iq4_nl_8x8 and mxfp4_8x8, by the AVX2
 loop and the portable one, on 1 to 3 threads; and the one place gemv's products differ from

@@ -1,4 +1,4 @@
-"""The repacked Q4_K products' C loops (engine/_lanes_repack_q8_k.c: quantize_mat_q8_k_4x8,
+"""The repacked Q4_K products' C loops (engine/c/repack_q8_k.c: quantize_mat_q8_k_4x8,
 gemv_q4_k_8x8, gemm_q4_k_8x8) against their numpy twins (engine/compute/kernels/repack_q8_k.py):
 the same bits on random values and on random bit patterns, by the AVX2 loop and the portable
 one, on 1 to 3 threads; the largest integer sums the types allow; and the pipeline `product` in C

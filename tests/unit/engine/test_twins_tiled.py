@@ -1,4 +1,4 @@
-"""engine._lanes.tiled_mul_mat (llama.cpp's tiled K-quant products, engine/_lanes_tiled.c) against
+"""engine._lanes.tiled_mul_mat (llama.cpp's tiled K-quant products, engine/c/tiled.c) against
 its numpy twin (engine/compute/kernels/tiled.py): the same bits for every type the AVX2 build
 tiles, on random blocks with ordinary scales and on random bit patterns (any fp16 scale, Q8_K
 blocks whose d and block sums are any bits), with C's vector loop and its portable one, on one

@@ -1,9 +1,9 @@
-/* engine/_lanes.h: what the C files of the engine._lanes extension share (not a public API).
+/* engine/c/lanes.h: what the C files of the engine._lanes extension share (not a public API).
  *
- * The module is _lanes.c (its method table); the loops are by family: _lanes_quant.c (ggml's
- * quantized dot products; _lanes_tq.c those of TQ2_0, TQ1_0, MXFP4 and IQ1_M), _lanes_float.c (the float dot products, ggml_v_expf and ggml_v_silu,
- * the soft_max and norm rows, fmaf over buffers), _lanes_blocks.c (the block converters), and
- * _lanes_pool.c (the threads that share a product's rows). A function one
+ * The module is c/lanes.c (its method table); the loops are by family: c/quant.c (ggml's
+ * quantized dot products; c/tq.c those of TQ2_0, TQ1_0, MXFP4 and IQ1_M), c/float.c (the float dot products, ggml_v_expf and ggml_v_silu,
+ * the soft_max and norm rows, fmaf over buffers), c/blocks.c (the block converters), and
+ * c/pool.c (the threads that share a product's rows). A function one
  * file defines and another calls is hidden (LANES_HIDDEN) and named lanes_*: nothing but
  * PyInit__lanes leaves the shared object, and no name can meet one of libm's or numpy's.
  */
@@ -21,7 +21,7 @@
 
 /* the ggml types (enum ggml_type), their block sizes and vec_dot partners, written from the
  * engine's records of the quantized types (engine/quants/types_c.py) */
-#include "_lanes_types.h"
+#include "types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_FMA_TARGET 1
@@ -146,7 +146,7 @@ typedef void (*lanes_rows_fn)(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 enum { LANES_POOL_MAX = 64 };  /* threads a job may ask for (more are taken as this many) */
 
 /* multiply-adds a thread's share of a product must have to pay for handing it to a worker:
- * the workers poll between products (_lanes_pool.c), so a share of a few microseconds pays
+ * the workers poll between products (c/pool.c), so a share of a few microseconds pays
  * (Gemma's attention products, 256 x 256 halves by 4 rows, gain a third at 2 threads); fewer
  * threads below that */
 #define LANES_SPLIT_MACS ((Py_ssize_t)1 << 16)
@@ -171,7 +171,7 @@ static inline void lanes_release_optional(Py_buffer *view)
 /* buf->len == want, else a ValueError naming what (-1) */
 LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what);
 
-/* _lanes_iq.c: the bytes of a weight block of an IQ grid type that quant_dot takes (0: not one),
+/* c/iq.c: the bytes of a weight block of an IQ grid type that quant_dot takes (0: not one),
  * and quant_dot's loop for them (out, rows and strides as quant_dot's; hw: the AVX2 loop, else
  * the portable one with acc, room for n1 * 8 floats) */
 LANES_HIDDEN Py_ssize_t lanes_iq_size(int type);
@@ -179,7 +179,7 @@ LANES_HIDDEN void lanes_iq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ld
                                Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0, Py_ssize_t n1,
                                Py_ssize_t nb, float *acc);
 
-/* the methods of the module table (_lanes.c), each defined in its family's file */
+/* the methods of the module table (c/lanes.c), each defined in its family's file */
 LANES_HIDDEN PyObject *lanes_quant_dot(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_dequantize(PyObject *self, PyObject *args);
@@ -197,29 +197,29 @@ LANES_HIDDEN PyObject *lanes_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_rms_norm_rows(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_round_floats(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_set_rows(PyObject *self, PyObject *args);
-/* _lanes_repack_q8_0.c: the products of the repacked q4_0_8x8, iq4_nl_8x8 and mxfp4_8x8 */
+/* c/repack_q8_0.c: the products of the repacked q4_0_8x8, iq4_nl_8x8 and mxfp4_8x8 */
 LANES_HIDDEN PyObject *lanes_gemv_q4_b32_8x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemm_q4_b32_8x8(PyObject *self, PyObject *args);
 
-/* _lanes_repack_q8_k.c: the products of the repacked q4_K_8x8 and their activations */
+/* c/repack_q8_k.c: the products of the repacked q4_K_8x8 and their activations */
 LANES_HIDDEN PyObject *lanes_quantize_mat_q8_k_4x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemv_q4_k_8x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemm_q4_k_8x8(PyObject *self, PyObject *args);
 
-/* _lanes_tiled.c: llama.cpp's tiled K-quant products (ggml-cpu/tiled/) */
+/* c/tiled.c: llama.cpp's tiled K-quant products (ggml-cpu/tiled/) */
 LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args);
 
-/* _lanes_attn.c: flash attention's online softmax (one_chunk) and simd_gemm (tiled) */
+/* c/attn.c: flash attention's online softmax (one_chunk) and simd_gemm (tiled) */
 LANES_HIDDEN PyObject *lanes_fa_online(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_fa_gemm(PyObject *self, PyObject *args);
 
-/* _lanes_tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a
+/* c/tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a
  * weight block of one of them and (in *ysize) of its activation block; 0 for another type */
 LANES_HIDDEN Py_ssize_t lanes_tq_sizes(int type, Py_ssize_t *ysize);
 
 /* out[i1 * ldo + i0] = ggml's AVX2 vec_dot of weight row i0 < n0 (at w + i0 * ldw) and
  * activation row i1 < n1 (at x + i1 * ldx), nb blocks a row, with the vector instructions (hw)
- * or the portable loop (the same bits); 1 if type is one of _lanes_tq.c's, else 0 (nothing done) */
+ * or the portable loop (the same bits); 1 if type is one of c/tq.c's, else 0 (nothing done) */
 LANES_HIDDEN int lanes_tq_dot(int type, int hw, const uint8_t *w, Py_ssize_t ldw, const uint8_t *x,
                               Py_ssize_t ldx, float *out, Py_ssize_t ldo, Py_ssize_t n0,
                               Py_ssize_t n1, Py_ssize_t nb);

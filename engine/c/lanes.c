@@ -1,7 +1,7 @@
 /* engine._lanes: ggml's hottest inner loops, which numpy can only run a block at a time.
  *
  * The float and quantized dot products of mul_mat (ggml_vec_dot_f32, _f16, llamafile's tinyBLAS,
- * and the AVX2 vec_dot of the EXACT_QUANT types (engine/_lanes_quant.c): integer lane sums, one
+ * and the AVX2 vec_dot of the EXACT_QUANT types (engine/c/quant.c): integer lane sums, one
  * fused multiply-add per block and lane, acc[l] = fmaf((float)lane[l], d, acc[l])), ggml_v_expf
  * and ggml_v_silu, the soft_max and norm rows, quantize_row_q8_0, a few to_float converters, and
  * fmaf over whole buffers (the fused multiply-adds of ggml's -mfma build, element by element). Each
@@ -11,10 +11,10 @@
  * results are the same on every CPU; the hardware instruction is used where the CPU has it. The
  * loops run without the GIL, so the compute threads run them at once on their own rows.
  *
- * This file is the module (its method table); the loops are in _lanes_quant.c, _lanes_float.c
- * and _lanes_blocks.c, and _lanes.h holds what they share.
+ * This file is the module (its method table); the loops are in c/quant.c, c/float.c
+ * and c/blocks.c, and c/lanes.h holds what they share.
  */
-#include "_lanes.h"
+#include "lanes.h"
 
 LANES_HIDDEN int lanes_check(Py_buffer *buf, Py_ssize_t want, const char *what)
 {
