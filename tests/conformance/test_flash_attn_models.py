@@ -225,6 +225,17 @@ def test_auto_is_llama_cpps_decision(llama_cpp, tiny_files, tmp_path):
     assert_bits(ours(model, ids, 63), llama, "gemma2 -fa auto")
 
 
+@pytest.mark.parametrize("n_ctx,n_batch,n_ubatch", [(300, 2048, 512), (1000, 700, 256)])
+def test_context_sizes_are_llama_cpps(llama_cpp, tiny_files, n_ctx, n_batch, n_ubatch):
+    """The cells, batch and ubatch a context gets (llama_context's log): n_ctx padded to 256,
+    n_batch at most the context asked for, n_ubatch at most n_batch."""
+    log = ask(tiny_files["llama"], {"load_log": True}, N_THREADS,
+              **dict(oracle_params("on"), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch))["log"]
+    c = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch).resolve("llama", 128, 64, 64)
+    for name in ("n_ctx", "n_batch", "n_ubatch"):
+        assert f"llama_context: {name:<22}= {getattr(c, name)}\n" in log, name
+
+
 def test_defaults_are_llama_cpps(llama_cpp):
     """ContextParams' defaults are llama_context_default_params' (those common_params keeps:
     n_batch, n_ubatch, flash attention auto, F16 K and V)."""
