@@ -28,6 +28,7 @@ class Program:
     runs: tuple[str, ...] = ()  # the architectures of the files it can run ("Run it")
     steps_into: tuple[str, ...] = ()  # packages under engine whose facade calls are steps too
     #                                   (a model walkthrough's: the builders' own code)
+    settings: tuple[str, ...] = ()  # llama.cpp's settings its run() takes (settings.SETTINGS)
 
     def load(self) -> ModuleType:
         return importlib.import_module(f"engine.programs.{self.module}")
@@ -40,6 +41,13 @@ class Program:
     @property
     def source_file(self) -> str:
         return self.load().__file__
+
+    def check_settings(self, path: str | None, settings: dict) -> None:
+        """llama.cpp's refusals of these settings (run()'s keywords, typed) for the file at
+        `path` before it runs: ParamsError, from the module's check_settings where it has one."""
+        check = getattr(self.load(), "check_settings", None)
+        if check is not None and settings:
+            check(path, **settings)
 
     @property
     def also_files(self) -> tuple[str, ...]:
@@ -69,10 +77,11 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in [
     Program("offload", "offload", 1),
     Program("repack", "repack", 2),
     Program("gemma3", "gemma3", 1, model=True, prompt="The capital of France is",
-            runs=("gemma3",)),
+            runs=("gemma3",), settings=("flash_attn",)),
     Program("model", "model", 1, model=True, prompt="The capital of France is",
             runs=tuple(a for a in ARCHITECTURES if a not in ("bert", "gemma3")),
-            steps_into=("models",)),
+            steps_into=("models",),
+            settings=("flash_attn", "type_k", "type_v", "no_repack", "n_ubatch", "n_ctx")),
 ]}
 
 

@@ -2,16 +2,27 @@
 
 The weights (236 tensors, 253 MB) come from the GGUF file with gguf_init_from_file; the tokens
 from the file's SentencePiece vocabulary. A second context is the KV cache: per layer an F16 K
-and an F16 V (V transposed) of 256 cells. Each pass is a compute context and graph built as
-llama.cpp builds Gemma 3: the token rows (Q8_0, dequantized by get_rows) scaled by sqrt(640);
-per layer an RMS norm, Q/K/V (Q5_0 and Q8_0 weights), an RMS norm of each head of Q and K, rope
-(NeoX; base 10000 on sliding-window layers, 1e6 on every 6th, global, layer), the new K and V
-written into the cache by ggml_set_rows, attention over all 256 cells (the cells past the tokens,
-and on sliding-window layers those 512 or more positions back, masked), the output projection,
-its RMS norm and the residual; then an RMS norm, a GELU-gated feed-forward, its RMS norm and the
-residual. Only the last position goes through the final norm and the output head (the token
-table again, tied): 262,144 logits, whose softmax gives the next token. Each token in `then` is
-one more pass of one token, reading everything before it from the cache.
+and an F16 V of 256 cells. Each pass is a compute context and graph built as llama.cpp builds
+Gemma 3: the token rows (Q8_0, dequantized by get_rows) scaled by sqrt(640); per layer an RMS
+norm, Q/K/V (Q5_0 and Q8_0 weights), an RMS norm of each head of Q and K, rope (NeoX; base 10000
+on sliding-window layers, 1e6 on every 6th, global, layer), Q scaled by 1/sqrt(256), the new K
+and V written into the cache by ggml_set_rows, attention over all 256 cells (the cells past the
+tokens, and on sliding-window layers those 512 or more positions back, masked), the output
+projection, its RMS norm and the residual; then an RMS norm, a GELU-gated feed-forward, its RMS
+norm and the residual. Only the last position goes through the final norm and the output head
+(the token table again, tied): 262,144 logits, whose softmax gives the next token. Each token in
+`then` is one more pass of one token, reading everything before it from the cache.
+
+`flash_attn` is llama.cpp's -fa ("on", "off" or "auto"; auto is on, as llama.cpp decides on the
+CPU). On, attention is what llama.cpp's build_attn_mha builds with flash attention: one
+FLASH_ATTN_EXT node per layer over Q, the K cache [256, 1, 256] and the V cache stored cell by
+cell as K is, with an F16 mask of 256 cells per token (llama.cpp pads the cells attention reads
+to 256, not the tokens) and F32 precision. Off, the path without it: KQ = K·Q (MUL_MAT), its
+masked softmax (SOFT_MAX), KQV = V·softmax (MUL_MAT) over a V cache stored transposed, one row
+of cells per head element.
+Unlike llama.cpp's default, the weights stay where gguf_init_from_file put them, in the file's
+own layout: none is repacked into CPU_REPACK's interleaved blocks (llama.cpp's -nr). So this
+program computes what llama.cpp computes with -nr and GGML_CPU_TILED_MM=0 (its plain kernels).
 engine/models/gemma3.py builds the same graph for any Gemma 3 GGUF.
 """
 
@@ -21,6 +32,7 @@ import numpy as np
 
 import engine.libm as libm
 from engine.ggml import *  # noqa: F403
+from engine.models.params import ContextParams
 from engine.models.spm import SentencePiece
 from engine.models.tokenize import file_tokenizer
 from engine.resources import bundled_model_path
@@ -40,8 +52,9 @@ def tokenizer(path: str) -> SentencePiece:
 
 
 def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
-        then: tuple[int, ...] = ()) -> dict:
+        then: tuple[int, ...] = (), flash_attn: str = "auto") -> dict:
     path = path or bundled_model_path()  # the bundled model by default
+    flash = ContextParams(flash_attn=flash_attn).resolve_flash_attn("gemma3")  # auto: on
     vocab = tokenizer(path)
     ids = vocab.encode_prompt(prompt)  # <bos> and its pieces (special tokens read as in a chat)
     if not 1 <= len(ids) + len(then) <= N_CELLS:
@@ -63,7 +76,8 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
     n_kv_embd = head_dim * n_head_kv
     w = lambda name: ggml_get_tensor(ctx_w, name)  # noqa: E731
 
-    # the KV cache, kept across passes: cells hold K rows; V is stored transposed
+    # the KV cache, kept across passes: cells hold K rows; V the same with flash attention,
+    # else stored transposed (one row of 256 cells per element of a V row)
     ctx_kv = ggml_init(ggml_init_params(mem_size=2 * n_layer * (ggml_tensor_overhead()
                                         + N_CELLS * n_kv_embd * 2), mem_buffer=None, no_alloc=False))
     cache_k, cache_v = [], []
@@ -90,15 +104,18 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         k_idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n)  # the cell each new token goes to
         ggml_set_name(k_idxs, "attn_inp_k_idxs")
         set_data(k_idxs, np.arange(n_past, n_past + n, dtype=np.int64))
-        v_idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n * n_kv_embd)  # each value's element
+        # the cell each new V row goes to, or (V transposed) each new value's element
+        v_idxs = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n if flash else n * n_kv_embd)
         ggml_set_name(v_idxs, "attn_inp_v_idxs")
-        set_data(v_idxs, (np.arange(n_kv_embd)[None, :] * N_CELLS
-                          + np.arange(n_past, n_past + n)[:, None]).reshape(-1).astype(np.int64))
+        set_data(v_idxs, np.arange(n_past, n_past + n, dtype=np.int64) if flash else
+                 (np.arange(n_kv_embd)[None, :] * N_CELLS
+                  + np.arange(n_past, n_past + n)[:, None]).reshape(-1).astype(np.int64))
         q_pos, k_pos = np.arange(n_past, n_past + n)[:, None], np.arange(N_CELLS)[None, :]
-        masks = {}
+        masks = {}  # [256 cells, n tokens]: F16 for flash attention, F32 for the softmax
         for name, far in (("attn_inp_kq_mask", k_pos > q_pos),
                           ("attn_inp_kq_mask_swa", (k_pos > q_pos) | (q_pos - k_pos >= window))):
-            masks[name] = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, N_CELLS, n)  # -inf: not seen
+            masks[name] = ggml_new_tensor_2d(ctx, GGML_TYPE_F16 if flash else GGML_TYPE_F32,
+                                             N_CELLS, n)  # -inf: not seen
             ggml_set_name(masks[name], name)
             set_data(masks[name], np.where(far, -np.inf, 0.0).astype(np.float32))
         out_ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1)  # only the last position's logits
@@ -128,25 +145,13 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
             ggml_build_forward_expand(gf, v)
             ggml_build_forward_expand(gf, k)
 
-            # the new K rows into their cells; the new V values into the transposed V
-            ggml_build_forward_expand(gf, ggml_set_rows(
-                ctx, cache_k[il], ggml_view_2d(ctx, k, n_kv_embd, n, k.nb[2], 0), k_idxs))
-            ggml_build_forward_expand(gf, ggml_set_rows(
-                ctx, ggml_reshape_2d(ctx, cache_v[il], 1, n_kv_embd * N_CELLS),
-                ggml_reshape_2d(ctx, v, 1, n_kv_embd * n), v_idxs))
-
-            # attention over every cell: K as [256, 1, 256], V transposed as [256, 1, 256]
-            k_all = ggml_view_3d(ctx, cache_k[il], head_dim, n_head_kv, N_CELLS, head_dim * 2,
-                                 n_kv_embd * 2, 0)
-            v_all = ggml_view_3d(ctx, cache_v[il], N_CELLS, n_head_kv, head_dim,
-                                 N_CELLS * head_dim * 2, N_CELLS * 2, 0)
-            kq = cb(ggml_mul_mat(ctx, ggml_permute(ctx, k_all, 0, 2, 1, 3),
-                                 ggml_permute(ctx, q, 0, 2, 1, 3)), "kq", il)  # [256, n, 4]
             mask = masks["attn_inp_kq_mask_swa" if swa else "attn_inp_kq_mask"]
-            kq = cb(ggml_soft_max_ext(ctx, kq, mask, 1.0, 0.0), "kq_soft_max", il)
-            kqv = cb(ggml_mul_mat(ctx, ggml_permute(ctx, v_all, 0, 2, 1, 3), kq), "kqv", il)
-            cur = cb(ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), head_dim * n_head, n),
-                     "kqv_out", il)
+            if flash:
+                cur = flash_attention(ctx, gf, q, k, v, cache_k[il], cache_v[il], k_idxs, v_idxs,
+                                      mask, il)
+            else:
+                cur = attention(ctx, gf, q, k, v, cache_k[il], cache_v[il], k_idxs, v_idxs, mask,
+                                il)
             cur = cb(ggml_mul_mat(ctx, b("attn_output"), cur), "attn_out", il)
             if il == n_layer - 1:  # from here on only the last position matters
                 cur, x = ggml_get_rows(ctx, cur, out_ids), ggml_get_rows(ctx, x, out_ids)
@@ -176,6 +181,49 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         batch = [then[step]] if step < len(then) else []
     outputs["next_token"] = outputs[f"top10_{len(then)}"][0]
     return outputs
+
+
+def flash_attention(ctx, gf, q, k, v, cache_k, cache_v, k_idxs, v_idxs, mask, il: int):
+    """llama.cpp's build_attn_mha with flash attention: the new K and V rows into their cells
+    (V cell by cell, as K), then one FLASH_ATTN_EXT over every cell. q [256, 4, n] (scaled
+    already: kq_scale 1), the caches' views [256, 1, 256] permuted to [256 dims, 256 cells, 1
+    head]; the result [256, 4 heads, n] (heads and tokens swapped: a reshape, no permute)."""
+    head_dim, n_head_kv, n = int(k.ne[0]), int(k.ne[1]), int(k.ne[2])
+    n_kv_embd = head_dim * n_head_kv
+    ggml_build_forward_expand(gf, ggml_set_rows(
+        ctx, cache_k, ggml_view_2d(ctx, k, n_kv_embd, n, k.nb[2], 0), k_idxs))
+    ggml_build_forward_expand(gf, ggml_set_rows(
+        ctx, cache_v, ggml_view_2d(ctx, v, n_kv_embd, n, v.nb[2], 0), v_idxs))
+    k_all = ggml_view_3d(ctx, cache_k, head_dim, n_head_kv, N_CELLS, head_dim * 2, n_kv_embd * 2, 0)
+    v_all = ggml_view_3d(ctx, cache_v, head_dim, n_head_kv, N_CELLS, head_dim * 2, n_kv_embd * 2, 0)
+    cur = ggml_flash_attn_ext(ctx, ggml_permute(ctx, q, 0, 2, 1, 3),
+                              ggml_permute(ctx, k_all, 0, 2, 1, 3),
+                              ggml_permute(ctx, v_all, 0, 2, 1, 3), mask, 1.0, 0.0, 0.0)
+    ggml_flash_attn_ext_set_prec(cur, GGML_PREC_F32)  # [256, 4, n]
+    return cb(ggml_reshape_2d(ctx, cur, head_dim * int(cur.ne[1]), n), "kqv_out", il)
+
+
+def attention(ctx, gf, q, k, v, cache_k, cache_v, k_idxs, v_idxs, mask, il: int):
+    """build_attn_mha without flash attention: the new K rows into their cells, the new V values
+    into the transposed V (one element a row), then KQ = K·Q [256 cells, n, 4 heads] (the one K
+    head shared by the four), its masked softmax, KQV = V·softmax [256, n, 4], permuted and
+    made contiguous as [1024, n]."""
+    head_dim, n_head_kv, n = int(k.ne[0]), int(k.ne[1]), int(k.ne[2])
+    n_kv_embd = head_dim * n_head_kv
+    ggml_build_forward_expand(gf, ggml_set_rows(
+        ctx, cache_k, ggml_view_2d(ctx, k, n_kv_embd, n, k.nb[2], 0), k_idxs))
+    ggml_build_forward_expand(gf, ggml_set_rows(
+        ctx, ggml_reshape_2d(ctx, cache_v, 1, n_kv_embd * N_CELLS),
+        ggml_reshape_2d(ctx, v, 1, n_kv_embd * n), v_idxs))
+    k_all = ggml_view_3d(ctx, cache_k, head_dim, n_head_kv, N_CELLS, head_dim * 2, n_kv_embd * 2, 0)
+    v_all = ggml_view_3d(ctx, cache_v, N_CELLS, n_head_kv, head_dim, N_CELLS * head_dim * 2,
+                         N_CELLS * 2, 0)
+    kq = cb(ggml_mul_mat(ctx, ggml_permute(ctx, k_all, 0, 2, 1, 3),
+                         ggml_permute(ctx, q, 0, 2, 1, 3)), "kq", il)  # [256, n, 4]
+    kq = cb(ggml_soft_max_ext(ctx, kq, mask, 1.0, 0.0), "kq_soft_max", il)
+    kqv = cb(ggml_mul_mat(ctx, ggml_permute(ctx, v_all, 0, 2, 1, 3), kq), "kqv", il)
+    return cb(ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), head_dim * int(q.ne[1]), n),
+              "kqv_out", il)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -154,33 +154,81 @@ def test_sliding_window_masks_what_llama_cpp_masks():
     assert np.isneginf(m[0, 511]) and m[0, 510] == 0  # causal
 
 
-def test_the_walkthrough_is_real_ggml_bit_for_bit(gemma_path):
-    """The gemma3 walkthrough (a ggml program) run by the engine and by real ggml: the prompt's
-    logits and those of an appended token through the KV cache are the same floats."""
+@pytest.mark.parametrize("fa", ["on", "off"])
+def test_the_walkthrough_is_real_ggml_bit_for_bit(gemma_path, fa):
+    """The gemma3 walkthrough (a ggml program) run by the engine and by real ggml, flash
+    attention on (FLASH_ATTN_EXT) and off (KQ, softmax, KQV): the prompt's logits and those of
+    an appended token through the KV cache are the same floats."""
     import engine.programs.gemma3 as prog
     from engine.ggml import to_numpy
     from tests.support.real_facade import run_on_real_ggml
 
-    real = run_on_real_ggml(prog.run, n_threads=N_THREADS, path=str(gemma_path), then=(506,))
-    ours = prog.run(N_THREADS, path=str(gemma_path), then=(506,))
+    real = run_on_real_ggml(prog.run, n_threads=N_THREADS, path=str(gemma_path), then=(506,),
+                            flash_attn=fa)
+    ours = prog.run(N_THREADS, path=str(gemma_path), then=(506,), flash_attn=fa)
     for key in ("logits_0", "logits_1"):
         np.testing.assert_array_equal(np.asarray(to_numpy(ours[key])).reshape(-1),
                                       np.asarray(real[key], np.float32).reshape(-1))
     assert ours["top10_0"] == real["top10_0"] and ours["top10_0"][0][1] == " the"
 
 
-def test_the_walkthrough_and_the_builder_agree(gemma, gemma_path):
+def plain_builder(gemma_path, fa: str):
+    """engine/models/gemma3.py with the walkthrough's settings: 256 cells, flash attention as
+    given, the weights not repacked (-nr) and no tiled K-quant products (GGML_CPU_TILED_MM=0)."""
+    from engine.models.params import ContextParams
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GGML_CPU_TILED_MM", "0")
+        return load_model(gemma_path, params=ContextParams(n_ctx=256, flash_attn=fa,
+                                                           no_repack=True, n_threads=N_THREADS))
+
+
+@pytest.mark.parametrize("fa", ["on", "off"])
+def test_the_walkthrough_and_the_builder_agree(gemma_path, fa):
+    """The walkthrough and the builder with the same settings, planned as llama.cpp's ggml plans
+    (llamafile_build: llamafile's tinyBLAS takes the float KQ and KQV products of the path
+    without flash attention), give the same floats: the prompt's logits and an appended
+    token's. With flash attention on no float product is left, and the walkthrough as the app
+    records it (ggml's own build) gives them too."""
+    import engine.programs.gemma3 as prog
+    from engine.compute.plan import llamafile_build
+    from engine.ggml import to_numpy
+
+    prompt = "Once upon a time"
+    model = plain_builder(gemma_path, fa)
+    ids = model.encode(prompt)
+    built = [model.decode(ids, N_THREADS, all_logits=False).logits[0],
+             model.decode([506], N_THREADS, all_logits=False).logits[0]]
+    with llamafile_build():
+        walked = prog.run(N_THREADS, path=str(gemma_path), prompt=prompt, then=(506,),
+                          flash_attn=fa)
+    runs = [walked]
+    if fa == "on":
+        runs.append(prog.run(N_THREADS, path=str(gemma_path), prompt=prompt, then=(506,),
+                             flash_attn=fa))
+    for out in runs:
+        for k, logits in enumerate(built):
+            np.testing.assert_array_equal(np.asarray(to_numpy(out[f"logits_{k}"])).reshape(-1),
+                                          logits)
+
+
+def test_the_walkthrough_with_flash_attention_is_llama_cpps(gemma_path, gemma_cpp, tmp_path):
+    """With flash attention on, the walkthrough (its weights never repacked) computes what
+    llama.cpp computes on its plain kernels (no repacked weights, no tiled products) with flash
+    attention on over 256 cells: the prompt's logits, then an appended token's."""
     import engine.programs.gemma3 as prog
     from engine.ggml import to_numpy
 
-    out = prog.run(N_THREADS, path=str(gemma_path), prompt="Once upon a time")
-    gemma.reset()
-    built = gemma.decode(gemma.encode("Once upon a time"), N_THREADS, all_logits=False).logits[0]
-    walked = np.asarray(to_numpy(out["logits_0"])).reshape(-1)
-    # ggml's own build there, llama.cpp's (llamafile's attention products) here: apart by no
-    # more than llama.cpp's own paths are (test_logits_within_llama_cpps_own_spread: ~2e-2)
-    assert nmse(walked, built) < 2e-2
-    assert out["top10_0"][0][0] == int(np.argmax(built))
+    ids = prog.tokenizer(str(gemma_path)).encode_prompt(PROMPTS[0])
+    gemma_cpp({"logits": ids + [506], "out": str(tmp_path / "fa.npy"), "batch": len(ids)},
+              flash_attn=True, n_ctx=256, **PLAIN)
+    theirs = np.load(tmp_path / "fa.npy")
+    ours = prog.run(N_THREADS, path=str(gemma_path), prompt=PROMPTS[0], then=(506,),
+                    flash_attn="on")
+    np.testing.assert_array_equal(np.asarray(to_numpy(ours["logits_0"])).reshape(-1),
+                                  theirs[len(ids) - 1])
+    np.testing.assert_array_equal(np.asarray(to_numpy(ours["logits_1"])).reshape(-1),
+                                  theirs[len(ids)])
 
 
 # --- the command line ------------------------------------------------------------------------
