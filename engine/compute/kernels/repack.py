@@ -243,7 +243,7 @@ def forward_mul_mat_id(params, dst: Tensor, layout: RepackLayout, packed: np.nda
     check_id(dst)
     src0, src1 = dst.src[0], dst.src[1]
     vdt = layout.vec_dot_type
-    ne00, ne01, n_as = (int(n) for n in src0.ne[:3])
+    ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     ne11, ne12 = int(src1.ne[1]), int(src1.ne[2])
     q = quantize_src1(params, src1, vdt)
     if params.ith == 0:
