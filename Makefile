@@ -85,7 +85,37 @@ VOCAB := var/cache/llama-src/.complete-vectors
 $(VOCAB): | $(VENV)/.installed
 	$(PY) -m tests.support.vocab >/dev/null
 
-setup-test: $(VENV)/.installed-test $(VENV)/.libm $(MODEL) $(VOCAB)
+# llama.cpp's own tools (llama-quantize, llama-perplexity, llama-fit-params), the oracles of
+# `ggml-lens quantize`, `perplexity` and `plan --fit`: built by CMake from the llama.cpp that
+# llama-cpp-python's sdist vendors (the one $(VOCAB) keeps in SDISTS), the same AVX2 build as the
+# other oracles, once per version and flags into ~/.cache/ggml-lens/tools-<version>-<hash>/ (bin/,
+# and lib/ with the shared libraries they load); var/cache/llama-tools names it for the tests
+# (tests/support/llamacpp_tools.py). About 7 CPU-minutes.
+SDISTS ?= $(or $(GGML_LENS_SDISTS),$(HOME)/.cache/ggml-lens/sdist)
+LLAMA_TOOLS_VERSION := 0.3.36
+LLAMA_TOOLS_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF \
+	-DCMAKE_BUILD_TYPE=Release
+LLAMA_TOOLS_TARGETS := llama-quantize llama-perplexity llama-fit-params
+.PHONY: llama-tools
+llama-tools: | $(VOCAB)
+	$(call apt_install,cmake g++)
+	@dir="$(HOME)/.cache/ggml-lens/tools-$(LLAMA_TOOLS_VERSION)-$$(echo '$(LLAMA_TOOLS_CMAKE_ARGS)' | sha256sum | cut -c1-12)"; \
+	missing=""; for t in $(LLAMA_TOOLS_TARGETS); do [ -x "$$dir/bin/$$t" ] || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "building$$missing from llama-cpp-python $(LLAMA_TOOLS_VERSION)'s llama.cpp ($(LLAMA_TOOLS_CMAKE_ARGS))"; \
+	  work=$$(mktemp -d) && tar -xzf "$(SDISTS)/llama_cpp_python-$(LLAMA_TOOLS_VERSION).tar.gz" -C "$$work" && \
+	  cmake -S "$$work/llama_cpp_python-$(LLAMA_TOOLS_VERSION)/vendor/llama.cpp" -B "$$work/build" \
+	    $(LLAMA_TOOLS_CMAKE_ARGS) >"$$work/build.log" 2>&1 && \
+	  cmake --build "$$work/build" --target $(LLAMA_TOOLS_TARGETS) -j$$(nproc) >>"$$work/build.log" 2>&1 && \
+	  rm -rf "$$dir.part" && mkdir -p "$$dir.part/bin" "$$dir.part/lib" && \
+	  cp $(addprefix "$$work/build/bin/",$(LLAMA_TOOLS_TARGETS)) "$$dir.part/bin/" && \
+	  cp -P "$$work/build/bin/"*.so* "$$dir.part/lib/" && rm -rf "$$dir" && mv "$$dir.part" "$$dir"; \
+	  status=$$?; [ $$status = 0 ] || tail -30 "$$work/build.log"; rm -rf "$$work"; [ $$status = 0 ] || exit $$status; \
+	fi; \
+	mkdir -p var/cache && ln -sfn "$$dir" var/cache/llama-tools
+
+setup-test: $(VENV)/.installed-test $(VENV)/.libm $(MODEL) $(VOCAB) llama-tools
 	$(call apt_install,$(APT_TEST))
 
 run: setup
