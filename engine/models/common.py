@@ -10,6 +10,10 @@ there, its bytes repacked as they load; every other weight goes to the CPU buffe
 keys, and a tensor is fetched by its llama.cpp name with its expected shape checked. Every problem
 is a `ModelError` that names the architecture, key or tensor involved. The models compute their
 graphs with the same CPU backend, through the graph allocator (ggml-alloc).
+`no_alloc` is llama.cpp's memory-fit pass (llama_model_params.no_alloc, what llama-fit-params
+loads a model with): every weight placed in its buffer type's context and pointed at a dummy
+buffer of that type (`alloc_ctx_tensors`), no bytes allocated or read, so the graph allocator
+leaves the weights alone and a plan (engine/models/plan.py) sizes everything else.
 Leaves out: mmap-ed buffers, GPU backends, LoRA adapters, split files.
 """
 
@@ -24,13 +28,16 @@ import numpy as np
 from cachetools import LRUCache
 
 from engine.compute.plan import llamafile_build, tiled_build
-from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_tensor,
-                         ggml_graph_overhead_custom, ggml_init, ggml_init_params, ggml_nbytes,
-                         ggml_set_name, ggml_tensor_overhead)
+from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_first_tensor,
+                         ggml_get_next_tensor, ggml_get_tensor, ggml_graph_overhead_custom,
+                         ggml_init, ggml_init_params, ggml_nbytes, ggml_set_name,
+                         ggml_tensor_overhead)
+from engine.backend.buffer import set_buffer_field
 from engine.backend.repack import CPU_REPACK_BUFT, placement
 from engine.ggml_alloc import (ggml_backend_alloc_ctx_tensors_from_buft, ggml_gallocr_alloc_graph,
                                ggml_gallocr_free, ggml_gallocr_new)
-from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend_buffer_free,
+from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend_buffer_clear,
+                                 ggml_backend_buffer_free, ggml_backend_buft_alloc_buffer,
                                  ggml_backend_buffer_set_usage, ggml_backend_cpu_init,
                                  ggml_backend_cpu_set_n_threads, ggml_backend_free,
                                  ggml_backend_get_default_buffer_type, ggml_backend_graph_compute,
@@ -62,6 +69,8 @@ class ModelMeta:
     """A GGUF model's metadata only (the file's header, keys and tensor infos, memory-mapped):
     enough to read hyperparameters and build a tokenizer, with no context or buffer made."""
 
+    no_alloc = False  # opened for a plan: weights placed, no bytes (ModelFile's no_alloc)
+
     def __init__(self, path: str | os.PathLike, expect_arch: str | None = None,
                  reader: GGUFReader | None = None) -> None:
         self.path = os.fspath(path)
@@ -91,10 +100,11 @@ class ModelMeta:
 
 class ModelFile(ModelMeta):
     """An opened GGUF model: its metadata (gguf context) and its weights, in a CPU buffer (and a
-    CPU_REPACK one for the weights it repacks, with `repack`)."""
+    CPU_REPACK one for the weights it repacks, with `repack`); with `no_alloc`, placed in dummy
+    buffers and never read (llama.cpp's memory-fit pass)."""
 
     def __init__(self, path: str | os.PathLike, expect_arch: str | None = None,
-                 repack: bool = False) -> None:
+                 repack: bool = False, no_alloc: bool = False) -> None:
         path = os.fspath(path)
         try:
             self.gguf, meta = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=True))
@@ -102,10 +112,12 @@ class ModelFile(ModelMeta):
             raise ModelError(f"{path}: not a usable GGUF file: {e}") from None
         super().__init__(path, expect_arch, self.gguf.reader)
         self.backend = ggml_backend_cpu_init()
+        self.no_alloc = no_alloc
         # the output head read from the token table (no output.weight; gemma2's llama.cpp reads
         # none; BERT has no head): llama.cpp asks for the table twice, the second time for MUL_MAT
         tied = self.arch not in NO_HEAD and (self.arch in HEAD_ALWAYS_TIED or not self.has_tensor("output.weight"))
-        self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack, tied)
+        self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack, tied,
+                                    no_alloc)
 
     def transformer_params(self) -> dict[str, int]:
         """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""
@@ -178,21 +190,27 @@ class Weights:
             ggml_free(ctx)
 
 
-def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool) -> Weights:
+def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool,
+                  no_alloc: bool = False) -> Weights:
     """Every tensor of the file in a no_alloc context of its buffer type, one buffer a type, then
     each one's bytes copied from the file (llama_model_loader::load_all_data, without mmap): a
     weight in CPU_REPACK is repacked by its buffer's set_tensor. A `tied` output head is the token
     table asked for again as a MUL_MAT operand (llama.cpp's TENSOR_DUPLICATED): where CPU_REPACK
-    takes it, a second, repacked copy of the table."""
+    takes it, a second, repacked copy of the table. With `no_alloc` the buffers are dummies and
+    nothing is read."""
     n = gguf_get_n_tensors(gguf)
     cpu = ggml_backend_get_default_buffer_type(backend)
     bufts = {cpu.name: cpu, CPU_REPACK_BUFT.name: CPU_REPACK_BUFT}
     contexts: dict[str, Any] = {}
     weights = Weights(contexts, {}, {}, {})
     tensors = []
+    like = None
     for i in range(n):
         name = gguf_get_tensor_name(gguf, i)
-        like = ggml_get_tensor(meta, name)
+        # the metadata context holds the tensors in the file's order (gguf_init_from_file)
+        like = ggml_get_first_tensor(meta) if like is None else ggml_get_next_tensor(meta, like)
+        if like is None or like.name != name:
+            like = ggml_get_tensor(meta, name)
         where, why = placement(name, like.type, like.ne) if repack else (cpu.name, "")
         if where not in contexts:
             contexts[where] = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(),
@@ -213,9 +231,11 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool) -> W
                 weights.placed["output.weight"] = (head_where, f"the token table again, {head_why}")
     ggml_free(meta)
     for where, ctx in contexts.items():
-        buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, bufts[where])
+        buffer = alloc_ctx_tensors(ctx, bufts[where], no_alloc)
         ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         weights.buffers[where] = buffer
+    if no_alloc:
+        return weights
     data = np.memmap(path, dtype=np.uint8, mode="r")
     base = gguf_get_data_offset(gguf)
     for i, t in tensors:
@@ -225,6 +245,26 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool) -> W
         ggml_backend_tensor_set(t, data[start:start + size], 0, size)
     del data
     return weights
+
+
+def alloc_ctx_tensors(ctx, buft, no_alloc: bool = False, clear: bool = False):
+    """A buffer of type buft for every tensor of a no_alloc context, as llama.cpp makes its
+    weights', KV cache's and recurrent states' buffers: ggml_backend_alloc_ctx_tensors_from_buft
+    (cleared to zeros with `clear`, as the caches are); or, with `no_alloc` (llama.cpp's
+    memory-fit pass), a dummy buffer of size 0 that each tensor's `buffer` field points to: the
+    tensors count as placed (the graph allocator does not allocate them) but have no data, and
+    ggml_backend_alloc_ctx_tensors_from_buft_size says what the real buffer would hold."""
+    if not no_alloc:
+        buffer = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft)
+        if clear:
+            ggml_backend_buffer_clear(buffer, 0)
+        return buffer
+    buffer = ggml_backend_buft_alloc_buffer(buft, 0)
+    t = ggml_get_first_tensor(ctx)
+    while t is not None:
+        set_buffer_field(t, buffer.address)
+        t = ggml_get_next_tensor(ctx, t)
+    return buffer
 
 
 class Pass:

@@ -14,7 +14,8 @@ attention, an F16 cache).
 
 The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer a K tensor
 [n_embd_gqa, n_ctx] and a V tensor of the same size (F16 by default; any of llama.cpp's cache
-types), V transposed unless flash attention reads it, a quantized one rotated by Hadamard
+types; a sliding-window layer's with the cells of llama_kv_cache_iswa's SWA cache, the window
+plus a ubatch unless swa_full), V transposed unless flash attention reads it, a quantized one rotated by Hadamard
 matrices (`Decoder.attend`); new rows are written by ggml_set_rows at indices that are graph
 inputs, so, as in llama.cpp, one graph (and its compute context and plan) serves every token
 while the padded cell count n_kv stays the same.
@@ -35,15 +36,14 @@ from typing import Callable, Iterator
 import numpy as np
 
 from engine.ggml import (GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64, Tensor,
-                         ggml_build_forward_expand, ggml_cont_2d, ggml_free, ggml_get_rows,
+                         ggml_build_forward_expand, ggml_build_forward_select, ggml_cont_2d, ggml_free, ggml_get_rows,
                          ggml_init, ggml_init_params, ggml_is_contiguous, ggml_new_graph_custom,
                          ggml_new_tensor_1d, ggml_new_tensor_2d, ggml_reshape_2d, ggml_row_size,
                          ggml_set_input, ggml_set_name, ggml_set_rows, ggml_tensor_overhead,
                          ggml_view_2d, ggml_view_3d)
-from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
-from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
+from engine.ggml_backend import ggml_backend_buffer_free, ggml_backend_get_default_buffer_type
 
-from .common import ModelError, ModelFile, Pass, Passes, get_output, set_input
+from .common import ModelError, ModelFile, Pass, Passes, alloc_ctx_tensors, get_output, set_input
 from .llm_graph import attention, mul_mat_hadamard
 from .params import Context, ContextParams, ParamsError, rotation
 
@@ -145,26 +145,43 @@ class KVCache:
     llama.cpp clears it. Without flash attention V is kept transposed (v_trans: element j of cell
     c at j * n_ctx + c, each stored as a row of one element); with it, cell by cell as K. A
     quantized cache whose heads are a multiple of 64 is rotated (attn_rot_k, attn_rot_v: the
-    widths of the Hadamard matrices Q and K, and V, are multiplied by; 0 for none)."""
+    widths of the Hadamard matrices Q and K, and V, are multiplied by; 0 for none).
+    The layers flagged in `swa_layers` have n_ctx_swa cells (llama_kv_cache_iswa's SWA cache;
+    its other layers are the non-SWA one); `no_alloc`: a dummy buffer (a plan's, common.py)."""
 
     def __init__(self, hp, n_ctx: int, backend, type_k: int = GGML_TYPE_F16,
-                 type_v: int = GGML_TYPE_F16, v_trans: bool = True) -> None:
+                 type_v: int = GGML_TYPE_F16, v_trans: bool = True,
+                 swa_layers: tuple[bool, ...] = (), n_ctx_swa: int | None = None,
+                 no_alloc: bool = False) -> None:
         G = hp.n_embd_gqa
         self.ctx = ggml_init(ggml_init_params(mem_size=(2 * hp.n_layer + 1) * ggml_tensor_overhead(),
                                               mem_buffer=None, no_alloc=True))
         self.type_k, self.type_v, self.v_trans = type_k, type_v, v_trans
         self.n_ctx, self.n_past = n_ctx, 0
+        self.n_ctx_swa = n_ctx if n_ctx_swa is None else n_ctx_swa
+        self.swa_layers = tuple(bool(x) for x in swa_layers) + (False,) * (hp.n_layer - len(swa_layers))
         self.head_dim, self.n_head_kv, self.n_embd_gqa = hp.head_dim, hp.n_head_kv, G
         self.attn_rot_k = rotation(type_k, hp.head_dim, k=True)
         self.attn_rot_v = rotation(type_v, hp.head_dim, k=False)
         self.k, self.v = [], []
         for il in range(hp.n_layer):
+            cells = self.n_ctx_swa if self.swa_layers[il] else n_ctx
             for name, type_, tensors in (("k", type_k, self.k), ("v", type_v, self.v)):
-                t = ggml_new_tensor_2d(self.ctx, type_, G, n_ctx)
+                t = ggml_new_tensor_2d(self.ctx, type_, G, cells)
                 ggml_set_name(t, f"cache_{name}_l{il}")
                 tensors.append(t)
-        self.buffer = ggml_backend_alloc_ctx_tensors(self.ctx, backend)  # the cache's buffer,
-        ggml_backend_buffer_clear(self.buffer, 0)  # cleared as llama.cpp clears it
+        # the cache's buffer, cleared as llama.cpp clears it
+        self.buffer = alloc_ctx_tensors(self.ctx, ggml_backend_get_default_buffer_type(backend),
+                                        no_alloc, clear=True)
+
+    def cells(self, il: int) -> int:
+        """Layer il's cells: n_ctx, or n_ctx_swa for a sliding-window layer."""
+        return int(self.k[il].ne[1])
+
+    def n_kv_of(self, n_kv: int, swa: bool) -> int:
+        """The cells attention reads in a cache: n_kv, at most the cache's size (the SWA cache's
+        get_n_kv is its own; a reserve graph reads all of each, llama_kv_cache::init_full)."""
+        return min(n_kv, self.n_ctx_swa if swa else self.n_ctx)
 
     def inputs(self, ctx, inputs: dict[str, Tensor], n: int, suffix: str = "") -> None:
         """attn_inp_k_idxs (the cell of each new token) and attn_inp_v_idxs (the same, or with V
@@ -186,12 +203,13 @@ class KVCache:
 
     def set_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
         cells = np.arange(n_past, n_past + n, dtype=np.int64)
-        elements = (np.arange(self.n_embd_gqa, dtype=np.int64)[None, :] * self.n_ctx
-                    + cells[:, None]).reshape(-1)
         for name, t in inputs.items():
             if name.startswith("attn_inp_k_idxs"):
                 set_input(t, cells)
             elif name.startswith("attn_inp_v_idxs"):
+                size = self.n_ctx_swa if name.endswith("_swa") else self.n_ctx
+                elements = (np.arange(self.n_embd_gqa, dtype=np.int64)[None, :] * size
+                            + cells[:, None]).reshape(-1)
                 set_input(t, elements if self.v_trans else cells)
             elif name.startswith(("attn_inp_k_rot", "attn_inp_v_rot")):
                 set_input(t, hadamard_matrix(int(t.ne[0])))
@@ -209,20 +227,22 @@ class KVCache:
                                                         inputs[f"attn_inp_v_idxs{suffix}"]))
             return
         v2 = ggml_reshape_2d(ctx, v, G, n) if ggml_is_contiguous(v) else ggml_cont_2d(ctx, v, G, n)
-        v_view = ggml_reshape_2d(ctx, self.v[il], 1, G * self.n_ctx)
+        v_view = ggml_reshape_2d(ctx, self.v[il], 1, G * self.cells(il))
         v1 = ggml_reshape_2d(ctx, v2, 1, G * n)
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, v_view, v1,
                                                     inputs[f"attn_inp_v_idxs{suffix}"]))
 
     def view(self, ctx, il: int, n_kv: int):
-        """get_k and get_v: the first n_kv cells, K as [head_dim, n_head_kv, n_kv], V likewise, or
-        (transposed) as [n_kv, n_head_kv, head_dim]."""
+        """get_k and get_v: the first n_kv cells (at most the layer's), K as [head_dim, n_head_kv,
+        n_kv], V likewise, or (transposed) as [n_kv, n_head_kv, head_dim]."""
         hd, G, tk, tv = self.head_dim, self.n_embd_gqa, self.type_k, self.type_v
+        cells = self.cells(il)
+        n_kv = min(n_kv, cells)
         k = ggml_view_3d(ctx, self.k[il], hd, self.n_head_kv, n_kv, ggml_row_size(tk, hd),
                          ggml_row_size(tk, G), 0)
         if self.v_trans:
             v = ggml_view_3d(ctx, self.v[il], n_kv, self.n_head_kv, hd,
-                             ggml_row_size(tv, self.n_ctx * hd), ggml_row_size(tv, self.n_ctx), 0)
+                             ggml_row_size(tv, cells * hd), ggml_row_size(tv, cells), 0)
         else:
             v = ggml_view_3d(ctx, self.v[il], hd, self.n_head_kv, n_kv, ggml_row_size(tv, hd),
                              ggml_row_size(tv, G), 0)
@@ -254,6 +274,10 @@ class Decoder:
     tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
     swa_cells: int | None = None  # the sliding-window layers' cache, when smaller than n_ctx
+    # llama.cpp's whole input topology, which a plan's reserve graphs need (engine/models/plan.py)
+    # and decoding skips: inp_embd beside inp_tokens (build_inp_embd selects one of the two),
+    # inp_out_ids (and its rows taken) even when every token is an output (build_inp_out_ids)
+    full_topology = False
 
     def __init__(self) -> None:
         self._passes = Passes(kept=2)  # the prompt's graph and the next token's
@@ -273,9 +297,11 @@ class Decoder:
             except ParamsError as e:
                 raise ModelError(f"{f.path}: {e}") from None
         self.n_ctx = self.cparams.n_ctx
-        if kv_cache:
-            c = self.cparams
-            self.cache = KVCache(self.hp, self.n_ctx, f.backend, c.type_k, c.type_v, c.v_trans)
+        if kv_cache:  # with the sliding-window layers' cells as llama_kv_cache_iswa sizes them
+            c, swa = self.cparams, getattr(self.hp, "swa_layers", ())
+            n_ctx_swa = c.swa_cells(self.hp.n_swa) if any(swa) else None
+            self.cache = KVCache(self.hp, self.n_ctx, f.backend, c.type_k, c.type_v, c.v_trans,
+                                 swa, n_ctx_swa, f.no_alloc)
 
     def graph_size(self) -> int:
         raise NotImplementedError
@@ -289,13 +315,27 @@ class Decoder:
         (llama.cpp's build_inp_embd: get_rows, named 'embd')."""
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
         inputs = self.build_inputs(ctx, n, shape, all_logits)
+        return gf, inputs, self.token_rows(ctx, gf, inputs, "embd")
+
+    def token_rows(self, ctx, gf, inputs: dict[str, Tensor], name: str) -> Tensor:
+        """build_inp_embd: the token table's rows of inp_tokens, named `name`; with
+        full_topology also llama.cpp's other input, inp_embd (embeddings given instead of
+        tokens), and ggml_build_forward_select of the two, the rows chosen (both in the graph,
+        both inputs in the compute buffer)."""
         x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])
-        ggml_set_name(x, "embd")
-        return gf, inputs, x
+        ggml_set_name(x, name)
+        if not self.full_topology:
+            return x
+        embd = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, int(x.ne[0]), int(x.ne[1]))
+        ggml_set_name(embd, "inp_embd")
+        ggml_set_input(embd)
+        inputs["inp_embd"] = embd
+        return ggml_build_forward_select(gf, [x, embd], 0)
 
     def build_inputs(self, ctx, n: int, shape, all_logits: bool) -> dict[str, Tensor]:
         """The graph's inputs, as llama.cpp makes them: inp_tokens, the memory's (see
-        memory_inputs) and, when only the last position's logits are wanted, inp_out_ids."""
+        memory_inputs) and, when only the last position's logits are wanted, inp_out_ids (of
+        every position, with out_ids_always, when all are)."""
         inputs: dict[str, Tensor] = {}
 
         def new(name: str, type_: int, *ne: int) -> Tensor:
@@ -307,8 +347,8 @@ class Decoder:
 
         new("inp_tokens", GGML_TYPE_I32, n)
         self.memory_inputs(ctx, inputs, new, n, shape)
-        if not all_logits and n > 1:
-            new("inp_out_ids", GGML_TYPE_I32, 1)
+        if self.full_topology or (not all_logits and n > 1):
+            new("inp_out_ids", GGML_TYPE_I32, n if all_logits else 1)
         return inputs
 
     def memory_inputs(self, ctx, inputs: dict[str, Tensor], new, n: int, n_kv: int) -> None:
@@ -318,8 +358,10 @@ class Decoder:
         new("inp_pos", GGML_TYPE_I32, n)  # positions n_past .. n_past+n-1
         mask_type = GGML_TYPE_F16 if self.cparams.flash_attn else GGML_TYPE_F32
         for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
-            self.cache.inputs(ctx, inputs, n, name.removeprefix("attn_inp_kq_mask"))
-            new(name, mask_type, n_kv, n)  # 0 where a query may look, -inf elsewhere
+            suffix = name.removeprefix("attn_inp_kq_mask")
+            self.cache.inputs(ctx, inputs, n, suffix)
+            # 0 where a query may look, -inf elsewhere
+            new(name, mask_type, self.cache.n_kv_of(n_kv, suffix == "_swa"), n)
         for name in self.windows:  # the Hadamard matrices of a rotated (quantized) cache
             self.cache.rotation_inputs(ctx, inputs, name.removeprefix("attn_inp_kq_mask"))
 
@@ -349,14 +391,15 @@ class Decoder:
         n = len(token_ids)
         set_input(inputs["inp_tokens"], np.asarray(token_ids))
         self.set_memory_inputs(inputs, n, n_past)
-        if "inp_out_ids" in inputs:
-            set_input(inputs["inp_out_ids"], np.array([n - 1]))
+        if "inp_out_ids" in inputs:  # the last ne[0] positions
+            set_input(inputs["inp_out_ids"], np.arange(n - int(inputs["inp_out_ids"].ne[0]), n))
 
     def set_memory_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
         set_input(inputs["inp_pos"], np.arange(n_past, n_past + n))
         self.cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
-            set_input(inputs[name], causal_mask(n, n_past, window, self.n_kv(n_past + n)))
+            n_kv = self.cache.n_kv_of(self.n_kv(n_past + n), name.endswith("_swa"))
+            set_input(inputs[name], causal_mask(n, n_past, window, n_kv))
 
     def memory_shape(self, n_past: int, n: int):
         """What besides the token count shapes the graph: for a KV cache, the cells attention

@@ -148,8 +148,7 @@ class Llama(Decoder):
         inputs = self.build_inputs(ctx, n, n_kv, all_logits)
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
 
-        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "inp_embd")
+        x = self.token_rows(ctx, gf, inputs, "inp_embd")  # [E, n]
         kq_scale = 1.0 / math.sqrt(hd)
         rope = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
                     freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,

@@ -34,10 +34,9 @@ from engine.ggml import (GGML_TYPE_F32, GGML_TYPE_I32, Tensor, ggml_add,
                          ggml_scale_inplace, ggml_set_name, ggml_set_output, ggml_silu,
                          ggml_ssm_conv, ggml_ssm_scan, ggml_swiglu_split, ggml_tensor_overhead,
                          ggml_transpose, ggml_view_1d, ggml_view_2d, ggml_view_3d, ggml_view_4d)
-from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
-from engine.ggml_backend import ggml_backend_buffer_clear, ggml_backend_buffer_free
+from engine.ggml_backend import ggml_backend_buffer_free, ggml_backend_get_default_buffer_type
 
-from .common import ModelError, ModelFile, set_input
+from .common import ModelError, ModelFile, alloc_ctx_tensors, set_input
 from .decoder import Decoder
 from .llm_graph import named
 from .params import ContextParams
@@ -70,9 +69,10 @@ class MambaParams:
 class RecurrentState:
     """llama_memory_recurrent for one sequence (one cell, head 0): per layer r [n_embd_r, 1] and
     s [n_embd_s, 1], F32, in a CPU backend buffer of their own cleared to zeros. `n_past` counts
-    the tokens the states have seen; 0 means a new sequence, whose cell the next graph zeroes."""
+    the tokens the states have seen; 0 means a new sequence, whose cell the next graph zeroes.
+    `no_alloc`: a dummy buffer (a plan's, common.py)."""
 
-    def __init__(self, hp: MambaParams, backend) -> None:
+    def __init__(self, hp: MambaParams, backend, no_alloc: bool = False) -> None:
         size = (2 * hp.n_layer + 1) * ggml_tensor_overhead()
         self.ctx = ggml_init(ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
         self.size, self.n_past = 1, 0
@@ -82,8 +82,8 @@ class RecurrentState:
                 t = ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, n_embd, self.size)
                 ggml_set_name(t, f"cache_{name}_l{il}")
                 tensors.append(t)
-        self.buffer = ggml_backend_alloc_ctx_tensors(self.ctx, backend)
-        ggml_backend_buffer_clear(self.buffer, 0)
+        self.buffer = alloc_ctx_tensors(self.ctx, ggml_backend_get_default_buffer_type(backend),
+                                        no_alloc, clear=True)
 
     def rs_z(self, n_past: int) -> int:
         """The cell to zero before it is read (a new sequence's), or -1 (get_rs_z)."""
@@ -169,7 +169,7 @@ class Mamba(Decoder):
         if params is not None and n_ctx is not None:
             params = params.with_(n_ctx=n_ctx)
         self.open_context(f, params, min(n_ctx or hp.n_ctx_train, hp.n_ctx_train), kv_cache=False)
-        self.cache = RecurrentState(hp, f.backend)
+        self.cache = RecurrentState(hp, f.backend, f.no_alloc)
         self.tokenizer = tokenizer_of(f)
 
     # --- the memory: recurrent states, not a KV cache ------------------------------------------
@@ -199,8 +199,7 @@ class Mamba(Decoder):
         gf = ggml_new_graph_custom(ctx, self.graph_size(), False)
         inputs = self.build_inputs(ctx, n_tokens, rs_z, all_logits)
         inp_out_ids = inputs.get("inp_out_ids")
-        x = ggml_get_rows(ctx, self.tok_embd, inputs["inp_tokens"])  # [E, n]
-        ggml_set_name(x, "inp_embd")
+        x = self.token_rows(ctx, gf, inputs, "inp_embd")  # [E, n]
         for il, L in enumerate(self.layers):
             cur = named(self._norm(ctx, x, L["attn_norm"], il), "attn_norm", il)
             cur = self.mamba_layer(ctx, gf, cur, L, inputs, rs_z, il)

@@ -28,9 +28,11 @@ TOKENIZERS = {"llama": SentencePiece, "gpt2": BytePairEncoding, "gemma4": BytePa
 def tokenizer_of(f, required: bool = False):
     """The tokenizer of a model file's vocabulary (built once per file: file_tokenizer); None for
     a kind not built here (a decoder then takes its prompt as token ids), or an error naming it
-    when `required`."""
+    when `required`; None for a file opened for a plan (no_alloc: it tokenizes nothing)."""
     from .common import ModelError
 
+    if getattr(f, "no_alloc", False) and not required:
+        return None
     model = f.reader.get("tokenizer.ggml.model")
     cls = TOKENIZERS.get(model)
     if cls is None:
