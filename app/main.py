@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import deps
 from app.i18n import LocaleMiddleware, _
 from app.jobs import Pending, RecordingLost
-from app.routes import gguf, home, lessons, playground, walkthroughs
+from app.routes import gguf, home, lessons, playground, predict, walkthroughs
 from app.views.debugger import kernel
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
@@ -63,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(gguf.router)
     app.include_router(playground.router)
     app.include_router(lessons.router)
+    app.include_router(predict.router)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:

@@ -4,6 +4,7 @@ tally in one process."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,6 +13,7 @@ from app.lessons import LESSONS, Form
 from app.lessons.views import solved_stops
 from app.main import create_app
 from app.settings import Settings
+from engine.core.tensor import ggml_nbytes
 from engine.programs import trace_program
 
 
@@ -92,3 +94,47 @@ def test_a_class_counts_each_learner_once_in_one_process(client):
     assert answered[:2] == ["0", "3"] and right[:2] == ["0", "2"]  # a1's second answer not counted
     assert re.search(r'<li class="is-right"><code>400</code>.*?<span class="n">2</span>', view, re.S)
     assert re.search(r"<li class=\"\"><code>300</code>.*?<span class=\"n\">1</span>", view, re.S)
+
+
+def test_next_json_says_where_the_next_object_lands(client):
+    trace = trace_program("simple-ctx")
+    k = next(s.index for s in trace.steps if s.call.startswith("b = ggml_new_tensor_2d"))
+    b = trace.state_at(k).tensor(trace.steps[k].tensor)
+    got = client.get(f"/walkthroughs/simple-ctx/steps/{k - 1}/next.json").json()
+    assert got["step"] == k and len(got["objects"]) == 1
+    o = got["objects"][0]
+    assert (o["ctx"], o["header"], o["type"], o["data"], o["nbytes"], o["ne"]) == \
+        (b.ctx.id, b.offs - 32, "TENSOR", b.data - b.ctx.base, 24, [int(n) for n in b.ne[:2]])
+    assert client.get(f"/walkthroughs/simple-ctx/steps/{k}/next.json").json() == {"step": k + 1, "objects": []}
+    assert client.get(f"/walkthroughs/simple-ctx/steps/{len(trace.steps) - 1}/next.json").json()["step"] is None
+
+
+PROGRAM = """from engine.ggml import *
+
+ctx = ggml_init(ggml_init_params(mem_size=64 * 1024, mem_buffer=None, no_alloc=False))
+x = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 10)
+y = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 8, 3)
+"""
+
+
+def test_prediction_works_on_a_learners_program_too(tmp_path):
+    c = TestClient(create_app(Settings(data_dir=tmp_path, programs=True)))
+    r = c.post("/programs", data={"source": PROGRAM, "threads": "1"}, follow_redirects=False)
+    url = r.headers["location"]
+    deadline = time.monotonic() + 60
+    while not re.search(r"/programs/[0-9a-f]{64}/steps/\d+", url):  # its recording page, until recorded
+        assert time.monotonic() < deadline, "the program was never recorded"
+        time.sleep(0.1)
+        r = c.get(url, follow_redirects=False)
+        url = r.headers.get("location", url)
+    digest = re.search(r"/programs/([0-9a-f]{64})/", url).group(1)
+    page = c.get(f"/programs/{digest}/steps/1").text
+    assert "data-predict-toggle" in page and "/static/predict.js" in page
+    got = c.get(f"/programs/{digest}/steps/1/next.json").json()
+    (o,) = got["objects"]
+    ran: dict = {}
+    exec(PROGRAM, ran)  # the same program on the engine, here: where its y lands
+    y = ran["y"]
+    assert (o["header"], o["data"], o["nbytes"], o["ne"]) == \
+        (y.offs - 32, y.data - y.ctx.base, ggml_nbytes(y), [int(n) for n in y.ne[:2]])
+    c.app.state.jobs.close(wait=60)
