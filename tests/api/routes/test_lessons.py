@@ -138,3 +138,9 @@ def test_prediction_works_on_a_learners_program_too(tmp_path):
     assert (o["header"], o["data"], o["nbytes"], o["ne"]) == \
         (y.offs - 32, y.data - y.ctx.base, ggml_nbytes(y), [int(n) for n in y.ne[:2]])
     c.app.state.jobs.close(wait=60)
+
+
+def test_several_processes_without_redis_keep_no_class(tmp_path):
+    c = TestClient(create_app(Settings(data_dir=tmp_path, share_traces=True)))
+    r = c.post("/lessons/context-arena/classes", follow_redirects=False)
+    assert r.status_code == 409 and "--queue redis://" in r.text
