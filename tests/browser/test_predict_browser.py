@@ -6,6 +6,7 @@ rebuilds."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -15,7 +16,7 @@ from engine.programs import trace_program
 pytestmark = pytest.mark.browser
 
 
-def test_a_click_on_the_pool_bar_is_compared_with_the_real_offset(page: Page, server_url: str):
+def test_a_click_on_the_pool_bar_is_compared_with_the_real_offset(page: Page, server_url: str, screenshot_dir: Path):
     trace = trace_program("simple-ctx")
     k = next(s.index for s in trace.steps if s.call.startswith("b = ggml_new_tensor_2d"))
     state = trace.state_at(k)
@@ -43,6 +44,7 @@ def test_a_click_on_the_pool_bar_is_compared_with_the_real_offset(page: Page, se
     truth = page.locator("#pool .predict-truth").bounding_box()
     guess = page.locator("#pool .predict-guess").bounding_box()
     assert truth["x"] <= guess["x"] <= truth["x"] + truth["width"]  # the guess drawn inside the truth
+    page.locator("#pool").screenshot(path=str(screenshot_dir / "predict.png"))
 
     page.keyboard.press("ArrowRight")  # set_data adds no object: no question, the step is taken
     expect(page).to_have_url(re.compile(rf"/steps/{k + 1}$"))
