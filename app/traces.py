@@ -33,7 +33,9 @@ from app.store import HeaderOnly, UploadStore
 from app.sandbox.wire import MalformedResult, records_bound
 from app.tracefiles import TraceFiles
 from engine.trace.evaldump import eval_dump
+from engine.models.params import ParamsError
 from engine.programs import PROGRAMS, trace_program
+from engine.programs.settings import SETTINGS
 from engine.trace import State, Trace
 
 PROGRAM_PREFIX = "program:"  # a learner's program is recorded from "program:<hash of its text>"
@@ -50,6 +52,8 @@ class Recipe:
     file: str | None = None  # the input GGUF by its hash (None: the walkthrough's own fixture or model)
     prompt: str | None = None  # None: the walkthrough's own
     then: tuple[int, ...] = ()  # token ids appended after the prompt, one pass each
+    settings: tuple[tuple[str, str], ...] = ()  # llama.cpp's settings, (name, value), defaults
+    #                                            left out (engine/programs/settings.py)
 
     @property
     def program(self) -> str | None:
@@ -204,9 +208,11 @@ class TraceCache:
     # --- recipes --------------------------------------------------------------------------------
 
     def key(self, name: str, threads: int | None, file: str | None = None,
-            prompt: str | None = None, then: tuple[int, ...] = ()) -> Recipe:
+            prompt: str | None = None, then: tuple[int, ...] = (),
+            settings: tuple[tuple[str, str], ...] = ()) -> Recipe:
         """A walkthrough's recipe (KeyError for an unknown name, ValueError for bad threads or
-        inputs): `file` the hash of a stored GGUF it reads instead of its own."""
+        inputs, or llama.cpp's settings it refuses for the file): `file` the hash of a stored
+        GGUF it reads instead of its own; `settings` as read_settings reads them."""
         prog = PROGRAMS[name]
         n = _threads(threads or prog.threads)
         if file is None and prog.model and (self.model_path is None or not self.model_path.is_file()):
@@ -214,7 +220,17 @@ class TraceCache:
                                "`make setup` (or `ggml-lens install-model`) installs it").format(name=name))
         if prog.prompt is None and (prompt is not None or then):
             raise ValueError(_("'{name}' reads no prompt").format(name=name))
-        return Recipe(name, n, file, None if prompt == prog.prompt else prompt, tuple(then))
+        if any(s not in prog.settings for s, _value in settings):
+            raise ValueError(_("'{name}' takes none of llama.cpp's settings").format(name=name))
+        recipe = Recipe(name, n, file, None if prompt == prog.prompt else prompt, tuple(then),
+                        tuple(settings))
+        if settings:  # (what llama.cpp refuses is refused before a job records it)
+            path = self.input_path(recipe)
+            try:
+                prog.check_settings(None if path is None else str(path), _typed(settings))
+            except ParamsError as e:
+                raise ValueError(_("llama.cpp refuses these settings: {why}").format(why=e)) from None
+        return recipe
 
     @staticmethod
     def program_key(digest: str, threads: int) -> Recipe:
@@ -246,7 +262,7 @@ class TraceCache:
             out["prompt"] = recipe.prompt
         if recipe.then:
             out["then"] = recipe.then
-        return out
+        return out | _typed(recipe.settings)
 
     # --- what pages read besides the trace ------------------------------------------------------
 
@@ -302,6 +318,11 @@ class TraceCache:
             self._states[key] = state
             _shed(self._states, 2 * self.size, self.memory // STATES_SHARE)
         return state
+
+
+def _typed(settings: tuple[tuple[str, str], ...]) -> dict:
+    """llama.cpp's settings as the walkthrough's run() takes them: its keywords, typed."""
+    return {name: SETTINGS[name].value(value) for name, value in settings}
 
 
 def _held(made: Trace | str) -> int:

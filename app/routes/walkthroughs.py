@@ -30,6 +30,7 @@ from app.views.debugger.tensors import tensor_list
 from app.views.debugger.where import Where, current_node, selected_tensor, tensor_key
 from app.web import client_of, go_to, recording_page, templates
 from engine.programs import PROGRAMS
+from engine.programs.settings import read_settings
 from engine.core.tensor import Tensor
 from engine.trace import State, Step, Trace
 
@@ -44,6 +45,20 @@ TensorKey = Annotated[str | None, Query(pattern=r"^\d+\.\d+$", description="the 
 Expand = Annotated[str | None, Query(pattern=r"^\d{1,4}$", description="a folded layer drawn in full")]
 ListPage = Annotated[int | None, Query(ge=0, le=100_000, description="the page of the tensor list shown")]
 ListFilter = Annotated[str, Query(max_length=200, description="the tensor list's filter: part of a name")]
+
+
+def _flag(description: str):
+    """A query parameter holding one of llama.cpp's settings of a model walkthrough, under
+    llama-cli's flag (engine/programs/settings.py): a short word."""
+    return Query(max_length=16, pattern=r"^[A-Za-z0-9_+-]*$", description=description)
+
+
+FlashAttn = Annotated[str | None, _flag("-fa: flash attention, on|off|auto")]
+CacheK = Annotated[str | None, _flag("-ctk: the K cache's type (f16, q8_0...)")]
+CacheV = Annotated[str | None, _flag("-ctv: the V cache's type (quantized only with -fa)")]
+NoRepack = Annotated[str | None, _flag("-nr: 1 leaves the weights unrepacked")]
+UBatch = Annotated[str | None, _flag("-ub: the most tokens one graph computes")]
+NCtx = Annotated[str | None, _flag("-c: the cells the KV cache holds")]
 
 
 class _Kind(Convertor):
@@ -66,15 +81,23 @@ DEBUGGER = "/{kind:debugger}/{name}"  # /walkthroughs/<name>, or /programs/<hash
 # --- a route's Where, from its parameters -------------------------------------------------------
 
 def _inputs(name: str, threads: Threads = None, file: FileHash = None, prompt: Prompt = None,
-            then: Then = None) -> Where:
+            then: Then = None, fa: FlashAttn = None, ctk: CacheK = None, ctv: CacheV = None,
+            nr: NoRepack = None, ub: UBatch = None, c: NCtx = None) -> Where:
     """The trace a URL names, at step 0 (a blank prompt is the program's own; a form sends a
-    textarea's line breaks as CRLF, read as the newlines they were typed as)."""
+    textarea's line breaks as CRLF, read as the newlines they were typed as; llama.cpp's
+    settings as llama-cli reads them, a default one left out)."""
     if prompt is not None:
         prompt = prompt.replace("\r\n", "\n") if prompt.strip() else None
     if prompt is not None and len(prompt) > PROMPT_CHARS:
         raise HTTPException(422, _("A prompt holds at most {limit} characters; this one has {n}.").format(
             limit=PROMPT_CHARS, n=len(prompt)))
-    return Where(name, 0, threads, file=file, prompt=prompt, then=then)
+    given = dict(flash_attn=fa, type_k=ctk, type_v=ctv, no_repack=nr, n_ubatch=ub, n_ctx=c)
+    prog = PROGRAMS.get(name)
+    try:
+        settings = read_settings(name, prog.settings if prog else (), given)
+    except ValueError as e:  # (ParamsError: llama-cli's words)
+        raise HTTPException(422, _("llama.cpp's settings: {why}").format(why=e)) from None
+    return Where(name, 0, threads, file=file, prompt=prompt, then=then, settings=settings)
 
 
 def _walkthrough(where: Annotated[Where, Depends(_inputs)]) -> Where:
@@ -87,7 +110,7 @@ def _debugger(kind: Literal["walkthroughs", "programs"], where: Annotated[Where,
     """A walkthrough's or a learner's program's trace, as the route's kind says."""
     if kind == "walkthroughs":
         return _walkthrough(where)
-    if where.file or where.prompt or where.then:
+    if where.file or where.prompt or where.then or where.settings:
         raise HTTPException(422, _("a program of yours reads no file and no prompt"))
     return replace(where, kind=kind)
 
@@ -155,7 +178,7 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
 def _recipe(cache: TraceCache, store: UploadStore, where: Where) -> Recipe:
     """The recipe of the walkthrough's trace `where` names (ValueError for bad threads or inputs)."""
     return cache.key(_program(where.name), where.threads, _input_file(store, where.name, where.file),
-                     where.prompt, where.then_ids)
+                     where.prompt, where.then_ids, where.settings)
 
 
 def _trace(cache: TraceCache, store: UploadStore, programs: ProgramStore | None, where: Where,

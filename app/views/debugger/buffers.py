@@ -11,6 +11,7 @@ from app.views.debugger.where import Where, ref_key
 from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_ANY, GGML_BACKEND_BUFFER_USAGE_COMPUTE,
                                    GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
 from engine.backend.repack import CPU_REPACK_BUFT
+from engine.core.types import TYPE_TRAITS
 from engine.trace import State, Step
 
 USAGE = {GGML_BACKEND_BUFFER_USAGE_ANY: "any", GGML_BACKEND_BUFFER_USAGE_WEIGHTS: "weights",
@@ -54,20 +55,23 @@ def buffers(state: State, step: Step, where: Where) -> list[BufferView]:
                     continue
                 for bid, buf in state.buffers.items():
                     if buf.base <= t.data < buf.base + buf.size:
-                        placed[bid].append((t.data - buf.base, t.nbytes, ref_key(cid, t.offs), t.name))
+                        placed[bid].append((t.data - buf.base, t.nbytes, ref_key(cid, t.offs), t.name,
+                                            TYPE_TRAITS[t.type].type_name))
                         break
     views = []
     for bid, buf in state.buffers.items():
         segs: list[Segment] = []
         mine = changed if bid in owners else []
         end = 0
-        for off, n, key, name in sorted(placed[bid], key=lambda x: (x[0], -x[1])):
+        for off, n, key, name, type_name in sorted(placed[bid], key=lambda x: (x[0], -x[1])):
             if off < end:  # bytes shared over time (the plan reuses them): drawn once, first tensor
                 continue
             if off > end:
                 segs.append(Segment("free", end, off - end, 0, _("not used by a tensor now"), False))
             hit = any(a < off + n and b > off for a, b in mine)
-            segs.append(Segment("data", off, n, 0, _("data of '{name}'").format(name=name), hit, key,
+            # (with its type: a KV cache's is -ctk's or -ctv's, a weight's the file's)
+            label = _("data of '{name}' ({type})").format(name=name, type=type_name)
+            segs.append(Segment("data", off, n, 0, label, hit, key,
                                 where.url(tensor=key, hex="data")))
             end = off + n
         if buf.size > end:

@@ -17,10 +17,11 @@ import numpy as np
 from cachetools import LRUCache, cached
 
 from app import i18n
-from app.i18n import _
+from app.i18n import N_, _
 from app.views.debugger.where import Where, tensor_key
 from engine.core.graph import DotStyle, Graph, ggml_graph_dump_dot
 from engine.core.infos import graph_digest, graph_layers, record_names
+from engine.core.optable import GGMLOp, ggml_op_symbol
 from engine.core.tensor import Tensor
 from engine.trace import State, Step, StepKind
 from engine.trace.steps import tensor_ref
@@ -31,6 +32,21 @@ if TYPE_CHECKING:
 FOLD_OVER = 60  # graphs of more nodes show each layer as one box
 HEADER = ("  bgcolor = transparent;", '  node [fontname = "DejaVu Sans Mono", fontsize = 10];',
           '  edge [fontname = "DejaVu Sans", fontsize = 8, color = "#666677"];')
+
+
+# what a node of an op that does the work of several says (its tooltip, and a line under the
+# drawing when the graph has one)
+OP_NOTES = {
+    GGMLOp.FLASH_ATTN_EXT: N_("one node for KQ = K·Q, softmax, KQV = V·softmax: the MUL_MAT → "
+                              "SOFT_MAX → MUL_MAT of the path without flash attention"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OpNote:
+    op: str  # ggml's name for it: "FLASH_ATTN_EXT"
+    symbol: str  # how the drawing writes it (ggml_op_symbol): "flash_attn_ext"
+    note: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +67,7 @@ class GraphView:
     backends: tuple[tuple[str, str], ...] = ()  # (backend, colour) when the scheduler coloured it
     backward: bool = False  # the graph has a backward pass (its nodes are outlined in purple)
     svg_url: str = ""  # the drawing's own URL at this step, for a page that does not inline it
+    notes: tuple[OpNote, ...] = ()  # the graph's ops that stand for several (OP_NOTES)
 
     @property
     def dot(self) -> str:
@@ -141,9 +158,12 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     links = [LayerLink(name, where.query(expand=name), name in open_layers)
              for name in sorted(set(layers.values()), key=int)]
     svg_url = f"{where.base}/steps/{where.step}/graph/{key}.svg" + where.query(expand=expand)
+    ops = set(tensors[1]["op"][:g.n_nodes].tolist())
+    notes = tuple(OpNote(op.name, ggml_op_symbol(op), _(note)) for op, note in OP_NOTES.items()
+                  if int(op) in ops)
     return GraphView(key, highlight, links, g.n_nodes, g.n_leafs,
                      lambda: _dot(g, where, layers, backward, set(open_layers), sched),
-                     tuple(sched.backends.items()) if sched else (), bool(backward), svg_url)
+                     tuple(sched.backends.items()) if sched else (), bool(backward), svg_url, notes)
 
 
 _LAYERS = LRUCache(128)  # what a graph's layers cost to find, shared by every request
@@ -205,8 +225,10 @@ def _dot(g: Graph, where: Where, layers: dict[int, str], backward: set[int], ope
         url = where.query(tensor=tensor_key(t))  # no step: the drawing is reused across steps
         fill = f'fillcolor = "{sched.color[t.address]}"; ' if sched and t.address in sched.color else ""
         outline = 'color = "#8a3ffc"; penwidth = 2.5; ' if t.address in backward else ""
+        note = OP_NOTES.get(t.op)
+        tip = t.name if note is None else f"{t.name}: {GGMLOp(t.op).name}, {_(note)}"
         return DotStyle(f'{fill}{outline}id = "{node_id(t)}"; URL = "{url}"; target = "_top"; '
-                        f'tooltip = "{_attr(t.name)}"')
+                        f'tooltip = "{_attr(tip)}"')
 
     def box_label(layer: str, n: int) -> str:
         lines = (_("layer {layer}").format(layer=layer), _("{n} tensors").format(n=n), _("(click to open)"))

@@ -26,6 +26,7 @@ from app.views.debugger.plan import plan_view
 from app.views.debugger.repacked import gemm_rows, repacked
 from app.views.debugger.pool import pools
 from app.views.debugger.returned import returned
+from app.views.debugger.settings import settings_view
 from app.views.debugger.source import source
 from app.views.debugger.steps import steps_view
 from app.views.debugger.strides import strides
@@ -107,7 +108,8 @@ ANSWER = ViewModel("answer", lambda at: answer_view(at.trace, at.where))
 PANELS = (
     Panel("stepnav", "nav.html", Place.TOP, (
         ViewModel("nav", lambda at: nav(at.trace, at.where)),)),
-    Panel("answer", "answer.html", Place.LEFT, (ANSWER,), optional=True),
+    Panel("answer", "answer.html", Place.LEFT, (
+        ANSWER, ViewModel("settings", lambda at: settings_view(at.where))), optional=True),
     Panel("source", "source.html", Place.LEFT, (
         ViewModel("source", lambda at: source(at.trace, at.step)),
         ViewModel("returned", lambda at: returned(at.trace, at.step)))),

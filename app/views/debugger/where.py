@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 from app.views.debugger.layouts import tensor_offsets
 from engine.core.tensor import Tensor
+from engine.programs.settings import SETTINGS
 from engine.trace import State, Step, StepKind
 
 
@@ -45,6 +46,8 @@ class Where:
     then: str | None = None  # token ids appended after the prompt, "506,5279"
     kind: str = "walkthroughs"  # or "programs": a learner's program, `name` its text's hash
     ith: int = 0  # the thread whose share the kernel panel shows
+    settings: tuple[tuple[str, str], ...] = ()  # llama.cpp's settings given, (name, value), as
+    #                                            engine.programs.settings.read_settings made them
 
     @property
     def base(self) -> str:
@@ -60,15 +63,18 @@ class Where:
         return tuple(int(x) for x in self.then.split(",")) if self.then else ()
 
     def inputs(self) -> list[tuple[str, str | None]]:
-        """The query pairs that name the trace (file, prompt, tokens), for every link."""
-        return [("file", self.file), ("prompt", self.prompt), ("then", self.then)]
+        """The query pairs that name the trace (file, prompt, tokens, llama.cpp's settings), for
+        every link."""
+        return [("file", self.file), ("prompt", self.prompt), ("then", self.then),
+                *_setting_pairs(self.settings)]
 
     def query(self, **change) -> str:
         """A link relative to the current step's path: "?threads=..&t=..". Independent of the
         step, so the graph's SVG can be reused from step to step."""
         v = {**self.__dict__, **change}
         return "?" + _query((("threads", v["threads"]), ("file", v["file"]),
-                             ("prompt", v["prompt"]), ("then", v["then"]), ("t", v["tensor"]),
+                             ("prompt", v["prompt"]), ("then", v["then"]),
+                             *_setting_pairs(v["settings"]), ("t", v["tensor"]),
                              ("expand", change.get("expand"))))
 
     def url(self, **change) -> str:
@@ -97,7 +103,7 @@ def _step_path(v: dict) -> str:
 def _step_query(v: dict) -> str:
     """A step's query, of a Where's fields `v` (its selected tensor and panels' choices)."""
     pairs = [("threads", v["threads"]), ("file", v["file"]), ("prompt", v["prompt"]),
-             ("then", v["then"]), ("t", v["tensor"]),
+             ("then", v["then"]), *_setting_pairs(v["settings"]), ("t", v["tensor"]),
              ("hex", None if v["hex"] == "struct" else v["hex"])]
     if v["row"] or v["block"]:
         pairs += [("row", v["row"]), ("block", v["block"])]
@@ -106,9 +112,15 @@ def _step_query(v: dict) -> str:
     return _query(pairs)
 
 
+def _setting_pairs(settings: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
+    """llama.cpp's settings as query pairs: each under its flag's name ("fa", "ctk")."""
+    return [(SETTINGS[name].key, value) for name, value in settings]
+
+
 def _query(pairs) -> str:
     """A query string: the prompt (free text) escaped; every other value is a number, a hex
-    hash, "ctx.offset" or token ids, which need no escaping."""
+    hash, "ctx.offset", token ids or a setting's value (a word of letters, digits and _), which
+    need no escaping."""
     return "&".join(f"{k}={quote(x, safe=',.') if k == 'prompt' else x}" for k, x in pairs
                     if x is not None)
 

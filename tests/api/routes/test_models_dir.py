@@ -158,8 +158,9 @@ def kept(client: TestClient, digest: str, prompt: str, then: tuple[int, ...] = (
 def test_a_llama_3_file_steps_through_its_builder(client: TestClient, llama3) -> None:
     """"Run it" opens the model walkthrough, whose steps are the builder's own calls, shown in
     engine/models/llama.py at their line, and whose next-token odds are the builder's logits
-    (its generate's)."""
+    (its generate's), with the walkthrough's settings: llama.cpp's defaults in 256 cells."""
     from engine.models import load_model
+    from engine.models.params import ContextParams
     from engine.programs.gemma3 import softmax
 
     path, digest = llama3
@@ -168,7 +169,7 @@ def test_a_llama_3_file_steps_through_its_builder(client: TestClient, llama3) ->
     first = client.get(f"/walkthroughs/model?file={digest}&prompt={prompt}")
     assert first.status_code == 200 and "Next token after the prompt" in first.text
     trace = kept(client, digest, prompt)
-    model = load_model(path)
+    model = load_model(path, params=ContextParams(n_ctx=256, n_threads=1))
     logits = model.decode(model.encode(prompt), all_logits=False).logits[-1]
     best = int(np.argmax(logits))
     assert tuple(trace.outputs["top10_0"][0]) == (best, model.tokenizer.piece_text(best),
