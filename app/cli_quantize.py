@@ -102,7 +102,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         params = QuantizeParams(
             opt.ftype, nthread, _type(args.output_tensor_type, "--output-tensor-type"),
             _type(args.token_embedding_type, "--token-embedding-type"), args.allow_requantize,
-            not args.leave_output_tensor, opt.name == COPY, args.pure)
+            not args.leave_output_tensor, opt.name == COPY, args.pure, args.dry_run)
     except ValueError as e:
         print(f"ggml-lens quantize: {e}", file=err)
         return 1
@@ -164,6 +164,9 @@ def run_quantize(args: argparse.Namespace) -> int:
           f"({plan.size_org * 8.0 / n:.2f} BPW)", file=err)
     print(f"llama_model_quantize_impl: quant size  = {plan.size_new / MIB:8.2f} MiB "
           f"({plan.size_new * 8.0 / n:.2f} BPW)", file=err)
+    if plan.needs_imatrix:
+        print("llama_model_quantize_impl: WARNING: dry run completed successfully, but actually "
+              "completing this quantization will require an imatrix!", file=err)
     if plan.n_fallback:
         print(f"llama_model_quantize_impl: WARNING: {plan.n_fallback} of {count} tensor(s) "
               "required fallback quantization", file=err)

@@ -60,6 +60,7 @@ class QuantizeParams:
     quantize_output_tensor: bool = True  # False: --leave-output-tensor
     only_copy: bool = False  # the COPY file type
     pure: bool = False  # --pure
+    dry_run: bool = False  # --dry-run: plan only; what needs an imatrix is a warning, not an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class QuantizePlan:
     context: GGUFContext  # the output's metadata (tensor infos without data)
     n_fallback: int  # tensors whose rows did not fill whole blocks of their type
     n_elements: int  # of every tensor (for bits per weight)
+    needs_imatrix: bool = False  # (a dry run) writing it would need an importance matrix
 
     @property
     def size_org(self) -> int:
@@ -214,7 +216,7 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
     for t in order:  # init_quantize_state_counters
         state.n_attention_wv += tensor_category(t.name) in ATTN_V_LIKE
         state.tied &= t.name != "output.weight"
-    plans = []
+    plans, needs_imatrix = [], False
     for t in order:
         kept = kept_because(t.name, n_dims_of(t.ne), hp.arch, only_copy=params.only_copy,
                             quantize_output_tensor=params.quantize_output_tensor)
@@ -225,7 +227,9 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
                                  pure=params.pure, output_type=params.output_tensor_type,
                                  token_embedding_type=params.token_embedding_type)
             new_type, why, warning = choice.type, choice.why, choice.fallback
-            if requires_imatrix(t.name, new_type, params.ftype):
+            needs = requires_imatrix(t.name, new_type, params.ftype)
+            needs_imatrix |= needs
+            if needs and not params.dry_run:
                 raise QuantizeError(
                     "this quantization requires an importance matrix!\n"
                     f"        - offending tensor: {t.name}\n"
@@ -237,7 +241,7 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
         out.add_tensor(t.name, new_type, t.ne, None)
         new_size = t.nbytes if new_type == t.type else out.info[-1].nbytes
         plans.append(TensorPlan(t, new_type, why, warning, new_size))
-    for p in plans:  # what llama.cpp finds in its main loop, once it has begun writing
+    for p in () if params.dry_run else plans:  # what llama.cpp's main loop finds, writing
         if p.converts and ggml_is_quantized(p.info.type) and not params.allow_requantize:
             raise QuantizeError(f"requantizing from type {traits(p.info.type).type_name} is "
                                 "disabled")
@@ -246,7 +250,7 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
             raise QuantizeError(f"cannot dequantize/convert tensor type "
                                 f"{traits(p.info.type).type_name}")
     return QuantizePlan(hp, ftype, tuple(plans), out, state.n_fallback,
-                        sum(t.n_elements for t in r.tensors))
+                        sum(t.n_elements for t in r.tensors), needs_imatrix)
 
 
 def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathLike,

@@ -72,6 +72,18 @@ def write_rules_model(path: Path, arch: str, n_layer: int, n_head: int, n_head_k
         f.mat("output.weight", ncols, 64)
 
 
+def write_aligned_64(path: Path) -> None:
+    """A file whose general.alignment is 64: llama-quantize copies the key but pads to 32 (its
+    output context keeps gguf_init_empty's alignment), a file no reader takes; so does the engine."""
+    with TinyFile(path, "llama", GGMLType.F32, seed=6) as f:
+        f.decoder_keys(128, 256, 1, 64, 4, 2, 64)
+        f.w.add_custom_alignment(64)
+        f.mat("token_embd.weight", 256, 64)
+        f.vec("blk.0.attn_norm.weight", 256)
+        f.mat("blk.0.attn_q.weight", 256, 8)
+        f.vec("output_norm.weight", 250)
+
+
 INPUTS = {
     "llama-f32": lambda p: write_tiny_llama(p, GGMLType.F32),
     "llama-f16": lambda p: write_tiny_llama(p, GGMLType.F16, seed=1),
@@ -90,6 +102,7 @@ INPUTS = {
     "experts8": lambda p: write_rules_model(p, "qwen3moe", 4, 4, 4, n_expert=8),
     "rows96": lambda p: write_rules_model(p, "llama", 4, 4, 2, ncols=96),
     "rows48": lambda p: write_rules_model(p, "llama", 2, 4, 2, ncols=48),
+    "align64": write_aligned_64,
 }
 INPUTS["gemma3-270m"] = None  # the bundled model, not written
 
@@ -122,6 +135,15 @@ def sha256(path: Path) -> str:
 
 def first_difference(ours: Path, theirs: Path) -> str:
     """What differs first between two GGUF files: a key, a tensor info, a tensor's bytes."""
+    try:
+        return _first_difference(ours, theirs)
+    except ValueError as e:  # a file the reader refuses: say where the bytes part
+        a, b = ours.read_bytes(), theirs.read_bytes()
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return f"byte {at} differs ({len(a)} and {len(b)} bytes; the reader says: {e})"
+
+
+def _first_difference(ours: Path, theirs: Path) -> str:
     with GGUFReader(ours) as a, GGUFReader(theirs) as b:
         for i, (x, y) in enumerate(zip(a.kvs, b.kvs)):
             same_value = (np.array_equal(np.asarray(x.value), np.asarray(y.value))
@@ -190,7 +212,7 @@ CASES = [  # (input, file type, options)
     ("falcon", "Q3_K_M", ()), ("falcon", "Q4_K_M", ()), ("falcon", "Q3_K_L", ()),
     ("experts8", "Q4_K_M", ()), ("experts8", "IQ4_XS", ()),
     ("rows96", "Q4_K_M", ()), ("rows96", "IQ4_XS", ()), ("rows48", "Q4_K_M", ()),
-    ("rows48", "Q5_0", ()),
+    ("rows48", "Q5_0", ()), ("align64", "Q4_0", ()),
     ("gemma3-270m", "Q4_0", ("--allow-requantize",)),
 ]
 # the types llama-quantize writes without an importance matrix on some input (the others are
@@ -239,3 +261,22 @@ def test_each_tensor_says_which_rule_chose_its_type(inputs, tmp_path, capsys):
     assert "why: the output head gets Q6_K" in err
     assert "why: attention values 0 of 80: use_more_bits" in err
     assert "why: kept: a 1-D tensor" in err
+
+
+def log_lines(text: str) -> list[str]:
+    """llama-quantize's per-tensor lines, fallback warnings and sizes, as both tools print them."""
+    return [line for line in text.splitlines()
+            if line.startswith(("[", "warning: ", "llama_model_quantize_impl: "))]
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["write", "dry-run"])
+def test_the_log_is_llama_quantizes(inputs, tmp_path, capsys, dry_run):
+    """Tensor by tensor, the lines llama-quantize prints (sizes, conversions, fallback warnings;
+    --dry-run: the sizes it would write, and no file)."""
+    src, opts = inputs("rows96"), ["--dry-run"] if dry_run else []
+    done = run_tool("llama-quantize", *opts, src, tmp_path / "theirs.gguf", "Q4_K_M")
+    assert cli(["quantize", *opts, str(src), str(tmp_path / "ours.gguf"), "Q4_K_M"]) == 0
+    ours = log_lines(capsys.readouterr().err)
+    assert len(ours) > 40 and any(line.startswith("warning: ") for line in ours)
+    assert ours == log_lines(done.stderr)
+    assert (tmp_path / "ours.gguf").exists() != dry_run
