@@ -9,7 +9,7 @@ ggml_backend_tensor_set, the cache growing by the tokens decoded, and greedy or 
 generation. The settings are llama.cpp's context parameters (engine/models/params.py): opened
 with ContextParams, a model runs a prompt in batches of n_batch split into ubatches of n_ubatch
 (a graph each), with flash attention or without, over a cache of the types asked for; opened
-without, it runs the engine's plain settings (`Context.plain`: the prompt in one graph, no flash
+without, it runs the engine's plain settings (`CParams.plain`: the prompt in one graph, no flash
 attention, an F16 cache).
 
 The KV cache (`KVCache`) is llama.cpp's unified single-sequence cache: per layer a K tensor
@@ -45,7 +45,7 @@ from engine.ggml_backend import ggml_backend_buffer_free, ggml_backend_get_defau
 
 from .common import ModelError, ModelFile, Pass, Passes, alloc_ctx_tensors, get_output, set_input
 from .llm_graph import attention, mul_mat_hadamard
-from .params import Context, ContextParams, ParamsError, rotation
+from .params import CParams, ContextParams, ParamsError, rotation
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -270,7 +270,7 @@ class Decoder:
 
     hp: object
     n_ctx: int
-    cparams: Context  # the settings it runs with (llama_cparams): batches, flash attention...
+    cparams: CParams  # the settings it runs with (llama_cparams): batches, flash attention...
     tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
     swa_cells: int | None = None  # the sliding-window layers' cache, when smaller than n_ctx
@@ -289,7 +289,7 @@ class Decoder:
         no flash attention, an F16 cache, the whole prompt in one graph, one thread); then the KV
         cache those settings make (kv_cache=False: the model keeps another memory)."""
         if params is None:
-            self.cparams = Context.plain(n_ctx)
+            self.cparams = CParams.plain(n_ctx)
         else:
             head = getattr(self.hp, "head_dim", 0)
             try:

@@ -8,14 +8,14 @@ weights repacked. Values llama.cpp's argument parser rejects are rejected here w
 ("Unsupported cache type: q3_K").
 
 `ContextParams.resolve(...)` is what llama_init_from_model and the llama_context constructor
-make of them for one model (`Context`, llama.cpp's llama_cparams): the context padded to a
+make of them for one model (`CParams`, llama.cpp's llama_cparams): the context padded to a
 multiple of 256 cells, n_batch at most the context (causal attention), n_ubatch at most n_batch,
 `auto` flash attention decided (on: the CPU backend computes FLASH_ATTN_EXT for every K and V
 type; llama.cpp turns it off only for Grok, which the engine does not build), and its refusals
 with its words: a quantized V cache without flash attention, a quantized cache type whose block
 does not divide the head size, n_batch and n_ubatch both zero.
 Leaves out: several sequences (n_seq_max), a SWA cache smaller than the context (swa_full off
-with a context longer than the window plus a ubatch: `Context.swa_cells` says how many cells
+with a context longer than the window plus a ubatch: `CParams.swa_cells` says how many cells
 llama.cpp would give it), GPU offload, the threads of a hybrid CPU's efficiency cores.
 """
 
@@ -120,7 +120,7 @@ class ContextParams:
             return False
         return arch != "grok"
 
-    def resolve(self, arch: str, n_ctx_train: int, head_k: int, head_v: int) -> "Context":
+    def resolve(self, arch: str, n_ctx_train: int, head_k: int, head_v: int) -> "CParams":
         """llama_init_from_model's checks and llama_context's settings for a model of this
         architecture, training context and K/V head sizes (every layer's, here one each)."""
         if self.n_ctx == 0 and n_ctx_train == 0:
@@ -138,13 +138,13 @@ class ContextParams:
         n_ctx = -(-asked // CTX_PAD) * CTX_PAD
         n_batch = min(asked, self.n_batch)  # causal attention: no more than the context asked
         n_ubatch = min(n_batch, self.n_ubatch or self.n_batch)
-        return Context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=self.threads(),
+        return CParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=self.threads(),
                        flash_attn=flash, type_k=self.type_k, type_v=self.type_v,
                        no_repack=self.no_repack, swa_full=self.swa_full, tiled=tiled_mm())
 
 
 @dataclass(frozen=True, slots=True)
-class Context:
+class CParams:
     """llama_cparams (in part): the settings a model's context runs with, resolved."""
 
     n_ctx: int  # the KV cache's cells (a multiple of 256), the most tokens a sequence holds
@@ -159,7 +159,7 @@ class Context:
     tiled: bool = False  # ggml-cpu's tiled K-quant products (GGML_CPU_TILED_MM: tiled_mm())
 
     @classmethod
-    def plain(cls, n_ctx: int) -> "Context":
+    def plain(cls, n_ctx: int) -> "CParams":
         """The engine's own settings for a model opened without ContextParams: n_ctx cells as
         given, no flash attention, an F16 cache, the whole prompt in one graph, one thread."""
         return cls(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=1, flash_attn=False,

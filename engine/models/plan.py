@@ -51,7 +51,7 @@ from engine.ggml import (ggml_free, ggml_graph_overhead_custom, ggml_init, ggml_
 from . import BUILDERS, ARCHITECTURES
 from .common import ModelError, ModelFile
 from .decoder import KVCache
-from .params import Context, ContextParams, CTX_PAD
+from .params import CParams, ContextParams, CTX_PAD
 
 MAPPED = "CPU_Mapped"  # the buffer type llama.cpp names a buffer over the file's mapping
 N_SEQ_MAX = 1  # the sequences a context serves (llama_context_params.n_seq_max)
@@ -128,7 +128,7 @@ class Plan:
 
     path: str
     arch: str
-    context: Context  # the settings resolved (n_ctx padded, n_batch, n_ubatch, flash attention)
+    context: CParams  # the settings resolved (n_ctx padded, n_batch, n_ubatch, flash attention)
     mmap: bool
     n_ctx_train: int  # the model's own context (context_length): -c 0 asks for it
     n_vocab: int
