@@ -223,7 +223,7 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
         if kept is not None:
             new_type, why, warning = t.type, f"kept: {kept}", None
         else:
-            choice = tensor_type(state, LlamaFtype(params.ftype), hp, t.name, t.type, t.ne,
+            choice = tensor_type(state, LlamaFtype(params.ftype), hp, t.name, t.ne,
                                  pure=params.pure, output_type=params.output_tensor_type,
                                  token_embedding_type=params.token_embedding_type)
             new_type, why, warning = choice.type, choice.why, choice.fallback

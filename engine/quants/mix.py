@@ -171,27 +171,78 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def _r(ftypes, type_: GGMLType, why: str, when=None) -> Rule:
-    ftypes = None if ftypes is None else frozenset(ftypes if isinstance(ftypes, (set, frozenset,
-                                                                                 tuple)) else {ftypes})
-    return Rule(ftypes, type_, why, when)
+def _r(ftypes: LlamaFtype | set[LlamaFtype] | None, type_: GGMLType, why: str,
+       when: Callable[[RuleInput], bool] | None = None) -> Rule:
+    """A rule; `ftypes` one file type, a set of them, or None for any."""
+    if isinstance(ftypes, LlamaFtype):
+        ftypes = {ftypes}
+    return Rule(None if ftypes is None else frozenset(ftypes), type_, why, when)
 
 
 IQ1_IQ2 = {F.MOSTLY_IQ2_XXS, F.MOSTLY_IQ2_XS, F.MOSTLY_IQ1_S, F.MOSTLY_IQ2_S, F.MOSTLY_IQ2_M,
            F.MOSTLY_IQ1_M}
 IQ2_SM = {F.MOSTLY_IQ2_S, F.MOSTLY_IQ2_M}
 FALCON = "falcon"
-gqa4 = lambda w: w.hp.n_gqa >= 4  # noqa: E731
-eighth = lambda w: w.i < w.n // 8  # noqa: E731
-middle = lambda w: w.n // 8 <= w.i < 7 * w.n // 8  # noqa: E731
-more_bits = lambda w: use_more_bits(w.i, w.n)  # noqa: E731
-falcon = lambda w: w.hp.arch == FALCON  # noqa: E731
-not_falcon = lambda w: w.hp.arch != FALCON  # noqa: E731
-x8 = lambda w: w.hp.n_expert == 8  # noqa: E731
+
+
+# the conditions the rules share
+def gqa4(w: RuleInput) -> bool:
+    """4 or more query heads per kv head (n_gqa >= 4)."""
+    return w.hp.n_gqa >= 4
+
+
+def eighth(w: RuleInput) -> bool:
+    """In the first eighth of the layers."""
+    return w.i < w.n // 8
+
+
+def middle(w: RuleInput) -> bool:
+    """Past the first eighth of the layers and before the last."""
+    return w.n // 8 <= w.i < 7 * w.n // 8
+
+
+def more_bits(w: RuleInput) -> bool:
+    return use_more_bits(w.i, w.n)
+
+
+def falcon(w: RuleInput) -> bool:
+    return w.hp.arch == FALCON
+
+
+def x8(w: RuleInput) -> bool:
+    """Mixtral's 8 experts."""
+    return w.hp.n_expert == 8
+
+
+def dense_not_falcon(w: RuleInput) -> bool:
+    """Not falcon, and not 8 experts."""
+    return w.hp.arch != FALCON and w.hp.n_expert != 8
+
+
+class Arm(enum.Enum):
+    """The branches of llama_tensor_get_type_impl: each has its chain of rules in RULES."""
+
+    OUTPUT = "output"  # the output head, or the token embeddings when they are also the head
+    MXFP4_MOE = "mxfp4_moe"
+    TOKEN_EMBD = "token_embd"
+    IQ_ATTN_V = "iq_attn_v"  # (the low-bit IQ mixes' own branch)
+    IQ_ATTN_K = "iq_attn_k"
+    IQ_FFN_DOWN = "iq_ffn_down"
+    IQ_ATTN_OUTPUT = "iq_attn_output"
+    ATTN_V = "attn_v"
+    ATTN_K = "attn_k"
+    ATTN_Q = "attn_q"
+    FFN_DOWN = "ffn_down"
+    ATTN_OUTPUT = "attn_output"
+    FFN_GATE = "ffn_gate"
+    FFN_UP = "ffn_up"
+
+
+A = Arm
 
 # The chains, by which branch of llama_tensor_get_type_impl a tensor takes (see `branch`)
-RULES: dict[str, tuple[Rule, ...]] = {
-    "output": (
+RULES: dict[Arm, tuple[Rule, ...]] = {
+    A.OUTPUT: (
         _r(F.MOSTLY_MXFP4_MOE, T.Q8_0, "MXFP4_MOE keeps the output head in Q8_0"),
         _r(None, T.Q8_0, "falcon's output head is Q8_0", falcon),
         _r(None, T.Q8_0, "the output head's rows do not fill whole blocks of the default type",
@@ -200,36 +251,36 @@ RULES: dict[str, tuple[Rule, ...]] = {
             F.MOSTLY_IQ1_M}, T.Q5_K, "the low-bit IQ mixes give the output head Q5_K"),
         _r(None, T.Q6_K, "the output head gets Q6_K", lambda w: w.default != T.Q8_0),
     ),
-    "mxfp4_moe": (
+    A.MXFP4_MOE: (
         _r(None, T.MXFP4, "MXFP4_MOE: an expert tensor is MXFP4",
            lambda w: w.ne2 > 1 and (w.hp.arch != "bailingmoe3"
                                     or w.category in (C.FFN_UP, C.FFN_GATE, C.FFN_DOWN))),
         _r(None, T.Q8_0, "MXFP4_MOE: every tensor but the experts is Q8_0"),
     ),
-    "token_embd": (
+    A.TOKEN_EMBD: (
         _r({F.MOSTLY_IQ2_XXS, F.MOSTLY_IQ2_XS, F.MOSTLY_IQ1_S, F.MOSTLY_IQ1_M}, T.Q2_K,
            "the lowest IQ mixes give the token embeddings Q2_K"),
         _r(IQ2_SM | {F.MOSTLY_IQ3_XXS}, T.IQ3_S, "this IQ mix gives the token embeddings IQ3_S"),
         _r({F.MOSTLY_TQ1_0, F.MOSTLY_TQ2_0, F.MOSTLY_Q2_0}, T.Q4_K,
            "the ternary mixes give the token embeddings Q4_K"),
     ),
-    "iq_attn_v": (
+    A.IQ_ATTN_V: (
         _r(None, T.Q4_K, "attention values in a low-bit IQ mix: Q4_K with 4+ query heads per kv "
            "head or 4+ experts", lambda w: w.hp.n_gqa >= 4 or w.hp.n_expert >= 4),
         _r(IQ2_SM, T.IQ3_S, "attention values in IQ2_S/IQ2_M: IQ3_S"),
         _r(None, T.Q2_K, "attention values in a low-bit IQ mix: Q2_K"),
     ),
-    "iq_attn_k": (_r(None, T.Q4_K, "8 experts: attention keys Q4_K", x8),),
-    "iq_ffn_down": (
+    A.IQ_ATTN_K: (_r(None, T.Q4_K, "8 experts: attention keys Q4_K", x8),),
+    A.IQ_FFN_DOWN: (
         _r(IQ2_SM, T.IQ3_S, "ffn_down {i} of {n}: the first eighth gets IQ3_S", eighth),
         _r(None, T.Q2_K, "ffn_down {i} of {n}: the first eighth gets Q2_K", eighth),
     ),
-    "iq_attn_output": (
+    A.IQ_ATTN_OUTPUT: (
         _r(None, T.Q5_K, "8 experts: attention output Q5_K", x8),
         _r({F.MOSTLY_IQ1_S, F.MOSTLY_IQ1_M}, T.IQ2_XXS, "IQ1 mixes: attention output IQ2_XXS"),
         _r(IQ2_SM, T.IQ3_S, "IQ2_S/IQ2_M: attention output IQ3_S"),
     ),
-    "attn_v": (
+    A.ATTN_V: (
         _r(F.MOSTLY_Q2_K, T.Q4_K, "Q2_K, 4+ query heads per kv head: attention values Q4_K", gqa4),
         _r(F.MOSTLY_Q2_K, T.Q3_K, "Q2_K: attention values Q3_K"),
         _r(F.MOSTLY_Q2_K_S, T.Q4_K, "Q2_K_S, 4+ query heads per kv head: attention values Q4_K",
@@ -252,16 +303,16 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _r(F.MOSTLY_Q4_K_S, T.Q5_K, "Q4_K_S: the first four attention values get Q5_K",
            lambda w: w.i < 4),
     ),
-    "attn_k": (
+    A.ATTN_K: (
         _r(None, T.Q8_0, "8 experts: attention keys Q8_0", x8),
         _r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: attention keys IQ3_XXS"),
         _r(F.MOSTLY_IQ3_XXS, T.IQ2_S, "IQ3_XXS: attention keys IQ2_S"),
     ),
-    "attn_q": (
+    A.ATTN_Q: (
         _r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: attention queries IQ3_XXS"),
         _r(F.MOSTLY_IQ3_XXS, T.IQ2_S, "IQ3_XXS: attention queries IQ2_S"),
     ),
-    "ffn_down": (
+    A.FFN_DOWN: (
         _r(F.MOSTLY_Q2_K, T.Q3_K, "Q2_K: ffn_down Q3_K"),
         _r(F.MOSTLY_Q2_K_S, T.Q4_K, "Q2_K_S: ffn_down {i} of {n}, in the first eighth: Q4_K",
            eighth),
@@ -292,31 +343,30 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _r(F.MOSTLY_Q4_K_S, T.Q5_K, "Q4_K_S: ffn_down {i} of {n}, in the first eighth: Q5_K",
            lambda w: w.hp.arch != FALCON and w.i < w.n // 8),
     ),
-    "attn_output": (
+    A.ATTN_OUTPUT: (
         _r({F.MOSTLY_Q2_K, F.MOSTLY_IQ3_XS, F.MOSTLY_IQ3_XXS, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M,
             F.MOSTLY_IQ4_NL, F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M, F.MOSTLY_IQ3_S, F.MOSTLY_IQ3_M,
             F.MOSTLY_IQ4_XS}, T.Q5_K, "8 experts: attention output Q5_K",
            lambda w: w.hp.arch != FALCON and w.hp.n_expert == 8),
-        _r(F.MOSTLY_Q2_K, T.Q3_K, "Q2_K: attention output Q3_K", lambda w: not_falcon(w)
-           and not x8(w)),
+        _r(F.MOSTLY_Q2_K, T.Q3_K, "Q2_K: attention output Q3_K", dense_not_falcon),
         _r(F.MOSTLY_IQ3_XXS, T.IQ3_S, "IQ3_XXS: attention output IQ3_S",
-           lambda w: not_falcon(w) and not x8(w)),
+           dense_not_falcon),
         _r(F.MOSTLY_Q3_K_M, T.Q4_K, "Q3_K_M: attention output Q4_K",
-           lambda w: not_falcon(w) and not x8(w)),
+           dense_not_falcon),
         _r(F.MOSTLY_Q3_K_L, T.Q5_K, "Q3_K_L: attention output Q5_K",
-           lambda w: not_falcon(w) and not x8(w)),
+           dense_not_falcon),
         _r(F.MOSTLY_IQ3_M, T.Q4_K, "IQ3_M: attention output Q4_K",
-           lambda w: not_falcon(w) and not x8(w)),
+           dense_not_falcon),
         _r(F.MOSTLY_Q3_K_L, T.Q4_K, "Q3_K_L, falcon: attention output Q4_K", falcon),
     ),
-    "ffn_gate": (_r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: ffn_gate {i} of {n}, between the first "
+    A.FFN_GATE: (_r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: ffn_gate {i} of {n}, between the first "
                     "and last eighth: IQ3_XXS", middle),),
-    "ffn_up": (_r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: ffn_up {i} of {n}, between the first "
+    A.FFN_UP: (_r(F.MOSTLY_IQ3_XS, T.IQ3_XXS, "IQ3_XS: ffn_up {i} of {n}, between the first "
                   "and last eighth: IQ3_XXS", middle),),
 }
 # the chains whose tensors advance a counter (llama.cpp's ++qs.i_...), and which one
-COUNTS = {"iq_attn_v": "i_attention_wv", "attn_v": "i_attention_wv", "iq_ffn_down": "i_ffn_down",
-          "ffn_down": "i_ffn_down", "ffn_gate": "i_ffn_gate", "ffn_up": "i_ffn_up"}
+COUNTS = {A.IQ_ATTN_V: "i_attention_wv", A.ATTN_V: "i_attention_wv", A.IQ_FFN_DOWN: "i_ffn_down",
+          A.FFN_DOWN: "i_ffn_down", A.FFN_GATE: "i_ffn_gate", A.FFN_UP: "i_ffn_up"}
 _BLK = re.compile(r"blk\.\s*([+-]?\d+)")  # sscanf(name, "blk.%d.", &il) == 1
 
 
@@ -335,32 +385,35 @@ class Choice:
     fallback: str | None = None  # llama.cpp's warning when the rows did not fit the blocks
 
 
-def branch(ftype: LlamaFtype, hp: Hparams, category: Category, tied: bool) -> str | None:
-    """The arm of llama_tensor_get_type_impl a tensor takes: a key of RULES, or None."""
+_ARM_BY_CATEGORY = {C.ATTENTION_K: A.ATTN_K, C.ATTENTION_Q: A.ATTN_Q, C.FFN_DOWN: A.FFN_DOWN,
+                    C.ATTENTION_OUTPUT: A.ATTN_OUTPUT, C.FFN_GATE: A.FFN_GATE, C.FFN_UP: A.FFN_UP}
+
+
+def branch(ftype: LlamaFtype, hp: Hparams, category: Category, tied: bool) -> Arm | None:
+    """The arm of llama_tensor_get_type_impl a tensor takes (None: no rule touches it)."""
     if category == C.OUTPUT or (tied and category == C.TOKEN_EMBD):
-        return "output"
+        return A.OUTPUT
     if ftype == F.MOSTLY_MXFP4_MOE:
-        return "mxfp4_moe"
+        return A.MXFP4_MOE
     if category == C.TOKEN_EMBD:
-        return "token_embd"
+        return A.TOKEN_EMBD
     if ftype in IQ1_IQ2:
         if category in ATTN_V_LIKE:
-            return "iq_attn_v"
+            return A.IQ_ATTN_V
         if hp.n_expert == 8 and category == C.ATTENTION_K:
-            return "iq_attn_k"
-        return {C.FFN_DOWN: "iq_ffn_down", C.ATTENTION_OUTPUT: "iq_attn_output"}.get(category)
+            return A.IQ_ATTN_K
+        return {C.FFN_DOWN: A.IQ_FFN_DOWN, C.ATTENTION_OUTPUT: A.IQ_ATTN_OUTPUT}.get(category)
     if category in ATTN_V_LIKE:
-        return "attn_v"
-    return {C.ATTENTION_K: "attn_k", C.ATTENTION_Q: "attn_q", C.FFN_DOWN: "ffn_down",
-            C.ATTENTION_OUTPUT: "attn_output", C.FFN_GATE: "ffn_gate", C.FFN_UP: "ffn_up"}.get(category)
+        return A.ATTN_V
+    return _ARM_BY_CATEGORY.get(category)
 
 
-def _layer(state: MixState, arm: str, hp: Hparams, name: str) -> tuple[int, int]:
+def _layer(state: MixState, arm: Arm, hp: Hparams, name: str) -> tuple[int, int]:
     """layer_info: (i, n) for a rule; with experts the layer is read from the name (Mixtral's
     experts are not in layer order), else it is the count of the tensor's kind so far."""
-    if arm in ("attn_v", "iq_attn_v"):
+    if arm in (A.ATTN_V, A.IQ_ATTN_V):
         return state.i_attention_wv, state.n_attention_wv
-    if arm == "iq_ffn_down":
+    if arm == A.IQ_FFN_DOWN:
         return state.i_ffn_down, state.n_layer
     counter = COUNTS.get(arm)
     i = getattr(state, counter) if counter else 0
@@ -380,7 +433,7 @@ def _mix(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, ne: tuple[i
             and default not in (T.F32, T.BF16, T.F16):
         return Choice(T.Q8_0, "glm5-next keeps this projection in Q8_0 at least")
     arm = branch(ftype, hp, category, state.tied)
-    if arm == "output" and output_type is not None:
+    if arm == A.OUTPUT and output_type is not None:
         return Choice(output_type, "--output-tensor-type (the token embeddings are the output "
                                    "head)")
     if arm is None:
@@ -390,8 +443,8 @@ def _mix(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, ne: tuple[i
     w = RuleInput(ftype, hp, category, ne[0], ne[2] if len(ne) > 2 else 1, default, i, n)
     rule = next((r for r in RULES[arm] if r.holds(w)), None)
     choice = Choice(rule.type, rule.why.format(i=i, n=n, arch=hp.arch)) if rule else \
-        Choice(default, f"the default type of {ftype_label(ftype)} (no {arm} rule applies)")
-    if arm == "attn_v":  # after the chain: a 70B's attn_v and an 8-expert model's
+        Choice(default, f"the default type of {ftype_label(ftype)} (no {arm.value} rule applies)")
+    if arm == A.ATTN_V:  # after the chain: a 70B's attn_v and an 8-expert model's
         if hp.is_70b and choice.type in (T.Q3_K, T.Q4_K):
             choice = Choice(T.Q5_K, "a 70B model (8 heads share each attn_v): Q5_K")
         if hp.n_expert == 8:
@@ -401,8 +454,8 @@ def _mix(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, ne: tuple[i
     return choice
 
 
-def tensor_type(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, type_: GGMLType,
-                ne: tuple[int, ...], *, pure: bool = False, output_type: GGMLType | None = None,
+def tensor_type(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, ne: tuple[int, ...],
+                *, pure: bool = False, output_type: GGMLType | None = None,
                 token_embedding_type: GGMLType | None = None) -> Choice:
     """llama_tensor_get_type for a tensor that may be quantized: the options, then (unless
     --pure) the mix, then the fallback for rows that do not fill whole blocks."""

@@ -280,3 +280,20 @@ def test_the_log_is_llama_quantizes(inputs, tmp_path, capsys, dry_run):
     assert len(ours) > 40 and any(line.startswith("warning: ") for line in ours)
     assert ours == log_lines(done.stderr)
     assert (tmp_path / "ours.gguf").exists() != dry_run
+
+
+IMATRIX_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS",
+                 "Q2_K_S")
+DRY = [(src, t) for src in ("llama-f32", "llama70b", "experts8", "falcon") for t in IMATRIX_TYPES]
+if ALL:
+    DRY = [(src, o.name) for src in INPUTS for o in QUANT_OPTIONS if o.name != "Q2_0"]
+
+
+@pytest.mark.parametrize("src,ftype", DRY, ids=["-".join(c) for c in DRY])
+def test_dry_run_chooses_llama_quantizes_types(inputs, tmp_path, capsys, src, ftype):
+    """--dry-run prints each tensor's type without writing it, and llama-quantize does so even
+    for the mixes it writes only with an importance matrix: their rules are compared here."""
+    done = run_tool("llama-quantize", "--dry-run", "--allow-requantize", inputs(src), ftype)
+    code = cli(["quantize", "--dry-run", "--allow-requantize", str(inputs(src)), ftype])
+    assert code == 0
+    assert log_lines(capsys.readouterr().err) == log_lines(done.stderr)
