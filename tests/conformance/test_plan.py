@@ -211,9 +211,10 @@ def differences(path: Path, s: Setting, theirs: dict) -> list[str]:
 def test_plans_are_llama_cpps(files):
     """Every file on every setting: each buffer llama.cpp logs is the line `ggml-lens plan`
     prints, and its memory breakdown is the plan's bytes."""
-    jobs = [(path, s) for path in files.values() for s in SETTINGS]
-    answers = measure([(path, s.oracle()) for path, s in jobs])
-    bad = [d for (path, s), theirs in zip(jobs, answers) for d in differences(path, s, theirs)]
+    bad = []
+    for path in files.values():  # one llama.cpp process a file
+        answers = measure([(path, s.oracle()) for s in SETTINGS])
+        bad += [d for s, theirs in zip(SETTINGS, answers) for d in differences(path, s, theirs)]
     assert not bad, "\n".join(bad[:20])
 
 
@@ -380,6 +381,7 @@ def test_the_kv_cache_of_a_context_is_linear_in_it(files):
                   for c in (1024, 4096))
     assert [k.name for k in small.caches] == ["non-SWA", "SWA"]
     assert big.caches[0].size == 4 * small.caches[0].size
-    assert big.caches[1].size == small.caches[1].size < small.caches[0].size
+    assert big.caches[1].size == small.caches[1].size
+    assert big.caches[1].cells == small.caches[1].cells < small.caches[0].cells
     full = plan(files["gemma3"], ContextParams(n_ctx=4096, swa_full=True))
     assert full.caches[1].cells == 4096
