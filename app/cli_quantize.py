@@ -154,7 +154,7 @@ def run_quantize(args: argparse.Namespace) -> int:
                         print(f"{line}size = {t.info.nbytes / MIB:8.3f} MiB", file=err)
                     print(why(t), file=err)
 
-                write_quantized(r, plan, out, progress)
+                write_quantized(r, plan, out, progress, nthread)
     except (QuantizeError, ValueError, OSError) as e:
         print(f"llama_model_quantize: failed to quantize: {e}", file=err)
         print(f"main: failed to quantize model from '{inp}'", file=err)

@@ -15,14 +15,16 @@ Errors are llama.cpp's, in its words and order (`QuantizeError`): a type that ne
 matrix is refused while planning, before any file is written; so is requantizing without
 --allow-requantize, which llama.cpp only finds after it has begun writing.
 Leaves out: the importance matrix, --tensor-type, --prune-layers, --keep-split, --override-kv and
-split input files. The threads do not change the bytes (every row is quantized alone); the engine
-quantizes on one.
+split input files. The threads do not change the bytes (every row is quantized alone).
 """
 
 from __future__ import annotations
 
+import collections
 import enum
+import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,7 +43,7 @@ from .writer import GGUFContext
 
 GGML_QNT_VERSION = 2  # ggml.h: bumped when a quantized format changes
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
-SLAB_ELEMENTS = 1 << 20  # rows converted at a time: the memory held, and the progress steps
+SLAB_ELEMENTS = 1 << 18  # rows converted at a time by one thread: the memory, the progress steps
 
 
 class QuantizeError(ValueError):
@@ -254,12 +256,14 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
 
 
 def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathLike,
-                    progress: Callable[[QuantizeProgress], None] | None = None) -> None:
+                    progress: Callable[[QuantizeProgress], None] | None = None,
+                    nthread: int = 0) -> None:
     """llama-quantize's main loop: the metadata, then each tensor's bytes (copied, or converted
-    slab by slab of rows), each padded with zeros to 32 bytes."""
+    slab by slab of rows on `nthread` threads, 0: one per CPU), each padded with zeros to 32."""
     align = GGUF_DEFAULT_ALIGNMENT
     count = len(plan.tensors)
-    with open(fname_out, "wb") as f:
+    nthread = nthread if nthread > 0 else os.cpu_count() or 1
+    with open(fname_out, "wb") as f, ThreadPoolExecutor(nthread) as pool:
         try:
             f.write(plan.context.to_bytes(only_meta=True))
             for index, p in enumerate(plan.tensors, 1):
@@ -271,7 +275,7 @@ def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathL
                 if not p.converts:
                     f.write(raw)
                 else:
-                    for done, chunk in converted_rows(t, p.new_type, raw):
+                    for done, chunk in converted_rows(t, p.new_type, raw, pool, 2 * nthread):
                         f.write(chunk)
                         if progress and done < rows:
                             progress(QuantizeProgress(Stage.ROWS, index, count, p, done, rows))
@@ -284,18 +288,33 @@ def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathL
             raise
 
 
-def converted_rows(t: TensorInfo, new_type: GGMLType, raw: np.ndarray):
-    """A tensor's rows in `new_type`, a slab at a time: (rows done, bytes) for each slab. Each row
-    goes to float32 by its type's to_float, then through ggml_quantize_chunk's quantizer."""
+def converted_rows(t: TensorInfo, new_type: GGMLType, raw: np.ndarray, pool: ThreadPoolExecutor,
+                   depth: int = 4):
+    """A tensor's rows in `new_type`, a slab at a time, in order: (rows done, bytes) for each slab.
+    Each row goes to float32 by its type's to_float, then through ggml_quantize_chunk's quantizer;
+    the pool's threads take slabs (numpy lets go of the GIL in its loops; rows are independent, so
+    the bytes do not depend on the threads), `depth` slabs ahead of the writer."""
     n_per_row = t.ne[0]
     rows = t.ne[1] * t.ne[2] * t.ne[3]
     row_size = t.nb[1]
     step = max(1, SLAB_ELEMENTS // max(n_per_row, 1))
-    for first in range(0, rows, step):
+
+    def slab(first: int) -> bytes:
         n = min(step, rows - first)
         src = raw[first * row_size:(first + n) * row_size]
         x = dequantize(t.type, src, n * n_per_row).reshape(n, n_per_row)
-        yield first + n, quantize(new_type, x).tobytes()
+        return quantize(new_type, x).tobytes()
+
+    firsts = iter(range(0, rows, step))
+    ahead = collections.deque()
+    for first in itertools.islice(firsts, depth):
+        ahead.append((first, pool.submit(slab, first)))
+    while ahead:
+        first, job = ahead.popleft()
+        nxt = next(firsts, None)
+        if nxt is not None:
+            ahead.append((nxt, pool.submit(slab, nxt)))
+        yield min(first + step, rows), job.result()
 
 
 def llama_model_quantize(fname_inp: str | os.PathLike, fname_out: str | os.PathLike,
@@ -304,7 +323,7 @@ def llama_model_quantize(fname_inp: str | os.PathLike, fname_out: str | os.PathL
     """llama_model_quantize: plan, then write `fname_out`; returns the plan (types, sizes, why)."""
     with GGUFReader(fname_inp) as r:
         plan = plan_quantize(r, params)
-        write_quantized(r, plan, fname_out, progress)
+        write_quantized(r, plan, fname_out, progress, params.nthread)
     return plan
 
 
