@@ -204,6 +204,10 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
     """llama_model_quantize_impl up to its main loop: the output's keys and tensor infos, each
     tensor's type (the preliminary loop), and llama.cpp's refusals."""
     hp = read_hparams(r)
+    n_split = int(r.get("split.count", 1) or 1)
+    if n_split > 1:
+        raise QuantizeError(f"a file split in {n_split} (split.count): the engine reads one file; "
+                            "join them first (llama-gguf-split --merge)")
     order = loader_order(r.tensors)
     default_type(params.ftype)  # an unknown file type is refused first
     ftype = guessed_ftype(r, order) if params.only_copy else int(params.ftype)
