@@ -23,7 +23,7 @@ from functools import cached_property
 from typing import Callable
 
 from engine.compute.kernels.common import view4
-from engine.core.context import GGML_OBJECT_TYPE_TENSOR
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR, ggml_used_mem
 from engine.core.graph import Graph
 from engine.core.layout import GGML_OBJECT_SIZE
 from engine.core.optable import ggml_op_name
@@ -70,6 +70,8 @@ class Selector:
 
     def find(self, trace: Trace) -> int:
         """The step's index in `trace` (FactError when there is none)."""
+        if self.nth == 0:
+            raise FactError("nth counts from 1 (or from -1, the last)")
         if self.index is not None:
             if not 0 <= self.index < len(trace.steps):
                 raise FactError(f"step {self.index} is outside the trace (0..{len(trace.steps) - 1})")
@@ -128,7 +130,10 @@ class Scene:
             if found is None:
                 raise FactError(f"{base} has no {follow}")
             return found
-        return self.state.tensor(self.ref(spec))
+        ref = self.ref(spec)
+        if ref[0] not in self.state.contexts:
+            raise FactError(f"{spec}'s context is freed after step {self.k}")
+        return self.state.tensor(ref)
 
     def ref(self, spec: str) -> TensorRef:
         """The (context, struct offset) of the tensor a spec names (no pointer suffix)."""
@@ -218,9 +223,7 @@ def _mem_size(scene: Scene, f: TraceFact) -> int:
 @fact("used_mem", optional=("tensor",))
 def _used_mem(scene: Scene, f: TraceFact) -> int:
     """ggml_used_mem of the context after the step: where its last object ends."""
-    ctx = scene.context(_tensor(scene, f))
-    headers = scene.state.headers(ctx.id)
-    return headers[-1][1] + headers[-1][2] if headers else 0
+    return ggml_used_mem(scene.context(_tensor(scene, f)))
 
 
 @fact("n_objects", optional=("tensor",))
