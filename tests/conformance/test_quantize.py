@@ -297,3 +297,17 @@ def test_dry_run_chooses_llama_quantizes_types(inputs, tmp_path, capsys, src, ft
     code = cli(["quantize", "--dry-run", "--allow-requantize", str(inputs(src)), ftype])
     assert code == 0
     assert log_lines(capsys.readouterr().err) == log_lines(done.stderr)
+
+
+def test_the_file_types_are_llama_quantizes_list():
+    """QUANT_OPTIONS is the list llama-quantize prints: names, numbers, descriptions, order."""
+    done = run_tool("llama-quantize", "--help", check=False)
+    listed = []
+    for line in done.stdout.splitlines():
+        head, sep, desc = line.partition(" : ")
+        words = head.split()
+        if sep and words and words[-1].isupper():  # "  15  or  Q4_K_M  : ...", "  COPY  : ..."
+            number = int(words[0]) if words[0].isdigit() else None
+            listed.append((words[-1], number, desc))
+    ours = [(o.name, None if o.name == "COPY" else int(o.ftype), o.desc) for o in QUANT_OPTIONS]
+    assert len(listed) > 30 and listed == ours
