@@ -74,7 +74,7 @@ def _check_batch(n_batch: int, n_ctx: int) -> None:
 
 
 def _perplexity(args: argparse.Namespace, err) -> int:
-    from engine.models.perplexity import base_rows, chunking, ppl_estimate, ppl_nll, \
+    from engine.models.perplexity import base_rows, split_chunks, ppl_estimate, ppl_nll, \
         write_logits_header
 
     with open(args.text_file, "rb") as fh:
@@ -85,7 +85,7 @@ def _perplexity(args: argparse.Namespace, err) -> int:
     model = _model(args, args.ctx_size)
     print("perplexity: tokenizing the input ..", file=err)
     tokens = model.encode(text)
-    c = chunking(len(tokens), args.ctx_size, args.chunks)
+    c = split_chunks(len(tokens), args.ctx_size, args.chunks)
     n_seq = max(1, args.batch_size // c.n_ctx)
     print(f"perplexity: calculating perplexity over {c.n_chunk} chunks, n_ctx={c.n_ctx}, "
           f"batch_size={min(args.batch_size, n_seq * c.n_ctx)}, n_seq={n_seq}", file=err)

@@ -1,7 +1,7 @@
 """Perplexity and KL divergence as llama.cpp's llama-perplexity computes them.
 
 The text is tokenized whole (BOS first when the vocabulary adds one) and cut into chunks of n_ctx
-tokens (`chunking`): as many as fit (`--chunks` at most); fewer than 2*n_ctx tokens are refused.
+tokens (`split_chunks`): as many as fit (`--chunks` at most); fewer than 2*n_ctx tokens are refused.
 Each chunk runs from an empty KV cache (llama_memory_clear) with its first token replaced by BOS
 when the model adds one, in batches of n_batch (each split into ubatches by the context). Only
 the second half is scored: the logits at positions first = n_ctx/2 .. n_ctx-2 predict tokens
@@ -46,11 +46,11 @@ from typing import BinaryIO
 import numpy as np
 
 from engine.libm import expf
+from engine.quants.common import nearest_int  # the same trick as ggml's quantizers
 
 F32 = np.float32
 LOGITS_MAGIC = b"_logits_"
 LOG_PROB_RANGE = F32(16)  # log-probabilities more than this below the top one are stored as 0
-NEAREST_INT_SHIFT = F32(12582912.0)  # 1.5 * 2**23: adding it rounds a float to an integer
 
 
 def row_width(n_vocab: int) -> int:
@@ -90,7 +90,7 @@ class PerplexityError(ValueError):
     """What llama-perplexity refuses, in its words."""
 
 
-def chunking(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> Chunking:
+def split_chunks(n_tokens: int, n_ctx: int, n_chunks: int = -1) -> Chunking:
     """The chunks of n_tokens: n_tokens // n_ctx, at most n_chunks (when not negative)."""
     if n_ctx <= 0:
         raise PerplexityError("perplexity tool requires '--ctx-size' > 0")
@@ -120,12 +120,6 @@ def ppl_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     log_sum = _log(_sum_exp(logits, top))
     picked = logits[np.arange(len(targets)), targets]
     return -((picked - top).astype(np.float64) - log_sum)
-
-
-def nearest_int(x: np.ndarray) -> np.ndarray:
-    """The tool's nearest_int: x + 1.5*2^23 in float, the integer read from the mantissa bits."""
-    v = (np.asarray(x, F32) + NEAREST_INT_SHIFT).view(np.int32)
-    return (v & 0x007FFFFF) - 0x00400000
 
 
 def base_rows(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
