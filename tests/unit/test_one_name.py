@@ -22,6 +22,11 @@ SCRIPTS = "engine/programs"  # a walkthrough's own names: each program is read a
 # name: why it may be defined in more than one module
 ALLOWED = {
     "main": "each a process's entry point (the CLI, the sandbox's workers), run as `python -m`",
+    "product": "each repacked family's product(layout, packed, ne00, ne01, x, out) (kernels/"
+               "repack_q8_0.py, repack_q8_k.py): kernels/repack.py's product_of picks one by the "
+               "layout's activations",
+    "takes": "each of MUL_MAT's special paths' gate (kernels/tiled.py, hadamard.py), called by "
+             "its module's name as ggml-cpu.c asks each path in turn",
     "header": "each C header generator's text (engine/quants/grids_c.py, types_c.py), called "
               "by its module's name, grids_c.header() beside grids_c.HEADER, the file it writes",
 }
