@@ -115,10 +115,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     try:
         with GGUFReader(inp) as r:
-            plan = plan_quantize(r, params)
-            for t in plan.tensors:
-                if t.warning:
-                    print(t.warning, file=err)
+            plan = plan_quantize(r, params, err.write)
             count = len(plan.tensors)
 
             def head(index: int, t) -> str:

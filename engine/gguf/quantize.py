@@ -34,8 +34,8 @@ from engine.core.tensor import n_dims_of
 from engine.core.types import GGMLType, ggml_is_quantized, traits
 from engine.quants import dequantize, quantize
 from engine.quants.ftype import LLAMA_FTYPE_GUESSED, LlamaFtype, default_type, requires_imatrix
-from engine.quants.mix import (ATTN_V_LIKE, Hparams, MixState, kept_because, name_layer,
-                               tensor_category, tensor_type)
+from engine.quants.mix import (ATTN_V_LIKE, Hparams, MixState, NoFallback, kept_because,
+                               name_layer, tensor_category, tensor_type)
 
 from .format import GGUF_DEFAULT_ALIGNMENT, GGUFValueType, pad
 from .reader import GGUFReader, TensorInfo
@@ -200,9 +200,11 @@ def guessed_ftype(r: GGUFReader, order: list[TensorInfo]) -> int:
     return int(guess) | LLAMA_FTYPE_GUESSED
 
 
-def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
+def plan_quantize(r: GGUFReader, params: QuantizeParams,
+                  warn: Callable[[str], None] | None = None) -> QuantizePlan:
     """llama_model_quantize_impl up to its main loop: the output's keys and tensor infos, each
-    tensor's type (the preliminary loop), and llama.cpp's refusals."""
+    tensor's type (the preliminary loop), and llama.cpp's refusals. `warn` gets llama.cpp's
+    fallback warnings as it prints them, in the loop (text with its line ends)."""
     hp = read_hparams(r)
     n_split = int(r.get("split.count", 1) or 1)
     if n_split > 1:
@@ -229,10 +231,17 @@ def plan_quantize(r: GGUFReader, params: QuantizeParams) -> QuantizePlan:
         if kept is not None:
             new_type, why, warning = t.type, f"kept: {kept}", None
         else:
-            choice = tensor_type(state, LlamaFtype(params.ftype), hp, t.name, t.ne,
-                                 pure=params.pure, output_type=params.output_tensor_type,
-                                 token_embedding_type=params.token_embedding_type)
+            try:
+                choice = tensor_type(state, LlamaFtype(params.ftype), hp, t.name, t.ne,
+                                     pure=params.pure, output_type=params.output_tensor_type,
+                                     token_embedding_type=params.token_embedding_type)
+            except NoFallback as e:
+                if warn:
+                    warn(e.warning)  # the line llama.cpp had begun
+                raise QuantizeError(str(e)) from None
             new_type, why, warning = choice.type, choice.why, choice.fallback
+            if warning and warn:
+                warn(warning + "\n")
             needs = requires_imatrix(t.name, new_type, params.ftype)
             needs_imatrix |= needs
             if needs and not params.dry_run:

@@ -376,6 +376,15 @@ def name_layer(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+class NoFallback(ValueError):
+    """A tensor whose rows fill no block of its type or of any type it could fall back to
+    (llama.cpp throws after its warning's first half: `warning` holds it)."""
+
+    def __init__(self, message: str, warning: str) -> None:
+        super().__init__(message)
+        self.warning = warning
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     """The type a tensor gets, and why (the rule's words, filled)."""
@@ -475,10 +484,15 @@ def tensor_type(state: MixState, ftype: LlamaFtype, hp: Hparams, name: str, ne: 
     if ncols % blck == 0:
         return choice
     state.n_fallback += 1
-    to, forced = fallback_type(choice.type, ncols)
-    name_from, name_to = traits(choice.type).type_name, traits(to).type_name
+    name_from = traits(choice.type).type_name
     warn = (f"warning: {name:<36} - ncols {ncols:6} not divisible by {blck:3} (required for type "
-            f"{name_from:>7}) " + ("(WARNING: must use F16 due to unusual shape) " if forced else "")
-            + f"-> falling back to {name_to:>7}")
+            f"{name_from:>7}) ")
+    try:
+        to, forced = fallback_type(choice.type, ncols)
+    except ValueError as e:
+        raise NoFallback(str(e), warn) from None
+    name_to = traits(to).type_name
+    warn += ("(WARNING: must use F16 due to unusual shape) " if forced else "") + \
+        f"-> falling back to {name_to:>7}"
     return Choice(to, f"{choice.why}; rows of {ncols} do not fill {name_from}'s blocks of {blck}: "
                       f"{name_to}", warn)

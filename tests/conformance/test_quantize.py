@@ -14,7 +14,9 @@ GGML_LENS_SWEEP=all every file type on every input and the Gemma to several type
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 from pathlib import Path
 
@@ -169,18 +171,29 @@ def _first_difference(ours: Path, theirs: Path) -> str:
 
 def quantize_both(tmp: Path, src: Path, ftype: str, *options: str):
     """Run llama-quantize and `ggml-lens quantize` on the same input: (ours, theirs, llama's run,
-    our exit code)."""
+    our exit code, what we printed)."""
     tag = "-".join([ftype, *(o.strip("-") for o in options)]).replace("/", "_")
     theirs, ours = tmp / f"llama-{tag}.gguf", tmp / f"ours-{tag}.gguf"
     done = run_tool("llama-quantize", *options, src, theirs, ftype, "2", check=False)
-    code = cli(["quantize", *options, str(src), str(ours), ftype, "2"])
-    return ours, theirs, done, code
+    with contextlib.redirect_stderr(io.StringIO()) as printed:
+        code = cli(["quantize", *options, str(src), str(ours), ftype, "2"])
+    return ours, theirs, done, code, printed.getvalue()
+
+
+REFUSED = "llama_model_quantize: failed to quantize: "
 
 
 def assert_same_file(tmp: Path, src: Path, ftype: str, *options: str) -> None:
-    ours, theirs, done, code = quantize_both(tmp, src, ftype, *options)
+    """The same file; or, where llama-quantize refuses before writing (a row no block of Q1_0
+    fills has no fallback), the same refusal and no file."""
+    ours, theirs, done, code, printed = quantize_both(tmp, src, ftype, *options)
+    refusal = next((line for line in done.stderr.splitlines() if REFUSED in line), None)
+    if done.returncode != 0 and refusal and not theirs.exists():
+        assert code == 1 and refusal[refusal.index(REFUSED):] in printed, printed[-2000:]
+        assert not ours.exists()
+        return
     assert done.returncode == 0, f"llama-quantize failed:\n{done.stderr[-2000:]}"
-    assert code == 0
+    assert code == 0, printed[-2000:]
     if sha256(ours) != sha256(theirs):
         pytest.fail(f"{src.name} -> {ftype} {' '.join(options)}: {first_difference(ours, theirs)}")
 
@@ -212,7 +225,7 @@ CASES = [  # (input, file type, options)
     ("falcon", "Q3_K_M", ()), ("falcon", "Q4_K_M", ()), ("falcon", "Q3_K_L", ()),
     ("experts8", "Q4_K_M", ()), ("experts8", "IQ4_XS", ()),
     ("rows96", "Q4_K_M", ()), ("rows96", "IQ4_XS", ()), ("rows48", "Q4_K_M", ()),
-    ("rows48", "Q5_0", ()), ("align64", "Q4_0", ()),
+    ("rows48", "Q5_0", ()), ("align64", "Q4_0", ()), ("rows96", "Q1_0", ()),
     ("gemma3-270m", "Q4_0", ("--allow-requantize",)),
 ]
 # the types llama-quantize writes without an importance matrix on some input (the others are
@@ -236,20 +249,19 @@ def test_quantize_writes_llama_quantizes_file(inputs, tmp_path, src, ftype, opti
 @pytest.mark.parametrize("src,ftype", [("llama-f32", "Q2_K_S"), ("llama-f32", "IQ3_XS"),
                                        ("llama-f32", "IQ2_M"), ("qwen3moe-f32", "IQ1_S"),
                                        ("llama-f16", "IQ3_XXS")])
-def test_a_type_that_needs_an_importance_matrix_is_refused_alike(inputs, tmp_path, capsys, src,
-                                                                 ftype):
-    ours, theirs, done, code = quantize_both(tmp_path, inputs(src), ftype)
+def test_a_type_that_needs_an_importance_matrix_is_refused_alike(inputs, tmp_path, src, ftype):
+    ours, theirs, done, code, printed = quantize_both(tmp_path, inputs(src), ftype)
     words = "this quantization requires an importance matrix!"
     assert done.returncode != 0 and words in done.stderr
-    assert code == 1 and words in capsys.readouterr().err
+    assert code == 1 and words in printed
     assert not ours.exists() and not theirs.exists()
 
 
-def test_requantizing_needs_allow_requantize_alike(inputs, tmp_path, capsys):
-    ours, theirs, done, code = quantize_both(tmp_path, inputs("llama-q4_k"), "Q4_0")
+def test_requantizing_needs_allow_requantize_alike(inputs, tmp_path):
+    ours, theirs, done, code, printed = quantize_both(tmp_path, inputs("llama-q4_k"), "Q4_0")
     words = "requantizing from type q4_K is disabled"
     assert done.returncode != 0 and words in done.stderr
-    assert code == 1 and words in capsys.readouterr().err
+    assert code == 1 and words in printed
     assert not ours.exists()  # (llama-quantize leaves the file it had begun)
 
 
@@ -293,10 +305,14 @@ if ALL:
 def test_dry_run_chooses_llama_quantizes_types(inputs, tmp_path, capsys, src, ftype):
     """--dry-run prints each tensor's type without writing it, and llama-quantize does so even
     for the mixes it writes only with an importance matrix: their rules are compared here."""
-    done = run_tool("llama-quantize", "--dry-run", "--allow-requantize", inputs(src), ftype)
+    done = run_tool("llama-quantize", "--dry-run", "--allow-requantize", inputs(src), ftype,
+                    check=False)
     code = cli(["quantize", "--dry-run", "--allow-requantize", str(inputs(src)), ftype])
-    assert code == 0
-    assert log_lines(capsys.readouterr().err) == log_lines(done.stderr)
+    printed = capsys.readouterr().err
+    assert code == done.returncode, printed[-2000:]  # 1: both refused (Q1_0 has no fallback)
+    assert log_lines(printed) == log_lines(done.stderr)
+    if code:
+        assert done.stderr.splitlines()[-2] in printed  # "...: failed to quantize: <why>"
 
 
 def test_the_file_types_are_llama_quantizes_list():
