@@ -25,6 +25,7 @@ def add_quantize_parser(sub) -> None:
     p = sub.add_parser(
         "quantize", help="llama-quantize: a GGUF model in another file type (Q4_K_M, Q8_0, ...), "
         "the file byte for byte llama-quantize's, with why each tensor got its type",
+        usage="ggml-lens quantize [options] IN.gguf [OUT.gguf] TYPE [nthreads]",
         description=f"TYPE is one of {names} (or its number). The types that need an importance "
                     "matrix are refused as llama-quantize refuses them without one.")
     p.add_argument("files", nargs="+", metavar="IN.gguf [OUT.gguf] TYPE [nthreads]")
