@@ -83,4 +83,4 @@ def run(report) -> None:
                median_of(ours_prompt), theirs_prompt, oracle, Goal(ratio=1.5))
         report(f"gemma3 270M default path: decode per token after it, {n_threads} thread(s)",
                median_of(ours_decode), theirs_decode, oracle, Goal(ratio=1.2))
-        model.file.close()
+        model.close()

@@ -302,6 +302,11 @@ class Passes:
     def __init__(self, kept: int) -> None:
         self._passes = LRUCache(kept)
 
+    def clear(self) -> None:
+        """Free every kept graph's context and compute buffer."""
+        while self._passes:
+            self._passes.popitem()[1].free()
+
     def get(self, key, backend, graph_size: int, build) -> Pass:
         p = self._passes.get(key)
         if p is None:

@@ -431,6 +431,16 @@ class Decoder:
         """Forget the cached tokens (llama_memory_clear)."""
         self.cache.n_past = 0
 
+    def close(self) -> None:
+        """llama_free and llama_model_free: the kept graphs' compute buffers, the cache's buffer
+        and the weights' buffers freed (a buffer lives until it is freed, as in ggml)."""
+        self._passes.clear()
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.free()
+            self.cache = None
+        self.file.close()
+
     def decode(self, token_ids: list[int], n_threads: int | None = None,
                all_logits: bool = True) -> Decoded:
         """Run the new tokens through the model after what the cache holds; their logits (every

@@ -87,7 +87,7 @@ def gemma_logits(gemma_path, tmp_path_factory):
         jobs = [(gemma_path, prompt(model.hp.n_vocab, n), n) for n in lengths]
         for (_, ids, n), ll in zip(jobs, theirs(jobs, tmp_path_factory.mktemp("gemma"), oracle)):
             out[setting, n] = ours(model, ids, n), ll
-        model.file.close()
+        model.close()
     return out
 
 
@@ -102,10 +102,10 @@ def test_the_defaults_repack_and_tile(gemma_path):
     model = load_model(gemma_path, params=ContextParams(n_threads=N_THREADS, **BATCH))
     assert model.cparams.flash_attn and model.cparams.tiled == (os.environ.get("GGML_CPU_TILED_MM") != "0")
     assert "CPU_REPACK" in model.file.loaded.buffers
-    model.file.close()
+    model.close()
     model = load_model(gemma_path, params=ContextParams(no_repack=True, **BATCH))
     assert set(model.file.loaded.buffers) == {"CPU"}
-    model.file.close()
+    model.close()
 
 
 WRITERS = {"llama": write_tiny_llama, "qwen2": lambda p, t: write_tiny_llama(p, t, arch="qwen2"),
@@ -132,6 +132,6 @@ def test_tiny_files_on_the_default_path(tmp_path):
                 ids = prompt(model.hp.n_vocab, n)
                 jobs.append((path, ids, n))
                 mine.append(ours(model, ids, n))
-            model.file.close()
+            model.close()
     for (path, _, n), m, ll in zip(jobs, mine, theirs(jobs, tmp_path, dict(flash_attn=True), TINY_BATCH)):
         assert_bits(m, ll, f"{path.name}, {n}-token prompt")

@@ -114,7 +114,7 @@ def gemma_runs(request, gemma_path, tmp_path_factory):
     jobs = [(gemma_path, ids, n) for n, ids in by_len.items()]
     llama = theirs(jobs, tmp_path_factory.mktemp("gemma"), oracle_params(*setting))
     runs = {n: (ours(model, ids, n), ll) for (n, ids), ll in zip(by_len.items(), llama)}
-    model.file.close()
+    model.close()
     return request.param, runs
 
 
@@ -165,7 +165,7 @@ def tiny_runs(tiny_files, tmp_path_factory):
     for arch, path in tiny_files.items():
         model = plain_model(path, engine_params("on"))
         runs[arch] = {n: (ours(model, ids, n), next(llama)) for n, ids in by_len.items()}
-        model.file.close()
+        model.close()
     return runs
 
 
@@ -208,7 +208,7 @@ def test_rotations_are_llama_cpps(llama_cpp, tiny_files, gemma_path):
         for name, width in (("attn_rot_k", model.cache.attn_rot_k),
                             ("attn_rot_v", model.cache.attn_rot_v)):
             assert f"{name} = {int(width > 0)}, n_embd_head_k_all = {head}" in log, (k, v)
-        model.file.close()
+        model.close()
 
 
 # --- auto, the defaults and the refusals --------------------------------------------------------

@@ -18,8 +18,16 @@ from engine.programs import trace_program
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def module_client(tmp_path_factory):
     return TestClient(create_app(Settings(data_dir=tmp_path_factory.mktemp("data"))))
+
+
+@pytest.fixture
+def client(module_client):
+    """The module's client with no language cookie: a `?lang=zh` visit sets one, and each test
+    reads the language it asks for."""
+    module_client.cookies.clear()
+    return module_client
 
 
 @pytest.mark.parametrize("url,status,texts", [
