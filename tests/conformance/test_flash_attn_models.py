@@ -18,6 +18,7 @@ why it refused.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,9 @@ from tests.support.tiny_models import PLAIN, TinyFile
 
 N_THREADS = 2
 LENGTHS = (1, 63, 128, 600)  # prompt lengths: one_chunk (< 64 rows), tiled, two ubatches
+# the bundled Gemma's: `make test` runs 1 and 63 (test_default_path.py runs its default path up to
+# 600); GGML_LENS_SWEEP=all (make test-sweep) every length
+GEMMA_LENGTHS = LENGTHS if os.environ.get("GGML_LENS_SWEEP") == "all" else (1, 63)
 N_DECODE = 3  # tokens decoded one at a time after each prompt
 N_CTX = 1024  # cells: the 600-token prompt and its decoding read 768 (split-KV from 512)
 BATCH = dict(n_ctx=N_CTX, n_batch=512, n_ubatch=512)
@@ -110,7 +114,7 @@ def gemma_runs(request, gemma_path, tmp_path_factory):
     """Per setting, {prompt length: (the engine's logits, llama.cpp's)}."""
     setting = GEMMA_SETTINGS[request.param]
     model = plain_model(gemma_path, engine_params(*setting))
-    by_len = prompts(model.hp.n_vocab, 2, seed=3)
+    by_len = {n: ids for n, ids in prompts(model.hp.n_vocab, 2, seed=3).items() if n in GEMMA_LENGTHS}
     jobs = [(gemma_path, ids, n) for n, ids in by_len.items()]
     llama = theirs(jobs, tmp_path_factory.mktemp("gemma"), oracle_params(*setting))
     runs = {n: (ours(model, ids, n), ll) for (n, ids), ll in zip(by_len.items(), llama)}
@@ -118,7 +122,7 @@ def gemma_runs(request, gemma_path, tmp_path_factory):
     return request.param, runs
 
 
-@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("n", GEMMA_LENGTHS)
 def test_gemma_logits_are_llama_cpps(llama_cpp, gemma_runs, n):
     """Gemma 3 270M: every position of the prompt, then 3 tokens through the cache."""
     setting, runs = gemma_runs
