@@ -1,8 +1,10 @@
-"""The bundled Gemma 3 270M against llama.cpp's plain path on 50 prompts of 1 to 128 tokens.
+"""The bundled Gemma 3 270M against llama.cpp on 50 prompts of 1 to 128 tokens, on both paths.
 
 Each prompt is decoded at once from an empty cache (every position's logits), then continued
-greedily for 32 tokens through the KV cache (each step's logits): the same floats as llama.cpp's
-plain path (its repacked weights and tiled K-quant products off), compared as sha256 digests of
+greedily for 32 tokens through the KV cache (each step's logits): the same floats as llama.cpp's,
+on its plain path (its repacked weights and tiled K-quant products off, flash attention off: the
+engine's load_model without settings) and on its default path (weights repacked, tiled products,
+flash attention auto: load_model with ContextParams), compared as sha256 digests of
 each row's bytes (tests/support/llamacpp_run.py row_digests), and the same tokens. llama.cpp runs
 all 50 prompts in one process. The prompts are slices of the texts below, of lengths spread evenly
 from 1 (the BOS token alone) to 128: prose, dialogue, code, numbers, other scripts.
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine.models import load_model
+from engine.models.params import ContextParams
 from tests.support.llamacpp_run import ask, row_digests
 
 N_THREADS = 2
@@ -50,22 +53,33 @@ def prompts(tokenizer) -> list[list[int]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def gemma(gemma_path):
-    return load_model(gemma_path)
+# each path: the engine's settings (None: its plain path) and llama.cpp's (llama_cpp.Llama's)
+PATHS = {"plain": (None, PLAIN),
+         "default": (ContextParams(n_ctx=512, n_batch=512, n_ubatch=512, n_threads=N_THREADS),
+                     dict(flash_attn=True, swa_full=False))}
+
+
+@pytest.fixture(scope="module", params=tuple(PATHS))
+def gemma(request, gemma_path):
+    settings = PATHS[request.param][0]
+    model = load_model(gemma_path) if settings is None else load_model(gemma_path, params=settings)
+    yield request.param, model
+    model.close()
 
 
 @pytest.fixture(scope="module")
 def sweep(gemma, gemma_path):
-    """The prompts and llama.cpp's answers to them (one process for all)."""
-    ps = prompts(gemma.tokenizer)
-    answers = ask(gemma_path, {"sweep": [ps[k] for k in RUN], "n": N_NEW}, N_THREADS, **PLAIN)
+    """The prompts and llama.cpp's answers to them on the path (one process for all)."""
+    path, model = gemma
+    ps = prompts(model.tokenizer)
+    answers = ask(gemma_path, {"sweep": [ps[k] for k in RUN], "n": N_NEW}, N_THREADS, **PATHS[path][1])
     return ps, dict(zip(RUN, answers["prompts"]))
 
 
 @pytest.mark.decoding
 @pytest.mark.parametrize("k", RUN)
 def test_prompt_and_32_greedy_tokens_bit_for_bit(gemma, sweep, k):
+    path, gemma = gemma
     ids, theirs = sweep[0][k], sweep[1][k]
     gemma.reset()
     last = gemma.decode(ids, n_threads=N_THREADS).logits
@@ -75,7 +89,7 @@ def test_prompt_and_32_greedy_tokens_bit_for_bit(gemma, sweep, k):
         last = gemma.decode([tokens[-1]], n_threads=N_THREADS).logits
         digests += row_digests(last)
     first = next((i for i, (a, b) in enumerate(zip(digests, theirs["digests"])) if a != b), None)
-    assert first is None, (f"{len(ids)}-token prompt: logits differ first at position {first} "
+    assert first is None, (f"{path} path, {len(ids)}-token prompt: logits differ first at position {first} "
                            f"(tokens ours {tokens}, llama.cpp's {theirs['tokens']})")
     assert tokens == theirs["tokens"]
     assert len(digests) == len(theirs["digests"]) == len(ids) + N_NEW
