@@ -137,6 +137,13 @@ class Tensor:
     def src(self) -> SrcPointers:
         return SrcPointers(self)
 
+    def source(self, i: int) -> Tensor:
+        """src[i] where the op recorded one: an operand that a kernel or a backward rule reads,
+        as ggml's dereference `dst->src[i]` unchecked (a NULL there is the engine's bug)."""
+        t = self._resolve(int(self._r["src"][0][i]))
+        assert t is not None, f"{self.name}: src[{i}] is NULL"
+        return t
+
     def source_type(self, i: int) -> int:
         """src[i]->type, read without making a handle for src[i] (the planner asks it of every
         node)."""

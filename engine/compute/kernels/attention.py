@@ -73,7 +73,8 @@ class _Setup:
     """What every row needs: views, broadcast factors, scale, softcap and per-head slopes."""
 
     def __init__(self, dst: Tensor) -> None:
-        q, k, v, mask, sinks = (dst.src[i] for i in range(5))
+        q, k, v = dst.source(0), dst.source(1), dst.source(2)
+        mask, sinks = dst.src[3], dst.src[4]  # either may be NULL
         self.q4 = view4(q)
         self.k_type, self.v_type = GGMLType(k.type), GGMLType(v.type)
         self.k4 = raw_rows4(k) if TYPE_TRAITS[k.type].is_quantized else view4(k)
@@ -298,7 +299,7 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's FLASH_ATTN_EXT: the larger of the tiled path's tiles (Q_TILE query rows
     by KV_TILE keys: q, scores twice, output, V and K) per task and the split-KV path's partials
     (per task: one row of V and two sums per head, and a row of K and two of V), as floats."""
-    neq2, dk, dv = int(node.src[0].ne[2]), int(node.src[1].ne[0]), int(node.src[2].ne[0])
+    neq2, dk, dv = int(node.source(0).ne[2]), int(node.source(1).ne[0]), int(node.source(2).ne[0])
     q, kv = Q_TILE, KV_TILE
     tiled = 4 * (q * dk + 2 * q * kv + q * dv + kv * dv + kv * dk) * n_tasks
     split_kv = 4 * (neq2 * n_tasks * (2 + dv) + n_tasks * (dk + 2 * dv))
@@ -308,7 +309,7 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
 @kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work)
 def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
     """ggml_compute_forward_flash_attn_ext (F32 q; K and V F32, F16, BF16 or quantized)."""
-    q, k, v = dst.src[0], dst.src[1], dst.src[2]
+    q, k, v = dst.source(0), dst.source(1), dst.source(2)
     if int(dst.op_params[3]) not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
         raise not_supported(dst, f"precision {int(dst.op_params[3])} (ggml aborts)")
     if q.type != GGMLType.F32:

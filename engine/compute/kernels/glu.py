@@ -81,7 +81,7 @@ F16_TABLES = {G.GEGLU: fm.gelu_table, G.GEGLU_QUICK: fm.gelu_quick_table}
 def _glu(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_glu (op_params[0], the ggml_glu_op), ready to
     run."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.src[1]
     op = int(dst.op_params[0])
     fn = "ggml_compute_forward_glu"
     if src0.type not in (GGMLType.F32, GGMLType.F16) or dst.type != src0.type or (
@@ -140,4 +140,4 @@ def _glu(params, dst: Tensor):
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
     run_prepared(_glu(params, dst))
-    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst.source(0)), params.ith, params.nth))

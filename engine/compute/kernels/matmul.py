@@ -76,7 +76,7 @@ def vec_dot_type(type_: int) -> GGMLType:
 def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's MUL_MAT: a repacked src0's traits say (ggml_cpu_extra_work_size); else
     src1 converted to src0's vec_dot_type, when it is not already."""
-    src0, src1 = node.src[0], node.src[1]
+    src0, src1 = node.source(0), node.source(1)
     layout = repacked_layout(src0)
     if layout is not None:
         return repack.work_size(node, layout)
@@ -92,7 +92,7 @@ def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's MUL_MAT_ID: a repacked src0's traits say; else src1 converted (as for
     MUL_MAT), then per expert its row count, its row mappings and its chunk counter (a cache line
     each), each part padded."""
-    src0, src1, ids = node.src[0], node.src[1], node.src[2]
+    src0, src1, ids = node.source(0), node.source(1), node.source(2)
     layout = repacked_layout(src0)
     if layout is not None:
         return repack.work_size(node, layout)
@@ -204,14 +204,14 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
 
 
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
-    src1 = dst.src[1]
-    if repacked_layout(dst.src[0]) is not None or hadamard.takes(dst, False):
+    src1 = dst.source(1)
+    if repacked_layout(dst.source(0)) is not None or hadamard.takes(dst, False):
         return False
-    return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
+    return not emulates_vec_dot(dst.source(0), int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
 def _small_mul_mat(dst: Tensor) -> bool:
-    return int(dst.src[0].ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
+    return int(dst.source(0).ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
 
 
 def _prepare_mul_mat(params, dst: Tensor):
@@ -221,7 +221,7 @@ def _prepare_mul_mat(params, dst: Tensor):
     threads (each output is one row's own sum: the same bits however they are shared). BLAS
     products keep the general path (their units fix their shapes, and BLAS is most of their
     time), as do the cases below that it alone handles."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     t0 = TYPE_TRAITS[src0.type]
     vdt = vec_dot_type(src0.type)
     if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
@@ -325,7 +325,7 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
         blas=_mul_mat_uses_blas, prepare=_prepare_mul_mat)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     layout = repacked_layout(src0)
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         packed = tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat")
@@ -463,13 +463,14 @@ def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
 
 def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
-    return repacked_layout(dst.src[0]) is None and not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
+    src0 = dst.source(0)
+    return repacked_layout(src0) is None and not emulates_vec_dot(src0, _most_rows_per_expert(dst))
 
 
 def _most_rows_per_expert(dst: Tensor) -> int:
     """The products' exactness is decided per node, from the largest expert group it could
     have (every token to one expert)."""
-    ids = dst.src[2]
+    ids = dst.source(2)
     return int(ids.ne[0]) * int(ids.ne[1])
 
 
@@ -508,7 +509,7 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's
     product (chunked as mul_mat chunks, its rows being the tokens that chose it) taken from the
     expert's own counter: first chunk ith, then the next free one."""
-    src0, src1, ids = dst.src[0], dst.src[1], dst.src[2]
+    src0, src1, ids = dst.source(0), dst.source(1), dst.source(2)
     layout = repacked_layout(src0)
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         repack.forward_mul_mat_id(params, dst, layout, tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat_id"))

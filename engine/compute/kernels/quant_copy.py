@@ -86,7 +86,7 @@ def _dup_from_q(params, dst: Tensor, src0: Tensor) -> None:
 
 def add_quantized(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_q_f32: dst row = quantize(dequantize(src0 row) + src1 row)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_add_q_f32"
     if not TYPE_TRAITS[src0.type].is_quantized or src1.type != GGMLType.F32:
         raise not_supported(dst, "unsupported types")

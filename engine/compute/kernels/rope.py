@@ -159,7 +159,7 @@ def mrope_cache(pos4: np.ndarray, ne0: int, sections, is_imrope: bool, indep_sec
 def _rope(params, dst: Tensor, forward: bool = True):
     """This thread's rows of ggml_compute_forward_rope_flt, ready to run (the cache made from the
     positions' values when it runs)."""
-    src0, src1, src2 = dst.src[0], dst.src[1], dst.src[2]
+    src0, src1, src2 = dst.source(0), dst.source(1), dst.src[2]
     ggml_assert(src0.type in (GGMLType.F32, GGMLType.F16),
                 "src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16", FN)
     ggml_assert(src1.type == GGMLType.I32, "src1->type == GGML_TYPE_I32", FN)
