@@ -19,7 +19,7 @@ import sys
 from typing import Callable
 
 try:
-    from engine import _lanes as _compiled
+    import engine._lanes as _compiled
 except ImportError:  # installed without a C compiler: the twins do the work
     _compiled = None
     print("ggml-lens: engine._lanes is not built (no C compiler at install): the engine runs "

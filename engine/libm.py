@@ -43,7 +43,7 @@ class _EachByCtypes:
 
 
 try:
-    from engine import _libm
+    import engine._libm as _libm
 except ImportError:  # installed without a C compiler (engine.lanes says so once)
     _libm = _EachByCtypes()
 

@@ -47,7 +47,7 @@ class Declaration:
 
     def __str__(self) -> str:
         """`query`, `op`, `writes`, `writes DATA`, `writes PLACES OPT LOOP`."""
-        return " ".join([self.kind.value, *(w.name for w in Writes if w in self.writes)])
+        return " ".join([self.kind.value, *(name for name, w in Writes.__members__.items() if w in self.writes)])
 
 
 def _declare(fn: F, declaration: Declaration) -> F:

@@ -89,9 +89,10 @@ class AddressSpace:
                 return ctx, offset
         raise ValueError(f"address {address:#x} is in no live ggml_context pool")
 
-    def resolve_all(self, addresses: np.ndarray) -> tuple[list["Context"], list[int], list[int]]:
-        """resolve() of many addresses at once: the space's contexts, and for each address the
-        index of its context among them and its offset in that pool (ValueError as resolve)."""
+    def resolve_all(self, addresses: np.ndarray) -> tuple[list["Context | None"], list[int], list[int]]:
+        """resolve() of many addresses at once: the space's contexts (None where freed), and for
+        each address the index of its context among them and its offset in that pool (ValueError
+        as resolve)."""
         owners = [self._owner(j) for j in range(len(self._bases))]
         if not len(addresses):
             return owners, [], []
@@ -205,7 +206,7 @@ class Context:
 
     def object_end(self, header_offset: int) -> int:
         """Where the payload of the object whose header is at header_offset ends (offs + size)."""
-        offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool, header_offset)
+        offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool.data, header_offset)
         return offs + size
 
     def headers(self) -> list[tuple[int, int, int, int, int]]:
@@ -214,7 +215,7 @@ class Context:
         struct: no numpy view, no object per entry; a lookup by name walks it for every weight a
         model builder asks for)."""
         self._check_live()
-        out, hdr, buf, unpack = [], self.objects_begin, memoryview(self.pool), _OBJECT_STRUCT.unpack_from
+        out, hdr, buf, unpack = [], self.objects_begin, self.pool.data, _OBJECT_STRUCT.unpack_from
         while hdr is not None:
             offs, size, nxt, type_ = unpack(buf, hdr)
             out.append((hdr, offs, size, type_, nxt))

@@ -17,7 +17,7 @@ from engine.core.api import query, writes
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, \
-    struct_at
+    struct_at, struct_fields
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
 
@@ -29,7 +29,7 @@ GGML_TENSOR_FLAG_PARAM = 4
 GGML_TENSOR_FLAG_LOSS = 8
 GGML_TENSOR_FLAG_COMPUTE = 16
 
-_NAME = TENSOR.fields["name"][1]  # the offset of char name[GGML_MAX_NAME] in the struct (256)
+_NAME = struct_fields(TENSOR)["name"][1]  # the offset of char name[GGML_MAX_NAME] in the struct (256)
 
 
 class SrcPointers:

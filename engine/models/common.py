@@ -46,7 +46,7 @@ from engine.gguf import GGUFError, GGUFReader
 from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
                              gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
                              gguf_init_params)
-from engine.core.types import NUMPY_DTYPE
+from engine.core.types import NUMPY_DTYPE, GGMLType
 
 
 NO_HEAD = frozenset({"bert"})  # architectures without an output head (embeddings)
@@ -318,11 +318,12 @@ class Passes:
 
 def set_input(t: Tensor, values: np.ndarray) -> None:
     """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
-    data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[t.type])
+    data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[GGMLType(t.type)])
     ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t))
 
 
 def get_output(t: Tensor) -> np.ndarray:
     """An output's values, copied out of the compute buffer (ggml_backend_tensor_get): read-only,
     as the copy's bytes are (one copy of a vocabulary's logits, not two)."""
-    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)), dtype=NUMPY_DTYPE[t.type])
+    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)),
+                         dtype=NUMPY_DTYPE[GGMLType(t.type)])

@@ -125,7 +125,7 @@ class Trace:
                  **{bid: m.size for bid, m in buffers.items()}}
         pools = {cid: saved[cid] if cid in saved and cid not in touched
                  else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
-        views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
+        views = {cid: a.data for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
             if view is not None:

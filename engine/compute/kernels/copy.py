@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported
-from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.common import data_place, from_f32, thread_range, to_f32, view4
 from engine.compute.shares import ShareKind
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -114,7 +114,7 @@ def compute_forward_dup(params, dst: Tensor) -> None:
 
 
 def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:
-    ctx, off = t.ctx.space.resolve(t.data)
+    ctx, off = data_place(t)
     return ctx.pool[off + start:off + end]
 
 

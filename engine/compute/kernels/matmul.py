@@ -395,7 +395,7 @@ def _chunks(chunks: np.ndarray, nchunk0: int, dr0: int, dr1: int, nr0: int, nr1:
     return list(map(Tile, chunks.tolist(), rows, cols))
 
 
-def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,
+def _products(params, src0: Tensor, x4: np.ndarray, xtype: int, out: np.ndarray,
               tiny: bool = False) -> None:
     """This thread's units of the node's products, written into out (dst as (ne3, ne2, ne1,
     ne0) = (ne13, ne12, ne11, ne01)).
@@ -424,7 +424,7 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.nda
                                                 exact, tiny, acts, (i13, i12), threads)
 
 
-def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
+def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: int,
                    exact: bool, tiny: bool, acts: dict, key, threads: int = 1,
                    w: np.ndarray | None = None) -> np.ndarray:
     """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import not_supported
-from engine.compute.kernels.common import thread_range, to_f32, view4
+from engine.compute.kernels.common import data_place, thread_range, to_f32, view4
 from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -25,7 +25,7 @@ from engine.core.types import GGMLType, TYPE_TRAITS, ggml_row_size
 
 
 def _pool(t: Tensor) -> tuple[np.ndarray, int]:
-    ctx, off = t.ctx.space.resolve(t.data)
+    ctx, off = data_place(t)
     return ctx.pool, off
 
 

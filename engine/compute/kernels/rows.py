@@ -77,7 +77,7 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
                 note=Note("index_rows"))
 
 
-_ROW_KIND = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}  # lanes.set_rows' kinds
+_ROW_KIND: dict[int, int] = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}  # lanes.set_rows' kinds
 
 
 def _set_rows(params, dst: Tensor):

@@ -15,6 +15,7 @@ and libm's expf on the rest. Every result is bit-exact with ggml on any x86-64 C
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def _hardsigmoid(x: np.ndarray) -> np.ndarray:
 
 
 # f32 -> f32 element functions, written as the C expressions they mirror
-ELEMENT_FNS = {
+ELEMENT_FNS: dict[int, Callable[[np.ndarray], np.ndarray]] = {  # (by op_params[0])
     U.ABS: np.abs,
     U.SGN: lambda x: np.where(x > 0, F32(1), np.where(x < 0, F32(-1), F32(0))),
     U.NEG: np.negative,
@@ -144,7 +145,7 @@ def _gelu_erf_f32(x: np.ndarray) -> np.ndarray:
 
 
 # the f32 table lookups gelu_lookup computes: op -> (its table, clamped at ±10)
-LOOKUPS = {U.GELU: ("gelu", True), U.GELU_QUICK: ("gelu_quick", False)}
+LOOKUPS: dict[int, tuple[str, bool]] = {U.GELU: ("gelu", True), U.GELU_QUICK: ("gelu_quick", False)}
 
 
 def _lookup(params, dst: Tensor):
