@@ -21,12 +21,12 @@ from engine.core.types import GGMLType, traits
 _CHUNK_BYTES = 4 << 20  # dequantize at most this many float32 bytes of weights at a time
 
 
-def activation_values(vdt: GGMLType, act: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+def activation_values(vdt: int, act: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Activation rows of vdt blocks (n1, row_bytes) -> (d*q as float32 (n1, k), Q8_1's s per
     block (n1, k/32) or None)."""
     from engine.quants import QUANT_KINDS
 
-    b = np.ascontiguousarray(act).reshape(-1).view(QUANT_KINDS[vdt].dtype)
+    b = np.ascontiguousarray(act).reshape(-1).view(QUANT_KINDS[GGMLType(vdt)].dtype)
     blck = traits(vdt).blck_size
     d = b["d"].astype(F32) if vdt == GGMLType.Q8_K else h2f(b["d"])
     vals = np.multiply(b["qs"], d[:, None], dtype=F32).reshape(-1, k)

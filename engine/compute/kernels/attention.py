@@ -392,7 +392,8 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
     heads = list(range(ith, n_head, nth))
     with np.errstate(invalid="ignore", over="ignore"):
         for h in heads:
-            m_fin, s_fin = F32(-np.inf), F32(0)
+            m_fin = F32(-np.inf)
+            s_fin: np.float32 | np.ndarray = F32(0)  # (then fmaf's: a float32 scalar)
             acc = np.zeros(st.dv, F32)
             for c in range(nth):
                 if c * chunk_size >= nek1:

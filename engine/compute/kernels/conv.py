@@ -204,13 +204,13 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
     for img, oy in rows or []:  # CWHN: one output row of every channel
         acc = np.zeros((c, ow), np.float32)
         for ky in range(kh):
-            y = oy * sy + ky * dy - py
-            if y < 0 or y >= h:
+            iy = oy * sy + ky * dy - py
+            if iy < 0 or iy >= h:
                 continue
             for kx in range(kw):
                 x = xs[0] + kx * dx - px
                 ok = (x >= 0) & (x < w)
-                val = src4[img, :, y][:, np.clip(x, 0, w - 1)]
+                val = src4[img, :, iy][:, np.clip(x, 0, w - 1)]
                 acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
         d4[img, :, oy] = acc
     params.took(ShareKind.ROWS, Interval(start, max(start, end)))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -273,7 +274,9 @@ def _prepare_mul_mat(params, dst: Tensor):
     def rows_of(x: np.ndarray, i13: int, i12: int) -> np.ndarray:
         return x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1])
 
-    products = []  # (i13, i12, the product: on those rows of x, or bound to them unless widened)
+    # (i13, i12, the product: on those rows of x, or bound to them unless widened)
+    products: list[tuple[int, int, Callable[..., None]]] = []
+    product: Callable[..., None]
     for i13 in range(ne13):
         for i12 in range(0, ne12, group):
             # (the C loops write straight into dst, or through a buffer)
@@ -377,11 +380,11 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         # would: every nth from its own (the output matrix's 262,144 rows are 16,384 chunks)
         taken = np.arange(params.ith, total, params.nth)
     else:
-        taken, chunk = [], params.ith
+        picked, chunk = [], params.ith
         while chunk < total:
-            taken.append(chunk)
+            picked.append(chunk)
             chunk = next(params.shared["chunk"])
-        taken = np.array(taken, dtype=np.int64)
+        taken = np.array(picked, dtype=np.int64)
     done = _chunks(taken, nchunk0, dr0, dr1, nr0, nr1)
     params.took(ShareKind.CHUNKS, *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks",
                                                       n0=nchunk0, n1=nchunk1, d0=dr0, d1=dr1))
@@ -433,22 +436,24 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
     `w`: those rows of src0 already taken (exact products: raw blocks, or float elements)."""
     ne00 = int(src0.ne[0])
     quantized = TYPE_TRAITS[src0.type].is_quantized
-    if w is None and (exact or tiny):
-        w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
-    if tiny and not quantized:
-        return vec_dot_tinyblas(w, to_f32(x, xtype))
-    if exact:
-        if quantized:
-            return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
-        if src0.type == GGMLType.F16:
-            return vec_dot_f16(w, to_f32(x, xtype))
-        if src0.type == GGMLType.BF16:
-            return vec_dot_bf16(w, to_f32(x, xtype))
-        return vec_dot_f32(w, x)
+    if exact or tiny:
+        if w is None:
+            w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
+        if tiny and not quantized:
+            return vec_dot_tinyblas(w, to_f32(x, xtype))
+        if exact:
+            if quantized:
+                return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
+            if src0.type == GGMLType.F16:
+                return vec_dot_f16(w, to_f32(x, xtype))
+            if src0.type == GGMLType.BF16:
+                return vec_dot_bf16(w, to_f32(x, xtype))
+            return vec_dot_f32(w, x)
     if quantized:
         if key not in acts:
             acts[key] = activation_values(xtype, x, ne00)
-        return mul_mat_values(src0.type, quant_rows(src0, i03, i02, rows), *acts[key], ne00)
+        a, s_y = acts[key]
+        return mul_mat_values(src0.type, quant_rows(src0, i03, i02, rows), a, s_y, ne00)
     return blas_product(to_f32(x, xtype), to_f32(view4(src0)[i03, i02, rows], src0.type))
 
 

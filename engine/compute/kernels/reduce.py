@@ -249,7 +249,7 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     ggml_assert(params.wsize >= 4 * (nth + nth * nc),
                 "params->wsize >= sizeof(float) * (nth + nth * nc)", fn)
     ir0, ir1 = thread_range(nr, params.ith, nth)
-    sum_thread = F32(0)
+    sum_thread: np.float32 | np.ndarray = F32(0)  # (then float_sum_lr's: a float32 scalar)
     if ir0 < ir1:
         s0, s1 = flat_rows(src0)[ir0:ir1], flat_rows(src1)[ir0:ir1]
         with np.errstate(all="ignore"):

@@ -61,6 +61,7 @@ def _get_rows(params, dst: Tensor):
             rows = dequantize(src0.type, np.ascontiguousarray(raw[i12, i11, idx]).reshape(-1),
                               len(i) * ne00).reshape(len(i), ne00)  # (n, row_bytes) raw rows
         else:
+            assert s0 is not None  # (not quantized: read as elements)
             rows = s0[i12, i11, idx]
             if src0.type in (GGMLType.F16, GGMLType.BF16):
                 rows = to_f32(rows, src0.type)

@@ -121,11 +121,14 @@ def _soft_max(params, dst: Tensor):
     scale, max_bias = (F32(x) for x in dst.op_params.view(np.float32)[:2])
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     slopes = alibi_slopes(ne02, max_bias)
-    sinks3 = view4(sinks)[0, 0, 0, :ne02] if sinks is not None else None  # (read when it runs)
-    if sinks3 is not None and (sinks.type != GGMLType.F32 or not sinks3.flags.c_contiguous):
-        raise not_supported(dst, "the sinks must be packed F32")
+    sinks3 = None
+    if sinks is not None:
+        sinks3 = view4(sinks)[0, 0, 0, :ne02]  # (read when it runs)
+        if sinks.type != GGMLType.F32 or not sinks3.flags.c_contiguous:
+            raise not_supported(dst, "the sinks must be packed F32")
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
+    mask_f16 = mask is not None and mask.type == GGMLType.F16
     first, step = params.ith, params.nth
     rows = len(range(first, ne01, step))
     if not rows or not ne00:
@@ -141,7 +144,7 @@ def _soft_max(params, dst: Tensor):
         calls.append(partial(soft_max, span_of(x), span_of(y), mspan, sinks3, slopes, scale, ne02,
                              rows, ne00, *x.strides[:2], *y.strides[:2],
                              m.shape[0] if m is not None else 1, mh, mr,
-                             m is not None and mask.type == GGMLType.F16, params.c_threads))
+                             m is not None and mask_f16, params.c_threads))
     return tuple(calls)
 
 

@@ -302,7 +302,8 @@ def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
     if params.ith == 0:
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
     params.barrier()
-    done, pairs = [], []
+    done: list[Chunk] = []
+    pairs: list[int] = []
     chunk = params.ith
     while chunk < nchunk:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)

@@ -18,7 +18,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported, 
 from engine.compute.kernels.common import from_f32, row_index, thread_range, view4
 from engine.compute.kernels.floatmath import mac_in_order
 from engine.compute.shares import Interval, ShareKind
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nrows
 from engine.core.types import GGMLType
@@ -72,8 +72,8 @@ def compute_forward_tri(params, dst: Tensor) -> None:
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     ggml_assert(ggml_is_contiguous(src), "ggml_is_contiguous(src0)", "ggml_compute_forward_tri_f32")
-    keep = _KEEP.get(int(dst.op_params[0]))
-    ggml_assert(keep is not None, "tri type", "ggml_compute_forward_tri_f32", "invalid tri type")
+    keep = ggml_assert_not_null(_KEEP.get(int(dst.op_params[0])), "tri type", "ggml_compute_forward_tri_f32",
+                                "invalid tri type")
     ir0, ir1 = thread_range(ggml_nrows(src), params.ith, params.nth)
     s4, d4 = view4(src), view4(dst)
     i0 = np.arange(int(dst.ne[0]))
@@ -105,8 +105,8 @@ def compute_forward_solve_tri(params, dst: Tensor) -> None:
     of A[i, t]·X[t] is the compiled loop's (floatmath.mac_in_order), then x = (b - sum) / diag."""
     a, b = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_solve_tri_f32"
-    for t, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
-        ggml_assert(t.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
+    for tensor, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
+        ggml_assert(tensor.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
     n, k = int(b.ne[1]), int(b.ne[0])
     ne02 = int(a.ne[2])
     nr = ne02 * int(a.ne[3]) * k

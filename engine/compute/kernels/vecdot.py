@@ -211,15 +211,15 @@ def _shifts(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> 
     return lane_sums(products(vd, dec.aux, sign_trick(dec.aux, act.q), None)), scale
 
 
-def _plus_first(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _plus_first(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return r + acc_m[..., 0]
 
 
-def _plus_four(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _plus_four(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return r + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
 
 
-def _shifted(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _shifted(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return fmaf(hsum8(acc_m), F32(vd.shift), r)  # fused by the oracle: vfmadd132ss
 
 
@@ -230,8 +230,9 @@ class MinRule:
     # (VecDot, weights, activations, the block's scale) -> (min_lanes (..., k: 8, 4 or 1),
     # min_scale (...)): acc_m = fmaf(min_lanes, min_scale, acc_m) block after block
     lanes: Callable[[VecDot, DotBlocks, Activations, np.ndarray], tuple]
-    # (VecDot, hsum_float_8(acc), acc_m) -> the row's result; None: the lanes go into acc itself
-    total: Callable[[VecDot, np.ndarray, np.ndarray], np.ndarray] | None
+    # (VecDot, hsum_float_8(acc): rows' or one row's, acc_m) -> the row's result; None: the lanes
+    # go into acc itself
+    total: Callable[[VecDot, np.ndarray | np.float32, np.ndarray], np.ndarray] | None
 
 
 MIN_RULES: dict[Mins, MinRule] = {
@@ -286,7 +287,7 @@ def row_result(type_: int, h: np.ndarray) -> np.ndarray:
     return h if result == 1 else F32(result) * h
 
 
-def add_mins(type_: int, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def add_mins(type_: int, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     """The result r with the mins' (or offsets', or shifts') accumulators acc_m (..., k: 8, 4 or 1),
     as the type's Mins rule adds them."""
     vd = vec_dot_of(type_)
