@@ -384,7 +384,9 @@ class GraphAllocator:
             if be.buffer_field(t) == 0 and be.buffer_field(t.view_src) != 0:
                 be.ggml_backend_view_init(t)
         elif t.data is None:
-            buf = self.buffers[ta.buffer_id][ta.chunk]
+            chunks = self.buffers[ta.buffer_id]
+            assert chunks is not None  # (the buffers are made before a graph is placed in them)
+            buf = chunks[ta.chunk]
             be.ggml_backend_tensor_alloc(buf, t, buf.base + ta.offset)
 
 

@@ -459,6 +459,12 @@ def ggml_n_dims(t: Tensor) -> int:
     return n_dims_of(t.ne)
 
 
+def dims4(values) -> tuple[int, int, int, int]:
+    """Four sizes (an ne or an nb) as Python ints."""
+    d0, d1, d2, d3 = (int(x) for x in values)
+    return d0, d1, d2, d3
+
+
 def n_dims_of(ne) -> int:
     """ggml_n_dims of a shape `ne` (fastest first), for what holds one without a tensor (a GGUF
     tensor info)."""

@@ -149,7 +149,8 @@ class FieldWrite:
 class Patch:
     ctx: int
     offset: int
-    data: bytes  # the bytes after the step (or a read-only memoryview of a file's pages: a model's weights)
+    data: bytes | memoryview  # the bytes after the step (or a read-only view of a file's pages:
+    #                           a model's weights)
 
     @property
     def end(self) -> int:
@@ -247,7 +248,8 @@ def describe_changes(call: str, objects, fields, patches) -> tuple[Note, ...]:
     for o in objects if len(objects) <= MANY_OBJECTS else ():
         if o.type == "TENSOR":
             data = o.size - GGML_TENSOR_SIZE
-            sizes = dict(fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE, offset=f"{o.header:#x}")
+            sizes: dict[str, str | int] = dict(fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE,
+                                               offset=f"{o.header:#x}")
             parts.append(Note.of("reserved_tensor", data=data, **sizes) if data > 0 else
                          Note.of("reserved_tensor_no_data", **sizes))
         elif o.type == "GRAPH":
