@@ -192,7 +192,9 @@ class Recorder:
             else:
                 data, private = self.file_maps.bytes_of(fb)
                 self.shadow[ctx.id] = Shadow(ctx.mem_size, fb.start, private)
-                self.file_patches.append(Patch(ctx.id, fb.start, data))
+                # (the file's pages as they are, no copy: Patch.data is typed bytes for msgspec,
+                # which decodes it as bytes, and a read-only memoryview reads as bytes do)
+                self.file_patches.append(Patch(ctx.id, fb.start, data))  # type: ignore[arg-type]
 
     def regions(self, things: list[Any]) -> list[tuple[Context | Buffer, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs

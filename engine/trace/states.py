@@ -219,7 +219,7 @@ class _Index(NamedTuple):
     """What a trace's steps hold, as a rebuild and the panels look it up."""
 
     n_steps: int
-    patches: list[tuple[int, int, int, bytes | memoryview]]  # every patch in order: (ctx, start, end, bytes)
+    patches: list[tuple[int, int, int, bytes]]  # every patch in order as (ctx, start, end, bytes)
     ends: list[int]  # how many patches steps 0..k wrote
     nbytes: int  # the bytes the patches hold
     # each context's metas and each buffer's, with the steps that declared them (a context's
@@ -230,7 +230,7 @@ class _Index(NamedTuple):
 
 
 def _index_of(steps: list[Step]) -> _Index:
-    patches: list[tuple[int, int, int, bytes | memoryview]] = []
+    patches: list[tuple[int, int, int, bytes]] = []
     ends: list[int] = []
     by_kind: dict[StepKind, list[int]] = {}
     contexts: Declared = {}

@@ -149,8 +149,7 @@ class FieldWrite:
 class Patch:
     ctx: int
     offset: int
-    data: bytes | memoryview  # the bytes after the step (or a read-only view of a file's pages:
-    #                           a model's weights)
+    data: bytes  # the bytes after the step (or a read-only memoryview of a file's pages: a model's weights)
 
     @property
     def end(self) -> int:
