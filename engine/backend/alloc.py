@@ -31,7 +31,7 @@ algorithm, in ggml's order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from engine.backend import buffer as be
 from engine.core.api import Writes, query, writes
@@ -412,13 +412,7 @@ class Bar(Generic[T]):
     reuses: T | None = None
 
 
-@overload
-def memory_plan(plan: AllocPlan, n_nodes: int) -> list[Bar[Tensor]]: ...
-@overload
-def memory_plan(plan: list[AllocDecision], n_nodes: int) -> list[Bar[tuple[int, int]]]: ...
-
-
-def memory_plan(plan, n_nodes: int) -> list:
+def memory_plan(plan: AllocPlan | list[AllocDecision], n_nodes: int) -> list[Bar]:
     """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
     (x: node order, y: offset). `plan` is an AllocPlan or its decisions as recorded in a trace
     (engine.trace.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""

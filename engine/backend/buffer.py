@@ -10,7 +10,7 @@ own, as the CPU backend's graph_compute does with its work_data.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +18,6 @@ from engine.core.api import Writes, query, writes
 from engine.core.context import current_address_space
 from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.tensor import Tensor, ggml_nbytes
-
-if TYPE_CHECKING:
-    from engine.backend.device import Device
 
 TENSOR_ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp)
 SIZE_MAX = (1 << 64) - 1
@@ -36,7 +33,9 @@ class BufferType:
     def __init__(self, name: str = "CPU", alignment: int = TENSOR_ALIGNMENT, max_size: int = SIZE_MAX,
                  is_host: bool = True) -> None:
         self.name, self.alignment, self.max_size, self.is_host = name, alignment, max_size, is_host
-        self.device: Device | None = None  # set by the Device that allocates this buffer type
+        # the Device that allocates this buffer type, which sets it (engine.backend.device, which
+        # imports this module: named Any here)
+        self.device: Any = None
 
     def alloc_size(self, t: Tensor) -> int:
         return ggml_nbytes(t)
@@ -296,8 +295,8 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
         return
     src = np.frombuffer(data if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
                         dtype=np.uint8)
-    buf = tensor_buffer(t)
-    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_set")
+    buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"",
+                               "ggml_backend_tensor_set")
     buf.buft.set_tensor(buf, t, src, offset, size)
 
 
@@ -305,8 +304,8 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
 def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
     if size == 0:
         return b""
-    buf = tensor_buffer(t)
-    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_get")
+    buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"",
+                               "ggml_backend_tensor_get")
     return buf.buft.get_tensor(buf, t, offset, size)
 
 

@@ -217,7 +217,8 @@ class Recorder:
                         out += self.work_buffers_of(ctx)
                 out += self.backend.work_buffer_regions()
             elif t is Region.ALL_MEMORY:
-                out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
+                pools: list[Context | Buffer] = [*self.contexts, *self.backend.buffers]
+                out += [(c, 0, c.mem_size) for c in pools if not c.freed]
             elif isinstance(t, StructOf):
                 out.append((t.tensor.ctx, t.tensor.offs, t.tensor.offs + GGML_TENSOR_SIZE))
             elif isinstance(t, PoolRange):

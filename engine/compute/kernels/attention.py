@@ -195,7 +195,7 @@ def fa_online(s, skip, v, fp16: bool, acc, M, S, rows: int, n: int, dv: int) -> 
     np.frombuffer(S, F32)[:] = sm
 
 
-def _sink(sink: F32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
+def _sink(sink: np.float32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
     """The sink's logit joins the softmax after the keys (no value of its own)."""
     with np.errstate(invalid="ignore", over="ignore"):
         new = sink > M
@@ -363,9 +363,9 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
         for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
             if tiled:
-                for t in range(a, b, Q_TILE):
-                    e = min(b, t + Q_TILE)
-                    st.d4[iq3, t:e, iq2] = _tiled(st, iq3, iq2, t, e, params.llamafile)
+                for q0 in range(a, b, Q_TILE):
+                    e = min(b, q0 + Q_TILE)
+                    st.d4[iq3, q0:e, iq2] = _tiled(st, iq3, iq2, q0, e, params.llamafile)
             else:
                 M, S, acc = _one_chunk(st, iq3, iq2, a, b, 0, nek1)
                 st.d4[iq3, a:b, iq2] = _finish(S, acc)  # permute(0, 2, 1, 3)
