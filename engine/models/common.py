@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from cachetools import LRUCache
 
 from engine.compute.plan import llamafile_build, tiled_build
@@ -300,7 +301,7 @@ class Passes:
     while its shape stays, a model builds and allocates a graph once per shape."""
 
     def __init__(self, kept: int) -> None:
-        self._passes = LRUCache(kept)
+        self._passes: LRUCache = LRUCache(kept)
 
     def clear(self) -> None:
         """Free every kept graph's context and compute buffer."""
@@ -316,7 +317,7 @@ class Passes:
         return p
 
 
-def set_input(t: Tensor, values: np.ndarray) -> None:
+def set_input(t: Tensor, values: ArrayLike) -> None:
     """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
     data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[GGMLType(t.type)])
     ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t))
