@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 from cachetools import LRUCache
 
 from engine.compute.plan import llamafile_build, tiled_build
@@ -317,7 +316,7 @@ class Passes:
         return p
 
 
-def set_input(t: Tensor, values: ArrayLike) -> None:
+def set_input(t: Tensor, values: np.ndarray | list[int]) -> None:
     """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
     data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[GGMLType(t.type)])
     ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t))
@@ -326,5 +325,4 @@ def set_input(t: Tensor, values: ArrayLike) -> None:
 def get_output(t: Tensor) -> np.ndarray:
     """An output's values, copied out of the compute buffer (ggml_backend_tensor_get): read-only,
     as the copy's bytes are (one copy of a vocabulary's logits, not two)."""
-    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)),
-                         dtype=NUMPY_DTYPE[GGMLType(t.type)])
+    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)), dtype=NUMPY_DTYPE[GGMLType(t.type)])

@@ -144,10 +144,9 @@ class Gemma2(Decoder):
 
         for il, L in enumerate(self.layers):
             swa = hp.swa_layers[il]
-            rope: dict[str, Any] = dict(  # ggml_rope_ext's arguments after a, b and c
-                n_dims=hd, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_train,
-                freq_base=hp.freq_base_swa if swa else hp.freq_base, freq_scale=1.0,
-                ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+            rope: dict[str, Any] = dict(n_dims=hd, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_train,
+                                        freq_base=hp.freq_base_swa if swa else hp.freq_base, freq_scale=1.0,
+                                        ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
             cur = rms_norm(ctx, x, L["attn_norm"], eps, "attn_norm", il)
             q, k, v = build_qkv(ctx, L, cur, hd, hp.n_head, hp.n_head_kv, il)
             if self.QK_NORM:

@@ -153,10 +153,9 @@ class Llama(Decoder):
 
         x = self.token_rows(ctx, gf, inputs, "inp_embd")  # [E, n]
         kq_scale = 1.0 / math.sqrt(hd)
-        rope: dict[str, Any] = dict(  # ggml_rope_ext's arguments after a, b and c
-            n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
-            freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
-            attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+        rope: dict[str, Any] = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
+                                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
+                                    attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             inp_sa = x
             cur = named(ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), L["attn_norm"]),

@@ -107,10 +107,9 @@ class Phi3(Decoder):
         hd = hp.head_dim
         gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        rope: dict[str, Any] = dict(  # ggml_rope_ext's arguments after a, b and c
-            n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
-            freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
-            attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
+        rope: dict[str, Any] = dict(n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
+                                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
+                                    attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             residual = x
             cur = rms_norm(ctx, x, L["attn_norm"], eps, "attn_norm", il)
