@@ -55,7 +55,7 @@ def _declare(fn: F, declaration: Declaration) -> F:
     if hasattr(fn, "ggml_declaration"):
         raise TypeError(f"{fn.__name__} is declared twice ({fn.ggml_declaration} and {declaration}): "
                         "a facade function declares exactly one kind")
-    fn.ggml_declaration = declaration  # type: ignore[attr-defined]
+    fn.ggml_declaration = declaration  # type: ignore[attr-defined]  # (a function takes attributes; Callable does not say so)
     return fn
 
 

@@ -124,7 +124,7 @@ class StringArray(Sequence[str]):
         start = int(self.offsets[i]) + 8
         return bytes(self._buf[start:start + int(self.lengths[i])])
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if self._decoded is not None:

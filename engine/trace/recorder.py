@@ -194,7 +194,7 @@ class Recorder:
                 self.shadow[ctx.id] = Shadow(ctx.mem_size, fb.start, private)
                 # (the file's pages as they are, no copy: Patch.data is typed bytes for msgspec,
                 # which decodes it as bytes, and a read-only memoryview reads as bytes do)
-                self.file_patches.append(Patch(ctx.id, fb.start, data))  # type: ignore[arg-type]
+                self.file_patches.append(Patch(ctx.id, fb.start, data))  # type: ignore[arg-type]  # (see above)
 
     def regions(self, things: list[Any]) -> list[tuple[Context | Buffer, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs
