@@ -286,7 +286,7 @@ def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathL
                     progress(QuantizeProgress(Stage.START, index, count, p, 0, rows))
                 raw = r.tensor_bytes(t)
                 if not p.converts:
-                    f.write(raw)
+                    f.write(raw.data)
                 else:
                     for done, chunk in converted_rows(t, p.new_type, raw, pool, 2 * nthread):
                         f.write(chunk)

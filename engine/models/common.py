@@ -211,6 +211,7 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool,
         like = ggml_get_first_tensor(meta) if like is None else ggml_get_next_tensor(meta, like)
         if like is None or like.name != name:
             like = ggml_get_tensor(meta, name)
+        assert like is not None  # (meta holds every tensor of the file)
         where, why = placement(name, like.type, like.ne) if repack else (cpu.name, "")
         if where not in contexts:
             contexts[where] = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(),

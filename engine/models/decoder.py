@@ -46,6 +46,7 @@ from engine.ggml_backend import ggml_backend_buffer_free, ggml_backend_get_defau
 from .common import ModelError, ModelFile, Pass, Passes, alloc_ctx_tensors, get_output, set_input
 from .llm_graph import attention, mul_mat_hadamard
 from .params import CParams, ContextParams, ParamsError, rotation
+from .tokenize import Tokenizer
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -290,7 +291,7 @@ class Decoder:
     tok_embd: Tensor
     n_ctx: int
     cparams: CParams  # the settings it runs with (llama_cparams): batches, flash attention...
-    tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
+    tokenizer: Tokenizer | None  # None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
     swa_cells: int | None = None  # the sliding-window layers' cache, when smaller than n_ctx
     # llama.cpp's whole input topology, which a plan's reserve graphs need (engine/models/plan.py)
@@ -318,7 +319,7 @@ class Decoder:
         self.n_ctx = self.cparams.n_ctx
         if kv_cache:  # with the sliding-window layers' cells as llama_kv_cache_iswa sizes them
             c, swa = self.cparams, getattr(self.hp, "swa_layers", ())
-            n_ctx_swa = c.swa_cells(self.hp.n_swa) if any(swa) else None
+            n_ctx_swa = c.swa_cells(getattr(self.hp, "n_swa", 0)) if any(swa) else None
             self.cache = KVCache(self.hp, self.n_ctx, f.backend, c.type_k, c.type_v, c.v_trans,
                                  swa, n_ctx_swa, f.no_alloc)
 
@@ -378,9 +379,9 @@ class Decoder:
         mask_type = GGML_TYPE_F16 if self.cparams.flash_attn else GGML_TYPE_F32
         for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
             suffix = name.removeprefix("attn_inp_kq_mask")
-            self.cache.inputs(ctx, inputs, n, suffix)
+            self.kv_cache.inputs(ctx, inputs, n, suffix)
             # 0 where a query may look, -inf elsewhere
-            new(name, mask_type, self.cache.n_kv_of(n_kv, suffix == "_swa"), n)
+            new(name, mask_type, self.kv_cache.n_kv_of(n_kv, suffix == "_swa"), n)
         for name in self.windows:  # the Hadamard matrices of a rotated (quantized) cache
             self.kv_cache.rotation_inputs(ctx, inputs, name.removeprefix("attn_inp_kq_mask"))
 
@@ -417,7 +418,7 @@ class Decoder:
         set_input(inputs["inp_pos"], np.arange(n_past, n_past + n))
         self.kv_cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
-            n_kv = self.cache.n_kv_of(self.n_kv(n_past + n), name.endswith("_swa"))
+            n_kv = self.kv_cache.n_kv_of(self.n_kv(n_past + n), name.endswith("_swa"))
             set_input(inputs[name], causal_mask(n, n_past, window, n_kv))
 
     def memory_shape(self, n_past: int, n: int):

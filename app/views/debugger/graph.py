@@ -36,7 +36,7 @@ HEADER = ("  bgcolor = transparent;", '  node [fontname = "DejaVu Sans Mono", fo
 
 # what a node of an op that does the work of several says (its tooltip, and a line under the
 # drawing when the graph has one)
-OP_NOTES = {
+OP_NOTES: dict[int, str] = {
     GGMLOp.FLASH_ATTN_EXT: N_("one node for KQ = K·Q, softmax, KQV = V·softmax: the MUL_MAT → "
                               "SOFT_MAX → MUL_MAT of the path without flash attention"),
 }
@@ -159,7 +159,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
              for name in sorted(set(layers.values()), key=int)]
     svg_url = f"{where.base}/steps/{where.step}/graph/{key}.svg" + where.query(expand=expand)
     ops = set(tensors[1]["op"][:g.n_nodes].tolist())
-    notes = tuple(OpNote(op.name, ggml_op_symbol(op), _(note)) for op, note in OP_NOTES.items()
+    notes = tuple(OpNote(GGMLOp(op).name, ggml_op_symbol(op), _(note)) for op, note in OP_NOTES.items()
                   if int(op) in ops)
     return GraphView(key, highlight, links, g.n_nodes, g.n_leafs,
                      lambda: _dot(g, where, layers, backward, set(open_layers), sched),
