@@ -466,7 +466,7 @@ class Decoder:
         cache = getattr(self, "cache", None)
         if cache is not None:
             cache.free()
-            self.cache = None
+            del self.cache  # (a closed model holds no memory)
         self.file.close()
 
     def decode(self, token_ids: list[int], n_threads: int | None = None,
