@@ -155,6 +155,7 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 QUIET_TESTS := tests/unit/app/test_sandbox_resources.py
 test: setup-test
 	$(VENV)/bin/ruff check --no-cache app engine tests bench
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(QUIET_TESTS)
 	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom $(addprefix --ignore=,$(QUIET_TESTS)) tests
 	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom

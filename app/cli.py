@@ -275,7 +275,7 @@ def _stream(model, prompt: list[int], args: argparse.Namespace, stop: set[int]) 
     import time
 
     out, t0 = [], time.perf_counter()
-    t_first = None
+    t_first: float | None = None
     pending = b""  # bytes of a character cut between tokens (byte fallback)
     n_threads = model.cparams.n_threads
     for token in model.stream(prompt, args.n, n_threads=n_threads,
@@ -293,7 +293,8 @@ def _stream(model, prompt: list[int], args: argparse.Namespace, stop: set[int]) 
     print(pending.decode("utf-8", errors="replace"), flush=True)
     t1 = time.perf_counter()
     rest = len(out) - 1
-    speed = f", then {rest / (t1 - t_first):.2f} tokens/s" if rest > 0 and t1 > t_first else ""
+    speed = f", then {rest / (t1 - t_first):.2f} tokens/s" \
+        if rest > 0 and t_first is not None and t1 > t_first else ""
     print(f"-- {len(prompt)} prompt tokens in {(t_first or t1) - t0:.2f} s{speed} "
           f"({n_threads} thread{'s' if n_threads > 1 else ''})", file=sys.stderr)
     return out

@@ -96,7 +96,7 @@ def pick(query_lang: str | None, cookie: str | None, accept_language: str | None
     for choice in (query_lang, cookie):
         if choice in LOCALES:
             return choice
-    wishes = []
+    wishes: list[tuple[float, int, str]] = []
     for part in (accept_language or "").split(","):
         tag, _sep, params = part.strip().partition(";")
         weight = params.strip().removeprefix("q=") if params.strip().startswith("q=") else "1"

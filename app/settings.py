@@ -8,6 +8,7 @@ recorded with) are constants here too, so a route, a cache and a template share 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,7 @@ class Settings:
         return self.data_dir / "uploads"
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings a deployment chose: GGML_LENS_DATA, _UPLOAD_LIMIT, _STORE_LIMIT,
         _TRACE_CACHE, _SVG_CACHE, _FIXTURES, _PROGRAMS ("1": the playground is on; "unconfined": on
         without the kernel boundary), _PURE_NUMPY ("1": the numpy twins), _MODELS, _QUEUE, _STORE,

@@ -94,9 +94,9 @@ class TraceCache:
         self.files = files  # traces shared with other processes (None: this process alone)
         # LRUs that count the bytes their items hold; _keep and state() drop the least recently
         # used: the jobs' products (traces by Recipe, dumps by Dump), and the rebuilt states
-        self._traces = LRUCache(math.inf, getsizeof=_held)
+        self._traces: LRUCache = LRUCache(math.inf, getsizeof=_held)
         self._recipes: dict[int, Recipe] = {}  # id of a kept trace -> its recipe
-        self._states = LRUCache(math.inf, getsizeof=lambda s: s.nbytes)  # by (Recipe, step)
+        self._states: LRUCache = LRUCache(math.inf, getsizeof=lambda s: s.nbytes)  # by (Recipe, step)
         self._lock = threading.Lock()
         self._reading: dict[Recipe, threading.Lock] = {}  # one read of a shared file at a time
         self.jobs: Queue | None = None  # records what no request should wait for
@@ -114,17 +114,19 @@ class TraceCache:
         trace = self.kept(recipe)
         if trace is not None:
             return trace
-        job = self.jobs.find(recipe, client) if self.jobs is not None else None
+        jobs = self.jobs
+        job = jobs.find(recipe, client) if jobs is not None else None
         if job is None:  # (a recording page's poll looks no further than its job)
             trace = self.shared(recipe)
             if trace is not None:
                 return trace
             if check is not None:
                 check()
-            if self.jobs is None:
+            if jobs is None:
                 return self.record(recipe)
-            job = self.jobs.submit(recipe, client)
-        done = self.jobs.wait(job, QUICK if wait is None else wait)
+            job = jobs.submit(recipe, client)
+        assert jobs is not None  # (the job was found in the queue, or given to it)
+        done = jobs.wait(job, QUICK if wait is None else wait)
         if done is None:
             return job
         trace = done if isinstance(done, Trace) else self.kept(recipe) or self.shared(recipe)
@@ -195,6 +197,7 @@ class TraceCache:
         are more than `size` of them."""
         self._traces[key] = made  # (again: its size counted anew)
         if isinstance(made, Trace):
+            assert isinstance(key, Recipe)  # (a trace is a recipe's product; a dump, text)
             self._recipes[id(made)] = key
         for old_key, old in _shed(self._traces, self.size, self.memory - self.memory // STATES_SHARE):
             self._recipes.pop(id(old), None)
@@ -241,12 +244,13 @@ class TraceCache:
         fixture or the bundled model (None: it reads none)."""
         prog = PROGRAMS[recipe.name]
         if recipe.file is not None:
-            path = self.uploads.path(recipe.file) if self.uploads is not None else None
-            if path is None:
+            uploads = self.uploads
+            path = uploads.path(recipe.file) if uploads is not None else None
+            if uploads is None or path is None:
                 raise ValueError(_("No GGUF file with hash {file} is stored; upload it in the GGUF inspector "
                                    "first.").format(file=recipe.file))
-            if not self.uploads.whole(recipe.file):  # its holes would load as zeros
-                raise HeaderOnly(self.uploads.upload_limit)
+            if not uploads.whole(recipe.file):  # its holes would load as zeros
+                raise HeaderOnly(uploads.upload_limit)
             return path
         if prog.reads and self.fixtures_dir is not None:
             return self.fixtures_dir / prog.reads

@@ -27,7 +27,7 @@ templates = Jinja2Templates(directory=TEMPLATES_DIR)
 templates.env.globals["MAX_THREADS"] = MAX_THREADS
 # gettext in templates: {{ _("...") }} and {% trans %}, in the request's language (app/i18n.py)
 templates.env.add_extension("jinja2.ext.i18n")
-templates.env.install_gettext_callables(i18n.gettext, i18n.ngettext, newstyle=True)
+templates.env.install_gettext_callables(i18n.gettext, i18n.ngettext, newstyle=True)  # type: ignore[attr-defined]  # (the i18n extension adds it at run time)
 templates.env.globals.update(locale=i18n.current, LOCALES=i18n.LOCALES, HTML_LANG=i18n.HTML_LANG, note=i18n.note,
                               js_text=i18n.js_text, tr=i18n.gettext)  # tr: a message from data, without %-formatting
 log = logging.getLogger("ggml-lens")

@@ -114,13 +114,15 @@ class RedisJobs:
                 self.redis.delete(CLAIM + digest)
                 raise
             with self.redis.pipeline() as p:
-                p.sadd(CLIENT + client, digest).expire(CLIENT + client, CLAIM_TTL).execute()
+                p.sadd(CLIENT + client, digest)
+                p.expire(CLIENT + client, CLAIM_TTL)
+                p.execute()
         return RemoteJob(digest, key, client)
 
     def _room(self, client: str) -> None:
         if self.queue.count >= self.capacity:
             raise QueueFull(False, self._wait(self.queue.count))
-        ids = sorted(x.decode() for x in self.redis.smembers(CLIENT + client))
+        ids = sorted(x.decode() if isinstance(x, bytes) else x for x in self.redis.smembers(CLIENT + client))
         jobs = RQJob.fetch_many(ids, connection=self.redis, serializer=JSONSerializer)
         active = [j for j in jobs if j is not None and j.get_status(refresh=False) in ACTIVE]
         gone = set(ids) - {j.id for j in active}
@@ -149,13 +151,13 @@ class RedisJobs:
         while True:
             found = self._job(job)
             status = found.get_status(refresh=False) if found is not None else None
-            if status == JobStatus.FINISHED:
+            if found is not None and status == JobStatus.FINISHED:
                 result = found.return_value() or {}
                 if "error" in result:
                     self.redis.delete(CLAIM + job.id)
                     raise ValueError(str(result["error"])[:2000])
                 return result.get("text", True)
-            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+            if found is not None and status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
                 self.redis.delete(CLAIM + job.id)
                 raise RecordingLost(self._why(found))
             if found is None and self._unqueued(job):

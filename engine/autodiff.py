@@ -14,8 +14,10 @@ Leaves out: ggml_build_backward_gradient_checkpointing (not in ggml 0.15.3's ggm
 
 from __future__ import annotations
 
+from typing import Callable
+
 from engine.core.api import writes
-from engine.core.errors import ggml_assert
+from engine.core.errors import GGMLAssertionError, ggml_assert, ggml_assert_not_null
 from engine.core.graph import GGML_HASHSET_FULL, Graph, ggml_build_forward_expand, ggml_graph_cpy, \
     ggml_graph_get_grad, ggml_graph_get_grad_acc, ggml_new_graph_custom
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_SRC
@@ -62,7 +64,7 @@ def ggml_set_zero(t: Tensor) -> Tensor:
 
 
 @writes()
-def ggml_graph_reset(g: Graph) -> None:
+def ggml_graph_reset(g: Graph | None) -> None:
     """ggml_graph_reset: loss accumulators to 1, every other gradient accumulator to 0, and the
     AdamW moments of OPT_STEP_ADAMW nodes to 0."""
     if g is None:
@@ -71,8 +73,8 @@ def ggml_graph_reset(g: Graph) -> None:
     for node in g.nodes:
         acc = ggml_graph_get_grad_acc(g, node)
         if node.op == O.OPT_STEP_ADAMW:
-            ggml_set_zero(node.src[2])
-            ggml_set_zero(node.src[3])
+            ggml_set_zero(node.source(2))
+            ggml_set_zero(node.source(3))
         if acc is None:
             continue
         if node.flags & GGML_TENSOR_FLAG_LOSS:
@@ -91,7 +93,9 @@ class _Backward:
 
     def __init__(self, ctx, g: Graph, needed: set[int]) -> None:
         self.ctx, self.g, self.needed = ctx, g, needed
-        self.grads, self.accs = g.grad_addresses, g.grad_acc_addresses
+        tables = g.grad_tables
+        assert tables is not None  # (ggml_build_backward_expand asserts cgraph->grads)
+        self.grads, self.accs = tables
 
     def slot(self, t: Tensor | None) -> int | None:
         return None if t is None else self.g.slot_of(t)
@@ -168,11 +172,11 @@ def ggml_build_backward_expand(ctx, g: Graph, grad_accs: list[Tensor | None] | N
     """
     fn = "ggml_build_backward_expand"
     ggml_assert(g.n_nodes > 0, "cgraph->n_nodes > 0", fn)
-    ggml_assert(g.grad_addresses is not None, "cgraph->grads", fn,
-                "make the graph with ggml_new_graph_custom(ctx, size, grads=True)")
+    grads, accs = ggml_assert_not_null(g.grad_tables, "cgraph->grads", fn,
+                                       "make the graph with ggml_new_graph_custom(ctx, size, grads=True)")
     forward = g.nodes
-    g.grad_addresses[:] = 0
-    g.grad_acc_addresses[:] = 0
+    grads[:] = 0
+    accs[:] = 0
     ggml_assert(any(n.flags & GGML_TENSOR_FLAG_PARAM for n in forward),
                 "any_params && \"no trainable parameters found, did you forget to call "
                 "ggml_set_param?\"", fn)
@@ -206,11 +210,12 @@ def ggml_build_backward_expand(ctx, g: Graph, grad_accs: list[Tensor | None] | N
         slot = g.hash_find(node)
         ggml_assert(slot != GGML_HASHSET_FULL, "ihash != GGML_HASHSET_FULL", fn)
         ggml_assert(g.is_used(slot), "ggml_bitset_get(cgraph->visited_hash_set.used, ihash)", fn)
-        if grad_accs is not None and grad_accs[i] is not None:
-            g.grad_acc_addresses[slot] = g.grad_addresses[slot] = grad_accs[i].address
+        given = grad_accs[i] if grad_accs is not None else None
+        if given is not None:
+            accs[slot] = grads[slot] = given.address
         elif node.flags & GGML_TENSOR_FLAG_LOSS:  # a loss always gets an accumulator
             acc = ggml_new_tensor(ctx, GGMLType.F32, GGML_MAX_DIMS, [int(x) for x in node.ne])
-            g.grad_acc_addresses[slot] = g.grad_addresses[slot] = acc.address
+            accs[slot] = grads[slot] = acc.address
         needed.add(slot)
 
     bw = _Backward(ctx, g, needed)
@@ -228,13 +233,15 @@ def _compute_backward(bw: _Backward, tensor: Tensor) -> None:
     n0, n1, n2 = bw.needs(src0), bw.needs(src1), bw.needs(src2)
     rule = _RULES.get(tensor.op)
     if rule is None:
-        ggml_assert(False, "false", "ggml_compute_backward",
-                    f"unsupported ggml op for backward pass: {GGMLOp(tensor.op).name}")
+        raise GGMLAssertionError("false", "ggml_compute_backward",
+                                 f"unsupported ggml op for backward pass: {GGMLOp(tensor.op).name}")
     rule(bw, ctx, tensor, grad, src0, src1, src2, n0, n1)
     fn = "ggml_compute_backward"
     for src, needed, k in ((src0, n0, 0), (src1, n1, 1), (src2, n2, 2)):
         if needed:
-            ggml_assert(ggml_are_same_shape(src, bw.grad_of(src)),
+            src_grad = bw.grad_of(src) if src is not None else None
+            assert src is not None and src_grad is not None  # (needed: the rule gave it a gradient)
+            ggml_assert(ggml_are_same_shape(src, src_grad),
                         f"!src{k}_needs_grads || ggml_are_same_shape(src{k}, "
                         f"cgraph->grads[isrc{k}])", fn)
 
@@ -542,7 +549,7 @@ def _none(bw, ctx, t, grad, s0, s1, s2, n0, n1):
     pass
 
 
-_RULES = {
+_RULES: dict[int, Callable[..., None]] = {  # by a node's op (its number)
     O.DUP: _dup, O.ADD: _add, O.ADD1: _add1, O.ACC: _acc_rule, O.SUB: _sub, O.MUL: _mul,
     O.DIV: _div, O.SQR: _sqr, O.SQRT: _sqrt, O.LOG: _log, O.SIN: _sin, O.COS: _cos, O.SUM: _sum,
     O.SUM_ROWS: _sum_rows, O.MEAN: _mean, O.REPEAT: _repeat, O.REPEAT_BACK: _repeat_back,

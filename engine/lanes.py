@@ -19,7 +19,7 @@ import sys
 from typing import Callable
 
 try:
-    from engine import _lanes as _compiled
+    from engine import _lanes as _compiled  # type: ignore[attr-defined]  # (a C extension: mypy reads no .so)
 except ImportError:  # installed without a C compiler: the twins do the work
     _compiled = None
     print("ggml-lens: engine._lanes is not built (no C compiler at install): the engine runs "

@@ -43,7 +43,7 @@ class _EachByCtypes:
 
 
 try:
-    from engine import _libm
+    from engine import _libm  # type: ignore[attr-defined]  # (a C extension: mypy reads no .so)
 except ImportError:  # installed without a C compiler (engine.lanes says so once)
     _libm = _EachByCtypes()
 

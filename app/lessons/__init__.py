@@ -21,6 +21,7 @@ import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from app.lessons.facts import TraceFact, Selector
 from app.views.debugger.panels import PANELS
@@ -104,7 +105,7 @@ def _text(d: dict, name: str, where: str, allowed: tuple[str, ...] = ()) -> Text
     return Text(t["en"].strip(), t["zh"].strip())
 
 
-def _fact(d: dict, where: str) -> TraceFact:
+def _fact(d: object, where: str) -> TraceFact:
     if not isinstance(d, dict) or "kind" not in d:
         raise LessonError(f"{where}: a fact is a table with a `kind`")
     try:
@@ -137,8 +138,9 @@ def _stop(d: dict, where: str, panels: frozenset[str]) -> LessonStop:
     panel = d.get("panel")
     if panel not in panels:
         raise LessonError(f"{where}: panel {panel!r} is not one of {sorted(panels)}")
+    answer: Any = d.get("answer")  # (whatever the file holds: Form refuses what it is not)
     try:
-        ask, form = Ask(d.get("ask", "before")), Form(d.get("answer"))
+        ask, form = Ask(d.get("ask", "before")), Form(answer)
     except ValueError as e:
         raise LessonError(f"{where}: {e}") from None
     stop = LessonStop(selector, ask, _fact(d.get("fact"), where), form,

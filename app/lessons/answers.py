@@ -116,13 +116,16 @@ def judge(stop: LessonStop, solved: Solved, text: str) -> Judged:
         if not 0 <= i < len(stop.options):
             return Judged(False, UNREAD)
         return Judged(i == solved.choice, label(stop.options[i]))
+    value = solved.value
     if stop.form == Form.SHAPE:
         ne = read_shape(text)
         if ne is None:
             return Judged(False, UNREAD)
-        return Judged(ne == solved.value.ne, shown(Shape(ne)))
+        assert isinstance(value, Shape)  # (a shape question's fact is a shape: the lesson's check)
+        return Judged(ne == value.ne, shown(Shape(ne)))
     x = read_number(text)
     if x is None:
         return Judged(False, UNREAD)
-    right = abs(x - solved.value) <= stop.tolerance
-    return Judged(right, shown(x), None if right else solved.value > x)
+    assert isinstance(value, (int, float))  # (a number question's fact is a number: the lesson's check)
+    right = abs(x - value) <= stop.tolerance
+    return Judged(right, shown(x), None if right else value > x)

@@ -23,7 +23,8 @@ from functools import cached_property
 from typing import Callable
 
 from engine.compute.kernels.common import view4
-from engine.core.context import GGML_OBJECT_TYPE_TENSOR, ggml_used_mem
+from engine.compute.shares import Interval
+from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Pool, ggml_used_mem
 from engine.core.graph import Graph
 from engine.core.layout import GGML_OBJECT_SIZE
 from engine.core.optable import ggml_op_name
@@ -121,8 +122,11 @@ class Scene:
     def state(self) -> State:
         return self.trace.state_at(self.k)
 
-    def tensor(self, spec: str) -> Tensor:
-        """The tensor a spec names at this step (FactError when none does)."""
+    def tensor(self, spec: str | None) -> Tensor:
+        """The tensor a spec names at this step (FactError when none does; None: a fact that names
+        none, which its kind's check refuses)."""
+        if spec is None:
+            raise FactError("the fact names no tensor")
         base, _, follow = spec.rpartition(".")
         if follow in SUFFIXES and base:
             t = self.tensor(base)
@@ -135,8 +139,10 @@ class Scene:
             raise FactError(f"{spec}'s context is freed after step {self.k}")
         return self.state.tensor(ref)
 
-    def ref(self, spec: str) -> TensorRef:
+    def ref(self, spec: str | None) -> TensorRef:
         """The (context, struct offset) of the tensor a spec names (no pointer suffix)."""
+        if spec is None:
+            raise FactError("the fact names no tensor")
         if spec == "@":
             if self.step.tensor is None:
                 raise FactError(f"step {self.k} ({self.step.call!r}) is about no tensor")
@@ -210,6 +216,13 @@ def fact(name: str, needs: tuple[str, ...] = (), optional: tuple[str, ...] = ())
     return register
 
 
+def _index(f: TraceFact) -> int:
+    """The fact's index, for a kind that needs one (its check refuses a fact without)."""
+    if f.index is None:
+        raise FactError(f"the fact {f.kind!r} names no index")
+    return f.index
+
+
 def _tensor(scene: Scene, f: TraceFact) -> Tensor | None:
     return scene.tensor(f.tensor) if f.tensor is not None else None
 
@@ -254,7 +267,7 @@ def _object_bytes(scene: Scene, f: TraceFact) -> int:
     return GGML_OBJECT_SIZE + size
 
 
-def _where(t: Tensor, spec: str) -> tuple[object, int]:
+def _where(t: Tensor, spec: str | None) -> tuple[Pool, int]:
     if t.data is None:
         raise FactError(f"{spec} has no data (NULL) at this step")
     return t.ctx.space.resolve(t.data)
@@ -285,8 +298,9 @@ def _field(scene: Scene, f: TraceFact) -> int | str:
     m = FIELD.match(f.field or "")
     if m:
         return int((t.ne if m.group(1) == "ne" else t.nb)[int(m.group(2))])
-    by_name = {"view_offs": lambda: t.view_offs, "n_dims": lambda: ggml_n_dims(t),
-               "op": lambda: ggml_op_name(t.op), "type": lambda: ggml_type_name(t.type)}
+    by_name: dict[str, Callable[[], int | str]] = {
+        "view_offs": lambda: t.view_offs, "n_dims": lambda: ggml_n_dims(t),
+        "op": lambda: ggml_op_name(t.op), "type": lambda: ggml_type_name(t.type)}
     if f.field not in by_name:
         raise FactError(f"unknown field {f.field!r}: ne[i], nb[i], {', '.join(by_name)}")
     return by_name[f.field]()
@@ -320,7 +334,7 @@ def _block_elements(scene: Scene, f: TraceFact) -> int:
 @fact("source", needs=("tensor", "index"))
 def _source(scene: Scene, f: TraceFact) -> Picked:
     """The tensor's src[index]."""
-    found = scene.tensor(f.tensor).src[f.index]
+    found = scene.tensor(f.tensor).src[_index(f)]
     if found is None:
         raise FactError(f"{f.tensor} has no src[{f.index}]")
     return Picked((found.ctx.id, found.offs))
@@ -341,19 +355,19 @@ def _n_leafs(scene: Scene, f: TraceFact) -> int:
 @fact("leaf", needs=("index",))
 def _leaf(scene: Scene, f: TraceFact) -> Picked:
     """The newest graph's leafs[index]."""
-    leafs = scene.graph().leafs
-    if not -len(leafs) <= f.index < len(leafs):
-        raise FactError(f"the graph has {len(leafs)} leafs; no leafs[{f.index}]")
-    return Picked((leafs[f.index].ctx.id, leafs[f.index].offs))
+    leafs, i = scene.graph().leafs, _index(f)
+    if not -len(leafs) <= i < len(leafs):
+        raise FactError(f"the graph has {len(leafs)} leafs; no leafs[{i}]")
+    return Picked((leafs[i].ctx.id, leafs[i].offs))
 
 
 @fact("node", needs=("index",))
 def _node(scene: Scene, f: TraceFact) -> Picked:
     """The newest graph's nodes[index] (-1: the last, the result)."""
-    nodes = scene.graph().nodes
-    if not -len(nodes) <= f.index < len(nodes):
-        raise FactError(f"the graph has {len(nodes)} nodes; no nodes[{f.index}]")
-    return Picked((nodes[f.index].ctx.id, nodes[f.index].offs))
+    nodes, i = scene.graph().nodes, _index(f)
+    if not -len(nodes) <= i < len(nodes):
+        raise FactError(f"the graph has {len(nodes)} nodes; no nodes[{i}]")
+    return Picked((nodes[i].ctx.id, nodes[i].offs))
 
 
 @fact("node_index", needs=("tensor",))
@@ -371,6 +385,7 @@ def _n_tasks(scene: Scene, f: TraceFact) -> int:
     """The threads the latest compute plan gives the node (ggml_graph_plan's n_tasks)."""
     t = scene.tensor(f.tensor)
     plan = scene.latest(lambda s: s.plan is not None).plan
+    assert plan is not None  # (latest found a step with one)
     for g in reversed(scene.state.graphs()):
         nodes = g.nodes
         if len(nodes) == len(plan.n_tasks) and t in nodes:
@@ -381,7 +396,9 @@ def _n_tasks(scene: Scene, f: TraceFact) -> int:
 @fact("work_size")
 def _work_size(scene: Scene, f: TraceFact) -> int:
     """The work buffer's bytes in the latest compute plan."""
-    return scene.latest(lambda s: s.plan is not None).plan.work_size
+    plan = scene.latest(lambda s: s.plan is not None).plan
+    assert plan is not None  # (latest found a step with one)
+    return plan.work_size
 
 
 def _share(scene: Scene, f: TraceFact):
@@ -390,7 +407,7 @@ def _share(scene: Scene, f: TraceFact):
     share = next((t for t in scene.step.threads if t.ith == f.ith), None)
     if share is None or share.kind != "rows":
         raise FactError(f"thread {f.ith} took no rows of step {scene.k}'s node")
-    return [(int(r[0]), int(r[1])) for r in share.ranges]
+    return [(int(r.start), int(r.end)) for r in share.ranges if isinstance(r, Interval)]  # (rows: Intervals)
 
 
 @fact("thread_rows", needs=("ith",))
@@ -445,7 +462,7 @@ def _buffer_size(scene: Scene, f: TraceFact) -> int:
 def _splits(scene: Scene) -> list:
     """The splits of the scheduling the step belongs to (its sched call and the steps under it),
     else of the latest one before it."""
-    call = scene.step.parent if scene.step.parent is not None else scene.k
+    call: int | None = scene.step.parent if scene.step.parent is not None else scene.k
     splits = [s.split for s in scene.trace.steps if s.split is not None and s.parent == call]
     if not splits:
         call = scene.latest(lambda s: s.split is not None).parent
@@ -454,10 +471,10 @@ def _splits(scene: Scene) -> list:
 
 
 def _split(scene: Scene, f: TraceFact):
-    splits = _splits(scene)
-    if not 0 <= f.index < len(splits):
-        raise FactError(f"the scheduler made {len(splits)} splits; no split {f.index}")
-    return splits[f.index]
+    splits, i = _splits(scene), _index(f)
+    if not 0 <= i < len(splits):
+        raise FactError(f"the scheduler made {len(splits)} splits; no split {i}")
+    return splits[i]
 
 
 @fact("n_splits")
@@ -484,7 +501,7 @@ def _split_inputs(scene: Scene, f: TraceFact) -> int:
     return len(_split(scene, f).inputs)
 
 
-def _element(t: Tensor, spec: str, index: int) -> int | float:
+def _element(t: Tensor, spec: str | None, index: int) -> int | float:
     if t.data is None or TYPE_TRAITS[t.type].is_quantized:
         raise FactError(f"{spec} has no plain elements to read")
     flat = view4(t).reshape(-1)
@@ -497,11 +514,11 @@ def _element(t: Tensor, spec: str, index: int) -> int | float:
 @fact("value", needs=("tensor", "index"))
 def _value(scene: Scene, f: TraceFact) -> int | float:
     """The tensor's element `index` (in ggml's order: ne[0] fastest; -1 the last), after the step."""
-    return _element(scene.tensor(f.tensor), f.tensor, f.index)
+    return _element(scene.tensor(f.tensor), f.tensor, _index(f))
 
 
 @fact("kv_cells_used")
-def _kv_cells_used(scene: Scene, f: TraceFact) -> int:
+def _kv_cells_used(scene: Scene, f: TraceFact) -> int | float:
     """The KV cells holding a token after the step: one past the largest position of the newest
     `inp_pos` (llama.cpp's name for the positions a pass writes into the cache)."""
     t = scene.tensor("inp_pos")

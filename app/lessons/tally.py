@@ -97,7 +97,7 @@ class RedisTally:
 
     def lesson_of(self, code: str) -> str | None:
         found = self.redis.get(KEY + code)
-        return None if found is None else found.decode()
+        return found.decode() if isinstance(found, bytes) else found
 
     def count(self, code: str, stop: int, learner: str, said: str, right: bool) -> None:
         ttl = self.redis.ttl(KEY + code)
@@ -119,7 +119,9 @@ class RedisTally:
         with self.redis.pipeline() as p:
             for stop in range(n_stops):
                 at = f"{KEY}{code}:{stop}:"
-                p.hlen(at + "who").hgetall(at + "said").get(at + "right")
+                p.hlen(at + "who")
+                p.hgetall(at + "said")
+                p.get(at + "right")
             got = p.execute()
         out = []
         for stop in range(n_stops):

@@ -323,7 +323,7 @@ def gguf_kv(request: Request, digest: str, key: str, store: Store,
 @router.get("/gguf/{digest}/tensors/{name:path}", response_class=HTMLResponse)
 def gguf_tensor(request: Request, digest: str, name: str, store: Store,
                 row: Annotated[int, Query(ge=0, le=2**62)] = 0,
-                block: Annotated[int, Query(ge=0, le=2**62)] = 0) -> HTMLResponse:
+                block: Annotated[int, Query(ge=0, le=2**62)] = 0) -> Response:
     reader = _open(store, digest)
     i = reader.find_tensor(name)
     if i < 0:
@@ -337,6 +337,6 @@ def gguf_tensor(request: Request, digest: str, name: str, store: Store,
         view = block_view(digest, reader, t, row, block)
         push = tensor_url(digest, t.name, row=view.row, block=view.block)
         return _render(request, "", target, {"block": view}, push)
-    view = gguf_tensor_view(store, digest, reader, t, row, block)
+    page = gguf_tensor_view(store, digest, reader, t, row, block)
     return _render(request, "pages/gguf_tensor.html", None,
-                   {"view": view, "block": view.block})
+                   {"view": page, "block": page.block})

@@ -124,7 +124,9 @@ def answer_stop(request: Request, lesson_id: LessonId, index: Annotated[int, Pat
     judged = None if reveal else judge(lesson.stops[index], solved, answer)
     code = _class(request, lesson, class_code or None)
     if code is not None and judged is not None and learner:
-        tally_of(request).count(code, index, learner, judged.said, judged.right)
+        tally = tally_of(request)
+        assert tally is not None  # _class found the class in it
+        tally.count(code, index, learner, judged.said, judged.right)
     return templates.TemplateResponse(request, "partials/lessons/verdict.html", {
         "v": verdict(lesson, index, solved, judged, i18n.current())})
 
@@ -153,7 +155,9 @@ def teacher_page(request: Request, lesson_id: LessonId, code: ClassCode, cache: 
     lang = i18n.current()
     view = lesson_view(lesson, found, lang, code)
     solved = solved_stops(found, lesson)
-    tallies = tally_of(request).stops(code, len(lesson.stops))
+    tally = tally_of(request)
+    assert tally is not None  # _class found the class in it
+    tallies = tally.stops(code, len(lesson.stops))
     rows = [(s, solved[s.index].answer, t, max((n for _a, n in t.answers), default=0))
             for s, t in zip(view.stops, tallies)]
     link = str(request.base_url).rstrip("/") + f"/lessons/{lesson.id}?class={code}"

@@ -48,9 +48,11 @@ ggml_graph_compute_with_ctx(ctx, gf, n_threads)  # n_threads: the count chosen b
 '''
 
 
-def _on(programs) -> None:
+def _on(programs: ProgramStore | None) -> ProgramStore:
+    """The program store, or 403 when the playground is off."""
     if programs is None:
         raise HTTPException(403, _(PLAYGROUND_OFF))
+    return programs
 
 
 def _page(request: Request, source: str, threads: int | None, refusal: Refusal | None = None,
@@ -67,7 +69,8 @@ def playground(request: Request, programs: Programs, threads: Threads = None,
                program: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None) -> HTMLResponse:
     """The editor: empty but for a starter program, a walkthrough's copy (?from=views-and-permute)
     or a stored program (?program=<hash>). A program that would be refused says so at once."""
-    _on(programs)
+    programs = _on(programs)
+    source: str | None
     if fork is not None:
         if fork not in PROGRAMS:
             raise HTTPException(404, _("There is no walkthrough named '{name}'.").format(name=fork))
@@ -93,7 +96,7 @@ def submit(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
     """Run: check the program (a refusal or syntax error is shown in the editor at its line),
     keep its text under its hash and queue its recording in the sandbox; the answer comes at
     once: the recording's page, which follows the job and opens the debugger when it is done."""
-    _on(programs)
+    programs = _on(programs)
     source = source.replace("\r\n", "\n")
     try:
         check_program(source)
@@ -111,7 +114,7 @@ def run_page(request: Request, programs: Programs, cache: Traces, jobs: Jobs,
              step: Annotated[int | None, Query(ge=0)] = None) -> Response:
     """The recording of a stored program: its place in the queue, or how long it has run; the
     debugger once its trace is kept (htmx polls this page)."""
-    _on(programs)
+    programs = _on(programs)
     return program_recording(request, programs, cache, jobs, digest, threads or 1, step)
 
 

@@ -168,7 +168,8 @@ def _input_file(store: UploadStore, name: str, file: str | None) -> str | None:
     if not store.whole(file):
         raise HTTPException(422, str(HeaderOnly(store.upload_limit)))
     if "*" not in prog.runs:
-        arch = store.open(file).get("general.architecture")  # the store's parsed file, cached
+        reader = store.open(file)  # the store's parsed file, cached (there: its path was found)
+        arch = reader.get("general.architecture") if reader is not None else None
         if arch not in prog.runs:
             raise HTTPException(422, _("'{name}' runs {archs} models; this file holds a '{arch}' model.").format(
                 name=name, archs=", ".join(prog.runs), arch=arch))
@@ -279,8 +280,10 @@ def step_page(request: Request, stop: AtStop, graph: Graph, svgs: Svgs, programs
     path = None if where.is_program else cache.input_path(_recipe(cache, store, where))
     model = step_model(stop, graph, programs is not None, tp, tq, path)
     # the file it reads, named (an upload is stored under its hash: shortened)
-    uploaded = path is not None and where.file is not None and path.name.startswith(where.file)
-    model["input_name"] = f"{where.file[:12]}….gguf" if uploaded else path.name if path else None
+    if path is not None and where.file is not None and path.name.startswith(where.file):  # uploaded
+        model["input_name"] = f"{where.file[:12]}….gguf"
+    else:
+        model["input_name"] = path.name if path else None
     # (htmx restoring history after Back asks for the whole page)
     htmx = request.headers.get("HX-Request") == "true" and "HX-History-Restore-Request" not in request.headers
     model["graph_svg"] = None

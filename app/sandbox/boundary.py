@@ -42,6 +42,7 @@ from __future__ import annotations
 import base64
 import errno
 import fcntl
+import inspect
 import json
 import os
 import resource
@@ -222,7 +223,7 @@ def read_only_paths() -> list[Path]:
     # (as the worker will name them: a virtual environment that is a symlink is bound where
     # the symlink is, since Python finds its pyvenv.cfg beside the path it was started by)
     paths = {Path(os.path.abspath(p)) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
-    paths |= {Path(os.path.abspath(m.__file__)).parent for m in (engine, app)}
+    paths |= {Path(os.path.abspath(inspect.getfile(m))).parent for m in (engine, app)}
     paths = {p for p in paths if not (p == Path("/usr") or Path("/usr") in p.parents)}
     # a path inside another is bound with it
     return sorted(p for p in paths if not any(q in p.parents for q in paths))
@@ -365,9 +366,11 @@ def _communicate(b: Boundary, limits: Limits, request: dict, scratch: str | None
                threading.Thread(target=read, args=(proc.stderr, err, STDERR_KEPT), daemon=True)]
     for r in readers:
         r.start()
+    stdin = proc.stdin
+    assert stdin is not None  # (a pipe)
     try:
-        proc.stdin.write(json.dumps(request).encode())
-        proc.stdin.close()
+        stdin.write(json.dumps(request).encode())
+        stdin.close()
     except BrokenPipeError:
         pass
     timed_out = False

@@ -131,13 +131,15 @@ def _run(request: bytes, limits: TemplateLimits) -> tuple[bytes, int, bool]:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
                             env=env, cwd="/")
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None and stdout is not None  # (pipes)
     got = bytearray()
     timed_out = False
     try:
-        proc.stdin.write(request)  # (a few hundred bytes: the pipe takes them at once)
-        proc.stdin.close()
+        stdin.write(request)  # (a few hundred bytes: the pipe takes them at once)
+        stdin.close()
         with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
+            sel.register(stdout, selectors.EVENT_READ)
             while len(got) <= REPLY_BYTES:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -145,7 +147,7 @@ def _run(request: bytes, limits: TemplateLimits) -> tuple[bytes, int, bool]:
                     break
                 if not sel.select(left):
                     continue
-                chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                chunk = os.read(stdout.fileno(), 1 << 16)
                 if not chunk:  # the worker closed its output: it is ending
                     break
                 got += chunk
@@ -159,7 +161,7 @@ def _run(request: bytes, limits: TemplateLimits) -> tuple[bytes, int, bool]:
         if proc.returncode is None:
             _kill(proc)
             proc.wait()
-        proc.stdout.close()
+        stdout.close()
     return bytes(got), proc.returncode, timed_out
 
 

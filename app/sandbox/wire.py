@@ -121,7 +121,7 @@ def encode_trace(trace: Trace) -> bytes:
 def _head(trace: Trace) -> Head:
     refs = [[PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches] for s in trace.steps]
     return Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
-                error=trace.error, printed=trace.printed, also=[list(f) for f in trace.also],
+                error=trace.error, printed=trace.printed, also=[(name, text) for name, text in trace.also],
                 outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
                 steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
 

@@ -39,6 +39,7 @@ import signal
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -139,7 +140,7 @@ def restricted_module(name: str) -> types.ModuleType:
             else:
                 continue
         setattr(out, n, value)
-    out.__all__ = [n for n in vars(out) if not n.startswith("_")]
+    setattr(out, "__all__", [n for n in vars(out) if not n.startswith("_")])
     return out
 
 
@@ -335,6 +336,7 @@ def main() -> None:
     allowed = preload()
     from engine.trace import record
 
+    namespace: dict[str, Any]  # the program's globals
     if gate:
         modules = {name: restricted_module(name) for name in allowed}
         namespace = {"__name__": "program", "__builtins__": restricted_builtins(modules)}
@@ -378,11 +380,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    stdout = sys.__stdout__
+    assert stdout is not None  # (the server's pipe)
     try:
         main()
     except MemoryError:
-        sys.__stdout__.buffer.write(encode_failure("the program ran out of memory"))
+        stdout.buffer.write(encode_failure("the program ran out of memory"))
     except BaseException as e:  # noqa: BLE001 - whatever stops the worker, the server is told why
-        sys.__stdout__.buffer.write(encode_failure(f"{type(e).__name__}: {e}"))
-    sys.__stdout__.flush()
+        stdout.buffer.write(encode_failure(f"{type(e).__name__}: {e}"))
+    stdout.flush()
     os._exit(0)

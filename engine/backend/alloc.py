@@ -31,12 +31,18 @@ algorithm, in ggml's order:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from engine.backend import buffer as be
 from engine.core.api import Writes, query, writes
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_INPUT, GGML_TENSOR_FLAG_OUTPUT, Tensor
+
+if TYPE_CHECKING:
+    from engine.trace.steps import AllocDecision
+
+T = TypeVar("T")  # how a Bar names its tensor: a Tensor, or a trace's reference to one
 
 MAX_FREE_BLOCKS = 256
 GGML_VBUFFER_MAX_CHUNKS = 16
@@ -384,27 +390,29 @@ class GraphAllocator:
             if be.buffer_field(t) == 0 and be.buffer_field(t.view_src) != 0:
                 be.ggml_backend_view_init(t)
         elif t.data is None:
-            buf = self.buffers[ta.buffer_id][ta.chunk]
+            chunks = self.buffers[ta.buffer_id]
+            assert chunks is not None  # (the buffers are made before a graph is placed in them)
+            buf = chunks[ta.chunk]
             be.ggml_backend_tensor_alloc(buf, t, buf.base + ta.offset)
 
 
 @dataclass(frozen=True, slots=True)
-class Bar:
+class Bar(Generic[T]):
     """One tensor's bytes in a compute buffer over time: [offset, offset + size) of (buffer_id,
     chunk) from node `start` (-1: before the first node) through node `end` (the last node that
     needs them; n_nodes - 1 when they are never freed). `reuses`: the tensor whose bytes it took
     over in place."""
-    tensor: Tensor
+    tensor: T
     buffer_id: int
     chunk: int
     offset: int
     size: int
     start: int
     end: int
-    reuses: Tensor | None = None
+    reuses: T | None = None
 
 
-def memory_plan(plan, n_nodes: int) -> list[Bar]:
+def memory_plan(plan: AllocPlan | list[AllocDecision], n_nodes: int) -> list[Bar]:
     """The plan as bars, one per tensor the allocator placed: what a memory-plan picture draws
     (x: node order, y: offset). `plan` is an AllocPlan or its decisions as recorded in a trace
     (engine.trace.steps.AllocDecision: tensors by reference); the bars then name tensors the same way."""

@@ -10,11 +10,13 @@ own, as the CPU backend's graph_compute does with its work_data.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from engine.core.api import Writes, query, writes
 from engine.core.context import current_address_space
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.tensor import Tensor, ggml_nbytes
 
 TENSOR_ALIGNMENT = 32  # the CPU buffer type's alignment (ggml-backend.cpp)
@@ -31,7 +33,9 @@ class BufferType:
     def __init__(self, name: str = "CPU", alignment: int = TENSOR_ALIGNMENT, max_size: int = SIZE_MAX,
                  is_host: bool = True) -> None:
         self.name, self.alignment, self.max_size, self.is_host = name, alignment, max_size, is_host
-        self.device = None  # set by the Device that allocates this buffer type
+        # the Device that allocates this buffer type, which sets it (engine.backend.device, which
+        # imports this module: named Any here)
+        self.device: Any = None
 
     def alloc_size(self, t: Tensor) -> int:
         return ggml_nbytes(t)
@@ -264,25 +268,24 @@ def ggml_backend_tensor_alloc(buf: Buffer, t: Tensor, addr: int) -> int:
 @writes()
 def ggml_backend_view_init(t: Tensor) -> int:
     """A view gets its view_src's buffer and data + view_offs."""
-    vs = t.view_src
-    ggml_assert(buffer_field(t) == 0, "tensor->buffer == NULL", "ggml_backend_view_init")
-    ggml_assert(vs is not None, "tensor->view_src != NULL", "ggml_backend_view_init")
-    ggml_assert(buffer_field(vs) != 0, "tensor->view_src->buffer != NULL", "ggml_backend_view_init")
-    ggml_assert(vs.data is not None, "tensor->view_src->data != NULL", "ggml_backend_view_init")
+    fn = "ggml_backend_view_init"
+    ggml_assert(buffer_field(t) == 0, "tensor->buffer == NULL", fn)
+    vs = ggml_assert_not_null(t.view_src, "tensor->view_src != NULL", fn)
+    ggml_assert(buffer_field(vs) != 0, "tensor->view_src->buffer != NULL", fn)
+    vs_data = ggml_assert_not_null(vs.data, "tensor->view_src->data != NULL", fn)
     set_buffer_field(t, buffer_field(vs))
-    t.data = vs.data + t.view_offs
+    t.data = vs_data + t.view_offs
     return 0
 
 
 def tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
     """The bytes [offset, offset + size) of t's data in its buffer, checked as ggml checks them."""
-    buf = tensor_buffer(t)
-    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", fn)
-    ggml_assert(t.data is not None, "tensor->data != NULL && \"tensor not allocated\"", fn)
+    buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"", fn)
+    data = ggml_assert_not_null(t.data, "tensor->data != NULL && \"tensor not allocated\"", fn)
     what = "read" if fn == "ggml_backend_tensor_get" else "write"
     ggml_assert(offset + size <= ggml_nbytes(t),
                 f"offset + size <= ggml_nbytes(tensor) && \"tensor {what} out of bounds\"", fn)
-    start = t.data - buf.base + offset
+    start = data - buf.base + offset
     return buf.pool[start:start + size]
 
 
@@ -292,8 +295,8 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
         return
     src = np.frombuffer(data if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
                         dtype=np.uint8)
-    buf = tensor_buffer(t)
-    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_set")
+    buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"",
+                               "ggml_backend_tensor_set")
     buf.buft.set_tensor(buf, t, src, offset, size)
 
 
@@ -301,8 +304,8 @@ def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, si
 def ggml_backend_tensor_get(t: Tensor, offset: int, size: int) -> bytes:
     if size == 0:
         return b""
-    buf = tensor_buffer(t)
-    ggml_assert(buf is not None, "buf != NULL && \"tensor buffer not set\"", "ggml_backend_tensor_get")
+    buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"",
+                               "ggml_backend_tensor_get")
     return buf.buft.get_tensor(buf, t, offset, size)
 
 

@@ -22,14 +22,14 @@ from engine.core.tensor import Tensor
 @dataclass
 class Tallocr:
     """struct ggml_tallocr: a bump allocator over one buffer."""
-    buffer: object
+    buffer: be.Buffer
     base: int
     alignment: int
     offset: int
 
 
 @writes()
-def ggml_tallocr_new(buffer) -> Tallocr:
+def ggml_tallocr_new(buffer: be.Buffer) -> Tallocr:
     align = buffer.buft.alignment
     return Tallocr(buffer, buffer.base, align, (align - buffer.base % align) % align)
 

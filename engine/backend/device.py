@@ -28,7 +28,7 @@ from engine.backend.buffer import (
     tensor_buffer,
 )
 from engine.core.api import query, writes
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.optable import GGMLOp
 from engine.core.types import GGMLType, ggml_is_quantized, traits
 
@@ -163,10 +163,10 @@ def ggml_backend_register(reg: Registry) -> None:
 @writes()
 def ggml_backend_device_register(dev: Device) -> None:
     """Add a device to its registry (ggml_backend_device_register)."""
-    ggml_assert(dev.reg is not None, "device->reg != NULL", "ggml_backend_device_register")
-    if dev not in dev.reg.devices:
-        dev.reg.devices.append(dev)
-    ggml_backend_register(dev.reg)
+    reg = ggml_assert_not_null(dev.reg, "device->reg != NULL", "ggml_backend_device_register")
+    if dev not in reg.devices:
+        reg.devices.append(dev)
+    ggml_backend_register(reg)
 
 
 # --- the backend object -----------------------------------------------------------------------
@@ -428,7 +428,7 @@ def ggml_backend_dev_get_props(dev: Device) -> DeviceProps:
 
 
 @query
-def ggml_backend_dev_backend_reg(dev: Device) -> Registry:
+def ggml_backend_dev_backend_reg(dev: Device) -> Registry | None:
     return dev.reg
 
 
@@ -476,7 +476,7 @@ def ggml_backend_get_device(backend: Backend) -> Device:
 
 
 @query
-def ggml_backend_buft_get_device(buft: BufferType) -> Device:
+def ggml_backend_buft_get_device(buft: BufferType) -> Device | None:
     return buft.device
 
 

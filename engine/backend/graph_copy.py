@@ -62,7 +62,9 @@ def _init(copies: dict, done: set, src: Tensor) -> None:
     done.add(src)
     dst = copies[src]
     if dst.view_src is not None:
-        _init(copies, done, src.view_src)
+        view_src = src.view_src
+        assert view_src is not None  # (dst, src's copy, views the copy of src's view_src)
+        _init(copies, done, view_src)
         ggml_backend_view_init(dst)
     else:
         ggml_backend_tensor_copy(src, dst)
@@ -109,6 +111,7 @@ def ggml_backend_compare_graph_backend(backend1: Backend, backend2: Backend, gra
     if copy.buffer is None:
         return False
     g1, g2 = graph, copy.graph
+    assert g2 is not None  # (a copy with a buffer has its graph)
     n1, n2 = g1.nodes, g2.nodes
     if test_nodes:
         ggml_backend_graph_compute(backend1, g1)

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.backend.buffer import TENSOR_ALIGNMENT, Buffer, BufferType, HostStruct, tensor_buffer, tensor_bytes
 from engine.core.api import query, writes
-from engine.core.errors import GGMLAssertionError, ggml_assert
+from engine.core.errors import GGMLAssertionError, ggml_assert, ggml_assert_not_null
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_n_dims, ggml_nbytes
 from engine.core.types import GGMLType, TYPE_TRAITS
@@ -38,7 +38,7 @@ GET_ROWS_WEIGHTS = frozenset({"token_embd", "position_embd", "token_types"})
 MUL_MAT_ID_WEIGHTS = frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps",
                                 "ffn_gate_chexps", "ffn_up_chexps", "ffn_down_chexps"})
 # the dimensions CPU_REPACK's supports_op asks of the weight, by op
-REPACK_DIMS = {GGMLOp.MUL_MAT: 2, GGMLOp.MUL_MAT_ID: 3}
+REPACK_DIMS: dict[int, int] = {GGMLOp.MUL_MAT: 2, GGMLOp.MUL_MAT_ID: 3}
 
 
 class RepackBufferType(BufferType):
@@ -51,6 +51,7 @@ class RepackBufferType(BufferType):
     def init_tensor(self, buf: Buffer, t: Tensor) -> int:
         """tensor->extra = the tensor_traits of ggml's layout for it (NULL where none fits)."""
         layout = optimal_layout(t.type, t.ne)
+        assert t.data is not None  # (placed in the buffer before its init_tensor)
         buf.tensor_extra[int(t.data)] = layout
         t._r["extra"] = 0 if layout is None else self._traits_struct(buf, layout).base
         return 0
@@ -60,9 +61,8 @@ class RepackBufferType(BufferType):
         fn = "ggml_backend_cpu_repack_buffer_set_tensor"
         ggml_assert(offset == 0, "offset == 0", fn)
         ggml_assert(size == ggml_nbytes(t), "size == ggml_nbytes(tensor)", fn)
-        layout = buf.tensor_extra.get(int(t.data))
-        ggml_assert(layout is not None, "OK == 0", fn, f"{t.name}: no repacked layout for "
-                    f"{TYPE_TRAITS[t.type].type_name} with ne[1] = {int(t.ne[1])}")
+        layout = ggml_assert_not_null(_layout_of(buf, t), "OK == 0", fn, f"{t.name}: no repacked layout for "
+                                      f"{TYPE_TRAITS[t.type].type_name} with ne[1] = {int(t.ne[1])}")
         rows = np.ascontiguousarray(src[:size]).reshape(-1, int(t.nb[1]))
         tensor_bytes(t, 0, size, fn)[:] = np.asarray(layout.pack(rows), np.uint8).reshape(-1)
 
@@ -97,20 +97,29 @@ def is_extra_buffer_type(buft: BufferType) -> bool:
     return buft is CPU_REPACK_BUFT
 
 
+def _layout_of(buf: Buffer, t: Tensor) -> RepackLayout | None:
+    """The layout init_tensor chose for t in buf (tensor->extra), by t's data."""
+    layout = buf.tensor_extra.get(int(t.data)) if t.data is not None else None
+    assert layout is None or isinstance(layout, RepackLayout)  # (what init_tensor keeps)
+    return layout
+
+
 def repacked_layout(t: Tensor) -> RepackLayout | None:
     """The layout t's bytes lie in, when t lives in a CPU_REPACK buffer (else None)."""
     buf = tensor_buffer(t)
     if buf is None or buf.buft is not CPU_REPACK_BUFT or t.data is None:
         return None
-    return buf.tensor_extra.get(int(t.data))
+    return _layout_of(buf, t)
 
 
 def supports_op(op: Tensor) -> bool:
     """CPU_REPACK's supports_op: MUL_MAT of a 2-D weight it has a layout for (MUL_MAT_ID of a
     3-D one), with F32 activations in host memory; nothing else."""
-    src0, src1 = op.src[0], op.src[1]
     want = REPACK_DIMS.get(op.op)
-    if want is None or ggml_n_dims(src0) != want or optimal_layout(src0.type, src0.ne) is None:
+    if want is None:
+        return False
+    src0, src1 = op.source(0), op.source(1)
+    if ggml_n_dims(src0) != want or optimal_layout(src0.type, src0.ne) is None:
         return False
     buf1 = tensor_buffer(src1)
     if buf1 is not None and not buf1.buft.is_host:

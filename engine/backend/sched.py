@@ -43,9 +43,9 @@ from engine.backend.device import (
     ggml_backend_synchronize,
 )
 from engine.core.api import Writes, query, writes
-from engine.core.context import ggml_free, ggml_init, ggml_init_params
+from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params
 from engine.core.errors import GGMLAbortError, ggml_assert
-from engine.core.graph import ggml_graph_overhead_custom, ggml_graph_view
+from engine.core.graph import Graph, ggml_graph_overhead_custom, ggml_graph_view
 from engine.core.layout import GGML_OBJECT_SIZE
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -78,7 +78,7 @@ class Split:
     i_start: int
     i_end: int = 0
     inputs: list[Tensor] = field(default_factory=list)
-    graph: object = None  # ggml_graph_view of the nodes
+    graph: Graph | None = None  # ggml_graph_view of the nodes (made by _build_graph_copy)
 
 
 @dataclass
@@ -130,7 +130,7 @@ class Sched:
         self.splits: list[Split] = []
         self.graph_inputs: list[Tensor] = []
         self.cur_copy = self.next_copy = 0
-        self.ctx = None
+        self.ctx: Context | None = None  # the split graph's tensors (made by split_graph)
         self.callback_eval: Callable | None = None
         self.history: list[tuple[Note, list[Assignment]]] = []  # each pass (its title) and its assignments
         self.is_reset = False
@@ -175,8 +175,8 @@ class Sched:
             if b != -1:
                 return b, "1.vsrc"
         owner = t.view_src if t.view_src is not None else t
-        if tensor_buffer(t) is not None or tensor_buffer(owner) is not None:
-            buf = tensor_buffer(owner) or tensor_buffer(t)
+        buf = tensor_buffer(owner) or tensor_buffer(t)
+        if buf is not None:
             raise GGMLAbortError(f"pre-allocated tensor ({t.name}) in a buffer ({buf.buft.name}) that "
                                  f"cannot run the operation ({GGMLOp(t.op).name})",
                                  "ggml_backend_sched_backend_id_from_cur")
@@ -358,6 +358,7 @@ class Sched:
         split.i_end = len(nodes)
 
     def _dup_layout(self, t: Tensor) -> Tensor:
+        assert self.ctx is not None  # (split_graph made it)
         dup = ggml_dup_tensor(self.ctx, t)
         dup.nb[:] = t.nb
         return dup
@@ -368,12 +369,14 @@ class Sched:
         self.prev_node_backend_ids, self.node_backend_ids = self.node_backend_ids, []
         self.prev_leaf_backend_ids, self.leaf_backend_ids = self.leaf_backend_ids, []
         g = self.graph = SchedGraph()
+        ctx = self.ctx
+        assert ctx is not None  # (split_graph made it)
         nodes = graph.nodes
         for split in self.splits:
             split.graph = ggml_graph_view(graph, split.i_start, split.i_end)
             for inp in split.inputs:
                 cpy = self.copies[(inp, split.backend_id, self.cur_copy)]
-                dep = ggml_view_tensor(self.ctx, inp)
+                dep = ggml_view_tensor(ctx, inp)
                 dep.src[0] = inp
                 g.nodes.append(dep)
                 self.node_backend_ids.append(self.tid(inp))
@@ -414,7 +417,8 @@ class Sched:
 
     def compute_splits(self) -> int:
         for split in self.splits:
-            be = self.backends[split.backend_id]
+            be, sg = self.backends[split.backend_id], split.graph
+            assert sg is not None  # (_build_graph_copy made every split's)
             for inp in split.inputs:
                 cpy = self.copies[(inp, split.backend_id, self.cur_copy)]
                 ggml_backend_synchronize(be)
@@ -423,11 +427,11 @@ class Sched:
                 if observer is not None:
                     observer(inp, cpy, self.backends[self.tid(inp)], be)
             if self.callback_eval is None:
-                status = ggml_backend_graph_compute_async(be, split.graph)
+                status = ggml_backend_graph_compute_async(be, sg)
                 if status != 0:
                     return status
                 continue
-            sg, n = split.graph, split.graph.n_nodes
+            n = sg.n_nodes
             j0 = 0
             while j0 < n:
                 t = sg.nodes[j0]

@@ -267,7 +267,14 @@ GGML_SCHED_PRIO_NORMAL = 0
 
 
 class ggml_threadpool_params:  # noqa: N801 - ggml's name
-    """struct ggml_threadpool_params: cpumask, n_threads, prio, poll, strict_cpu, paused."""
+    """struct ggml_threadpool_params (its fields set by ggml_threadpool_params_init)."""
+
+    cpumask: np.ndarray  # bool[GGML_MAX_N_THREADS]: the CPUs the threads may run on (all 0: any)
+    n_threads: int
+    prio: int  # enum ggml_sched_priority
+    poll: int  # polling level, 0 (none) .. 100 (aggressive)
+    strict_cpu: bool
+    paused: bool  # start the threadpool paused
 
     def __init__(self, n_threads: int = 0) -> None:
         ggml_threadpool_params_init(self, n_threads)

@@ -64,7 +64,9 @@ class KernelCard:
 @cache
 def _code(fn, role: str) -> Code:
     lines, start = inspect.getsourcelines(fn)
-    path = Path(inspect.getsourcefile(fn)).resolve()
+    source = inspect.getsourcefile(fn)
+    assert source is not None, fn  # (the engine's functions, from its .py files)
+    path = Path(source).resolve()
     try:
         shown = str(path.relative_to(ROOT))
     except ValueError:
@@ -82,6 +84,7 @@ def _helpers(fn) -> list:
         names += [n for n in code.co_names if n not in names]
         codes += [c for c in code.co_consts if inspect.iscode(c)]
     module = inspect.getmodule(fn)
+    assert module is not None, fn  # (a function of one of the engine's modules)
     return [f for f in (getattr(module, n, None) for n in names)
             if inspect.isfunction(f) and f is not fn and f.__module__ == module.__name__]
 
@@ -89,8 +92,9 @@ def _helpers(fn) -> list:
 def _inner(dst: Tensor, info: KernelInfo) -> tuple[str | None, str | None]:
     """ggml's inner function for this node and the engine._lanes loop that runs it, if any: a
     product's vec_dot, or the loop in C its kernel's registration names."""
-    op, src0 = GGMLOp(dst.op), dst.src[0]
+    op = GGMLOp(dst.op)
     if op in (GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID):
+        src0 = dst.source(0)
         vdt = vec_dot_type(src0.type)
         name = f"ggml_vec_dot_{TYPE_TRAITS[src0.type].type_name}" + (
             f"_{TYPE_TRAITS[vdt].type_name}" if TYPE_TRAITS[src0.type].is_quantized else "")
@@ -124,7 +128,7 @@ def kernel_card(dst: Tensor) -> KernelCard | None:
     code = [_code(fn, "kernel")] + [_code(f, "helper") for f in _helpers(fn)]
     if lane is not None:
         if lane == "quant_dot":
-            decode = vec_dot_of(dst.src[0].type).decode  # the weights' type's own decoder
+            decode = vec_dot_of(dst.source(0).type).decode  # the weights' type's own decoder
             code += [_code(decode, "twin"), _code(block_lanes, "twin")]
         code.append(_code(TWINS[lane], "twin"))
     return KernelCard(op.name, f"ggml_compute_forward_{op.name.lower()}", inner, lane,
@@ -169,7 +173,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     `col`, with the node's numbers (None for another node, or one without data)."""
     if dst.op != GGMLOp.MUL_MAT or dst.data is None:
         return None
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if src0.type not in EXACT_QUANT or src0.data is None or src1.data is None \
             or not emulates_vec_dot(src0, int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3])):
         return None
@@ -193,13 +197,14 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
     accm = np.zeros(4 if mlanes is None or inside else mlanes.shape[-1], F32)
     for b in range(nb):
         if inside:
+            assert mlanes is not None and mscale is not None  # (Mins.IN_ACC: block_lanes made them)
             acc = fmaf(mlanes[b].astype(F32), mscale[b], acc)
         odd = paired and b % 2
         before = acc2 if odd else acc
         after = before if paired and b == nb - 1 and nb % 2 else \
             fmaf(lanes[b].astype(F32), scale[b], before)  # (that tail touches no accumulator)
         acc2, acc = (after, acc) if odd else (acc2, after)
-        if mlanes is not None and not inside:
+        if mlanes is not None and mscale is not None and not inside:
             accm = fmaf(mlanes[b].astype(F32), mscale[b], accm)
         if b == block:
             shown, shown_m = (before, after), accm.copy()
@@ -216,7 +221,7 @@ def worked_block(dst: Tensor, row: int, col: int, block: int) -> WorkedBlock | N
                        tuple(int(v) for v in lanes[block]), float(scale[block]),
                        tuple(float(v) for v in shown[0]), tuple(float(v) for v in shown[1]),
                        None if mlanes is None else tuple(int(v) for v in mlanes[block]),
-                       None if mlanes is None else float(mscale[block]),
+                       None if mlanes is None or mscale is None else float(mscale[block]),
                        None if mlanes is None else tuple(float(v) for v in shown_m),
                        float(result), float(view4(dst)[0, 0, col, row]))
 
@@ -240,8 +245,8 @@ def worked_element(dst: Tensor) -> WorkedElement | None:
     """ADD, SUB, MUL, DIV: the first element computed, with the node's numbers."""
     sign = BINARY.get(GGMLOp(dst.op))
     src0, src1 = dst.src[0], dst.src[1]
-    if sign is None or any(t is None or t.data is None or TYPE_TRAITS[t.type].is_quantized
-                           for t in (dst, src0, src1)):
+    if sign is None or src0 is None or src1 is None or any(
+            t.data is None or TYPE_TRAITS[t.type].is_quantized for t in (dst, src0, src1)):
         return None
     first = [float(to_f32(view4(t)[0, 0, 0, :1], t.type)[0]) for t in (src0, src1, dst)]
     return WorkedElement(sign, *first)

@@ -132,7 +132,7 @@ def share_ranges(kind: ShareKind, items: tuple | list) -> tuple[ShareRange, ...]
         raise ValueError(f"a share of kind {kind.value!r}: {e}") from None
 
 
-def plain(r: ShareRange) -> int | str | tuple:
+def plain(r: ShareRange | str | tuple) -> int | str | tuple:
     """A range as the plain nested tuple it equals (what a trace's hash reads: its text is the
     one the tuples had before they were records)."""
     return tuple(map(plain, r)) if isinstance(r, tuple) else r

@@ -41,7 +41,7 @@ from engine.compute.plan import CPlan, ggml_graph_plan
 from engine.compute.shares import ShareKind, ShareRange, ThreadShare
 from engine.core.api import writes
 from engine.core.context import Context, ggml_new_buffer
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.graph import Graph
 from engine.core.notes import Note
 from engine.core.optable import VIEW_OPS
@@ -117,7 +117,11 @@ class _Pool:
                     self._executor.shutdown(wait=True)
                 self._executor = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="ggml")
                 self._size = n - 1
-            futures = [self._executor.submit(fn, ith) for ith in range(1, n)] if n > 1 else []
+            futures = []
+            if n > 1:
+                executor = self._executor
+                assert executor is not None  # (made above for at least n - 1 workers)
+                futures = [executor.submit(fn, ith) for ith in range(1, n)]
             error = None
             try:
                 fn(0)
@@ -157,7 +161,9 @@ class _Run:
         self.status = GGML_STATUS_SUCCESS
         self.wdata = None
         if cplan.work_size > 0:
-            ctx, off = cgraph.ctx.space.resolve(cplan.work_data)
+            work_data = ggml_assert_not_null(cplan.work_data, "cplan->work_size == 0 || cplan->work_data != NULL",
+                                             "ggml_graph_compute")
+            ctx, off = cgraph.ctx.space.resolve(work_data)
             self.wdata = ctx.pool[off:off + cplan.work_size]
         key = ("steps", self.nth, observer is not None, cplan.abort_callback is not None,
                cplan.llamafile, cplan.tiled, cplan.use_ref, cplan.work_data, cplan.work_size)
@@ -174,8 +180,8 @@ class _Run:
         steps = [self._prepare(node) for node in self.nodes]
         alone = self.cplan.abort_callback is None and all(
             mode is _SKIP or mode is _PREPARED for mode, _calls in steps)
-        return steps, [call for mode, calls in steps if mode is _PREPARED for call in calls] \
-            if alone else None
+        return steps, [call for mode, calls in steps if mode is _PREPARED and calls is not None
+                       for call in calls] if alone else None
 
     def _prepare(self, node: Tensor) -> tuple[str, tuple[Callable[[], None], ...] | None]:
         """How a node is computed (node_mode), and, unwatched, its kernel's prepared calls for the
@@ -236,13 +242,13 @@ class _Run:
                 self.wait()
                 if self.stopping:
                     break
-            watched = self.observer is not None
-            if watched:  # nobody starts the node before the observer has been asked
+            observer = self.observer
+            if observer is not None:  # nobody starts the node before the observer has been asked
                 if ith == 0:
-                    self.observer(node, True, None)
+                    observer(node, True, None)
                 self.wait()
             self._share(node_n, node, ith, self.wait)
-            if watched:  # everyone's share is known once all have arrived
+            if observer is not None:  # everyone's share is known once all have arrived
                 self.wait()
             if ith == 0:
                 self._after(node_n, node)

@@ -47,7 +47,7 @@ class Declaration:
 
     def __str__(self) -> str:
         """`query`, `op`, `writes`, `writes DATA`, `writes PLACES OPT LOOP`."""
-        return " ".join([self.kind.value, *(w.name for w in Writes if w in self.writes)])
+        return " ".join([self.kind.value, *(name for name, w in Writes.__members__.items() if w in self.writes)])
 
 
 def _declare(fn: F, declaration: Declaration) -> F:
@@ -55,7 +55,7 @@ def _declare(fn: F, declaration: Declaration) -> F:
     if hasattr(fn, "ggml_declaration"):
         raise TypeError(f"{fn.__name__} is declared twice ({fn.ggml_declaration} and {declaration}): "
                         "a facade function declares exactly one kind")
-    fn.ggml_declaration = declaration  # type: ignore[attr-defined]
+    fn.ggml_declaration = declaration  # type: ignore[attr-defined]  # (a function takes attributes; Callable does not say so)
     return fn
 
 

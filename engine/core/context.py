@@ -17,7 +17,7 @@ import weakref
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -34,11 +34,21 @@ GGML_OBJECT_TYPE_WORK_BUFFER = 2
 OBJECT_TYPE_NAMES = {0: "TENSOR", 1: "GRAPH", 2: "WORK_BUFFER"}
 
 
+class Pool(Protocol):
+    """What an address space maps: an owner of a pool of bytes (a context, a backend buffer, a
+    buffer's struct, or one rebuilt from a trace)."""
+
+    pool: np.ndarray
+    mem_size: int
+
+
 class AddressSpace:
     """Simulated virtual memory: hands out aligned base addresses and maps addresses to pools.
 
     Bases are deterministic (the n-th pool of a space always gets the same address), so a program
     traced twice writes the same pointer values. Pools are 64-byte aligned like ggml_aligned_malloc.
+    An address resolves to its Context, or to a backend buffer, which holds tensor data the same
+    way (a pool, mem_size, id and base): the engine reads either through that shape.
     """
 
     FIRST_BASE = 0x7F0000000000  # where the first pool of a space is placed
@@ -53,7 +63,7 @@ class AddressSpace:
         # weakly, so that dropping that holder frees the pools at once (no reference cycle).
         self.weak = weak
 
-    def place(self, owner: "Context", size: int) -> int:
+    def place(self, owner: Pool, size: int) -> int:
         base = self._next
         self._next = GGML_PAD(base + max(size, 1) + self.GAP, 1 << 20)
         self.placed += 1
@@ -61,19 +71,19 @@ class AddressSpace:
         self._owners.append(self._ref(owner))
         return base
 
-    def _ref(self, owner: "Context"):
+    def _ref(self, owner: Pool):
         return weakref.ref(owner) if self.weak else owner
 
     def _owner(self, i: int) -> "Context | None":
         return self._owners[i]() if self.weak else self._owners[i]
 
-    def place_at(self, owner: "Context", base: int) -> None:
+    def place_at(self, owner: Pool, base: int) -> None:
         """Map a pool at a given base (rebuilding a traced state at its original addresses)."""
         i = bisect_right(self._bases, base)
         self._bases.insert(i, base)
         self._owners.insert(i, self._ref(owner))
 
-    def remove(self, owner: "Context") -> None:
+    def remove(self, owner: Pool) -> None:
         i = next(j for j in range(len(self._owners)) if self._owner(j) is owner)
         del self._bases[i], self._owners[i]
 
@@ -89,9 +99,10 @@ class AddressSpace:
                 return ctx, offset
         raise ValueError(f"address {address:#x} is in no live ggml_context pool")
 
-    def resolve_all(self, addresses: np.ndarray) -> tuple[list["Context"], list[int], list[int]]:
-        """resolve() of many addresses at once: the space's contexts, and for each address the
-        index of its context among them and its offset in that pool (ValueError as resolve)."""
+    def resolve_all(self, addresses: np.ndarray) -> tuple[list["Context | None"], list[int], list[int]]:
+        """resolve() of many addresses at once: the space's contexts (None where freed), and for
+        each address the index of its context among them and its offset in that pool (ValueError
+        as resolve)."""
         owners = [self._owner(j) for j in range(len(self._bases))]
         if not len(addresses):
             return owners, [], []
@@ -205,7 +216,7 @@ class Context:
 
     def object_end(self, header_offset: int) -> int:
         """Where the payload of the object whose header is at header_offset ends (offs + size)."""
-        offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool, header_offset)
+        offs, size, _, _ = _OBJECT_STRUCT.unpack_from(self.pool.data, header_offset)
         return offs + size
 
     def headers(self) -> list[tuple[int, int, int, int, int]]:
@@ -214,7 +225,7 @@ class Context:
         struct: no numpy view, no object per entry; a lookup by name walks it for every weight a
         model builder asks for)."""
         self._check_live()
-        out, hdr, buf, unpack = [], self.objects_begin, memoryview(self.pool), _OBJECT_STRUCT.unpack_from
+        out, hdr, buf, unpack = [], self.objects_begin, self.pool.data, _OBJECT_STRUCT.unpack_from
         while hdr is not None:
             offs, size, nxt, type_ = unpack(buf, hdr)
             out.append((hdr, offs, size, type_, nxt))

@@ -6,7 +6,13 @@ exactly as ggml writes it and the function that checked it, so a learner can fin
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+import numpy as np
+
 from engine.core.api import query
+
+T = TypeVar("T")
 
 
 class GGMLAssertionError(AssertionError):
@@ -33,10 +39,18 @@ class GGMLPoolError(MemoryError):
 
 
 @query
-def ggml_assert(ok: bool, condition: str, function: str, detail: str = "") -> None:
+def ggml_assert(ok: bool | np.bool_, condition: str, function: str, detail: str = "") -> None:
     """GGML_ASSERT: raise GGMLAssertionError naming `condition` when `ok` is false."""
     if not ok:
         raise GGMLAssertionError(condition, function, detail)
+
+
+def ggml_assert_not_null(value: T | None, condition: str, function: str, detail: str = "") -> T:
+    """GGML_ASSERT(ptr) on a pointer ggml goes on to use: the value, known to be set from here on
+    (GGMLAssertionError naming `condition` when it is None)."""
+    if value is None:
+        raise GGMLAssertionError(condition, function, detail)
+    return value
 
 
 class TensorBoundsError(ValueError):

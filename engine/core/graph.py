@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.core.api import Writes, query, writes
 from engine.core.context import GGML_OBJECT_TYPE_GRAPH, Context, ggml_new_object
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.layout import CGRAPH, GGML_MAX_SRC, GGML_MEM_ALIGN, GGML_OBJECT_SIZE, GGML_PAD, struct_at
 from engine.core.optable import ggml_op_name, ggml_op_symbol
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, GGML_TENSOR_FLAG_PARAM, Tensor, ggml_format_name, \
@@ -152,6 +152,13 @@ class Graph:
             else None
 
     @property
+    def grad_tables(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(cgraph->grads, cgraph->grad_accs), None for a graph without gradients (ggml allocates
+        both or neither)."""
+        grads, accs = self.grad_addresses, self.grad_acc_addresses
+        return None if grads is None or accs is None else (grads, accs)
+
+    @property
     def hash_used(self) -> np.ndarray:
         return self._array("hash_used", "<u4", _bitset_words(self.hash_size))
 
@@ -256,6 +263,7 @@ def _visit_parents(g: Graph, node: Tensor, compute: bool) -> int:
         else:
             stack.append(_visit(g, *child))
             result = None
+    assert result is not None  # the first visit's slot
     return result
 
 
@@ -397,20 +405,22 @@ def ggml_graph_cpy(src: Graph, dst: Graph) -> None:
             slot = dst.hash_insert(src.tensor(int(keys[i])))
             if slot != GGML_HASHSET_ALREADY_EXISTS:
                 dst.use_counts[slot] = counts[i]
-    if dst.grad_addresses is not None:
-        dst.grad_addresses[:] = 0
-        dst.grad_acc_addresses[:] = 0
-    if src.grad_addresses is not None:
+    dst_tables, src_tables = dst.grad_tables, src.grad_tables
+    if dst_tables is not None:
+        for table in dst_tables:
+            table[:] = 0
+    if src_tables is not None:
         fn = "ggml_graph_cpy"
-        ggml_assert(dst.grad_addresses is not None, "dst->grads != NULL", fn)
+        dst_grads, dst_accs = ggml_assert_not_null(dst_tables, "dst->grads != NULL", fn)
+        src_grads, src_accs = src_tables
         for node in src.nodes:  # dst's nodes are src's
             i_src, i_dst = src.slot_of(node), dst.slot_of(node)
             ggml_assert(i_src is not None, "ggml_bitset_get(src->visited_hash_set.used, igrad_src)",
                         fn)
             ggml_assert(i_dst is not None, "ggml_bitset_get(dst->visited_hash_set.used, igrad_dst)",
                         fn)
-            dst.grad_addresses[i_dst] = src.grad_addresses[i_src]
-            dst.grad_acc_addresses[i_dst] = src.grad_acc_addresses[i_src]
+            dst_grads[i_dst] = src_grads[i_src]
+            dst_accs[i_dst] = src_accs[i_src]
 
 
 @query
@@ -528,9 +538,9 @@ def ggml_graph_dump_dot(gb: Graph, cgraph: Graph | None = None, filename: str | 
             else f"({TYPE_TRAITS[leaf.type].type_name})|"
         ne = [int(x) for x in leaf.ne]
         label += f"CONST {i} [{ne[0]}, {ne[1]}]"
-        n = ggml_nelements(leaf)
-        if n < 5 and leaf.data is not None:
-            label += " | (" + ", ".join("#" for _ in range(n)) + ")"
+        nel = ggml_nelements(leaf)
+        if nel < 5 and leaf.data is not None:
+            label += " | (" + ", ".join("#" for _ in range(nel)) + ")"
         out.append(f'  "{p(leaf)}" [ style = filled; fillcolor = pink; shape = record; '
                    f'label="<x>{label}"; {attrs(leaf)}]')
     seen: set[tuple[str, str, int]] = set()

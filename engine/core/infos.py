@@ -80,14 +80,14 @@ def record_names(recs: np.ndarray) -> list[str]:
 
 def _gather(pool: np.ndarray, offsets: list[int], size: int) -> bytes:
     """The `size` bytes at each of these offsets of a pool, one after another."""
-    view = memoryview(pool)
+    view = pool.data
     return b"".join([view[o:o + size] for o in offsets])
 
 
 def object_rows(ctx: Context, objects: list[tuple[int, int, int, int, int]] | None = None) -> list[bytes]:
     """Each object's header bytes, followed by its tensor struct for a tensor: what an object of
     a layout is (`objects`: ctx.headers(), when read already)."""
-    view = memoryview(ctx.pool)
+    view = ctx.pool.data
     return [bytes(view[h:offs + GGML_TENSOR_SIZE if type_ == GGML_OBJECT_TYPE_TENSOR else h + GGML_OBJECT_SIZE])
             for h, offs, _size, type_, _next in (ctx.headers() if objects is None else objects)]
 
@@ -106,7 +106,7 @@ def graph_tensors(g: Graph) -> tuple[np.ndarray, np.ndarray]:
     addresses = np.concatenate([g.node_addresses[:g.n_nodes], g.leaf_addresses[:g.n_leafs]])
     space = g.ctx.space
     owners, which, offsets = space.resolve_all(addresses)
-    views = [None if o is None else memoryview(o.pool) for o in owners]
+    views = [memoryview(b"") if o is None else o.pool.data for o in owners]  # (None: freed, never `which`)
     recs = np.frombuffer(b"".join([views[i][o:o + GGML_TENSOR_SIZE] for i, o in zip(which, offsets)]),
                          dtype=TENSOR)
     srcs = recs["src"]

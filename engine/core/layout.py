@@ -95,11 +95,18 @@ class FieldSpan:
     pointer: bool
 
 
+def struct_fields(dtype: np.dtype) -> dict[str, tuple[np.dtype, int]]:
+    """A struct dtype's fields in declaration order: name -> (dtype, offset)."""
+    fields = dtype.fields
+    assert fields is not None, f"{dtype} is not a struct"  # (numpy's None: a plain dtype)
+    return {name: (f[0], f[1]) for name, f in fields.items()}
+
+
 def field_spans(dtype: np.dtype) -> list[FieldSpan]:
     """The fields of a struct dtype in memory order, padding left out."""
     pointers = set(POINTER_FIELDS.get(dtype, ()))
     spans = [FieldSpan(name, off, dt.itemsize, name in pointers)
-             for name, (dt, off) in dtype.fields.items()]
+             for name, (dt, off) in struct_fields(dtype).items()]
     return sorted(spans, key=lambda s: s.offset)
 
 

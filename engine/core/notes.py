@@ -142,7 +142,9 @@ def tell(notes: Iterable[Note], translate: Callable[[str], str] = str, comma: st
 
 def _tell(n: Note, translate: Callable[[str], str], comma: str) -> str:
     if n.key == VERBATIM:
-        return n.args[0][1]
+        text = n.args[0][1]
+        assert isinstance(text, str)  # __post_init__ holds a verbatim note to one string
+        return text
     values = {k: _tell(v, translate, comma) if isinstance(v, Note)
               else comma.join(_tell(x, translate, comma) for x in v) if isinstance(v, tuple) else v
               for k, v in n.args}

@@ -17,7 +17,7 @@ from engine.core.api import query, writes
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, Context, ggml_new_object
 from engine.core.errors import ggml_assert
 from engine.core.layout import GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MEM_ALIGN, GGML_TENSOR_SIZE, TENSOR, GGML_PAD, \
-    struct_at
+    struct_at, struct_fields
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, TYPE_TRAITS
 
 
@@ -29,7 +29,7 @@ GGML_TENSOR_FLAG_PARAM = 4
 GGML_TENSOR_FLAG_LOSS = 8
 GGML_TENSOR_FLAG_COMPUTE = 16
 
-_NAME = TENSOR.fields["name"][1]  # the offset of char name[GGML_MAX_NAME] in the struct (256)
+_NAME = struct_fields(TENSOR)["name"][1]  # the offset of char name[GGML_MAX_NAME] in the struct (256)
 
 
 class SrcPointers:
@@ -136,6 +136,13 @@ class Tensor:
     @property
     def src(self) -> SrcPointers:
         return SrcPointers(self)
+
+    def source(self, i: int) -> Tensor:
+        """src[i] where the op recorded one: an operand that a kernel or a backward rule reads,
+        as ggml's dereference `dst->src[i]` unchecked (a NULL there is the engine's bug)."""
+        t = self._resolve(int(self._r["src"][0][i]))
+        assert t is not None, f"{self.name}: src[{i}] is NULL"
+        return t
 
     def source_type(self, i: int) -> int:
         """src[i]->type, read without making a handle for src[i] (the planner asks it of every
@@ -450,6 +457,12 @@ def ggml_element_size(t: Tensor) -> int:
 def ggml_n_dims(t: Tensor) -> int:
     """ggml_n_dims: 1 + the highest dimension with more than one element (at least 1)."""
     return n_dims_of(t.ne)
+
+
+def dims4(values) -> tuple[int, int, int, int]:
+    """Four sizes (an ne or an nb) as Python ints."""
+    d0, d1, d2, d3 = (int(x) for x in values)
+    return d0, d1, d2, d3
 
 
 def n_dims_of(ne) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from engine.core.api import Writes, query, writes
 from engine.core.context import Context
-from engine.core.errors import GGMLAssertionError, TensorBoundsError, ggml_assert
+from engine.core.errors import GGMLAssertionError, TensorBoundsError, ggml_assert, ggml_assert_not_null
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_n_dims, ggml_nbytes, ggml_nelements, \
     ggml_nrows, ggml_new_tensor_1d
 from engine.core.types import NUMPY_DTYPE, TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32, \
@@ -88,10 +88,10 @@ def strided_view(buffer: np.ndarray, offset: int, shape, strides, dtype, functio
 def tensor_view(t: Tensor, shape, strides, dtype, offset: int = 0,
                 function: str = "to_numpy") -> np.ndarray:
     """strided_view of the pool holding t's data, from `offset` bytes past t->data."""
-    ggml_assert(t.data is not None, "tensor->data != NULL", function, f"'{t.name}' has no data")
+    data = ggml_assert_not_null(t.data, "tensor->data != NULL", function, f"'{t.name}' has no data")
     what = f"'{t.name}' (ne {[int(x) for x in t.ne]}, nb {[int(x) for x in t.nb]})"
     try:
-        ctx, off = t.ctx.space.resolve(t.data)
+        ctx, off = t.ctx.space.resolve(data)
     except ValueError as e:
         raise TensorBoundsError("tensor->data inside a live buffer", function, f"{what}: {e}") from None
     return strided_view(ctx.pool, off + offset, shape, strides, dtype, function,

@@ -18,6 +18,8 @@ import numpy as np
 
 from engine.core.api import query
 
+CFloat = float | np.float32  # a C `float` argument: a Python float or a numpy float32
+
 
 class GGMLType(enum.IntEnum):
     """enum ggml_type, with the oracle's numbering."""

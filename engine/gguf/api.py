@@ -487,6 +487,7 @@ def gguf_add_tensor(ctx: GGUFContext, tensor: Any, type_: int | None = None,
         raw = data_bytes(t).tobytes() if t.data is not None else None
         ctx.add_tensor(t.name, t.type, [int(x) for x in t.ne], raw)
     else:
+        assert ne is not None, "gguf_add_tensor(ctx, name, type, ne, data) takes an ne"
         ctx.add_tensor(tensor, type_, ne, data)
 
 

@@ -67,13 +67,15 @@ class GGUFValueType(enum.IntEnum):
 GGUF_TYPE_COUNT = 13
 T = GGUFValueType
 
-# gguf_type_name and the struct/numpy codes of each fixed-size type (no byte-order prefix).
-TYPE_NAME = {T.UINT8: "u8", T.INT8: "i8", T.UINT16: "u16", T.INT16: "i16", T.UINT32: "u32",
-             T.INT32: "i32", T.FLOAT32: "f32", T.BOOL: "bool", T.STRING: "str", T.ARRAY: "arr",
-             T.UINT64: "u64", T.INT64: "i64", T.FLOAT64: "f64"}
-_CODE = {T.UINT8: "B", T.INT8: "b", T.UINT16: "H", T.INT16: "h", T.UINT32: "I", T.INT32: "i",
-         T.FLOAT32: "f", T.BOOL: "b", T.UINT64: "Q", T.INT64: "q", T.FLOAT64: "d"}
-_NP_CODE = {T.UINT8: "u1", T.INT8: "i1", T.UINT16: "u2", T.INT16: "i2", T.UINT32: "u4",
+# gguf_type_name and the struct/numpy codes of each fixed-size type (no byte-order prefix),
+# looked up by a type's number as a file stores it
+TYPE_NAME: dict[int, str] = {
+    T.UINT8: "u8", T.INT8: "i8", T.UINT16: "u16", T.INT16: "i16", T.UINT32: "u32", T.INT32: "i32",
+    T.FLOAT32: "f32", T.BOOL: "bool", T.STRING: "str", T.ARRAY: "arr", T.UINT64: "u64", T.INT64: "i64",
+    T.FLOAT64: "f64"}
+_CODE: dict[int, str] = {T.UINT8: "B", T.INT8: "b", T.UINT16: "H", T.INT16: "h", T.UINT32: "I", T.INT32: "i",
+                         T.FLOAT32: "f", T.BOOL: "b", T.UINT64: "Q", T.INT64: "q", T.FLOAT64: "d"}
+_NP_CODE: dict[int, str] = {T.UINT8: "u1", T.INT8: "i1", T.UINT16: "u2", T.INT16: "i2", T.UINT32: "u4",
             T.INT32: "i4", T.FLOAT32: "f4", T.BOOL: "i1", T.UINT64: "u8", T.INT64: "i8",
             T.FLOAT64: "f8"}
 
@@ -87,7 +89,7 @@ def gguf_type_size(type_: int) -> int:
 @query
 def gguf_type_name(type_: int) -> str | None:
     """gguf_type_name: "u8", "str", ...; None for an unknown type, as C returns NULL."""
-    return TYPE_NAME.get(type_)  # type: ignore[call-overload]
+    return TYPE_NAME.get(type_)
 
 
 def struct_for(type_: int, endian: str) -> struct.Struct:

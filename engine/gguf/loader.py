@@ -54,7 +54,7 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
         fb = None if r.path is None else \
             FileBytes(GGML_OBJECT_SIZE + GGML_TENSOR_SIZE, r.data_size, r.path, r.data_offset)
         mapped = fb is not None and r.data_size >= MAPPED_DATA and r.data_offset + r.data_size <= r.size
-        if mapped:
+        if fb is not None and mapped:
             ctx.pool = _pool_over_file(ctx.mem_size, fb, r._buf)
         blob = ggml_new_tensor_1d(ctx, GGMLType.I8, r.data_size)
         ggml_set_name(blob, BLOB_NAME)
@@ -65,7 +65,7 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
                             f"{r.alignment}) but the file ends after "
                             f"{r.size - r.data_offset}")
         if r.data_size:  # an empty blob gets no data pointer (NULL), as in C
-            assert fb is None or fb.start == ctx.offset(blob.data)
+            assert blob.data is not None and (fb is None or fb.start == ctx.offset(blob.data))
             if not mapped:
                 data_bytes(blob)[:] = np.frombuffer(r._buf, dtype=np.uint8, count=r.data_size,
                                                     offset=r.data_offset)

@@ -24,7 +24,7 @@ import collections
 import enum
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -201,7 +201,7 @@ def guessed_ftype(r: GGUFReader, order: list[TensorInfo]) -> int:
 
 
 def plan_quantize(r: GGUFReader, params: QuantizeParams,
-                  warn: Callable[[str], None] | None = None) -> QuantizePlan:
+                  warn: Callable[[str], object] | None = None) -> QuantizePlan:
     """llama_model_quantize_impl up to its main loop: the output's keys and tensor infos, each
     tensor's type (the preliminary loop), and llama.cpp's refusals. `warn` gets llama.cpp's
     fallback warnings as it prints them, in the loop (text with its line ends)."""
@@ -286,7 +286,7 @@ def write_quantized(r: GGUFReader, plan: QuantizePlan, fname_out: str | os.PathL
                     progress(QuantizeProgress(Stage.START, index, count, p, 0, rows))
                 raw = r.tensor_bytes(t)
                 if not p.converts:
-                    f.write(raw)
+                    f.write(raw.data)
                 else:
                     for done, chunk in converted_rows(t, p.new_type, raw, pool, 2 * nthread):
                         f.write(chunk)
@@ -319,7 +319,7 @@ def converted_rows(t: TensorInfo, new_type: GGMLType, raw: np.ndarray, pool: Thr
         return quantize(new_type, x).tobytes()
 
     firsts = iter(range(0, rows, step))
-    ahead = collections.deque()
+    ahead: collections.deque[tuple[int, Future[bytes]]] = collections.deque()
     for first in itertools.islice(firsts, depth):
         ahead.append((first, pool.submit(slab, first)))
     while ahead:

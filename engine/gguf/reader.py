@@ -124,7 +124,7 @@ class StringArray(Sequence[str]):
         start = int(self.offsets[i]) + 8
         return bytes(self._buf[start:start + int(self.lengths[i])])
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if self._decoded is not None:
@@ -423,8 +423,8 @@ class GGUFReader:
         self._tensor_index[name] = i
         span = Span("tensor_info", name, start, cur.pos - start, tuple(fields))
         nbytes = n_el // tr.blck_size * tr.type_size
-        return TensorInfo(i, name, n_dims, tuple(ne), GGMLType(type_), offset, nb, nbytes, -1,
-                          span)  # type: ignore[arg-type]
+        return TensorInfo(i, name, n_dims, (ne[0], ne[1], ne[2], ne[3]), GGMLType(type_), offset, nb,
+                          nbytes, -1, span)
 
     def _check_data(self) -> None:
         """Offsets must be ggml's packed offsets; data must lie inside the file."""

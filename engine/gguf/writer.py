@@ -17,12 +17,12 @@ import io
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import numpy as np
 
 from engine.core.errors import GGMLAbortError, ggml_assert
-from engine.core.tensor import n_dims_of
+from engine.core.tensor import dims4, n_dims_of
 from engine.core.types import GGML_TYPE_COUNT, GGMLType, traits
 
 from .format import (GGML_MAX_DIMS, GGML_MAX_NAME, GGUF_DEFAULT_ALIGNMENT,
@@ -137,7 +137,7 @@ class GGUFContext:
             raise GGUFError(field, -1, f"{int(type_)} is not a usable ggml type")
         if not 1 <= len(ne) <= GGML_MAX_DIMS or any(int(x) < 0 for x in ne):
             raise GGUFError(field, -1, f"ne {tuple(ne)} must be 1 to 4 non-negative sizes")
-        ne4 = tuple(int(x) for x in ne) + (1,) * (GGML_MAX_DIMS - len(ne))
+        ne4 = dims4([*ne, *[1] * (GGML_MAX_DIMS - len(ne))])
         tr = traits(type_)
         if ne4[0] % tr.blck_size:
             raise GGUFError(field, -1, f"ne[0] = {ne4[0]} is not a multiple of the "
@@ -196,7 +196,7 @@ class GGUFContext:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def write(self, out: BinaryIO, only_meta: bool = False) -> int:
+    def write(self, out: _Sink, only_meta: bool = False) -> int:
         """gguf_write_to_file_ptr: write the file (or only its metadata); return bytes written."""
         align, written = self.alignment, 0
 
@@ -254,6 +254,12 @@ class GGUFContext:
             ctx.info.append(TensorEntry(t.name, t.type, t.ne, t.n_dims, t.nbytes,
                                         r.tensor_bytes(t) if r.byte_order == "little" else None))
         return ctx
+
+
+class _Sink(Protocol):
+    """Where GGUFContext.write writes: a binary file, a buffer, or _Counter."""
+
+    def write(self, b: bytes, /) -> object: ...
 
 
 class _Counter:

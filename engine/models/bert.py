@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class Bert:
         self.pos_embd = f.tensor("position_embd.weight", (E, hp.n_ctx_train))
         self.tok_norm = f.tensor("token_embd_norm.weight", (E,))
         self.tok_norm_b = f.tensor("token_embd_norm.bias", (E,))
-        self.layers = []
+        self.layers: list[dict[str, Any]] = []  # a layer's weights by name (None: absent)
         for i in range(hp.n_layer):
             t = lambda name, ne: f.tensor(f"blk.{i}.{name}", ne)  # noqa: E731
             o = lambda name, ne: f.optional(f"blk.{i}.{name}", ne)  # noqa: E731

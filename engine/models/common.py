@@ -46,7 +46,7 @@ from engine.gguf import GGUFError, GGUFReader
 from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
                              gguf_get_tensor_name, gguf_get_tensor_offset, gguf_init_from_file,
                              gguf_init_params)
-from engine.core.types import NUMPY_DTYPE
+from engine.core.types import NUMPY_DTYPE, GGMLType
 
 
 NO_HEAD = frozenset({"bert"})  # architectures without an output head (embeddings)
@@ -211,6 +211,7 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool,
         like = ggml_get_first_tensor(meta) if like is None else ggml_get_next_tensor(meta, like)
         if like is None or like.name != name:
             like = ggml_get_tensor(meta, name)
+        assert like is not None  # (meta holds every tensor of the file)
         where, why = placement(name, like.type, like.ne) if repack else (cpu.name, "")
         if where not in contexts:
             contexts[where] = ggml_init(ggml_init_params(mem_size=(n + 1) * ggml_tensor_overhead(),
@@ -300,7 +301,7 @@ class Passes:
     while its shape stays, a model builds and allocates a graph once per shape."""
 
     def __init__(self, kept: int) -> None:
-        self._passes = LRUCache(kept)
+        self._passes: LRUCache = LRUCache(kept)
 
     def clear(self) -> None:
         """Free every kept graph's context and compute buffer."""
@@ -316,13 +317,13 @@ class Passes:
         return p
 
 
-def set_input(t: Tensor, values: np.ndarray) -> None:
+def set_input(t: Tensor, values: np.ndarray | list[int]) -> None:
     """An input's bytes into its place in the compute buffer (ggml_backend_tensor_set)."""
-    data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[t.type])
+    data = np.ascontiguousarray(values, dtype=NUMPY_DTYPE[GGMLType(t.type)])
     ggml_backend_tensor_set(t, data, 0, ggml_nbytes(t))
 
 
 def get_output(t: Tensor) -> np.ndarray:
     """An output's values, copied out of the compute buffer (ggml_backend_tensor_get): read-only,
     as the copy's bytes are (one copy of a vocabulary's logits, not two)."""
-    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)), dtype=NUMPY_DTYPE[t.type])
+    return np.frombuffer(ggml_backend_tensor_get(t, 0, ggml_nbytes(t)), dtype=NUMPY_DTYPE[GGMLType(t.type)])

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from engine.ggml_backend import ggml_backend_buffer_free, ggml_backend_get_defau
 from .common import ModelError, ModelFile, Pass, Passes, alloc_ctx_tensors, get_output, set_input
 from .llm_graph import attention, mul_mat_hadamard
 from .params import CParams, ContextParams, ParamsError, rotation
+from .tokenize import Tokenizer
 
 
 # texts llama.cpp's vocabulary loader takes as end-of-generation tokens (llama-vocab.cpp)
@@ -163,7 +164,8 @@ class KVCache:
         self.head_dim, self.n_head_kv, self.n_embd_gqa = hp.head_dim, hp.n_head_kv, G
         self.attn_rot_k = rotation(type_k, hp.head_dim, k=True)
         self.attn_rot_v = rotation(type_v, hp.head_dim, k=False)
-        self.k, self.v = [], []
+        self.k: list[Tensor] = []
+        self.v: list[Tensor] = []
         for il in range(hp.n_layer):
             cells = self.n_ctx_swa if self.swa_layers[il] else n_ctx
             for name, type_, tensors in (("k", type_k, self.k), ("v", type_v, self.v)):
@@ -264,14 +266,32 @@ def hadamard_matrix(n: int) -> np.ndarray:
     return h
 
 
+class ModelParams(Protocol):
+    """What a Decoder itself reads of its model's hyperparameters."""
+
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx_train(self) -> int: ...
+
+
+class Memory(Protocol):
+    """What a Decoder itself reads of its model's memory: the tokens it holds."""
+
+    n_past: int
+
+
 class Decoder:
     """A model with a memory of the tokens decoded (a KV cache by default): subclasses set hp
     (n_vocab, ...), cache (with n_past, the tokens it holds), n_ctx and build()."""
 
-    hp: object
+    hp: ModelParams  # each model's own record (DecoderParams, MambaParams ...)
+    cache: Memory  # a KVCache (open_context's), or the model's own (Mamba's RecurrentState)
+    file: ModelFile
+    tok_embd: Tensor
     n_ctx: int
     cparams: CParams  # the settings it runs with (llama_cparams): batches, flash attention...
-    tokenizer: object | None  # SentencePiece or BytePairEncoding; None: token ids in and out
+    tokenizer: Tokenizer | None  # None: token ids in and out
     windows: dict[str, int | None] = {"attn_inp_kq_mask": None}  # mask input -> its window
     swa_cells: int | None = None  # the sliding-window layers' cache, when smaller than n_ctx
     # llama.cpp's whole input topology, which a plan's reserve graphs need (engine/models/plan.py)
@@ -299,7 +319,7 @@ class Decoder:
         self.n_ctx = self.cparams.n_ctx
         if kv_cache:  # with the sliding-window layers' cells as llama_kv_cache_iswa sizes them
             c, swa = self.cparams, getattr(self.hp, "swa_layers", ())
-            n_ctx_swa = c.swa_cells(self.hp.n_swa) if any(swa) else None
+            n_ctx_swa = c.swa_cells(getattr(self.hp, "n_swa", 0)) if any(swa) else None
             self.cache = KVCache(self.hp, self.n_ctx, f.backend, c.type_k, c.type_v, c.v_trans,
                                  swa, n_ctx_swa, f.no_alloc)
 
@@ -359,11 +379,11 @@ class Decoder:
         mask_type = GGML_TYPE_F16 if self.cparams.flash_attn else GGML_TYPE_F32
         for name in self.windows:  # a cache and its mask per window (the causal, the sliding)
             suffix = name.removeprefix("attn_inp_kq_mask")
-            self.cache.inputs(ctx, inputs, n, suffix)
+            self.kv_cache.inputs(ctx, inputs, n, suffix)
             # 0 where a query may look, -inf elsewhere
-            new(name, mask_type, self.cache.n_kv_of(n_kv, suffix == "_swa"), n)
+            new(name, mask_type, self.kv_cache.n_kv_of(n_kv, suffix == "_swa"), n)
         for name in self.windows:  # the Hadamard matrices of a rotated (quantized) cache
-            self.cache.rotation_inputs(ctx, inputs, name.removeprefix("attn_inp_kq_mask"))
+            self.kv_cache.rotation_inputs(ctx, inputs, name.removeprefix("attn_inp_kq_mask"))
 
     def attend(self, ctx, gf, inputs: dict[str, Tensor], il: int, q: Tensor, k: Tensor,
                v: Tensor, n_kv: int, kq_scale: float, softcap: float = 0.0,
@@ -381,8 +401,8 @@ class Decoder:
             v = mul_mat_hadamard(ctx, v, v_rot)
         for t in (q, k, v) if len(self.windows) > 1 else (q, v, k):
             ggml_build_forward_expand(gf, t)
-        self.cache.store(ctx, gf, il, k, v, inputs, suffix)
-        k_all, v_all = self.cache.view(ctx, il, n_kv)
+        self.kv_cache.store(ctx, gf, il, k, v, inputs, suffix)
+        k_all, v_all = self.kv_cache.view(ctx, il, n_kv)
         cur = attention(ctx, q, k_all, v_all, inputs["attn_inp_kq_mask" + suffix], kq_scale, il,
                         softcap, flash=self.cparams.flash_attn)
         return cur if v_rot is None else mul_mat_hadamard(ctx, cur, v_rot)
@@ -396,9 +416,9 @@ class Decoder:
 
     def set_memory_inputs(self, inputs: dict[str, Tensor], n: int, n_past: int) -> None:
         set_input(inputs["inp_pos"], np.arange(n_past, n_past + n))
-        self.cache.set_inputs(inputs, n, n_past)
+        self.kv_cache.set_inputs(inputs, n, n_past)
         for name, window in self.windows.items():
-            n_kv = self.cache.n_kv_of(self.n_kv(n_past + n), name.endswith("_swa"))
+            n_kv = self.kv_cache.n_kv_of(self.n_kv(n_past + n), name.endswith("_swa"))
             set_input(inputs[name], causal_mask(n, n_past, window, n_kv))
 
     def memory_shape(self, n_past: int, n: int):
@@ -407,7 +427,15 @@ class Decoder:
         return self.n_kv(n_past + n)
 
     def n_kv(self, n_used: int) -> int:
-        return kv_cells(n_used, self.cache.n_ctx)
+        return kv_cells(n_used, self.kv_cache.n_ctx)
+
+    @property
+    def kv_cache(self) -> KVCache:
+        """The memory as the KV cache the methods above work on (a model with another memory
+        overrides them)."""
+        cache = self.cache
+        assert isinstance(cache, KVCache), type(cache)
+        return cache
 
     def encode(self, text: str, parse_special: bool = False) -> list[int]:
         """The prompt's token ids, BOS first when the vocabulary asks for it."""
@@ -438,7 +466,7 @@ class Decoder:
         cache = getattr(self, "cache", None)
         if cache is not None:
             cache.free()
-            self.cache = None
+            del self.cache  # (a closed model holds no memory)
         self.file.close()
 
     def decode(self, token_ids: list[int], n_threads: int | None = None,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expan
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_tanh)
 
 from .common import ModelError, ModelFile
-from .decoder import Decoder, DecoderParams, inv_sqrt_f32, load_qkv, swa_layers
+from .decoder import Decoder, DecoderParams, KVCache, inv_sqrt_f32, load_qkv, swa_layers
 from .llm_graph import build_qkv, named, rms_norm
 from .params import ContextParams
 from .tokenize import tokenizer_of
@@ -54,6 +55,8 @@ class GemmaParams(DecoderParams):  # head_dim: key_length; freq_base: the global
 class Gemma2(Decoder):
     """A Gemma 2 GGUF opened for decoding: hyperparameters, tokenizer, weights, KV cache."""
 
+    hp: GemmaParams
+    cache: KVCache
     ARCH = "gemma2"
     N_SWA = 4096  # attention.sliding_window when the file has none (0: no sliding window)
     SWA_PATTERN = 2  # every 2nd layer is global (1, 3, 5, ...)
@@ -141,9 +144,9 @@ class Gemma2(Decoder):
 
         for il, L in enumerate(self.layers):
             swa = hp.swa_layers[il]
-            rope = dict(n_dims=hd, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_train,
-                        freq_base=hp.freq_base_swa if swa else hp.freq_base, freq_scale=1.0,
-                        ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+            rope: dict[str, Any] = dict(n_dims=hd, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_train,
+                                        freq_base=hp.freq_base_swa if swa else hp.freq_base, freq_scale=1.0,
+                                        ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
             cur = rms_norm(ctx, x, L["attn_norm"], eps, "attn_norm", il)
             q, k, v = build_qkv(ctx, L, cur, hd, hp.n_head, hp.n_head_kv, il)
             if self.QK_NORM:

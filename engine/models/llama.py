@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_argsort_top_k,
                          ggml_build_forward_expand, ggml_clamp, ggml_cont, ggml_div, ggml_get_rows,
@@ -55,6 +56,8 @@ class LlamaParams(DecoderParams):
 class Llama(Decoder):
     """A LLaMA GGUF opened for decoding: hyperparameters, weights, KV cache, graph builder."""
 
+    hp: LlamaParams
+    cache: KVCache
     ARCH = "llama"
     ROPE_MODE = LLAMA_ROPE_TYPE_NORM
     QK_NORM = False  # an RMS norm of each Q and K head before rope (qwen3)
@@ -150,9 +153,9 @@ class Llama(Decoder):
 
         x = self.token_rows(ctx, gf, inputs, "inp_embd")  # [E, n]
         kq_scale = 1.0 / math.sqrt(hd)
-        rope = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
-                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
-                    attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+        rope: dict[str, Any] = dict(n_dims=hp.n_rot, mode=self.ROPE_MODE, n_ctx_orig=hp.n_ctx_train,
+                                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
+                                    attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             inp_sa = x
             cur = named(ggml_mul(ctx, ggml_rms_norm(ctx, x, hp.rms_eps), L["attn_norm"]),
@@ -249,7 +252,7 @@ def moe_ffn(ctx, gf, cur, L: dict, moe: MoeParams, il: int, norm_w: bool = True)
     logits = named(ggml_mul_mat(ctx, L["ffn_gate_inp"], cur), "ffn_moe_logits", il)
     probs = named(ggml_soft_max(ctx, logits), "ffn_moe_probs", il)  # [n_expert, n_tokens]
     selected = ggml_argsort_top_k(ctx, probs, k)  # [k, n_tokens]: a view of the argsort
-    named(selected.src[0], "ffn_moe_argsort", il)
+    named(selected.source(0), "ffn_moe_argsort", il)
     named(selected, "ffn_moe_topk", il)
     probs = ggml_reshape_3d(ctx, probs, 1, moe.n_expert, n_tokens)
     weights = named(ggml_get_rows(ctx, probs, selected), "ffn_moe_weights", il)  # [1, k, n]

@@ -51,11 +51,11 @@ def build_qkv(ctx, L: dict, cur: Tensor, head_dim: int, n_head: int, n_head_kv: 
         v = ggml_view_3d(ctx, qkv, head_dim, n_head_kv, n, head_dim * es, row, (n_q + n_k) * es)
     else:
         out = []
-        for w, b, name, heads in (("wq", "bq", "Qcur", n_head), ("wk", "bk", "Kcur", n_head_kv),
-                                  ("wv", "bv", "Vcur", n_head_kv)):
+        for w, bias, name, heads in (("wq", "bq", "Qcur", n_head), ("wk", "bk", "Kcur", n_head_kv),
+                                     ("wv", "bv", "Vcur", n_head_kv)):
             y = named(ggml_mul_mat(ctx, L[w], cur), name, il)
-            if L.get(b) is not None:
-                y = named(ggml_add(ctx, y, L[b]), name, il)
+            if L.get(bias) is not None:
+                y = named(ggml_add(ctx, y, L[bias]), name, il)
             out.append((y, heads))
         q, k, v = (ggml_reshape_3d(ctx, y, head_dim, heads, n) for y, heads in out)
     return named(q, "Qcur", il), named(k, "Kcur", il), named(v, "Vcur", il)

@@ -76,7 +76,8 @@ class RecurrentState:
         size = (2 * hp.n_layer + 1) * ggml_tensor_overhead()
         self.ctx = ggml_init(ggml_init_params(mem_size=size, mem_buffer=None, no_alloc=True))
         self.size, self.n_past = 1, 0
-        self.r, self.s = [], []
+        self.r: list[Tensor] = []
+        self.s: list[Tensor] = []
         for il in range(hp.n_layer):
             for name, n_embd, tensors in (("r", hp.n_embd_r, self.r), ("s", hp.n_embd_s, self.s)):
                 t = ggml_new_tensor_2d(self.ctx, GGML_TYPE_F32, n_embd, self.size)
@@ -124,6 +125,8 @@ class RecurrentState:
 class Mamba(Decoder):
     """A Mamba GGUF opened for decoding: hyperparameters, weights, recurrent states, graph."""
 
+    hp: MambaParams
+    cache: RecurrentState
     ARCH = "mamba"
 
     def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,

@@ -201,7 +201,7 @@ def tiled_mm() -> bool:
     return bool(int(digits[:n] or "0"))  # atoi: the leading digits, 0 when there are none
 
 
-def rotation(type_: GGMLType, head: int, k: bool) -> int:
+def rotation(type_: int, head: int, k: bool) -> int:
     """The width of llama_kv_cache's Hadamard rotation (attn_rot_k / attn_rot_v) of a cache of
     this type and head size, 0 for none: a quantized cache whose heads are a multiple of 64 is
     rotated, K by the largest power of two dividing the head (64 at least), V by 64."""

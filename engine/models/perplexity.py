@@ -220,12 +220,12 @@ def covariance(a: float, b: float, ab: float, count: int) -> float:
 
 def percentile(values: list, fraction: float) -> np.float32:
     """The tool's percentile of sorted float values, interpolated in float."""
-    fraction = F32(fraction)
-    if fraction <= 0:
+    frac = F32(fraction)
+    if frac <= 0:
         return values[0]
-    if fraction >= 1:
+    if frac >= 1:
         return values[-1]
-    p = fraction * F32(len(values) - 1)
+    p = frac * F32(len(values) - 1)
     ip = int(p)
     p = p - F32(ip)
     return (F32(1) - p) * values[ip] + p * values[min(ip + 1, len(values) - 1)]

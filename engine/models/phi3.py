@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from engine.ggml import (GGML_ROPE_TYPE_NEOX, ggml_add, ggml_build_forward_expand,
                          ggml_get_rows, ggml_mul_mat, ggml_rope_ext,
                          ggml_scale, ggml_set_name, ggml_set_output, ggml_swiglu)
 
 from .common import ModelError, ModelFile
-from .decoder import KV_PAD, Decoder, inv_sqrt_f32, load_qkv
+from .decoder import KV_PAD, Decoder, KVCache, inv_sqrt_f32, load_qkv
 from .llm_graph import build_qkv, named, rms_norm
 from .llama import LlamaParams
 from .params import ContextParams
@@ -40,6 +41,9 @@ class Phi3Params(LlamaParams):
 
 class Phi3(Decoder):
     """A Phi-3 GGUF opened for decoding: hyperparameters, weights, KV cache, graph builder."""
+
+    hp: Phi3Params
+    cache: KVCache
 
     def __init__(self, path: str | os.PathLike | ModelFile, n_ctx: int | None = None,
                  params: ContextParams | None = None) -> None:
@@ -103,9 +107,9 @@ class Phi3(Decoder):
         hd = hp.head_dim
         gf, inputs, x = self.embedded_tokens(ctx, n, n_kv, all_logits)  # x: [E, n]
         inp_pos, inp_out_ids = inputs["inp_pos"], inputs.get("inp_out_ids")
-        rope = dict(n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
-                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
-                    attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
+        rope: dict[str, Any] = dict(n_dims=hp.n_rot, mode=GGML_ROPE_TYPE_NEOX, n_ctx_orig=hp.n_ctx_orig,
+                                    freq_base=hp.freq_base, freq_scale=hp.freq_scale, ext_factor=0.0,
+                                    attn_factor=hp.attn_factor, beta_fast=32.0, beta_slow=1.0)
         for il, L in enumerate(self.layers):
             residual = x
             cur = rms_norm(ctx, x, L["attn_norm"], eps, "attn_norm", il)

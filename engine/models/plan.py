@@ -353,8 +353,8 @@ def layer_plans(model) -> list[LayerPlan]:
     of no layer (il -1)."""
     f, cache = model.file, model.cache
     n_layer = len(cache.k) if isinstance(cache, KVCache) else len(cache.r)
-    weights = [dict() for _ in range(n_layer + 1)]
-    types = [dict() for _ in range(n_layer + 1)]
+    weights: list[dict[str, int]] = [dict() for _ in range(n_layer + 1)]
+    types: list[dict[str, int]] = [dict() for _ in range(n_layer + 1)]
     placed = dict(f.loaded.tensors)
     if f.loaded.head is not None:
         placed["output.weight"] = f.loaded.head

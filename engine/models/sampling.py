@@ -138,7 +138,9 @@ class Sampler:
         self.params = p = params or SamplerParams()
         seed = p.seed
         if seed == 0xFFFFFFFF:
-            seed = int(np.random.SeedSequence().entropy) & 0xFFFFFFFF
+            entropy = np.random.SeedSequence().entropy  # (drawn from the OS: an int)
+            assert isinstance(entropy, int)
+            seed = entropy & 0xFFFFFFFF
         self.rng = Mt19937(seed)
 
     def candidates(self, logits: np.ndarray) -> Candidates:

@@ -30,6 +30,8 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 class SentencePiece(Pieces):
     """The vocabulary and llama.cpp's SPM encoder and decoder."""
 
+    eog: frozenset[int]  # llama_vocab_is_eog's ids (from_model_file sets them)
+
     def __init__(self, tokens: list[str], scores: list[float], types: list[int], bos_id: int,
                  eos_id: int, unk_id: int, add_bos: bool = True, add_eos: bool = False,
                  add_space_prefix: bool = True, attrs: list[int] | None = None) -> None:

@@ -20,12 +20,14 @@ from .bpe import BytePairEncoding
 from .spm import SentencePiece
 from .tokenizer import WordPiece
 
+Tokenizer = SentencePiece | BytePairEncoding | WordPiece
+
 # tokenizer.ggml.model -> the class that reads it
-TOKENIZERS = {"llama": SentencePiece, "gpt2": BytePairEncoding, "gemma4": BytePairEncoding,
+TOKENIZERS: dict[str, type[Tokenizer]] = {"llama": SentencePiece, "gpt2": BytePairEncoding, "gemma4": BytePairEncoding,
               "bert": WordPiece}
 
 
-def tokenizer_of(f, required: bool = False):
+def tokenizer_of(f, required: bool = False) -> Tokenizer | None:
     """The tokenizer of a model file's vocabulary (built once per file: file_tokenizer); None for
     a kind not built here (a decoder then takes its prompt as token ids), or an error naming it
     when `required`; None for a file opened for a plan (no_alloc: it tokenizes nothing)."""

@@ -33,7 +33,8 @@ def basic_split(text: str | bytes, lowercase: bool = True,
                 strip_accents: bool = True) -> list[str]:
     """Steps 2-3 (llm_tokenizer_wpm_session::preprocess): the words WordPiece then cuts."""
     data = text.encode() if isinstance(text, str) else text
-    words, word = [], []
+    words: list[str] = []
+    word: list[str] = []
     for cpt in uc.cpts_from_utf8(data):
         if strip_accents:
             cpt = uc.nfd_first(cpt)

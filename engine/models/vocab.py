@@ -96,8 +96,13 @@ class Pieces:
 
     tokens: list[str]
     attrs: list[int]
+    ids: dict[str, int]  # a token's text -> its id (the last id wins, as llama.cpp's map)
 
     def normal_piece(self, text: str) -> bytes:
+        raise NotImplementedError
+
+    def encode(self, text: str | bytes, add_special: bool = True,
+               parse_special: bool = False) -> list[int]:
         raise NotImplementedError
 
     def piece(self, token: int, special: bool = False) -> bytes:
@@ -184,9 +189,9 @@ def load_specials(f, tokens: list[str], attrs: list[int], defaults: dict) -> Spe
             ids[role] = int(value)
     by_text = dict(zip(tokens, range(n)))  # the last id wins, as token_to_id
     control, user = int(TokenAttr.CONTROL), int(TokenAttr.USER_DEFINED)
-    for role, texts in ROLE_TEXTS.items():
+    for role, role_texts in ROLE_TEXTS.items():
         if ids[role] is None:
-            found = sorted(by_text[t] for t in texts if t in by_text)
+            found = sorted(by_text[t] for t in role_texts if t in by_text)
             if found:
                 ids[role] = found[0]
                 attrs[found[0]] |= control

@@ -23,7 +23,7 @@ from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_are_same_shape, ggml_can_repeat, ggml_can_repeat_rows, \
     ggml_dup_tensor, ggml_is_contiguous, ggml_is_empty, ggml_is_matrix, ggml_is_scalar, \
     ggml_nelements, ggml_new_tensor, ggml_new_tensor_1d, ggml_new_tensor_4d
-from engine.core.types import GGMLType, TYPE_TRAITS
+from engine.core.types import GGMLType, TYPE_TRAITS, CFloat
 from engine.ops.base import dup_or_view, ggml_set_op_params, ggml_set_op_params_f32, \
     ggml_set_op_params_i32, set_op_src, shape_of
 from engine.ops.views import ggml_view_4d
@@ -225,7 +225,7 @@ def ggml_set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: in
     return _set(ctx, a, b, nb1, int(a.nb[2]), int(a.nb[3]), offset, True, "ggml_set_2d_inplace")
 
 
-def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) -> Tensor:
+def _scale(ctx: Context, a: Tensor, s: CFloat, b: CFloat, inplace: bool, fn: str) -> Tensor:
     ggml_assert(ggml_is_padded_1d(a), "ggml_is_padded_1d(a)", fn, f"a has nb {list(a.nb)}")
     result = dup_or_view(ctx, a, inplace)
     ggml_set_op_params(result, struct.pack("<2f", s, b))
@@ -233,7 +233,7 @@ def _scale(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) 
 
 
 @op
-def ggml_scale(ctx: Context, a: Tensor, s: float) -> Tensor:
+def ggml_scale(ctx: Context, a: Tensor, s: CFloat) -> Tensor:
     """ggml_scale: s·a; op_params = {s, 0} (f32)."""
     return _scale(ctx, a, s, 0.0, False, "ggml_scale")
 

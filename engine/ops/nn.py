@@ -171,7 +171,7 @@ def ggml_soft_max_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     fn = "ggml_soft_max_add_sinks"
     ggml_assert(a.op == GGMLOp.SOFT_MAX, "a->op == GGML_OP_SOFT_MAX", fn)
     ggml_assert(a.src[2] is None, "a->src[2] == NULL", fn)
-    ggml_assert(int(a.src[0].ne[2]) == int(sinks.ne[0]), "a->src[0]->ne[2] == sinks->ne[0]", fn)
+    ggml_assert(int(a.source(0).ne[2]) == int(sinks.ne[0]), "a->src[0]->ne[2] == sinks->ne[0]", fn)
     ggml_assert(sinks.type == GGMLType.F32, "sinks->type == GGML_TYPE_F32", fn)
     a.src[2] = sinks
 
@@ -379,7 +379,7 @@ def ggml_flash_attn_ext_add_sinks(a: Tensor, sinks: Tensor | None) -> None:
     fn = "ggml_flash_attn_ext_add_sinks"
     ggml_assert(a.op == GGMLOp.FLASH_ATTN_EXT, "a->op == GGML_OP_FLASH_ATTN_EXT", fn)
     ggml_assert(a.src[4] is None, "a->src[4] == NULL", fn)
-    ggml_assert(int(a.src[0].ne[2]) == int(sinks.ne[0]), "a->src[0]->ne[2] == sinks->ne[0]", fn)
+    ggml_assert(int(a.source(0).ne[2]) == int(sinks.ne[0]), "a->src[0]->ne[2] == sinks->ne[0]", fn)
     ggml_assert(sinks.type == GGMLType.F32, "sinks->type == GGML_TYPE_F32", fn)
     a.src[4] = sinks
 

@@ -16,7 +16,7 @@ from engine.core.context import Context
 from engine.core.errors import ggml_assert
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_vector
-from engine.core.types import GGMLType
+from engine.core.types import GGMLType, CFloat
 from engine.ops.base import dup_or_view, f32_params, ggml_set_op_params, i32_params, set_op_src
 
 GGML_ROPE_TYPE_NORMAL = 0
@@ -154,7 +154,7 @@ def ggml_rope_custom_inplace(ctx: Context, a: Tensor, b: Tensor, n_dims: int, mo
                                  attn_factor, beta_fast, beta_slow)
 
 
-def _rope_yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float) -> np.float32:
+def _rope_yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: CFloat, base: CFloat) -> np.float32:
     """ggml_rope_yarn_corr_dim: n_dims·ln(n_ctx_orig / (n_rot·2π)) / (2·ln(base)), in float."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = F32(n_ctx_orig) / (F32(n_rot) * F32(2) * F32(math.pi))
@@ -163,8 +163,8 @@ def _rope_yarn_corr_dim(n_dims: int, n_ctx_orig: int, n_rot: float, base: float)
 
 
 @op
-def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
-                             beta_slow: float) -> tuple[float, float]:
+def ggml_rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: CFloat, beta_fast: CFloat,
+                             beta_slow: CFloat) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the first and last rotary dims YaRN blends (float math)."""
     start = np.floor(_rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base))
     end = np.ceil(_rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base))

@@ -11,6 +11,7 @@ import numpy as np
 from engine import libm
 from engine.backend.ctx_alloc import ggml_backend_alloc_ctx_tensors, ggml_backend_alloc_ctx_tensors_from_buft
 from engine.backend.buffer import (
+    Buffer,
     buffer_field,
     ggml_backend_buffer_free,
     ggml_backend_cpu_buffer_type,
@@ -19,15 +20,16 @@ from engine.backend.buffer import (
     set_buffer_field,
 )
 from engine.backend.sched import (
+    Sched,
     ggml_backend_sched_alloc_graph,
     ggml_backend_sched_get_backend,
     ggml_backend_sched_graph_compute,
     ggml_backend_sched_reset,
 )
 from engine.core.api import Writes, query, writes
-from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
+from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.cxxrandom import Mt19937
-from engine.core.errors import GGMLAbortError, ggml_assert
+from engine.core.errors import GGMLAbortError, ggml_assert, ggml_assert_not_null
 from engine.ggml import (
     GGML_DEFAULT_GRAPH_SIZE,
     GGML_MAX_DIMS,
@@ -86,9 +88,10 @@ F32 = np.float32
 
 @dataclass(eq=False)
 class OptContext:
-    """struct ggml_opt_context."""
-    backend_sched: object
-    ctx_compute: object
+    """struct ggml_opt_context. Its pointers are NULL (None) until ggml_opt_init,
+    ggml_opt_prepare_alloc or ggml_opt_build set them; ggml reads them unchecked from then on."""
+    backend_sched: Sched
+    ctx_compute: Context | None
     loss_type: int
     build_type: int
     build_type_alloc: int
@@ -102,11 +105,11 @@ class OptContext:
     rng: Mt19937 = field(default_factory=Mt19937)
     allocated_graph: Graph | None = None
     allocated_graph_copy: Graph | None = None
-    ctx_static: object = None
-    ctx_cpu: object = None
-    ctx_copy: object = None
-    buf_static: object = None
-    buf_cpu: object = None
+    ctx_static: Context | None = None
+    ctx_cpu: Context | None = None
+    ctx_copy: Context | None = None
+    buf_static: Buffer | None = None
+    buf_cpu: Buffer | None = None
     labels: Tensor | None = None
     loss: Tensor | None = None
     pred: Tensor | None = None
@@ -115,19 +118,17 @@ class OptContext:
     gb_grad: Graph | None = None
     gb_opt: Graph | None = None
     eval_ready: bool = False
-    grad_accs: list = field(default_factory=list)
-    grad_m: list = field(default_factory=list)
-    grad_v: list = field(default_factory=list)
+    grad_accs: list[Tensor | None] = field(default_factory=list)
+    grad_m: list[Tensor | None] = field(default_factory=list)
+    grad_v: list[Tensor | None] = field(default_factory=list)
     iter: int = 1
     opt_i: int = 0
     loss_per_datapoint: bool = False
     opt_step_params: Tensor | None = None
 
 
-def _map_tensor(tensor_map: dict, ctx, t: Tensor | None) -> Tensor | None:
+def _map_tensor(tensor_map: dict, ctx: Context, t: Tensor) -> Tensor:
     """A copy of t in ctx sharing its data and buffer, its sources and view_src copied too."""
-    if t is None:
-        return None
     if t in tensor_map:
         return tensor_map[t]
     new = ggml_dup_tensor(ctx, t)
@@ -140,13 +141,14 @@ def _map_tensor(tensor_map: dict, ctx, t: Tensor | None) -> Tensor | None:
     new.data = t.data
     set_buffer_field(new, buffer_field(t))
     new.view_offs = t.view_offs
-    new.view_src = _map_tensor(tensor_map, ctx, t.view_src)
+    view_src = t.view_src
+    new.view_src = None if view_src is None else _map_tensor(tensor_map, ctx, view_src)
     for i, s in enumerate(t.src):
-        new.src[i] = _map_tensor(tensor_map, ctx, s)
+        new.src[i] = None if s is None else _map_tensor(tensor_map, ctx, s)
     return new
 
 
-def dup_graph(ctx, src: Graph) -> Graph:
+def dup_graph(ctx: Context, src: Graph) -> Graph:
     """ggml-opt's dup_graph: every leaf and node copied into ctx (in the same order), and each
     node's gradient and accumulator pointers carried over."""
     fn = "dup_graph"
@@ -158,25 +160,28 @@ def dup_graph(ctx, src: Graph) -> Graph:
     for node in src.nodes:
         ggml_build_forward_expand(dst, _map_tensor(tensor_map, ctx, node))
     ggml_assert(dst.n_nodes == src.n_nodes, "dst->n_nodes == src->n_nodes", fn)
+    src_tables, dst_tables = src.grad_tables, dst.grad_tables
+    assert src_tables is not None and dst_tables is not None  # (ggml-opt's graphs have gradients)
     for s_node, d_node in zip(src.nodes, dst.nodes):
         i_src, i_dst = src.hash_find(s_node), dst.hash_find(d_node)
         ggml_assert(i_src != GGML_HASHSET_FULL and src.is_used(i_src),
                     "ggml_bitset_get(src->visited_hash_set.used, igrad_src)", fn)
         ggml_assert(i_dst != GGML_HASHSET_FULL and dst.is_used(i_dst),
                     "ggml_bitset_get(dst->visited_hash_set.used, igrad_dst)", fn)
-        dst.grad_addresses[i_dst] = src.grad_addresses[i_src]
-        dst.grad_acc_addresses[i_dst] = src.grad_acc_addresses[i_src]
+        for s_table, d_table in zip(src_tables, dst_tables):  # grads, then grad_accs
+            d_table[i_dst] = s_table[i_src]
     return dst
 
 
-def _loss(opt_ctx: OptContext, ctx) -> None:
-    """The loss (and labels) of opt_ctx's loss type, named as ggml names them."""
-    out, period = opt_ctx.outputs, opt_ctx.opt_period
+def _loss(opt_ctx: OptContext, ctx: Context, out: Tensor) -> Tensor:
+    """The loss (and labels) of opt_ctx's loss type on its outputs `out`, named as ggml names
+    them."""
+    period = opt_ctx.opt_period
     kind = opt_ctx.loss_type
     if kind in (GGML_OPT_LOSS_TYPE_CROSS_ENTROPY, GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR):
-        opt_ctx.labels = ggml_dup_tensor(ctx, out)
-        ggml_set_input(opt_ctx.labels)
-        ggml_set_name(opt_ctx.labels, "labels")
+        labels = opt_ctx.labels = ggml_dup_tensor(ctx, out)
+        ggml_set_input(labels)
+        ggml_set_name(labels, "labels")
     steps: list[tuple[Callable, str]]
     if kind == GGML_OPT_LOSS_TYPE_MEAN:
         scale = F32(1.0) / F32(period * ggml_nelements(out))
@@ -184,12 +189,12 @@ def _loss(opt_ctx: OptContext, ctx) -> None:
     elif kind == GGML_OPT_LOSS_TYPE_SUM:
         steps = [(lambda t: ggml_sum(ctx, t), "loss_sum")]
     elif kind == GGML_OPT_LOSS_TYPE_CROSS_ENTROPY:
-        steps = [(lambda t: ggml_cross_entropy_loss(ctx, t, opt_ctx.labels), "loss_cross_entropy")]
+        steps = [(lambda t: ggml_cross_entropy_loss(ctx, t, labels), "loss_cross_entropy")]
         if period > 1:
             steps.append((lambda t: ggml_scale(ctx, t, F32(1.0) / F32(period)), "loss_cross_entropy_scaled"))
     elif kind == GGML_OPT_LOSS_TYPE_MEAN_SQUARED_ERROR:
         scale = F32(1.0) / F32(period * ggml_nelements(out))
-        steps = [(lambda t: ggml_sub(ctx, t, opt_ctx.labels), "loss_error"),
+        steps = [(lambda t: ggml_sub(ctx, t, labels), "loss_error"),
                  (lambda t: ggml_sqr(ctx, t), "loss_squared_error"),
                  (lambda t: ggml_sum(ctx, t), "loss_sum_squared_error"),
                  (lambda t: ggml_scale(ctx, t, scale), "loss_mean_squared_error")]
@@ -201,30 +206,33 @@ def _loss(opt_ctx: OptContext, ctx) -> None:
         ggml_set_name(loss, name)
     opt_ctx.loss = loss
     opt_ctx.loss_per_datapoint = kind != GGML_OPT_LOSS_TYPE_SUM
+    return loss
 
 
-def _alloc_static(opt_ctx: OptContext) -> None:
+def _alloc_static(opt_ctx: OptContext, ctx_static: Context) -> None:
     backend = ggml_backend_sched_get_backend(opt_ctx.backend_sched, 0)
-    opt_ctx.buf_static = ggml_backend_alloc_ctx_tensors(opt_ctx.ctx_static, backend)
+    opt_ctx.buf_static = ggml_backend_alloc_ctx_tensors(ctx_static, backend)
 
 
 def ggml_opt_build(opt_ctx: OptContext) -> None:
     """Build gf's loss, then gb_grad and gb_opt as far as build_type_alloc asks (static
     tensors allocated once, the first time)."""
     fn = "ggml_opt_build"
-    ggml_assert(opt_ctx.ctx_compute is not None, "opt_ctx->ctx_compute && \"no compute context set, either use "
-                "static graphs or set one with ggml_opt_prepare_alloc\"", fn)
-    ggml_assert(not opt_ctx.static_graphs or opt_ctx.inputs.data is not None,
+    ctx_compute = ggml_assert_not_null(opt_ctx.ctx_compute, "opt_ctx->ctx_compute && \"no compute context set, "
+                                       "either use static graphs or set one with ggml_opt_prepare_alloc\"", fn)
+    inputs, outputs, gf = opt_ctx.inputs, opt_ctx.outputs, opt_ctx.gf
+    assert inputs is not None and outputs is not None and gf is not None  # (ggml_opt_init or _prepare_alloc)
+    ggml_assert(not opt_ctx.static_graphs or inputs.data is not None,
                 "(!opt_ctx->static_graphs || opt_ctx->inputs->data) && \"when using static graphs the inputs must "
                 "be allocated statically\"", fn)
     accumulate = opt_ctx.build_type_alloc >= GGML_OPT_BUILD_TYPE_GRAD and not (
         opt_ctx.static_graphs and opt_ctx.build_type_alloc == GGML_OPT_BUILD_TYPE_OPT and opt_ctx.opt_period == 1)
     need_momenta = opt_ctx.build_type_alloc == GGML_OPT_BUILD_TYPE_OPT and \
         opt_ctx.optimizer == GGML_OPT_OPTIMIZER_TYPE_ADAMW
-    ggml_set_input(opt_ctx.inputs)
-    ggml_set_output(opt_ctx.outputs)
+    ggml_set_input(inputs)
+    ggml_set_output(outputs)
 
-    forward = opt_ctx.gf.nodes
+    forward = gf.nodes
     n_param = sum(1 for node in forward if node.flags & GGML_TENSOR_FLAG_PARAM)
     for node in forward:
         ggml_assert(not node.flags & GGML_TENSOR_FLAG_LOSS,
@@ -236,41 +244,44 @@ def ggml_opt_build(opt_ctx: OptContext) -> None:
         n_const = 9 if opt_ctx.static_graphs else 0
         size = (1 + per_param * n_param + n_const) * ggml_tensor_overhead()
         opt_ctx.ctx_static = ggml_init(ggml_init_params(size, None, True))
+    ctx_static = opt_ctx.ctx_static
     ggml_assert(opt_ctx.build_type <= opt_ctx.build_type_alloc, "opt_ctx->build_type <= opt_ctx->build_type_alloc", fn)
 
     ggml_free(opt_ctx.ctx_cpu)  # the optimizer parameters' context, made anew
-    opt_ctx.ctx_cpu = ggml_init(ggml_init_params(ggml_tensor_overhead(), None, True))
+    ctx_cpu = opt_ctx.ctx_cpu = ggml_init(ggml_init_params(ggml_tensor_overhead(), None, True))
     ggml_backend_buffer_free(opt_ctx.buf_cpu)
     opt_ctx.buf_cpu = None
 
-    ctx_results = opt_ctx.ctx_static if opt_ctx.static_graphs else opt_ctx.ctx_compute
-    _loss(opt_ctx, ctx_results)
-    ggml_set_output(opt_ctx.loss)
-    ggml_set_loss(opt_ctx.loss)
-    ggml_build_forward_expand(opt_ctx.gf, opt_ctx.loss)
+    ctx_results = ctx_static if opt_ctx.static_graphs else ctx_compute
+    loss = _loss(opt_ctx, ctx_results, outputs)
+    ggml_set_output(loss)
+    ggml_set_loss(loss)
+    ggml_build_forward_expand(gf, loss)
     if opt_ctx.loss_type == GGML_OPT_LOSS_TYPE_CROSS_ENTROPY:
-        opt_ctx.pred = ggml_argmax(ctx_results, opt_ctx.outputs)
-        ggml_set_name(opt_ctx.pred, "pred")
-        ggml_set_output(opt_ctx.pred)
-        ggml_build_forward_expand(opt_ctx.gf, opt_ctx.pred)
-        opt_ctx.ncorrect = ggml_count_equal(ctx_results, opt_ctx.pred, ggml_argmax(ctx_results, opt_ctx.labels))
-        ggml_set_name(opt_ctx.ncorrect, "ncorrect")
-        ggml_set_output(opt_ctx.ncorrect)
-        ggml_build_forward_expand(opt_ctx.gf, opt_ctx.ncorrect)
+        labels = opt_ctx.labels
+        assert labels is not None  # (_loss made the cross-entropy's)
+        pred = opt_ctx.pred = ggml_argmax(ctx_results, outputs)
+        ggml_set_name(pred, "pred")
+        ggml_set_output(pred)
+        ggml_build_forward_expand(gf, pred)
+        ncorrect = opt_ctx.ncorrect = ggml_count_equal(ctx_results, pred, ggml_argmax(ctx_results, labels))
+        ggml_set_name(ncorrect, "ncorrect")
+        ggml_set_output(ncorrect)
+        ggml_build_forward_expand(gf, ncorrect)
 
     if opt_ctx.buf_static is not None:
         if opt_ctx.build_type == GGML_OPT_BUILD_TYPE_FORWARD:
             return
     elif opt_ctx.build_type_alloc == GGML_OPT_BUILD_TYPE_FORWARD:
-        _alloc_static(opt_ctx)
+        _alloc_static(opt_ctx, ctx_static)
         return
 
-    forward = opt_ctx.gf.nodes
+    forward = gf.nodes
     if not opt_ctx.grad_accs:
         ggml_assert(opt_ctx.build_type_alloc >= GGML_OPT_BUILD_TYPE_GRAD,
                     "opt_ctx->build_type_alloc >= GGML_OPT_BUILD_TYPE_GRAD", fn)
         opt_ctx.grad_accs = [
-            ggml_new_tensor(opt_ctx.ctx_static, GGMLType.F32, GGML_MAX_DIMS, node.ne)
+            ggml_new_tensor(ctx_static, GGMLType.F32, GGML_MAX_DIMS, node.ne)
             if (accumulate and node.flags & GGML_TENSOR_FLAG_PARAM) or node.flags & GGML_TENSOR_FLAG_LOSS
             else None for node in forward]
         if need_momenta and opt_ctx.build_type_alloc >= GGML_OPT_BUILD_TYPE_OPT:
@@ -278,50 +289,51 @@ def ggml_opt_build(opt_ctx: OptContext) -> None:
             for node in forward:
                 is_param = bool(node.flags & GGML_TENSOR_FLAG_PARAM)
                 for moments in (opt_ctx.grad_m, opt_ctx.grad_v):
-                    moments.append(ggml_new_tensor(opt_ctx.ctx_static, GGMLType.F32, GGML_MAX_DIMS, node.ne)
+                    moments.append(ggml_new_tensor(ctx_static, GGMLType.F32, GGML_MAX_DIMS, node.ne)
                                    if is_param else None)
 
     # gb_grad: the forward pass, then the backward pass computing the gradients
-    opt_ctx.gb_grad = ggml_graph_dup(opt_ctx.ctx_compute, opt_ctx.gf, True)
-    ggml_build_backward_expand(opt_ctx.ctx_compute, opt_ctx.gb_grad, opt_ctx.grad_accs)
+    gb_grad = opt_ctx.gb_grad = ggml_graph_dup(ctx_compute, gf, True)
+    ggml_build_backward_expand(ctx_compute, gb_grad, opt_ctx.grad_accs)
 
     if opt_ctx.buf_static is not None:
         if opt_ctx.build_type == GGML_OPT_BUILD_TYPE_GRAD:
             return
     elif opt_ctx.build_type_alloc == GGML_OPT_BUILD_TYPE_GRAD:
-        _alloc_static(opt_ctx)
-        ggml_graph_reset(opt_ctx.gb_grad)
+        _alloc_static(opt_ctx, ctx_static)
+        ggml_graph_reset(gb_grad)
     ggml_assert(opt_ctx.build_type_alloc == GGML_OPT_BUILD_TYPE_OPT,
                 "opt_ctx->build_type_alloc == GGML_OPT_BUILD_TYPE_OPT", fn)
 
     # gb_opt: gb_grad, then one optimizer step per parameter, last parameter first
-    opt_ctx.gb_opt = ggml_graph_dup(opt_ctx.ctx_compute, opt_ctx.gb_grad, True)
-    params = opt_ctx.opt_step_params = ggml_new_tensor_1d(opt_ctx.ctx_cpu, GGMLType.F32, 7 if need_momenta else 2)
+    gb_opt = opt_ctx.gb_opt = ggml_graph_dup(ctx_compute, gb_grad, True)
+    params = opt_ctx.opt_step_params = ggml_new_tensor_1d(ctx_cpu, GGMLType.F32, 7 if need_momenta else 2)
     ggml_set_input(params)
     name = ggml_opt_optimizer_name(opt_ctx.optimizer)
     ggml_format_name(params, "%s_params", name)
-    gb_nodes = opt_ctx.gb_opt.nodes
+    gb_nodes = gb_opt.nodes
     for i in range(len(forward) - 1, -1, -1):
         node = gb_nodes[i]
-        grad = ggml_graph_get_grad(opt_ctx.gb_opt, node)
+        grad = ggml_graph_get_grad(gb_opt, node)
         if grad is None or not node.flags & GGML_TENSOR_FLAG_PARAM:
             continue
         if opt_ctx.optimizer == GGML_OPT_OPTIMIZER_TYPE_ADAMW:
             m, v = opt_ctx.grad_m[i], opt_ctx.grad_v[i]
+            assert m is not None and v is not None  # (made above for every parameter)
             ggml_format_name(m, "AdamW m for %s", node.name_bytes)
             ggml_format_name(v, "AdamW v for %s", node.name_bytes)
-            step = ggml_opt_step_adamw(opt_ctx.ctx_compute, node, grad, m, v, params)
+            step = ggml_opt_step_adamw(ctx_compute, node, grad, m, v, params)
         elif opt_ctx.optimizer == GGML_OPT_OPTIMIZER_TYPE_SGD:
-            step = ggml_opt_step_sgd(opt_ctx.ctx_compute, node, grad, params)
+            step = ggml_opt_step_sgd(ctx_compute, node, grad, params)
         else:
             raise GGMLAbortError("fatal error", fn)
         ggml_format_name(step, "%s step for %s", name, node.name_bytes)
-        ggml_build_forward_expand(opt_ctx.gb_opt, step)
+        ggml_build_forward_expand(gb_opt, step)
 
     if opt_ctx.buf_static is None:
-        _alloc_static(opt_ctx)
-        ggml_graph_reset(opt_ctx.gb_opt)
-    opt_ctx.buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(opt_ctx.ctx_cpu, ggml_backend_cpu_buffer_type())
+        _alloc_static(opt_ctx, ctx_static)
+        ggml_graph_reset(gb_opt)
+    opt_ctx.buf_cpu = ggml_backend_alloc_ctx_tensors_from_buft(ctx_cpu, ggml_backend_cpu_buffer_type())
 
 
 @writes(Writes.PLACES, Writes.OPT)
@@ -332,15 +344,16 @@ def ggml_opt_init(params: ggml_opt_params) -> OptContext:
                          params.build_type, params.inputs, params.outputs, params.opt_period,
                          params.get_opt_pars, params.get_opt_pars_ud, params.optimizer)
     ggml_assert(opt_ctx.opt_period >= 1, "result->opt_period >= 1", fn)
-    opt_ctx.static_graphs = opt_ctx.ctx_compute is not None
-    if not opt_ctx.static_graphs:
+    ctx_compute = opt_ctx.ctx_compute
+    opt_ctx.static_graphs = ctx_compute is not None
+    if ctx_compute is None:
         ggml_assert(opt_ctx.inputs is None, "!result->inputs", fn)
         ggml_assert(opt_ctx.outputs is None, "!result->outputs", fn)
         return opt_ctx
     ggml_assert(opt_ctx.inputs is not None, "result->inputs", fn)
-    ggml_assert(opt_ctx.outputs is not None, "result->outputs", fn)
-    opt_ctx.gf = ggml_new_graph_custom(opt_ctx.ctx_compute, GGML_DEFAULT_GRAPH_SIZE, True)  # the forward pass
-    ggml_build_forward_expand(opt_ctx.gf, opt_ctx.outputs)
+    outputs = ggml_assert_not_null(opt_ctx.outputs, "result->outputs", fn)
+    gf = opt_ctx.gf = ggml_new_graph_custom(ctx_compute, GGML_DEFAULT_GRAPH_SIZE, True)  # the forward pass
+    ggml_build_forward_expand(gf, outputs)
     ggml_opt_build(opt_ctx)
     return opt_ctx
 
@@ -402,7 +415,9 @@ def ggml_opt_ncorrect(opt_ctx: OptContext) -> Tensor | None:
 
 @query
 def ggml_opt_grad_acc(opt_ctx: OptContext, node: Tensor) -> Tensor | None:
-    return ggml_graph_get_grad_acc(opt_ctx.gb_opt, node)
+    gb_opt = opt_ctx.gb_opt
+    assert gb_opt is not None  # (built by ggml_opt_build: C reads it unchecked)
+    return ggml_graph_get_grad_acc(gb_opt, node)
 
 
 @query
@@ -436,7 +451,7 @@ def ggml_opt_alloc(opt_ctx: OptContext, backward: bool) -> None:
         ggml_opt_build(opt_ctx)
     graph = {GGML_OPT_BUILD_TYPE_FORWARD: opt_ctx.gf, GGML_OPT_BUILD_TYPE_GRAD: opt_ctx.gb_grad,
              GGML_OPT_BUILD_TYPE_OPT: opt_ctx.gb_opt}[opt_ctx.build_type]
-    ggml_assert(graph is not None, "graph", fn)
+    graph = ggml_assert_not_null(graph, "graph", fn)
     if opt_ctx.allocated_graph is graph:
         opt_ctx.eval_ready = True
         return
@@ -444,11 +459,11 @@ def ggml_opt_alloc(opt_ctx: OptContext, backward: bool) -> None:
     if opt_ctx.static_graphs:
         size = graph.size * ggml_tensor_overhead() + ggml_graph_overhead_custom(graph.size, True)
         ggml_free(opt_ctx.ctx_copy)
-        opt_ctx.ctx_copy = ggml_init(ggml_init_params(size, None, True))
-        opt_ctx.allocated_graph_copy = dup_graph(opt_ctx.ctx_copy, graph)
+        ctx_copy = opt_ctx.ctx_copy = ggml_init(ggml_init_params(size, None, True))
+        graph_copy = opt_ctx.allocated_graph_copy = dup_graph(ctx_copy, graph)
     else:
-        opt_ctx.allocated_graph_copy = graph
-    ggml_backend_sched_alloc_graph(opt_ctx.backend_sched, opt_ctx.allocated_graph_copy)
+        graph_copy = opt_ctx.allocated_graph_copy = graph
+    ggml_backend_sched_alloc_graph(opt_ctx.backend_sched, graph_copy)
     opt_ctx.allocated_graph = graph
     opt_ctx.eval_ready = True
 
@@ -477,7 +492,9 @@ def _write_optimizer_params(opt_ctx: OptContext) -> None:
         values = [alpha, wd]
     else:
         raise GGMLAbortError("fatal error", fn)
-    ggml_backend_tensor_set(opt_ctx.opt_step_params, np.array(values, dtype=F32), 0, 4 * len(values))
+    params = opt_ctx.opt_step_params
+    assert params is not None  # (gb_opt is built, and its optimizer's parameters with it)
+    ggml_backend_tensor_set(params, np.array(values, dtype=F32), 0, 4 * len(values))
 
 
 @writes(Writes.PLACES, Writes.OPT)
@@ -485,9 +502,11 @@ def ggml_opt_eval(opt_ctx: OptContext, result: OptResult | None) -> None:
     """Compute the allocated graph; add its loss, predictions and correct count to result."""
     fn = "ggml_opt_eval"
     ggml_assert(opt_ctx.eval_ready, "opt_ctx->eval_ready", fn)
+    graph_copy, outputs, loss = opt_ctx.allocated_graph_copy, opt_ctx.outputs, opt_ctx.loss
+    assert graph_copy is not None and outputs is not None and loss is not None  # (eval_ready: all built)
     if opt_ctx.allocated_graph is opt_ctx.gb_opt:
         _write_optimizer_params(opt_ctx)
-    ggml_backend_sched_graph_compute(opt_ctx.backend_sched, opt_ctx.allocated_graph_copy)
+    ggml_backend_sched_graph_compute(opt_ctx.backend_sched, graph_copy)
     opt_ctx.iter += opt_ctx.allocated_graph is opt_ctx.gb_opt
     opt_ctx.opt_i = (opt_ctx.opt_i + 1) % opt_ctx.opt_period
     if not opt_ctx.static_graphs:
@@ -503,13 +522,13 @@ def ggml_opt_eval(opt_ctx: OptContext, result: OptResult | None) -> None:
         ggml_assert(result.loss_per_datapoint == opt_ctx.loss_per_datapoint,
                     "result->loss_per_datapoint == opt_ctx->loss_per_datapoint", fn)
         ggml_assert(result.opt_period == opt_ctx.opt_period, "result->opt_period == opt_ctx->opt_period", fn)
-    ndata = int(opt_ctx.outputs.ne[1])
+    ndata = int(outputs.ne[1])
     ggml_assert(result.ndata == ndata * len(result.loss),
                 "result->ndata == ndata*int64_t(result->loss.size()) && \"varying batch size not supported\"", fn)
     result.ndata += ndata
-    ggml_assert(ggml_is_scalar(opt_ctx.loss), "ggml_is_scalar(opt_ctx->loss)", fn)
-    ggml_assert(opt_ctx.loss.type == GGMLType.F32, "opt_ctx->loss->type == GGML_TYPE_F32", fn)
-    result.loss.append(F32(np.frombuffer(ggml_backend_tensor_get(opt_ctx.loss, 0, 4), dtype="<f4")[0]))
+    ggml_assert(ggml_is_scalar(loss), "ggml_is_scalar(opt_ctx->loss)", fn)
+    ggml_assert(loss.type == GGMLType.F32, "opt_ctx->loss->type == GGML_TYPE_F32", fn)
+    result.loss.append(F32(np.frombuffer(ggml_backend_tensor_get(loss, 0, 4), dtype="<f4")[0]))
     if opt_ctx.pred is not None:
         ggml_assert(opt_ctx.pred.type == GGMLType.I32, "opt_ctx->pred->type == GGML_TYPE_I32", fn)
         pred = np.frombuffer(ggml_backend_tensor_get(opt_ctx.pred, 0, ggml_nbytes(opt_ctx.pred)), dtype="<i4")

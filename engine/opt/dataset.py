@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 
 from engine.backend.ctx_alloc import ggml_backend_alloc_ctx_tensors_from_buft
 from engine.backend.buffer import (
+    Buffer,
     ggml_backend_buffer_free,
     ggml_backend_cpu_buffer_type,
     ggml_backend_tensor_get,
     ggml_backend_tensor_set,
 )
 from engine.core.api import Writes, query, writes
-from engine.core.context import ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
+from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead
 from engine.core.errors import ggml_assert
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nbytes, ggml_new_tensor_2d
 
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
 class Dataset:
     """struct ggml_opt_dataset: data [ne_datapoint, ndata] and labels [ne_label, ndata] in one
     CPU buffer; `permutation` orders the shards of ndata_shard datapoints each."""
-    ctx: object
-    buf: object
+    ctx: Context
+    buf: Buffer
     data: Tensor
     labels: Tensor | None
     ndata: int
@@ -117,7 +118,7 @@ def ggml_opt_dataset_get_batch(dataset: Dataset, data_batch: Tensor, labels_batc
     ggml_assert((labels_batch is None) == (dataset.labels is None),
                 "(labels_batch == nullptr) == (dataset->labels == nullptr)", fn)
     ggml_assert(data_batch.type == dataset.data.type, "data_batch->type == dataset->data->type", fn)
-    ggml_assert(labels_batch is None or labels_batch.type == dataset.labels.type,
+    ggml_assert(labels_batch is None or dataset.labels is None or labels_batch.type == dataset.labels.type,
                 "!labels_batch || labels_batch->type == dataset->labels->type", fn)
     nb_data_batch = ggml_nbytes(data_batch)
     ggml_assert(nb_data_batch % dataset.nbs_data == 0, "nb_data_batch % dataset->nbs_data == 0", fn)

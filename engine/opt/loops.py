@@ -30,7 +30,7 @@ from engine.core.tensor import Tensor
 
 F32 = np.float32
 
-EpochCallback = Callable[[bool, OptContext, Dataset, OptResult, int, int, int], None]
+EpochCallback = Callable[[bool, OptContext, Dataset, OptResult | None, int, int, int], None]
 
 
 @writes(Writes.PLACES, Writes.OPT, Writes.LOOP)
@@ -42,6 +42,7 @@ def ggml_opt_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: OptResul
     ggml_assert(ggml_opt_static_graphs(opt_ctx), "ggml_opt_static_graphs(opt_ctx) && \"ggml_opt_epoch requires "
                 "static graphs\"", fn)
     inputs, labels, data = ggml_opt_inputs(opt_ctx), ggml_opt_labels(opt_ctx), ggml_opt_dataset_data(dataset)
+    assert inputs is not None  # (static graphs: ggml_opt_init was given them)
     ggml_assert(data.ne[0] == inputs.ne[0], "data->ne[0] == inputs->ne[0]", fn)
     ndata, ndata_batch = int(data.ne[1]), int(inputs.ne[1])
     ggml_assert(ndata % ndata_batch == 0, "data->ne[1] % inputs->ne[1] == 0", fn)
@@ -82,7 +83,9 @@ def progress_bar_line(train: bool, opt_ctx: OptContext, result: OptResult, ibatc
     for j in range(8):
         filled = next((k for k in range(8, 0, -1) if ibatch_max * (8 * j + k) // 8 < 8 * ibatch), 0)
         bar.append(BLOCKS[filled])
-    batch_size = int(ggml_opt_inputs(opt_ctx).ne[1])
+    inputs = ggml_opt_inputs(opt_ctx)
+    assert inputs is not None  # (ggml_opt_fit's static graphs)
+    batch_size = int(inputs.ne[1])
     loss, loss_unc = ggml_opt_result_loss(result)
     accuracy, accuracy_unc = ggml_opt_result_accuracy(result)
     t_eta_us = t_elapsed_us * (ibatch_max - ibatch) // ibatch
@@ -101,9 +104,11 @@ def _c_float(x: float, digits: int) -> str:
 
 
 @writes(Writes.OPT)
-def ggml_opt_epoch_callback_progress_bar(train: bool, opt_ctx: OptContext, dataset: Dataset, result: OptResult,
-                                         ibatch: int, ibatch_max: int, t_start_us: int) -> None:
+def ggml_opt_epoch_callback_progress_bar(train: bool, opt_ctx: OptContext, dataset: Dataset,
+                                         result: OptResult | None, ibatch: int, ibatch_max: int,
+                                         t_start_us: int) -> None:
     """ggml's epoch callback: a progress bar with loss, accuracy, time and ETA on stderr."""
+    assert result is not None  # (C reads it unchecked: ggml_opt_fit gives its results)
     sys.stderr.write(progress_bar_line(train, opt_ctx, result, ibatch, ibatch_max, ggml_time_us() - t_start_us))
     sys.stderr.flush()
 

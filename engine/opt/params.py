@@ -4,10 +4,14 @@ hyperparameters (AdamW, SGD) and the parameters of an optimization context."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from engine.core.api import query
 from engine.core.tensor import Tensor
+
+if TYPE_CHECKING:
+    from engine.backend.sched import Sched
+    from engine.core.context import Context
 
 GGML_OPT_LOSS_TYPE_MEAN = 0
 GGML_OPT_LOSS_TYPE_SUM = 1
@@ -57,8 +61,8 @@ def ggml_opt_get_constant_optimizer_params(userdata: ggml_opt_optimizer_params) 
 
 @dataclass
 class ggml_opt_params:
-    backend_sched: object
-    ctx_compute: object = None  # given: static graphs built from inputs to outputs at init
+    backend_sched: Sched
+    ctx_compute: Context | None = None  # given: static graphs built from inputs to outputs at init
     inputs: Tensor | None = None
     outputs: Tensor | None = None
     loss_type: int = GGML_OPT_LOSS_TYPE_SUM
@@ -70,7 +74,7 @@ class ggml_opt_params:
 
 
 @query
-def ggml_opt_default_params(backend_sched, loss_type: int) -> ggml_opt_params:
+def ggml_opt_default_params(backend_sched: Sched, loss_type: int) -> ggml_opt_params:
     return ggml_opt_params(backend_sched, loss_type=loss_type)
 
 

@@ -6,6 +6,7 @@ Each module has a docstring (its first line says what it teaches) and `run(n_thr
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -40,7 +41,7 @@ class Program:
 
     @property
     def source_file(self) -> str:
-        return self.load().__file__
+        return inspect.getfile(self.load())
 
     def check_settings(self, path: str | None, settings: dict) -> None:
         """llama.cpp's refusals of these settings (run()'s keywords, typed) for the file at
@@ -96,5 +97,5 @@ def trace_program(name: str, n_threads: int | None = None, **inputs):
 
     prog = PROGRAMS[name]
     mod = prog.load()
-    return record(mod.run, mod.__file__, name, n_threads or prog.threads, also=prog.also_files,
+    return record(mod.run, inspect.getfile(mod), name, n_threads or prog.threads, also=prog.also_files,
                   **inputs)

@@ -43,7 +43,7 @@ def write_model(path: str) -> None:
     gguf_set_val_u32(gguf, "llama.vocab_size", N_VOCAB)
     gguf_set_val_str(gguf, "tokenizer.ggml.model", "none")  # token ids in, token ids out
     kv = HEAD_DIM * N_HEAD_KV
-    shapes = [("token_embd.weight", (N_EMBD, N_VOCAB))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (N_EMBD, N_VOCAB))]
     for il in range(N_LAYER):
         shapes += [(f"blk.{il}.attn_norm.weight", (N_EMBD,)),
                    (f"blk.{il}.attn_q.weight", (N_EMBD, N_EMBD)),

@@ -256,7 +256,7 @@ def first_max(x: np.ndarray) -> np.ndarray:
     return np.take_along_axis(x, i[..., None], -1)[..., 0]
 
 
-def best_index_int8(values: np.ndarray, x: np.ndarray) -> np.ndarray:
+def best_index_int8(values: np.ndarray, x: np.ndarray | np.float32) -> np.ndarray:
     """best_index_int8: index of the sorted level nearest to x; the lower one only if closer."""
     v = values.astype(F32)
     x = f32(x)

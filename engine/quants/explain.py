@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.layout import struct_fields
 from engine.quants.common import SubScales, fp16_value
 from engine.core.types import GGMLType as T, traits
 
@@ -64,8 +65,7 @@ def explain_block(type_: int, row_bytes: bytes | np.ndarray, block_index: int) -
     b = block_raw.view(kind.dtype)  # (1,)
     meaning = dict(kind.fields)
     fields = []
-    for name in kind.dtype.names:
-        sub, off = kind.dtype.fields[name][:2]
+    for name, (sub, off) in struct_fields(kind.dtype).items():
         val = b[0][name]
         if name in _FP16_FIELDS and sub.base == np.dtype("<u2"):
             value = fp16_value(int(val))

@@ -27,7 +27,7 @@ _KV = KVALUES_IQ4NL.astype(F32)
 GROUP_MAX_EPS = F32(1e-15)
 
 
-def _best(x: np.ndarray) -> np.ndarray:
+def _best(x: np.ndarray | np.float32) -> np.ndarray:
     return best_index_int8(KVALUES_IQ4NL, x)
 
 

@@ -267,5 +267,5 @@ KINDS = [
                       ("qh", "per 8: 3 high index bits + shift sign bit"),
                       ("scales", "3-bit scales per 16; top nibbles hold the fp16 super-scale")),
               traits_from_float_ref=False,
-              vec_dot=VecDot(dot_blocks_iq1_m, Lanes.SIGNED, Mins.SHIFTS, shift=IQ1M_DELTA)),
+              vec_dot=VecDot(dot_blocks_iq1_m, Lanes.SIGNED, Mins.SHIFTS, shift=float(IQ1M_DELTA))),
 ]

@@ -355,7 +355,7 @@ def quantize_iq2_s(x: np.ndarray) -> np.ndarray:
     nb = len(x)
     sumx2 = _seq(x * x)
     sigma2 = F32(2) * sumx2 / F32(256)
-    xb = x.reshape(nb, 16, 16)
+    xb: np.ndarray = x.reshape(nb, 16, 16)  # (then (nb * 16, 16))
     weight = (F32(0.25) * sigma2[:, None, None] + xb * xb).reshape(-1, 16)
     waux = np.sqrt(weight)
     xb = xb.reshape(-1, 16)
@@ -431,8 +431,8 @@ def _iq1m_sub_blocks(xb: np.ndarray):
     xv = _XK.transpose(1, 2, 0)[(order >= 8).astype(np.int64)]  # (n, 16, g, k)
     wq = wj[..., None, None] * xv
     tqx, tq2 = wq * xj[..., None, None], wq * xv
-    sqx = np.zeros((n, len(_COMBOS), 4), F32)
-    sq2 = np.zeros((n, len(_COMBOS), 4), F32)
+    sqx: np.ndarray = np.zeros((n, len(_COMBOS), 4), F32)  # (then (n, combos * 4))
+    sq2: np.ndarray = np.zeros((n, len(_COMBOS), 4), F32)
     for j in range(16):
         sqx += tqx[:, j, _GROUP[:, j], :]
         sq2 += tq2[:, j, _GROUP[:, j], :]

@@ -21,12 +21,12 @@ from engine.core.types import GGMLType, traits
 _CHUNK_BYTES = 4 << 20  # dequantize at most this many float32 bytes of weights at a time
 
 
-def activation_values(vdt: GGMLType, act: np.ndarray, k: int):
+def activation_values(vdt: int, act: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray | None]:
     """Activation rows of vdt blocks (n1, row_bytes) -> (d*q as float32 (n1, k), Q8_1's s per
     block (n1, k/32) or None)."""
     from engine.quants import QUANT_KINDS
 
-    b = np.ascontiguousarray(act).reshape(-1).view(QUANT_KINDS[vdt].dtype)
+    b = np.ascontiguousarray(act).reshape(-1).view(QUANT_KINDS[GGMLType(vdt)].dtype)
     blck = traits(vdt).blck_size
     d = b["d"].astype(F32) if vdt == GGMLType.Q8_K else h2f(b["d"])
     vals = np.multiply(b["qs"], d[:, None], dtype=F32).reshape(-1, k)
@@ -57,14 +57,17 @@ def mul_mat_values(wtype: int, w: np.ndarray, a: np.ndarray, s_y: np.ndarray | N
     out = np.empty((len(a), n0), F32)
     rows = max(1, _CHUNK_BYTES // (4 * k))
     mins = wt in (GGMLType.Q4_1, GGMLType.Q5_1)  # the x*d + m types: sum(m_x * s_y) separately
+    deq = QUANT_KINDS[wt].dequantize
+    assert deq is not None  # (_vec_dot_type: a type with a vec_dot dequantizes)
     for r0 in range(0, n0, rows):
         chunk = w[r0: r0 + rows]
         if mins:
+            assert s_y is not None  # their partner, Q8_1, carries s
             b = chunk.reshape(-1).view(QUANT_KINDS[wt].dtype)
             m_x = h2f(b["m"]).reshape(len(chunk), -1)  # (rows, nb)
             b = b.copy()
             b["m"] = 0
-            wd = QUANT_KINDS[wt].dequantize(b).reshape(len(chunk), k)
+            wd = deq(b).reshape(len(chunk), k)
             out[:, r0: r0 + len(chunk)] = a @ wd.T + s_y @ m_x.T
         else:
             wd = dequantize(wt, chunk, chunk.size // traits(wt).type_size
@@ -92,7 +95,7 @@ def vec_dot_ref(wtype: int, wrow: bytes | np.ndarray, arow: bytes | np.ndarray, 
     from engine.quants import QUANT_KINDS
 
     wt = GGMLType(wtype)
-    vdt = traits(wt).vec_dot_type
+    vdt = _vec_dot_type(wt)
     x = np.frombuffer(bytes(wrow), QUANT_KINDS[wt].dtype)
     y = np.frombuffer(bytes(arow), QUANT_KINDS[vdt].dtype)
     sumf = F32(0)

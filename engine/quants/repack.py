@@ -50,7 +50,7 @@ def register(layout: RepackLayout) -> RepackLayout:
     return layout
 
 
-def optimal_layout(type_: int, ne: tuple[int, ...] | list[int]) -> RepackLayout | None:
+def optimal_layout(type_: int, ne: tuple[int, ...] | list[int] | np.ndarray) -> RepackLayout | None:
     """ggml_repack_get_optimal_repack_type for the AVX2 build: the type's layout where its rows
     come in whole groups (ne[1] % rows == 0), else None (the tensor keeps its plain blocks)."""
     layout = LAYOUTS.get(GGMLType(type_))

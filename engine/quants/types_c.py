@@ -32,7 +32,8 @@ def header() -> str:
             "/* the type of the activations quant_dot multiplies type's weights with (its",
             " * vec_dot_type); -1: quant_dot does not take type (no bit-exact vec_dot) */",
             "INLINE int lanes_vec_dot_type(int type)", "{", "    switch (type) {"]
-    out += [f"    case {k.type.name}: return {k.vec_dot_type.name};" for k in kinds if k.exact]
+    out += [f"    case {k.type.name}: return {k.vec_dot_type.name};" for k in kinds
+            if k.exact and k.vec_dot_type is not None]  # (an exact type has one: QuantKind checks)
     out += ["    default: return -1;", "    }", "}"]
     return "\n".join(out) + "\n"
 

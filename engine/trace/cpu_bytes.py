@@ -20,9 +20,9 @@ def data_range(t: Tensor) -> tuple[int, int, int]:
 def written_sources(node: Tensor) -> list[Tensor]:
     """The sources an optimizer step overwrites in place: the parameter, and AdamW's moments."""
     if node.op == GGMLOp.OPT_STEP_ADAMW:
-        return [node.src[0], node.src[2], node.src[3]]
+        return [node.source(0), node.source(2), node.source(3)]
     if node.op == GGMLOp.OPT_STEP_SGD:
-        return [node.src[0]]
+        return [node.source(0)]
     return []
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.optable import GGMLGluOp, GGMLOp, GGMLUnaryOp
-from engine.core.tensor import Tensor, ggml_nbytes
+from engine.core.tensor import Tensor, dims4, ggml_nbytes
 from engine.core.tensor_data import data_bytes, strided_view
 from engine.core.types import TYPE_TRAITS, GGMLType, bf16_bits_to_fp32, fp16_bits_to_fp32
 
@@ -59,8 +59,7 @@ def fields_of(t: Tensor) -> NodeFields:
     src = [(s.name, tuple(int(x) for x in s.ne)) if s is not None else None
            for s in (t.src[0], t.src[1])]
     raw = data_bytes(t, ggml_nbytes(t)).tobytes() if t.data is not None else b""
-    return NodeFields(t.name, int(t.type), tuple(int(x) for x in t.ne),
-                      tuple(int(x) for x in t.nb), op_desc(t), src[0], src[1], raw)
+    return NodeFields(t.name, int(t.type), dims4(t.ne), dims4(t.nb), op_desc(t), src[0], src[1], raw)
 
 
 def _values(f: NodeFields) -> np.ndarray | None:
@@ -241,7 +240,7 @@ def diff_dumps(a: list[DumpNode], b: list[DumpNode], abs_tol: float = 2e-3,
     are left out."""
     a = [n for n in a if not _AUTO_NAME.match(n.name)]
     b = [n for n in b if not _AUTO_NAME.match(n.name)]
-    first_b = {}
+    first_b: dict[str, DumpNode] = {}
     for n in b:
         first_b.setdefault(n.name, n)
     seen, compared, first_over = set(), [], None

@@ -53,9 +53,11 @@ class ProgramMarks:
                 self.n_past = n_past
             frame = frame.f_back
 
-    def for_step(self, kind: StepKind, tensor: Tensor | None) -> dict[str, int | None]:
-        """The marks of a step about to be recorded (`tensor`: the one it made or computed)."""
+    def for_step(self, kind: StepKind, tensor: Tensor | None) -> tuple[int | None, int | None]:
+        """The marks of a step about to be recorded (`tensor`: the one it made or computed): its
+        layer and its pass (n_past)."""
         ref = None if tensor is None else tensor_ref(tensor)
+        layer: int | None
         if kind == StepKind.VISIT and self.layer is not None:
             layer = self.layer  # a graph walked inside a layer's loop: that layer
         elif kind in FOLLOW_TENSOR:
@@ -66,7 +68,7 @@ class ProgramMarks:
             layer = self.layer
             if ref is not None and layer is not None and kind == StepKind.CALL:
                 self.tensor_layer.setdefault(ref, layer)
-        return {"layer": layer, "n_past": self.n_past}
+        return layer, self.n_past
 
 
 def layer_loops(source: str) -> list[tuple[int, int]]:
@@ -147,7 +149,7 @@ def _phases(steps: list[Step]) -> list[StepGroup]:
     return out
 
 
-_BY_STEPS = LRUCache(16)  # what a few recorded traces' steps give (below)
+_BY_STEPS: LRUCache = LRUCache(16)  # what a few recorded traces' steps give (below)
 _BY_STEPS_LOCK = Lock()
 
 

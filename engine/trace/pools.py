@@ -162,13 +162,14 @@ def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.nd
         changed = np.flatnonzero(cur != old)
         if changed.size <= SMALL_CHANGES:
             at = changed.tolist()
-            starts, ends = at[:1], []
+            run_starts: list[int] = at[:1]
+            run_ends: list[int] = []
             for p, q in zip(at, at[1:]):
                 if q - p > gap:
-                    ends.append(p + 1)
-                    starts.append(q)
-            ends += [at[-1] + 1] if at else []
-            return np.array(starts, np.intp), np.array(ends, np.intp)
+                    run_ends.append(p + 1)
+                    run_starts.append(q)
+            run_ends += [at[-1] + 1] if at else []
+            return np.array(run_starts, np.intp), np.array(run_ends, np.intp)
     n8 = n - n % 8
     words = np.empty(n8 // 8 + 2, dtype=np.int8)
     words[0] = words[-1] = 0

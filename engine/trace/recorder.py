@@ -38,6 +38,7 @@ from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
+from engine.backend.buffer import Buffer
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.api import Kind, Writes, declaration_of
@@ -103,7 +104,7 @@ class Recorder:
     """Watches one program run and turns what it does into steps."""
 
     def __init__(self, source_file: str, n_threads: int,
-                 on_step: Callable[[Step, list[Context]], None] | None = None,
+                 on_step: Callable[[Step, list[Context | Buffer]], None] | None = None,
                  step_cap: int | None = None, also: tuple[str, ...] = ()) -> None:
         self.step_cap = step_cap or STEP_CAP
         self.on_step = on_step  # sees the live contexts after each step (tests compare with them)
@@ -160,9 +161,8 @@ class Recorder:
                 self.walked, self.shown, self.last_visited = [], 0, None
                 if Writes.WALK in self.watched[frame.f_code].writes:
                     # the call comes first; each tensor it visits is a step inside it
-                    self.call_step = self.emit(
-                        StepKind.CALL, self.source(self.line),
-                        (Note("build_forward"),), []).index
+                    self.call_step = self.emitted(
+                        StepKind.CALL, self.source(self.line), (Note("build_forward"),), []).index
                 frame.f_trace_lines = False
                 return self.on_return
         return None
@@ -192,12 +192,14 @@ class Recorder:
             else:
                 data, private = self.file_maps.bytes_of(fb)
                 self.shadow[ctx.id] = Shadow(ctx.mem_size, fb.start, private)
-                self.file_patches.append(Patch(ctx.id, fb.start, data))
+                # (the file's pages as they are, no copy: Patch.data is typed bytes for msgspec,
+                # which decodes it as bytes, and a read-only memoryview reads as bytes do)
+                self.file_patches.append(Patch(ctx.id, fb.start, data))  # type: ignore[arg-type]  # (see above)
 
-    def regions(self, things: list[Any]) -> list[tuple[Context, int, int]]:
+    def regions(self, things: list[Any]) -> list[tuple[Context | Buffer, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs
         of the tensors and graphs it touched."""
-        out = []
+        out: list[tuple[Context | Buffer, int, int]] = []
         for ctx in self.contexts:
             old_used = self._objects_end(ctx.id)
             old_end = 0 if old_used is None else ctx.object_end(old_used)
@@ -215,7 +217,8 @@ class Recorder:
                         out += self.work_buffers_of(ctx)
                 out += self.backend.work_buffer_regions()
             elif t is Region.ALL_MEMORY:
-                out += [(c, 0, c.mem_size) for c in [*self.contexts, *self.backend.buffers] if not c.freed]
+                pools: list[Context | Buffer] = [*self.contexts, *self.backend.buffers]
+                out += [(c, 0, c.mem_size) for c in pools if not c.freed]
             elif isinstance(t, StructOf):
                 out.append((t.tensor.ctx, t.tensor.offs, t.tensor.offs + GGML_TENSOR_SIZE))
             elif isinstance(t, PoolRange):
@@ -350,16 +353,24 @@ class Recorder:
         if skip_if_empty and not (patches or fields or objects or buffers):
             self.snapshot_meta()
             return None
+        layer, n_past = self.marks.for_step(kind, tensor)
         step = Step(len(self.steps), kind, call, self.line,
                     notes or describe_changes(fn or call, objects, fields, patches),
                     objects=tuple(objects), fields=tuple(fields), patches=tuple(patches),
                     contexts=self.snapshot_meta(), buffers=buffers,
                     tensor=None if tensor is None else tensor_ref(tensor),
-                    **self.marks.for_step(kind, tensor), file=self.file_no, **kw)
+                    layer=layer, n_past=n_past, file=self.file_no, **kw)
         self.steps.append(step)
         self.cpu.after_step(step)
         if self.on_step is not None:
             self.on_step(step, [*self.contexts, *self.backend.buffers])
+        return step
+
+    def emitted(self, kind: StepKind, call: str, notes: tuple[Note, ...], things: list[Any],
+                **kw) -> Step:
+        """emit, of a step that is always recorded (not skip_if_empty)."""
+        step = self.emit(kind, call, notes, things, **kw)
+        assert step is not None
         return step
 
     def finish_call(self, call: Watched, result: Any) -> None:
@@ -443,12 +454,13 @@ class Recorder:
             if self.call_step is None:
                 plan = G.ggml_graph_plan(next(a for a in self.args if isinstance(a, Graph)),
                                          self.backend.compute_threads())
-                self.call_step = self.emit(
+                self.call_step = self.emitted(
                     StepKind.CALL, self.source(self.line),
                     (Note.of("planned", n=plan.n_threads, size=plan.work_size), Note("walk_together")),
                     [Region.ALL_MEMORY] if Writes.OPT in writes else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
+        assert shares is not None  # (told after the node: its threads' shares)
         threads = tuple(s for s in shares if s is not None)
         desc = f"{GGMLOp(node.op).name} -> '{node.name}'"
         same = self.cpu.node(node)
@@ -472,7 +484,7 @@ def _dedupe(items: list) -> list:
 
 
 def record(program: Callable[..., dict], source_file: str, name: str, n_threads: int = 1,
-           on_step: Callable[[Step, list[Context]], None] | None = None,
+           on_step: Callable[[Step, list[Context | Buffer]], None] | None = None,
            step_cap: int | None = None, also: tuple[str, ...] = (), **kwargs) -> Trace:
     """Run `program(n_threads=..., **kwargs)` once and return its trace. The facade calls made
     from the files `also` names are steps too (a model walkthrough steps through the engine's

@@ -125,7 +125,7 @@ class Trace:
                  **{bid: m.size for bid, m in buffers.items()}}
         pools = {cid: saved[cid] if cid in saved and cid not in touched
                  else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
-        views = {cid: memoryview(a) for cid, a in pools.items() if cid in touched}
+        views = {cid: a.data for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
             if view is not None:
@@ -166,8 +166,8 @@ class Trace:
                         pools.pop(c.id, None)
                     else:
                         pools.setdefault(c.id, np.zeros(c.mem_size, dtype=np.uint8))
-                for b in s.buffers:
-                    pools.setdefault(b.id, np.zeros(b.size, dtype=np.uint8))
+                for buf in s.buffers:
+                    pools.setdefault(buf.id, np.zeros(buf.size, dtype=np.uint8))
                 step_bytes = 0
                 for cid, a, b, data in flat[done:ends[k]]:
                     if cid in pools:
@@ -186,9 +186,9 @@ class Trace:
                 if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES or replays >= CHECKPOINT_PATCHES) \
                         and k + 1 < len(self.steps) \
                         and spent + cost <= budget * written // max(1, self.recorded_bytes):
-                    last = checkpoints[-1][1] if checkpoints else {}
+                    prev = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
-                    checkpoints.append((done, {cid: last[cid] if cid in last and cid not in dirty
+                    checkpoints.append((done, {cid: prev[cid] if cid in prev and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
                     since, dirty, spent, replays = 0, set(), spent + cost, 0
         self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
@@ -230,7 +230,9 @@ class _Index(NamedTuple):
 
 
 def _index_of(steps: list[Step]) -> _Index:
-    patches, ends, by_kind = [], [], {}
+    patches: list[tuple[int, int, int, bytes]] = []
+    ends: list[int] = []
+    by_kind: dict[StepKind, list[int]] = {}
     contexts: Declared = {}
     buffers: Declared = {}
     for k, s in enumerate(steps):
@@ -271,7 +273,8 @@ class State:
         self._infos: dict[int, list[PoolTensor]] = {}
         self._headers: dict[int, list[tuple[int, int, int, int, int]]] = {}
         self._graphs: list[Graph] | None = None
-        self._graph_tensors: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # by (the graph's offset in its context: None for a view of one, the context's id)
+        self._graph_tensors: dict[tuple[int | None, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def tensor_infos(self, cid: int) -> list[PoolTensor]:
         """tensor_infos of context cid, read once: a state's pools never change."""

@@ -247,7 +247,8 @@ def describe_changes(call: str, objects, fields, patches) -> tuple[Note, ...]:
     for o in objects if len(objects) <= MANY_OBJECTS else ():
         if o.type == "TENSOR":
             data = o.size - GGML_TENSOR_SIZE
-            sizes = dict(fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE, offset=f"{o.header:#x}")
+            sizes: dict[str, str | int] = dict(fn=fn, header=GGML_OBJECT_SIZE, struct=GGML_TENSOR_SIZE,
+                                               offset=f"{o.header:#x}")
             parts.append(Note.of("reserved_tensor", data=data, **sizes) if data > 0 else
                          Note.of("reserved_tensor_no_data", **sizes))
         elif o.type == "GRAPH":

@@ -39,7 +39,8 @@ class AnswerView:
 
 
 def answer_view(trace: Trace, where: Where) -> AnswerView | None:
-    if where.is_program or PROGRAMS[where.name].prompt is None or "prompt_tokens" not in trace.outputs:
+    default_prompt = None if where.is_program else PROGRAMS[where.name].prompt
+    if default_prompt is None or "prompt_tokens" not in trace.outputs:
         return None
     then = list(where.then_ids)
     runs = forward_passes(trace)
@@ -49,7 +50,8 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
     if last >= 0 and trace.steps[last].kind == StepKind.END:
         last -= 1
     new_pass = last + 1
-    passes, appended = [], []
+    passes: list[PassCandidates] = []
+    appended: list[str] = []
     for k in range(len(then) + 1):
         top = trace.outputs.get(f"top10_{k}") or []
         label = _("after the prompt") if k == 0 else _("after {token}").format(token=repr(appended[-1]))
@@ -61,7 +63,7 @@ def answer_view(trace: Trace, where: Where) -> AnswerView | None:
     back = None
     if then:  # the pass before the last is the last of the shorter trace
         back = _at_pass(where, then[:-1], runs[-2].first if len(runs) > 1 else 0)
-    return AnswerView(where.prompt or PROGRAMS[where.name].prompt, PROGRAMS[where.name].prompt,
+    return AnswerView(where.prompt or default_prompt, default_prompt,
                       [token_text(str(t)) for t in trace.outputs["prompt_tokens"]],
                       appended, passes, back)
 

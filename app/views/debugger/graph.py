@@ -36,7 +36,7 @@ HEADER = ("  bgcolor = transparent;", '  node [fontname = "DejaVu Sans Mono", fo
 
 # what a node of an op that does the work of several says (its tooltip, and a line under the
 # drawing when the graph has one)
-OP_NOTES = {
+OP_NOTES: dict[int, str] = {
     GGMLOp.FLASH_ATTN_EXT: N_("one node for KQ = K·Q, softmax, KQV = V·softmax: the MUL_MAT → "
                               "SOFT_MAX → MUL_MAT of the path without flash attention"),
 }
@@ -151,7 +151,7 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
     shape = graph_digest(g, tensors)
     layers, backward = _layer_map(shape, g, tensors, made)
     shown = {expand} | {layers.get(t.address) for t in (current, selected) if t is not None}
-    open_layers = tuple(sorted(shown - {None}, key=int))
+    open_layers = tuple(sorted((name for name in shown if name is not None), key=int))
     key = _drawing_key(shape, where, open_layers, sched, bool(made and made.layers))
     highlight = [(node_id(t), cls) for t, cls in ((current, "current"), (selected, "selected"))
                  if t is not None]
@@ -159,14 +159,14 @@ def graph_view(state: State, where: Where, current: Tensor | None, selected: Ten
              for name in sorted(set(layers.values()), key=int)]
     svg_url = f"{where.base}/steps/{where.step}/graph/{key}.svg" + where.query(expand=expand)
     ops = set(tensors[1]["op"][:g.n_nodes].tolist())
-    notes = tuple(OpNote(op.name, ggml_op_symbol(op), _(note)) for op, note in OP_NOTES.items()
+    notes = tuple(OpNote(GGMLOp(op).name, ggml_op_symbol(op), _(note)) for op, note in OP_NOTES.items()
                   if int(op) in ops)
     return GraphView(key, highlight, links, g.n_nodes, g.n_leafs,
                      lambda: _dot(g, where, layers, backward, set(open_layers), sched),
                      tuple(sched.backends.items()) if sched else (), bool(backward), svg_url, notes)
 
 
-_LAYERS = LRUCache(128)  # what a graph's layers cost to find, shared by every request
+_LAYERS: LRUCache = LRUCache(128)  # what a graph's layers cost to find, shared by every request
 _LAYERS_LOCK = Lock()
 
 
@@ -188,7 +188,9 @@ def _code_digest() -> bytes:
     """What a drawing's text is made by: this module, ggml_graph_dump_dot's and the catalogues of
     its labels (a drawing's URL is immutable, so a server whose drawings differ names them anew)."""
     h = hashlib.sha1()
-    for path in (Path(__file__), Path(inspect.getsourcefile(ggml_graph_dump_dot)),
+    dump_dot = inspect.getsourcefile(ggml_graph_dump_dot)
+    assert dump_dot is not None  # (engine/core/graph.py)
+    for path in (Path(__file__), Path(dump_dot),
                  *sorted(i18n.LOCALE_DIR.glob("*/*/*.po"))):
         h.update(path.read_bytes())
     return h.digest()

@@ -87,7 +87,7 @@ def hexview(step: Step, t: Tensor | None, what: str = "struct") -> HexView | Non
         title = _("'{name}' at pool offset {offset}: {object}-byte ggml_object, then the {tensor}-byte "
                   "ggml_tensor").format(name=t.name, offset=f"{start:#x}", object=GGML_OBJECT_SIZE,
                                         tensor=GGML_TENSOR_SIZE)
-    changed = set()
+    changed: set[int] = set()
     for p in step.patches:
         if p.ctx == ctx.id:
             changed.update(range(max(p.offset, start), min(p.end, start + raw.size)))

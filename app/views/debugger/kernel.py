@@ -64,7 +64,7 @@ def kernel_view(step: Step, state: State, where: Where, shares: list[ShareRow]) 
         return None
     node = current_node(state, step)
     card = kernel_card(node) if node is not None else None
-    if card is None:
+    if node is None or card is None:
         return None
     selected = min(max(where.ith, 0), len(shares) - 1) if shares else 0
     row, col = where.row, 0

@@ -52,8 +52,9 @@ def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[Plan
     group = _group(trace, step.index)
     if not group:
         return []
-    decisions = [s.decision for s in group]
-    current = step.decision.tensor if step.kind == StepKind.ALLOC else step.tensor
+    decisions = [s.decision for s in group if s.decision is not None]  # (every allocator step's)
+    current = step.decision.tensor if step.kind == StepKind.ALLOC and step.decision is not None \
+        else step.tensor
     n = max(d.node for d in decisions) + 1
     bars = memory_plan(decisions, n)
     names = {d.buffer_id: d.buffer for d in decisions}

@@ -89,7 +89,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
                         marks.add(i)
                     i += 1
         marks.update(i for o in step.objects if o.ctx == cid for i in bar.of_object.get(o.header, ()))
-        selected = set(bar.of_tensor.get(where.tensor, ()))
+        selected = set(bar.of_tensor.get(where.tensor, ())) if where.tensor is not None else set()
         html, done = [], 0  # the bar's text, the outlined elements made again in their places
         for i in sorted(marks | selected):
             html += [bar.text[done:bar.bounds[i]], _element(bar.pieces[i], links, i in marks, i in selected)]
@@ -101,7 +101,7 @@ def pools(state: State, step: Step, where: Where) -> list[PoolView]:
 
 @cached(LRUCache(64), key=lambda state, cid, links: (layout_key(state, cid), i18n.current(), links),
         lock=Lock())  # a pool's bar is made once per layout, language and link query
-def _bar(state: State, cid: int, links: tuple[tuple[str, str], tuple[str, str]]) -> _Bar:
+def _bar(state: State, cid: int, links: tuple[tuple[str, ...], ...]) -> _Bar:
     """Context cid's bar: each object's pieces as the last layout that held the same object made
     them (`_OBJECTS`, by its header and struct bytes), so a step that adds a tensor makes the
     pieces of that tensor alone."""
@@ -155,12 +155,14 @@ _OBJECTS_LOCK = Lock()
 
 
 def _of_object(cid: int, header: int, offs: int, size: int, type_: int, info: PoolTensor | None,
-               links: tuple[tuple[str, str], tuple[str, str]]) -> _Made:
+               links: tuple[tuple[str, ...], ...]) -> _Made:
     """The pieces of the object whose header is at `header`: its header, then its tensor struct
     (with the tensor's data and padding when they follow it), graph or work buffer."""
     said = _said(i18n.current())
-    segs = [("header", header, GGML_OBJECT_SIZE, said.header[type_] if type_ in said.header else
-             said.header_of.format(type=type_), None, None)]
+    # (kind, offset, size, title, tensor key, what its link shows)
+    segs: list[tuple[str, int, int, str, str | None, str | None]] = [
+        ("header", header, GGML_OBJECT_SIZE, said.header[type_] if type_ in said.header else
+         said.header_of.format(type=type_), None, None)]
     key = None
     if info is not None:
         key = ref_key(cid, offs)
@@ -217,7 +219,7 @@ def _piece(kind: str, start: int, size: int, label: str, key: str | None, link: 
                   f'" style="flex:{bar_weight(size):.2f} 1 0" title="{escape(title)}"')
 
 
-def _element(p: _Piece, links: tuple[tuple[str, str], tuple[str, str]], changed: bool, selected: bool) -> str:
+def _element(p: _Piece, links: tuple[tuple[str, ...], ...], changed: bool, selected: bool) -> str:
     """A piece's element: a link to its tensor (its struct, or its data in the Bytes panel: the
     prefix and suffix of each link's URL, escaped), or a plain span."""
     cls = f"seg seg-{p.kind}" + (" changed" if changed else "") + (" selected" if selected else "")

@@ -22,6 +22,7 @@ from markupsafe import Markup, escape
 from app.i18n import _
 from app.views.debugger.where import Where, current_node
 from engine.backend.repack import CPU_REPACK_BUFT
+from engine.core.layout import struct_fields
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_nbytes
 from engine.core.types import TYPE_TRAITS
@@ -126,6 +127,7 @@ def layout_in_buffer(t: Tensor | None) -> RepackLayout | None:
 
 def buffer_bytes(t: Tensor) -> tuple[int, int, np.ndarray]:
     """(buffer id, offset in it, t's bytes there) as they lie in its buffer at this state."""
+    assert t.data is not None  # (layout_in_buffer found it in its buffer)
     owner, off = t.ctx.space.resolve(t.data)
     return owner.id, off, owner.pool[off:off + ggml_nbytes(t)]
 
@@ -189,8 +191,8 @@ def repacked_target(state: State, step: Step, selected: Tensor | None) -> tuple[
             continue
         if layout_in_buffer(t) is not None:
             return t, None
-        if t.op in (GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID) and layout_in_buffer(t.src[0]) is not None:
-            return t.src[0], t
+        if t.op in (GGMLOp.MUL_MAT, GGMLOp.MUL_MAT_ID) and layout_in_buffer(t.source(0)) is not None:
+            return t.source(0), t
     return None
 
 
@@ -201,6 +203,7 @@ def repacked(state: State, step: Step, selected: Tensor | None, where: Where) ->
         return None
     t, node = found
     layout = layout_in_buffer(t)
+    assert layout is not None  # (repacked_target found it)
     m = byte_map(layout)
     size, rows = m.block_size, m.rows
     nrows, row_bytes = n_rows(t), int(t.nb[1])
@@ -238,7 +241,7 @@ def repacked(state: State, step: Step, selected: Tensor | None, where: Where) ->
 def byte_field(dtype: np.dtype, j: int) -> str:
     """The field of a block struct byte j belongs to: "d", "qs[5]", "scales[3]" (a field of
     several bytes per element: "d (byte 1)")."""
-    for name, (dt, off) in dtype.fields.items():
+    for name, (dt, off) in struct_fields(dtype).items():
         if off <= j < off + dt.itemsize:
             k = j - off
             base = dt.base if dt.shape else dt
@@ -249,7 +252,7 @@ def byte_field(dtype: np.dtype, j: int) -> str:
 
 def _field_range(dtype: np.dtype, j0: int, j1: int) -> str:
     """Bytes j0..j1 of one field, in a few characters: "d", "qs[0..7]"."""
-    for name, (dt, off) in dtype.fields.items():
+    for name, (dt, off) in struct_fields(dtype).items():
         if off <= j0 < off + dt.itemsize:
             if not dt.shape or (j0 == off and j1 == off + dt.itemsize - 1 and dt.base.itemsize > 1):
                 return name
@@ -259,7 +262,7 @@ def _field_range(dtype: np.dtype, j0: int, j1: int) -> str:
 
 
 def _field_of(dtype: np.dtype, j: int) -> str:
-    return next((n for n, (dt, off) in dtype.fields.items() if off <= j < off + dt.itemsize), "")
+    return next((n for n, (dt, off) in struct_fields(dtype).items() if off <= j < off + dt.itemsize), "")
 
 
 def runs(m: ByteMap, dtype: np.dtype, first: int) -> list[Run]:
@@ -354,10 +357,10 @@ def gemm_rows(state: State, step: Step) -> GemmRows | None:
     node = current_node(state, step)
     if node is None or node.op != GGMLOp.MUL_MAT:
         return None
-    layout = layout_in_buffer(node.src[0])
+    layout = layout_in_buffer(node.source(0))
     if layout is None:
         return None
-    src1 = node.src[1]
+    src1 = node.source(1)
     ne11 = int(src1.ne[1])
     return GemmRows(node.name, src1.name, layout.name, TYPE_TRAITS[layout.vec_dot_type].type_name, ne11,
                     int(src1.ne[2]) * int(src1.ne[3]), ne11 - ne11 % GEMM_ROWS)

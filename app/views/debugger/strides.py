@@ -121,7 +121,7 @@ def _touched_bytes(t: Tensor) -> set[int]:
     tr = TYPE_TRAITS[t.type]
     if any(n <= 0 for n in ne) or ggml_nelements(t) > TOUCHED_MAX:
         return set()
-    out = set()
+    out: set[int] = set()
     for i3 in range(ne[3]):
         for i2 in range(ne[2]):
             for i1 in range(ne[1]):

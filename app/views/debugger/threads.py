@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from app.i18n import N_, _
-from engine.compute.shares import Chunk, Interval, ShareKind, ShareRange, Tile
+from engine.compute.shares import Chunk, Interval, ShareKind, Tile
 from engine.core.notes import Note
 from engine.trace import ComputePlan, Step, StepKind, Trace
 
@@ -98,12 +99,13 @@ def _interval_text(i: Interval) -> str:
 
 
 # each record of a range as the panels write it
-_RANGE_TEXT = {Tile: _tile_text, Chunk: _chunk_text, Interval: _interval_text, int: str}
+_RANGE_TEXT: dict[type, Callable[[Any], str]] = {Tile: _tile_text, Chunk: _chunk_text,
+                                                 Interval: _interval_text, int: str}
 
 
-def ranges_text(kind: ShareKind, ranges: tuple[ShareRange, ...]) -> str:
-    """A thread's ranges in words: `[0, 16), [32, 48)`, `0, 4, 8`, `chunk 3: rows 0-15 x cols
-    16-31; ...`."""
+def ranges_text(kind: ShareKind, ranges: tuple) -> str:
+    """A thread's ranges (ThreadShare.ranges: ShareRange records) in words: `[0, 16), [32, 48)`,
+    `0, 4, 8`, `chunk 3: rows 0-15 x cols 16-31; ...`."""
     if not ranges:
         return _("no chunk left") if kind == ShareKind.CHUNKS else _("nothing")
     joint = "; " if kind == ShareKind.CHUNKS else ", "

@@ -121,7 +121,8 @@ def _search(sibs: list[KV], n: int, q: str, page: int) -> Found:
     """The items of which any column contains q (any case), a chunk at a time."""
     needle = q.lower()
     first = (page - 1) * ARRAY_PAGE
-    count, shown, last = 0, [], deque(maxlen=ARRAY_PAGE)  # (last: the matches ending the list)
+    count, shown = 0, []
+    last: deque[int] = deque(maxlen=ARRAY_PAGE)  # the matches ending the list
     searched = min(n, SEARCH_MAX)
     for start in range(0, searched, SEARCH_CHUNK):
         stop = min(start + SEARCH_CHUNK, searched)

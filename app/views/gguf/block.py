@@ -102,9 +102,9 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
                        href(row, block + 1) if block + 1 < nblocks else None,
                        href(row - 1, block) if row > 0 else None,
                        href(row + 1, block) if row + 1 < n_rows else None)
-    base = dict(type=t.type.name, row=row, block=block,
-                nrows=n_rows, nblocks=nblocks, blck_size=tr.blck_size, type_size=tr.type_size,
-                action=tensor_url(digest, t.name), links=links)
+    base: dict[str, Any] = dict(type=t.type.name, row=row, block=block,
+                                nrows=n_rows, nblocks=nblocks, blck_size=tr.blck_size, type_size=tr.type_size,
+                                action=tensor_url(digest, t.name), links=links)
     if t.n_elements == 0:
         return BlockView(kind="none", file_offset=t.data_offset, row_offset=0,
                          element_range=(0, 0), bytes=[], fields=[], sub_scales=[], cells=[],
@@ -141,7 +141,7 @@ def block_view(digest: str, r: GGUFReader, t: TensorInfo, row: int, block: int) 
     e0, e1 = block * per, min((block + 1) * per, t.ne[0])
     start, end = e0 * tr.type_size, e1 * tr.type_size
     raw = bytes(row_bytes[start:end])
-    vals = rows_float(r, t, np.array([row]), t.ne[0])[0, e0:e1] if can_read(t) else []
+    vals: np.ndarray | list[float] = rows_float(r, t, np.array([row]), t.ne[0])[0, e0:e1] if can_read(t) else []
     byts = [BlockByte(f"{b:02x}", (k // tr.type_size) % 2, _("element {i}").format(i=e0 + k // tr.type_size))
             for k, b in enumerate(raw)]
     cells = [BlockCell(e0 + k, raw[k * tr.type_size:(k + 1) * tr.type_size].hex(" "),

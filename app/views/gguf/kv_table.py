@@ -70,7 +70,8 @@ def kv_table_view(digest: str, r: GGUFReader, state: FileState) -> KVTableView:
     # byte-map index of each pair: the header's four items come first
     seg_of = {kv.key: 4 + kv.index for kv in r.kvs}
     q = state.q.lower()
-    rows, n_match = [], 0
+    rows: list[KVRow] = []
+    n_match = 0
     for kv in r.kvs:
         value = kv_value_text(kv)
         if q and q not in kv.key.lower() and q not in value.lower():

@@ -44,7 +44,7 @@ class FileState:
         seg = p.get("seg", "0")
         return cls(seg=int(seg) if seg.isdigit() and len(seg) < 10 else 0,
                    q=p.get("q", "")[:200].strip(), filter=p.get("filter", "")[:200].strip(),
-                   sort=p.get("sort") if p.get("sort") in SORTS else "index",
+                   sort=p.get("sort", "index") if p.get("sort") in SORTS else "index",
                    order="desc" if p.get("order") == "desc" else "asc",
                    group="none" if p.get("group") == "none" else "layer")
 

@@ -58,7 +58,7 @@ def src0_row_per_task(node, n_tasks: int) -> int:
     ADD, ADD1, ADD_ID, OUT_PROD), else none."""
     if not TYPE_TRAITS[node.source_type(0)].is_quantized:
         return 0
-    return 4 * int(node.src[0].ne[0]) * n_tasks
+    return 4 * int(node.source(0).ne[0]) * n_tasks
 
 
 @dataclass(frozen=True, slots=True)

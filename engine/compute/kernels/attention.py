@@ -73,7 +73,8 @@ class _Setup:
     """What every row needs: views, broadcast factors, scale, softcap and per-head slopes."""
 
     def __init__(self, dst: Tensor) -> None:
-        q, k, v, mask, sinks = (dst.src[i] for i in range(5))
+        q, k, v = dst.source(0), dst.source(1), dst.source(2)
+        mask, sinks = dst.src[3], dst.src[4]  # either may be NULL
         self.q4 = view4(q)
         self.k_type, self.v_type = GGMLType(k.type), GGMLType(v.type)
         self.k4 = raw_rows4(k) if TYPE_TRAITS[k.type].is_quantized else view4(k)
@@ -194,7 +195,7 @@ def fa_online(s, skip, v, fp16: bool, acc, M, S, rows: int, n: int, dv: int) -> 
     np.frombuffer(S, F32)[:] = sm
 
 
-def _sink(sink: F32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
+def _sink(sink: np.float32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
     """The sink's logit joins the softmax after the keys (no value of its own)."""
     with np.errstate(invalid="ignore", over="ignore"):
         new = sink > M
@@ -298,7 +299,7 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's FLASH_ATTN_EXT: the larger of the tiled path's tiles (Q_TILE query rows
     by KV_TILE keys: q, scores twice, output, V and K) per task and the split-KV path's partials
     (per task: one row of V and two sums per head, and a row of K and two of V), as floats."""
-    neq2, dk, dv = int(node.src[0].ne[2]), int(node.src[1].ne[0]), int(node.src[2].ne[0])
+    neq2, dk, dv = int(node.source(0).ne[2]), int(node.source(1).ne[0]), int(node.source(2).ne[0])
     q, kv = Q_TILE, KV_TILE
     tiled = 4 * (q * dk + 2 * q * kv + q * dv + kv * dv + kv * dk) * n_tasks
     split_kv = 4 * (neq2 * n_tasks * (2 + dv) + n_tasks * (dk + 2 * dv))
@@ -308,7 +309,7 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
 @kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work)
 def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
     """ggml_compute_forward_flash_attn_ext (F32 q; K and V F32, F16, BF16 or quantized)."""
-    q, k, v = dst.src[0], dst.src[1], dst.src[2]
+    q, k, v = dst.source(0), dst.source(1), dst.source(2)
     if int(dst.op_params[3]) not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
         raise not_supported(dst, f"precision {int(dst.op_params[3])} (ggml aborts)")
     if q.type != GGMLType.F32:
@@ -362,9 +363,9 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
         for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
             if tiled:
-                for t in range(a, b, Q_TILE):
-                    e = min(b, t + Q_TILE)
-                    st.d4[iq3, t:e, iq2] = _tiled(st, iq3, iq2, t, e, params.llamafile)
+                for q0 in range(a, b, Q_TILE):
+                    e = min(b, q0 + Q_TILE)
+                    st.d4[iq3, q0:e, iq2] = _tiled(st, iq3, iq2, q0, e, params.llamafile)
             else:
                 M, S, acc = _one_chunk(st, iq3, iq2, a, b, 0, nek1)
                 st.d4[iq3, a:b, iq2] = _finish(S, acc)  # permute(0, 2, 1, 3)
@@ -391,7 +392,8 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
     heads = list(range(ith, n_head, nth))
     with np.errstate(invalid="ignore", over="ignore"):
         for h in heads:
-            m_fin, s_fin = F32(-np.inf), F32(0)
+            m_fin = F32(-np.inf)
+            s_fin: np.float32 | np.ndarray = F32(0)  # (then fmaf's: a float32 scalar)
             acc = np.zeros(st.dv, F32)
             for c in range(nth):
                 if c * chunk_size >= nek1:

@@ -59,7 +59,7 @@ def _in_order_sum(x: np.ndarray) -> np.ndarray:
 def compute_forward_repeat_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_repeat_back_f32: dst = zeros, then every repetition of dst's shape in
     src0 added to it, the repetitions in order (i3, i2, i1, i0)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     _f32_only(dst, src0)
     if params.ith != 0:
         params.took(ShareKind.IDLE)
@@ -84,7 +84,7 @@ def compute_forward_repeat_back(params, dst: Tensor) -> None:
 def compute_forward_get_rows_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows_back_f32: dst = zeros; then for each index i in order,
     dst row src1[i] += src0 row i."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     _f32_only(dst, src0)
     if params.ith != 0:
         params.took(ShareKind.IDLE)
@@ -108,7 +108,7 @@ def compute_forward_get_rows_back(params, dst: Tensor) -> None:
 @kernel(GGMLOp.SILU_BACK, n_tasks=all_threads, work=no_work, barrier=False)
 def compute_forward_silu_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_silu_back_f32: dx = dy·s·(1 + x·(1 - s)), s = 1/(1 + expf(-x))."""
-    grad, x = dst.src[0], dst.src[1]
+    grad, x = dst.source(0), dst.source(1)
     _f32_only(dst, grad, x)
     ir0, ir1 = thread_range(ggml_nrows(x), params.ith, params.nth)
     if ir0 < ir1:
@@ -125,7 +125,7 @@ def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_rms_norm_back_f32, per row with dz = src0 (the gradient) and x = src1:
     sums of x·x and x·dz in double, then dx = (dz + x·scale_x)·rrms with
     rrms = 1/sqrt(Σxx/n + eps) and scale_x = -Σxdz / (Σxx + eps·n)."""
-    dz_t, x_t = dst.src[0], dst.src[1]
+    dz_t, x_t = dst.source(0), dst.source(1)
     _f32_only(dst, dz_t, x_t)
     fn = "ggml_compute_forward_rms_norm_back_f32"
     ggml_assert(ggml_are_same_shape(dz_t, dst) and ggml_are_same_shape(dz_t, x_t),
@@ -155,7 +155,7 @@ def compute_forward_rms_norm_back(params, dst: Tensor) -> None:
 def compute_forward_soft_max_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max_ext_back_f32: per row, with dy = src0 and y = src1:
     dx = ((dy - dot(y, dy))·y)·scale."""
-    dy_t, y_t = dst.src[0], dst.src[1]
+    dy_t, y_t = dst.source(0), dst.source(1)
     _f32_only(dst, dy_t, y_t)
     fn = "ggml_compute_forward_soft_max_ext_back_f32"
     for t, name in ((dy_t, "src0"), (y_t, "src1"), (dst, "dst")):
@@ -177,7 +177,7 @@ def compute_forward_soft_max_back(params, dst: Tensor) -> None:
 def compute_forward_cross_entropy_loss_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_cross_entropy_loss_back_f32: per row of logits s0 with labels s1,
     ds0 = (softmax(s0) - s1)·(grad / nrows), the softmax as the SOFT_MAX kernel computes it."""
-    grad, s0_t, s1_t = dst.src[0], dst.src[1], dst.src[2]
+    grad, s0_t, s1_t = dst.source(0), dst.source(1), dst.source(2)
     _f32_only(dst, grad, s0_t, s1_t)
     fn = "ggml_compute_forward_cross_entropy_loss_back_f32"
     for t, name in ((dst, "dst"), (s0_t, "src0f"), (s1_t, "src1f"), (grad, "grad")):
@@ -200,7 +200,7 @@ def compute_forward_cross_entropy_loss_back(params, dst: Tensor) -> None:
 # --- the optimizer steps ---------------------------------------------------------------------
 
 def _param_rows(params, dst: Tensor) -> tuple[int, int]:
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     ggml_assert(int(src0.nb[0]) == 4, "nb00 == sizeof(float)", "ggml_compute_forward_opt_step")
     return thread_range(ggml_nrows(src0), params.ith, params.nth)
 
@@ -208,7 +208,7 @@ def _param_rows(params, dst: Tensor) -> tuple[int, int]:
 def _row_views(dst: Tensor, tensors: tuple[Tensor, ...], ir0: int, ir1: int):
     """For the flat rows [ir0, ir1) of the parameter (dst's src0), writable views of the same
     rows of each tensor, one tuple per run of rows within a matrix."""
-    ne1, ne2 = int(dst.src[0].ne[1]), int(dst.src[0].ne[2])
+    ne1, ne2 = int(dst.source(0).ne[1]), int(dst.source(0).ne[2])
     views = [view4(t) for t in tensors]
     for i3, i2, a, b in row_blocks(ne1, ne2, ir0, ir1):
         yield tuple(v[i3, i2, a:b] for v in views)
@@ -219,7 +219,7 @@ def compute_forward_opt_step_adamw(params, dst: Tensor) -> None:
     """ggml_compute_forward_opt_step_adamw_f32, per element of the parameter w:
     m = m·β1 + g·(1 - β1); v = v·β2 + g·g·(1 - β2); w = w·keep - α·(m·β1h)/(√(v·β2h) + eps),
     keep = 1 - α·wd; adamw_params = [α, β1, β2, eps, wd, β1h, β2h]."""
-    w_t, g_t, m_t, v_t, p_t = (dst.src[i] for i in range(5))
+    w_t, g_t, m_t, v_t, p_t = (dst.source(i) for i in range(5))
     _f32_only(dst, w_t, g_t, m_t, v_t, p_t)
     fn = "ggml_compute_forward_opt_step_adamw_f32"
     for t, name in ((g_t, "src0_grad"), (m_t, "src0_grad_m"), (v_t, "src0_grad_v")):
@@ -242,7 +242,7 @@ def compute_forward_opt_step_adamw(params, dst: Tensor) -> None:
 def compute_forward_opt_step_sgd(params, dst: Tensor) -> None:
     """ggml_compute_forward_opt_step_sgd_f32: w = w·keep - α·g, keep = 1 - α·wd;
     params = [α, wd]."""
-    w_t, g_t, p_t = dst.src[0], dst.src[1], dst.src[2]
+    w_t, g_t, p_t = dst.source(0), dst.source(1), dst.source(2)
     _f32_only(dst, w_t, g_t, p_t)
     fn = "ggml_compute_forward_opt_step_sgd_f32"
     ggml_assert(ggml_are_same_shape(w_t, g_t), "ggml_are_same_shape(src0, src0_grad)", fn)
@@ -263,7 +263,7 @@ def compute_forward_im2col_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col_back_f32: each image element (n, c, y, x) gets the sum, over
     the kernel taps (kh, kw) in order, of the im2col gradient entries it was copied to; threads
     take channels c in turn."""
-    grad_t, kern = dst.src[0], dst.src[1]
+    grad_t, kern = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_im2col_back_f32"
     ggml_assert(grad_t.type == GGMLType.F32, "src0->type == GGML_TYPE_F32", fn)
     ggml_assert(kern.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
@@ -308,7 +308,7 @@ def compute_forward_pool_2d_back(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_2d_back (F32, thread 0): dst = zeros; then for every pooled
     position (plane, oy, ox) in order, MAX adds its gradient at the first maximum of the
     forward input's window, AVG adds gradient/(k0·k1) at every tap inside the input."""
-    src, dstf = dst.src[0], dst.src[1]
+    src, dstf = dst.source(0), dst.source(1)
     if dst.type != GGMLType.F32 or src.type != GGMLType.F32:
         raise not_supported(dst, "F32 only here")
     if params.ith != 0:

@@ -49,7 +49,7 @@ def src1_rows(s1: np.ndarray, i3: int, i2: int, a: int, b: int, ne0: int) -> np.
 def _prepare_f32(params, dst: Tensor):
     """All-f32 nodes whose src1 rows are views (no repeat along dimension 0, no row gather):
     the node as one ufunc call per (i3, i2) block, writing into dst."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if (src0.type, src1.type, dst.type) != (F32, F32, F32) or int(src0.nb[0]) != 4 \
             or int(dst.nb[0]) != 4 or int(src1.ne[0]) != int(dst.ne[0]):
         return None
@@ -74,7 +74,7 @@ def _prepare_f32(params, dst: Tensor):
 @kernel(GGMLOp.SUB, n_tasks=one_thread, work=no_work, barrier=False, prepare=_prepare_f32)
 def compute_forward_binary(params, dst: Tensor) -> None:
     """ggml_compute_forward_add / _sub / _mul / _div (non-quantized)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     types = (src0.type, src1.type, dst.type)
     if types not in SUPPORTED:
         if dst.op == GGMLOp.ADD:
@@ -100,7 +100,7 @@ def compute_forward_binary(params, dst: Tensor) -> None:
 @kernel(GGMLOp.ADD_ID, n_tasks=all_threads, work=src0_row_per_task)
 def compute_forward_add_id(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_id_f32: row (i1, i2) of a plus the row of b that ids[i1, i2] names."""
-    a, b, ids = dst.src[0], dst.src[1], dst.src[2]
+    a, b, ids = dst.source(0), dst.source(1), dst.source(2)
     fn = "ggml_compute_forward_add_id_f32"
     if a.type != GGMLType.F32:
         raise not_supported(dst)

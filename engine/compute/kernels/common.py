@@ -7,6 +7,8 @@ from typing import Iterator
 import numpy as np
 
 from engine.compute.shares import Interval
+from engine.core.context import Context
+from engine.core.errors import GGMLAssertionError
 from engine.core.tensor import Tensor
 from engine.core.tensor_data import tensor_view
 from engine.lanes import twin
@@ -17,6 +19,15 @@ from engine.core.types import NUMPY_DTYPE, GGMLType, TYPE_TRAITS, bf16_bits_to_f
 _VIEWS_MAX = 1 << 12  # views kept per context
 
 
+def data_place(t: Tensor) -> tuple[Context, int]:
+    """The context whose pool holds t's data, and the data's offset in it (a kernel's tensor has
+    data: ggml dereferences tensor->data unchecked)."""
+    data = t.data
+    if data is None:
+        raise GGMLAssertionError("tensor->data != NULL", "ggml_compute_forward", f"'{t.name}' has no data")
+    return t.ctx.space.resolve(data)
+
+
 def view4(t: Tensor) -> np.ndarray:
     """t's data as a 4-d strided view, numpy axes (i3, i2, i1, i0): shape reversed ne.
 
@@ -24,7 +35,7 @@ def view4(t: Tensor) -> np.ndarray:
     Each context keeps the views into its pool by the tensor's struct bytes (type, ne, nb, data
     and the rest), so computing a graph again builds none; they go with the context.
     """
-    ctx, off = t.ctx.space.resolve(t.data)
+    ctx, off = data_place(t)
     views = ctx.__dict__.setdefault("_views4", {})
     key = (off, t._r.tobytes())
     view = views.get(key)

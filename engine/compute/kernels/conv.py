@@ -64,7 +64,7 @@ def _taps(n_out: int, n_k: int, stride: int, dil: int, pad: int, n_in: int):
 @kernel(GGMLOp.IM2COL, n_tasks=all_threads, work=no_work)
 def compute_forward_im2col(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col (f32 and f16 dst)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_im2col"
     if dst.type == GGMLType.F32:
         ggml_assert(src1.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn + "_f32")
@@ -111,7 +111,7 @@ def compute_forward_im2col(params, dst: Tensor) -> None:
 @kernel(GGMLOp.CONV_2D, n_tasks=all_threads, work=_im2col_work, blas=True)
 def compute_forward_conv_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_conv_2d: im2col by patch batches, GEMM with the kernel, scatter."""
-    kern, src = dst.src[0], dst.src[1]
+    kern, src = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_conv_2d_impl"
     ggml_assert(ggml_is_contiguous(kern), "ggml_is_contiguous(kernel)", fn)
     ggml_assert(kern.type in (GGMLType.F16, GGMLType.F32),
@@ -161,7 +161,7 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
     taps inside the image, in tap order (row by row), as a chain of fused multiply-adds. A
     contiguous (WHCN) image: the threads split the (channel, image) planes; a channels-first
     (CWHN) one: the (output row, image) rows."""
-    knl, src = dst.src[0], dst.src[1]
+    knl, src = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_conv_2d_dw"
     if src.type != GGMLType.F32 or knl.type != GGMLType.F32:
         raise not_supported(dst)
@@ -204,13 +204,13 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
     for img, oy in rows or []:  # CWHN: one output row of every channel
         acc = np.zeros((c, ow), np.float32)
         for ky in range(kh):
-            y = oy * sy + ky * dy - py
-            if y < 0 or y >= h:
+            iy = oy * sy + ky * dy - py
+            if iy < 0 or iy >= h:
                 continue
             for kx in range(kw):
                 x = xs[0] + kx * dx - px
                 ok = (x >= 0) & (x < w)
-                val = src4[img, :, y][:, np.clip(x, 0, w - 1)]
+                val = src4[img, :, iy][:, np.clip(x, 0, w - 1)]
                 acc = np.where(ok, fmaf(k4[:, 0, ky, kx][:, None], val, acc), acc)
         d4[img, :, oy] = acc
     params.took(ShareKind.ROWS, Interval(start, max(start, end)))
@@ -219,7 +219,7 @@ def compute_forward_conv_2d_dw(params, dst: Tensor) -> None:
 def _conv_transpose_1d_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's CONV_TRANSPOSE_1D: the kernel as (C_out, K, C_in) and the input
     transposed, in 16-bit floats for an F16 or BF16 kernel, else in floats."""
-    w, x = node.src[0], node.src[1]
+    w, x = node.source(0), node.source(1)
     size = 2 if w.type in (GGMLType.F16, GGMLType.BF16) else 4
     return size * (ggml_nelements(w) + int(x.ne[0]) * int(x.ne[1]))
 
@@ -230,7 +230,7 @@ def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
     C_in) and the input as (L, C_in) in the work buffer (F16 for an F16 kernel) and zeroes dst;
     barrier; then each thread its output channels: for input position l and tap k, the vec_dot over
     C_in is added to dst[l·s0 + k], l by l."""
-    w, x = dst.src[0], dst.src[1]
+    w, x = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_conv_transpose_1d"
     if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
         raise not_supported(dst)
@@ -267,7 +267,7 @@ def compute_forward_conv_transpose_1d(params, dst: Tensor) -> None:
 def _conv_transpose_2d_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's CONV_TRANSPOSE_2D: the kernel and the image, channels innermost, in the
     kernel's type."""
-    w, x = node.src[0], node.src[1]
+    w, x = node.source(0), node.source(1)
     return TYPE_TRAITS[w.type].type_size * (ggml_nelements(w)
                                             + int(x.ne[0]) * int(x.ne[1]) * int(x.ne[2]))
 
@@ -278,7 +278,7 @@ def compute_forward_conv_transpose_2d(params, dst: Tensor) -> None:
     first image (C_in innermost; F16 for an F16 kernel) out in the work buffer and zeroes dst;
     barrier; each thread its output channels: for each input pixel, in order, each tap's vec_dot
     over C_in is added to dst[y·s + ky, x·s + kx]. (ggml computes the first image only.)"""
-    w, x = dst.src[0], dst.src[1]
+    w, x = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_conv_transpose_2d"
     if x.type != GGMLType.F32 or w.type not in (GGMLType.F32, GGMLType.F16):
         raise not_supported(dst)
@@ -318,7 +318,7 @@ def compute_forward_col2im_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_col2im_1d: each thread its stretch of output times (dr = ceil(T/nth));
     out[t, oc] = the taps (t_in, k) with t_in·s0 + k = t + p0, summed in t_in order (in float,
     then stored in the tensor's type)."""
-    col = dst.src[0]
+    col = dst.source(0)
     fn = "ggml_compute_forward_col2im_1d"
     if col.type not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16):
         raise not_supported(dst)
@@ -348,7 +348,7 @@ def compute_forward_col2im_1d(params, dst: Tensor) -> None:
 def compute_forward_im2col_3d(params, dst: Tensor) -> None:
     """ggml_compute_forward_im2col_3d_f32/f16: threads take input channels in turn (ic = ith,
     ith + nth, ...); each output position's patch [IC, KD, KH, KW], zeros outside the volume."""
-    knl, src = dst.src[0], dst.src[1]
+    knl, src = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_im2col_3d"
     ggml_assert(src.type == GGMLType.F32, "src1->type == GGML_TYPE_F32", fn)
     if dst.type not in (GGMLType.F32, GGMLType.F16):
@@ -381,7 +381,7 @@ def compute_forward_conv_3d(params, dst: Tensor) -> None:
     buffer; in each batch each thread gathers its share of patches (in the kernel's type), then the
     batch is one mul_mat with the kernels (ggml's vec_dot, F32 or F16) and each thread scatters its
     share into dst."""
-    knl, src = dst.src[0], dst.src[1]
+    knl, src = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_conv_3d_impl"
     ggml_assert(ggml_is_contiguous(knl), "ggml_is_contiguous(kernel)", fn)
     ggml_assert(knl.type in (GGMLType.F16, GGMLType.F32),
@@ -454,7 +454,7 @@ def _pool_taps(x: np.ndarray, idx: np.ndarray, ok: np.ndarray, op: int):
 @kernel(GGMLOp.POOL_1D, n_tasks=one_thread, work=no_work)
 def compute_forward_pool_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_1d: thread 0 pools every row."""
-    src = dst.src[0]
+    src = dst.source(0)
     if params.ith != 0:
         params.took(ShareKind.IDLE)
         return
@@ -476,7 +476,7 @@ def compute_forward_pool_1d(params, dst: Tensor) -> None:
 @kernel(GGMLOp.POOL_2D, n_tasks=one_thread, work=no_work)
 def compute_forward_pool_2d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pool_2d: thread 0 pools every plane (planes nb[2] apart)."""
-    src = dst.src[0]
+    src = dst.source(0)
     if params.ith != 0:
         params.took(ShareKind.IDLE)
         return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, no_work, not_supported
-from engine.compute.kernels.common import from_f32, thread_range, to_f32, view4
+from engine.compute.kernels.common import data_place, from_f32, thread_range, to_f32, view4
 from engine.compute.shares import ShareKind
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
@@ -32,7 +32,7 @@ def _same_cont(src0: Tensor, dst: Tensor) -> bool:
 def _dup(params, dst: Tensor):
     """This thread's part of ggml_compute_forward_dup between non-quantized types (or the same
     quantized type, contiguous), ready to run; None for a copy to or from a quantized type."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     ggml_nel = ggml_nelements(dst)
     assert ggml_nel == ggml_nelements(src0)
     st, dt = GGMLType(src0.type), GGMLType(dst.type)
@@ -89,7 +89,7 @@ _THROUGH_F32 = {(GGMLType.F16, GGMLType.BF16), (GGMLType.BF16, GGMLType.F16),
 def _dup_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's CPY and DUP: a row of dst as floats per task when dst is quantized, or
     when src0 and src1 (CPY's destination) are a pair of _THROUGH_F32."""
-    src0, src1 = node.src[0], node.src[1]
+    src0, src1 = node.source(0), node.src[1]
     pair = (src0.type, src1.type if src1 is not None else None)
     if TYPE_TRAITS[node.type].is_quantized or pair in _THROUGH_F32:
         return 4 * int(node.ne[0]) * n_tasks
@@ -100,7 +100,7 @@ def _dup_work(node: Tensor, n_tasks: int) -> int:
 @kernel(GGMLOp.CONT, n_tasks=all_threads, work=no_work, barrier=False, prepare=_dup)
 def compute_forward_dup(params, dst: Tensor) -> None:
     """ggml_compute_forward_dup: dst = src0, element by element in row-major order."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     run = _dup(params, dst)
     if run is None:
         return _compute_quant_dup(params, dst, src0)
@@ -114,7 +114,7 @@ def compute_forward_dup(params, dst: Tensor) -> None:
 
 
 def _bytes(t: Tensor, start: int, end: int) -> np.ndarray:
-    ctx, off = t.ctx.space.resolve(t.data)
+    ctx, off = data_place(t)
     return ctx.pool[off + start:off + end]
 
 

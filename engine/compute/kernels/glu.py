@@ -14,6 +14,7 @@ operations: ggml's bits on every CPU.
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -62,7 +63,8 @@ def _swiglu_oai(dst: Tensor):
     return fn
 
 
-F32_FNS = {
+# the tables are looked up by op_params[0], the op's number
+F32_FNS: dict[int, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     G.REGLU: lambda x, g: np.where(x > 0, x * g, F32(0)),
     G.GEGLU: _geglu_f32,
     G.SWIGLU: _swiglu_f32,
@@ -70,18 +72,18 @@ F32_FNS = {
     G.GEGLU_QUICK: lambda x, g: fm.gelu_quick_via_table(x) * g,
 }
 # f16: the table ops look up the f16 bits of x directly
-F16_FNS = {
+F16_FNS: dict[int, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     G.REGLU: lambda x, g: np.where(x > 0, x * g, F32(0)),
     G.SWIGLU: lambda x, g: fm.silu_scalar(x) * g,
     G.GEGLU_ERF: _geglu_erf,
 }
-F16_TABLES = {G.GEGLU: fm.gelu_table, G.GEGLU_QUICK: fm.gelu_quick_table}
+F16_TABLES: dict[int, Callable[[], np.ndarray]] = {G.GEGLU: fm.gelu_table, G.GEGLU_QUICK: fm.gelu_quick_table}
 
 
 def _glu(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_glu (op_params[0], the ggml_glu_op), ready to
     run."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.src[1]
     op = int(dst.op_params[0])
     fn = "ggml_compute_forward_glu"
     if src0.type not in (GGMLType.F32, GGMLType.F16) or dst.type != src0.type or (
@@ -140,4 +142,4 @@ def _glu(params, dst: Tensor):
 def compute_forward_glu(params, dst: Tensor) -> None:
     """ggml_compute_forward_glu: dispatch on op_params[0] (the ggml_glu_op)."""
     run_prepared(_glu(params, dst))
-    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst.src[0]), params.ith, params.nth))
+    params.took(ShareKind.ROWS, thread_range(ggml_nrows(dst.source(0)), params.ith, params.nth))

@@ -49,7 +49,7 @@ def fwht_rows(x: np.ndarray) -> np.ndarray:
 
 def compute_forward_fwht(params, dst: Tensor) -> None:
     """ggml_compute_forward_fwht: this thread's rows of src1, transformed into dst."""
-    src1 = dst.src[1]
+    src1 = dst.source(1)
     with np.errstate(all="ignore"):
         if src1.type not in (GGMLType.F32, GGMLType.F16):
             ggml_assert(False, "src1 F32 or F16", FN, "fwht supports F32 and F16 input")

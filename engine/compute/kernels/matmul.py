@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def vec_dot_type(type_: int) -> GGMLType:
 def _mul_mat_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's MUL_MAT: a repacked src0's traits say (ggml_cpu_extra_work_size); else
     src1 converted to src0's vec_dot_type, when it is not already."""
-    src0, src1 = node.src[0], node.src[1]
+    src0, src1 = node.source(0), node.source(1)
     layout = repacked_layout(src0)
     if layout is not None:
         return repack.work_size(node, layout)
@@ -92,7 +93,7 @@ def _mul_mat_id_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's MUL_MAT_ID: a repacked src0's traits say; else src1 converted (as for
     MUL_MAT), then per expert its row count, its row mappings and its chunk counter (a cache line
     each), each part padded."""
-    src0, src1, ids = node.src[0], node.src[1], node.src[2]
+    src0, src1, ids = node.source(0), node.source(1), node.source(2)
     layout = repacked_layout(src0)
     if layout is not None:
         return repack.work_size(node, layout)
@@ -204,14 +205,14 @@ def llamafile_takes(src0: Tensor, src1: Tensor) -> bool:
 
 
 def _mul_mat_uses_blas(dst: Tensor) -> bool:
-    src1 = dst.src[1]
-    if repacked_layout(dst.src[0]) is not None or hadamard.takes(dst, False):
+    src1 = dst.source(1)
+    if repacked_layout(dst.source(0)) is not None or hadamard.takes(dst, False):
         return False
-    return not emulates_vec_dot(dst.src[0], int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
+    return not emulates_vec_dot(dst.source(0), int(src1.ne[1]) * int(src1.ne[2]) * int(src1.ne[3]))
 
 
 def _small_mul_mat(dst: Tensor) -> bool:
-    return int(dst.src[0].ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
+    return int(dst.source(0).ne[0]) * ggml_nelements(dst) <= SMALL_MUL_MAT
 
 
 def _prepare_mul_mat(params, dst: Tensor):
@@ -221,7 +222,7 @@ def _prepare_mul_mat(params, dst: Tensor):
     threads (each output is one row's own sum: the same bits however they are shared). BLAS
     products keep the general path (their units fix their shapes, and BLAS is most of their
     time), as do the cases below that it alone handles."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     t0 = TYPE_TRAITS[src0.type]
     vdt = vec_dot_type(src0.type)
     if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
@@ -273,7 +274,9 @@ def _prepare_mul_mat(params, dst: Tensor):
     def rows_of(x: np.ndarray, i13: int, i12: int) -> np.ndarray:
         return x[i13, i12] if group == 1 else x[i13, i12:i12 + group].reshape(-1, x.shape[-1])
 
-    products = []  # (i13, i12, the product: on those rows of x, or bound to them unless widened)
+    # (i13, i12, the product: on those rows of x, or bound to them unless widened)
+    products: list[tuple[int, int, Callable[..., None]]] = []
+    product: Callable[..., None]
     for i13 in range(ne13):
         for i12 in range(0, ne12, group):
             # (the C loops write straight into dst, or through a buffer)
@@ -325,7 +328,7 @@ def _prepared_conversion(params, src1: Tensor, vdt: GGMLType):
         blas=_mul_mat_uses_blas, prepare=_prepare_mul_mat)
 def compute_forward_mul_mat(params, dst: Tensor) -> None:
     """ggml_compute_forward_mul_mat."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     layout = repacked_layout(src0)
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         packed = tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat")
@@ -377,11 +380,11 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
         # would: every nth from its own (the output matrix's 262,144 rows are 16,384 chunks)
         taken = np.arange(params.ith, total, params.nth)
     else:
-        taken, chunk = [], params.ith
+        picked, chunk = [], params.ith
         while chunk < total:
-            taken.append(chunk)
+            picked.append(chunk)
             chunk = next(params.shared["chunk"])
-        taken = np.array(taken, dtype=np.int64)
+        taken = np.array(picked, dtype=np.int64)
     done = _chunks(taken, nchunk0, dr0, dr1, nr0, nr1)
     params.took(ShareKind.CHUNKS, *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks",
                                                       n0=nchunk0, n1=nchunk1, d0=dr0, d1=dr1))
@@ -395,7 +398,7 @@ def _chunks(chunks: np.ndarray, nchunk0: int, dr0: int, dr1: int, nr0: int, nr1:
     return list(map(Tile, chunks.tolist(), rows, cols))
 
 
-def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.ndarray,
+def _products(params, src0: Tensor, x4: np.ndarray, xtype: int, out: np.ndarray,
               tiny: bool = False) -> None:
     """This thread's units of the node's products, written into out (dst as (ne3, ne2, ne1,
     ne0) = (ne13, ne12, ne11, ne01)).
@@ -424,7 +427,7 @@ def _products(params, src0: Tensor, x4: np.ndarray, xtype: GGMLType, out: np.nda
                                                 exact, tiny, acts, (i13, i12), threads)
 
 
-def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: GGMLType,
+def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray, xtype: int,
                    exact: bool, tiny: bool, acts: dict, key, threads: int = 1,
                    w: np.ndarray | None = None) -> np.ndarray:
     """Rows `rows` of matrix (i02, i03) of src0 times each row of x: (len(x), rows) float32.
@@ -433,22 +436,24 @@ def _rows_products(src0: Tensor, i03: int, i02: int, rows: slice, x: np.ndarray,
     `w`: those rows of src0 already taken (exact products: raw blocks, or float elements)."""
     ne00 = int(src0.ne[0])
     quantized = TYPE_TRAITS[src0.type].is_quantized
-    if w is None and (exact or tiny):
-        w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
-    if tiny and not quantized:
-        return vec_dot_tinyblas(w, to_f32(x, xtype))
-    if exact:
-        if quantized:
-            return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
-        if src0.type == GGMLType.F16:
-            return vec_dot_f16(w, to_f32(x, xtype))
-        if src0.type == GGMLType.BF16:
-            return vec_dot_bf16(w, to_f32(x, xtype))
-        return vec_dot_f32(w, x)
+    if exact or tiny:
+        if w is None:
+            w = quant_rows(src0, i03, i02, rows) if quantized else view4(src0)[i03, i02, rows]
+        if tiny and not quantized:
+            return vec_dot_tinyblas(w, to_f32(x, xtype))
+        if exact:
+            if quantized:
+                return vec_dot_quant(src0.type, w, x, threads=threads, tiny=tiny)
+            if src0.type == GGMLType.F16:
+                return vec_dot_f16(w, to_f32(x, xtype))
+            if src0.type == GGMLType.BF16:
+                return vec_dot_bf16(w, to_f32(x, xtype))
+            return vec_dot_f32(w, x)
     if quantized:
         if key not in acts:
             acts[key] = activation_values(xtype, x, ne00)
-        return mul_mat_values(src0.type, quant_rows(src0, i03, i02, rows), *acts[key], ne00)
+        a, s_y = acts[key]
+        return mul_mat_values(src0.type, quant_rows(src0, i03, i02, rows), a, s_y, ne00)
     return blas_product(to_f32(x, xtype), to_f32(view4(src0)[i03, i02, rows], src0.type))
 
 
@@ -463,13 +468,14 @@ def quant_rows(src0: Tensor, i03: int, i02: int, rows: slice) -> np.ndarray:
 # --- MUL_MAT_ID --------------------------------------------------------------------------------
 
 def _mul_mat_id_uses_blas(dst: Tensor) -> bool:
-    return repacked_layout(dst.src[0]) is None and not emulates_vec_dot(dst.src[0], _most_rows_per_expert(dst))
+    src0 = dst.source(0)
+    return repacked_layout(src0) is None and not emulates_vec_dot(src0, _most_rows_per_expert(dst))
 
 
 def _most_rows_per_expert(dst: Tensor) -> int:
     """The products' exactness is decided per node, from the largest expert group it could
     have (every token to one expert)."""
-    ids = dst.src[2]
+    ids = dst.source(2)
     return int(ids.ne[0]) * int(ids.ne[1])
 
 
@@ -508,7 +514,7 @@ def compute_forward_mul_mat_id(params, dst: Tensor) -> None:
     groups the (slot, token) rows by expert; then expert by expert, the chunks of that expert's
     product (chunked as mul_mat chunks, its rows being the tokens that chose it) taken from the
     expert's own counter: first chunk ith, then the next free one."""
-    src0, src1, ids = dst.src[0], dst.src[1], dst.src[2]
+    src0, src1, ids = dst.source(0), dst.source(1), dst.source(2)
     layout = repacked_layout(src0)
     if layout is not None:  # ggml_cpu_extra_compute_forward: the CPU_REPACK buffer type's traits
         repack.forward_mul_mat_id(params, dst, layout, tensor_bytes(src0, 0, ggml_nbytes(src0), "forward_mul_mat_id"))

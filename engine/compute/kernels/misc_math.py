@@ -48,7 +48,7 @@ ADD1_TYPES = {(T.F32, T.F32), (T.F16, T.F16), (T.F16, T.F32), (T.BF16, T.BF16), 
 @kernel(GGMLOp.ADD1, n_tasks=all_threads, work=src0_row_per_task, barrier=False)
 def compute_forward_add1(params, dst: Tensor) -> None:
     """ggml_compute_forward_add1: y = x + v, v the scalar src1 (read in its own type)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if (src0.type, src1.type) not in ADD1_TYPES or dst.type != src0.type:
         raise not_supported(dst, "quantized src0 (add1_q_f32) and other type pairs")
     fn = "ggml_compute_forward_add1"
@@ -72,7 +72,7 @@ def compute_forward_add1(params, dst: Tensor) -> None:
 def _copy_then_view(params, dst: Tensor, fn: str, strict: bool):
     """The shared start of acc and set: checks, thread 0's copy of src0, the barrier, and the
     views of dst (and src0) with src1's shape at the op_params' strides and offset."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     ggml_assert(ggml_is_contiguous(dst) and ggml_is_contiguous(src0),
                 "ggml_is_contiguous(dst) && ggml_is_contiguous(src0)", fn)
@@ -103,7 +103,7 @@ def _copy_then_view(params, dst: Tensor, fn: str, strict: bool):
 
 
 def _src1_rows(params, dst: Tensor):
-    src1 = dst.src[1]
+    src1 = dst.source(1)
     ir0, ir1 = thread_range(ggml_nrows(src1), params.ith, params.nth)
     return ir0, ir1, row_blocks(int(src1.ne[1]), int(src1.ne[2]), ir0, ir1)
 
@@ -118,13 +118,13 @@ def _acc_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's ACC: a row of src1 as floats per task when src0 is quantized."""
     if not TYPE_TRAITS[node.source_type(0)].is_quantized:
         return 0
-    return 4 * int(node.src[1].ne[0]) * n_tasks
+    return 4 * int(node.source(1).ne[0]) * n_tasks
 
 
 @kernel(GGMLOp.ACC, n_tasks=all_threads, work=_acc_work)
 def compute_forward_acc(params, dst: Tensor) -> None:
     """ggml_compute_forward_acc_f32: dst = src0, then view(dst) = view(src0) + src1."""
-    if dst.src[0].type != T.F32:
+    if dst.source(0).type != T.F32:
         raise not_supported(dst, "F32 only")
     d, s0, s1 = _copy_then_view(params, dst, "ggml_compute_forward_acc_f32", True)
     ir0, ir1, blocks = _src1_rows(params, dst)
@@ -136,9 +136,9 @@ def compute_forward_acc(params, dst: Tensor) -> None:
 @kernel(GGMLOp.SET, n_tasks=one_thread, work=no_work)
 def compute_forward_set(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_f32 / _i32: dst = src0, then view(dst) = src1."""
-    if dst.src[0].type not in (T.F32, T.I32):
+    if dst.source(0).type not in (T.F32, T.I32):
         raise not_supported(dst, "F32 and I32 only")
-    fn = f"ggml_compute_forward_set_{'f32' if dst.src[0].type == T.F32 else 'i32'}"
+    fn = f"ggml_compute_forward_set_{'f32' if dst.source(0).type == T.F32 else 'i32'}"
     d, _, s1 = _copy_then_view(params, dst, fn, False)
     ir0, ir1, blocks = _src1_rows(params, dst)
     for i3, i2, a, b in blocks:
@@ -150,7 +150,7 @@ def compute_forward_set(params, dst: Tensor) -> None:
 
 def _scale(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_scale_f32, ready to run."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
     fn = "ggml_compute_forward_scale_f32"
@@ -180,7 +180,7 @@ def compute_forward_scale(params, dst: Tensor) -> None:
 @kernel(GGMLOp.CLAMP, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_clamp(params, dst: Tensor) -> None:
     """ggml_compute_forward_clamp: y = MAX(MIN(x, max), min), rows interleaved (F32, F16)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type not in (T.F32, T.F16) or dst.type != src0.type:
         raise not_supported(dst, "F32 and F16 only")
     size = TYPE_TRAITS[src0.type].type_size
@@ -200,7 +200,7 @@ def compute_forward_clamp(params, dst: Tensor) -> None:
 @kernel(GGMLOp.LEAKY_RELU, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_leaky_relu(params, dst: Tensor) -> None:
     """ggml_compute_forward_leaky_relu: y = (x > 0 ? x : 0) + slope·(x < 0 ? x : 0), thread 0."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type not in (T.F32, T.F16) or dst.type != src0.type:
         raise not_supported(dst, "F32 and F16 only")
     if params.ith != 0:
@@ -219,7 +219,7 @@ def compute_forward_leaky_relu(params, dst: Tensor) -> None:
 def compute_forward_repeat(params, dst: Tensor) -> None:
     """ggml_compute_forward_repeat: tile src0 over dst (thread 0); elements copied as bits, so
     F32/I32 and F16/BF16/I16 alike."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type not in (T.F32, T.I32, T.F16, T.BF16, T.I16) or dst.type != src0.type:
         raise not_supported(dst, "F32, I32, F16, BF16 and I16 only")
     if params.ith != 0:
@@ -242,7 +242,7 @@ def compute_forward_repeat(params, dst: Tensor) -> None:
 def compute_forward_concat(params, dst: Tensor) -> None:
     """ggml_compute_forward_concat: dst[i] = src0[i] inside src0's extent, else src1[i - o] with
     o[dim] = src0.ne[dim]; threads take i2 interleaved. Any non-quantized type (copied as bits)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if TYPE_TRAITS[src0.type].is_quantized or TYPE_TRAITS[src0.type].blck_size != 1:
         raise not_supported(dst, "quantized types")
     dim = int(dst.op_params[0])
@@ -276,7 +276,7 @@ def compute_forward_out_prod(params, dst: Tensor) -> None:
     """ggml_compute_forward_out_prod_f32: dst[i0, i1, i2, i3] = Σ_k src0[i0, k, i2/r2, i3/r3] ·
     src1[i1, k, i2, i3], accumulated k by k with fused multiply-adds (ggml_vec_mad_f32: FMA
     instructions on whole 32-float groups, the scalar tail fused by the -mfma build)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only (ggml aborts for F16; quantized src0 is not done here)")
     fn = "ggml_compute_forward_out_prod_f32"

@@ -14,12 +14,12 @@ from engine.compute.kernels.floatmath import cosf, expf, fmaf, logf, sinf, tanhf
     v_expf  # noqa: F401 (re-exported)
 from engine.compute.kernels.views import strided
 from engine.core.tensor import Tensor
-from engine.core.types import TYPE_TRAITS
+from engine.core.types import TYPE_TRAITS, CFloat
 
 F32, F64 = np.float32, np.float64
 
 
-def powf_scalar(x: float, y: float) -> np.float32:
+def powf_scalar(x: CFloat, y: CFloat) -> np.float32:
     """C's powf on two scalars (engine.libm.powf works element by element)."""
     return libm.scalar(libm.powf, x, y)
 
@@ -39,7 +39,7 @@ def raw_rows4(t: Tensor) -> np.ndarray:
                    (nb[3], nb[2], nb[1], 1), dtype=np.uint8)
 
 
-def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+def alibi_slopes(n_head: int, max_bias: CFloat) -> np.ndarray:
     """The ALiBi slope of each head h (1 for all when max_bias <= 0), in float as ggml has it.
 
     n_head_log2 = 2^floor(log2(n_head)); m0 = 2^(-max_bias/n_head_log2),

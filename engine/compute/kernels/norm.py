@@ -59,7 +59,7 @@ def _my_rows(params, src0: Tensor, dst: Tensor):
 
 
 def _f32_only(dst: Tensor) -> None:
-    if dst.src[0].type != GGMLType.F32 or dst.type != GGMLType.F32:
+    if dst.source(0).type != GGMLType.F32 or dst.type != GGMLType.F32:
         raise not_supported(dst, "F32 only")
 
 
@@ -123,7 +123,7 @@ def _row_spans(params, src0: Tensor, dst: Tensor):
 def _norm(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_norm_f32, ready to run."""
     _f32_only(dst)
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     fn = "ggml_compute_forward_norm_f32"
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     eps = _eps(dst)
@@ -180,7 +180,7 @@ def _rms_norm(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_rms_norm_f32, ready to run (lanes.rms_norm_rows
     on spans of a few rows)."""
     _f32_only(dst)
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     fn = "ggml_compute_forward_rms_norm_f32"
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
@@ -212,7 +212,7 @@ def compute_forward_rms_norm(params, dst: Tensor) -> None:
 def compute_forward_l2_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_l2_norm_f32: y = x / max(sqrtf(Σx²), eps), the sum in double."""
     _f32_only(dst)
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     fn = "ggml_compute_forward_l2_norm_f32"
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     eps = _eps(dst)
@@ -230,7 +230,7 @@ def compute_forward_group_norm(params, dst: Tensor) -> None:
     """ggml_compute_forward_group_norm_f32: each group of channels (dim 2) of each i3 is
     normalised over all its ne0·ne1·step elements; threads take groups interleaved."""
     _f32_only(dst)
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     fn = "ggml_compute_forward_group_norm_f32"
     ggml_assert(ggml_are_same_shape(src0, dst), "ggml_are_same_shape(src0, dst)", fn)
     ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.compute.kernels import not_supported
-from engine.compute.kernels.common import thread_range, to_f32, view4
+from engine.compute.kernels.common import data_place, thread_range, to_f32, view4
 from engine.compute.shares import Interval, ShareKind
 from engine.core.errors import ggml_assert
 from engine.core.notes import Note
@@ -25,7 +25,7 @@ from engine.core.types import GGMLType, TYPE_TRAITS, ggml_row_size
 
 
 def _pool(t: Tensor) -> tuple[np.ndarray, int]:
-    ctx, off = t.ctx.space.resolve(t.data)
+    ctx, off = data_place(t)
     return ctx.pool, off
 
 
@@ -86,7 +86,7 @@ def _dup_from_q(params, dst: Tensor, src0: Tensor) -> None:
 
 def add_quantized(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_q_f32: dst row = quantize(dequantize(src0 row) + src1 row)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_add_q_f32"
     if not TYPE_TRAITS[src0.type].is_quantized or src1.type != GGMLType.F32:
         raise not_supported(dst, "unsupported types")

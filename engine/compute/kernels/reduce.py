@@ -62,7 +62,7 @@ def float_sum_lr(x: np.ndarray) -> np.ndarray:
 @kernel(GGMLOp.SUM, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_sum(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum: all elements into dst[0] (thread 0)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type not in (T.F32, T.F16, T.BF16):
         raise not_supported(dst, "SUM has F32, F16 and BF16 kernels only")
     if not _thread0(params):
@@ -78,7 +78,7 @@ def compute_forward_sum(params, dst: Tensor) -> None:
 
 
 def _row_sums(params, dst: Tensor) -> np.ndarray | None:
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
     if not _thread0(params):
@@ -89,7 +89,7 @@ def _row_sums(params, dst: Tensor) -> np.ndarray | None:
 @kernel(GGMLOp.SUM_ROWS, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_sum_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_sum_rows_f32: dst[0, i1, i2, i3] = Σ row (thread 0)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     fn = "ggml_compute_forward_sum_rows_f32"
     if src0.type == T.F32:
         ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)", fn)
@@ -108,14 +108,14 @@ def compute_forward_mean(params, dst: Tensor) -> None:
     """ggml_compute_forward_mean_f32: row sum (double, to float) / (float)ne00 (thread 0)."""
     sums = _row_sums(params, dst)
     if sums is not None:
-        view4(dst)[..., 0] = sums / F32(int(dst.src[0].ne[0]))
+        view4(dst)[..., 0] = sums / F32(int(dst.source(0).ne[0]))
         params.took(ShareKind.ALL)
 
 
 @kernel(GGMLOp.ARGMAX, n_tasks=one_thread, work=no_work, barrier=False)
 def compute_forward_argmax(params, dst: Tensor) -> None:
     """ggml_compute_forward_argmax_f32: per row, the last index holding the maximum (thread 0)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
     if not _thread0(params):
@@ -142,7 +142,7 @@ def compute_forward_count_equal(params, dst: Tensor) -> None:
     `i01 = ir - i03*ne03 - i02*ne02`: right for matrices, not in general. The same formula is
     used here, so 3-d and 4-d inputs count what ggml counts.
     """
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_count_equal_i32"
     if src0.type != T.I32:
         raise not_supported(dst, "I32 only")
@@ -181,7 +181,7 @@ def compute_forward_count_equal(params, dst: Tensor) -> None:
 
 
 def _sorted_rows(params, dst: Tensor) -> tuple[np.ndarray, np.ndarray]:
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
     fn = f"ggml_compute_forward_{GGMLOp(dst.op).name.lower()}_f32"
@@ -205,7 +205,7 @@ def compute_forward_argsort(params, dst: Tensor) -> None:
 
 def _top_k_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's TOP_K: a row of src0 as int32 indices per task."""
-    return 4 * int(node.src[0].ne[0]) * n_tasks
+    return 4 * int(node.source(0).ne[0]) * n_tasks
 
 
 @kernel(GGMLOp.TOP_K, n_tasks=all_threads, work=_top_k_work)
@@ -224,7 +224,7 @@ def compute_forward_top_k(params, dst: Tensor) -> None:
 
 def _cross_entropy_loss_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's CROSS_ENTROPY_LOSS: per task, a sum and a row of src0 (dst's type)."""
-    return TYPE_TRAITS[node.type].type_size * (n_tasks + int(node.src[0].ne[0]) * n_tasks)
+    return TYPE_TRAITS[node.type].type_size * (n_tasks + int(node.source(0).ne[0]) * n_tasks)
 
 
 @kernel(GGMLOp.CROSS_ENTROPY_LOSS, n_tasks=all_threads, work=_cross_entropy_loss_work)
@@ -235,7 +235,7 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     in double to a float; each thread adds its rows' sums in float and leaves the result in wdata;
     thread 0 adds those (in double) and scales by -1/nr.
     """
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_cross_entropy_loss_f32"
     if src0.type != T.F32:
         raise not_supported(dst, "F32 only")
@@ -249,7 +249,7 @@ def compute_forward_cross_entropy_loss(params, dst: Tensor) -> None:
     ggml_assert(params.wsize >= 4 * (nth + nth * nc),
                 "params->wsize >= sizeof(float) * (nth + nth * nc)", fn)
     ir0, ir1 = thread_range(nr, params.ith, nth)
-    sum_thread = F32(0)
+    sum_thread: np.float32 | np.ndarray = F32(0)  # (then float_sum_lr's: a float32 scalar)
     if ir0 < ir1:
         s0, s1 = flat_rows(src0)[ir0:ir1], flat_rows(src1)[ir0:ir1]
         with np.errstate(all="ignore"):

@@ -52,9 +52,9 @@ MMID_ROW_MAPPING = np.dtype([("i1", np.int32), ("i2", np.int32)])
 def work_size(node: Tensor, layout: RepackLayout) -> int:
     """The traits' work_size: all of src1 as the activation type's rows; for MUL_MAT_ID padded to
     8 bytes, then per expert an int64 row count and ne12 row mappings (8 bytes each)."""
-    size = ggml_row_size(layout.vec_dot_type, ggml_nelements(node.src[1]))
+    size = ggml_row_size(layout.vec_dot_type, ggml_nelements(node.source(1)))
     if node.op == GGMLOp.MUL_MAT_ID:
-        n_as, ne12 = int(node.src[0].ne[2]), int(node.src[1].ne[2])
+        n_as, ne12 = int(node.source(0).ne[2]), int(node.source(1).ne[2])
         size = -(-size // 8) * 8 + 8 * n_as * (ne12 + 1)
     return size
 
@@ -91,7 +91,7 @@ def product_of(layout: RepackLayout):
 
 def check(dst: Tensor) -> None:
     """forward_mul_mat's asserts: dst not transposed, 3-D at most, F32 activations, 2-D src0."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "forward_mul_mat"
     ggml_assert(int(dst.nb[0]) == 4, "nb0 == sizeof(float)", fn)
     ggml_assert(int(dst.nb[0]) <= int(dst.nb[1]) <= int(dst.nb[2]) <= int(dst.nb[3]), "nb1 <= nb2 <= nb3", fn)
@@ -102,7 +102,7 @@ def check(dst: Tensor) -> None:
 
 def compute_values(dst: Tensor, layout: RepackLayout, packed: np.ndarray) -> None:
     """Every plane's outputs, as ggml's chunks compute them: (ne11 rows of src1) x ne01."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     product = product_of(layout)
     x4, d4 = view4(src1), view4(dst)
@@ -128,7 +128,7 @@ def forward_mul_mat(params, dst: Tensor, layout: RepackLayout, packed: np.ndarra
         params.barrier()
     if not params.watched:
         return
-    nr0, ne12 = int(dst.src[0].ne[1]), int(dst.src[1].ne[2])
+    nr0, ne12 = int(dst.source(0).ne[1]), int(dst.source(1).ne[2])
     nchunk0, dr0 = chunks(nr0, ne12, params.nth, layout.rows)
     total = nchunk0 * ne12
     if params.alone or params.nth >= total:
@@ -138,7 +138,7 @@ def forward_mul_mat(params, dst: Tensor, layout: RepackLayout, packed: np.ndarra
         while chunk < total:
             taken.append(chunk)
             chunk = next(params.shared["chunk"])
-    ne11 = int(dst.src[1].ne[1])
+    ne11 = int(dst.source(1).ne[1])
     done = [Tile(c, chunk_rows(c, nchunk0, dr0, nr0, layout.rows),
                  Interval((c // nchunk0) * ne11, (c // nchunk0 + 1) * ne11)) for c in taken]
     params.took(ShareKind.CHUNKS, *done, note=Note.of("repack_chunks", layout=layout.name,
@@ -175,7 +175,7 @@ def gemv_q4_k(layout: RepackLayout, packed: np.ndarray, ne00: int, ne01: int, xq
 def check_id(dst: Tensor) -> None:
     """forward_mul_mat_id's asserts: src0 and src1 not permuted, dst neither, no 4th dimension,
     F32 activations."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     fn = "forward_mul_mat_id"
     ggml_assert(int(src0.nb[0]) == TYPE_TRAITS[src0.type].type_size, "nb00 == ggml_type_size(src0->type)", fn)
     ggml_assert(int(src1.nb[0]) == TYPE_TRAITS[src1.type].type_size, "nb10 == ggml_type_size(src1->type)", fn)
@@ -206,8 +206,8 @@ def write_row_mappings(params, dst: Tensor, start: int) -> tuple[np.ndarray, np.
     quantized rows (`start` bytes, padded to 8): matrix_row_counts (n_as int64), then matrix_rows
     (n_as * ne12 mmid_row_mapping, expert e's k-th row at e * ne12 + k), token by token, slot by
     slot. Returns both."""
-    src0, ids = dst.src[0], dst.src[2]
-    n_as, ne12 = int(src0.ne[2]), int(dst.src[1].ne[2])
+    src0, ids = dst.source(0), dst.source(2)
+    n_as, ne12 = int(src0.ne[2]), int(dst.source(1).ne[2])
     v = view4(ids)[0, 0]  # (tokens, slots) int32
     flat = v.reshape(-1).astype(np.int64)
     bad = np.flatnonzero((flat < 0) | (flat >= n_as))
@@ -241,7 +241,7 @@ def forward_mul_mat_id(params, dst: Tensor, layout: RepackLayout, packed: np.nda
     values of its weight rows computed expert by expert, each by one gemv of all the expert's
     activation rows at once (each output is its own row's gemv: the same bits)."""
     check_id(dst)
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     vdt = layout.vec_dot_type
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     ne11, ne12 = int(src1.ne[1]), int(src1.ne[2])

@@ -67,7 +67,7 @@ def _bicubic_weights(t: np.ndarray):
 @kernel(GGMLOp.UPSCALE, n_tasks=all_threads, work=no_work)
 def compute_forward_upscale(params, dst: Tensor) -> None:
     """ggml_compute_forward_upscale_f32."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     ggml_assert(src0.type == GGMLType.F32, "src0->type == GGML_TYPE_F32",
                 "ggml_compute_forward_upscale_f32")
     ne0, ne1, ne2, ne3 = (int(x) for x in dst.ne)
@@ -127,7 +127,7 @@ def compute_forward_upscale(params, dst: Tensor) -> None:
 @kernel(GGMLOp.PAD, n_tasks=all_threads, work=no_work)
 def compute_forward_pad(params, dst: Tensor) -> None:
     """ggml_compute_forward_pad (f32; zeros or circular)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml pads F32 only")
     lp0, rp0, lp1, rp1, lp2, rp2, lp3, rp3, circular = (int(x) for x in dst.op_params[:9])
@@ -158,7 +158,7 @@ def compute_forward_pad(params, dst: Tensor) -> None:
 @kernel(GGMLOp.PAD_REFLECT_1D, n_tasks=all_threads, work=no_work)
 def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
     """ggml_compute_forward_pad_reflect_1d: the row copied in after p0, mirrored on both sides."""
-    src = dst.src[0]
+    src = dst.source(0)
     fn = "ggml_compute_forward_pad_reflect_1d"
     ggml_assert(src.type == GGMLType.F32, "src0->type == GGML_TYPE_F32", fn)
     ggml_assert(dst.type == GGMLType.F32, "dst->type == GGML_TYPE_F32", fn)
@@ -178,7 +178,7 @@ def compute_forward_pad_reflect_1d(params, dst: Tensor) -> None:
 def compute_forward_roll(params, dst: Tensor) -> None:
     """ggml_compute_forward_roll_f32: dst row (i1, i2, i3) is src row (i1 - s1, i2 - s2, i3 - s3)
     (wrapped), rotated by s0."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     s0, s1, s2, s3 = (int(x) for x in dst.op_params[:4])
@@ -199,7 +199,7 @@ def compute_forward_roll(params, dst: Tensor) -> None:
 @kernel(GGMLOp.TIMESTEP_EMBEDDING, n_tasks=all_threads, work=no_work)
 def compute_forward_timestep_embedding(params, dst: Tensor) -> None:
     """ggml_compute_forward_timestep_embedding_f32."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml embeds F32 timesteps only")
     ggml_assert(int(src0.nb[0]) == 4, "src0->nb[0] == sizeof(float)",

@@ -159,7 +159,7 @@ def mrope_cache(pos4: np.ndarray, ne0: int, sections, is_imrope: bool, indep_sec
 def _rope(params, dst: Tensor, forward: bool = True):
     """This thread's rows of ggml_compute_forward_rope_flt, ready to run (the cache made from the
     positions' values when it runs)."""
-    src0, src1, src2 = dst.src[0], dst.src[1], dst.src[2]
+    src0, src1, src2 = dst.source(0), dst.source(1), dst.src[2]
     ggml_assert(src0.type in (GGMLType.F32, GGMLType.F16),
                 "src0->type == GGML_TYPE_F32 || src0->type == GGML_TYPE_F16", FN)
     ggml_assert(src1.type == GGMLType.I32, "src1->type == GGML_TYPE_I32", FN)
@@ -209,15 +209,16 @@ def _rope(params, dst: Tensor, forward: bool = True):
     f32 = src0.type == GGMLType.F32 and all(
         v[i3, i2].strides[0] % 4 == 0 and v[i3, i2].strides[0] >= 0
         for i3, i2, _a, _b in blocks for v in (s4, d4))
-    rows = [(slot[i2], b - a, _span(s4[i3, i2, a:b]) if f32 else s4[i3, i2, a:b],
-             _span(d4[i3, i2, a:b]) if f32 else d4[i3, i2, a:b]) for i3, i2, a, b in blocks]
-    mrope_pos = [i2s + ne2 * k for k in range(4)] if mrope_used else None
+    spans = [(slot[i2], b - a, _span(s4[i3, i2, a:b]), _span(d4[i3, i2, a:b]))
+             for i3, i2, a, b in blocks] if f32 else []
+    arrays = [] if f32 else [(slot[i2], s4[i3, i2, a:b], d4[i3, i2, a:b]) for i3, i2, a, b in blocks]
+    mrope_pos = [i2s + ne2 * k for k in range(4)] if mrope_used else []
     rotated = slice(0, n_dims) if mode == GGML_ROPE_TYPE_NORMAL else None
     h = n_dims // 2 if mode == GGML_ROPE_TYPE_NORMAL else ne0 // 2 if is_vision else n_dims // 2
     off = n_dims if is_vision else n_dims // 2  # (the other modes: pairs (k, k + off))
     step, pair_off = (2, 1) if rotated is not None else (1, off)  # pair k: (k*step, k*step + off)
     rope_pairs = lanes.rope_pairs
-    if not rows:
+    if not blocks:
         return ()
     at = slice(int(i2s[0]), int(i2s[-1]) + 1) if bool(np.all(np.diff(i2s) == 1)) else i2s
 
@@ -232,15 +233,13 @@ def _rope(params, dst: Tensor, forward: bool = True):
             cos, sin = rope_cache(pos[at], ne0, theta_scale, factors, yarn)
         if not forward:
             sin = sin * sin_sign
-        for j, count, src, out in rows:
-            c, s = cos[j], sin[j]  # (the caches' rows are packed: each goes as it lies)
-            if f32:
-                (x, ldx), (y, ldy) = src, out
-                rope_pairs(x, y, c, s, count, ne0, ldx, ldy, h, step, pair_off)
-                continue
+        # (the caches' rows are packed: each goes as it lies)
+        for j, count, (x, ldx), (y, ldy) in spans:
+            rope_pairs(x, y, cos[j], sin[j], count, ne0, ldx, ldy, h, step, pair_off)
+        for j, src, out in arrays:
             x = to_f32(src, src0.type)  # (rows, ne0)
             y = np.empty_like(x)
-            rope_pairs_into(x, y, c, s, len(x), ne0, ne0, ne0, h, step, pair_off)
+            rope_pairs_into(x, y, cos[j], sin[j], len(x), ne0, ne0, ne0, h, step, pair_off)
             out[...] = from_f32(y, src0.type)
     return run
 

@@ -29,7 +29,7 @@ from engine.lanes import lanes, twin
 def _get_rows(params, dst: Tensor):
     """This thread's indices of ggml_compute_forward_get_rows, ready to run (the indices read
     when it runs)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     t0 = TYPE_TRAITS[src0.type]
     if not (t0.is_quantized or src0.type in (GGMLType.F32, GGMLType.F16, GGMLType.BF16,
                                              GGMLType.I32)):
@@ -61,6 +61,7 @@ def _get_rows(params, dst: Tensor):
             rows = dequantize(src0.type, np.ascontiguousarray(raw[i12, i11, idx]).reshape(-1),
                               len(i) * ne00).reshape(len(i), ne00)  # (n, row_bytes) raw rows
         else:
+            assert s0 is not None  # (not quantized: read as elements)
             rows = s0[i12, i11, idx]
             if src0.type in (GGMLType.F16, GGMLType.BF16):
                 rows = to_f32(rows, src0.type)
@@ -73,17 +74,17 @@ def compute_forward_get_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rows:
     dst[:, i10, i11, i12] = src0[:, src1[i10, i11, i12], i11, i12]."""
     _get_rows(params, dst)()
-    params.took(ShareKind.ROWS, thread_range(ggml_nelements(dst.src[1]), params.ith, params.nth),
+    params.took(ShareKind.ROWS, thread_range(ggml_nelements(dst.source(1)), params.ith, params.nth),
                 note=Note("index_rows"))
 
 
-_ROW_KIND = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}  # lanes.set_rows' kinds
+_ROW_KIND: dict[int, int] = {GGMLType.F32: 0, GGMLType.F16: 1, GGMLType.BF16: 2}  # lanes.set_rows' kinds
 
 
 def _set_rows(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_set_rows, ready to run (the indices read when it
     runs)."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's set_rows takes F32 rows only")
     if src1.type not in (GGMLType.I32, GGMLType.I64):
@@ -174,5 +175,5 @@ def compute_forward_set_rows(params, dst: Tensor) -> None:
     """ggml_compute_forward_set_rows (f32 rows):
     dst[:, src1[i, i02 % ne11, i03 % ne12], i02, i03] = src0[:, i, i02, i03]."""
     _set_rows(params, dst)()
-    params.took(ShareKind.ROWS, thread_range(int(dst.src[0].ne[1]), params.ith, params.nth),
+    params.took(ShareKind.ROWS, thread_range(int(dst.source(0).ne[1]), params.ith, params.nth),
                 note=Note("rows_src0"))

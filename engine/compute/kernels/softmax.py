@@ -113,7 +113,7 @@ def soft_max_heads(x, y, m, sinks, slopes, scale, heads: int, rows: int, n: int,
 def _soft_max(params, dst: Tensor):
     """This thread's rows of ggml_compute_forward_soft_max_f32 (rows i1 = ith, ith + nth, ... of
     every matrix), ready to run: one lanes.soft_max_heads per matrix group i3."""
-    src0, mask, sinks = dst.src[0], dst.src[1], dst.src[2]
+    src0, mask, sinks = dst.source(0), dst.src[1], dst.src[2]
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's soft_max computes F32 only")
     if mask is not None and mask.type not in (GGMLType.F32, GGMLType.F16):
@@ -121,11 +121,14 @@ def _soft_max(params, dst: Tensor):
     scale, max_bias = (F32(x) for x in dst.op_params.view(np.float32)[:2])
     ne00, ne01, ne02, ne03 = (int(x) for x in src0.ne)
     slopes = alibi_slopes(ne02, max_bias)
-    sinks3 = view4(sinks)[0, 0, 0, :ne02] if sinks is not None else None  # (read when it runs)
-    if sinks3 is not None and (sinks.type != GGMLType.F32 or not sinks3.flags.c_contiguous):
-        raise not_supported(dst, "the sinks must be packed F32")
+    sinks3 = None
+    if sinks is not None:
+        sinks3 = view4(sinks)[0, 0, 0, :ne02]  # (read when it runs)
+        if sinks.type != GGMLType.F32 or not sinks3.flags.c_contiguous:
+            raise not_supported(dst, "the sinks must be packed F32")
     x4, d4 = view4(src0), view4(dst)
     m4 = view4(mask) if mask is not None else None
+    mask_f16 = mask is not None and mask.type == GGMLType.F16
     first, step = params.ith, params.nth
     rows = len(range(first, ne01, step))
     if not rows or not ne00:
@@ -141,13 +144,13 @@ def _soft_max(params, dst: Tensor):
         calls.append(partial(soft_max, span_of(x), span_of(y), mspan, sinks3, slopes, scale, ne02,
                              rows, ne00, *x.strides[:2], *y.strides[:2],
                              m.shape[0] if m is not None else 1, mh, mr,
-                             m is not None and mask.type == GGMLType.F16, params.c_threads))
+                             m is not None and mask_f16, params.c_threads))
     return tuple(calls)
 
 
 def _soft_max_tasks(node: Tensor, n_threads: int) -> int:
     """ggml_get_n_tasks's SOFT_MAX: a thread per row of src0, at most n_threads."""
-    return min(n_threads, ggml_nrows(node.src[0]))
+    return min(n_threads, ggml_nrows(node.source(0)))
 
 
 @kernel(GGMLOp.SOFT_MAX, n_tasks=_soft_max_tasks, work=f32_row_per_task, barrier=False,
@@ -155,13 +158,13 @@ def _soft_max_tasks(node: Tensor, n_threads: int) -> int:
 def compute_forward_soft_max(params, dst: Tensor) -> None:
     """ggml_compute_forward_soft_max (f32)."""
     run_prepared(_soft_max(params, dst))
-    params.took(ShareKind.INTERLEAVED, *range(params.ith, int(dst.src[0].ne[1]), params.nth),
+    params.took(ShareKind.INTERLEAVED, *range(params.ith, int(dst.source(0).ne[1]), params.nth),
                 note=Note("rows_i1"))
 
 
 def _diag_mask(params, dst: Tensor, value: float) -> None:
     """ggml_compute_forward_diag_mask_f32."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if src0.type != GGMLType.F32:
         raise not_supported(dst, "ggml's diag_mask computes F32 only")
     fn = "ggml_compute_forward_diag_mask_f32"

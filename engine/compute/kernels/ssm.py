@@ -47,7 +47,7 @@ F32 = np.float32
 @kernel(GGMLOp.SSM_CONV, n_tasks=all_threads, work=no_work)
 def compute_forward_ssm_conv(params, dst: Tensor) -> None:
     """ggml_compute_forward_ssm_conv_f32: x[i, t, s] = Σ_k sx[t + k, i, s]·c[k, i], k in order."""
-    sx, c = dst.src[0], dst.src[1]
+    sx, c = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_ssm_conv_f32"
     if sx.type != GGMLType.F32 or c.type != GGMLType.F32:
         raise not_supported(dst)
@@ -91,7 +91,7 @@ def _f32_only(dst: Tensor, *srcs: Tensor) -> None:
 @kernel(GGMLOp.SSM_SCAN, n_tasks=all_threads, work=no_work)
 def compute_forward_ssm_scan(params, dst: Tensor) -> None:
     """ggml_compute_forward_ssm_scan_f32: Mamba's selective scan, heads split in blocks."""
-    s_in, x, dt, A, B, C, ids = (dst.src[i] for i in range(7))
+    s_in, x, dt, A, B, C, ids = (dst.source(i) for i in range(7))
     fn = "ggml_compute_forward_ssm_scan_f32"
     if s_in.type != GGMLType.F32:
         raise not_supported(dst)
@@ -144,7 +144,7 @@ def compute_forward_ssm_scan(params, dst: Tensor) -> None:
 
 def _wkv_layout(dst: Tensor, n_seqs: int, fn: str) -> tuple[int, int, int, int, np.ndarray, np.ndarray]:
     """(T, H, S, tokens per sequence, out (T, H, S), new states (n_seqs, H, S, S)) of a WKV dst."""
-    T, H = int(dst.src[1].ne[2]), int(dst.src[1].ne[1])
+    T, H = int(dst.source(1).ne[2]), int(dst.source(1).ne[1])
     C = int(dst.ne[0])
     ggml_assert(C % H == 0, "C % HEADS == 0", fn)
     S = C // H
@@ -182,14 +182,14 @@ def _tokens(params, dst: Tensor, state_src: Tensor, step, fn: str, zeroed: bool)
 def _heads_tasks(node: Tensor, n_threads: int) -> int:
     """ggml_get_n_tasks's RWKV_WKV6, GATED_LINEAR_ATTN and RWKV_WKV7: a thread per head (src1's
     ne[1]), at most n_threads."""
-    return min(n_threads, int(node.src[1].ne[1]))
+    return min(n_threads, int(node.source(1).ne[1]))
 
 
 @kernel(GGMLOp.RWKV_WKV6, n_tasks=_heads_tasks, work=no_work)
 def compute_forward_rwkv_wkv6(params, dst: Tensor) -> None:
     """ggml_compute_forward_rwkv_wkv6_f32: per head, out[j] += r[i]·(tf[i]·k[i]v[j] + s[i, j]) for
     i in order, s[i, j] = s[i, j]·td[i] + k[i]v[j]; heads split as ggml's WKV kernels split them."""
-    k, v, r, tf, td, state = (dst.src[i] for i in range(6))
+    k, v, r, tf, td, state = (dst.source(i) for i in range(6))
     _f32_only(dst, k)
     T, H, S = int(v.ne[2]), int(v.ne[1]), int(dst.ne[0]) // int(v.ne[1])
     _zero_out(params, _flat(dst)[:T * H * S])
@@ -212,7 +212,7 @@ def compute_forward_rwkv_wkv6(params, dst: Tensor) -> None:
 def compute_forward_gla(params, dst: Tensor) -> None:
     """ggml_compute_forward_gla_f32: per head, s[i, j] = s[i, j]·g[i] + k[i]v[j], out[j] +=
     (q[i]·scale)·s[i, j] for i in order; heads split as ggml's WKV kernels split them."""
-    k, v, q, g, state = (dst.src[i] for i in range(5))
+    k, v, q, g, state = (dst.source(i) for i in range(5))
     _f32_only(dst, k)
     scale = F32(dst.op_params.view(F32)[0])
     T, H, S = int(v.ne[2]), int(v.ne[1]), int(dst.ne[0]) // int(v.ne[1])
@@ -244,7 +244,7 @@ def compute_forward_rwkv_wkv7(params, dst: Tensor) -> None:
     8-lane sums, s[i, j] = fma(sa, b[j], fma(s[i, j], w[j], v[i]k[j])), out[i] = s[i, :]·r in 8-lane
     sums. The vector loop walks whole steps of 32, so only head sizes that are multiples of 32
     stay inside their rows; for others ggml reads past them, and the engine refuses."""
-    r, w, k, v, a, b, state = (dst.src[i] for i in range(7))
+    r, w, k, v, a, b, state = (dst.source(i) for i in range(7))
     _f32_only(dst, r)
     T, H, S = int(v.ne[2]), int(v.ne[1]), int(dst.ne[0]) // int(v.ne[1])
     if S % STEP:
@@ -277,7 +277,7 @@ def _gdn_chunks(nr: int, nth: int) -> tuple[int, int]:
 def _gated_delta_net_work(node: Tensor, n_tasks: int) -> int:
     """ggml_graph_plan's GATED_DELTA_NET: per task, the delta (S_v floats) and, with K > 1, a
     scratch state (S_v² floats)."""
-    s_v, k = int(node.src[2].ne[0]), int(node.op_params[0])
+    s_v, k = int(node.source(2).ne[0]), int(node.op_params[0])
     return 4 * (s_v + (s_v * s_v if k > 1 else 0)) * n_tasks
 
 
@@ -285,7 +285,7 @@ def _gated_delta_net_work(node: Tensor, n_tasks: int) -> int:
 def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
     """ggml_compute_forward_gated_delta_net_f32: thread 0 sets the chunk counter to nth, barrier;
     each thread computes chunk ith, then the next free chunk until none is left."""
-    q, k, v, g, beta, state = (dst.src[i] for i in range(6))
+    q, k, v, g, beta, state = (dst.source(i) for i in range(6))
     fn = "ggml_compute_forward_gated_delta_net_one_chunk"
     _f32_only(dst, q)
     for name, t in (("src_q", q), ("src_k", k), ("src_v", v)):
@@ -302,7 +302,8 @@ def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
     if params.ith == 0:
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
     params.barrier()
-    done, pairs = [], []
+    done: list[Chunk] = []
+    pairs: list[int] = []
     chunk = params.ith
     while chunk < nchunk:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
@@ -316,7 +317,7 @@ def compute_forward_gated_delta_net(params, dst: Tensor) -> None:
 
 def _gdn_pairs(dst: Tensor, ir: np.ndarray, K: int) -> None:
     """The delta rule for the (head, sequence) pairs ir = seq·H + head, all at once."""
-    q, k, v, g, beta, state = (dst.src[i] for i in range(6))
+    q, k, v, g, beta, state = (dst.source(i) for i in range(6))
     S, H, T, n_seqs = (int(n) for n in v.ne)
     iv1, iv3 = ir % H, ir // H
     q4, k4, v4, g4, b4 = view4(q), view4(k), view4(v), view4(g), view4(beta)

@@ -282,7 +282,7 @@ def takes_expert(src0: Tensor, src1: Tensor, cne1: int, use_ref: bool = False) -
 def wdata_size(node: Tensor, n_tasks: int) -> int:
     """ggml_tiled_wdata_size: 64 bytes to align, then a TILED_WS_SLOT per task, whenever the
     weights are supported (at any batch: the plan reserves before the gate decides)."""
-    return 64 + n_tasks * TILED_WS_SLOT if supported(node.src[0], node.src[1]) else 0
+    return 64 + n_tasks * TILED_WS_SLOT if supported(node.source(0), node.source(1)) else 0
 
 
 def chunk_grid(nr0: int, nr1: int, nth: int) -> tuple[int, int, int, int]:
@@ -330,6 +330,7 @@ def tiled_mul_mat(type_: int, w, ldw: int, x, ldx: int, out, ldo: int, n0: int, 
         d1, q, bsums = y[:, :4].view(F32)[:, 0], y[:, 4:260].view(np.int8), y[:, 260:].view("<i2")
         res = blk.d * block_sums(fmt, blk, q).astype(F32)
         if fmt.has_min:  # s2: each sub-block's min times its activations' sum (Q8_K's bsums)
+            assert blk.mins is not None and blk.dmin is not None  # (has_min: decoded with the block)
             bs = bsums.astype(np.int64)
             if fmt.subblk == 32:
                 bs = bs[:, 0::2] + bs[:, 1::2]
@@ -360,7 +361,7 @@ def tiled_product(type_: GGMLType, w: np.ndarray, x: np.ndarray, out: np.ndarray
 
 def _broken(dst: Tensor) -> str | None:
     """The first of the driver's asserts that dst breaks (its condition), or None."""
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     ne, nb = [int(v) for v in dst.ne], [int(v) for v in dst.nb]
     rules = [(ne[0] == int(src0.ne[1]), "ne0 == ne01"), (ne[1] == int(src1.ne[1]), "ne1 == ne11"),
              (ne[2] == int(src1.ne[2]), "ne2 == ne12"), (ne[3] == int(src1.ne[3]), "ne3 == ne13"),
@@ -387,7 +388,7 @@ def _q8k_rows(src1: Tensor) -> np.ndarray:
 def _tile_values(dst: Tensor, x: np.ndarray, rows: Interval, cols: Interval, threads: int) -> None:
     """One chunk of dst: weight rows `rows` by the flat src1 rows `cols`, in windows that stay in
     one matrix of src1 (ne[1] rows), as the driver's one_chunk walks them."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     ne11, ne12 = int(dst.ne[1]), int(dst.ne[2])
     r2, r3 = ne12 // int(src0.ne[2]), int(dst.ne[3]) // int(src0.ne[3])
     d4 = view4(dst)
@@ -408,7 +409,7 @@ def compute_forward_mul_mat_tiled(params, dst: Tensor, convert: Callable) -> Non
     chunk's values computed (a tile of dst) and recorded as the thread's share."""
     broken = _broken(dst)
     ggml_assert(broken is None, broken or "", "ggml_compute_forward_mul_mat_tiled_driver")
-    src1 = dst.src[1]
+    src1 = dst.source(1)
     x = _q8k_rows(src1) if src1.type == Q8K else convert(params, src1, Q8K)
     if params.ith == 0:
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
@@ -440,7 +441,7 @@ def prepare_mul_mat_tiled(params, dst: Tensor, conversion: Callable):
     assert (the general path raises it)."""
     if _broken(dst) is not None:
         return None
-    src0, src1 = dst.src[0], dst.src[1]
+    src0, src1 = dst.source(0), dst.source(1)
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     ne11, ne12, ne13 = (int(v) for v in src1.ne[1:])
     if src1.type == Q8K:

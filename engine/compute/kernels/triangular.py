@@ -18,7 +18,7 @@ from engine.compute.kernels import all_threads, kernel, no_work, not_supported, 
 from engine.compute.kernels.common import from_f32, row_index, thread_range, view4
 from engine.compute.kernels.floatmath import mac_in_order
 from engine.compute.shares import Interval, ShareKind
-from engine.core.errors import ggml_assert
+from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor, ggml_is_contiguous, ggml_nrows
 from engine.core.types import GGMLType
@@ -27,7 +27,7 @@ from engine.core.types import GGMLType
 @kernel(GGMLOp.CUMSUM, n_tasks=all_threads, work=no_work)
 def compute_forward_cumsum(params, dst: Tensor) -> None:
     """ggml_compute_forward_cumsum_f32: y[i] = y[i-1] + x[i] along each row."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     ggml_assert(int(src.nb[0]) == 4, "src0->nb[0] == sizeof(float)", "ggml_compute_forward_cumsum_f32")
@@ -44,7 +44,7 @@ def compute_forward_cumsum(params, dst: Tensor) -> None:
 def compute_forward_diag(params, dst: Tensor) -> None:
     """ggml_compute_forward_diag_f32: thread 0 writes each [n, n] matrix, src's row on its
     diagonal and zeros elsewhere."""
-    src = dst.src[0]
+    src = dst.source(0)
     fn = "ggml_compute_forward_diag_f32"
     if src.type != GGMLType.F32:
         raise not_supported(dst)
@@ -68,12 +68,12 @@ _KEEP = {0: np.greater_equal, 1: np.greater, 2: np.less_equal, 3: np.less}  # (i
 @kernel(GGMLOp.TRI, n_tasks=all_threads, work=no_work)
 def compute_forward_tri(params, dst: Tensor) -> None:
     """ggml_compute_forward_tri_f32: element i0 of row i01 kept where the triangle holds it."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     ggml_assert(ggml_is_contiguous(src), "ggml_is_contiguous(src0)", "ggml_compute_forward_tri_f32")
-    keep = _KEEP.get(int(dst.op_params[0]))
-    ggml_assert(keep is not None, "tri type", "ggml_compute_forward_tri_f32", "invalid tri type")
+    keep = ggml_assert_not_null(_KEEP.get(int(dst.op_params[0])), "tri type", "ggml_compute_forward_tri_f32",
+                                "invalid tri type")
     ir0, ir1 = thread_range(ggml_nrows(src), params.ith, params.nth)
     s4, d4 = view4(src), view4(dst)
     i0 = np.arange(int(dst.ne[0]))
@@ -86,7 +86,7 @@ def compute_forward_tri(params, dst: Tensor) -> None:
 @kernel(GGMLOp.FILL, n_tasks=all_threads, work=no_work)
 def compute_forward_fill(params, dst: Tensor) -> None:
     """ggml_compute_forward_fill_f32/f16: every element of this thread's rows set to c."""
-    if dst.src[0].type not in (GGMLType.F32, GGMLType.F16):
+    if dst.source(0).type not in (GGMLType.F32, GGMLType.F16):
         raise not_supported(dst)
     c = np.array([dst.op_params[0]], np.int32).view(np.float32)
     value = from_f32(c, dst.type)[0]
@@ -103,10 +103,10 @@ def compute_forward_solve_tri(params, dst: Tensor) -> None:
     """ggml_compute_forward_solve_tri_f32: A·X = B by forward substitution (A lower triangular),
     one column of X at a time; the threads split the (batch, column) pairs. Row i's running sum
     of A[i, t]·X[t] is the compiled loop's (floatmath.mac_in_order), then x = (b - sum) / diag."""
-    a, b = dst.src[0], dst.src[1]
+    a, b = dst.source(0), dst.source(1)
     fn = "ggml_compute_forward_solve_tri_f32"
-    for t, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
-        ggml_assert(t.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
+    for tensor, name in ((a, "src0"), (b, "src1"), (dst, "dst")):
+        ggml_assert(tensor.type == GGMLType.F32, f"{name}->type == GGML_TYPE_F32", fn)
     n, k = int(b.ne[1]), int(b.ne[0])
     ne02 = int(a.ne[2])
     nr = ne02 * int(a.ne[3]) * k

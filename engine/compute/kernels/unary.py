@@ -15,6 +15,7 @@ and libm's expf on the rest. Every result is bit-exact with ggml on any x86-64 C
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def _hardsigmoid(x: np.ndarray) -> np.ndarray:
 
 
 # f32 -> f32 element functions, written as the C expressions they mirror
-ELEMENT_FNS = {
+ELEMENT_FNS: dict[int, Callable[[np.ndarray], np.ndarray]] = {  # (by op_params[0])
     U.ABS: np.abs,
     U.SGN: lambda x: np.where(x > 0, F32(1), np.where(x < 0, F32(-1), F32(0))),
     U.NEG: np.negative,
@@ -93,7 +94,7 @@ def apply_rows(params, dst: Tensor, fn, *, fn_bits=None, into=None) -> None:
     """The generic unary loop: rows [ir0, ir1) of src0 (flat row = (i3·ne2 + i2)·ne1 + i1),
     y = to_dst(fn(to_f32(x))). fn_bits, when given, maps src bits to dst bits directly (the f16
     table lookups); into(x, out), when given, writes f32 results straight into f32 dst rows."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     s4, d4 = view4(src0), view4(dst)
     ne1, ne2 = int(src0.ne[1]), int(src0.ne[2])
     ir0, ir1 = thread_range(ggml_nrows(src0), params.ith, params.nth)
@@ -110,7 +111,7 @@ def apply_rows(params, dst: Tensor, fn, *, fn_bits=None, into=None) -> None:
 
 
 def _check_rows(dst: Tensor, fn: str, contiguous_1: bool = False) -> None:
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     if contiguous_1:
         ggml_assert(ggml_is_contiguous_1(src0) and ggml_is_contiguous_1(dst)
                     and ggml_are_same_shape(src0, dst),
@@ -127,7 +128,7 @@ def _check_rows(dst: Tensor, fn: str, contiguous_1: bool = False) -> None:
 
 def _unary_op(params, dst: Tensor, fn, contiguous_1: bool = False) -> None:
     """unary_op<op>: the five supported (src0, dst) type pairs, computed in f32."""
-    if (dst.src[0].type, dst.type) not in UNARY_TYPES:
+    if (dst.source(0).type, dst.type) not in UNARY_TYPES:
         raise not_supported(dst, "unsupported types")
     _check_rows(dst, "apply_unary_op", contiguous_1)
     apply_rows(params, dst, fn)
@@ -135,7 +136,7 @@ def _unary_op(params, dst: Tensor, fn, contiguous_1: bool = False) -> None:
 
 def _f32_or_f16(dst: Tensor) -> None:
     """The dedicated gelu/silu kernels exist for F32 and F16 only (dst of the same type)."""
-    if dst.src[0].type not in (T.F32, T.F16) or dst.type != dst.src[0].type:
+    if dst.source(0).type not in (T.F32, T.F16) or dst.type != dst.source(0).type:
         raise not_supported(dst, "this activation has F32 and F16 kernels only")
 
 
@@ -144,14 +145,14 @@ def _gelu_erf_f32(x: np.ndarray) -> np.ndarray:
 
 
 # the f32 table lookups gelu_lookup computes: op -> (its table, clamped at ±10)
-LOOKUPS = {U.GELU: ("gelu", True), U.GELU_QUICK: ("gelu_quick", False)}
+LOOKUPS: dict[int, tuple[str, bool]] = {U.GELU: ("gelu", True), U.GELU_QUICK: ("gelu_quick", False)}
 
 
 def _lookup(params, dst: Tensor):
     """An F32 GELU or GELU_QUICK node of packed tensors, whole, ready to run: ggml_vec_gelu_f32
     (ggml_vec_gelu_quick_f32) by lanes.gelu_lookup, element by element as every thread's rows
     would be (None: the node takes compute_forward_unary's path)."""
-    src0 = dst.src[0]
+    src0 = dst.source(0)
     op = int(dst.op_params[0])
     if op not in LOOKUPS or src0.type != T.F32 or dst.type != T.F32 or not (
             ggml_is_contiguous(src0) and ggml_is_contiguous(dst)
@@ -182,7 +183,7 @@ def compute_forward_unary(params, dst: Tensor) -> None:
     if op == U.XIELU:
         return _unary_op(params, dst, _xielu(dst), contiguous_1=True)
     _f32_or_f16(dst)
-    f16 = dst.src[0].type == T.F16
+    f16 = dst.source(0).type == T.F16
     if op == U.GELU:
         if f16:  # the table entry itself
             return apply_rows(params, dst, None, fn_bits=lambda h: fm.gelu_table()[h])

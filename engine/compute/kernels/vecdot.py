@@ -61,18 +61,26 @@ def vec_dot_of(type_: int) -> VecDot:
     return kind.vec_dot
 
 
+def activations_type(type_: int) -> GGMLType:
+    """The vec_dot_type of a type with a VecDot: its activations' blocks (Q8_0, Q8_1 or Q8_K)."""
+    vdt = TYPE_TRAITS[type_].vec_dot_type
+    assert vdt is not None, type_  # (QuantKind holds a type with a VecDot to having one)
+    return vdt
+
+
 # --- the weights and the activations, as vec_dot reads them ------------------------------------
 
-def decode_weights(type_: GGMLType, blocks: np.ndarray) -> DotBlocks:
+def decode_weights(type_: int, blocks: np.ndarray) -> DotBlocks:
     """Weight blocks (..., block size) uint8 of a quant_dot type, decoded by the type's own
     decoder (VecDot.decode: see DotBlocks), their quants unpacked as its dequantizer unpacks
     them; every array keeps the blocks' leading axes."""
     lead = blocks.shape[:-1]
     dec = vec_dot_of(type_).decode(np.ascontiguousarray(blocks).reshape(-1, blocks.shape[-1]))
 
-    def each(a: np.ndarray | None) -> np.ndarray | None:  # (n, k) -> (..., k), (n) -> (...)
-        return None if a is None else a.reshape(*lead, *a.shape[1:])
-    return DotBlocks(each(dec.q), each(dec.d), each(dec.dmin), each(dec.aux))
+    def each(a: np.ndarray) -> np.ndarray:  # (n, k) -> (..., k), (n) -> (...)
+        return a.reshape(*lead, *a.shape[1:])
+    return DotBlocks(each(dec.q), each(dec.d), None if dec.dmin is None else each(dec.dmin),
+                     None if dec.aux is None else each(dec.aux))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +144,7 @@ def products(vd: VecDot, q: np.ndarray, y: np.ndarray, aux: np.ndarray | None) -
     (8 runs of 32, or 16 of 16) where the type has run_scales."""
     p = np.multiply(q, y, dtype=np.int32)
     if vd.run_scales:
+        assert aux is not None  # (a run_scales type's decoder sets aux)
         p = (p.reshape(*p.shape[:-1], aux.shape[-1], -1) * aux[..., None]).reshape(p.shape)
     return p
 
@@ -150,6 +159,7 @@ def signed_lanes(vd: VecDot, dec: DotBlocks, act: Activations) -> np.ndarray:
 
 def less_32_lanes(vd: VecDot, dec: DotBlocks, act: Activations) -> np.ndarray:
     """PLAIN's lanes less 32 * (bsums[2l] * aux[2l] + bsums[2l+1] * aux[2l+1])."""
+    assert act.bsums is not None and dec.aux is not None  # (Q8_K's sums; the decoder's aux)
     corr = act.bsums.astype(np.int32) * dec.aux
     return plain_lanes(vd, dec, act) - 32 * (corr[..., 0::2] + corr[..., 1::2])
 
@@ -157,6 +167,7 @@ def less_32_lanes(vd: VecDot, dec: DotBlocks, act: Activations) -> np.ndarray:
 def ternary_lanes(vd: VecDot, dec: DotBlocks, act: Activations) -> np.ndarray:
     """Unsigned quants' int16 lane m = the products of bytes 2m, 2m+1 of each run of 32, less
     bsums[m], wrapped to int16 (_mm256_sub_epi16); then lane l = m[2l] + m[2l+1] in int32."""
+    assert act.bsums is not None  # (Q8_K's sums)
     p = np.multiply(dec.q, act.q, dtype=np.int32)
     pairs = p.reshape(*p.shape[:-1], 8, 16, 2).sum((-3, -1), dtype=np.int32)  # (..., 16)
     h = (pairs - act.bsums).astype(np.int16)
@@ -172,16 +183,19 @@ LANE_RULES: dict[Lanes, Callable[[VecDot, DotBlocks, Activations], np.ndarray]] 
 # --- the mins, offsets and shifts: the Mins rules ----------------------------------------------
 
 def _offsets(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> tuple:
+    assert dec.dmin is not None and act.s is not None  # (Q4_1's and Q5_1's m; Q8_1's s)
     shape = np.broadcast_shapes(dec.dmin.shape, act.s.shape)
     return np.broadcast_to(dec.dmin, shape)[..., None], np.broadcast_to(act.s, shape)
 
 
 def _in_acc(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> tuple:
+    assert act.bsums is not None and dec.aux is not None and dec.dmin is not None  # (the K-quants')
     mins = act.bsums.astype(np.int32) * dec.aux  # _mm256_madd_epi16
     return mins[..., 0::2] + mins[..., 1::2], -act.d * dec.dmin
 
 
 def _four_lanes(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> tuple:
+    assert act.bsums is not None and dec.aux is not None and dec.dmin is not None  # (the K-quants')
     s = (act.bsums[..., 0::2].astype(np.int32) + act.bsums[..., 1::2]).astype(np.int16)
     mins = dec.aux.astype(np.int32) * s  # the sums in pairs: _mm256_hadd_epi16, wrapping
     return mins[..., 0::2] + mins[..., 1::2], -act.d * dec.dmin
@@ -193,18 +207,19 @@ def _summed(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> 
 
 
 def _shifts(vd: VecDot, dec: DotBlocks, act: Activations, scale: np.ndarray) -> tuple:
+    assert dec.aux is not None  # (the shifts: IQ1_M's decoder sets them)
     return lane_sums(products(vd, dec.aux, sign_trick(dec.aux, act.q), None)), scale
 
 
-def _plus_first(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _plus_first(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return r + acc_m[..., 0]
 
 
-def _plus_four(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _plus_four(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return r + ((acc_m[..., 0] + acc_m[..., 2]) + (acc_m[..., 1] + acc_m[..., 3]))
 
 
-def _shifted(vd: VecDot, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def _shifted(vd: VecDot, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     return fmaf(hsum8(acc_m), F32(vd.shift), r)  # fused by the oracle: vfmadd132ss
 
 
@@ -215,8 +230,9 @@ class MinRule:
     # (VecDot, weights, activations, the block's scale) -> (min_lanes (..., k: 8, 4 or 1),
     # min_scale (...)): acc_m = fmaf(min_lanes, min_scale, acc_m) block after block
     lanes: Callable[[VecDot, DotBlocks, Activations, np.ndarray], tuple]
-    # (VecDot, hsum_float_8(acc), acc_m) -> the row's result; None: the lanes go into acc itself
-    total: Callable[[VecDot, np.ndarray, np.ndarray], np.ndarray] | None
+    # (VecDot, hsum_float_8(acc): rows' or one row's, acc_m) -> the row's result; None: the lanes
+    # go into acc itself
+    total: Callable[[VecDot, np.ndarray | np.float32, np.ndarray], np.ndarray] | None
 
 
 MIN_RULES: dict[Mins, MinRule] = {
@@ -225,14 +241,14 @@ MIN_RULES: dict[Mins, MinRule] = {
     Mins.SHIFTS: MinRule(_shifts, _shifted)}  # Mins.NONE: none
 
 
-def block_lanes(type_: GGMLType, dec: DotBlocks, yblocks: np.ndarray) -> tuple[
+def block_lanes(type_: int, dec: DotBlocks, yblocks: np.ndarray) -> tuple[
         np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """One block's integer lanes and scales, for decoded weight blocks and activation blocks
     (..., size) uint8 (their leading axes broadcast) -> (lanes int32 (..., 8), scale float32 (...),
     min_lanes (..., k: 8, 4 or 1) or None, min_scale float32 (...) or None), by the type's
     Lanes and Mins rules. scale = y.d * x.d."""
     vd = vec_dot_of(type_)
-    act = decode_activations(TYPE_TRAITS[type_].vec_dot_type, yblocks)
+    act = decode_activations(activations_type(type_), yblocks)
     scale = act.d * dec.d
     lane = LANE_RULES[vd.lanes](vd, dec, act)
     rule = MIN_RULES.get(vd.mins)
@@ -258,21 +274,26 @@ def paired_total(acc1: np.ndarray, acc2: np.ndarray, nb: int, scale_last: np.nda
     accumulators), then for an odd number of blocks fmaf(d, (float)sum, result) with the last
     block's d and true sum (tail_sum)."""
     r = hsum8(acc1 + acc2)
-    return fmaf(scale_last, tail.astype(F32), r) if nb % 2 else r
+    if not nb % 2:
+        return r
+    assert tail is not None  # (an odd number of blocks has its tail_sum)
+    return fmaf(scale_last, tail.astype(F32), r)
 
 
-def row_result(type_: GGMLType, h: np.ndarray) -> np.ndarray:
+def row_result(type_: int, h: np.ndarray) -> np.ndarray:
     """The row's result from hsum_float_8(acc): times VecDot.result (IQ3_XXS's 0.25f, IQ2_S's
     0.125f), where it is not 1."""
     result = vec_dot_of(type_).result
     return h if result == 1 else F32(result) * h
 
 
-def add_mins(type_: GGMLType, r: np.ndarray, acc_m: np.ndarray) -> np.ndarray:
+def add_mins(type_: int, r: np.ndarray | np.float32, acc_m: np.ndarray) -> np.ndarray:
     """The result r with the mins' (or offsets', or shifts') accumulators acc_m (..., k: 8, 4 or 1),
     as the type's Mins rule adds them."""
     vd = vec_dot_of(type_)
-    return MIN_RULES[vd.mins].total(vd, r, acc_m)
+    total = MIN_RULES[vd.mins].total
+    assert total is not None  # (Mins.IN_ACC's mins went into acc: none are added here)
+    return total(vd, r, acc_m)
 
 
 @twin("quant_dot")
@@ -295,7 +316,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
     type_ = GGMLType(type_)
     vd = vec_dot_of(type_)
     wsize = TYPE_TRAITS[type_].type_size
-    ysize = TYPE_TRAITS[TYPE_TRAITS[type_].vec_dot_type].type_size  # Q8_0, Q8_1 or Q8_K blocks
+    ysize = TYPE_TRAITS[activations_type(type_)].type_size  # Q8_0, Q8_1 or Q8_K blocks
     weights = strided_rows(w, np.uint8, n0, ldw, nb * wsize).reshape(n0, nb, wsize)
     acts = strided_rows(x, np.uint8, n1, ldx, nb * ysize).reshape(n1, 1, nb, ysize)  # every row
     o = np.frombuffer(out, F32).reshape(n1, n0)
@@ -309,8 +330,9 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
         lane = np.ascontiguousarray(np.moveaxis(lane, (2, 3), (0, 1)), F32)  # (nb, 8, n1, rows)
         scale = np.ascontiguousarray(np.moveaxis(scale, 2, 0)[:, None])  # (nb, 1, n1, rows)
         if in_acc:
-            min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
-            min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
+            assert min_lanes is not None and min_scale is not None  # (Mins.IN_ACC has mins)
+            in_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
+            in_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
         acc = np.zeros(lane.shape[1:], F32)
         if vd.paired and not tiny:  # the even blocks into acc, the odd ones into acc2
             acc2 = acc
@@ -322,12 +344,13 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
             continue
         for b in range(nb):
             if in_acc:
-                acc = fmaf(min_lanes[b], min_scale[b], acc)
+                acc = fmaf(in_lanes[b], in_scale[b], acc)
             acc = fmaf(lane[b], scale[b], acc)
         acc = np.moveaxis(acc, 0, -1)  # (n1, rows, 8)
         if in_acc:
             min_lanes = None
         if min_lanes is not None:
+            assert min_scale is not None  # (block_lanes gives both or neither)
             min_lanes = np.ascontiguousarray(np.moveaxis(min_lanes, (2, 3), (0, 1)), F32)
             min_scale = np.ascontiguousarray(np.moveaxis(min_scale, 2, 0)[:, None])
             acc_m = np.zeros(min_lanes.shape[1:], F32)
@@ -342,7 +365,7 @@ def quant_dot(type_: int, w, ldw: int, x, ldx: int, out, n0: int, n1: int, nb: i
 
 # --- the products mul_mat runs ------------------------------------------------------------------
 
-def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool = False,
+def vec_dot_quant(type_: int, w: np.ndarray, x: np.ndarray, portable: bool = False,
                   threads: int = 1, tiny: bool = False) -> np.ndarray:
     """ggml's AVX2 vec_dot of every weight row with every activation row, by lanes.quant_dot (in C
     without the GIL, or the twin quant_dot): w (n0, row_bytes) raw blocks of type_ (rows may lie
@@ -362,7 +385,7 @@ def vec_dot_quant(type_: GGMLType, w: np.ndarray, x: np.ndarray, portable: bool 
     return out
 
 
-def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: bool = False,
+def quant_product(type_: int, w: np.ndarray, out: np.ndarray, portable: bool = False,
                   threads: int = 1, tiny: bool = False) -> Callable[[np.ndarray], None]:
     """vec_dot_quant laid out once, ready to run on x: out (n1, n0) = each weight row of w
     (rows of raw blocks, lying as they lie when they can) with each row of x. The weights are
@@ -380,7 +403,7 @@ def quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, portable: boo
     return run
 
 
-def bound_quant_product(type_: GGMLType, w: np.ndarray, out: np.ndarray, x: np.ndarray,
+def bound_quant_product(type_: int, w: np.ndarray, out: np.ndarray, x: np.ndarray,
                         threads: int = 1, tiny: bool = False) -> Callable[[], None]:
     """quant_product on activation rows x that stay where they lie (a work buffer's converted
     rows): when w, x and out lie as the C loop reads them, its call with every argument bound

@@ -23,7 +23,7 @@ from engine.core.types import GGMLType
 @kernel(GGMLOp.WIN_PART, n_tasks=one_thread, work=no_work)
 def compute_forward_win_part(params, dst: Tensor) -> None:
     """ggml_compute_forward_win_part_f32: window (px, py) of the image, zeros past its edge."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     npx, npy, w = (int(x) for x in dst.op_params[:3])
@@ -39,7 +39,7 @@ def compute_forward_win_part(params, dst: Tensor) -> None:
 @kernel(GGMLOp.WIN_UNPART, n_tasks=one_thread, work=no_work)
 def compute_forward_win_unpart(params, dst: Tensor) -> None:
     """ggml_compute_forward_win_unpart_f32: the windows laid back side by side, cut to [C, w0, h0]."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type != GGMLType.F32:
         raise not_supported(dst)
     w = int(dst.op_params[0])
@@ -55,7 +55,7 @@ def compute_forward_win_unpart(params, dst: Tensor) -> None:
 def compute_forward_get_rel_pos(params, dst: Tensor) -> None:
     """ggml_compute_forward_get_rel_pos_f16: row (query i2, key i1) is table row (w - i1 - 1) + i2,
     its 16-bit values copied (F16 or BF16 alike)."""
-    src = dst.src[0]
+    src = dst.source(0)
     if src.type not in (GGMLType.F16, GGMLType.BF16):
         raise not_supported(dst)
     table = view4(src)[0, 0].view(np.uint16)  # (2w - 1, C)
@@ -70,7 +70,7 @@ def compute_forward_add_rel_pos(params, dst: Tensor) -> None:
     """ggml_compute_forward_add_rel_pos_f32: (unless in place, thread 0 first copies a; barrier)
     each thread its patches: block element [r, c] gets ph[r] and pw[c], in ggml's order (the row's
     add first where r <= c)."""
-    a, pw, ph = dst.src[0], dst.src[1], dst.src[2]
+    a, pw, ph = dst.source(0), dst.source(1), dst.source(2)
     if a.type != GGMLType.F32:
         raise not_supported(dst)
     if not int(dst.op_params[0]):
