@@ -153,11 +153,17 @@ LOAD_TESTS := tests/browser/test_keys_browser.py tests/browser/test_navigation_b
 # (the sandbox's resource tests read the host's kernel memory, which a browser test beside them
 # moves by hundreds of MB: they run first, alone)
 QUIET_TESTS := tests/unit/app/test_sandbox_resources.py
+# (the bundled model on llama.cpp's default path, prompts of up to 600 tokens, in fresh workers of
+# their own: a worker keeps every buffer a test left unfreed, as a ggml program would, and by the
+# end of the main run the two hold GBs)
+MODEL_TESTS := tests/conformance/test_default_path.py tests/conformance/test_flash_attn_models.py \
+	tests/conformance/test_gemma_sweep.py tests/conformance/test_perplexity.py tests/conformance/test_plan.py
 test: setup-test
 	$(VENV)/bin/ruff check --no-cache app engine tests bench
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider $(QUIET_TESTS)
-	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom $(addprefix --ignore=,$(QUIET_TESTS)) tests
+	$(PY) -m pytest -q $(PYTEST_PAR) --ignore=tests/classroom $(addprefix --ignore=,$(QUIET_TESTS) $(MODEL_TESTS)) tests
+	$(PY) -m pytest -q $(PYTEST_PAR) -p no:cacheprovider $(MODEL_TESTS)
 	@$(MAKE) --no-print-directory -j4 test-numpy package-check package-check-nocc test-classroom
 	@$(MAKE) --no-print-directory test-load
 

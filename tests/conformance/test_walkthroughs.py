@@ -16,6 +16,10 @@ from tests.support.rpc_server import rpc_server
 ENGINE_ONLY: dict[str, str] = {
     "gguf-load": "it spells out gguf.cpp's loading with a getter gguf.h lacks (the tensor's ne); "
                  "test_gguf_load_builds_the_context_ggml_builds compares it with real ggml instead",
+    "repack": "it calls the proc address ggml_backend_dev_get_extra_bufts as a function, which "
+              "ggml-python hands out as a bare pointer; test_repack_walkthrough.py compares its "
+              "repacked bytes and products with llama.cpp's own ggml (the build the layouts are "
+              "llama.cpp's from) instead",
 }
 
 
