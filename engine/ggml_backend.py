@@ -110,27 +110,17 @@ from engine.backend.device import (
     ggml_backend_tensor_set_async,
 )
 from engine.backend.sched import (
-    GGML_SCHED_MAX_BACKENDS,
-    GGML_SCHED_MAX_COPIES,
-    GGML_SCHED_MAX_SPLIT_INPUTS,
-    ggml_backend_sched_alloc_graph,
-    ggml_backend_sched_free,
-    ggml_backend_sched_get_backend,
-    ggml_backend_sched_get_buffer_size,
-    ggml_backend_sched_get_buffer_type,
-    ggml_backend_sched_get_n_backends,
-    ggml_backend_sched_get_n_copies,
-    ggml_backend_sched_get_n_splits,
-    ggml_backend_sched_get_tensor_backend,
-    ggml_backend_sched_graph_compute,
-    ggml_backend_sched_graph_compute_async,
-    ggml_backend_sched_new,
-    ggml_backend_sched_reserve,
-    ggml_backend_sched_reserve_size,
-    ggml_backend_sched_reset,
-    ggml_backend_sched_set_eval_callback,
-    ggml_backend_sched_set_tensor_backend,
-    ggml_backend_sched_split_graph,
+    GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, GGML_SCHED_MAX_SPLIT_INPUTS,
+)
+from engine.backend.sched_api import (
+    ggml_backend_sched_alloc_graph, ggml_backend_sched_free, ggml_backend_sched_get_backend,
+    ggml_backend_sched_get_buffer_size, ggml_backend_sched_get_buffer_type,
+    ggml_backend_sched_get_n_backends, ggml_backend_sched_get_n_copies,
+    ggml_backend_sched_get_n_splits, ggml_backend_sched_get_tensor_backend,
+    ggml_backend_sched_graph_compute, ggml_backend_sched_graph_compute_async,
+    ggml_backend_sched_new, ggml_backend_sched_reserve, ggml_backend_sched_reserve_size,
+    ggml_backend_sched_reset, ggml_backend_sched_set_eval_callback,
+    ggml_backend_sched_set_tensor_backend, ggml_backend_sched_split_graph,
     ggml_backend_sched_synchronize,
 )
 from engine.backend.graph_copy import (

@@ -47,7 +47,7 @@ def ggml_tallocr_alloc(talloc: Tallocr, t: Tensor) -> int:
 
 
 def _ctx_tensors(ctx):
-    from engine.core.tensor import ggml_get_first_tensor, ggml_get_next_tensor
+    from engine.core.tensor_list import ggml_get_first_tensor, ggml_get_next_tensor
     t = ggml_get_first_tensor(ctx)
     while t is not None:
         yield t

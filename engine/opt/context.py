@@ -19,12 +19,10 @@ from engine.backend.buffer import (
     ggml_backend_tensor_set,
     set_buffer_field,
 )
-from engine.backend.sched import (
-    Sched,
-    ggml_backend_sched_alloc_graph,
-    ggml_backend_sched_get_backend,
-    ggml_backend_sched_graph_compute,
-    ggml_backend_sched_reset,
+from engine.backend.sched import Sched
+from engine.backend.sched_api import (
+    ggml_backend_sched_alloc_graph, ggml_backend_sched_get_backend,
+    ggml_backend_sched_graph_compute, ggml_backend_sched_reset,
 )
 from engine.core.api import Writes, query, writes
 from engine.core.context import Context, ggml_free, ggml_init, ggml_init_params, ggml_tensor_overhead

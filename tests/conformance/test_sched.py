@@ -22,7 +22,7 @@ import pytest
 
 from engine import ggml_alloc as alloc  # (ggml-alloc.h, as a C program includes it)
 from engine import ggml as eng
-from engine.backend import accel, buffer as ebuf, device as edev, sched as esched
+from engine.backend import accel, buffer as ebuf, device as edev, sched as escheduler, sched_api as esched
 from engine.core.errors import GGMLAssertionError
 from tests.support.real_facade import RealTensor, real_namespace
 from tests.support.rpc_server import rpc_server
@@ -72,7 +72,7 @@ class EngineSide:
         """(backend, first node that is not a view op, input names) for each split."""
         assert esched.ggml_backend_sched_alloc_graph(sched, gf)
         nodes = gf.nodes
-        first = lambda s: next(i for i in range(s.i_start, s.i_end) if nodes[i].op not in esched.VIEW_OPS)  # noqa: E731
+        first = lambda s: next(i for i in range(s.i_start, s.i_end) if nodes[i].op not in escheduler.VIEW_OPS)  # noqa: E731
         return [(s.backend_id, first(s), [t.name for t in s.inputs]) for s in sched.splits]
 
     def compute(self, sched, gf) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from engine import ggml as eng
 from engine import ggml_backend as eb
 from engine import ggml_opt as eo
-from engine.backend import sched as esched
+from engine.backend import sched_api as esched
 from engine.ggml_alloc import ggml_backend_alloc_ctx_tensors
 
 F32 = 0
