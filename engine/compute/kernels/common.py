@@ -108,6 +108,20 @@ def round_floats(x, bits, back, bf16: bool) -> None:
         np.frombuffer(back, np.float32)[:] = bf16_bits_to_fp32(h) if bf16 else fp16_bits_to_fp32(h)
 
 
+def chunks_taken(params, total: int) -> list[int]:
+    """The chunks of `total` this thread takes from the counter its kernel set to nth
+    (ggml_threadpool_chunk_set, then ggml_threadpool_chunk_add): chunk ith first, then the next
+    free one until none is left. One thread running every share in turn (alone), or a chunk a
+    thread or fewer, takes them as threads of equal speed would: every nth from its own."""
+    if params.alone or params.nth >= total:
+        return list(range(params.ith, total, params.nth))
+    taken, chunk = [], params.ith
+    while chunk < total:
+        taken.append(chunk)
+        chunk = next(params.shared["chunk"])
+    return taken
+
+
 def thread_range(nr: int, ith: int, nth: int) -> Interval:
     """get_thread_range: rows [dr*ith, min(dr*ith + dr, nr)) with dr = ceil(nr/nth)."""
     dr = (nr + nth - 1) // nth

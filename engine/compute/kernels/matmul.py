@@ -37,7 +37,7 @@ from engine.backend.buffer import tensor_bytes
 from engine.backend.repack import repacked_layout
 from engine.compute.kernels import CACHE_LINE_SIZE, all_threads, kernel, not_supported
 from engine.compute.kernels import hadamard, repack, tiled
-from engine.compute.kernels.common import from_f32, to_f32, view4
+from engine.compute.kernels.common import chunks_taken, from_f32, to_f32, view4
 from engine.compute.kernels.vecdot import EXACT_QUANT, bound_quant_product, vec_dot_quant
 from engine.compute.kernels.vecdot_float import bound_float_product, f32_product, f32_products, \
     float_product, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_tinyblas
@@ -375,16 +375,7 @@ def compute_forward_mul_mat(params, dst: Tensor) -> None:
 
     nchunk0, nchunk1, dr0, dr1 = chunking(nr0, nr1, params.nth)
     total = nchunk0 * nchunk1
-    if params.alone or params.nth >= total:
-        # one thread running the shares in turn takes the chunks as threads of equal speed
-        # would: every nth from its own (the output matrix's 262,144 rows are 16,384 chunks)
-        taken = np.arange(params.ith, total, params.nth)
-    else:
-        picked, chunk = [], params.ith
-        while chunk < total:
-            picked.append(chunk)
-            chunk = next(params.shared["chunk"])
-        taken = np.array(picked, dtype=np.int64)
+    taken = np.array(chunks_taken(params, total), dtype=np.int64)
     done = _chunks(taken, nchunk0, dr0, dr1, nr0, nr1)
     params.took(ShareKind.CHUNKS, *done, note=Note.of("mm_chunks_tinyblas" if tiny else "mm_chunks",
                                                       n0=nchunk0, n1=nchunk1, d0=dr0, d1=dr1))

@@ -33,7 +33,7 @@ import itertools
 
 import numpy as np
 
-from engine.compute.kernels.common import view4
+from engine.compute.kernels.common import chunks_taken, view4
 from engine.compute.shares import Interval, ShareKind, Tile
 from engine.compute.kernels import not_supported
 from engine.core.errors import ggml_assert
@@ -100,8 +100,9 @@ def check(dst: Tensor) -> None:
     ggml_assert(ggml_n_dims(src0) == 2, "ggml_n_dims(op->src[0]) == 2", fn)
 
 
-def compute_values(dst: Tensor, layout: RepackLayout, packed: np.ndarray) -> None:
-    """Every plane's outputs, as ggml's chunks compute them: (ne11 rows of src1) x ne01."""
+def compute_values(dst: Tensor, layout: RepackLayout, packed: np.ndarray, threads: int = 1) -> None:
+    """Every plane's outputs, as ggml's chunks compute them: (ne11 rows of src1) x ne01, the
+    weight rows shared between `threads` threads inside the C loop (the same bits)."""
     src0, src1 = dst.source(0), dst.source(1)
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     product = product_of(layout)
@@ -110,19 +111,20 @@ def compute_values(dst: Tensor, layout: RepackLayout, packed: np.ndarray) -> Non
         x = np.ascontiguousarray(x4[0, i12], dtype=F32)
         out = d4[0, i12]
         if out.flags.c_contiguous:
-            product(layout, packed, ne00, ne01, x, out)
+            product(layout, packed, ne00, ne01, x, out, threads)
         else:
             tmp = np.empty(out.shape, F32)
-            product(layout, packed, ne00, ne01, x, tmp)
+            product(layout, packed, ne00, ne01, x, tmp, threads)
             out[...] = tmp
 
 
 def forward_mul_mat(params, dst: Tensor, layout: RepackLayout, packed: np.ndarray) -> None:
     """One thread's part of the node: thread 0 computes the values (every plane) before the
-    barrier, then each thread takes its chunks from the counter, as the trace shows them."""
+    barrier, its C loop sharing the rows with the compute's threads (the others wait at the
+    barrier), then each thread takes its chunks from the counter, as the trace shows them."""
     check(dst)
     if params.ith == 0:
-        compute_values(dst, layout, packed)
+        compute_values(dst, layout, packed, params.cores)
         params.shared["chunk"] = itertools.count(params.nth)  # atomic under the GIL
     if not params.alone:
         params.barrier()
@@ -131,13 +133,7 @@ def forward_mul_mat(params, dst: Tensor, layout: RepackLayout, packed: np.ndarra
     nr0, ne12 = int(dst.source(0).ne[1]), int(dst.source(1).ne[2])
     nchunk0, dr0 = chunks(nr0, ne12, params.nth, layout.rows)
     total = nchunk0 * ne12
-    if params.alone or params.nth >= total:
-        taken = list(range(params.ith, total, params.nth))
-    else:
-        taken, chunk = [], params.ith
-        while chunk < total:
-            taken.append(chunk)
-            chunk = next(params.shared["chunk"])
+    taken = chunks_taken(params, total)
     ne11 = int(dst.source(1).ne[1])
     done = [Tile(c, chunk_rows(c, nchunk0, dr0, nr0, layout.rows),
                  Interval((c // nchunk0) * ne11, (c // nchunk0 + 1) * ne11)) for c in taken]

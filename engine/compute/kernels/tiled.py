@@ -49,7 +49,7 @@ from typing import Callable
 import numpy as np
 
 from engine.backend.repack import repacked_layout
-from engine.compute.kernels.common import byte_span, view4
+from engine.compute.kernels.common import byte_span, chunks_taken, view4
 from engine.compute.kernels.floatmath import fmaf
 from engine.compute.kernels.vecdot_float import F32, strided_rows, written
 from engine.compute.shares import Interval, ShareKind, Tile
@@ -418,13 +418,7 @@ def compute_forward_mul_mat_tiled(params, dst: Tensor, convert: Callable) -> Non
     nr0, nr1 = int(dst.ne[0]), int(dst.ne[1]) * int(dst.ne[2]) * int(dst.ne[3])
     nchunk0, nchunk1, dr0, dr1 = chunk_grid(nr0, nr1, params.nth)
     total = nchunk0 * nchunk1
-    if params.alone or params.nth >= total:  # threads of equal speed: every nth from its own
-        taken = list(range(params.ith, total, params.nth))
-    else:
-        taken, chunk = [], params.ith
-        while chunk < total:
-            taken.append(chunk)
-            chunk = next(params.shared["chunk"])
+    taken = chunks_taken(params, total)
     done = []
     for chunk in taken:
         i0, i1 = dr0 * (chunk % nchunk0), dr1 * (chunk // nchunk0)
