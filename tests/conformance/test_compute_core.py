@@ -151,24 +151,11 @@ def test_mul_mat_bf16_in_llama_cpps_build(tmp_path):
 
 
 def _llamafile_mul_mat(job, watched: bool) -> np.ndarray:
-    """The engine's ggml_mul_mat of a job, planned as llama.cpp's build plans it; watched: with
-    an observer, which takes the kernels' general path."""
-    from engine import ggml as eng
+    """The engine's ggml_mul_mat of a job, planned as llama.cpp's build plans it."""
     from engine.compute.plan import llamafile_build
+    from tests.support.llamacpp_ggml import engine_product
 
-    ctx = eng.ggml_init(eng.ggml_init_params(1 << 24))
-    ne_x = tuple(reversed(job.x.shape))
-    w = getattr(eng, f"ggml_new_tensor_{len(job.ne_w)}d")(ctx, job.wtype, *job.ne_w)
-    x = getattr(eng, f"ggml_new_tensor_{len(ne_x)}d")(ctx, job.xtype, *ne_x)
-    eng.data_bytes(w)[:] = job.w.reshape(-1)
-    eng.data_bytes(x)[:] = job.x.reshape(-1).view(np.uint8)
-    out = eng.ggml_mul_mat(ctx, w, x)
-    gf = eng.ggml_new_graph(ctx)
-    eng.ggml_build_forward_expand(gf, out)
-    observer = (lambda node, ask, shares: True) if watched else None
-    with llamafile_build():
-        assert eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads, observer) == 0
-    return np.array(eng.to_numpy(out)).reshape([int(n) for n in reversed(out.ne)])
+    return engine_product(job, watched, llamafile_build())
 
 
 @pytest.mark.parametrize("wtype", [GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K])

@@ -28,7 +28,7 @@ from engine.compute.kernels.vecdot import EXACT_QUANT
 from engine.compute.plan import tiled_build
 from engine.core.types import GGMLType as T
 from engine.quants import QUANT_KINDS, quantize
-from tests.support.llamacpp_ggml import MulMat, mul_mat_many
+from tests.support.llamacpp_ggml import MulMat, engine_product, mul_mat_many
 
 TYPES = list(FORMATS)
 NE11 = (1, 9, 16, 64, 100)  # src1 rows besides 7, 8 and 33, one per type in turn
@@ -56,26 +56,8 @@ def weights(t: T, rng: np.random.Generator, ne_w: tuple[int, ...]) -> np.ndarray
 
 
 def engine_mul_mat(job: MulMat, watched: bool, tiled: bool = True) -> np.ndarray:
-    """The engine's ggml_mul_mat of a job, planned and computed inside tiled_build() (or not);
-    watched: with an observer, which takes the kernels' general path."""
-    ctx = eng.ggml_init(eng.ggml_init_params(1 << 25))
-    ne_x = tuple(reversed(job.x.shape))
-    w = getattr(eng, f"ggml_new_tensor_{len(job.ne_w)}d")(ctx, job.wtype, *job.ne_w)
-    x = getattr(eng, f"ggml_new_tensor_{len(ne_x)}d")(ctx, job.xtype, *ne_x)
-    eng.data_bytes(w)[:] = job.w.reshape(-1)
-    eng.data_bytes(x)[:] = job.x.reshape(-1).view(np.uint8)
-    out = eng.ggml_mul_mat(ctx, w, x)
-    gf = eng.ggml_new_graph(ctx)
-    eng.ggml_build_forward_expand(gf, out)
-    observer = (lambda node, ask, shares: True) if watched else None
-    if tiled:
-        with tiled_build():
-            assert eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads, observer) == 0
-    else:
-        assert eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads, observer) == 0
-    d = np.array(eng.to_numpy(out)).reshape([int(n) for n in reversed(out.ne)])
-    eng.ggml_free(ctx)
-    return d
+    """The engine's ggml_mul_mat of a job, planned and computed inside tiled_build() (or not)."""
+    return engine_product(job, watched, *([tiled_build()] if tiled else []))
 
 
 def jobs_of(rng: np.random.Generator) -> list[MulMat]:

@@ -247,5 +247,32 @@ def _compute(base, cpu, w: np.ndarray, x: np.ndarray, ids: np.ndarray | None,
     return _shaped(d, ne_w, ne_x, ids), size
 
 
+def engine_product(job: MulMat, watched: bool, *builds) -> np.ndarray:
+    """The engine's dst of the same job (numpy order): ggml_mul_mat planned and computed inside
+    the given build context managers (llamafile_build(), tiled_build(): llama.cpp's build);
+    watched: with an observer, which takes the kernels' general path."""
+    import contextlib
+
+    from engine import ggml as eng
+
+    ctx = eng.ggml_init(eng.ggml_init_params(2 * (job.w.nbytes + job.x.nbytes) + (16 << 20)))
+    ne_x = tuple(reversed(job.x.shape))
+    w = getattr(eng, f"ggml_new_tensor_{len(job.ne_w)}d")(ctx, job.wtype, *job.ne_w)
+    x = getattr(eng, f"ggml_new_tensor_{len(ne_x)}d")(ctx, job.xtype, *ne_x)
+    eng.data_bytes(w)[:] = job.w.reshape(-1)
+    eng.data_bytes(x)[:] = job.x.reshape(-1).view(np.uint8)
+    out = eng.ggml_mul_mat(ctx, w, x)
+    gf = eng.ggml_new_graph(ctx)
+    eng.ggml_build_forward_expand(gf, out)
+    observer = (lambda node, ask, shares: True) if watched else None
+    with contextlib.ExitStack() as stack:
+        for build in builds:
+            stack.enter_context(build)
+        assert eng.ggml_graph_compute_with_ctx(ctx, gf, job.n_threads, observer) == 0
+    d = np.array(eng.to_numpy(out)).reshape([int(n) for n in reversed(out.ne)])
+    eng.ggml_free(ctx)
+    return d
+
+
 if __name__ == "__main__":
     _child(Path(sys.argv[1]))
