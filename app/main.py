@@ -16,7 +16,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import deps
 from app.i18n import LocaleMiddleware, _
 from app.jobs import Pending, RecordingLost
-from app.routes import gguf, home, lessons, playground, predict, walkthroughs
+from app.routes import gguf, home, lessons, perplexity, playground, predict, walkthroughs
+from app.routes import compare
+from app.routes import plan as plan_routes
 from app.views.debugger import kernel
 from app.settings import Settings
 from app.web import STATIC_DIR, ServerTiming, error_page, go_to, log
@@ -64,6 +66,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(playground.router)
     app.include_router(lessons.router)
     app.include_router(predict.router)
+    app.include_router(plan_routes.router)
+    app.include_router(perplexity.router)
+    app.include_router(compare.router)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
