@@ -146,7 +146,8 @@ def base_rows(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.n
 @dataclass
 class KLDSums:
     """kl_divergence_result: the running sums over the scored tokens (double), the largest
-    |dp| (float), the count of tokens whose top token agrees; and each token's KLD and dp."""
+    |dp| (float), the count of tokens whose top token agrees; and each token's KLD, dp and
+    -log p (the terms of those sums, for a per-token view)."""
 
     sum_nll: float = 0.0
     sum_nll2: float = 0.0
@@ -163,6 +164,7 @@ class KLDSums:
     count: int = 0
     kld_values: list = field(default_factory=list)  # float, one per token
     p_diff_values: list = field(default_factory=list)
+    nll_values: list = field(default_factory=list)  # Q's -log p (float), one per token
 
 
 def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, s: KLDSums) -> None:
@@ -201,6 +203,7 @@ def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, s: KLDSu
         s.max_p_diff = max(s.max_p_diff, abs(p_diff))
         s.kld_values.append(F32(kld))
         s.p_diff_values.append(p_diff)
+        s.nll_values.append(nll)
 
 
 def mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
