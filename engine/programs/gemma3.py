@@ -89,7 +89,11 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         set_data(cache_k[il], np.zeros(N_CELLS * n_kv_embd, dtype=np.float32))
         set_data(cache_v[il], np.zeros(N_CELLS * n_kv_embd, dtype=np.float32))
 
-    outputs, n_past, batch = {"prompt_tokens": [vocab.piece_text(i) for i in ids]}, 0, ids
+    swa_layers = [il % 6 < 5 for il in range(n_layer)]  # five sliding-window layers, one global
+    # the prompt's pieces; for the debugger's KV panel the cells, the window, the sliding layers
+    outputs: dict = {"prompt_tokens": [vocab.piece_text(i) for i in ids], "kv_n_ctx": N_CELLS,
+                     "kv_n_swa": window, "kv_swa_layers": swa_layers}
+    n_past, batch = 0, ids
     for step in range(1 + len(then)):
         n = len(batch)
         ctx = ggml_init(ggml_init_params(mem_size=(4 + 2 * n) * 1024 * 1024, mem_buffer=None,
@@ -126,7 +130,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         x = cb(ggml_scale(ctx, x, np.sqrt(n_embd)), "inp_scaled", -1)
         for il in range(n_layer):
             b = lambda name: w(f"blk.{il}.{name}.weight")  # noqa: E731
-            swa = il % 6 < 5  # five sliding-window layers, then one global
+            swa = swa_layers[il]
             rope = (head_dim, GGML_ROPE_TYPE_NEOX, n_ctx_train, 10000.0 if swa else freq_base, 1.0,
                     0.0, 1.0, 32.0, 1.0)
             cur = cb(ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), b("attn_norm")), "attn_norm", il)

@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.gguf import GGUFReader
 from engine.models import load_model
+from engine.models.decoder import KVCache
 from engine.models.params import ContextParams
 from engine.programs.gemma3 import softmax
 from engine.resources import bundled_model_path
@@ -56,7 +57,7 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
                          f"ubatches; this walkthrough runs at most {MAX_UBATCHES}: a larger -ub")
 
     piece = model.tokenizer.piece_text
-    outputs, batch = {"prompt_tokens": [piece(i) for i in ids]}, ids
+    outputs, batch = {"prompt_tokens": [piece(i) for i in ids], **kv_facts(model, n_ctx)}, ids
     for step in range(1 + len(then)):
         logits = model.decode(batch, n_threads, all_logits=False).logits[-1]
         probs = softmax(logits)  # (odds to show: not a ggml result)
@@ -66,6 +67,16 @@ def run(n_threads: int = 1, path: str | None = None, prompt: str = PROMPT,
         batch = [then[step]] if step < len(then) else []
     outputs["next_token"] = outputs[f"top10_{len(then)}"][0]
     return outputs
+
+
+def kv_facts(model, n_ctx: int) -> dict:
+    """What the debugger's KV panel takes from the model besides the recorded tensors (the cache
+    tensors, inp_pos, the cells and the masks): the context asked for (-c), the sliding window
+    in positions (0: none) and which layers attend through it; nothing without a KV cache (Mamba)."""
+    if not isinstance(model.cache, KVCache):
+        return {}
+    return {"kv_n_ctx": n_ctx, "kv_n_swa": int(model.windows.get("attn_inp_kq_mask_swa") or 0),
+            "kv_swa_layers": list(model.kv_cache.swa_layers)}
 
 
 def check_settings(path: str | None = None, **settings) -> None:

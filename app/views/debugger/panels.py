@@ -21,6 +21,7 @@ from app.views.debugger.chat import chat_view
 from app.views.debugger.graph import GraphView
 from app.views.debugger.hexview import hexview
 from app.views.debugger.kernel import kernel_view
+from app.views.debugger.kv import kv_view
 from app.views.debugger.nav import nav
 from app.views.debugger.plan import plan_view
 from app.views.debugger.repacked import gemm_rows, repacked
@@ -151,6 +152,9 @@ PANELS = (
     Panel("plan", "plan.html", Place.TAB, (
         ViewModel("plan", lambda at: plan_view(at.trace, at.step, at.state, at.where)),),
         N_("Memory plan"), optional=True),
+    Panel("kv", "kv.html", Place.TAB, (
+        ViewModel("kv", lambda at: kv_view(at.trace, at.step, at.state, at.where)),),
+        N_("KV cache"), optional=True),
     Panel("nexttoken", "nexttoken.html", Place.TAB, (ANSWER,), N_("Next token"), optional=True),
     Panel("chat", "chat.html", Place.TAB, (
         ViewModel("chat", lambda at: chat_view(at.trace, at.where, at.path)),),
