@@ -248,7 +248,8 @@ def _context_params(args: argparse.Namespace):
 
     return ContextParams(n_ctx=args.ctx_size, n_batch=args.batch_size, n_ubatch=args.ubatch_size,
                          n_threads=args.threads, flash_attn=args.flash_attn, type_k=args.cache_type_k,
-                         type_v=args.cache_type_v, no_repack=args.no_repack, swa_full=args.swa_full)
+                         type_v=args.cache_type_v, no_repack=args.no_repack, swa_full=args.swa_full,
+                         load_mode=args.load_mode)
 
 
 def _load_decoder(path: str, args: argparse.Namespace):
@@ -408,7 +409,7 @@ def llama_context_flags(p: argparse.ArgumentParser) -> None:
     llama.cpp's own -- weights repacked (CPU_REPACK), flash attention auto (on: the CPU computes
     it), an F16 cache, batches of 2048 split into ubatches of 512."""
     from engine.core.types import TYPE_TRAITS
-    from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES
+    from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES, LOAD_MODES
 
     types = ", ".join(TYPE_TRAITS[t].type_name for t in KV_CACHE_TYPES)
     p.add_argument("-c", "--ctx-size", type=int, default=0, metavar="N",
@@ -429,6 +430,9 @@ def llama_context_flags(p: argparse.ArgumentParser) -> None:
                    help="keep the weights as the file has them (no CPU_REPACK buffer)")
     p.add_argument("--swa-full", action="store_true",
                    help="sliding-window layers get a cache as large as the context")
+    p.add_argument("-lm", "--load-mode", default="auto", choices=LOAD_MODES, metavar="MODE",
+                   help="auto or mmap: the weights are the file's mapped pages, read as they are "
+                   "used; none: read into memory (default: auto)")
 
 
 def build_parser() -> argparse.ArgumentParser:

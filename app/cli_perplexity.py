@@ -52,7 +52,8 @@ def _model(args: argparse.Namespace, n_ctx: int):
     return load_model(args.model, params=ContextParams(
         n_ctx=n_ctx, n_batch=min(args.batch_size, n_ctx), n_ubatch=args.ubatch_size,
         n_threads=args.threads, flash_attn=args.flash_attn, type_k=args.cache_type_k,
-        type_v=args.cache_type_v, no_repack=args.no_repack, swa_full=args.swa_full))
+        type_v=args.cache_type_v, no_repack=args.no_repack, swa_full=args.swa_full,
+        load_mode=args.load_mode))
 
 
 def _bos(model) -> int | None:

@@ -33,8 +33,6 @@ def add_parser(sub, llama_context_flags) -> None:
     llama_context_flags(p)
     p.add_argument("-np", "--parallel", type=int, default=1, metavar="N",
                    help="sequences the context serves (only 1 is planned here)")
-    p.add_argument("--no-mmap", action="store_true",
-                   help="the weights copied into a CPU buffer instead of mapped from the file")
     p.add_argument("--json", action="store_true", help="every figure in bytes, as JSON")
     p.add_argument("--fit", type=size_arg, metavar="BYTES",
                    help="the memory there is (8G, 512M...): the context llama-fit-params sets")
@@ -58,11 +56,12 @@ def run(args: argparse.Namespace) -> int:
         params = ContextParams(n_ctx=args.ctx_size, n_batch=args.batch_size,
                                n_ubatch=args.ubatch_size, flash_attn=args.flash_attn,
                                type_k=args.cache_type_k, type_v=args.cache_type_v,
-                               no_repack=args.no_repack, swa_full=args.swa_full)
+                               no_repack=args.no_repack, swa_full=args.swa_full,
+                               load_mode=args.load_mode)
         if args.fit is not None:
-            return _fit(fit(args.model, args.fit, params, not args.no_mmap,
+            return _fit(fit(args.model, args.fit, params, params.use_mmap,
                             args.fit_target * MIB, args.fit_ctx), args.json)
-        p = plan(args.model, params, mmap=not args.no_mmap)
+        p = plan(args.model, params)
     except (ModelError, ParamsError) as err:
         print(f"ggml-lens: {err}", file=sys.stderr)
         return 1
@@ -86,7 +85,7 @@ def plan_lines(p) -> list[str]:
            f"{c.n_ubatch}, flash_attn = {'on' if c.flash_attn else 'off'}, type_k = "
            f"{name(c.type_k)}, type_v = {name(c.type_v)}"
            + (", swa_full" if c.swa_full else "") + (", -nr" if c.no_repack else "")
-           + ("" if p.mmap else ", --no-mmap")]
+           + ("" if p.mmap else ", -lm none")]
     out += [f"load_tensors: {b.name:>12} model buffer size = {mib(b.size):8.2f} MiB"
             for b in p.model]
     out.append(f"llama_context: {'CPU':>10}  output buffer size = {mib(p.output):8.2f} MiB")

@@ -10,12 +10,14 @@ own, as the CPU backend's graph_compute does with its work_data.
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 import numpy as np
 
 from engine.core.api import Writes, query, writes
-from engine.core.context import current_address_space
+from engine.core.context import FileBytes, current_address_space
 from engine.core.errors import ggml_assert, ggml_assert_not_null
 from engine.core.tensor import Tensor, ggml_nbytes
 
@@ -58,6 +60,9 @@ class BufferType:
 
 
 CPU_BUFT = BufferType()
+# the type of a buffer over memory the caller owns (ggml_backend_cpu_buffer_from_ptr: a model
+# file's mapping, in llama.cpp); it makes no buffers of its own
+CPU_MAPPED_BUFT = BufferType("CPU_Mapped")
 
 
 class HostStruct:
@@ -89,6 +94,7 @@ class Buffer:
         self.is_work = False  # a backend's work buffer (the tracer diffs it after every node)
         self.tensor_extra: dict[int, object] = {}  # what its buffer type keeps per tensor, by data
         # address (CPU_REPACK: each tensor's layout; the CPU buffer keeps nothing)
+        self.read_from: FileBytes | None = None  # bytes that are a file's pages (CPU_Mapped)
 
     def __repr__(self) -> str:
         return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"
@@ -240,12 +246,39 @@ def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     _BUFFERS.pop(buf.address, None)
 
 
+_MAPPINGS: dict[int, tuple[int, str]] = {}  # files mapped by map_file: start address -> (size, path)
+
+
+def map_file(path: str | os.PathLike) -> np.ndarray:
+    """The file's bytes mapped read-only (llama_mmap): a buffer made over them (from_ptr) knows
+    they are the file's pages (`Buffer.read_from`), so a recorder keeps where they came from
+    instead of a copy. Not part of ggml's API: llama.cpp's loader maps the file itself."""
+    arr = np.memmap(path, dtype=np.uint8, mode="r")
+    start = arr.ctypes.data
+    _MAPPINGS[start] = (arr.size, os.fspath(path))
+    weakref.finalize(arr, _MAPPINGS.pop, start, None)
+    return arr
+
+
+def _file_pages(arr: np.ndarray, size: int) -> FileBytes | None:
+    """Where in a file mapped by map_file the bytes arr[:size] lie, if they do."""
+    at = arr.ctypes.data
+    for start, (n, path) in list(_MAPPINGS.items()):
+        if start <= at and at + size <= start + n:
+            return FileBytes(0, size, path, at - start)
+    return None
+
+
 @writes()
 def ggml_backend_cpu_buffer_from_ptr(data: np.ndarray | bytearray, size: int) -> Buffer:
-    """A CPU buffer over memory the caller owns (ggml asserts the pointer is aligned)."""
-    arr = np.frombuffer(data, dtype=np.uint8)
+    """A CPU buffer over memory the caller owns (ggml asserts the pointer is aligned), of the
+    buffer type ggml names CPU_Mapped. Read-only memory (a file mapped for reading) stays
+    read-only: a write into it fails as numpy refuses it."""
+    arr = data if isinstance(data, np.ndarray) and data.dtype == np.uint8 else np.frombuffer(data, dtype=np.uint8)
     ggml_assert(arr.size >= size, "size <= sizeof(ptr)", "ggml_backend_cpu_buffer_from_ptr")
-    return Buffer(CPU_BUFT, size, arr[:size])
+    buf = Buffer(CPU_MAPPED_BUFT, size, arr[:size])
+    buf.read_from = _file_pages(arr, size)
+    return buf
 
 
 # --- tensors in buffers -----------------------------------------------------------------------
@@ -293,8 +326,9 @@ def tensor_bytes(t: Tensor, offset: int, size: int, fn: str) -> np.ndarray:
 def ggml_backend_tensor_set(t: Tensor, data: bytes | np.ndarray, offset: int, size: int) -> None:
     if size == 0:
         return
-    src = np.frombuffer(data if not isinstance(data, np.ndarray) else np.ascontiguousarray(data).tobytes(),
-                        dtype=np.uint8)
+    # (the caller's bytes as they are, not a copy: a model's weights come from the file's mapping)
+    src = np.ascontiguousarray(data).reshape(-1).view(np.uint8) if isinstance(data, np.ndarray) \
+        else np.frombuffer(data, dtype=np.uint8)
     buf = ggml_assert_not_null(tensor_buffer(t), "buf != NULL && \"tensor buffer not set\"",
                                "ggml_backend_tensor_set")
     buf.buft.set_tensor(buf, t, src, offset, size)

@@ -63,7 +63,7 @@ class RepackBufferType(BufferType):
         ggml_assert(size == ggml_nbytes(t), "size == ggml_nbytes(tensor)", fn)
         layout = ggml_assert_not_null(_layout_of(buf, t), "OK == 0", fn, f"{t.name}: no repacked layout for "
                                       f"{TYPE_TRAITS[t.type].type_name} with ne[1] = {int(t.ne[1])}")
-        rows = np.ascontiguousarray(src[:size]).reshape(-1, int(t.nb[1]))
+        rows = src[:size].reshape(-1, int(t.nb[1]))
         tensor_bytes(t, 0, size, fn)[:] = np.asarray(layout.pack(rows), np.uint8).reshape(-1)
 
     def get_tensor(self, buf: Buffer, t: Tensor, offset: int, size: int) -> bytes:

@@ -41,7 +41,8 @@ def load_model(path: str | os.PathLike, **options):
     from .common import ModelError, ModelFile
 
     params = options.get("params")  # llama.cpp's settings: its weights repacked unless -nr
-    f = ModelFile(path, repack=params is not None and not params.no_repack)
+    f = ModelFile(path, repack=params is not None and not params.no_repack,
+                  mmap=params is None or params.use_mmap)
     if f.arch not in BUILDERS:
         f.close()
         raise ModelError(f"{f.path}: architecture '{f.arch}' is not supported; ggml-lens builds "

@@ -14,7 +14,12 @@ graphs with the same CPU backend, through the graph allocator (ggml-alloc).
 loads a model with): every weight placed in its buffer type's context and pointed at a dummy
 buffer of that type (`alloc_ctx_tensors`), no bytes allocated or read, so the graph allocator
 leaves the weights alone and a plan (engine/models/plan.py) sizes everything else.
-Leaves out: mmap-ed buffers, GPU backends, LoRA adapters, split files.
+`mmap` (llama.cpp's default load mode) leaves the CPU weights where the file's mapping has them:
+one CPU_Mapped buffer (ggml_backend_cpu_buffer_from_ptr) spans the file from the first CPU
+weight's bytes to the end of the last one's (get_mapping_range), each weight placed at its own
+offset (ggml_backend_tensor_alloc), so a page is read from disk when a product first touches it
+and never copied; the repacked weights are read from the mapping into CPU_REPACK.
+Leaves out: GPU backends, LoRA adapters, split files.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from engine.ggml import (Tensor, ggml_dup_tensor, ggml_free, ggml_get_first_tens
                          ggml_get_next_tensor, ggml_get_tensor, ggml_graph_overhead_custom,
                          ggml_init, ggml_init_params, ggml_nbytes, ggml_set_name,
                          ggml_tensor_overhead)
-from engine.backend.buffer import set_buffer_field
+from engine.backend.buffer import map_file, set_buffer_field
 from engine.backend.repack import CPU_REPACK_BUFT, placement
 from engine.ggml_alloc import (ggml_backend_alloc_ctx_tensors_from_buft, ggml_gallocr_alloc_graph,
                                ggml_gallocr_free, ggml_gallocr_new)
@@ -41,6 +46,7 @@ from engine.ggml_backend import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, ggml_backend
                                  ggml_backend_buffer_set_usage, ggml_backend_cpu_init,
                                  ggml_backend_cpu_set_n_threads, ggml_backend_free,
                                  ggml_backend_get_default_buffer_type, ggml_backend_graph_compute,
+                                 ggml_backend_cpu_buffer_from_ptr, ggml_backend_tensor_alloc,
                                  ggml_backend_tensor_get, ggml_backend_tensor_set)
 from engine.gguf import GGUFError, GGUFReader
 from engine.gguf.api import (gguf_free, gguf_get_data_offset, gguf_get_n_tensors,
@@ -104,7 +110,7 @@ class ModelFile(ModelMeta):
     buffers and never read (llama.cpp's memory-fit pass)."""
 
     def __init__(self, path: str | os.PathLike, expect_arch: str | None = None,
-                 repack: bool = False, no_alloc: bool = False) -> None:
+                 repack: bool = False, no_alloc: bool = False, mmap: bool = True) -> None:
         path = os.fspath(path)
         try:
             self.gguf, meta = gguf_init_from_file(path, gguf_init_params(no_alloc=True, ctx=True))
@@ -117,7 +123,7 @@ class ModelFile(ModelMeta):
         # none; BERT has no head): llama.cpp asks for the table twice, the second time for MUL_MAT
         tied = self.arch not in NO_HEAD and (self.arch in HEAD_ALWAYS_TIED or not self.has_tensor("output.weight"))
         self.loaded = _load_weights(self.path, self.gguf, meta, self.backend, repack, tied,
-                                    no_alloc)
+                                    no_alloc, mmap and not no_alloc)
 
     def transformer_params(self) -> dict[str, int]:
         """The hyperparameters every architecture here reads alike, under llama.cpp's key names."""
@@ -191,13 +197,14 @@ class Weights:
 
 
 def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool,
-                  no_alloc: bool = False) -> Weights:
+                  no_alloc: bool = False, mmap: bool = False) -> Weights:
     """Every tensor of the file in a no_alloc context of its buffer type, one buffer a type, then
-    each one's bytes copied from the file (llama_model_loader::load_all_data, without mmap): a
-    weight in CPU_REPACK is repacked by its buffer's set_tensor. A `tied` output head is the token
-    table asked for again as a MUL_MAT operand (llama.cpp's TENSOR_DUPLICATED): where CPU_REPACK
-    takes it, a second, repacked copy of the table. With `no_alloc` the buffers are dummies and
-    nothing is read."""
+    each one's bytes copied from the file (llama_model_loader::load_all_data): a weight in
+    CPU_REPACK is repacked by its buffer's set_tensor. With `mmap` the CPU weights are not
+    copied: they lie in a CPU_Mapped buffer over the file's mapping (`_map_weights`). A `tied`
+    output head is the token table asked for again as a MUL_MAT operand (llama.cpp's
+    TENSOR_DUPLICATED): where CPU_REPACK takes it, a second, repacked copy of the table. With
+    `no_alloc` the buffers are dummies and nothing is read."""
     n = gguf_get_n_tensors(gguf)
     cpu = ggml_backend_get_default_buffer_type(backend)
     bufts = {cpu.name: cpu, CPU_REPACK_BUFT.name: CPU_REPACK_BUFT}
@@ -231,21 +238,37 @@ def _load_weights(path: str, gguf, meta, backend, repack: bool, tied: bool,
                 tensors.append((i, weights.head))
                 weights.placed["output.weight"] = (head_where, f"the token table again, {head_why}")
     ggml_free(meta)
+    data = None if no_alloc else map_file(path)
+    base = gguf_get_data_offset(gguf)
+    spans = [(t, base + gguf_get_tensor_offset(gguf, i), ggml_nbytes(t)) for i, t in tensors]
+    for t, start, size in spans:
+        if data is not None and start + size > data.size:
+            raise ModelError(f"{path}: tensor '{t.name}' runs past the end of the file")
     for where, ctx in contexts.items():
-        buffer = alloc_ctx_tensors(ctx, bufts[where], no_alloc)
+        if data is not None and mmap and where == cpu.name:
+            buffer = _map_weights(data, [s for s in spans if s[0].ctx is ctx])
+            where = buffer.buft.name
+        else:
+            buffer = alloc_ctx_tensors(ctx, bufts[where], no_alloc)
         ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         weights.buffers[where] = buffer
-    if no_alloc:
+    if data is None:
         return weights
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    base = gguf_get_data_offset(gguf)
-    for i, t in tensors:
-        start, size = base + gguf_get_tensor_offset(gguf, i), ggml_nbytes(t)
-        if start + size > data.size:
-            raise ModelError(f"{path}: tensor '{t.name}' runs past the end of the file")
-        ggml_backend_tensor_set(t, data[start:start + size], 0, size)
-    del data
+    for t, start, size in spans:
+        if not (mmap and t.ctx is contexts.get(cpu.name)):
+            ggml_backend_tensor_set(t, data[start:start + size], 0, size)
     return weights
+
+
+def _map_weights(data: np.ndarray, spans: list[tuple[Tensor, int, int]]):
+    """The CPU weights where the file's mapping has them: a CPU_Mapped buffer from the first
+    one's bytes to the end of the last one's, each placed at its offset in the file."""
+    first = min(start for _, start, _ in spans)
+    last = max(start + size for _, start, size in spans)
+    buffer = ggml_backend_cpu_buffer_from_ptr(data[first:last], last - first)
+    for t, start, _ in spans:
+        ggml_backend_tensor_alloc(buffer, t, buffer.base + start - first)
+    return buffer
 
 
 def alloc_ctx_tensors(ctx, buft, no_alloc: bool = False, clear: bool = False):

@@ -1,7 +1,7 @@
 """The settings a model runs with: llama.cpp's context parameters, its defaults and its refusals.
 
 `ContextParams` is what a user asks for, under the names of llama.cpp's options (llama-cli's
--c, -b, -ub, -t, -fa, -ctk, -ctv, -nr, --swa-full; the fields of common_params and
+-c, -b, -ub, -t, -fa, -ctk, -ctv, -nr, --swa-full, -lm; the fields of common_params and
 llama_context_params they set), with common_params' defaults: the model's own context, batches
 of 2048 tokens split into ubatches of 512, flash attention `auto`, an F16 K and V cache, the
 weights repacked. Values llama.cpp's argument parser rejects are rejected here with its words
@@ -34,6 +34,9 @@ FLASH_ATTN = ("on", "off", "auto")  # llama_flash_attn_type: ENABLED, DISABLED, 
 _FA_WORDS = {"on": "on", "enabled": "on", "true": "on", "1": "on",
              "off": "off", "disabled": "off", "false": "off", "0": "off",
              "auto": "auto", "-1": "auto"}
+# common/arg.cpp's -lm / --load-mode values the engine runs: `auto` and `mmap` map the file (the CPU
+# weights are its pages, a CPU_Mapped buffer), `none` reads the weights into a CPU buffer
+LOAD_MODES = ("auto", "none", "mmap")
 CTX_PAD = 256  # llama_context pads n_ctx (and n_ctx_seq) to a multiple of this
 ROT_MIN = 64  # llama_kv_cache: the Hadamard rotation of a quantized cache, at least 64 wide
 
@@ -84,8 +87,12 @@ class ContextParams:
     type_v: GGMLType = GGMLType.F16  # -ctv (cache_type_v): the V cache's; quantized only with FA
     no_repack: bool = False  # -nr (no_extra_bufts): weights stay as the file has them
     swa_full: bool = False  # --swa-full: the sliding-window layers' cache as large as the context
+    load_mode: str = "auto"  # -lm: "auto" or "mmap" map the file, "none" reads it (LOAD_MODES)
 
     def __post_init__(self) -> None:
+        if self.load_mode not in LOAD_MODES:
+            raise ParamsError(f"error: invalid argument: {self.load_mode} (-lm: ggml-lens runs "
+                              + ", ".join(LOAD_MODES) + ")")
         fa = {True: "on", False: "off"}.get(self.flash_attn) if isinstance(self.flash_attn, bool) \
             else _FA_WORDS.get(str(self.flash_attn))
         if fa is None:
@@ -105,6 +112,11 @@ class ContextParams:
     def with_(self, **changes) -> "ContextParams":
         """A copy with some fields changed (checked again)."""
         return replace(self, **changes)
+
+    @property
+    def use_mmap(self) -> bool:
+        """llama_model_loader's use_mmap: the CPU weights are the file's mapped pages."""
+        return self.load_mode != "none"
 
     def threads(self) -> int:
         """n_threads, -1 resolved as postprocess_cpu_params does (cpu_get_num_math)."""

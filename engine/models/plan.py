@@ -201,10 +201,12 @@ def open_planned(path: str | os.PathLike, params: ContextParams):
 
 
 def plan(path: str | os.PathLike, params: ContextParams | None = None,
-         mmap: bool = True) -> Plan:
+         mmap: bool | None = None) -> Plan:
     """The buffers llama.cpp makes for the model at `path` with these settings (llama-cli's
-    defaults without), in bytes; `mmap` False: llama.cpp's --no-mmap."""
+    defaults without), in bytes; `mmap` False: llama.cpp's -lm none (by default, the
+    settings' load mode)."""
     params = params or ContextParams()
+    mmap = params.use_mmap if mmap is None else mmap
     model = open_planned(path, params)
     try:
         f = model.file

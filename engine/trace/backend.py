@@ -23,7 +23,7 @@ from engine.core.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
 from engine.core.notes import Note, tell
 from engine.core.optable import GGMLOp
-from engine.trace.pools import Shadow, StructOf
+from engine.trace.pools import StructOf
 from engine.trace.steps import AllocDecision, BufferMeta, Placement, SplitInfo, StepKind, tensor_ref
 from engine.core.tensor import Tensor, ggml_nbytes
 
@@ -61,7 +61,7 @@ class BackendRecorder:
         for buf in sorted(list(_BUFFERS.values()), key=attrgetter("id")):
             if buf.space is self.rec.space and buf.id not in self.rec.shadow:
                 self.buffers.append(buf)
-                self.rec.shadow[buf.id] = Shadow(buf.mem_size)
+                self.rec.shadow_pool(buf)
 
     def work_buffer_regions(self) -> list[tuple[Buffer, int, int]]:
         return [(buf, 0, buf.mem_size) for buf in self.buffers if buf.is_work and not buf.freed]

@@ -186,15 +186,21 @@ class Recorder:
         step's comparison then finds only what differs from the file (nothing, after a load)."""
         if ctx.id not in self.shadow:
             self.contexts.append(ctx)
-            fb = ctx.read_from
-            if fb is None:
-                self.shadow[ctx.id] = Shadow(ctx.mem_size)
-            else:
-                data, private = self.file_maps.bytes_of(fb)
-                self.shadow[ctx.id] = Shadow(ctx.mem_size, fb.start, private)
-                # (the file's pages as they are, no copy: Patch.data is typed bytes for msgspec,
-                # which decodes it as bytes, and a read-only memoryview reads as bytes do)
-                self.file_patches.append(Patch(ctx.id, fb.start, data))  # type: ignore[arg-type]  # (see above)
+            self.shadow_pool(ctx)
+
+    def shadow_pool(self, owner: Context | Buffer) -> None:
+        """A shadow for a pool or a buffer seen for the first time: zeros, but where its bytes
+        are a file's (`read_from`: a GGUF's data section, a CPU_Mapped buffer's pages) that
+        file's, as the patch of the step that first sees them holds them."""
+        fb = owner.read_from
+        if fb is None:
+            self.shadow[owner.id] = Shadow(owner.mem_size)
+        else:
+            data, private = self.file_maps.bytes_of(fb)
+            self.shadow[owner.id] = Shadow(owner.mem_size, fb.start, private)
+            # (the file's pages as they are, no copy: Patch.data is typed bytes for msgspec,
+            # which decodes it as bytes, and a read-only memoryview reads as bytes do)
+            self.file_patches.append(Patch(owner.id, fb.start, data))  # type: ignore[arg-type]  # (see above)
 
     def regions(self, things: list[Any]) -> list[tuple[Context | Buffer, int, int]]:
         """Byte ranges a step may have written: new objects, and the structs, data and graphs

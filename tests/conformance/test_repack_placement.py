@@ -5,8 +5,9 @@ llama.cpp (llama-cpp-python 0.3.36, extra buffer types on) logs, while it loads 
 tensor the CPU_REPACK buffer type repacks and with which layout ("repack tensor X with
 q4_K_8x8"), the first tensor it could not place there ("tensor 'token_embd.weight' (q8_0) (and
 N others) cannot be used with preferred buffer type CPU_REPACK"), and each weight buffer's size
-in MiB. The engine loads weights as llama.cpp does without mmap (use_mmap=False: its CPU buffer
-then holds just the tensors placed there; a mapped one spans the file). The engine's
+in MiB. The engine loads weights as llama.cpp does, with mmap (its default: the CPU weights are a
+CPU_Mapped buffer spanning the file from the first to the end of the last) and without
+(use_mmap=False: its CPU buffer holds just the tensors placed there). The engine's
 ModelFile(repack=True) must repack the same tensors into the same layouts, give its buffers the
 same sizes (so the same tensors stay in the CPU buffer; llama.cpp's count of those also counts a
 tied output head, asked for twice, so the test checks the first it names instead): the bundled
@@ -41,9 +42,9 @@ def llama_cpp_placement(log: str) -> tuple[dict[str, str], str, dict[str, str]]:
     return repacked, moved.group(1) if moved else "", sizes
 
 
-def engine_placement(path: Path, first_left: str) -> tuple[dict[str, str], str, dict[str, str]]:
+def engine_placement(path: Path, first_left: str, mmap: bool = False) -> tuple[dict[str, str], str, dict[str, str]]:
     """The same from the engine's ModelFile(repack=True), first_left checked to be in CPU."""
-    f = ModelFile(path, repack=True)
+    f = ModelFile(path, repack=True, mmap=mmap)
     try:
         placed = f.loaded.placed
         # (a tied head's repacked copy of the table is named as the table: llama.cpp's log too)
@@ -57,9 +58,11 @@ def engine_placement(path: Path, first_left: str) -> tuple[dict[str, str], str, 
 
 
 def test_gemma_repacks_what_llama_cpp_repacks(gemma_path):
-    theirs = llama_cpp_placement(ask(gemma_path, {"load_log": True}, use_mmap=False)["log"])
-    assert theirs[0] and theirs[1]  # the log does say it (Q4_K weights: q4_K_8x8)
-    assert engine_placement(gemma_path, theirs[1]) == theirs
+    for mmap in (False, True):
+        theirs = llama_cpp_placement(ask(gemma_path, {"load_log": True}, use_mmap=mmap)["log"])
+        assert theirs[0] and theirs[1]  # the log does say it (Q4_K weights: q4_K_8x8)
+        assert ("CPU_Mapped" in theirs[2]) == mmap, theirs[2]
+        assert engine_placement(gemma_path, theirs[1], mmap) == theirs, mmap
 
 
 REPACKING_TYPES = [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.IQ4_NL, GGMLType.MXFP4]

@@ -283,6 +283,7 @@ def test_backend_buffers_are_tracked_in_the_order_they_were_made(monkeypatch):
     from engine.trace import backend as traced
 
     rec = SimpleNamespace(space=object(), shadow={})
+    rec.shadow_pool = lambda buf: rec.shadow.setdefault(buf.id, buf)
     made = [SimpleNamespace(id=k, space=rec.space, mem_size=8) for k in (9, 11)]
     monkeypatch.setattr(traced, "_BUFFERS", {0x2000: made[1], 0x1000: made[0]})  # an older order
     recorder = traced.BackendRecorder(rec)
