@@ -66,7 +66,7 @@ class Compare:
         self.quantized = data_dir / "quantized"
         self.kept: LRUCache = LRUCache(KEPT)
         self.lock = threading.Lock()
-        self.jobs = JobQueue(self.work, workers=1, capacity=4, per_client=1)
+        self.jobs = JobQueue(self.work, workers=1, capacity=4, per_client=2)
 
     def models(self) -> list[Fixture]:
         """The models folder's files, and the bundled Gemma where it is installed outside it
@@ -136,7 +136,13 @@ class Compare:
             made = self.kept.get(key)
         if made is not None:
             return made
-        job = self.jobs.find(key) or self.jobs.submit(key, client)
+        job = self.jobs.find(key)
+        if job is None:
+            with self.lock:  # (its job may have ended meanwhile)
+                made = self.kept.get(key)
+            if made is not None:
+                return made
+            job = self.jobs.submit(key, client)
         return self.jobs.wait(job, wait) or job
 
 
@@ -167,7 +173,7 @@ def compare(request: Request, store: Store, a: Digest = None, b: Second = None,
     area = _area(request, store)
     models = area.models()
     a = a or _default_a(models)
-    form = V.form_view(models, a, b, prompt)
+    form = V.compare_form(models, a, b, prompt)
     context: dict = {"form": form}
     if not b or a is None:
         return templates.TemplateResponse(request, "pages/compare.html", context)
@@ -183,14 +189,14 @@ def compare(request: Request, store: Store, a: Digest = None, b: Second = None,
             found = area.get(key, client_of(request), 0 if poll else QUICK)
         except QueueFull as e:
             raise busy(e) from None
-    except Exception as e:  # noqa: BLE001 - a refusal in words (V.refusal says which are expected)
-        message = V.refusal(e)
+    except Exception as e:  # noqa: BLE001 - a refusal in words (V.compare_refusal says which are expected)
+        message = V.compare_refusal(e)
         if message is None:
             raise
         context["error"] = message
         return templates.TemplateResponse(request, "pages/compare.html", context, status_code=422)
     if isinstance(found, Job):
-        context["progress"] = V.progress_view(area.jobs.progress(found), found.steps)
+        context["progress"] = V.compare_progress(area.jobs.progress(found), found.steps)
         context["poll_url"] = f"{request.url.path}?{request.url.query}"
         return templates.TemplateResponse(request, "pages/compare.html", context, status_code=202)
     if poll:  # made: the page itself

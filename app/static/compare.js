@@ -23,4 +23,15 @@
     status.textContent = "";
     document.getElementById("cmp-form").submit();
   });
+
+  // ← and → step to the previous and the next node (not while typing in a field)
+  document.addEventListener("keydown", (ev) => {
+    if (ev.altKey || ev.ctrlKey || ev.metaKey || ev.target.closest("input, select, textarea")) return;
+    const rel = { ArrowLeft: "prev", ArrowRight: "next" }[ev.key];
+    const link = rel && document.querySelector(`#cmp-node a[rel=${rel}]`);
+    if (link) {
+      ev.preventDefault();
+      link.click();
+    }
+  });
 })();

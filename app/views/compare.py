@@ -54,8 +54,8 @@ class Refused(ValueError):
         self.key, self.values = key, args
 
 
-def refusal(e: BaseException) -> str | None:
-    """A refusal's words in the learner's language (None: not a refusal, a fault)."""
+def compare_refusal(e: BaseException) -> str | None:
+    """A compare_refusal's words in the learner's language (None: not a compare_refusal, a fault)."""
     from engine.gguf import GGUFError
     from engine.models.bundled import BundledModelError
     from engine.models.common import ModelError
@@ -75,20 +75,20 @@ def quant_option(name: str) -> QuantOption | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class FileChoice:
     value: str
     label: str
     selected: bool
 
 
 @dataclass(frozen=True, slots=True)
-class FormView:
+class CompareForm:
     a: str | None
     b: str | None
     prompt: str
-    models: tuple[Choice, ...]  # the first file: the models folder's
-    files: tuple[Choice, ...]  # the second: the folder's files (and an upload, when chosen)
-    quants: tuple[Choice, ...]  # or a quantization of the first
+    models: tuple[FileChoice, ...]  # the first file: the models folder's
+    files: tuple[FileChoice, ...]  # the second: the folder's files (and an upload, when chosen)
+    quants: tuple[FileChoice, ...]  # or a quantization of the first
 
     def url(self, n: int | None = None) -> str:
         query = {"a": self.a or "", "b": self.b or "", "prompt": self.prompt}
@@ -97,25 +97,25 @@ class FormView:
         return "/compare?" + urlencode(query)
 
 
-def form_view(models: list[Fixture], a: str | None, b: str | None, prompt: str) -> FormView:
-    files = [Choice(m.digest, m.name, m.digest == b) for m in models]
+def compare_form(models: list[Fixture], a: str | None, b: str | None, prompt: str) -> CompareForm:
+    files = [FileChoice(m.digest, m.name, m.digest == b) for m in models]
     if b and len(b) == 64 and not any(f.selected for f in files):
-        files.append(Choice(b, _("uploaded file {hash}").format(hash=b[:12] + "…"), True))
+        files.append(FileChoice(b, _("uploaded file {hash}").format(hash=b[:12] + "…"), True))
     chosen = (b or "").upper()
-    quants = tuple(Choice(o.name, f"{o.name} —{o.desc}", o.name == chosen) for o in QUANTS)
-    return FormView(a, b, prompt, tuple(Choice(m.digest, m.name, m.digest == a) for m in models),
+    quants = tuple(FileChoice(o.name, f"{o.name} —{o.desc}", o.name == chosen) for o in QUANTS)
+    return CompareForm(a, b, prompt, tuple(FileChoice(m.digest, m.name, m.digest == a) for m in models),
                     tuple(files), quants)
 
 
 @dataclass(frozen=True, slots=True)
-class ProgressView:
+class CompareProgress:
     place: int  # 0: running
     seconds: int | None
     nodes: int  # nodes computed so far (both runs)
 
 
-def progress_view(p: Progress, nodes: int) -> ProgressView:
-    return ProgressView(p.place, p.seconds, nodes)
+def compare_progress(p: Progress, nodes: int) -> CompareProgress:
+    return CompareProgress(p.place, p.seconds, nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +175,7 @@ class TokenRow:
     position: int
     token: str  # the prompt's token at this position
     target: str  # the token it predicts (the prompt's next; at the end, A's most likely)
+    predicted: bool  # the last position: its target is the first model's most likely token
     top_a: tuple[tuple[str, str], ...]  # (piece, probability %)
     top_b: tuple[tuple[str, str], ...]
     kld: str
@@ -213,7 +214,7 @@ def _num(v: float | None) -> str:
     return fmt_short(float(v))
 
 
-def node_view(c, form: FormView, n: int) -> NodeView:
+def node_view(c, form: CompareForm, n: int) -> NodeView:
     """Node n of both runs: a few of its rows side by side and the engine's difference."""
     x, y, d = c.a.nodes[n], c.b.nodes[n], c.diffs[n]
     count = len(c.a.nodes)
@@ -224,9 +225,9 @@ def node_view(c, form: FormView, n: int) -> NodeView:
         va, vb = x.values[r, :shown_cols], y.values[r, :shown_cols]
         value_rows.append(ValueRow(x.first_row + r, tuple(_num(v) for v in va), tuple(_num(v) for v in vb),
                                    tuple(_num(float(q) - float(p)) for p, q in zip(va, vb))))
-    from engine.models.compare import layer_of
+    from engine.models.compare import node_layer
 
-    return NodeView(n, count, x.name, x.op, x.type, shape_text(tuple(i for i in x.ne)), layer_of(x.name),
+    return NodeView(n, count, x.name, x.op, x.type, shape_text(tuple(i for i in x.ne)), node_layer(x.name),
                     (x.first_row, x.first_row + rows - 1, x.n_rows), (cols, x.ne[0]), shown_cols,
                     cols > shown_cols, tuple(value_rows), _num(d.max_abs), _num(d.rel_rms), _num(d.cosine),
                     d.n, form.url(n - 1) if n > 0 else None, form.url(n + 1) if n + 1 < count else None,
@@ -236,10 +237,10 @@ def node_view(c, form: FormView, n: int) -> NodeView:
 SPARK_W, SPARK_H, SPARK_PAD = 640, 100, 14
 
 
-def sparkline(c, form: FormView, n: int) -> Sparkline:
+def sparkline(c, form: CompareForm, n: int) -> Sparkline:
     """The relative RMS of each layer's output (the engine's layer_errors) as points of an SVG,
     each a link to its node; the current node's layer marked."""
-    from engine.models.compare import layer_errors, layer_of
+    from engine.models.compare import layer_errors, node_layer
 
     pts = layer_errors(c)
     finite = [p.rel_rms for p in pts if math.isfinite(p.rel_rms)]
@@ -253,7 +254,7 @@ def sparkline(c, form: FormView, n: int) -> Sparkline:
         grows = i > 0 and p.rel_rms > pts[i - 1].rel_rms
         points.append(Point(p.layer, round(x_of(i), 1), round(y, 1), grows, form.url(p.node), _num(p.rel_rms)))
     marker = None
-    il = layer_of(c.a.nodes[n].name)
+    il = node_layer(c.a.nodes[n].name)
     if pts:
         layers = [p.layer for p in pts]
         if il is not None and il in layers:
@@ -273,13 +274,14 @@ def _percent(p: float) -> str:
 def token_rows(c) -> tuple[TokenRow, ...]:
     pieces = {**c.b.pieces, **c.a.pieces}
     piece = lambda i: token_text(pieces.get(i, str(i)))  # noqa: E731
-    return tuple(TokenRow(t.position, piece(c.a.tokens[t.position]), piece(t.target),
+    last = len(c.a.tokens) - 1
+    return tuple(TokenRow(t.position, piece(c.a.tokens[t.position]), piece(t.target), t.position == last,
                           tuple((token_text(k.piece), _percent(k.p)) for k in t.top_a),
                           tuple((token_text(k.piece), _percent(k.p)) for k in t.top_b),
                           _num(t.kld), t.same_top, _num(t.p_diff)) for t in c.tokens)
 
 
-def page_view(c, form: FormView, n: int | None) -> PageView:
+def page_view(c, form: CompareForm, n: int | None) -> PageView:
     """The whole page at node n (default: the first layer's output; past the end: the last)."""
     from engine.models.compare import layer_errors
 

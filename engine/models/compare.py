@@ -83,7 +83,7 @@ class NodeValues:
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class ModelRun:
     """A model's pass over a prompt: its nodes in the order computed and every position's logits."""
 
     arch: str
@@ -116,7 +116,7 @@ def kept_values(t: Tensor, limit: int = MAX_VALUES) -> tuple[int, np.ndarray]:
 
 
 def collect_run(path: str | os.PathLike, prompt: str,
-                on_node: Callable[[int], None] | None = None) -> Run:
+                on_node: Callable[[int], None] | None = None) -> ModelRun:
     """Run the model in `path` over `prompt` (one graph, every position's logits), keeping each
     computed node's values (`kept_values`); `on_node(count)` after each node. The model is closed
     before this returns."""
@@ -147,7 +147,7 @@ def collect_run(path: str | os.PathLike, prompt: str,
             COMPUTE_OBSERVER.reset(token)
         shown = {*ids, *np.argsort(-logits, axis=1, kind="stable")[:, :TOP_K].reshape(-1).tolist()}
         pieces = {int(i): str(model.tokenizer.piece_text(int(i))) for i in sorted(shown)}
-        return Run(model.file.arch, int(getattr(model.hp, "n_layer", 0)), tuple(ids), pieces,
+        return ModelRun(model.file.arch, int(getattr(model.hp, "n_layer", 0)), tuple(ids), pieces,
                    tuple(nodes), logits)
     finally:
         model.close()
@@ -172,7 +172,7 @@ def check_same_shape(path_a: str | os.PathLike, path_b: str | os.PathLike) -> No
                 raise CompareError(Mismatch.MISSING, name=name, side="A")
 
 
-def pair_runs(a: Run, b: Run) -> None:
+def pair_runs(a: ModelRun, b: ModelRun) -> None:
     """Refuse (CompareError) two runs whose graphs are not the same node for node (name and
     shape), or that read other tokens."""
     if len(a.nodes) != len(b.nodes):
@@ -212,13 +212,13 @@ def node_diff(a: np.ndarray, b: np.ndarray) -> Diff:
     return Diff(max_abs, rel, cos, int(x.size))
 
 
-def node_diffs(a: Run, b: Run) -> tuple[Diff, ...]:
+def node_diffs(a: ModelRun, b: ModelRun) -> tuple[Diff, ...]:
     """Every node pair's difference, in graph order (the runs paired: pair_runs)."""
     return tuple(node_diff(x.values, y.values) for x, y in zip(a.nodes, b.nodes))
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class NextToken:
     token: int
     piece: str
     p: float  # its probability (softmax of the logits, in double)
@@ -230,8 +230,8 @@ class TokenDiff:
 
     position: int
     target: int  # the next token of the prompt (the last position: A's most likely)
-    top_a: tuple[Candidate, ...]
-    top_b: tuple[Candidate, ...]
+    top_a: tuple[NextToken, ...]
+    top_b: tuple[NextToken, ...]
     kld: float  # KL(A || B), llama-perplexity's arithmetic (A's log-probs in 16 bits)
     same_top: bool  # both put their largest probability on the same token (the tool's count)
     p_diff: float  # p_B(target) - p_A(target), as the tool computes it
@@ -244,13 +244,13 @@ def probabilities(logits: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def top_candidates(logits: np.ndarray, piece: Callable[[int], str], k: int = TOP_K) -> tuple[Candidate, ...]:
+def top_candidates(logits: np.ndarray, piece: Callable[[int], str], k: int = TOP_K) -> tuple[NextToken, ...]:
     p = probabilities(logits)
     top = np.argsort(-p, kind="stable")[:k]
-    return tuple(Candidate(int(i), piece(int(i)), float(p[i])) for i in top)
+    return tuple(NextToken(int(i), piece(int(i)), float(p[i])) for i in top)
 
 
-def token_diffs(a: Run, b: Run, piece: Callable[[int], str]) -> tuple[TokenDiff, ...]:
+def token_diffs(a: ModelRun, b: ModelRun, piece: Callable[[int], str]) -> tuple[TokenDiff, ...]:
     """Each position's two distributions and llama-perplexity's KLD of B against A (A as the
     base: its rows written as the base logits file holds them, `base_rows`, then `kld_rows`)."""
     n = len(a.tokens)
@@ -315,8 +315,8 @@ def weight_errors(path_a: str | os.PathLike, path_b: str | os.PathLike,
 class Comparison:
     """Two runs of one prompt, paired node by node, with their differences."""
 
-    a: Run
-    b: Run
+    a: ModelRun
+    b: ModelRun
     diffs: tuple[Diff, ...]  # per node
     tokens: tuple[TokenDiff, ...]  # per position
     weights: tuple[WeightError, ...]
@@ -339,7 +339,7 @@ def compare_files(path_a: str | os.PathLike, path_b: str | os.PathLike, prompt: 
     return Comparison(a, b, node_diffs(a, b), tokens, weight_errors(path_a, path_b))
 
 
-def layer_of(name: str) -> int | None:
+def node_layer(name: str) -> int | None:
     """The layer a node's name says (llama.cpp's cb names: 'l_out-5' -> 5), or None."""
     head, sep, tail = name.rpartition("-")
     return int(tail) if sep and head and tail.isdigit() else None
@@ -358,7 +358,7 @@ def layer_errors(c: Comparison, output: str = "l_out") -> tuple[LayerPoint, ...]
     """The relative RMS of each layer's output node (the last of that name), layer by layer."""
     found: dict[int, int] = {}
     for node in c.a.nodes:
-        il = layer_of(node.name)
+        il = node_layer(node.name)
         if il is not None and node.name == f"{output}-{il}":
             found[il] = node.index
     return tuple(LayerPoint(il, i, c.diffs[i].rel_rms) for il, i in sorted(found.items()))
