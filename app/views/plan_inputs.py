@@ -5,7 +5,8 @@ swa-full, no-mmap) and the --fit inverse (fit: the memory there is, 8G or 1536M;
 llama-fit-params leaves free). Every value arrives as text from a stranger: it is read here,
 each count checked against a cap before plan() is asked anything, and what llama.cpp refuses
 (ContextParams: "Unsupported cache type: q3_K") comes back in its words. The caps: a context up
-to the model's own (context_length; CTX_NO_TRAIN for a file without one, CTX_HARD at most),
+to the model's own (context_length, or --fit's least context if that is more; CTX_NO_TRAIN for
+a file without one; CTX_HARD at most),
 batches no larger, and files of at most LAYERS_MAX layers and TENSORS_MAX tensors -- a plan's
 time grows with the layers (its graphs are built node by node), not with the context (they are
 planned, never allocated).
@@ -26,7 +27,7 @@ from engine.core.types import TYPE_TRAITS
 from engine.gguf import GGUFReader
 from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES, ContextParams, ParamsError, \
     cache_type
-from engine.models.plan import FIT_MARGIN
+from engine.models.plan import FIT_MARGIN, FIT_MIN_CTX
 
 MIB = 1 << 20
 CTX_HARD = 1 << 24  # the most cells any file is planned with, whatever context it declares
@@ -98,8 +99,10 @@ class FileFacts:
 
     @property
     def ctx_cap(self) -> int:
-        """The most cells this page plans the file with."""
-        return min(self.n_ctx_train or CTX_NO_TRAIN, CTX_HARD)
+        """The most cells this page plans the file with: its own context (never less than
+        the least context --fit goes down to), at most CTX_HARD."""
+        return min(max(self.n_ctx_train, FIT_MIN_CTX) if self.n_ctx_train else CTX_NO_TRAIN,
+                   CTX_HARD)
 
     @property
     def batch_cap(self) -> int:
@@ -153,7 +156,7 @@ class Asked:
 
 
 def _count(s: PlanSetting, text: str, most: int, why: str, errors: list[str]) -> int:
-    if not re.fullmatch(r"\d{1,12}", text):
+    if not re.fullmatch(r"\d{1,19}", text):
         errors.append(_("{flag} '{value}': not a whole number").format(flag=s.flag, value=text))
         return 0
     n = int(text)
@@ -168,7 +171,7 @@ def read_asked(query, facts: FileFacts) -> Asked:
     values = {s.key: visible_text(str(query.get(s.key, "")).strip(), TEXT_MAX) for s in SETTINGS}
     errors: list[str] = []
     v = {k: (x or BY_KEY[k].default) for k, x in values.items()}
-    own = _("the model's own context") if facts.n_ctx_train and facts.n_ctx_train <= CTX_HARD \
+    own = _("the model's own context") if facts.ctx_cap == facts.n_ctx_train \
         else _("this page's cap")
     n_ctx = _count(BY_KEY["c"], v["c"], facts.ctx_cap, own, errors) if v["c"] else 0
     batch_why = _("the context's cap")
