@@ -75,7 +75,7 @@ class Strip:
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
+class MaskRun:
     x: float
     w: float
     masked: bool
@@ -87,7 +87,7 @@ class MaskGrid:
     name: str
     layers: str  # the layers that read it
     n_kv: int  # its width: the cells attention reads
-    rows: list[tuple[float, int, list[Run]]]  # (y, query position, runs of equal values)
+    rows: list[tuple[float, int, list[MaskRun]]]  # (y, query position, runs of equal values)
     cols: list[tuple[float, int]]  # (x, cell) column labels
     width: float
     height: float
@@ -331,7 +331,7 @@ def _grid(inp: PassInputs, name: str, col0: int, col1: int, swa: list[bool]) -> 
             while e < col1 and (m[r, e] == 0) == (m[r, c] == 0):
                 e += 1
             masked = bool(m[r, c] != 0)
-            runs.append(Run(AXIS_PX + (c - col0) * CELL_PX, (e - c) * CELL_PX, masked,
+            runs.append(MaskRun(AXIS_PX + (c - col0) * CELL_PX, (e - c) * CELL_PX, masked,
                             _("query {pos}, cells {a}..{b}: {v}").format(
                                 pos=pos, a=c, b=e - 1, v=_value(m[r, c]) if masked else "0")))
             c = e

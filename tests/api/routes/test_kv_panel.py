@@ -24,7 +24,9 @@ from engine.core.optable import GGMLOp
 from engine.core.tensor_data import to_numpy
 from engine.models.decoder import kv_cells
 from engine.trace import StepKind, Trace
+from tests.conformance.test_models import write_tiny_llama
 from tests.support.tiny_gemma import WINDOW, write_tiny_gemma
+from tests.support.vocab import vocab_files
 
 PROMPT = "The capital of France is a fine city"
 THEN = (5, 6, 7)
@@ -40,6 +42,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models = tmp_path_factory.mktemp("models")
     write_tiny_gemma(models / "gemma2-tiny.gguf", "gemma2")
     write_tiny_gemma(models / "gemma3-tiny.gguf", "gemma3")
+    spm = next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf")
+    write_tiny_llama(models / "llama-tiny.gguf", vocab=spm)
     return models
 
 
@@ -156,6 +160,21 @@ def test_the_kv_tab_is_on_the_page_from_the_first_pass(client: TestClient, recor
     assert f"cells {newest - WINDOW + 1}..{newest} ({WINDOW} seen)" in text
     unseen = re.findall(r'class="kv-cell [a-z]+ unseen"', page.text)
     assert len(unseen) == newest + 1 - WINDOW  # the cells left behind by the window
+
+
+def test_a_model_without_a_window_has_one_mask(client: TestClient) -> None:
+    """A Llama file: no sliding-window cache, one causal mask, every cell in use seen."""
+    digest = next(f.digest for f in client.app.state.store.models() if f.name == "llama-tiny.gguf")
+    traces = client.app.state.traces
+    trace = traces.trace(traces.key("model", None, digest, PROMPT, THEN), "test", wait=300)
+    assert isinstance(trace, Trace) and trace.error is None, trace
+    assert trace.outputs["kv_n_swa"] == 0 and not any(trace.outputs["kv_swa_layers"])
+    view = view_at(trace, "model", len(trace.steps) - 1)
+    newest = len(trace.outputs["prompt_tokens"]) + len(THEN) - 1
+    assert view.n_ctx_swa is None and view.n_used == newest + 1 and view.n_ctx == 256
+    assert [g.name for g in view.masks] == [s.mask for s in view.strips] == [MASKS[0]]
+    row = attention_mask(trace, newest, 0)[-1]
+    assert view.strips[0].n_seen == np.count_nonzero(row == 0) == newest + 1
 
 
 def test_no_kv_panel_without_a_kv_cache(client: TestClient) -> None:
