@@ -43,6 +43,7 @@ MISMATCH = {
     "no_tokenizer": N_("{path}: its vocabulary has no tokenizer built here, so it cannot read a prompt."),
     "too_long": N_("The prompt is {n} tokens long; this page runs at most {limit}: a shorter prompt."),
     "empty": N_("The prompt gives no tokens."),
+    "not_decoder": N_("'{arch}' is not a decoder ggml-lens builds: this page compares next-token models."),
 }
 
 

@@ -39,6 +39,7 @@ from . import load_model
 from .perplexity import KLDSums, base_rows, kld_rows
 
 MAX_TOKENS = 32  # the prompt's tokens: one graph, a few seconds
+N_CTX = 256  # the cache's cells (the fewest a pass attends to: llama.cpp pads n_kv to 256)
 MAX_VALUES = 1 << 15  # values kept per node: its last rows that fit (at most a row's first ones)
 TOP_K = 5  # candidates shown per position
 WEIGHT_ROWS = 1 << 18  # elements dequantized at a time when weights are compared
@@ -54,6 +55,7 @@ class Mismatch(enum.Enum):
     NO_TOKENIZER = "no_tokenizer"  # args: path
     TOO_LONG = "too_long"  # args: n, limit
     EMPTY = "empty"  # the prompt gives no tokens
+    NOT_DECODER = "not_decoder"  # args: arch (an encoder, or an architecture not built here)
 
 
 class CompareError(ValueError):
@@ -120,7 +122,11 @@ def collect_run(path: str | os.PathLike, prompt: str,
     """Run the model in `path` over `prompt` (one graph, every position's logits), keeping each
     computed node's values (`kept_values`); `on_node(count)` after each node. The model is closed
     before this returns."""
-    model = load_model(path)
+    with GGUFReader(path) as r:
+        arch = str(r.get("general.architecture"))
+    if not is_decoder(arch):
+        raise CompareError(Mismatch.NOT_DECODER, arch=arch)
+    model = load_model(path, n_ctx=N_CTX)
     try:
         if model.tokenizer is None:
             raise CompareError(Mismatch.NO_TOKENIZER, path=str(path))
@@ -151,6 +157,19 @@ def collect_run(path: str | os.PathLike, prompt: str,
                    tuple(nodes), logits)
     finally:
         model.close()
+
+
+def is_decoder(arch: str) -> bool:
+    """Does the engine build `arch` as a decoder (next-token logits over a prompt)?"""
+    import importlib
+
+    from . import BUILDERS
+    from .decoder import Decoder
+
+    if arch not in BUILDERS:
+        return False
+    module, cls = BUILDERS[arch]
+    return issubclass(getattr(importlib.import_module(f"engine.models.{module}"), cls), Decoder)
 
 
 def check_same_shape(path_a: str | os.PathLike, path_b: str | os.PathLike) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engine.gguf import GGUFReader
 from engine.gguf.quantize import QuantizeParams, llama_model_quantize
 from engine.models.compare import (MAX_VALUES, CompareError, Mismatch, compare_files,
                                    kept_values, layer_errors, node_diff)
+from engine.programs import FIXTURES_DIR
 from engine.models.perplexity import KLDSums, base_rows, kld_rows
 from engine.quants import dequantize
 from engine.quants.ftype import parse_ftype
@@ -35,6 +37,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cmp-models")
     write_tiny_gemma(root / "tiny-gemma3.gguf", "gemma3")
     write_tiny_gemma(root / "tiny-gemma2.gguf", "gemma2")
+    shutil.copyfile(FIXTURES_DIR / "minilm-q8_0.gguf", root / "minilm.gguf")  # (an encoder)
     llama_model_quantize(root / "tiny-gemma3.gguf", root / "tiny-gemma3-q8_0.gguf",
                          QuantizeParams(parse_ftype("Q8_0").ftype))
     return {"f32": root / "tiny-gemma3.gguf", "q8": root / "tiny-gemma3-q8_0.gguf",
@@ -203,6 +206,12 @@ def test_a_mismatched_pair_is_refused_in_words(client):
     assert r.status_code == 422
     assert "different architectures (&#39;gemma3&#39; and &#39;gemma2&#39;)" in r.text
     assert "Traceback" not in r.text
+
+
+def test_an_encoder_is_refused_in_words(client):
+    a = _digest(client, "minilm.gguf")
+    r = client.get("/compare", params={"a": a, "b": a, "prompt": PROMPT})
+    assert r.status_code == 422 and "&#39;bert&#39; is not a decoder" in r.text
 
 
 @pytest.mark.parametrize("params, words", [
