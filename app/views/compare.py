@@ -99,13 +99,17 @@ class CompareForm:
 
 
 def compare_form(models: list[Fixture], a: str | None, b: str | None, prompt: str) -> CompareForm:
-    files = [FileChoice(m.digest, m.name, m.digest == b) for m in models]
-    if b and len(b) == 64 and not any(f.selected for f in files):
-        files.append(FileChoice(b, _("uploaded file {hash}").format(hash=b[:12] + "…"), True))
-    chosen = (b or "").upper()
-    quants = tuple(FileChoice(o.name, f"{o.name} —{o.desc}", o.name == chosen) for o in QUANTS)
-    return CompareForm(a, b, prompt, tuple(FileChoice(m.digest, m.name, m.digest == a) for m in models),
-                    tuple(files), quants)
+    """The form: the folder's files for both, a stored file named by the URL (an upload) among
+    them, the file types to quantize the first to."""
+    def choices(chosen: str | None) -> tuple[FileChoice, ...]:
+        out = [FileChoice(m.digest, m.name, m.digest == chosen) for m in models]
+        if chosen and len(chosen) == 64 and not any(f.selected for f in out):
+            out.append(FileChoice(chosen, _("uploaded file {hash}").format(hash=chosen[:12] + "…"), True))
+        return tuple(out)
+
+    upper = (b or "").upper()
+    quants = tuple(FileChoice(o.name, f"{o.name} —{o.desc}", o.name == upper) for o in QUANTS)
+    return CompareForm(a, b, prompt, choices(a), choices(b), quants)
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,6 +250,8 @@ def test_an_upload_is_checked_and_kept(client, files):
     a = _digest(client, "tiny-gemma3.gguf")
     page = client.get("/compare", params={"a": a, "b": digest, "prompt": PROMPT})
     assert page.status_code == 200 and "uploaded file" in page.text
+    form = client.get("/compare", params={"a": digest}).text  # an upload as the first file
+    assert re.search(rf'id="cmp-a".*?<option value="{digest}" selected>uploaded file', form, re.S)
 
 
 def test_an_upload_past_the_limit_is_refused(files, tmp_path):
