@@ -17,6 +17,7 @@ import hashlib
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from cachetools import LRUCache
@@ -27,6 +28,9 @@ from app.store import UploadStore, evict_oldest
 from app.web import log
 from engine.models.bundled import FILE_NAME
 from engine.programs import FIXTURES_DIR
+
+if TYPE_CHECKING:
+    from engine.models.perplexity_scores import PerplexityRun
 
 BUILTIN = "builtin"  # the text named so in a RunSpec: the shipped essay
 BUILTIN_TEXT = FIXTURES_DIR / "perplexity-text.txt"
@@ -81,7 +85,7 @@ class RunSpec:
 class RunStatus:
     """Where a run is: finished (`run` or `error`), or queued/running (`progress`)."""
 
-    run: object | None = None  # engine.models.perplexity_scores.PerplexityRun
+    run: PerplexityRun | None = None
     error: str | None = None
     progress: Progress | None = None
     done: int = 0  # chunks scored so far
@@ -212,7 +216,7 @@ class PerplexityRuns:
             self._finished[spec.key] = outcome
             self._totals.pop(spec.key, None)
 
-    def _score(self, spec: RunSpec, job: Job):
+    def _score(self, spec: RunSpec, job: Job) -> PerplexityRun:
         from engine.models import load_model
         from engine.models.params import ContextParams
         from engine.models.perplexity import split_chunks

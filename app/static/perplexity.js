@@ -1,7 +1,13 @@
 // The perplexity page's heat map: the "Colour by" radios switch the map (and its legend) between
 // −log p and the KL divergence; a click on a token shows its figures (its title) in the detail
 // line, for touch screens and for copying. Delegated, so a map swapped in by the poll works too.
+// On the form, typing a text of one's own chooses it.
 (() => {
+  document.addEventListener("input", (ev) => {
+    if (ev.target.id !== "ppl-text") return;
+    const own = document.querySelector("#ppl-form input[name='source'][value='own']");
+    if (own && ev.target.value.trim()) own.checked = true;
+  });
   document.addEventListener("change", (ev) => {
     const radio = ev.target.closest("input[name='heat-by']");
     const heat = document.getElementById("heat");
