@@ -115,35 +115,47 @@ class Compare:
         return out
 
     def work(self, key: Key, job: Job):
-        """A job: the pair's files (B quantized first if asked), then the engine's comparison."""
+        """A job: the pair's files (B quantized first if asked), then the engine's comparison.
+        What it makes is kept, and so is what it raises: asked again (a poll), it is not run
+        again."""
         from engine.models.compare import compare_files
-
-        a = self.path(key.a)
-        b = self.quantize(key.a, key.quant) if key.quant else self.path(key.b or "")
 
         def on_node(k: int) -> None:
             job.steps = k
 
-        made = compare_files(a, b, key.prompt, on_node)
+        try:
+            a = self.path(key.a)
+            b = self.quantize(key.a, key.quant) if key.quant else self.path(key.b or "")
+            made = compare_files(a, b, key.prompt, on_node)
+        except Exception as e:
+            with self.lock:
+                self.kept[key] = e
+            raise
         with self.lock:
             self.kept[key] = made
         return made
 
     def get(self, key: Key, client: str, wait: float):
         """The comparison when kept or made within `wait` seconds, else its job (QueueFull: no
-        room). A job's refusal (Refused, CompareError, ModelError) is raised here."""
-        with self.lock:
-            made = self.kept.get(key)
+        room). What the job raised (a refusal: Refused, CompareError, ModelError) is raised here."""
+        made = self._kept(key)
         if made is not None:
             return made
         job = self.jobs.find(key)
         if job is None:
-            with self.lock:  # (its job may have ended meanwhile)
-                made = self.kept.get(key)
+            made = self._kept(key)  # (its job may have ended meanwhile)
             if made is not None:
                 return made
             job = self.jobs.submit(key, client)
         return self.jobs.wait(job, wait) or job
+
+    def _kept(self, key: Key):
+        """The comparison kept for key (what its job raised is raised), or None."""
+        with self.lock:
+            made = self.kept.get(key)
+        if isinstance(made, BaseException):
+            raise made
+        return made
 
 
 _LOCK = threading.Lock()
@@ -175,6 +187,7 @@ def compare(request: Request, store: Store, a: Digest = None, b: Second = None,
     a = a or _default_a(models)
     form = V.compare_form(models, a, b, prompt)
     context: dict = {"form": form}
+    poll = request.headers.get("HX-Request") == "true" and request.headers.get("HX-Target") == "cmp-progress"
     if not b or a is None:
         return templates.TemplateResponse(request, "pages/compare.html", context)
     try:
@@ -184,12 +197,13 @@ def compare(request: Request, store: Store, a: Digest = None, b: Second = None,
         if not prompt.strip():
             raise V.Refused(V.NO_PROMPT)
         key = Key(a, None if quant else b, quant, prompt)
-        poll = request.headers.get("HX-Request") == "true" and request.headers.get("HX-Target") == "cmp-progress"
         try:
             found = area.get(key, client_of(request), 0 if poll else QUICK)
         except QueueFull as e:
             raise busy(e) from None
     except Exception as e:  # noqa: BLE001 - a refusal in words (V.compare_refusal says which are expected)
+        if poll:  # (htmx swaps no error: the page itself says it)
+            return go_to(request, f"{request.url.path}?{request.url.query}")
         message = V.compare_refusal(e)
         if message is None:
             raise

@@ -259,3 +259,21 @@ def test_an_upload_past_the_limit_is_refused(files, tmp_path):
     r = small.post("/compare/upload", content=files["q8"].read_bytes())
     assert r.status_code == 413 and "1,000 bytes" in r.json()["error"]
     assert not list((tmp_path / "uploads").glob("*"))
+
+
+def test_a_refusal_found_by_the_job_ends_the_polling(client, monkeypatch):
+    monkeypatch.setattr(route, "QUICK", 0.0)
+    a, b = _digest(client, "tiny-gemma3.gguf"), _digest(client, "tiny-gemma2.gguf")
+    params = {"a": a, "b": b, "prompt": "A prompt of its own"}
+    assert client.get("/compare", params=params).status_code in (202, 422)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        poll = client.get("/compare", params=params, headers={"HX-Request": "true", "HX-Target": "cmp-progress"})
+        if "HX-Redirect" in poll.headers:
+            break
+        time.sleep(0.1)
+    assert poll.headers["HX-Redirect"].startswith("/compare?")
+    area = client.app.state.compare
+    monkeypatch.setattr(area.jobs, "submit", lambda *args: pytest.fail("run again"))
+    page = client.get("/compare", params=params)  # the refusal kept: said at once, not run again
+    assert page.status_code == 422 and "different architectures" in page.text
