@@ -23,7 +23,7 @@ import numpy as np
 
 from app.i18n import _
 from app.views.debugger.values import element_view
-from app.views.debugger.where import Where
+from app.views.debugger.where import Where, ref_key
 from engine.compute.kernels.common import to_f32
 from engine.core.tensor import Tensor
 from engine.models.decoder import KV_PAD
@@ -50,6 +50,7 @@ class PassInputs:
     cells: np.ndarray  # attn_inp_k_idxs: the cells their K (and V) rows go to
     masks: dict[str, np.ndarray]  # mask name -> [n tokens, n_kv cells], its values as float
     cache_cells: dict[str, int]  # the cache tensors: name -> ne[1] (cells allocated)
+    refs: dict[str, tuple[int, int]]  # each input tensor's (context, struct offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class MaskGrid:
     width: float
     height: float
     note: str  # the rows and columns not drawn, summed up from their values
+    url: str  # the mask tensor selected, at the step that set it
     x0: float = AXIS_PX  # where the cells start
     y0: float = AXIS_PX / 2
     cell: float = CELL_PX  # a cell's side
@@ -174,7 +176,9 @@ def kv_view(trace: Trace, step: Step, state: State, where: Where) -> KVView | No
     col0 = max(0, min(first, col1 - MAX_COLS))
     strips = [_strip(now, name, holds, col0, col1, newest, n_swa, swa) for name in MASKS
               if name in now.masks]
-    grids = [_grid(now, name, col0, col1, swa) for name in MASKS if name in now.masks]
+    grids = [_grid(now, name, col0, col1, swa,
+                   where.url(step=now.step, tensor=ref_key(*now.refs[name])))
+             for name in MASKS if name in now.masks]
     layer_note = ""
     if step.layer is not None and 0 <= step.layer < len(swa) and len(now.masks) > 1:
         layer_note = (_("This step is in layer {il}, a sliding-window layer: its attention reads "
@@ -229,7 +233,8 @@ def read_pass(trace: Trace, n_past: int, state: State | None) -> PassInputs | No
             if v is not None:
                 masks[name] = to_f32(v, t.type).astype(np.float32).reshape(-1, int(t.ne[0]))
     inp = PassInputs(n_past, at, _ints(tensors["inp_pos"]), _ints(tensors["attn_inp_k_idxs"]),
-                     masks, _cache_cells(st))
+                     masks, _cache_cells(st),
+                     {name: (t.ctx.id, t.offs) for name, t in tensors.items() if t is not None})
     with _lock:
         _read[key] = inp
         while len(_read) > KEPT:
@@ -316,7 +321,7 @@ def _value(x: float) -> str:
     return "-inf" if np.isneginf(x) else f"{float(x):g}"
 
 
-def _grid(inp: PassInputs, name: str, col0: int, col1: int, swa: list[bool]) -> MaskGrid:
+def _grid(inp: PassInputs, name: str, col0: int, col1: int, swa: list[bool], url: str) -> MaskGrid:
     m = inp.masks[name]
     n, n_kv = m.shape
     r0 = max(0, n - MAX_ROWS)
@@ -348,4 +353,4 @@ def _grid(inp: PassInputs, name: str, col0: int, col1: int, swa: list[bool]) -> 
                 a=a, b=b - 1, zeros=int((part == 0).sum()), inf=int(np.isneginf(part).sum())))
     layers = _layers(swa, name == MASKS[1])
     return MaskGrid(name, layers, n_kv, rows, cols, AXIS_PX + (col1 - col0) * CELL_PX,
-                    AXIS_PX / 2 + len(rows) * CELL_PX, "; ".join(notes))
+                    AXIS_PX / 2 + len(rows) * CELL_PX, "; ".join(notes), url)

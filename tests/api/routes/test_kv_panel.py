@@ -131,6 +131,12 @@ def test_the_panels_figures_are_the_engines(recorded) -> None:
             assert [c.pos for c in strip.cells if c.pos is not None] == \
                 list(range(strip.cells[0].index, newest + 1))  # one position per cell in use
         grids = {g.name: g for g in view.masks}
+        for g in view.masks:  # each links to its tensor, where the step that set it left it
+            url = re.fullmatch(rf"/walkthroughs/{name}/steps/(\d+)\?(?:.*&)?t=(\d+)\.(\d+)(?:&.*)?",
+                               g.url)
+            assert url is not None, g.url
+            k_set, ref = int(url[1]), (int(url[2]), int(url[3]))
+            assert k_set == view.set_step and trace.state_at(k_set).tensor(ref).name == g.name
         for mask_name, mask in ((MASKS[0], main), (MASKS[1], window)):
             g = grids[mask_name]
             assert [pos for _y, pos, _runs in g.rows] == list(range(n_past, newest + 1))
