@@ -92,9 +92,11 @@ def plan_file(request: Request, key: str, store: Store) -> HTMLResponse:
     page = plan_page(source, facts, request.query_params)
     fragment = _htmx(request, FRAGMENT)
     ctx: dict[str, Any] = {"page": page, "settings": BY_KEY, "layers_max": LAYERS_MAX}
+    # htmx restoring history (Back) swaps in only a 2xx answer: a refused plan's page too
+    restore = request.headers.get("HX-History-Restore-Request") == "true"
     response = templates.TemplateResponse(
         request, "partials/plan/figures.html" if fragment else "pages/plan.html", ctx,
-        status_code=page.status)
+        status_code=200 if restore else page.status)
     response.headers["Vary"] = "HX-Request, HX-Target"
     if fragment:
         response.headers["HX-Push-Url"] = page.url

@@ -142,6 +142,9 @@ def test_a_refused_combination_is_llama_cpps_words(client: TestClient, query: st
         assert r.status_code == 422
         assert words in text(r.text) and "Traceback" not in r.text
         assert 'role="alert"' in r.text
+    # htmx restoring history (Back) swaps in only a 2xx answer: the refused page comes back as one
+    r = client.get(f"/plan/bundled?{query}", headers={"HX-Request": "true", "HX-History-Restore-Request": "true"})
+    assert r.status_code == 200 and words in text(r.text) and "<html" in r.text
 
 
 @pytest.mark.parametrize("query,words", [
