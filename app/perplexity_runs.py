@@ -4,7 +4,7 @@ against it for the KL divergence), as jobs on a queue of their own, so a request
 A run is named by its inputs (`RunSpec`: the models' names in the folder, the text, -c, --chunks),
 which its URL carries; a learner's text is kept by its sha256 under the data directory, so the
 same URL names the same run. The work is capped (a text of MAX_TEXT_BYTES, at most
-MAX_EVAL_TOKENS tokens decoded by each model); the finished runs are kept in a small cache of
+MAX_EVAL_TOKENS tokens decoded by each model, fewer for large models); the finished runs are kept in a small cache of
 this process (a run asked for again after it is evicted, or on another process, runs again).
 The arithmetic is the engine's (engine/models/perplexity_scores.py); the models run with
 `ggml-lens perplexity`'s context for the same -c (llama.cpp's default path), and are closed when
@@ -24,7 +24,7 @@ from cachetools import LRUCache
 
 from app.i18n import N_, _
 from app.jobs import Job, JobQueue, Progress
-from app.store import UploadStore, evict_oldest
+from app.store import Fixture, UploadStore, evict_oldest
 from app.web import log
 from engine.models.bundled import FILE_NAME
 from engine.programs import FIXTURES_DIR
@@ -39,6 +39,9 @@ CTX_SIZES = (64, 128, 256, 512)  # -c choices (each divides llama-perplexity's d
 DEFAULT_CTX = 128
 MAX_TEXT_BYTES = 32 * 1024  # a learner's text
 MAX_EVAL_TOKENS = 2048  # tokens one model decodes in a run (chunks * -c)
+# bytes of weights times tokens decoded, all models together: two 270M models (~320 MB) over
+# MAX_EVAL_TOKENS; larger models decode fewer tokens, so no run takes more than a minute or two
+WORK_LIMIT = 2 * 320 * 2**20 * MAX_EVAL_TOKENS
 TEXTS_LIMIT = 16 * 1024 * 1024  # bytes of learners' texts kept
 TEXT_SUFFIX = ".txt"
 KEPT_RUNS = 8  # finished runs kept in memory
@@ -76,10 +79,6 @@ class RunSpec:
         query = {k: v for k, v in asdict(self).items() if v not in ("", -1)}
         return f"{RUN_URL}?{urlencode(query)}"
 
-    @property
-    def max_chunks(self) -> int:
-        return MAX_EVAL_TOKENS // self.c
-
 
 @dataclass(frozen=True, slots=True)
 class RunStatus:
@@ -97,9 +96,8 @@ def read_text(data: bytes) -> bytes:
     return data[:-1] if data.endswith(b"\n") else data
 
 
-def chunk_limit(requested: int, c: int) -> int:
-    """--chunks for the engine: the request, or as many as the cap allows (-1: all)."""
-    cap = MAX_EVAL_TOKENS // c
+def chunk_limit(requested: int, cap: int) -> int:
+    """--chunks for the engine: the request (-1: all), at most cap."""
     return cap if requested < 0 else min(requested, cap)
 
 
@@ -120,11 +118,20 @@ class PerplexityRuns:
     def model_names(self) -> list[str]:
         return [f.name for f in self.store.models()]
 
-    def model_path(self, name: str) -> Path:
+    def model_file(self, name: str) -> Fixture:
         for f in self.store.models():
             if f.name == name:
-                return f.path
+                return f
         raise RunRefused(N_("No model named {name} in the models folder."), 404, name=name)
+
+    def model_path(self, name: str) -> Path:
+        return self.model_file(name).path
+
+    def max_tokens(self, spec: RunSpec) -> int:
+        """The tokens each model may decode in this run: MAX_EVAL_TOKENS, fewer for large
+        models (WORK_LIMIT)."""
+        size = sum(self.model_file(n).size for n in (spec.model, spec.kld) if n)
+        return min(MAX_EVAL_TOKENS, WORK_LIMIT // max(size, 1))
 
     def save_text(self, text: str) -> str:
         """Keep a learner's text (lines ending in LF, as a file would hold them); its sha256."""
@@ -159,14 +166,15 @@ class PerplexityRuns:
         if spec.c not in CTX_SIZES:
             raise RunRefused(N_("-c must be one of {sizes} (got {c})."),
                              sizes=", ".join(map(str, CTX_SIZES)), c=spec.c)
-        if spec.chunks == 0 or spec.chunks < -1 or spec.chunks > spec.max_chunks:
+        tokens = self.max_tokens(spec)  # (a model not in the folder is refused here)
+        if tokens < spec.c:
+            raise RunRefused(N_("These models are too large for the page at -c {c}: it decodes "
+                                "at most {tokens} tokens with them. Choose a smaller -c, or run "
+                                "`ggml-lens perplexity`."), c=spec.c, tokens=tokens)
+        if spec.chunks == 0 or spec.chunks < -1 or spec.chunks > tokens // spec.c:
             raise RunRefused(N_("--chunks must be 1 to {n} at -c {c} (the page decodes at most "
-                                "{tokens} tokens a model); got {chunks}."),
-                             n=spec.max_chunks, c=spec.c, tokens=MAX_EVAL_TOKENS,
-                             chunks=spec.chunks)
-        self.model_path(spec.model)
-        if spec.kld:
-            self.model_path(spec.kld)
+                                "{tokens} tokens with these models); got {chunks}."),
+                             n=tokens // spec.c, c=spec.c, tokens=tokens, chunks=spec.chunks)
         self.text(spec.text)
 
     # --- the queue ----------------------------------------------------------------------------
@@ -233,7 +241,8 @@ class PerplexityRuns:
                 raise RunRefused(NOT_A_DECODER, name=spec.model)
             tokens = model.encode(text)
             n_max = len(tokens) // spec.c
-            c = split_chunks(len(tokens), spec.c, chunk_limit(spec.chunks, spec.c))
+            cap = self.max_tokens(spec) // spec.c
+            c = split_chunks(len(tokens), spec.c, chunk_limit(spec.chunks, cap))
             self._totals[spec.key] = c.n_chunk
             if spec.kld:
                 models.append(load_model(self.model_path(spec.kld), params=params))

@@ -16,8 +16,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
-from app.i18n import N_
-from app.jobs import QueueFull, busy
+from app.i18n import N_, _
+from app.jobs import QueueFull
 from app.perplexity_runs import BUILTIN, DEFAULT_CTX, PerplexityRuns, RunRefused, RunSpec
 from app.views.perplexity import form_view, progress_view, result_view
 from app.web import client_of, go_to, templates
@@ -87,7 +87,9 @@ def perplexity_run(request: Request, runs: Runs, model: Annotated[str, Query(max
         if status.run is None and status.error is None and runs.wait(spec, FIRST_WAIT):
             status = runs.status(spec, client_of(request))
     except QueueFull as e:
-        raise busy(e) from None
+        message = RUN_WAITING if e.client else RUNS_BUSY
+        raise HTTPException(429 if e.client else 503, _(message).format(n=e.retry_after),
+                            headers={"Retry-After": str(e.retry_after)}) from None
     ctx: dict = {"spec": spec, "error": status.error}
     if status.run is not None:
         ctx["result"] = result_view(spec, status.run)
@@ -100,3 +102,6 @@ def perplexity_run(request: Request, runs: Runs, model: Annotated[str, Query(max
 
 
 NOT_A_NUMBER = N_("--chunks must be a whole number (got {n}).")
+RUN_WAITING = N_("You already have a perplexity run queued or running; open it again when it "
+                 "has finished (in about {n} s).")
+RUNS_BUSY = N_("The perplexity runs are all taken; try again in {n} s.")

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from app.cli import main
 from app.main import create_app
-from app.perplexity_runs import BUILTIN_TEXT, MAX_EVAL_TOKENS, MAX_TEXT_BYTES
+from app.perplexity_runs import BUILTIN_TEXT, MAX_EVAL_TOKENS, MAX_TEXT_BYTES, WORK_LIMIT
 from app.settings import Settings
 from engine.models.perplexity import mean_and_uncertainty, ppl_estimate
 from engine.models.perplexity_scores import final_estimate_line
@@ -164,6 +164,23 @@ def test_what_the_page_caps_is_refused_in_words(client, form, status, words):
     assert words in html.unescape(r.text)
     assert 'role="alert"' in r.text and "Traceback" not in r.text
     assert '<form method="post" action="/perplexity"' in r.text  # the form again, to fix it
+
+
+def test_a_large_model_decodes_fewer_tokens(client, models):
+    with open(models / "big.gguf", "wb") as f:  # sparse: only its size counts before a run
+        f.truncate(WORK_LIMIT // 500)  # so 500 tokens
+    try:
+        r = client.post("/perplexity", data={"model": "big.gguf", "c": "512"})
+        assert r.status_code == 422
+        assert "too large for the page at -c 512: it decodes at most 500 tokens" in r.text
+        r = client.get("/perplexity/run?model=big.gguf&c=128&chunks=4")
+        assert r.status_code == 422
+        assert "--chunks must be 1 to 3 at -c 128" in html.unescape(r.text)
+        r = client.post("/perplexity", data={"model": "big.gguf", "c": "64", "chunks": "7"},
+                        follow_redirects=False)
+        assert r.status_code == 303
+    finally:
+        (models / "big.gguf").unlink()
 
 
 def test_a_run_url_past_the_caps_is_refused(client):
