@@ -110,7 +110,7 @@ def mib(n: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Segment:
+class BufferSegment:
     """One buffer: a segment of the bar and a row of the table under it."""
 
     kind: BufferKind
@@ -206,7 +206,7 @@ class Figures:
     settings: str  # the settings resolved, as llama.cpp prints them
     n_ctx: int
     total: int
-    segments: tuple[Segment, ...]
+    segments: tuple[BufferSegment, ...]
     log_lines: tuple[str, ...]  # the plan as llama.cpp's log lines
     caches: tuple[CacheRow, ...]
     graphs: tuple[tuple[str, int, int, int], ...]  # (pp|tg, n_tokens, n_nodes, bytes)
@@ -218,14 +218,14 @@ class Figures:
     seconds: float  # how long the plan took to make
 
 
-def _segments(p: Plan) -> tuple[Segment, ...]:
+def _segments(p: Plan) -> tuple[BufferSegment, ...]:
     total = p.total or 1
     rows = [(BufferKind.MODEL, b.name, "load_tensors", b.size) for b in p.model]
     rows += [(BufferKind.CACHE, c.name, "llama_memory_recurrent" if c.name == "RS"
               else "llama_kv_cache", c.size) for c in p.caches]
     rows += [(BufferKind.COMPUTE, "CPU", "sched_reserve", p.compute),
              (BufferKind.OUTPUT, "CPU", "llama_context::output_reserve", p.output)]
-    return tuple(Segment(kind, name, by, size, 100 * size / total,
+    return tuple(BufferSegment(kind, name, by, size, 100 * size / total,
                          sum(1 for r in rows[:i] if r[0] == kind))
                  for i, (kind, name, by, size) in enumerate(rows))
 

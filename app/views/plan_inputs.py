@@ -40,7 +40,7 @@ TEXT_MAX = 32  # characters of a value read (and shown back)
 _DEFAULTS = ContextParams()
 
 
-class Kind(Enum):
+class InputKind(Enum):
     COUNT = "count"  # a whole number (-c 4096)
     WORD = "word"  # one of llama.cpp's words (-fa on, -ctk q8_0)
     SWITCH = "switch"  # given or not (-nr): a checkbox
@@ -51,35 +51,35 @@ class Kind(Enum):
 class PlanSetting:
     key: str  # its name in the query: the flag without its dashes
     flag: str  # llama.cpp's
-    kind: Kind
+    kind: InputKind
     default: str  # as the query writes it ("": not given)
     choices: tuple[str, ...]  # a WORD's
     help: str  # what it changes (N_: translated when shown)
 
 
 SETTINGS: tuple[PlanSetting, ...] = (
-    PlanSetting("c", "-c", Kind.COUNT, "", (), N_(
+    PlanSetting("c", "-c", InputKind.COUNT, "", (), N_(
         "the cells the KV cache holds; empty or 0: the model's own context, llama.cpp's default")),
-    PlanSetting("b", "-b", Kind.COUNT, str(_DEFAULTS.n_batch), (), N_(
+    PlanSetting("b", "-b", InputKind.COUNT, str(_DEFAULTS.n_batch), (), N_(
         "the most tokens one llama_decode takes")),
-    PlanSetting("ub", "-ub", Kind.COUNT, str(_DEFAULTS.n_ubatch), (), N_(
+    PlanSetting("ub", "-ub", InputKind.COUNT, str(_DEFAULTS.n_ubatch), (), N_(
         "the most tokens one graph computes: the worst-case graph's tokens")),
-    PlanSetting("ctk", "-ctk", Kind.WORD, TYPE_TRAITS[_DEFAULTS.type_k].type_name,
+    PlanSetting("ctk", "-ctk", InputKind.WORD, TYPE_TRAITS[_DEFAULTS.type_k].type_name,
                 tuple(TYPE_TRAITS[t].type_name for t in KV_CACHE_TYPES), N_("the K cache's type")),
-    PlanSetting("ctv", "-ctv", Kind.WORD, TYPE_TRAITS[_DEFAULTS.type_v].type_name,
+    PlanSetting("ctv", "-ctv", InputKind.WORD, TYPE_TRAITS[_DEFAULTS.type_v].type_name,
                 tuple(TYPE_TRAITS[t].type_name for t in KV_CACHE_TYPES),
                 N_("the V cache's type (a quantized one only with flash attention)")),
-    PlanSetting("fa", "-fa", Kind.WORD, _DEFAULTS.flash_attn, FLASH_ATTN, N_(
+    PlanSetting("fa", "-fa", InputKind.WORD, _DEFAULTS.flash_attn, FLASH_ATTN, N_(
         "flash attention: auto is on, as llama.cpp decides on the CPU")),
-    PlanSetting("nr", "-nr", Kind.SWITCH, "", (), N_(
+    PlanSetting("nr", "-nr", InputKind.SWITCH, "", (), N_(
         "no repacking: the weights stay in the file's layout, no CPU_REPACK buffer")),
-    PlanSetting("swa-full", "--swa-full", Kind.SWITCH, "", (), N_(
+    PlanSetting("swa-full", "--swa-full", InputKind.SWITCH, "", (), N_(
         "the sliding-window layers' cache as large as the context")),
-    PlanSetting("no-mmap", "--no-mmap", Kind.SWITCH, "", (), N_(
+    PlanSetting("no-mmap", "--no-mmap", InputKind.SWITCH, "", (), N_(
         "the weights copied into a CPU buffer instead of mapped from the file")),
-    PlanSetting("fit", "--fit", Kind.SIZE, "", (), N_(
+    PlanSetting("fit", "--fit", InputKind.SIZE, "", (), N_(
         "the memory there is (8G, 1536M...): the largest context that fits it")),
-    PlanSetting("fitt", "-fitt", Kind.COUNT, str(FIT_MARGIN // MIB), (), N_(
+    PlanSetting("fitt", "-fitt", InputKind.COUNT, str(FIT_MARGIN // MIB), (), N_(
         "with --fit, the MiB llama-fit-params leaves free")),
 )
 BY_KEY = {s.key: s for s in SETTINGS}
@@ -147,7 +147,7 @@ class Asked:
         """The query that names this plan: the values given that are not the defaults."""
         pairs = [(s.key, self.values[s.key]) for s in SETTINGS
                  if self.values[s.key] not in ("", s.default)
-                 and not (s.kind == Kind.SWITCH and not _SWITCH_WORDS.get(self.values[s.key].lower(), True))]
+                 and not (s.kind == InputKind.SWITCH and not _SWITCH_WORDS.get(self.values[s.key].lower(), True))]
         return urlencode(pairs)
 
     def on(self, key: str) -> bool:

@@ -280,3 +280,7 @@ def test_a_walkthroughs_settings_link_to_their_plan(client: TestClient, gemma_pa
     r = client.get(href)
     assert r.status_code == 200, text(r.text)[:300]
     assert_shows(r.text, plan(gemma_path, asked))
+
+
+def test_every_buffer_kind_has_a_label():
+    assert set(plan_view.KIND_LABELS) == set(plan_view.BufferKind)
