@@ -308,7 +308,7 @@ def _flash_note(on: FlashSide, off: FlashSide) -> str:
             name=on.top.name if on.top else "—")
     return _("Here flash attention leaves the compute buffer as it is ({size} MiB): its peak is "
              "{name}, larger than the attention scores at this context and ubatch. The scores "
-             "grow with the context; move -c up and they overtake it.").format(
+             "grow with the context (one per cell), {name} does not.").format(
         size=mib(on.compute), name=on.top.name if on.top else "—")
 
 
