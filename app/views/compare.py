@@ -176,6 +176,29 @@ class Sparkline:
 
 
 @dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    y: float
+    width: float
+    height: float
+    url: str
+    name: str
+    value: str
+    here: bool  # the current node
+
+
+@dataclass(frozen=True, slots=True)
+class LayerBars:
+    """The relative RMS of every node of the current node's layer, a bar each."""
+
+    layer: int | None  # None: the nodes before or after the layers
+    width: int
+    height: int
+    bars: tuple[Bar, ...]
+    top: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenRow:
     position: int
     token: str  # the prompt's token at this position
@@ -203,6 +226,7 @@ class WeightRow:
 class PageView:
     node: NodeView
     spark: Sparkline
+    bars: LayerBars
     tokens: tuple[TokenRow, ...]
     n_same_top: int
     weights: tuple[WeightRow, ...]
@@ -230,9 +254,9 @@ def node_view(c, form: CompareForm, n: int) -> NodeView:
         va, vb = x.values[r, :shown_cols], y.values[r, :shown_cols]
         value_rows.append(ValueRow(x.first_row + r, tuple(_num(v) for v in va), tuple(_num(v) for v in vb),
                                    tuple(_num(float(q) - float(p)) for p, q in zip(va, vb))))
-    from engine.models.compare import node_layer
+    from engine.models.compare import run_layers
 
-    return NodeView(n, count, x.name, x.op, x.type, shape_text(tuple(i for i in x.ne)), node_layer(x.name),
+    return NodeView(n, count, x.name, x.op, x.type, shape_text(tuple(i for i in x.ne)), run_layers(c.a)[n],
                     (x.first_row, x.first_row + rows - 1, x.n_rows), (cols, x.ne[0]), shown_cols,
                     cols > shown_cols, tuple(value_rows), _num(d.max_abs), _num(d.rel_rms), _num(d.cosine),
                     d.n, form.url(n - 1) if n > 0 else None, form.url(n + 1) if n + 1 < count else None,
@@ -245,7 +269,7 @@ SPARK_W, SPARK_H, SPARK_PAD = 640, 100, 14
 def sparkline(c, form: CompareForm, n: int) -> Sparkline:
     """The relative RMS of each layer's output (the engine's layer_errors) as points of an SVG,
     each a link to its node; the current node's layer marked."""
-    from engine.models.compare import layer_errors, node_layer
+    from engine.models.compare import layer_errors, run_layers
 
     pts = layer_errors(c)
     finite = [p.rel_rms for p in pts if math.isfinite(p.rel_rms)]
@@ -259,7 +283,7 @@ def sparkline(c, form: CompareForm, n: int) -> Sparkline:
         grows = i > 0 and p.rel_rms > pts[i - 1].rel_rms
         points.append(Point(p.layer, round(x_of(i), 1), round(y, 1), grows, form.url(p.node), _num(p.rel_rms)))
     marker = None
-    il = node_layer(c.a.nodes[n].name)
+    il = run_layers(c.a)[n]
     if pts:
         layers = [p.layer for p in pts]
         if il is not None and il in layers:
@@ -270,6 +294,35 @@ def sparkline(c, form: CompareForm, n: int) -> Sparkline:
             marker = float(SPARK_W - SPARK_PAD / 2)
     return Sparkline(SPARK_W, SPARK_H, tuple(points), marker, _num(top),
                      pts[0].layer if pts else None, pts[-1].layer if pts else None)
+
+
+BARS_H = 70
+
+
+def layer_bars(c, form: CompareForm, n: int) -> LayerBars:
+    """Each node of node n's layer (the engine's run_layers) as a bar of its relative RMS, each a
+    link to its node: where inside the layer the error grows."""
+    from engine.models.compare import run_layers
+
+    layers = run_layers(c.a)
+    il = layers[n]
+    first = _first(layers)  # (the nodes of no layer: those before it, or those after the layers)
+    group = [i for i, x in enumerate(layers) if x == il and (il is not None or (i < first) == (n < first))]
+    values = [c.diffs[i].rel_rms for i in group]
+    top = max((v for v in values if math.isfinite(v)), default=0.0)
+    step = (SPARK_W - 2 * SPARK_PAD) / max(len(group), 1)
+    bars = []
+    for k, i in enumerate(group):
+        v = values[k] if math.isfinite(values[k]) else top
+        h = (BARS_H - 12) * (v / top if top > 0 else 0.0)
+        bars.append(Bar(round(SPARK_PAD + k * step, 1), round(BARS_H - h, 1), round(max(step - 2, 1), 1),
+                        round(h, 1), form.url(i), c.a.nodes[i].name, _num(values[k]), i == n))
+    return LayerBars(il, SPARK_W, BARS_H, tuple(bars), _num(top))
+
+
+def _first(layers: tuple[int | None, ...]) -> int:
+    """The index of the first node in a layer (the nodes before it are 'before the layers')."""
+    return next((i for i, x in enumerate(layers) if x is not None), len(layers))
 
 
 def _percent(p: float) -> str:
@@ -297,6 +350,6 @@ def page_view(c, form: CompareForm, n: int | None) -> PageView:
     n = min(n, count - 1)
     weights = tuple(WeightRow(w.name, shape_text(w.ne), w.type_a, w.type_b, _num(w.max_abs),
                               _num(w.rel_rms), w.same_bytes) for w in c.weights)
-    return PageView(node_view(c, form, n), sparkline(c, form, n), token_rows(c),
+    return PageView(node_view(c, form, n), sparkline(c, form, n), layer_bars(c, form, n), token_rows(c),
                     sum(t.same_top for t in c.tokens), weights, sum(not w.same for w in weights),
                     len(c.a.tokens), count)

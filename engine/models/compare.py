@@ -364,6 +364,19 @@ def node_layer(name: str) -> int | None:
     return int(tail) if sep and head and tail.isdigit() else None
 
 
+def run_layers(run: ModelRun, output: str = "l_out") -> tuple[int | None, ...]:
+    """Each node's layer: the one its name says, else that of the node before it (a layer's
+    unnamed nodes and cache writes sit among its named ones); None before the first layer and
+    after a layer's output node (`output`-il) until the next layer's first named node."""
+    out: list[int | None] = []
+    current: int | None = None
+    for node in run.nodes:
+        il = node_layer(node.name)
+        out.append(current if il is None else il)
+        current = None if il is not None and node.name == f"{output}-{il}" else out[-1]
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class LayerPoint:
     """The error at one layer's output (its last node named `layer_output`-il)."""

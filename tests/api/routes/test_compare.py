@@ -21,7 +21,7 @@ from app.settings import Settings
 from engine.gguf import GGUFReader
 from engine.gguf.quantize import QuantizeParams, llama_model_quantize
 from engine.models.compare import (MAX_VALUES, CompareError, Mismatch, compare_files,
-                                   kept_values, layer_errors, node_diff)
+                                   kept_values, layer_errors, node_diff, run_layers)
 from engine.programs import FIXTURES_DIR
 from engine.models.perplexity import KLDSums, base_rows, kld_rows
 from engine.quants import dequantize
@@ -83,6 +83,19 @@ def test_the_last_node_is_the_logits_and_the_layers_are_found(quantized):
     for p in points:
         assert c.a.nodes[p.node].name == f"l_out-{p.layer}"
         assert p.rel_rms == c.diffs[p.node].rel_rms
+
+
+def test_every_node_has_its_layer(quantized):
+    nodes, layers = quantized.a.nodes, run_layers(quantized.a)
+    first = next(i for i, n in enumerate(nodes) if n.name == "norm-0")
+    last = next(i for i, n in enumerate(nodes) if n.name == f"l_out-{quantized.a.n_layer - 1}")
+    assert layers[:first] == (None,) * first and layers[last + 1:] == (None,) * (len(nodes) - last - 1)
+    assert [x for x in layers[first:last + 1]] == sorted(layers[first:last + 1])  # (in order)
+    for node, il in zip(nodes, layers):
+        if re.fullmatch(r".*-\d+", node.name):
+            assert node.name.endswith(f"-{il}")
+    unnamed = [il for n, il in zip(nodes, layers) if n.name.startswith("cache_k_l")]
+    assert unnamed == list(range(quantized.a.n_layer))  # a layer's cache write is in its layer
 
 
 def test_the_kld_is_perplexitys_own(quantized):
@@ -185,6 +198,7 @@ def test_a_quantization_made_here_stepped_node_by_node(client, files, app_data):
     assert r.status_code == 200, r.text
     assert re.search(r"Node 40 of \d+: ", r.text)
     assert 'id="cmp-tokens"' in r.text and 'id="cmp-weights"' in r.text and "<svg" in r.text
+    assert r.text.count('class="bar here"') == 1 and "Inside layer " in r.text
     made = list((app_data / "quantized").glob("*.gguf"))
     assert len(made) == 1  # kept under the source's hash and the type
     # the same pair quantized here and from the folder: the same figures
