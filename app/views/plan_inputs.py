@@ -1,7 +1,7 @@
 """The memory plan page's settings: llama.cpp's flags read from a query, checked and capped.
 
 A plan page's query holds llama.cpp's flags without their dashes (c, b, ub, ctk, ctv, fa, nr,
-swa-full, no-mmap) and the --fit inverse (fit: the memory there is, 8G or 1536M; fitt: the MiB
+swa-full, lm) and the --fit inverse (fit: the memory there is, 8G or 1536M; fitt: the MiB
 llama-fit-params leaves free). Every value arrives as text from a stranger: it is read here,
 each count checked against a cap before plan() is asked anything, and what llama.cpp refuses
 (ContextParams: "Unsupported cache type: q3_K") comes back in its words. The caps: a context up
@@ -25,8 +25,8 @@ from app.i18n import N_, _
 from app.views.format import human_bytes, visible_text
 from engine.core.types import TYPE_TRAITS
 from engine.gguf import GGUFReader
-from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES, ContextParams, ParamsError, \
-    cache_type
+from engine.models.params import FLASH_ATTN, KV_CACHE_TYPES, LOAD_MODES, ContextParams, \
+    ParamsError, cache_type
 from engine.models.plan import FIT_MARGIN, FIT_MIN_CTX
 
 MIB = 1 << 20
@@ -75,8 +75,9 @@ SETTINGS: tuple[PlanSetting, ...] = (
         "no repacking: the weights stay in the file's layout, no CPU_REPACK buffer")),
     PlanSetting("swa-full", "--swa-full", InputKind.SWITCH, "", (), N_(
         "the sliding-window layers' cache as large as the context")),
-    PlanSetting("no-mmap", "--no-mmap", InputKind.SWITCH, "", (), N_(
-        "the weights copied into a CPU buffer instead of mapped from the file")),
+    PlanSetting("lm", "-lm", InputKind.WORD, _DEFAULTS.load_mode, LOAD_MODES, N_(
+        "load mode: auto or mmap, the weights are the file's mapped pages (CPU_Mapped); none, "
+        "they are read into a CPU buffer")),
     PlanSetting("fit", "--fit", InputKind.SIZE, "", (), N_(
         "the memory there is (8G, 1536M...): the largest context that fits it")),
     PlanSetting("fitt", "-fitt", InputKind.COUNT, str(FIT_MARGIN // MIB), (), N_(
@@ -138,7 +139,7 @@ class Asked:
 
     values: dict[str, str]  # key -> text as given (cut to TEXT_MAX), "" when not given
     params: ContextParams | None  # None: refused (errors says why)
-    mmap: bool
+    mmap: bool  # the weights are the file's mapped pages (-lm auto or mmap: params.use_mmap)
     fit: int | None  # --fit's bytes (None: not asked)
     margin: int  # bytes --fit leaves free
     errors: tuple[str, ...]
@@ -178,7 +179,7 @@ def read_asked(query, facts: FileFacts) -> Asked:
     n_batch = _count(BY_KEY["b"], v["b"], facts.batch_cap, batch_why, errors)
     n_ubatch = _count(BY_KEY["ub"], v["ub"], facts.batch_cap, batch_why, errors)
     switches = {}
-    for key in ("nr", "swa-full", "no-mmap"):
+    for key in ("nr", "swa-full"):
         word = _SWITCH_WORDS.get(v[key].lower())
         if word is None:
             errors.append(_("{flag} is a switch: 1 (given) or 0, not '{value}'").format(
@@ -202,10 +203,11 @@ def read_asked(query, facts: FileFacts) -> Asked:
             params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                    flash_attn=v["fa"], type_k=cache_type(v["ctk"]),
                                    type_v=cache_type(v["ctv"]),
-                                   no_repack=switches["nr"], swa_full=switches["swa-full"])
+                                   no_repack=switches["nr"], swa_full=switches["swa-full"],
+                                   load_mode=v["lm"])
         except ParamsError as e:
             errors.append(str(e))
-    return Asked(values, params, not switches["no-mmap"], fit if not errors else None, margin,
+    return Asked(values, params, params is None or params.use_mmap, fit if not errors else None, margin,
                  tuple(errors))
 
 

@@ -116,6 +116,15 @@ def test_flash_attention_on_and_off_side_by_side(client: TestClient, gemma_path:
         assert f"Here flash attention leaves the compute buffer as it is ({on.compute / MIB:.2f} MiB)" in words
 
 
+def test_load_mode_none_reads_the_weights_into_a_cpu_buffer(client: TestClient, gemma_path: Path):
+    r = client.get("/plan/bundled?c=4096&lm=none")
+    assert r.status_code == 200
+    p = plan(gemma_path, ContextParams(n_ctx=4096, load_mode="none"))
+    assert [b.name for b in p.model][0] == "CPU" and not p.mmap
+    assert_shows(r.text, p)
+    assert '<option value="none" selected>none</option>' in r.text
+
+
 def test_htmx_asks_for_the_figures_alone_and_gets_the_url(client: TestClient, gemma_path: Path):
     r = client.get("/plan/bundled?c=8192&b=2048&ub=512&ctk=f16&ctv=f16&fa=auto&fit=&fitt=1024",
                    headers=FRAGMENT)
@@ -157,6 +166,7 @@ def test_a_refused_combination_is_llama_cpps_words(client: TestClient, query: st
     ("fit=lots", "--fit 'lots': not a size"),
     ("fit=9999T", "--fit 9999T: at most"),
     ("nr=maybe", "-nr is a switch: 1 (given) or 0, not 'maybe'"),
+    ("lm=disk", "error: invalid argument: disk (-lm"),
     ("ctk=%00%0a", "Unsupported cache type"),
 ])
 def test_hostile_values_are_refused_before_any_plan(client: TestClient, monkeypatch, query: str, words: str):
