@@ -187,7 +187,7 @@ class PerplexityRuns:
         if finished is not None:
             run, error = finished
             return RunStatus(run=run, error=None if error is None else str(error))
-        job = self.jobs.find(key) or self.jobs.submit(spec, client)
+        job = self.jobs.find(spec) or self.jobs.submit(spec, client)
         if job.done.is_set():  # ended between the two looks
             return self.status(spec, client)
         return RunStatus(progress=self.jobs.progress(job), done=job.steps,
@@ -195,7 +195,7 @@ class PerplexityRuns:
 
     def wait(self, spec: RunSpec, seconds: float) -> bool:
         """Wait up to `seconds` for a queued or running run; whether it has finished."""
-        job = self.jobs.find(spec.key)
+        job = self.jobs.find(spec)
         if job is not None:
             job.done.wait(seconds)
         with self._lock:

@@ -32,6 +32,9 @@ def test_the_built_in_text_becomes_a_heat_map(page: Page, url, screenshot_dir):
     page.get_by_role("button", name="Run").click()
     expect(page).to_have_url(re.compile(r"/perplexity/run\?model=gemma-3-270m-q4_k_m.gguf"
                                         r"&text=builtin&c=128&chunks=2$"))
+    # the run's page shows its progress (polling itself) until the last chunk is scored
+    expect(page.locator("#ppl-progress")).to_contain_text(re.compile(
+        r"Loading the model|[0-2] of 2 chunks scored"))
     heat = page.locator("#heat")
     expect(heat).to_be_visible(timeout=120_000)
     expect(page.locator("#ppl-summary")).to_contain_text(
