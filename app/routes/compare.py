@@ -18,7 +18,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Callable
 
 from cachetools import LRUCache
 from fastapi import APIRouter, Query, Request
@@ -65,6 +65,7 @@ class Compare:
         self.bundled = model_path(data_dir)
         self.quantized = data_dir / "quantized"
         self.kept: LRUCache = LRUCache(KEPT)
+        self.stages: dict[Key, tuple[str, int, int]] = {}  # the running jobs': (stage, done, total)
         self.lock = threading.Lock()
         self.jobs = JobQueue(self.work, workers=1, capacity=4, per_client=2)
 
@@ -89,7 +90,7 @@ class Compare:
             raise V.Refused(V.NO_FILE)
         return p
 
-    def quantize(self, a: str, quant: str) -> Path:
+    def quantize(self, a: str, quant: str, say: Callable[[str, int, int], None] | None = None) -> Path:
         """The quantization of file `a` to `quant` (llama-quantize's file type), made once."""
         from engine.gguf.quantize import QuantizeError, QuantizeParams, llama_model_quantize
 
@@ -105,7 +106,8 @@ class Compare:
         fd, tmp = tempfile.mkstemp(dir=self.quantized, suffix=".part")
         os.close(fd)
         try:
-            llama_model_quantize(self.path(a), tmp, QuantizeParams(opt.ftype, allow_requantize=True))
+            llama_model_quantize(self.path(a), tmp, QuantizeParams(opt.ftype, allow_requantize=True),
+                                 None if say is None else lambda p: say(V.QUANTIZING, p.index, p.count))
             os.replace(tmp, out)
         except QuantizeError as e:
             raise V.Refused(V.QUANTIZE_FAILED, error=str(e)) from None
@@ -117,20 +119,23 @@ class Compare:
     def work(self, key: Key, job: Job):
         """A job: the pair's files (B quantized first if asked), then the engine's comparison.
         What it makes is kept, and so is what it raises: asked again (a poll), it is not run
-        again."""
+        again. Where it is, for its page: `stages[key]`."""
         from engine.models.compare import compare_files
 
-        def on_node(k: int) -> None:
-            job.steps = k
+        def say(stage: str, done: int, total: int) -> None:
+            self.stages[key] = (stage, done, total)
+            job.steps = done
 
         try:
             a = self.path(key.a)
-            b = self.quantize(key.a, key.quant) if key.quant else self.path(key.b or "")
-            made = compare_files(a, b, key.prompt, on_node)
+            b = self.quantize(key.a, key.quant, say) if key.quant else self.path(key.b or "")
+            made = compare_files(a, b, key.prompt, lambda stage, done, total: say(stage.value, done, total))
         except Exception as e:
             with self.lock:
                 self.kept[key] = e
             raise
+        finally:
+            self.stages.pop(key, None)
         with self.lock:
             self.kept[key] = made
         return made
@@ -210,7 +215,7 @@ def compare(request: Request, store: Store, a: Digest = None, b: Second = None,
         context["error"] = message
         return templates.TemplateResponse(request, "pages/compare.html", context, status_code=422)
     if isinstance(found, Job):
-        context["progress"] = V.compare_progress(area.jobs.progress(found), found.steps)
+        context["progress"] = V.compare_progress(area.jobs.progress(found), area.stages.get(key), key.quant)
         context["poll_url"] = f"{request.url.path}?{request.url.query}"
         return templates.TemplateResponse(request, "pages/compare.html", context, status_code=202)
     if poll:  # made: the page itself

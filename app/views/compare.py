@@ -112,15 +112,29 @@ def compare_form(models: list[Fixture], a: str | None, b: str | None, prompt: st
     return CompareForm(a, b, prompt, choices(a), choices(b), quants)
 
 
+QUANTIZING = "quantize"  # the stage before the engine's: the second file being made
+# what each stage says (the engine's Stage values, and the quantization's)
+STAGES = {
+    QUANTIZING: N_("Quantizing the model to {quant}: tensor {done} of {total}."),
+    "run_a": N_("Running the first model: {done} nodes computed."),
+    "run_b": N_("Running the second model: {done} of {total} nodes computed."),
+    "weights": N_("Comparing the weights: {done} of {total} tensors."),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class CompareProgress:
     place: int  # 0: running
     seconds: int | None
-    nodes: int  # nodes computed so far (both runs)
+    stage: str | None  # where it is, in words (None: starting)
 
 
-def compare_progress(p: Progress, nodes: int) -> CompareProgress:
-    return CompareProgress(p.place, p.seconds, nodes)
+def compare_progress(p: Progress, stage: tuple[str, int, int] | None, quant: str | None) -> CompareProgress:
+    words = None
+    if stage is not None:
+        name, done, total = stage
+        words = _(STAGES[name]).format(done=done, total=total, quant=quant)
+    return CompareProgress(p.place, p.seconds, words)
 
 
 @dataclass(frozen=True, slots=True)

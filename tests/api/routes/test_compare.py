@@ -246,14 +246,17 @@ def test_a_long_run_shows_its_progress_then_the_page(client, monkeypatch):
     params = {"a": a, "b": "Q4_0", "prompt": "The capital of Italy is"}
     r = client.get("/compare", params=params)
     assert r.status_code == 202 and 'id="cmp-progress"' in r.text and 'hx-trigger="every 1s"' in r.text
-    deadline = time.monotonic() + 120
+    deadline, said = time.monotonic() + 120, set()
     while True:
         poll = client.get("/compare", params=params, headers={"HX-Request": "true", "HX-Target": "cmp-progress"})
         if "HX-Redirect" in poll.headers or time.monotonic() > deadline:
             break
         assert poll.status_code == 202
-        time.sleep(0.2)
+        said |= set(re.findall(r"(Quantizing the model to Q4_0|Running the first model|Running the "
+                               r"second model|Comparing the weights)", poll.text))
+        time.sleep(0.02)
     assert poll.headers["HX-Redirect"].startswith("/compare?")
+    assert said  # (where it was, in words, at least once)
 
 
 def test_an_upload_is_checked_and_kept(client, files):
@@ -291,3 +294,10 @@ def test_a_refusal_found_by_the_job_ends_the_polling(client, monkeypatch):
     monkeypatch.setattr(area.jobs, "submit", lambda *args: pytest.fail("run again"))
     page = client.get("/compare", params=params)  # the refusal kept: said at once, not run again
     assert page.status_code == 422 and "different architectures" in page.text
+
+
+def test_every_stage_of_a_comparison_has_words():
+    from app.views.compare import QUANTIZING, STAGES
+    from engine.models.compare import Stage
+
+    assert set(STAGES) == {QUANTIZING} | {s.value for s in Stage}
