@@ -21,7 +21,8 @@ from cachetools import LRUCache
 from app.cli_plan import plan_lines
 from app.i18n import N_, _
 from app.views.format import shape_text
-from app.views.plan_inputs import MIB, Asked, FileFacts, plan_url, read_asked, too_large
+from app.views.plan_inputs import MIB, Asked, FileFacts, fit_too_large, plan_url, read_asked, \
+    too_large
 from engine.core.types import TYPE_TRAITS
 from engine.gguf import GGUFError
 from engine.models import ModelError
@@ -425,7 +426,7 @@ def fit_page(source: PlanSource, facts: FileFacts, query) -> FitPage:
     answer and a bisection over whole plans. Takes a plan per halving, so the plan page loads it
     after its own figures."""
     asked = read_asked(query, facts)
-    errors = (too_large(facts),) if too_large(facts) else asked.errors
+    errors = (fit_too_large(facts),) if fit_too_large(facts) else asked.errors
     if not errors and asked.fit is None:
         errors = (_("--fit: give the memory there is (8G, 1536M...)"),)
     if errors:

@@ -34,6 +34,7 @@ CTX_HARD = 1 << 24  # the most cells any file is planned with, whatever context 
 CTX_NO_TRAIN = 1 << 17  # the most for a file that declares no context_length
 LAYERS_MAX = 256  # a file's layers (block_count) a plan is built for
 TENSORS_MAX = 8192  # a file's tensors
+FIT_LAYERS_MAX = 128  # --fit makes a plan per halving of the context (8 to 20): files this deep
 FIT_MAX = 1 << 50  # the most memory --fit is asked about (1 PiB)
 FITT_MAX = 1 << 20  # the most MiB --fit leaves free
 TEXT_MAX = 32  # characters of a value read (and shown back)
@@ -130,6 +131,15 @@ def too_large(facts: FileFacts) -> str:
         return _("This file has {n} tensors; this page plans files of at most {most}.").format(
             n=f"{facts.n_tensors:,}", most=f"{TENSORS_MAX:,}")
     return ""
+
+
+def fit_too_large(facts: FileFacts) -> str:
+    """Why --fit is not answered for this file here ("" when it is)."""
+    if facts.n_layer > FIT_LAYERS_MAX:
+        return _("--fit makes a plan for each halving of the context: this page answers it for files of at most "
+                 "{most} layers (this one has {n}); ggml-lens plan FILE --fit answers it for any.").format(
+            most=FIT_LAYERS_MAX, n=f"{facts.n_layer:,}")
+    return too_large(facts)
 
 
 @dataclass(frozen=True, slots=True)

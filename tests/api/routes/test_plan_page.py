@@ -193,6 +193,8 @@ def test_a_file_with_too_many_layers_is_not_planned(tmp_path: Path, monkeypatch)
     r = c.get(f"/plan/{digest}")
     assert r.status_code == 422
     assert "This file has 300 layers; this page plans files of at most 256" in text(r.text)
+    r = c.get(f"/plan/{digest}/fit?fit=8G", headers={"HX-Request": "true", "HX-Target": "plan-fit"})
+    assert r.status_code == 422 and "files of at most 128 layers (this one has 300)" in text(r.text)
 
 
 def upload(client: TestClient, data: bytes) -> str:
