@@ -190,7 +190,7 @@ class Sparkline:
 
 
 @dataclass(frozen=True, slots=True)
-class Bar:
+class NodeBar:
     x: float
     y: float
     width: float
@@ -208,7 +208,7 @@ class LayerBars:
     layer: int | None  # None: the nodes before or after the layers
     width: int
     height: int
-    bars: tuple[Bar, ...]
+    bars: tuple[NodeBar, ...]
     top: str
 
 
@@ -329,7 +329,7 @@ def layer_bars(c, form: CompareForm, n: int) -> LayerBars:
     for k, i in enumerate(group):
         v = values[k] if math.isfinite(values[k]) else top
         h = (BARS_H - 12) * (v / top if top > 0 else 0.0)
-        bars.append(Bar(round(SPARK_PAD + k * step, 1), round(BARS_H - h, 1), round(max(step - 2, 1), 1),
+        bars.append(NodeBar(round(SPARK_PAD + k * step, 1), round(BARS_H - h, 1), round(max(step - 2, 1), 1),
                         round(h, 1), form.url(i), c.a.nodes[i].name, _num(values[k]), i == n))
     return LayerBars(il, SPARK_W, BARS_H, tuple(bars), _num(top))
 

@@ -345,7 +345,7 @@ class Comparison:
         return self.a.nbytes + self.b.nbytes
 
 
-class Stage(enum.Enum):
+class CompareStage(enum.Enum):
     """Where a comparison is (for its progress)."""
 
     RUN_A = "run_a"  # done: nodes computed by the first model
@@ -354,18 +354,18 @@ class Stage(enum.Enum):
 
 
 def compare_files(path_a: str | os.PathLike, path_b: str | os.PathLike, prompt: str,
-                  on_progress: Callable[[Stage, int, int], None] | None = None) -> Comparison:
+                  on_progress: Callable[[CompareStage, int, int], None] | None = None) -> Comparison:
     """Check the pair, run both (one after the other: one model in memory at a time), pair
     their nodes and measure everything; `on_progress(stage, done, total)` as it goes (total 0:
     not known)."""
     say = on_progress or (lambda stage, done, total: None)
     check_same_shape(path_a, path_b)
-    a = collect_run(path_a, prompt, lambda k: say(Stage.RUN_A, k, 0))
-    b = collect_run(path_b, prompt, lambda k: say(Stage.RUN_B, k, len(a.nodes)))
+    a = collect_run(path_a, prompt, lambda k: say(CompareStage.RUN_A, k, 0))
+    b = collect_run(path_b, prompt, lambda k: say(CompareStage.RUN_B, k, len(a.nodes)))
     pair_runs(a, b)
     pieces = {**b.pieces, **a.pieces}
     tokens = token_diffs(a, b, lambda i: pieces.get(i, str(i)))
-    weights = weight_errors(path_a, path_b, lambda k, n: say(Stage.WEIGHTS, k, n))
+    weights = weight_errors(path_a, path_b, lambda k, n: say(CompareStage.WEIGHTS, k, n))
     return Comparison(a, b, node_diffs(a, b), tokens, weights)
 
 

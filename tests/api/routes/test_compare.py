@@ -298,6 +298,6 @@ def test_a_refusal_found_by_the_job_ends_the_polling(client, monkeypatch):
 
 def test_every_stage_of_a_comparison_has_words():
     from app.views.compare import QUANTIZING, STAGES
-    from engine.models.compare import Stage
+    from engine.models.compare import CompareStage
 
-    assert set(STAGES) == {QUANTIZING} | {s.value for s in Stage}
+    assert set(STAGES) == {QUANTIZING} | {s.value for s in CompareStage}
