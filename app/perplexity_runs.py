@@ -46,6 +46,7 @@ TEXTS_LIMIT = 16 * 1024 * 1024  # bytes of learners' texts kept
 TEXT_SUFFIX = ".txt"
 KEPT_RUNS = 8  # finished runs kept in memory
 RUN_URL = "/perplexity/run"
+ENCODERS = frozenset({"bert"})  # architectures the engine builds that embed a text, not predict
 
 
 class RunRefused(ValueError):
@@ -175,7 +176,22 @@ class PerplexityRuns:
             raise RunRefused(N_("--chunks must be 1 to {n} at -c {c} (the page decodes at most "
                                 "{tokens} tokens with these models); got {chunks}."),
                              n=tokens // spec.c, c=spec.c, tokens=tokens, chunks=spec.chunks)
+        for name in (spec.model, spec.kld):
+            if name:
+                self._check_decoder(name)
         self.text(spec.text)
+
+    def _check_decoder(self, name: str) -> None:
+        """Refuse a file that is not GGUF, or whose architecture predicts no next token."""
+        from engine.gguf import GGUFError
+
+        try:
+            reader = self.store.open(self.model_file(name).digest)
+        except GGUFError as e:
+            raise RunRefused(N_("{name} is not a valid GGUF file: {error}"), name=name,
+                             error=str(e)) from None
+        if reader is not None and reader.get("general.architecture") in ENCODERS:
+            raise RunRefused(NOT_A_DECODER, name=name)
 
     # --- the queue ----------------------------------------------------------------------------
 
@@ -237,8 +253,6 @@ class PerplexityRuns:
         try:
             models.append(load_model(self.model_path(spec.model), params=params))
             model = models[0]
-            if not hasattr(model, "reset"):
-                raise RunRefused(NOT_A_DECODER, name=spec.model)
             tokens = model.encode(text)
             n_max = len(tokens) // spec.c
             cap = self.max_tokens(spec) // spec.c
@@ -246,8 +260,6 @@ class PerplexityRuns:
             self._totals[spec.key] = c.n_chunk
             if spec.kld:
                 models.append(load_model(self.model_path(spec.kld), params=params))
-                if not hasattr(models[1], "reset"):
-                    raise RunRefused(NOT_A_DECODER, name=spec.kld)
             return score_text(model, tokens, c, n_max, models[1] if spec.kld else None,
                               on_chunk=job.count_step)
         finally:

@@ -23,6 +23,7 @@ from app.perplexity_runs import BUILTIN_TEXT, MAX_EVAL_TOKENS, MAX_TEXT_BYTES, W
 from app.settings import Settings
 from engine.models.perplexity import mean_and_uncertainty, ppl_estimate
 from engine.models.perplexity_scores import final_estimate_line
+from engine.programs import FIXTURES_DIR
 from tests.conformance.test_perplexity import kld_lines, ppl_figures
 
 FINAL = re.compile(r"Final estimate: PPL = \S+ \+/- \S+")
@@ -167,8 +168,9 @@ def test_what_the_page_caps_is_refused_in_words(client, form, status, words):
 
 
 def test_a_large_model_decodes_fewer_tokens(client, models):
-    with open(models / "big.gguf", "wb") as f:  # sparse: only its size counts before a run
-        f.truncate(WORK_LIMIT // 500)  # so 500 tokens
+    shutil.copyfile(FIXTURES_DIR / "ggml-vocab-llama-spm.gguf", models / "big.gguf")
+    with open(models / "big.gguf", "r+b") as f:  # a llama header, then a sparse tail: only its
+        f.truncate(WORK_LIMIT // 500)  # size counts before a run (so 500 tokens)
     try:
         r = client.post("/perplexity", data={"model": "big.gguf", "c": "512"})
         assert r.status_code == 422
@@ -189,6 +191,24 @@ def test_a_run_url_past_the_caps_is_refused(client):
     assert "--chunks must be 1 to 4 at -c 512" in html.unescape(r.text)
     r = client.get("/perplexity/run?model=gemma-3-270m-q4_k_m.gguf&text=" + "0" * 64)
     assert r.status_code == 404 and "no longer kept" in r.text
+
+
+def test_a_file_that_predicts_no_token_is_refused_in_words(client, models):
+    shutil.copyfile(FIXTURES_DIR / "minilm-q8_0.gguf", models / "minilm.gguf")
+    shutil.copyfile(FIXTURES_DIR / "ggml-vocab-llama-spm.gguf", models / "vocab-only.gguf")
+    try:
+        r = client.get("/perplexity/run?model=minilm.gguf&c=64")
+        assert r.status_code == 422
+        assert "minilm.gguf does not predict next tokens (it is not a decoder model)" in \
+            html.unescape(r.text)
+        r = client.get("/perplexity/run?model=gemma-3-270m-q4_k_m.gguf&kld=minilm.gguf")
+        assert r.status_code == 422 and "minilm.gguf does not predict" in html.unescape(r.text)
+        page, _ = finished(client, start(client, model="vocab-only.gguf", c="64"))
+        assert "The run stopped: " in page and "needs tensor 'token_embd.weight'" in \
+            html.unescape(page)
+    finally:
+        (models / "minilm.gguf").unlink()
+        (models / "vocab-only.gguf").unlink()
 
 
 def test_a_text_too_short_for_two_chunks_ends_in_the_tools_words(client):
