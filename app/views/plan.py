@@ -4,7 +4,9 @@ caches, the compute buffer's largest tensors, flash attention on and off side by
 table per layer. Every figure is the engine's; this module only arranges them.
 
 Plans are kept in a small LRU per process (keyed by the file's identity and the settings), so
-moving a slider back and forth asks no plan twice; each keeps how long it took to make.
+moving a slider back and forth asks no plan twice; each keeps how long it took to make. Each plan
+is made in an address space of its own (the engine's simulated memory is per context, and
+requests are served by several threads at once).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from app.i18n import N_, _
 from app.views.format import shape_text
 from app.views.plan_inputs import MIB, Asked, FileFacts, fit_too_large, plan_url, read_asked, \
     too_large
+from engine.core.context import fresh_address_space
 from engine.core.types import TYPE_TRAITS
 from engine.gguf import GGUFError
 from engine.models import ModelError
@@ -85,7 +88,8 @@ def planned(path: Path, params: ContextParams, mmap: bool) -> Made:
         found = _plans.get(key)
     if found is None:
         t0 = time.perf_counter()
-        found = Made(plan(path, params, mmap=mmap), time.perf_counter() - t0)
+        with fresh_address_space():  # its own simulated memory: requests plan in parallel
+            found = Made(plan(path, params, mmap=mmap), time.perf_counter() - t0)
         with _lock:
             _plans[key] = found
     return found
@@ -99,7 +103,8 @@ def fitted(path: Path, free: int, params: ContextParams, mmap: bool, margin: int
         found = _fits.get(key)
     if found is None:
         t0 = time.perf_counter()
-        found = Made(fit(path, free, params, mmap, margin), time.perf_counter() - t0)
+        with fresh_address_space():
+            found = Made(fit(path, free, params, mmap, margin), time.perf_counter() - t0)
         with _lock:
             _fits[key] = found
     return found

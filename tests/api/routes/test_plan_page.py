@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -292,6 +293,19 @@ def test_a_walkthroughs_settings_link_to_their_plan(client: TestClient, gemma_pa
     r = client.get(href)
     assert r.status_code == 200, text(r.text)[:300]
     assert_shows(r.text, plan(gemma_path, asked))
+
+
+def test_requests_plan_in_parallel(client: TestClient, gemma_path: Path):
+    """Several plans at once, as the server's threads make them: each its own, equal to plan()'s
+    (the engine's simulated memory is shared by a thread's plans unless each has its own)."""
+    contexts = (1024, 2048, 3072, 5120, 6144, 7168)
+    plan_view._plans.clear()
+    with ThreadPoolExecutor(len(contexts)) as pool:
+        pages = list(pool.map(lambda c: client.get(f"/plan/bundled?c={c}&fa=off", headers=FRAGMENT), contexts))
+    for c, r in zip(contexts, pages):
+        assert r.status_code == 200, text(r.text)[:300]
+        p = plan(gemma_path, ContextParams(n_ctx=c, flash_attn="off"))
+        assert cache_bytes(r.text) == {k.name: k.size for k in p.caches}
 
 
 def test_every_buffer_kind_has_a_label():
