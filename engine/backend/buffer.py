@@ -244,6 +244,7 @@ def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     buf.space.remove(buf)
     buf.space.remove(buf.struct)
     _BUFFERS.pop(buf.address, None)
+    buf.pool = np.zeros(0, dtype=np.uint8)  # its memory released now, whoever holds the handle
 
 
 _MAPPINGS: dict[int, tuple[int, str]] = {}  # files mapped by map_file: start address -> (size, path)

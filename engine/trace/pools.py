@@ -97,6 +97,30 @@ def fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
     return pool
 
 
+class _FileMap(mmap.mmap):
+    """A file mapped read-only by FileMaps: its pages are the bytes of the patches read from it."""
+
+    path: str
+
+
+def file_pages(data: object) -> tuple[str, int] | None:
+    """Where a patch's bytes lie, as (file, offset), if they are a file's pages (FileMaps)."""
+    if isinstance(data, memoryview) and isinstance(data.obj, _FileMap):
+        base = np.frombuffer(data.obj, np.uint8).ctypes.data
+        return data.obj.path, np.frombuffer(data, np.uint8).ctypes.data - base
+    return None
+
+
+def file_pool(path: str, offset: int, size: int) -> np.ndarray:
+    """A writable pool whose bytes are the file's [offset, offset + size): a private
+    (copy-on-write) mapping, so a rebuilt state reads a model's weights from the page cache and
+    copies only a page something writes."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), offset + size - start, access=mmap.ACCESS_COPY, offset=start)
+    return np.frombuffer(m, np.uint8, size, offset - start)
+
+
 class FileMaps:
     """The files a recording read pool bytes from, each mapped once, twice over: read-only (the
     bytes a step's patch holds, shared with the page cache: no copy) and copy-on-write (a
@@ -112,8 +136,9 @@ class FileMaps:
         maps = self.maps.get(fb.path)
         if maps is None:
             with open(fb.path, "rb") as f:
-                maps = self.maps[fb.path] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ),
-                                             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                shared = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                shared.path = fb.path
+                maps = self.maps[fb.path] = (shared, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         shared, private = maps
         if fb.offset + fb.size > len(shared):
             raise ValueError(f"{fb.path} is shorter than when it was read: its {len(shared)} bytes "

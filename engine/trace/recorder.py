@@ -38,7 +38,7 @@ from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
-from engine.backend.buffer import Buffer
+from engine.backend.buffer import Buffer, ggml_backend_buffer_free, live_buffers
 from engine.backend.sched import COPY_OBSERVER
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.api import Kind, Writes, declaration_of
@@ -534,7 +534,17 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     if trace.error is None:
         rec.emit(StepKind.END, "", (Note("returned"),), [])
     trace.steps = rec.steps
+    _release(rec.space)
+    rec.shadow.clear()  # (now, not when the collector finds the recorder's cycles: a model's MBs)
     return trace
+
+
+def _release(space: Any) -> None:
+    """The backend buffers the program left allocated end with it, as a process's memory does
+    when it exits (a model walkthrough's weights, cache and compute buffers: the trace holds
+    what they held)."""
+    for buf in [b for b in live_buffers() if b.space is space]:
+        ggml_backend_buffer_free(buf)
 
 
 def _plain(v: Any) -> Any:

@@ -28,7 +28,7 @@ from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
-from engine.trace.pools import fresh_pool, frozen
+from engine.trace.pools import file_pages, file_pool, fresh_pool, frozen
 from engine.trace.steps import ContextMeta, Step, StepKind
 
 
@@ -128,7 +128,13 @@ class Trace:
         views = {cid: a.data for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
-            if view is not None:
+            if view is None:
+                continue
+            src = file_pages(data) if a == 0 and b == sizes[cid] else None
+            if src is not None:  # a whole buffer of a file's pages (CPU_Mapped): mapped, not copied
+                pools[cid] = file_pool(*src, b)
+                views[cid] = pools[cid].data
+            else:
                 view[a:b] = data
         return State(self, k, metas, pools, buffers)
 
@@ -159,6 +165,7 @@ class Trace:
             budget = checkpoint_budget(self.recorded_bytes)
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
+            filed: set[int] = set()  # pools that are a file's pages, read-only, written by nothing since
             since, done, spent, replays, written = 0, 0, 0, 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
@@ -170,7 +177,17 @@ class Trace:
                     pools.setdefault(buf.id, np.zeros(buf.size, dtype=np.uint8))
                 step_bytes = 0
                 for cid, a, b, data in flat[done:ends[k]]:
-                    if cid in pools:
+                    if cid not in pools:
+                        pass
+                    elif a == 0 and b == pools[cid].size and file_pages(data) is not None:
+                        pools[cid] = np.frombuffer(data, np.uint8)  # (a checkpoint shares the pages)
+                        filed.add(cid)
+                        dirty.discard(cid)
+                        continue
+                    else:
+                        if cid in filed:  # written over: a copy of its own from now on
+                            pools[cid] = pools[cid].copy()
+                            filed.discard(cid)
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
                         dirty.add(cid)
                     step_bytes += b - a
@@ -188,7 +205,8 @@ class Trace:
                         and spent + cost <= budget * written // max(1, self.recorded_bytes):
                     prev = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
-                    checkpoints.append((done, {cid: prev[cid] if cid in prev and cid not in dirty
+                    checkpoints.append((done, {cid: a if cid in filed else prev[cid]
+                                               if cid in prev and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
                     since, dirty, spent, replays = 0, set(), spent + cost, 0
         self._cp_bytes = sum({id(a): a.nbytes for _, pools in checkpoints for a in pools.values()}.values())
@@ -244,7 +262,9 @@ def _index_of(steps: list[Step]) -> _Index:
                 at, said = found.setdefault(item.id, ([], []))
                 at.append(k)
                 said.append(item)
-    return _Index(len(steps), patches, ends, sum(len(p[3]) for p in patches), contexts, buffers, by_kind)
+    # (a file's pages are not held by the trace: the page cache has them)
+    held = sum(len(p[3]) for p in patches if file_pages(p[3]) is None)
+    return _Index(len(steps), patches, ends, held, contexts, buffers, by_kind)
 
 
 def _as_of(declared: Declared, k: int) -> dict[int, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import random
 from pathlib import Path
@@ -336,3 +337,50 @@ def run(n_threads=1):
         state = trace.state_at(k)
         for cid, digest in live[k].items():
             assert hashlib.sha1(state.contexts[cid].pool.tobytes()).digest() == digest, (k, cid)
+
+
+def test_a_mapped_models_weights_are_the_files_pages(tmp_path):
+    """A model loaded as llama.cpp loads it by default (-lm auto: the CPU weights a CPU_Mapped
+    buffer over the file's mapping) is recorded without a copy of those weights: the step that
+    maps them keeps the file's pages as its patch, the trace's held bytes leave them out, and a
+    rebuilt state's buffer is the file's pages (mapped copy-on-write), equal to the live one at
+    every sampled step. What the program left allocated is released when it ends."""
+    from engine.backend.buffer import live_buffers
+    from engine.core.types import GGMLType
+    from engine.trace.pools import file_pages
+    from tests.conformance.test_models import write_tiny_llama
+
+    from tests.support.vocab import vocab_files
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, GGMLType.Q8_0, vocab=next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf"))
+    before = len(live_buffers())
+    live: dict[int, dict[int, bytes]] = {}
+
+    def seen(step, pools) -> None:
+        if step.index % 53 == 0:
+            live[step.index] = {c.id: hashlib.sha1(c.pool.tobytes()).digest() for c in pools if not c.freed}
+
+    prog = PROGRAMS["model"].load()
+    trace = record(prog.run, prog.__file__, "model", 1, on_step=seen, also=PROGRAMS["model"].also_files,
+                   path=str(path), prompt="Hello", then=(5, 7), no_repack=True)
+    assert trace.error is None, trace.error
+    assert len(live_buffers()) == before  # (its weights, cache and compute buffers freed at its end)
+    mapped = [p for s in trace.steps for p in s.patches if file_pages(p.data) is not None]
+    (weights,) = mapped
+    where = file_pages(weights.data)
+    assert where is not None and where[0] == str(path)
+    r = GGUFReader(path)
+    first = min(t.data_offset for t in r.tensors)
+    assert where[1] == first and bytes(weights.data) == path.read_bytes()[first:first + len(weights.data)]
+    total = sum(len(p.data) for s in trace.steps for p in s.patches)
+    assert trace.recorded_bytes == total - len(weights.data)
+    for k in sorted(live):
+        state = trace.state_at(k)
+        pools = {**state.contexts, **state.buffers}
+        for cid, digest in live[k].items():
+            assert hashlib.sha1(pools[cid].pool.tobytes()).digest() == digest, (k, cid)
+    last = trace.state_at(len(trace.steps) - 1)
+    (buf,) = [b for b in last.buffers.values() if b.name == "CPU_Mapped"]
+    base = buf.pool.base  # the file's pages (read-only, or mapped copy-on-write), not a copy
+    assert isinstance(getattr(base, "obj", base), mmap.mmap), type(base)
