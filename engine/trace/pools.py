@@ -128,7 +128,7 @@ class FileMaps:
     immutable while the trace lives, as the app's stores of models and uploads keep them."""
 
     def __init__(self) -> None:
-        self.maps: dict[str, tuple[mmap.mmap, mmap.mmap]] = {}
+        self.maps: dict[str, tuple[_FileMap, mmap.mmap]] = {}
 
     def bytes_of(self, fb: FileBytes) -> tuple[memoryview, np.ndarray]:
         """fb's bytes read-only (for a patch), and a writable private copy-on-write view (for a
@@ -136,9 +136,9 @@ class FileMaps:
         maps = self.maps.get(fb.path)
         if maps is None:
             with open(fb.path, "rb") as f:
-                shared = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                shared.path = fb.path
-                maps = self.maps[fb.path] = (shared, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                pages = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                pages.path = fb.path
+                maps = self.maps[fb.path] = (pages, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         shared, private = maps
         if fb.offset + fb.size > len(shared):
             raise ValueError(f"{fb.path} is shorter than when it was read: its {len(shared)} bytes "
