@@ -152,6 +152,9 @@ def _chunk_cells(run: PerplexityRun, k: int, has_kld: bool) -> list[Cell]:
         nll = float(c.nll[r])
         title = _("{tok}: log p = {lp:.4f}, p = {p:.2%}, rank {rank}").format(
             tok=tok, lp=-nll, p=float(p[r]), rank=int(c.rank[r]))
+        if c.rank[r] > 1:
+            title += _("; the most likely was {top}").format(
+                top=_quoted(run.top_pieces[int(c.top[r])]))
         kld = ""
         kld_band = -1
         if has_kld and c.kld is not None and c.nll_q is not None and c.rank_q is not None \

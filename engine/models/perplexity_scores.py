@@ -72,6 +72,7 @@ class ChunkScores:
     start: int  # the chunk's first token's index in the text's tokens
     nll: np.ndarray  # -log p(true token) per scored token (double): the first model's
     rank: np.ndarray  # the true token's rank among its logits (1: the most likely)
+    top: np.ndarray  # the most likely token (the first of equal largest logits)
     running: str  # the running estimate printed after the chunk ("[1]12.3456,")
     nll_q: np.ndarray | None = None  # the second model's -log p (float, as double)
     rank_q: np.ndarray | None = None
@@ -102,6 +103,7 @@ class PerplexityRun:
     ppl: tuple[float, float | None] | None = None  # the estimate and its error
     kld_head: str | None = None
     kld_summary: list[str] | None = None  # the closing statistics (None below 100 tokens)
+    top_pieces: dict[int, str] = field(default_factory=dict)  # the most likely tokens' texts
 
     @property
     def first(self) -> int:
@@ -143,7 +145,7 @@ def score_text(model, tokens: list[int], chunking: Chunking, n_chunk_max: int, s
     for i in range(c.n_chunk):
         targets = c.targets(tokens, i)
         logits = _scored_logits(model, c.chunk(tokens, i, bos), c.first)
-        rank = target_ranks(logits, targets)
+        rank, top = target_ranks(logits, targets), logits.argmax(axis=1)
         extra: dict = {}
         if second is None:
             nll = ppl_nll(logits, targets)
@@ -158,10 +160,11 @@ def score_text(model, tokens: list[int], chunking: Chunking, n_chunk_max: int, s
                      "kld": np.asarray(kld.kld_values[n0:], np.float64),
                      "kld_line": kld_chunk_line(i + 1, kld_chunk_figures(kld))}
             del logits_q, rows
-        run.chunks.append(ChunkScores(i, i * c.n_ctx, nll, rank,
+        run.chunks.append(ChunkScores(i, i * c.n_ctx, nll, rank, top,
                                       running_text(i + 1, sums.add(nll)), **extra))
         if on_chunk is not None:
             on_chunk(i)
+    run.top_pieces = {t: tokenizer.piece_text(t) for ch in run.chunks for t in set(ch.top.tolist())}
     ppl, unc = ppl_estimate(sums.nll, sums.nll2, sums.count)
     run.ppl = (ppl, unc)
     run.final = final_estimate_line(ppl, unc) if unc is not None else None

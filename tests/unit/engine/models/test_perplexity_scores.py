@@ -69,6 +69,8 @@ def test_each_scored_token_is_the_one_its_row_predicts():
         ranks = [int(np.flatnonzero(np.argsort(-r, kind="stable") == t)[0]) + 1
                  for r, t in zip(rows, targets)]
         assert ch.rank.tolist() == ranks
+        assert ch.top.tolist() == [int(np.argmax(r)) for r in rows]
+        assert all(run.top_pieces[t] == f"<{t}>" for t in ch.top.tolist())
         np.testing.assert_allclose(ch.p, np.exp(-ch.nll))
     ppl = math.exp(run.scored_nll().mean())
     assert run.final.startswith(f"Final estimate: PPL = {ppl:.4f} +/- ")
