@@ -89,7 +89,7 @@ class Buffer:
         self.base = self.space.place(self, self.mem_size)  # 1 MiB aligned: any alignment holds
         self.struct = HostStruct()
         self.address = self.struct.base  # what a tensor's `buffer` field holds
-        _BUFFERS[self.address] = self
+        _BUFFERS[(self.space, self.address)] = self
         self.freed = False
         self.is_work = False  # a backend's work buffer (the tracer diffs it after every node)
         self.tensor_extra: dict[int, object] = {}  # what its buffer type keeps per tensor, by data
@@ -100,7 +100,9 @@ class Buffer:
         return f"<ggml_backend_buffer {self.buft.name} base={self.base:#x} size={self.size}>"
 
 
-_BUFFERS: dict[int, Buffer] = {}  # by the address of its struct, from its making to its freeing
+# by address space and the address of its struct, from its making to its freeing (two programs'
+# spaces, recorded or planned at once by a server's threads, use the same addresses)
+_BUFFERS: dict[tuple[Any, int], Buffer] = {}
 
 
 def live_buffers() -> list[Buffer]:
@@ -110,7 +112,7 @@ def live_buffers() -> list[Buffer]:
 
 def tensor_buffer(t: Tensor) -> Buffer | None:
     """The buffer whose address is in t->buffer (None for context tensors)."""
-    return _BUFFERS.get(buffer_field(t))
+    return _BUFFERS.get((t.ctx.space, buffer_field(t)))
 
 
 def buffer_field(t: Tensor) -> int:
@@ -243,7 +245,7 @@ def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     buf.freed = True
     buf.space.remove(buf)
     buf.space.remove(buf.struct)
-    _BUFFERS.pop(buf.address, None)
+    _BUFFERS.pop((buf.space, buf.address), None)
     buf.pool = np.zeros(0, dtype=np.uint8)  # its memory released now, whoever holds the handle
 
 

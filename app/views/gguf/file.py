@@ -12,7 +12,27 @@ from engine.gguf import GGUFReader
 from engine.models import ARCHITECTURES
 from engine.programs import program_for
 
-RUN_LIMIT = 1 << 30  # the largest model file "Run it" records a walkthrough of (bytes)
+from functools import lru_cache
+
+
+@lru_cache(maxsize=64)
+def _walk_plan(path: str, digest: str) -> tuple[int, int] | str:
+    """What recording the model walkthrough on the file takes, from its memory plan at the
+    walkthrough's context: (bytes of weights mapped from the file, bytes held besides), or why
+    the engine cannot build the model. (Cached by the file's digest: the plan reads no weights,
+    but builds the reserve graphs.)"""
+    from engine.models import ModelError
+    from engine.models.params import ContextParams, ParamsError
+    from engine.models.plan import MAPPED, plan
+    from engine.programs.model import N_CTX
+
+    try:
+        p = plan(path, ContextParams(n_ctx=N_CTX))
+    except (ModelError, ParamsError, ValueError) as e:
+        return str(e)
+    mapped = sum(b.size for b in p.model if b.name == MAPPED)
+    return mapped, p.total - mapped
+
 
 @dataclass(frozen=True, slots=True)
 class Fact:
@@ -66,15 +86,15 @@ def file_view(store: UploadStore, digest: str, r: GGUFReader) -> FileView:
         HeaderField("n_kv", "int64", f"{r.n_kv:,}", 16, 8, _("key-value pairs after the header")),
     ]
     whole = have(store, digest) is None
-    run_href, run_note = run_it(digest, arch, r.size, whole)
+    run_href, run_note = run_it(digest, arch, r.path, whole)
     return FileView(digest, visible_text(title, 80), store.origin(digest),
                     facts, header, r.n_kv, r.n_tensors,
                     f"/walkthroughs/gguf-load?file={digest}" if whole else "", run_href, run_note)
 
 
-def run_it(digest: str, arch, size: int, whole: bool) -> tuple[str, str]:
-    """"Run it": the walkthrough that runs a model of this architecture on this file, or why
-    there is none."""
+def run_it(digest: str, arch, path: str | None, whole: bool) -> tuple[str, str]:
+    """"Run it": the walkthrough that runs a model of this architecture on this file and what
+    recording it takes (its memory plan), or why there is none."""
     arch = arch if isinstance(arch, str) else None
     prog = program_for(arch) if arch else None
     if prog is None:
@@ -88,9 +108,16 @@ def run_it(digest: str, arch, size: int, whole: bool) -> tuple[str, str]:
                      "ones.").format(steps=steps, built=built)
     if not whole:
         return "", _("Only the file's first bytes were sent: a run needs its weights.")
-    if size > RUN_LIMIT:
-        return "", _("This file is {size}; step-by-step runs take files up to {limit}.").format(
-            size=human_bytes(size), limit=human_bytes(RUN_LIMIT))
-    return (f"/walkthroughs/{prog.name}?file={digest}",
+    href = f"/walkthroughs/{prog.name}?file={digest}"
+    if arch == "bert":  # (an encoder: no memory plan, as llama.cpp's fit pass plans decoders)
+        return href, _("Run the '{name}' walkthrough on this file: type a prompt, then step through every "
+                       "node it computes.").format(name=prog.name)
+    taken = _walk_plan(path, digest) if path is not None else ""
+    if isinstance(taken, str):
+        return "", _("The engine cannot build this model: {why}").format(why=visible_text(taken, 300))
+    mapped, held = taken
+    return (href,
             _("Run the '{name}' walkthrough on this file: type a prompt, then step through every node it "
-              "computes.").format(name=prog.name))
+              "computes. Its memory plan: {mapped} of weights read from the file as they are used, "
+              "{held} besides (repacked weights, KV cache, compute and output buffers).").format(
+                  name=prog.name, mapped=human_bytes(mapped), held=human_bytes(held)))
