@@ -257,9 +257,10 @@ class TokenDiff:
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:
-    """softmax in double (for showing the odds: not a ggml result)."""
+    """softmax in double (for showing the odds: not a ggml result), with the C library's exp
+    (numpy's picks a SIMD path by CPU: the same logits would show other odds elsewhere)."""
     z = np.asarray(logits, np.float64)
-    e = np.exp(z - z.max())
+    e = np.fromiter(map(math.exp, (z - z.max()).tolist()), np.float64, z.size)
     return e / e.sum()
 
 

@@ -82,11 +82,11 @@ class ChunkScores:
     @property
     def p(self) -> np.ndarray:
         """The probability the first model gave each true token, exp(-nll)."""
-        return np.exp(-self.nll)
+        return _exp(-self.nll)
 
     @property
     def p_q(self) -> np.ndarray | None:
-        return None if self.nll_q is None else np.exp(-self.nll_q)
+        return None if self.nll_q is None else _exp(-self.nll_q)
 
 
 @dataclass
@@ -173,3 +173,9 @@ def score_text(model, tokens: list[int], chunking: Chunking, n_chunk_max: int, s
         if kld.count >= KLD_MIN_TOKENS:
             run.kld_summary = kld_summary_lines(kld_summary(kld))
     return run
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    """exp by the C library, value by value (numpy's picks a SIMD path by CPU)."""
+    x = np.asarray(x, np.float64)
+    return np.fromiter(map(math.exp, x.ravel().tolist()), np.float64, x.size).reshape(x.shape)
