@@ -42,6 +42,7 @@ class Goal:
 
     ratio: float | None = None
     seconds: float | None = None
+    nbytes: int | None = None  # ours at most this many bytes (a memory row)
     at_least: float | None = None
 
     def text(self) -> str:
@@ -49,11 +50,15 @@ class Goal:
             return f"<= {self.ratio:g}x"
         if self.seconds is not None:
             return f"<= {self.seconds * 1e3:g}ms" if self.seconds < 1 else f"<= {self.seconds:g}s"
+        if self.nbytes is not None:
+            return f"<= {self.nbytes / 2**30:g}GiB"
         return f">= {self.at_least:g}x theirs"
 
     def met(self, ours: float, theirs: float | None) -> bool | None:
         if self.seconds is not None:
             return ours <= self.seconds
+        if self.nbytes is not None:
+            return ours <= self.nbytes
         if not theirs:
             return None
         if self.ratio is not None:
@@ -70,9 +75,11 @@ class Table:
 
     def __call__(self, name: str, ours: float, theirs: float | None, oracle: str = "ggml",
                  goal: Goal | None = None, unit: str = "s") -> None:
-        """unit "s": times in seconds (printed in ms); "x": speed-ups (printed as they are)."""
+        """unit "s": times in seconds (printed in ms); "x": speed-ups (printed as they are); "B":
+        bytes (printed in MiB)."""
         self.rows.append((name, ours, theirs, oracle, goal))
-        show = (lambda v: f"{v * 1e3:9.3f}ms") if unit == "s" else (lambda v: f"{v:10.2f}x")
+        show = {"s": lambda v: f"{v * 1e3:9.3f}ms", "x": lambda v: f"{v:10.2f}x",
+                "B": lambda v: f"{v / 2**20:8.1f}MiB"}[unit]
         theirs_s = show(theirs) if theirs is not None else f"{'-':>11}"
         ratio = f"{ours / theirs:7.2f}" if theirs else f"{'-':>7}"
         verdict = ""
