@@ -157,7 +157,8 @@ QUIET_TESTS := tests/unit/app/test_sandbox_resources.py
 # their own: a worker keeps every buffer a test left unfreed, as a ggml program would, and by the
 # end of the main run the two hold GBs)
 MODEL_TESTS := tests/conformance/test_default_path.py tests/conformance/test_flash_attn_models.py \
-	tests/conformance/test_gemma_sweep.py tests/conformance/test_perplexity.py tests/conformance/test_plan.py
+	tests/conformance/test_gemma_sweep.py tests/conformance/test_perplexity.py tests/conformance/test_plan.py \
+	tests/api/routes/test_compare.py tests/api/routes/test_perplexity_page.py
 test: setup-test
 	$(VENV)/bin/ruff check --no-cache app engine tests bench
 	$(VENV)/bin/mypy
