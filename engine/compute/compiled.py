@@ -96,6 +96,12 @@ def fingerprint(cgraph: Graph) -> Fingerprint:
                        [o.pool for o in owner_list])
 
 
+def forget(ctx: Any) -> None:
+    """Drop what was kept for the graphs of ctx (their prepared work holds views of the tensors'
+    bytes: a program that ended must not keep its buffers' memory alive through them)."""
+    ctx.__dict__.pop("_remembered", None)
+
+
 def remembered(cgraph: Graph, key: tuple, make: Callable[[], Any]) -> Any:
     """make() for this graph and key, kept with the graph's context and made again only when
     something it was made from has changed (one Fingerprint per graph, checked on each call, for

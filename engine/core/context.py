@@ -83,6 +83,10 @@ class AddressSpace:
         self._bases.insert(i, base)
         self._owners.insert(i, self._ref(owner))
 
+    def owners(self) -> list:
+        """Every pool mapped here (contexts and buffers), live ones only."""
+        return [o for o in (self._owner(j) for j in range(len(self._owners))) if o is not None]
+
     def remove(self, owner: Pool) -> None:
         i = next(j for j in range(len(self._owners)) if self._owner(j) is owner)
         del self._bases[i], self._owners[i]

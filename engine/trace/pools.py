@@ -98,27 +98,67 @@ def fresh_pool(size: int, like: np.ndarray | None) -> np.ndarray:
 
 
 class _FileMap(mmap.mmap):
-    """A file mapped read-only by FileMaps: its pages are the bytes of the patches read from it."""
+    """A file mapped read-only whose pages are the bytes of patches: a model file (FileMaps), or
+    a weights buffer's mirror (`Mirror`, a memory file the trace holds: `held`)."""
 
     path: str
+    held: bool
 
 
-def file_pages(data: object) -> tuple[str, int] | None:
-    """Where a patch's bytes lie, as (file, offset), if they are a file's pages (FileMaps)."""
+def file_pages(data: object) -> tuple[_FileMap, int] | None:
+    """Where a patch's bytes lie, as (mapped file, offset), if they are a file's pages."""
     if isinstance(data, memoryview) and isinstance(data.obj, _FileMap):
         base = np.frombuffer(data.obj, np.uint8).ctypes.data
-        return data.obj.path, np.frombuffer(data, np.uint8).ctypes.data - base
+        return data.obj, np.frombuffer(data, np.uint8).ctypes.data - base
     return None
 
 
-def file_pool(path: str, offset: int, size: int) -> np.ndarray:
+def file_pool(source: _FileMap, offset: int, size: int) -> np.ndarray:
     """A writable pool whose bytes are the file's [offset, offset + size): a private
-    (copy-on-write) mapping, so a rebuilt state reads a model's weights from the page cache and
-    copies only a page something writes."""
+    (copy-on-write) mapping, so a rebuilt state reads a model's weights from the page cache (or
+    the trace's mirror of them) and copies only a page something writes."""
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    with open(path, "rb") as f:
+    with open(source.path, "rb") as f:
         m = mmap.mmap(f.fileno(), offset + size - start, access=mmap.ACCESS_COPY, offset=start)
     return np.frombuffer(m, np.uint8, size, offset - start)
+
+
+def file_view(source: _FileMap, offset: int, size: int) -> np.ndarray:
+    """The file's [offset, offset + size), read-only, shared (a checkpoint's pool)."""
+    return np.frombuffer(source, np.uint8, size, offset)
+
+
+MIRROR_MIN = 1 << 16  # bytes: a weights buffer's changes this large go to its mirror
+
+
+class Mirror:
+    """A weights buffer's bytes, as the steps wrote them, in a memory file of its own (memfd) at
+    the buffer's offsets, instead of a bytes object per patch: the patches are views of its
+    pages, and a state rebuilt after the last of them maps it (copy-on-write) instead of
+    replaying them, as it maps a model file's pages. (Repacked weights, which are no file's.)
+    A range written a second time is refused (`put` gives None): its first patch must keep the
+    bytes it had."""
+
+    def __init__(self, size: int) -> None:
+        fd = os.memfd_create("ggml-lens-weights", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            self.pages = _FileMap(fd, size, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.pages.path, self.pages.held = f"/proc/self/fd/{fd}", True
+        weakref.finalize(self.pages, os.close, fd)
+        self.fd = fd
+        self.written: list[tuple[int, int]] = []
+
+    def put(self, offset: int, data: np.ndarray) -> memoryview | None:
+        end = offset + data.size
+        if any(a < end and offset < b for a, b in self.written):
+            return None
+        self.written.append((offset, end))
+        os.pwrite(self.fd, np.ascontiguousarray(data).data, offset)
+        return memoryview(self.pages)[offset:end]
 
 
 class FileMaps:
@@ -137,7 +177,7 @@ class FileMaps:
         if maps is None:
             with open(fb.path, "rb") as f:
                 pages = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                pages.path = fb.path
+                pages.path, pages.held = fb.path, False
                 maps = self.maps[fb.path] = (pages, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         shared, private = maps
         if fb.offset + fb.size > len(shared):

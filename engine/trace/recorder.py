@@ -22,6 +22,7 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from bisect import bisect_right
@@ -38,8 +39,10 @@ from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
-from engine.backend.buffer import Buffer, ggml_backend_buffer_free, live_buffers
+from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, Buffer, ggml_backend_buffer_free,
+                                   live_buffers)
 from engine.backend.sched import COPY_OBSERVER
+from engine.compute.compiled import forget
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.api import Kind, Writes, declaration_of
 from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
@@ -55,7 +58,8 @@ from engine.trace.backend import BackendRecorder
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import opt_parts
-from engine.trace.pools import FileMaps, PoolRange, Region, Shadow, StructOf, changed_runs
+from engine.trace.pools import (MIRROR_MIN, FileMaps, Mirror, PoolRange, Region, Shadow, StructOf,
+                                changed_runs)
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -114,6 +118,7 @@ class Recorder:
         self.contexts: list[Context] = []
         self.shadow: dict[int, Shadow] = {}  # each pool as of the last step
         self.file_maps = FileMaps()  # the files pools were read from (a model's weights)
+        self.mirrors: dict[int, Mirror] = {}  # weights buffers' bytes, by buffer id
         self.file_patches: list[Patch] = []  # those bytes, for the step that first sees them
         self.cpu = CpuBytes()  # which bytes hold values that depend on the CPU
         self.meta: dict[int, ContextMeta] = {}
@@ -257,7 +262,7 @@ class Recorder:
                 for s, e in zip(starts, ends):
                     if isinstance(ctx, Context):
                         fields += self.field_writes(ctx, at + int(s), at + int(e))
-                    patches.append(Patch(ctx.id, at + int(s), cur[s:e].tobytes()))
+                    patches.append(Patch(ctx.id, at + int(s), self.patch_bytes(ctx, at + int(s), cur[s:e])))
                     old[s:e] = cur[s:e]
         seen = set()
         for ctx in self.contexts:
@@ -275,6 +280,19 @@ class Recorder:
         patches = self.file_patches + _dedupe(patches)  # (a file's bytes first: the changes are on top)
         self.file_patches = []
         return patches, _dedupe(fields), objects
+
+    def patch_bytes(self, owner: Context | Buffer, at: int, data: np.ndarray) -> bytes:
+        """A patch's bytes: a copy, or for a weights buffer's large writes (repacked weights) a
+        view of its mirror's pages (`Mirror`)."""
+        if isinstance(owner, Buffer) and owner.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS \
+                and data.size >= MIRROR_MIN and hasattr(os, "memfd_create"):
+            mirror = self.mirrors.get(owner.id)
+            if mirror is None:
+                mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
+            view = mirror.put(at, data)
+            if view is not None:
+                return view  # type: ignore[return-value]  # (read as bytes, as a file's pages are)
+        return data.tobytes()
 
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
@@ -545,6 +563,8 @@ def _release(space: Any) -> None:
     what they held)."""
     for buf in [b for b in live_buffers() if b.space is space]:
         ggml_backend_buffer_free(buf)
+    for owner in space.owners():
+        forget(owner)  # (the graphs' prepared work, which views the buffers' bytes)
 
 
 def _plain(v: Any) -> Any:

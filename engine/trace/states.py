@@ -28,7 +28,7 @@ from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
-from engine.trace.pools import file_pages, file_pool, fresh_pool, frozen
+from engine.trace.pools import file_pages, file_pool, file_view, fresh_pool, frozen
 from engine.trace.steps import ContextMeta, Step, StepKind
 
 
@@ -118,23 +118,21 @@ class Trace:
             if at > ends[k]:
                 break
             start, saved = at, pools_then
+        # a pool whose every patch is a file's pages (a model's mapped weights, a weights
+        # buffer's mirror) is that file, mapped, once the state is past its last patch
+        whole = {cid: m for cid, m in index.mirrors.items() if m.last < ends[k]}
         # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
         # a loaded model's weights are not copied for every step a learner opens
-        touched = {p[0] for p in flat[start:ends[k]]}
+        touched = {p[0] for p in flat[start:ends[k]]} - whole.keys()
         sizes = {**{cid: m.mem_size for cid, m in metas.items()},
                  **{bid: m.size for bid, m in buffers.items()}}
         pools = {cid: saved[cid] if cid in saved and cid not in touched
+                 else file_pool(whole[cid].pages, whole[cid].shift, size) if cid in whole
                  else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
         views = {cid: a.data for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
             view = views.get(cid)
-            if view is None:
-                continue
-            src = file_pages(data) if a == 0 and b == sizes[cid] else None
-            if src is not None:  # a whole buffer of a file's pages (CPU_Mapped): mapped, not copied
-                pools[cid] = file_pool(*src, b)
-                views[cid] = pools[cid].data
-            else:
+            if view is not None:
                 view[a:b] = data
         return State(self, k, metas, pools, buffers)
 
@@ -160,12 +158,12 @@ class Trace:
         sizes = {**{cid: m.mem_size for cid, m in _as_of(index.contexts, last).items()},
                  **{bid: m.size for bid, m in _as_of(index.buffers, last).items()}}
         checkpoints: list[tuple[int, dict[int, np.ndarray]]] = []
-        if self.recorded_bytes > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES) \
+        copied = index.copied  # (what the checkpoints copy comes from these patches alone)
+        if copied > min(checkpoint_every(sum(sizes.values())), BIG_STEP_BYTES) \
                 or len(flat) > CHECKPOINT_PATCHES:
-            budget = checkpoint_budget(self.recorded_bytes)
+            budget = checkpoint_budget(copied)
             pools: dict[int, np.ndarray] = {}
             dirty: set[int] = set()  # pools written since the last checkpoint
-            filed: set[int] = set()  # pools that are a file's pages, read-only, written by nothing since
             since, done, spent, replays, written = 0, 0, 0, 0, 0
             for k, s in enumerate(self.steps):
                 for c in s.contexts:
@@ -177,35 +175,33 @@ class Trace:
                     pools.setdefault(buf.id, np.zeros(buf.size, dtype=np.uint8))
                 step_bytes = 0
                 for cid, a, b, data in flat[done:ends[k]]:
-                    if cid not in pools:
-                        pass
-                    elif a == 0 and b == pools[cid].size and file_pages(data) is not None:
-                        pools[cid] = np.frombuffer(data, np.uint8)  # (a checkpoint shares the pages)
-                        filed.add(cid)
-                        dirty.discard(cid)
-                        continue
-                    else:
-                        if cid in filed:  # written over: a copy of its own from now on
-                            pools[cid] = pools[cid].copy()
-                            filed.discard(cid)
+                    if cid in pools and cid not in index.mirrors:
                         pools[cid][a:b] = np.frombuffer(data, np.uint8)
                         dirty.add(cid)
-                    step_bytes += b - a
+                        step_bytes += b - a
                 since += step_bytes
                 written += step_bytes
                 replays += ends[k] - done
                 done = ends[k]
+                # a mirrored pool is its file's pages (shared) once complete; no checkpoint
+                # while one is made but not complete (its states replay it instead)
+                waiting = False
+                for cid, m in index.mirrors.items():
+                    if cid in pools and m.last < done:
+                        pools[cid] = file_view(m.pages, m.shift, pools[cid].size)
+                    elif cid in pools:
+                        waiting = True
                 # also right after a step that writes a lot (a model's weights loaded): the
                 # states after it share that checkpoint's pool instead of rebuilding it. The
                 # budget is spent as the steps write (its share so far), so the checkpoints are
                 # spread over the trace; one that costs more waits (its states replay instead)
                 cost = sum(a.nbytes for cid, a in pools.items() if cid in dirty)
                 if (since >= checkpoint_every(cost) or step_bytes >= BIG_STEP_BYTES or replays >= CHECKPOINT_PATCHES) \
-                        and k + 1 < len(self.steps) \
-                        and spent + cost <= budget * written // max(1, self.recorded_bytes):
+                        and k + 1 < len(self.steps) and not waiting \
+                        and spent + cost <= budget * written // max(1, copied):
                     prev = checkpoints[-1][1] if checkpoints else {}
                     # a pool nothing wrote since the last checkpoint is that checkpoint's copy
-                    checkpoints.append((done, {cid: a if cid in filed else prev[cid]
+                    checkpoints.append((done, {cid: a if cid in index.mirrors else prev[cid]
                                                if cid in prev and cid not in dirty
                                                else frozen(a) for cid, a in pools.items()}))
                     since, dirty, spent, replays = 0, set(), spent + cost, 0
@@ -233,13 +229,24 @@ class Trace:
 Declared = dict[int, tuple[list[int], list[Any]]]  # id -> the steps declaring it, and what each said
 
 
+class Mirrored(NamedTuple):
+    """A pool every patch of which is a file's pages, each at the same distance from its offset
+    in the pool: the pool is the file from `shift` on, once past patch `last`."""
+
+    pages: Any  # the mapped file (engine.trace.pools._FileMap)
+    shift: int
+    last: int
+
+
 class _Index(NamedTuple):
     """What a trace's steps hold, as a rebuild and the panels look it up."""
 
     n_steps: int
     patches: list[tuple[int, int, int, bytes]]  # every patch in order as (ctx, start, end, bytes)
     ends: list[int]  # how many patches steps 0..k wrote
-    nbytes: int  # the bytes the patches hold
+    nbytes: int  # the bytes the patches hold (a weights buffer's mirror, not a model file's pages)
+    copied: int  # the bytes of the patches of pools that are not mirrored (a rebuild replays these)
+    mirrors: dict[int, Mirrored]  # the pools that are a file's pages
     # each context's metas and each buffer's, with the steps that declared them (a context's
     # meta changes with every object it makes: a state finds its own by bisection, `_as_of`)
     contexts: Declared
@@ -262,9 +269,21 @@ def _index_of(steps: list[Step]) -> _Index:
                 at, said = found.setdefault(item.id, ([], []))
                 at.append(k)
                 said.append(item)
-    # (a file's pages are not held by the trace: the page cache has them)
-    held = sum(len(p[3]) for p in patches if file_pages(p[3]) is None)
-    return _Index(len(steps), patches, ends, held, contexts, buffers, by_kind)
+    mirrors: dict[int, Mirrored] = {}
+    broken: set[int] = set()
+    held = 0
+    for i, (cid, a, _, data) in enumerate(patches):
+        src = file_pages(data)
+        if src is None or src[0].held:  # (not a model file's pages: the page cache has those)
+            held += len(data)
+        m = mirrors.get(cid)
+        if src is None or (m is not None and (m.pages is not src[0] or m.shift != src[1] - a)):
+            broken.add(cid)
+        elif cid not in broken:
+            mirrors[cid] = Mirrored(src[0], src[1] - a, i)
+    mirrors = {cid: m for cid, m in mirrors.items() if cid not in broken}
+    copied = sum(len(p[3]) for p in patches if p[0] not in mirrors)
+    return _Index(len(steps), patches, ends, held, copied, mirrors, contexts, buffers, by_kind)
 
 
 def _as_of(declared: Declared, k: int) -> dict[int, Any]:

@@ -339,12 +339,15 @@ def run(n_threads=1):
             assert hashlib.sha1(state.contexts[cid].pool.tobytes()).digest() == digest, (k, cid)
 
 
-def test_a_mapped_models_weights_are_the_files_pages(tmp_path):
+@pytest.mark.parametrize("no_repack", [True, False], ids=["nr", "repacked"])
+def test_a_mapped_models_weights_are_the_files_pages(tmp_path, no_repack):
     """A model loaded as llama.cpp loads it by default (-lm auto: the CPU weights a CPU_Mapped
     buffer over the file's mapping) is recorded without a copy of those weights: the step that
     maps them keeps the file's pages as its patch, the trace's held bytes leave them out, and a
     rebuilt state's buffer is the file's pages (mapped copy-on-write), equal to the live one at
-    every sampled step. What the program left allocated is released when it ends."""
+    every sampled step. Repacked weights are held once, in their buffer's mirror (a memory file
+    the patches view and later states map). What the program left allocated is released when
+    it ends."""
     from engine.backend.buffer import live_buffers
     from engine.core.types import GGMLType
     from engine.trace.pools import file_pages
@@ -353,7 +356,7 @@ def test_a_mapped_models_weights_are_the_files_pages(tmp_path):
     from tests.support.vocab import vocab_files
 
     path = tmp_path / "tiny.gguf"
-    write_tiny_llama(path, GGMLType.Q8_0, vocab=next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf"))
+    write_tiny_llama(path, GGMLType.Q4_0, vocab=next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf"))
     before = len(live_buffers())
     live: dict[int, dict[int, bytes]] = {}
 
@@ -363,16 +366,18 @@ def test_a_mapped_models_weights_are_the_files_pages(tmp_path):
 
     prog = PROGRAMS["model"].load()
     trace = record(prog.run, prog.__file__, "model", 1, on_step=seen, also=PROGRAMS["model"].also_files,
-                   path=str(path), prompt="Hello", then=(5, 7), no_repack=True)
+                   path=str(path), prompt="Hello", then=(5, 7), no_repack=no_repack)
     assert trace.error is None, trace.error
     assert len(live_buffers()) == before  # (its weights, cache and compute buffers freed at its end)
-    mapped = [p for s in trace.steps for p in s.patches if file_pages(p.data) is not None]
-    (weights,) = mapped
+    viewed = [(p, file_pages(p.data)) for s in trace.steps for p in s.patches]
+    (weights,) = [p for p, src in viewed if src is not None and not src[0].held]
     where = file_pages(weights.data)
-    assert where is not None and where[0] == str(path)
+    assert where is not None and where[0].path == str(path)
     r = GGUFReader(path)
     first = min(t.data_offset for t in r.tensors)
     assert where[1] == first and bytes(weights.data) == path.read_bytes()[first:first + len(weights.data)]
+    mirrored = [p for p, src in viewed if src is not None and src[0].held]
+    assert bool(mirrored) == (not no_repack)  # (the repacked weights, in their mirror)
     total = sum(len(p.data) for s in trace.steps for p in s.patches)
     assert trace.recorded_bytes == total - len(weights.data)
     for k in sorted(live):
