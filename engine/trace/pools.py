@@ -197,6 +197,18 @@ class Shadow:
         self.base = np.zeros(size, dtype=np.uint8)
         self.file_at, self.file = file_at, file if file is not None else self.base[:0]
 
+    @classmethod
+    def copy_of(cls, other: "Shadow") -> "Shadow":
+        """A shadow of the same bytes, all of them its own (writable)."""
+        out = cls(other.base.size)
+        out.base[:] = other.read(0, other.base.size)
+        return out
+
+    def write(self, at: int, data: np.ndarray) -> None:
+        """Bytes [at, at + data.size) are now `data`."""
+        for start, piece in self.pieces(at, at + data.size):
+            piece[:] = data[start - at:start - at + piece.size]
+
     def pieces(self, a: int, b: int) -> list[tuple[int, np.ndarray]]:
         """[a, b) as (start, writable bytes) pieces: in the zeros, or in the file's bytes."""
         s, e = self.file_at, self.file_at + self.file.size

@@ -262,8 +262,11 @@ class Recorder:
                 for s, e in zip(starts, ends):
                     if isinstance(ctx, Context):
                         fields += self.field_writes(ctx, at + int(s), at + int(e))
-                    patches.append(Patch(ctx.id, at + int(s), self.patch_bytes(ctx, at + int(s), cur[s:e])))
-                    old[s:e] = cur[s:e]
+                    data = self.mirrored(ctx, at + int(s), cur[s:e])
+                    if data is None:
+                        data = cur[s:e].tobytes()
+                        self.shadow[ctx.id].write(at + int(s), cur[s:e])
+                    patches.append(Patch(ctx.id, at + int(s), data))
         seen = set()
         for ctx in self.contexts:
             if ctx.freed:
@@ -281,18 +284,25 @@ class Recorder:
         self.file_patches = []
         return patches, _dedupe(fields), objects
 
-    def patch_bytes(self, owner: Context | Buffer, at: int, data: np.ndarray) -> bytes:
-        """A patch's bytes: a copy, or for a weights buffer's large writes (repacked weights) a
-        view of its mirror's pages (`Mirror`)."""
-        if isinstance(owner, Buffer) and owner.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS \
-                and data.size >= MIRROR_MIN and hasattr(os, "memfd_create"):
-            mirror = self.mirrors.get(owner.id)
-            if mirror is None:
-                mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
-            view = mirror.put(at, data)
-            if view is not None:
-                return view  # type: ignore[return-value]  # (read as bytes, as a file's pages are)
-        return data.tobytes()
+    def mirrored(self, owner: Context | Buffer, at: int, data: np.ndarray) -> bytes | None:
+        """For a weights buffer's writes (repacked weights; the first of at least MIRROR_MIN
+        bytes starts it), the patch's bytes as a view of its mirror's pages (`Mirror`), which
+        are also its shadow's: nothing is copied but into the mirror. None: a copy is the patch
+        (and the shadow writable again, where a range is written twice)."""
+        mirror = self.mirrors.get(owner.id)
+        if mirror is None:
+            if not (isinstance(owner, Buffer) and owner.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+                    and data.size >= MIRROR_MIN and hasattr(os, "memfd_create")):
+                return None
+            shadow = self.shadow[owner.id]
+            if shadow.file.size or shadow.base.any():  # (written before: stays a copy)
+                return None
+            mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
+            self.shadow[owner.id] = Shadow(owner.mem_size, 0, np.frombuffer(mirror.pages, np.uint8))
+        view = mirror.put(at, data)
+        if view is None and self.shadow[owner.id].file.size:
+            self.shadow[owner.id] = Shadow.copy_of(self.shadow[owner.id])
+        return view  # type: ignore[return-value]  # (read as bytes, as a file's pages are)
 
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
