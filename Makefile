@@ -158,7 +158,7 @@ QUIET_TESTS := tests/unit/app/test_sandbox_resources.py
 # end of the main run the two hold GBs)
 MODEL_TESTS := tests/conformance/test_default_path.py tests/conformance/test_flash_attn_models.py \
 	tests/conformance/test_gemma_sweep.py tests/conformance/test_perplexity.py tests/conformance/test_plan.py \
-	tests/api/routes/test_compare.py tests/api/routes/test_perplexity_page.py
+	tests/api/routes/test_compare.py tests/api/routes/test_perplexity_page.py tests/api/routes/test_big_files.py
 test: setup-test
 	$(VENV)/bin/ruff check --no-cache app engine tests bench
 	$(VENV)/bin/mypy
