@@ -204,6 +204,7 @@ LANES_HIDDEN PyObject *lanes_gemm_q4_b32_8x8(PyObject *self, PyObject *args);
 /* c/repack_q8_k.c: the products of the repacked q4_K_8x8 and their activations */
 LANES_HIDDEN PyObject *lanes_quantize_mat_q8_k_4x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemv_q4_k_8x8(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_pack_q4_k_8x8(PyObject *self, PyObject *args);
 LANES_HIDDEN PyObject *lanes_gemm_q4_k_8x8(PyObject *self, PyObject *args);
 
 /* c/tiled.c: llama.cpp's tiled K-quant products (ggml-cpu/tiled/) */

@@ -489,3 +489,69 @@ LANES_HIDDEN PyObject *lanes_gemm_q4_k_8x8(PyObject *self, PyObject *args)
     (void)self;
     return run_product(args, 1);
 }
+
+/* --- repack_q4_K_to_q4_K_8_bl: plain Q4_K rows -> block_q4_Kx8 -------------------------------
+ * Each group of 8 rows, block column b: the 8 rows' d and dmin in row order; for each sub-block j,
+ * the 8 rows' six-bit scale and min of j packed as one Q4_K block packs its 8 sub-blocks' (rows in
+ * place of sub-blocks); the quant bytes 8 at a time, row 0..7, 16 rounds. */
+
+static void scale_min_of(const uint8_t *q, int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void pack_q4_k_group(const uint8_t *src, size_t row_bytes, size_t nb, uint8_t *dst)
+{
+    for (size_t b = 0; b < nb; b++) {
+        uint8_t *o = dst + b * 1152;
+        uint8_t sc[8][8], mn[8][8]; /* [row][sub-block] */
+        for (int r = 0; r < 8; r++) {
+            const uint8_t *blk = src + r * row_bytes + b * 144;
+            memcpy(o + 2 * r, blk, 2);          /* d */
+            memcpy(o + 16 + 2 * r, blk + 2, 2); /* dmin */
+            for (int j = 0; j < 8; j++)
+                scale_min_of(blk + 4, j, &sc[r][j], &mn[r][j]);
+            for (int i = 0; i < 16; i++)
+                memcpy(o + 128 + (i * 8 + r) * 8, blk + 16 + 8 * i, 8);
+        }
+        for (int j = 0; j < 8; j++) {
+            uint8_t *s = o + 32 + 12 * j;
+            for (int r = 0; r < 4; r++) {
+                s[r] = (uint8_t)((sc[r][j] & 63) | ((sc[r + 4][j] >> 4) << 6));
+                s[r + 4] = (uint8_t)((mn[r][j] & 63) | ((mn[r + 4][j] >> 4) << 6));
+                s[r + 8] = (uint8_t)((sc[r + 4][j] & 15) | ((mn[r + 4][j] & 15) << 4));
+            }
+        }
+    }
+}
+
+LANES_HIDDEN PyObject *lanes_pack_q4_k_8x8(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer src, dst;
+    Py_ssize_t nrows, row_bytes;
+    if (!PyArg_ParseTuple(args, "y*w*nn", &src, &dst, &nrows, &row_bytes))
+        return NULL;
+    int ok = nrows >= 0 && nrows % 8 == 0 && row_bytes > 0 && row_bytes % 144 == 0
+        && src.len >= nrows * row_bytes && dst.len >= nrows * row_bytes;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t g = 0; g < nrows / 8; g++)
+            pack_q4_k_group((const uint8_t *)src.buf + g * 8 * row_bytes, (size_t)row_bytes,
+                            (size_t)row_bytes / 144, (uint8_t *)dst.buf + g * 8 * row_bytes);
+        Py_END_ALLOW_THREADS
+    } else {
+        PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes for a q4_K_8x8 pack");
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+
 from engine.core.types import GGMLType
+from engine.lanes import lanes, twin
 from engine.quants.common import block_dtype, get_scale_min_k4
 from engine.quants.kquants import BLOCK_Q4_K
 from engine.quants.repack import RepackLayout, register
@@ -64,18 +66,26 @@ def _swap_scales(scales: np.ndarray) -> np.ndarray:
 def pack_q4_k_8x8(rows: np.ndarray) -> np.ndarray:
     """repack_q4_K_to_q4_K_8_bl: plain Q4_K rows (nrows, row_bytes) uint8 -> the buffer's bytes
     in the same shape (the same size: each group of 8 rows becomes a row of block_q4_Kx8 over
-    those 8 rows' bytes)."""
+    those 8 rows' bytes). In C (engine._lanes.pack_q4_k_8x8: a model's weights repack as they
+    load), the same bytes as its twin below."""
     rows = np.ascontiguousarray(rows, np.uint8)
-    nrows = rows.shape[0]
-    assert nrows % ROWS == 0 and rows.shape[1] % BLOCK_Q4_K.itemsize == 0
-    src = rows.view(BLOCK_Q4_K).reshape(nrows // ROWS, ROWS, -1).swapaxes(1, 2)  # (g, b, r)
-    out = np.empty(src.shape[:2], BLOCK_Q4_KX8)
-    out["d"], out["dmin"] = src["d"], src["dmin"]
-    out["scales"] = _swap_scales(src["scales"]).reshape(*src.shape[:2], 96)
+    assert rows.ndim == 2 and rows.shape[0] % ROWS == 0 and rows.shape[1] % BLOCK_Q4_K.itemsize == 0
+    out = np.empty_like(rows)
+    lanes.pack_q4_k_8x8(rows.reshape(-1), out.reshape(-1), rows.shape[0], rows.shape[1])
+    return out
+
+
+@twin("pack_q4_k_8x8")
+def pack_q4_k_8x8_rows(src, dst, nrows: int, row_bytes: int) -> None:
+    """engine._lanes.pack_q4_k_8x8: the repacked bytes of nrows plain Q4_K rows (src) into dst."""
+    rows = np.frombuffer(src, np.uint8, nrows * row_bytes).reshape(nrows, row_bytes)
+    src_b = rows.view(BLOCK_Q4_K).reshape(nrows // ROWS, ROWS, -1).swapaxes(1, 2)  # (g, b, r)
+    out = np.frombuffer(dst, np.uint8, nrows * row_bytes).view(BLOCK_Q4_KX8).reshape(src_b.shape[:2])
+    out["d"], out["dmin"] = src_b["d"], src_b["dmin"]
+    out["scales"] = _swap_scales(src_b["scales"]).reshape(*src_b.shape[:2], 96)
     # qs: (g, b, r, round, 8 bytes) -> (g, b, round, r, 8 bytes)
-    out["qs"] = src["qs"].reshape(*src.shape, 16, INTERLEAVE).swapaxes(2, 3).reshape(
-        *src.shape[:2], 1024)
-    return out.view(np.uint8).reshape(rows.shape)
+    out["qs"] = src_b["qs"].reshape(*src_b.shape, 16, INTERLEAVE).swapaxes(2, 3).reshape(
+        *src_b.shape[:2], 1024)
 
 
 def unpack_q4_k_8x8(packed: np.ndarray) -> np.ndarray:

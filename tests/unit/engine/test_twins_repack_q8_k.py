@@ -1,4 +1,4 @@
-"""The repacked Q4_K products' C loops (engine/c/repack_q8_k.c: quantize_mat_q8_k_4x8,
+"""The repacked Q4_K C loops (engine/c/repack_q8_k.c: pack_q4_k_8x8, quantize_mat_q8_k_4x8,
 gemv_q4_k_8x8, gemm_q4_k_8x8) against their numpy twins (engine/compute/kernels/repack_q8_k.py):
 the same bits on random values and on random bit patterns, by the AVX2 loop and the portable
 one, on 1 to 3 threads; the largest integer sums the types allow; and the pipeline `product` in C
@@ -165,3 +165,17 @@ def test_product_c_and_numpy():
             use_numpy(False)
         got.append(out)
     assert got[0].tobytes() == got[1].tobytes()
+
+
+@pytest.mark.parametrize("nrows,nb", [(8, 1), (16, 3), (64, 12)])
+def test_pack_q4_k_8x8(nrows: int, nb: int):
+    """The C repack of plain Q4_K rows writes its twin's bytes, for any bytes (every scale and
+    min bit pattern), and unpacks to the rows it came from."""
+    from engine.quants.repack_kquant import unpack_q4_k_8x8
+
+    rows = np.random.default_rng(nrows + nb).integers(0, 256, (nrows, 144 * nb), dtype=np.uint8)
+    got, want = np.empty_like(rows), np.empty_like(rows)
+    C.pack_q4_k_8x8(rows.reshape(-1), got.reshape(-1), nrows, 144 * nb)
+    TWINS["pack_q4_k_8x8"](rows.reshape(-1), want.reshape(-1), nrows, 144 * nb)
+    assert got.tobytes() == want.tobytes()
+    assert unpack_q4_k_8x8(got).tobytes() == rows.tobytes()
