@@ -112,13 +112,17 @@ def test_gemma_logits_are_llama_cpps(gemma_logits, setting, n):
 
 
 def test_the_defaults_repack_and_tile(gemma_path):
-    """What the default path is made of: Q4_K weights in CPU_REPACK, tiled products, flash
-    attention; -nr keeps every weight in CPU."""
+    """What the default path is made of: Q4_K weights in CPU_REPACK, the others mapped from the
+    file (CPU_Mapped), tiled products, flash attention; -nr keeps every weight in the mapping,
+    and -lm none reads them into a CPU buffer."""
     model = load_model(gemma_path, params=ContextParams(n_threads=N_THREADS, **BATCH))
     assert model.cparams.flash_attn and model.cparams.tiled == (os.environ.get("GGML_CPU_TILED_MM") != "0")
-    assert "CPU_REPACK" in model.file.loaded.buffers
+    assert set(model.file.loaded.buffers) == {"CPU_Mapped", "CPU_REPACK"}
     model.close()
     model = load_model(gemma_path, params=ContextParams(no_repack=True, **BATCH))
+    assert set(model.file.loaded.buffers) == {"CPU_Mapped"}
+    model.close()
+    model = load_model(gemma_path, params=ContextParams(no_repack=True, load_mode="none", **BATCH))
     assert set(model.file.loaded.buffers) == {"CPU"}
     model.close()
 
