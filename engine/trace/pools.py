@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import tempfile
 import weakref
 from dataclasses import dataclass
 from enum import Enum
@@ -131,16 +132,27 @@ def file_view(source: _FileMap, offset: int, size: int) -> np.ndarray:
 MIRROR_MIN = 1 << 16  # bytes: a weights buffer's changes this large go to its mirror
 
 
+def _spill_file() -> int:
+    """A file of no name in the temporary directory (O_TMPFILE: gone when closed), whose pages
+    the kernel may write back and drop as it does a model file's; a memory file where the
+    directory cannot hold one."""
+    try:
+        return os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (AttributeError, OSError):
+        return os.memfd_create("ggml-lens-weights", os.MFD_CLOEXEC)
+
+
 class Mirror:
-    """A weights buffer's bytes, as the steps wrote them, in a memory file of its own (memfd) at
-    the buffer's offsets, instead of a bytes object per patch: the patches are views of its
+    """A weights buffer's bytes, as the steps wrote them, in a file of its own (`_spill_file`)
+    at the buffer's offsets, instead of a bytes object per patch: the patches are views of its
     pages, and a state rebuilt after the last of them maps it (copy-on-write) instead of
-    replaying them, as it maps a model file's pages. (Repacked weights, which are no file's.)
+    replaying them, as it maps a model file's pages. (Repacked weights, which are no file's:
+    held on disk and read through the page cache, as the model file is.)
     A range written a second time is refused (`put` gives None): its first patch must keep the
     bytes it had."""
 
     def __init__(self, size: int) -> None:
-        fd = os.memfd_create("ggml-lens-weights", os.MFD_CLOEXEC)
+        fd = _spill_file()
         try:
             os.ftruncate(fd, size)
             self.pages = _FileMap(fd, size, access=mmap.ACCESS_READ)

@@ -22,7 +22,6 @@ Leaves out: writes the program makes with raw numpy on a data view (use `set_dat
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from bisect import bisect_right
@@ -292,7 +291,7 @@ class Recorder:
         mirror = self.mirrors.get(owner.id)
         if mirror is None:
             if not (isinstance(owner, Buffer) and owner.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
-                    and data.size >= MIRROR_MIN and hasattr(os, "memfd_create")):
+                    and data.size >= MIRROR_MIN and sys.platform == "linux"):
                 return None
             shadow = self.shadow[owner.id]
             if shadow.file.size or shadow.base.any():  # (written before: stays a copy)
