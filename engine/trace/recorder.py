@@ -296,7 +296,10 @@ class Recorder:
             shadow = self.shadow[owner.id]
             if shadow.file.size or shadow.base.any():  # (written before: stays a copy)
                 return None
-            mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
+            try:
+                mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
+            except OSError:  # (no file to be had, in a sandbox say: the patches are copies)
+                return None
             self.shadow[owner.id] = Shadow(owner.mem_size, 0, np.frombuffer(mirror.pages, np.uint8))
         view = mirror.put(at, data)
         if view is None and self.shadow[owner.id].file.size:
