@@ -124,7 +124,7 @@ def file_pool(source: _FileMap, offset: int, size: int) -> np.ndarray:
     return np.frombuffer(m, np.uint8, size, offset - start)
 
 
-def file_view(source: _FileMap, offset: int, size: int) -> np.ndarray:
+def shared_pages(source: _FileMap, offset: int, size: int) -> np.ndarray:
     """The file's [offset, offset + size), read-only, shared (a checkpoint's pool)."""
     return np.frombuffer(source, np.uint8, size, offset)
 

@@ -28,7 +28,7 @@ from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
-from engine.trace.pools import file_pages, file_pool, file_view, fresh_pool, frozen
+from engine.trace.pools import file_pages, file_pool, fresh_pool, frozen, shared_pages
 from engine.trace.steps import ContextMeta, Step, StepKind
 
 
@@ -188,7 +188,7 @@ class Trace:
                 waiting = False
                 for cid, m in index.mirrors.items():
                     if cid in pools and m.last < done:
-                        pools[cid] = file_view(m.pages, m.shift, pools[cid].size)
+                        pools[cid] = shared_pages(m.pages, m.shift, pools[cid].size)
                     elif cid in pools:
                         waiting = True
                 # also right after a step that writes a lot (a model's weights loaded): the
