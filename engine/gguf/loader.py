@@ -7,7 +7,7 @@ switched on, one tensor per info in file order (4 dims, named), whose data point
 So the pool holds the blob once and each tensor costs only its 368-byte header and struct.
 
 Where ggml reads the data section into the pool, a big one here is mapped instead: the pool's
-pages there are the file's, copy-on-write (`_pool_over_file`). The bytes are the same; a model's
+pages there are the file's, copy-on-write (engine/core/pages.py). The bytes are the same; a model's
 hundreds of MB are neither copied nor faulted in before a kernel reads them, and a recorder knows
 they are the file's (`Context.read_from`).
 Leaves out: nothing of that path; backends and mmap-ed weights are llama.cpp's business.
@@ -15,9 +15,6 @@ Leaves out: nothing of that path; backends and mmap-ed weights are llama.cpp's b
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import sys
 
 import numpy as np
 
@@ -25,6 +22,7 @@ import numpy as np
 from engine.core.context import (Context, FileBytes, ggml_free, ggml_init, ggml_init_params,
                                  ggml_set_no_alloc, ggml_tensor_overhead)
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
+from engine.core.pages import pool_over_file
 from engine.core.tensor import ggml_new_tensor, ggml_new_tensor_1d, ggml_set_name
 from engine.core.tensor_data import data_bytes
 from engine.core.types import GGMLType
@@ -55,7 +53,8 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
             FileBytes(GGML_OBJECT_SIZE + GGML_TENSOR_SIZE, r.data_size, r.path, r.data_offset)
         mapped = fb is not None and r.data_size >= MAPPED_DATA and r.data_offset + r.data_size <= r.size
         if fb is not None and mapped:
-            ctx.pool = _pool_over_file(ctx.mem_size, fb, r._buf)
+            ctx.pool = pool_over_file(ctx.mem_size, fb.path, fb.offset - fb.start,
+                                      [(fb.start, fb.start + fb.size)], np.frombuffer(r._buf, np.uint8))
         blob = ggml_new_tensor_1d(ctx, GGMLType.I8, r.data_size)
         ggml_set_name(blob, BLOB_NAME)
         if r.data_offset + r.data_size > r.size:
@@ -80,47 +79,4 @@ def load_into_context(r: GGUFReader, no_alloc: bool) -> Context:
     return ctx
 
 
-MAPPED_DATA = 1 << 20  # a data section from this size up is mapped (`_pool_over_file`), not read
-_PAGE = mmap.PAGESIZE
-_PROT_READ, _PROT_WRITE, _MAP_PRIVATE, _MAP_FIXED = 1, 2, 2, 0x10  # Linux's values
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def _libc_mmap():
-    """libc's mmap (None where there is none: the pool is then read, not mapped)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.mmap
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_void_p
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    return fn
-
-
-_mmap_fn = _libc_mmap() if sys.platform == "linux" else None
-
-
-def _pool_over_file(size: int, fb: FileBytes, buf) -> np.ndarray:
-    """A zeroed pool of `size` bytes whose [fb.start, fb.start + fb.size) hold the file's bytes
-    from fb.offset: its whole pages there are the file's own pages, mapped private (copy on
-    write: a write changes the pool, never the file), and the partial pages at the two ends are
-    copied from `buf` (the file's bytes). The pool is placed so that its bytes and the file's
-    fall at the same offset within a page, as a file mapping needs."""
-    anon = mmap.mmap(-1, size + _PAGE)  # zero pages, none touched yet
-    addr = np.frombuffer(anon, np.uint8).ctypes.data
-    shift = (fb.offset - (addr + fb.start)) % _PAGE
-    start = addr + shift + fb.start  # where the file's bytes go: start = fb.offset (mod page)
-    first, last = -(-start // _PAGE) * _PAGE, (start + fb.size) // _PAGE * _PAGE
-    pool = np.frombuffer(anon, np.uint8, size, shift)
-    src = np.frombuffer(buf, np.uint8, fb.size, fb.offset)
-    mapped = False
-    if _mmap_fn is not None and last - first >= _PAGE:
-        with open(fb.path, "rb") as f:
-            got = _mmap_fn(first, last - first, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_FIXED,
-                           f.fileno(), fb.offset + (first - start))
-        mapped = got == first and got != _MAP_FAILED  # (else the anonymous pages are still there)
-    lo, hi = (first - start, last - start) if mapped else (fb.size, fb.size)
-    pool[fb.start:fb.start + lo] = src[:lo]
-    pool[fb.start + hi:fb.start + fb.size] = src[hi:]
-    return pool
+MAPPED_DATA = 1 << 20  # a data section from this size up is mapped (pool_over_file), not read

@@ -28,6 +28,7 @@ from engine.core.layout import CGRAPH, struct_at
 from engine.core.notes import tell
 from engine.core.tensor import Tensor
 from engine.trace.backend import restored_buffers
+from engine.core.pages import pool_over_file
 from engine.trace.pools import file_pages, file_pool, fresh_pool, frozen, shared_pages
 from engine.trace.steps import ContextMeta, Step, StepKind
 
@@ -121,13 +122,17 @@ class Trace:
         # a pool whose every patch is a file's pages (a model's mapped weights, a weights
         # buffer's mirror) is that file, mapped, once the state is past its last patch
         whole = {cid: m for cid, m in index.mirrors.items() if m.last < ends[k]}
+        # (and one that is being loaded: the file's pages over what its patches wrote so far)
+        part = {cid: m for cid, m in index.mirrors.items() if m.ranges[0][0] < ends[k] <= m.last}
         # a pool no patch after the checkpoint touches is the checkpoint's own (read-only) array:
         # a loaded model's weights are not copied for every step a learner opens
-        touched = {p[0] for p in flat[start:ends[k]]} - whole.keys()
+        touched = {p[0] for p in flat[start:ends[k]]} - whole.keys() - part.keys()
         sizes = {**{cid: m.mem_size for cid, m in metas.items()},
                  **{bid: m.size for bid, m in buffers.items()}}
         pools = {cid: saved[cid] if cid in saved and cid not in touched
                  else file_pool(whole[cid].pages, whole[cid].shift, size) if cid in whole
+                 else pool_over_file(size, part[cid].pages.path, part[cid].shift, part[cid].written(ends[k]),
+                                     np.frombuffer(part[cid].pages, np.uint8)) if cid in part
                  else fresh_pool(size, saved.get(cid)) for cid, size in sizes.items()}
         views = {cid: a.data for cid, a in pools.items() if cid in touched}
         for cid, a, b, data in flat[start:ends[k]]:
@@ -231,11 +236,23 @@ Declared = dict[int, tuple[list[int], list[Any]]]  # id -> the steps declaring i
 
 class Mirrored(NamedTuple):
     """A pool every patch of which is a file's pages, each at the same distance from its offset
-    in the pool: the pool is the file from `shift` on, once past patch `last`."""
+    in the pool: the pool is the file from `shift` on, once past patch `last`; before, the file's
+    pages over the ranges its patches wrote so far."""
 
     pages: Any  # the mapped file (engine.trace.pools._FileMap)
     shift: int
     last: int
+    ranges: list[tuple[int, int, int]]  # (patch index, start, end) of each patch, in order
+
+    def written(self, end: int) -> list[tuple[int, int]]:
+        """The ranges the patches before patch `end` wrote, adjacent ones joined."""
+        out: list[tuple[int, int]] = []
+        for i, a, b in self.ranges[:bisect_right(self.ranges, (end, -1, -1))]:
+            if out and out[-1][1] == a:
+                out[-1] = (out[-1][0], b)
+            else:
+                out.append((a, b))
+        return out
 
 
 class _Index(NamedTuple):
@@ -280,7 +297,9 @@ def _index_of(steps: list[Step]) -> _Index:
         if src is None or (m is not None and (m.pages is not src[0] or m.shift != src[1] - a)):
             broken.add(cid)
         elif cid not in broken:
-            mirrors[cid] = Mirrored(src[0], src[1] - a, i)
+            ranges = m.ranges if m is not None else []
+            ranges.append((i, a, a + len(data)))
+            mirrors[cid] = Mirrored(src[0], src[1] - a, i, ranges)
     mirrors = {cid: m for cid, m in mirrors.items() if cid not in broken}
     copied = sum(len(p[3]) for p in patches if p[0] not in mirrors)
     return _Index(len(steps), patches, ends, held, copied, mirrors, contexts, buffers, by_kind)

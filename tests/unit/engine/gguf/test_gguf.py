@@ -214,6 +214,7 @@ def test_a_big_data_section_is_the_files_pages_copy_on_write(monkeypatch):
     it: the pool holds the same bytes as a read (and as the fallback when mmap is missing), its
     whole pages there are the file's own (in /proc/self/maps), and a write to them changes the
     pool, never the file."""
+    from engine.core import pages
     from engine.core.context import fresh_address_space
     from engine.gguf import loader
 
@@ -234,7 +235,7 @@ def test_a_big_data_section_is_the_files_pages_copy_on_write(monkeypatch):
               if len(m) >= 6 and m[5] == str(path.resolve())]
     assert any(lo <= a and b <= lo + fb.size for a, b in ranges), "the data section is not mapped"
     with monkeypatch.context() as m:
-        m.setattr(loader, "_mmap_fn", None)  # no mmap: the pool is the same, read
+        m.setattr(pages, "mmap_fn", None)  # no mmap: the pool is the same, read
         assert np.array_equal(load().pool, mapped.pool)
     with monkeypatch.context() as m:
         m.setattr(loader, "MAPPED_DATA", 1 << 62)  # a small section: read into a zeroed pool
