@@ -132,13 +132,17 @@ def buffer_bytes(t: Tensor) -> tuple[int, int, np.ndarray]:
     return owner.id, off, owner.pool[off:off + ggml_nbytes(t)]
 
 
-def plain_rows(t: Tensor) -> np.ndarray | None:
-    """A repacked tensor's rows as plain blocks (nrows, row bytes): its layout's unpack of the
-    buffer's bytes; None for a tensor not repacked."""
+def plain_row(t: Tensor, row: int) -> np.ndarray | None:
+    """Row `row` of a repacked tensor as plain blocks (row bytes): its layout's unpack of the
+    buffer's bytes of the rows interleaved with it (one group: a page of an 8B model's weight
+    unpacks 8 rows, not 14,336); None for a tensor not repacked."""
     layout = layout_in_buffer(t)
     if layout is None:
         return None
-    return np.asarray(layout.unpack(buffer_bytes(t)[2].reshape(n_rows(t), int(t.nb[1]))), np.uint8)
+    nb1 = int(t.nb[1])
+    first = row // layout.rows * layout.rows
+    group = buffer_bytes(t)[2][first * nb1:(first + layout.rows) * nb1].reshape(layout.rows, nb1)
+    return np.asarray(layout.unpack(group), np.uint8)[row - first]
 
 
 def n_rows(t: Tensor) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.i18n import _
-from app.views.debugger.repacked import plain_rows
+from app.views.debugger.repacked import plain_row
 from app.views.debugger.where import Where
 from app.views.format import fmt_short
 from engine.compute.kernels.common import to_f32, view4
@@ -138,9 +138,9 @@ def _blocks(t: Tensor, where: Where) -> ValuesView:
     block = min(max(where.block, 0), nblocks - 1)
     i3, rest = divmod(row, int(t.ne[2]) * int(t.ne[1]))
     i2, i1 = divmod(rest, int(t.ne[1]))
-    plain = plain_rows(t)  # a weight in CPU_REPACK: its rows read back through the layout's unpack
+    plain = plain_row(t, row)  # a weight in CPU_REPACK: read back through the layout's unpack
     try:
-        row_bytes = plain[row] if plain is not None else tensor_view(
+        row_bytes = plain if plain is not None else tensor_view(
             t, (nblocks * tr.type_size,), (1,), np.uint8,
             i1 * int(t.nb[1]) + i2 * int(t.nb[2]) + i3 * int(t.nb[3]), "values")
     except ValueError as e:
