@@ -38,6 +38,7 @@ def test_plan_from_the_inspector_and_the_context_slider(page: Page, server_url: 
     upload(page, server_url, path)
     page.get_by_role("link", name="Memory plan").click()
     expect(page).to_have_url(PLAN_URL)
+    page.wait_for_load_state()  # (htmx reads the form once the page has loaded: typing before is lost)
     expect(page.get_by_role("heading", level=1)).to_contain_text("Will it fit?")
     own = plan(path)
     assert kv_bytes(page) == {c.name: c.size for c in own.caches}
@@ -81,8 +82,10 @@ def test_fit_answers_after_the_figures(page: Page, server_url: str, tmp_path: Pa
     upload(page, server_url, path)
     page.get_by_role("link", name="Memory plan").click()
     expect(page).to_have_url(PLAN_URL)
+    page.wait_for_load_state()  # (htmx reads the form once the page has loaded: typing before is lost)
     page.locator('input[name="fitt"]').fill("0")
     page.locator('input[name="fit"]').fill("40M")
+    page.get_by_role("button", name="Plan").click()
     want = fit(path, 40 << 20, ContextParams(), True, 0)
     assert want.largest is not None
     expect(page.locator("#plan-fit .largest")).to_contain_text(f"-c {want.largest}", timeout=60_000)
