@@ -44,6 +44,7 @@ def test_url_and_title_follow_every_kind_of_navigation(page: Page, server_url: s
     expect_step(page, 7)
     page.go_back()
     expect_step(page, 7)
+    expect(page).to_have_url(re.compile(r"/steps/7$"))  # (the selection's entry left, not only the step shown)
     page.go_back()
     expect_step(page, 2)
     page.go_back()
