@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.backend.buffer import _BUFFERS, Buffer
+from engine.backend.buffer import _BUFFERS, Buffer, ggml_backend_buffer_free, live_buffers
 from engine.backend.device import Backend
+from engine.compute.compiled import forget
 from engine.backend.sched import Sched
 from engine.core.context import GGML_OBJECT_TYPE_TENSOR, AddressSpace, Context
 from engine.core.graph import Graph
@@ -161,3 +162,13 @@ class BackendRecorder:
 
 def restored_buffers(space: AddressSpace, metas: dict[int, Any], pools: dict) -> dict[int, RestoredBuffer]:
     return {bid: RestoredBuffer(space, m, pools[bid]) for bid, m in sorted(metas.items())}
+
+
+def release(space: AddressSpace) -> None:
+    """The backend buffers a recorded program left allocated end with it, as a process's memory
+    does when it exits (a model walkthrough's weights, cache and compute buffers: the trace holds
+    what they held), and so does its graphs' prepared work, which views those buffers' bytes."""
+    for buf in [b for b in live_buffers() if b.space is space]:
+        ggml_backend_buffer_free(buf)
+    for owner in space.owners():
+        forget(owner)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import tempfile
 import weakref
 from dataclasses import dataclass
@@ -171,6 +172,36 @@ class Mirror:
         self.written.append((offset, end))
         os.pwrite(self.fd, np.ascontiguousarray(data).data, offset)
         return memoryview(self.pages)[offset:end]
+
+
+class Mirrors:
+    """The recorder's mirrors of weights buffers, by buffer id. A weights buffer's first write of
+    at least MIRROR_MIN bytes into a buffer nothing wrote yet starts its mirror, and its shadow
+    becomes the mirror's pages: from then on its patches are views of them, nothing copied but
+    into the mirror."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Mirror] = {}
+
+    def write(self, shadows: dict[int, "Shadow"], owner: int, size: int, weights: bool, at: int,
+              data: np.ndarray) -> bytes | None:
+        """The patch's bytes as a view of owner's mirror, or None: the patch is a copy (and the
+        shadow writable again, where a range is written twice)."""
+        mirror = self.by_id.get(owner)
+        if mirror is None:
+            shadow = shadows[owner]
+            if not (weights and data.size >= MIRROR_MIN and sys.platform == "linux") \
+                    or shadow.file.size or shadow.base.any():  # (written before: stays a copy)
+                return None
+            try:
+                mirror = self.by_id[owner] = Mirror(size)
+            except OSError:  # (no file to be had, in a sandbox say: the patches are copies)
+                return None
+            shadows[owner] = Shadow(size, 0, np.frombuffer(mirror.pages, np.uint8))
+        view = mirror.put(at, data)
+        if view is None and shadows[owner].file.size:
+            shadows[owner] = Shadow.copy_of(shadows[owner])
+        return view  # type: ignore[return-value]  # (read as bytes, as a file's pages are)
 
 
 class FileMaps:

@@ -38,10 +38,8 @@ from engine import ggml_alloc as GA
 from engine import ggml_backend as GB
 from engine import ggml_cpu as GC
 from engine import ggml_opt as GO
-from engine.backend.buffer import (GGML_BACKEND_BUFFER_USAGE_WEIGHTS, Buffer, ggml_backend_buffer_free,
-                                   live_buffers)
+from engine.backend.buffer import GGML_BACKEND_BUFFER_USAGE_WEIGHTS, Buffer
 from engine.backend.sched import COPY_OBSERVER
-from engine.compute.compiled import forget
 from engine.compute.threadpool import COMPUTE_OBSERVER
 from engine.core.api import Kind, Writes, declaration_of
 from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_BUFFER, AddressSpace, Context,
@@ -53,12 +51,11 @@ from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes, name_in
 from engine.core.types import TYPE_TRAITS
-from engine.trace.backend import BackendRecorder
+from engine.trace.backend import BackendRecorder, release
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import opt_parts
-from engine.trace.pools import (MIRROR_MIN, FileMaps, Mirror, PoolRange, Region, Shadow, StructOf,
-                                changed_runs)
+from engine.trace.pools import FileMaps, Mirrors, PoolRange, Region, Shadow, StructOf, changed_runs
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -117,7 +114,7 @@ class Recorder:
         self.contexts: list[Context] = []
         self.shadow: dict[int, Shadow] = {}  # each pool as of the last step
         self.file_maps = FileMaps()  # the files pools were read from (a model's weights)
-        self.mirrors: dict[int, Mirror] = {}  # weights buffers' bytes, by buffer id
+        self.mirrors = Mirrors()  # weights buffers' bytes
         self.file_patches: list[Patch] = []  # those bytes, for the step that first sees them
         self.cpu = CpuBytes()  # which bytes hold values that depend on the CPU
         self.meta: dict[int, ContextMeta] = {}
@@ -261,7 +258,8 @@ class Recorder:
                 for s, e in zip(starts, ends):
                     if isinstance(ctx, Context):
                         fields += self.field_writes(ctx, at + int(s), at + int(e))
-                    data = self.mirrored(ctx, at + int(s), cur[s:e])
+                    weights = isinstance(ctx, Buffer) and ctx.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+                    data = self.mirrors.write(self.shadow, ctx.id, ctx.mem_size, weights, at + int(s), cur[s:e])
                     if data is None:
                         data = cur[s:e].tobytes()
                         self.shadow[ctx.id].write(at + int(s), cur[s:e])
@@ -282,29 +280,6 @@ class Recorder:
         patches = self.file_patches + _dedupe(patches)  # (a file's bytes first: the changes are on top)
         self.file_patches = []
         return patches, _dedupe(fields), objects
-
-    def mirrored(self, owner: Context | Buffer, at: int, data: np.ndarray) -> bytes | None:
-        """For a weights buffer's writes (repacked weights; the first of at least MIRROR_MIN
-        bytes starts it), the patch's bytes as a view of its mirror's pages (`Mirror`), which
-        are also its shadow's: nothing is copied but into the mirror. None: a copy is the patch
-        (and the shadow writable again, where a range is written twice)."""
-        mirror = self.mirrors.get(owner.id)
-        if mirror is None:
-            if not (isinstance(owner, Buffer) and owner.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
-                    and data.size >= MIRROR_MIN and sys.platform == "linux"):
-                return None
-            shadow = self.shadow[owner.id]
-            if shadow.file.size or shadow.base.any():  # (written before: stays a copy)
-                return None
-            try:
-                mirror = self.mirrors[owner.id] = Mirror(owner.mem_size)
-            except OSError:  # (no file to be had, in a sandbox say: the patches are copies)
-                return None
-            self.shadow[owner.id] = Shadow(owner.mem_size, 0, np.frombuffer(mirror.pages, np.uint8))
-        view = mirror.put(at, data)
-        if view is None and self.shadow[owner.id].file.size:
-            self.shadow[owner.id] = Shadow.copy_of(self.shadow[owner.id])
-        return view  # type: ignore[return-value]  # (read as bytes, as a file's pages are)
 
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
@@ -564,19 +539,9 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     if trace.error is None:
         rec.emit(StepKind.END, "", (Note("returned"),), [])
     trace.steps = rec.steps
-    _release(rec.space)
+    release(rec.space)
     rec.shadow.clear()  # (now, not when the collector finds the recorder's cycles: a model's MBs)
     return trace
-
-
-def _release(space: Any) -> None:
-    """The backend buffers the program left allocated end with it, as a process's memory does
-    when it exits (a model walkthrough's weights, cache and compute buffers: the trace holds
-    what they held)."""
-    for buf in [b for b in live_buffers() if b.space is space]:
-        ggml_backend_buffer_free(buf)
-    for owner in space.owners():
-        forget(owner)  # (the graphs' prepared work, which views the buffers' bytes)
 
 
 def _plain(v: Any) -> Any:
