@@ -37,6 +37,7 @@ from tests.conformance.test_models import write_tiny_llama
 from tests.conformance.test_models_gemma2_phi3 import write_gemma2, write_phi3
 from tests.conformance.test_models_moe_mamba import write_tiny_mamba, write_tiny_qwen3moe
 from tests.support.llamacpp_memory import measure
+from tests.support.tiny_gemma import gemma_weights
 from tests.support.tiny_models import TinyFile
 
 ALL = os.environ.get("GGML_LENS_SWEEP") == "all"
@@ -61,23 +62,7 @@ def write_gemma3(path: Path, type_: GGMLType, seed: int = 3) -> None:
         f.w.add_key_length(hd)
         f.w.add_value_length(hd)
         f.w.add_sliding_window(64)
-        f.mat("token_embd.weight", e, n_vocab)
-        for i in range(n_layer):
-            b = f"blk.{i}."
-            f.vec(b + "attn_norm.weight", e)
-            f.mat(b + "attn_q.weight", e, hd * n_head)
-            f.mat(b + "attn_k.weight", e, hd * n_kv)
-            f.mat(b + "attn_v.weight", e, hd * n_kv)
-            f.vec(b + "attn_q_norm.weight", hd)
-            f.vec(b + "attn_k_norm.weight", hd)
-            f.mat(b + "attn_output.weight", hd * n_head, e)
-            f.vec(b + "post_attention_norm.weight", e)
-            f.vec(b + "ffn_norm.weight", e)
-            f.mat(b + "ffn_gate.weight", e, n_ff)
-            f.mat(b + "ffn_up.weight", e, n_ff)
-            f.mat(b + "ffn_down.weight", n_ff, e)
-            f.vec(b + "post_ffw_norm.weight", e)
-        f.vec("output_norm.weight", e)
+        gemma_weights(f, "gemma3", e, n_layer, n_ff, n_head, n_kv, hd, n_vocab)
 
 
 def write_sparse_llama(path: Path, n_embd: int, n_layer: int, n_ff: int, n_head: int,

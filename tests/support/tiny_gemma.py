@@ -27,21 +27,28 @@ def write_tiny_gemma(path: Path, arch: str = "gemma3", window: int = WINDOW,
         f.w.add_key_length(hd)
         f.w.add_value_length(hd)
         f.w.add_sliding_window(window)
-        f.mat("token_embd.weight", e, f.n_vocab)
-        for i in range(n_layer):
-            b = f"blk.{i}."
-            f.vec(b + "attn_norm.weight", e)
-            f.mat(b + "attn_q.weight", e, hd * n_head)
-            f.mat(b + "attn_k.weight", e, hd * n_kv)
-            f.mat(b + "attn_v.weight", e, hd * n_kv)
-            if arch == "gemma3":
-                f.vec(b + "attn_q_norm.weight", hd)
-                f.vec(b + "attn_k_norm.weight", hd)
-            f.mat(b + "attn_output.weight", hd * n_head, e)
-            f.vec(b + "post_attention_norm.weight", e)
-            f.vec(b + "ffn_norm.weight", e)
-            f.mat(b + "ffn_gate.weight", e, n_ff)
-            f.mat(b + "ffn_up.weight", e, n_ff)
-            f.mat(b + "ffn_down.weight", n_ff, e)
-            f.vec(b + "post_ffw_norm.weight", e)
-        f.vec("output_norm.weight", e)
+        gemma_weights(f, arch, e, n_layer, n_ff, n_head, n_kv, hd, f.n_vocab)
+
+
+def gemma_weights(f: TinyFile, arch: str, e: int, n_layer: int, n_ff: int, n_head: int, n_kv: int,
+                  hd: int, n_vocab: int) -> None:
+    """A Gemma 2 or 3 file's weights as its converter lays them out (gemma3: QK norms too),
+    its head tied to the token table."""
+    f.mat("token_embd.weight", e, n_vocab)
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        f.vec(b + "attn_norm.weight", e)
+        f.mat(b + "attn_q.weight", e, hd * n_head)
+        f.mat(b + "attn_k.weight", e, hd * n_kv)
+        f.mat(b + "attn_v.weight", e, hd * n_kv)
+        if arch == "gemma3":
+            f.vec(b + "attn_q_norm.weight", hd)
+            f.vec(b + "attn_k_norm.weight", hd)
+        f.mat(b + "attn_output.weight", hd * n_head, e)
+        f.vec(b + "post_attention_norm.weight", e)
+        f.vec(b + "ffn_norm.weight", e)
+        f.mat(b + "ffn_gate.weight", e, n_ff)
+        f.mat(b + "ffn_up.weight", e, n_ff)
+        f.mat(b + "ffn_down.weight", n_ff, e)
+        f.vec(b + "post_ffw_norm.weight", e)
+    f.vec("output_norm.weight", e)
