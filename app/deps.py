@@ -16,7 +16,7 @@ from app.objects import SharedStore
 from app.playground import ProgramStore
 from app.settings import MAX_THREADS, Settings
 from app.store import UploadStore
-from app.tracefiles import TraceFiles
+from app.tracefiles import TraceFiles, TrustedFiles
 from app.workers import RedisJobs
 from app.traces import TraceCache
 from app.views.debugger.graph import SvgCache, svg_cache
@@ -29,12 +29,12 @@ def traces(settings: Settings, programs: bool) -> TraceCache:
     and a worker's."""
     shared = SharedStore(settings.store) if settings.store else None
     model = model_path(settings.data_dir)
+    uploads = UploadStore.from_settings(settings, shared)
     return TraceCache(
-        settings.trace_cache, settings.fixtures_dir, model,
-        uploads=UploadStore.from_settings(settings, shared),
+        settings.trace_cache, settings.fixtures_dir, model, uploads=uploads,
         programs=ProgramStore(settings.data_dir / "programs", unconfined=settings.unconfined_programs,
                               model=model, shared=shared) if programs else None,
-        files=TraceFiles(settings.data_dir / "traces", settings.traces_limit, shared)
+        files=TraceFiles(settings.data_dir / "traces", settings.traces_limit, shared, TrustedFiles(uploads, model))
         if settings.shares_traces else None, memory=settings.memory_limit)
 
 

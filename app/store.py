@@ -171,10 +171,7 @@ class UploadStore:
         for p in sorted(root.rglob(f"*{SUFFIX}")):
             real = p.resolve()
             if real.is_relative_to(root) and real.is_file():  # no symlink leads outside
-                st = real.stat()
-                ident = f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()
-                out.append(Fixture(str(p.relative_to(root)), real, st.st_size,
-                                   hashlib.sha256(ident).hexdigest()))
+                out.append(Fixture(str(p.relative_to(root)), real, real.stat().st_size, file_identity(real)))
                 if len(out) >= MAX_MODELS:
                     break
         return out
@@ -196,6 +193,16 @@ class UploadStore:
         except TooLarge:  # another process took it under a larger limit: not for this one
             return None
         return None
+
+    def digest_of(self, path: str | os.PathLike) -> str | None:
+        """The digest `path()` finds the file at `path` under (a fixture, a models-folder file or
+        an upload), or None for a file this store does not hold."""
+        real = Path(path).resolve()
+        found = next((f.digest for f in self.fixtures() + self.models() if f.path.resolve() == real), None)
+        if found is None and real.parent == self.root.resolve() and real.suffix == SUFFIX \
+                and HASH_RE.fullmatch(real.stem) and real.is_file():
+            return real.stem
+        return found
 
     def whole(self, digest: str) -> bool:
         """Whether the file stored under `digest` holds all its bytes: False for a header-only
@@ -266,6 +273,14 @@ def evict_oldest(root: Path, suffix: str, limit: int, keep: Path | None = None) 
             total -= size
             gone.append(p)
     return gone
+
+
+def file_identity(path: Path) -> str:
+    """A models-folder file's name: the sha256 of its resolved path, size and modification time
+    (it changes when the file does; the file is never read whole)."""
+    real = path.resolve()
+    st = real.stat()
+    return hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
 
 
 _fixture_hashes: dict[tuple[str, int, int], str] = {}

@@ -7,6 +7,12 @@ file here is no more trusted than a worker's output. The files live in the data 
 traces/ (shared by the processes of one machine, or by a shared filesystem) and, with --store,
 in the shared object store too (app/objects.py); past `limit` bytes the least recently read go
 first (app/store.py's evict_oldest, as uploads do).
+
+A trace of a model loaded mapped does not hold the model's weights: its patches that are the
+pages of a file the server trusts (`TrustedFiles`: an upload, a fixture, a models-folder file,
+the bundled model) are written as references to that file by its digest, and read back as views
+of its pages; a trace whose file is gone (an upload evicted, a models-folder file changed) is as
+good as absent, and is recorded again.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from pathlib import Path
 
 from app.objects import SharedStore
 from app.sandbox.boundary import Limits
-from app.sandbox.wire import MalformedResult, decode, encode_trace
-from app.store import HASH_RE, PART_SUFFIX, evict_oldest
+from app.sandbox.wire import MalformedResult, UnknownFile, decode, encode_trace
+from app.store import HASH_RE, PART_SUFFIX, UploadStore, evict_oldest, file_identity
 from engine.trace import Trace
 
 SUFFIX = ".trace"
@@ -27,9 +33,37 @@ SUFFIX = ".trace"
 READ_LIMITS = Limits(steps=99_000, trace=2 << 30, pools=4 << 30)
 
 
+class TrustedFiles:
+    """The files a stored trace may refer to, by the digests the app names them by: the upload
+    store's (uploads and fixtures by their sha256, models-folder files by their identity) and
+    the bundled model (by its identity)."""
+
+    def __init__(self, uploads: UploadStore | None = None, model: Path | None = None) -> None:
+        self.uploads, self.model = uploads, model
+
+    def digest_of(self, path: str) -> str | None:
+        """The digest of the file at `path`, or None if it is none of these (its bytes are
+        written then)."""
+        model = self.model
+        if model is not None and model.is_file() and Path(path).resolve() == model.resolve():
+            return file_identity(model)
+        return self.uploads.digest_of(path) if self.uploads is not None else None
+
+    def path(self, digest: str) -> Path | None:
+        """The whole file named `digest`, or None."""
+        if self.uploads is not None:
+            found = self.uploads.path(digest)
+            if found is not None and self.uploads.whole(digest):
+                return found
+        model = self.model
+        return model if model is not None and model.is_file() and file_identity(model) == digest else None
+
+
 class TraceFiles:
-    def __init__(self, root: Path, limit: int, shared: SharedStore | None = None) -> None:
+    def __init__(self, root: Path, limit: int, shared: SharedStore | None = None,
+                 files: TrustedFiles | None = None) -> None:
         self.root, self.limit, self.shared = root, limit, shared
+        self.files = files  # what a trace's patches may refer to (None: every byte is written)
         root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, digest: str) -> Path:
@@ -42,7 +76,7 @@ class TraceFiles:
         path = self._path(digest)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix="trace-", suffix=PART_SUFFIX)
         with os.fdopen(fd, "wb") as f:
-            f.write(encode_trace(trace))
+            f.write(encode_trace(trace, self.files.digest_of if self.files is not None else None))
         os.replace(tmp, path)
         if self.shared is not None:
             self.shared.put_file(f"traces/{digest}{SUFFIX}", path)
@@ -53,7 +87,8 @@ class TraceFiles:
         return path.is_file() or (self.shared is not None and self.shared.size(f"traces/{path.name}") is not None)
 
     def get(self, digest: str) -> Trace | None:
-        """The trace written under `digest`, or None; MalformedResult if the file is not one."""
+        """The trace written under `digest`, or None (also when a file it refers to is gone);
+        MalformedResult if the file is not one."""
         path = self._path(digest)
         if not path.is_file() and (self.shared is None or
                                    not self.shared.fetch(f"traces/{path.name}", path, READ_LIMITS.trace)):
@@ -61,7 +96,11 @@ class TraceFiles:
         if path.stat().st_size > READ_LIMITS.trace:
             raise MalformedResult(f"the trace file {path.name} is larger than {READ_LIMITS.trace:,} bytes")
         os.utime(path)  # read: kept longer
-        trace = decode(path.read_bytes(), READ_LIMITS)
+        try:
+            trace = decode(path.read_bytes(), READ_LIMITS, self.files.path if self.files is not None else None)
+        except UnknownFile:  # (its model is gone: recorded again, if it can be)
+            path.unlink(missing_ok=True)
+            return None
         if isinstance(trace, str):
             raise MalformedResult(f"the trace file {path.name} holds no trace")
         return trace

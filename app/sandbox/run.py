@@ -16,6 +16,7 @@ from pathlib import Path
 from app.sandbox.boundary import BoundaryMissing, Limits, boundary, start_worker
 from app.sandbox.check import check_program
 from app.sandbox.wire import MalformedResult, decode
+from app.store import file_identity
 from engine.trace import Trace
 
 __all__ = ["BoundaryMissing", "Limits", "ProgramFailed", "run_program"]
@@ -30,12 +31,16 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     """The program's trace (ProgramRefused before running, ProgramFailed if no trace came back,
     BoundaryMissing if the kernel boundary cannot be set up). `gate=False` turns off the check
     and the worker's Python gate: the sandbox's tests show the boundary holds without them.
-    `model`: the bundled model's file, which the worker may read (a copy of the gemma3 walkthrough)."""
+    `model`: the bundled model's file, which the worker may read (a copy of the gemma3 walkthrough);
+    the worker refers to its mapped pages by the digest it is given here, and that file alone."""
     if gate:
         check_program(source)
     b = boundary(unconfined)
-    out, err, code, timed_out = start_worker(b, limits, {"source": source, "threads": threads,
-                                                       "limits": asdict(limits), "gate": gate}, model)
+    request = {"source": source, "threads": threads, "limits": asdict(limits), "gate": gate}
+    files: dict[str, Path] = {}  # digest -> the file the worker may refer to
+    if model is not None and model.is_file():
+        files[request.setdefault("model", file_identity(model))] = model
+    out, err, code, timed_out = start_worker(b, limits, request, model)
     if timed_out:
         raise ProgramFailed(f"the program ran longer than {limits.wall} s and was stopped")
     if len(out) > limits.trace:
@@ -44,7 +49,7 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     if sig or not out:
         raise ProgramFailed(_killed_by(sig, code, limits) + _said(err))
     try:
-        result = decode(out, limits)
+        result = decode(out, limits, files.get)
     except MalformedResult as e:
         raise ProgramFailed(f"the worker's output was refused: {e}") from None
     if isinstance(result, str):

@@ -4,16 +4,29 @@ any code, so its output is an attacker's bytes.
 
 The format (all integers little-endian):
 
-    MAGIC                        b"GGML-LENS-RESULT/1\\n"
+    MAGIC                        b"GGML-LENS-RESULT/2\\n"
     u32 head_size                at most HEAD_LIMIT
     head                         msgpack: a Head (below), decoded by msgspec into typed records
-    u64 data_size                the sum of every PatchRef's size, at most Limits.trace
-    data                         the patches' bytes, in the order of Head.patches
+    u64 data_size                the sum of the sizes of the PatchRefs that name no file
+    data                         those patches' bytes, in the order of Head.patches
 
 A Head says whether the run gave a trace (`ok`) or why not (`message`), and holds the trace: the
 steps as the engine's own records (engine/trace/steps.py), their patches' places (`patches[k]` for
 step k: the context or buffer id, the offset in it, the number of bytes), and the program's
-outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks the types of every
+outputs as numbers, strings and arrays (dtype, shape, bytes).
+
+A patch whose bytes are a model file's pages (weights loaded mapped, as llama.cpp loads them) is
+not sent: its PatchRef names the file by its digest (`file`, the server's own name for it: the
+upload store's sha256, a models-folder file's identity) and where in it the bytes lie (`at`),
+never by a path (a worker may see the file elsewhere: the sandbox binds the bundled model under
+/data). The encoder names only the files its `names` knows (path -> digest); the decoder asks its
+`files` (digest -> path) for the file, and only a file the server trusts is ever opened: a digest
+it does not know is UnknownFile, bytes outside the file MalformedResult. The decoded patch is a
+read-only view of the server's mapping of that file (engine/trace/pools.py's `mapped_file`), so
+a decoded trace of a mapped model holds no copy of its weights either. A weights buffer's
+mirror (repacked weights: a nameless file no server could open) is sent as bytes, marked
+`mirror`: the decoder keeps them in a mirror of its own (`Mirror`), on disk as the worker did,
+and the patches view its pages. Decoding checks the types of every
 field, and that each note names one of the engine's templates and fills exactly its placeholders
 (`Note.__post_init__`); then `trace_from_head` checks the trace's shape: step indices in order,
 every patch and tensor reference inside a pool the steps made, the pools' total size under
@@ -25,7 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import struct
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
@@ -34,10 +50,11 @@ import numpy as np
 from app.sandbox.boundary import Limits
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.compute.shares import share_ranges
+from engine.trace.pools import Mirror, file_pages, mapped_file
 from engine.trace.steps import Patch, Step, ThreadShare
 from engine.trace import Trace
 
-MAGIC = b"GGML-LENS-RESULT/1\n"
+MAGIC = b"GGML-LENS-RESULT/2\n"
 HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB)
 # bytes of Python objects one byte of a head may decode to, at most: a negative fixint in a list is
 # one byte and an int (32) with its pointer (8); an interval [0, 0] in a thread's ranges three
@@ -49,10 +66,19 @@ MAX_OUTPUT_ELEMENTS = 1 << 20
 # counts msgspec checks as it reads each container's header, before it makes the container
 MAX_STEPS, MAX_PATCHES, MAX_OUTPUTS, MAX_ITEMS = 100_000, 1 << 16, 64, 1 << 16
 MAX_FILES, MAX_FILE_TEXT = 64, 1 << 20  # a walkthrough's other files, and the text of each
+MAX_NAME = 64  # characters of a file's name in a PatchRef (a sha256 digest, in hex)
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")  # how a PatchRef names a file (app.store.HASH_RE's form)
+
+Names = Callable[[str], str | None]  # the encoder's: a mapped file's path -> its digest, or None
+Files = Callable[[str], Path | None]  # the decoder's: a digest -> the trusted file, or None
 
 
 class MalformedResult(Exception):
     """The worker's output is not a result this server can read (names the broken rule)."""
+
+
+class UnknownFile(MalformedResult):
+    """A patch refers to a file this server does not hold (by a digest it does not know)."""
 
 
 class Scalar(msgspec.Struct, tag="scalar", frozen=True):
@@ -77,11 +103,14 @@ class Items(msgspec.Struct, tag="items", frozen=True):
 Output = Scalar | Array | Items
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PatchRef:
+class PatchRef(msgspec.Struct, frozen=True, omit_defaults=True):
     ctx: int  # the context's or buffer's id
     offset: int  # where in it
-    size: int  # how many bytes of the data section
+    size: int  # how many bytes (of the data section, or of the file)
+    # the file the bytes are the pages of, by its digest ("": they are in the data section)
+    file: Annotated[str, msgspec.Meta(max_length=MAX_NAME)] = ""
+    at: int = 0  # where in that file
+    mirror: bool = False  # in the data section, and a weights buffer's mirror's (repacked weights)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,27 +142,49 @@ def encode_failure(message: str) -> bytes:
     return _frame(Head(ok=False, message=message), [])
 
 
-def encode_trace(trace: Trace) -> bytes:
-    """The trace as a result (TypeError names an output that is not a number, string or array)."""
-    return _frame(_head(trace), [p.data for s in trace.steps for p in s.patches])
+def encode_trace(trace: Trace, names: Names | Mapping[str, str] | None = None) -> bytes:
+    """The trace as a result (TypeError names an output that is not a number, string or array).
+    A patch that is the pages of a file `names` knows (path -> digest) is sent as a reference to
+    that file; every other patch's bytes are sent."""
+    head = _head(trace, names)
+    return _frame(head, [p.data for s, refs in zip(trace.steps, head.patches)
+                         for p, ref in zip(s.patches, refs) if not ref.file])
 
 
-def _head(trace: Trace) -> Head:
-    refs = [[PatchRef(p.ctx, p.offset, len(p.data)) for p in s.patches] for s in trace.steps]
+def _head(trace: Trace, names: Names | Mapping[str, str] | None = None) -> Head:
+    lookup = names.get if isinstance(names, Mapping) else names
+    refs = [[_ref(p, lookup) for p in s.patches] for s in trace.steps]
     return Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
                 error=trace.error, printed=trace.printed, also=[(name, text) for name, text in trace.also],
                 outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
                 steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
 
 
+def _ref(p: Patch, names: Names | None) -> PatchRef:
+    """Where a patch's bytes go: a reference to the file whose pages they are, if `names` names
+    it; else into the data section (marked if they are a mirror's pages)."""
+    src = file_pages(p.data)
+    if src is None:
+        return PatchRef(p.ctx, p.offset, len(p.data))
+    pages, at = src
+    digest = None if pages.held or names is None else names(pages.path)
+    if digest is None:
+        return PatchRef(p.ctx, p.offset, len(p.data), mirror=pages.held)
+    return PatchRef(p.ctx, p.offset, len(p.data), digest, at)
+
+
 def records_bound(trace: Trace) -> int:
     """An upper bound of the memory a trace's records take besides its patches' bytes (what
     Trace.records_bytes holds): DECODED_PER_BYTE times the size of the head it would cross the
-    wire in. (A trace decoded here was counted from the head it came in.)"""
+    wire in, with every file's pages a reference. (A trace decoded here was counted from the
+    head it came in.)"""
+    def any_file(path: str) -> str:
+        return "0" * MAX_NAME
+
     try:
-        head = _head(trace)
+        head = _head(trace, any_file)
     except TypeError:  # an output the format does not take: the rest is counted
-        head = _head(dataclasses.replace(trace, outputs={}))
+        head = _head(dataclasses.replace(trace, outputs={}), any_file)
     return DECODED_PER_BYTE * len(msgspec.msgpack.encode(head))
 
 
@@ -166,9 +217,10 @@ def _frame(head: Head, blobs: list[bytes]) -> bytes:
 
 # --- the server's side ------------------------------------------------------------------------
 
-def decode(data: bytes, limits: Limits) -> Trace | str:
+def decode(data: bytes, limits: Limits, files: Files | None = None) -> Trace | str:
     """The trace the worker sent, or the message it sent instead of one; MalformedResult for
-    anything else, before anything sized by the worker is allocated."""
+    anything else, before anything sized by the worker is allocated. `files` finds the trusted
+    file a patch refers to by its digest (None: no patch may refer to one)."""
     if not data.startswith(MAGIC):
         raise MalformedResult("the worker's output does not start with the result format's magic")
     at = len(MAGIC)
@@ -191,13 +243,14 @@ def decode(data: bytes, limits: Limits) -> Trace | str:
         raise MalformedResult(f"the data section says {data_size:,} bytes and holds {len(data) - at:,}")
     if not head.ok:
         return head.message[:4096] or "the worker gave no reason"
-    trace = trace_from_head(head, memoryview(data)[at:], limits)
+    trace = trace_from_head(head, memoryview(data)[at:], limits, files)
     trace.records_bytes = DECODED_PER_BYTE * head_size  # (what its steps and outputs hold, at most)
     return trace
 
 
-def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
-    """The Trace the head and data describe, once every count, size and reference is checked."""
+def trace_from_head(head: Head, data: memoryview, limits: Limits, files: Files | None = None) -> Trace:
+    """The Trace the head and data describe, once every count, size and reference is checked
+    (`files`: as decode's)."""
     def bad(rule: str, k: int | None = None):
         where = f"step {k}: " if k is not None else ""
         return MalformedResult(where + rule)
@@ -210,8 +263,9 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
         raise bad("the printed text or the thread count is out of range")
     if any(len(name) > 200 or len(text) > MAX_FILE_TEXT for name, text in head.also):
         raise bad(f"a source file's name or text is too long (at most 200 and {MAX_FILE_TEXT:,} characters)")
-    if sum(p.size for refs in head.patches for p in refs) != len(data):
+    if sum(p.size for refs in head.patches for p in refs if not p.file) != len(data):
         raise bad("the patches' sizes do not add up to the data section")
+    opened = _Opened(files)
     sizes: dict[int, int] = {}  # every pool and buffer the steps made: id -> size
     steps, at = [], 0
     for k, (s, refs) in enumerate(zip(head.steps, head.patches)):
@@ -228,8 +282,14 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
         for p in refs:
             if p.ctx not in sizes or p.size <= 0 or p.offset < 0 or p.offset + p.size > sizes[p.ctx]:
                 raise bad(f"a patch of {p.size:,} bytes at {p.offset:,} lies outside pool {p.ctx}", k)
-            patches.append(Patch(p.ctx, p.offset, bytes(data[at:at + p.size])))
+            if p.file:
+                patches.append(Patch(p.ctx, p.offset, opened.pages(p, k)))
+                continue
+            piece = data[at:at + p.size]
             at += p.size
+            mirror = opened.mirror(p.ctx, sizes[p.ctx]) if p.mirror else None
+            view = mirror.put(p.offset, np.frombuffer(piece, np.uint8)) if mirror is not None else None
+            patches.append(Patch(p.ctx, p.offset, view if view is not None else bytes(piece)))
         for ctx, offs, size in _references(s):
             if ctx not in sizes or offs < 0 or offs + size > sizes[ctx]:
                 raise bad(f"it refers to bytes {offs:,}..{offs + size:,} of pool {ctx}, outside it", k)
@@ -243,6 +303,51 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits) -> Trace:
                   {k[:200]: _value(k, v) for k, v in head.outputs.items()}, head.error, head.printed,
                   tuple(head.also))
     return trace
+
+
+class _Opened:
+    """The trusted files a decoded trace's patches refer to, each mapped once (a pool whose
+    patches are all one file's pages is that file, mapped, in the rebuilt states), and the
+    mirrors the decoder keeps repacked weights in, one per buffer."""
+
+    def __init__(self, files: Files | None) -> None:
+        self.files = files
+        self.maps: dict[str, Any] = {}  # digest -> the file's read-only mapping (pools._FileMap)
+        self.mirrors: dict[int, Mirror] | None = {}  # pool id -> its mirror (None: none can be made)
+
+    def pages(self, p: PatchRef, k: int) -> memoryview:
+        """p's bytes as a read-only view of the file it names, once the name and the range are
+        checked: UnknownFile for a digest the server does not know, MalformedResult for a name
+        that is not a digest or a range outside the file."""
+        if not DIGEST_RE.fullmatch(p.file):
+            raise MalformedResult(f"step {k}: a patch names its file {p.file[:MAX_NAME]!r}, not by a "
+                                  f"sha256 digest")
+        pages = self.maps.get(p.file)
+        if pages is None:
+            path = self.files(p.file) if self.files is not None else None
+            if path is None:
+                raise UnknownFile(f"step {k}: a patch refers to file {p.file}, which this server does not hold")
+            try:
+                pages = self.maps[p.file] = mapped_file(str(path))
+            except (OSError, ValueError) as e:
+                raise UnknownFile(f"step {k}: a patch refers to file {p.file}, which cannot be read here: "
+                                  f"{e}") from None
+        if p.at < 0 or p.at + p.size > len(pages):
+            raise MalformedResult(f"step {k}: a patch of {p.size:,} bytes at {p.at:,} lies outside file "
+                                  f"{p.file} ({len(pages):,} bytes)")
+        return memoryview(pages)[p.at:p.at + p.size]
+
+    def mirror(self, ctx: int, size: int) -> Mirror | None:
+        """Pool ctx's mirror, or None where no file can be had (the patches are copies then)."""
+        if self.mirrors is None:
+            return None
+        m = self.mirrors.get(ctx)
+        if m is None:
+            try:
+                m = self.mirrors[ctx] = Mirror(size)
+            except OSError:
+                self.mirrors = None
+        return m
 
 
 def _shares(threads: tuple[ThreadShare, ...]) -> tuple[ThreadShare, ...]:

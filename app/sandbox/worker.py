@@ -38,6 +38,7 @@ import resource
 import signal
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -314,6 +315,14 @@ def check_confinement(request: dict) -> str:
     return "confined" if not open_doors else "open: " + ", ".join(open_doors)
 
 
+def model_names(digest: object) -> Callable[[str], str | None]:
+    """The digest the server named the bundled model by, for a path that is the model as this
+    worker sees it (bound under /data): the patches that are its pages cross the wire as
+    references to it, and every other file's as bytes."""
+    model = os.path.realpath(bundled.model_path(bundled.data_dir()))
+    return lambda path: digest if isinstance(digest, str) and os.path.realpath(path) == model else None
+
+
 def main() -> None:
     request = json.loads(sys.stdin.buffer.read(4 << 20))
     out = sys.stdout.buffer
@@ -369,7 +378,7 @@ def main() -> None:
     signal.alarm(0)
     trace.printed = printed.text()
     try:
-        data = encode_trace(trace)
+        data = encode_trace(trace, model_names(request.get("model")))
     except TypeError as e:
         data = encode_failure(str(e))
     if len(data) > int(limits["trace"]):

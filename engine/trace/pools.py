@@ -107,6 +107,16 @@ class _FileMap(mmap.mmap):
     held: bool
 
 
+def mapped_file(path: str) -> _FileMap:
+    """The file at `path` mapped read-only, once: a patch that is a view of its pages is found
+    by file_pages (a model file the recorder read, or one a decoded trace refers to).
+    OSError if it cannot be opened, ValueError if it is empty."""
+    with open(path, "rb") as f:
+        pages = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    pages.path, pages.held = path, False
+    return pages
+
+
 def file_pages(data: object) -> tuple[_FileMap, int] | None:
     """Where a patch's bytes lie, as (mapped file, offset), if they are a file's pages."""
     if isinstance(data, memoryview) and isinstance(data.obj, _FileMap):
@@ -219,9 +229,8 @@ class FileMaps:
         maps = self.maps.get(fb.path)
         if maps is None:
             with open(fb.path, "rb") as f:
-                pages = _FileMap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                pages.path, pages.held = fb.path, False
-                maps = self.maps[fb.path] = (pages, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+                maps = self.maps[fb.path] = (mapped_file(fb.path),
+                                             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
         shared, private = maps
         if fb.offset + fb.size > len(shared):
             raise ValueError(f"{fb.path} is shorter than when it was read: its {len(shared)} bytes "
