@@ -12,7 +12,7 @@ A trace of a model loaded mapped does not hold the model's weights: its patches 
 pages of a file the server trusts (`TrustedFiles`: an upload, a fixture, a models-folder file,
 the bundled model) are written as references to that file by its digest, and read back as views
 of its pages; a trace whose file is gone (an upload evicted, a models-folder file changed) is as
-good as absent, and is recorded again.
+good as absent, and is recorded again, as is one written in another version of the format.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from app.objects import SharedStore
 from app.sandbox.boundary import Limits
-from app.sandbox.wire import MalformedResult, UnknownFile, decode, encode_trace
+from app.sandbox.wire import FORMAT, MAGIC, MalformedResult, UnknownFile, decode, encode_trace
 from app.store import HASH_RE, PART_SUFFIX, UploadStore, evict_oldest, file_identity
 from engine.trace import Trace
 
@@ -96,9 +96,12 @@ class TraceFiles:
         if path.stat().st_size > READ_LIMITS.trace:
             raise MalformedResult(f"the trace file {path.name} is larger than {READ_LIMITS.trace:,} bytes")
         os.utime(path)  # read: kept longer
+        data = path.read_bytes()
         try:
-            trace = decode(path.read_bytes(), READ_LIMITS, self.files.path if self.files is not None else None)
-        except UnknownFile:  # (its model is gone: recorded again, if it can be)
+            if data.startswith(FORMAT) and not data.startswith(MAGIC):
+                raise UnknownFile(f"the trace file {path.name} is in another version of the format")
+            trace = decode(data, READ_LIMITS, self.files.path if self.files is not None else None)
+        except UnknownFile:  # (its model is gone, or an older version wrote it: recorded again)
             path.unlink(missing_ok=True)
             return None
         if isinstance(trace, str):

@@ -39,7 +39,8 @@ def run_program(source: str, threads: int, limits: Limits = Limits(), gate: bool
     request = {"source": source, "threads": threads, "limits": asdict(limits), "gate": gate}
     files: dict[str, Path] = {}  # digest -> the file the worker may refer to
     if model is not None and model.is_file():
-        files[request.setdefault("model", file_identity(model))] = model
+        digest = request["model"] = file_identity(model)
+        files[digest] = model
     out, err, code, timed_out = start_worker(b, limits, request, model)
     if timed_out:
         raise ProgramFailed(f"the program ran longer than {limits.wall} s and was stopped")

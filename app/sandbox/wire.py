@@ -54,7 +54,8 @@ from engine.trace.pools import Mirror, file_pages, mapped_file
 from engine.trace.steps import Patch, Step, ThreadShare
 from engine.trace import Trace
 
-MAGIC = b"GGML-LENS-RESULT/2\n"
+FORMAT = b"GGML-LENS-RESULT/"  # the magic of every version
+MAGIC = FORMAT + b"2\n"
 HEAD_LIMIT = 8 << 20  # bytes of the head (a 5,000-step trace's is ~3 MB)
 # bytes of Python objects one byte of a head may decode to, at most: a negative fixint in a list is
 # one byte and an int (32) with its pointer (8); an interval [0, 0] in a thread's ranges three
@@ -282,14 +283,16 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits, files: Files |
         for p in refs:
             if p.ctx not in sizes or p.size <= 0 or p.offset < 0 or p.offset + p.size > sizes[p.ctx]:
                 raise bad(f"a patch of {p.size:,} bytes at {p.offset:,} lies outside pool {p.ctx}", k)
+            got: Any  # bytes, or a read-only view of a file's pages (read as bytes)
             if p.file:
-                patches.append(Patch(p.ctx, p.offset, opened.pages(p, k)))
-                continue
-            piece = data[at:at + p.size]
-            at += p.size
-            mirror = opened.mirror(p.ctx, sizes[p.ctx]) if p.mirror else None
-            view = mirror.put(p.offset, np.frombuffer(piece, np.uint8)) if mirror is not None else None
-            patches.append(Patch(p.ctx, p.offset, view if view is not None else bytes(piece)))
+                got = opened.pages(p, k)
+            else:
+                piece = data[at:at + p.size]
+                at += p.size
+                mirror = opened.mirror(p.ctx, sizes[p.ctx]) if p.mirror else None
+                got = mirror.put(p.offset, np.frombuffer(piece, np.uint8)) if mirror is not None else None
+                got = got if got is not None else bytes(piece)
+            patches.append(Patch(p.ctx, p.offset, got))
         for ctx, offs, size in _references(s):
             if ctx not in sizes or offs < 0 or offs + size > sizes[ctx]:
                 raise bad(f"it refers to bytes {offs:,}..{offs + size:,} of pool {ctx}, outside it", k)

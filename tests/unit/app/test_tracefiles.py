@@ -15,7 +15,7 @@ from app.objects import SharedStore, TooLarge
 from app.playground import ProgramStore
 from app.routes.playground import STARTER
 from app.sandbox.boundary import Limits
-from app.sandbox.wire import MalformedResult
+from app.sandbox.wire import MAGIC, MalformedResult
 from app.settings import Settings
 from app.store import UploadStore
 from app.tracefiles import TraceFiles
@@ -59,7 +59,7 @@ def test_a_refused_trace_file_is_a_readable_error_not_a_crash(tmp_path):
     files = TraceFiles(tmp_path, 1 << 30)
     cache = TraceCache(4, files=files)
     recipe = Recipe("simple-ctx", 1)
-    (tmp_path / f"{recipe.digest}.trace").write_bytes(b"GGML-LENS-RESULT/1\n\xff\xff\xff\xff")
+    (tmp_path / f"{recipe.digest}.trace").write_bytes(MAGIC + b"\xff\xff\xff\xff")
     with pytest.raises(RecordingLost, match="refused: the head is 4,294,967,295 bytes"):
         cache.shared(recipe)
 

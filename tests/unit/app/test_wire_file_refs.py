@@ -241,3 +241,11 @@ def test_the_trusted_files_name_uploads_fixtures_models_and_the_bundled_model(tm
         assert trusted.path(digest).resolve() == path.resolve(), path
     assert trusted.digest_of(str(tmp_path / "elsewhere.gguf")) is None
     assert trusted.path("00" * 32) is None and trusted.path("../elsewhere") is None
+
+
+def test_a_trace_file_of_another_version_of_the_format_is_recorded_again(tmp_path):
+    """A file version 1 wrote (every byte inline) is not refused as an error: it is absent."""
+    files = TraceFiles(tmp_path, 1 << 30)
+    digest = "12" * 32
+    (tmp_path / f"{digest}.trace").write_bytes(b"GGML-LENS-RESULT/1\n" + b"\0" * 12)
+    assert files.get(digest) is None and not files.has(digest)
