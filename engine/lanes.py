@@ -30,7 +30,7 @@ NAMES = ("v_expf", "v_silu", "gelu_lookup", "soft_max", "norm_rows", "quant_dot"
          "quantize_q8_k", "dequantize", "float_dot", "dot_f32", "fmaf", "rope_pairs", "rms_norm_rows",
          "round_floats", "set_rows", "soft_max_heads", "gemv_q4_b32_8x8", "gemm_q4_b32_8x8",
          "quantize_mat_q8_k_4x8", "gemv_q4_k_8x8", "gemm_q4_k_8x8", "pack_q4_k_8x8",
-         "tiled_mul_mat", "fa_online", "fa_gemm")
+         "tiled_mul_mat", "fa_online", "fa_gemm", "fa_rows")
 TWINS: dict[str, Callable] = {}
 _pure = os.environ.get("GGML_LENS_PURE_NUMPY", "") not in ("", "0")
 

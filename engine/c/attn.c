@@ -147,9 +147,20 @@ typedef struct {
     void (*mad_f)(float *, const float *, float, Py_ssize_t);
 } VecOps;
 
-/* one row's keys: M, S and the accumulator (halves in h when fp16, else floats in acc) */
-static void online_row(const VecOps *ops, const float *s, const uint8_t *skip, const void *v, int fp16,
-                       float *acc, uint16_t *h, Py_ssize_t n, Py_ssize_t dv, float *Mr, float *Sr)
+static VecOps vec_ops(int hw)
+{
+#ifdef HAVE_FMA_TARGET
+    if (hw)
+        return (VecOps){scale_halves_fma, mad_halves_fma, scale_floats_fma, mad_floats_fma};
+#endif
+    (void)hw;
+    return (VecOps){scale_halves, mad_halves, scale_floats, mad_floats};
+}
+
+/* one row's keys: M, S and the accumulator (halves in h when fp16, else floats in acc); V's rows
+ * ldv bytes apart */
+static void online_row(const VecOps *ops, const float *s, const uint8_t *skip, const void *v, Py_ssize_t ldv,
+                       int fp16, float *acc, uint16_t *h, Py_ssize_t n, Py_ssize_t dv, float *Mr, float *Sr)
 {
     float M = -INFINITY, S = 0.0f;
     if (fp16)
@@ -171,10 +182,11 @@ static void online_row(const VecOps *ops, const float *s, const uint8_t *skip, c
         } else {
             vs = expf(sv - M);
         }
+        const char *vrow = (const char *)v + ic * ldv;
         if (fp16)
-            ops->mad_h(h, (const uint16_t *)v + ic * dv, vs, dv);
+            ops->mad_h(h, (const uint16_t *)vrow, vs, dv);
         else
-            ops->mad_f(acc, (const float *)v + ic * dv, vs, dv);
+            ops->mad_f(acc, (const float *)vrow, vs, dv);
         S = fma_nan(S, ms, vs);
     }
     if (fp16)
@@ -203,14 +215,11 @@ LANES_HIDDEN PyObject *lanes_fa_online(PyObject *self, PyObject *args)
         ok = 0;
     }
     if (ok) {
-        VecOps ops = {scale_halves, mad_halves, scale_floats, mad_floats};
-#ifdef HAVE_FMA_TARGET
-        if (fma_hw())
-            ops = (VecOps){scale_halves_fma, mad_halves_fma, scale_floats_fma, mad_floats_fma};
-#endif
+        const VecOps ops = vec_ops(fma_hw());
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t r = 0; r < rows; r++)
-            online_row(&ops, (const float *)s.buf + r * n, (const uint8_t *)skip.buf + r * n, v.buf, fp16,
+            online_row(&ops, (const float *)s.buf + r * n, (const uint8_t *)skip.buf + r * n, v.buf,
+                       dv * (fp16 ? 2 : 4), fp16,
                        (float *)acc.buf + r * dv, h, n, dv, (float *)M.buf + r, (float *)S.buf + r);
         Py_END_ALLOW_THREADS
     }
@@ -244,6 +253,147 @@ LANES_HIDDEN PyObject *lanes_fa_gemm(PyObject *self, PyObject *args)
     PyBuffer_Release(&c);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* fa_rows: the one_chunk path of F16 K and V for many query rows at once, each its own: row r
+ * reads its q (dk floats), its K and V heads' n keys (nbk1, nbv1 bytes apart) and its mask row
+ * (n halves or floats, or none) at the byte offsets offs[r] = (q, k, v, mask, out). The scores
+ * are as the kernel makes them: q rounded to halves, K·q by ggml_vec_dot_f16, times scale, then
+ * softcap·tanhf(s) when softcap != 0, plus slope·mask; a key whose slope·mask is -inf is skipped.
+ * Then online_row, and the row's sink (if sinks): a larger sink rescales the accumulator and S by
+ * expf(M - sink), a smaller one adds expf(sink - M) to S, S = S·ms + vs rounded twice. M and S go
+ * to M[r] and S[r]; out gets the accumulator divided by S (0 where S is 0) when finish, else as
+ * it is. */
+typedef struct {
+    const char *q, *k, *v, *m;
+    char *out;
+    const int64_t *offs;
+    const float *slopes, *sinks;
+    float *M, *S;
+    Py_ssize_t n, dk, dv, nbk1, nbv1;
+    float scale, softcap;
+    int mask_f16, finish, hw;
+} RowsJob;
+
+static void fa_row(const RowsJob *j, const VecOps *ops, Py_ssize_t r, float *qh, float *s, uint8_t *skip,
+                   uint16_t *h)
+{
+    const int64_t *o = j->offs + 5 * r;
+    const float *q = (const float *)(j->q + o[0]);
+    for (Py_ssize_t d = 0; d < j->dk; d++)
+        qh[d] = half_to_float(float_to_half(q[d]));
+    const float slope = j->slopes[r];
+    for (Py_ssize_t ic = 0; ic < j->n; ic++) {
+        float mv = 0.0f;
+        if (j->m)
+            mv = slope * (j->mask_f16 ? half_to_float(((const uint16_t *)(j->m + o[3]))[ic])
+                                      : ((const float *)(j->m + o[3]))[ic]);
+        skip[ic] = mv == -INFINITY;
+        if (skip[ic])
+            continue;
+        float sv = lanes_dot_halves((const uint16_t *)(j->k + o[1] + ic * j->nbk1), qh, j->dk, j->hw) *
+                   j->scale;
+        if (j->softcap != 0.0f)
+            sv = j->softcap * tanhf(sv);
+        s[ic] = sv + mv;
+    }
+    float *acc = (float *)(j->out + o[4]);
+    float M, S;
+    online_row(ops, s, skip, j->v + o[2], j->nbv1, 1, acc, h, j->n, j->dv, &M, &S);
+    if (j->sinks) {
+        const float sink = j->sinks[r];
+        float ms = 1.0f, vs = 1.0f;
+        if (sink > M) {
+            ms = expf(M - sink);
+            for (Py_ssize_t d = 0; d < j->dv; d++)
+                acc[d] = acc[d] * ms;
+            M = sink;
+        } else {
+            vs = expf(sink - M);
+        }
+        const float t = S * ms;
+        S = t + vs;
+    }
+    if (j->finish) {
+        const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+        for (Py_ssize_t d = 0; d < j->dv; d++)
+            acc[d] = acc[d] * inv;
+    }
+    j->M[r] = M;
+    j->S[r] = S;
+}
+
+/* does every row's data lie inside its buffers? (the offsets come from the engine's views, but
+ * a byte read past a pool would be a crash, not an error) */
+static int rows_inside(const RowsJob *j, Py_ssize_t rows, Py_ssize_t qlen, Py_ssize_t klen, Py_ssize_t vlen,
+                       Py_ssize_t mlen, Py_ssize_t outlen)
+{
+    const Py_ssize_t n = j->n, mrow = n * (j->mask_f16 ? 2 : 4);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        const int64_t *o = j->offs + 5 * r;
+        if (o[0] < 0 || o[0] + j->dk * 4 > qlen || o[4] < 0 || o[4] + j->dv * 4 > outlen)
+            return 0;
+        if (n > 0 && (o[1] < 0 || o[1] + (n - 1) * j->nbk1 + j->dk * 2 > klen || o[2] < 0 ||
+                      o[2] + (n - 1) * j->nbv1 + j->dv * 2 > vlen))
+            return 0;
+        if (j->m && (o[3] < 0 || o[3] + mrow > mlen))
+            return 0;
+    }
+    return 1;
+}
+
+LANES_HIDDEN PyObject *lanes_fa_rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer q, k, v, m, out, offs, slopes, sinks, M, S;
+    Py_ssize_t rows, n, dk, dv, nbk1, nbv1;
+    float scale, softcap;
+    int mask_f16, finish;
+    if (!PyArg_ParseTuple(args, "y*y*y*O&w*y*y*O&w*w*nnnnnnffpp", &q, &k, &v, lanes_optional_buffer, &m, &out,
+                          &offs, &slopes, lanes_optional_buffer, &sinks, &M, &S, &rows, &n, &dk, &dv, &nbk1,
+                          &nbv1, &scale, &softcap, &mask_f16, &finish))
+        return NULL;
+    RowsJob job = {q.buf, k.buf, v.buf, m.obj ? m.buf : NULL, out.buf, offs.buf, slopes.buf,
+                   sinks.obj ? sinks.buf : NULL, M.buf, S.buf, n, dk, dv, nbk1, nbv1, scale, softcap,
+                   mask_f16, finish, fma_hw()};
+    int ok = rows >= 0 && n >= 0 && dk >= 0 && dv >= 0 && nbk1 >= 0 && nbv1 >= 0 &&
+             lanes_check(&offs, rows * 5 * 8, "offs") == 0 && lanes_check(&slopes, rows * 4, "slopes") == 0 &&
+             (!sinks.obj || lanes_check(&sinks, rows * 4, "sinks") == 0) &&
+             lanes_check(&M, rows * 4, "M") == 0 && lanes_check(&S, rows * 4, "S") == 0;
+    if (ok && !rows_inside(&job, rows, q.len, k.len, v.len, m.obj ? m.len : 0, out.len)) {
+        PyErr_SetString(PyExc_ValueError, "_lanes: a row of fa_rows lies outside its buffer");
+        ok = 0;
+    }
+    /* each row's halves of q, scores, skips and the halves' accumulator */
+    char *scratch = NULL;
+    if (ok && !(scratch = PyMem_RawMalloc((size_t)(dk * 4 + n * 5 + dv * 2 + 16)))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const VecOps ops = vec_ops(job.hw);
+        float *qh = (float *)scratch, *sc = qh + dk;
+        uint16_t *h = (uint16_t *)(sc + n);
+        uint8_t *skip = (uint8_t *)(h + dv);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t r = 0; r < rows; r++)
+            fa_row(&job, &ops, r, qh, sc, skip, h);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_RawFree(scratch);
+    lanes_release_optional(&m);
+    lanes_release_optional(&sinks);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&slopes);
+    PyBuffer_Release(&M);
+    PyBuffer_Release(&S);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;

@@ -1083,3 +1083,15 @@ LANES_HIDDEN PyObject *lanes_gelu_lookup(PyObject *self, PyObject *args)
         return NULL;
     Py_RETURN_NONE;
 }
+
+/* ggml_vec_dot_f16 of a row of halves as they lie and a row of floats (float_dot's half rows),
+ * for the loops of other files (flash attention's K·q) */
+LANES_HIDDEN float lanes_dot_halves(const uint16_t *a, const float *b, Py_ssize_t k, int hw)
+{
+#ifdef HAVE_FMA_TARGET
+    if (hw)
+        return half_bits_row_fma(a, b, k);
+#endif
+    (void)hw;
+    return half_bits_row(a, b, k);
+}

@@ -152,6 +152,11 @@ static PyMethodDef methods[] = {
      "(one_chunk) of each row of scores s (rows, n) float32 over the keys not skipped (skip: "
      "uint8): M, S and acc (rows, dv) = sum of exp(s - M) times V's rows (v (n, dv): halves, "
      "accumulated in halves, if fp16, else float32), in ggml's order"},
+    {"fa_rows", lanes_fa_rows, METH_VARARGS,
+     "fa_rows(q, k, v, mask, out, offs, slopes, sinks, M, S, rows, n, dk, dv, nbk1, nbv1, "
+     "scale, softcap, mask_f16, finish): flash attention's one_chunk path for F16 K and V, row by "
+     "row at the byte offsets offs[r] = (q, k, v, mask, out): K·q, scale, softcap, mask, online "
+     "softmax, sink; out the row divided by S (finish) or not, M and S each row's"},
     {"fa_gemm", lanes_fa_gemm, METH_VARARGS,
      "fa_gemm(c, a, b, m, k, n): simd_gemm, c (m, n) += a (m, k) times b (k, n), float32, each "
      "output a chain of fmaf in k's order"},

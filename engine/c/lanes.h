@@ -212,6 +212,8 @@ LANES_HIDDEN PyObject *lanes_tiled_mul_mat(PyObject *self, PyObject *args);
 
 /* c/attn.c: flash attention's online softmax (one_chunk) and simd_gemm (tiled) */
 LANES_HIDDEN PyObject *lanes_fa_online(PyObject *self, PyObject *args);
+LANES_HIDDEN PyObject *lanes_fa_rows(PyObject *self, PyObject *args);
+LANES_HIDDEN float lanes_dot_halves(const uint16_t *a, const float *b, Py_ssize_t k, int hw);
 LANES_HIDDEN PyObject *lanes_fa_gemm(PyObject *self, PyObject *args);
 
 /* c/tq.c: quant_dot of the types it holds (TQ2_0, TQ1_0, MXFP4, IQ1_M). The bytes of a

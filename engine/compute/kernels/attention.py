@@ -38,10 +38,14 @@ vector code, and the scalar `S = S*ms + vs` the compiler contracts).
 from __future__ import annotations
 
 import itertools
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
 from engine.compute.kernels import all_threads, kernel, not_supported
+from engine.compute.kernels.attention_rows import HalfRows, add_sink, divide_by_sum, half_rows_take, \
+    online_softmax
 from engine.compute.kernels.common import row_blocks, to_f32, view4
 from engine.compute.kernels.floatmath import fmaf_steps
 from engine.compute.kernels.matmul import vec_dot_type
@@ -53,8 +57,7 @@ from engine.core.errors import ggml_assert
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import Tensor
-from engine.core.types import GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp16_bits_to_fp32, \
-    fp32_to_bf16_bits
+from engine.core.types import GGMLType, TYPE_TRAITS, bf16_bits_to_fp32, fp32_to_bf16_bits
 from engine.lanes import lanes, twin
 from engine.ops.matmul import GGML_PREC_DEFAULT, GGML_PREC_F32
 from engine.quants import dequantize, from_float
@@ -89,8 +92,13 @@ class _Setup:
         self.scale, self.softcap = scale, softcap
         self.slopes = alibi_slopes(self.neq2, max_bias)
         self.mask4 = view4(mask) if mask is not None else None
-        self.sinks = view4(sinks)[0, 0, 0].astype(F32) if sinks is not None else None
+        self._sinks = view4(sinks)[0, 0, 0] if sinks is not None else None
         self.d4 = view4(dst)
+
+    @property
+    def sinks(self) -> np.ndarray | None:
+        """The sinks' logits as they are now (the view is kept: a prepared call reads them anew)."""
+        return None if self._sinks is None else self._sinks.astype(F32)
 
     def k_rows(self, iq3: int, iq2: int, ic0: int, ic1: int) -> np.ndarray:
         return self.k4[iq3 // self.rk3, iq2 // self.rk2, ic0:ic1]
@@ -103,10 +111,14 @@ class _Setup:
                 .reshape(-1, self.dv)
         return to_f32(v, self.v_type)
 
-    def kq_vec_dot(self, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int) -> np.ndarray:
-        """one_chunk's K·q of rows [a, b) with keys [ic0, ic1): q converted to K's vec_dot type
-        (q_to_vec_dot), then K's vec_dot (kq_vec_dot). (rows, keys) float32."""
-        q = np.ascontiguousarray(self.q4[iq3, iq2, a:b], F32)
+    def kv_head(self, iq3: int, iq2: int) -> tuple[int, int, int, int]:
+        """The K and V heads query head iq2 of batch iq3 reads (GQA: n_head / n_head_kv each)."""
+        return iq3 // self.rk3, iq2 // self.rk2, iq3 // self.rv3, iq2 // self.rv2
+
+    def kq_vec_dot(self, q: np.ndarray, iq3: int, iq2: int, ic0: int, ic1: int) -> np.ndarray:
+        """one_chunk's K·q of query rows q (float32, any heads that read K head (iq3, iq2)'s)
+        with keys [ic0, ic1): q converted to K's vec_dot type (q_to_vec_dot), then K's vec_dot
+        (kq_vec_dot), each pair on its own. (rows, keys) float32."""
         k = self.k_rows(iq3, iq2, ic0, ic1)
         if self.k_type == GGMLType.F32:
             return vec_dot_f32(k, q)
@@ -127,89 +139,41 @@ class _Setup:
 
 # --- one_chunk: the online softmax ----------------------------------------------------------
 
-def _one_chunk(st: _Setup, iq3: int, iq2: int, a: int, b: int, ic0: int, ic1: int):
-    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for query rows [a, b) of one head over
-    keys [ic0, ic1): (M, S, VKQ) with the sink applied on the first chunk (VKQ not yet divided
-    by S)."""
-    mv = st.mask_values(iq3, iq2, a, b, ic0, ic1)
+def _one_chunk(st: _Setup, blocks: list[tuple[int, int, int, int]], ic0: int, ic1: int):
+    """ggml_compute_forward_flash_attn_ext_f16_one_chunk for the query rows of blocks
+    (iq3, iq2, a, b): rows [a, b) of head iq2, every block reading the same K and V head, over
+    keys [ic0, ic1). Each row is its own softmax; they are stacked only to make fewer calls.
+    Returns (M, S, VKQ) of the rows in the blocks' order, with the sink applied on the first
+    chunk (VKQ not yet divided by S)."""
+    iq3, iq2 = blocks[0][:2]
+    q = np.concatenate([st.q4[i3, i2, a:b] for i3, i2, a, b in blocks]).astype(F32, copy=False)
+    mv = np.concatenate([st.mask_values(i3, i2, a, b, ic0, ic1) for i3, i2, a, b in blocks])
     skip = mv == -np.inf
-    s = st.kq_vec_dot(iq3, iq2, a, b, ic0, ic1) * st.scale
+    s = st.kq_vec_dot(q, iq3, iq2, ic0, ic1) * st.scale
     if st.softcap != 0:
         s = st.softcap * tanhf(s)
     with np.errstate(invalid="ignore"):
         s = s + mv
     if st.v_type == GGMLType.F16:  # the halves as they are: the accumulator is halves too
         v = st.v4[iq3 // st.rv3, iq2 // st.rv2, ic0:ic1].view(np.uint16)
-        M, S, acc = _online(s, skip, v, fp16=True)
+        M, S, acc = online_softmax(s, skip, v, fp16=True)
     else:
-        M, S, acc = _online(s, skip, st.v_rows(iq3, iq2, ic0, ic1), fp16=False)
+        M, S, acc = online_softmax(s, skip, st.v_rows(iq3, iq2, ic0, ic1), fp16=False)
     if st.sinks is not None and ic0 == 0:
-        M, S, acc = _sink(st.sinks[iq2], M, S, acc)
+        sink = np.concatenate([np.full(b - a, st.sinks[i2], F32) for _, i2, a, b in blocks])
+        M, S, acc = add_sink(sink, M, S, acc)
     return M, S, acc
 
 
-def _online(s: np.ndarray, skip: np.ndarray, v: np.ndarray, fp16: bool):
-    """The online softmax over the keys of every row: lanes.fa_online (in C, or its twin
-    fa_online). v: (n, dv) halves (uint16) when fp16, else float32. Returns M, S, VKQ."""
-    rows, n = s.shape
-    dv = v.shape[1]
-    acc, M, S = np.empty((rows, dv), F32), np.empty(rows, F32), np.empty(rows, F32)
-    lanes.fa_online(np.ascontiguousarray(s, F32), np.ascontiguousarray(skip, np.uint8),
-                    np.ascontiguousarray(v), fp16, acc, M, S, rows, n, dv)
-    return M, S, acc
-
-
-@twin("fa_online")
-def fa_online(s, skip, v, fp16: bool, acc, M, S, rows: int, n: int, dv: int) -> None:
-    """engine._lanes.fa_online: ggml's online softmax over keys, step by step, every row at once.
-    A live key (not skipped) with a new maximum rescales the accumulator by ms = expf(Mold - M)
-    (ggml_vec_scale_f16/_f32), an older maximum weighs the key by vs = expf(s - M); the key's V
-    row is added times vs (ggml_vec_mad_f16/_f32: one fma per element, rounded to fp16 for an F16
-    V); S = fmaf(S, ms, vs), as the compiler contracts `S = S*ms + vs`."""
-    s2 = np.frombuffer(s, F32).reshape(rows, n)
-    skip2 = np.frombuffer(skip, np.uint8).reshape(rows, n) != 0
-    vf = np.frombuffer(v, np.uint16 if fp16 else F32).reshape(n, dv)
-    if fp16:
-        vf = fp16_bits_to_fp32(vf)
-    m, sm = np.full(rows, -np.inf, F32), np.zeros(rows, F32)
-    out = np.zeros((rows, dv), F32)
-    one = F32(1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        for ic in range(n):
-            live = ~skip2[:, ic]
-            if not live.any():
-                continue
-            sj = s2[:, ic]
-            new = live & (sj > m)
-            ms = np.where(new, expf(m - sj), one)
-            vs = np.where(live & ~new, expf(sj - m), one)
-            if new.any():
-                scaled = out[new] * ms[new, None]
-                out[new] = fp16_round(scaled) if fp16 else scaled
-            m = np.where(new, sj, m)
-            mad = fmaf(vf[ic][None, :], vs[live, None], out[live])
-            out[live] = fp16_round(mad) if fp16 else mad
-            sm = np.where(live, fmaf(sm, ms, vs), sm)
-    np.frombuffer(acc, F32)[:] = out.reshape(-1)
-    np.frombuffer(M, F32)[:] = m
-    np.frombuffer(S, F32)[:] = sm
-
-
-def _sink(sink: np.float32, M: np.ndarray, S: np.ndarray, acc: np.ndarray):
-    """The sink's logit joins the softmax after the keys (no value of its own)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        new = sink > M
-        ms = np.where(new, expf(M - sink), F32(1))
-        vs = np.where(new, F32(1), expf(sink - M))
-    acc = np.where(new[:, None], acc * ms[:, None], acc)
-    return np.where(new, sink, M).astype(F32), S * ms + vs, acc
-
-
-def _finish(S: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """V /= S (0 where S is 0): ggml_vec_scale_f32 by 1/S."""
-    with np.errstate(divide="ignore"):
-        inv = np.where(S == 0, F32(0), F32(1) / S)
-    return acc * inv[:, None]
+def _same_kv(st: _Setup, blocks) -> list[list[tuple[int, int, int, int]]]:
+    """blocks (iq3, iq2, a, b) in runs that read one K and V head."""
+    runs: list[list[tuple[int, int, int, int]]] = []
+    for blk in blocks:
+        if runs and st.kv_head(*runs[-1][0][:2]) == st.kv_head(*blk[:2]):
+            runs[-1].append(blk)
+        else:
+            runs.append([blk])
+    return runs
 
 
 # --- tiled ------------------------------------------------------------------------------------
@@ -280,8 +244,8 @@ def _tiled(st: _Setup, iq3: int, iq2: int, a: int, b: int, llamafile: bool) -> n
             v32[:n] = st.v_rows(iq3, iq2, ic, ic + n)
             acc = _gemm(acc, p, v32)
     if st.sinks is not None:
-        _, S, acc = _sink(st.sinks[iq2], M, S, acc)
-    return _finish(S, acc)
+        _, S, acc = add_sink(np.full(rows, st.sinks[iq2], F32), M, S, acc)
+    return divide_by_sum(S, acc)
 
 
 def _soft_max(kq: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -306,9 +270,9 @@ def _flash_attn_ext_work(node: Tensor, n_tasks: int) -> int:
     return max(tiled, split_kv)
 
 
-@kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work)
-def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
-    """ggml_compute_forward_flash_attn_ext (F32 q; K and V F32, F16, BF16 or quantized)."""
+def _checked(params, dst: Tensor) -> tuple[_Setup, str]:
+    """The kernel's checks, then what every row needs and the path the node takes: "split_kv",
+    "tiled" or "one_chunk"."""
     q, k, v = dst.source(0), dst.source(1), dst.source(2)
     if int(dst.op_params[3]) not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
         raise not_supported(dst, f"precision {int(dst.op_params[3])} (ggml aborts)")
@@ -338,15 +302,45 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         # ggml reads mask[iq1, ic] without checking: it would read past the mask's data
         raise not_supported(dst, f"mask {[int(x) for x in mask.ne]} is smaller than "
                             f"[n_kv {nek1}, n_q {neq1}]")
-    st = _Setup(dst)
-    ith, nth = params.ith, params.nth
     f32_or_f16 = k.type in (GGMLType.F32, GGMLType.F16)
     same = k.type == v.type
     if not params.use_ref and neq1 == 1 and neq3 == 1 and f32_or_f16 and same \
             and nek1 >= SPLIT_KV_MIN:
+        return _Setup(dst), "split_kv"
+    tiled = not params.use_ref and f32_or_f16 and same and neq1 >= Q_TILE \
+        and (params.llamafile or dv % F32_EPR == 0)  # (x86: llama.cpp's ggml drops the DV test)
+    return _Setup(dst), "tiled" if tiled else "one_chunk"
+
+
+def _prepare_flash_attn_ext(params, dst: Tensor):
+    """The node as one ready call on the one_chunk and split-KV paths (decoding's): the rows run
+    in runs that share a K and V head, each row's softmax its own; split-KV's partials are made
+    chunk by chunk as the compute's threads would make them, then merged head by head. The tiled
+    path (a prompt's) keeps the general one."""
+    st, path = _checked(params, dst)
+    nek1 = st.k4.shape[2]
+    if path == "tiled":
+        return None
+    if path == "split_kv":
+        return _split_kv_all(st, st.neq2, nek1, params.cores)
+    nr = st.neq1 * st.neq2 * st.q4.shape[0]
+    runs = _same_kv(st, row_blocks(st.neq1, st.neq2, 0, nr))
+    if half_rows_take(st):
+        return HalfRows(st, _rows_of(runs), 0, nek1, finish=True)
+    return partial(_rows_one_chunk, st, runs, nek1)
+
+
+@kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work,
+        prepare=_prepare_flash_attn_ext)
+def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
+    """ggml_compute_forward_flash_attn_ext (F32 q; K and V F32, F16, BF16 or quantized)."""
+    st, path = _checked(params, dst)
+    neq1, neq2, nek1 = st.neq1, st.neq2, st.k4.shape[2]
+    ith, nth = params.ith, params.nth
+    if path == "split_kv":
         return _split_kv(params, st, neq2, nek1)
 
-    nr = neq1 * neq2 * neq3
+    nr = neq1 * neq2 * st.q4.shape[0]
     chunk_size = (nr + nth * 4 - 1) // (nth * 4)
     nchunk = (nr + chunk_size - 1) // chunk_size
     if nth == 1 or nchunk < nth:
@@ -355,24 +349,40 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
         params.shared["chunk"] = itertools.count(nth)  # ggml_threadpool_chunk_set(nth)
     params.barrier()
     dr = (nr + nchunk - 1) // nchunk
-    tiled = not params.use_ref and f32_or_f16 and same and neq1 >= Q_TILE \
-        and (params.llamafile or dv % F32_EPR == 0)  # (x86: llama.cpp's ggml drops the DV test)
+    tiled = path == "tiled"
     done = []
     chunk = ith
     while chunk < nchunk:
         ir0, ir1 = dr * chunk, min(dr * chunk + dr, nr)
-        for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
-            if tiled:
+        if tiled:
+            for iq3, iq2, a, b in row_blocks(neq1, neq2, ir0, ir1):
                 for q0 in range(a, b, Q_TILE):
                     e = min(b, q0 + Q_TILE)
                     st.d4[iq3, q0:e, iq2] = _tiled(st, iq3, iq2, q0, e, params.llamafile)
-            else:
-                M, S, acc = _one_chunk(st, iq3, iq2, a, b, 0, nek1)
-                st.d4[iq3, a:b, iq2] = _finish(S, acc)  # permute(0, 2, 1, 3)
+        else:
+            _rows_one_chunk(st, _same_kv(st, row_blocks(neq1, neq2, ir0, ir1)), nek1)
         done.append(Chunk(chunk, Interval(ir0, ir1)))
         chunk = next(params.shared["chunk"])
     params.took(ShareKind.CHUNKS, *done,
                 note=Note.of("fa_tiled" if tiled else "fa_one_chunk", nchunk=nchunk, dr=dr))
+
+
+def _rows_one_chunk(st: _Setup, runs, nek1: int) -> None:
+    """one_chunk over every key for the rows of runs (_same_kv's), written to dst: F16 K and V in
+    one C loop (HalfRows), others run by run."""
+    if half_rows_take(st):
+        HalfRows(st, _rows_of(runs), 0, nek1, finish=True)()
+        return
+    for run in runs:
+        M, S, acc = _one_chunk(st, run, 0, nek1)
+        out, r = divide_by_sum(S, acc), 0
+        for iq3, iq2, a, b in run:
+            st.d4[iq3, a:b, iq2] = out[r:r + b - a]  # permute(0, 2, 1, 3)
+            r += b - a
+
+
+def _rows_of(runs) -> list[tuple[int, int, int]]:
+    return [(iq3, iq2, i1) for run in runs for iq3, iq2, a, b in run for i1 in range(a, b)]
 
 
 def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
@@ -380,25 +390,56 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
     ith, nth = params.ith, params.nth
     chunk_size = (nek1 + nth - 1) // nth
     ic0, ic1 = ith * chunk_size, min(ith * chunk_size + chunk_size, nek1)
-    parts = []
-    for h in range(n_head):
-        if ic0 < nek1:
-            M, S, acc = _one_chunk(st, 0, h, 0, 1, ic0, ic1)
-            parts.append((M[0], S[0], acc[0]))
-        else:
-            parts.append((F32(-np.inf), F32(0), None))
-    params.shared[ith] = parts
+    params.shared[ith] = _kv_partials(st, n_head, ic0, ic1, nek1)()
     params.barrier()
     heads = list(range(ith, n_head, nth))
+    _merge_heads(st, heads, [params.shared[c] for c in range(nth)], chunk_size, nek1)
+    params.took(ShareKind.KV, Interval(ic0, ic1), note=Note.of("fa_kv", heads=str(heads)))
+
+
+def _split_kv_all(st: _Setup, n_head: int, nek1: int, nth: int):
+    """_split_kv of nth threads as one call: every chunk's partials in turn, then every head."""
+    chunk_size = (nek1 + nth - 1) // nth
+    chunks = [_kv_partials(st, n_head, c * chunk_size, min(c * chunk_size + chunk_size, nek1), nek1)
+              for c in range(nth)]
+
+    def run() -> None:
+        _merge_heads(st, range(n_head), [chunk() for chunk in chunks], chunk_size, nek1)
+    return run
+
+
+def _kv_partials(st: _Setup, n_head: int, ic0: int, ic1: int, nek1: int) -> Callable[[], list]:
+    """What makes one KV chunk's (M, S, VKQ) for every head (none past the keys)."""
+    if ic0 >= nek1:
+        return lambda: [(F32(-np.inf), F32(0), None)] * n_head
+    if half_rows_take(st):
+        rows = HalfRows(st, [(0, h, 0) for h in range(n_head)], ic0, ic1, finish=False)
+
+        def halves() -> list:
+            M, S = rows()
+            return list(zip(M.copy(), S.copy(), rows.partials.copy()))
+        return halves
+
+    def others() -> list:
+        parts: list = []
+        for run in _same_kv(st, [(0, h, 0, 1) for h in range(n_head)]):
+            M, S, acc = _one_chunk(st, run, ic0, ic1)
+            parts += zip(M, S, acc)
+        return parts
+    return others
+
+
+def _merge_heads(st: _Setup, heads, parts: list, chunk_size: int, nek1: int) -> None:
+    """The chunks' partials of each head merged in chunk order, divided by the sum, to dst."""
     with np.errstate(invalid="ignore", over="ignore"):
         for h in heads:
             m_fin = F32(-np.inf)
             s_fin: np.float32 | np.ndarray = F32(0)  # (then fmaf's: a float32 scalar)
             acc = np.zeros(st.dv, F32)
-            for c in range(nth):
+            for c in range(len(parts)):
                 if c * chunk_size >= nek1:
                     continue
-                m_c, s_c, vkq_c = params.shared[c][h]
+                m_c, s_c, vkq_c = parts[c][h]
                 if s_c == 0:
                     continue
                 m_new = np.fmax(m_fin, m_c)
@@ -409,4 +450,3 @@ def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
             if s_fin != 0:
                 acc = acc * (F32(1) / s_fin)
             st.d4[0, 0, h] = acc
-    params.took(ShareKind.KV, Interval(ic0, ic1), note=Note.of("fa_kv", heads=str(heads)))

@@ -225,8 +225,11 @@ def _prepare_mul_mat(params, dst: Tensor):
     src0, src1 = dst.source(0), dst.source(1)
     t0 = TYPE_TRAITS[src0.type]
     vdt = vec_dot_type(src0.type)
-    if repacked_layout(src0) is not None:  # (the CPU_REPACK traits' own path)
-        return None
+    layout = repacked_layout(src0)
+    if layout is not None:  # the CPU_REPACK traits' own path: a call per plane
+        repack.check(dst)
+        return repack.plane_calls(dst, layout, tensor_bytes(src0, 0, ggml_nbytes(src0),
+                                                            "forward_mul_mat"), params.cores)
     if hadamard.takes(dst, params.use_ref):  # (the transform's own path)
         return None
     if params.tiled and tiled.takes(src0, src1, params.use_ref):  # (llama.cpp's tiled path)

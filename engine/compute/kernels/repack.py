@@ -30,6 +30,8 @@ row: no gemm, no chunk counter. A thread whose range is empty does nothing at al
 from __future__ import annotations
 
 import itertools
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -103,19 +105,27 @@ def check(dst: Tensor) -> None:
 def compute_values(dst: Tensor, layout: RepackLayout, packed: np.ndarray, threads: int = 1) -> None:
     """Every plane's outputs, as ggml's chunks compute them: (ne11 rows of src1) x ne01, the
     weight rows shared between `threads` threads inside the C loop (the same bits)."""
+    for call in plane_calls(dst, layout, packed, threads):
+        call()
+
+
+def plane_calls(dst: Tensor, layout: RepackLayout, packed: np.ndarray, threads: int = 1
+                ) -> tuple[Callable[[], None], ...]:
+    """compute_values as one call per plane of src1, their views made once (what the kernel's
+    prepare keeps for a graph computed again and again)."""
     src0, src1 = dst.source(0), dst.source(1)
     ne00, ne01 = int(src0.ne[0]), int(src0.ne[1])
     product = product_of(layout)
     x4, d4 = view4(src1), view4(dst)
-    for i12 in range(int(src1.ne[2])):
-        x = np.ascontiguousarray(x4[0, i12], dtype=F32)
-        out = d4[0, i12]
-        if out.flags.c_contiguous:
-            product(layout, packed, ne00, ne01, x, out, threads)
-        else:
-            tmp = np.empty(out.shape, F32)
-            product(layout, packed, ne00, ne01, x, tmp, threads)
-            out[...] = tmp
+
+    def through(x: np.ndarray, out: np.ndarray) -> None:
+        tmp = np.empty(out.shape, F32)
+        product(layout, packed, ne00, ne01, x, tmp, threads)
+        out[...] = tmp
+
+    return tuple(partial(product, layout, packed, ne00, ne01, x4[0, i12], d4[0, i12], threads)
+                 if d4[0, i12].flags.c_contiguous else partial(through, x4[0, i12], d4[0, i12])
+                 for i12 in range(int(src1.ne[2])))
 
 
 def forward_mul_mat(params, dst: Tensor, layout: RepackLayout, packed: np.ndarray) -> None:
