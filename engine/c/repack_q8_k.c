@@ -297,15 +297,20 @@ static void groups_plain(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
 static const int ORDER[8] = {0, 1, 4, 5, 2, 3, 6, 7};  /* (its own inverse) */
 
 typedef struct {
-    __m256i q[4][2][4][2];      /* [sb][low, high nibbles][k][rows 0-3, 4-7] */
     __m256i sc[8][2];           /* sub-block j's scales as 16-bit words, each row's 4 times:
                                  * rows 0-3 ([j][0]) and 4-7 ([j][1]), as the quants lie */
     __m256i mn[4];              /* the mins of sub-blocks 2sb and 2sb + 1 as 16-bit pairs, by
                                  * row, lanes in ORDER */
     __m256 d, dmin;             /* lanes in ORDER */
+} WeightScales;
+
+typedef struct {
+    __m256i q[4][2][4][2];      /* [sb][low, high nibbles][k][rows 0-3, 4-7] */
+    WeightScales s;
 } WeightVecs;
 
-AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
+/* a weight block's d, dmin, scales and mins */
+AVX2 void decode_scales(const uint8_t *blk, WeightScales *wv)
 {
     const __m256i order = _mm256_setr_epi32(ORDER[0], ORDER[1], ORDER[2], ORDER[3], ORDER[4],
                                             ORDER[5], ORDER[6], ORDER[7]);
@@ -313,34 +318,58 @@ AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
     wv->d = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), order);
     wv->dmin = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))),
                                         order);
-    uint8_t mins[8][8];
+    /* get_scale_min_k4 of the 8 rows and the 8 sub-blocks at once. Sub-block j's 12 bytes are
+     * three words u0 u1 u2 (at 12j): rows 0-3's scales are the low 6 bits of u0's bytes, rows
+     * 4-7's the low nibbles of u2's with the top 2 bits of u0's; the mins likewise from u1 and
+     * u2's high nibbles. U0, U1, U2 hold the 8 sub-blocks' u0, u1, u2 (lane j), gathered from the
+     * 96 bytes by permutes and blends. */
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 32));
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(blk + 64));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(blk + 96));
+#define WORDS(i0, i1, i2, i3, i4, i5, i6, i7) _mm256_setr_epi32(i0, i1, i2, i3, i4, i5, i6, i7)
+    const __m256i u0 = _mm256_blend_epi32(
+        _mm256_blend_epi32(_mm256_permutevar8x32_epi32(a, WORDS(0, 3, 6, 0, 0, 0, 0, 0)),
+                           _mm256_permutevar8x32_epi32(b, WORDS(0, 0, 0, 1, 4, 7, 0, 0)), 0x38),
+        _mm256_permutevar8x32_epi32(c, WORDS(0, 0, 0, 0, 0, 0, 2, 5)), 0xC0);
+    const __m256i u1 = _mm256_blend_epi32(
+        _mm256_blend_epi32(_mm256_permutevar8x32_epi32(a, WORDS(1, 4, 7, 0, 0, 0, 0, 0)),
+                           _mm256_permutevar8x32_epi32(b, WORDS(0, 0, 0, 2, 5, 0, 0, 0)), 0x18),
+        _mm256_permutevar8x32_epi32(c, WORDS(0, 0, 0, 0, 0, 0, 3, 6)), 0xE0);
+    const __m256i u2 = _mm256_blend_epi32(
+        _mm256_blend_epi32(_mm256_permutevar8x32_epi32(a, WORDS(2, 5, 0, 0, 0, 0, 0, 0)),
+                           _mm256_permutevar8x32_epi32(b, WORDS(0, 0, 0, 3, 6, 0, 0, 0)), 0x1C),
+        _mm256_permutevar8x32_epi32(c, WORDS(0, 0, 0, 0, 0, 1, 4, 7)), 0xE0);
+    const __m256i six = _mm256_set1_epi8(0x3F), four = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+    const __m256i s0 = _mm256_and_si256(u0, six), m0 = _mm256_and_si256(u1, six);
+    const __m256i s1 = _mm256_or_si256(_mm256_and_si256(u2, four),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), two), 4));
+    const __m256i m1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), four),
+                                       _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), two), 4));
+    /* sc[j][h]: lane j of s0 (h = 0) or s1, its 4 bytes as 16-bit words, each 4 times */
+    const __m256i rep = _mm256_setr_epi8(0, -1, 0, -1, 0, -1, 0, -1, 1, -1, 1, -1, 1, -1, 1, -1,
+                                         2, -1, 2, -1, 2, -1, 2, -1, 3, -1, 3, -1, 3, -1, 3, -1);
     for (int j = 0; j < 8; j++) {
-        /* get_scale_min_k4 of the 8 rows at once, four bytes at a time: rows 0-3's scales are
-         * the low 6 bits of bytes 0-3, rows 4-7's the low nibbles of bytes 8-11 with the top 2
-         * bits of bytes 0-3; the mins likewise from bytes 4-7 and the high nibbles */
-        uint32_t u[3], s[2], m[2];
-        memcpy(u, blk + 32 + 12 * j, 12);
-        s[0] = u[0] & 0x3F3F3F3F;
-        s[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-        m[0] = u[1] & 0x3F3F3F3F;
-        m[1] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-        long long sl;
-        memcpy(&sl, s, 8);
-        const __m128i sv = _mm_cvtsi64_si128(sl);
-        for (int h = 0; h < 2; h++) {
-            const __m128i rep = _mm_add_epi8(_mm_set_epi8(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                             _mm_set1_epi8((char)(4 * h)));
-            wv->sc[j][h] = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sv, rep));
-        }
-        memcpy(mins[j], m, 8);
+        const __m256i lane = _mm256_set1_epi32(j);
+        wv->sc[j][0] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s0, lane), rep);
+        wv->sc[j][1] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(s1, lane), rep);
     }
-    for (int sb = 0; sb < 4; sb++) {
-        long long m0, m1;
-        memcpy(&m0, mins[2 * sb], 8);
-        memcpy(&m1, mins[2 * sb + 1], 8);
-        const __m128i pairs = _mm_unpacklo_epi8(_mm_cvtsi64_si128(m0), _mm_cvtsi64_si128(m1));
-        wv->mn[sb] = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi16(pairs), order);
-    }
+    /* mn[sb]: 16 bytes [sub-block 2sb's mins of rows 0-3, 2sb + 1's, 2sb's of rows 4-7,
+     * 2sb + 1's] in both halves (the 64-bit unpacks give them: sb 0 and 2 from lo, 1 and 3 from
+     * hi), then each row's two as a 16-bit pair, lanes in ORDER */
+    const __m256i lo = _mm256_unpacklo_epi64(m0, m1), hi = _mm256_unpackhi_epi64(m0, m1);
+    const __m256i pair = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 8, -1, 12, -1, 9, -1, 13, -1,
+                                          2, -1, 6, -1, 3, -1, 7, -1, 10, -1, 14, -1, 11, -1, 15, -1);
+    wv->mn[0] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(lo, lo, 0x00), pair);
+    wv->mn[1] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(hi, hi, 0x00), pair);
+    wv->mn[2] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(lo, lo, 0x11), pair);
+    wv->mn[3] = _mm256_shuffle_epi8(_mm256_permute2x128_si256(hi, hi, 0x11), pair);
+#undef WORDS
+}
+
+/* a weight block's quants as nibbles, and its scales */
+AVX2 void decode_vecs(const uint8_t *blk, WeightVecs *wv)
+{
+    decode_scales(blk, &wv->s);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int sb = 0; sb < 4; sb++)
         for (int k = 0; k < 4; k++)
@@ -368,6 +397,8 @@ AVX2 __m256i sub_block_dots(const __m256i q[4][2], const __m256i sc[2], const ui
     return _mm256_hadd_epi32(_mm256_madd_epi16(s0, sc[0]), _mm256_madd_epi16(s1, sc[1]));
 }
 
+/* the gemm's tile: weight rows 8g .. 8g + 7 against activation rows [a0, a0 + nt) of
+ * block_q8_Kx4, each weight block decoded once for the tile */
 AVX2 void group_tile_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a0, int nt, WeightVecs *wv)
 {
     __m256 acc[TILE], accm[TILE];
@@ -377,47 +408,26 @@ AVX2 void group_tile_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a0, int n
         decode_vecs(j->w + (g * j->nb + b) * XB, wv);
         for (int t = 0; t < nt; t++) {
             const Py_ssize_t a = a0 + t;
-            /* the activation's sub-block s: 4 runs of 8 quants at qs + s * sub, step apart */
-            const uint8_t *qs, *blk;
-            Py_ssize_t step, sub;
+            /* the activation's sub-block s: 4 runs of 8 quants at qs + s * 128, 32 apart */
+            const int l = (int)(a % 4);
+            const uint8_t *blk = j->y + ((a / 4) * j->nb + b) * Y4B, *qs = blk + 16 + 8 * l;
             float yd;
+            memcpy(&yd, blk + 4 * l, 4);
             int32_t bs[8];
-            if (!j->gemm) {
-                blk = j->y + (a * j->nb + b) * YB;
-                memcpy(&yd, blk, 4);
-                qs = blk + 4, step = 8, sub = 32;
-                for (int s = 0; s < 8; s++)
-                    bs[s] = (int16_t)(i16_at(blk + 260 + 4 * s) + i16_at(blk + 262 + 4 * s));
-            } else {
-                const int l = (int)(a % 4);
-                blk = j->y + ((a / 4) * j->nb + b) * Y4B;
-                memcpy(&yd, blk + 4 * l, 4);
-                qs = blk + 16 + 8 * l, step = 32, sub = 128;
-                for (int s = 0; s < 8; s++) {
-                    const uint8_t *p = blk + 16 + 1024 + 2 * (16 * (s / 2) + 4 * l + 2 * (s % 2));
-                    bs[s] = (int16_t)(i16_at(p) + i16_at(p + 2));
-                }
+            for (int s = 0; s < 8; s++) {
+                const uint8_t *p = blk + 16 + 1024 + 2 * (16 * (s / 2) + 4 * l + 2 * (s % 2));
+                bs[s] = (int16_t)(i16_at(p) + i16_at(p + 2));
             }
             const __m256 ydv = _mm256_set1_ps(yd);
-            const __m256 dd = _mm256_mul_ps(wv->d, ydv), dm = _mm256_mul_ps(wv->dmin, ydv);
-            __m256i bsum = _mm256_setzero_si256(), bmin = _mm256_setzero_si256();
-            for (int sb = 0; sb < 4; sb++) {
+            const __m256 dd = _mm256_mul_ps(wv->s.d, ydv), dm = _mm256_mul_ps(wv->s.dmin, ydv);
+            for (int sb = 0; sb < 4; sb++) {  /* one multiply-add per pair of sub-blocks */
                 const __m256i isum = _mm256_add_epi32(
-                    sub_block_dots(wv->q[sb][0], wv->sc[2 * sb], qs + 2 * sb * sub, step),
-                    sub_block_dots(wv->q[sb][1], wv->sc[2 * sb + 1], qs + (2 * sb + 1) * sub, step));
-                const __m256i imin = _mm256_madd_epi16(wv->mn[sb], _mm256_set1_epi32(
+                    sub_block_dots(wv->q[sb][0], wv->s.sc[2 * sb], qs + 2 * sb * 128, 32),
+                    sub_block_dots(wv->q[sb][1], wv->s.sc[2 * sb + 1], qs + (2 * sb + 1) * 128, 32));
+                const __m256i imin = _mm256_madd_epi16(wv->s.mn[sb], _mm256_set1_epi32(
                     (int)((uint32_t)(uint16_t)bs[2 * sb] | (uint32_t)(uint16_t)bs[2 * sb + 1] << 16)));
-                if (j->gemm) {  /* one multiply-add per pair of sub-blocks */
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
-                    accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, accm[t]);
-                } else {
-                    bsum = _mm256_add_epi32(bsum, isum);
-                    bmin = _mm256_add_epi32(bmin, imin);
-                }
-            }
-            if (!j->gemm) {  /* one per super-block */
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bsum), dd, acc[t]);
-                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bmin), dm, accm[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), dd, acc[t]);
+                accm[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(imin), dm, accm[t]);
             }
         }
     }
@@ -428,12 +438,74 @@ AVX2 void group_tile_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a0, int n
                          _mm256_permutevar8x32_ps(_mm256_sub_ps(acc[t], accm[t]), back));
 }
 
+/* the int16 sums of a block_q8_K's bsums, sub-blocks 2sb and 2sb + 1, as one 32-bit pair */
+AVX2 __m256i bsum_pair(const uint8_t *blk, int sb)
+{
+    const int16_t lo = (int16_t)(i16_at(blk + 260 + 8 * sb) + i16_at(blk + 262 + 8 * sb));
+    const int16_t hi = (int16_t)(i16_at(blk + 264 + 8 * sb) + i16_at(blk + 266 + 8 * sb));
+    return _mm256_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16));
+}
+
+/* the gemv: weight rows 8g .. 8g + 7 against activation row a of plain block_q8_K, one
+ * multiply-add per super-block; the nibbles taken from each load as it is used (a block is read
+ * once a row) */
+AVX2 void gemv_group_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    WeightScales ws;
+    for (Py_ssize_t b = 0; b < j->nb; b++) {
+        const uint8_t *w = j->w + (g * j->nb + b) * XB, *y = j->y + (a * j->nb + b) * YB;
+        decode_scales(w, &ws);
+        float yd;
+        memcpy(&yd, y, 4);
+        const __m256 ydv = _mm256_set1_ps(yd);
+        const __m256 dd = _mm256_mul_ps(ws.d, ydv), dm = _mm256_mul_ps(ws.dmin, ydv);
+        __m256i bsum = _mm256_setzero_si256(), bmin = _mm256_setzero_si256();
+        for (int sb = 0; sb < 4; sb++) {
+            __m256i lo0 = _mm256_setzero_si256(), lo1 = lo0, hi0 = lo0, hi1 = lo0;
+            const uint8_t *qs = w + 128 + 256 * sb, *ys = y + 4 + 64 * sb;
+            for (int k = 0; k < 4; k++) {
+                long long ylo, yhi;
+                memcpy(&ylo, ys + 8 * k, 8);
+                memcpy(&yhi, ys + 32 + 8 * k, 8);
+                const __m256i yl = _mm256_set1_epi64x(ylo), yh = _mm256_set1_epi64x(yhi);
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)(qs + 64 * k));
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 64 * k + 32));
+                lo0 = _mm256_add_epi16(lo0, _mm256_maddubs_epi16(_mm256_and_si256(v0, m4), yl));
+                lo1 = _mm256_add_epi16(lo1, _mm256_maddubs_epi16(_mm256_and_si256(v1, m4), yl));
+                hi0 = _mm256_add_epi16(hi0, _mm256_maddubs_epi16(
+                                                _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), yh));
+                hi1 = _mm256_add_epi16(hi1, _mm256_maddubs_epi16(
+                                                _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4), yh));
+            }
+            const __m256i lo = _mm256_hadd_epi32(_mm256_madd_epi16(lo0, ws.sc[2 * sb][0]),
+                                                 _mm256_madd_epi16(lo1, ws.sc[2 * sb][1]));
+            const __m256i hi = _mm256_hadd_epi32(_mm256_madd_epi16(hi0, ws.sc[2 * sb + 1][0]),
+                                                 _mm256_madd_epi16(hi1, ws.sc[2 * sb + 1][1]));
+            bsum = _mm256_add_epi32(bsum, _mm256_add_epi32(lo, hi));
+            bmin = _mm256_add_epi32(bmin, _mm256_madd_epi16(ws.mn[sb], bsum_pair(y, sb)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bsum), dd, acc);
+        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(bmin), dm, accm);
+    }
+    const __m256i back = _mm256_setr_epi32(ORDER[0], ORDER[1], ORDER[2], ORDER[3], ORDER[4], ORDER[5],
+                                           ORDER[6], ORDER[7]);
+    _mm256_storeu_ps(j->out + a * j->nc + 8 * g, _mm256_permutevar8x32_ps(_mm256_sub_ps(acc, accm), back));
+}
+
 __attribute__((target("avx2,fma,f16c"))) static void groups_fma(void *ctx, int worker, Py_ssize_t a,
                                                              Py_ssize_t b)
 {
     (void)worker;
     const RepackJob *j = ctx;
     WeightVecs wv;
+    if (!j->gemm) {
+        for (Py_ssize_t g = a; g < b; g++)
+            for (Py_ssize_t r = 0; r < j->nr; r++)
+                gemv_group_vecs(j, g, r);
+        return;
+    }
     for (Py_ssize_t g = a; g < b; g++)
         for (Py_ssize_t a0 = 0; a0 < j->nr; a0 += TILE)
             group_tile_vecs(j, g, a0, (int)(j->nr - a0 < TILE ? j->nr - a0 : TILE), &wv);
