@@ -287,7 +287,9 @@ _fixture_hashes: dict[tuple[str, int, int], str] = {}
 _fixture_lock = threading.Lock()
 
 
-def _fixture(path: Path) -> Fixture:
+def content_digest(path: Path) -> str:
+    """The sha256 of the file's bytes (a fixture's name, the bundled model's in trace files),
+    hashed once per process while its path, size and modification time stay the same."""
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     with _fixture_lock:
@@ -298,5 +300,9 @@ def _fixture(path: Path) -> Fixture:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             digest = _fixture_hashes[key] = h.hexdigest()
-    return Fixture(path.name, path, st.st_size, digest)
+    return digest
+
+
+def _fixture(path: Path) -> Fixture:
+    return Fixture(path.name, path, path.stat().st_size, content_digest(path))
 

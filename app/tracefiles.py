@@ -24,7 +24,7 @@ from pathlib import Path
 from app.objects import SharedStore
 from app.sandbox.boundary import Limits
 from app.sandbox.wire import FORMAT, MAGIC, MalformedResult, UnknownFile, decode, encode_trace
-from app.store import HASH_RE, PART_SUFFIX, UploadStore, evict_oldest, file_identity
+from app.store import HASH_RE, PART_SUFFIX, UploadStore, content_digest, evict_oldest
 from engine.trace import Trace
 
 SUFFIX = ".trace"
@@ -36,7 +36,9 @@ READ_LIMITS = Limits(steps=99_000, trace=2 << 30, pools=4 << 30)
 class TrustedFiles:
     """The files a stored trace may refer to, by the digests the app names them by: the upload
     store's (uploads and fixtures by their sha256, models-folder files by their identity) and
-    the bundled model (by its identity)."""
+    the bundled model (by its sha256, hashed once per process: a trace a worker wrote on
+    another machine finds that machine's copy of it; a models-folder file's identity holds on
+    one machine, or where every machine has the folder at the same place, as the links do)."""
 
     def __init__(self, uploads: UploadStore | None = None, model: Path | None = None) -> None:
         self.uploads, self.model = uploads, model
@@ -46,17 +48,16 @@ class TrustedFiles:
         written then)."""
         model = self.model
         if model is not None and model.is_file() and Path(path).resolve() == model.resolve():
-            return file_identity(model)
+            return content_digest(model)
         return self.uploads.digest_of(path) if self.uploads is not None else None
 
     def path(self, digest: str) -> Path | None:
         """The whole file named `digest`, or None."""
-        if self.uploads is not None:
-            found = self.uploads.path(digest)
-            if found is not None and self.uploads.whole(digest):
-                return found
         model = self.model
-        return model if model is not None and model.is_file() and file_identity(model) == digest else None
+        if model is not None and model.is_file() and content_digest(model) == digest:
+            return model
+        found = self.uploads.path(digest) if self.uploads is not None else None
+        return found if found is not None and self.uploads is not None and self.uploads.whole(digest) else None
 
 
 class TraceFiles:
