@@ -13,7 +13,12 @@ The format (all integers little-endian):
 A Head says whether the run gave a trace (`ok`) or why not (`message`), and holds the trace: the
 steps as the engine's own records (engine/trace/steps.py), their patches' places (`patches[k]` for
 step k: the context or buffer id, the offset in it, the number of bytes), and the program's
-outputs as numbers, strings and arrays (dtype, shape, bytes).
+outputs as numbers, strings and arrays (dtype, shape, bytes). Decoding checks the types of every
+field, and that each note names one of the engine's templates and fills exactly its placeholders
+(`Note.__post_init__`); then `trace_from_head` checks the trace's shape: step indices in order,
+every patch and tensor reference inside a pool the steps made, the pools' total size under
+Limits.pools. The trace's records are counted as they are decoded: at most DECODED_PER_BYTE bytes
+of Python objects per byte of the head (`Trace.records_bytes`, which the server's caches weigh).
 
 A patch whose bytes are a model file's pages (weights loaded mapped, as llama.cpp loads them) is
 not sent: its PatchRef names the file by its digest (`file`, the server's own name for it: the
@@ -24,14 +29,14 @@ never by a path (a worker may see the file elsewhere: the sandbox binds the bund
 it does not know is UnknownFile, bytes outside the file MalformedResult. The decoded patch is a
 read-only view of the server's mapping of that file (engine/trace/pools.py's `mapped_file`), so
 a decoded trace of a mapped model holds no copy of its weights either. A weights buffer's
-mirror (repacked weights: a nameless file no server could open) is sent as bytes, marked
-`mirror`: the decoder keeps them in a mirror of its own (`Mirror`), on disk as the worker did,
-and the patches view its pages. Decoding checks the types of every
-field, and that each note names one of the engine's templates and fills exactly its placeholders
-(`Note.__post_init__`); then `trace_from_head` checks the trace's shape: step indices in order,
-every patch and tensor reference inside a pool the steps made, the pools' total size under
-Limits.pools. The trace's records are counted as they are decoded: at most DECODED_PER_BYTE bytes
-of Python objects per byte of the head (`Trace.records_bytes`, which the server's caches weigh).
+mirror (CPU_REPACK's repacked weights: a nameless file no server could open) is marked `mirror`;
+where its patches of a step are, byte for byte, the repack of one tensor of a named file (the
+encoder packs the tensor again to check: engine/trace/repacked.py), they refer to that tensor
+(`at`, `whole`, the layout's name, the row size, and where they start in the packed bytes,
+`skip`), and the decoder packs it again with the engine's own pack, after checking that every
+range lies inside the file, the tensor and its pool, and that the decoder packs no more than
+Limits.pools bytes in all; else their bytes are sent. Either way the decoder keeps them in a
+mirror of its own (`Mirror`), on disk as the worker did, and the patches view its pages.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ import numpy as np
 from app.sandbox.boundary import Limits
 from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE
 from engine.compute.shares import share_ranges
-from engine.trace.pools import Mirror, file_pages, mapped_file
+from engine.gguf import GGUFError
+from engine.trace.pools import Mirror, file_pages, mapped_file, shared_pages
+from engine.trace.repacked import RepackedSources, repacked_bytes
 from engine.trace.steps import Patch, Step, ThreadShare
 from engine.trace import Trace
 
@@ -67,6 +74,7 @@ MAX_OUTPUT_ELEMENTS = 1 << 20
 # counts msgspec checks as it reads each container's header, before it makes the container
 MAX_STEPS, MAX_PATCHES, MAX_OUTPUTS, MAX_ITEMS = 100_000, 1 << 16, 64, 1 << 16
 MAX_FILES, MAX_FILE_TEXT = 64, 1 << 20  # a walkthrough's other files, and the text of each
+MAX_LAYOUT = 32  # characters of a repacked layout's name ("q4_K_8x8")
 MAX_NAME = 64  # characters of a file's name in a PatchRef (a sha256 digest, in hex)
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")  # how a PatchRef names a file (app.store.HASH_RE's form)
 
@@ -111,7 +119,13 @@ class PatchRef(msgspec.Struct, frozen=True, omit_defaults=True):
     # the file the bytes are the pages of, by its digest ("": they are in the data section)
     file: Annotated[str, msgspec.Meta(max_length=MAX_NAME)] = ""
     at: int = 0  # where in that file
-    mirror: bool = False  # in the data section, and a weights buffer's mirror's (repacked weights)
+    mirror: bool = False  # a weights buffer's mirror's (repacked weights): kept in a mirror
+    # the bytes are [skip, skip + size) of the file's `whole` bytes from `at`, in rows of `row`
+    # bytes, packed in this layout (engine/trace/repacked.py); "": the file's bytes themselves
+    layout: Annotated[str, msgspec.Meta(max_length=MAX_LAYOUT)] = ""
+    row: int = 0
+    whole: int = 0
+    skip: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,33 +159,79 @@ def encode_failure(message: str) -> bytes:
 
 def encode_trace(trace: Trace, names: Names | Mapping[str, str] | None = None) -> bytes:
     """The trace as a result (TypeError names an output that is not a number, string or array).
-    A patch that is the pages of a file `names` knows (path -> digest) is sent as a reference to
-    that file; every other patch's bytes are sent."""
-    head = _head(trace, names)
+    A patch that is the pages of a file `names` knows (path -> digest), or the repack of one of
+    its tensors, is sent as a reference to that file; every other patch's bytes are sent."""
+    head = _head(trace, _Sources(trace, names))
     return _frame(head, [p.data for s, refs in zip(trace.steps, head.patches)
                          for p, ref in zip(s.patches, refs) if not ref.file])
 
 
-def _head(trace: Trace, names: Names | Mapping[str, str] | None = None) -> Head:
-    lookup = names.get if isinstance(names, Mapping) else names
-    refs = [[_ref(p, lookup) for p in s.patches] for s in trace.steps]
+def _head(trace: Trace, sources: "_Sources") -> Head:
+    refs = [sources.refs(s.patches) for s in trace.steps]
     return Head(ok=True, program=trace.program, source=trace.source, n_threads=trace.n_threads,
                 error=trace.error, printed=trace.printed, also=[(name, text) for name, text in trace.also],
                 outputs={str(k): _output(k, v) for k, v in trace.outputs.items()},
                 steps=[dataclasses.replace(s, patches=()) for s in trace.steps], patches=refs)
 
 
-def _ref(p: Patch, names: Names | None) -> PatchRef:
-    """Where a patch's bytes go: a reference to the file whose pages they are, if `names` names
-    it; else into the data section (marked if they are a mirror's pages)."""
-    src = file_pages(p.data)
-    if src is None:
-        return PatchRef(p.ctx, p.offset, len(p.data))
-    pages, at = src
-    digest = None if pages.held or names is None else names(pages.path)
-    if digest is None:
-        return PatchRef(p.ctx, p.offset, len(p.data), mirror=pages.held)
-    return PatchRef(p.ctx, p.offset, len(p.data), digest, at)
+class _Sources:
+    """The files a trace's patches may refer to: the mapped files `names` knows, and the tensors
+    of those that CPU_REPACK repacks (a weights buffer's mirror holds their packed rows)."""
+
+    def __init__(self, trace: Trace, names: Names | Mapping[str, str] | None) -> None:
+        self.names = names.get if isinstance(names, Mapping) else names
+        self.repacks: list[tuple[str, RepackedSources]] = []  # (digest, the file's tensors)
+        files = {id(src[0]): src[0] for s in trace.steps for p in s.patches if (src := file_pages(p.data))}
+        if self.names is None or not any(f.held for f in files.values()):
+            return
+        for f in files.values():
+            digest = None if f.held else self.names(f.path)
+            try:
+                if digest is not None:
+                    self.repacks.append((digest, RepackedSources(f.path, shared_pages(f, 0, len(f)))))
+            except (GGUFError, OSError):  # (a file, but no GGUF file: no tensor of it is repacked)
+                pass
+
+    def refs(self, patches: tuple[Patch, ...]) -> list[PatchRef]:
+        """Where a step's patches' bytes go: a reference to the file whose pages they are, if
+        `names` names it; to the tensor of such a file whose repack they are (a mirror's patches
+        of one step: the runs one set_tensor changed); else into the data section (marked if they
+        are a mirror's pages)."""
+        out = [self.ref(p) for p in patches]
+        mirrored = [i for i, r in enumerate(out) if r.mirror]
+        for ctx in {out[i].ctx for i in mirrored}:
+            at = [i for i in mirrored if out[i].ctx == ctx]
+            for name, tensors in self.repacks:
+                found = tensors.find([(patches[i].offset, patches[i].data) for i in at])
+                if found is not None:
+                    for i, f in zip(at, found):
+                        out[i] = PatchRef(ctx, out[i].offset, out[i].size, name, f.at, True, f.layout,
+                                          f.row_bytes, f.whole, f.skip)
+                    break
+        return out
+
+    def ref(self, p: Patch) -> PatchRef:
+        """One patch's place: a reference to the file whose pages it is, if `names` names it."""
+        src = file_pages(p.data)
+        if src is None:
+            return PatchRef(p.ctx, p.offset, len(p.data))
+        pages, at = src
+        digest = self.names(pages.path) if self.names is not None and not pages.held else None
+        if digest is None:
+            return PatchRef(p.ctx, p.offset, len(p.data), mirror=pages.held)
+        return PatchRef(p.ctx, p.offset, len(p.data), digest, at)
+
+
+class _Bound(_Sources):
+    """Every file's pages a reference, and every mirror's a repack (the most a head holds)."""
+
+    def __init__(self) -> None:
+        self.names, self.repacks = None, []
+
+    def refs(self, patches: tuple[Patch, ...]) -> list[PatchRef]:
+        return [PatchRef(p.ctx, p.offset, len(p.data)) if (src := file_pages(p.data)) is None else
+                PatchRef(p.ctx, p.offset, len(p.data), "0" * MAX_NAME, 1 << 40, src[0].held,
+                         "x" * MAX_LAYOUT, 1 << 20, 1 << 32, 1 << 32) for p in patches]
 
 
 def records_bound(trace: Trace) -> int:
@@ -179,13 +239,10 @@ def records_bound(trace: Trace) -> int:
     Trace.records_bytes holds): DECODED_PER_BYTE times the size of the head it would cross the
     wire in, with every file's pages a reference. (A trace decoded here was counted from the
     head it came in.)"""
-    def any_file(path: str) -> str:
-        return "0" * MAX_NAME
-
     try:
-        head = _head(trace, any_file)
+        head = _head(trace, _Bound())
     except TypeError:  # an output the format does not take: the rest is counted
-        head = _head(dataclasses.replace(trace, outputs={}), any_file)
+        head = _head(dataclasses.replace(trace, outputs={}), _Bound())
     return DECODED_PER_BYTE * len(msgspec.msgpack.encode(head))
 
 
@@ -284,7 +341,12 @@ def trace_from_head(head: Head, data: memoryview, limits: Limits, files: Files |
             if p.ctx not in sizes or p.size <= 0 or p.offset < 0 or p.offset + p.size > sizes[p.ctx]:
                 raise bad(f"a patch of {p.size:,} bytes at {p.offset:,} lies outside pool {p.ctx}", k)
             got: Any  # bytes, or a read-only view of a file's pages (read as bytes)
-            if p.file:
+            if p.file and p.layout:  # (the repack of the file's rows)
+                packed = opened.repacked(p, k, sizes[p.ctx], limits.pools)
+                mirror = opened.mirror(p.ctx, sizes[p.ctx]) if p.mirror else None
+                got = mirror.put(p.offset, packed) if mirror is not None else None
+                got = got if got is not None else packed.tobytes()
+            elif p.file:
                 got = opened.pages(p, k)
             else:
                 piece = data[at:at + p.size]
@@ -317,6 +379,29 @@ class _Opened:
         self.files = files
         self.maps: dict[str, Any] = {}  # digest -> the file's read-only mapping (pools._FileMap)
         self.mirrors: dict[int, Mirror] | None = {}  # pool id -> its mirror (None: none can be made)
+        self.packed: tuple[tuple, np.ndarray] | None = None  # the tensor packed last, by its place
+        self.packed_bytes = 0  # the bytes packed so far (each tensor once, in an honest trace)
+
+    def repacked(self, p: PatchRef, k: int, pool: int, limit: int) -> np.ndarray:
+        """p's bytes: [skip, skip + size) of the repack of the file's tensor it names, once the
+        ranges (in the tensor, the tensor in its pool of `pool` bytes and in its file) and the
+        layout are checked and the tensor packed (the last one is kept: a step's patches are
+        pieces of one tensor); MalformedResult past `limit` bytes packed in all."""
+        key = (p.file, p.at, p.whole, p.layout, p.row)
+        if p.skip < 0 or p.skip + p.size > p.whole or p.offset - p.skip + p.whole > pool or p.offset < p.skip:
+            raise MalformedResult(f"step {k}: a repacked patch of {p.size:,} bytes at {p.skip:,} of its "
+                                  f"tensor's {p.whole:,} lies outside the tensor or the tensor outside pool {p.ctx}")
+        if self.packed is None or self.packed[0] != key:
+            self.packed_bytes += p.whole
+            if self.packed_bytes > limit:
+                raise MalformedResult(f"step {k}: the repacked patches ask for more than {limit:,} bytes packed")
+            rows = self.pages(msgspec.structs.replace(p, size=p.whole), k)
+            try:
+                self.packed = (key, repacked_bytes(np.frombuffer(rows, np.uint8), p.layout, p.row))
+            except ValueError as e:
+                raise MalformedResult(f"step {k}: a repacked patch's tensor does not fit its layout: {e}") \
+                    from None
+        return self.packed[1][p.skip:p.skip + p.size]
 
     def pages(self, p: PatchRef, k: int) -> memoryview:
         """p's bytes as a read-only view of the file it names, once the name and the range are

@@ -85,27 +85,43 @@ def test_a_mapped_models_trace_crosses_the_wire_as_a_reference_to_its_file(gemma
         assert pools_at(back, k) == pools_at(gemma_trace, k), k
 
 
-@pytest.mark.parametrize("no_repack", [True, False], ids=["mapped", "repacked"])
-def test_repacked_weights_cross_as_bytes_into_a_mirror_of_the_servers_own(tmp_path, no_repack):
-    """A tiny llama (Q4_0) through the `model` walkthrough: its mapped weights cross as a
-    reference; its repacked weights (a nameless mirror file no server could open) as bytes,
-    which the decoder keeps in a mirror of its own, so its states map them as the recorder's do."""
-    path = tmp_path / "tiny.gguf"
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     write_tiny_llama(path, GGMLType.Q4_0, vocab=next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf"))
+    return path
+
+
+def model_trace(path: Path, no_repack: bool):
     prog = PROGRAMS["model"].load()
     trace = record(prog.run, prog.__file__, "model", 1, also=PROGRAMS["model"].also_files,
                    path=str(path), prompt="Hello", then=(5,), no_repack=no_repack)
     assert trace.error is None, trace.error
+    return trace
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
+@pytest.mark.parametrize("no_repack", [True, False], ids=["mapped", "repacked"])
+def test_repacked_weights_cross_as_the_repack_of_the_files_tensors(tiny_llama, no_repack, named):
+    """A tiny llama (Q4_0) through the `model` walkthrough: its mapped weights cross as a
+    reference to the file; its repacked weights (a nameless mirror no server could open) as a
+    reference to the file's tensor and the layout that packs it, which the decoder packs again
+    with the engine's own pack into a mirror of its own, so its states map them as the
+    recorder's do. With the file unnamed, every byte crosses, into the decoder's mirror too."""
+    trace = model_trace(tiny_llama, no_repack)
     (weights,) = file_patches(trace, held=False)
     mirrored = file_patches(trace, held=True)
     assert bool(mirrored) == (not no_repack)
-    data = encode_trace(trace, {str(path): DIGEST})
-    assert len(data) < len(encode_trace(trace)) - len(weights.data) + 4096
-    back = decode(data, BIG, {DIGEST: path}.get)
+    data = encode_trace(trace, {str(tiny_llama): DIGEST} if named else None)
+    everything = encode_trace(trace)
+    saved = len(weights.data) + sum(len(p.data) for p in mirrored)
+    assert len(data) < len(everything) - saved + 4096 if named else len(data) == len(everything)
+    back = decode(data, BIG, {DIGEST: tiny_llama}.get)
     assert back.hash == trace.hash
     assert [(p.ctx, p.offset, bytes(p.data)) for p in file_patches(back, held=True)] == \
         [(p.ctx, p.offset, bytes(p.data)) for p in mirrored]
-    assert back._index().mirrors.keys() == trace._index().mirrors.keys()  # (mapped, not replayed)
+    # the pools that are a file's pages are mapped, not replayed (an unnamed file's are copies)
+    assert back._index().mirrors.keys() == {cid for cid, m in trace._index().mirrors.items() if named or m.pages.held}
     for k in sampled(trace):
         assert pools_at(back, k) == pools_at(trace, k), k
 
@@ -176,6 +192,33 @@ def test_a_hostile_reference_is_refused_naming_the_rule_before_anything_is_alloc
     assert set(asked) <= {ref.file} and all(a == DIGEST or a == "cd" * 32 for a in asked)
 
 
+def test_a_hostile_repack_reference_is_refused_naming_the_rule(tiny_llama):
+    """The references a worker could forge to the repack of a tensor: a layout the engine has
+    not, rows that are not whole blocks or groups, a piece outside its tensor, a tensor outside
+    its pool or its file; and a trace that asks to pack more than its pools hold."""
+    row = 2 * 18  # two Q4_0 blocks
+    good = dict(file=DIGEST, at=4096, mirror=True, layout="q4_0_8x8", row=row, whole=8 * row, skip=0)
+    cases = {
+        "no such layout": (dict(layout="q9_9x9"), "no repacked layout"),
+        "rows not whole blocks": (dict(row=row - 1, whole=8 * (row - 1)), "not whole groups"),
+        "rows not whole groups": (dict(whole=7 * row), "not whole groups"),
+        "a negative skip": (dict(skip=-1), "outside the tensor"),
+        "a piece past the tensor": (dict(skip=8 * row - 8), "outside the tensor"),
+        "a tensor past the pool": (dict(whole=SIZE * 2), "outside pool 1"),
+        "a tensor past the file": (dict(at=tiny_llama.stat().st_size - row), "lies outside file"),
+    }
+    files = {DIGEST: tiny_llama}.get
+    back = decode(forged(PatchRef(1, 0, 16, **good)), Limits(), files)  # (the forms refused below, well made)
+    assert len(back.steps[0].patches[0].data) == 16
+    for name, (change, rule) in cases.items():
+        with pytest.raises(MalformedResult, match=rule):
+            decode(forged(PatchRef(1, 0, 16, **(good | change))), Limits(), files)
+    # (tensors of 4,608 bytes, two in turn: 64 packs, more than the pools' 65,536 bytes)
+    many = [PatchRef(1, 0, 16, **(good | dict(at=4096 + 18 * (i % 2), whole=128 * row))) for i in range(64)]
+    with pytest.raises(MalformedResult, match=f"more than {SIZE:,} bytes packed"):
+        decode(forged(*many), Limits(pools=SIZE), files)
+
+
 def test_a_reference_is_refused_where_the_server_trusts_no_file():
     """A decoder given no files (a caller that expects every byte) resolves no reference."""
     with pytest.raises(UnknownFile, match="does not hold"):
@@ -202,15 +245,17 @@ def test_a_trace_file_refers_to_a_models_folder_file_and_is_recorded_again_once_
     write_tiny_llama(path, GGMLType.Q4_0, vocab=next(p for p in vocab_files() if p.name == "ggml-vocab-llama-spm.gguf"))
     prog = PROGRAMS["model"].load()
     trace = record(prog.run, prog.__file__, "model", 1, also=PROGRAMS["model"].also_files,
-                   path=str(path), prompt="Hello", no_repack=True)
+                   path=str(path), prompt="Hello")
     assert trace.error is None, trace.error
     (weights,) = file_patches(trace, held=False)
+    repacked = sum(len(p.data) for p in file_patches(trace, held=True))
+    assert repacked > 1 << 20
     uploads = UploadStore(tmp_path / "uploads", 1 << 30, 1 << 30, models_dir=models)
     files = TraceFiles(tmp_path / "traces", 1 << 30, files=TrustedFiles(uploads))
     digest = "ef" * 32
     files.put(digest, trace)
     written = (tmp_path / "traces" / f"{digest}.trace").stat().st_size
-    assert written < len(encode_trace(trace)) - len(weights.data) + 4096
+    assert written < len(encode_trace(trace)) - len(weights.data) - repacked + 4096
     back = TraceFiles(tmp_path / "traces", 1 << 30, files=TrustedFiles(uploads)).get(digest)
     assert back is not None and back.hash == trace.hash
     assert file_pages(file_patches(back, held=False)[0].data)[0].path == str(path.resolve())
