@@ -10,6 +10,7 @@ own, as the CPU backend's graph_compute does with its work_data.
 
 from __future__ import annotations
 
+import mmap
 import os
 import weakref
 from typing import Any
@@ -249,6 +250,7 @@ def ggml_backend_buffer_free(buf: Buffer | None) -> None:
     buf.pool = np.zeros(0, dtype=np.uint8)  # its memory released now, whoever holds the handle
 
 
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # (Linux's)
 _MAPPINGS: dict[int, tuple[int, str]] = {}  # files mapped by map_file: start address -> (size, path)
 
 
@@ -256,7 +258,14 @@ def map_file(path: str | os.PathLike) -> np.ndarray:
     """The file's bytes mapped read-only (llama_mmap): a buffer made over them (from_ptr) knows
     they are the file's pages (`Buffer.read_from`), so a recorder keeps where they came from
     instead of a copy. Not part of ggml's API: llama.cpp's loader maps the file itself."""
-    arr = np.memmap(path, dtype=np.uint8, mode="r")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise ValueError(f"{os.fspath(path)}: the file is empty: nothing to map")
+        # every page mapped at once, as llama_mmap maps a model with prefetch (MAP_POPULATE):
+        # reading the weights then takes no page fault a page
+        pages = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+    arr = np.frombuffer(pages, np.uint8)
     start = arr.ctypes.data
     _MAPPINGS[start] = (arr.size, os.fspath(path))
     weakref.finalize(arr, _MAPPINGS.pop, start, None)

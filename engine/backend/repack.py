@@ -64,7 +64,7 @@ class RepackBufferType(BufferType):
         layout = ggml_assert_not_null(_layout_of(buf, t), "OK == 0", fn, f"{t.name}: no repacked layout for "
                                       f"{TYPE_TRAITS[t.type].type_name} with ne[1] = {int(t.ne[1])}")
         rows = src[:size].reshape(-1, int(t.nb[1]))
-        tensor_bytes(t, 0, size, fn)[:] = np.asarray(layout.pack(rows), np.uint8).reshape(-1)
+        layout.pack(rows, tensor_bytes(t, 0, size, fn))  # (straight into the buffer)
 
     def get_tensor(self, buf: Buffer, t: Tensor, offset: int, size: int) -> bytes:
         raise GGMLAssertionError("buf->iface.get_tensor != NULL", "ggml_backend_tensor_get",

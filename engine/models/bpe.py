@@ -36,11 +36,11 @@ class BytePairEncoding(Pieces):
                  pre: PreTokenizer, specials, add_bos: bool, add_eos: bool) -> None:
         self.tokens, self.attrs, self.pre, self.specials = tokens, attrs, pre, specials
         self.ids = {t: i for i, t in enumerate(tokens)}  # the last id wins, as token_to_id
-        self.ranks: dict[tuple[str, str], int] = {}
-        for rank, merge in enumerate(merges):
-            cut = merge.find(" ", 1)
-            pair = (merge[:cut], merge[cut + 1:]) if cut >= 0 else ("", "")
-            self.ranks.setdefault(pair, rank)  # the first rank wins, as bpe_ranks.emplace
+        # each merge "left right" by its text: llama.cpp cuts it at its first space past the
+        # first character (rank); the first rank wins, as bpe_ranks.emplace (so the dict is made
+        # from the last merge to the first)
+        self.ranks: dict[str, int] = {m: r for r, m in zip(range(len(merges) - 1, -1, -1),
+                                                         reversed(merges))}
         self.bos_id, self.eos_id = specials.ids["bos"], specials.ids["eos"]
         self.add_bos, self.add_eos = add_bos, add_eos
         self._words: dict[str, list[int]] = {}
@@ -125,8 +125,9 @@ class BytePairEncoding(Pieces):
         def push(left: int, right: int) -> None:
             if left < 0 or right < 0:
                 return
-            rank = self.ranks.get((sym[left], sym[right]))
-            if rank is not None:
+            first = sym[left]
+            rank = self.ranks.get(first + " " + sym[right])
+            if rank is not None and first and first.find(" ", 1) < 0:  # (else its text cuts elsewhere)
                 heapq.heappush(queue, (rank, left, right, sym[left] + sym[right]))
 
         for k in range(1, len(sym)):

@@ -35,7 +35,8 @@ class RepackLayout:
     rows: int  # NB_COLS: the rows interleaved into one block
     interleave: int  # INTER_SIZE: the bytes of quants taken from one row at a time
     vec_dot_type: GGMLType  # the activations' type (Q8_0 or Q8_K), quantized 4 rows at a time
-    pack: Callable[[np.ndarray], np.ndarray]  # (nrows, row_bytes) uint8 -> the buffer's bytes
+    # (nrows, row_bytes) uint8 -> the buffer's bytes (into out's contiguous bytes, when given)
+    pack: Callable[..., np.ndarray]
     unpack: Callable[[np.ndarray], np.ndarray]  # the buffer's bytes -> (nrows, row_bytes) uint8
 
 

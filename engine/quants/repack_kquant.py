@@ -63,14 +63,15 @@ def _swap_scales(scales: np.ndarray) -> np.ndarray:
     return scale_min_bytes(sc, m)
 
 
-def pack_q4_k_8x8(rows: np.ndarray) -> np.ndarray:
+def pack_q4_k_8x8(rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """repack_q4_K_to_q4_K_8_bl: plain Q4_K rows (nrows, row_bytes) uint8 -> the buffer's bytes
     in the same shape (the same size: each group of 8 rows becomes a row of block_q4_Kx8 over
-    those 8 rows' bytes). In C (engine._lanes.pack_q4_k_8x8: a model's weights repack as they
-    load), the same bytes as its twin below."""
+    those 8 rows' bytes), written into `out` (as many contiguous bytes) when given. In C
+    (engine._lanes.pack_q4_k_8x8: a model's weights repack as they load, straight into their
+    buffer), the same bytes as its twin below."""
     rows = np.ascontiguousarray(rows, np.uint8)
     assert rows.ndim == 2 and rows.shape[0] % ROWS == 0 and rows.shape[1] % BLOCK_Q4_K.itemsize == 0
-    out = np.empty_like(rows)
+    out = np.empty_like(rows) if out is None else out.reshape(rows.shape)
     lanes.pack_q4_k_8x8(rows.reshape(-1), out.reshape(-1), rows.shape[0], rows.shape[1])
     return out
 

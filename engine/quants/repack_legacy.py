@@ -54,6 +54,14 @@ def _pack(rows: np.ndarray, type_: GGMLType, scale_bytes: int, xor: int) -> np.n
     return np.concatenate([scales, qs], axis=-1).reshape(-1)
 
 
+def _into(out: np.ndarray | None, packed: np.ndarray) -> np.ndarray:
+    """The packed bytes, copied into out when there is one."""
+    if out is None:
+        return packed
+    out.reshape(-1)[:] = packed
+    return out
+
+
 def _unpack(packed: np.ndarray, nrows: int, type_: GGMLType, scale_bytes: int,
             xor: int) -> np.ndarray:
     """The inverse of _pack: the buffer's bytes -> plain rows (nrows, row_bytes)."""
@@ -81,7 +89,7 @@ def _layout(name: str, type_: GGMLType, scale_bytes: int, xor: int = 0) -> Repac
 
     return register(RepackLayout(
         name=name, type=type_, rows=ROWS, interleave=INTERLEAVE, vec_dot_type=GGMLType.Q8_0,
-        pack=lambda rows: _pack(rows, type_, scale_bytes, xor), unpack=unpack))
+        pack=lambda rows, out=None: _into(out, _pack(rows, type_, scale_bytes, xor)), unpack=unpack))
 
 
 # block_q4_0x8: d[8] (halves), qs[128] XOR 0x88

@@ -201,13 +201,13 @@ class Mirrors:
         if mirror is None:
             shadow = shadows[owner]
             if not (weights and data.size >= MIRROR_MIN and sys.platform == "linux") \
-                    or shadow.file.size or shadow.base.any():  # (written before: stays a copy)
+                    or shadow.file.size or not shadow.untouched:  # (written before: stays a copy)
                 return None
             try:
                 mirror = self.by_id[owner] = Mirror(size)
             except OSError:  # (no file to be had, in a sandbox say: the patches are copies)
                 return None
-            shadows[owner] = Shadow(size, 0, np.frombuffer(mirror.pages, np.uint8))
+            shadows[owner] = Shadow(size, 0, np.frombuffer(mirror.pages, np.uint8), mirror.written)
         view = mirror.put(at, data)
         if view is None and shadows[owner].file.size:
             shadows[owner] = Shadow.copy_of(shadows[owner])
@@ -245,19 +245,33 @@ class Shadow:
     copy-on-write pages (`file`, from `file_at` on): hundreds of MB are neither copied here nor
     found changed against zeros."""
 
-    def __init__(self, size: int, file_at: int = 0, file: np.ndarray | None = None) -> None:
+    def __init__(self, size: int, file_at: int = 0, file: np.ndarray | None = None,
+                 written: list[tuple[int, int]] | None = None) -> None:
         self.base = np.zeros(size, dtype=np.uint8)
         self.file_at, self.file = file_at, file if file is not None else self.base[:0]
+        self.untouched = True  # nothing written into the zeros yet
+        self.written = written  # a mirror's pages: the ranges written (the rest are zeros)
+
+    def known_zeros(self, a: int, b: int) -> bool:
+        """Is [a, b) zeros, known without reading it? (The zeros nothing wrote; a mirror's pages
+        outside the ranges written: reading them would fault every page in.)"""
+        s, e = self.file_at, self.file_at + self.file.size
+        if s == e or b <= s or e <= a:
+            return self.untouched
+        return self.written is not None and s <= a and b <= e and \
+            not any(x < b - s and a - s < y for x, y in self.written)
 
     @classmethod
     def copy_of(cls, other: "Shadow") -> "Shadow":
         """A shadow of the same bytes, all of them its own (writable)."""
         out = cls(other.base.size)
         out.base[:] = other.read(0, other.base.size)
+        out.untouched = False
         return out
 
     def write(self, at: int, data: np.ndarray) -> None:
         """Bytes [at, at + data.size) are now `data`."""
+        self.untouched = False
         for start, piece in self.pieces(at, at + data.size):
             piece[:] = data[start - at:start - at + piece.size]
 
@@ -276,17 +290,21 @@ class Shadow:
         return parts[0][1] if len(parts) == 1 else np.concatenate([p for _, p in parts])
 
 
+_ZEROS = np.zeros(1, np.uint8)  # (the zeros changed_runs compares with, as one broadcast byte)
 SMALL_RUNS = 1 << 14  # bytes: a region this small is compared byte by byte first,
 SMALL_CHANGES = 64  # and its runs joined in Python when this few bytes changed
 
 
-def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of each run of bytes where cur differs from old, runs whose changed bytes are
-    at most `gap` apart merged. Compared 8 bytes at a time, then the edge words byte by byte: a
-    loaded model's hundreds of MB are a few vector passes, and never an index per byte. (Runs
-    inside two neighbouring words are always merged: gap is at least 16.)"""
+def changed_runs(cur: np.ndarray, old: np.ndarray | None, gap: int = 64
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of each run of bytes where cur differs from old (None: zeros), runs whose
+    changed bytes are at most `gap` apart merged. Compared 8 bytes at a time, then the edge words
+    byte by byte: a loaded model's hundreds of MB are a few vector passes, and never an index per
+    byte. (Runs inside two neighbouring words are always merged: gap is at least 16.)"""
     assert gap >= 16
     n = cur.size
+    if old is None:
+        old = _ZEROS[:0] if n == 0 else np.lib.stride_tricks.as_strided(_ZEROS, (n,), (0,))
     if n <= SMALL_RUNS:  # a struct's few changed fields: their runs joined in Python
         changed = np.flatnonzero(cur != old)
         if changed.size <= SMALL_CHANGES:
@@ -302,7 +320,8 @@ def changed_runs(cur: np.ndarray, old: np.ndarray, gap: int = 64) -> tuple[np.nd
     n8 = n - n % 8
     words = np.empty(n8 // 8 + 2, dtype=np.int8)
     words[0] = words[-1] = 0
-    np.not_equal(cur[:n8].view(np.uint64), old[:n8].view(np.uint64), out=words[1:-1].view(bool))
+    old_words = old[:n8].view(np.uint64) if old.strides[0] else np.uint64(0)
+    np.not_equal(cur[:n8].view(np.uint64), old_words, out=words[1:-1].view(bool))
     edges = np.flatnonzero(np.diff(words))  # alternately a run of changed words' start and end
     starts, ends = edges[0::2], edges[1::2]
     if starts.size:  # the first changed byte of each first word, the last of each last word

@@ -250,11 +250,12 @@ class Recorder:
         for ctx, a, b in self.regions(things):
             if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
                 continue  # released memory (a freed context's own pool, a freed buffer)
-            for at, old in self.shadow[ctx.id].pieces(a, b):
+            shadow = self.shadow[ctx.id]
+            for at, old in shadow.pieces(a, b):
                 cur = ctx.pool[at:at + old.size]
                 if old.size <= SMALL_REGION and cur.tobytes() == old.tobytes():
                     continue  # (most regions are a struct nothing wrote: one compare, no numpy passes)
-                starts, ends = changed_runs(cur, old)
+                starts, ends = changed_runs(cur, None if shadow.known_zeros(at, at + old.size) else old)
                 for s, e in zip(starts, ends):
                     if isinstance(ctx, Context):
                         fields += self.field_writes(ctx, at + int(s), at + int(e))

@@ -39,3 +39,8 @@ def test_changed_runs_equal_a_byte_walk(gap, small, monkeypatch):
             cur[at:] ^= rng.integers(1, 256, n, dtype=np.uint8) * (rng.random(n) < 0.7)
         starts, ends = changed_runs(cur[at:], old[at:], gap)
         assert list(zip(starts.tolist(), ends.tolist())) == runs_byte_by_byte(cur[at:], old[at:], gap)
+        # against zeros, given as None (a shadow known to be zeros, not read)
+        sparse = cur[at:] * (rng.random(n) < 0.05).astype(np.uint8)
+        starts, ends = changed_runs(sparse, None, gap)
+        assert list(zip(starts.tolist(), ends.tolist())) == \
+            runs_byte_by_byte(sparse, np.zeros(n, np.uint8), gap)
