@@ -28,9 +28,10 @@ from app.store import HASH_RE, PART_SUFFIX, UploadStore, content_digest, evict_o
 from engine.trace import Trace
 
 SUFFIX = ".trace"
-# a trace read back: its steps and bytes bounded (a gemma3 walkthrough's is ~3,000 steps and
-# ~270 MB; its pools ~0.6 GB), before anything it sizes is allocated
-READ_LIMITS = Limits(steps=99_000, trace=2 << 30, pools=4 << 30)
+# a trace read back: its steps and bytes bounded before anything it sizes is allocated (a gemma3
+# walkthrough's is ~3,000 steps and 14 MB, its pools ~0.6 GB; an 8B model walkthrough's ~10,000
+# steps and 67 MB, its pools ~9 GB: the file's pages and their repack, mapped, not allocated)
+READ_LIMITS = Limits(steps=99_000, trace=2 << 30, pools=64 << 30)
 
 
 class TrustedFiles:

@@ -74,6 +74,7 @@ MAX_OUTPUT_ELEMENTS = 1 << 20
 # counts msgspec checks as it reads each container's header, before it makes the container
 MAX_STEPS, MAX_PATCHES, MAX_OUTPUTS, MAX_ITEMS = 100_000, 1 << 16, 64, 1 << 16
 MAX_FILES, MAX_FILE_TEXT = 64, 1 << 20  # a walkthrough's other files, and the text of each
+MAX_REPACKED = 1 << 30  # bytes of one tensor a decoder packs (an MoE layer's experts: ~0.5 GB)
 MAX_LAYOUT = 32  # characters of a repacked layout's name ("q4_K_8x8")
 MAX_NAME = 64  # characters of a file's name in a PatchRef (a sha256 digest, in hex)
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")  # how a PatchRef names a file (app.store.HASH_RE's form)
@@ -388,6 +389,9 @@ class _Opened:
         layout are checked and the tensor packed (the last one is kept: a step's patches are
         pieces of one tensor); MalformedResult past `limit` bytes packed in all."""
         key = (p.file, p.at, p.whole, p.layout, p.row)
+        if p.whole > MAX_REPACKED:
+            raise MalformedResult(f"step {k}: a repacked patch's tensor of {p.whole:,} bytes is larger than "
+                                  f"{MAX_REPACKED:,}")
         if p.skip < 0 or p.skip + p.size > p.whole or p.offset - p.skip + p.whole > pool or p.offset < p.skip:
             raise MalformedResult(f"step {k}: a repacked patch of {p.size:,} bytes at {p.skip:,} of its "
                                   f"tensor's {p.whole:,} lies outside the tensor or the tensor outside pool {p.ctx}")

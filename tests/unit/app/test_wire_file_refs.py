@@ -15,7 +15,7 @@ import pytest
 
 from app.sandbox.boundary import Limits
 from app.sandbox.run import run_program
-from app.sandbox.wire import Head, MalformedResult, PatchRef, UnknownFile, _frame, decode, encode_trace
+from app.sandbox.wire import MAX_REPACKED, Head, MalformedResult, PatchRef, UnknownFile, _frame, decode, encode_trace
 from app.store import UploadStore, file_identity
 from app.tracefiles import TraceFiles, TrustedFiles
 from engine.core.notes import Note
@@ -205,6 +205,7 @@ def test_a_hostile_repack_reference_is_refused_naming_the_rule(tiny_llama):
         "a negative skip": (dict(skip=-1), "outside the tensor"),
         "a piece past the tensor": (dict(skip=8 * row - 8), "outside the tensor"),
         "a tensor past the pool": (dict(whole=SIZE * 2), "outside pool 1"),
+        "a tensor past the cap": (dict(whole=MAX_REPACKED + 8 * row), "larger than"),
         "a tensor past the file": (dict(at=tiny_llama.stat().st_size - row), "lies outside file"),
     }
     files = {DIGEST: tiny_llama}.get
