@@ -456,6 +456,8 @@ AVX2 void gemv_group_vecs(const RepackJob *j, Py_ssize_t g, Py_ssize_t a)
     WeightScales ws;
     for (Py_ssize_t b = 0; b < j->nb; b++) {
         const uint8_t *w = j->w + (g * j->nb + b) * XB, *y = j->y + (a * j->nb + b) * YB;
+        for (int c = 0; c < XB; c += 64)  /* two blocks ahead (a hint: past the end, no fault) */
+            _mm_prefetch((const char *)((uintptr_t)w + 2 * XB + c), _MM_HINT_T0);
         decode_scales(w, &ws);
         float yd;
         memcpy(&yd, y, 4);
