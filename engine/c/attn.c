@@ -5,9 +5,12 @@
  *   weighs the key by vs = expf(s - M); the key's V row is added times vs, one fused multiply-add
  *   per element (ggml_vec_mad_f16/_f32; for an F16 V the accumulator is halves, each result
  *   rounded to a half); the sum S = fmaf(S, ms, vs) (the compiler contracts `S*ms + vs`).
+ * fa_rows: the whole one_chunk path of F16 K and V for many query rows, each at its own byte
+ *   offsets: K·q by ggml_vec_dot_f16 (float.c's loop), scale, soft cap, mask, fa_online's
+ *   softmax, the sink and the division by the sum (decoding's FLASH_ATTN_EXT in one call).
  * fa_gemm: the tiled path's simd_gemm, C += A·B, each output a chain of fused multiply-adds in
  *   the order of the shared dimension.
- * Both built for the FMA and F16C instructions, picked where the CPU has them (the same bits). A
+ * All built for the FMA and F16C instructions, picked where the CPU has them (the same bits). A
  * NaN that an operand brings comes out as the engine's fmaf makes it (b's, then a's, quiet; a
  * half's NaN is 0x7E00 with its sign), whatever the instruction keeps. */
 #include "lanes.h"

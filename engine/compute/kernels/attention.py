@@ -27,7 +27,10 @@ before it pads the tile's missing keys with -inf; ggml-python's ggml (the plain 
 DV % 8 == 0 and pads first (so without a mask a short last tile's padding becomes -softcap).
 
 Rows are handed out in chunks from a shared counter, 4 per thread (none with 1 thread), as ggml
-does; `params.use_ref` forces one_chunk.
+does; `params.use_ref` forces one_chunk. Every row is its own softmax, so the one_chunk rows of F16
+K and V go to one C loop with their places (engine/compute/kernels/attention_rows.py), and an
+unwatched graph keeps the node as one ready call (its split-KV partials made chunk by chunk as
+the threads would make them): decoding's attention is one call a layer.
 
 Numerics: ggml's own arithmetic, emulated with IEEE operations: the vec_dot kernels of the K
 types (engine/compute/kernels/vecdot*.py), expf and tanhf from the C library (engine.libm), the

@@ -138,23 +138,27 @@ class HalfRows:
 @twin("fa_rows")
 def fa_rows(q, k, v, mask, out, offs, slopes, sinks, M, S, rows: int, n: int, dk: int, dv: int,
             nbk1: int, nbv1: int, scale, softcap, mask_f16: bool, finish: bool) -> None:
-    """engine._lanes.fa_rows: one_chunk's steps for each row in turn, as attention.py's general
-    path takes them: q rounded to halves, K·q by ggml_vec_dot_f16, times scale, the soft cap
-    (softcap·tanhf), plus slope·mask (a key whose slope·mask is -inf skipped); the online softmax
-    over the keys with the halves' accumulator (fa_online); the sink; the division by S (finish)."""
+    """engine._lanes.fa_rows: one_chunk's steps as attention.py's general path takes them, the
+    rows that read the same K and V taken together (each row its own softmax): q rounded to
+    halves, K·q by ggml_vec_dot_f16, times scale, the soft cap (softcap·tanhf), plus slope·mask
+    (a key whose slope·mask is -inf skipped); the online softmax over the keys with the halves'
+    accumulator (fa_online); the sink; the division by S (finish)."""
     places = np.frombuffer(offs, np.int64).reshape(rows, 5)
     slope = np.frombuffer(slopes, F32)
     sink = None if sinks is None else np.frombuffer(sinks, F32)
     M_out, S_out = np.frombuffer(M, F32), np.frombuffer(S, F32)
+    by_kv: dict[tuple[int, int], list[int]] = {}
     for r in range(rows):
-        qo, ko, vo, mo, oo = (int(x) for x in places[r])
-        qr = np.ndarray((1, dk), F32, buffer=q, offset=qo)
+        by_kv.setdefault((int(places[r, 1]), int(places[r, 2])), []).append(r)
+    for (ko, vo), rs in by_kv.items():
         kr = np.ndarray((n, dk), np.float16, buffer=k, offset=ko, strides=(nbk1, 2))
         vr = np.ndarray((n, dv), np.uint16, buffer=v, offset=vo, strides=(nbv1, 2))
-        mv = np.zeros((1, n), F32)
+        qr = np.stack([np.ndarray((dk,), F32, buffer=q, offset=int(places[r, 0])) for r in rs])
+        mv = np.zeros((len(rs), n), F32)
         if mask is not None:
-            mv = slope[r] * np.ndarray((1, n), np.float16 if mask_f16 else F32, buffer=mask,
-                                       offset=mo).astype(F32)
+            m = np.stack([np.ndarray((n,), np.float16 if mask_f16 else F32, buffer=mask,
+                                     offset=int(places[r, 3])) for r in rs]).astype(F32)
+            mv = slope[rs][:, None] * m
         with np.errstate(invalid="ignore", over="ignore"):
             s = vec_dot_f16(kr, fp16_round(qr)) * F32(scale)
             if softcap != 0:
@@ -162,8 +166,9 @@ def fa_rows(q, k, v, mask, out, offs, slopes, sinks, M, S, rows: int, n: int, dk
             s = s + mv
         m_r, s_r, acc = online_softmax(s, mv == -np.inf, vr, fp16=True)
         if sink is not None:
-            m_r, s_r, acc = add_sink(sink[r:r + 1], m_r, s_r, acc)
+            m_r, s_r, acc = add_sink(sink[rs], m_r, s_r, acc)
         if finish:
             acc = divide_by_sum(s_r, acc)
-        np.ndarray((dv,), F32, buffer=out, offset=oo)[:] = acc[0]
-        M_out[r], S_out[r] = m_r[0], s_r[0]
+        for i, r in enumerate(rs):
+            np.ndarray((dv,), F32, buffer=out, offset=int(places[r, 4]))[:] = acc[i]
+        M_out[rs], S_out[rs] = m_r, s_r
