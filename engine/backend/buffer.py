@@ -83,9 +83,11 @@ class Buffer:
     def __init__(self, buft: BufferType, size: int, data: np.ndarray | None = None) -> None:
         self.buft, self.size = buft, size
         self.usage = GGML_BACKEND_BUFFER_USAGE_ANY
-        self.pool = np.zeros(max(size, 1), dtype=np.uint8) if data is None else data
-        self.mem_size = self.pool.size
         self.space = current_address_space()
+        made = self.space.pool_maker(buft, size) if data is None and self.space.pool_maker else None
+        self.pool = data if data is not None else made if made is not None else \
+            np.zeros(max(size, 1), dtype=np.uint8)
+        self.mem_size = self.pool.size
         self.id = self.space.placed  # a small stable id, from the same count as the contexts'
         self.base = self.space.place(self, self.mem_size)  # 1 MiB aligned: any alignment holds
         self.struct = HostStruct()

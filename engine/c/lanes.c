@@ -136,8 +136,9 @@ static PyMethodDef methods[] = {
      "float32; portable: without the FMA instruction; threads: the column groups shared out (the "
      "same bits either way)"},
     {"pack_q4_k_8x8", lanes_pack_q4_k_8x8, METH_VARARGS,
-     "pack_q4_k_8x8(src, dst, nrows, row_bytes): repack_q4_K_to_q4_K_8_bl of nrows plain Q4_K rows "
-     "(src) into the q4_K_8x8 layout (dst, the same size)"},
+     "pack_q4_k_8x8(src, dst, nrows, row_bytes, threads=1): repack_q4_K_to_q4_K_8_bl of nrows plain "
+     "Q4_K rows (src) into the q4_K_8x8 layout (dst, the same size), the groups of 8 rows shared "
+     "out between up to `threads` threads"},
     {"gemm_q4_k_8x8", lanes_gemm_q4_k_8x8, METH_VARARGS,
      "gemm_q4_k_8x8(w, x, out, n, nr, nc, portable=0, threads=1): ggml_gemm_q4_K_8x8_q8_K (AVX2): "
      "as gemv_q4_k_8x8, x nr / 4 groups of block_q8_Kx4 rows (4 rows interleaved)"},

@@ -605,20 +605,41 @@ static void pack_q4_k_group(const uint8_t *src, size_t row_bytes, size_t nb, uin
     }
 }
 
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    Py_ssize_t row_bytes;
+} PackJob;
+
+/* groups [a, b) of 8 rows (each its own bytes: the pool's threads share them out) */
+static void pack_groups(void *ctx, int worker, Py_ssize_t a, Py_ssize_t b)
+{
+    (void)worker;
+    const PackJob *j = ctx;
+    for (Py_ssize_t g = a; g < b; g++)
+        pack_q4_k_group(j->src + g * 8 * j->row_bytes, (size_t)j->row_bytes, (size_t)j->row_bytes / 144,
+                        j->dst + g * 8 * j->row_bytes);
+}
+
 LANES_HIDDEN PyObject *lanes_pack_q4_k_8x8(PyObject *self, PyObject *args)
 {
     (void)self;
     Py_buffer src, dst;
     Py_ssize_t nrows, row_bytes;
-    if (!PyArg_ParseTuple(args, "y*w*nn", &src, &dst, &nrows, &row_bytes))
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "y*w*nn|i", &src, &dst, &nrows, &row_bytes, &threads))
         return NULL;
     int ok = nrows >= 0 && nrows % 8 == 0 && row_bytes > 0 && row_bytes % 144 == 0
         && src.len >= nrows * row_bytes && dst.len >= nrows * row_bytes;
     if (ok) {
+        PackJob job = {src.buf, dst.buf, row_bytes};
+        const Py_ssize_t groups = nrows / 8;
+        int parts = threads < 1 ? 1 : threads > LANES_POOL_MAX ? LANES_POOL_MAX : threads;
+        if (groups * 8 * row_bytes < (1 << 20))  /* (a small tensor: one thread) */
+            parts = 1;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t g = 0; g < nrows / 8; g++)
-            pack_q4_k_group((const uint8_t *)src.buf + g * 8 * row_bytes, (size_t)row_bytes,
-                            (size_t)row_bytes / 144, (uint8_t *)dst.buf + g * 8 * row_bytes);
+        lanes_pool_run(pack_groups, &job, groups, parts > 1 ? (groups + 4 * parts - 1) / (4 * parts) : groups,
+                       parts);
         Py_END_ALLOW_THREADS
     } else {
         PyErr_SetString(PyExc_ValueError, "_lanes: bad sizes for a q4_K_8x8 pack");

@@ -17,7 +17,7 @@ import weakref
 from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -62,6 +62,10 @@ class AddressSpace:
         # A space whose contexts are held by something else (a rebuilt state) refers to them
         # weakly, so that dropping that holder frees the pools at once (no reference cycle).
         self.weak = weak
+        # what makes a backend buffer's pool in this space, given its type and size (None, or
+        # its answer None: zeros of its own); a recorder makes repacked weights' pools the pages
+        # of their mirror, so they are written once (engine/trace/pools.py)
+        self.pool_maker: Callable[[Any, int], Any] | None = None
 
     def place(self, owner: Pool, size: int) -> int:
         base = self._next

@@ -35,6 +35,16 @@ def _libc_mmap():
 mmap_fn = _libc_mmap() if sys.platform == "linux" else None
 
 
+def map_private(addr: int, size: int, fd: int, offset: int) -> bool:
+    """Map the file's bytes [offset, offset + size) copy-on-write at addr, in place of what was
+    there (page-aligned addr, offset and size: MAP_FIXED | MAP_PRIVATE). False where it cannot
+    be (no libc mmap, or the call failed: what was there still is)."""
+    if mmap_fn is None:
+        return False
+    got = mmap_fn(addr, size, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_FIXED, fd, offset)
+    return got == addr and got != _MAP_FAILED
+
+
 def pool_over_file(size: int, path: str, shift: int, ranges: list[tuple[int, int]],
                    data: np.ndarray) -> np.ndarray:
     """A zeroed pool of `size` bytes whose ranges [a, b) hold the file's bytes from a + shift:
@@ -49,11 +59,9 @@ def pool_over_file(size: int, path: str, shift: int, ranges: list[tuple[int, int
         for a, b in ranges:
             start = addr + lead + a
             first, last = -(-start // PAGE) * PAGE, (start + b - a) // PAGE * PAGE
-            mapped = False
-            if mmap_fn is not None and last - first >= PAGE:
-                got = mmap_fn(first, last - first, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_FIXED,
-                              f.fileno(), a + shift + (first - start))
-                mapped = got == first and got != _MAP_FAILED  # (else the anonymous pages are still there)
+            # (where it cannot be mapped, the anonymous pages are still there: copied into)
+            mapped = last - first >= PAGE and map_private(first, last - first, f.fileno(),
+                                                         a + shift + (first - start))
             lo, hi = (first - start, last - start) if mapped else (b - a, b - a)
             pool[a:a + lo] = data[a + shift:a + shift + lo]
             pool[a + hi:b] = data[a + shift + hi:b + shift]

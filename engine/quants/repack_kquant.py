@@ -19,6 +19,8 @@ rewrite loses nothing: `unpack` gives the plain rows back, byte for byte, for an
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -63,6 +65,9 @@ def _swap_scales(scales: np.ndarray) -> np.ndarray:
     return scale_min_bytes(sc, m)
 
 
+PACK_THREADS = os.cpu_count() or 1  # a model's weights repack on every core as they load
+
+
 def pack_q4_k_8x8(rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """repack_q4_K_to_q4_K_8_bl: plain Q4_K rows (nrows, row_bytes) uint8 -> the buffer's bytes
     in the same shape (the same size: each group of 8 rows becomes a row of block_q4_Kx8 over
@@ -72,13 +77,14 @@ def pack_q4_k_8x8(rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
     rows = np.ascontiguousarray(rows, np.uint8)
     assert rows.ndim == 2 and rows.shape[0] % ROWS == 0 and rows.shape[1] % BLOCK_Q4_K.itemsize == 0
     out = np.empty_like(rows) if out is None else out.reshape(rows.shape)
-    lanes.pack_q4_k_8x8(rows.reshape(-1), out.reshape(-1), rows.shape[0], rows.shape[1])
+    lanes.pack_q4_k_8x8(rows.reshape(-1), out.reshape(-1), rows.shape[0], rows.shape[1], PACK_THREADS)
     return out
 
 
 @twin("pack_q4_k_8x8")
-def pack_q4_k_8x8_rows(src, dst, nrows: int, row_bytes: int) -> None:
-    """engine._lanes.pack_q4_k_8x8: the repacked bytes of nrows plain Q4_K rows (src) into dst."""
+def pack_q4_k_8x8_rows(src, dst, nrows: int, row_bytes: int, threads: int = 1) -> None:
+    """engine._lanes.pack_q4_k_8x8: the repacked bytes of nrows plain Q4_K rows (src) into dst
+    (each group of 8 rows on its own: the threads change nothing)."""
     rows = np.frombuffer(src, np.uint8, nrows * row_bytes).reshape(nrows, row_bytes)
     src_b = rows.view(BLOCK_Q4_K).reshape(nrows // ROWS, ROWS, -1).swapaxes(1, 2)  # (g, b, r)
     out = np.frombuffer(dst, np.uint8, nrows * row_bytes).view(BLOCK_Q4_KX8).reshape(src_b.shape[:2])

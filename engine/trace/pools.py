@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import weakref
+from bisect import bisect_right
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine.core.context import FileBytes
+from engine.core.pages import PAGE, map_private, mmap_fn
 from engine.core.tensor import Tensor
 
 
@@ -153,6 +155,54 @@ def _spill_file() -> int:
         return os.memfd_create("ggml-lens-weights", os.MFD_CLOEXEC)
 
 
+class Ranges:
+    """Byte ranges [a, b), sorted, those that touch merged: what a mirror holds."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __iter__(self):
+        return zip(self.starts, self.ends)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def overlaps(self, a: int, b: int) -> bool:
+        i = bisect_right(self.starts, b - 1)  # (the last range starting before b ends last)
+        return a < b and i > 0 and self.ends[i - 1] > a
+
+    def add(self, a: int, b: int) -> None:
+        """Add [a, b), which overlaps none of them."""
+        i = bisect_right(self.starts, a)
+        if i > 0 and self.ends[i - 1] == a:  # (joins the one before)
+            i -= 1
+            a = self.starts[i]
+            del self.starts[i], self.ends[i]
+        if i < len(self.starts) and self.starts[i] == b:  # (and the one after)
+            b = self.ends[i]
+            del self.starts[i], self.ends[i]
+        self.starts.insert(i, a)
+        self.ends.insert(i, b)
+
+    def split(self, a: int, b: int) -> list[tuple[int, int, bool]]:
+        """[a, b) cut where the ranges begin and end: (start, end, inside one of them)."""
+        out, at = [], a
+        first = max(0, bisect_right(self.starts, a) - 1)
+        for x, y in zip(self.starts[first:], self.ends[first:]):
+            if x >= b:
+                break
+            if y <= at:
+                continue
+            if x > at:
+                out.append((at, x, False))
+            out.append((max(at, x), min(y, b), True))
+            at = min(y, b)
+        if at < b:
+            out.append((at, b, False))
+        return out
+
+
 class Mirror:
     """A weights buffer's bytes, as the steps wrote them, in a file of its own (`_spill_file`)
     at the buffer's offsets, instead of a bytes object per patch: the patches are views of its
@@ -172,26 +222,90 @@ class Mirror:
             raise
         self.pages.path, self.pages.held = f"/proc/self/fd/{fd}", True
         weakref.finalize(self.pages, os.close, fd)
-        self.fd = fd
-        self.written: list[tuple[int, int]] = []
+        self.fd, self.size = fd, size
+        self.written = Ranges()
+        self.sealed = Ranges()  # a pooled mirror's pages its pool maps copy-on-write (page-aligned)
 
     def put(self, offset: int, data: np.ndarray) -> memoryview | None:
         end = offset + data.size
-        if any(a < end and offset < b for a, b in self.written):
+        if self.written.overlaps(offset, end):
             return None
-        self.written.append((offset, end))
+        self.written.add(offset, end)
         os.pwrite(self.fd, np.ascontiguousarray(data).data, offset)
         return memoryview(self.pages)[offset:end]
+
+    # --- a pooled mirror: the buffer's pool is this file's pages ------------------------------
+
+    def shared_pool(self) -> np.ndarray:
+        """A pool over this file's pages, shared: what the buffer's first writes put there is the
+        mirror's at once, nothing copied (`mark` then keeps it)."""
+        pages = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return np.frombuffer(pages, np.uint8)
+
+    def first_writes(self, pool: np.ndarray, a: int, b: int) -> list[tuple[int, Any]]:
+        """What a step wrote into [a, b) of the pool, which no step wrote before (zeros, then):
+        each run (offset, a view of the file's pages), held from now on (`mark`). What was
+        written before is compared with the mirror's pages as any pool is with its shadow:
+        `mark` made the pool's pages copy-on-write, so a second write shows."""
+        starts, ends = changed_runs(pool[a:b], None)
+        return [(a + int(s), self.mark(pool, a + int(s), a + int(e))) for s, e in zip(starts, ends)]
+
+    def mark(self, pool: np.ndarray, a: int, b: int) -> memoryview | None:
+        """[a, b) of the pool, written for the first time, held from now on (None if any of it
+        was held before): the patch is a view of the file's pages. The bytes that fell in pages
+        the pool already maps copy-on-write are written into the file; then every page of [a, b)
+        is mapped copy-on-write, so a later write changes the pool, never the first bytes."""
+        if self.written.overlaps(a, b):
+            return None
+        for x, y, sealed in self.sealed.split(a, b):
+            if sealed:
+                os.pwrite(self.fd, pool[x:y].data, x)
+        self.written.add(a, b)
+        lo, hi = a // PAGE * PAGE, min(-(-b // PAGE) * PAGE, -(-self.size // PAGE) * PAGE)
+        for x, y, sealed in self.sealed.split(lo, hi):
+            if not sealed and not map_private(pool.ctypes.data + x, y - x, self.fd, x):
+                raise OSError("the pool's pages could not be mapped copy-on-write")
+            if not sealed:
+                self.sealed.add(x, y)
+        return memoryview(self.pages)[a:b]
 
 
 class Mirrors:
     """The recorder's mirrors of weights buffers, by buffer id. A weights buffer's first write of
     at least MIRROR_MIN bytes into a buffer nothing wrote yet starts its mirror, and its shadow
     becomes the mirror's pages: from then on its patches are views of them, nothing copied but
-    into the mirror."""
+    into the mirror. A CPU_REPACK buffer (repacked weights: no file holds them) is made with its
+    pool the mirror's pages (`pool_for`, the recording address space's pool maker): the repack
+    is written once, into the mirror, instead of into the pool and then the mirror."""
 
     def __init__(self) -> None:
         self.by_id: dict[int, Mirror] = {}
+        self.pooled: list[tuple[np.ndarray, Mirror]] = []  # pools made by pool_for (until adopted)
+
+    def pool_for(self, buft: Any, size: int) -> np.ndarray | None:
+        """A pool for a buffer of type buft (the address space's pool maker): a repacked weights
+        buffer's is a new mirror's pages; None for any other (zeros of its own)."""
+        if getattr(buft, "name", "") != "CPU_REPACK" or size < MIRROR_MIN or mmap_fn is None:
+            return None
+        try:
+            mirror = Mirror(size)
+            pool = mirror.shared_pool()
+        except OSError:  # (no file to be had: the pool is zeros, its patches copies)
+            return None
+        self.pooled.append((pool, mirror))
+        return pool
+
+    def adopt(self, owner: Any) -> "Shadow | None":
+        """The shadow of a buffer whose pool pool_for made: the mirror's pages, each range held
+        once the buffer writes it (`diff_pooled`)."""
+        for k, (pool, mirror) in enumerate(self.pooled):
+            if owner.pool is pool:
+                del self.pooled[k]
+                self.by_id[owner.id] = mirror
+                shadow = Shadow(owner.mem_size, 0, np.frombuffer(mirror.pages, np.uint8), mirror.written)
+                shadow.pooled = mirror
+                return shadow
+        return None
 
     def write(self, shadows: dict[int, "Shadow"], owner: int, size: int, weights: bool, at: int,
               data: np.ndarray) -> bytes | None:
@@ -246,11 +360,12 @@ class Shadow:
     found changed against zeros."""
 
     def __init__(self, size: int, file_at: int = 0, file: np.ndarray | None = None,
-                 written: list[tuple[int, int]] | None = None) -> None:
+                 written: Ranges | None = None) -> None:
         self.base = np.zeros(size, dtype=np.uint8)
         self.file_at, self.file = file_at, file if file is not None else self.base[:0]
         self.untouched = True  # nothing written into the zeros yet
         self.written = written  # a mirror's pages: the ranges written (the rest are zeros)
+        self.pooled: Mirror | None = None  # the mirror whose pages the pool itself is
 
     def known_zeros(self, a: int, b: int) -> bool:
         """Is [a, b) zeros, known without reading it? (The zeros nothing wrote; a mirror's pages
@@ -259,7 +374,7 @@ class Shadow:
         if s == e or b <= s or e <= a:
             return self.untouched
         return self.written is not None and s <= a and b <= e and \
-            not any(x < b - s and a - s < y for x, y in self.written)
+            not self.written.overlaps(a - s, b - s)
 
     @classmethod
     def copy_of(cls, other: "Shadow") -> "Shadow":

@@ -194,7 +194,10 @@ class Recorder:
         are a file's (`read_from`: a GGUF's data section, a CPU_Mapped buffer's pages) that
         file's, as the patch of the step that first sees them holds them."""
         fb = owner.read_from
-        if fb is None:
+        pooled = self.mirrors.adopt(owner) if isinstance(owner, Buffer) else None
+        if pooled is not None:  # (its pool is its mirror's pages)
+            self.shadow[owner.id] = pooled
+        elif fb is None:
             self.shadow[owner.id] = Shadow(owner.mem_size)
         else:
             data, private = self.file_maps.bytes_of(fb)
@@ -246,25 +249,19 @@ class Recorder:
         return out
 
     def diff(self, things: list[Any]) -> tuple[list[Patch], list[FieldWrite], list[ObjectAdded]]:
-        patches, fields, objects = [], [], []
+        patches, objects = [], []
+        fields: list[FieldWrite] = []
         for ctx, a, b in self.regions(things):
             if ctx.id not in self.shadow or (ctx.freed and getattr(ctx, "mem_buffer_owned", True)):
                 continue  # released memory (a freed context's own pool, a freed buffer)
             shadow = self.shadow[ctx.id]
-            for at, old in shadow.pieces(a, b):
-                cur = ctx.pool[at:at + old.size]
-                if old.size <= SMALL_REGION and cur.tobytes() == old.tobytes():
-                    continue  # (most regions are a struct nothing wrote: one compare, no numpy passes)
-                starts, ends = changed_runs(cur, None if shadow.known_zeros(at, at + old.size) else old)
-                for s, e in zip(starts, ends):
-                    if isinstance(ctx, Context):
-                        fields += self.field_writes(ctx, at + int(s), at + int(e))
-                    weights = isinstance(ctx, Buffer) and ctx.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
-                    data = self.mirrors.write(self.shadow, ctx.id, ctx.mem_size, weights, at + int(s), cur[s:e])
-                    if data is None:
-                        data = cur[s:e].tobytes()
-                        self.shadow[ctx.id].write(at + int(s), cur[s:e])
-                    patches.append(Patch(ctx.id, at + int(s), data))
+            mirror = shadow.pooled  # (a pool that is its mirror's pages: Mirror.first_writes)
+            for x, y, held in mirror.written.split(a, b) if mirror is not None else [(a, b, True)]:
+                if not held and mirror is not None:
+                    patches += [Patch(ctx.id, at, view) for at, view in mirror.first_writes(ctx.pool, x, y)]
+                    continue
+                for at, old in shadow.pieces(x, y):
+                    patches += self._changes(ctx, shadow, at, old, fields)
         seen = set()
         for ctx in self.contexts:
             if ctx.freed:
@@ -281,6 +278,25 @@ class Recorder:
         patches = self.file_patches + _dedupe(patches)  # (a file's bytes first: the changes are on top)
         self.file_patches = []
         return patches, _dedupe(fields), objects
+
+    def _changes(self, ctx: Context | Buffer, shadow: Shadow, at: int, old: np.ndarray,
+                 fields: list[FieldWrite]) -> list[Patch]:
+        """One piece of a pool against its shadow: its patches (its fields' changes to fields)."""
+        cur = ctx.pool[at:at + old.size]
+        if old.size <= SMALL_REGION and cur.tobytes() == old.tobytes():
+            return []  # (most regions are a struct nothing wrote: one compare, no numpy passes)
+        patches = []
+        starts, ends = changed_runs(cur, None if shadow.known_zeros(at, at + old.size) else old)
+        for s, e in zip(starts, ends):
+            if isinstance(ctx, Context):
+                fields += self.field_writes(ctx, at + int(s), at + int(e))
+            weights = isinstance(ctx, Buffer) and ctx.usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS
+            data = self.mirrors.write(self.shadow, ctx.id, ctx.mem_size, weights, at + int(s), cur[s:e])
+            if data is None:
+                data = cur[s:e].tobytes()
+                self.shadow[ctx.id].write(at + int(s), cur[s:e])
+            patches.append(Patch(ctx.id, at + int(s), data))
+        return patches
 
     def field_writes(self, ctx: Context, a: int, b: int) -> list[FieldWrite]:
         """Changed bytes that fall in an existing tensor struct, as field changes."""
@@ -515,6 +531,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     copy_token = COPY_OBSERVER.set(rec.backend.on_copy)
     with fresh_address_space():
         rec.space = current_address_space()
+        rec.space.pool_maker = rec.mirrors.pool_for  # (repacked weights: their mirror's pages)
         prev = sys.gettrace()
         sys.settrace(rec.on_call)
         try:

@@ -389,3 +389,77 @@ def test_a_mapped_models_weights_are_the_files_pages(tmp_path, no_repack):
     (buf,) = [b for b in last.buffers.values() if b.name == "CPU_Mapped"]
     base = buf.pool.base  # the file's pages (read-only, or mapped copy-on-write), not a copy
     assert isinstance(getattr(base, "obj", base), mmap.mmap), type(base)
+
+
+def test_a_repacked_weights_buffer_is_its_mirror_and_keeps_each_write(tmp_path):
+    """Recorded, a CPU_REPACK buffer's pool is its mirror's pages: the repack is written once,
+    and each tensor's patch views it. Its tensors end and begin inside pages (a page copy-on-write
+    after the first tensor's write still gets the next tensor's bytes into the mirror), and a
+    weight written again keeps its first bytes in the earlier states: every state equals the
+    live pools, and the first product's values are those of the first weights."""
+    from engine.trace.pools import file_pages
+
+    text = '''
+import numpy as np
+from engine.ggml import *
+from engine.ggml_alloc import *
+from engine.ggml_backend import *
+
+K, ROWS, N = 256, 200, 4  # 4 weights of 28,800 bytes: their bounds fall inside pages
+
+def weights(seed):
+    values = np.random.default_rng(seed).standard_normal(ROWS * K).astype(np.float32)
+    q = np.zeros(ROWS * ggml_row_size(GGML_TYPE_Q4_0, K), dtype=np.uint8)
+    ggml_quantize_chunk(GGML_TYPE_Q4_0, values, q, 0, ROWS, K, None)
+    return q
+
+def run(n_threads=1):
+    ctx_w = ggml_init(ggml_init_params(mem_size=N * ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+    ws = [ggml_new_tensor_2d(ctx_w, GGML_TYPE_Q4_0, K, ROWS) for _ in range(N)]
+    ctx = ggml_init(ggml_init_params(mem_size=4 * ggml_tensor_overhead() + ggml_graph_overhead(),
+                                     mem_buffer=None, no_alloc=True))
+    x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, 1)
+    y = ggml_mul_mat(ctx, ws[2], x)
+    gf = ggml_new_graph(ctx)
+    ggml_build_forward_expand(gf, y)
+    reg = ggml_backend_cpu_reg()
+    extra = ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts")
+    buf_w = ggml_backend_alloc_ctx_tensors_from_buft(ctx_w, extra(ggml_backend_reg_dev_get(reg, 0))[0])
+    ggml_backend_buffer_set_usage(buf_w, GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, ggml_backend_cpu_buffer_type())
+    for i in (1, 0, 3, 2):  # (out of order: a page's second tensor after its first)
+        ggml_backend_tensor_set(ws[i], weights(i), 0, ggml_nbytes(ws[i]))
+    ggml_backend_tensor_set(x, np.ones(K, dtype=np.float32), 0, ggml_nbytes(x))
+    backend = ggml_backend_cpu_init()
+    ggml_backend_graph_compute(backend, gf)
+    first = ggml_backend_tensor_get(y, 0, ggml_nbytes(y))
+    ggml_backend_tensor_set(ws[2], weights(9), 0, ggml_nbytes(ws[2]))  # the weight again
+    ggml_backend_graph_compute(backend, gf)
+    return {"first": np.frombuffer(first, np.float32).copy(), "y": y}
+'''
+    src = tmp_path / "pooled.py"
+    src.write_text(text)
+    ns: dict = {}
+    exec(compile(text, str(src), "exec"), ns)
+    live: dict[int, dict[int, bytes]] = {}
+    trace = record(ns["run"], str(src), "pooled",
+                   on_step=lambda step, pools: live.__setitem__(
+                       step.index, {c.id: hashlib.sha1(c.pool.tobytes()).digest()
+                                    for c in pools if not c.freed}))
+    assert trace.error is None, trace.error
+    loads = [s for s in trace.steps if "ggml_backend_tensor_set(ws[i]" in s.call]
+    assert len(loads) == 4
+    for s in loads:  # each load's patch: views of the mirror's pages, as many bytes as the tensor
+        assert all((src := file_pages(p.data)) is not None and src[0].held for p in s.patches)
+        assert sum(len(p.data) for p in s.patches) <= ROWS_BYTES
+    again = next(s for s in trace.steps if "weights(9)" in s.call)
+    assert again.patches and all(file_pages(p.data) is None for p in again.patches)  # (copies)
+    assert trace.outputs["first"] != trace.outputs["y"]
+    for k in sorted(live):
+        state = trace.state_at(k)
+        pools = {**state.contexts, **state.buffers}
+        for cid, digest in live[k].items():
+            assert hashlib.sha1(pools[cid].pool.tobytes()).digest() == digest, (k, cid)
+
+
+ROWS_BYTES = 200 * 8 * 18  # a 200 x 256 Q4_0 weight's bytes

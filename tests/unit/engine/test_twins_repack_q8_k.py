@@ -167,15 +167,16 @@ def test_product_c_and_numpy():
     assert got[0].tobytes() == got[1].tobytes()
 
 
-@pytest.mark.parametrize("nrows,nb", [(8, 1), (16, 3), (64, 12)])
-def test_pack_q4_k_8x8(nrows: int, nb: int):
+@pytest.mark.parametrize("nrows,nb,threads", [(8, 1, 1), (16, 3, 2), (64, 12, 1), (1024, 8, 3)])
+def test_pack_q4_k_8x8(nrows: int, nb: int, threads: int):
     """The C repack of plain Q4_K rows writes its twin's bytes, for any bytes (every scale and
-    min bit pattern), and unpacks to the rows it came from."""
+    min bit pattern), on any number of threads (1.2 MB: shared out), and unpacks to the rows it
+    came from."""
     from engine.quants.repack_kquant import unpack_q4_k_8x8
 
     rows = np.random.default_rng(nrows + nb).integers(0, 256, (nrows, 144 * nb), dtype=np.uint8)
     got, want = np.empty_like(rows), np.empty_like(rows)
-    C.pack_q4_k_8x8(rows.reshape(-1), got.reshape(-1), nrows, 144 * nb)
+    C.pack_q4_k_8x8(rows.reshape(-1), got.reshape(-1), nrows, 144 * nb, threads)
     TWINS["pack_q4_k_8x8"](rows.reshape(-1), want.reshape(-1), nrows, 144 * nb)
     assert got.tobytes() == want.tobytes()
     assert unpack_q4_k_8x8(got).tobytes() == rows.tobytes()
