@@ -30,6 +30,8 @@ algorithm, in ggml's order:
 
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -438,10 +440,20 @@ def memory_plan(plan: AllocPlan | list[AllocDecision], n_nodes: int) -> list[Bar
 
 
 def plan_peak(bars: list[Bar], n_nodes: int) -> tuple[int, int]:
-    """(node, bytes): the first node at which the highest byte in use is highest."""
+    """(node, bytes): the first node at which the highest byte in use is highest. One sweep over
+    the nodes: the bars that have started, the highest on top of a heap, those ended taken off
+    as they surface."""
     best = (-1, 0)
+    order = sorted(bars, key=lambda b: b.start)
+    alive: list[tuple[int, int]] = []  # (-top, last node)
+    j = 0
     for i in range(-1, n_nodes):
-        top = max((b.offset + b.size for b in bars if b.start <= i <= b.end), default=0)
+        while j < len(order) and order[j].start <= i:
+            heapq.heappush(alive, (-(order[j].offset + order[j].size), order[j].end))
+            j += 1
+        while alive and alive[0][1] < i:
+            heapq.heappop(alive)
+        top = -alive[0][0] if alive else 0
         if top > best[1]:
             best = (i, top)
     return best

@@ -5,6 +5,7 @@ tensor. Drawn as SVG from the plan's decisions recorded in the trace (engine.bac
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from app.i18n import _
@@ -48,21 +49,44 @@ def _group(trace: Trace, k: int) -> list[Step]:
     return [s for s in allocs if s.parent == last.parent]
 
 
+_PLANS: OrderedDict[int, tuple[Step, tuple]] = OrderedDict()  # by its first step's identity
+_PLANS_KEPT = 8
+
+
+def _plan_of(group: list[Step]) -> tuple[dict[int, str], int, list]:
+    """The plan of one group of allocator steps: the buffers' names, the node count, and per
+    (buffer, chunk) its bars, size, and peak (node, bytes). Worked out once per plan (the last
+    few kept: whichever step of a trace shows it draws the same plan)."""
+    kept = _PLANS.get(id(group[0]))
+    if kept is not None and kept[0] is group[0]:
+        return kept[1]
+    made = _made_plan(group)
+    _PLANS[id(group[0])] = (group[0], made)
+    while len(_PLANS) > _PLANS_KEPT:
+        _PLANS.popitem(last=False)
+    return made
+
+
+def _made_plan(group: list[Step]) -> tuple:
+    decisions = [s.decision for s in group if s.decision is not None]  # (every allocator step's)
+    n = max(d.node for d in decisions) + 1
+    bars = memory_plan(decisions, n)
+    chunks = []
+    for key in sorted({(b.buffer_id, b.chunk) for b in bars}):
+        mine = [b for b in bars if (b.buffer_id, b.chunk) == key]
+        chunks.append((key, mine, max(b.offset + b.size for b in mine) or 1, *plan_peak(mine, n)))
+    return {d.buffer_id: d.buffer for d in decisions}, n, chunks
+
+
 def plan_view(trace: Trace, step: Step, state: State, where: Where) -> list[PlanChart]:
     group = _group(trace, step.index)
     if not group:
         return []
-    decisions = [s.decision for s in group if s.decision is not None]  # (every allocator step's)
     current = step.decision.tensor if step.kind == StepKind.ALLOC and step.decision is not None \
         else step.tensor
-    n = max(d.node for d in decisions) + 1
-    bars = memory_plan(decisions, n)
-    names = {d.buffer_id: d.buffer for d in decisions}
+    names, n, chunks = _plan_of(group)
     charts = []
-    for key in sorted({(b.buffer_id, b.chunk) for b in bars}):
-        mine = [b for b in bars if (b.buffer_id, b.chunk) == key]
-        size = max(b.offset + b.size for b in mine) or 1
-        node, peak = plan_peak(mine, n)
+    for key, mine, size, node, peak in chunks:
         col = W / (n + 1)
 
         def y(off: int) -> float:

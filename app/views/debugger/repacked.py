@@ -14,12 +14,12 @@ through gemm and which through gemv.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 from markupsafe import Markup, escape
 
-from app.i18n import _
+from app.i18n import _, current
 from app.views.debugger.where import Where, current_node
 from engine.backend.repack import CPU_REPACK_BUFT
 from engine.core.layout import struct_fields
@@ -244,7 +244,12 @@ def repacked(state: State, step: Step, selected: Tensor | None, where: Where) ->
 
 def byte_field(dtype: np.dtype, j: int) -> str:
     """The field of a block struct byte j belongs to: "d", "qs[5]", "scales[3]" (a field of
-    several bytes per element: "d (byte 1)")."""
+    several bytes per element: "d (byte 1)"), in the request's language."""
+    return _byte_field(dtype, j, current())
+
+
+@lru_cache(maxsize=1 << 14)  # (a block's bytes, a few types, two languages)
+def _byte_field(dtype: np.dtype, j: int, language: str) -> str:
     for name, (dt, off) in struct_fields(dtype).items():
         if off <= j < off + dt.itemsize:
             k = j - off

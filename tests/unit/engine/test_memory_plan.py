@@ -42,6 +42,11 @@ def _check(build):
     assert top == alloc.ggml_gallocr_get_buffer_size(galloc, 0)
     node, peak = alloc.plan_peak(bars, n)
     assert peak == max((b.offset + b.size for b in bars), default=0)
+    first = (-1, 0)  # the rule said plainly: the first node whose highest byte in use is highest
+    for i in range(-1, n):
+        top = max((b.offset + b.size for b in bars if b.start <= i <= b.end), default=0)
+        first = (i, top) if top > first[1] else first
+    assert (node, peak) == first
     index = {t: k for k, t in enumerate(gf.nodes)}
     for d in plan.decisions:
         if d.kind == "free":
