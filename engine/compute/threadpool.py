@@ -336,11 +336,20 @@ def ggml_graph_compute(cgraph: Graph, cplan: CPlan, observer: Observer | None = 
     ggml_assert(cplan.n_threads > 0, "cplan->n_threads > 0", "ggml_graph_compute")
     ggml_assert(cplan.work_size == 0 or cplan.work_data is not None,
                 "cplan->work_size == 0 || cplan->work_data != NULL", "ggml_graph_compute")
-    run = _Run(cgraph, cplan, observer or COMPUTE_OBSERVER.get())
+    observer = observer or COMPUTE_OBSERVER.get()
+    # an observer that asks only which nodes were computed, after the graph (`graph_only`: a
+    # recorder inside a training loop, which is one step): the graph runs unwatched, ready calls
+    # and all, and the observer is told after it (`after_graph`)
+    graph_only = getattr(observer, "graph_only", None)
+    whole = cplan.abort_callback is None and graph_only is not None and graph_only()
+    run = _Run(cgraph, cplan, None if whole else observer)
     if run.calls is not None:  # every node one ready call: this thread runs them, none waits
         _POOL.run_here(run.calls)
     else:
         _POOL.run(run.thread, run.nth)
+    if whole:  # (the nodes an observer is told of, in their order: every node not skipped)
+        observer.after_graph([node for node, (mode, _calls) in zip(run.nodes, run.steps)  # type: ignore[union-attr]
+                              if mode is not _SKIP])
     return run.status
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from engine.core.context import FileBytes
+from engine.core.graph import Graph
+from engine.core.layout import CGRAPH
 from engine.core.pages import PAGE, map_private, mmap_fn
 from engine.core.tensor import Tensor
 
@@ -454,3 +456,27 @@ def changed_runs(cur: np.ndarray, old: np.ndarray | None, gap: int = 64
     return starts[keep], np.concatenate([ends[:-1][keep[1:]], ends[-1:]])
 
 
+def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | None) -> list[PoolRange]:
+    """What the graph walk (ggml_visit_parents) wrote since its last visit step: the graph's
+    struct (n_nodes or n_leafs) and its last nodes or leafs entry; for each tensor it entered, its
+    hash key, used bit and use count (a tensor's slot is taken when the walk enters it, before its
+    sources); the use count of `counted`, the slot the last visit step showed (its parent counts
+    it after that step). Only these are compared, not the graph's whole arrays (a model's graph
+    holds hundreds of KB); the call's own step compares everything at its end."""
+    if g.offs is None:
+        return []
+
+    def entry(field: str, index: int, size: int) -> PoolRange:
+        ctx, off = g.ctx.space.resolve(g._field(field))
+        return PoolRange(ctx, off + index * size, off + (index + 1) * size)
+
+    count = g.n_leafs if is_leaf else g.n_nodes
+    spans = [PoolRange(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
+             entry("leafs" if is_leaf else "nodes", count - 1, 8)]
+    slots = {counted} if counted is not None else set()
+    for t in entered:
+        if (slot := g.slot_of(t)) is not None and slot not in slots:
+            slots.add(slot)
+            spans += [entry("hash_keys", slot, 8), entry("hash_used", slot >> 5, 4)]
+    spans += [entry("use_counts", slot, 4) for slot in slots]
+    return spans

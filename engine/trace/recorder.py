@@ -46,7 +46,7 @@ from engine.core.context import (GGML_OBJECT_TYPE_TENSOR, GGML_OBJECT_TYPE_WORK_
                                  ObjectInfo, current_address_space, fresh_address_space, ggml_used_mem)
 from engine.core.errors import ProgramStopped, StepCapReached, TensorBoundsError, program_line
 from engine.core.graph import Graph
-from engine.core.layout import CGRAPH, GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
+from engine.core.layout import GGML_OBJECT_SIZE, GGML_TENSOR_SIZE, TENSOR, field_spans
 from engine.core.notes import Note
 from engine.core.optable import GGMLOp
 from engine.core.tensor import GGML_TENSOR_FLAG_COMPUTE, Tensor, ggml_nbytes, name_in
@@ -55,7 +55,8 @@ from engine.trace.backend import BackendRecorder, release
 from engine.trace.cpu_bytes import CpuBytes, written_sources
 from engine.trace.groups import ProgramMarks
 from engine.trace.opt import opt_parts
-from engine.trace.pools import FileMaps, Mirrors, PoolRange, Region, Shadow, StructOf, changed_runs
+from engine.trace.pools import (FileMaps, Mirrors, PoolRange, Region, Shadow, StructOf, changed_runs,
+                                visit_spans)
 from engine.trace.states import Trace
 from engine.trace.steps import (ComputePlan, ContextMeta, FieldWrite, ObjectAdded, Patch, Step, StepKind,
                                 ThreadShare, assigned_names, describe_changes, field_text, statement_spans,
@@ -474,8 +475,8 @@ class Recorder:
 
     def on_node(self, node: Tensor, ask: bool, shares: list[ThreadShare | None] | None) -> bool:
         writes = self.watched[self.active.f_code].writes if self.active is not None else Writes(0)
-        if Writes.LOOP in writes:
-            if not ask:  # a training loop is one step: its nodes compute unwatched
+        if Writes.LOOP in writes:  # (a loop's graph told node by node: one with an abort callback)
+            if not ask:
                 self.cpu.node(node)
             return True
         if ask:
@@ -496,6 +497,17 @@ class Recorder:
                   [node, Region.WORK_BUFFERS, *written_sources(node)], parent=self.call_step, tensor=node,
                   threads=threads, same_on_every_cpu=same)
         return True
+
+    __call__ = on_node  # (the compute observer: COMPUTE_OBSERVER)
+
+    def graph_only(self) -> bool:
+        """In a training loop (one step) graphs compute unwatched; which nodes' values depend on
+        the CPU is followed after each (after_graph)."""
+        return self.active is not None and Writes.LOOP in self.watched[self.active.f_code].writes
+
+    def after_graph(self, nodes: list[Tensor]) -> None:
+        for node in nodes:
+            self.cpu.node(node)
 
     def n_threads_arg(self) -> int:
         ints = [a for a in self.args if isinstance(a, int) and not isinstance(a, bool)]
@@ -527,7 +539,7 @@ def record(program: Callable[..., dict], source_file: str, name: str, n_threads:
     trace = Trace(name, Path(source_file).read_text(), n_threads,
                   also=tuple((_shown_path(f, package), Path(f).read_text()) for f in also))
     outputs: dict = {}
-    token = COMPUTE_OBSERVER.set(rec.on_node)
+    token = COMPUTE_OBSERVER.set(rec)
     copy_token = COPY_OBSERVER.set(rec.backend.on_copy)
     with fresh_address_space():
         rec.space = current_address_space()
@@ -572,29 +584,3 @@ def _plain(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     return v
-
-
-def visit_spans(g: Graph, is_leaf: bool, entered: list[Tensor], counted: int | None) -> list[PoolRange]:
-    """What the graph walk (ggml_visit_parents) wrote since its last visit step: the graph's
-    struct (n_nodes or n_leafs) and its last nodes or leafs entry; for each tensor it entered, its
-    hash key, used bit and use count (a tensor's slot is taken when the walk enters it, before its
-    sources); the use count of `counted`, the slot the last visit step showed (its parent counts
-    it after that step). Only these are compared, not the graph's whole arrays (a model's graph
-    holds hundreds of KB); the call's own step compares everything at its end."""
-    if g.offs is None:
-        return []
-
-    def entry(field: str, index: int, size: int) -> PoolRange:
-        ctx, off = g.ctx.space.resolve(g._field(field))
-        return PoolRange(ctx, off + index * size, off + (index + 1) * size)
-
-    count = g.n_leafs if is_leaf else g.n_nodes
-    spans = [PoolRange(g.ctx, g.offs, g.offs + CGRAPH.itemsize),
-             entry("leafs" if is_leaf else "nodes", count - 1, 8)]
-    slots = {counted} if counted is not None else set()
-    for t in entered:
-        if (slot := g.slot_of(t)) is not None and slot not in slots:
-            slots.add(slot)
-            spans += [entry("hash_keys", slot, 8), entry("hash_used", slot >> 5, 4)]
-    spans += [entry("use_counts", slot, 4) for slot in slots]
-    return spans
