@@ -65,7 +65,8 @@ def _swap_scales(scales: np.ndarray) -> np.ndarray:
     return scale_min_bytes(sc, m)
 
 
-PACK_THREADS = os.cpu_count() or 1  # a model's weights repack on every core as they load
+PACK_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+# (a model's weights repack on every core the process may use, as they load)
 
 
 def pack_q4_k_8x8(rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -271,6 +271,13 @@ class Mirror:
                 self.sealed.add(x, y)
         return memoryview(self.pages)[a:b]
 
+    def shadow(self, pooled: bool = False) -> "Shadow":
+        """A shadow that is this mirror's pages (zeros outside the ranges written); `pooled`:
+        the buffer's pool is these pages too (`first_writes`)."""
+        out = Shadow(self.size, 0, np.frombuffer(self.pages, np.uint8), self.written)
+        out.pooled = self if pooled else None
+        return out
+
 
 class Mirrors:
     """The recorder's mirrors of weights buffers, by buffer id. A weights buffer's first write of
@@ -299,14 +306,12 @@ class Mirrors:
 
     def adopt(self, owner: Any) -> "Shadow | None":
         """The shadow of a buffer whose pool pool_for made: the mirror's pages, each range held
-        once the buffer writes it (`diff_pooled`)."""
+        once the buffer writes it (`Mirror.first_writes`)."""
         for k, (pool, mirror) in enumerate(self.pooled):
             if owner.pool is pool:
                 del self.pooled[k]
                 self.by_id[owner.id] = mirror
-                shadow = Shadow(owner.mem_size, 0, np.frombuffer(mirror.pages, np.uint8), mirror.written)
-                shadow.pooled = mirror
-                return shadow
+                return mirror.shadow(pooled=True)
         return None
 
     def write(self, shadows: dict[int, "Shadow"], owner: int, size: int, weights: bool, at: int,
@@ -323,7 +328,7 @@ class Mirrors:
                 mirror = self.by_id[owner] = Mirror(size)
             except OSError:  # (no file to be had, in a sandbox say: the patches are copies)
                 return None
-            shadows[owner] = Shadow(size, 0, np.frombuffer(mirror.pages, np.uint8), mirror.written)
+            shadows[owner] = mirror.shadow()
         view = mirror.put(at, data)
         if view is None and shadows[owner].file.size:
             shadows[owner] = Shadow.copy_of(shadows[owner])

@@ -474,8 +474,7 @@ class Recorder:
         return [a for a in self.args if isinstance(a, Graph)]
 
     def on_node(self, node: Tensor, ask: bool, shares: list[ThreadShare | None] | None) -> bool:
-        writes = self.watched[self.active.f_code].writes if self.active is not None else Writes(0)
-        if Writes.LOOP in writes:  # (a loop's graph told node by node: one with an abort callback)
+        if self.graph_only():  # (a loop's graph told node by node: one with an abort callback)
             if not ask:
                 self.cpu.node(node)
             return True
@@ -486,7 +485,7 @@ class Recorder:
                 self.call_step = self.emitted(
                     StepKind.CALL, self.source(self.line),
                     (Note.of("planned", n=plan.n_threads, size=plan.work_size), Note("walk_together")),
-                    [Region.ALL_MEMORY] if Writes.OPT in writes else [],
+                    [Region.ALL_MEMORY] if Writes.OPT in self.active_writes() else [],
                     plan=ComputePlan(plan.n_threads, plan.work_size, tuple(plan.n_tasks))).index
             return True
         assert shares is not None  # (told after the node: its threads' shares)
@@ -500,10 +499,14 @@ class Recorder:
 
     __call__ = on_node  # (the compute observer: COMPUTE_OBSERVER)
 
+    def active_writes(self) -> Writes:
+        """What the facade call in progress declares it writes (nothing outside one)."""
+        return self.watched[self.active.f_code].writes if self.active is not None else Writes(0)
+
     def graph_only(self) -> bool:
         """In a training loop (one step) graphs compute unwatched; which nodes' values depend on
         the CPU is followed after each (after_graph)."""
-        return self.active is not None and Writes.LOOP in self.watched[self.active.f_code].writes
+        return Writes.LOOP in self.active_writes()
 
     def after_graph(self, nodes: list[Tensor]) -> None:
         for node in nodes:

@@ -326,11 +326,10 @@ def _prepare_flash_attn_ext(params, dst: Tensor):
         return None
     if path == "split_kv":
         return _split_kv_all(st, st.neq2, nek1, params.cores)
-    nr = st.neq1 * st.neq2 * st.q4.shape[0]
-    runs = _same_kv(st, row_blocks(st.neq1, st.neq2, 0, nr))
+    blocks = list(row_blocks(st.neq1, st.neq2, 0, st.neq1 * st.neq2 * st.q4.shape[0]))
     if half_rows_take(st):
-        return HalfRows(st, _rows_of(runs), 0, nek1, finish=True)
-    return partial(_rows_one_chunk, st, runs, nek1)
+        return HalfRows(st, _rows_of(blocks), 0, nek1, finish=True)
+    return partial(_rows_one_chunk, st, blocks, nek1)
 
 
 @kernel(GGMLOp.FLASH_ATTN_EXT, n_tasks=all_threads, work=_flash_attn_ext_work,
@@ -363,20 +362,20 @@ def compute_forward_flash_attn_ext(params, dst: Tensor) -> None:
                     e = min(b, q0 + Q_TILE)
                     st.d4[iq3, q0:e, iq2] = _tiled(st, iq3, iq2, q0, e, params.llamafile)
         else:
-            _rows_one_chunk(st, _same_kv(st, row_blocks(neq1, neq2, ir0, ir1)), nek1)
+            _rows_one_chunk(st, list(row_blocks(neq1, neq2, ir0, ir1)), nek1)
         done.append(Chunk(chunk, Interval(ir0, ir1)))
         chunk = next(params.shared["chunk"])
     params.took(ShareKind.CHUNKS, *done,
                 note=Note.of("fa_tiled" if tiled else "fa_one_chunk", nchunk=nchunk, dr=dr))
 
 
-def _rows_one_chunk(st: _Setup, runs, nek1: int) -> None:
-    """one_chunk over every key for the rows of runs (_same_kv's), written to dst: F16 K and V in
-    one C loop (HalfRows), others run by run."""
+def _rows_one_chunk(st: _Setup, blocks: list[tuple[int, int, int, int]], nek1: int) -> None:
+    """one_chunk over every key for the rows of blocks (iq3, iq2, a, b), written to dst: F16 K
+    and V in one C loop (HalfRows), others a run of blocks that read one K and V head at a time."""
     if half_rows_take(st):
-        HalfRows(st, _rows_of(runs), 0, nek1, finish=True)()
+        HalfRows(st, _rows_of(blocks), 0, nek1, finish=True)()
         return
-    for run in runs:
+    for run in _same_kv(st, blocks):
         M, S, acc = _one_chunk(st, run, 0, nek1)
         out, r = divide_by_sum(S, acc), 0
         for iq3, iq2, a, b in run:
@@ -384,8 +383,8 @@ def _rows_one_chunk(st: _Setup, runs, nek1: int) -> None:
             r += b - a
 
 
-def _rows_of(runs) -> list[tuple[int, int, int]]:
-    return [(iq3, iq2, i1) for run in runs for iq3, iq2, a, b in run for i1 in range(a, b)]
+def _rows_of(blocks) -> list[tuple[int, int, int]]:
+    return [(iq3, iq2, i1) for iq3, iq2, a, b in blocks for i1 in range(a, b)]
 
 
 def _split_kv(params, st: _Setup, n_head: int, nek1: int) -> None:
